@@ -1,0 +1,18 @@
+"""commlab collectives: hand-made all-reduce, reduce-scatter, all-gather, broadcast and reduce on MPI.
+
+Every hand-made algorithm is a per-rank :class:`~collectives.schedule.Schedule` run by one executor
+over point-to-point messages on a duplicated communicator; ``algorithm="mpi"`` calls the MPI
+library's own collective, the oracle and baseline. See :mod:`collectives.api` for the shared rules
+(chunking, float16 accumulation, integer ``avg``).
+"""
+from .api import ALGORITHMS, allreduce, build_allreduce_schedule, iallreduce
+from .backend import DTYPES, OPS, get_array_module
+from .context import free_context, last_stats, total_stats
+from .ops import OP_ALGORITHMS, allgather, broadcast, reduce, reduce_scatter
+from .schedule import CollectiveTimeout, Request, Schedule, chunk_bounds
+
+__all__ = [
+    "ALGORITHMS", "OP_ALGORITHMS", "DTYPES", "OPS", "allreduce", "iallreduce", "reduce_scatter", "allgather",
+    "broadcast", "reduce", "CollectiveTimeout", "Request", "Schedule", "chunk_bounds",
+    "build_allreduce_schedule", "get_array_module", "last_stats", "total_stats", "free_context",
+]

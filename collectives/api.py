@@ -1,0 +1,285 @@
+"""All-reduce: the public entry point and its non-blocking form.
+
+Rules shared by every collective (documented once here):
+
+* **Chunking**: a flat vector of ``n`` elements is split over P ranks as ``numpy.array_split`` does:
+  the first ``n % P`` chunks get ``n // P + 1`` elements, the rest ``n // P``.
+* **float16** is accumulated in float32: the whole collective runs on a float32 copy (partial sums
+  travel the wire in float32) and the result is rounded to float16 once at the end. So float16
+  ``[60000] + [60000] + [-60000]`` on 3 ranks gives 60000 with every algorithm, not ``inf``.
+* **avg** is ``sum / P``; on integer dtypes it is the floor of the mean, ``numpy.floor_divide(sum, P)``
+  (so int32 ``[-3]`` and ``[0]`` on 2 ranks average to ``-2``). Integer sums wrap on overflow.
+* **NaN** propagates through ``min`` and ``max`` (``numpy.minimum`` / ``numpy.maximum``).
+* Errors in arguments are raised on every rank before any message is sent.
+"""
+import time
+
+import numpy
+from mpi4py import MPI
+
+from . import backend
+from .context import get_context
+from .recursive import rabenseifner_allreduce, recursive_doubling_allreduce
+from .ring import ring_allreduce
+from .schedule import Request, execute, _wait
+from .select import select_allreduce
+from .torus import check_grid, square_grid, torus_allreduce
+from .tree import tree_allreduce
+
+__all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
+
+#: All-reduce algorithms: registry name -> one-line description.
+ALGORITHMS = {
+    "ring": "ring reduce-scatter then ring all-gather (Patarasuk & Yuan 2009)",
+    "tree": "binomial-tree reduce to rank 0 then binomial-tree broadcast (Thakur et al. 2005)",
+    "recursive_doubling": "log2 P full-vector exchanges (Thakur et al. 2005, 4.5)",
+    "rabenseifner": "recursive-halving reduce-scatter then recursive-doubling all-gather (Rabenseifner 2004)",
+    "2d": "row reduce-scatter, column all-reduce, row all-gather on a grid (Mikami et al. 2018)",
+    "mpi": "the MPI library's own MPI_Allreduce (the oracle and baseline)",
+    "auto": "tuned table if installed, else recursive doubling up to 16 KiB and ring above",
+}
+
+#: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+
+_BUILDERS = {"ring": ring_allreduce, "tree": tree_allreduce, "recursive_doubling": recursive_doubling_allreduce,
+             "rabenseifner": rabenseifner_allreduce}
+
+
+def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
+    """Return the all-reduce :class:`~collectives.schedule.Schedule` of a hand-made algorithm.
+
+    Parameters
+    ----------
+    algorithm : str
+        One of ``ring``, ``tree``, ``recursive_doubling``, ``rabenseifner``, ``2d``.
+    rank, size, count : int
+        This rank, P, and the number of elements.
+    grid : (int, int), optional
+        For ``2d``: rows and columns; default the factorization of P closest to square.
+    """
+    if algorithm == "2d":
+        return torus_allreduce(rank, size, count, grid or square_grid(size))
+    return _BUILDERS[algorithm](rank, size, count)
+
+
+def _as_array(x, name="x"):
+    if hasattr(x, "__cuda_array_interface__") or isinstance(x, numpy.ndarray):
+        return x
+    if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float)):
+        return numpy.asarray(x)
+    raise TypeError(f"{name} must be an array, not {type(x).__name__}")
+
+
+def _check_out(out, x):
+    if out is None:
+        return
+    if getattr(out, "shape", None) != x.shape:
+        raise ValueError(f"out has shape {getattr(out, 'shape', None)}, expected {x.shape}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
+
+
+def _prepare(x, out, ctx, xp, slot):
+    """Return (out, work, acc dtype): ``work`` is a flat accumulation-dtype buffer holding ``x``."""
+    acc = backend.accumulation_dtype(x.dtype)
+    if out is None:
+        out = xp.empty(x.shape, dtype=x.dtype)
+    if out.dtype == acc and out.flags.c_contiguous:
+        work = out.reshape(-1)
+    else:
+        work = ctx.buffer(xp, acc, x.size, slot) if slot else xp.empty(x.size, dtype=acc)
+    if work.size and not (work is out or _same_memory(work, x)):
+        xp.copyto(work.reshape(x.shape), x, casting="unsafe")
+    return out, work, acc
+
+
+def _same_memory(a, b):
+    ia = getattr(a, "__array_interface__", None) or getattr(a, "__cuda_array_interface__", None)
+    ib = getattr(b, "__array_interface__", None) or getattr(b, "__cuda_array_interface__", None)
+    return bool(ia and ib and ia["data"][0] == ib["data"][0] and a.nbytes == b.nbytes
+                and getattr(b, "flags", None) is not None and b.flags.c_contiguous and a.dtype == b.dtype)
+
+
+def _finish(out, work, op, size, xp):
+    """Apply ``avg``'s division and move ``work`` into ``out`` when they differ."""
+    if op == "avg" and size > 1 and work.size:
+        if work.dtype.kind == "f":
+            xp.true_divide(work, size, out=work)
+        else:
+            xp.floor_divide(work, size, out=work)
+    if work.size and not _same_memory(work, out):
+        xp.copyto(out, work.reshape(out.shape), casting="unsafe")
+    return out
+
+
+def _validate(x, op, algorithm, out, timeout, grid, size):
+    backend.check_algorithm(algorithm, ALGORITHMS)
+    backend.check_op(op)
+    x = _as_array(x)
+    backend.check_dtype(x.dtype)
+    _check_out(out, x)
+    timeout = backend.check_timeout(timeout)
+    if grid is not None and grid != "node":
+        grid = check_grid(grid, size)
+    return x, timeout, grid
+
+
+def _resolve(ctx, algorithm, x, grid):
+    if algorithm == "auto":
+        algorithm = select_allreduce(ctx.size, x.size * backend.accumulation_dtype(x.dtype).itemsize)
+    if algorithm == "2d":
+        if grid == "node" or grid is None:
+            nodes, per = ctx.nodes()
+            if grid == "node" and not nodes:
+                raise ValueError("grid='node' needs the same number of ranks on every node")
+            grid = (nodes, per) if (grid == "node" or 1 < nodes < ctx.size) else square_grid(ctx.size)
+    return algorithm, grid
+
+
+def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, grid=None):
+    """Combine ``x`` element-wise across all ranks and return the result on every rank.
+
+    Parameters
+    ----------
+    x : ndarray, any shape, float16/float32/float64/int32/int64
+        This rank's contribution (NumPy or CuPy). Same shape and dtype on every rank.
+    comm : mpi4py.MPI.Intracomm, optional
+        Communicator (default ``COMM_WORLD``); the library works on its own duplicate.
+    op : {"sum", "prod", "min", "max", "avg"}
+        Reduction; ``avg`` on integers is the floor of the mean.
+    algorithm : str
+        A key of :data:`ALGORITHMS`.
+    out : ndarray, optional
+        Result array with ``x``'s shape and dtype; ``out=x`` reduces in place.
+    timeout : float, optional
+        Seconds any one round may wait for a peer before :class:`CollectiveTimeout` is raised.
+    grid : (int, int) or "node", optional
+        For ``2d``: rows x cols (must multiply to P); ``"node"`` takes rows = nodes from
+        ``Split_type(COMM_TYPE_SHARED)`` (the hierarchical all-reduce). Default: nodes when the
+        ranks span several equal nodes, else the factorization of P closest to square.
+
+    Returns
+    -------
+    ndarray
+        ``out`` (or a new array), identical on every rank for the hand-made algorithms.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``algorithm`` or ``op``, ``out`` of the wrong shape, a bad ``grid`` or ``timeout``.
+    TypeError
+        Unsupported dtype, or ``out`` of another dtype.
+    CollectiveTimeout
+        A peer did not answer within ``timeout``.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size())
+    ctx = get_context(comm)
+    ctx.check_usable()
+    xp = backend.get_array_module(x)
+    algorithm, grid = _resolve(ctx, algorithm, x, grid)
+    if algorithm == "mpi":
+        return _mpi_allreduce(ctx, x, op, out, timeout, xp)
+    count = x.size
+    sched = ctx.schedule(("allreduce", algorithm, count, grid),
+                         lambda: build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid))
+    out, work, acc = _prepare(x, out, ctx, xp, "work")
+    scratch = ctx.buffer(xp, acc, sched.scratch)
+    ufunc = getattr(xp, backend.OPS[op])
+    try:
+        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, "allreduce", ctx.transport(xp))
+    except Exception as exc:
+        ctx.broken = f"allreduce: {exc}"
+        raise
+    ctx.record("allreduce", algorithm, count, acc, sched)
+    return _finish(out, work, op, ctx.size, xp)
+
+
+def _mpi_allreduce(ctx, x, op, out, timeout, xp):
+    """Run the MPI library's own all-reduce under the same float16 / avg rules."""
+    acc = backend.accumulation_dtype(x.dtype)
+    out, work, _ = _prepare(x, out, ctx, xp, "work")
+    transport = ctx.transport(xp)
+    buf = work
+    if transport is not None:
+        transport.sync()
+        if not transport.direct:
+            buf = transport.to_host(work, "mpi")
+    ctx.next_tag()  # keep tags in step on every rank whatever the algorithm
+    if timeout is None:
+        ctx.comm.Allreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
+    else:
+        req = ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
+        try:
+            _wait([req], [None], _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
+        except Exception as exc:
+            ctx.broken = f"allreduce: {exc}"
+            raise
+    if buf is not work:
+        transport.to_device(buf, work)
+    p = ctx.size
+    ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (p - 1) * x.size // p, estimated=True)
+    return _finish(out, work, op, p, xp)
+
+
+def _deadline(timeout):
+    return time.perf_counter() + timeout
+
+
+def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
+    """Start a non-blocking all-reduce and return its :class:`~collectives.schedule.Request`.
+
+    Same arguments and rules as :func:`allreduce` (``mpi`` included, through ``MPI_Iallreduce``).
+    The request owns private buffers, so several may be in flight at once; ``x`` may be reused at
+    once, ``out`` must not be read before ``wait()`` returns it.
+
+    Returns
+    -------
+    Request
+        ``test()`` advances it without blocking; ``wait()`` completes it and returns the result.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    x, _, grid = _validate(x, op, algorithm, out, None, grid, comm.Get_size())
+    ctx = get_context(comm)
+    ctx.check_usable()
+    xp = backend.get_array_module(x)
+    algorithm, grid = _resolve(ctx, algorithm, x, grid)
+    out, work, acc = _prepare(x, out, ctx, xp, None)
+    tag = ctx.next_tag()
+    size = ctx.size
+    if algorithm == "mpi":
+        if ctx.transport(xp) is not None and not ctx.transport(xp).direct:
+            raise ValueError("iallreduce with algorithm='mpi' needs a CUDA-aware MPI for device arrays")
+        ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (size - 1) * x.size // size, estimated=True)
+        mpi_req = ctx.comm.Iallreduce(MPI.IN_PLACE, work, MPI_OPS[op])
+        return _MPIRequest(mpi_req, lambda: _finish(out, work, op, size, xp))
+    sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
+                         lambda: build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid))
+    scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
+    ctx.record("allreduce", algorithm, x.size, acc, sched)
+    return Request(sched, ctx.comm, work, scratch, getattr(xp, backend.OPS[op]), tag, "allreduce",
+                   ctx.transport(xp), finish=lambda: _finish(out, work, op, size, xp))
+
+
+class _MPIRequest:
+    """Adapter giving an ``MPI_Iallreduce`` request the :class:`Request` interface."""
+
+    __slots__ = ("_req", "_finish", "result", "done")
+
+    def __init__(self, req, finish):
+        self._req, self._finish, self.result, self.done = req, finish, None, False
+
+    def test(self):
+        if not self.done and self._req.Test():
+            self.done, self.result = True, self._finish()
+        return self.done
+
+    def wait(self, timeout=None):
+        if not self.done:
+            if timeout is None:
+                self._req.Wait()
+            else:
+                _wait([self._req], [None], _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
+            self.done, self.result = True, self._finish()
+        return self.result

@@ -1,0 +1,221 @@
+"""Array modules, dtype and op tables, argument checks, and GPU buffer handling.
+
+Array code in commlab is written once against an *array module* ``xp`` (NumPy, or CuPy for device
+arrays). This module picks it from the input, holds the supported dtypes and reduction ops, checks
+arguments before any message is sent, and decides how device buffers reach MPI:
+
+* **direct**: the MPI library is CUDA-aware, so device buffers are handed to MPI as they are (mpi4py
+  reads their ``__cuda_array_interface__``);
+* **staged**: device data is copied into pinned host buffers, MPI moves the host copies, and received
+  data is copied back to the device, where the reductions run.
+
+Either way the current stream is synchronized before MPI touches device memory. The environment
+variable ``COMMLAB_CUDA_AWARE=0/1`` overrides detection.
+"""
+import os
+
+import numpy
+
+__all__ = [
+    "DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
+    "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
+    "DeviceTransport", "register_device_module",
+]
+
+#: Supported element types, as NumPy dtypes.
+DTYPES = tuple(numpy.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
+
+#: Reduction op name -> ufunc name. ``avg`` reduces with ``add`` and divides by P at the end
+#: (floats: true division; integers: floor division, ``numpy.floor_divide``).
+OPS = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "avg": "add"}
+
+_DEVICE_MODULES = {}  # array type -> array module, for device arrays that are not CuPy's
+
+
+def register_device_module(array_type, module):
+    """Register the array module used for device arrays of ``array_type``.
+
+    CuPy arrays are recognised without registration. Tests use this to drive the device code paths
+    on the CPU with a host-memory array type that exposes ``__cuda_array_interface__``.
+
+    Parameters
+    ----------
+    array_type : type
+        Array class whose instances expose ``__cuda_array_interface__``.
+    module : module-like
+        Namespace with NumPy's array API (``empty``, ``add``, ``copyto``, ...) for that type.
+    """
+    _DEVICE_MODULES[array_type] = module
+
+
+def is_device_array(x):
+    """Return True when ``x`` lives in device memory (it exposes ``__cuda_array_interface__``)."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def get_array_module(x):
+    """Return the array module (NumPy or CuPy) that owns ``x``.
+
+    Parameters
+    ----------
+    x : array-like
+        NumPy array, CuPy array, a registered device array type, or anything ``numpy.asarray`` takes.
+
+    Returns
+    -------
+    module
+        ``numpy`` for host data, ``cupy`` for CuPy arrays, the registered module for other device types.
+    """
+    for cls in type(x).__mro__:
+        if cls in _DEVICE_MODULES:
+            return _DEVICE_MODULES[cls]
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy  # optional dependency, imported only for CuPy input
+
+        return cupy
+    return numpy
+
+
+def accumulation_dtype(dtype):
+    """Return the dtype reductions accumulate in: float32 for float16, else ``dtype`` itself."""
+    dtype = numpy.dtype(dtype)
+    return numpy.dtype(numpy.float32) if dtype == numpy.float16 else dtype
+
+
+def check_op(op):
+    """Raise ``ValueError`` naming ``op`` unless it is one of :data:`OPS`."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+
+
+def check_dtype(dtype, what="x"):
+    """Raise ``TypeError`` unless ``dtype`` is one of :data:`DTYPES`."""
+    if numpy.dtype(dtype) not in DTYPES:
+        names = ", ".join(d.name for d in DTYPES)
+        raise TypeError(f"{what} has unsupported dtype {numpy.dtype(dtype).name}: expected one of {names}")
+
+
+def check_op_dtype(op, dtype):
+    """Check ``op`` and ``dtype`` and their pairing.
+
+    Raises
+    ------
+    ValueError
+        Unknown op.
+    TypeError
+        Unsupported dtype. Every op is defined on every supported dtype (``avg`` on integers is the
+        floor of the mean), so no pair is refused beyond that.
+    """
+    check_op(op)
+    check_dtype(dtype)
+
+
+def check_root(root, size):
+    """Raise ``ValueError`` unless ``root`` is an integer rank in ``[0, size)``."""
+    if isinstance(root, bool) or not isinstance(root, (int, numpy.integer)) or not 0 <= root < size:
+        raise ValueError(f"root={root!r} is out of range for a communicator of size {size}")
+
+
+def check_algorithm(algorithm, known, what="algorithm"):
+    """Raise ``ValueError`` naming ``algorithm`` unless it is in ``known``."""
+    if algorithm not in known:
+        raise ValueError(f"unknown {what} {algorithm!r}: expected one of {', '.join(known)}")
+
+
+def check_timeout(timeout):
+    """Return ``timeout`` as float seconds (or None); ``ValueError`` unless it is None or > 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout={timeout!r} must be None or a positive number of seconds")
+    return float(timeout)
+
+
+def cuda_aware():
+    """Return True when device buffers may be handed to MPI directly.
+
+    ``COMMLAB_CUDA_AWARE=1`` or ``0`` decides when set. Otherwise the MPI library is asked: mpi4py's
+    ``MPI.Query_cuda_support()`` where it exists (MPICH and Open MPI builds with CUDA), else the
+    ``MPIX_CUDA_AWARE`` hint some launchers set; without any sign of support, False (host staging).
+    """
+    env = os.environ.get("COMMLAB_CUDA_AWARE")
+    if env is not None:
+        if env not in ("0", "1"):
+            raise ValueError(f"COMMLAB_CUDA_AWARE={env!r} must be 0 or 1")
+        return env == "1"
+    from mpi4py import MPI
+
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        return bool(query())
+    return os.environ.get("MPIX_CUDA_AWARE", "0") == "1"
+
+
+class DeviceTransport:
+    """Move device buffers to and from MPI, directly or through pinned host staging buffers.
+
+    Parameters
+    ----------
+    xp : module
+        The device array module (``cupy`` or a registered module).
+    direct : bool
+        True for a CUDA-aware MPI (device buffers go to MPI as they are); False to stage through host.
+
+    Notes
+    -----
+    ``sync()`` synchronizes the current stream (CuPy) so kernels that wrote a send buffer have finished
+    before MPI reads it. The staging buffers are page-locked (``cupyx.empty_pinned``) when CuPy is the
+    module, ordinary NumPy arrays otherwise; they are cached by (dtype, size) and grown as needed.
+    """
+
+    __slots__ = ("xp", "direct", "_pinned", "syncs", "staged_bytes")
+
+    def __init__(self, xp, direct):
+        self.xp = xp
+        self.direct = bool(direct)
+        self._pinned = {}
+        self.syncs = 0  # number of stream synchronizations issued
+        self.staged_bytes = 0  # bytes copied through host staging buffers
+
+    def sync(self):
+        """Synchronize the current stream before MPI reads or writes device memory."""
+        self.syncs += 1
+        cuda = getattr(self.xp, "cuda", None)
+        if cuda is not None:
+            cuda.get_current_stream().synchronize()
+
+    def host_buffer(self, dtype, n, slot):
+        """Return a pinned host buffer of ``n`` elements of ``dtype`` for staging slot ``slot``."""
+        key = (numpy.dtype(dtype), slot)
+        buf = self._pinned.get(key)
+        if buf is None or buf.size < n:
+            buf = self._empty_pinned(max(n, 1), dtype)
+            self._pinned[key] = buf
+        return buf[:n]
+
+    def _empty_pinned(self, n, dtype):
+        if self.xp.__name__ == "cupy":
+            import cupyx
+
+            return cupyx.empty_pinned((n,), dtype=dtype)
+        return numpy.empty(n, dtype=dtype)
+
+    def to_host(self, dev, slot):
+        """Copy 1-D device array ``dev`` into a staging buffer and return the host view."""
+        host = self.host_buffer(dev.dtype, dev.size, slot)
+        if dev.size:
+            if hasattr(dev, "get"):
+                dev.get(out=host)
+            else:
+                numpy.copyto(host, numpy.asarray(dev))
+        self.staged_bytes += dev.nbytes
+        return host
+
+    def to_device(self, host, dev):
+        """Copy host array ``host`` into 1-D device array ``dev``."""
+        if dev.size:
+            if hasattr(dev, "set"):
+                dev.set(host)
+            else:
+                numpy.copyto(numpy.asarray(dev), host)
+        self.staged_bytes += host.nbytes

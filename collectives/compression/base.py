@@ -1,0 +1,274 @@
+"""The compressor contract, the error-feedback memory and the helpers every compressor shares.
+
+A compressor turns one tensor into the list of arrays that go on the wire and back::
+
+    payloads, ctx = compressor.compress(x, name)     # payloads: list of arrays, counted byte by byte
+    y = compressor.decompress(payloads, ctx)         # same shape and dtype as x
+
+``ctx`` holds only what every rank knows without being told (shape, dtype, indices drawn from the
+shared seed), so one rank can decompress another rank's payloads with its own ``ctx``. Error feedback
+is not part of a compressor: it lives in a separate memory keyed by ``name`` (STYLE.md item 4; the
+contract follows Horovod and GRACE, Xu et al. 2021).
+"""
+import zlib
+
+import numpy as np
+
+__all__ = ["Compressor", "Memory", "ErrorFeedback", "get_array_module", "check_tensor",
+           "payload_nbytes"]
+
+_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def get_array_module(x):
+    """Return the array module (NumPy or CuPy) that owns ``x``.
+
+    Uses ``collectives.backend.get_array_module`` when the backend module is present, NumPy otherwise.
+    """
+    try:
+        from collectives.backend import get_array_module as _get
+    except ImportError:
+        return np
+    return _get(x)
+
+
+def check_tensor(x, name):
+    """Check a tensor handed to ``compress`` and return its array module.
+
+    Parameters
+    ----------
+    x : ndarray, any shape, float16/float32/float64
+        The tensor.
+    name : str
+        Its key in per-tensor state.
+
+    Returns
+    -------
+    module
+        NumPy or CuPy.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a floating-point array or ``name`` is not a string.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or dtype.type not in _FLOATS:
+        raise TypeError(f"x must be a float16/float32/float64 array, got {dtype}")
+    return get_array_module(x)
+
+
+def payload_nbytes(payloads):
+    """Return the bytes on the wire for a list of payload arrays (int)."""
+    return int(sum(int(p.nbytes) for p in payloads))
+
+
+def _ctx(x, **extra):
+    """Build a context: the shape and dtype of ``x`` plus compressor-specific, rank-independent items."""
+    ctx = {"shape": tuple(x.shape), "dtype": x.dtype, "size": int(x.size)}
+    ctx.update(extra)
+    return ctx
+
+
+class Compressor:
+    """Base class of every compressor: the contract, a per-name step counter and a shared RNG.
+
+    Randomness is counter based: the generator for one call is seeded from (``seed``, ``name``, how
+    many times ``name`` has been compressed, stream). The shared stream (indices of random-k, PowerSGD's
+    first Q) is identical on every rank; the rank stream (stochastic rounding) is independent between
+    ranks, so the rounding noise averages out. The state is the counter, so a resumed run draws the
+    same numbers.
+
+    Parameters
+    ----------
+    seed : int
+        Seed, the same on every rank (>= 0).
+
+    Attributes
+    ----------
+    summable : bool
+        Class attribute: decompress is linear in the payloads and their shapes are the same on every
+        rank, so payloads may be summed element-wise by an all-reduce.
+    variable_size : bool
+        Class attribute: payload sizes differ between ranks (all-gather-v needs the sizes).
+    error_feedback : bool
+        Class attribute: error feedback is on by default (``make_hook``).
+    rank : int
+        This rank, set by the communication layer; selects the per-rank RNG stream.
+    """
+
+    __slots__ = ("seed", "rank", "_counts")
+    summable = False
+    variable_size = False
+    error_feedback = False
+
+    def __init__(self, seed=0):
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self.rank = 0
+        self._counts = {}
+
+    def compress(self, x, name):
+        """Compress ``x``; return ``(payloads, ctx)``. Abstract."""
+        raise NotImplementedError("abstract method: a compressor must implement compress")
+
+    def decompress(self, payloads, ctx):
+        """Rebuild a tensor from ``payloads`` and ``ctx``. Abstract."""
+        raise NotImplementedError("abstract method: a compressor must implement decompress")
+
+    def aggregate(self, gathered, ctx):
+        """Average the tensors of all ranks from their gathered payloads.
+
+        Parameters
+        ----------
+        gathered : list of list of ndarray
+            ``gathered[r]`` is rank ``r``'s payload list.
+        ctx : dict
+            This rank's context (valid for every rank's payloads).
+
+        Returns
+        -------
+        ndarray
+            The mean over ranks of the decompressed tensors, shape and dtype of ``ctx``.
+        """
+        out = self.decompress(gathered[0], ctx)
+        for payloads in gathered[1:]:
+            out = out + self.decompress(payloads, ctx)
+        return out / len(gathered)
+
+    def make_memory(self, world_size=1):
+        """Return the memory this compressor uses by default: ``ErrorFeedback`` or None.
+
+        Parameters
+        ----------
+        world_size : int
+            Number of ranks (used by memories that scale with it).
+        """
+        return ErrorFeedback() if self.error_feedback else None
+
+    def state_dict(self):
+        """Return the state as a flat dict of str -> ndarray (no pickle)."""
+        state = {"seed": np.array(self.seed, np.int64)}
+        for name, count in self._counts.items():
+            state["iteration/" + name] = np.array(count, np.int64)
+        return state
+
+    def load_state_dict(self, state):
+        """Restore the state written by ``state_dict``.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` was written with another seed.
+        """
+        if "seed" in state and int(state["seed"]) != self.seed:
+            raise ValueError(f"state: seed {int(state['seed'])} does not match {self.seed}")
+        self._counts = {k[len("iteration/"):]: int(v) for k, v in state.items()
+                        if k.startswith("iteration/")}
+
+    def _rng(self, name, shared):
+        """Return the generator for this call of ``name`` and advance its counter."""
+        count = self._counts.get(name, 0)
+        self._counts[name] = count + 1
+        stream = 0 if shared else self.rank + 1
+        return np.random.default_rng([self.seed, zlib.crc32(name.encode()), count, stream])
+
+    def _iteration(self, name):
+        """Return how many times ``name`` has been compressed so far."""
+        return self._counts.get(name, 0)
+
+    def __repr__(self):
+        return f"{type(self).__name__}(seed={self.seed})"
+
+
+class Memory:
+    """Base class of the memories that carry what compression dropped into the next step."""
+
+    __slots__ = ()
+
+    def compensate(self, x, name):
+        """Return the tensor to compress: ``x`` corrected by the memory of ``name``. Abstract."""
+        raise NotImplementedError("abstract method: a memory must implement compensate")
+
+    def update(self, x, name, compressed_then_decompressed):
+        """Remember what compression of ``x`` dropped. Abstract."""
+        raise NotImplementedError("abstract method: a memory must implement update")
+
+    def state_dict(self):
+        """Return the state as a flat dict of str -> ndarray. Abstract."""
+        raise NotImplementedError("abstract method: a memory must implement state_dict")
+
+    def load_state_dict(self, state):
+        """Restore the state written by ``state_dict``. Abstract."""
+        raise NotImplementedError("abstract method: a memory must implement load_state_dict")
+
+
+class ErrorFeedback(Memory):
+    """Error feedback: add last step's compression error to this step's gradient.
+
+    ``compensate`` returns ``p = x + e`` and ``update(p, name, c)`` stores ``e = p - c``, where ``c`` is
+    what the receivers rebuild from this rank's payloads. Over steps, everything transmitted plus the
+    residual equals the sum of the gradients (mass conservation). Seide et al. 2014, "1-bit SGD",
+    Sec. 3; Karimireddy et al. 2019, "Error Feedback Fixes SignSGD", Algorithm 2.
+    """
+
+    __slots__ = ("residuals",)
+
+    def __init__(self):
+        self.residuals = {}
+
+    def compensate(self, x, name):
+        """Return ``x`` plus the residual of ``name`` (a new array; zero residual at first).
+
+        Parameters
+        ----------
+        x : ndarray, any shape, float
+            This step's gradient.
+        name : str
+            The tensor's key.
+
+        Returns
+        -------
+        ndarray
+            Same shape and dtype as ``x``.
+
+        Raises
+        ------
+        ValueError
+            If the stored residual has another shape.
+        """
+        res = self.residuals.get(name)
+        if res is None:
+            return x.copy()
+        res = get_array_module(x).asarray(res)  # a residual restored from a host checkpoint
+        if res.shape != x.shape:
+            raise ValueError(f"x: shape {x.shape} does not match the residual of {name!r} {res.shape}")
+        return x + res
+
+    def update(self, x, name, compressed_then_decompressed):
+        """Store ``x - compressed_then_decompressed`` as the residual of ``name``.
+
+        Parameters
+        ----------
+        x : ndarray
+            The compensated tensor that was compressed.
+        name : str
+            The tensor's key.
+        compressed_then_decompressed : ndarray, shape of x
+            What the receivers rebuild from this rank's payloads.
+        """
+        if compressed_then_decompressed.shape != x.shape:
+            raise ValueError("compressed_then_decompressed: shape does not match x")
+        self.residuals[name] = x - compressed_then_decompressed
+
+    def state_dict(self):
+        """Return ``{"residual/<name>": ndarray}``."""
+        return {"residual/" + k: v.copy() for k, v in self.residuals.items()}
+
+    def load_state_dict(self, state):
+        """Restore the residuals written by ``state_dict``."""
+        self.residuals = {k[len("residual/"):]: v.copy() for k, v in state.items()
+                          if k.startswith("residual/")}

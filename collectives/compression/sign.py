@@ -1,0 +1,147 @@
+"""One-bit compressors on bit-packed signs: ``signsgd`` (majority vote), ``efsignsgd`` (scaled sign with
+error feedback) and ``onebit`` (two reconstruction means with error feedback)."""
+import numpy as np
+
+from .base import Compressor, _ctx, check_tensor, get_array_module
+
+__all__ = ["SignSGD", "EFSignSGD", "OneBit", "pack_signs", "unpack_signs"]
+
+
+def pack_signs(x):
+    """Pack ``x >= 0`` into bits, eight per byte (``np.packbits``, big bit order).
+
+    Parameters
+    ----------
+    x : ndarray, shape (n,), float
+
+    Returns
+    -------
+    ndarray, shape (ceil(n / 8),), uint8
+    """
+    xp = get_array_module(x)
+    return xp.packbits(x >= 0)
+
+
+def unpack_signs(packed, n, dtype):
+    """Return the first ``n`` packed signs as ``+1`` / ``-1``, shape (n,), ``dtype``."""
+    xp = get_array_module(packed)
+    bits = xp.unpackbits(packed)[:n]
+    return bits.astype(dtype) * 2 - 1
+
+
+def _mean_abs(flat, xp):
+    """Return mean |x| as a float32 array of shape (1,) (0 for an empty tensor)."""
+    value = float(xp.mean(xp.abs(flat.astype(np.float64)))) if flat.size else 0.0
+    return xp.asarray(np.array([value], np.float32))
+
+
+class SignSGD(Compressor):
+    """Send the sign of each element (1 bit); aggregate by majority vote.
+
+    The receivers compute ``sign(sum_r sign(g_r))`` (ties give 0). Bernstein et al. 2018, "signSGD:
+    Compressed Optimisation for Non-Convex Problems", Algorithm 3 (majority vote). With ``scaled``
+    the vote is multiplied by the ranks' mean of ``mean|g_r|`` (one float32 more per rank), so the
+    update has the gradient's magnitude and the learning rate of the other compressors carries over;
+    ``scaled=False`` is the paper's pure sign (use a learning rate near 1e-4).
+
+    Parameters
+    ----------
+    scaled : bool
+        Multiply the vote by the mean magnitude (see above).
+    seed : int
+        Unused (signs are deterministic); kept for the common constructor.
+    """
+
+    __slots__ = ("scaled",)
+
+    def __init__(self, scaled=True, seed=0):
+        super().__init__(seed)
+        if not isinstance(scaled, (bool, np.bool_)):
+            raise ValueError(f"scaled must be a bool, got {scaled!r}")
+        self.scaled = bool(scaled)
+
+    def compress(self, x, name):
+        """Return ``([signs uint8 (ceil(size / 8),), mean|x| float32 (1,)], ctx)`` (no scale if not
+        ``scaled``)."""
+        xp = check_tensor(x, name)
+        flat = x.ravel()
+        payloads = [pack_signs(flat)]
+        if self.scaled:
+            payloads.append(_mean_abs(flat, xp))
+        return payloads, _ctx(x)
+
+    def decompress(self, payloads, ctx):
+        """Return ``scale * sign`` (one rank's view), reshaped."""
+        signs = unpack_signs(payloads[0], ctx["size"], ctx["dtype"])
+        if self.scaled:
+            signs = signs * payloads[1].astype(ctx["dtype"])[0]
+        return signs.reshape(ctx["shape"])
+
+    def aggregate(self, gathered, ctx):
+        """Return the majority vote ``sign(sum_r sign_r)`` (times the mean scale when ``scaled``)."""
+        xp = get_array_module(gathered[0][0])
+        votes = unpack_signs(gathered[0][0], ctx["size"], np.int32)
+        for payloads in gathered[1:]:
+            votes = votes + unpack_signs(payloads[0], ctx["size"], np.int32)
+        out = xp.sign(votes).astype(ctx["dtype"])
+        if self.scaled:
+            scale = sum(float(p[1][0]) for p in gathered) / len(gathered)
+            out = out * ctx["dtype"].type(scale)
+        return out.reshape(ctx["shape"])
+
+    def __repr__(self):
+        return f"SignSGD(scaled={self.scaled})"
+
+
+class EFSignSGD(Compressor):
+    """Send ``(||p||_1 / d) sign(p)`` for the error-compensated ``p``: 1 bit per element + 4 bytes.
+
+    Use with the error-feedback memory (on by default). Karimireddy et al. 2019, "Error Feedback Fixes
+    SignSGD and other Gradient Compression Schemes", Algorithm 1 (EF-SGD with the scaled sign).
+    """
+
+    __slots__ = ()
+    error_feedback = True
+
+    def compress(self, x, name):
+        """Return ``([signs uint8 (ceil(size / 8),), mean|x| float32 (1,)], ctx)``."""
+        xp = check_tensor(x, name)
+        flat = x.ravel()
+        return [pack_signs(flat), _mean_abs(flat, xp)], _ctx(x)
+
+    def decompress(self, payloads, ctx):
+        """Return ``mean|x| * sign``, reshaped."""
+        signs = unpack_signs(payloads[0], ctx["size"], ctx["dtype"])
+        return (signs * payloads[1].astype(ctx["dtype"])[0]).reshape(ctx["shape"])
+
+
+class OneBit(Compressor):
+    """1-bit quantization at threshold 0 with two reconstruction values: the mean of the elements that
+    are >= 0 and the mean of those below (the values that minimize the squared error for the chosen
+    bits). 1 bit per element + 8 bytes; use with error feedback (on by default). Seide et al. 2014,
+    "1-Bit Stochastic Gradient Descent and its Application to Data-Parallel Distributed Training of
+    Speech DNNs", Sec. 3 (per tensor here, per column there).
+    """
+
+    __slots__ = ()
+    error_feedback = True
+
+    def compress(self, x, name):
+        """Return ``([signs uint8 (ceil(size / 8),), [mean_pos, mean_neg] float32 (2,)], ctx)``."""
+        xp = check_tensor(x, name)
+        flat = x.ravel().astype(np.float64)
+        pos = flat >= 0
+        n_pos = int(xp.count_nonzero(pos))
+        n_neg = flat.size - n_pos
+        total_pos = float(xp.sum(xp.where(pos, flat, 0)))
+        total_neg = float(xp.sum(xp.where(pos, 0, flat)))
+        means = np.array([total_pos / n_pos if n_pos else 0.0,
+                          total_neg / n_neg if n_neg else 0.0], np.float32)
+        return [xp.packbits(pos), xp.asarray(means)], _ctx(x)
+
+    def decompress(self, payloads, ctx):
+        """Return ``mean_pos`` where the bit is set and ``mean_neg`` elsewhere, reshaped."""
+        xp = get_array_module(payloads[0])
+        bits = xp.unpackbits(payloads[0])[:ctx["size"]].astype(bool)
+        means = payloads[1].astype(ctx["dtype"])
+        return xp.where(bits, means[0], means[1]).reshape(ctx["shape"])

@@ -1,0 +1,156 @@
+"""Per-communicator library context: duplicated communicator, caches, message tags and statistics.
+
+The first collective called on a communicator duplicates it (``Comm.Dup``, itself collective), so
+commlab's messages never match the user's. Schedules are cached by (collective, algorithm, P, count,
+...), scratch buffers by dtype, and every call records what it sent in :func:`last_stats`.
+"""
+import numpy
+from mpi4py import MPI
+
+from .backend import DeviceTransport, cuda_aware
+
+__all__ = ["get_context", "last_stats", "total_stats", "free_context", "Context"]
+
+_CONTEXTS = {}
+_TAG_UB = 32767  # the smallest MPI_TAG_UB the standard allows
+
+
+class Context:
+    """Library state for one user communicator.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The user's communicator; it is duplicated, the duplicate carries every message.
+
+    Attributes
+    ----------
+    comm : mpi4py.MPI.Comm
+        The duplicate.
+    rank, size : int
+    last : dict
+        Statistics of the most recent collective (see :func:`last_stats`).
+    totals : dict
+        Running totals: ``calls``, ``bytes_sent``, ``messages``.
+    """
+
+    __slots__ = ("comm", "rank", "size", "_seq", "_schedules", "_buffers", "_transports", "_nodes",
+                 "broken", "last", "totals")
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._seq = 0
+        self._schedules = {}
+        self._buffers = {}
+        self._transports = {}
+        self._nodes = None
+        self.broken = None
+        self.last = {}
+        self.totals = {"calls": 0, "bytes_sent": 0, "messages": 0}
+
+    def check_usable(self):
+        """Raise ``RuntimeError`` when an earlier timeout left this context with messages in flight."""
+        if self.broken is not None:
+            raise RuntimeError(f"this communicator's collectives are unusable after an earlier failure "
+                               f"({self.broken}); abort the job or call collectives.free_context(comm)")
+
+    def next_tag(self):
+        """Return the tag for the next collective; every rank calls collectives in the same order."""
+        self._seq += 1
+        return self._seq % _TAG_UB
+
+    def schedule(self, key, build):
+        """Return the cached schedule for ``key``, building it with ``build()`` the first time."""
+        sched = self._schedules.get(key)
+        if sched is None:
+            if len(self._schedules) > 4096:
+                self._schedules.clear()
+            sched = self._schedules[key] = build()
+        return sched
+
+    def buffer(self, xp, dtype, n, slot="scratch"):
+        """Return a cached 1-D buffer view of ``n`` elements (contents undefined), grown as needed."""
+        key = (xp.__name__, numpy.dtype(dtype), slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = self._buffers[key] = xp.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+    def transport(self, xp):
+        """Return the :class:`DeviceTransport` for array module ``xp`` (None for NumPy)."""
+        if xp is numpy:
+            return None
+        t = self._transports.get(xp.__name__)
+        if t is None:
+            t = self._transports[xp.__name__] = DeviceTransport(xp, cuda_aware())
+        return t
+
+    def nodes(self):
+        """Return (number of nodes, ranks per node or 0 when uneven) from ``Split_type(COMM_TYPE_SHARED)``.
+
+        Collective on first use (all ranks call it from the same collective).
+        """
+        if self._nodes is None:
+            local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            per = local.Get_size()
+            local.Free()
+            low, high = numpy.array([per], numpy.int64), numpy.array([per], numpy.int64)
+            self.comm.Allreduce(MPI.IN_PLACE, low, MPI.MIN)
+            self.comm.Allreduce(MPI.IN_PLACE, high, MPI.MAX)
+            even = low[0] == high[0] and self.size % per == 0
+            self._nodes = (self.size // per, per) if even else (0, 0)
+        return self._nodes
+
+    def record(self, op, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
+        """Store the statistics of the collective that just ran."""
+        itemsize = numpy.dtype(dtype).itemsize
+        if schedule is not None:
+            elements, messages, rounds = schedule.elements_sent, schedule.messages, len(schedule.rounds)
+        else:
+            messages, rounds = None, None
+        self.last = {"op": op, "algorithm": algorithm, "count": count, "dtype": numpy.dtype(dtype).name,
+                     "bytes_sent": int(elements * itemsize), "messages": messages, "rounds": rounds,
+                     "estimated": estimated}
+        self.totals["calls"] += 1
+        self.totals["bytes_sent"] += self.last["bytes_sent"]
+        self.totals["messages"] += messages or 0
+
+
+def get_context(comm=None):
+    """Return the :class:`Context` of ``comm`` (default ``COMM_WORLD``), creating it on first use."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator, not {type(comm).__name__}")
+    key = comm.py2f()
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        ctx = _CONTEXTS[key] = Context(comm)
+    return ctx
+
+
+def free_context(comm=None):
+    """Drop the cached context of ``comm`` (its duplicate is freed locally, without messages)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    ctx = _CONTEXTS.pop(comm.py2f(), None)
+    if ctx is not None and ctx.broken is None:
+        ctx.comm.Free()
+
+
+def last_stats(comm=None):
+    """Return statistics of the most recent collective on ``comm`` by this rank.
+
+    Returns
+    -------
+    dict
+        ``op``, ``algorithm`` (resolved, never "auto"), ``count`` (elements), ``dtype`` (on the wire),
+        ``bytes_sent`` (bytes this rank sent, counted from the schedule as executed), ``messages``,
+        ``rounds`` and ``estimated`` (True for ``mpi``, whose internal traffic is not visible: its
+        bytes are the ring algorithm's ``2 (P-1)/P n``). Empty before the first call.
+    """
+    return dict(get_context(comm).last)
+
+
+def total_stats(comm=None):
+    """Return running totals (``calls``, ``bytes_sent``, ``messages``) of this rank's collectives."""
+    return dict(get_context(comm).totals)

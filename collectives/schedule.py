@@ -1,0 +1,365 @@
+"""The schedule representation and the one executor that runs every hand-made collective.
+
+An algorithm is a pure function ``(rank, size, count, ...) -> Schedule``. A schedule is a list of
+rounds; in each round a rank posts its receives, posts its sends, waits for all of them, and then
+applies its reductions in order. Regions are ``[start, stop)`` element ranges of one flat *work*
+buffer (the output, in the accumulation dtype); a receive either lands directly in its region
+(``reduce=False``, a copy) or in *scratch* and is then combined into its region with the op's ufunc
+(``reduce=True``). Messages of zero elements are never scheduled: both sides derive the same sizes
+from the same rule, so both skip them.
+
+The same schedule drives blocking execution, the non-blocking :class:`Request`, byte and message
+accounting, and the cost simulator in :mod:`collectives.cost`.
+"""
+import time
+
+import numpy
+from mpi4py import MPI
+
+__all__ = ["Round", "Schedule", "CollectiveTimeout", "chunk_bounds", "execute", "Request"]
+
+
+def chunk_bounds(count, parts):
+    """Return the ``parts + 1`` boundaries that split ``count`` elements as ``numpy.array_split`` does.
+
+    The first ``count % parts`` chunks hold ``count // parts + 1`` elements, the rest
+    ``count // parts``; for example 73 elements over 4 parts give chunks of 19, 18, 18, 18.
+
+    Parameters
+    ----------
+    count : int
+        Number of elements, >= 0.
+    parts : int
+        Number of chunks, >= 1.
+
+    Returns
+    -------
+    list of int
+        ``bounds`` with ``bounds[0] == 0`` and ``bounds[parts] == count``; chunk ``i`` is
+        ``[bounds[i], bounds[i + 1])``.
+    """
+    q, r = divmod(count, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + q + (1 if i < r else 0))
+    return bounds
+
+
+class Round:
+    """One round of a schedule: sends, receives and the reductions that follow them.
+
+    Parameters
+    ----------
+    sends : sequence of (int, int, int)
+        ``(peer, start, stop)``: send ``work[start:stop]`` to ``peer``.
+    recvs : sequence of (int, int, int, bool)
+        ``(peer, start, stop, reduce)``: receive ``stop - start`` elements from ``peer``; with
+        ``reduce`` combine them into ``work[start:stop]`` with the op, else store them there.
+    phase : str
+        Name of the algorithm phase ("reduce-scatter", "all-gather", ...), for traces and errors.
+    """
+
+    __slots__ = ("sends", "recvs", "phase")
+
+    def __init__(self, sends=(), recvs=(), phase=""):
+        self.sends = tuple((p, a, b) for p, a, b in sends if b > a)
+        self.recvs = tuple((p, a, b, bool(red)) for p, a, b, red in recvs if b > a)
+        self.phase = phase
+
+    def __repr__(self):
+        return f"Round(phase={self.phase!r}, sends={self.sends}, recvs={self.recvs})"
+
+
+class Schedule:
+    """A per-rank schedule: the rounds one rank executes for one collective.
+
+    Parameters
+    ----------
+    algorithm : str
+        Registry name of the algorithm that built it.
+    rank, size : int
+        This rank and the communicator size.
+    count : int
+        Elements in the flat work buffer.
+    rounds : list of Round
+        Empty rounds are dropped.
+
+    Attributes
+    ----------
+    scratch : int
+        Elements of scratch space needed (the largest total of reducing receives in one round).
+    elements_sent, messages : int
+        Totals over all rounds, for byte accounting (multiply by the item size for bytes).
+    """
+
+    __slots__ = ("algorithm", "rank", "size", "count", "rounds", "scratch", "elements_sent",
+                 "messages", "_program")
+
+    def __init__(self, algorithm, rank, size, count, rounds):
+        self.algorithm = algorithm
+        self.rank = rank
+        self.size = size
+        self.count = count
+        self.rounds = [r for r in rounds if r.sends or r.recvs]
+        self.scratch = max([sum(b - a for _, a, b, red in r.recvs if red) for r in self.rounds] or [0])
+        self.elements_sent = sum(b - a for r in self.rounds for _, a, b in r.sends)
+        self.messages = sum(len(r.sends) for r in self.rounds)
+        self._program = None
+
+    def links(self):
+        """Return ``{(src, dst): elements}`` summed over this rank's sends."""
+        out = {}
+        for r in self.rounds:
+            for p, a, b in r.sends:
+                out[(self.rank, p)] = out.get((self.rank, p), 0) + b - a
+        return out
+
+    def program(self):
+        """Return the rounds compiled into slices (cached): the executor's input."""
+        if self._program is None:
+            prog = []
+            for r in self.rounds:
+                sends = tuple((p, slice(a, b)) for p, a, b in r.sends)
+                recvs, off = [], 0
+                for p, a, b, red in r.recvs:
+                    scr = None
+                    if red:
+                        scr = slice(off, off + b - a)
+                        off += b - a
+                    recvs.append((p, slice(a, b), scr))
+                prog.append((sends, tuple(recvs)))
+            self._program = prog
+        return self._program
+
+    def __repr__(self):
+        return (f"Schedule({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
+                f"rounds={len(self.rounds)}, messages={self.messages}, elements_sent={self.elements_sent})")
+
+
+class CollectiveTimeout(RuntimeError):
+    """A peer did not answer within the collective's ``timeout``.
+
+    Attributes
+    ----------
+    op : str
+        The collective ("allreduce", "reduce_scatter", ...).
+    peer : int
+        Rank (in the caller's communicator) whose message never completed.
+    round : int
+        Index of the schedule round that was waiting.
+    timeout : float
+        The limit, in seconds.
+    """
+
+    def __init__(self, op, peer, round, timeout, phase=""):
+        self.op, self.peer, self.round, self.timeout = op, peer, round, timeout
+        where = f"round {round}" + (f" ({phase})" if phase else "")
+        who = f"rank {peer}" if peer is not None else "a peer (inside the MPI library)"
+        super().__init__(f"{op} timed out after {timeout:g} s in {where}: no answer from {who}")
+
+
+def _wait(reqs, peers, deadline, op, index, phase, timeout):
+    """Wait for ``reqs`` until ``deadline`` (seconds, perf_counter); raise CollectiveTimeout then.
+
+    ``peers[i]`` is the peer of ``reqs[i]``; a negative peer ``-1 - p`` marks a send to ``p``. The
+    peer named in the error is the first receive still pending (else the first send), and pending
+    receives are cancelled so their buffers are released.
+    """
+    spins = 0
+    while not MPI.Request.Testall(reqs):
+        spins += 1
+        if spins > 200:
+            if time.perf_counter() > deadline:
+                pending = [(p, r) for p, r in zip(peers, reqs) if not r.Test()]
+                recvs = [p for p, r in pending if p is not None and p >= 0]
+                sends = [-1 - p for p, r in pending if p is not None and p < 0]
+                peer = (recvs or sends or [None])[0]
+                for p, r in pending:
+                    if p is not None and p >= 0:
+                        r.Cancel()
+                raise CollectiveTimeout(op, peer, index, timeout, phase)
+            time.sleep(5e-5)
+
+
+def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="collective", transport=None):
+    """Run ``schedule`` on ``comm`` over the flat ``work`` buffer, in place.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        This rank's schedule.
+    comm : mpi4py.MPI.Comm
+        The (duplicated) communicator; peers in the schedule are its ranks.
+    work : ndarray, shape (schedule.count,)
+        Flat buffer in the accumulation dtype; holds this rank's input and receives the result.
+    scratch : ndarray, shape (>= schedule.scratch,)
+        Receive space for reducing receives, same dtype as ``work``.
+    ufunc : ufunc or None
+        Binary reduction (``add``, ``multiply``, ``minimum``, ``maximum``) of the array module.
+    tag : int
+        Message tag for every message of this call.
+    timeout : float or None
+        Seconds to wait for any one round before raising :class:`CollectiveTimeout`.
+    op : str
+        Collective name for error messages.
+    transport : DeviceTransport or None
+        For device buffers: stream synchronization and host staging (see ``collectives.backend``).
+
+    Raises
+    ------
+    CollectiveTimeout
+        A round did not complete within ``timeout`` seconds.
+    """
+    prog = schedule.program()
+    staged = transport is not None and not transport.direct
+    if transport is not None or timeout is not None:
+        return _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged)
+    for sends, recvs in prog:  # host fast path: as lean as a hand-written loop
+        if len(sends) == 1 and len(recvs) == 1:
+            dst, ssl = sends[0]
+            src, rsl, scr = recvs[0]
+            if scr is None:
+                comm.Sendrecv(work[ssl], dst, tag, work[rsl], src, tag)
+            else:
+                buf = scratch[scr]
+                comm.Sendrecv(work[ssl], dst, tag, buf, src, tag)
+                target = work[rsl]
+                ufunc(target, buf, out=target)
+        elif not sends and len(recvs) == 1:
+            src, rsl, scr = recvs[0]
+            if scr is None:
+                comm.Recv(work[rsl], src, tag)
+            else:
+                buf = scratch[scr]
+                comm.Recv(buf, src, tag)
+                target = work[rsl]
+                ufunc(target, buf, out=target)
+        elif not recvs and len(sends) == 1:
+            comm.Send(work[sends[0][1]], sends[0][0], tag)
+        else:
+            reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag)
+                    for src, rsl, scr in recvs]
+            reqs += [comm.Isend(work[ssl], dst, tag) for dst, ssl in sends]
+            MPI.Request.Waitall(reqs)
+            for src, rsl, scr in recvs:
+                if scr is not None:
+                    target = work[rsl]
+                    ufunc(target, scratch[scr], out=target)
+    return work
+
+
+def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged):
+    """Execute with device buffers (direct or staged) and/or a timeout; see :func:`execute`."""
+    for index in range(len(prog)):
+        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged)
+    return work
+
+
+def _post_round(prog, index, comm, work, scratch, tag, transport, staged):
+    """Post round ``index``'s receives and sends; return (requests, peers, landing buffers)."""
+    sends, recvs = prog[index]
+    if transport is not None:
+        transport.sync()  # kernels writing the send regions must finish before MPI reads them
+    reqs, peers, landing = [], [], []
+    for i, (src, rsl, scr) in enumerate(recvs):
+        dev = scratch[scr] if scr is not None else work[rsl]
+        buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
+        reqs.append(comm.Irecv(buf, src, tag))
+        peers.append(src)
+        landing.append((buf, dev))
+    for i, (dst, ssl) in enumerate(sends):
+        buf = transport.to_host(work[ssl], ("s", i)) if staged else work[ssl]
+        reqs.append(comm.Isend(buf, dst, tag))
+        peers.append(-1 - dst)
+    return reqs, peers, landing
+
+
+def _finish_round(prog, index, work, ufunc, landing, transport, staged):
+    """Copy staged receives to the device and apply round ``index``'s reductions in order."""
+    for (src, rsl, scr), (buf, dev) in zip(prog[index][1], landing):
+        if staged:
+            transport.to_device(buf, dev)
+        if scr is not None:
+            target = work[rsl]
+            ufunc(target, dev, out=target)
+
+
+def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged):
+    reqs, peers, landing = _post_round(prog, index, comm, work, scratch, tag, transport, staged)
+    if timeout is None:
+        MPI.Request.Waitall(reqs)
+    else:
+        _wait(reqs, peers, time.perf_counter() + timeout, op, index, schedule.rounds[index].phase, timeout)
+    _finish_round(prog, index, work, ufunc, landing, transport, staged)
+
+
+class Request:
+    """A non-blocking collective in progress, advanced by :meth:`test` and completed by :meth:`wait`.
+
+    Progress happens only inside ``test()`` and ``wait()`` (no background thread): each call
+    completes whatever rounds have arrived and posts the next ones, so computation placed between
+    calls overlaps with communication.
+
+    Parameters
+    ----------
+    schedule, comm, work, scratch, ufunc, tag, op, transport
+        As for :func:`execute`.
+    finish : callable or None
+        Called once with no arguments after the last round (final division for ``avg``, casting
+        into the output); its return value becomes :attr:`result`.
+    """
+
+    __slots__ = ("_schedule", "_prog", "_comm", "_work", "_scratch", "_ufunc", "_tag", "_op",
+                 "_transport", "_staged", "_index", "_pending", "_finish", "result", "done")
+
+    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, finish=None):
+        self._schedule, self._prog = schedule, schedule.program()
+        self._comm, self._work, self._scratch, self._ufunc = comm, work, scratch, ufunc
+        self._tag, self._op, self._transport = tag, op, transport
+        self._staged = transport is not None and not transport.direct
+        self._index, self._pending, self._finish = 0, None, finish
+        self.result, self.done = None, False
+        self._advance()
+
+    def _advance(self):
+        while self._index < len(self._prog):
+            if self._pending is None:
+                self._pending = _post_round(self._prog, self._index, self._comm, self._work,
+                                            self._scratch, self._tag, self._transport, self._staged)
+            reqs, _, landing = self._pending
+            if not MPI.Request.Testall(reqs):
+                return
+            _finish_round(self._prog, self._index, self._work, self._ufunc, landing,
+                          self._transport, self._staged)
+            self._pending = None
+            self._index += 1
+        if not self.done:
+            self.done = True
+            self.result = self._finish() if self._finish is not None else self._work
+
+    def test(self):
+        """Advance the collective without blocking; return True once it has completed."""
+        if not self.done:
+            self._advance()
+        return self.done
+
+    def wait(self, timeout=None):
+        """Block until the collective completes and return its result.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait for any one round before raising :class:`CollectiveTimeout`.
+        """
+        while not self.done:
+            if self._pending is None:
+                self._advance()
+                continue
+            reqs, peers, _ = self._pending
+            if timeout is None:
+                MPI.Request.Waitall(reqs)
+            else:
+                _wait(reqs, peers, time.perf_counter() + timeout, self._op, self._index,
+                      self._schedule.rounds[self._index].phase, timeout)
+            self._advance()
+        return self.result
