@@ -95,11 +95,11 @@ class Compressor:
         Class attribute: payload sizes differ between ranks (all-gather-v needs the sizes).
     error_feedback : bool
         Class attribute: error feedback is on by default (``make_hook``).
-    rank : int
-        This rank, set by the communication layer; selects the per-rank RNG stream.
+    comm_rank : int
+        This process's rank, set by the communication layer; selects the per-rank RNG stream.
     """
 
-    __slots__ = ("seed", "rank", "_counts")
+    __slots__ = ("seed", "comm_rank", "_counts")
     summable = False
     variable_size = False
     error_feedback = False
@@ -108,7 +108,7 @@ class Compressor:
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = int(seed)
-        self.rank = 0
+        self.comm_rank = 0
         self._counts = {}
 
     def compress(self, x, name):
@@ -173,7 +173,7 @@ class Compressor:
         """Return the generator for this call of ``name`` and advance its counter."""
         count = self._counts.get(name, 0)
         self._counts[name] = count + 1
-        stream = 0 if shared else self.rank + 1
+        stream = 0 if shared else self.comm_rank + 1
         return np.random.default_rng([self.seed, zlib.crc32(name.encode()), count, stream])
 
     def _iteration(self, name):

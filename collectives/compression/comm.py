@@ -1,0 +1,232 @@
+"""Compressed communication: all-reduce of summable payloads, all-gather(-v) and aggregation after
+decompression for the rest, PowerSGD's two rounds, and the sparse all-reduce.
+
+Every call reports the bytes this rank sent, counted from the payload buffers it handed to the
+collectives (plus the size header of an all-gather-v), and the compress / decompress seconds.
+"""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+
+from .base import check_tensor, get_array_module, payload_nbytes
+from .powersgd import PowerSGD
+from .sparse import scatter_add
+
+__all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]
+
+
+def _wire(counter, comm):
+    """Add the bytes of the last collective call on ``comm`` to ``counter`` when they are reported."""
+    stats = getattr(collectives, "last_stats", None)
+    if stats is not None:
+        counter[0] += int(stats(comm).get("bytes_sent", 0))
+
+
+def _word_dtype():
+    """Return the element type byte blobs travel as: uint8 when the collectives move it, else int32."""
+    supported = getattr(collectives, "DTYPES", None)
+    if supported is None or np.dtype(np.uint8) in supported:
+        return np.dtype(np.uint8)
+    return np.dtype(np.int32)
+
+
+def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _wire_bytes=None):
+    """All-gather every rank's payload list in one byte buffer.
+
+    The payloads are viewed as bytes, concatenated (zero-padded to whole words when the collectives
+    do not move bytes) and sent with one ``collectives.allgather``. With ``variable_size`` the element
+    counts go first in a small int64 all-gather (all-gather-v); otherwise every rank's payloads have
+    this rank's shapes.
+
+    Parameters
+    ----------
+    payloads : list of ndarray, 1-D
+        This rank's payloads.
+    comm : mpi4py.MPI.Comm
+        Communicator.
+    variable_size : bool
+        Payload sizes may differ between ranks.
+    algorithm : str
+        All-gather algorithm (``collectives.OP_ALGORITHMS["allgather"]``).
+
+    Returns
+    -------
+    gathered : list of list of ndarray
+        ``gathered[r]`` is rank ``r``'s payload list (dtypes as sent).
+    nbytes : int
+        Bytes this rank sent: its byte buffer (padding included) plus the size header.
+    """
+    xp = get_array_module(payloads[0])
+    wire = _wire_bytes if _wire_bytes is not None else [0]
+    word = _word_dtype()
+    dtypes = [p.dtype for p in payloads]
+    counts = np.array([p.size for p in payloads], np.int64)
+    header = 0
+    if variable_size:
+        all_counts = collectives.allgather(counts, comm=comm, algorithm=algorithm)
+        _wire(wire, comm)
+        all_counts = np.asarray(all_counts).reshape(comm.Get_size(), len(payloads))
+        header = int(counts.nbytes)
+    else:
+        all_counts = np.tile(counts, (comm.Get_size(), 1))
+    itemsizes = np.array([d.itemsize for d in dtypes], np.int64)
+    padded = [-(-int(row @ itemsizes) // word.itemsize) * word.itemsize for row in all_counts]
+    blob = xp.zeros(padded[comm.Get_rank()], np.uint8)
+    parts = [xp.ascontiguousarray(p).ravel().view(np.uint8) for p in payloads]
+    if parts:
+        used = sum(int(q.size) for q in parts)
+        blob[:used] = xp.concatenate(parts)
+    everything = collectives.allgather(blob.view(word), comm=comm, algorithm=algorithm)
+    _wire(wire, comm)
+    everything = everything.view(np.uint8)
+    gathered, start = [], 0
+    for row, length in zip(all_counts, padded):
+        mine, off = [], start
+        for count, dtype in zip(row, dtypes):
+            size = int(count) * dtype.itemsize
+            mine.append(everything[off:off + size].copy().view(dtype))  # copy: aligned
+            off += size
+        gathered.append(mine)
+        start += length
+    assert start == everything.size, "all-gather returned an unexpected number of bytes"
+    return gathered, int(blob.nbytes) + header
+
+
+def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm="auto",
+                         gather_algorithm="ring"):
+    """Average ``x`` over the ranks of ``comm`` through ``compressor``.
+
+    Steps: ``p = memory.compensate(x)``; compress ``p``; summable payloads are summed by
+    ``collectives.allreduce`` and decompressed once (divided by P); PowerSGD runs its two all-reduce
+    rounds; other payloads are all-gathered (all-gather-v when their sizes vary) and
+    ``compressor.aggregate`` decompresses and averages them (sparse ones with ``add.at``; sign votes
+    by majority); finally ``memory.update(p, name, decompress(own payloads))``.
+
+    Parameters
+    ----------
+    x : ndarray, any shape, float16/float32/float64
+        This rank's tensor (not modified).
+    name : str
+        Its key in the compressor and memory state.
+    compressor : Compressor
+        The compressor (configured alike on every rank).
+    memory : Memory or None
+        Error-feedback memory of this rank, or None.
+    comm : mpi4py.MPI.Comm, optional
+        Communicator (``MPI.COMM_WORLD`` by default).
+    algorithm : str
+        All-reduce algorithm for summable payloads.
+    gather_algorithm : str
+        All-gather algorithm for the other payloads.
+
+    Returns
+    -------
+    mean : ndarray
+        The averaged decompressed tensor, shape and dtype of ``x``, the same on every rank.
+    info : dict
+        ``bytes_sent`` (int, bytes of this rank's payload buffers this step), ``compress_s`` and
+        ``decompress_s`` (float, seconds), ``elements`` (int), ``bits_per_element`` (float) and, when
+        the collectives report it, ``wire_bytes`` (int, bytes the collectives actually sent,
+        forwarding included).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a floating-point array (on every rank, before any message).
+    """
+    xp = check_tensor(x, name)
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    size = comm.Get_size()
+    compressor.comm_rank = comm.Get_rank()
+    wire = [0]
+    t0 = time.perf_counter()
+    p = memory.compensate(x, name) if memory is not None else x
+    compensate_s = time.perf_counter() - t0
+    if isinstance(compressor, PowerSGD):
+        def _sum(buf):
+            out = collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm)
+            _wire(wire, comm)
+            return out
+        mean, local, payloads, _, compress_s, decompress_s = compressor.reduce(p, name, _sum, size)
+        compress_s += compensate_s
+        nbytes = payload_nbytes(payloads)
+    else:
+        payloads, ctx = compressor.compress(p, name)
+        compress_s = time.perf_counter() - t0
+        if compressor.summable:
+            summed = []
+            for buf in payloads:
+                summed.append(collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm))
+                _wire(wire, comm)
+            nbytes = payload_nbytes(payloads)
+            t1 = time.perf_counter()
+            mean = compressor.decompress(summed, ctx) / x.dtype.type(size)
+        else:
+            gathered, nbytes = allgather_payloads(payloads, comm, compressor.variable_size,
+                                                  gather_algorithm, wire)
+            t1 = time.perf_counter()
+            mean = compressor.aggregate(gathered, ctx)
+        local = compressor.decompress(payloads, ctx) if memory is not None else None
+        decompress_s = time.perf_counter() - t1
+    if memory is not None:
+        memory.update(p, name, local)
+    info = {"bytes_sent": int(nbytes), "compress_s": float(compress_s),
+            "decompress_s": float(decompress_s), "elements": int(x.size),
+            "bits_per_element": 8.0 * nbytes / x.size if x.size else 0.0}
+    if hasattr(collectives, "last_stats"):  # forwarding and accumulation included
+        info["wire_bytes"] = wire[0]
+    return mean.astype(x.dtype, copy=False).reshape(x.shape), info
+
+
+def sparse_allreduce(indices, values, size, comm=None, algorithm="ring"):
+    """Average sparse rows over ranks: all-gather-v the (index, row) pairs and add them up.
+
+    Indices that repeat across ranks are summed (``add.at``), then everything is divided by P.
+
+    Parameters
+    ----------
+    indices : ndarray, shape (k,), integer
+        Row indices of this rank, in ``0..size-1`` (k may differ between ranks).
+    values : ndarray, shape (k,) or (k, width), float
+        The rows.
+    size : int
+        Rows of the dense result.
+    comm : mpi4py.MPI.Comm, optional
+        Communicator (``MPI.COMM_WORLD`` by default).
+    algorithm : str
+        All-gather algorithm.
+
+    Returns
+    -------
+    ndarray, shape (size,) or (size, width), dtype of values
+        The mean over ranks of the dense tensors.
+
+    Raises
+    ------
+    TypeError
+        If ``indices`` is not integer or ``values`` not floating point.
+    ValueError
+        If the shapes disagree or an index is out of range.
+    """
+    xp = get_array_module(values)
+    indices = xp.asarray(indices)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integer, got {indices.dtype}")
+    if values.dtype.kind != "f":
+        raise TypeError(f"values must be floating point, got {values.dtype}")
+    if indices.ndim != 1 or values.ndim not in (1, 2) or values.shape[0] != indices.shape[0]:
+        raise ValueError(f"indices {indices.shape} and values {values.shape}: need (k,) and (k, ...)")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= size):
+        raise ValueError(f"indices must lie in [0, {size}), got [{int(indices.min())}, "
+                         f"{int(indices.max())}]")
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    width = values.shape[1:]
+    flat_values = xp.ascontiguousarray(values).ravel()
+    gathered, _ = allgather_payloads([indices.astype(np.int64), flat_values], comm, True, algorithm)
+    out = xp.zeros((size,) + width, values.dtype)
+    for idx, vals in gathered:
+        scatter_add(out, idx, vals.reshape((idx.size,) + width))
+    return out / values.dtype.type(comm.Get_size())

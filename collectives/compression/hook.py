@@ -1,0 +1,174 @@
+"""The training hook: average a flat gradient over the ranks through a compressor with its memory."""
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+
+from .base import ErrorFeedback, check_tensor
+from .comm import compressed_allreduce
+from .dgc import DGC
+from .registry import _literal, compressor_arguments, make_compressor
+
+__all__ = ["CompressionHook", "make_hook"]
+
+
+def _host(a):
+    """Return ``a`` as a NumPy array (CuPy arrays are copied to the host)."""
+    return a.get() if not isinstance(a, np.ndarray) and hasattr(a, "get") else np.asarray(a)
+
+
+class CompressionHook:
+    """Compressed gradient averaging for data-parallel training, with all its state.
+
+    ``avg, info = hook(flat_grad)`` each step. The hook owns a duplicate of the communicator, the
+    compressor and its error-feedback memory, and a step counter; ``state_dict`` captures all of it
+    (residuals, PowerSGD's Q, DGC's momentum, RNG counters) so a resumed run is exact.
+
+    Parameters
+    ----------
+    compressor : Compressor
+        Configured alike on every rank.
+    memory : Memory or None
+        This rank's memory (error feedback), or None.
+    comm : mpi4py.MPI.Comm, optional
+        Communicator, duplicated here (``MPI.COMM_WORLD`` by default). Collective: every rank builds
+        its hook at the same point.
+    algorithm : str
+        All-reduce algorithm for summable payloads (``collectives.ALGORITHMS``).
+    gather_algorithm : str
+        All-gather algorithm for the other payloads.
+    name : str
+        Key of the flat gradient in the compressor and memory state.
+    """
+
+    __slots__ = ("compressor", "memory", "comm", "algorithm", "gather_algorithm", "name",
+                 "iteration")
+
+    def __init__(self, compressor, memory=None, comm=None, algorithm="auto",
+                 gather_algorithm="ring", name="grad"):
+        if not isinstance(algorithm, str) or not isinstance(gather_algorithm, str):
+            raise ValueError("algorithm and gather_algorithm must be algorithm names (str)")
+        self.compressor = compressor
+        self.memory = memory
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.algorithm = algorithm
+        self.gather_algorithm = gather_algorithm
+        self.name = name
+        self.iteration = 0
+
+    @property
+    def momentum_in_compressor(self):
+        """True when the compressor applies momentum itself (DGC): run the optimizer without it."""
+        return isinstance(self.compressor, DGC) and self.memory is not None
+
+    def __call__(self, flat_grad):
+        """Average ``flat_grad`` over the ranks through the compressor.
+
+        Parameters
+        ----------
+        flat_grad : ndarray, shape (n,), float32/float64
+            This rank's flat gradient of the whole model (not modified).
+
+        Returns
+        -------
+        avg : ndarray, shape (n,), dtype of flat_grad
+            Mean over ranks of the decompressed gradients, identical on every rank.
+        info : dict
+            ``bytes_sent`` (int, this rank, this step), ``compress_s``, ``decompress_s`` (seconds),
+            ``bits_per_element``, ``elements``, ``step`` and, when available, ``wire_bytes``.
+
+        Raises
+        ------
+        TypeError
+            If ``flat_grad`` is not float32/float64.
+        ValueError
+            If ``flat_grad`` is not 1-D.
+        """
+        check_tensor(flat_grad, self.name)
+        if flat_grad.dtype not in (np.float32, np.float64):
+            raise TypeError(f"flat_grad must be float32 or float64, got {flat_grad.dtype}")
+        if flat_grad.ndim != 1:
+            raise ValueError(f"flat_grad must be 1-D, got shape {flat_grad.shape}")
+        avg, info = compressed_allreduce(flat_grad, self.name, self.compressor, self.memory,
+                                         self.comm, self.algorithm, self.gather_algorithm)
+        self.iteration += 1
+        info["step"] = self.iteration
+        return avg, info
+
+    def state_dict(self):
+        """Return all state as a flat dict of str -> NumPy array (no pickle).
+
+        Keys: ``iteration``, ``compressor/...`` and ``memory/...``.
+        """
+        state = {"iteration": np.array(self.iteration, np.int64)}
+        state.update({"compressor/" + k: _host(v) for k, v in self.compressor.state_dict().items()})
+        if self.memory is not None:
+            state.update({"memory/" + k: _host(v) for k, v in self.memory.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state):
+        """Restore the state written by ``state_dict`` (on a hook built with the same arguments)."""
+        self.iteration = int(state["iteration"])
+        self.compressor.load_state_dict({k[11:]: v for k, v in state.items()
+                                         if k.startswith("compressor/")})
+        if self.memory is not None:
+            self.memory.load_state_dict({k[7:]: v for k, v in state.items()
+                                         if k.startswith("memory/")})
+
+    def close(self):
+        """Free the duplicated communicator (and the collectives' context on it)."""
+        if self.comm != MPI.COMM_NULL:
+            collectives.free_context(self.comm)
+            self.comm.Free()
+
+    def __repr__(self):
+        return (f"CompressionHook({self.compressor!r}, memory={type(self.memory).__name__}, "
+                f"P={self.comm.Get_size() if self.comm != MPI.COMM_NULL else 0})")
+
+
+def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_feedback=None,
+              shapes=None, **kwargs):
+    """Build the training hook for the compressor registered as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of ``COMPRESSORS`` (``"none"`` is plain averaging through the all-reduce).
+    comm : mpi4py.MPI.Comm, optional
+        Communicator (duplicated); every rank calls ``make_hook`` with the same arguments.
+    algorithm : str
+        All-reduce algorithm for summable payloads.
+    gather_algorithm : str
+        All-gather algorithm for the other payloads.
+    error_feedback : bool or None
+        Use the compressor's memory (None: its default; on for topk, randomk, threshold, efsignsgd,
+        onebit, dgc and powersgd). Strings ``"true"``/``"false"`` are accepted.
+    shapes : list of tuple of int, optional
+        The model's parameter shapes in flat order; used by compressors that take them (PowerSGD)
+        and ignored by the others.
+    **kwargs
+        Compressor arguments (strings are converted), e.g. ``ratio=0.01``, ``rank=4``, ``levels=127``.
+
+    Returns
+    -------
+    CompressionHook
+
+    Raises
+    ------
+    ValueError
+        If the name or an argument is unknown or out of range.
+    """
+    if "shapes" in compressor_arguments(name):
+        kwargs["shapes"] = shapes
+    compressor = make_compressor(name, **kwargs)
+    if isinstance(error_feedback, str):
+        error_feedback = _literal(error_feedback)
+    if error_feedback not in (None, True, False):
+        raise ValueError(f"error_feedback must be None, True or False, got {error_feedback!r}")
+    world = (comm if comm is not None else MPI.COMM_WORLD).Get_size()
+    memory = compressor.make_memory(world)
+    if error_feedback is True and memory is None:
+        memory = ErrorFeedback()
+    elif error_feedback is False:
+        memory = None
+    return CompressionHook(compressor, memory, comm, algorithm, gather_algorithm)

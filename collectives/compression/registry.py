@@ -1,0 +1,116 @@
+"""The compressor registry: names, construction from keyword arguments, and ``KEY=VALUE`` parsing."""
+import ast
+import inspect
+
+from .dgc import DGC
+from .powersgd import PowerSGD
+from .qsgd import QSGD
+from .quantize import FP16Compressor, Int8Compressor, NoneCompressor
+from .sign import EFSignSGD, OneBit, SignSGD
+from .sparse import RandomK, Threshold, TopK
+from .terngrad import TernGrad
+
+__all__ = ["COMPRESSORS", "make_compressor", "compressor_arguments", "parse_compression_args"]
+
+COMPRESSORS = {
+    "none": NoneCompressor,
+    "fp16": FP16Compressor,
+    "int8": Int8Compressor,
+    "qsgd": QSGD,
+    "terngrad": TernGrad,
+    "signsgd": SignSGD,
+    "efsignsgd": EFSignSGD,
+    "onebit": OneBit,
+    "topk": TopK,
+    "randomk": RandomK,
+    "threshold": Threshold,
+    "dgc": DGC,
+    "powersgd": PowerSGD,
+}
+
+
+def compressor_arguments(name):
+    """Return ``{argument: default}`` of the compressor registered as ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not registered.
+    """
+    if name not in COMPRESSORS:
+        raise ValueError(f"name must be one of {sorted(COMPRESSORS)}, got {name!r}")
+    params = inspect.signature(COMPRESSORS[name].__init__).parameters
+    return {k: p.default for k, p in params.items() if k != "self"}
+
+
+def _literal(text):
+    """Parse a command-line value: int, float, bool, None or a Python literal; else the string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _coerce(value, default):
+    """Convert a string ``value`` to the type of ``default`` (bool, int, float) or by literal."""
+    if not isinstance(value, str):
+        return value
+    parsed = _literal(value)
+    if isinstance(default, bool) or isinstance(default, str):
+        return parsed
+    if isinstance(default, float) and isinstance(parsed, int) and not isinstance(parsed, bool):
+        return float(parsed)
+    return parsed
+
+
+def parse_compression_args(items):
+    """Turn ``["KEY=VALUE", ...]`` (the ``--compression-arg`` flags) into a dict of Python values.
+
+    Values are parsed as int, float, bool (``true``/``false``), None or another Python literal
+    (``[(64, 784), (64,)]``); anything else stays a string.
+
+    Raises
+    ------
+    ValueError
+        If an item has no ``=`` or an empty key.
+    """
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"compression argument must look like KEY=VALUE, got {item!r}")
+        out[key.strip()] = _literal(value)
+    return out
+
+
+def make_compressor(name, **kwargs):
+    """Build the compressor registered as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of ``COMPRESSORS``.
+    **kwargs
+        Constructor arguments; strings are converted to the type of the argument's default.
+
+    Returns
+    -------
+    Compressor
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is unknown, an argument is unknown (naming it) or out of range.
+    """
+    accepted = compressor_arguments(name)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown} for compressor {name!r}; "
+                         f"accepted: {sorted(accepted)}")
+    kwargs = {k: _coerce(v, accepted[k]) for k, v in kwargs.items()}
+    return COMPRESSORS[name](**kwargs)
