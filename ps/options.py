@@ -1,0 +1,122 @@
+"""Settings of a parameter-server run and the parsers of its fault/heterogeneity specs.
+
+Every check raises on every rank before any message is sent, so a bad setting never hangs a job.
+"""
+import math
+from dataclasses import dataclass
+
+from ps.consistency import CONSISTENCY
+
+__all__ = ["PSOptions", "parse_rank_spec"]
+
+
+@dataclass
+class PSOptions:
+    """Resolved settings of one parameter-server run.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`validate`, naming the offending field.
+    """
+
+    servers: int = 1                # number of server ranks S (the first S ranks of the communicator)
+    consistency: str = "bsp"        # "bsp", "asp" or "ssp"
+    staleness: int = 2              # SSP bound s (clocks)
+    staleness_lr: bool = False      # divide the step by max(1, tau) (Zhang et al. 2016)
+    budget: int = 100               # pushes (worker gradients) the servers apply before STOP
+    optimizer: str = "sgd"          # server update rule: "sgd" (momentum) or "adam"
+    lr: float = 0.1                 # learning rate (dimensionless step size)
+    momentum: float = 0.0           # SGD momentum coefficient
+    weight_decay: float = 0.0       # L2 coefficient added to the gradient
+    betas: tuple = (0.9, 0.999)     # Adam moment decay rates
+    eps: float = 1e-8               # Adam denominator floor
+    lr_schedule: str = "constant"   # "constant" or "cosine" over the budget
+    ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
+    straggler: str = ""             # "RANK:FACTOR": that worker's step takes FACTOR x its compute time
+    jitter: float = 0.0             # extra delay per step, uniform in [0, jitter] (seconds)
+    fail_worker: str = ""           # "RANK:STEP": that worker stops communicating before step STEP
+    batch: int = 1                  # nominal batch per worker (samples); balancing keeps W x batch
+    balance: bool = False           # give faster workers larger batches (speed measured online)
+    balance_every: int = 10         # clocks between speed reports when balancing (clocks)
+    snapshot_every: int = 0         # keep a copy of the shards every this many pushes (0: never)
+    checkpoint_dir: str = ""        # directory of the server checkpoints ("" : none)
+    checkpoint_every: int = 0       # checkpoint every this many pushes (0: at the end only)
+    resume_dir: str = ""            # directory of server checkpoints to resume from ("" : fresh)
+    seed: int = 0                   # seed of the jitter draws (seconds of delay)
+
+    def validate(self, size):
+        """Check every field against a communicator of ``size`` ranks.
+
+        Parameters
+        ----------
+        size : int
+            Number of ranks in the communicator (servers plus workers).
+
+        Raises
+        ------
+        ValueError
+            Naming the first field that is out of range.
+        """
+        if not 1 <= self.servers < size:
+            raise ValueError(f"servers must be in [1, {size - 1}] so that at least one worker remains "
+                             f"on {size} ranks, got {self.servers}")
+        if self.consistency not in CONSISTENCY:
+            raise ValueError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if not (self.ps_timeout > 0 and math.isfinite(self.ps_timeout)):
+            raise ValueError(f"ps_timeout must be a positive number of seconds, got {self.ps_timeout}")
+        if self.jitter < 0:
+            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.balance_every < 1:
+            raise ValueError(f"balance_every must be >= 1, got {self.balance_every}")
+        if self.snapshot_every < 0 or self.checkpoint_every < 0:
+            raise ValueError("snapshot_every and checkpoint_every must be >= 0")
+        for name, kind in (("straggler", float), ("fail_worker", int)):
+            spec = getattr(self, name)
+            if spec:
+                rank, value = parse_rank_spec(spec, name, kind)
+                if not self.servers <= rank < size:
+                    raise ValueError(f"{name} rank must be a worker rank in [{self.servers}, {size - 1}], "
+                                     f"got {rank}")
+                if name == "straggler" and value < 1:
+                    raise ValueError(f"straggler factor must be >= 1, got {value}")
+                if name == "fail_worker" and value < 0:
+                    raise ValueError(f"fail_worker step must be >= 0, got {value}")
+
+
+def parse_rank_spec(spec, name, kind):
+    """Split ``"RANK:VALUE"`` into ``(int rank, kind(value))``.
+
+    Parameters
+    ----------
+    spec : str
+        Text such as ``"2:4"`` (``--straggler``) or ``"3:10"`` (``--fail-worker``).
+    name : str
+        Option name used in the error message.
+    kind : type
+        ``int`` or ``float``, the type of VALUE.
+
+    Returns
+    -------
+    tuple of (int, int or float)
+
+    Raises
+    ------
+    ValueError
+        When ``spec`` is not ``RANK:VALUE`` with numbers.
+    """
+    rank, sep, value = str(spec).partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(rank), kind(value)
+    except ValueError:
+        raise ValueError(f"{name} must be RANK:{'FACTOR' if kind is float else 'STEP'}, got {spec!r}") from None

@@ -1,0 +1,225 @@
+"""Wire protocol of the parameter server: typed messages on buffer-based point-to-point calls.
+
+Every message is a header, an ``int64`` array ``[type, worker, clock, length]``, sent with the tag
+of its type; when ``length > 0`` the payload (``length`` elements of the model dtype) follows on
+the type's data tag. Headers and payloads travel with ``Isend`` and are matched with ``Iprobe`` /
+``Irecv``, so a receiver serves whatever has arrived, in any order. MPI's non-overtaking rule
+(messages from one sender with one tag are received in sending order) pairs each header with its
+payload. No pickle is used anywhere.
+
+Header fields by message type (``worker`` is the worker index ``0 .. W - 1``, not the MPI rank):
+
+========  ================  ==================================================================
+type      direction         meaning of ``clock`` / payload
+========  ================  ==================================================================
+PUSH      worker -> server  clock of the gradient; payload: gradient shard (already weighted)
+PULL      worker -> server  reader's clock (``-1``: join, returns the resume clock)
+PARAMS    server -> worker  staleness of the served shard (join: resume clock); payload: shard
+STOP      server -> worker  the training budget is spent; the worker finishes
+ERROR     server -> worker  BSP lost worker ``worker`` (dropped or aborted); every rank stops
+DROPPED   server -> worker  the reader itself was dropped for silence; it finishes
+DONE      worker -> server  the worker finished (normally, stopped, or dropped)
+ABORT     worker -> server  the worker stops because of an error
+SPEED     worker -> server  load balancing: payload ``[seconds per sample]`` at this clock
+BATCH     server -> worker  load balancing: payload ``[batch of every worker]``
+STATS     worker -> rank 0  payload: the worker's statistics vector (see ``ps.runtime``)
+FINAL     server -> rank 0  payload: final shard, then snapshots and staleness counts
+========  ================  ==================================================================
+"""
+import enum
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "header_tag", "data_tag", "send",
+           "probe", "receive", "wait_all", "Backoff"]
+
+HEADER_LEN = 4  # [type, worker, clock, length]
+_HEADER_BASE = 700
+_DATA_BASE = 800
+
+
+class Msg(enum.IntEnum):
+    """Message types; each has its own header tag and data tag."""
+
+    PUSH = 1
+    PULL = 2
+    PARAMS = 3
+    STOP = 4
+    ERROR = 5
+    DROPPED = 6
+    DONE = 7
+    ABORT = 8
+    SPEED = 9
+    BATCH = 10
+    STATS = 11
+    FINAL = 12
+
+
+class PSError(RuntimeError):
+    """A parameter-server run cannot continue (lost worker under BSP, protocol violation)."""
+
+
+class PSTimeout(PSError):
+    """A peer did not answer within the allowed time."""
+
+
+def header_tag(mtype):
+    """Return the MPI tag of the headers of message type ``mtype`` (int)."""
+    return _HEADER_BASE + int(mtype)
+
+
+def data_tag(mtype):
+    """Return the MPI tag of the payloads of message type ``mtype`` (int)."""
+    return _DATA_BASE + int(mtype)
+
+
+class Backoff:
+    """Sleep between polls, doubling from ``start`` to ``cap`` seconds while nothing arrives.
+
+    Ranks oversubscribe the cores in tests and studies, so an idle rank must yield its core
+    instead of spinning in ``MPI_Recv``. ``reset()`` after progress brings the delay back down.
+
+    Parameters
+    ----------
+    start : float
+        First sleep (seconds).
+    cap : float
+        Largest sleep (seconds).
+    """
+
+    __slots__ = ("start", "cap", "delay")
+
+    def __init__(self, start=2e-5, cap=2e-3):
+        if not 0 < start <= cap:
+            raise ValueError(f"start and cap must satisfy 0 < start <= cap, got {start}, {cap}")
+        self.start, self.cap, self.delay = start, cap, start
+
+    def reset(self):
+        """Return to the shortest delay."""
+        self.delay = self.start
+
+    def sleep(self):
+        """Sleep the current delay, then double it (up to ``cap``)."""
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, self.cap)
+
+
+def send(comm, dest, mtype, worker=0, clock=0, data=None):
+    """Post one message (header and optional payload) without blocking.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The parameter server's own (duplicated) communicator.
+    dest : int
+        Destination rank in ``comm``.
+    mtype : Msg
+        Message type.
+    worker, clock : int
+        Header fields (see the module table).
+    data : ndarray, shape (length,), optional
+        Contiguous host payload; it must stay unchanged until the requests complete.
+
+    Returns
+    -------
+    list of (MPI.Request, ndarray)
+        The pending sends with the buffers they read; complete them with :func:`wait_all`.
+    """
+    length = 0 if data is None else int(data.shape[0])
+    header = np.array([int(mtype), int(worker), int(clock), length], dtype=np.int64)
+    reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
+    if length:
+        assert data.flags.c_contiguous and isinstance(data, np.ndarray), "payload must be host-contiguous"
+        reqs.append((comm.Isend(data, dest=dest, tag=data_tag(mtype)), data))
+    return reqs
+
+
+def probe(comm, source=MPI.ANY_SOURCE):
+    """Return ``(source, Msg)`` of the next waiting header, or ``None`` when nothing waits.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        Communicator to probe.
+    source : int
+        Rank to probe, or ``MPI.ANY_SOURCE``.
+
+    Raises
+    ------
+    PSError
+        When a payload arrives without its header (a protocol violation).
+    """
+    status = MPI.Status()
+    if not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+        return None
+    tag = status.Get_tag()
+    if not _HEADER_BASE < tag <= _HEADER_BASE + len(Msg):
+        raise PSError(f"unexpected message with tag {tag} from rank {status.Get_source()}")
+    return status.Get_source(), Msg(tag - _HEADER_BASE)
+
+
+def receive(comm, source, mtype, dtype, deadline):
+    """Receive a header of type ``mtype`` from ``source`` (already probed) and its payload.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        Communicator.
+    source : int
+        Sender's rank.
+    mtype : Msg
+        Message type (selects the tags).
+    dtype : numpy.dtype
+        Payload dtype.
+    deadline : float
+        ``time.monotonic()`` value after which a missing payload raises.
+
+    Returns
+    -------
+    header : ndarray, shape (4,), int64
+    data : ndarray, shape (length,), dtype, or None
+        ``None`` when the header's length is 0.
+
+    Raises
+    ------
+    PSTimeout
+        When the payload does not arrive before ``deadline``.
+    """
+    header = np.empty(HEADER_LEN, dtype=np.int64)
+    comm.Recv(header, source=source, tag=header_tag(mtype))
+    if header[3] == 0:
+        return header, None
+    data = np.empty(int(header[3]), dtype=dtype)
+    req = comm.Irecv(data, source=source, tag=data_tag(mtype))
+    wait_all([(req, data)], deadline, f"payload of {mtype.name} from rank {source}")
+    return header, data
+
+
+def wait_all(requests, deadline, what):
+    """Complete the pending requests, polling with :class:`Backoff` until ``deadline``.
+
+    Parameters
+    ----------
+    requests : list of (MPI.Request, ndarray)
+        As returned by :func:`send`, or receives paired with their buffers.
+    deadline : float
+        ``time.monotonic()`` value (seconds) after which waiting stops.
+    what : str
+        Description used in the timeout message.
+
+    Raises
+    ------
+    PSTimeout
+        When some request is still pending at ``deadline``.
+    """
+    pending = [r for r, _ in requests]
+    backoff = Backoff()
+    while pending:
+        pending = [r for r in pending if not r.Test()]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise PSTimeout(f"timed out waiting for {what}")
+        backoff.sleep()

@@ -1,0 +1,244 @@
+"""Run a parameter-server job on a communicator: roles, the worker loop, and the final report.
+
+The first ``S`` ranks serve (:class:`ps.server.Server`), the others work: pull, compute a gradient
+with the caller's ``grad_fn``, wait out the injected delays, push, repeat until a server answers
+STOP. The servers end their loops once every worker has finished, aborted or been dropped; then the
+servers send their final shards, snapshots and staleness counts to rank 0 and the finished workers
+their statistics, on a second duplicated communicator so that these reports never mix with the
+protocol. Rank 0 returns the assembled :class:`RunResult`.
+
+Heterogeneity and faults: ``straggler`` sleeps ``(FACTOR - 1)`` times the step's compute time,
+``jitter`` sleeps a uniform ``[0, jitter]`` seconds per step, ``fail_worker`` makes a worker stop
+communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
+faster workers larger batches in proportion to their measured samples per second, with the total
+kept at ``W x batch``.
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ps.client import Client
+from ps.consistency import DONE, DROPPED
+from ps.options import parse_rank_spec
+from ps.protocol import HEADER_LEN, Backoff, Msg, PSError, data_tag, header_tag, send, wait_all
+from ps.server import EVENT_ABORTED, Server
+from ps.sharding import join_shards, shard_offsets
+
+__all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
+
+_ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
+#: Fields of a worker's statistics vector (the STATS payload), in order.
+STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
+               "dropped", "mean_staleness", "max_staleness")
+
+
+@dataclass
+class RunResult:
+    """What rank 0 knows at the end of a run (other ranks get ``None``, workers their stats)."""
+
+    params: np.ndarray                   # final flat parameters, shape (n,)
+    pushes: int                          # worker gradients folded in (server 0)
+    wall: float                          # seconds from the start barrier to server 0's last message
+    staleness: dict                      # staleness (clocks) -> served shard pulls, all servers
+    snapshots: list = field(default_factory=list)   # (pushes, seconds, flat params)
+    workers: list = field(default_factory=list)     # per worker: dict of STAT_FIELDS, or None
+    status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
+    events: list = field(default_factory=list)      # (seconds, text), sorted by time
+
+
+def roles(comm, servers):
+    """Return ``(server_ranks, worker_ranks)`` for a communicator with ``servers`` server ranks."""
+    return list(range(servers)), list(range(servers, comm.Get_size()))
+
+
+def run(comm, opts, init_params, grad_fn=None, on_push=None):
+    """Run one parameter-server job on every rank of ``comm``.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        Communicator of all ranks (duplicated here; the caller's messages never mix with ours).
+    opts : ps.options.PSOptions
+        Run settings; validated on every rank before any message is sent.
+    init_params : ndarray, shape (n,), float32 or float64
+        Initial flat parameters, identical on every rank (servers keep their shard).
+    grad_fn : callable, optional
+        Workers only: ``grad_fn(params, clock, batch) -> (grad, samples)`` with ``params`` and
+        ``grad`` host arrays of shape (n,) and the same dtype (``grad`` the mean over the batch).
+    on_push : callable, optional
+        Rank 0 only: called as ``on_push(pushes)`` after every folded push (progress display).
+
+    Returns
+    -------
+    RunResult or dict or None
+        Rank 0: the run's result; a finished worker: its statistics (dict); others: ``None``.
+
+    Raises
+    ------
+    TypeError
+        When ``init_params`` is not a float32/float64 NumPy vector.
+    ValueError
+        When an option is out of range (on every rank, before any message).
+    PSError
+        On every rank still running when BSP loses a worker.
+    """
+    if not isinstance(init_params, np.ndarray) or init_params.dtype not in (np.float32, np.float64):
+        raise TypeError("init_params must be a float32 or float64 NumPy array")
+    if init_params.ndim != 1:
+        raise ValueError(f"init_params must be 1-D, got shape {init_params.shape}")
+    opts.validate(comm.Get_size())
+    servers, workers = roles(comm, opts.servers)
+    pscomm, repcomm = comm.Dup(), comm.Dup()
+    try:
+        rank, n = comm.Get_rank(), init_params.shape[0]
+        offsets = shard_offsets(n, opts.servers)
+        pscomm.Barrier()
+        t0 = time.monotonic()
+        if rank < opts.servers:
+            shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
+            server = Server(pscomm, rank, workers, shard, offsets[rank], n, opts,
+                            on_push if rank == 0 else None)
+            server.serve(t0)
+            wall = time.monotonic() - t0
+            if rank != 0:
+                _send_final(repcomm, server, opts)
+                return None
+            return _collect(repcomm, server, opts, workers, wall)
+        return _work(pscomm, repcomm, opts, servers, workers, rank, init_params, grad_fn)
+    finally:
+        pscomm.Free()
+        repcomm.Free()
+
+
+def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
+    w = workers.index(rank)
+    client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
+                    2 * opts.ps_timeout + 10.0)
+    factor = parse_rank_spec(opts.straggler, "straggler", float)[1] \
+        if opts.straggler and parse_rank_spec(opts.straggler, "straggler", float)[0] == rank else 1.0
+    fail_step = parse_rank_spec(opts.fail_worker, "fail_worker", int)[1] \
+        if opts.fail_worker and parse_rank_spec(opts.fail_worker, "fail_worker", int)[0] == rank else -1
+    rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
+    params, clock, stopped = client.join()
+    push_buf = np.empty_like(params)
+    batch, stats = opts.batch, dict.fromkeys(STAT_FIELDS, 0.0)
+    window = [0.0, 0]  # (seconds, samples) since the last speed report
+    stale = []
+    result = "stop" if stopped else "params"
+    while result == "params":
+        if clock == fail_step:
+            return None  # injected failure: stop communicating, say nothing to anyone
+        t = time.perf_counter()
+        grad, samples = grad_fn(params, clock, batch)
+        compute = time.perf_counter() - t
+        delay = (factor - 1.0) * compute + (rng.uniform(0.0, opts.jitter) if opts.jitter else 0.0)
+        if delay > 0:
+            time.sleep(delay)
+        np.multiply(grad, batch / opts.batch, out=push_buf)  # a share of W x batch samples
+        client.push(clock, push_buf)
+        clock += 1
+        stats["pushes"] += 1
+        stats["samples"] += samples
+        stats["compute_s"] += compute
+        stats["delay_s"] += delay
+        window[0] += compute + delay
+        window[1] += samples
+        if opts.balance and clock % opts.balance_every == 0:
+            batch = int(client.report_speed(clock, window[0] / max(1, window[1]))[w])
+            window = [0.0, 0]
+        result = client.pull(clock, params)
+        stale += client.last_staleness
+    client.finish(Msg.DONE)
+    stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds,
+                 dropped=float(result == "dropped"),
+                 mean_staleness=float(np.mean(stale)) if stale else 0.0,
+                 max_staleness=float(max(stale)) if stale else 0.0)
+    vec = np.array([stats[k] for k in STAT_FIELDS], dtype=np.float64)
+    wait_all(send(repcomm, 0, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
+    return stats
+
+
+def _report(server):
+    """Return this server's final report: shard, snapshots, staleness counts, worker status, events."""
+    hist = np.zeros(max(server.staleness, default=-1) + 1)
+    for k, v in server.staleness.items():
+        hist[k] = v
+    status = server.table.status.astype(np.float64)
+    status[sorted(server.aborted)] = _ABORTED
+    events = np.array(server.events, dtype=np.float64).reshape(-1, 3)  # (time, worker, code)
+    return dict(shard=server.params, snaps=list(server.snapshots), hist=hist, pushes=server.pushes,
+                status=status, events=events)
+
+
+def _pack(rep):
+    """Flatten a report into one float64 vector (counts first) for the FINAL message."""
+    snaps = rep["snaps"]
+    counts = [rep["shard"].shape[0], len(snaps), rep["hist"].shape[0], rep["pushes"], rep["events"].shape[0]]
+    parts = [np.array(counts, np.float64), rep["shard"].astype(np.float64),
+             np.array([p for p, _, _ in snaps], np.float64), np.array([t for _, t, _ in snaps], np.float64)]
+    parts += [x.astype(np.float64) for _, _, x in snaps]
+    return np.concatenate(parts + [rep["hist"], rep["status"], rep["events"].ravel()])
+
+
+def _unpack(vec, n_workers, dtype):
+    """Invert :func:`_pack` (shards back in the model dtype)."""
+    n, n_snap, n_hist, pushes, n_ev = (int(v) for v in vec[:5])
+    sizes = [n, n_snap, n_snap] + [n] * n_snap + [n_hist, n_workers, 3 * n_ev]
+    parts = np.split(vec[5:5 + sum(sizes)], np.cumsum(sizes)[:-1])
+    snaps = [(int(p), float(t), x.astype(dtype)) for p, t, x in zip(parts[1], parts[2], parts[3:3 + n_snap])]
+    return dict(shard=parts[0].astype(dtype), snaps=snaps, hist=parts[-3], pushes=pushes,
+                status=parts[-2], events=parts[-1].reshape(-1, 3))
+
+
+def _send_final(repcomm, server, opts):
+    """Send rank 0 this server's report on the report communicator."""
+    wait_all(send(repcomm, 0, Msg.FINAL, 0, server.index, _pack(_report(server))),
+             time.monotonic() + opts.ps_timeout, "final report")
+
+
+def _receive_from(comm, source, mtype, deadline):
+    """Receive one report (header and float64 payload) from ``source`` on the report communicator."""
+    backoff = Backoff()
+    while not comm.Iprobe(source=source, tag=header_tag(mtype)):
+        if time.monotonic() > deadline:
+            raise PSError(f"rank 0: no {mtype.name} report from rank {source}")
+        backoff.sleep()
+    header = np.empty(HEADER_LEN, np.int64)
+    comm.Recv(header, source=source, tag=header_tag(mtype))
+    data = np.empty(int(header[3]), np.float64)
+    req = comm.Irecv(data, source=source, tag=data_tag(mtype))
+    wait_all([(req, data)], deadline, f"{mtype.name} payload from rank {source}")
+    return data
+
+
+def _collect(repcomm, server, opts, workers, wall):
+    """Rank 0: assemble the run's result from its own server, the other servers and the workers."""
+    deadline = time.monotonic() + 2 * opts.ps_timeout + 10.0
+    dtype, n_workers = server.params.dtype, len(workers)
+    reps = [_report(server)] + [_unpack(_receive_from(repcomm, r, Msg.FINAL, deadline), n_workers, dtype)
+                                for r in range(1, opts.servers)]
+    params = join_shards([rep["shard"] for rep in reps])
+    n_snap = min(len(rep["snaps"]) for rep in reps)
+    snapshots = [(reps[0]["snaps"][k][0], max(rep["snaps"][k][1] for rep in reps),
+                  join_shards([rep["snaps"][k][2] for rep in reps])) for k in range(n_snap)]
+    hist = {}
+    for rep in reps:
+        for k, v in enumerate(rep["hist"]):
+            if v:
+                hist[k] = hist.get(k, 0) + int(v)
+    codes = reps[0]["status"]
+    status = ["aborted" if c == _ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
+    stats = [None] * n_workers
+    for w, r in enumerate(workers):
+        if codes[w] == DONE:
+            vec = _receive_from(repcomm, r, Msg.STATS, deadline)
+            stats[w] = {k: float(v) for k, v in zip(STAT_FIELDS, vec)}
+    events, seen = [], set()
+    for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
+        if (w, c) not in seen:
+            seen.add((w, c))
+            what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
+            events.append((t, f"worker rank {workers[int(w)]} {what}"))
+    return RunResult(params=params, pushes=server.pushes, wall=wall, staleness=dict(sorted(hist.items())),
+                     snapshots=snapshots, workers=stats, status=status, events=events)

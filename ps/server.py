@@ -1,0 +1,292 @@
+"""The server loop: serve pushes and pulls as they arrive under BSP, ASP or SSP.
+
+One server owns one shard of the flat parameter vector (:mod:`ps.sharding`) and its optimizer state
+(:class:`ps.state.ServerOptimizer`). It probes for any message from any worker, handles it, and
+re-examines the deferred pulls whenever a push is folded in or a worker leaves (:mod:`ps.consistency`
+decides which pull may go). Nothing assumes an arrival order: a pull that overtakes its reader's own
+push waits for it, BSP buckets are keyed by clock and summed in worker order.
+
+Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
+is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
+ERROR, and ends once every worker has aborted or been dropped. The loop ends when every worker is
+done, aborted or dropped, so no rank is left waiting (the explicit shutdown protocol).
+"""
+import os
+import time
+
+import numpy as np
+
+from ps.consistency import DONE, DROPPED, LIVE, BspBuckets, ClockTable
+from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
+from ps.state import ServerOptimizer, load_npz, save_npz_atomic
+
+__all__ = ["Server", "checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
+
+EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
+_SILENCE_CHECK = 0.01  # seconds between silence checks while idle
+
+
+def checkpoint_path(directory, index):
+    """Return the checkpoint file of server ``index`` in ``directory``."""
+    return os.path.join(directory, f"ps_server{index}.npz")
+
+
+class Server:
+    """One parameter server: owns a shard, applies pushes, serves pulls under a consistency model.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The run's duplicated communicator; servers are ranks ``0 .. S - 1``.
+    index : int
+        This server's index ``0 <= index < S`` (equal to its rank).
+    worker_ranks : sequence of int
+        Ranks of the workers, in worker-index order.
+    shard : ndarray, shape (n_r,), float32 or float64
+        Initial parameters of this shard (owned and updated in place).
+    offset, total : int
+        First element of the shard in the flat vector, and the flat vector's length.
+    opts : ps.options.PSOptions
+        Run settings (consistency, budget, optimizer, timeouts, checkpoints).
+    on_push : callable, optional
+        ``on_push(pushes_applied)`` after every folded push (progress display).
+
+    Raises
+    ------
+    ValueError
+        When a checkpoint to resume from does not match this shard.
+    """
+
+    def __init__(self, comm, index, worker_ranks, shard, offset, total, opts, on_push=None):
+        self.comm, self.index, self.opts = comm, int(index), opts
+        self.worker_ranks = list(worker_ranks)
+        self.rank_to_worker = {r: w for w, r in enumerate(self.worker_ranks)}
+        self.n_workers = len(self.worker_ranks)
+        self.params, self.offset, self.total = shard, int(offset), int(total)
+        self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
+        self.buckets = BspBuckets(self.table) if opts.consistency == "bsp" else None
+        self.opt = ServerOptimizer(shard.shape[0], shard.dtype, opts.optimizer, opts.lr, opts.momentum,
+                                   opts.weight_decay, opts.betas, opts.eps, opts.lr_schedule,
+                                   opts.staleness_lr)
+        self.on_push = on_push
+        self.pushes = 0                                    # pushes folded into the shard
+        self.pending = {}                                  # worker -> clock of its deferred pull
+        self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
+        self.staleness = {}                                # staleness (clocks) -> served pulls
+        self.snapshots = []                                # (pushes, seconds since start, shard copy)
+        self.events = []                                   # (seconds since start, worker, code)
+        self.aborted = set()                               # workers that left with ABORT
+        self.error_worker = -1                             # BSP: the worker whose loss stops the run
+        self.speeds = np.zeros(self.n_workers)             # seconds per sample reported (server 0)
+        self.speed_waiting = {}                            # worker -> clock of its SPEED awaiting BATCH
+        self._sends = []
+        self._t0 = time.monotonic()
+        self._last_heard = np.full(self.n_workers, self._t0)
+        if opts.resume_dir:
+            self._resume(checkpoint_path(opts.resume_dir, self.index))
+
+    # ------------------------------------------------------------------------------------------
+    def serve(self, start_time=None):
+        """Run the loop until every worker is done, aborted or dropped.
+
+        Parameters
+        ----------
+        start_time : float, optional
+            ``time.monotonic()`` of the common start (after the start barrier).
+
+        Raises
+        ------
+        PSError
+            Under BSP when a worker was lost (after every other worker has been told).
+        """
+        self._t0 = time.monotonic() if start_time is None else start_time
+        self._last_heard[:] = time.monotonic()
+        backoff, next_check = Backoff(), 0.0
+        while (self.table.status == LIVE).any():
+            msg = probe(self.comm)
+            if msg is not None:
+                self._handle(*msg)
+                backoff.reset()
+                continue
+            now = time.monotonic()
+            if now >= next_check:
+                self._sends = [s for s in self._sends if not s[0].Test()]
+                self._check_silence(now)
+                next_check = now + _SILENCE_CHECK
+            backoff.sleep()
+        wait_all(self._sends, time.monotonic() + self.opts.ps_timeout, "replies to the workers")
+        self._sends = []
+        if self.opts.checkpoint_dir and self.error_worker < 0:
+            self.checkpoint()
+        if self.error_worker >= 0:
+            raise PSError(self.error_message())
+
+    def error_message(self):
+        """Return the text of the BSP error (which worker was lost and why)."""
+        rank = self.worker_ranks[self.error_worker]
+        return (f"BSP cannot continue: worker rank {rank} stopped answering (silent for more than "
+                f"--ps-timeout {self.opts.ps_timeout:g} s, or aborted); every rank stops")
+
+    def progress(self):
+        """Return the fraction of the push budget spent (0 .. 1)."""
+        return min(1.0, self.pushes / self.opts.budget) if self.opts.budget else 1.0
+
+    # ------------------------------------------------------------------------------------------
+    def _handle(self, source, mtype):
+        header, data = receive(self.comm, source, mtype, self.params.dtype,
+                               time.monotonic() + self.opts.ps_timeout)
+        w = self.rank_to_worker.get(source)
+        if w is None:
+            raise PSError(f"server {self.index} got {mtype.name} from rank {source}, which is not a worker")
+        self._last_heard[w] = time.monotonic()
+        clock = int(header[2])
+        status = self.table.status[w]
+        if mtype == Msg.PUSH:
+            if status == LIVE and self.error_worker < 0:
+                self._push(w, clock, data)
+        elif mtype == Msg.PULL:
+            if clock < 0:  # join: the current shard and the resume clock, or STOP when spent
+                if self.pushes >= self.opts.budget:
+                    self._reply(w, Msg.STOP, int(self.table.folded[w]))
+                else:
+                    self._reply(w, Msg.PARAMS, int(self.table.folded[w]), self.params.copy())
+            elif status == DROPPED:
+                self._reply(w, Msg.DROPPED, clock)
+            else:
+                self.pending[w] = clock
+        elif mtype in (Msg.DONE, Msg.ABORT):
+            if status == LIVE:
+                self.table.status[w] = DONE
+                self.pending.pop(w, None)
+                if mtype == Msg.ABORT:
+                    self.aborted.add(w)
+                    self._lost(w, EVENT_ABORTED)
+        elif mtype == Msg.SPEED:
+            self.speeds[w] = float(data[0])
+            self.speed_waiting[w] = clock
+        else:
+            raise PSError(f"server {self.index} got unexpected {mtype.name} from rank {source}")
+        self._progress_bsp()
+        self._serve_pending()
+
+    def _push(self, w, clock, grad):
+        if grad is None or grad.shape != self.params.shape:
+            raise PSError(f"push from worker {w} has {0 if grad is None else grad.shape[0]} elements, "
+                          f"shard has {self.params.shape[0]}")
+        if self.buckets is not None:
+            self.buckets.add(w, clock, grad)
+            return
+        tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
+        lr = self.opt.rate(self.progress(), tau, 1.0 / self.n_workers)
+        self.opt.step(self.params, grad, lr)
+        self.table.fold(w, clock)
+        self._after_fold(1)
+
+    def _progress_bsp(self):
+        while self.buckets is not None and self.error_worker < 0:
+            ready = self.buckets.pop_ready()
+            if ready is None:
+                return
+            clock, mean, workers = ready
+            self.opt.step(self.params, mean, self.opt.rate(self.progress(), 0, 1.0))
+            for w in workers:
+                self.table.fold(w, clock)
+            self._after_fold(len(workers))
+
+    def _after_fold(self, count):
+        before, self.pushes = self.pushes, self.pushes + count
+        every = self.opts.snapshot_every
+        if every and before // every != self.pushes // every:
+            self.snapshots.append((self.pushes, time.monotonic() - self._t0, self.params.copy()))
+        every = self.opts.checkpoint_every
+        if every and self.opts.checkpoint_dir and before // every != self.pushes // every:
+            self.checkpoint()
+        if self.on_push is not None:
+            self.on_push(self.pushes)
+
+    def _serve_pending(self):
+        for w in list(self.pending):
+            clock = self.pending[w]
+            if self.error_worker >= 0:
+                self._reply(w, Msg.ERROR, clock, worker=self.error_worker)
+            elif self.pushes >= self.opts.budget:
+                self._reply(w, Msg.STOP, clock)
+            elif self.table.servable(w, clock):
+                stale = self.table.staleness_of(w, clock)
+                self.staleness[stale] = self.staleness.get(stale, 0) + 1
+                self.read_version[w] = self.pushes
+                self._reply(w, Msg.PARAMS, stale, self.params.copy())
+            else:
+                continue
+            del self.pending[w]
+        if self.speed_waiting:
+            self._answer_speeds()
+
+    def _answer_speeds(self):
+        live = self.table.live()
+        if self.opts.consistency == "bsp" and not set(live.tolist()) <= set(self.speed_waiting):
+            return  # BSP: every live worker reports at the same clock; answer them together
+        known = self.speeds > 0
+        mean = self.speeds[known].mean() if known.any() else 1.0
+        rate = 1.0 / np.where(known, self.speeds, mean)      # samples per second
+        rate[self.table.status != LIVE] = 0.0
+        batches = _proportional(rate, self.opts.batch * int((rate > 0).sum()))
+        for w, clock in self.speed_waiting.items():
+            self._reply(w, Msg.BATCH, clock, batches.astype(self.params.dtype))
+        self.speed_waiting.clear()
+
+    def _check_silence(self, now):
+        for w in self.table.live():
+            if w in self.pending or w in self.speed_waiting:
+                continue  # waiting on this server: not silent
+            if now - self._last_heard[w] > self.opts.ps_timeout:
+                self.table.status[w] = DROPPED
+                self._lost(w, EVENT_DROPPED)
+        self._progress_bsp()
+        self._serve_pending()
+
+    def _lost(self, w, code):
+        self.events.append((time.monotonic() - self._t0, w, code))
+        if self.opts.consistency == "bsp" and self.error_worker < 0:
+            self.error_worker = w
+
+    def _reply(self, w, mtype, clock, data=None, worker=None):
+        self._sends += send(self.comm, self.worker_ranks[w], mtype, w if worker is None else worker,
+                            clock, data)
+
+    # ------------------------------------------------------------------------------------------
+    def checkpoint(self):
+        """Write this server's shard, optimizer state and clocks to its checkpoint file (atomic)."""
+        os.makedirs(self.opts.checkpoint_dir, exist_ok=True)
+        state = {"params": self.params, "offset": self.offset, "total": self.total,
+                 "pushes": self.pushes, "servers": self.opts.servers}
+        state.update(self.opt.state_dict())
+        state.update(self.table.state_dict())
+        save_npz_atomic(checkpoint_path(self.opts.checkpoint_dir, self.index), state)
+
+    def _resume(self, path):
+        state = load_npz(path)
+        if (int(state["servers"]), int(state["offset"]), int(state["total"]), state["params"].shape) != \
+                (self.opts.servers, self.offset, self.total, self.params.shape):
+            raise ValueError(f"checkpoint {path} holds a shard of another layout "
+                             f"(servers {int(state['servers'])}, offset {int(state['offset'])}, "
+                             f"total {int(state['total'])}); resume with the same servers and model")
+        self.params[:] = state["params"]
+        self.opt.load_state_dict(state)
+        self.table.load_state_dict(state)
+        self.pushes = int(state["pushes"])
+
+
+def _proportional(rate, total):
+    """Split ``total`` samples in proportion to ``rate`` (largest remainders, each share >= 1)."""
+    out = np.zeros(rate.shape[0], dtype=np.int64)
+    active = rate > 0
+    if not active.any():
+        return out
+    share = rate[active] / rate[active].sum() * total
+    base = np.maximum(1, np.floor(share).astype(np.int64))
+    order = np.argsort(-(share - np.floor(share)))
+    for i in order[:max(0, total - int(base.sum()))]:
+        base[i] += 1
+    out[active] = base
+    return out

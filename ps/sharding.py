@@ -1,0 +1,164 @@
+"""Key-range sharding of the flat parameter vector across the server ranks.
+
+The flat vector of ``n`` parameters is cut into ``S`` contiguous shards whose sizes differ by at
+most one element, with the larger shards first -- the splitting rule of ``numpy.array_split`` that
+the collectives use for their chunks. Server ``r`` owns ``[offsets[r], offsets[r + 1])``. This is
+ps-lite's key-range partition (Li et al., "Scaling Distributed Machine Learning with the Parameter
+Server", OSDI 2014, section 3.3) on a dense key space ``0 .. n - 1``.
+"""
+import numpy as np
+
+__all__ = ["shard_sizes", "shard_offsets", "shard_slice", "split_shards", "join_shards"]
+
+
+def _check(n, servers):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an integer, got {type(n).__name__}")
+    if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)):
+        raise TypeError(f"servers must be an integer, got {type(servers).__name__}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+
+
+def shard_sizes(n, servers):
+    """Return the number of parameters each server owns.
+
+    Parameters
+    ----------
+    n : int
+        Length of the flat parameter vector (elements), ``n >= 0``.
+    servers : int
+        Number of server ranks ``S >= 1``.
+
+    Returns
+    -------
+    ndarray, shape (S,), int64
+        ``sizes[r]`` is ``n // S + 1`` for ``r < n % S`` and ``n // S`` otherwise, so the sizes
+        sum to ``n`` and differ by at most one (``numpy.array_split`` sizes).
+
+    Raises
+    ------
+    TypeError
+        When ``n`` or ``servers`` is not an integer.
+    ValueError
+        When ``n < 0`` or ``servers < 1``.
+    """
+    _check(n, servers)
+    base, extra = divmod(int(n), int(servers))
+    sizes = np.full(int(servers), base, dtype=np.int64)
+    sizes[:extra] += 1
+    return sizes
+
+
+def shard_offsets(n, servers):
+    """Return the shard boundaries: server ``r`` owns ``[offsets[r], offsets[r + 1])``.
+
+    Parameters
+    ----------
+    n : int
+        Length of the flat parameter vector (elements).
+    servers : int
+        Number of server ranks ``S``.
+
+    Returns
+    -------
+    ndarray, shape (S + 1,), int64
+        ``offsets[0] == 0`` and ``offsets[S] == n``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`shard_sizes`.
+    """
+    sizes = shard_sizes(n, servers)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
+
+
+def shard_slice(n, servers, server):
+    """Return the ``slice`` of the flat vector owned by ``server``.
+
+    Parameters
+    ----------
+    n : int
+        Length of the flat parameter vector (elements).
+    servers : int
+        Number of server ranks ``S``.
+    server : int
+        Server index ``0 <= server < S``.
+
+    Returns
+    -------
+    slice
+
+    Raises
+    ------
+    ValueError
+        When ``server`` is out of range (and as :func:`shard_sizes`).
+    """
+    offsets = shard_offsets(n, servers)
+    if not 0 <= server < servers:
+        raise ValueError(f"server must be in [0, {servers}), got {server}")
+    return slice(int(offsets[server]), int(offsets[server + 1]))
+
+
+def split_shards(x, servers):
+    """Return views of the 1-D array ``x``, one per server, in server order.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n,)
+        Flat parameter or gradient vector (any dtype; NumPy or CuPy).
+    servers : int
+        Number of server ranks ``S``.
+
+    Returns
+    -------
+    list of ndarray
+        ``S`` contiguous views whose lengths are :func:`shard_sizes` ``(n, S)``.
+
+    Raises
+    ------
+    ValueError
+        When ``x`` is not one-dimensional.
+    """
+    if getattr(x, "ndim", None) != 1:
+        raise ValueError(f"x must be a 1-D array, got shape {getattr(x, 'shape', None)}")
+    offsets = shard_offsets(int(x.shape[0]), servers)
+    return [x[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def join_shards(shards, out=None):
+    """Concatenate per-server shards back into the flat vector.
+
+    Parameters
+    ----------
+    shards : sequence of ndarray, each shape (n_r,)
+        Host (NumPy) shards in server order, as produced by :func:`split_shards`.
+    out : ndarray, shape (sum n_r,), optional
+        Destination written in place.
+
+    Returns
+    -------
+    ndarray, shape (sum n_r,)
+
+    Raises
+    ------
+    ValueError
+        When ``out`` has the wrong length or a shard is not 1-D.
+    """
+    if any(getattr(s, "ndim", None) != 1 for s in shards):
+        raise ValueError("shards must be 1-D arrays")
+    n = sum(int(s.shape[0]) for s in shards)
+    if out is None:
+        out = np.empty(n, dtype=shards[0].dtype if shards else np.float64)
+    elif out.shape != (n,):
+        raise ValueError(f"out must have shape ({n},), got {out.shape}")
+    pos = 0
+    for s in shards:
+        out[pos:pos + s.shape[0]] = s
+        pos += s.shape[0]
+    return out
