@@ -227,6 +227,7 @@ def sparse_allreduce(indices, values, size, comm=None, algorithm="ring"):
     flat_values = xp.ascontiguousarray(values).ravel()
     gathered, _ = allgather_payloads([indices.astype(np.int64), flat_values], comm, True, algorithm)
     out = xp.zeros((size,) + width, values.dtype)
-    for idx, vals in gathered:
-        scatter_add(out, idx, vals.reshape((idx.size,) + width))
+    all_indices = xp.concatenate([pl[0] for pl in gathered])  # (sum of k,), repeats across ranks
+    all_values = xp.concatenate([pl[1] for pl in gathered]).reshape((all_indices.size,) + width)
+    scatter_add(out, all_indices, all_values)
     return out / values.dtype.type(comm.Get_size())

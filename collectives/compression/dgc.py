@@ -72,6 +72,8 @@ class DGCMemory(Memory):
             if norm > bound:
                 x = x * x.dtype.type(bound / norm)
         u = self.momenta.get(name)
+        if u is not None and u.shape != x.shape:
+            raise ValueError(f"x: shape {x.shape} does not match the memory of {name!r} {u.shape}")
         u = x.copy() if u is None else xp.asarray(u) * x.dtype.type(self.momentum) + x
         v = self.velocities.get(name)
         v = u.copy() if v is None else xp.asarray(v) + u

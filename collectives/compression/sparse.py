@@ -74,8 +74,8 @@ class _Sparse(Compressor):
         """Average sparse tensors of all ranks; indices repeated across ranks are summed (``add.at``)."""
         xp = get_array_module(gathered[0][1])
         out = xp.zeros(ctx["size"], ctx["dtype"])
-        for indices, values in gathered:
-            scatter_add(out, indices, values)
+        indices = xp.concatenate([pl[0] for pl in gathered])  # repeats across ranks
+        scatter_add(out, indices, xp.concatenate([pl[1] for pl in gathered]))
         return (out / len(gathered)).reshape(ctx["shape"])
 
 
