@@ -207,20 +207,42 @@ def _mpi_allreduce(ctx, x, op, out, timeout, xp):
         if not transport.direct:
             buf = transport.to_host(work, "mpi")
     ctx.next_tag()  # keep tags in step on every rank whatever the algorithm
+    nan_mask = _nan_mask(buf, op)
+    reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])]
+    if nan_mask is not None:
+        reqs.append(ctx.comm.Iallreduce(MPI.IN_PLACE, nan_mask, MPI.MAX))
     if timeout is None:
-        ctx.comm.Allreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
+        MPI.Request.Waitall(reqs)
     else:
-        req = ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
         try:
-            _wait([req], [None], _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
+            _wait(reqs, [None] * len(reqs), _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
         except Exception as exc:
             ctx.broken = f"allreduce: {exc}"
             raise
+    _restore_nan(buf, nan_mask)
     if buf is not work:
         transport.to_device(buf, work)
     p = ctx.size
     ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (p - 1) * x.size // p, estimated=True)
     return _finish(out, work, op, p, xp)
+
+
+def _nan_mask(buf, op):
+    """Return a uint8 NaN mask of ``buf`` for float min/max, else None.
+
+    MPICH's ``MPI_MIN`` / ``MPI_MAX`` compare with ``<`` and so keep or drop a NaN depending on where it
+    sits in the reduction order; commlab's rule is NumPy's (NaN propagates). The ``mpi`` algorithm
+    therefore reduces this mask with ``MPI_MAX`` alongside and writes NaN back where any rank had one.
+    """
+    if op not in ("min", "max") or buf.dtype.kind != "f":
+        return None
+    xp = backend.get_array_module(buf)
+    return xp.isnan(buf).view(numpy.uint8)
+
+
+def _restore_nan(buf, mask):
+    if mask is not None and buf.size:
+        buf[mask.view(bool)] = numpy.nan
 
 
 def _deadline(timeout):
@@ -252,8 +274,16 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
         if ctx.transport(xp) is not None and not ctx.transport(xp).direct:
             raise ValueError("iallreduce with algorithm='mpi' needs a CUDA-aware MPI for device arrays")
         ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (size - 1) * x.size // size, estimated=True)
-        mpi_req = ctx.comm.Iallreduce(MPI.IN_PLACE, work, MPI_OPS[op])
-        return _MPIRequest(mpi_req, lambda: _finish(out, work, op, size, xp))
+        mask = _nan_mask(work, op)
+        reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, work, MPI_OPS[op])]
+        if mask is not None:
+            reqs.append(ctx.comm.Iallreduce(MPI.IN_PLACE, mask, MPI.MAX))
+
+        def finish():
+            _restore_nan(work, mask)
+            return _finish(out, work, op, size, xp)
+
+        return _MPIRequest(reqs, finish)
     sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
                          lambda: build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid))
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
@@ -271,15 +301,18 @@ class _MPIRequest:
         self._req, self._finish, self.result, self.done = req, finish, None, False
 
     def test(self):
-        if not self.done and self._req.Test():
+        """Return True once the library's all-reduce has completed (finishing it then)."""
+        if not self.done and MPI.Request.Testall(self._req):
             self.done, self.result = True, self._finish()
         return self.done
 
     def wait(self, timeout=None):
+        """Block until complete and return the result (``timeout`` as for :meth:`Request.wait`)."""
         if not self.done:
             if timeout is None:
-                self._req.Wait()
+                MPI.Request.Waitall(self._req)
             else:
-                _wait([self._req], [None], _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
+                _wait(self._req, [None] * len(self._req), _deadline(timeout), "allreduce", 0,
+                      "MPI_Iallreduce", timeout)
             self.done, self.result = True, self._finish()
         return self.result

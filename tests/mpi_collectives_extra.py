@@ -1,0 +1,130 @@
+"""Rank-side body: device buffer paths, bad input, timeouts. ``python -m tests.mpi_collectives_extra CASE``.
+
+CASE is ``device`` (staged and direct paths with a host-memory device array type, compared with
+MPI's own all-reduce), ``badinput`` (every rank raises the documented error before any message:
+no communicator context is even created) or ``timeout`` (2+ ranks; only rank 0 joins a ring all-reduce and gets a
+``CollectiveTimeout`` naming its left neighbour P - 1 and round 0). Exits 0 on success.
+"""
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as C
+from collectives import context
+from tests.fakedevice import HostDeviceArray, to_device
+
+comm = MPI.COMM_WORLD
+rank, P = comm.Get_rank(), comm.Get_size()
+FAILS = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+
+
+def device():
+    for aware in ("0", "1"):
+        os.environ["COMMLAB_CUDA_AWARE"] = aware
+        sub = comm.Dup()  # a fresh context, so its transport reads the variable again
+        for alg in C.ALGORITHMS:
+            for dtype in ("float32", "float16", "int64"):
+                x = (np.arange(1003) % 7 * (rank + 1)).astype(dtype)
+                want = x.astype(np.float64)
+                comm.Allreduce(MPI.IN_PLACE, want, MPI.SUM)
+                y = C.allreduce(to_device(x), comm=sub, algorithm=alg)
+                check(isinstance(y, HostDeviceArray), f"device {alg}: result left the device type")
+                check(np.array_equal(np.asarray(y), want.astype(dtype)), f"device aware={aware} {alg} {dtype}")
+        g = C.allgather(to_device(np.full((rank + 1, 2), rank, np.float32)), comm=sub)
+        check(np.array_equal(np.asarray(g)[:, 0], np.repeat(np.arange(P), np.arange(1, P + 1))), "device allgather")
+        rs = C.reduce_scatter(to_device(np.ones(10, np.float32)), comm=sub)
+        check(np.all(np.asarray(rs) == P), "device reduce_scatter")
+        b = C.broadcast(to_device(np.full(5, rank, np.int32)), root=P - 1, comm=sub)
+        check(np.all(np.asarray(b) == P - 1), "device broadcast")
+        t = context.get_context(sub).transport(C.backend.get_array_module(to_device(np.ones(1))))
+        check(t.direct == (aware == "1"), f"transport direct={t.direct} with COMMLAB_CUDA_AWARE={aware}")
+        check(t.syncs > 0, "no stream synchronization before MPI")
+        if P > 1:
+            check((t.staged_bytes > 0) == (aware == "0"), f"staged bytes {t.staged_bytes} with aware={aware}")
+
+
+def expect(exc_type, words, fn):
+    try:
+        fn()
+    except exc_type as e:
+        check(all(w in str(e) for w in words), f"{exc_type.__name__} message {e!s} lacks {words}")
+        return
+    except Exception as e:  # the wrong type is a failure too
+        FAILS.append(f"expected {exc_type.__name__}, got {type(e).__name__}: {e}")
+        return
+    FAILS.append(f"expected {exc_type.__name__} for {words}")
+
+
+def badinput():
+    fresh = comm.Dup()
+    x = np.ones(8, np.float32)
+    expect(ValueError, ["bogus"], lambda: C.allreduce(x, comm=fresh, algorithm="bogus"))
+    expect(ValueError, ["xor"], lambda: C.allreduce(x, comm=fresh, op="xor"))
+    expect(TypeError, ["complex64"], lambda: C.allreduce(x.astype(np.complex64), comm=fresh, op="min"))
+    expect(TypeError, ["uint8"], lambda: C.allreduce(x.astype(np.uint8), comm=fresh))
+    expect(TypeError, ["bool"], lambda: C.allgather(x.astype(bool), comm=fresh))
+    expect(ValueError, ["root"], lambda: C.broadcast(x, root=P, comm=fresh))
+    expect(ValueError, ["root"], lambda: C.reduce(x, root=-1, comm=fresh))
+    expect(ValueError, ["grid"], lambda: C.allreduce(x, comm=fresh, algorithm="2d", grid=(P + 1, 1)))
+    expect(ValueError, ["grid"], lambda: C.allreduce(x, comm=fresh, algorithm="2d", grid=(0, P)))
+    expect(ValueError, ["timeout"], lambda: C.allreduce(x, comm=fresh, timeout=-1))
+    expect(ValueError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(3, np.float32)))
+    expect(TypeError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(8)))
+    expect(ValueError, ["reduce_scatter algorithm"], lambda: C.reduce_scatter(x, comm=fresh, algorithm="tree"))
+    expect(ValueError, ["dimensions"], lambda: C.allgather(np.float32(1), comm=fresh))
+    check(fresh.py2f() not in context._CONTEXTS, "a bad call created a context (sent a message)")
+    if P == 1:
+        return
+    # Errors that need every rank's view are raised on every rank after the signature exchange.
+    expect(TypeError, ["different dtypes"],
+           lambda: C.allgather(np.ones(2, np.float32 if rank else np.float64), comm=fresh))
+    expect(ValueError, ["beyond the first dimension"],
+           lambda: C.allgather(np.ones((2, 3 if rank else 4), np.float32), comm=fresh))
+    # The communicator still works afterwards.
+    check(np.all(C.allreduce(x, comm=fresh) == P), "collective after bad calls")
+
+
+def timeout():
+    sub, sub2 = comm.Dup(), comm.Dup()
+    for c in (sub, sub2):  # the first call duplicates the communicator (collective, no timeout)
+        C.allreduce(np.ones(1), comm=c)
+    if rank == 0:
+        try:
+            C.allreduce(np.ones(16, np.float32), comm=sub, algorithm="ring", timeout=0.5)
+            FAILS.append("no CollectiveTimeout")
+        except C.CollectiveTimeout as e:
+            check(e.peer == P - 1 and e.round == 0 and e.op == "allreduce", f"timeout names {e}")
+            check(f"rank {P - 1}" in str(e) and "round 0" in str(e), f"timeout message {e}")
+        try:
+            C.allreduce(np.ones(1, np.float32), comm=sub)
+            FAILS.append("a context with a timed-out collective still accepted calls")
+        except RuntimeError as e:
+            check("unusable" in str(e), f"broken-context message {e}")
+        try:
+            C.allreduce(np.ones(4, np.float32), comm=sub2, algorithm="mpi", timeout=0.2)
+            FAILS.append("no CollectiveTimeout from mpi")
+        except C.CollectiveTimeout as e:
+            check("inside the MPI library" in str(e), f"mpi timeout message {e}")
+    comm.Barrier()  # rank 1 never called the collectives; everyone still gets here
+
+
+def main():
+    {"device": device, "badinput": badinput, "timeout": timeout}[sys.argv[1]]()
+    for f in FAILS:
+        print(f"[rank {rank}/{P}] FAIL {f}", flush=True)
+    n = np.array([len(FAILS)], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, n, MPI.SUM)
+    if rank == 0:
+        print(f"{sys.argv[1]} P={P}: {n[0]} failures", flush=True)
+    sys.exit(1 if n[0] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Collectives: multi-rank cases under mpiexec (P in 1, 2, 3, 4, 5, 8) and single-process schedule checks.
+
+The multi-rank bodies live in tests/mpi_collectives.py and tests/mpi_collectives_extra.py; each launch
+runs many cases and fails with the failing cases printed. The single-process tests replay every rank's
+schedule in one process (collectives.simulate.replay) and compare with NumPy, for P up to 33.
+"""
+import numpy as np
+import pytest
+
+from collectives import ALGORITHMS, build_allreduce_schedule, chunk_bounds
+from collectives.ring import ring_allgather, ring_reduce_scatter
+from collectives.simulate import ScheduleDeadlock, replay
+from collectives.torus import check_grid, square_grid
+from collectives.tree import tree_broadcast, tree_reduce
+from tests.mpirun import run_mpi
+
+HAND_MADE = [a for a in ALGORITHMS if a not in ("mpi", "auto")]
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 5, 8])
+def test_collectives_match_mpi_and_numpy(P):
+    """Every algorithm x op x dtype x count (0, 1, P-1, P+1, 1001, 2**20+3) and the reported cases."""
+    run_mpi(P, "tests.mpi_collectives", "--big", timeout=300)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_device_paths_staged_and_direct(P):
+    run_mpi(P, "tests.mpi_collectives_extra", "device", timeout=120)
+
+
+@pytest.mark.parametrize("P", [1, 2, 4])
+def test_bad_input_raises_on_every_rank(P):
+    run_mpi(P, "tests.mpi_collectives_extra", "badinput", timeout=120)
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_timeout_names_peer_and_round(P):
+    run_mpi(P, "tests.mpi_collectives_extra", "timeout", timeout=60)
+
+
+def test_chunk_bounds_follow_array_split():
+    for count in (0, 1, 3, 7, 73, 1000):
+        for parts in (1, 2, 3, 4, 5, 8, 13):
+            sizes = np.diff(chunk_bounds(count, parts)).tolist()
+            assert sizes == [len(c) for c in np.array_split(np.empty(count), parts)]
+    assert np.diff(chunk_bounds(73, 4)).tolist() == [19, 18, 18, 18]
+
+
+@pytest.mark.parametrize("alg", HAND_MADE)
+@pytest.mark.parametrize("P", [1, 2, 3, 5, 6, 7, 8, 12, 16, 33])
+def test_allreduce_schedules_replay_to_the_sum(alg, P):
+    """Replay all P schedules in one process: every rank ends with NumPy's sum, no deadlock."""
+    for count in (0, 1, P - 1, P + 1, 257):
+        rng = np.random.default_rng(P * 1000 + count)
+        inputs = [rng.integers(-5, 6, count).astype(np.int64) for _ in range(P)]
+        data = [x.copy() for x in inputs]
+        replay([build_allreduce_schedule(alg, r, P, count) for r in range(P)], data)
+        want = np.sum(inputs, axis=0) if count else np.zeros(0, np.int64)
+        for r in range(P):
+            assert np.array_equal(data[r], want), (alg, P, count, r)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 7, 9])
+def test_other_schedules_replay(P):
+    count = 29
+    inputs = [np.full(count, r + 1, np.int64) for r in range(P)]
+    data = [x.copy() for x in inputs]
+    replay([ring_reduce_scatter(r, P, count) for r in range(P)], data)
+    b = chunk_bounds(count, P)
+    for r in range(P):
+        assert np.all(data[r][b[r]:b[r + 1]] == P * (P + 1) // 2)
+    for root in range(P):
+        data = [x.copy() for x in inputs]
+        replay([tree_reduce(r, P, count, root) for r in range(P)], data)
+        assert np.all(data[root] == P * (P + 1) // 2)
+        data = [x.copy() for x in inputs]
+        replay([tree_broadcast(r, P, count, root) for r in range(P)], data)
+        assert all(np.all(d == root + 1) for d in data)
+    sizes = [(r * 3) % 5 for r in range(P)]  # all-gather-v, including empty blocks
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    data = [np.zeros(bounds[-1], np.int64) for _ in range(P)]
+    for r in range(P):
+        data[r][bounds[r]:bounds[r + 1]] = r
+    replay([ring_allgather(r, P, bounds) for r in range(P)], data)
+    want = np.repeat(np.arange(P), sizes)
+    assert all(np.array_equal(d, want) for d in data)
+
+
+def test_replay_detects_deadlock():
+    from collectives.schedule import Round, Schedule
+
+    a = Schedule("x", 0, 2, 4, [Round([], [(1, 0, 4, True)])])
+    b = Schedule("x", 1, 2, 4, [Round([], [(0, 0, 4, True)])])
+    with pytest.raises(ScheduleDeadlock):
+        replay([a, b])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 6, 8])
+def test_schedules_send_the_modelled_bytes(P):
+    """Ring sends 2 (P-1)/P n per rank (bandwidth-optimal); tree's root sends n per child."""
+    n = 1200 * P
+    ring = build_allreduce_schedule("ring", 0, P, n)
+    assert ring.elements_sent == 2 * (P - 1) * n // P and ring.messages == 2 * (P - 1)
+    if P & (P - 1) == 0:
+        rab = build_allreduce_schedule("rabenseifner", 0, P, n)
+        assert rab.elements_sent == 2 * (P - 1) * n // P
+        rd = build_allreduce_schedule("recursive_doubling", 0, P, n)
+        assert rd.elements_sent == n * (P.bit_length() - 1)
+
+
+def test_grid_checks():
+    assert square_grid(12) == (3, 4) and square_grid(7) == (1, 7) and square_grid(1) == (1, 1)
+    assert check_grid((2, 3), 6) == (2, 3)
+    for bad in [(2, 2), (0, 6), (6,), "2x3", (2.0, 3)]:
+        with pytest.raises(ValueError, match="grid"):
+            check_grid(bad, 6)
