@@ -1,0 +1,277 @@
+"""Compression study: train the default model on P ranks with every compressor and compare bytes on
+the wire, accuracy and compress/decompress time.
+
+    mpiexec -n 4 python -m experiments.compression_sweep [--out results/compression] [--seeds 0,1,2]
+    python -m plots.compression results/compression/compression_sweep.json
+
+Each compressor spec ``NAME[:KEY=VALUE,...]`` is trained once per seed with ``training.train.run`` (the
+default configuration unless ``--set KEY=VALUE`` changes it). Per run: final test accuracy, loss and
+accuracy per epoch, and per step the payload bytes this rank sent (the hook's ``bytes_sent``, counted
+from the payload buffers) and the compress + decompress seconds. For ``none`` the payload is the dense
+gradient. A short benchmark then runs each hook on Gaussian gradients of the model's size and reads
+the bytes the collectives really sent (``collectives.last_stats``: ring forwarding of all-gathers and
+float32 partial sums of fp16 included). Rank 0 writes ``compression_sweep.json`` (configuration, MPI
+library, P, host, every run, the table, the targets) and ``compression_sweep.csv`` (the table).
+"""
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["SweepConfig", "STUDY", "parse_spec", "run_study", "main"]
+
+#: The compressors of the study, as ``NAME[:KEY=VALUE,...]`` specs.
+STUDY = ("none", "fp16", "int8", "qsgd:levels=127", "terngrad", "signsgd", "efsignsgd", "onebit",
+         "topk:ratio=0.01", "randomk:ratio=0.01", "threshold:threshold=0.05",
+         "dgc:ratio=0.01,warmup_steps=92", "powersgd:rank=1", "powersgd:rank=4")
+
+#: (spec, what, kind, bound): accuracy within ``bound`` points of none, or payload ratio >= bound.
+TARGETS = (("qsgd:levels=127", "accuracy", 0.5), ("topk:ratio=0.01", "accuracy", 1.5),
+           ("efsignsgd", "accuracy", 1.5), ("powersgd:rank=4", "accuracy", 1.5),
+           ("fp16", "ratio", 2.0), ("int8", "ratio", 4.0), ("signsgd", "ratio", 25.0),
+           ("efsignsgd", "ratio", 25.0), ("onebit", "ratio", 25.0), ("topk:ratio=0.01", "ratio", 40.0))
+
+
+@dataclass
+class SweepConfig:
+    """Configuration of the compression study."""
+
+    compressors: tuple = STUDY        # compressor specs NAME[:KEY=VALUE,...]
+    seeds: tuple = (0, 1, 2)          # training seeds; accuracies are averaged over them
+    epochs: int = 20                  # epochs per training run
+    out: str = "results/compression"  # directory of the results files and the run directories
+    train_args: dict = field(default_factory=dict)  # training Config overrides (field -> value)
+    bench_steps: int = 10             # steps of the wire-bytes benchmark per compressor
+
+
+def parse_spec(spec):
+    """Split ``NAME[:KEY=VALUE,...]`` into the name and its keyword arguments (values parsed).
+
+    Raises
+    ------
+    ValueError
+        If the name is not a registered compressor or an argument is malformed or unknown.
+    """
+    from collectives.compression import make_compressor, parse_compression_args
+
+    name, _, args = spec.partition(":")
+    kwargs = parse_compression_args([a for a in args.split(",") if a])
+    make_compressor(name, **kwargs)  # validates the name and the arguments
+    return name, kwargs
+
+
+def _slug(spec):
+    return re.sub(r"[^A-Za-z0-9.=-]+", "-", spec).strip("-")
+
+
+def _train_one(cfg, base, spec, seed, run_dir, comm):
+    """Train one (compressor, seed) and return its record (complete on rank 0)."""
+    from training.metrics import read_jsonl
+    from training.train import run
+
+    name, kwargs = parse_spec(spec)
+    tcfg = base.replace(compression=name, compression_args=kwargs, seed=seed, run_dir=run_dir,
+                        name=f"{_slug(spec)}-seed{seed}", progress=False, checkpoint_every=0,
+                        keep_checkpoints=1)
+    os.makedirs(run_dir, exist_ok=True)
+    log = os.devnull if comm.Get_rank() else os.path.join(run_dir, f"{tcfg.name}.log")
+    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
+        summary = run(tcfg, comm)  # the trainer's epoch table goes to the log
+    rec = {"spec": spec, "compressor": name, "args": kwargs, "seed": seed,
+           "run_dir": summary["run_dir"], "final_test_acc": summary["final_test_acc"],
+           "parameters": summary["parameters"], "wall_s": summary["wall_s"]}
+    if comm.Get_rank() == 0:
+        steps = read_jsonl(os.path.join(summary["run_dir"], "metrics.jsonl"))
+        epochs = read_jsonl(os.path.join(summary["run_dir"], "epochs.jsonl"))
+        itemsize = np.dtype(tcfg.dtype).itemsize
+        sent = [s["bytes_sent"] for s in steps if not s["skipped"]]
+        rec["bytes_per_step"] = (summary["parameters"] * itemsize if name == "none"
+                                 else float(np.mean(sent)))
+        rec["codec_ms"] = 1e3 * float(np.mean([s["compress_s"] + s["decompress_s"] for s in steps]))
+        rec["epochs"] = [{k: e[k] for k in ("epoch", "loss", "train_acc", "test_acc")} for e in epochs]
+    return rec
+
+
+def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
+    """Return the mean bytes per step the collectives sent for ``spec`` (Gaussian gradients)."""
+    from collectives.compression import make_hook
+
+    name, kwargs = parse_spec(spec)
+    hook = make_hook(name, comm=comm, algorithm=algorithm, shapes=shapes, **kwargs)
+    rng = np.random.default_rng(comm.Get_rank())
+    wire = []
+    for _ in range(steps):
+        _, info = hook(rng.standard_normal(n).astype(np.float32) * np.float32(0.01))
+        wire.append(info.get("wire_bytes", float("nan")))
+    hook.close()
+    return float(np.mean(wire[len(wire) // 2:]))  # steady state (after DGC's first steps)
+
+
+def _table(runs, wire):
+    """Aggregate the runs of each spec into one table row (rank 0)."""
+    rows, base = [], None
+    for spec in dict.fromkeys(r["spec"] for r in runs):
+        mine = [r for r in runs if r["spec"] == spec]
+        acc = np.array([r["final_test_acc"] for r in mine])
+        n = mine[0]["parameters"]
+        nbytes = float(np.mean([r["bytes_per_step"] for r in mine]))
+        curves = np.array([[e["loss"] for e in r["epochs"]] for r in mine])
+        tests = np.array([[e["test_acc"] for e in r["epochs"]] for r in mine])
+        row = {"spec": spec, "compressor": mine[0]["compressor"], "bits_per_element": 8 * nbytes / n,
+               "bytes_per_step": nbytes, "wire_bytes_per_step": wire.get(spec),
+               "test_acc_mean": float(acc.mean()), "test_acc_min": float(acc.min()),
+               "test_acc_max": float(acc.max()), "seeds": len(mine),
+               "codec_ms": float(np.mean([r["codec_ms"] for r in mine])),
+               "loss_curve": curves.mean(axis=0).tolist(), "test_acc_curve": tests.mean(axis=0).tolist()}
+        rows.append(row)
+        if spec == "none":
+            base = row
+    for row in rows:
+        if base is not None:
+            row["ratio_to_none"] = base["bytes_per_step"] / row["bytes_per_step"]
+            row["delta_points"] = 100 * (row["test_acc_mean"] - base["test_acc_mean"])
+            w, bw = row["wire_bytes_per_step"], base["wire_bytes_per_step"]
+            row["wire_ratio_to_none"] = bw / w if w and bw else None
+    return rows
+
+
+def _targets(rows):
+    """Check the study's targets against the table."""
+    by_spec, out = {r["spec"]: r for r in rows}, []
+    for spec, what, bound in TARGETS:
+        row = by_spec.get(spec)
+        if row is None or "ratio_to_none" not in row:
+            continue
+        value = -row["delta_points"] if what == "accuracy" else row["ratio_to_none"]
+        met = value <= bound if what == "accuracy" else value >= bound
+        out.append({"spec": spec, "what": what, "bound": bound, "value": value, "met": bool(met)})
+    return out
+
+
+def run_study(cfg, comm=None):
+    """Run the study on ``comm`` and write the results files (rank 0); return the results dict."""
+    from training.config import Config
+    from training.metrics import run_info, write_json
+    from training.train import build_model
+    from training.data import load_dataset
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    base = Config().replace(**{"epochs": cfg.epochs, **cfg.train_args})
+    stamp = comm.bcast(time.strftime("%Y%m%d-%H%M%S"), root=0)
+    run_dir = os.path.join(cfg.out, "runs", stamp)
+    jobs = [(spec, seed) for spec in cfg.compressors for seed in cfg.seeds]
+    bar = None
+    if rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, dynamic_ncols=True)
+    runs = []
+    for spec, seed in jobs:
+        runs.append(_train_one(cfg, base, spec, seed, run_dir, comm))
+        if bar is not None:
+            bar.set_postfix_str(f"{spec} seed {seed}: {runs[-1]['final_test_acc']:.2%}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    ds = load_dataset(base)
+    shapes = [tuple(p.shape) for p, _ in build_model(base, ds.n_features, ds.n_classes).parameters()]
+    n = sum(int(np.prod(s)) for s in shapes)
+    wire = {spec: _wire_benchmark(spec, n, shapes, base.algorithm, cfg.bench_steps, comm)
+            for spec in cfg.compressors if not spec.startswith("threshold")}  # threshold: data-dependent
+    if rank != 0:
+        return None
+    rows = _table(runs, wire)
+    results = {"study": "compression_sweep", "config": dataclasses.asdict(cfg),
+               "train_config": base.to_dict(), "run": run_info(comm), "parameters": n,
+               "shapes": [list(s) for s in shapes], "runs": runs, "table": rows,
+               "targets": _targets(rows)}
+    os.makedirs(cfg.out, exist_ok=True)
+    write_json(os.path.join(cfg.out, "compression_sweep.json"), results)
+    keys = ["spec", "bits_per_element", "bytes_per_step", "ratio_to_none", "wire_bytes_per_step",
+            "wire_ratio_to_none", "test_acc_mean", "test_acc_min", "test_acc_max", "delta_points",
+            "codec_ms", "seeds"]
+    with open(os.path.join(cfg.out, "compression_sweep.csv"), "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return results
+
+
+def markdown_table(rows):
+    """Return the study table as GitHub markdown."""
+    lines = ["| compressor | bits/element | bytes/step | ratio to none | wire bytes/step (ratio) | "
+             "test accuracy (min-max) | vs none (points) | compress+decompress ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        wire = r.get("wire_bytes_per_step")
+        wire_txt = "n/a" if wire is None else f"{wire:,.0f} ({r.get('wire_ratio_to_none') or 0:.1f}x)"
+        lines.append(
+            f"| {r['spec']} | {r['bits_per_element']:.2f} | {r['bytes_per_step']:,.0f} | "
+            f"{r.get('ratio_to_none', float('nan')):.1f}x | {wire_txt} | {100 * r['test_acc_mean']:.2f}% "
+            f"({100 * r['test_acc_min']:.2f}-{100 * r['test_acc_max']:.2f}) | "
+            f"{r.get('delta_points', float('nan')):+.2f} | {r['codec_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def _build_parser():
+    p = argparse.ArgumentParser(
+        prog="mpiexec -n 4 python -m experiments.compression_sweep",
+        description="Train the default model with every compressor on the MPI ranks; write "
+                    "compression_sweep.json and .csv into --out (draw with python -m plots.compression).")
+    p.add_argument("--compressor", action="append", dest="compressors", metavar="NAME[:K=V,...]",
+                   help="compressor spec, repeatable (default: the study list: %s)" % " ".join(STUDY))
+    p.add_argument("--seeds", default="0,1,2", help="training seeds, comma separated (default: 0,1,2)")
+    p.add_argument("--epochs", type=int, default=20, help="epochs per training run (default: 20)")
+    p.add_argument("--out", default="results/compression", help="results directory (default: %(default)s)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="train_args",
+                   help="training configuration override, repeatable (e.g. optimizer=sgd, lr=0.05)")
+    p.add_argument("--bench-steps", type=int, default=10,
+                   help="steps of the wire-bytes benchmark per compressor (default: 10)")
+    return p
+
+
+def main(argv=None):
+    """Command-line entry point (every rank); returns 0, or 1 after a configuration error."""
+    from collectives.compression import parse_compression_args
+
+    comm = MPI.COMM_WORLD
+    args = _build_parser().parse_args(argv)
+    try:
+        cfg = SweepConfig(compressors=tuple(args.compressors or STUDY),
+                          seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
+                          epochs=args.epochs, out=args.out,
+                          train_args=parse_compression_args(args.train_args),
+                          bench_steps=args.bench_steps)
+        for spec in cfg.compressors:
+            parse_spec(spec)
+        if cfg.epochs < 1 or cfg.bench_steps < 1 or not cfg.seeds:
+            raise ValueError("epochs and bench-steps must be >= 1 and seeds not empty")
+        from training.config import Config
+        Config().replace(**cfg.train_args)
+    except ValueError as e:  # the same on every rank: one message, clean exit
+        if comm.Get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 1
+    results = run_study(cfg, comm)
+    if results is not None:
+        print(markdown_table(results["table"]))
+        for t in results["targets"]:
+            unit = "points below none" if t["what"] == "accuracy" else "x fewer bytes than none"
+            print(f"target {t['spec']} {t['what']}: {t['value']:.2f} {unit} "
+                  f"(bound {t['bound']}) -> {'met' if t['met'] else 'MISSED'}")
+        print(f"results: {os.path.join(cfg.out, 'compression_sweep.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Draw the compression study: test accuracy against payload bytes per step (log scale), and the
+training loss curves.
+
+    python -m plots.compression results/compression/compression_sweep.json [--out FILE.png]
+"""
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+__all__ = ["draw", "main"]
+
+_MARKERS = {"none": "*", "fp16": "o", "int8": "o", "qsgd": "o", "terngrad": "D", "signsgd": "^",
+            "efsignsgd": "^", "onebit": "^", "topk": "s", "randomk": "s", "threshold": "s",
+            "dgc": "P", "powersgd": "X"}
+
+
+def draw(results, path):
+    """Draw the two panels of ``results`` (the sweep's JSON, as a dict) into the PNG ``path``.
+
+    Parameters
+    ----------
+    results : dict
+        As written by ``experiments.compression_sweep`` (``table``, ``run``, ``train_config``).
+    path : str
+        Output PNG file.
+
+    Raises
+    ------
+    ValueError
+        If ``results`` has no table rows.
+    """
+    rows = results.get("table") or []
+    if not rows:
+        raise ValueError("results: the table is empty (was the sweep run?)")
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(14, 5.8))
+    colors = plt.get_cmap("tab20")
+    none = next((r for r in rows if r["spec"] == "none"), None)
+    for i, r in enumerate(rows):
+        color = colors(i % 20)
+        acc = 100 * r["test_acc_mean"]
+        err = [[acc - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - acc]]
+        ax_acc.errorbar(r["bytes_per_step"], acc, yerr=err, fmt=_MARKERS.get(r["compressor"], "o"),
+                        color=color, markersize=9 if r["spec"] == "none" else 7, capsize=3,
+                        label=r["spec"])
+        epochs = range(1, len(r["loss_curve"]) + 1)
+        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=_MARKERS.get(r["compressor"], "o"),
+                     markersize=3, linewidth=2.2 if r["spec"] == "none" else 1.3, label=r["spec"])
+    if none is not None:
+        ax_acc.axhline(100 * none["test_acc_mean"], color="0.5", linestyle="--", linewidth=1)
+        ax_acc.axhspan(100 * none["test_acc_mean"] - 1.5, 100 * none["test_acc_mean"], color="0.9",
+                       zorder=0, label="within 1.5 points of none")
+    run, cfg = results.get("run", {}), results.get("train_config", {})
+    seeds = rows[0].get("seeds", 1)
+    ax_acc.set_xscale("log")
+    ax_acc.set_xlabel("payload bytes sent per rank per step (log scale)")
+    ax_acc.set_ylabel(f"final test accuracy (%), mean of {seeds} seed(s), bars: min-max")
+    ax_acc.set_title("accuracy against bytes on the wire")
+    ax_acc.grid(True, which="both", alpha=0.3)
+    ax_acc.legend(fontsize=7, ncol=2, loc="lower right")
+    ax_loss.set_yscale("log")
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("training loss (mean over ranks and seeds, log scale)")
+    ax_loss.set_title("loss curves")
+    ax_loss.grid(True, which="both", alpha=0.3)
+    ax_loss.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"gradient compression on {cfg.get('data', '?')}: {results.get('parameters', '?')} "
+                 f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
+                 f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
+                 f"({run.get('mpi_library', '')[:40]}, {run.get('host', '')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    """Command-line entry point; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m plots.compression",
+                                description="Draw the compression study from its results JSON.")
+    p.add_argument("results", help="compression_sweep.json written by experiments.compression_sweep")
+    p.add_argument("--out", help="output PNG (default: compression.png beside RESULTS)")
+    args = p.parse_args(argv)
+    try:
+        with open(args.results, encoding="utf-8") as f:
+            results = json.load(f)
+        out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "compression.png")
+        draw(results, out)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
