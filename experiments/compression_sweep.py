@@ -16,7 +16,6 @@ library, P, host, every run, the table, the targets) and ``compression_sweep.csv
 import argparse
 import csv
 import dataclasses
-import json
 import os
 import re
 import sys

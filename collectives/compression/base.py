@@ -1,4 +1,4 @@
-"""The compressor contract, the error-feedback memory and the helpers every compressor shares.
+"""The compressor contract, the error-feedback memory and the utilities every compressor shares.
 
 A compressor turns one tensor into the list of arrays that go on the wire and back::
 
@@ -7,29 +7,19 @@ A compressor turns one tensor into the list of arrays that go on the wire and ba
 
 ``ctx`` holds only what every rank knows without being told (shape, dtype, indices drawn from the
 shared seed), so one rank can decompress another rank's payloads with its own ``ctx``. Error feedback
-is not part of a compressor: it lives in a separate memory keyed by ``name`` (STYLE.md item 4; the
-contract follows Horovod and GRACE, Xu et al. 2021).
+is not part of a compressor: it lives in a separate memory keyed by ``name`` (the contract follows
+Horovod and GRACE, Xu et al. 2021, "GRACE: A Compressed Communication Framework for Distributed
+Machine Learning").
 """
 import zlib
 
 import numpy as np
 
-__all__ = ["Compressor", "Memory", "ErrorFeedback", "get_array_module", "check_tensor",
-           "payload_nbytes"]
+from collectives.backend import get_array_module
+
+__all__ = ["Compressor", "Memory", "ErrorFeedback", "check_tensor", "payload_nbytes"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
-
-
-def get_array_module(x):
-    """Return the array module (NumPy or CuPy) that owns ``x``.
-
-    Uses ``collectives.backend.get_array_module`` when the backend module is present, NumPy otherwise.
-    """
-    try:
-        from collectives.backend import get_array_module as _get
-    except ImportError:
-        return np
-    return _get(x)
 
 
 def check_tensor(x, name):

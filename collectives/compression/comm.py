@@ -137,7 +137,7 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
     TypeError
         If ``x`` is not a floating-point array (on every rank, before any message).
     """
-    xp = check_tensor(x, name)
+    check_tensor(x, name)
     comm = comm if comm is not None else MPI.COMM_WORLD
     size = comm.Get_size()
     compressor.comm_rank = comm.Get_rank()

@@ -57,13 +57,11 @@ def _literal(text):
 
 
 def _coerce(value, default):
-    """Convert a string ``value`` to the type of ``default`` (bool, int, float) or by literal."""
+    """Parse a string ``value`` as a literal; an int becomes a float where the default is a float."""
     if not isinstance(value, str):
         return value
     parsed = _literal(value)
-    if isinstance(default, bool) or isinstance(default, str):
-        return parsed
-    if isinstance(default, float) and isinstance(parsed, int) and not isinstance(parsed, bool):
+    if isinstance(default, float) and type(parsed) is int:
         return float(parsed)
     return parsed
 
