@@ -31,7 +31,8 @@ class PSOptions:
     weight_decay: float = 0.0       # L2 coefficient added to the gradient
     betas: tuple = (0.9, 0.999)     # Adam moment decay rates
     eps: float = 1e-8               # Adam denominator floor
-    lr_schedule: str = "constant"   # "constant" or "cosine" over the budget
+    lr_schedule: str = "constant"   # "constant" or "cosine" over the horizon
+    horizon: int = 0                # pushes over which the schedule runs (0: the budget)
     ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
     straggler: str = ""             # "RANK:FACTOR": that worker's step takes FACTOR x its compute time
     jitter: float = 0.0             # extra delay per step, uniform in [0, jitter] (seconds)

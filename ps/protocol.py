@@ -91,7 +91,7 @@ class Backoff:
 
     __slots__ = ("start", "cap", "delay")
 
-    def __init__(self, start=2e-5, cap=2e-3):
+    def __init__(self, start=2e-5, cap=2e-4):
         if not 0 < start <= cap:
             raise ValueError(f"start and cap must satisfy 0 < start <= cap, got {start}, {cap}")
         self.start, self.cap, self.delay = start, cap, start

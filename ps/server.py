@@ -128,8 +128,9 @@ class Server:
                 f"--ps-timeout {self.opts.ps_timeout:g} s, or aborted); every rank stops")
 
     def progress(self):
-        """Return the fraction of the push budget spent (0 .. 1)."""
-        return min(1.0, self.pushes / self.opts.budget) if self.opts.budget else 1.0
+        """Return the fraction of the schedule's horizon (default: the push budget) spent, 0 .. 1."""
+        horizon = self.opts.horizon or self.opts.budget
+        return min(1.0, self.pushes / horizon) if horizon else 1.0
 
     # ------------------------------------------------------------------------------------------
     def _handle(self, source, mtype):
@@ -177,7 +178,7 @@ class Server:
             self.buckets.add(w, clock, grad)
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
-        lr = self.opt.rate(self.progress(), tau, 1.0 / self.n_workers)
+        lr = self.opt.rate(self.progress(), tau, self.n_workers)
         self.opt.step(self.params, grad, lr)
         self.table.fold(w, clock)
         self._after_fold(1)
@@ -188,7 +189,7 @@ class Server:
             if ready is None:
                 return
             clock, mean, workers = ready
-            self.opt.step(self.params, mean, self.opt.rate(self.progress(), 0, 1.0))
+            self.opt.step(self.params, mean, self.opt.rate(self.progress(), 0, 1))
             for w in workers:
                 self.table.fold(w, clock)
             self._after_fold(len(workers))

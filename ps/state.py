@@ -76,7 +76,7 @@ class ServerOptimizer:
         self.m = np.zeros(size, dtype=dtype)  # momentum buffer (SGD) or first moment (Adam)
         self.v = np.zeros(size if kind == "adam" else 0, dtype=dtype)  # Adam second moment
 
-    def rate(self, progress=0.0, staleness=0, scale=1.0):
+    def rate(self, progress=0.0, staleness=0, divisor=1):
         """Return the step size for this update.
 
         Parameters
@@ -85,10 +85,12 @@ class ServerOptimizer:
             Fraction of the training budget spent, in [0, 1] (cosine schedule).
         staleness : float
             Staleness ``tau`` of the gradient (clocks); used when ``staleness_lr`` is set.
-        scale : float
-            Extra factor (``1 / W`` for a single worker's push under ASP and SSP).
+        divisor : int
+            ``W`` for a single worker's push under ASP and SSP (one push is ``1 / W`` of a
+            clock's update), 1 for BSP's aggregated update. Dividing (rather than multiplying by
+            ``1 / W``) keeps ``lr = W`` an exact unit step.
         """
-        lr = self.lr * scale
+        lr = self.lr / divisor
         if self.schedule == "cosine":
             lr *= 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
         if self.staleness_lr:
@@ -122,9 +124,12 @@ class ServerOptimizer:
         self.m += (1 - b1) * g
         self.v *= b2
         self.v += (1 - b2) * (g * g)
-        c1 = 1 - b1 ** self.steps
-        c2 = 1 - b2 ** self.steps
-        params -= (lr / c1) * self.m / (np.sqrt(self.v / c2) + self.eps)
+        denom = np.sqrt(self.v)
+        denom *= 1.0 / math.sqrt(1 - b2 ** self.steps)
+        denom += self.eps
+        update = np.divide(self.m, denom, out=denom)
+        update *= lr / (1 - b1 ** self.steps)
+        params -= update
 
     def state_dict(self):
         """Return the checkpointable state (arrays only, no pickle needed)."""

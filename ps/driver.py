@@ -1,0 +1,221 @@
+"""Parameter-server training of the trainer's model: ``python -m training.train --mode ps``.
+
+``run_ps`` maps the training configuration onto :class:`ps.options.PSOptions`, builds the model and
+the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
+:func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the
+servers apply SGD with momentum (or Adam) to their shards. Rank 0 then evaluates the snapshots
+the servers kept, and writes the run records (:mod:`ps.report`).
+
+Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
+``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples
+data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel
+training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
+samples per clock as its current batch.
+"""
+import os
+
+import numpy
+
+from ps.options import PSOptions
+from ps.report import evaluate_snapshots, write_records
+from ps.runtime import roles, run
+
+__all__ = ["run_ps", "ps_options", "BatchStream"]
+
+_SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
+
+
+class BatchStream:
+    """Per-clock sample indices of one worker, from the trainer's distributed sampler.
+
+    Parameters
+    ----------
+    sampler : training.data.DistributedSampler
+        This worker's sampler (rank = worker index, size = W).
+    batch : int
+        Nominal batch per worker (samples).
+    stream : bool
+        False: clock ``c`` takes slice ``c % per_epoch`` of epoch ``c // per_epoch`` (the
+        data-parallel order, last slice possibly shorter). True: consecutive batches of any size
+        run through the epochs' orders back to back (load balancing).
+    """
+
+    __slots__ = ("sampler", "batch", "stream", "per_epoch", "_epoch", "_order", "_pos")
+
+    def __init__(self, sampler, batch, stream=False):
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if sampler.num_samples < 1:
+            raise ValueError("the training set is empty: no samples for this worker")
+        self.sampler, self.batch, self.stream = sampler, int(batch), bool(stream)
+        self.per_epoch = -(-sampler.num_samples // self.batch)  # clocks per epoch
+        self._epoch, self._order, self._pos = -1, None, 0
+
+    def indices(self, clock, batch):
+        """Return the int64 sample indices for ``clock`` with ``batch`` samples (stream mode)."""
+        if not self.stream:
+            epoch, s = divmod(int(clock), self.per_epoch)
+            return self._order_of(epoch)[s * self.batch:(s + 1) * self.batch]
+        out = []
+        while batch > 0:
+            if self._order is None or self._pos >= len(self._order):
+                self._order_of(self._epoch + 1)
+                self._pos = 0
+            take = self._order[self._pos:self._pos + batch]
+            out.append(take)
+            self._pos += len(take)
+            batch -= len(take)
+        return numpy.concatenate(out)
+
+    def _order_of(self, epoch):
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self.sampler.indices(epoch)
+        return self._order
+
+
+def ps_options(cfg, comm, per_epoch, run_dir):
+    """Return the :class:`PSOptions` of a training configuration.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The resolved configuration.
+    comm : MPI.Comm
+        The job's communicator (servers plus workers).
+    per_epoch : int
+        Clocks per epoch of one worker.
+    run_dir : str
+        Run directory; server checkpoints go to ``run_dir/ps``.
+
+    Raises
+    ------
+    ValueError
+        When the configuration cannot run on this communicator (on every rank).
+    """
+    W = comm.Get_size() - cfg.servers
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    ckpt = os.path.join(run_dir, "ps")
+    opts = PSOptions(
+        servers=cfg.servers, consistency=cfg.consistency, staleness=cfg.staleness,
+        staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, optimizer=cfg.optimizer,
+        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps, lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
+        ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
+        fail_worker=cfg.fail_worker, batch=cfg.batch_size // W, balance=cfg.balance,
+        snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
+        checkpoint_every=W * per_epoch * cfg.checkpoint_every, resume_dir=ckpt if cfg.resume else "",
+        seed=cfg.seed)
+    opts.validate(comm.Get_size())
+    if cfg.resume:
+        from ps.server import checkpoint_path
+
+        missing = [checkpoint_path(ckpt, r) for r in range(cfg.servers)
+                   if not os.path.exists(checkpoint_path(ckpt, r))]
+        if missing:
+            raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
+                             f"--mode ps run with --servers {cfg.servers}?)")
+    return opts
+
+
+def run_ps(cfg, comm, run_dir):
+    """Train ``cfg``'s model with a parameter server on ``comm`` and write the run records.
+
+    The first ``cfg.servers`` ranks serve, the others work. Rank 0 shows a progress bar of the
+    pushes, prints the epoch table, the staleness histogram and a summary line, and writes
+    ``summary.json``, ``epochs.jsonl``, ``metrics.jsonl`` (the accuracy-versus-time curve),
+    ``staleness.json`` and ``ps_model.npz`` (the final flat parameters) into ``run_dir``.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        Resolved configuration with ``mode == "ps"``.
+    comm : MPI.Comm
+        Communicator of all ranks (servers and workers).
+    run_dir : str
+        The run directory (created by the trainer, ``config.json`` already written).
+
+    Returns
+    -------
+    dict
+        Rank 0: the summary. Other ranks: ``{"role": ..., ...}`` with what they know.
+
+    Raises
+    ------
+    ValueError
+        When the configuration does not fit the communicator (every rank, before any message).
+    ps.protocol.PSError
+        When BSP loses a worker (every rank still running).
+    """
+    from training.data import load_dataset
+    from training.nn import SoftmaxCrossEntropy
+    from training.parallel import compute_gradient, is_finite
+    from training.train import array_module, build_model, make_sampler, to_device
+
+    P, S = comm.Get_size(), cfg.servers
+    if not 1 <= S < P:
+        raise ValueError(f"servers must be in [1, {P - 1}] with {P} ranks, got {S}")
+    W = P - S
+    if cfg.batch_size % W:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
+                         f"workers ({W} = {P} ranks - {S} servers)")
+    xp = array_module(cfg, comm)
+    ds = load_dataset(cfg)
+    rank = comm.Get_rank()
+    servers, workers = roles(comm, S)
+    w = workers.index(rank) if rank in workers else 0
+    stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W), cfg.batch_size // W, cfg.balance)
+    opts = ps_options(cfg, comm, stream.per_epoch, run_dir)
+    model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
+    init = numpy.ascontiguousarray(_host(model.params))
+    loss_fn = SoftmaxCrossEntropy()
+    if rank in workers:
+        x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
+        skipped = [0]
+
+        def grad_fn(params, clock, batch):
+            model.params[...] = xp.asarray(params)
+            idx = xp.asarray(stream.indices(clock, batch))
+            loss = compute_gradient(model, loss_fn, x_tr[idx], y_tr[idx])
+            if not is_finite(loss, model.grads):
+                model.grads.fill(0)  # a non-finite step contributes nothing
+                skipped[0] += 1
+            return _host(model.grads), int(idx.shape[0])
+
+        stats = run(comm, opts, init, grad_fn)
+        return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
+    if rank != 0:
+        run(comm, opts, init)
+        return {"role": "server"}
+    bar = _progress_bar(cfg, ds, model, S, W, run_dir, opts)
+    last = [0]
+
+    def on_push(pushes):
+        bar.update(pushes - last[0])
+        last[0] = pushes
+
+    try:
+        result = run(comm, opts, init, on_push=on_push)
+    finally:
+        bar.close()
+    evals = evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,
+                               W * stream.per_epoch)
+    return write_records(cfg, comm, run_dir, result, evals, opts, model.size, stream.per_epoch)
+
+
+def _host(a):
+    """Return a NumPy view or copy of ``a`` (CuPy arrays are copied to the host)."""
+    return a if isinstance(a, numpy.ndarray) else a.get()
+
+
+def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
+    import sys
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=opts.budget, unit="push", leave=False, disable=None if cfg.progress else True,
+               dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+    s = f", s={cfg.staleness}" if cfg.consistency == "ssp" else ""
+    bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, {model.size} "
+              f"parameters ({cfg.dtype}), {S} server(s) + {W} worker(s), {cfg.consistency.upper()}{s}, "
+              f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g} -> {run_dir}")
+    return bar

@@ -1,0 +1,236 @@
+"""Rank-side bodies of the parameter-server tests: ``python -m tests.mpi_ps CASE [ARGS]``.
+
+Cases (each runs on every rank; the first ``S`` ranks serve):
+
+``sum S K``          ps-lite's sum check: worker w pushes ``-(w + 1)`` (unit step) K times under BSP,
+                     ASP and SSP(1); the final parameters are exactly ``sum_w (w + 1) x pushes_w``,
+                     and every BSP pull at clock c reads exactly ``c x W (W + 1) / 2``.
+``staleness S``      one-hot pushes reveal which pushes each pull folds in, so every worker measures
+                     the staleness of its own pulls from the values; with a 4x straggler: BSP <= 0,
+                     SSP(s) <= s for s in {1, 2, 4}, ASP exceeds 4, a worker always sees its own
+                     pushes, and the servers' histogram equals the one measured from the values.
+``oracle S``         BSP with SGD-momentum on least squares (float64) against a single-process
+                     NumPy run on the same global batches (relative tolerance 1e-12).
+``resume S DIR``     BSP for K1 clocks with a checkpoint, then a second job resumed from it to K2
+                     clocks: equal to the NumPy oracle at K2 (relative tolerance 1e-12).
+``balance S``        BSP with a 4x straggler and balancing: the straggler ends with the smallest batch
+                     (at most half the nominal one) and the batches sum to W x batch.
+``fail S CONS...``   the last rank stops communicating at step 5: under ASP/SSP the run finishes
+                     with it dropped; under BSP every other rank stops with the error naming it.
+
+Exit status 0 when every check passes; otherwise the failing check is printed and the rank exits 1.
+An unexpected exception aborts the whole job so that no rank hangs.
+"""
+import sys
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from ps.options import PSOptions
+from ps.protocol import PSError
+from ps.runtime import run
+
+COMM = MPI.COMM_WORLD
+FAILURES = []
+_HIST = 64  # bins of the measured staleness histogram
+
+
+def check(ok, what):
+    """Record a failed check (printed at the end with the rank)."""
+    if not ok:
+        FAILURES.append(what)
+
+
+def _workers(S):
+    return COMM.Get_size() - S
+
+
+def case_sum(S, K):
+    W = _workers(S)
+    total = W * (W + 1) // 2
+    for cons in ("bsp", "asp", "ssp"):
+        opts = PSOptions(servers=S, consistency=cons, staleness=1, budget=K * W, lr=float(W),
+                         ps_timeout=20.0)
+        seen = []
+
+        def grad_fn(params, clock, batch):
+            w = COMM.Get_rank() - S
+            if cons == "bsp":
+                seen.append(bool(np.all(params == clock * total)))
+            return np.full_like(params, -(w + 1.0)), batch
+
+        res = run(COMM, opts, np.zeros(7), grad_fn)
+        if isinstance(res, dict):
+            check(all(seen), f"{cons}: a BSP pull did not read exactly clock x {total}")
+        if COMM.Get_rank() == 0:
+            expect = sum((w + 1) * int(st["pushes"]) for w, st in enumerate(res.workers))
+            check(np.all(res.params == expect), f"{cons}: final {res.params} != exact sum {expect}")
+            check(res.pushes >= K * W, f"{cons}: {res.pushes} pushes < budget {K * W}")
+            if cons == "bsp":
+                check(expect == K * total, f"bsp: workers pushed {expect} != K x {total}")
+
+
+def _one_hot_run(S, cons, staleness, straggler=True, budget_clocks=30):
+    """Run the one-hot workload; return (measured histogram, rank 0 result or None)."""
+    W = _workers(S)
+    n = S * W  # coordinate s*W + w counts worker w's pushes folded into shard s
+    hist = np.zeros(_HIST, np.int64)
+    opts = PSOptions(servers=S, consistency=cons, staleness=staleness, budget=budget_clocks * W,
+                     lr=float(W), ps_timeout=20.0, straggler=f"{S}:4" if straggler else "")
+    w = COMM.Get_rank() - S
+    grad = np.zeros(n)
+    grad[np.arange(S) * W + w] = -1.0
+
+    def grad_fn(params, clock, batch):
+        if clock > 0:  # clock 0 reads the join answer, which is not a served pull
+            counts = np.rint(params).reshape(S, W)
+            check(np.all(np.abs(params - counts.ravel()) < 1e-9), "pulled counts are not integers")
+            check(np.all(counts[:, w] == clock), f"{cons}: worker {w} at clock {clock} misses its own "
+                                                 f"pushes: {counts[:, w]}")
+            for s in range(S):
+                hist[min(_HIST - 1, int(clock - counts[s].min()))] += 1
+        time.sleep(0.001)
+        return grad, batch
+
+    res = run(COMM, opts, np.zeros(n), grad_fn)
+    COMM.Allreduce(MPI.IN_PLACE, hist, op=MPI.SUM)
+    return hist, res
+
+
+def case_staleness(S):
+    for cons, s in (("bsp", 0), ("ssp", 1), ("ssp", 2), ("ssp", 4), ("asp", None)):
+        hist, res = _one_hot_run(S, cons, s or 0)
+        measured = int(np.flatnonzero(hist).max()) if hist.any() else 0
+        name = f"{cons}({s})" if cons == "ssp" else cons
+        if s is not None:
+            check(measured <= s, f"{name}: measured staleness {measured} exceeds the bound {s}")
+        else:
+            check(measured > 4, f"asp: measured staleness {measured}; a 4x straggler should exceed 4")
+        if COMM.Get_rank() == 0:
+            server = np.zeros(_HIST, np.int64)
+            for k, v in res.staleness.items():
+                server[min(_HIST - 1, k)] += v
+            check(np.array_equal(server, hist), f"{name}: server histogram {res.staleness} != measured "
+                                                f"{dict((int(k), int(hist[k])) for k in np.flatnonzero(hist))}")
+            if cons == "ssp" and s >= 2:
+                check(measured > 0, f"{name}: no stale pull at all with a 4x straggler")
+
+
+def _lsq(w, clock, d, b=8):
+    """Worker ``w``'s least-squares batch at ``clock``: (X (b, d), y (b,)), float64."""
+    rng = np.random.default_rng([w, clock, 12345])
+    return rng.standard_normal((b, d)), rng.standard_normal(b)
+
+
+def _lsq_grad(p, w, clock):
+    X, y = _lsq(w, clock, p.shape[0])
+    return X.T @ (X @ p - y) / X.shape[0]
+
+
+def _oracle(W, d, clocks, lr, mu):
+    p, v = np.linspace(-1, 1, d), np.zeros(d)
+    for c in range(clocks):
+        g = _lsq_grad(p, 0, c)
+        for w in range(1, W):
+            g += _lsq_grad(p, w, c)
+        g /= W
+        v *= mu
+        v += g
+        p -= lr * v
+    return p
+
+
+def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9):
+    opts = PSOptions(servers=S, consistency="bsp", budget=clocks * _workers(S), lr=lr, momentum=mu,
+                     ps_timeout=20.0, checkpoint_dir=ckpt, resume_dir=resume)
+    w = COMM.Get_rank() - S
+    return run(COMM, opts, np.linspace(-1, 1, d), lambda p, c, b: (_lsq_grad(p, w, c), b))
+
+
+def _close(a, b):
+    return np.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def case_oracle(S):
+    res = _lsq_run(S, 25)
+    if COMM.Get_rank() == 0:
+        want = _oracle(_workers(S), 11, 25, 0.05, 0.9)
+        check(_close(res.params, want), f"BSP != NumPy SGD: max diff {np.abs(res.params - want).max():.3g}")
+
+
+def case_resume(S, directory):
+    first = _lsq_run(S, 10, ckpt=directory)
+    second = _lsq_run(S, 25, ckpt=directory, resume=directory)
+    if COMM.Get_rank() == 0:
+        W = _workers(S)
+        check(_close(first.params, _oracle(W, 11, 10, 0.05, 0.9)), "first run != oracle at 10 clocks")
+        want = _oracle(W, 11, 25, 0.05, 0.9)
+        check(second.pushes == 25 * W, f"resumed run folded {second.pushes} pushes, want {25 * W}")
+        check(_close(second.params, want), f"resumed run != oracle at 25 clocks: max diff "
+                                           f"{np.abs(second.params - want).max():.3g}")
+
+
+def case_balance(S):
+    W, B = _workers(S), 16
+    opts = PSOptions(servers=S, consistency="bsp", budget=60 * W, lr=1.0, batch=B,
+                     balance=True, balance_every=5, straggler=f"{S}:4", ps_timeout=20.0)
+
+    def grad_fn(params, clock, batch):
+        time.sleep(1e-4 * batch)  # compute time proportional to the batch
+        return np.zeros_like(params), batch
+
+    res = run(COMM, opts, np.zeros(5), grad_fn)
+    if COMM.Get_rank() == 0:
+        batches = [int(st["batch"]) for st in res.workers]
+        check(sum(batches) == W * B, f"batches {batches} do not sum to W x batch = {W * B}")
+        check(batches[0] == min(batches) and batches[0] <= B // 2,
+              f"straggler (worker 0) batch {batches[0]} is not the smallest of {batches}")
+
+
+def case_fail(S, *models):
+    failed = COMM.Get_size() - 1
+    for cons in models:
+        opts = PSOptions(servers=S, consistency=cons, staleness=1, budget=40 * _workers(S), lr=1.0,
+                         ps_timeout=1.0, fail_worker=f"{failed}:5")
+        grad_fn = lambda p, c, b: (time.sleep(0.002), (np.ones_like(p), b))[1]  # noqa: E731
+        try:
+            res = run(COMM, opts, np.zeros(6), grad_fn)
+        except PSError as e:
+            check(cons == "bsp", f"{cons}: unexpected error {e}")
+            check(f"rank {failed}" in str(e), f"bsp: error does not name rank {failed}: {e}")
+            continue
+        if COMM.Get_rank() == failed:
+            check(res is None, f"{cons}: the failed worker returned {res}")
+            continue
+        check(cons != "bsp", "bsp: a live rank finished without the error")
+        if COMM.Get_rank() == 0 and res is not None:
+            want = ["done"] * (_workers(S) - 1) + ["dropped"]
+            check(res.status == want, f"{cons}: worker status {res.status}, want {want}")
+            check(any(f"rank {failed}" in e for _, e in res.events), f"{cons}: no drop event {res.events}")
+            check(res.pushes >= opts.budget, f"{cons}: {res.pushes} pushes < budget {opts.budget}")
+
+
+CASES = {"sum": case_sum, "staleness": case_staleness, "oracle": case_oracle, "resume": case_resume,
+         "balance": case_balance, "fail": case_fail}
+
+
+def main(argv):
+    name, args = argv[0], [int(a) if a.isdigit() else a for a in argv[1:]]
+    try:
+        CASES[name](*args)
+    except Exception:  # noqa: BLE001 - report, then abort every rank so nothing hangs
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        COMM.Abort(2)
+    if FAILURES:
+        for f in FAILURES:
+            print(f"rank {COMM.Get_rank()}: FAIL {name}: {f}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

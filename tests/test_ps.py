@@ -1,0 +1,155 @@
+"""Single-process tests of the parameter server's pieces: sharding, clock rules, optimizer, checkpoints."""
+import os
+
+import numpy as np
+import pytest
+
+from ps.consistency import DONE, DROPPED, BspBuckets, ClockTable
+from ps.options import PSOptions, parse_rank_spec
+from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
+from ps.state import ServerOptimizer, load_npz, save_npz_atomic
+
+
+@pytest.mark.parametrize("S", [1, 2, 3, 7])
+@pytest.mark.parametrize("n_of", [lambda S: 0, lambda S: 1, lambda S: S - 1, lambda S: 10**6 + 7])
+def test_shard_sizes_cover_and_differ_by_at_most_one(S, n_of):
+    n = n_of(S)
+    sizes = shard_sizes(n, S)
+    assert sizes.sum() == n and len(sizes) == S
+    assert sizes.max() - sizes.min() <= 1
+    oracle = [len(a) for a in np.array_split(np.arange(n), S)]  # the collectives' splitting rule
+    assert sizes.tolist() == oracle
+    offsets = shard_offsets(n, S)
+    covered = np.concatenate([np.arange(n)[shard_slice(n, S, r)] for r in range(S)])
+    assert offsets[0] == 0 and offsets[-1] == n and np.array_equal(covered, np.arange(n))
+
+
+def test_split_and_join_shards_roundtrip():
+    x = np.arange(10.0)
+    parts = split_shards(x, 3)
+    assert [p.shape[0] for p in parts] == [4, 3, 3] and all(np.shares_memory(p, x) for p in parts)
+    assert np.array_equal(join_shards(parts), x)
+
+
+@pytest.mark.parametrize("args, exc", [((-1, 2), ValueError), ((5, 0), ValueError), ((5.0, 2), TypeError),
+                                       ((5, True), TypeError)])
+def test_shard_sizes_rejects_bad_arguments(args, exc):
+    with pytest.raises(exc):
+        shard_sizes(*args)
+
+
+def test_ssp_pull_rule_and_staleness():
+    t = ClockTable(3, "ssp", staleness=2)
+    t.folded[:] = [5, 3, 4]
+    assert t.servable(0, 5)          # slowest at 3 >= 5 - 2
+    assert not t.servable(0, 6)      # 3 < 6 - 2
+    assert not t.servable(1, 4)      # own push for clock 3 not folded yet
+    assert t.staleness_of(0, 5) == 2
+    t.folded[0] = 6
+    assert not t.servable(0, 6)
+    t.status[1] = DONE               # a finished worker holds nobody back: slowest live is 4
+    assert t.servable(0, 6) and t.staleness_of(0, 6) == 2
+
+
+def test_bsp_rule_and_buckets_sum_in_worker_order():
+    t = ClockTable(3, "bsp")
+    b = BspBuckets(t)
+    b.add(2, 0, np.array([1e16]))
+    b.add(0, 0, np.array([1.0]))
+    assert b.pop_ready() is None and not t.servable(0, 1)
+    b.add(1, 0, np.array([-1e16]))
+    clock, mean, workers = b.pop_ready()
+    assert (clock, workers) == (0, [0, 1, 2])
+    assert mean[0] == ((1.0 + -1e16) + 1e16) / 3  # worker order, not arrival order
+    for w in workers:
+        t.fold(w, clock)
+    assert t.servable(1, 1) and t.staleness_of(1, 1) == 0
+
+
+def test_asp_serves_without_bound_but_waits_for_own_push():
+    t = ClockTable(2, "asp")
+    t.folded[:] = [50, 0]
+    assert t.servable(0, 50) and t.staleness_of(0, 50) == 50
+    assert not t.servable(0, 51)
+    t.status[1] = DROPPED
+    assert t.staleness_of(0, 50) == 0
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_server_optimizer_matches_trainer_optimizer(kind):
+    """Oracle: the trainer's own SGD/Adam on the same gradients; bitwise equal in float64."""
+    from training.optim import SGD, Adam
+
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(50)
+    params, grads = p0.copy(), np.zeros(50)
+    ref = SGD(params, grads, lr=0.1, momentum=0.9, weight_decay=1e-3) if kind == "sgd" else \
+        Adam(params, grads, lr=0.01, weight_decay=1e-3)
+    mine = ServerOptimizer(50, np.float64, kind, lr=0.1 if kind == "sgd" else 0.01, momentum=0.9,
+                           weight_decay=1e-3)
+    p = p0.copy()
+    for _ in range(20):
+        g = rng.standard_normal(50)
+        grads[:] = g
+        ref.step()
+        mine.step(p, g, mine.rate())
+    np.testing.assert_allclose(p, params, rtol=1e-15, atol=0)
+
+
+def test_staleness_aware_rate_and_cosine():
+    opt = ServerOptimizer(1, np.float64, "sgd", lr=0.8, staleness_lr=True, schedule="cosine")
+    assert opt.rate(0.0, 4, 2) == pytest.approx(0.8 / 2 / 4)
+    assert opt.rate(0.0, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
+    assert opt.rate(1.0, 0) == pytest.approx(0.0)
+
+
+def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
+    path = str(tmp_path / "s.npz")
+    opt = ServerOptimizer(4, np.float32, "adam", lr=0.1)
+    opt.step(np.zeros(4, np.float32), np.ones(4, np.float32), 0.1)
+    save_npz_atomic(path, {"params": np.arange(4.0), **opt.state_dict()})
+    assert os.listdir(tmp_path) == ["s.npz"]  # no temporary file left behind
+    state = load_npz(path)
+    again = ServerOptimizer(4, np.float32, "adam", lr=0.1)
+    again.load_state_dict(state)
+    assert again.steps == 1 and np.array_equal(again.m, opt.m) and np.array_equal(again.v, opt.v)
+    with pytest.raises(TypeError):
+        save_npz_atomic(path, {"bad": np.array([{}], dtype=object)})
+    with pytest.raises(ValueError):
+        ServerOptimizer(5, np.float32, "adam", lr=0.1).load_state_dict(state)
+
+
+@pytest.mark.parametrize("change, word", [
+    ({"servers": 4}, "servers"), ({"consistency": "eventual"}, "consistency"),
+    ({"staleness": -1}, "staleness"), ({"ps_timeout": 0.0}, "ps_timeout"),
+    ({"straggler": "0:4"}, "straggler"), ({"straggler": "2:x"}, "straggler"),
+    ({"straggler": "2:0.5"}, "straggler"), ({"fail_worker": "9:3"}, "fail_worker"),
+    ({"fail_worker": "2"}, "fail_worker"), ({"jitter": -1.0}, "jitter"), ({"batch": 0}, "batch"),
+])
+def test_options_reject_bad_values_naming_the_field(change, word):
+    opts = PSOptions(servers=1, **{k: v for k, v in change.items() if k != "servers"})
+    if "servers" in change:
+        opts.servers = change["servers"]
+    with pytest.raises(ValueError, match=word):
+        opts.validate(4)
+
+
+def test_parse_rank_spec():
+    assert parse_rank_spec("3:2.5", "straggler", float) == (3, 2.5)
+    assert parse_rank_spec("2:10", "fail_worker", int) == (2, 10)
+    with pytest.raises(ValueError, match="RANK:STEP"):
+        parse_rank_spec("2:1.5", "fail_worker", int)
+
+
+def test_batch_stream_matches_the_data_parallel_slices_and_streams():
+    from ps.driver import BatchStream
+    from training.data import DistributedSampler
+
+    sampler = DistributedSampler(23, 1, 2, shuffle=True, seed=3)  # 12 samples per epoch
+    fixed = BatchStream(sampler, 5)
+    assert fixed.per_epoch == 3
+    idx = sampler.indices(1)
+    assert np.array_equal(fixed.indices(5, 5), idx[10:15])  # clock 5 = epoch 1, last slice (2)
+    stream = BatchStream(sampler, 5, stream=True)
+    got = np.concatenate([stream.indices(c, b) for c, b in enumerate([7, 7, 7])])
+    assert np.array_equal(got, np.concatenate([sampler.indices(0), sampler.indices(1)[:9]]))

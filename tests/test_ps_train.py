@@ -1,0 +1,57 @@
+"""Parameter-server training through the trainer's command line (``training.train --mode ps``).
+
+* BSP equivalence: BSP on S servers + W workers with plain SGD in float64 ends with the same weights
+  as data-parallel training on W ranks with the same global batch (relative tolerance 1e-9: the
+  two runs differ only in the summation order of the gradient average).
+* ``--fail-worker`` with a short ``--ps-timeout``: ASP finishes with the worker dropped; BSP exits
+  non-zero with the error naming the worker. A hard timeout catches any hang.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.mpirun import run_mpi
+
+COMMON = ["--data", "digits", "--hidden", "32", "--epochs", "2", "--batch-size", "48", "--no-progress",
+          "--threads", "1"]
+
+
+def _train(P, tmp_path, name, *flags, check=True, timeout=90):
+    out = run_mpi(P, "training.train", *COMMON, "--run-dir", str(tmp_path), "--name", name, *flags,
+                  timeout=timeout, check=check)
+    return out, os.path.join(str(tmp_path), name)
+
+
+def test_bsp_matches_data_parallel_training(tmp_path):
+    flags = ["--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--dtype", "float64"]
+    _, dp = _train(3, tmp_path, "dp", "--mode", "dp", *flags)
+    _, ps = _train(5, tmp_path, "ps", "--mode", "ps", "--servers", "2", "--consistency", "bsp", *flags)
+    from training.checkpoint import checkpoint_path
+
+    with np.load(checkpoint_path(dp, 2), allow_pickle=False) as z:
+        want = z["model/params"]
+    with np.load(os.path.join(ps, "ps_model.npz"), allow_pickle=False) as z:
+        got = z["params"]
+    assert got.dtype == np.float64 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    with open(os.path.join(ps, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["staleness_max"] == 0 and summary["worker_status"] == ["done"] * 3
+    assert abs(summary["epochs"] - 2) < 1e-9
+
+
+@pytest.mark.parametrize("consistency", ["asp", "bsp"])
+def test_fail_worker_through_the_trainer(tmp_path, consistency):
+    out, run_dir = _train(4, tmp_path, consistency, "--mode", "ps", "--consistency", consistency,
+                          "--fail-worker", "3:4", "--ps-timeout", "1", check=False, timeout=60)
+    if consistency == "bsp":
+        assert out.returncode != 0, out.stdout
+        assert "BSP cannot continue: worker rank 3" in out.stdout
+        return
+    assert out.returncode == 0, out.stdout
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["worker_status"] == ["done", "done", "dropped"]
+    assert "worker rank 3 dropped" in out.stdout
