@@ -1,0 +1,15 @@
+"""commlab's minimal NumPy/CuPy neural-net trainer.
+
+Model, optimizers, data and configuration are re-exported here; the MPI-facing modules are
+imported by name: ``training.parallel`` (gradient hook, step, evaluation), ``training.checkpoint``,
+``training.metrics`` and ``training.train`` (``mpiexec -n P python -m training.train``).
+"""
+from training.config import Config, parse_args
+from training.data import (Dataset, DistributedSampler, load_dataset, load_digits, load_mnist,
+                           make_synthetic)
+from training.nn import Linear, ReLU, Sequential, SoftmaxCrossEntropy, Tanh, build_mlp
+from training.optim import SGD, Adam, make_optimizer
+
+__all__ = ["Config", "parse_args", "Dataset", "DistributedSampler", "load_dataset", "load_digits",
+           "load_mnist", "make_synthetic", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy",
+           "Sequential", "build_mlp", "SGD", "Adam", "make_optimizer"]

@@ -1,0 +1,233 @@
+"""Run directories and checkpoints: decided and written by rank 0, shared by broadcast.
+
+A checkpoint is a ``.npz`` file (no pickle: plain numeric arrays only) holding a flat dict of
+arrays plus ``meta/sha256``, the SHA-256 of every other entry (name, dtype, shape and bytes, in
+sorted name order). Rank 0 writes it to a temporary file, fsyncs and renames it into place (atomic
+on POSIX), then all ranks meet at a barrier. Loading is done by rank 0, which verifies the file
+and broadcasts its bytes; a corrupt, truncated or tampered file raises :class:`CheckpointError`,
+naming the file, on every rank.
+"""
+import glob
+import hashlib
+import io
+import os
+import re
+import time
+import zipfile
+
+import numpy
+from mpi4py import MPI
+
+__all__ = ["CheckpointError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
+           "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
+
+_NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
+
+
+def root_bytes(comm, fn, error=RuntimeError):
+    """Run ``fn()`` on rank 0 and broadcast the bytes it returns to every rank.
+
+    When ``fn`` raises on rank 0, every rank raises ``error`` with the same message, so no rank
+    is left waiting. Only buffer-based broadcasts are used.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+    fn : callable
+        Called on rank 0 only; returns ``bytes``.
+    error : type
+        Exception type raised on every rank when ``fn`` fails.
+
+    Returns
+    -------
+    bytes
+    """
+    data, head = b"", numpy.zeros(2, numpy.int64)  # (status 0 ok / 1 error, length)
+    if comm.rank == 0:
+        try:
+            data = bytes(fn())
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+            data, head[0] = f"{e}".encode(), 1
+        head[1] = len(data)
+    comm.Bcast(head, root=0)
+    buf = numpy.frombuffer(bytearray(data), numpy.uint8) if comm.rank == 0 else numpy.empty(head[1], numpy.uint8)
+    if head[1]:
+        comm.Bcast([buf, MPI.BYTE], root=0)
+    text = buf.tobytes()
+    if head[0]:
+        raise error(text.decode(errors="replace"))
+    return text
+
+
+def make_run_dir(cfg, comm):
+    """Create the run directory on rank 0 and return its path on every rank.
+
+    The name is ``cfg.name`` or ``TIMESTAMP-MODE-DATA-pP`` (with ``-2``, ``-3``... when taken);
+    with ``cfg.resume`` it is the directory being resumed. Rank 0 also points ``RUN_DIR/latest``
+    at it (a symbolic link, or a text file holding the path where links are not possible).
+
+    Returns
+    -------
+    str
+    """
+    def create():
+        if cfg.resume:
+            path = cfg.resume if os.path.isdir(cfg.resume) else os.path.dirname(cfg.resume)
+            if not os.path.isdir(path):
+                raise OSError(f"run directory to resume not found: {path}")
+        else:
+            base = cfg.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode}-{cfg.data}-p{comm.size}"
+            os.makedirs(cfg.run_dir, exist_ok=True)
+            path, k = os.path.join(cfg.run_dir, base), 1
+            while True:
+                try:
+                    os.mkdir(path)
+                    break
+                except FileExistsError:
+                    if cfg.name:
+                        raise FileExistsError(f"run directory exists: {path} (resume it with --resume)")
+                    k += 1
+                    path = os.path.join(cfg.run_dir, f"{base}-{k}")
+        _point_latest(path)
+        return path.encode()
+
+    return root_bytes(comm, create).decode()
+
+
+def _point_latest(path):
+    parent = os.path.dirname(os.path.abspath(path))
+    link, tmp = os.path.join(parent, "latest"), os.path.join(parent, f".latest.{os.getpid()}")
+    try:
+        os.symlink(os.path.basename(os.path.abspath(path)), tmp)
+    except OSError:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(os.path.abspath(path) + "\n")
+    if os.path.isdir(link) and not os.path.islink(link):
+        os.remove(tmp)
+        return  # a real directory named "latest" is left alone
+    os.replace(tmp, link)
+
+
+def checkpoint_path(run_dir, epoch):
+    """Return the path of the checkpoint taken after ``epoch`` (1-based) in ``run_dir``."""
+    return os.path.join(run_dir, f"ckpt-epoch{epoch:04d}.npz")
+
+
+def find_checkpoint(path):
+    """Return ``path`` if it is a file, else the newest checkpoint in directory ``path``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When there is no checkpoint.
+    """
+    if os.path.isfile(path):
+        return path
+    found = sorted(p for p in glob.glob(os.path.join(path, "ckpt-epoch*.npz"))
+                   if _NAME.match(os.path.basename(p)))
+    if not found:
+        raise FileNotFoundError(f"no checkpoint (ckpt-epochNNNN.npz) in {path}")
+    return found[-1]
+
+
+def to_host(a):
+    """Return ``a`` as a NumPy array (copying from the device for CuPy arrays)."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, numpy.ndarray) else numpy.asarray(a)
+
+
+def _digest(arrays):
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        a = numpy.ascontiguousarray(arrays[key])
+        h.update(f"{key}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return numpy.frombuffer(h.digest(), numpy.uint8).copy()
+
+
+def save_checkpoint(path, arrays, comm):
+    """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum); then all ranks barrier.
+
+    Parameters
+    ----------
+    path : str
+        Destination ``.npz`` file.
+    arrays : dict of str -> array-like
+        Numeric arrays (CuPy arrays are copied to the host); object arrays are refused.
+    comm : mpi4py.MPI.Comm
+
+    Raises
+    ------
+    TypeError
+        When an entry is an object array (checkpoints never hold pickles).
+    """
+    if comm.rank == 0:
+        host = {k: to_host(v) for k, v in arrays.items()}
+        for k, v in host.items():
+            if v.dtype.hasobject:
+                raise TypeError(f"checkpoint entry {k!r} is an object array")
+        host["meta/sha256"] = _digest(host)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            numpy.savez(f, **host)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    comm.Barrier()
+    return path
+
+
+def _parse(data, path):
+    try:
+        with numpy.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {e}") from None
+    stored = arrays.pop("meta/sha256", None)
+    if stored is None:
+        raise CheckpointError(f"checkpoint {path} has no checksum (meta/sha256)")
+    if not numpy.array_equal(stored, _digest(arrays)):
+        raise CheckpointError(f"checkpoint {path} fails its SHA-256 check (corrupt or modified)")
+    return arrays
+
+
+def load_checkpoint(path, comm):
+    """Read and verify a checkpoint on rank 0 and return its arrays on every rank.
+
+    Parameters
+    ----------
+    path : str
+        A ``.npz`` checkpoint, or a run directory (its newest checkpoint is used).
+    comm : mpi4py.MPI.Comm
+
+    Returns
+    -------
+    tuple of (str, dict of str -> ndarray)
+        The file actually read and its arrays (without ``meta/sha256``).
+
+    Raises
+    ------
+    CheckpointError
+        On every rank, naming the file, when it is missing, unreadable, corrupt or truncated.
+    """
+    def read():
+        f = find_checkpoint(path)
+        with open(f, "rb") as fh:
+            data = fh.read()
+        _parse(data, f)  # verify on rank 0 before anything is broadcast
+        return f.encode() + b"\0" + data
+
+    msg = root_bytes(comm, read, error=CheckpointError)
+    name, _, data = msg.partition(b"\0")
+    return name.decode(), _parse(data, name.decode())
+
+
+def prune_checkpoints(run_dir, keep):
+    """Delete all but the ``keep`` newest checkpoints of ``run_dir`` (call on rank 0)."""
+    found = sorted(p for p in glob.glob(os.path.join(run_dir, "ckpt-epoch*.npz"))
+                   if _NAME.match(os.path.basename(p)))
+    for p in found[:-keep] if keep > 0 else found:
+        os.remove(p)

@@ -1,0 +1,352 @@
+"""Training configuration: one dataclass, its command line, and its JSON form.
+
+Every field carries a comment with its unit. The command line maps one flag onto each field
+(``--batch-size`` -> ``batch_size``); only the flags a user gives override the defaults (or, with
+``--resume``, the configuration saved in the run directory). Unknown keys are rejected.
+"""
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+__all__ = ["Config", "build_parser", "parse_args", "parse_compression_arg", "HELP"]
+
+_CHOICES = {
+    "mode": ("dp", "ps"),
+    "data": ("digits", "mnist", "synthetic"),
+    "activation": ("relu", "tanh"),
+    "dtype": ("float32", "float64"),
+    "device": ("cpu", "gpu"),
+    "optimizer": ("adam", "sgd"),
+    "lr_schedule": ("constant", "cosine"),
+    "consistency": ("bsp", "asp", "ssp"),
+}
+
+
+@dataclass
+class Config:
+    """Resolved configuration of one training run (see ``HELP`` for what each field means).
+
+    Raises
+    ------
+    ValueError
+        From :meth:`validate` or :meth:`from_dict`, naming the offending field.
+    """
+
+    # --- what runs
+    mode: str = "dp"                  # "dp" (data-parallel all-reduce) or "ps" (parameter server)
+    # --- data
+    data: str = "digits"              # data set: digits (embedded), mnist (IDX files), synthetic
+    data_dir: str = ""                # directory holding the MNIST IDX files (gz or raw)
+    test_fraction: float = 0.2        # fraction of samples held out for test (digits, synthetic)
+    samples: int = 20000              # synthetic: number of samples
+    features: int = 256               # synthetic: features per sample
+    classes: int = 10                 # synthetic: number of classes
+    # --- model
+    hidden: tuple = (512,)            # hidden layer widths (units), empty for a linear model
+    activation: str = "relu"          # hidden activation: relu (He init) or tanh (Glorot init)
+    dtype: str = "float32"            # parameter and activation dtype
+    device: str = "cpu"               # cpu (NumPy) or gpu (CuPy, one device per rank)
+    # --- optimization
+    epochs: int = 40                  # passes over the training set
+    stop_after: int = 0               # stop after this epoch (0: run all epochs); resume later
+    batch_size: int = 64              # global batch (samples), split evenly across the P ranks
+    optimizer: str = "adam"           # adam or sgd (with momentum)
+    lr: float = 1e-3                  # learning rate (step size, dimensionless)
+    lr_schedule: str = "cosine"       # constant, or cosine decay to 0 over all epochs
+    momentum: float = 0.9             # SGD momentum coefficient
+    weight_decay: float = 0.0         # L2 penalty coefficient added to the gradient
+    beta1: float = 0.9                # Adam first-moment decay
+    beta2: float = 0.999              # Adam second-moment decay
+    eps: float = 1e-8                 # Adam denominator floor
+    seed: int = 0                     # seed of initialization, split and shuffling
+    shuffle: bool = True              # reshuffle the training set every epoch (seed + epoch)
+    drop_last: bool = False           # drop the tail instead of padding to a multiple of P
+    # --- communication
+    algorithm: str = "auto"           # all-reduce algorithm, one of collectives.ALGORITHMS
+    bucket_bytes: int = 0             # gradient bucket size (bytes), 0: one fused all-reduce
+    compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
+    compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
+    # --- parameter server (mode "ps")
+    servers: int = 1                  # number of server ranks
+    consistency: str = "bsp"          # bsp, asp or ssp
+    staleness: int = 2                # SSP staleness bound (clocks)
+    staleness_lr: bool = False        # scale the learning rate down with staleness
+    straggler: str = ""               # slow worker "RANK:FACTOR" (compute time multiplier)
+    jitter: float = 0.0               # maximum random delay per step (seconds)
+    ps_timeout: float = 30.0          # give up waiting for a peer after this long (seconds)
+    fail_worker: str = ""             # worker that stops "RANK:STEP"
+    balance: bool = False             # balance shard sizes across servers
+    # --- run directory, checkpoints, output
+    run_dir: str = "runs"             # parent directory of run directories
+    name: str = ""                    # run directory name ("" : timestamp-mode-data-P)
+    checkpoint_every: int = 1         # save a checkpoint every this many epochs (0: only the last)
+    keep_checkpoints: int = 2         # checkpoints kept in the run directory (most recent)
+    resume: str = ""                  # run directory or checkpoint file to continue from
+    eval_batch: int = 1024            # evaluation batch per rank (samples)
+    threads: int = 0                  # BLAS threads per rank (0: cores / ranks on the node)
+    progress: bool = True             # show a tqdm progress bar on rank 0
+
+    # ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d):
+        """Build a configuration from a mapping, rejecting unknown keys.
+
+        Parameters
+        ----------
+        d : dict
+            Field name -> value, as written by :meth:`to_dict`.
+
+        Returns
+        -------
+        Config
+
+        Raises
+        ------
+        ValueError
+            When ``d`` holds a key that is not a field, or a value fails :meth:`validate`.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown configuration key(s): {', '.join(unknown)}")
+        d = dict(d)
+        if "hidden" in d:
+            d["hidden"] = tuple(int(h) for h in d["hidden"])
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
+
+    def to_dict(self):
+        """Return the configuration as a JSON-ready dict."""
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    def replace(self, **changes):
+        """Return a validated copy with ``changes`` applied (unknown keys raise ``ValueError``)."""
+        d = self.to_dict()
+        d.update(changes)
+        return Config.from_dict(d)
+
+    def validate(self):
+        """Check every field's type and range.
+
+        Raises
+        ------
+        ValueError
+            Naming the first field whose value is out of range or not one of its choices.
+        """
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        positive = ("epochs", "batch_size", "samples", "features", "eval_batch", "servers")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.classes < 2:
+            raise ValueError(f"classes must be >= 2, got {self.classes!r}")
+        nonneg = ("stop_after", "bucket_bytes", "checkpoint_every", "threads", "staleness",
+                  "jitter", "weight_decay", "momentum")
+        for name in nonneg:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints!r}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {self.beta1!r}, {self.beta2!r}")
+        if not self.eps > 0 or not self.ps_timeout > 0:
+            raise ValueError("eps and ps_timeout must be > 0")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden widths must be >= 1, got {list(self.hidden)}")
+        if not isinstance(self.compression_args, dict):
+            raise ValueError("compression_args must be a dict")
+        if self.data == "mnist" and not self.data_dir:
+            raise ValueError("data_dir must name the directory of the MNIST IDX files (--data-dir)")
+        if self.name and ("/" in self.name or self.name in (".", "..", "latest")):
+            raise ValueError(f"name must be a plain directory name, got {self.name!r}")
+        from collectives import ALGORITHMS  # late import: config stays usable without MPI
+
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+
+
+#: Flag help text, with units; defaults are appended from :class:`Config`.
+HELP = {
+    "mode": "dp: data-parallel all-reduce; ps: parameter server",
+    "data": "data set: digits (scikit-learn's embedded 8x8 digits), mnist (IDX files in --data-dir), "
+            "synthetic (Gaussian classes, size set by --samples/--features/--classes)",
+    "data_dir": "directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                "t10k-labels-idx1-ubyte (each raw or .gz)",
+    "test_fraction": "fraction of samples held out for test, for digits and synthetic (0..1)",
+    "samples": "synthetic data: number of samples",
+    "features": "synthetic data: features per sample",
+    "classes": "synthetic data: number of classes",
+    "hidden": "hidden layer widths in units, comma separated (e.g. 256,128); '' for a linear model",
+    "activation": "hidden activation (relu uses He init, tanh Glorot init)",
+    "dtype": "parameter, gradient and activation dtype",
+    "device": "cpu (NumPy) or gpu (CuPy; one GPU per rank)",
+    "epochs": "number of passes over the training set",
+    "stop_after": "stop after this epoch, 0 to run all --epochs (continue later with --resume)",
+    "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
+    "optimizer": "adam, or sgd with momentum",
+    "lr": "learning rate (dimensionless step size)",
+    "lr_schedule": "constant, or cosine decay from --lr to 0 over --epochs",
+    "momentum": "SGD momentum coefficient (0 disables)",
+    "weight_decay": "L2 penalty coefficient, added to the gradient as weight_decay * w",
+    "beta1": "Adam first-moment decay rate",
+    "beta2": "Adam second-moment decay rate",
+    "eps": "Adam denominator floor",
+    "seed": "seed for initialization, train/test split and per-epoch shuffling (seed + epoch)",
+    "shuffle": "reshuffle the training set each epoch",
+    "drop_last": "drop the tail of the shuffled training set instead of padding to a multiple of P",
+    "algorithm": "all-reduce algorithm used for the gradient",
+    "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
+    "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
+    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
+    "servers": "parameter server: number of server ranks",
+    "consistency": "parameter server consistency model",
+    "staleness": "parameter server SSP staleness bound in clocks",
+    "staleness_lr": "parameter server: scale the learning rate down by the update's staleness",
+    "straggler": "parameter server: slow worker as RANK:FACTOR (compute time multiplied by FACTOR)",
+    "jitter": "parameter server: maximum random delay per step in seconds",
+    "ps_timeout": "parameter server: seconds to wait for a peer before giving up",
+    "fail_worker": "parameter server: worker that stops, as RANK:STEP",
+    "balance": "parameter server: balance shard sizes across servers",
+    "run_dir": "parent directory of run directories",
+    "name": "run directory name (default: TIMESTAMP-MODE-DATA-pP)",
+    "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
+    "keep_checkpoints": "number of most recent checkpoints kept",
+    "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
+              "base, flags given here override it",
+    "eval_batch": "evaluation batch per rank in samples",
+    "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
+    "progress": "show a progress bar on rank 0",
+}
+
+
+def parse_compression_arg(text):
+    """Split ``KEY=VALUE`` and read VALUE as int, float, bool (true/false) or str.
+
+    Parameters
+    ----------
+    text : str
+        One ``--compression-arg`` value.
+
+    Returns
+    -------
+    tuple of (str, object)
+
+    Raises
+    ------
+    ValueError
+        When ``text`` has no ``=`` or an empty key.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"compression argument must be KEY=VALUE, got {text!r}")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    for conv in (int, float):
+        try:
+            return key, conv(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def _hidden(text):
+    text = text.strip()
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip()) if text else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"hidden must be comma-separated integers, got {text!r}")
+
+
+def _kv(text):
+    try:
+        return parse_compression_arg(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def build_parser(prog="python -m training.train"):
+    """Return the ``argparse`` parser with one flag per :class:`Config` field.
+
+    Flags not given are absent from the parsed namespace (``argparse.SUPPRESS``), so that only
+    what the user wrote overrides the defaults or a resumed run's configuration.
+    """
+    p = argparse.ArgumentParser(
+        prog=prog, argument_default=argparse.SUPPRESS,
+        description="Train an MLP data-parallel across the MPI ranks (launch with mpiexec -n P). "
+                    "Writes runs/NAME/ with config.json, metrics.jsonl, epochs.jsonl, summary.json "
+                    "and checkpoints; runs/latest points at the newest run.")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = f"{HELP[f.name]} (default: {','.join(map(str, default)) if f.name == 'hidden' else default!r})"
+        if f.name == "compression_args":
+            p.add_argument("--compression-arg", dest="compression_args", action="append", type=_kv,
+                           metavar="KEY=VALUE", help=HELP[f.name])
+        elif f.name == "hidden":
+            p.add_argument(flag, type=_hidden, metavar="W1,W2,...", help=text)
+        elif f.type in (bool, "bool"):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+            p.add_argument(flag, type=typ, choices=_CHOICES.get(f.name), help=text)
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line into a validated :class:`Config`.
+
+    With ``--resume``, the ``config.json`` of the run being resumed is the base; the flags given
+    override it.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    SystemExit
+        On a malformed flag (argparse prints the reason) or an invalid value.
+    """
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
+    if "compression_args" in given:
+        given["compression_args"] = dict(given["compression_args"])
+    base = {}
+    if given.get("resume"):
+        base = _saved_config(given["resume"])
+        base.pop("resume", None)
+        if "compression_args" in given:
+            base.pop("compression_args", None)
+    base.update(given)
+    try:
+        return Config.from_dict(base)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _saved_config(path):
+    import os
+
+    run = path if os.path.isdir(path) else os.path.dirname(path)
+    cfg_path = os.path.join(run, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            return dict(json.load(f)["config"])
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"error: cannot read the configuration of the run to resume ({cfg_path}): {e}")

@@ -1,0 +1,272 @@
+"""Data sets (embedded digits, MNIST IDX files, synthetic) and distributed sampling.
+
+Every rank loads the same data deterministically (no communication): a fixed seeded train/test
+split, features standardized with the training set's mean and standard deviation. The
+:class:`DistributedSampler` then gives each rank its share of each epoch, with the semantics of
+PyTorch's ``torch.utils.data.DistributedSampler``.
+"""
+import gzip
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy
+
+__all__ = ["Dataset", "DistributedSampler", "load_digits", "load_mnist", "make_synthetic",
+           "read_idx", "write_idx", "split_and_standardize", "load_dataset", "eval_shard"]
+
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+@dataclass
+class Dataset:
+    """A train/test pair of feature matrices (float64, standardized) and int64 labels."""
+
+    x_train: numpy.ndarray  # (N_train, F) float64
+    y_train: numpy.ndarray  # (N_train,) int64
+    x_test: numpy.ndarray   # (N_test, F) float64
+    y_test: numpy.ndarray   # (N_test,) int64
+    n_classes: int
+    name: str
+
+    @property
+    def n_features(self):
+        """Number of features per sample."""
+        return int(self.x_train.shape[1])
+
+
+class DistributedSampler:
+    """Split one epoch's sample order across P ranks, as PyTorch's ``DistributedSampler``.
+
+    All ranks draw the same permutation of ``range(n)`` from ``seed + epoch`` (or keep the order
+    when ``shuffle`` is off). Without ``drop_last`` the order is padded by wrapping around to a
+    multiple of P; with ``drop_last`` the tail is cut to a multiple of P. Rank r takes positions
+    r, r + P, r + 2P, ... so every rank gets the same number of samples. With shuffling off,
+    n = 10 and P = 4 give ``[0 4 8] [1 5 9] [2 6 0] [3 7 1]``; with ``drop_last``
+    ``[0 4] [1 5] [2 6] [3 7]``.
+
+    Parameters
+    ----------
+    n : int
+        Data set size (samples), >= 0.
+    rank, size : int
+        This rank and the number of ranks P.
+    shuffle : bool
+    seed : int
+    drop_last : bool
+    """
+
+    def __init__(self, n, rank, size, shuffle=True, seed=0, drop_last=False):
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, size), got rank={rank}, size={size}")
+        self.n, self.rank, self.size = int(n), int(rank), int(size)
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.total = (n // size) * size if drop_last else -(-n // size) * size
+        self.num_samples = self.total // size  # samples per rank per epoch
+
+    def indices(self, epoch):
+        """Return this rank's sample indices for ``epoch``, int64 array of ``num_samples``."""
+        if self.shuffle:
+            order = numpy.random.default_rng(self.seed + epoch).permutation(self.n)
+        else:
+            order = numpy.arange(self.n)
+        if self.n:
+            order = numpy.resize(order, self.total)  # wraps around as often as needed
+        return order[self.rank:self.total:self.size].astype(numpy.int64)
+
+    def __len__(self):
+        return self.num_samples
+
+
+def eval_shard(n, rank, size):
+    """Return this rank's contiguous slice of ``range(n)``: each sample on exactly one rank.
+
+    Shard sizes are ``numpy.array_split`` sizes (the first ``n % size`` ranks get one more).
+    """
+    base, extra = divmod(int(n), int(size))
+    lo = rank * base + min(rank, extra)
+    return slice(lo, lo + base + (rank < extra))
+
+
+def read_idx(path):
+    """Read an IDX file (raw or gzip-compressed, by magic bytes) into an array.
+
+    IDX (LeCun et al., MNIST database): two zero bytes, a type code, the number of dimensions,
+    then each dimension as a big-endian int32, then the data in big-endian C order.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    ndarray with the file's shape, native byte order.
+
+    Raises
+    ------
+    ValueError
+        Naming the file when it is not IDX or its size disagrees with its header.
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"{path}: corrupt gzip data ({e})") from None
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in _IDX_TYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic bytes {raw[:4]!r})")
+    ndim = raw[3]
+    head = 4 + 4 * ndim
+    if len(raw) < head:
+        raise ValueError(f"{path}: truncated IDX header")
+    shape = tuple(int(d) for d in numpy.frombuffer(raw, ">i4", ndim, 4))
+    dtype = numpy.dtype(_IDX_TYPES[raw[2]])
+    expect = head + int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+    if len(raw) != expect:
+        raise ValueError(f"{path}: IDX data is {len(raw)} bytes, header {shape} implies {expect}")
+    return numpy.frombuffer(raw, dtype, offset=head).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path, array):
+    """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``."""
+    array = numpy.asarray(array)
+    codes = {numpy.dtype(v).newbyteorder("="): k for k, v in _IDX_TYPES.items()}
+    if array.dtype not in codes:
+        raise TypeError(f"dtype {array.dtype} has no IDX type code")
+    data = bytes([0, 0, codes[array.dtype], array.ndim])
+    data += numpy.asarray(array.shape, ">i4").tobytes()
+    data += array.astype(array.dtype.newbyteorder(">")).tobytes()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(data) if path.endswith(".gz") else data)
+
+
+def _find_idx(directory, stem):
+    for name in (stem, stem.replace("-idx", ".idx")):
+        for suffix in ("", ".gz"):
+            path = os.path.join(directory, name + suffix)
+            if os.path.exists(path):
+                return path
+    raise FileNotFoundError(f"{directory}: no {stem} or {stem}.gz (MNIST IDX file)")
+
+
+def load_mnist(directory):
+    """Load MNIST (or Fashion-MNIST) from its four IDX files in ``directory``.
+
+    The files' own train/test split is kept; pixels are scaled to [0, 1] and then standardized
+    with the training set's statistics.
+
+    Returns
+    -------
+    Dataset
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        Naming the missing or malformed file.
+    """
+    arrays = {}
+    for key, stem in (("x_train", "train-images-idx3-ubyte"), ("y_train", "train-labels-idx1-ubyte"),
+                      ("x_test", "t10k-images-idx3-ubyte"), ("y_test", "t10k-labels-idx1-ubyte")):
+        arrays[key] = read_idx(_find_idx(directory, stem))
+    for part in ("train", "test"):
+        x, y = arrays["x_" + part], arrays["y_" + part]
+        if x.ndim < 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"{directory}: {part} images {x.shape} and labels {y.shape} do not match")
+    xtr = arrays["x_train"].reshape(len(arrays["x_train"]), -1) / 255.0
+    xte = arrays["x_test"].reshape(len(arrays["x_test"]), -1) / 255.0
+    ytr, yte = arrays["y_train"].astype(numpy.int64), arrays["y_test"].astype(numpy.int64)
+    classes = int(max(ytr.max(initial=0), yte.max(initial=0))) + 1
+    mu, sd = _stats(xtr)
+    return Dataset((xtr - mu) / sd, ytr, (xte - mu) / sd, yte, max(classes, 2), "mnist")
+
+
+def _stats(x):
+    mu, sd = x.mean(axis=0), x.std(axis=0)
+    sd[sd == 0] = 1.0
+    return mu, sd
+
+
+def split_and_standardize(x, y, test_fraction, seed, n_classes, name):
+    """Split (x, y) with a seeded permutation and standardize with the train statistics.
+
+    Returns
+    -------
+    Dataset
+    """
+    n = len(y)
+    n_test = max(1, int(round(n * test_fraction)))
+    order = numpy.random.default_rng(seed).permutation(n)
+    te, tr = order[:n_test], order[n_test:]
+    mu, sd = _stats(x[tr].astype(numpy.float64))
+    xtr = (x[tr] - mu) / sd
+    xte = (x[te] - mu) / sd
+    return Dataset(xtr, y[tr].astype(numpy.int64), xte, y[te].astype(numpy.int64), n_classes, name)
+
+
+def _digits_arrays():
+    """Return scikit-learn's digits (x (1797, 64), y (1797,)) without importing scikit-learn.
+
+    The data ship with scikit-learn as ``sklearn/datasets/data/digits.csv.gz`` (64 pixel columns,
+    then the label); reading that file directly avoids a second of import time on every rank.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            table = numpy.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(numpy.int64)
+    try:
+        from sklearn.datasets import load_digits as _sk_digits
+    except ImportError:
+        raise ImportError("the digits data set needs scikit-learn: pip install -e '.[data]'") from None
+    d = _sk_digits()
+    return d.data, d.target
+
+
+def load_digits(test_fraction=0.2, seed=0):
+    """Load scikit-learn's embedded handwritten digits (1,797 8x8 images, 10 classes).
+
+    Returns
+    -------
+    Dataset
+    """
+    x, y = _digits_arrays()
+    return split_and_standardize(x.astype(numpy.float64), y, test_fraction, seed, 10, "digits")
+
+
+def make_synthetic(samples=20000, features=256, classes=10, test_fraction=0.2, seed=0):
+    """Generate a Gaussian-mixture classification problem of any size.
+
+    Each class has a mean drawn from N(0, I) in ``features`` dimensions; a sample is its class
+    mean plus isotropic Gaussian noise of standard deviation sqrt(features) / 4, so two class
+    means are about 5.7 noise standard deviations apart whatever the feature count (a few percent
+    Bayes error for 10 classes). Labels are balanced and the generator is fully seeded.
+
+    Returns
+    -------
+    Dataset
+    """
+    rng = numpy.random.default_rng([seed, 2024])
+    centers = rng.standard_normal((classes, features))
+    y = numpy.arange(samples) % classes
+    x = centers[y] + rng.standard_normal((samples, features)) * (numpy.sqrt(features) / 4.0)
+    return split_and_standardize(x, y, test_fraction, seed, classes, "synthetic")
+
+
+def load_dataset(cfg):
+    """Load the data set named by ``cfg.data`` (see :class:`training.config.Config`).
+
+    Returns
+    -------
+    Dataset
+    """
+    if cfg.data == "digits":
+        return load_digits(cfg.test_fraction, cfg.seed)
+    if cfg.data == "mnist":
+        return load_mnist(cfg.data_dir)
+    if cfg.data == "synthetic":
+        return make_synthetic(cfg.samples, cfg.features, cfg.classes, cfg.test_fraction, cfg.seed)
+    raise ValueError(f"data must be digits, mnist or synthetic, got {cfg.data!r}")

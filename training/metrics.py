@@ -1,0 +1,159 @@
+"""Run records: configuration header, per-step and per-epoch JSON lines, summary, epoch table.
+
+Files in a run directory (all written by rank 0 alone):
+
+``config.json``
+    ``{"config": resolved Config, "run": run_info()}``.
+``metrics.jsonl``
+    One line per step: ``step``, ``epoch``, ``loss`` (rank 0's batch), ``lr``, ``compute_s``,
+    ``comm_s``, ``compress_s``, ``decompress_s`` (seconds), ``bytes_sent`` (bytes, rank 0),
+    ``skipped`` (0/1), ``wall_s`` (seconds since the run started).
+``epochs.jsonl``
+    One line per epoch: the epoch table's values (means over ranks) plus ``wall_s``.
+``summary.json``
+    Final test accuracy, wall time, communication fraction and totals.
+"""
+import json
+import os
+import platform
+import socket
+import sys
+import time
+
+__all__ = ["run_info", "write_json", "read_jsonl", "MetricsWriter", "EpochTable", "format_bytes",
+           "TABLE_COLUMNS"]
+
+
+def run_info(comm):
+    """Return what a results file must carry besides the configuration.
+
+    Returns
+    -------
+    dict
+        MPI library version string, MPI standard version, mpi4py and NumPy versions, P, host,
+        Python version and the start time (ISO 8601, local).
+    """
+    import mpi4py
+    import numpy
+    from mpi4py import MPI
+
+    return {"mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+            "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
+            "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
+            "python": platform.python_version(), "argv": sys.argv[1:],
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def write_json(path, obj):
+    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file, then rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path):
+    """Return the list of JSON objects in a JSON-lines file ([] when it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsWriter:
+    """Append step and epoch records to ``metrics.jsonl`` and ``epochs.jsonl`` (rank 0 only).
+
+    Parameters
+    ----------
+    run_dir : str
+    enabled : bool
+        False on every rank but 0: all methods then do nothing.
+    keep_epochs : int, optional
+        When resuming, records of epochs after this one (left by an interrupted run) are
+        dropped first, so the files describe one consistent history.
+    """
+
+    def __init__(self, run_dir, enabled, keep_epochs=None):
+        self.enabled = enabled
+        self._steps = self._epochs = None
+        if not enabled:
+            return
+        paths = [os.path.join(run_dir, n) for n in ("metrics.jsonl", "epochs.jsonl")]
+        if keep_epochs is not None:
+            for path in paths:
+                rows = [r for r in read_jsonl(path) if r.get("epoch", 0) <= keep_epochs]
+                tmp = path + ".tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+                os.replace(tmp, path)
+        self._steps = open(paths[0], "a", encoding="utf-8")
+        self._epochs = open(paths[1], "a", encoding="utf-8")
+
+    def step(self, record):
+        """Append one per-step record (a dict of JSON-ready values)."""
+        if self.enabled:
+            self._steps.write(json.dumps(record) + "\n")
+
+    def epoch(self, record):
+        """Append one per-epoch record and flush both files."""
+        if self.enabled:
+            self._epochs.write(json.dumps(record) + "\n")
+            self._epochs.flush()
+            self._steps.flush()
+
+    def close(self):
+        """Close the files."""
+        if self.enabled:
+            self._steps.close()
+            self._epochs.close()
+
+
+def format_bytes(n):
+    """Return ``n`` bytes in decimal units (B, kB, MB, GB), e.g. ``'1.23 MB'``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+#: (header, record key, width) of each epoch-table column.
+TABLE_COLUMNS = (
+    ("epoch", "epoch", 5),
+    ("loss", "loss", 7),
+    ("train acc", "train_acc", 9),
+    ("test acc", "test_acc", 8),
+    ("compute s", "compute_s", 9),
+    ("comm s", "comm_s", 7),
+    ("sent/rank", "bytes_sent", 10),
+    ("skipped", "skipped", 7),
+)
+
+
+def _cell(key, v):
+    if key in ("epoch", "skipped"):
+        return f"{int(v):d}"
+    if key == "loss":
+        return f"{v:.4f}"
+    if key.endswith("_acc"):
+        return f"{v:.2%}"
+    if key == "bytes_sent":
+        return format_bytes(v)
+    return f"{v:.3f}"
+
+
+class EpochTable:
+    """Format the per-epoch table: loss, train/test accuracy, compute and communication seconds,
+    bytes sent per rank, skipped steps.
+
+    ``compute s`` and ``comm s`` are per-rank sums over the epoch's steps (means over ranks);
+    ``sent/rank`` is the gradient traffic one rank sent during the epoch.
+    """
+
+    def header(self):
+        """Return the header line."""
+        return "  ".join(h.rjust(w) for h, _, w in TABLE_COLUMNS)
+
+    def row(self, record):
+        """Return one formatted line for an epoch record."""
+        return "  ".join(_cell(k, record[k]).rjust(w) for _, k, w in TABLE_COLUMNS)

@@ -1,0 +1,188 @@
+"""Optimizers that update the flat parameter array in place from the flat gradient array.
+
+Both work on whole flat buffers (one ufunc per operation for the entire model) and process them in
+cache-sized chunks so that the several passes of an update read each element from memory once.
+State is exposed as ``state_dict()`` / ``load_state_dict()`` so checkpoints capture it exactly.
+"""
+import math
+
+import numpy
+
+from training.nn import get_array_module
+
+__all__ = ["Optimizer", "SGD", "Adam", "make_optimizer"]
+
+_CHUNK = 1 << 15  # elements per chunk: a few arrays of this size stay in L2 cache
+
+
+class Optimizer:
+    """Base class over a flat parameter array ``params`` and gradient array ``grads``.
+
+    Parameters
+    ----------
+    params, grads : ndarray, shape (n,), float32 or float64
+        The model's flat buffers (``Sequential.params`` and ``Sequential.grads``).
+    lr : float
+        Learning rate (dimensionless step size); may be changed between steps.
+    weight_decay : float
+        L2 coefficient: ``weight_decay * w`` is added to the gradient before the update.
+    """
+
+    def __init__(self, params, grads, lr, weight_decay=0.0):
+        if params.shape != grads.shape or params.ndim != 1:
+            raise ValueError(f"params and grads must be 1-D of one shape, got {params.shape}, {grads.shape}")
+        if params.dtype != grads.dtype or params.dtype.kind != "f":
+            raise TypeError(f"params and grads must share a float dtype, got {params.dtype}, {grads.dtype}")
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr!r}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        self.params, self.grads = params, grads
+        self.lr, self.weight_decay = float(lr), float(weight_decay)
+        self.steps = 0
+        xp = get_array_module(params)
+        self._tmp = xp.empty(min(_CHUNK, params.size), params.dtype)
+        self._tmp2 = xp.empty_like(self._tmp)
+
+    def zero_grad(self):
+        """Set the flat gradient array to zero."""
+        self.grads.fill(0)
+
+    def step(self):
+        """Apply one update to ``params`` from ``grads``."""
+        n = self.params.size
+        for lo in range(0, n, _CHUNK):
+            hi = min(lo + _CHUNK, n)
+            self._update(lo, hi, self._tmp[:hi - lo], self._tmp2[:hi - lo])
+        self.steps += 1
+
+    def _update(self, lo, hi, tmp, tmp2):
+        raise NotImplementedError
+
+    def _state_arrays(self):
+        return {}
+
+    def state_dict(self):
+        """Return the optimizer state as a flat dict of str -> ndarray (checkpoint-ready)."""
+        d = {"steps": numpy.array(self.steps, numpy.int64)}
+        d.update(self._state_arrays())
+        return d
+
+    def load_state_dict(self, d):
+        """Restore the state saved by :meth:`state_dict` (arrays are copied in place).
+
+        Raises
+        ------
+        ValueError
+            When a key is missing or an array has the wrong shape.
+        """
+        own = self._state_arrays()
+        for key in ["steps", *own]:
+            if key not in d:
+                raise ValueError(f"optimizer state lacks {key!r}")
+        self.steps = int(d["steps"])
+        for key, arr in own.items():
+            if tuple(d[key].shape) != arr.shape:
+                raise ValueError(f"optimizer state {key!r} has shape {d[key].shape}, expected {arr.shape}")
+            arr[...] = get_array_module(arr).asarray(d[key])
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, in PyTorch's form.
+
+    ``g = grad + wd * w;  v = momentum * v + g;  w = w - lr * v`` (Sutskever et al., ICML 2013,
+    eq. 1, with the learning rate moved out of the velocity as in ``torch.optim.SGD``). With
+    ``momentum = 0`` it is plain SGD.
+    """
+
+    def __init__(self, params, grads, lr=0.1, momentum=0.9, weight_decay=0.0):
+        super().__init__(params, grads, lr, weight_decay)
+        if momentum < 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum!r}")
+        self.momentum = float(momentum)
+        self.velocity = get_array_module(params).zeros_like(params) if momentum else None
+
+    def _update(self, lo, hi, tmp, tmp2):
+        xp = get_array_module(tmp)
+        p, g = self.params[lo:hi], self.grads[lo:hi]
+        if self.weight_decay:
+            xp.multiply(p, self.weight_decay, out=tmp)
+            g = xp.add(g, tmp, out=tmp)
+        if self.velocity is not None:
+            v = self.velocity[lo:hi]
+            v *= self.momentum
+            v += g
+            g = v
+        xp.multiply(g, self.lr, out=tmp)
+        p -= tmp
+
+    def _state_arrays(self):
+        return {"velocity": self.velocity} if self.velocity is not None else {}
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba, ICLR 2015, Algorithm 1) with L2 weight decay added to the gradient.
+
+    ``m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    w = w - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``.
+    """
+
+    def __init__(self, params, grads, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        super().__init__(params, grads, lr, weight_decay)
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1!r}, {beta2!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        xp = get_array_module(params)
+        self.m, self.v = xp.zeros_like(params), xp.zeros_like(params)
+
+    def step(self):
+        t = self.steps + 1
+        self._step_size = self.lr / (1 - self.beta1 ** t)
+        self._v_scale = 1.0 / math.sqrt(1 - self.beta2 ** t)
+        super().step()
+
+    def _update(self, lo, hi, tmp, tmp2):
+        xp = get_array_module(tmp)
+        p, g, m, v = self.params[lo:hi], self.grads[lo:hi], self.m[lo:hi], self.v[lo:hi]
+        if self.weight_decay:
+            xp.multiply(p, self.weight_decay, out=tmp2)
+            g = xp.add(g, tmp2, out=tmp2)
+        m *= self.beta1
+        xp.multiply(g, 1 - self.beta1, out=tmp)
+        m += tmp
+        v *= self.beta2
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1 - self.beta2
+        v += tmp
+        xp.sqrt(v, out=tmp)
+        tmp *= self._v_scale
+        tmp += self.eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= self._step_size
+        p -= tmp
+
+    def _state_arrays(self):
+        return {"m": self.m, "v": self.v}
+
+
+def make_optimizer(cfg, model):
+    """Build the optimizer named by ``cfg.optimizer`` over ``model``'s flat buffers.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+    model : training.nn.Sequential
+
+    Returns
+    -------
+    Optimizer
+    """
+    if cfg.optimizer == "sgd":
+        return SGD(model.params, model.grads, lr=cfg.lr, momentum=cfg.momentum,
+                   weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return Adam(model.params, model.grads, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2,
+                    eps=cfg.eps, weight_decay=cfg.weight_decay)
+    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")

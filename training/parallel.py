@@ -1,0 +1,257 @@
+"""Data-parallel pieces: the gradient hook (fused or bucketed all-reduce), one training step with
+the non-finite skip rule, and distributed evaluation.
+
+A *gradient hook* is any callable ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict()``
+and ``load_state_dict(d)``; ``info`` holds at least ``bytes_sent`` (bytes), ``compress_s`` and
+``decompress_s`` (seconds). :class:`AllreduceHook` averages with ``collectives.allreduce``; a
+compressor from ``collectives.compression.make_hook`` plugs in at the same point, between
+backward and the optimizer step.
+"""
+import time
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+
+__all__ = ["AllreduceHook", "bucket_bounds", "make_grad_hook", "compute_gradient", "train_step",
+           "evaluate", "any_rank", "is_finite"]
+
+
+def bucket_bounds(slices, itemsize, bucket_bytes):
+    """Group parameters into contiguous gradient buckets of about ``bucket_bytes``, last layer first.
+
+    Parameters are taken from the end of the flat gradient backwards and a bucket is closed once
+    it holds at least ``bucket_bytes`` (as DDP's ``bucket_cap_mb``, Li et al., VLDB 2020,
+    section 3.2.3); a parameter is never split.
+
+    Parameters
+    ----------
+    slices : list of (str, int, int)
+        (name, offset, size) per parameter in flat order (``Sequential.slices``).
+    itemsize : int
+        Bytes per gradient element.
+    bucket_bytes : int
+        Bucket capacity in bytes; 0 means one bucket holding the whole gradient.
+
+    Returns
+    -------
+    list of (int, int)
+        Element ranges ``[lo, hi)`` of the flat gradient, in all-reduce order (last layer first).
+    """
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
+    total = sum(size for _, _, size in slices)
+    if bucket_bytes == 0 or total == 0:
+        return [(0, total)]
+    bounds, hi, filled = [], total, 0
+    for _, off, size in reversed(slices):
+        filled += size * itemsize
+        if filled >= bucket_bytes:
+            bounds.append((off, hi))
+            hi, filled = off, 0
+    if hi > 0:
+        bounds.append((0, hi))
+    return bounds
+
+
+def _bytes_sent(nbytes, comm):
+    stats = getattr(collectives, "last_stats", None)
+    sent = stats(comm).get("bytes_sent") if callable(stats) else None
+    if sent is None:  # bandwidth-optimal all-reduce estimate
+        sent = 2 * (comm.size - 1) / comm.size * nbytes
+    return int(round(sent))
+
+
+class AllreduceHook:
+    """Average the flat gradient across ranks in place: one fused all-reduce, or buckets.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator of the data-parallel ranks.
+    algorithm : str
+        Any name in ``collectives.ALGORITHMS``.
+    buckets : list of (int, int), optional
+        Element ranges all-reduced one after another (see :func:`bucket_bounds`); default: one.
+
+    Notes
+    -----
+    ``info["bytes_sent"]`` is ``collectives.last_stats()["bytes_sent"]`` summed over buckets when
+    the collectives layer reports it, else the estimate ``2 (P - 1) / P * nbytes`` of a
+    bandwidth-optimal all-reduce.
+    """
+
+    __slots__ = ("comm", "algorithm", "buckets")
+
+    def __init__(self, comm, algorithm="auto", buckets=None):
+        if algorithm not in collectives.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}")
+        self.comm, self.algorithm, self.buckets = comm, algorithm, buckets
+
+    def __call__(self, grad):
+        buckets = self.buckets or [(0, grad.size)]
+        sent = 0
+        for lo, hi in buckets:
+            part = grad[lo:hi]
+            collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part)
+            sent += _bytes_sent(part.nbytes, self.comm)
+        return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
+
+    def state_dict(self):
+        """Return ``{}``: a plain all-reduce keeps no state."""
+        return {}
+
+    def load_state_dict(self, d):
+        """Accept the (empty) state of :meth:`state_dict`."""
+
+
+def make_grad_hook(cfg, comm, model):
+    """Build the gradient hook named by ``cfg.compression`` (plain all-reduce for "none").
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+    comm : mpi4py.MPI.Comm
+    model : training.nn.Sequential
+
+    Returns
+    -------
+    callable
+        ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict`` / ``load_state_dict``.
+
+    Raises
+    ------
+    ImportError
+        When a compressor is asked for and ``collectives.compression.make_hook`` is missing.
+    """
+    if cfg.compression == "none":
+        buckets = bucket_bounds(model.slices, model.dtype.itemsize, cfg.bucket_bytes)
+        return AllreduceHook(comm, cfg.algorithm, buckets)
+    try:
+        from collectives.compression import make_hook
+    except ImportError as e:
+        raise ImportError(f"--compression {cfg.compression} needs collectives.compression.make_hook, "
+                          f"which is not available ({e})") from None
+    shapes = [tuple(p.shape) for p, _ in model.parameters()]
+    return make_hook(cfg.compression, comm=comm, algorithm=cfg.algorithm, shapes=shapes,
+                     **cfg.compression_args)
+
+
+def compute_gradient(model, loss_fn, x, y):
+    """Run forward and backward on one batch; gradients land in ``model.grads``.
+
+    Parameters
+    ----------
+    model : training.nn.Sequential
+    loss_fn : training.nn.SoftmaxCrossEntropy
+    x : ndarray, shape (B, F), model dtype
+    y : ndarray, shape (B,), int64
+
+    Returns
+    -------
+    float
+        Mean loss over the batch.
+    """
+    loss = loss_fn.forward(model.forward(x), y)
+    model.backward(loss_fn.backward())
+    return loss
+
+
+def is_finite(loss, grad):
+    """Return True when ``loss`` and every element of ``grad`` are finite.
+
+    The check sums ``grad`` in float64: NaN and inf propagate through a sum, and float32 values
+    cannot overflow a float64 accumulator.
+    """
+    if not numpy.isfinite(loss):
+        return False
+    return bool(numpy.isfinite(float(grad.sum(dtype=numpy.float64))))
+
+
+def any_rank(flag, comm):
+    """Return True on every rank when ``flag`` is true on any rank (all-reduce with max)."""
+    buf = numpy.array([1 if flag else 0], numpy.int32)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return bool(buf[0])
+
+
+def train_step(model, loss_fn, optimizer, hook, comm, x, y):
+    """Take one data-parallel step; skip it on every rank if any rank sees a non-finite value.
+
+    Steps: forward/backward into the flat gradient; a non-finite flag (loss or gradient) is
+    all-reduced with max; if raised, every rank zeroes its gradient and skips both the gradient
+    exchange and the update (parameters stay identical); otherwise ``hook`` averages the gradient
+    and the optimizer updates the flat parameters.
+
+    Parameters
+    ----------
+    model, loss_fn, optimizer, hook
+        As built by ``training.train``.
+    comm : mpi4py.MPI.Comm
+    x : ndarray, shape (B / P, F); y : ndarray, shape (B / P,), int64
+        This rank's share of the global batch.
+
+    Returns
+    -------
+    dict
+        ``loss`` (this rank's mean batch loss), ``compute_s``, ``comm_s``, ``compress_s``,
+        ``decompress_s`` (seconds), ``bytes_sent`` (bytes), ``skipped`` (0 or 1).
+    """
+    t0 = time.perf_counter()
+    loss = compute_gradient(model, loss_fn, x, y)
+    bad = not is_finite(loss, model.grads)
+    t1 = time.perf_counter()
+    skip = any_rank(bad, comm)
+    t2 = time.perf_counter()
+    info = {"bytes_sent": 0, "compress_s": 0.0, "decompress_s": 0.0}
+    if skip:
+        model.grads.fill(0)
+    else:
+        avg, info = hook(model.grads)
+        if avg is not model.grads:
+            model.grads[...] = avg
+    t3 = time.perf_counter()
+    if not skip:
+        optimizer.step()
+    t4 = time.perf_counter()
+    local = info["compress_s"] + info["decompress_s"]
+    return {"loss": loss, "compute_s": (t1 - t0) + (t4 - t3) + local,
+            "comm_s": (t2 - t1) + (t3 - t2) - local, "compress_s": info["compress_s"],
+            "decompress_s": info["decompress_s"], "bytes_sent": int(info["bytes_sent"]),
+            "skipped": int(skip)}
+
+
+def evaluate(model, loss_fn, x, y, comm, batch=1024):
+    """Return (accuracy, mean loss) over ALL of (x, y), each sample counted exactly once.
+
+    The caller passes the full arrays; rank r evaluates its ``training.data.eval_shard`` and the
+    counts are summed with one all-reduce.
+
+    Parameters
+    ----------
+    model : training.nn.Sequential
+    loss_fn : training.nn.SoftmaxCrossEntropy
+    x : ndarray, shape (N, F); y : ndarray, shape (N,), int64
+    comm : mpi4py.MPI.Comm
+    batch : int
+        Samples per forward pass on this rank.
+
+    Returns
+    -------
+    tuple of (float, float)
+        Accuracy in [0, 1] and mean cross-entropy (NaN when N = 0).
+    """
+    from training.data import eval_shard
+
+    part = eval_shard(len(y), comm.rank, comm.size)
+    correct, loss_sum = 0, 0.0
+    for lo in range(part.start, part.stop, batch):
+        hi = min(lo + batch, part.stop)
+        logits = model.forward(x[lo:hi])
+        correct += int((logits.argmax(axis=1) == y[lo:hi]).sum())
+        loss_sum += loss_fn.forward(logits, y[lo:hi]) * (hi - lo)
+    buf = numpy.array([correct, loss_sum, part.stop - part.start], numpy.float64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    n = buf[2]
+    return (buf[0] / n, buf[1] / n) if n else (float("nan"), float("nan"))

@@ -1,0 +1,324 @@
+"""Data-parallel training driver: ``mpiexec -n P python -m training.train [flags]``.
+
+Every rank holds a full model replica; each step a rank computes the gradient of its B / P
+samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
+``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
+bitwise identical. ``--mode ps`` hands the run to ``ps.driver.run_ps`` instead.
+"""
+import math
+import os
+import sys
+import time
+import traceback
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+
+from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
+                                 prune_checkpoints, save_checkpoint)
+from training.config import Config, parse_args
+from training.data import DistributedSampler, load_dataset
+from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_json
+from training.nn import SoftmaxCrossEntropy, build_mlp
+from training.optim import make_optimizer
+from training.parallel import evaluate, make_grad_hook, train_step
+
+__all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
+           "make_sampler", "to_device", "lr_at", "TrainState"]
+
+
+def array_module(cfg, comm):
+    """Return the array module for ``cfg.device`` (NumPy, or CuPy with one GPU per local rank)."""
+    if cfg.device == "cpu":
+        return numpy
+    import cupy  # optional dependency: the 'gpu' extra
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    cupy.cuda.Device(local.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    local.Free()
+    return cupy
+
+
+def set_threads(cfg, comm):
+    """Limit BLAS threads per rank to ``cfg.threads`` (0: cores on the node / ranks on the node).
+
+    Returns
+    -------
+    int
+        The thread count applied (threadpoolctl is used when installed; otherwise unchanged).
+    """
+    n = cfg.threads
+    if n == 0:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        n = max(1, (cores or 1) // local.size)
+        local.Free()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return n
+    threadpool_limits(limits=n)
+    return n
+
+
+def build_model(cfg, n_features, n_classes, xp=numpy):
+    """Build the MLP ``n_features -> cfg.hidden... -> n_classes`` with ``cfg``'s dtype and seed.
+
+    Returns
+    -------
+    training.nn.Sequential
+    """
+    return build_mlp([n_features, *cfg.hidden, n_classes], activation=cfg.activation,
+                     dtype=cfg.dtype, seed=cfg.seed, xp=xp)
+
+
+def make_sampler(cfg, n, rank, size):
+    """Return the training-set :class:`~training.data.DistributedSampler` of rank ``rank`` of ``size``."""
+    return DistributedSampler(n, rank, size, shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last)
+
+
+def to_device(ds, dtype, xp=numpy):
+    """Return (x_train, y_train, x_test, y_test) as ``xp`` arrays, features cast to ``dtype``."""
+    return (xp.asarray(ds.x_train, dtype=dtype), xp.asarray(ds.y_train),
+            xp.asarray(ds.x_test, dtype=dtype), xp.asarray(ds.y_test))
+
+
+def lr_at(cfg, step, total_steps):
+    """Return the learning rate of global step ``step`` (0-based) of ``total_steps``."""
+    if cfg.lr_schedule == "cosine" and total_steps > 0:
+        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+    return cfg.lr
+
+
+class TrainState:
+    """Counters that a checkpoint carries besides model, optimizer and hook state."""
+
+    __slots__ = ("epoch", "step", "skipped", "wall_s", "compute_s", "comm_s", "bytes_sent")
+    _FLOATS = ("wall_s", "compute_s", "comm_s")
+
+    def __init__(self):
+        self.epoch = self.step = self.skipped = self.bytes_sent = 0
+        self.wall_s = self.compute_s = self.comm_s = 0.0
+
+    def state_dict(self):
+        """Return the counters as ``train/NAME`` arrays."""
+        return {f"train/{k}": numpy.array(getattr(self, k), numpy.float64 if k in self._FLOATS
+                                          else numpy.int64) for k in self.__slots__}
+
+    def load_state_dict(self, d):
+        """Restore the counters from :meth:`state_dict` output."""
+        for k in self.__slots__:
+            v = d[f"train/{k}"]
+            setattr(self, k, float(v) if k in self._FLOATS else int(v))
+
+
+def setup_run(cfg, comm):
+    """Create (or reopen, with ``--resume``) the run directory and return its path.
+
+    Rank 0 chooses the name and broadcasts it; ``runs/latest`` is pointed at it.
+    """
+    return make_run_dir(cfg, comm)
+
+
+def _write_config(cfg, comm, run_dir, extra=None):
+    if comm.rank == 0:
+        info = run_info(comm)
+        info.update(extra or {})
+        write_json(os.path.join(run_dir, "config.json"), {"config": cfg.to_dict(), "run": info})
+
+
+def _checkpoint_arrays(cfg, model, opt, hook, state):
+    d = {"model/params": model.params, "meta/config": numpy.frombuffer(
+        __import__("json").dumps(cfg.to_dict()).encode(), numpy.uint8)}
+    d.update({f"optim/{k}": v for k, v in opt.state_dict().items()})
+    d.update({f"compression/{k}": v for k, v in hook.state_dict().items()})
+    d.update(state.state_dict())
+    return d
+
+
+def _restore(path, arrays, model, opt, hook, state):
+    try:
+        if arrays["model/params"].shape != model.params.shape:
+            raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
+                             f"{model.size} (same --hidden and data?)")
+        xp = sys.modules[type(model.params).__module__.split(".")[0]]
+        model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
+        opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
+        hook.load_state_dict({k[12:]: v for k, v in arrays.items() if k.startswith("compression/")})
+        state.load_state_dict(arrays)
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
+
+
+def train_dp(cfg, comm, run_dir):
+    """Train data-parallel on ``comm`` and write the run records into ``run_dir``.
+
+    Returns
+    -------
+    dict
+        The summary (also written to ``summary.json`` on rank 0), on every rank.
+    """
+    P, rank = comm.size, comm.rank
+    if cfg.batch_size % P:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
+    xp = array_module(cfg, comm)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds.n_features, ds.n_classes, xp)
+    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
+    hook = make_grad_hook(cfg, comm, model)
+    if getattr(hook, "momentum_in_compressor", False) and cfg.optimizer == "sgd":
+        opt.velocity, opt.momentum = None, 0.0  # the compressor applies momentum itself (DGC)
+    state = TrainState()
+    if cfg.resume:
+        path, arrays = load_checkpoint(cfg.resume, comm)
+        _restore(path, arrays, model, opt, hook, state)
+    _write_config(cfg, comm, run_dir, {"resumed_from": path} if cfg.resume else None)
+    sampler = make_sampler(cfg, len(ds.y_train), rank, P)
+    x_tr, y_tr, x_te, y_te = to_device(ds, model.dtype, xp)
+    local_b = cfg.batch_size // P
+    per_epoch = -(-sampler.num_samples // local_b)
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
+    table, show = EpochTable(), rank == 0
+    bar = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=(last - state.epoch) * per_epoch, unit="step", leave=False,
+                   disable=None if cfg.progress else True, dynamic_ncols=True, file=sys.stderr)
+        bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, "
+                  f"{model.size} parameters ({cfg.dtype}), P={P}, global batch {cfg.batch_size}, "
+                  f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
+        bar.write(table.header())
+    t_start = time.perf_counter() - state.wall_s
+    test_acc = float("nan")
+    while state.epoch < last:
+        epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
+        idx = sampler.indices(state.epoch)
+        acc = numpy.zeros(5)  # loss sum, steps, compute s, comm s, bytes
+        skipped0 = state.skipped
+        for s in range(per_epoch):
+            batch = xp.asarray(idx[s * local_b:(s + 1) * local_b])
+            opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
+            r = train_step(model, loss_fn, opt, hook, comm, x_tr[batch], y_tr[batch])
+            state.step += 1
+            state.skipped += r["skipped"]
+            if not r["skipped"]:
+                acc[0] += r["loss"]
+                acc[1] += 1
+            acc[2:] += (r["compute_s"], r["comm_s"], r["bytes_sent"])
+            writer.step({"step": state.step, "epoch": epoch, "lr": opt.lr, **r,
+                         "wall_s": time.perf_counter() - t_start})
+            if bar is not None:
+                bar.update()
+        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch)
+        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch)
+        comm.Allreduce(MPI.IN_PLACE, acc, op=MPI.SUM)  # per-rank sums -> sums over ranks
+        state.compute_s += acc[2] / P
+        state.comm_s += acc[3] / P
+        state.bytes_sent += int(acc[4] / P)
+        state.epoch = epoch
+        state.wall_s = time.perf_counter() - t_start
+        rec = {"epoch": epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc,
+               "test_acc": test_acc, "compute_s": acc[2] / P, "comm_s": acc[3] / P,
+               "bytes_sent": int(acc[4] / P), "skipped": state.skipped - skipped0,
+               "steps": per_epoch, "wall_s": state.wall_s}
+        writer.epoch(rec)
+        if bar is not None:
+            bar.write(table.row(rec))
+        if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
+            save_checkpoint(checkpoint_path(run_dir, epoch),
+                            _checkpoint_arrays(cfg, model, opt, hook, state), comm)
+            if rank == 0:
+                prune_checkpoints(run_dir, cfg.keep_checkpoints)
+    writer.close()
+    if bar is not None:
+        bar.close()
+    busy = state.compute_s + state.comm_s
+    summary = {"final_test_acc": test_acc, "epochs": state.epoch, "steps": state.step,
+               "wall_s": state.wall_s, "compute_s": state.compute_s, "comm_s": state.comm_s,
+               "comm_fraction": state.comm_s / busy if busy else 0.0,
+               "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
+               "parameters": model.size, "P": P, "run_dir": run_dir}
+    if rank == 0:
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | "
+              f"communication {summary['comm_fraction']:.0%} of step time | "
+              f"{format_bytes(state.bytes_sent)} sent per rank | {run_dir}", flush=True)
+    return summary
+
+
+def run(cfg, comm=None):
+    """Run one training job described by ``cfg`` on ``comm`` (default: ``MPI.COMM_WORLD``).
+
+    The communicator is duplicated for the run's own messages.
+
+    Returns
+    -------
+    dict
+        The run summary (``train_dp``'s, or whatever ``ps.driver.run_ps`` returns).
+    """
+    comm = (comm or MPI.COMM_WORLD).Dup()
+    try:
+        set_threads(cfg, comm)
+        run_dir = setup_run(cfg, comm)
+        if cfg.mode == "ps":
+            _write_config(cfg, comm, run_dir)
+            from ps.driver import run_ps
+
+            return run_ps(cfg, comm, run_dir)
+        return train_dp(cfg, comm, run_dir)
+    finally:
+        free = getattr(collectives, "free_context", None)
+        if free is not None:
+            free(comm)
+        comm.Free()
+
+
+def main(argv=None):
+    """Command-line entry point; on an error with P > 1 the job is aborted so nothing hangs."""
+    world = MPI.COMM_WORLD
+    if world.rank != 0:  # one copy of --help and of flag errors, not P
+        with open(os.devnull, "w") as null:
+            saved, sys.stdout, sys.stderr = (sys.stdout, sys.stderr), null, null
+            try:
+                cfg = parse_args(argv)
+            finally:
+                sys.stdout, sys.stderr = saved
+    else:
+        cfg = parse_args(argv)
+    try:
+        run(cfg, world)
+    except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
+        # setup errors are raised identically on every rank: then exit cleanly with one message
+        everyone = world.size == 1 or _everyone_failed(world)
+        if not everyone or world.rank == 0:
+            where = "" if everyone else f"rank {world.rank}: "
+            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if not everyone:
+            world.Abort(1)
+        return 1
+    except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
+        traceback.print_exc()
+        sys.stderr.flush()
+        if world.size > 1:
+            world.Abort(1)
+        raise
+    return 0
+
+
+def _everyone_failed(world):
+    """Return True when every rank reaches this point within 5 seconds (a consistent failure)."""
+    req = world.Ibarrier()
+    deadline = time.monotonic() + 5.0
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
