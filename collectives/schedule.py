@@ -11,6 +11,7 @@ from the same rule, so both skip them.
 The same schedule drives blocking execution, the non-blocking :class:`Request`, byte and message
 accounting, and the cost simulator in :mod:`collectives.cost`.
 """
+import functools
 import time
 
 import numpy
@@ -19,6 +20,7 @@ from mpi4py import MPI
 __all__ = ["Round", "Schedule", "CollectiveTimeout", "chunk_bounds", "execute", "Request"]
 
 
+@functools.lru_cache(maxsize=1024)
 def chunk_bounds(count, parts):
     """Return the ``parts + 1`` boundaries that split ``count`` elements as ``numpy.array_split`` does.
 
@@ -34,15 +36,12 @@ def chunk_bounds(count, parts):
 
     Returns
     -------
-    list of int
+    tuple of int
         ``bounds`` with ``bounds[0] == 0`` and ``bounds[parts] == count``; chunk ``i`` is
         ``[bounds[i], bounds[i + 1])``.
     """
     q, r = divmod(count, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + q + (1 if i < r else 0))
-    return bounds
+    return tuple(i * q + min(i, r) for i in range(parts + 1))
 
 
 class Round:

@@ -19,7 +19,7 @@ class ScheduleDeadlock(RuntimeError):
     """No rank can make progress but some still have rounds to run."""
 
 
-def replay(schedules, data=None, ufunc=numpy.add, cost=None):
+def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None):
     """Run ``schedules`` (one per rank, index = rank) to completion in one process.
 
     Parameters
@@ -32,8 +32,9 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None):
         Reduction applied by reducing receives.
     cost : callable, optional
         ``cost(src, dst, elements) -> (send_seconds, arrival_delay_seconds)``: the sender is busy for
-        ``send_seconds`` and the message arrives ``arrival_delay_seconds`` after the send starts;
-        reduction time is added by the caller through the ``reduce`` key of the returned stats.
+        ``send_seconds`` and the message arrives ``arrival_delay_seconds`` after the send starts.
+    reduce_cost : callable, optional
+        ``reduce_cost(elements) -> seconds`` added to a round for each reducing receive.
 
     Returns
     -------
@@ -81,6 +82,8 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None):
                     if n != b - a:
                         raise ValueError(f"rank {r} round {pos[r]} expected {b - a} elements from {p}, got {n}")
                     end = max(end, arrival)
+                    if red and reduce_cost is not None:
+                        end += reduce_cost(n)
                     if data is not None:
                         target = data[r][a:b]
                         if red:
