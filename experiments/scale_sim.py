@@ -1,0 +1,91 @@
+"""Predict all-reduce time against P (up to 4096) on a two-level topology with the schedule simulator.
+
+Run: ``python -m experiments.scale_sim [--out results/scale_sim.json]`` (one process, no MPI launch
+needed). Each algorithm's own schedules are replayed by :func:`collectives.cost.simulate` at 1 KiB,
+1 MiB and 256 MiB (``--sizes``) for P = 8, 16, ..., 4096 (``--max-p``) with ``--ranks-per-node``
+ranks per node. Link parameters default to a typical cluster (intra-node 1 us, 20 GB/s; inter-node
+5 us, 12.5 GB/s; reduction 10 GB/s) and can be set by flags or taken from a fit (``--fit RESULTS.json``
+from ``experiments.bench_collectives``, whose alpha/beta/gamma then replace the intra-node values).
+The table printed at the end names, per size, the smallest P from which 2D and tree stay faster than ring.
+"""
+import argparse
+import json
+import os
+import platform
+import time
+
+from collectives import cost
+
+__all__ = ["main", "crossovers"]
+
+ALGS = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d")
+
+
+def _size(text):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    mult = units.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 1KiB, 1MiB, 256MiB, 4096)")
+
+
+def crossovers(rows):
+    """Return ``{size: {alg: smallest P from which alg stays faster than ring, or None}}``."""
+    out = {}
+    for size in sorted({r["bytes"] for r in rows}):
+        at = {(r["algorithm"], r["P"]): r["time_s"] for r in rows if r["bytes"] == size}
+        ps = sorted({p for _, p in at})
+        out[size] = {}
+        for a in ALGS[1:]:
+            wins = [at[(a, p)] < at[("ring", p)] for p in ps]
+            out[size][a] = next((p for i, p in enumerate(ps) if all(wins[i:])), None)
+    return out
+
+
+def main(argv=None):
+    """Simulate every algorithm at every P and size, print a table and write the results JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",")], default=[1 << 10, 1 << 20, 1 << 28],
+                    help="message sizes, comma-separated (default 1KiB,1MiB,256MiB)")
+    ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two (default 4096)")
+    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (default 8)")
+    ap.add_argument("--alpha-intra", type=float, default=1e-6, help="intra-node latency, seconds")
+    ap.add_argument("--beta-intra", type=float, default=1 / 20e9, help="intra-node seconds per byte")
+    ap.add_argument("--alpha-inter", type=float, default=5e-6, help="inter-node latency, seconds")
+    ap.add_argument("--beta-inter", type=float, default=1 / 12.5e9, help="inter-node seconds per byte")
+    ap.add_argument("--gamma", type=float, default=1 / 10e9, help="reduction seconds per byte")
+    ap.add_argument("--fit", help="bench_collectives results JSON: fit alpha/beta/gamma and use them intra-node")
+    ap.add_argument("--out", default="results/scale_sim.json", help="results JSON path")
+    args = ap.parse_args(argv)
+    if args.max_p < 8 or args.max_p & (args.max_p - 1):
+        ap.error("--max-p must be a power of two >= 8")
+    if args.fit:
+        with open(args.fit, encoding="utf-8") as f:
+            fitted = cost.fit(json.load(f)["rows"], min_bytes=1 << 16)
+        args.alpha_intra, args.beta_intra, args.gamma = fitted["alpha"], fitted["beta"], fitted["gamma"]
+    topo = cost.Topology(args.ranks_per_node, args.alpha_intra, args.beta_intra, args.alpha_inter,
+                         args.beta_inter, args.gamma)
+    ps = [1 << k for k in range(3, args.max_p.bit_length())]
+    rows, t0 = [], time.perf_counter()
+    for size in args.sizes:
+        for P in ps:
+            for alg in ALGS:
+                rows.append({"algorithm": alg, "P": P, "bytes": size, "time_s": cost.simulate(alg, P, size, topo)})
+        print(f"{size:>12,d} B  " + "  ".join(f"{a}={r['time_s'] * 1e3:.3g}ms" for a, r in
+                                             zip(ALGS, rows[-len(ALGS):])) + f"  (P={ps[-1]})")
+    cross = crossovers(rows)
+    print("\nsmallest P from which an algorithm stays faster than ring:")
+    for size, c in cross.items():
+        print(f"  {size:>12,d} B: " + ", ".join(f"{a} at P={p}" if p else f"{a} never" for a, p in c.items()))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    result = {"config": vars(args), "topology": topo.__dict__, "host": platform.node(), "rows": rows,
+              "crossovers": {str(k): v for k, v in cross.items()}, "seconds": time.perf_counter() - t0}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Draw predicted all-reduce time against P, one panel per message size, from ``experiments.scale_sim``.
+
+Run: ``python -m plots.scaling results/scale_sim.json [--out plots/scaling.png]``.
+"""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["main", "draw"]
+
+
+def _label(nbytes):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes} B"
+
+
+def draw(result, out):
+    """Write the figure for a ``scale_sim`` result dict to ``out`` (PNG path)."""
+    rows = result["rows"]
+    sizes = sorted({r["bytes"] for r in rows})
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    topo = result["topology"]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        for alg in algs:
+            pts = sorted((r["P"], r["time_s"]) for r in rows if r["bytes"] == size and r["algorithm"] == alg)
+            ax.plot([p for p, _ in pts], [t * 1e3 for _, t in pts], marker="o", ms=3, label=alg)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks P")
+        ax.set_ylabel("predicted time (ms)")
+        cross = result.get("crossovers", {}).get(str(size), {})
+        note = ", ".join(f"{a}<ring from P={p}" for a, p in cross.items() if p and a in ("2d", "tree"))
+        ax.set_title(f"all-reduce {_label(size)}" + (f"\n{note}" if note else ""), fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"simulated two-level topology: {topo['ranks_per_node']} ranks/node, "
+                 f"intra {topo['alpha_intra'] * 1e6:g} us + {1 / topo['beta_intra'] / 1e9:g} GB/s, "
+                 f"inter {topo['alpha_inter'] * 1e6:g} us + {1 / topo['beta_inter'] / 1e9:g} GB/s", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    """Read the results JSON and write the PNG."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="JSON written by experiments.scale_sim")
+    ap.add_argument("--out", default="plots/scaling.png", help="PNG path (default plots/scaling.png)")
+    args = ap.parse_args(argv)
+    with open(args.results, encoding="utf-8") as f:
+        draw(json.load(f), args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
