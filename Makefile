@@ -17,6 +17,9 @@ $(VENV)/.installed: setup.py
 run: $(VENV)/.installed
 	$(MPIEXEC) -n $(NP) $(PY) -m experiments.demo
 
+demo: $(VENV)/.installed
+	$(MPIEXEC) -n $(NP) $(PY) -m experiments.demo
+
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
