@@ -10,7 +10,8 @@ accuracy per epoch, and per step the payload bytes this rank sent (the hook's ``
 from the payload buffers) and the compress + decompress seconds. For ``none`` the payload is the dense
 gradient. A short benchmark then runs each hook on Gaussian gradients of the model's size and reads
 the bytes the collectives really sent (``collectives.last_stats``: ring forwarding of all-gathers and
-float32 partial sums of fp16 included). Rank 0 writes ``compression_sweep.json`` (configuration, MPI
+float32 partial sums of fp16 included; DGC at its final sparsity; not for ``threshold``, whose size
+depends on the data). Rank 0 writes ``compression_sweep.json`` (configuration, MPI
 library, P, host, every run, the table, the targets) and ``compression_sweep.csv`` (the table).
 """
 import argparse
@@ -21,19 +22,20 @@ import re
 import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["SweepConfig", "STUDY", "parse_spec", "run_study", "main"]
+__all__ = ["SweepConfig", "STUDY", "TARGETS", "parse_spec", "base_config", "run_study",
+           "markdown_table", "main"]
 
 #: The compressors of the study, as ``NAME[:KEY=VALUE,...]`` specs.
 STUDY = ("none", "fp16", "int8", "qsgd:levels=127", "terngrad", "signsgd", "efsignsgd", "onebit",
          "topk:ratio=0.01", "randomk:ratio=0.01", "threshold:threshold=0.05",
          "dgc:ratio=0.01,warmup_steps=92", "powersgd:rank=1", "powersgd:rank=4")
 
-#: (spec, what, kind, bound): accuracy within ``bound`` points of none, or payload ratio >= bound.
+#: (spec, what, bound): accuracy within ``bound`` points of none, or payload ratio >= bound.
 TARGETS = (("qsgd:levels=127", "accuracy", 0.5), ("topk:ratio=0.01", "accuracy", 1.5),
            ("efsignsgd", "accuracy", 1.5), ("powersgd:rank=4", "accuracy", 1.5),
            ("fp16", "ratio", 2.0), ("int8", "ratio", 4.0), ("signsgd", "ratio", 25.0),
@@ -48,7 +50,7 @@ class SweepConfig:
     seeds: tuple = (0, 1, 2)          # training seeds; accuracies are averaged over them
     epochs: int = 20                  # epochs per training run
     out: str = "results/compression"  # directory of the results files and the run directories
-    train_args: dict = field(default_factory=dict)  # training Config overrides (field -> value)
+    train_args: tuple = ()            # training flags as KEY=VALUE (e.g. "optimizer=sgd")
     bench_steps: int = 10             # steps of the wire-bytes benchmark per compressor
 
 
@@ -66,6 +68,36 @@ def parse_spec(spec):
     kwargs = parse_compression_args([a for a in args.split(",") if a])
     make_compressor(name, **kwargs)  # validates the name and the arguments
     return name, kwargs
+
+
+def base_config(cfg):
+    """Return the training ``Config`` of the study: defaults, ``cfg.epochs`` and ``cfg.train_args``.
+
+    Each ``KEY=VALUE`` is read by the trainer's own parser as ``--key value`` (``--key`` /
+    ``--no-key`` for true / false).
+
+    Raises
+    ------
+    ValueError
+        If a training flag is malformed, unknown or out of range.
+    """
+    from training.config import parse_args
+
+    argv = ["--epochs", str(cfg.epochs)]
+    for item in cfg.train_args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"training flag must look like KEY=VALUE, got {item!r}")
+        flag = "--" + key.strip().replace("_", "-")
+        if value.lower() in ("true", "false"):
+            argv.append(flag if value.lower() == "true" else "--no-" + flag[2:])
+        else:
+            argv += [flag, value]
+    with open(os.devnull, "w", encoding="utf-8") as null, redirect_stderr(null):
+        try:
+            return parse_args(argv)
+        except SystemExit:
+            raise ValueError(f"training flags rejected by python -m training.train: {' '.join(argv)}")
 
 
 def _slug(spec):
@@ -101,10 +133,13 @@ def _train_one(cfg, base, spec, seed, run_dir, comm):
 
 
 def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
-    """Return the mean bytes per step the collectives sent for ``spec`` (Gaussian gradients)."""
+    """Return the mean bytes per step the collectives sent for ``spec`` (Gaussian gradients, DGC
+    without warm-up)."""
     from collectives.compression import make_hook
 
     name, kwargs = parse_spec(spec)
+    if name == "dgc":
+        kwargs["warmup_steps"] = 0  # steady state: the final sparsity from the first step
     hook = make_hook(name, comm=comm, algorithm=algorithm, shapes=shapes, **kwargs)
     rng = np.random.default_rng(comm.Get_rank())
     wire = []
@@ -112,7 +147,7 @@ def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
         _, info = hook(rng.standard_normal(n).astype(np.float32) * np.float32(0.01))
         wire.append(info.get("wire_bytes", float("nan")))
     hook.close()
-    return float(np.mean(wire[len(wire) // 2:]))  # steady state (after DGC's first steps)
+    return float(np.mean(wire))
 
 
 def _table(runs, wire):
@@ -158,14 +193,13 @@ def _targets(rows):
 
 def run_study(cfg, comm=None):
     """Run the study on ``comm`` and write the results files (rank 0); return the results dict."""
-    from training.config import Config
     from training.metrics import run_info, write_json
     from training.train import build_model
     from training.data import load_dataset
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     rank = comm.Get_rank()
-    base = Config().replace(**{"epochs": cfg.epochs, **cfg.train_args})
+    base = base_config(cfg)
     stamp = comm.bcast(time.strftime("%Y%m%d-%H%M%S"), root=0)
     run_dir = os.path.join(cfg.out, "runs", stamp)
     jobs = [(spec, seed) for spec in cfg.compressors for seed in cfg.seeds]
@@ -233,7 +267,8 @@ def _build_parser():
     p.add_argument("--epochs", type=int, default=20, help="epochs per training run (default: 20)")
     p.add_argument("--out", default="results/compression", help="results directory (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="train_args",
-                   help="training configuration override, repeatable (e.g. optimizer=sgd, lr=0.05)")
+                   help="training flag of python -m training.train as KEY=VALUE, repeatable "
+                        "(e.g. optimizer=sgd, lr=0.05, hidden=64,32)")
     p.add_argument("--bench-steps", type=int, default=10,
                    help="steps of the wire-bytes benchmark per compressor (default: 10)")
     return p
@@ -241,22 +276,19 @@ def _build_parser():
 
 def main(argv=None):
     """Command-line entry point (every rank); returns 0, or 1 after a configuration error."""
-    from collectives.compression import parse_compression_args
-
     comm = MPI.COMM_WORLD
     args = _build_parser().parse_args(argv)
     try:
         cfg = SweepConfig(compressors=tuple(args.compressors or STUDY),
                           seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
                           epochs=args.epochs, out=args.out,
-                          train_args=parse_compression_args(args.train_args),
+                          train_args=tuple(args.train_args),
                           bench_steps=args.bench_steps)
         for spec in cfg.compressors:
             parse_spec(spec)
         if cfg.epochs < 1 or cfg.bench_steps < 1 or not cfg.seeds:
             raise ValueError("epochs and bench-steps must be >= 1 and seeds not empty")
-        from training.config import Config
-        Config().replace(**cfg.train_args)
+        base_config(cfg)
     except ValueError as e:  # the same on every rank: one message, clean exit
         if comm.Get_rank() == 0:
             print(f"error: {e}", file=sys.stderr)
@@ -266,7 +298,7 @@ def main(argv=None):
         print(markdown_table(results["table"]))
         for t in results["targets"]:
             unit = "points below none" if t["what"] == "accuracy" else "x fewer bytes than none"
-            print(f"target {t['spec']} {t['what']}: {t['value']:.2f} {unit} "
+            print(f"target {t['spec']} {t['what']}: {t['value']:.3f} {unit} "
                   f"(bound {t['bound']}) -> {'met' if t['met'] else 'MISSED'}")
         print(f"results: {os.path.join(cfg.out, 'compression_sweep.json')}")
     return 0

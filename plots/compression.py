@@ -18,6 +18,7 @@ __all__ = ["draw", "main"]
 _MARKERS = {"none": "*", "fp16": "o", "int8": "o", "qsgd": "o", "terngrad": "D", "signsgd": "^",
             "efsignsgd": "^", "onebit": "^", "topk": "s", "randomk": "s", "threshold": "s",
             "dgc": "P", "powersgd": "X"}
+_SPAN = 5.0  # accuracy points shown below none; lower results sit on the floor, labelled
 
 
 def draw(results, path):
@@ -38,23 +39,39 @@ def draw(results, path):
     rows = results.get("table") or []
     if not rows:
         raise ValueError("results: the table is empty (was the sweep run?)")
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(14, 5.8))
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(16, 6.5), width_ratios=[1.5, 1])
     colors = plt.get_cmap("tab20")
     none = next((r for r in rows if r["spec"] == "none"), None)
-    for i, r in enumerate(rows):
-        color = colors(i % 20)
-        acc = 100 * r["test_acc_mean"]
-        err = [[acc - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - acc]]
-        ax_acc.errorbar(r["bytes_per_step"], acc, yerr=err, fmt=_MARKERS.get(r["compressor"], "o"),
-                        color=color, markersize=9 if r["spec"] == "none" else 7, capsize=3,
-                        label=r["spec"])
+    accs = [100 * r["test_acc_mean"] for r in rows]
+    top = max(100 * r["test_acc_max"] for r in rows) + 0.6
+    floor = (100 * none["test_acc_mean"] - _SPAN) if none is not None else min(accs) - 1
+    floor = max(floor, min(accs) - 1)
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["bytes_per_step"])
+    for k, i in enumerate(order):
+        r, color, acc = rows[i], colors(i % 20), accs[i]
+        marker = _MARKERS.get(r["compressor"], "o")
+        label = r["spec"]
+        if acc < floor:  # far below the others: drawn on the floor, value in the label
+            label = f"{r['spec']} ({acc:.1f}%)"
+            ax_acc.plot(r["bytes_per_step"], floor + 0.15, marker="v", color=color, markersize=9)
+        else:
+            err = [[acc - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - acc]]
+            ax_acc.errorbar(r["bytes_per_step"], acc, yerr=err, fmt=marker, color=color,
+                            markersize=10 if r["spec"] == "none" else 7, capsize=3)
+        up = k % 2 == 0  # alternate above / below: neighbours on the byte axis do not collide
+        ax_acc.annotate(label, (r["bytes_per_step"], max(acc, floor + 0.15)),
+                        textcoords="offset points", xytext=(0, 9 if up else -14), ha="center",
+                        fontsize=7.5, color="0.15")
         epochs = range(1, len(r["loss_curve"]) + 1)
-        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=_MARKERS.get(r["compressor"], "o"),
-                     markersize=3, linewidth=2.2 if r["spec"] == "none" else 1.3, label=r["spec"])
+        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=3,
+                     linewidth=2.2 if r["spec"] == "none" else 1.3, label=r["spec"])
     if none is not None:
-        ax_acc.axhline(100 * none["test_acc_mean"], color="0.5", linestyle="--", linewidth=1)
-        ax_acc.axhspan(100 * none["test_acc_mean"] - 1.5, 100 * none["test_acc_mean"], color="0.9",
-                       zorder=0, label="within 1.5 points of none")
+        ref = 100 * none["test_acc_mean"]
+        ax_acc.axhline(ref, color="0.5", linestyle="--", linewidth=1)
+        ax_acc.axhspan(ref - 1.5, ref, color="0.92", zorder=0)
+        ax_acc.text(0.01, ref - 1.45, "within 1.5 points of none", fontsize=7, color="0.4",
+                    va="bottom", transform=ax_acc.get_yaxis_transform())
+    ax_acc.set_ylim(floor, top)
     run, cfg = results.get("run", {}), results.get("train_config", {})
     seeds = rows[0].get("seeds", 1)
     ax_acc.set_xscale("log")
@@ -62,7 +79,7 @@ def draw(results, path):
     ax_acc.set_ylabel(f"final test accuracy (%), mean of {seeds} seed(s), bars: min-max")
     ax_acc.set_title("accuracy against bytes on the wire")
     ax_acc.grid(True, which="both", alpha=0.3)
-    ax_acc.legend(fontsize=7, ncol=2, loc="lower right")
+    ax_acc.margins(x=0.08)
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("training loss (mean over ranks and seeds, log scale)")
@@ -72,7 +89,7 @@ def draw(results, path):
     fig.suptitle(f"gradient compression on {cfg.get('data', '?')}: {results.get('parameters', '?')} "
                  f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
                  f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
-                 f"({run.get('mpi_library', '')[:40]}, {run.get('host', '')})", fontsize=10)
+                 f"({' '.join(run.get('mpi_library', '').split())[:40]}, {run.get('host', '')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -19,10 +19,8 @@ __all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]
 
 
 def _wire(counter, comm):
-    """Add the bytes of the last collective call on ``comm`` to ``counter`` when they are reported."""
-    stats = getattr(collectives, "last_stats", None)
-    if stats is not None:
-        counter[0] += int(stats(comm).get("bytes_sent", 0))
+    """Add the bytes the last collective on ``comm`` sent (``collectives.last_stats``) to ``counter``."""
+    counter[0] += int(collectives.last_stats(comm).get("bytes_sent", 0))
 
 
 def _word_dtype():
@@ -128,9 +126,9 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
         The averaged decompressed tensor, shape and dtype of ``x``, the same on every rank.
     info : dict
         ``bytes_sent`` (int, bytes of this rank's payload buffers this step), ``compress_s`` and
-        ``decompress_s`` (float, seconds), ``elements`` (int), ``bits_per_element`` (float) and, when
-        the collectives report it, ``wire_bytes`` (int, bytes the collectives actually sent,
-        forwarding included).
+        ``decompress_s`` (float, seconds), ``elements`` (int), ``bits_per_element`` (float) and
+        ``wire_bytes`` (int, bytes the collectives actually sent: all-gather forwarding, float32
+        partial sums of float16 and the size header included).
 
     Raises
     ------
@@ -175,9 +173,7 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
         memory.update(p, name, local)
     info = {"bytes_sent": int(nbytes), "compress_s": float(compress_s),
             "decompress_s": float(decompress_s), "elements": int(x.size),
-            "bits_per_element": 8.0 * nbytes / x.size if x.size else 0.0}
-    if hasattr(collectives, "last_stats"):  # forwarding and accumulation included
-        info["wire_bytes"] = wire[0]
+            "bits_per_element": 8.0 * nbytes / x.size if x.size else 0.0, "wire_bytes": wire[0]}
     return mean.astype(x.dtype, copy=False).reshape(x.shape), info
 
 

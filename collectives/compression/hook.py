@@ -75,7 +75,7 @@ class CompressionHook:
             Mean over ranks of the decompressed gradients, identical on every rank.
         info : dict
             ``bytes_sent`` (int, this rank, this step), ``compress_s``, ``decompress_s`` (seconds),
-            ``bits_per_element``, ``elements``, ``step`` and, when available, ``wire_bytes``.
+            ``bits_per_element``, ``elements``, ``step`` and ``wire_bytes`` (see ``compressed_allreduce``).
 
         Raises
         ------
