@@ -137,8 +137,8 @@ class BspBuckets:
         self.buckets = {}  # clock -> {worker: gradient shard}
 
     def add(self, worker, clock, grad):
-        """Store worker ``worker``'s gradient for ``clock`` (a copy is kept)."""
-        self.buckets.setdefault(int(clock), {})[int(worker)] = grad.copy()
+        """Store worker ``worker``'s gradient for ``clock`` (kept by reference: do not reuse it)."""
+        self.buckets.setdefault(int(clock), {})[int(worker)] = grad
 
     def pop_ready(self):
         """Return ``(clock, mean gradient, workers)`` of the oldest complete bucket, or ``None``.
@@ -154,7 +154,7 @@ class BspBuckets:
             return None
         del self.buckets[clock]
         workers = sorted(bucket)
-        total = bucket[workers[0]].copy()
+        total = bucket[workers[0]]
         for w in workers[1:]:
             total += bucket[w]
         total /= len(workers)

@@ -55,7 +55,7 @@ class ServerOptimizer:
     """
 
     __slots__ = ("kind", "lr", "momentum", "weight_decay", "betas", "eps", "schedule",
-                 "staleness_lr", "steps", "m", "v")
+                 "staleness_lr", "steps", "m", "v", "_tmp", "_tmp2")
 
     def __init__(self, size, dtype, kind="sgd", lr=0.1, momentum=0.0, weight_decay=0.0,
                  betas=(0.9, 0.999), eps=1e-8, schedule="constant", staleness_lr=False):
@@ -75,6 +75,8 @@ class ServerOptimizer:
         self.steps = 0  # updates applied to this shard
         self.m = np.zeros(size, dtype=dtype)  # momentum buffer (SGD) or first moment (Adam)
         self.v = np.zeros(size if kind == "adam" else 0, dtype=dtype)  # Adam second moment
+        self._tmp = np.empty(size, dtype=dtype)  # scratch: no temporaries per update
+        self._tmp2 = np.empty(size if weight_decay else 0, dtype=dtype)
 
     def rate(self, progress=0.0, staleness=0, divisor=1):
         """Return the step size for this update.
@@ -98,7 +100,7 @@ class ServerOptimizer:
         return lr
 
     def step(self, params, grad, lr):
-        """Apply one update to ``params`` in place.
+        """Apply one update to ``params`` in place (the trainer's arithmetic, operation by operation).
 
         Parameters
         ----------
@@ -109,27 +111,33 @@ class ServerOptimizer:
         lr : float
             Step size from :meth:`rate`.
         """
-        g = grad + self.weight_decay * params if self.weight_decay else grad
+        tmp = self._tmp
+        if self.weight_decay:
+            np.multiply(params, self.weight_decay, out=tmp)
+            grad = np.add(grad, tmp, out=self._tmp2)
         self.steps += 1
         if self.kind == "sgd":
             if self.momentum:
                 self.m *= self.momentum
-                self.m += g
-                params -= lr * self.m
-            else:
-                params -= lr * g
+                self.m += grad
+                grad = self.m
+            np.multiply(grad, lr, out=tmp)
+            params -= tmp
             return
         b1, b2 = self.betas
         self.m *= b1
-        self.m += (1 - b1) * g
+        np.multiply(grad, 1 - b1, out=tmp)
+        self.m += tmp
         self.v *= b2
-        self.v += (1 - b2) * (g * g)
-        denom = np.sqrt(self.v)
-        denom *= 1.0 / math.sqrt(1 - b2 ** self.steps)
-        denom += self.eps
-        update = np.divide(self.m, denom, out=denom)
-        update *= lr / (1 - b1 ** self.steps)
-        params -= update
+        np.multiply(grad, grad, out=tmp)
+        tmp *= 1 - b2
+        self.v += tmp
+        np.sqrt(self.v, out=tmp)
+        tmp *= 1.0 / math.sqrt(1 - b2 ** self.steps)
+        tmp += self.eps
+        np.divide(self.m, tmp, out=tmp)
+        tmp *= lr / (1 - b1 ** self.steps)
+        params -= tmp
 
     def state_dict(self):
         """Return the checkpointable state (arrays only, no pickle needed)."""
