@@ -42,6 +42,7 @@ ALGORITHMS = {
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
 
+_ACC = {d: backend.accumulation_dtype(d) for d in backend.DTYPES}  # dtype -> accumulation dtype
 _BUILDERS = {"ring": ring_allreduce, "tree": tree_allreduce, "recursive_doubling": recursive_doubling_allreduce,
              "rabenseifner": rabenseifner_allreduce}
 
@@ -81,45 +82,48 @@ def _check_out(out, x):
 
 
 def _prepare(x, out, ctx, xp, slot):
-    """Return (out, work, acc dtype): ``work`` is a flat accumulation-dtype buffer holding ``x``."""
-    acc = backend.accumulation_dtype(x.dtype)
+    """Return (out, work, acc dtype, direct): ``work`` is a flat accumulation-dtype buffer holding ``x``.
+
+    ``direct`` is True when ``work`` is ``out``'s own memory (no copy back needed at the end).
+    """
+    acc = _ACC[x.dtype]
     if out is None:
         out = xp.empty(x.shape, dtype=x.dtype)
-    if out.dtype == acc and out.flags.c_contiguous:
+    direct = out.dtype == acc and out.flags.c_contiguous
+    if direct:
         work = out.reshape(-1)
     else:
         work = ctx.buffer(xp, acc, x.size, slot) if slot else xp.empty(x.size, dtype=acc)
-    if work.size and not (work is out or _same_memory(work, x)):
+    if x.size and not (direct and out is x):
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
-    return out, work, acc
+    return out, work, acc, direct
 
 
-def _same_memory(a, b):
-    ia = getattr(a, "__array_interface__", None) or getattr(a, "__cuda_array_interface__", None)
-    ib = getattr(b, "__array_interface__", None) or getattr(b, "__cuda_array_interface__", None)
-    return bool(ia and ib and ia["data"][0] == ib["data"][0] and a.nbytes == b.nbytes
-                and getattr(b, "flags", None) is not None and b.flags.c_contiguous and a.dtype == b.dtype)
-
-
-def _finish(out, work, op, size, xp):
-    """Apply ``avg``'s division and move ``work`` into ``out`` when they differ."""
+def _finish(out, work, op, size, xp, direct=False):
+    """Apply ``avg``'s division and move ``work`` into ``out`` unless it is ``out``'s memory."""
     if op == "avg" and size > 1 and work.size:
         if work.dtype.kind == "f":
             xp.true_divide(work, size, out=work)
         else:
             xp.floor_divide(work, size, out=work)
-    if work.size and not _same_memory(work, out):
+    if work.size and not direct:
         xp.copyto(out, work.reshape(out.shape), casting="unsafe")
     return out
 
 
 def _validate(x, op, algorithm, out, timeout, grid, size):
-    backend.check_algorithm(algorithm, ALGORITHMS)
-    backend.check_op(op)
-    x = _as_array(x)
-    backend.check_dtype(x.dtype)
-    _check_out(out, x)
-    timeout = backend.check_timeout(timeout)
+    if algorithm not in ALGORITHMS:
+        backend.check_algorithm(algorithm, ALGORITHMS)
+    if op not in backend.OPS:
+        backend.check_op(op)
+    if type(x) is not numpy.ndarray:
+        x = _as_array(x)
+    if x.dtype not in _ACC:
+        backend.check_dtype(x.dtype)
+    if out is not None:
+        _check_out(out, x)
+    if timeout is not None:
+        timeout = backend.check_timeout(timeout)
     if grid is not None and grid != "node":
         grid = check_grid(grid, size)
     return x, timeout, grid
@@ -127,7 +131,7 @@ def _validate(x, op, algorithm, out, timeout, grid, size):
 
 def _resolve(ctx, algorithm, x, grid):
     if algorithm == "auto":
-        algorithm = select_allreduce(ctx.size, x.size * backend.accumulation_dtype(x.dtype).itemsize)
+        algorithm = select_allreduce(ctx.size, x.size * _ACC[x.dtype].itemsize)
     if algorithm == "2d":
         if grid == "node" or grid is None:
             nodes, per = ctx.nodes()
@@ -184,22 +188,22 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     count = x.size
     sched = ctx.schedule(("allreduce", algorithm, count, grid),
                          lambda: build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid))
-    out, work, acc = _prepare(x, out, ctx, xp, "work")
+    out, work, acc, direct = _prepare(x, out, ctx, xp, "work")
     scratch = ctx.buffer(xp, acc, sched.scratch)
     ufunc = getattr(xp, backend.OPS[op])
     try:
-        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, "allreduce", ctx.transport(xp))
+        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, "allreduce",
+                None if xp is numpy else ctx.transport(xp))
     except Exception as exc:
         ctx.broken = f"allreduce: {exc}"
         raise
     ctx.record("allreduce", algorithm, count, acc, sched)
-    return _finish(out, work, op, ctx.size, xp)
+    return _finish(out, work, op, ctx.size, xp, direct)
 
 
 def _mpi_allreduce(ctx, x, op, out, timeout, xp):
     """Run the MPI library's own all-reduce under the same float16 / avg rules."""
-    acc = backend.accumulation_dtype(x.dtype)
-    out, work, _ = _prepare(x, out, ctx, xp, "work")
+    out, work, acc, direct = _prepare(x, out, ctx, xp, "work")
     transport = ctx.transport(xp)
     buf = work
     if transport is not None:
@@ -208,7 +212,11 @@ def _mpi_allreduce(ctx, x, op, out, timeout, xp):
             buf = transport.to_host(work, "mpi")
     ctx.next_tag()  # keep tags in step on every rank whatever the algorithm
     nan_mask = _nan_mask(buf, op)
-    reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])]
+    if timeout is None and nan_mask is None:
+        ctx.comm.Allreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
+        reqs = []
+    else:
+        reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])]
     if nan_mask is not None:
         reqs.append(ctx.comm.Iallreduce(MPI.IN_PLACE, nan_mask, MPI.MAX))
     if timeout is None:
@@ -224,7 +232,7 @@ def _mpi_allreduce(ctx, x, op, out, timeout, xp):
         transport.to_device(buf, work)
     p = ctx.size
     ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (p - 1) * x.size // p, estimated=True)
-    return _finish(out, work, op, p, xp)
+    return _finish(out, work, op, p, xp, direct)
 
 
 def _nan_mask(buf, op):
@@ -267,7 +275,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
     ctx.check_usable()
     xp = backend.get_array_module(x)
     algorithm, grid = _resolve(ctx, algorithm, x, grid)
-    out, work, acc = _prepare(x, out, ctx, xp, None)
+    out, work, acc, direct = _prepare(x, out, ctx, xp, None)
     tag = ctx.next_tag()
     size = ctx.size
     if algorithm == "mpi":
@@ -281,7 +289,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
 
         def finish():
             _restore_nan(work, mask)
-            return _finish(out, work, op, size, xp)
+            return _finish(out, work, op, size, xp, direct)
 
         return _MPIRequest(reqs, finish)
     sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
@@ -289,7 +297,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
     ctx.record("allreduce", algorithm, x.size, acc, sched)
     return Request(sched, ctx.comm, work, scratch, getattr(xp, backend.OPS[op]), tag, "allreduce",
-                   ctx.transport(xp), finish=lambda: _finish(out, work, op, size, xp))
+                   ctx.transport(xp), finish=lambda: _finish(out, work, op, size, xp, direct))
 
 
 class _MPIRequest:

@@ -66,6 +66,8 @@ def get_array_module(x):
     module
         ``numpy`` for host data, ``cupy`` for CuPy arrays, the registered module for other device types.
     """
+    if type(x) is numpy.ndarray:
+        return numpy
     for cls in type(x).__mro__:
         if cls in _DEVICE_MODULES:
             return _DEVICE_MODULES[cls]

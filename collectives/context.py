@@ -46,7 +46,7 @@ class Context:
         self._transports = {}
         self._nodes = None
         self.broken = None
-        self.last = {}
+        self.last = None
         self.totals = {"calls": 0, "bytes_sent": 0, "messages": 0}
 
     def check_usable(self):
@@ -103,18 +103,17 @@ class Context:
         return self._nodes
 
     def record(self, op, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
-        """Store the statistics of the collective that just ran."""
-        itemsize = numpy.dtype(dtype).itemsize
+        """Store the statistics of the collective that just ran (cheap: the dict is built on demand)."""
         if schedule is not None:
             elements, messages, rounds = schedule.elements_sent, schedule.messages, len(schedule.rounds)
         else:
             messages, rounds = None, None
-        self.last = {"op": op, "algorithm": algorithm, "count": count, "dtype": numpy.dtype(dtype).name,
-                     "bytes_sent": int(elements * itemsize), "messages": messages, "rounds": rounds,
-                     "estimated": estimated}
-        self.totals["calls"] += 1
-        self.totals["bytes_sent"] += self.last["bytes_sent"]
-        self.totals["messages"] += messages or 0
+        nbytes = elements * dtype.itemsize
+        self.last = (op, algorithm, count, dtype, nbytes, messages, rounds, estimated)
+        totals = self.totals
+        totals["calls"] += 1
+        totals["bytes_sent"] += nbytes
+        totals["messages"] += messages or 0
 
 
 def get_context(comm=None):
@@ -148,7 +147,13 @@ def last_stats(comm=None):
         ``rounds`` and ``estimated`` (True for ``mpi``, whose internal traffic is not visible: its
         bytes are the ring algorithm's ``2 (P-1)/P n``). Empty before the first call.
     """
-    return dict(get_context(comm).last)
+    last = get_context(comm).last
+    if last is None:
+        return {}
+    keys = ("op", "algorithm", "count", "dtype", "bytes_sent", "messages", "rounds", "estimated")
+    out = dict(zip(keys, last))
+    out["dtype"], out["bytes_sent"] = numpy.dtype(out["dtype"]).name, int(out["bytes_sent"])
+    return out
 
 
 def total_stats(comm=None):

@@ -259,7 +259,7 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
-    out, work, acc = _prepare(x, None, ctx, xp, "work")
+    out, work, acc, direct = _prepare(x, None, ctx, xp, "work")
     if algorithm == "mpi":
         recv = work if ctx.rank == root else None
         _host_call(ctx, xp, lambda: ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else work, recv,
@@ -270,4 +270,4 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
         _run(ctx, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, backend.OPS[op]), timeout,
              "reduce", xp)
         ctx.record("reduce", algorithm, x.size, acc, sched)
-    return _finish(out, work, op, ctx.size, xp) if ctx.rank == root else None
+    return _finish(out, work, op, ctx.size, xp, direct) if ctx.rank == root else None
