@@ -1,0 +1,469 @@
+"""Sweep commlab's collectives against MPI's own, size by size, the way OSU and nccl-tests measure.
+
+    mpiexec -n 4 python -m experiments.bench_collectives [--ops allreduce,reduce_scatter,allgather,broadcast]
+        [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--out results/bench]
+    python -m plots.bench results/bench.json
+    python -m experiments.tune results/bench.json --out tuning.json
+
+For each message size (doubling from ``--min-bytes`` to ``--max-bytes``) and each op, every
+algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
+
+1. once on integer-valued check data, compared with MPI's own collective called directly on a
+   duplicated communicator (``#wrong``: elements that differ, summed over ranks; floats within
+   rtol = atol = 1e-3 / 1e-5 / 1e-12 for float16 / float32 / float64, integers exactly);
+2. ``warmup`` uncounted calls, then ``iters`` timed calls (OSU Micro-Benchmarks): a barrier before
+   each call, outside the timed region; each rank's mean; then min, mean and max over ranks.
+
+Columns follow nccl-tests: size is the whole vector in bytes (all-reduce and reduce-scatter input,
+all-gather output made of P blocks of size / P, broadcast buffer); time is the slowest rank's mean;
+algbw = size / time; busbw = algbw x 2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and
+all-gather, 1 for broadcast. All-reduce also runs two reference loops that price the schedule
+executor: ``ring-direct``, the ring algorithm hand-written on ``Sendrecv`` with preallocated views and
+in-place ufuncs, and ``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute``
+without the API around it. ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
+Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
+library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
+"""
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import backend
+from collectives.schedule import chunk_bounds, execute
+from plots.bench import markdown, summarize
+
+__all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
+
+#: Collectives the sweep knows, in default order.
+OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+
+#: Extra all-reduce rows that price the schedule executor (see the module docstring).
+REFERENCES = ("ring-direct", "ring-execute")
+
+#: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
+COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
+           "time_min_us", "time_mean_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s")
+
+_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+_NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
+_RTOL = {"float16": 1e-3, "float32": 1e-5, "float64": 1e-12}
+
+
+@dataclass
+class BenchConfig:
+    """Configuration of one sweep (every field maps onto a command-line flag)."""
+
+    ops: tuple = OPS                          # collectives to sweep
+    algorithms: tuple = ()                    # algorithm names; empty = all of each op (+ references)
+    min_bytes: int = 8                        # smallest message, bytes
+    max_bytes: int = 64 << 20                 # largest message, bytes; sizes double from min_bytes
+    dtype: str = "float32"                    # element type
+    redop: str = "sum"                        # reduction of all-reduce and reduce-scatter
+    iters_small: int = 1000                   # timed calls per size up to large_bytes
+    iters_large: int = 100                    # timed calls per size above large_bytes
+    warmup_small: int = 200                   # uncounted calls per size up to large_bytes
+    warmup_large: int = 10                    # uncounted calls per size above large_bytes
+    large_bytes: int = 8192                   # bytes; the small/large iteration boundary (OSU's)
+    max_time: float = 0.0                     # seconds; cap on one timed loop (fewer iters), 0 = none
+    baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
+    out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
+
+
+def bus_factor(op, P):
+    """Return nccl-tests' busbw / algbw factor of ``op`` on ``P`` ranks.
+
+    2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and all-gather, 1 for broadcast: the
+    fraction of the vector that crosses the busiest link of a bandwidth-optimal algorithm.
+    """
+    return {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P}.get(op, 1.0)
+
+
+def _parse_bytes(text):
+    """Return ``text`` ("64", "4K", "64M", "1G"; K = 1024) as a byte count."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if mult > 1 else text) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (examples: 8, 4K, 64M)")
+
+
+def _names(text):
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _algorithms(op):
+    """Return every algorithm of ``op`` the sweep runs by default, ``mpi`` first."""
+    names = list(collectives.ALGORITHMS) if op == "allreduce" else list(collectives.OP_ALGORITHMS[op])
+    names.remove("mpi")
+    return ["mpi"] + names + (list(REFERENCES) if op == "allreduce" else [])
+
+
+def parse_args(argv=None, quiet=False):
+    """Return the :class:`BenchConfig` described by command-line ``argv``.
+
+    Parameters
+    ----------
+    quiet : bool
+        Exit on a bad argument without printing (ranks other than 0).
+    """
+    d = BenchConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench_collectives")
+    p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
+    p.add_argument("--algorithms", type=_names, default=d.algorithms,
+                   help="comma list; each op runs the ones it has (default: all, plus ring-direct and "
+                        "ring-execute for all-reduce)")
+    p.add_argument("--min-bytes", type=_parse_bytes, default=d.min_bytes, help="smallest size (default 8)")
+    p.add_argument("--max-bytes", type=_parse_bytes, default=d.max_bytes, help="largest size (default 64M)")
+    p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.DTYPES])
+    p.add_argument("--redop", default=d.redop, choices=list(collectives.OPS))
+    p.add_argument("--iters", type=int, help="timed calls at every size (sets both of the next two)")
+    p.add_argument("--iters-small", type=int, default=d.iters_small, help="timed calls up to --large-bytes (1000)")
+    p.add_argument("--iters-large", type=int, default=d.iters_large, help="timed calls above --large-bytes (100)")
+    p.add_argument("--warmup", type=int, help="uncounted calls at every size (sets both of the next two)")
+    p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="default 200")
+    p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="default 10")
+    p.add_argument("--large-bytes", type=_parse_bytes, default=d.large_bytes, help="default 8K")
+    p.add_argument("--max-time", type=float, default=d.max_time,
+                   help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
+    p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
+    p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
+    if quiet:
+        p.print_usage = lambda file=None: None
+        p.exit = lambda status=0, message=None: sys.exit(status)
+    a = p.parse_args(argv)
+    for name in ("iters", "warmup"):
+        if getattr(a, name) is not None:
+            setattr(a, f"{name}_small", getattr(a, name))
+            setattr(a, f"{name}_large", getattr(a, name))
+    if bad := [o for o in a.ops if o not in OPS]:
+        p.error(f"--ops: unknown {', '.join(bad)} (choose from {', '.join(OPS)})")
+    known = {n for op in a.ops for n in _algorithms(op)}
+    if bad := [n for n in a.algorithms if n not in known]:
+        p.error(f"--algorithms: {', '.join(bad)} not an algorithm of {', '.join(a.ops)}")
+    if a.algorithms and any(not [n for n in _algorithms(op) if n in a.algorithms] for op in a.ops):
+        p.error("--algorithms: every op in --ops needs at least one of them")
+    if not 1 <= a.min_bytes <= a.max_bytes:
+        p.error("--min-bytes must be >= 1 and at most --max-bytes")
+    if min(a.iters_small, a.iters_large) < 1 or min(a.warmup_small, a.warmup_large) < 0 or a.max_time < 0:
+        p.error("iterations must be >= 1, warm-up >= 0 and --max-time >= 0")
+    return BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
+                       dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
+                       warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
+                       max_time=a.max_time, baseline=a.baseline or "", out=a.out)
+
+
+def _check_data(rank, count, dtype, redop):
+    """Integer-valued data, so sums are exact in every order and #wrong is exactly 0 when correct."""
+    rng = np.random.default_rng([rank, count])
+    lo, hi = (1, 3) if redop == "prod" else (-4, 5)
+    return rng.integers(lo, hi, count).astype(dtype)
+
+
+def _count_wrong(result, ref):
+    """Return the number of elements of ``result`` that differ from ``ref`` (all of them if shapes differ)."""
+    result, ref = np.asarray(result), np.asarray(ref)
+    if result.shape != ref.shape:
+        return int(max(result.size, ref.size))
+    if ref.dtype.kind != "f":
+        return int(np.count_nonzero(result != ref))
+    tol = _RTOL[ref.dtype.name]
+    return int(np.count_nonzero(~np.isclose(result.astype(np.float64), ref.astype(np.float64),
+                                            rtol=tol, atol=tol)))
+
+
+def _raw(a):
+    return a.reshape(-1).view(f"u{a.dtype.itemsize}")
+
+
+def _oracle_allreduce(comm, x, redop):
+    """MPI's own all-reduce of ``x`` under commlab's rules (float16 summed in float32, integer avg floored)."""
+    acc = x.astype(backend.accumulation_dtype(x.dtype))
+    comm.Allreduce(MPI.IN_PLACE, acc, _MPI_OPS[redop])
+    if redop == "avg":
+        acc = acc / comm.Get_size() if acc.dtype.kind == "f" else np.floor_divide(acc, comm.Get_size())
+    return acc.astype(x.dtype)
+
+
+def _finish(work, out, redop, P):
+    if redop == "avg" and P > 1:
+        (np.true_divide if work.dtype.kind == "f" else np.floor_divide)(work, P, out=work)
+    if work is not out:
+        np.copyto(out, work, casting="unsafe")
+    return out
+
+
+def _ring_direct(comm, x, out, redop):
+    """Return a call running ring all-reduce as a lean hand-written loop (the executor's yardstick).
+
+    Patarasuk and Yuan 2009, section 3: P - 1 ``Sendrecv`` reduce-scatter rounds, each followed by an
+    in-place ufunc into a preallocated chunk view, then P - 1 all-gather rounds received in place.
+    """
+    P, r = comm.Get_size(), comm.Get_rank()
+    acc = backend.accumulation_dtype(x.dtype)
+    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
+    b = chunk_bounds(x.size, P)
+    scratch = np.empty(b[1] - b[0], acc)
+    ufunc = getattr(np, backend.OPS[redop])
+    right, left = (r + 1) % P, (r - 1) % P
+    rs = [(work[b[i]:b[i + 1]], scratch[:b[j + 1] - b[j]], work[b[j]:b[j + 1]])
+          for i, j in (((r - s - 1) % P, (r - s - 2) % P) for s in range(P - 1))]
+    ag = [(work[b[i]:b[i + 1]], work[b[j]:b[j + 1]]) for i, j in (((r - s) % P, (r - s - 1) % P) for s in range(P - 1))]
+
+    def run():
+        np.copyto(work, x.reshape(-1), casting="unsafe")
+        for send, recv, target in rs:
+            comm.Sendrecv(send, right, 0, recv, left, 0)
+            ufunc(target, recv, out=target)
+        for send, recv in ag:
+            comm.Sendrecv(send, right, 0, recv, left, 0)
+        return _finish(work, out.reshape(-1), redop, P).reshape(out.shape)
+
+    return run
+
+
+def _ring_execute(comm, x, out, redop):
+    """Return a call running the cached ring schedule through the executor alone (no API layer)."""
+    P, acc = comm.Get_size(), backend.accumulation_dtype(x.dtype)
+    sched = collectives.build_allreduce_schedule("ring", comm.Get_rank(), P, x.size)
+    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
+    scratch, ufunc = np.empty(max(sched.scratch, 1), acc), getattr(np, backend.OPS[redop])
+
+    def run():
+        np.copyto(work, x.reshape(-1), casting="unsafe")
+        execute(sched, comm, work, scratch, ufunc, 0)
+        return _finish(work, out.reshape(-1), redop, P).reshape(out.shape)
+
+    return run
+
+
+def _gloo(comm, x, out, redop):
+    """Return a call to ``torch.distributed.all_reduce`` on gloo (the process group is made once)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        port = np.zeros(1, np.int64)
+        if comm.Get_rank() == 0:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port[0] = s.getsockname()[1]
+        comm.Bcast(port, 0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(int(port[0]))
+        dist.init_process_group("gloo", init_method="env://", rank=comm.Get_rank(), world_size=comm.Get_size())
+    import torch
+
+    red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[redop]
+    t = torch.from_numpy(out)
+
+    def run():
+        np.copyto(out, x)
+        dist.all_reduce(t, op=red)
+        return _finish(out, out, redop, comm.Get_size())
+
+    return run
+
+
+def _case(op, nbytes, cfg, comm):
+    """Return (count, oracle, {algorithm: call}, poisoned) for one op and size, or None if empty.
+
+    Each call returns its result; ``poisoned`` is the output buffer the calls write in place (or
+    None), filled with NaN / the most negative integer before each check so that an algorithm that
+    leaves elements unwritten is counted wrong.
+    """
+    P, r, dt = comm.Get_size(), comm.Get_rank(), np.dtype(cfg.dtype)
+    count = nbytes // dt.itemsize
+    count -= count % P if op == "allgather" else 0
+    if count == 0:
+        return None
+    names = [a for a in _algorithms(op) if not cfg.algorithms or a in cfg.algorithms]
+    names += [cfg.baseline] if op == "allreduce" and cfg.baseline else []
+    special = {"ring-direct": _ring_direct, "ring-execute": _ring_execute, "gloo": _gloo}
+    x = _check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
+    poisoned = None
+    if op == "allreduce":
+        ref, poisoned = _oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
+        calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
+                 (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
+    elif op == "reduce_scatter":
+        b = chunk_bounds(count, P)
+        ref = _oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]]
+        calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a)) for a in names}
+    elif op == "allgather":
+        ref = np.empty(count, dt)
+        comm.Allgather(_raw(x), _raw(ref))
+        calls = {a: (lambda a=a: collectives.allgather(x, comm, a)) for a in names}
+    else:
+        ref = x.copy()
+        comm.Bcast(_raw(ref), 0)
+        poisoned = x if r else None  # the root keeps its data, the others receive into x
+        calls = {a: (lambda a=a: collectives.broadcast(x, 0, comm, a)) for a in names}
+    return count, ref, calls, poisoned
+
+
+def _poison(a):
+    if a is not None:
+        a.fill(np.iinfo(a.dtype).min if a.dtype.kind == "i" else np.nan)
+
+
+def _time(call, comm, iters, warmup, max_time):
+    """Run ``call`` OSU-style; return (min, mean, max over ranks of each rank's mean seconds, iters)."""
+    for _ in range(warmup):
+        comm.Barrier()
+        call()
+    if max_time > 0:  # every rank must agree on the count: take the slowest rank's estimate
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        est = np.array([time.perf_counter() - t0])
+        comm.Allreduce(MPI.IN_PLACE, est, MPI.MAX)
+        iters = max(3, min(iters, int(max_time / max(est[0], 1e-9))))
+    total = 0.0
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        total += time.perf_counter() - t0
+    means = np.empty(comm.Get_size())
+    comm.Allgather(np.array([total / iters]), means)
+    return float(means.min()), float(means.mean()), float(means.max()), iters
+
+
+def _measure(op, nbytes, cfg, comm):
+    """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank)."""
+    case = _case(op, nbytes, cfg, comm)
+    if case is None:
+        return []
+    count, ref, calls, poisoned = case
+    P, dt, rows = comm.Get_size(), np.dtype(cfg.dtype), []
+    small = count * dt.itemsize <= cfg.large_bytes
+    for alg, call in calls.items():
+        _poison(poisoned)
+        wrong = np.array([_count_wrong(call(), ref)], np.int64)
+        comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
+        resolved = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
+        t_min, t_mean, t_max, iters = _time(call, comm, cfg.iters_small if small else cfg.iters_large,
+                                            cfg.warmup_small if small else cfg.warmup_large, cfg.max_time)
+        size = count * dt.itemsize
+        algbw = size / t_max / 1e9 if t_max > 0 else 0.0
+        rows.append({"op": op, "bytes": size, "count": count, "type": dt.name,
+                     "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
+                     "algorithm": alg, "resolved": resolved, "P": P, "iters": iters, "time_us": t_max * 1e6,
+                     "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[0]), "time_s": t_max})
+    return rows
+
+
+_HEAD = (f"{'op':>14} {'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>19} {'time(us)':>10} "
+         f"{'min(us)':>10} {'mean(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+
+
+def _line(w):
+    alg = w["algorithm"] if w["resolved"] == w["algorithm"] else f"{w['algorithm']}->{w['resolved']}"
+    return (f"{w['op']:>14} {w['bytes']:>10} {w['count']:>10} {w['type']:>8} {w['redop']:>5} {alg:>19} "
+            f"{w['time_us']:>10.2f} {w['time_min_us']:>10.2f} {w['time_mean_us']:>10.2f} {w['algbw_GBps']:>11.3f} "
+            f"{w['busbw_GBps']:>11.3f} {w['wrong']:>6}")
+
+
+def _gloo_available(comm):
+    """Return True when every rank can import torch.distributed (agreed by all ranks)."""
+    try:
+        import torch.distributed as dist
+
+        ok = bool(dist.is_available())
+    except ImportError:
+        ok = False
+    flag = np.array([int(ok)])
+    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
+    return bool(flag[0])
+
+
+def _library():
+    return " ".join(MPI.Get_library_version().split("\n")[0].split())
+
+
+def _header(cfg, comm, complete, rows):
+    return {"benchmark": "experiments.bench_collectives", "config": dataclasses.asdict(cfg),
+            "P": comm.Get_size(), "mpi_library": _library(),
+            "mpi_standard": "%d.%d" % MPI.Get_version(), "mpi4py": sys.modules["mpi4py"].__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "host": platform.node(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "complete": complete, "rows": rows, "summary": summarize(rows)}
+
+
+def _write(cfg, results):
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+    with open(cfg.out + ".json", "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(cfg.out + ".csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(results["rows"])
+
+
+def run_sweep(cfg, comm=None):
+    """Run the sweep described by ``cfg`` on ``comm`` and return the results dict (on every rank).
+
+    Rank 0 prints each row as it is measured and rewrites the results files after every size, so an
+    interrupted sweep leaves what it measured (``complete`` false).
+
+    Raises
+    ------
+    RuntimeError
+        ``cfg.baseline == "gloo"`` and torch.distributed cannot be imported (on every rank).
+    """
+    comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    if cfg.baseline == "gloo" and not _gloo_available(comm):
+        comm.Free()
+        raise RuntimeError(_NO_TORCH)
+    rank0, rows = comm.Get_rank() == 0, []
+    sizes = [cfg.min_bytes << k for k in range(64) if cfg.min_bytes << k <= cfg.max_bytes]
+    if rank0:
+        print(f"# commlab collectives on P={comm.Get_size()} ({_library()})"
+              f", {cfg.dtype}, time = slowest rank's mean\n#{_HEAD[1:]}", flush=True)
+    for nbytes in sizes:
+        for op in cfg.ops:
+            for row in _measure(op, nbytes, cfg, comm):
+                rows.append(row)
+                if rank0:
+                    print(_line(row), flush=True)
+        if rank0:
+            _write(cfg, _header(cfg, comm, False, rows))
+    results = _header(cfg, comm, True, rows)
+    if rank0:
+        _write(cfg, results)
+        print("\n" + markdown(results), flush=True)
+        print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
+    collectives.free_context(comm)
+    comm.Free()
+    return results
+
+
+def main(argv=None):
+    """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
+    comm = MPI.COMM_WORLD
+    cfg = parse_args(argv, quiet=comm.Get_rank() != 0)
+    if cfg.baseline == "gloo" and not _gloo_available(comm):
+        if comm.Get_rank() == 0:
+            print(f"error: {_NO_TORCH}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    results = run_sweep(cfg, comm)
+    sys.exit(1 if any(r["wrong"] for r in results["rows"]) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Turn collectives sweeps into the decision table that ``algorithm="auto"`` reads.
+
+    python -m experiments.tune results/bench_p2.json results/bench_p4.json --out tuning.json
+    COMMLAB_TUNING=tuning.json mpiexec -n 4 python -m experiments.demo    (or collectives.select.load_table)
+
+For each communicator size P in the sweeps (files of ``experiments.bench_collectives``) and each
+measured all-reduce size, the winner is the hand-made algorithm with the lowest time -- ``mpi``,
+``auto`` and the reference loops never win, since ``auto`` must pick one of commlab's own
+algorithms. When several files measured the same P and size, the median of their times counts;
+rows with wrong results are ignored. Adjacent sizes with the same winner merge into one rule. As in
+MPICH's JSON tuning files, rules are ranges: a rule covers messages up to the largest size it won
+(``max_bytes``) and the last rule of each P has no upper limit. Sizes are counted the way ``auto``
+counts them, in the accumulation dtype (float16 sweeps count 4 bytes an element).
+"""
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import numpy as np
+
+import collectives
+from collectives import backend
+
+__all__ = ["HAND_MADE", "build_table", "main"]
+
+#: Algorithms a tuned table may choose.
+HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+
+
+def build_table(results, tolerance=0.0):
+    """Return the decision table of sweeps ``results``.
+
+    Parameters
+    ----------
+    results : list of dict
+        Results files of ``experiments.bench_collectives``, already parsed.
+    tolerance : float
+        Relative slack, >= 0: at a new size the previous rule's algorithm is kept while its time is
+        within ``(1 + tolerance)`` of the winner's, so noise does not split ranges (0: strict).
+
+    Returns
+    -------
+    dict
+        ``{"allreduce": [{"size": P, "max_bytes": int or None, "algorithm": name, "min_bytes": int},
+        ...], "sources": [...]}``, the format of :func:`collectives.select.load_table`; rules are
+        sorted by P, then size (``min_bytes``, the smallest size the rule won, is informational).
+
+    Raises
+    ------
+    ValueError
+        No hand-made all-reduce row with a correct result, or a negative ``tolerance``.
+    """
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance={tolerance!r} must be >= 0")
+    times = {}  # (P, bytes) -> {algorithm: [seconds, ...]}
+    for res in results:
+        for r in res.get("rows", []):
+            if r["op"] == "allreduce" and r["algorithm"] in HAND_MADE and not r["wrong"] and r["time_s"] > 0:
+                nbytes = r["count"] * backend.accumulation_dtype(np.dtype(r["type"])).itemsize
+                times.setdefault((r["P"], nbytes), {}).setdefault(r["algorithm"], []).append(r["time_s"])
+    if not times:
+        raise ValueError("no hand-made all-reduce rows with correct results in the sweeps")
+    rules = []
+    for P in sorted({p for p, _ in times}):
+        current = None
+        for nbytes in sorted(n for p, n in times if p == P):
+            med = {a: statistics.median(ts) for a, ts in times[(P, nbytes)].items()}
+            best = min(med, key=med.get)
+            if current is not None and current["algorithm"] in med and \
+                    med[current["algorithm"]] <= (1 + tolerance) * med[best]:
+                best = current["algorithm"]
+            if current is not None and best == current["algorithm"]:
+                current["max_bytes"] = nbytes
+                continue
+            current = {"size": P, "max_bytes": nbytes, "algorithm": best, "min_bytes": nbytes}
+            rules.append(current)
+        current["max_bytes"] = None
+    sources = [{"P": res.get("P"), "date": res.get("date"), "host": res.get("host"),
+                "mpi_library": res.get("mpi_library"), "dtype": res.get("config", {}).get("dtype")}
+               for res in results]
+    return {"allreduce": rules, "tolerance": tolerance, "sources": sources,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _describe(table):
+    lines = []
+    for r in table["allreduce"]:
+        upto = "and above" if r["max_bytes"] is None else f"to {r['max_bytes']} B"
+        lines.append(f"P={r['size']:<4} {r['min_bytes']:>10} B {upto:<15} -> {r['algorithm']}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Read sweeps, write the decision table as JSON and print it."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.tune")
+    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench_collectives")
+    p.add_argument("--out", default="tuning.json", help="decision table to write (default tuning.json)")
+    p.add_argument("--tolerance", type=float, default=0.0,
+                   help="keep the previous range's algorithm while within this relative slack (default 0)")
+    a = p.parse_args(argv)
+    results = []
+    for path in a.results:
+        try:
+            with open(path, encoding="utf-8") as f:
+                results.append(json.load(f))
+        except (OSError, ValueError) as exc:
+            sys.exit(f"{path}: {exc}")
+    try:
+        table = build_table(results, a.tolerance)
+    except (ValueError, KeyError) as exc:
+        sys.exit(f"error: {exc}")
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1)
+    print(_describe(table))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

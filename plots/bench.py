@@ -1,0 +1,244 @@
+"""Draw a collectives sweep and summarise it against MPI's own collectives.
+
+    python -m plots.bench results/bench.json [results/bench_p2.json ...] [--out DIR] [--markdown]
+
+For every op in a results file (``experiments.bench_collectives``), one PNG ``bench_OP_pP.png`` with
+three panels: latency against size (log-log), busbw against size, and each algorithm's time divided
+by ``mpi``'s at the same size. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`,
+fitted to the file's own rows, is drawn as dashed lines when that module is available.
+``--markdown`` prints the ratio summary of each file (:func:`summarize`) as a Markdown table.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import collectives
+
+__all__ = ["summarize", "markdown", "draw", "main"]
+
+_HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+_KIB, _MIB = 1 << 10, 1 << 20
+_COLORS = {"mpi": "black", "ring": "tab:blue", "tree": "tab:green", "recursive_doubling": "tab:orange",
+           "rabenseifner": "tab:purple", "2d": "tab:brown", "auto": "tab:red", "ring-direct": "tab:cyan",
+           "ring-execute": "tab:olive", "gloo": "tab:pink"}
+
+
+def _geomean(values):
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarize(rows):
+    """Return the ratios of a sweep against ``mpi`` and of the executor against hand-written loops.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Result rows (``op``, ``algorithm``, ``bytes``, ``time_s``, ``wrong``); rows with wrong
+        results are left out.
+
+    Returns
+    -------
+    dict
+        ``sizes``: one dict per size with, where measured: ``allreduce_best`` (fastest hand-made
+        all-reduce) and ``allreduce_best_vs_mpi`` (its busbw / mpi's busbw = mpi time / its time);
+        ``reduce_scatter_vs_mpi`` and ``allgather_vs_mpi`` (fastest hand-made time / mpi time);
+        ``auto_vs_mpi`` (all-reduce ``auto`` time / mpi time); ``ring_vs_direct`` and
+        ``execute_vs_direct`` (``ring`` through the API, and ``ring-execute``, over ``ring-direct``).
+        ``aggregates``: geometric means and extremes of those over the size ranges of the targets
+        (64 KiB-64 MiB for busbw, 8 B-4 KiB for ``auto``, all sizes otherwise).
+    """
+    t = {(r["op"], r["algorithm"], r["bytes"]): r["time_s"] for r in rows if not r.get("wrong") and r["time_s"] > 0}
+    sizes = []
+    for n in sorted({r["bytes"] for r in rows}):
+        e = {"bytes": n}
+        mpi = t.get(("allreduce", "mpi", n))
+        best = min((a for a in _HAND_MADE if ("allreduce", a, n) in t), key=lambda a: t[("allreduce", a, n)],
+                   default=None)
+        if mpi and best:
+            e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
+        if mpi and ("allreduce", "auto", n) in t:
+            e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
+        for op in ("reduce_scatter", "allgather"):
+            own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
+            if own and (op, "mpi", n) in t:
+                e[f"{op}_vs_mpi"] = min(own) / t[(op, "mpi", n)]
+        direct = t.get(("allreduce", "ring-direct", n))
+        for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
+            if direct and ("allreduce", alg, n) in t:
+                e[key] = t[("allreduce", alg, n)] / direct
+        if len(e) > 1:
+            sizes.append(e)
+
+    def pick(key, lo=0, hi=float("inf")):
+        return [e[key] for e in sizes if key in e and lo <= e["bytes"] <= hi]
+
+    big = pick("allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB)
+    agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big), "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
+           "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
+           "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
+    for key in ("reduce_scatter_vs_mpi", "allgather_vs_mpi", "ring_vs_direct", "execute_vs_direct"):
+        agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
+    return {"sizes": sizes, "aggregates": agg}
+
+
+def _size(n):
+    for unit, div in (("MiB", _MIB), ("KiB", _KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def _x(v, fmt="{:.2f}"):
+    return fmt.format(v) if v is not None else "-"
+
+
+def markdown(results):
+    """Return the summary of one results file as Markdown: a headline paragraph and a table per size.
+
+    Parameters
+    ----------
+    results : dict
+        As written by ``experiments.bench_collectives`` (``rows``, ``P``, ``mpi_library``, ``config``).
+    """
+    s = summarize(results["rows"])
+    a = s["aggregates"]
+    head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}: best hand-made "
+            f"all-reduce busbw / `mpi` busbw, geometric mean over 64 KiB-64 MiB "
+            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x** (lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x); "
+            f"reduce-scatter time / `mpi` at most {_x(a['reduce_scatter_vs_mpi_max'])}x "
+            f"(geometric mean {_x(a['reduce_scatter_vs_mpi_geomean'])}x); all-gather at most {_x(a['allgather_vs_mpi_max'])}x "
+            f"({_x(a['allgather_vs_mpi_geomean'])}x); `auto` latency / `mpi` at 8 B-4 KiB at most {_x(a['auto_vs_mpi_max_8_4K'])}x "
+            f"({_x(a['auto_vs_mpi_geomean_8_4K'])}x); executor: `ring` / `ring-direct` {_x(a['ring_vs_direct_geomean'])}x, "
+            f"`ring-execute` / `ring-direct` {_x(a['execute_vs_direct_geomean'])}x (geometric means).")
+    lines = [head, "", "| size | best all-reduce | its busbw / mpi | reduce-scatter time / mpi | all-gather time / mpi "
+             "| auto time / mpi | ring / ring-direct | ring-execute / ring-direct |", "|" + "---|" * 8]
+    for e in s["sizes"]:
+        lines.append(f"| {_size(e['bytes'])} | {e.get('allreduce_best', '-')} | {_x(e.get('allreduce_best_vs_mpi'))} | "
+                     + " | ".join(_x(e.get(k)) for k in ("reduce_scatter_vs_mpi", "allgather_vs_mpi", "auto_vs_mpi",
+                                                          "ring_vs_direct", "execute_vs_direct")) + " |")
+    return "\n".join(lines)
+
+
+def _model(rows):
+    """Return (``predict(algorithm, P, nbytes) -> seconds`` fitted to ``rows``, or None; a note saying which)."""
+    try:
+        from collectives import cost
+    except ImportError as exc:
+        return None, f"model not drawn: collectives.cost is not available ({exc})"
+    try:
+        params = cost.fit([r for r in rows if not r.get("wrong")])
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"model not drawn: collectives.cost.fit failed ({exc})"
+    note = (f"dashed: alpha-beta-gamma model fitted to this sweep (alpha {params['alpha'] * 1e6:.3g} us, "
+            f"beta {params['beta'] * 1e9:.3g} ns/B, gamma {params['gamma'] * 1e9:.3g} ns/B)")
+    return (lambda alg, P, n: cost.predict(alg, P, n, params)), note
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw(results, out_dir, model=True):
+    """Draw one three-panel PNG per op of ``results`` into ``out_dir``; return the paths written.
+
+    Parameters
+    ----------
+    results : dict
+        As written by ``experiments.bench_collectives``.
+    out_dir : str
+        Directory for ``bench_OP_pP.png`` files (created if missing).
+    model : bool
+        Draw the fitted model as dashed lines (all-reduce) when :mod:`collectives.cost` is available.
+
+    Raises
+    ------
+    ValueError
+        If ``results`` has no rows.
+    """
+    rows = results.get("rows") or []
+    if not rows:
+        raise ValueError("results: no rows (was the sweep run?)")
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    predict, note = _model(rows) if model else (None, "model not drawn (--no-model)")
+    os.makedirs(out_dir, exist_ok=True)
+    P = results["P"]
+    paths = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        fig, axes = plt.subplots(1, 3, figsize=(19, 6))
+        mine = [r for r in rows if r["op"] == op]
+        mpi = {r["bytes"]: r["time_s"] for r in mine if r["algorithm"] == "mpi"}
+        for alg in dict.fromkeys(r["algorithm"] for r in mine):
+            pts = sorted((r["bytes"], r["time_us"], r["busbw_GBps"], r["wrong"]) for r in mine if r["algorithm"] == alg)
+            x = [p[0] for p in pts]
+            style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
+                         label=alg + (" (wrong results!)" if any(p[3] for p in pts) else ""))
+            axes[0].plot(x, [p[1] for p in pts], **style)
+            axes[1].plot(x, [p[2] for p in pts], **style)
+            ratio = [(n, us * 1e-6 / mpi[n]) for n, us, _, _ in pts if mpi.get(n)]
+            if ratio and alg != "mpi":
+                axes[2].plot([q[0] for q in ratio], [q[1] for q in ratio], **style)
+            if predict is not None and op == "allreduce":
+                try:
+                    pred = [predict(alg, P, n) for n in x]
+                except (KeyError, ValueError, NotImplementedError):
+                    continue
+                axes[0].plot(x, [s * 1e6 for s in pred], color=_COLORS.get(alg), linestyle="--", linewidth=1)
+        axes[2].axhline(1.0, color="black", linewidth=1)
+        for ax, ylabel, title in ((axes[0], "time per call (us), slowest rank's mean", "latency"),
+                                  (axes[1], "busbw (GB/s)", "bus bandwidth"),
+                                  (axes[2], "time / mpi's time (below 1: faster than MPI)", "relative to MPI's own")):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _size(int(v)) if v >= 1 else ""))
+            ax.set_xlabel("message size (whole vector)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.grid(True, which="major", alpha=0.3)
+            ax.tick_params(axis="x", labelrotation=45)
+        axes[0].set_yscale("log")
+        axes[2].set_yscale("log", base=2)
+        axes[2].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+        axes[1].legend(fontsize=8, loc="upper left")
+        if op == "allreduce":
+            axes[0].text(0.02, 0.98, note, transform=axes[0].transAxes, fontsize=8, va="top")
+        fig.suptitle(f"{op} on P = {P} ranks, {results['config']['dtype']}, {results['mpi_library']}, "
+                     f"host {results.get('host', '?')}, {results.get('date', '')[:10]}", fontsize=11)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"bench_{op}_p{P}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv=None):
+    """Read results files, draw their figures, optionally print their Markdown summaries."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m plots.bench")
+    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench_collectives")
+    p.add_argument("--out", help="directory for the PNG files (default: beside each results file)")
+    p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
+    p.add_argument("--no-model", action="store_true", help="do not fit and draw the cost model")
+    a = p.parse_args(argv)
+    for path in a.results:
+        try:
+            with open(path, encoding="utf-8") as f:
+                results = json.load(f)
+            written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), model=not a.no_model)
+        except (OSError, ValueError, KeyError) as exc:
+            sys.exit(f"{path}: {exc}")
+        print("\n".join(f"wrote {w}" for w in written))
+        if a.markdown:
+            print("\n" + markdown(results) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Collectives sweep, tuning table and plots: tiny sweeps under mpiexec (P = 2, 3) and single-process checks.
+
+Oracles: the sweep's own #wrong column (every result compared with MPI's collective called directly;
+its counter is itself tested on planted errors), nccl-tests' busbw definitions recomputed from the
+rows (relative tolerance 1e-9), and for the tuning table the fastest hand-made algorithm read off
+the rows, compared with what ``collectives.select.select_allreduce`` returns after ``load_table``.
+"""
+import csv
+import json
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from collectives import select
+from experiments import bench_collectives as bench
+from experiments import tune
+from plots import bench as plot
+from tests.mpirun import run_mpi
+
+OPS = "allreduce,reduce_scatter,allgather,broadcast"
+
+
+def _sweep(P, prefix, *args):
+    proc = run_mpi(P, "experiments.bench_collectives", "--ops", OPS, "--min-bytes", "64", "--max-bytes", "128",
+                   "--out", prefix, *args, timeout=120)
+    with open(f"{prefix}.json", encoding="utf-8") as f:
+        results = json.load(f)
+    with open(f"{prefix}.csv", newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header, csv_rows = reader.fieldnames, list(reader)
+    return proc.stdout, results, header, csv_rows
+
+
+@pytest.fixture(scope="module")
+def sweep_p2(tmp_path_factory):
+    """P = 2, sizes 64 and 128 B; 128 B counts as large (--large-bytes 64), so each uses its own iters."""
+    prefix = str(tmp_path_factory.mktemp("bench") / "p2")
+    return prefix, _sweep(2, prefix, "--iters-small", "4", "--iters-large", "2", "--warmup", "1",
+                          "--large-bytes", "64")
+
+
+def _check_sweep(P, results, header, csv_rows):
+    rows = results["rows"]
+    assert header == list(bench.COLUMNS)
+    assert len(csv_rows) == len(rows) > 0
+    assert results["P"] == P and results["complete"] is True
+    assert results["mpi_library"] and results["numpy"] == np.__version__ and results["host"] and results["date"]
+    assert results["config"]["ops"] == OPS.split(",")
+    for op in OPS.split(","):
+        expected = set(bench._algorithms(op))
+        for nbytes in (64, 128):
+            count = nbytes // 4 - (nbytes // 4) % P if op == "allgather" else nbytes // 4
+            got = {r["algorithm"] for r in rows if r["op"] == op and r["count"] == count}
+            assert got == expected, (op, nbytes, got)
+    for r, c in zip(rows, csv_rows):
+        assert r["wrong"] == 0 and int(c["wrong"]) == 0, r
+        assert r["P"] == P and r["type"] == "float32" and r["bytes"] == 4 * r["count"]
+        assert r["time_min_us"] <= r["time_mean_us"] * (1 + 1e-12) <= r["time_us"] * (1 + 1e-9)
+        assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-12)
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-9)
+        factor = {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P,
+                  "broadcast": 1.0}[r["op"]]
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-9)
+        assert float(c["busbw_GBps"]) == pytest.approx(r["busbw_GBps"], rel=1e-9)
+        if r["algorithm"] == "auto" and r["op"] == "allreduce":
+            assert r["resolved"] in tune.HAND_MADE
+    return rows
+
+
+def test_sweep_p2_columns_busbw_and_checks(sweep_p2):
+    _, (out, results, header, csv_rows) = sweep_p2
+    rows = _check_sweep(2, results, header, csv_rows)
+    assert {r["iters"] for r in rows if r["bytes"] == 64} == {4}
+    assert {r["iters"] for r in rows if r["bytes"] == 128} == {2}
+    assert "busbw(GB/s)" in out and "#wrong" in out and "| size |" in out  # live table and summary
+    s = results["summary"]["sizes"]
+    assert {e["bytes"] for e in s} == {64, 128} and all("ring_vs_direct" in e for e in s)
+
+
+def test_sweep_p3_allgather_rounding_and_time_cap(tmp_path):
+    """P = 3: all-gather sizes round down to P blocks; --max-time cuts every loop to the minimum 3 calls."""
+    _, results, header, csv_rows = _sweep(3, str(tmp_path / "p3"), "--iters", "50", "--warmup", "0",
+                                          "--max-time", "1e-9")
+    rows = _check_sweep(3, results, header, csv_rows)
+    assert {r["bytes"] for r in rows if r["op"] == "allgather"} == {60, 120}
+    assert {r["iters"] for r in rows} == {3}
+
+
+def test_gloo_baseline_without_torch_fails_clearly(tmp_path):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed")
+    except ImportError:
+        pass
+    proc = run_mpi(2, "experiments.bench_collectives", "--ops", "allreduce", "--max-bytes", "8", "--baseline",
+                   "gloo", "--out", str(tmp_path / "g"), timeout=60, check=False)
+    assert proc.returncode == 2 and "needs PyTorch" in proc.stdout
+    assert proc.stdout.count("needs PyTorch") == 1  # rank 0 alone reports
+
+
+def test_count_wrong_detects_planted_errors():
+    ref = np.arange(10, dtype=np.float32)
+    assert bench._count_wrong(ref.copy(), ref) == 0
+    assert bench._count_wrong(ref * (1 + 1e-7), ref) == 0  # within float32 rtol 1e-5
+    bad = ref.copy()
+    bad[[2, 7]] += 1
+    assert bench._count_wrong(bad, ref) == 2
+    bad[0] = np.nan
+    assert bench._count_wrong(bad, ref) == 3
+    assert bench._count_wrong(ref[:5], ref) == 10
+    ints = np.arange(6, dtype=np.int64)
+    assert bench._count_wrong(ints + (ints == 3), ints) == 1
+
+
+def test_unwritten_output_is_counted_wrong(monkeypatch):
+    """An algorithm that leaves the output untouched is caught: outputs are poisoned before each check."""
+    real = bench._case
+
+    def with_broken(op, nbytes, cfg, comm):
+        count, ref, calls, poisoned = real(op, nbytes, cfg, comm)
+        calls["broken"] = lambda: poisoned  # returns the output buffer without writing it
+        return count, ref, calls, poisoned
+
+    monkeypatch.setattr(bench, "_case", with_broken)
+    cfg = bench.BenchConfig(algorithms=("mpi", "ring"), iters_small=1, warmup_small=0)
+    rows = bench._measure("allreduce", 64, cfg, MPI.COMM_SELF)
+    wrong = {r["algorithm"]: r["wrong"] for r in rows}
+    assert wrong == {"mpi": 0, "ring": 0, "broken": 16}
+
+
+def test_bus_factor_and_arguments():
+    assert bench.bus_factor("allreduce", 4) == 1.5 and bench.bus_factor("allreduce", 1) == 0.0
+    assert bench.bus_factor("reduce_scatter", 4) == 0.75 == bench.bus_factor("allgather", 4)
+    assert bench.bus_factor("broadcast", 7) == 1.0
+    cfg = bench.parse_args(["--max-bytes", "4M", "--min-bytes", "1K", "--iters", "7", "--ops", "allgather",
+                            "--algorithms", "ring"])
+    assert (cfg.min_bytes, cfg.max_bytes, cfg.iters_small, cfg.iters_large) == (1024, 4 << 20, 7, 7)
+    assert cfg.ops == ("allgather",) and cfg.algorithms == ("ring",)
+    for bad in (["--min-bytes", "0"], ["--min-bytes", "2K", "--max-bytes", "1K"], ["--ops", "gather"],
+                ["--algorithms", "ring-direct", "--ops", "allgather"], ["--iters", "0"], ["--max-bytes", "lots"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad, quiet=True)
+
+
+def _row(P, alg, nbytes, t, wrong=0):
+    return {"op": "allreduce", "algorithm": alg, "P": P, "bytes": nbytes, "count": nbytes // 4, "type": "float32",
+            "time_s": t, "wrong": wrong}
+
+
+def test_tune_table_round_trips_through_select(tmp_path):
+    """Winners per P and size, ranges merged, mpi / auto / references / wrong rows never chosen."""
+    sizes = [8 << k for k in range(8)]  # 8 B .. 1 KiB
+    winners = {2: ["tree"] * 3 + ["ring"] * 5, 4: ["recursive_doubling"] * 2 + ["2d"] + ["rabenseifner"] * 5}
+    results = []
+    for P, win in winners.items():
+        rows = []
+        for n, w in zip(sizes, win):
+            rows += [_row(P, a, n, 2e-6 if a == w else 3e-6) for a in tune.HAND_MADE]
+            rows += [_row(P, "mpi", n, 1e-6), _row(P, "auto", n, 1e-6), _row(P, "ring-direct", n, 1e-6),
+                     _row(P, "ring", n, 1e-7, wrong=1)]  # fastest of all, but wrong
+        results.append({"P": P, "config": {"dtype": "float32"}, "rows": rows})
+    for i, res in enumerate(results):
+        with open(tmp_path / f"r{i}.json", "w", encoding="utf-8") as f:
+            json.dump(res, f)
+    out = tmp_path / "tuning.json"
+    tune.main([str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--out", str(out)])
+    table = json.loads(out.read_text())
+    assert [(r["size"], r["algorithm"], r["max_bytes"]) for r in table["allreduce"]] == [
+        (2, "tree", 32), (2, "ring", None),
+        (4, "recursive_doubling", 16), (4, "2d", 32), (4, "rabenseifner", None)]
+    try:
+        select.load_table(str(out))
+        for P, win in winners.items():
+            for n, w in zip(sizes, win):
+                assert select.select_allreduce(P, n) == w, (P, n)
+            assert select.select_allreduce(P, 1 << 30) == win[-1]
+        assert select.select_allreduce(3, 8) == "recursive_doubling"  # P not in the table: default rule
+    finally:
+        select.clear_table()
+
+
+def test_tune_tolerance_absorbs_noise():
+    rows = []
+    for n, (ring, tree) in zip((8, 16, 32), ((1.0, 2.0), (1.02, 1.0), (1.0, 2.0))):
+        rows += [_row(2, "ring", n, ring), _row(2, "tree", n, tree)]
+    strict = tune.build_table([{"rows": rows}])["allreduce"]
+    loose = tune.build_table([{"rows": rows}], tolerance=0.05)["allreduce"]
+    assert [r["algorithm"] for r in strict] == ["ring", "tree", "ring"]
+    assert [(r["algorithm"], r["max_bytes"]) for r in loose] == [("ring", None)]
+    with pytest.raises(ValueError):
+        tune.build_table([{"rows": [_row(2, "mpi", 8, 1.0)]}])
+
+
+def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
+    prefix, (_, results, _, _) = sweep_p2
+    out = tmp_path / "tuning.json"
+    tune.main([f"{prefix}.json", "--out", str(out)])
+    try:
+        select.load_table(str(out))
+        for n in (64, 128):
+            mine = {r["algorithm"]: r["time_s"] for r in results["rows"]
+                    if r["op"] == "allreduce" and r["bytes"] == n and r["algorithm"] in tune.HAND_MADE}
+            assert select.select_allreduce(2, n) == min(mine, key=mine.get)
+    finally:
+        select.clear_table()
+    plot.main([f"{prefix}.json", "--out", str(tmp_path / "png"), "--markdown"])
+    printed = capsys.readouterr().out
+    assert "| size | best all-reduce |" in printed and "**P = 2**" in printed
+    for op in OPS.split(","):
+        png = tmp_path / "png" / f"bench_{op}_p2.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
+
+
+def test_summary_ratios():
+    rows = [_row(2, "mpi", 1 << 16, 2.0), _row(2, "ring", 1 << 16, 1.0), _row(2, "tree", 1 << 16, 4.0),
+            _row(2, "ring-direct", 1 << 16, 0.5), _row(2, "auto", 8, 3.0), _row(2, "mpi", 8, 2.0)]
+    rows += [dict(_row(2, a, 1 << 16, t), op="allgather") for a, t in (("mpi", 1.0), ("ring", 1.5))]
+    s = plot.summarize(rows)
+    big = next(e for e in s["sizes"] if e["bytes"] == 1 << 16)
+    assert big["allreduce_best"] == "ring" and big["allreduce_best_vs_mpi"] == 2.0
+    assert big["ring_vs_direct"] == 2.0 and big["allgather_vs_mpi"] == 1.5
+    assert s["aggregates"]["auto_vs_mpi_max_8_4K"] == 1.5
+    assert s["aggregates"]["allreduce_best_vs_mpi_geomean_64K_64M"] == 2.0
