@@ -76,6 +76,20 @@ class DistributedSampler:
             order = numpy.resize(order, self.total)  # wraps around as often as needed
         return order[self.rank:self.total:self.size].astype(numpy.int64)
 
+    def num_batches(self, batch):
+        """Return the number of local batches of ``batch`` samples per epoch (last one partial)."""
+        return -(-self.num_samples // batch)
+
+    def batches(self, epoch, batch):
+        """Yield this rank's index arrays of ``batch`` samples for ``epoch`` (the last may be short).
+
+        Every rank yields the same number of batches of the same sizes, so local means averaged
+        over ranks are exactly the global batch mean.
+        """
+        idx = self.indices(epoch)
+        for lo in range(0, len(idx), batch):
+            yield idx[lo:lo + batch]
+
     def __len__(self):
         return self.num_samples
 

@@ -26,7 +26,7 @@ from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, train_step
 
 __all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
-           "make_sampler", "to_device", "lr_at", "TrainState"]
+           "make_sampler", "to_device", "lr_at", "replicas_identical", "TrainState"]
 
 
 def array_module(cfg, comm):
@@ -114,6 +114,23 @@ class TrainState:
             setattr(self, k, float(v) if k in self._FLOATS else int(v))
 
 
+def replicas_identical(params, comm):
+    """Return True on every rank when all ranks hold bitwise the same ``params``.
+
+    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce.
+    """
+    import hashlib
+
+    from training.checkpoint import to_host
+
+    h = hashlib.blake2b(to_host(params).tobytes(), digest_size=8).digest()
+    lo = numpy.frombuffer(h, numpy.int64).copy()
+    hi = lo.copy()
+    comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+    comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+    return bool(lo[0] == hi[0])
+
+
 def setup_run(cfg, comm):
     """Create (or reopen, with ``--resume``) the run directory and return its path.
 
@@ -178,7 +195,7 @@ def train_dp(cfg, comm, run_dir):
     sampler = make_sampler(cfg, len(ds.y_train), rank, P)
     x_tr, y_tr, x_te, y_te = to_device(ds, model.dtype, xp)
     local_b = cfg.batch_size // P
-    per_epoch = -(-sampler.num_samples // local_b)
+    per_epoch = sampler.num_batches(local_b)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
     table, show = EpochTable(), rank == 0
@@ -193,14 +210,13 @@ def train_dp(cfg, comm, run_dir):
                   f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
         bar.write(table.header())
     t_start = time.perf_counter() - state.wall_s
-    test_acc = float("nan")
+    train_acc = test_acc = None
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
-        idx = sampler.indices(state.epoch)
         acc = numpy.zeros(5)  # loss sum, steps, compute s, comm s, bytes
         skipped0 = state.skipped
-        for s in range(per_epoch):
-            batch = xp.asarray(idx[s * local_b:(s + 1) * local_b])
+        for batch in sampler.batches(state.epoch, local_b):
+            batch = xp.asarray(batch)
             opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
             r = train_step(model, loss_fn, opt, hook, comm, x_tr[batch], y_tr[batch])
             state.step += 1
@@ -236,12 +252,16 @@ def train_dp(cfg, comm, run_dir):
     writer.close()
     if bar is not None:
         bar.close()
+    if test_acc is None:  # nothing left to train (resumed at the end): evaluate once
+        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch)
+        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch)
     busy = state.compute_s + state.comm_s
-    summary = {"final_test_acc": test_acc, "epochs": state.epoch, "steps": state.step,
+    identical = replicas_identical(model.params, comm)
+    summary = {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch, "steps": state.step,
                "wall_s": state.wall_s, "compute_s": state.compute_s, "comm_s": state.comm_s,
                "comm_fraction": state.comm_s / busy if busy else 0.0,
                "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
-               "parameters": model.size, "P": P, "run_dir": run_dir}
+               "parameters": model.size, "P": P, "replicas_identical": identical, "run_dir": run_dir}
     if rank == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | "

@@ -1,0 +1,221 @@
+"""Rank-side body of the multi-rank trainer tests: ``python -m tests.mpi_training DIR``.
+
+Cases (run in order by every rank; DIR is a scratch directory shared by the ranks):
+
+equivalence    P ranks with global batch 64 end, after 20 SGD steps in float64, with the weights
+               of one rank with batch 64 (the oracle, run on rank 0 over COMM_SELF), for every
+               algorithm in collectives.ALGORITHMS, and replicas stay identical.
+buckets        bucketed all-reduce (tiny buckets) gives the fused all-reduce's weights.
+nonfinite      a NaN batch on one rank makes every rank skip that step and count it.
+resume         stop after epoch 3, resume to 6 == uninterrupted 6 epochs, bitwise (float64).
+corrupt        a truncated or altered checkpoint raises CheckpointError naming the file, on
+               every rank.
+
+Exits 0 when every case passes; prints each failing case and exits 1 otherwise. Unexpected errors
+abort the whole job so nothing hangs.
+"""
+import contextlib
+import io
+import os
+import shutil
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from training.checkpoint import CheckpointError, load_checkpoint
+from training.config import Config, parse_args
+from training.data import load_dataset
+from training.nn import SoftmaxCrossEntropy
+from training.optim import make_optimizer
+from training.parallel import make_grad_hook, train_step
+from training.train import build_model, make_sampler, run, to_device
+
+# Equivalence tolerance (float64): the all-reduce sums the four 16-sample means in another order
+# than one 64-sample mean, a difference of a few ulp per step; after 20 SGD steps the measured
+# max |diff| is ~3e-16 on weights of size ~1, so rtol 1e-12 / atol 1e-13 leaves a wide margin,
+# while averaging twice or summing instead of averaging differs by ~1e-1.
+RTOL, ATOL = 1e-12, 1e-13
+
+# 750 samples -> 600 train: P=1 takes 9 batches of 64 + one of 24 per epoch, P=4 9 of 16 + one
+# of 6 per rank: 10 steps per epoch, 2 epochs = 20 steps, partial batches included.
+SMALL = dict(data="synthetic", samples=750, features=12, classes=5, hidden=(16,), dtype="float64",
+             optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3, batch_size=64, epochs=2,
+             seed=3, progress=False, checkpoint_every=0)
+
+
+def _quiet(fn, *args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
+def _final_params(run_dir, comm):
+    _, arrays = load_checkpoint(run_dir, comm)
+    return arrays["model/params"]
+
+
+def _shared_dir(comm, base, name):
+    path = os.path.join(base, name)
+    if comm.rank == 0:
+        os.makedirs(path, exist_ok=True)
+    comm.Barrier()
+    return path
+
+
+def case_equivalence(comm, base):
+    root = _shared_dir(comm, base, "equiv")
+    ref = None
+    if comm.rank == 0:
+        s = _quiet(run, Config(**SMALL, run_dir=root, name="p1"), MPI.COMM_SELF)
+        assert s["steps"] == 20, f"P=1 took {s['steps']} steps, expected 20"
+        ref = _final_params(os.path.join(root, "p1"), MPI.COMM_SELF)
+    comm.Barrier()
+    errors = []
+    for alg in collectives.ALGORITHMS:
+        s = _quiet(run, Config(**SMALL, run_dir=root, name=f"p{comm.size}-{alg}", algorithm=alg), comm)
+        got = _final_params(os.path.join(root, f"p{comm.size}-{alg}"), comm)
+        if not s["replicas_identical"]:
+            errors.append(f"{alg}: replicas differ across ranks")
+        if s["steps"] != 20:
+            errors.append(f"{alg}: {s['steps']} steps, expected 20")
+        if comm.rank == 0:
+            diff = float(np.abs(got - ref).max())
+            print(f"equivalence {alg}: max |w_P{comm.size} - w_P1| = {diff:.2e}", flush=True)
+            if not np.allclose(got, ref, rtol=RTOL, atol=ATOL):
+                errors.append(f"{alg}: P={comm.size} weights differ from P=1 by up to {diff:.3e}")
+    assert not errors, "; ".join(errors)
+
+
+def case_buckets(comm, base):
+    root = _shared_dir(comm, base, "buckets")
+    fused = _quiet(run, Config(**SMALL, run_dir=root, name="fused", algorithm="ring"), comm)
+    bucketed = _quiet(run, Config(**SMALL, run_dir=root, name="bucketed", algorithm="ring",
+                                  bucket_bytes=200), comm)
+    a = _final_params(os.path.join(root, "fused"), comm)
+    b = _final_params(os.path.join(root, "bucketed"), comm)
+    assert bucketed["replicas_identical"] and fused["replicas_identical"]
+    assert np.allclose(a, b, rtol=RTOL, atol=ATOL), f"bucketed differs by {np.abs(a - b).max():.3e}"
+
+
+def case_nonfinite(comm, base):
+    cfg = Config(**SMALL)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds.n_features, ds.n_classes)
+    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
+    hook = make_grad_hook(cfg, comm, model)
+    x, y, _, _ = to_device(ds, model.dtype)
+    batches = list(make_sampler(cfg, len(y), comm.rank, comm.size).batches(0, 64 // comm.size))
+    bad_rank = comm.size - 1
+    results, snapshots = [], []
+    for step in range(4):
+        xb = x[batches[step]].copy()
+        if step == 1 and comm.rank == bad_rank:
+            xb[0, 0] = np.nan
+        if step == 2 and comm.rank == 0:
+            xb[1, 1] = np.inf
+        with np.errstate(invalid="ignore", over="ignore"):  # the injected NaN/inf, expected
+            results.append(train_step(model, loss_fn, opt, hook, comm, xb, y[batches[step]]))
+        snapshots.append(model.params.copy())
+    skipped = [r["skipped"] for r in results]
+    assert skipped == [0, 1, 1, 0], f"skipped flags {skipped}, expected [0, 1, 1, 0]"
+    assert np.array_equal(snapshots[0], snapshots[1]) and np.array_equal(snapshots[1], snapshots[2]), \
+        "a skipped step changed the parameters"
+    assert not np.array_equal(snapshots[2], snapshots[3]), "training did not continue after the skips"
+    assert opt.steps == 2, f"optimizer took {opt.steps} steps, expected 2"
+    assert np.isfinite(snapshots[3]).all()
+    everyone = np.empty((comm.size, model.size))
+    comm.Allgather(snapshots[3], everyone)
+    assert (everyone == everyone[0]).all(), "replicas differ after the skipped steps"
+
+
+def case_resume(comm, base):
+    root = _shared_dir(comm, base, "resume")
+    common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "6",
+              "--batch-size", "64", "--run-dir", root, "--no-progress", "--checkpoint-every", "2",
+              "--seed", "5", "--algorithm", "ring"]
+    _quiet(run, parse_args(common + ["--name", "full"]), comm)
+    _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "3"]), comm)
+    part = os.path.join(root, "part")
+    assert os.path.exists(os.path.join(part, "ckpt-epoch0003.npz")), "no checkpoint after epoch 3"
+    s = _quiet(run, parse_args(["--resume", part, "--stop-after", "0"]), comm)
+    assert s["epochs"] == 6 and s["steps"] == 6 * 23, f"resumed run ended at {s['epochs']}, {s['steps']}"
+    _, full = load_checkpoint(os.path.join(root, "full"), comm)
+    _, resumed = load_checkpoint(part, comm)
+    for key in ("model/params", "optim/m", "optim/v", "optim/steps", "train/step"):
+        assert np.array_equal(full[key], resumed[key]), f"{key} differs after resume"
+    if comm.rank == 0:
+        from training.metrics import read_jsonl
+
+        a = read_jsonl(os.path.join(root, "full", "epochs.jsonl"))
+        b = read_jsonl(os.path.join(part, "epochs.jsonl"))
+        assert [r["epoch"] for r in b] == [1, 2, 3, 4, 5, 6], f"epochs.jsonl of the resumed run: {b}"
+        assert [r["loss"] for r in a] == [r["loss"] for r in b], "epoch losses differ after resume"
+        steps = read_jsonl(os.path.join(part, "metrics.jsonl"))
+        assert [r["step"] for r in steps] == list(range(1, 6 * 23 + 1)), "metrics.jsonl steps"
+
+
+def case_corrupt(comm, base):
+    root = _shared_dir(comm, base, "corrupt")
+    src = os.path.join(base, "resume", "full", "ckpt-epoch0006.npz")
+    truncated = os.path.join(root, "ckpt-epoch0001.npz")
+    flipped = os.path.join(root, "flipped.npz")
+    if comm.rank == 0:
+        with open(src, "rb") as f:
+            data = f.read()
+        with open(truncated, "wb") as f:
+            f.write(data[: len(data) // 2])
+        mid = bytearray(data)
+        mid[len(mid) // 3] ^= 0xFF  # inside the parameter bytes: caught by the zip CRC
+        with open(flipped, "wb") as f:
+            f.write(bytes(mid))
+        shutil.copy(os.path.join(base, "resume", "full", "config.json"), root)
+    comm.Barrier()
+    for path in (truncated, flipped, os.path.join(root, "missing.npz")):
+        try:
+            load_checkpoint(path, comm)
+        except CheckpointError as e:
+            assert os.path.basename(path) in str(e) or root in str(e), f"error does not name the file: {e}"
+        else:
+            raise AssertionError(f"loading {path} raised nothing")
+    # the driver refuses to resume from it, on every rank, before training
+    try:
+        _quiet(run, parse_args(["--resume", root, "--no-progress"]), comm)
+    except CheckpointError as e:
+        assert "ckpt-epoch0001.npz" in str(e), str(e)
+    else:
+        raise AssertionError("resuming from a truncated checkpoint raised nothing")
+
+
+CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_corrupt]
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    base = sys.argv[1]
+    failed = 0
+    for case in CASES:
+        try:
+            case(comm, base)
+            ok = 1
+        except AssertionError as e:
+            print(f"rank {comm.rank}: {case.__name__} FAILED: {e}", flush=True)
+            ok = 0
+        except Exception:  # noqa: BLE001 - anything unexpected: report and abort, never hang
+            traceback.print_exc()
+            sys.stdout.flush()
+            comm.Abort(2)
+        flag = np.array([ok], np.int32)
+        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        all_ok = bool(flag[0])
+        failed += not all_ok
+        if comm.rank == 0:
+            print(f"{case.__name__}: {'ok' if all_ok else 'FAILED'}", flush=True)
+    if comm.rank == 0 and not failed:
+        shutil.rmtree(os.path.join(base, "equiv"), ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

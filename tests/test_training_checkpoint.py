@@ -1,0 +1,128 @@
+"""Checkpoints, run directories, run records and plots (single process, COMM_SELF)."""
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from training.checkpoint import (CheckpointError, find_checkpoint, load_checkpoint, make_run_dir,
+                                 prune_checkpoints, save_checkpoint)
+from training.config import Config
+from training.metrics import EpochTable, MetricsWriter, format_bytes, read_jsonl
+from training.parallel import bucket_bounds
+
+SELF = MPI.COMM_SELF
+
+
+def test_checkpoint_roundtrip_is_exact_and_atomic(tmp_path):
+    arrays = {"model/params": np.random.default_rng(0).standard_normal(1000).astype(np.float32),
+              "optim/steps": np.array(7, np.int64), "compression/q": np.arange(6.0).reshape(2, 3)}
+    path = str(tmp_path / "ckpt-epoch0001.npz")
+    save_checkpoint(path, arrays, SELF)
+    assert os.listdir(tmp_path) == ["ckpt-epoch0001.npz"]  # no temporary file left behind
+    name, back = load_checkpoint(str(tmp_path), SELF)
+    assert name == path and set(back) == set(arrays)
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype and np.array_equal(back[k], v)
+    with zipfile.ZipFile(path) as z:
+        assert "meta/sha256.npy" in z.namelist()
+    with pytest.raises(TypeError, match="object"):
+        save_checkpoint(str(tmp_path / "x.npz"), {"o": np.array([None], object)}, SELF)
+
+
+def test_tampered_checkpoint_fails_its_checksum(tmp_path):
+    path = str(tmp_path / "ckpt-epoch0002.npz")
+    save_checkpoint(path, {"model/params": np.ones(10)}, SELF)
+    with np.load(path) as z:
+        entries = {k: z[k] for k in z.files}
+    entries["model/params"][3] = 2.0  # a well-formed file whose content no longer matches
+    with open(path, "wb") as f:
+        np.savez(f, **entries)
+    with pytest.raises(CheckpointError, match="ckpt-epoch0002.npz.*SHA-256"):
+        load_checkpoint(path, SELF)
+
+
+@pytest.mark.parametrize("cut", [0, 10, 0.5, -1])
+def test_truncated_checkpoint_names_the_file(tmp_path, cut):
+    path = str(tmp_path / "ckpt-epoch0003.npz")
+    save_checkpoint(path, {"model/params": np.arange(500.0)}, SELF)
+    data = open(path, "rb").read()
+    n = int(len(data) * cut) if isinstance(cut, float) else (cut if cut >= 0 else len(data) + cut)
+    with open(path, "wb") as f:
+        f.write(data[:n])
+    with pytest.raises(CheckpointError, match="ckpt-epoch0003.npz"):
+        load_checkpoint(path, SELF)
+
+
+def test_find_and_prune_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(str(tmp_path), SELF)
+    for e in (1, 2, 10):
+        save_checkpoint(str(tmp_path / f"ckpt-epoch{e:04d}.npz"), {"a": np.zeros(1)}, SELF)
+    assert find_checkpoint(str(tmp_path)).endswith("ckpt-epoch0010.npz")
+    prune_checkpoints(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-epoch0002.npz", "ckpt-epoch0010.npz"]
+
+
+def test_run_dir_names_and_latest_pointer(tmp_path):
+    cfg = Config(run_dir=str(tmp_path), name="")
+    a, b = make_run_dir(cfg, SELF), make_run_dir(cfg, SELF)
+    assert a != b and os.path.isdir(a) and os.path.isdir(b)  # same second: suffixed, not reused
+    assert os.path.basename(a).endswith("-dp-digits-p1")
+    assert os.path.realpath(tmp_path / "latest") == os.path.realpath(b)
+    named = make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
+    assert named == str(tmp_path / "mine")
+    with pytest.raises(RuntimeError, match="exists"):
+        make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
+
+
+def test_metrics_writer_truncates_an_interrupted_history(tmp_path):
+    w = MetricsWriter(str(tmp_path), True)
+    for e in (1, 2, 3):
+        w.step({"step": e, "epoch": e, "loss": 1.0 / e})
+        w.epoch({"epoch": e, "loss": 1.0 / e})
+    w.close()
+    MetricsWriter(str(tmp_path), True, keep_epochs=2).close()  # resuming from epoch 2
+    assert [r["epoch"] for r in read_jsonl(str(tmp_path / "epochs.jsonl"))] == [1, 2]
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+    MetricsWriter(str(tmp_path / "nowhere"), False).step({"x": 1})  # other ranks write nothing
+
+
+def test_epoch_table_and_byte_units():
+    t = EpochTable()
+    row = t.row({"epoch": 3, "loss": 0.12345, "train_acc": 0.991, "test_acc": 0.9777,
+                 "compute_s": 0.5, "comm_s": 0.25, "bytes_sent": 1_234_567, "skipped": 0})
+    assert len(row) == len(t.header())
+    assert "99.10%" in row and "97.77%" in row and "1.23 MB" in row and "0.1235" in row
+    assert format_bytes(999) == "999 B" and format_bytes(2500) == "2.50 kB"
+
+
+def test_bucket_bounds_last_layer_first():
+    slices = [("0.W", 0, 100), ("0.b", 100, 10), ("2.W", 110, 50), ("2.b", 160, 5)]
+    assert bucket_bounds(slices, 4, 0) == [(0, 165)]
+    assert bucket_bounds(slices, 4, 200) == [(110, 165), (0, 110)]  # closed once >= 200 bytes
+    assert bucket_bounds(slices, 4, 20) == [(160, 165), (110, 160), (100, 110), (0, 100)]
+    assert bucket_bounds(slices, 4, 10 ** 9) == [(0, 165)]
+    got = bucket_bounds(slices, 8, 1)
+    assert got == [(160, 165), (110, 160), (100, 110), (0, 100)]  # one parameter per bucket
+
+
+def test_plots_draw_pngs_from_run_latest(tmp_path, capsys):
+    from plots.training import main
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    rows = [{"epoch": e, "loss": 1.0 / e, "train_acc": 0.8 + e / 100, "test_acc": 0.78 + e / 100,
+             "compute_s": 0.1, "comm_s": 0.05 * e, "wall_s": 0.2 * e, "bytes_sent": 100, "skipped": 0}
+            for e in range(1, 5)]
+    (run / "epochs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"comm_fraction": 0.4}))
+    (tmp_path / "runs" / "latest").write_text(str(run) + "\n")  # the text-file form of the pointer
+    assert main([str(tmp_path / "runs" / "latest")]) == 0
+    for name in ("training_curves.png", "training_time.png"):
+        data = (run / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "training_curves.png" in capsys.readouterr().out
+    assert main([str(tmp_path / "nothing")]) == 1
