@@ -1,7 +1,8 @@
 """Rank-side body of the collectives tests: ``mpiexec -n P python -m tests.mpi_collectives [--big]``.
 
 Every case compares a hand-made collective with two oracles: MPI's own collective (``comm.Allreduce``
-etc. called directly here) and NumPy applied to the inputs gathered with ``comm.Allgather``.
+etc. called directly here) and NumPy applied to the inputs gathered with ``comm.Allgather`` (for
+counts above 100,000, on every 1009th element).
 Tolerances: integers exact; float64 rtol 1e-12; float32 rtol 1e-5; float16 compared after the
 float32 oracle is rounded once to float16 (the documented accumulation rule), within 1 ulp.
 Exits 0 when every case passes on every rank, 1 otherwise (the failing cases are printed).
@@ -75,15 +76,18 @@ def case_matrix(counts):
         for dtype in DTYPES:
             for op in OPS:
                 x = make(count, dtype, op)
-                ref_np, ref_mpi = numpy_oracle(x, op), mpi_oracle(x, op)
-                check(close(ref_np, ref_mpi, dtype), f"oracles disagree {count} {dtype} {op}")
+                # Large counts: the NumPy oracle checks every 1009th element (gathering all of them
+                # costs more than the algorithms); MPI's oracle checks every element.
+                sample = slice(None, None, 1009 if count > 100_000 else 1)
+                ref_np, ref_mpi = numpy_oracle(np.ascontiguousarray(x[sample]), op), mpi_oracle(x, op)
+                check(close(ref_np, ref_mpi[sample], dtype), f"oracles disagree {count} {dtype} {op}")
                 for alg in ALGS:
                     y = C.allreduce(x, op=op, algorithm=alg)
-                    check(close(y, ref_mpi, dtype) and close(y, ref_np, dtype),
+                    check(close(y, ref_mpi, dtype) and close(y[sample], ref_np, dtype),
                           f"allreduce {alg} count={count} {dtype} {op}")
                 rs = C.reduce_scatter(x, op=op)
                 lo, hi = C.chunk_bounds(count, P)[rank:rank + 2]
-                check(close(rs, ref_np[lo:hi], dtype), f"reduce_scatter count={count} {dtype} {op}")
+                check(close(rs, ref_mpi[lo:hi], dtype), f"reduce_scatter count={count} {dtype} {op}")
 
 
 def case_identical_on_ranks():
