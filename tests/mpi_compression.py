@@ -112,13 +112,13 @@ def zero_case(name, kwargs, alg):
 
 
 def resume_case(name, kwargs, alg):
-    """Two steps, save the state, two more; a new hook loaded with the state must repeat them."""
+    """Two steps, save the state, two more; new hooks loaded with rank 0's state must repeat them."""
     kw = dict(kwargs)
     n = sum(int(np.prod(s)) for s in kw["shapes"]) if "shapes" in kw else N
     first = make_hook(name, comm=comm, algorithm=alg, **kw)
     for step in range(2):
         first(gradient(step, n, salt=1))
-    state = first.state_dict()
+    state = comm.bcast(first.state_dict(), root=0)  # as a checkpoint: written by rank 0, read by all
     a = [first(gradient(step, n, salt=1))[0] for step in (2, 3)]
     second = make_hook(name, comm=comm, algorithm=alg, **kw)
     second.load_state_dict(state)

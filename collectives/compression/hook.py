@@ -21,8 +21,9 @@ class CompressionHook:
     """Compressed gradient averaging for data-parallel training, with all its state.
 
     ``avg, info = hook(flat_grad)`` each step. The hook owns a duplicate of the communicator, the
-    compressor and its error-feedback memory, and a step counter; ``state_dict`` captures all of it
-    (residuals, PowerSGD's Q, DGC's momentum, RNG counters) so a resumed run is exact.
+    compressor and its error-feedback memory, and a step counter; ``state_dict`` (collective)
+    captures all of it, every rank's residuals included (PowerSGD's Q, DGC's momentum, RNG
+    counters), so a resumed run is exact.
 
     Parameters
     ----------
@@ -96,23 +97,46 @@ class CompressionHook:
         return avg, info
 
     def state_dict(self):
-        """Return all state as a flat dict of str -> NumPy array (no pickle).
+        """Return all state as a flat dict of str -> NumPy array (no pickle). Collective.
 
-        Keys: ``iteration``, ``compressor/...`` and ``memory/...``.
+        Every rank calls it at the same point. The compressor state (step counters, PowerSGD's Q)
+        is the same on every rank; the memory (residuals, DGC's momentum) differs per rank, so its
+        arrays are all-gathered and stacked: ``memory/...`` has shape ``(P, ...)``, row ``r`` from
+        rank ``r``. The result is identical on every rank, so rank 0 alone may write it.
+
+        Returns
+        -------
+        dict
+            ``iteration``, ``world_size``, ``compressor/...`` and ``memory/...`` entries.
         """
-        state = {"iteration": np.array(self.iteration, np.int64)}
+        size = self.comm.Get_size()
+        state = {"iteration": np.array(self.iteration, np.int64),
+                 "world_size": np.array(size, np.int64)}
         state.update({"compressor/" + k: _host(v) for k, v in self.compressor.state_dict().items()})
         if self.memory is not None:
-            state.update({"memory/" + k: _host(v) for k, v in self.memory.state_dict().items()})
+            for key, value in sorted(self.memory.state_dict().items()):
+                mine = np.ascontiguousarray(_host(value))
+                stacked = np.empty((size,) + mine.shape, mine.dtype)  # (P, ...)
+                self.comm.Allgather(mine, stacked)
+                state["memory/" + key] = stacked
         return state
 
     def load_state_dict(self, state):
-        """Restore the state written by ``state_dict`` (on a hook built with the same arguments)."""
+        """Restore the state written by ``state_dict`` (same compressor arguments and P).
+
+        Raises
+        ------
+        ValueError
+            If ``state`` was written by a run with another number of ranks.
+        """
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        if int(state.get("world_size", size)) != size:
+            raise ValueError(f"state: written by {int(state['world_size'])} ranks, this run has {size}")
         self.iteration = int(state["iteration"])
         self.compressor.load_state_dict({k[11:]: v for k, v in state.items()
                                          if k.startswith("compressor/")})
         if self.memory is not None:
-            self.memory.load_state_dict({k[7:]: v for k, v in state.items()
+            self.memory.load_state_dict({k[7:]: v[rank] for k, v in state.items()
                                          if k.startswith("memory/")})
 
     def close(self):
