@@ -80,10 +80,11 @@ def draw(runs, meta, path):
         ax.plot(t, acc, color=colors[r["label"]], linewidth=1.6 if first else 0.8, alpha=1 if first else 0.5,
                 label=f"{r['label']} ({r['updates_per_s']:.0f} updates/s)" if first else None)
     ax.axhline(95, color="0.5", linestyle="--", linewidth=1)
-    ax.text(ax.get_xlim()[0], 95.2, " 95 %", color="0.4", va="bottom")
+    ax.text(min(p["wall_s"] for r in runs for p in r["curve"]), 95.2, "95 %", color="0.4", va="bottom")
     ax.set_ylim(max(0, min(100 * p["test_acc"] for r in runs for p in r["curve"][:1] or [{"test_acc": 0}]) - 5),
                 100)
-    ax.set_xlabel("wall time since start (s)")
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time since start (s, log scale)")
     ax.set_ylabel("test accuracy (%)")
     run = meta.get("run", {})
     mpi = " ".join(run.get("mpi_library", "").split())[:40]
@@ -108,6 +109,8 @@ def draw(runs, meta, path):
         h.set_ylabel("% of pulls", fontsize=8)
         h.tick_params(labelsize=7)
         h.xaxis.set_major_locator(MaxNLocator(integer=True))
+        kmax = max(2, max(keys, default=0))
+        h.set_xlim(-0.6 - 0.02 * kmax, kmax + 0.6)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 

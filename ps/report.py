@@ -59,7 +59,7 @@ def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoc
         model.params[...] = params
         return evaluate(model, loss_fn, x, y, MPI.COMM_SELF, eval_batch)
 
-    curve, epochs, prev = [], [], 0
+    curve, epochs, prev = [], [], result.start_pushes
     for pushes, wall, params in result.snapshots:
         test_acc, test_loss = acc_loss(params, x_te, y_te)
         curve.append({"pushes": int(pushes), "clock": pushes / W, "wall_s": float(wall),
@@ -132,13 +132,15 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     s_max, s_mean = staleness_stats(hist)
     done = [s for s in result.workers if s is not None]
     samples = sum(s["samples"] for s in done)
+    session = result.wall - result.start_wall  # seconds of this job (a resumed job counts its own)
     summary = {
         "mode": "ps", "consistency": cfg.consistency, "staleness_bound": cfg.staleness,
         "servers": cfg.servers, "workers": W, "P": comm.Get_size(), "parameters": n_params,
         "final_test_acc": evals["final"]["test_acc"], "final_train_acc": evals["final"]["train_acc"],
         "epochs": result.pushes / (W * per_epoch), "pushes": result.pushes, "wall_s": result.wall,
-        "updates_per_s": result.pushes / result.wall if result.wall else 0.0,
-        "samples_per_s": samples / result.wall if result.wall else 0.0,
+        "updates_per_s": (result.pushes - result.start_pushes) / session if session else 0.0,
+        "samples_per_s": samples / session if session else 0.0,
+        "resumed_at_pushes": result.start_pushes,
         "target_acc": TARGET_ACC, "time_to_target_s": time_to_accuracy(evals["curve"]),
         "staleness_histogram": hist, "staleness_max": s_max, "staleness_mean": s_mean,
         "worker_status": result.status, "worker_stats": result.workers,

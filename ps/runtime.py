@@ -41,6 +41,8 @@ class RunResult:
     pushes: int                          # worker gradients folded in (server 0)
     wall: float                          # seconds from the start barrier to server 0's last message
     staleness: dict                      # staleness (clocks) -> served shard pulls, all servers
+    start_pushes: int = 0                # pushes already folded in when this job started (resume)
+    start_wall: float = 0.0              # seconds of training before this job started (resume)
     snapshots: list = field(default_factory=list)   # (pushes, seconds, flat params)
     workers: list = field(default_factory=list)     # per worker: dict of STAT_FIELDS, or None
     status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
@@ -100,7 +102,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None):
             server = Server(pscomm, rank, workers, shard, offsets[rank], n, opts,
                             on_push if rank == 0 else None)
             server.serve(t0)
-            wall = time.monotonic() - t0
+            wall = server.elapsed()
             if rank != 0:
                 _send_final(repcomm, server, opts)
                 return None
@@ -115,10 +117,8 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     w = workers.index(rank)
     client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
                     2 * opts.ps_timeout + 10.0)
-    factor = parse_rank_spec(opts.straggler, "straggler", float)[1] \
-        if opts.straggler and parse_rank_spec(opts.straggler, "straggler", float)[0] == rank else 1.0
-    fail_step = parse_rank_spec(opts.fail_worker, "fail_worker", int)[1] \
-        if opts.fail_worker and parse_rank_spec(opts.fail_worker, "fail_worker", int)[0] == rank else -1
+    factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
+    fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
     params, clock, stopped = client.join()
     push_buf = np.empty_like(params)
@@ -157,6 +157,14 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     vec = np.array([stats[k] for k in STAT_FIELDS], dtype=np.float64)
     wait_all(send(repcomm, 0, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
     return stats
+
+
+def _mine(spec, name, kind, rank, default):
+    """Return the VALUE of a ``RANK:VALUE`` spec when it names ``rank``, else ``default``."""
+    if not spec:
+        return default
+    target, value = parse_rank_spec(spec, name, kind)
+    return value if target == rank else default
 
 
 def _report(server):
@@ -240,5 +248,6 @@ def _collect(repcomm, server, opts, workers, wall):
             seen.add((w, c))
             what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
             events.append((t, f"worker rank {workers[int(w)]} {what}"))
-    return RunResult(params=params, pushes=server.pushes, wall=wall, staleness=dict(sorted(hist.items())),
+    return RunResult(params=params, pushes=server.pushes, wall=wall, start_pushes=server.resumed_pushes,
+                     start_wall=server.resumed_seconds, staleness=dict(sorted(hist.items())),
                      snapshots=snapshots, workers=stats, status=status, events=events)

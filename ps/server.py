@@ -80,6 +80,7 @@ class Server:
         self.speeds = np.zeros(self.n_workers)             # seconds per sample reported (server 0)
         self.speed_waiting = {}                            # worker -> clock of its SPEED awaiting BATCH
         self._sends = []
+        self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
         if opts.resume_dir:
@@ -99,7 +100,7 @@ class Server:
         PSError
             Under BSP when a worker was lost (after every other worker has been told).
         """
-        self._t0 = time.monotonic() if start_time is None else start_time
+        self._t0 = (time.monotonic() if start_time is None else start_time) - self.resumed_seconds
         self._last_heard[:] = time.monotonic()
         backoff, next_check = Backoff(), 0.0
         while (self.table.status == LIVE).any():
@@ -120,6 +121,10 @@ class Server:
             self.checkpoint()
         if self.error_worker >= 0:
             raise PSError(self.error_message())
+
+    def elapsed(self):
+        """Return the seconds of training so far, resumed runs included."""
+        return time.monotonic() - self._t0
 
     def error_message(self):
         """Return the text of the BSP error (which worker was lost and why)."""
@@ -260,7 +265,7 @@ class Server:
         """Write this server's shard, optimizer state and clocks to its checkpoint file (atomic)."""
         os.makedirs(self.opts.checkpoint_dir, exist_ok=True)
         state = {"params": self.params, "offset": self.offset, "total": self.total,
-                 "pushes": self.pushes, "servers": self.opts.servers}
+                 "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed()}
         state.update(self.opt.state_dict())
         state.update(self.table.state_dict())
         save_npz_atomic(checkpoint_path(self.opts.checkpoint_dir, self.index), state)
@@ -275,7 +280,8 @@ class Server:
         self.params[:] = state["params"]
         self.opt.load_state_dict(state)
         self.table.load_state_dict(state)
-        self.pushes = int(state["pushes"])
+        self.pushes = self.resumed_pushes = int(state["pushes"])
+        self.resumed_seconds = float(state["elapsed"])
 
 
 def _proportional(rate, total):
