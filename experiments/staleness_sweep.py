@@ -170,7 +170,7 @@ def main(argv=None):
                         help="comma-separated bsp, asp, sspS (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per protocol, interleaved (default: 1)")
     parser.add_argument("--epochs", type=int, default=20, help="epochs per run (default: 20)")
-    parser.add_argument("--straggler", default="2:4", help="slow worker RANK:FACTOR (default: %(default)s)")
+    parser.add_argument("--straggler", default="2:4", help="slow worker RANK:FACTOR, '' for none (default: %(default)s)")
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="extra random delay per step, uniform in [0, JITTER] seconds (default: 0)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -23,7 +23,7 @@ from ps.state import ServerOptimizer, load_npz, save_npz_atomic
 __all__ = ["Server", "checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
 
 EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
-_SILENCE_CHECK = 0.01  # seconds between silence checks while idle
+_SILENCE_CHECK = 0.01  # seconds between silence checks
 
 
 def checkpoint_path(directory, index):
@@ -108,13 +108,13 @@ class Server:
             if msg is not None:
                 self._handle(*msg)
                 backoff.reset()
-                continue
             now = time.monotonic()
-            if now >= next_check:
+            if now >= next_check:  # also while busy: a dead worker must not wait for a lull
                 self._sends = [s for s in self._sends if not s[0].Test()]
                 self._check_silence(now)
                 next_check = now + _SILENCE_CHECK
-            backoff.sleep()
+            if msg is None:
+                backoff.sleep()
         wait_all(self._sends, time.monotonic() + self.opts.ps_timeout, "replies to the workers")
         self._sends = []
         if self.opts.checkpoint_dir and self.error_worker < 0:

@@ -31,7 +31,7 @@ def test_balance_gives_the_straggler_a_smaller_batch():
     run_mpi(5, "tests.mpi_ps", "balance", 1, timeout=60)
 
 
-@pytest.mark.parametrize("models", [("asp", "ssp"), ("bsp",)])
-def test_failed_worker(models):
+@pytest.mark.parametrize("P, S, models", [(4, 1, ("asp", "ssp")), (5, 2, ("bsp",))])
+def test_failed_worker(P, S, models):
     """ASP/SSP drop the silent worker and finish; BSP stops every rank with the error; no hang."""
-    run_mpi(4, "tests.mpi_ps", "fail", 1, *models, timeout=60)
+    run_mpi(P, "tests.mpi_ps", "fail", S, *models, timeout=60)
