@@ -8,6 +8,7 @@ Also accepts the ``summary.json`` of single ``--mode ps`` runs (one curve and hi
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -73,12 +74,18 @@ def draw(runs, meta, path):
     fig = plt.figure(figsize=(14, 5.5 + 1.6 * ((n + 2) // 3)))
     grid = fig.add_gridspec(2, 3, height_ratios=[3, 1.4 * ((n + 2) // 3)], hspace=0.35)
     ax = fig.add_subplot(grid[0, :])
-    for r in runs:
-        t = [p["wall_s"] for p in r["curve"]]
-        acc = [100 * p["test_acc"] for p in r["curve"]]
-        first = r["repeat"] == min(x["repeat"] for x in runs if x["label"] == r["label"])
-        ax.plot(t, acc, color=colors[r["label"]], linewidth=1.6 if first else 0.8, alpha=1 if first else 0.5,
-                label=f"{r['label']} ({r['updates_per_s']:.0f} updates/s)" if first else None)
+    for lab in labels:
+        group = [r for r in runs if r["label"] == lab]
+        rates = sorted(r["updates_per_s"] for r in group)
+        median = statistics.median(rates)
+        typical = min(group, key=lambda r: abs(r["updates_per_s"] - median))  # drawn bold
+        for r in group:
+            bold = r is typical
+            ax.plot([p["wall_s"] for p in r["curve"]], [100 * p["test_acc"] for p in r["curve"]],
+                    color=colors[lab], linewidth=1.8 if bold else 0.7, alpha=1.0 if bold else 0.35,
+                    zorder=3 if bold else 2,
+                    label=(f"{lab}: {median:.0f} updates/s" + (f" (median of {len(group)})" if len(group) > 1
+                                                               else "")) if bold else None)
     ax.axhline(95, color="0.5", linestyle="--", linewidth=1)
     ax.text(min(p["wall_s"] for r in runs for p in r["curve"]), 95.2, "95 %", color="0.4", va="bottom")
     ax.set_ylim(max(0, min(100 * p["test_acc"] for r in runs for p in r["curve"][:1] or [{"test_acc": 0}]) - 5),
