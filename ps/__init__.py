@@ -6,6 +6,7 @@ trainer's model and data.
 """
 from ps.client import Client
 from ps.consistency import CONSISTENCY, BspBuckets, ClockTable
+from ps.driver import BatchStream, ps_options, run_ps
 from ps.options import PSOptions, parse_rank_spec
 from ps.protocol import Msg, PSError, PSTimeout
 from ps.runtime import STAT_FIELDS, RunResult, roles, run
@@ -13,7 +14,7 @@ from ps.server import Server, checkpoint_path
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
 from ps.state import ServerOptimizer, load_npz, save_npz_atomic
 
-__all__ = ["Client", "CONSISTENCY", "BspBuckets", "ClockTable", "PSOptions", "parse_rank_spec", "Msg",
+__all__ = ["Client", "CONSISTENCY", "BspBuckets", "ClockTable", "BatchStream", "ps_options", "run_ps", "PSOptions", "parse_rank_spec", "Msg",
            "PSError", "PSTimeout", "STAT_FIELDS", "RunResult", "roles", "run", "Server",
            "checkpoint_path", "join_shards", "shard_offsets", "shard_sizes", "shard_slice",
            "split_shards", "ServerOptimizer", "load_npz", "save_npz_atomic"]
