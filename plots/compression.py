@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+from matplotlib.text import Text  # noqa: E402
 
 __all__ = ["draw", "main"]
 
@@ -19,6 +20,27 @@ _MARKERS = {"none": "*", "fp16": "o", "int8": "o", "qsgd": "o", "terngrad": "D",
             "efsignsgd": "^", "onebit": "^", "topk": "s", "randomk": "s", "threshold": "s",
             "dgc": "P", "powersgd": "X"}
 _SPAN = 5.0  # accuracy points shown below none; lower results sit on the floor, labelled
+
+
+def _place_labels(ax, labels):
+    """Annotate points without overlap: try offsets above and below until the label is free."""
+    ax.set_xlim(ax.get_xlim())  # settle the autoscaled limits before measuring
+    renderer = ax.figure.canvas.get_renderer()
+    placed = []  # display boxes of the labels already drawn
+    for x, y, text in labels:
+        for dy in (8, -16, 20, -28, 32, -40, 44, -52, 56, -64):
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, dy), ha="center",
+                              fontsize=7.5, color="0.15",
+                              arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6}
+                              if abs(dy) > 16 else None)
+            box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.15)  # the text, no arrow
+            if not any(box.overlaps(b) for b in placed):
+                break
+            ann.remove()
+        else:
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 8), ha="center",
+                        fontsize=7.5, color="0.15")
+        placed.append(box)
 
 
 def draw(results, path):
@@ -47,6 +69,7 @@ def draw(results, path):
     floor = (100 * none["test_acc_mean"] - _SPAN) if none is not None else min(accs) - 1
     floor = max(floor, min(accs) - 1)
     order = sorted(range(len(rows)), key=lambda i: rows[i]["bytes_per_step"])
+    labels = []
     for k, i in enumerate(order):
         r, color, acc = rows[i], colors(i % 20), accs[i]
         marker = _MARKERS.get(r["compressor"], "o")
@@ -58,10 +81,7 @@ def draw(results, path):
             err = [[acc - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - acc]]
             ax_acc.errorbar(r["bytes_per_step"], acc, yerr=err, fmt=marker, color=color,
                             markersize=10 if r["spec"] == "none" else 7, capsize=3)
-        up = k % 2 == 0  # alternate above / below: neighbours on the byte axis do not collide
-        ax_acc.annotate(label, (r["bytes_per_step"], max(acc, floor + 0.15)),
-                        textcoords="offset points", xytext=(0, 9 if up else -14), ha="center",
-                        fontsize=7.5, color="0.15")
+        labels.append((r["bytes_per_step"], max(acc, floor + 0.15), label))
         epochs = range(1, len(r["loss_curve"]) + 1)
         ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=3,
                      linewidth=2.2 if r["spec"] == "none" else 1.3, label=r["spec"])
@@ -85,13 +105,14 @@ def draw(results, path):
     ax_loss.set_ylabel("training loss (mean over ranks and seeds, log scale)")
     ax_loss.set_title("loss curves")
     ax_loss.grid(True, which="both", alpha=0.3)
-    ax_loss.legend(fontsize=7, ncol=2)
+    ax_loss.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.suptitle(f"gradient compression on {cfg.get('data', '?')}: {results.get('parameters', '?')} "
                  f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
                  f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
                  f"({' '.join(run.get('mpi_library', '').split())[:40]}, {run.get('host', '')})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    _place_labels(ax_acc, labels)  # after the layout: it measures the labels on the canvas
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
