@@ -129,19 +129,19 @@ class OneBit(Compressor):
     def compress(self, x, name):
         """Return ``([signs uint8 (ceil(size / 8),), [mean_pos, mean_neg] float32 (2,)], ctx)``."""
         xp = check_tensor(x, name)
-        flat = x.ravel().astype(np.float64)
+        flat = x.ravel()
         pos = flat >= 0
         n_pos = int(xp.count_nonzero(pos))
         n_neg = flat.size - n_pos
-        total_pos = float(xp.sum(xp.where(pos, flat, 0)))
-        total_neg = float(xp.sum(xp.where(pos, 0, flat)))
+        total = float(xp.sum(flat, dtype=np.float64))
+        total_pos = float(xp.sum(xp.where(pos, flat, 0), dtype=np.float64))
         means = np.array([total_pos / n_pos if n_pos else 0.0,
-                          total_neg / n_neg if n_neg else 0.0], np.float32)
+                          (total - total_pos) / n_neg if n_neg else 0.0], np.float32)
         return [xp.packbits(pos), xp.asarray(means)], _ctx(x)
 
     def decompress(self, payloads, ctx):
         """Return ``mean_pos`` where the bit is set and ``mean_neg`` elsewhere, reshaped."""
         xp = get_array_module(payloads[0])
-        bits = xp.unpackbits(payloads[0])[:ctx["size"]].astype(bool)
-        means = payloads[1].astype(ctx["dtype"])
-        return xp.where(bits, means[0], means[1]).reshape(ctx["shape"])
+        bits = xp.unpackbits(payloads[0])[:ctx["size"]]
+        table = payloads[1].astype(ctx["dtype"])[::-1]  # bit 0: mean_neg, bit 1: mean_pos
+        return table[bits].reshape(ctx["shape"])
