@@ -221,6 +221,10 @@ def test_boundary_errors():
     with pytest.raises(TypeError):
         make_compressor("qsgd").compress(np.zeros(3), 7)
     hook.close()
+    with pytest.raises(ValueError, match="algorithm"):
+        make_hook("topk", comm=MPI.COMM_SELF, algorithm="carrier-pigeon")
+    with pytest.raises(ValueError, match="gather_algorithm"):
+        make_hook("topk", comm=MPI.COMM_SELF, gather_algorithm="tree")
     with pytest.raises(NotImplementedError):
         Compressor().compress(np.zeros(3), "g")
     with pytest.raises(NotImplementedError):

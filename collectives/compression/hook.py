@@ -47,8 +47,11 @@ class CompressionHook:
 
     def __init__(self, compressor, memory=None, comm=None, algorithm="auto",
                  gather_algorithm="ring", name="grad"):
-        if not isinstance(algorithm, str) or not isinstance(gather_algorithm, str):
-            raise ValueError("algorithm and gather_algorithm must be algorithm names (str)")
+        if algorithm not in collectives.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(collectives.ALGORITHMS)}, got {algorithm!r}")
+        gathers = collectives.OP_ALGORITHMS["allgather"]
+        if gather_algorithm not in gathers:
+            raise ValueError(f"gather_algorithm must be one of {gathers}, got {gather_algorithm!r}")
         self.compressor = compressor
         self.memory = memory
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
