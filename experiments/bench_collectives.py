@@ -12,7 +12,9 @@ algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
    duplicated communicator (``#wrong``: elements that differ, summed over ranks; floats within
    rtol = atol = 1e-3 / 1e-5 / 1e-12 for float16 / float32 / float64, integers exactly);
 2. ``warmup`` uncounted calls, then ``iters`` timed calls (OSU Micro-Benchmarks): a barrier before
-   each call, outside the timed region; each rank's mean; then min, mean and max over ranks.
+   each call, outside the timed region; each rank's mean; then min, mean and max over ranks (and
+   the slowest rank's median, robust to the spikes of a shared machine). With ``--rounds R`` the
+   timed calls come in R segments and the algorithms take turns segment by segment.
 
 Columns follow nccl-tests: size is the whole vector in bytes (all-reduce and reduce-scatter input,
 all-gather output made of P blocks of size / P, broadcast buffer); time is the slowest rank's mean;
@@ -53,7 +55,7 @@ REFERENCES = ("ring-direct", "ring-execute")
 
 #: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
 COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
-           "time_min_us", "time_mean_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s")
+           "time_min_us", "time_mean_us", "time_median_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s")
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
@@ -76,6 +78,7 @@ class BenchConfig:
     warmup_large: int = 10                    # uncounted calls per size above large_bytes
     large_bytes: int = 8192                   # bytes; the small/large iteration boundary (OSU's)
     max_time: float = 0.0                     # seconds; cap on one timed loop (fewer iters), 0 = none
+    rounds: int = 1                           # segments per timed loop, algorithms taking turns (1 = OSU)
     baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
 
@@ -137,6 +140,8 @@ def parse_args(argv=None, quiet=False):
     p.add_argument("--large-bytes", type=_parse_bytes, default=d.large_bytes, help="default 8K")
     p.add_argument("--max-time", type=float, default=d.max_time,
                    help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
+    p.add_argument("--rounds", type=int, default=d.rounds,
+                   help="split each timed loop into this many segments, the algorithms taking turns (default 1)")
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
     if quiet:
@@ -156,12 +161,12 @@ def parse_args(argv=None, quiet=False):
         p.error("--algorithms: every op in --ops needs at least one of them")
     if not 1 <= a.min_bytes <= a.max_bytes:
         p.error("--min-bytes must be >= 1 and at most --max-bytes")
-    if min(a.iters_small, a.iters_large) < 1 or min(a.warmup_small, a.warmup_large) < 0 or a.max_time < 0:
-        p.error("iterations must be >= 1, warm-up >= 0 and --max-time >= 0")
+    if min(a.iters_small, a.iters_large, a.rounds) < 1 or min(a.warmup_small, a.warmup_large, a.max_time) < 0:
+        p.error("iterations and --rounds must be >= 1, warm-up >= 0 and --max-time >= 0")
     return BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
                        dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                        warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
-                       max_time=a.max_time, baseline=a.baseline or "", out=a.out)
+                       max_time=a.max_time, rounds=a.rounds, baseline=a.baseline or "", out=a.out)
 
 
 def _check_data(rank, count, dtype, redop):
@@ -320,51 +325,69 @@ def _poison(a):
         a.fill(np.iinfo(a.dtype).min if a.dtype.kind == "i" else np.nan)
 
 
-def _time(call, comm, iters, warmup, max_time):
-    """Run ``call`` OSU-style; return (min, mean, max over ranks of each rank's mean seconds, iters)."""
+def _segment(call, comm, iters, warmup, times):
+    """Run ``warmup`` uncounted then ``iters`` timed calls, a barrier before each; append the seconds."""
     for _ in range(warmup):
         comm.Barrier()
         call()
-    if max_time > 0:  # every rank must agree on the count: take the slowest rank's estimate
-        comm.Barrier()
-        t0 = time.perf_counter()
-        call()
-        est = np.array([time.perf_counter() - t0])
-        comm.Allreduce(MPI.IN_PLACE, est, MPI.MAX)
-        iters = max(3, min(iters, int(max_time / max(est[0], 1e-9))))
-    total = 0.0
     for _ in range(iters):
         comm.Barrier()
         t0 = time.perf_counter()
         call()
-        total += time.perf_counter() - t0
-    means = np.empty(comm.Get_size())
-    comm.Allgather(np.array([total / iters]), means)
-    return float(means.min()), float(means.mean()), float(means.max()), iters
+        times.append(time.perf_counter() - t0)
+
+
+def _iterations(calls, comm, iters, max_time):
+    """Return each algorithm's timed-call count: ``iters``, cut to fit ``max_time`` (the same on every rank)."""
+    if max_time <= 0:
+        return {alg: iters for alg in calls}
+    est = []
+    for call in calls.values():
+        _segment(call, comm, 1, 0, est)
+    est = np.array(est)
+    comm.Allreduce(MPI.IN_PLACE, est, MPI.MAX)  # the slowest rank's estimate, so every rank agrees
+    return {alg: max(3, min(iters, int(max_time / max(e, 1e-9)))) for alg, e in zip(calls, est)}
 
 
 def _measure(op, nbytes, cfg, comm):
-    """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank)."""
+    """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank).
+
+    The timed calls of each algorithm are split into ``cfg.rounds`` segments (each with its share of
+    the warm-up) and the algorithms take turns segment by segment, so slow drifts of a shared
+    machine's load fall on all of them alike.
+    """
     case = _case(op, nbytes, cfg, comm)
     if case is None:
         return []
     count, ref, calls, poisoned = case
-    P, dt, rows = comm.Get_size(), np.dtype(cfg.dtype), []
-    small = count * dt.itemsize <= cfg.large_bytes
-    for alg, call in calls.items():
+    P, dt = comm.Get_size(), np.dtype(cfg.dtype)
+    wrong, resolved = np.zeros(len(calls), np.int64), {}
+    for i, (alg, call) in enumerate(calls.items()):
         _poison(poisoned)
-        wrong = np.array([_count_wrong(call(), ref)], np.int64)
-        comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
-        resolved = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
-        t_min, t_mean, t_max, iters = _time(call, comm, cfg.iters_small if small else cfg.iters_large,
-                                            cfg.warmup_small if small else cfg.warmup_large, cfg.max_time)
-        size = count * dt.itemsize
+        wrong[i] = _count_wrong(call(), ref)
+        resolved[alg] = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
+    comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
+    size = count * dt.itemsize
+    iters = _iterations(calls, comm, cfg.iters_small if size <= cfg.large_bytes else cfg.iters_large, cfg.max_time)
+    warmup, R = cfg.warmup_small if size <= cfg.large_bytes else cfg.warmup_large, cfg.rounds
+    times = {alg: [] for alg in calls}
+    for k in range(R):
+        for alg, call in calls.items():
+            _segment(call, comm, iters[alg] * (k + 1) // R - iters[alg] * k // R,
+                     warmup * (k + 1) // R - warmup * k // R, times[alg])
+    local = np.array([[np.mean(times[a]), np.median(times[a])] for a in calls])  # (algorithms, 2)
+    every = np.empty((P,) + local.shape)
+    comm.Allgather(local, every)  # (P, algorithms, 2): each rank's mean and median
+    rows = []
+    for i, alg in enumerate(calls):
+        t_min, t_mean, t_max = every[:, i, 0].min(), every[:, i, 0].mean(), every[:, i, 0].max()
         algbw = size / t_max / 1e9 if t_max > 0 else 0.0
         rows.append({"op": op, "bytes": size, "count": count, "type": dt.name,
                      "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
-                     "algorithm": alg, "resolved": resolved, "P": P, "iters": iters, "time_us": t_max * 1e6,
-                     "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6, "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[0]), "time_s": t_max})
+                     "algorithm": alg, "resolved": resolved[alg], "P": P, "iters": iters[alg],
+                     "time_us": t_max * 1e6, "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6,
+                     "time_median_us": every[:, i, 1].max() * 1e6, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[i]), "time_s": float(t_max)})
     return rows
 
 
@@ -402,7 +425,8 @@ def _header(cfg, comm, complete, rows):
             "mpi_standard": "%d.%d" % MPI.Get_version(), "mpi4py": sys.modules["mpi4py"].__version__,
             "numpy": np.__version__, "python": platform.python_version(), "host": platform.node(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "complete": complete, "rows": rows, "summary": summarize(rows)}
+            "complete": complete, "rows": rows, "summary": summarize(rows),
+            "summary_median": summarize(rows, "median")}
 
 
 def _write(cfg, results):

@@ -30,14 +30,20 @@ def _geomean(values):
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def summarize(rows):
+def _seconds(row, stat):
+    return row["time_s"] if stat == "mean" else row.get("time_median_us", 0.0) * 1e-6
+
+
+def summarize(rows, stat="mean"):
     """Return the ratios of a sweep against ``mpi`` and of the executor against hand-written loops.
 
     Parameters
     ----------
     rows : list of dict
-        Result rows (``op``, ``algorithm``, ``bytes``, ``time_s``, ``wrong``); rows with wrong
-        results are left out.
+        Result rows (``op``, ``algorithm``, ``bytes``, ``time_s``, ``time_median_us``, ``wrong``);
+        rows with wrong results are left out.
+    stat : {"mean", "median"}
+        Which time to compare: the slowest rank's mean (``time_s``, nccl-tests' time) or median.
 
     Returns
     -------
@@ -50,7 +56,10 @@ def summarize(rows):
         ``aggregates``: geometric means and extremes of those over the size ranges of the targets
         (64 KiB-64 MiB for busbw, 8 B-4 KiB for ``auto``, all sizes otherwise).
     """
-    t = {(r["op"], r["algorithm"], r["bytes"]): r["time_s"] for r in rows if not r.get("wrong") and r["time_s"] > 0}
+    if stat not in ("mean", "median"):
+        raise ValueError(f"stat={stat!r} must be 'mean' or 'median'")
+    t = {(r["op"], r["algorithm"], r["bytes"]): _seconds(r, stat) for r in rows
+         if not r.get("wrong") and _seconds(r, stat) > 0}
     sizes = []
     for n in sorted({r["bytes"] for r in rows}):
         e = {"bytes": n}
@@ -95,17 +104,19 @@ def _x(v, fmt="{:.2f}"):
     return fmt.format(v) if v is not None else "-"
 
 
-def markdown(results):
+def markdown(results, stat="mean"):
     """Return the summary of one results file as Markdown: a headline paragraph and a table per size.
 
     Parameters
     ----------
     results : dict
         As written by ``experiments.bench_collectives`` (``rows``, ``P``, ``mpi_library``, ``config``).
+    stat : {"mean", "median"}
+        As for :func:`summarize`.
     """
-    s = summarize(results["rows"])
+    s = summarize(results["rows"], stat)
     a = s["aggregates"]
-    head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}: best hand-made "
+    head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times: best hand-made "
             f"all-reduce busbw / `mpi` busbw, geometric mean over 64 KiB-64 MiB "
             f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x** (lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x); "
             f"reduce-scatter time / `mpi` at most {_x(a['reduce_scatter_vs_mpi_max'])}x "
@@ -207,11 +218,12 @@ def draw(results, out_dir, model=True):
         axes[0].set_yscale("log")
         axes[2].set_yscale("log", base=2)
         axes[2].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+        if op == "allreduce" and predict is not None:
+            axes[1].plot([], [], color="0.3", linestyle="--", linewidth=1, label="model (left panel)")
         axes[1].legend(fontsize=8, loc="upper left")
-        if op == "allreduce":
-            axes[0].text(0.02, 0.98, note, transform=axes[0].transAxes, fontsize=8, va="top")
-        fig.suptitle(f"{op} on P = {P} ranks, {results['config']['dtype']}, {results['mpi_library']}, "
-                     f"host {results.get('host', '?')}, {results.get('date', '')[:10]}", fontsize=11)
+        title = (f"{op} on P = {P} ranks, {results['config']['dtype']}, {results['mpi_library']}, "
+                 f"host {results.get('host', '?')}, {results.get('date', '')[:10]}")
+        fig.suptitle(title + (f"\n{note}" if op == "allreduce" else ""), fontsize=11)
         fig.tight_layout()
         path = os.path.join(out_dir, f"bench_{op}_p{P}.png")
         fig.savefig(path, dpi=110)
@@ -226,6 +238,8 @@ def main(argv=None):
     p.add_argument("results", nargs="+", help="JSON files written by experiments.bench_collectives")
     p.add_argument("--out", help="directory for the PNG files (default: beside each results file)")
     p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
+    p.add_argument("--stat", choices=["mean", "median"], default="mean",
+                   help="time the summary compares: slowest rank's mean (default) or median")
     p.add_argument("--no-model", action="store_true", help="do not fit and draw the cost model")
     a = p.parse_args(argv)
     for path in a.results:
@@ -237,7 +251,7 @@ def main(argv=None):
             sys.exit(f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))
         if a.markdown:
-            print("\n" + markdown(results) + "\n")
+            print("\n" + markdown(results, a.stat) + "\n")
 
 
 if __name__ == "__main__":

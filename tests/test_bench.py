@@ -57,7 +57,7 @@ def _check_sweep(P, results, header, csv_rows):
         assert r["wrong"] == 0 and int(c["wrong"]) == 0, r
         assert r["P"] == P and r["type"] == "float32" and r["bytes"] == 4 * r["count"]
         assert r["time_min_us"] <= r["time_mean_us"] * (1 + 1e-12) <= r["time_us"] * (1 + 1e-9)
-        assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-12)
+        assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-12) and r["time_median_us"] > 0
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-9)
         factor = {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P,
                   "broadcast": 1.0}[r["op"]]
@@ -79,24 +79,37 @@ def test_sweep_p2_columns_busbw_and_checks(sweep_p2):
 
 
 def test_sweep_p3_allgather_rounding_and_time_cap(tmp_path):
-    """P = 3: all-gather sizes round down to P blocks; --max-time cuts every loop to the minimum 3 calls."""
-    _, results, header, csv_rows = _sweep(3, str(tmp_path / "p3"), "--iters", "50", "--warmup", "0",
-                                          "--max-time", "1e-9")
+    """P = 3: all-gather sizes round down to P blocks; --max-time cuts every loop to the minimum 3 calls,
+    which --rounds 2 splits into segments of 1 and 2."""
+    _, results, header, csv_rows = _sweep(3, str(tmp_path / "p3"), "--iters", "50", "--warmup", "1",
+                                          "--max-time", "1e-9", "--rounds", "2")
     rows = _check_sweep(3, results, header, csv_rows)
     assert {r["bytes"] for r in rows if r["op"] == "allgather"} == {60, 120}
     assert {r["iters"] for r in rows} == {3}
 
 
-def test_gloo_baseline_without_torch_fails_clearly(tmp_path):
+def _has_torch():
     try:
-        import torch  # noqa: F401
-        pytest.skip("torch is installed")
+        import torch.distributed  # noqa: F401
     except ImportError:
-        pass
+        return False
+    return True
+
+
+@pytest.mark.skipif(_has_torch(), reason="torch is installed: the gloo run itself is tested")
+def test_gloo_baseline_without_torch_fails_clearly(tmp_path):
     proc = run_mpi(2, "experiments.bench_collectives", "--ops", "allreduce", "--max-bytes", "8", "--baseline",
                    "gloo", "--out", str(tmp_path / "g"), timeout=60, check=False)
     assert proc.returncode == 2 and "needs PyTorch" in proc.stdout
     assert proc.stdout.count("needs PyTorch") == 1  # rank 0 alone reports
+
+
+@pytest.mark.skipif(not _has_torch(), reason="needs torch")
+def test_gloo_baseline_checked_against_mpi(tmp_path):
+    _, results, _, _ = _sweep(2, str(tmp_path / "g"), "--ops", "allreduce", "--algorithms", "mpi", "--baseline",
+                              "gloo", "--redop", "avg", "--iters", "2", "--warmup", "0")
+    gloo = [r for r in results["rows"] if r["algorithm"] == "gloo"]
+    assert [r["bytes"] for r in gloo] == [64, 128] and all(r["wrong"] == 0 and r["time_s"] > 0 for r in gloo)
 
 
 def test_count_wrong_detects_planted_errors():
