@@ -8,6 +8,7 @@ equivalence    P ranks with global batch 64 end, after 20 SGD steps in float64, 
 buckets        bucketed all-reduce (tiny buckets) gives the fused all-reduce's weights.
 nonfinite      a NaN batch on one rank makes every rank skip that step and count it.
 resume         stop after epoch 3, resume to 6 == uninterrupted 6 epochs, bitwise (float64).
+resume_compressed  the same with PowerSGD: its state is checkpointed under "compression/".
 corrupt        a truncated or altered checkpoint raises CheckpointError naming the file, on
                every rank.
 
@@ -156,6 +157,29 @@ def case_resume(comm, base):
         assert [r["step"] for r in steps] == list(range(1, 6 * 23 + 1)), "metrics.jsonl steps"
 
 
+def case_resume_compressed(comm, base):
+    """Resume is bitwise exact with a stateful compressor too (PowerSGD's Q and error feedback)."""
+    try:
+        from collectives.compression import make_hook  # noqa: F401
+    except ImportError:
+        if comm.rank == 0:
+            print("case_resume_compressed: skipped (no collectives.compression)", flush=True)
+        return
+    root = _shared_dir(comm, base, "resume_c")
+    common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "4",
+              "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "powersgd",
+              "--compression-arg", "rank=2"]
+    _quiet(run, parse_args(common + ["--name", "full"]), comm)
+    _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "2"]), comm)
+    _quiet(run, parse_args(["--resume", os.path.join(root, "part"), "--stop-after", "0"]), comm)
+    _, full = load_checkpoint(os.path.join(root, "full"), comm)
+    _, resumed = load_checkpoint(os.path.join(root, "part"), comm)
+    comp = [k for k in full if k.startswith("compression/")]
+    assert comp, "the checkpoint holds no compression state"
+    for key in ["model/params", "optim/m", "optim/v", *comp]:
+        assert np.array_equal(full[key], resumed[key]), f"{key} differs after resume"
+
+
 def case_corrupt(comm, base):
     root = _shared_dir(comm, base, "corrupt")
     src = os.path.join(base, "resume", "full", "ckpt-epoch0006.npz")
@@ -188,7 +212,8 @@ def case_corrupt(comm, base):
         raise AssertionError("resuming from a truncated checkpoint raised nothing")
 
 
-CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_corrupt]
+CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_resume_compressed,
+         case_corrupt]
 
 
 def main():

@@ -71,12 +71,12 @@ class Config:
     servers: int = 1                  # number of server ranks
     consistency: str = "bsp"          # bsp, asp or ssp
     staleness: int = 2                # SSP staleness bound (clocks)
-    staleness_lr: bool = False        # scale the learning rate down with staleness
-    straggler: str = ""               # slow worker "RANK:FACTOR" (compute time multiplier)
-    jitter: float = 0.0               # maximum random delay per step (seconds)
+    staleness_lr: bool = False        # divide the step by max(1, staleness in clocks)
+    straggler: str = ""               # slow worker "RANK:FACTOR" (step time multiplier)
+    jitter: float = 0.0               # extra delay per step, uniform in [0, jitter] (seconds)
     ps_timeout: float = 30.0          # give up waiting for a peer after this long (seconds)
-    fail_worker: str = ""             # worker that stops "RANK:STEP"
-    balance: bool = False             # balance shard sizes across servers
+    fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
+    balance: bool = False             # give faster workers larger batches
     # --- run directory, checkpoints, output
     run_dir: str = "runs"             # parent directory of run directories
     name: str = ""                    # run directory name ("" : timestamp-mode-data-P)
@@ -175,6 +175,16 @@ class Config:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
 
 
+_METAVARS = {
+    "data_dir": "DIR", "test_fraction": "FRACTION", "samples": "N", "features": "N", "classes": "N",
+    "epochs": "N", "stop_after": "EPOCH", "batch_size": "SAMPLES", "lr": "LR", "momentum": "MU",
+    "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
+    "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
+    "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS",
+    "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
+    "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
+}
+
 #: Flag help text, with units; defaults are appended from :class:`Config`.
 HELP = {
     "mode": "dp: data-parallel all-reduce; ps: parameter server",
@@ -204,21 +214,21 @@ HELP = {
     "seed": "seed for initialization, train/test split and per-epoch shuffling (seed + epoch)",
     "shuffle": "reshuffle the training set each epoch",
     "drop_last": "drop the tail of the shuffled training set instead of padding to a multiple of P",
-    "algorithm": "all-reduce algorithm used for the gradient",
+    "algorithm": "all-reduce algorithm for the gradient (auto chooses by P and message size)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
     "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
     "servers": "parameter server: number of server ranks",
     "consistency": "parameter server consistency model",
     "staleness": "parameter server SSP staleness bound in clocks",
-    "staleness_lr": "parameter server: scale the learning rate down by the update's staleness",
-    "straggler": "parameter server: slow worker as RANK:FACTOR (compute time multiplied by FACTOR)",
-    "jitter": "parameter server: maximum random delay per step in seconds",
+    "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
+    "straggler": "parameter server: slow worker as RANK:FACTOR (its step takes FACTOR x its compute time)",
+    "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
     "ps_timeout": "parameter server: seconds to wait for a peer before giving up",
-    "fail_worker": "parameter server: worker that stops, as RANK:STEP",
-    "balance": "parameter server: balance shard sizes across servers",
+    "fail_worker": "parameter server: worker that stops communicating before a step, as RANK:STEP",
+    "balance": "parameter server: give faster workers larger batches (speed measured online)",
     "run_dir": "parent directory of run directories",
-    "name": "run directory name (default: TIMESTAMP-MODE-DATA-pP)",
+    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
     "keep_checkpoints": "number of most recent checkpoints kept",
     "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
@@ -299,7 +309,20 @@ def build_parser(prog="python -m training.train"):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
-            p.add_argument(flag, type=typ, choices=_CHOICES.get(f.name), help=text)
+            choices = _CHOICES.get(f.name)
+            if f.name == "algorithm":
+                from collectives import ALGORITHMS
+
+                text = f"{text[:-1]}; one of {', '.join(ALGORITHMS)})"
+            if f.name == "compression":
+                try:
+                    from collectives.compression import COMPRESSORS
+                except ImportError:
+                    COMPRESSORS = ()
+                if COMPRESSORS:
+                    text = f"{text[:-1]}; one of {', '.join(COMPRESSORS)})"
+            p.add_argument(flag, type=typ, choices=choices, help=text,
+                           metavar=None if choices else _METAVARS.get(f.name))
     return p
 
 

@@ -26,7 +26,8 @@ from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, train_step
 
 __all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
-           "make_sampler", "to_device", "lr_at", "replicas_identical", "TrainState"]
+           "make_sampler", "to_device", "lr_at", "replicas_identical", "build_trainer", "Trainer",
+           "TrainState"]
 
 
 def array_module(cfg, comm):
@@ -169,17 +170,36 @@ def _restore(path, arrays, model, opt, hook, state):
         raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
 
 
-def train_dp(cfg, comm, run_dir):
-    """Train data-parallel on ``comm`` and write the run records into ``run_dir``.
+class Trainer:
+    """Everything a data-parallel run holds: data, model, optimizer, loss, gradient hook, counters."""
+
+    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from")
+
+    def __init__(self, **parts):
+        for k in self.__slots__:
+            setattr(self, k, parts.get(k))
+
+
+def build_trainer(cfg, comm):
+    """Load the data and build model, optimizer, loss and gradient hook (restored with ``--resume``).
+
+    Everything that can fail on a bad configuration happens here, on every rank alike, before a
+    run directory is created.
 
     Returns
     -------
-    dict
-        The summary (also written to ``summary.json`` on rank 0), on every rank.
+    Trainer
+
+    Raises
+    ------
+    ValueError
+        When ``cfg.batch_size`` is not a multiple of P, or a part rejects its arguments.
+    CheckpointError
+        When the checkpoint to resume from is unusable (on every rank, naming the file).
     """
-    P, rank = comm.size, comm.rank
-    if cfg.batch_size % P:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
+    if cfg.batch_size % comm.size:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks "
+                         f"({comm.size})")
     xp = array_module(cfg, comm)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
@@ -187,11 +207,35 @@ def train_dp(cfg, comm, run_dir):
     hook = make_grad_hook(cfg, comm, model)
     if getattr(hook, "momentum_in_compressor", False) and cfg.optimizer == "sgd":
         opt.velocity, opt.momentum = None, 0.0  # the compressor applies momentum itself (DGC)
-    state = TrainState()
+    state, path = TrainState(), None
     if cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm)
         _restore(path, arrays, model, opt, hook, state)
-    _write_config(cfg, comm, run_dir, {"resumed_from": path} if cfg.resume else None)
+    return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
+                   resumed_from=path)
+
+
+def train_dp(cfg, comm, run_dir, trainer=None):
+    """Train data-parallel on ``comm`` and write the run records into ``run_dir``.
+
+    Parameters
+    ----------
+    cfg : Config
+    comm : mpi4py.MPI.Comm
+    run_dir : str
+        From :func:`setup_run`.
+    trainer : Trainer, optional
+        From :func:`build_trainer` (built here when not given).
+
+    Returns
+    -------
+    dict
+        The summary (also written to ``summary.json`` on rank 0), on every rank.
+    """
+    t = trainer or build_trainer(cfg, comm)
+    P, rank = comm.size, comm.rank
+    xp, ds, model, opt, loss_fn, hook, state = t.xp, t.ds, t.model, t.opt, t.loss_fn, t.hook, t.state
+    _write_config(cfg, comm, run_dir, {"resumed_from": t.resumed_from} if t.resumed_from else None)
     sampler = make_sampler(cfg, len(ds.y_train), rank, P)
     x_tr, y_tr, x_te, y_te = to_device(ds, model.dtype, xp)
     local_b = cfg.batch_size // P
@@ -283,13 +327,14 @@ def run(cfg, comm=None):
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
         set_threads(cfg, comm)
-        run_dir = setup_run(cfg, comm)
         if cfg.mode == "ps":
+            run_dir = setup_run(cfg, comm)
             _write_config(cfg, comm, run_dir)
             from ps.driver import run_ps
 
             return run_ps(cfg, comm, run_dir)
-        return train_dp(cfg, comm, run_dir)
+        trainer = build_trainer(cfg, comm)
+        return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
     finally:
         free = getattr(collectives, "free_context", None)
         if free is not None:
