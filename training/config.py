@@ -7,6 +7,7 @@ Every field carries a comment with its unit. The command line maps one flag onto
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 
 __all__ = ["Config", "build_parser", "parse_args", "parse_compression_arg", "HELP"]
@@ -364,8 +365,6 @@ def parse_args(argv=None):
 
 
 def _saved_config(path):
-    import os
-
     run = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(run, "config.json")
     try:

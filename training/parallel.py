@@ -7,15 +7,18 @@ and ``load_state_dict(d)``; ``info`` holds at least ``bytes_sent`` (bytes), ``co
 compressor from ``collectives.compression.make_hook`` plugs in at the same point, between
 backward and the optimizer step.
 """
+import hashlib
 import time
 
 import numpy
 from mpi4py import MPI
 
 import collectives
+from training.checkpoint import to_host
+from training.data import eval_shard
 
 __all__ = ["AllreduceHook", "bucket_bounds", "make_grad_hook", "compute_gradient", "train_step",
-           "evaluate", "any_rank", "is_finite"]
+           "evaluate", "any_rank", "is_finite", "replicas_identical"]
 
 
 def bucket_bounds(slices, itemsize, bucket_bytes):
@@ -242,8 +245,6 @@ def evaluate(model, loss_fn, x, y, comm, batch=1024):
     tuple of (float, float)
         Accuracy in [0, 1] and mean cross-entropy (NaN when N = 0).
     """
-    from training.data import eval_shard
-
     part = eval_shard(len(y), comm.rank, comm.size)
     correct, loss_sum = 0, 0.0
     for lo in range(part.start, part.stop, batch):
@@ -255,3 +256,16 @@ def evaluate(model, loss_fn, x, y, comm, batch=1024):
     comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     n = buf[2]
     return (buf[0] / n, buf[1] / n) if n else (float("nan"), float("nan"))
+
+
+def replicas_identical(params, comm):
+    """Return True on every rank when all ranks hold bitwise the same ``params``.
+
+    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce.
+    """
+    h = hashlib.blake2b(to_host(params).tobytes(), digest_size=8).digest()
+    lo = numpy.frombuffer(h, numpy.int64).copy()
+    hi = lo.copy()
+    comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+    comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+    return bool(lo[0] == hi[0])

@@ -5,6 +5,7 @@ samples, the flat gradient is averaged across ranks by the gradient hook (all-re
 ``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
 bitwise identical. ``--mode ps`` hands the run to ``ps.driver.run_ps`` instead.
 """
+import json
 import math
 import os
 import sys
@@ -18,15 +19,15 @@ import collectives
 
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
-from training.config import Config, parse_args
+from training.config import parse_args
 from training.data import DistributedSampler, load_dataset
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_json
-from training.nn import SoftmaxCrossEntropy, build_mlp
+from training.nn import SoftmaxCrossEntropy, build_mlp, get_array_module
 from training.optim import make_optimizer
-from training.parallel import evaluate, make_grad_hook, train_step
+from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step
 
 __all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
-           "make_sampler", "to_device", "lr_at", "replicas_identical", "build_trainer", "Trainer",
+           "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer",
            "TrainState"]
 
 
@@ -115,23 +116,6 @@ class TrainState:
             setattr(self, k, float(v) if k in self._FLOATS else int(v))
 
 
-def replicas_identical(params, comm):
-    """Return True on every rank when all ranks hold bitwise the same ``params``.
-
-    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce.
-    """
-    import hashlib
-
-    from training.checkpoint import to_host
-
-    h = hashlib.blake2b(to_host(params).tobytes(), digest_size=8).digest()
-    lo = numpy.frombuffer(h, numpy.int64).copy()
-    hi = lo.copy()
-    comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
-    comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
-    return bool(lo[0] == hi[0])
-
-
 def setup_run(cfg, comm):
     """Create (or reopen, with ``--resume``) the run directory and return its path.
 
@@ -148,8 +132,8 @@ def _write_config(cfg, comm, run_dir, extra=None):
 
 
 def _checkpoint_arrays(cfg, model, opt, hook, state):
-    d = {"model/params": model.params, "meta/config": numpy.frombuffer(
-        __import__("json").dumps(cfg.to_dict()).encode(), numpy.uint8)}
+    d = {"model/params": model.params,
+         "meta/config": numpy.frombuffer(json.dumps(cfg.to_dict()).encode(), numpy.uint8)}
     d.update({f"optim/{k}": v for k, v in opt.state_dict().items()})
     d.update({f"compression/{k}": v for k, v in hook.state_dict().items()})
     d.update(state.state_dict())
@@ -161,7 +145,7 @@ def _restore(path, arrays, model, opt, hook, state):
         if arrays["model/params"].shape != model.params.shape:
             raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
                              f"{model.size} (same --hidden and data?)")
-        xp = sys.modules[type(model.params).__module__.split(".")[0]]
+        xp = get_array_module(model.params)
         model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
         opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
         hook.load_state_dict({k[12:]: v for k, v in arrays.items() if k.startswith("compression/")})
