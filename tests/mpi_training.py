@@ -1,4 +1,4 @@
-"""Rank-side body of the multi-rank trainer tests: ``python -m tests.mpi_training DIR``.
+"""Rank-side body of the multi-rank trainer tests: ``python -m tests.mpi_training DIR [CASE...]``.
 
 Cases (run in order by every rank; DIR is a scratch directory shared by the ranks):
 
@@ -6,13 +6,14 @@ equivalence    P ranks with global batch 64 end, after 20 SGD steps in float64, 
                of one rank with batch 64 (the oracle, run on rank 0 over COMM_SELF), for every
                algorithm in collectives.ALGORITHMS, and replicas stay identical.
 buckets        bucketed all-reduce (tiny buckets) gives the fused all-reduce's weights.
-nonfinite      a NaN batch on one rank makes every rank skip that step and count it.
+nonfinite      a NaN batch on one rank makes every rank skip that step and count it; then
+               evaluation on P ranks equals evaluation on one (each sample counted once).
 resume         stop after epoch 3, resume to 6 == uninterrupted 6 epochs, bitwise (float64).
 resume_compressed  the same with PowerSGD: its state is checkpointed under "compression/".
 corrupt        a truncated or altered checkpoint raises CheckpointError naming the file, on
                every rank.
 
-Exits 0 when every case passes; prints each failing case and exits 1 otherwise. Unexpected errors
+The global batch is 64 (60 when P does not divide 64, e.g. P = 3). Exits 0 when every case passes; prints each failing case and exits 1 otherwise. Unexpected errors
 abort the whole job so nothing hangs.
 """
 import contextlib
@@ -31,7 +32,7 @@ from training.config import Config, parse_args
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
-from training.parallel import make_grad_hook, train_step
+from training.parallel import evaluate, make_grad_hook, train_step
 from training.train import build_model, make_sampler, run, to_device
 
 # Equivalence tolerance (float64): the all-reduce sums the four 16-sample means in another order
@@ -65,17 +66,22 @@ def _shared_dir(comm, base, name):
     return path
 
 
+def _small(comm):
+    return dict(SMALL, batch_size=64 if 64 % comm.size == 0 else 60)
+
+
 def case_equivalence(comm, base):
     root = _shared_dir(comm, base, "equiv")
+    small = _small(comm)
     ref = None
     if comm.rank == 0:
-        s = _quiet(run, Config(**SMALL, run_dir=root, name="p1"), MPI.COMM_SELF)
+        s = _quiet(run, Config(**small, run_dir=root, name="p1"), MPI.COMM_SELF)
         assert s["steps"] == 20, f"P=1 took {s['steps']} steps, expected 20"
         ref = _final_params(os.path.join(root, "p1"), MPI.COMM_SELF)
     comm.Barrier()
     errors = []
     for alg in collectives.ALGORITHMS:
-        s = _quiet(run, Config(**SMALL, run_dir=root, name=f"p{comm.size}-{alg}", algorithm=alg), comm)
+        s = _quiet(run, Config(**small, run_dir=root, name=f"p{comm.size}-{alg}", algorithm=alg), comm)
         got = _final_params(os.path.join(root, f"p{comm.size}-{alg}"), comm)
         if not s["replicas_identical"]:
             errors.append(f"{alg}: replicas differ across ranks")
@@ -91,8 +97,8 @@ def case_equivalence(comm, base):
 
 def case_buckets(comm, base):
     root = _shared_dir(comm, base, "buckets")
-    fused = _quiet(run, Config(**SMALL, run_dir=root, name="fused", algorithm="ring"), comm)
-    bucketed = _quiet(run, Config(**SMALL, run_dir=root, name="bucketed", algorithm="ring",
+    fused = _quiet(run, Config(**_small(comm), run_dir=root, name="fused", algorithm="ring"), comm)
+    bucketed = _quiet(run, Config(**_small(comm), run_dir=root, name="bucketed", algorithm="ring",
                                   bucket_bytes=200), comm)
     a = _final_params(os.path.join(root, "fused"), comm)
     b = _final_params(os.path.join(root, "bucketed"), comm)
@@ -101,13 +107,13 @@ def case_buckets(comm, base):
 
 
 def case_nonfinite(comm, base):
-    cfg = Config(**SMALL)
+    cfg = Config(**_small(comm))
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes)
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
     x, y, _, _ = to_device(ds, model.dtype)
-    batches = list(make_sampler(cfg, len(y), comm.rank, comm.size).batches(0, 64 // comm.size))
+    batches = list(make_sampler(cfg, len(y), comm.rank, comm.size).batches(0, cfg.batch_size // comm.size))
     bad_rank = comm.size - 1
     results, snapshots = [], []
     for step in range(4):
@@ -129,19 +135,27 @@ def case_nonfinite(comm, base):
     everyone = np.empty((comm.size, model.size))
     comm.Allgather(snapshots[3], everyone)
     assert (everyone == everyone[0]).all(), "replicas differ after the skipped steps"
+    # evaluation over P ranks counts every sample once: it equals one rank evaluating them all
+    # (accuracy exactly; loss to 1e-12, the shards' sums being added in another order)
+    for n in (len(y), 7, 1):
+        acc_p, loss_p = evaluate(model, loss_fn, x[:n], y[:n], comm, batch=50)
+        acc_1, loss_1 = evaluate(model, loss_fn, x[:n], y[:n], MPI.COMM_SELF, batch=50)
+        assert acc_p == acc_1 and abs(loss_p - loss_1) <= 1e-12 * abs(loss_1), (n, acc_p, acc_1)
 
 
 def case_resume(comm, base):
     root = _shared_dir(comm, base, "resume")
+    B = _small(comm)["batch_size"]
+    per_epoch = -(-(-(-1438 // comm.size)) // (B // comm.size))  # steps per epoch on 1438 digits
     common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "6",
-              "--batch-size", "64", "--run-dir", root, "--no-progress", "--checkpoint-every", "2",
+              "--batch-size", str(B), "--run-dir", root, "--no-progress", "--checkpoint-every", "2",
               "--seed", "5", "--algorithm", "ring"]
     _quiet(run, parse_args(common + ["--name", "full"]), comm)
     _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "3"]), comm)
     part = os.path.join(root, "part")
     assert os.path.exists(os.path.join(part, "ckpt-epoch0003.npz")), "no checkpoint after epoch 3"
     s = _quiet(run, parse_args(["--resume", part, "--stop-after", "0"]), comm)
-    assert s["epochs"] == 6 and s["steps"] == 6 * 23, f"resumed run ended at {s['epochs']}, {s['steps']}"
+    assert s["epochs"] == 6 and s["steps"] == 6 * per_epoch, f"resumed run ended at {s['epochs']}, {s['steps']}"
     _, full = load_checkpoint(os.path.join(root, "full"), comm)
     _, resumed = load_checkpoint(part, comm)
     for key in ("model/params", "optim/m", "optim/v", "optim/steps", "train/step"):
@@ -154,7 +168,7 @@ def case_resume(comm, base):
         assert [r["epoch"] for r in b] == [1, 2, 3, 4, 5, 6], f"epochs.jsonl of the resumed run: {b}"
         assert [r["loss"] for r in a] == [r["loss"] for r in b], "epoch losses differ after resume"
         steps = read_jsonl(os.path.join(part, "metrics.jsonl"))
-        assert [r["step"] for r in steps] == list(range(1, 6 * 23 + 1)), "metrics.jsonl steps"
+        assert [r["step"] for r in steps] == list(range(1, 6 * per_epoch + 1)), "metrics.jsonl steps"
 
 
 def case_resume_compressed(comm, base):
@@ -167,7 +181,7 @@ def case_resume_compressed(comm, base):
         return
     root = _shared_dir(comm, base, "resume_c")
     common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "4",
-              "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "powersgd",
+              "--batch-size", str(_small(comm)["batch_size"]), "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "powersgd",
               "--compression-arg", "rank=2"]
     _quiet(run, parse_args(common + ["--name", "full"]), comm)
     _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "2"]), comm)
@@ -219,8 +233,9 @@ CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_resum
 def main():
     comm = MPI.COMM_WORLD
     base = sys.argv[1]
+    chosen = [c for c in CASES if len(sys.argv) < 3 or c.__name__[5:] in sys.argv[2:]]
     failed = 0
-    for case in CASES:
+    for case in chosen:
         try:
             case(comm, base)
             ok = 1

@@ -10,6 +10,12 @@ def test_training_on_four_ranks(tmp_path):
         assert f"case_{case}: ok" in out, out
 
 
+def test_equivalence_and_skip_on_three_ranks(tmp_path):
+    """The same bodies on a non-power-of-two rank count (global batch 60)."""
+    out = run_mpi(3, "tests.mpi_training", str(tmp_path), "equivalence", "nonfinite", timeout=180).stdout
+    assert "case_equivalence: ok" in out and "case_nonfinite: ok" in out, out
+
+
 def test_cli_reports_corrupt_checkpoint_without_hanging(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
