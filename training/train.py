@@ -27,8 +27,7 @@ from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step
 
 __all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
-           "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer",
-           "TrainState"]
+           "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
 
 
 def array_module(cfg, comm):
@@ -318,7 +317,12 @@ def run(cfg, comm=None):
 
             return run_ps(cfg, comm, run_dir)
         trainer = build_trainer(cfg, comm)
-        return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
+        try:
+            return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
+        finally:
+            close = getattr(trainer.hook, "close", None)  # a compressor's duplicated communicator
+            if close is not None:
+                close()
     finally:
         free = getattr(collectives, "free_context", None)
         if free is not None:
