@@ -198,8 +198,8 @@ def case_corrupt(comm, base):
     root = _shared_dir(comm, base, "corrupt")
     src = os.path.join(base, "resume", "full", "ckpt-epoch0006.npz")
     if not os.path.exists(src):  # run on its own: make a checkpoint first
-        _quiet(run, Config(**dict(_small(comm), epochs=6), run_dir=os.path.join(base, "resume"),
-                           name="full", checkpoint_every=1), comm)
+        _quiet(run, Config(**dict(_small(comm), epochs=6, checkpoint_every=1),
+                           run_dir=os.path.join(base, "resume"), name="full"), comm)
     truncated = os.path.join(root, "ckpt-epoch0001.npz")
     flipped = os.path.join(root, "flipped.npz")
     if comm.rank == 0:
