@@ -430,13 +430,16 @@ def _header(cfg, comm, complete, rows):
 
 
 def _write(cfg, results):
+    """Write PREFIX.json (one row a line, floats to 6 significant digits) and PREFIX.csv."""
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+    rows = [{k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items()} for r in results["rows"]]
+    head = json.dumps({k: v for k, v in results.items() if k != "rows"}, indent=1)
     with open(cfg.out + ".json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
+        f.write(head[:-2] + ',\n "rows": [\n  ' + ",\n  ".join(map(json.dumps, rows)) + "\n ]\n}\n")
     with open(cfg.out + ".csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
-        w.writerows(results["rows"])
+        w.writerows(rows)
 
 
 def run_sweep(cfg, comm=None):

@@ -31,7 +31,14 @@ def _geomean(values):
 
 
 def _seconds(row, stat):
-    return row["time_s"] if stat == "mean" else row.get("time_median_us", 0.0) * 1e-6
+    return row["time_s"] if stat == "mean" else row["time_median_us"] * 1e-6
+
+
+def _check_stat(rows, stat):
+    if stat not in ("mean", "median"):
+        raise ValueError(f"stat={stat!r} must be 'mean' or 'median'")
+    if stat == "median" and any("time_median_us" not in r for r in rows):
+        raise ValueError("these results have no median times (an older sweep): use the mean")
 
 
 def summarize(rows, stat="mean"):
@@ -55,9 +62,13 @@ def summarize(rows, stat="mean"):
         ``execute_vs_direct`` (``ring`` through the API, and ``ring-execute``, over ``ring-direct``).
         ``aggregates``: geometric means and extremes of those over the size ranges of the targets
         (64 KiB-64 MiB for busbw, 8 B-4 KiB for ``auto``, all sizes otherwise).
+
+    Raises
+    ------
+    ValueError
+        Unknown ``stat``, or ``"median"`` for rows without median times.
     """
-    if stat not in ("mean", "median"):
-        raise ValueError(f"stat={stat!r} must be 'mean' or 'median'")
+    _check_stat(rows, stat)
     t = {(r["op"], r["algorithm"], r["bytes"]): _seconds(r, stat) for r in rows
          if not r.get("wrong") and _seconds(r, stat) > 0}
     sizes = []
@@ -157,7 +168,7 @@ def _pyplot():
     return plt
 
 
-def draw(results, out_dir, model=True):
+def draw(results, out_dir, model=True, stat="mean"):
     """Draw one three-panel PNG per op of ``results`` into ``out_dir``; return the paths written.
 
     Parameters
@@ -168,15 +179,18 @@ def draw(results, out_dir, model=True):
         Directory for ``bench_OP_pP.png`` files (created if missing).
     model : bool
         Draw the fitted model as dashed lines (all-reduce) when :mod:`collectives.cost` is available.
+    stat : {"mean", "median"}
+        Time per call drawn: the slowest rank's mean (nccl-tests' time) or median; busbw follows it.
 
     Raises
     ------
     ValueError
-        If ``results`` has no rows.
+        If ``results`` has no rows, or no median times for ``stat="median"``.
     """
     rows = results.get("rows") or []
     if not rows:
         raise ValueError("results: no rows (was the sweep run?)")
+    _check_stat(rows, stat)
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
 
@@ -187,9 +201,10 @@ def draw(results, out_dir, model=True):
     for op in dict.fromkeys(r["op"] for r in rows):
         fig, axes = plt.subplots(1, 3, figsize=(19, 6))
         mine = [r for r in rows if r["op"] == op]
-        mpi = {r["bytes"]: r["time_s"] for r in mine if r["algorithm"] == "mpi"}
+        mpi = {r["bytes"]: _seconds(r, stat) for r in mine if r["algorithm"] == "mpi"}
         for alg in dict.fromkeys(r["algorithm"] for r in mine):
-            pts = sorted((r["bytes"], r["time_us"], r["busbw_GBps"], r["wrong"]) for r in mine if r["algorithm"] == alg)
+            pts = sorted((r["bytes"], _seconds(r, stat) * 1e6, r["busbw_GBps"] * r["time_s"] / max(_seconds(r, stat), 1e-12),
+                          r["wrong"]) for r in mine if r["algorithm"] == alg)
             x = [p[0] for p in pts]
             style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
                          label=alg + (" (wrong results!)" if any(p[3] for p in pts) else ""))
@@ -205,7 +220,7 @@ def draw(results, out_dir, model=True):
                     continue
                 axes[0].plot(x, [s * 1e6 for s in pred], color=_COLORS.get(alg), linestyle="--", linewidth=1)
         axes[2].axhline(1.0, color="black", linewidth=1)
-        for ax, ylabel, title in ((axes[0], "time per call (us), slowest rank's mean", "latency"),
+        for ax, ylabel, title in ((axes[0], f"time per call (us), slowest rank's {stat}", "latency"),
                                   (axes[1], "busbw (GB/s)", "bus bandwidth"),
                                   (axes[2], "time / mpi's time (below 1: faster than MPI)", "relative to MPI's own")):
             ax.set_xscale("log", base=2)
@@ -239,14 +254,14 @@ def main(argv=None):
     p.add_argument("--out", help="directory for the PNG files (default: beside each results file)")
     p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
-                   help="time the summary compares: slowest rank's mean (default) or median")
+                   help="time drawn and compared: the slowest rank's mean (default) or median")
     p.add_argument("--no-model", action="store_true", help="do not fit and draw the cost model")
     a = p.parse_args(argv)
     for path in a.results:
         try:
             with open(path, encoding="utf-8") as f:
                 results = json.load(f)
-            written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), model=not a.no_model)
+            written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat)
         except (OSError, ValueError, KeyError) as exc:
             sys.exit(f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))

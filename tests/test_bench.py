@@ -2,7 +2,7 @@
 
 Oracles: the sweep's own #wrong column (every result compared with MPI's collective called directly;
 its counter is itself tested on planted errors), nccl-tests' busbw definitions recomputed from the
-rows (relative tolerance 1e-9), and for the tuning table the fastest hand-made algorithm read off
+rows (relative tolerance 1e-5: the files keep 6 significant digits), and for the tuning table the fastest hand-made algorithm read off
 the rows, compared with what ``collectives.select.select_allreduce`` returns after ``load_table``.
 """
 import csv
@@ -56,13 +56,14 @@ def _check_sweep(P, results, header, csv_rows):
     for r, c in zip(rows, csv_rows):
         assert r["wrong"] == 0 and int(c["wrong"]) == 0, r
         assert r["P"] == P and r["type"] == "float32" and r["bytes"] == 4 * r["count"]
-        assert r["time_min_us"] <= r["time_mean_us"] * (1 + 1e-12) <= r["time_us"] * (1 + 1e-9)
-        assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-12) and r["time_median_us"] > 0
-        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-9)
+        assert r["time_min_us"] <= r["time_mean_us"] <= r["time_us"]
+        # files keep 6 significant digits
+        assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-5) and r["time_median_us"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-5)
         factor = {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P,
                   "broadcast": 1.0}[r["op"]]
-        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-9)
-        assert float(c["busbw_GBps"]) == pytest.approx(r["busbw_GBps"], rel=1e-9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-5)
+        assert float(c["busbw_GBps"]) == r["busbw_GBps"]
         if r["algorithm"] == "auto" and r["op"] == "allreduce":
             assert r["resolved"] in tune.HAND_MADE
     return rows
