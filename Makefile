@@ -15,7 +15,8 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 run: $(VENV)/.installed
-	$(MPIEXEC) -n $(NP) $(PY) -m experiments.demo
+	$(MPIEXEC) -n $(NP) $(PY) -m training.train
+	$(PY) -m plots.training runs/latest
 
 demo: $(VENV)/.installed
 	$(MPIEXEC) -n $(NP) $(PY) -m experiments.demo

@@ -81,12 +81,12 @@ def _check_out(out, x):
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
 
 
-def _prepare(x, out, ctx, xp, slot):
+def _prepare(x, out, ctx, xp, slot, accumulate="float32"):
     """Return (out, work, acc dtype, direct): ``work`` is a flat accumulation-dtype buffer holding ``x``.
 
     ``direct`` is True when ``work`` is ``out``'s own memory (no copy back needed at the end).
     """
-    acc = _ACC[x.dtype]
+    acc = _ACC[x.dtype] if accumulate == "float32" else x.dtype
     if out is None:
         out = xp.empty(x.shape, dtype=x.dtype)
     direct = out.dtype == acc and out.flags.c_contiguous
@@ -111,7 +111,9 @@ def _finish(out, work, op, size, xp, direct=False):
     return out
 
 
-def _validate(x, op, algorithm, out, timeout, grid, size):
+def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
+    if accumulate not in ("float32", "native"):
+        raise ValueError(f"accumulate={accumulate!r} must be 'float32' or 'native'")
     if algorithm not in ALGORITHMS:
         backend.check_algorithm(algorithm, ALGORITHMS)
     if op not in backend.OPS:
@@ -141,7 +143,7 @@ def _resolve(ctx, algorithm, x, grid):
     return algorithm, grid
 
 
-def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, grid=None):
+def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, grid=None, accumulate="float32"):
     """Combine ``x`` element-wise across all ranks and return the result on every rank.
 
     Parameters
@@ -162,6 +164,11 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
         For ``2d``: rows x cols (must multiply to P); ``"node"`` takes rows = nodes from
         ``Split_type(COMM_TYPE_SHARED)`` (the hierarchical all-reduce). Default: nodes when the
         ranks span several equal nodes, else the factorization of P closest to square.
+    accumulate : {"float32", "native"}
+        float16 only: ``"float32"`` (default) promotes the whole collective to float32, so partial
+        sums travel as float32; ``"native"`` keeps float16 on the wire (each addition is computed in
+        float32 and rounded to float16, as NumPy's float16 ufuncs do): half the bytes, a rounding per
+        hop, overflow above 65504. The ``mpi`` algorithm always accumulates in float32.
 
     Returns
     -------
@@ -178,7 +185,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
         A peer did not answer within ``timeout``.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size())
+    x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size(), accumulate)
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
@@ -188,7 +195,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     count = x.size
     sched = ctx.schedule(("allreduce", algorithm, count, grid),
                          lambda: build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid))
-    out, work, acc, direct = _prepare(x, out, ctx, xp, "work")
+    out, work, acc, direct = _prepare(x, out, ctx, xp, "work", accumulate)
     scratch = ctx.buffer(xp, acc, sched.scratch)
     ufunc = getattr(xp, backend.OPS[op])
     try:
@@ -257,7 +264,7 @@ def _deadline(timeout):
     return time.perf_counter() + timeout
 
 
-def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
+def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, accumulate="float32"):
     """Start a non-blocking all-reduce and return its :class:`~collectives.schedule.Request`.
 
     Same arguments and rules as :func:`allreduce` (``mpi`` included, through ``MPI_Iallreduce``).
@@ -270,12 +277,12 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None):
         ``test()`` advances it without blocking; ``wait()`` completes it and returns the result.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    x, _, grid = _validate(x, op, algorithm, out, None, grid, comm.Get_size())
+    x, _, grid = _validate(x, op, algorithm, out, None, grid, comm.Get_size(), accumulate)
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
     algorithm, grid = _resolve(ctx, algorithm, x, grid)
-    out, work, acc, direct = _prepare(x, out, ctx, xp, None)
+    out, work, acc, direct = _prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)
     tag = ctx.next_tag()
     size = ctx.size
     if algorithm == "mpi":

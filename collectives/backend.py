@@ -17,13 +17,16 @@ import os
 import numpy
 
 __all__ = [
-    "DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
+    "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
     "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
     "DeviceTransport", "register_device_module",
 ]
 
-#: Supported element types, as NumPy dtypes.
+#: Element types of reducing collectives, as NumPy dtypes.
 DTYPES = tuple(numpy.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
+
+#: Element types of copy-only collectives (all-gather, broadcast), which move raw bytes.
+COPY_DTYPES = DTYPES + tuple(numpy.dtype(t) for t in ("int8", "uint8", "int16", "uint16", "uint32", "uint64", "bool"))
 
 #: Reduction op name -> ufunc name. ``avg`` reduces with ``add`` and divides by P at the end
 #: (floats: true division; integers: floor division, ``numpy.floor_divide``).
@@ -90,10 +93,10 @@ def check_op(op):
         raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
 
 
-def check_dtype(dtype, what="x"):
-    """Raise ``TypeError`` unless ``dtype`` is one of :data:`DTYPES`."""
-    if numpy.dtype(dtype) not in DTYPES:
-        names = ", ".join(d.name for d in DTYPES)
+def check_dtype(dtype, what="x", allowed=DTYPES):
+    """Raise ``TypeError`` unless ``dtype`` is one of ``allowed`` (default :data:`DTYPES`)."""
+    if numpy.dtype(dtype) not in allowed:
+        names = ", ".join(d.name for d in allowed)
         raise TypeError(f"{what} has unsupported dtype {numpy.dtype(dtype).name}: expected one of {names}")
 
 

@@ -1,7 +1,9 @@
 """Reduce-scatter, all-gather(-v), broadcast and reduce, on the same schedules and executor.
 
 Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.api`. Copy-only
-collectives (all-gather, broadcast) move raw bytes, so float16 travels as 2-byte elements there.
+collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
+types of :data:`collectives.backend.COPY_DTYPES` (uint8 blobs, bool masks), and float16 travels as
+2-byte elements there.
 """
 import numpy
 from mpi4py import MPI
@@ -30,7 +32,7 @@ def _common(x, op, algorithm, name, timeout):
     if op is not None:
         backend.check_op(op)
     x = _as_array(x)
-    backend.check_dtype(x.dtype)
+    backend.check_dtype(x.dtype, allowed=backend.DTYPES if op is not None else backend.COPY_DTYPES)
     timeout = backend.check_timeout(timeout)
     return x, timeout, OP_ALGORITHMS[name][0] if algorithm == "auto" else algorithm
 
@@ -147,13 +149,13 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     xp = backend.get_array_module(x)
     size, rank = ctx.size, ctx.rank
     sig = numpy.full(size * _SIG, -1, dtype=numpy.int64)
-    sig[rank * _SIG: rank * _SIG + 2] = x.ndim, backend.DTYPES.index(x.dtype)
+    sig[rank * _SIG: rank * _SIG + 2] = x.ndim, backend.COPY_DTYPES.index(x.dtype)
     sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
     sig_sched = ctx.schedule(("allgather-sig", size), lambda: ring_allgather(rank, size, chunk_bounds(size * _SIG, size)))
     _run(ctx, sig_sched, sig, sig[:0], None, timeout, "allgather", numpy)
     sig = sig.reshape(size, _SIG)
     if len(set(sig[:, 1])) != 1:
-        names = sorted({backend.DTYPES[c].name for c in sig[:, 1]})
+        names = sorted({backend.COPY_DTYPES[c].name for c in sig[:, 1]})
         raise TypeError(f"allgather: ranks passed different dtypes ({', '.join(names)})")
     if len({tuple(row[3:]) for row in sig}) != 1 or len(set(sig[:, 0])) != 1:
         raise ValueError("allgather: ranks' arrays differ beyond the first dimension: "

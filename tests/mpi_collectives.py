@@ -175,10 +175,28 @@ def case_other_collectives():
                 want = b.copy()
                 comm.Bcast(want.view(np.uint8), root=root)
                 check(np.array_equal(C.broadcast(b, root=root, algorithm=alg), want), f"broadcast {alg} {dtype}")
+    for dtype in ("uint8", "bool", "int16"):  # copy-only collectives move raw bytes of any width
+        x = (np.arange(rank + 3) % 2).astype(dtype)
+        check(np.array_equal(C.allgather(x), np.concatenate(comm.allgather(x))), f"allgather {dtype}")
+        b = np.full(5, rank % 2, dtype=dtype)
+        check(np.array_equal(C.broadcast(b, root=P - 1), np.full(5, (P - 1) % 2, dtype)), f"broadcast {dtype}")
+    for dtype in DTYPES:
         x = make(rank + 2, dtype, "sum").reshape(-1, 1).repeat(3, axis=1)  # (rank + 2, 3): all-gather-v
         parts = comm.allgather(x)
         for alg in ("ring", "mpi"):
             check(np.array_equal(C.allgather(x, algorithm=alg), np.concatenate(parts)), f"allgather-v {alg} {dtype}")
+
+
+def case_float16_native():
+    """accumulate="native": float16 on the wire (half the bytes), each hop rounded to float16."""
+    x = (np.arange(301) % 11 * 0.125 * (rank + 1)).astype(np.float16)  # sums exact in float16
+    want = numpy_oracle(x, "sum")
+    for alg in ALGS:
+        y = C.allreduce(x, algorithm=alg, accumulate="native")
+        check(np.array_equal(y, want), f"float16 native {alg}")
+        if alg not in ("mpi", "auto") and P > 1:
+            st = C.last_stats()
+            check(st["dtype"] == "float16", f"float16 native {alg} sent {st['dtype']}")
 
 
 def case_grid_and_nonblocking():
@@ -203,7 +221,7 @@ def case_grid_and_nonblocking():
 def main():
     counts = [0, 1, max(P - 1, 0), P + 1, 1001] + ([2 ** 20 + 3] if "--big" in sys.argv else [])
     cases = [lambda: case_matrix(sorted(set(counts))), case_identical_on_ranks, case_public_reports,
-             case_other_collectives, case_grid_and_nonblocking]
+             case_other_collectives, case_float16_native, case_grid_and_nonblocking]
     for case in cases:
         try:
             case()

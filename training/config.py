@@ -75,9 +75,9 @@ class Config:
     staleness_lr: bool = False        # divide the step by max(1, staleness in clocks)
     straggler: str = ""               # slow worker "RANK:FACTOR" (step time multiplier)
     jitter: float = 0.0               # extra delay per step, uniform in [0, jitter] (seconds)
-    ps_timeout: float = 30.0          # give up waiting for a peer after this long (seconds)
+    ps_timeout: float = 30.0          # drop a worker silent this long (seconds)
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
-    balance: bool = False             # give faster workers larger batches
+    balance: bool = False             # faster workers get larger batches (global batch unchanged)
     # --- run directory, checkpoints, output
     run_dir: str = "runs"             # parent directory of run directories
     name: str = ""                    # run directory name ("" : timestamp-mode-data-P)
@@ -223,11 +223,11 @@ HELP = {
     "consistency": "parameter server consistency model",
     "staleness": "parameter server SSP staleness bound in clocks",
     "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
-    "straggler": "parameter server: slow worker as RANK:FACTOR (its step takes FACTOR x its compute time)",
+    "straggler": "parameter server: slow worker as RANK:FACTOR (it sleeps FACTOR-1 times its compute time each step)",
     "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
-    "ps_timeout": "parameter server: seconds to wait for a peer before giving up",
-    "fail_worker": "parameter server: worker that stops communicating before a step, as RANK:STEP",
-    "balance": "parameter server: give faster workers larger batches (speed measured online)",
+    "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
+    "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
+    "balance": "parameter server: give faster workers larger batches in proportion to their measured speed (global batch unchanged)",
     "run_dir": "parent directory of run directories",
     "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",

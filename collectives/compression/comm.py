@@ -25,7 +25,7 @@ def _wire(counter, comm):
 
 def _word_dtype():
     """Return the element type byte blobs travel as: uint8 when the collectives move it, else int32."""
-    supported = getattr(collectives, "DTYPES", None)
+    supported = getattr(collectives, "COPY_DTYPES", None)
     if supported is None or np.dtype(np.uint8) in supported:
         return np.dtype(np.uint8)
     return np.dtype(np.int32)
@@ -157,7 +157,9 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
         if compressor.summable:
             summed = []
             for buf in payloads:
-                summed.append(collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm))
+                # float16 payloads stay float16 on the wire: that is the point of fp16 compression
+                summed.append(collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm,
+                                                    accumulate="native"))
                 _wire(wire, comm)
             nbytes = payload_nbytes(payloads)
             t1 = time.perf_counter()
