@@ -199,7 +199,9 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     -------
     dict
         ``loss`` (this rank's mean batch loss), ``compute_s``, ``comm_s``, ``compress_s``,
-        ``decompress_s`` (seconds), ``bytes_sent`` (bytes), ``skipped`` (0 or 1).
+        ``decompress_s`` (seconds), ``bytes_sent`` (bytes of payload this rank handed to the
+        collectives), ``wire_bytes`` (bytes the collectives actually sent; equal to ``bytes_sent``
+        without compression), ``skipped`` (0 or 1).
     """
     t0 = time.perf_counter()
     loss = compute_gradient(model, loss_fn, x, y)
@@ -222,7 +224,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     return {"loss": loss, "compute_s": (t1 - t0) + (t4 - t3) + local,
             "comm_s": (t2 - t1) + (t3 - t2) - local, "compress_s": info["compress_s"],
             "decompress_s": info["decompress_s"], "bytes_sent": int(info["bytes_sent"]),
-            "skipped": int(skip)}
+            "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip)}
 
 
 def evaluate(model, loss_fn, x, y, comm, batch=1024):
