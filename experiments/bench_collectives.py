@@ -19,10 +19,11 @@ algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
 Columns follow nccl-tests: size is the whole vector in bytes (all-reduce and reduce-scatter input,
 all-gather output made of P blocks of size / P, broadcast buffer); time is the slowest rank's mean;
 algbw = size / time; busbw = algbw x 2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and
-all-gather, 1 for broadcast. All-reduce also runs two reference loops that price the schedule
-executor: ``ring-direct``, the ring algorithm hand-written on ``Sendrecv`` with preallocated views and
-in-place ufuncs, and ``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute``
-without the API around it. ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
+all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI_Allreduce``,
+``MPI_Reduce_scatter``, ``MPI_Allgather``, ``MPI_Bcast``), which prices commlab's layer around its
+``mpi`` algorithm; and for all-reduce two loops that price the schedule executor: ``ring-direct``,
+the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-place ufuncs, and
+``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute`` alone. ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
 library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
 """
@@ -50,8 +51,10 @@ __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_a
 #: Collectives the sweep knows, in default order.
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 
-#: Extra all-reduce rows that price the schedule executor (see the module docstring).
-REFERENCES = ("ring-direct", "ring-execute")
+#: Reference rows per op besides commlab's algorithms: MPI's own call made directly (no commlab layer;
+#: not for float16, which MPI lacks) and, for all-reduce, the loops that price the executor.
+REFERENCES = {"allreduce": ("MPI_Allreduce", "ring-direct", "ring-execute"), "reduce_scatter": ("MPI_Reduce_scatter",),
+              "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
 
 #: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
 COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
@@ -110,7 +113,7 @@ def _algorithms(op):
     """Return every algorithm of ``op`` the sweep runs by default, ``mpi`` first."""
     names = list(collectives.ALGORITHMS) if op == "allreduce" else list(collectives.OP_ALGORITHMS[op])
     names.remove("mpi")
-    return ["mpi"] + names + (list(REFERENCES) if op == "allreduce" else [])
+    return ["mpi"] + names + list(REFERENCES[op])
 
 
 def parse_args(argv=None, quiet=False):
@@ -125,8 +128,8 @@ def parse_args(argv=None, quiet=False):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench_collectives")
     p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
     p.add_argument("--algorithms", type=_names, default=d.algorithms,
-                   help="comma list; each op runs the ones it has (default: all, plus ring-direct and "
-                        "ring-execute for all-reduce)")
+                   help="comma list; each op runs the ones it has (default: all, plus the references "
+                        "MPI_<Op>, and ring-direct and ring-execute for all-reduce)")
     p.add_argument("--min-bytes", type=_parse_bytes, default=d.min_bytes, help="smallest size (default 8)")
     p.add_argument("--max-bytes", type=_parse_bytes, default=d.max_bytes, help="largest size (default 64M)")
     p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.DTYPES])
@@ -295,28 +298,49 @@ def _case(op, nbytes, cfg, comm):
     count -= count % P if op == "allgather" else 0
     if count == 0:
         return None
-    names = [a for a in _algorithms(op) if not cfg.algorithms or a in cfg.algorithms]
+    names = [a for a in _algorithms(op) if (not cfg.algorithms or a in cfg.algorithms)
+             and not (a.startswith("MPI_") and dt == np.float16)]
     names += [cfg.baseline] if op == "allreduce" and cfg.baseline else []
-    special = {"ring-direct": _ring_direct, "ring-execute": _ring_execute, "gloo": _gloo}
     x = _check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
-    poisoned = None
+    poisoned, mop, calls = None, _MPI_OPS[cfg.redop], {}
     if op == "allreduce":
         ref, poisoned = _oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
+        special = {"ring-direct": _ring_direct, "ring-execute": _ring_execute, "gloo": _gloo}
         calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
                  (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
+
+        def direct():
+            comm.Allreduce(x, poisoned, mop)
+            return _finish(poisoned, poisoned, cfg.redop, P)
     elif op == "reduce_scatter":
         b = chunk_bounds(count, P)
-        ref = _oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]]
+        counts = [b[i + 1] - b[i] for i in range(P)]
+        ref, poisoned = _oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], dt)
         calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a)) for a in names}
+
+        def direct():
+            comm.Reduce_scatter(x, poisoned, counts, mop)
+            return _finish(poisoned, poisoned, cfg.redop, P)
     elif op == "allgather":
-        ref = np.empty(count, dt)
+        ref, poisoned = np.empty(count, dt), np.empty(count, dt)
         comm.Allgather(_raw(x), _raw(ref))
         calls = {a: (lambda a=a: collectives.allgather(x, comm, a)) for a in names}
+
+        def direct():
+            comm.Allgather(_raw(x), _raw(poisoned))
+            return poisoned
     else:
         ref = x.copy()
         comm.Bcast(_raw(ref), 0)
         poisoned = x if r else None  # the root keeps its data, the others receive into x
         calls = {a: (lambda a=a: collectives.broadcast(x, 0, comm, a)) for a in names}
+
+        def direct():
+            comm.Bcast(_raw(x), 0)
+            return x
+    for a in names:
+        if a.startswith("MPI_"):
+            calls[a] = direct
     return count, ref, calls, poisoned
 
 

@@ -22,7 +22,8 @@ _HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto")
 _KIB, _MIB = 1 << 10, 1 << 20
 _COLORS = {"mpi": "black", "ring": "tab:blue", "tree": "tab:green", "recursive_doubling": "tab:orange",
            "rabenseifner": "tab:purple", "2d": "tab:brown", "auto": "tab:red", "ring-direct": "tab:cyan",
-           "ring-execute": "tab:olive", "gloo": "tab:pink"}
+           "ring-execute": "tab:olive", "gloo": "tab:pink", "MPI_Allreduce": "0.55", "MPI_Reduce_scatter": "0.55",
+           "MPI_Allgather": "0.55", "MPI_Bcast": "0.55"}
 
 
 def _geomean(values):
@@ -57,7 +58,9 @@ def summarize(rows, stat="mean"):
     dict
         ``sizes``: one dict per size with, where measured: ``allreduce_best`` (fastest hand-made
         all-reduce) and ``allreduce_best_vs_mpi`` (its busbw / mpi's busbw = mpi time / its time);
-        ``reduce_scatter_vs_mpi`` and ``allgather_vs_mpi`` (fastest hand-made time / mpi time);
+        ``reduce_scatter_vs_mpi`` and ``allgather_vs_mpi`` (fastest hand-made time / mpi time) and
+        ``..._vs_raw`` (the same over MPI's own call made directly, ``MPI_Reduce_scatter`` /
+        ``MPI_Allgather``); ``mpi_vs_raw`` (commlab's ``mpi`` all-reduce / ``MPI_Allreduce``);
         ``auto_vs_mpi`` (all-reduce ``auto`` time / mpi time); ``ring_vs_direct`` and
         ``execute_vs_direct`` (``ring`` through the API, and ``ring-execute``, over ``ring-direct``).
         ``aggregates``: geometric means and extremes of those over the size ranges of the targets
@@ -81,10 +84,13 @@ def summarize(rows, stat="mean"):
             e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
         if mpi and ("allreduce", "auto", n) in t:
             e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
-        for op in ("reduce_scatter", "allgather"):
+        if mpi and ("allreduce", "MPI_Allreduce", n) in t:
+            e["mpi_vs_raw"] = mpi / t[("allreduce", "MPI_Allreduce", n)]
+        for op, raw in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
             own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
-            if own and (op, "mpi", n) in t:
-                e[f"{op}_vs_mpi"] = min(own) / t[(op, "mpi", n)]
+            for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
+                if own and (op, base, n) in t:
+                    e[key] = min(own) / t[(op, base, n)]
         direct = t.get(("allreduce", "ring-direct", n))
         for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
             if direct and ("allreduce", alg, n) in t:
@@ -99,7 +105,8 @@ def summarize(rows, stat="mean"):
     agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big), "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
            "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
            "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
-    for key in ("reduce_scatter_vs_mpi", "allgather_vs_mpi", "ring_vs_direct", "execute_vs_direct"):
+    for key in ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw",
+                "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw"):
         agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
     return {"sizes": sizes, "aggregates": agg}
 
@@ -127,20 +134,24 @@ def markdown(results, stat="mean"):
     """
     s = summarize(results["rows"], stat)
     a = s["aggregates"]
-    head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times: best hand-made "
-            f"all-reduce busbw / `mpi` busbw, geometric mean over 64 KiB-64 MiB "
-            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x** (lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x); "
-            f"reduce-scatter time / `mpi` at most {_x(a['reduce_scatter_vs_mpi_max'])}x "
-            f"(geometric mean {_x(a['reduce_scatter_vs_mpi_geomean'])}x); all-gather at most {_x(a['allgather_vs_mpi_max'])}x "
-            f"({_x(a['allgather_vs_mpi_geomean'])}x); `auto` latency / `mpi` at 8 B-4 KiB at most {_x(a['auto_vs_mpi_max_8_4K'])}x "
-            f"({_x(a['auto_vs_mpi_geomean_8_4K'])}x); executor: `ring` / `ring-direct` {_x(a['ring_vs_direct_geomean'])}x, "
-            f"`ring-execute` / `ring-direct` {_x(a['execute_vs_direct_geomean'])}x (geometric means).")
-    lines = [head, "", "| size | best all-reduce | its busbw / mpi | reduce-scatter time / mpi | all-gather time / mpi "
-             "| auto time / mpi | ring / ring-direct | ring-execute / ring-direct |", "|" + "---|" * 8]
+    head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times. "
+            f"Best hand-made all-reduce busbw / `mpi` busbw: geometric mean over 64 KiB-64 MiB "
+            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x**, lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x. "
+            f"Time / `mpi` (max, geometric mean over sizes): reduce-scatter {_x(a['reduce_scatter_vs_mpi_max'])}x, "
+            f"{_x(a['reduce_scatter_vs_mpi_geomean'])}x; all-gather {_x(a['allgather_vs_mpi_max'])}x, "
+            f"{_x(a['allgather_vs_mpi_geomean'])}x; `auto` at 8 B-4 KiB {_x(a['auto_vs_mpi_max_8_4K'])}x, "
+            f"{_x(a['auto_vs_mpi_geomean_8_4K'])}x. Against MPI's own call made directly (geometric means): "
+            f"reduce-scatter {_x(a['reduce_scatter_vs_raw_geomean'])}x, all-gather {_x(a['allgather_vs_raw_geomean'])}x, "
+            f"commlab's `mpi` all-reduce {_x(a['mpi_vs_raw_geomean'])}x. Executor: `ring` / `ring-direct` "
+            f"{_x(a['ring_vs_direct_geomean'])}x, `ring-execute` / `ring-direct` {_x(a['execute_vs_direct_geomean'])}x.")
+    keys = ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw", "auto_vs_mpi",
+            "ring_vs_direct", "execute_vs_direct")
+    lines = [head, "", "| size | best all-reduce | its busbw / mpi | reduce-scatter / mpi | reduce-scatter / "
+             "MPI_Reduce_scatter | all-gather / mpi | all-gather / MPI_Allgather | auto / mpi | ring / ring-direct "
+             "| ring-execute / ring-direct |", "|" + "---|" * 10]
     for e in s["sizes"]:
         lines.append(f"| {_size(e['bytes'])} | {e.get('allreduce_best', '-')} | {_x(e.get('allreduce_best_vs_mpi'))} | "
-                     + " | ".join(_x(e.get(k)) for k in ("reduce_scatter_vs_mpi", "allgather_vs_mpi", "auto_vs_mpi",
-                                                          "ring_vs_direct", "execute_vs_direct")) + " |")
+                     + " | ".join(_x(e.get(k)) for k in keys) + " |")
     return "\n".join(lines)
 
 

@@ -236,3 +236,14 @@ def test_summary_ratios():
     assert big["ring_vs_direct"] == 2.0 and big["allgather_vs_mpi"] == 1.5
     assert s["aggregates"]["auto_vs_mpi_max_8_4K"] == 1.5
     assert s["aggregates"]["allreduce_best_vs_mpi_geomean_64K_64M"] == 2.0
+
+
+@pytest.mark.parametrize("dtype,redop", [("float16", "avg"), ("int32", "avg"), ("float64", "max")])
+def test_dtypes_and_ops_in_one_process(dtype, redop):
+    """P = 1 through every code path of a size: float16 has no MPI_* reference rows (MPI lacks it)."""
+    cfg = bench.BenchConfig(dtype=dtype, redop=redop, iters_small=1, warmup_small=0)
+    for op in bench.OPS:
+        rows = bench._measure(op, 64, cfg, MPI.COMM_SELF)
+        names = {r["algorithm"] for r in rows}
+        expected = {a for a in bench._algorithms(op) if not (dtype == "float16" and a.startswith("MPI_"))}
+        assert names == expected and all(r["wrong"] == 0 and r["type"] == dtype for r in rows), (op, rows)
