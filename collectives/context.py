@@ -28,14 +28,14 @@ class Context:
     comm : mpi4py.MPI.Comm
         The duplicate.
     rank, size : int
-    last : dict
+    last : tuple or None
         Statistics of the most recent collective (see :func:`last_stats`).
-    totals : dict
-        Running totals: ``calls``, ``bytes_sent``, ``messages``.
+    calls, bytes_sent, messages : int
+        Running totals (see :func:`total_stats`).
     """
 
     __slots__ = ("comm", "rank", "size", "_seq", "_schedules", "_buffers", "_transports", "_nodes",
-                 "broken", "last", "totals")
+                 "broken", "last", "calls", "bytes_sent", "messages")
 
     def __init__(self, comm):
         self.comm = comm.Dup()
@@ -47,7 +47,7 @@ class Context:
         self._nodes = None
         self.broken = None
         self.last = None
-        self.totals = {"calls": 0, "bytes_sent": 0, "messages": 0}
+        self.calls = self.bytes_sent = self.messages = 0
 
     def check_usable(self):
         """Raise ``RuntimeError`` when an earlier timeout left this context with messages in flight."""
@@ -110,10 +110,9 @@ class Context:
             messages, rounds = None, None
         nbytes = elements * dtype.itemsize
         self.last = (op, algorithm, count, dtype, nbytes, messages, rounds, estimated)
-        totals = self.totals
-        totals["calls"] += 1
-        totals["bytes_sent"] += nbytes
-        totals["messages"] += messages or 0
+        self.calls += 1
+        self.bytes_sent += nbytes
+        self.messages += messages or 0
 
 
 def get_context(comm=None):
@@ -158,4 +157,5 @@ def last_stats(comm=None):
 
 def total_stats(comm=None):
     """Return running totals (``calls``, ``bytes_sent``, ``messages``) of this rank's collectives."""
-    return dict(get_context(comm).totals)
+    ctx = get_context(comm)
+    return {"calls": ctx.calls, "bytes_sent": int(ctx.bytes_sent), "messages": ctx.messages}

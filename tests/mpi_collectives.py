@@ -199,6 +199,18 @@ def case_float16_native():
             check(st["dtype"] == "float16", f"float16 native {alg} sent {st['dtype']}")
 
 
+def case_stats():
+    """last_stats counts what the schedule sent: ring sends 2 (P-1) chunks of n / P elements."""
+    before = C.total_stats()["bytes_sent"]
+    C.allreduce(np.ones(10 * P, np.float32), algorithm="ring")
+    st = C.last_stats()
+    check(st["algorithm"] == "ring" and st["bytes_sent"] == 2 * (P - 1) * 10 * 4, f"ring stats {st}")
+    check(st["messages"] == 2 * (P - 1) and not st["estimated"], f"ring messages {st}")
+    check(C.total_stats()["bytes_sent"] - before == st["bytes_sent"], "total_stats does not add up")
+    C.allreduce(np.ones(8, np.float32), algorithm="auto")
+    check(C.last_stats()["algorithm"] in C.ALGORITHMS and C.last_stats()["algorithm"] != "auto", "auto unresolved")
+
+
 def case_grid_and_nonblocking():
     x = make(1001, "float64", "sum", salt=17)
     ref = numpy_oracle(x, "sum")
@@ -221,7 +233,8 @@ def case_grid_and_nonblocking():
 def main():
     counts = [0, 1, max(P - 1, 0), P + 1, 1001] + ([2 ** 20 + 3] if "--big" in sys.argv else [])
     cases = [lambda: case_matrix(sorted(set(counts))), case_identical_on_ranks, case_public_reports,
-             case_other_collectives, case_float16_native, case_grid_and_nonblocking]
+             case_other_collectives, case_float16_native, case_stats,
+             case_grid_and_nonblocking]
     for case in cases:
         try:
             case()
