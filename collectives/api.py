@@ -36,7 +36,7 @@ ALGORITHMS = {
     "rabenseifner": "recursive-halving reduce-scatter then recursive-doubling all-gather (Rabenseifner 2004)",
     "2d": "row reduce-scatter, column all-reduce, row all-gather on a grid (Mikami et al. 2018)",
     "mpi": "the MPI library's own MPI_Allreduce (the oracle and baseline)",
-    "auto": "tuned table if installed, else recursive doubling up to 16 KiB and ring above",
+    "auto": "tuned (P, size) table from measured sweeps, else the alpha-beta-gamma model's fastest",
 }
 
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).

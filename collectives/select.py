@@ -2,22 +2,29 @@
 
 The rule, in order:
 
-1. a tuned decision table, when one is installed (``COMMLAB_TUNING=path.json`` or
-   :func:`load_table`): JSON written by ``experiments/tune.py``, the way MPICH's JSON tuning files
-   map (P, message size) ranges to algorithms;
-2. otherwise a size/P rule in the spirit of MPICH's defaults (Thakur et al. 2005, section 4.5):
-   messages up to :data:`SMALL_BYTES` go to recursive doubling (fewest rounds), larger ones to the
-   ring (bandwidth-optimal).
+1. a tuned decision table: JSON written by ``experiments/tune.py`` from measured sweeps, the way
+   MPICH's JSON tuning files map (P, message size) ranges to algorithms. It is read from
+   ``COMMLAB_TUNING=path.json`` when set, else from the table shipped with the package
+   (``collectives/tuning.json``, measured on the reference machine), or installed with
+   :func:`load_table`; ``COMMLAB_TUNING=none`` disables tables;
+2. for a P the table does not cover, the alpha-beta-gamma model (:mod:`collectives.cost`): the
+   hand-made algorithm with the smallest predicted time, using the table's fitted ``model``
+   parameters when it has them, else :data:`DEFAULT_PARAMS`.
 """
 import json
 import os
 
-__all__ = ["SMALL_BYTES", "select_allreduce", "load_table", "clear_table"]
+__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "select_allreduce", "load_table", "clear_table", "model_choice"]
 
-#: Largest all-reduce message (bytes) that the default rule sends to recursive doubling.
-SMALL_BYTES = 16 * 1024
+#: Model parameters used without a fitted table: alpha (s), beta and gamma (s/byte), typical of
+#: shared-memory MPI on one node.
+DEFAULT_PARAMS = {"alpha": 2e-6, "beta": 2.5e-10, "gamma": 2.5e-10}
 
-_TABLE = {"loaded": False, "rules": None}
+#: Algorithms ``auto`` may choose.
+CANDIDATES = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d")
+
+_SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
+_STATE = {"loaded": False, "rules": None, "params": None, "source": None, "cache": {}}
 
 
 def load_table(path):
@@ -26,14 +33,14 @@ def load_table(path):
     Parameters
     ----------
     path : str
-        JSON file ``{"allreduce": [{"size": P, "max_bytes": B or null, "algorithm": name}, ...]}``;
-        for a given P the first rule whose ``max_bytes`` is at least the message size wins (null =
-        no upper limit). Communicator sizes missing from the table fall back to the default rule.
+        JSON file ``{"allreduce": [{"size": P, "max_bytes": B or null, "algorithm": name}, ...],
+        "model": {"alpha": s, "beta": s/B, "gamma": s/B} (optional)}``; for a given P the first
+        rule whose ``max_bytes`` is at least the message size wins (null = no upper limit).
 
     Raises
     ------
     ValueError
-        The file is not such a table.
+        The file is not such a table, or names an algorithm ``auto`` cannot run.
     """
     with open(path, encoding="utf-8") as f:
         table = json.load(f)
@@ -42,25 +49,56 @@ def load_table(path):
                                               for r in rules):
         raise ValueError(f"{path}: not a commlab tuning table (expected an 'allreduce' list of "
                          "{size, max_bytes, algorithm} rules)")
-    _TABLE["rules"], _TABLE["loaded"] = rules, True
+    bad = sorted({r["algorithm"] for r in rules} - set(CANDIDATES))
+    if bad:
+        raise ValueError(f"{path}: rules name {', '.join(bad)}; auto chooses among {', '.join(CANDIDATES)}")
+    params = table.get("model")
+    if params is not None and not (isinstance(params, dict) and {"alpha", "beta", "gamma"} <= set(params)):
+        raise ValueError(f"{path}: 'model' must hold alpha, beta and gamma")
+    _STATE.update(loaded=True, rules=rules, params=params, source=path, cache={})
 
 
 def clear_table():
-    """Forget any installed decision table (``auto`` falls back to the default rule)."""
-    _TABLE["rules"], _TABLE["loaded"] = None, True
+    """Forget any decision table: ``auto`` then uses the model with :data:`DEFAULT_PARAMS`."""
+    _STATE.update(loaded=True, rules=None, params=None, source=None, cache={})
+
+
+def _ensure_loaded():
+    if _STATE["loaded"]:
+        return
+    _STATE["loaded"] = True
+    path = os.environ.get("COMMLAB_TUNING")
+    if path == "none":
+        return
+    if path:
+        load_table(path)
+    elif os.path.exists(_SHIPPED):
+        load_table(_SHIPPED)
+
+
+def model_choice(size, nbytes, params=None):
+    """Return the candidate with the smallest modelled all-reduce time for P = ``size``."""
+    from .cost import predict  # imported late: cost imports the algorithm modules
+
+    params = params or DEFAULT_PARAMS
+    return min(CANDIDATES, key=lambda a: (predict(a, size, nbytes, params), CANDIDATES.index(a)))
 
 
 def select_allreduce(size, nbytes):
     """Return the all-reduce algorithm ``auto`` resolves to for P = ``size`` and ``nbytes`` bytes."""
-    if not _TABLE["loaded"]:
-        _TABLE["loaded"] = True
-        path = os.environ.get("COMMLAB_TUNING")
-        if path:
-            load_table(path)
-    if _TABLE["rules"]:
-        for rule in _TABLE["rules"]:
-            if rule["size"] == size and (rule["max_bytes"] is None or nbytes <= rule["max_bytes"]):
-                return rule["algorithm"]
+    _ensure_loaded()
+    key = (size, nbytes)
+    choice = _STATE["cache"].get(key)
+    if choice is not None:
+        return choice
     if size == 1:
-        return "ring"
-    return "recursive_doubling" if nbytes <= SMALL_BYTES else "ring"
+        choice = "ring"
+    for rule in _STATE["rules"] or ():
+        if choice is None and rule["size"] == size and (rule["max_bytes"] is None or nbytes <= rule["max_bytes"]):
+            choice = rule["algorithm"]
+    if choice is None:
+        choice = model_choice(size, nbytes, _STATE["params"])
+    if len(_STATE["cache"]) > 65536:
+        _STATE["cache"].clear()
+    _STATE["cache"][key] = choice
+    return choice

@@ -74,3 +74,24 @@ def test_large_p_simulates_and_2d_beats_ring_at_scale():
 def test_coefficients_reject_unknown_algorithm():
     with pytest.raises(ValueError, match="bogus"):
         cost.coefficients("bogus", 4, 100)
+
+
+def test_auto_falls_back_to_the_model(tmp_path):
+    """Without a table, auto picks the model's fastest; a table overrides it only for its P."""
+    from collectives import select
+
+    try:
+        select.clear_table()
+        assert select.select_allreduce(4, 8) == select.model_choice(4, 8)
+        assert select.select_allreduce(4, 8) in ("recursive_doubling", "rabenseifner")  # fewest latencies
+        assert select.select_allreduce(4, 1 << 26) in ("ring", "rabenseifner", "2d")  # bandwidth-optimal
+        table = tmp_path / "t.json"
+        table.write_text('{"allreduce": [{"size": 4, "max_bytes": null, "algorithm": "tree"}]}')
+        select.load_table(str(table))
+        assert select.select_allreduce(4, 1 << 26) == "tree"
+        assert select.select_allreduce(5, 8) == select.model_choice(5, 8)
+        table.write_text('{"allreduce": [{"size": 4, "max_bytes": null, "algorithm": "mpi"}]}')
+        with pytest.raises(ValueError, match="mpi"):
+            select.load_table(str(table))
+    finally:
+        select.clear_table()
