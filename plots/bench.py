@@ -155,17 +155,18 @@ def markdown(results, stat="mean"):
     return "\n".join(lines)
 
 
-def _model(rows):
-    """Return (``predict(algorithm, P, nbytes) -> seconds`` fitted to ``rows``, or None; a note saying which)."""
+def _model(rows, min_bytes):
+    """Return (``predict(algorithm, P, nbytes) -> seconds`` fitted to ``rows`` of at least ``min_bytes``,
+    or None; a note saying which)."""
     try:
         from collectives import cost
     except ImportError as exc:
         return None, f"model not drawn: collectives.cost is not available ({exc})"
     try:
-        params = cost.fit([r for r in rows if not r.get("wrong")])
+        params = cost.fit([r for r in rows if not r.get("wrong")], min_bytes=min_bytes)
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"model not drawn: collectives.cost.fit failed ({exc})"
-    note = (f"dashed: alpha-beta-gamma model fitted to this sweep (alpha {params['alpha'] * 1e6:.3g} us, "
+    note = (f"dashed: alpha-beta-gamma model fitted to this sweep's all-reduce rows from {_size(min_bytes)} (alpha {params['alpha'] * 1e6:.3g} us, "
             f"beta {params['beta'] * 1e9:.3g} ns/B, gamma {params['gamma'] * 1e9:.3g} ns/B)")
     return (lambda alg, P, n: cost.predict(alg, P, n, params)), note
 
@@ -179,7 +180,7 @@ def _pyplot():
     return plt
 
 
-def draw(results, out_dir, model=True, stat="mean"):
+def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
     """Draw one three-panel PNG per op of ``results`` into ``out_dir``; return the paths written.
 
     Parameters
@@ -192,6 +193,8 @@ def draw(results, out_dir, model=True, stat="mean"):
         Draw the fitted model as dashed lines (all-reduce) when :mod:`collectives.cost` is available.
     stat : {"mean", "median"}
         Time per call drawn: the slowest rank's mean (nccl-tests' time) or median; busbw follows it.
+    model_min_bytes : int
+        Smallest message (bytes) of the rows the model is fitted to.
 
     Raises
     ------
@@ -205,7 +208,7 @@ def draw(results, out_dir, model=True, stat="mean"):
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
 
-    predict, note = _model(rows) if model else (None, "model not drawn (--no-model)")
+    predict, note = _model(rows, model_min_bytes) if model else (None, "model not drawn (--no-model)")
     os.makedirs(out_dir, exist_ok=True)
     P = results["P"]
     paths = []
@@ -218,6 +221,7 @@ def draw(results, out_dir, model=True, stat="mean"):
                           r["wrong"]) for r in mine if r["algorithm"] == alg)
             x = [p[0] for p in pts]
             style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
+                         zorder=3 if alg == "mpi" else 2,
                          label=alg + (" (wrong results!)" if any(p[3] for p in pts) else ""))
             axes[0].plot(x, [p[1] for p in pts], **style)
             axes[1].plot(x, [p[2] for p in pts], **style)
@@ -266,13 +270,16 @@ def main(argv=None):
     p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="time drawn and compared: the slowest rank's mean (default) or median")
+    p.add_argument("--model-min-bytes", type=int, default=64 * _KIB,
+                   help="fit the model to all-reduce rows of at least this many bytes (default 65536)")
     p.add_argument("--no-model", action="store_true", help="do not fit and draw the cost model")
     a = p.parse_args(argv)
     for path in a.results:
         try:
             with open(path, encoding="utf-8") as f:
                 results = json.load(f)
-            written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat)
+            written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat,
+                           a.model_min_bytes)
         except (OSError, ValueError, KeyError) as exc:
             sys.exit(f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))
