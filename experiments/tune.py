@@ -29,7 +29,7 @@ __all__ = ["HAND_MADE", "build_table", "main"]
 HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
 
 
-def build_table(results, tolerance=0.0):
+def build_table(results, tolerance=0.0, stat="mean"):
     """Return the decision table of sweeps ``results``.
 
     Parameters
@@ -39,6 +39,8 @@ def build_table(results, tolerance=0.0):
     tolerance : float
         Relative slack, >= 0: at a new size the previous rule's algorithm is kept while its time is
         within ``(1 + tolerance)`` of the winner's, so noise does not split ranges (0: strict).
+    stat : {"mean", "median"}
+        Time compared: the slowest rank's mean (``time_s``) or median (``time_median_us``).
 
     Returns
     -------
@@ -50,16 +52,24 @@ def build_table(results, tolerance=0.0):
     Raises
     ------
     ValueError
-        No hand-made all-reduce row with a correct result, or a negative ``tolerance``.
+        No hand-made all-reduce row with a correct result, a negative ``tolerance``, an unknown
+        ``stat``, or rows without median times for ``stat="median"``.
     """
     if not tolerance >= 0:
         raise ValueError(f"tolerance={tolerance!r} must be >= 0")
+    if stat not in ("mean", "median"):
+        raise ValueError(f"stat={stat!r} must be 'mean' or 'median'")
     times = {}  # (P, bytes) -> {algorithm: [seconds, ...]}
     for res in results:
         for r in res.get("rows", []):
-            if r["op"] == "allreduce" and r["algorithm"] in HAND_MADE and not r["wrong"] and r["time_s"] > 0:
+            if r["op"] != "allreduce" or r["algorithm"] not in HAND_MADE or r["wrong"]:
+                continue
+            if stat == "median" and "time_median_us" not in r:
+                raise ValueError("these sweeps have no median times: use the mean")
+            seconds = r["time_s"] if stat == "mean" else r["time_median_us"] * 1e-6
+            if seconds > 0:
                 nbytes = r["count"] * backend.accumulation_dtype(np.dtype(r["type"])).itemsize
-                times.setdefault((r["P"], nbytes), {}).setdefault(r["algorithm"], []).append(r["time_s"])
+                times.setdefault((r["P"], nbytes), {}).setdefault(r["algorithm"], []).append(seconds)
     if not times:
         raise ValueError("no hand-made all-reduce rows with correct results in the sweeps")
     rules = []
@@ -80,7 +90,7 @@ def build_table(results, tolerance=0.0):
     sources = [{"P": res.get("P"), "date": res.get("date"), "host": res.get("host"),
                 "mpi_library": res.get("mpi_library"), "dtype": res.get("config", {}).get("dtype")}
                for res in results]
-    return {"allreduce": rules, "tolerance": tolerance, "sources": sources,
+    return {"allreduce": rules, "tolerance": tolerance, "stat": stat, "sources": sources,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -99,6 +109,8 @@ def main(argv=None):
     p.add_argument("--out", default="tuning.json", help="decision table to write (default tuning.json)")
     p.add_argument("--tolerance", type=float, default=0.0,
                    help="keep the previous range's algorithm while within this relative slack (default 0)")
+    p.add_argument("--stat", choices=["mean", "median"], default="mean",
+                   help="time compared: the slowest rank's mean (default) or median (steadier on a shared machine)")
     a = p.parse_args(argv)
     results = []
     for path in a.results:
@@ -108,7 +120,7 @@ def main(argv=None):
         except (OSError, ValueError) as exc:
             sys.exit(f"{path}: {exc}")
     try:
-        table = build_table(results, a.tolerance)
+        table = build_table(results, a.tolerance, a.stat)
     except (ValueError, KeyError) as exc:
         sys.exit(f"error: {exc}")
     with open(a.out, "w", encoding="utf-8") as f:

@@ -204,6 +204,10 @@ def test_tune_tolerance_absorbs_noise():
     assert [(r["algorithm"], r["max_bytes"]) for r in loose] == [("ring", None)]
     with pytest.raises(ValueError):
         tune.build_table([{"rows": [_row(2, "mpi", 8, 1.0)]}])
+    with pytest.raises(ValueError):  # no medians in these rows
+        tune.build_table([{"rows": rows}], stat="median")
+    medians = [dict(r, time_median_us={"ring": 2.0, "tree": 1.0}[r["algorithm"]]) for r in rows]
+    assert [r["algorithm"] for r in tune.build_table([{"rows": medians}], stat="median")["allreduce"]] == ["tree"]
 
 
 def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
