@@ -23,7 +23,8 @@ all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI
 ``MPI_Reduce_scatter``, ``MPI_Allgather``, ``MPI_Bcast``), which prices commlab's layer around its
 ``mpi`` algorithm; and for all-reduce two loops that price the schedule executor: ``ring-direct``,
 the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-place ufuncs, and
-``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute`` alone. ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
+``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute`` alone.
+``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
 library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
 """
@@ -132,15 +133,18 @@ def parse_args(argv=None, quiet=False):
                         "MPI_<Op>, and ring-direct and ring-execute for all-reduce)")
     p.add_argument("--min-bytes", type=_parse_bytes, default=d.min_bytes, help="smallest size (default 8)")
     p.add_argument("--max-bytes", type=_parse_bytes, default=d.max_bytes, help="largest size (default 64M)")
-    p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.DTYPES])
-    p.add_argument("--redop", default=d.redop, choices=list(collectives.OPS))
+    p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.DTYPES],
+                   help="element type (default float32)")
+    p.add_argument("--redop", default=d.redop, choices=list(collectives.OPS),
+                   help="reduction of all-reduce and reduce-scatter (default sum)")
     p.add_argument("--iters", type=int, help="timed calls at every size (sets both of the next two)")
     p.add_argument("--iters-small", type=int, default=d.iters_small, help="timed calls up to --large-bytes (1000)")
     p.add_argument("--iters-large", type=int, default=d.iters_large, help="timed calls above --large-bytes (100)")
     p.add_argument("--warmup", type=int, help="uncounted calls at every size (sets both of the next two)")
-    p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="default 200")
-    p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="default 10")
-    p.add_argument("--large-bytes", type=_parse_bytes, default=d.large_bytes, help="default 8K")
+    p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="uncounted calls up to --large-bytes (200)")
+    p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="uncounted calls above --large-bytes (10)")
+    p.add_argument("--large-bytes", type=_parse_bytes, default=d.large_bytes,
+                   help="largest size that counts as small (default 8K)")
     p.add_argument("--max-time", type=float, default=d.max_time,
                    help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
     p.add_argument("--rounds", type=int, default=d.rounds,
@@ -148,7 +152,7 @@ def parse_args(argv=None, quiet=False):
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
     if quiet:
-        p.print_usage = lambda file=None: None
+        p.print_usage = p.print_help = lambda file=None: None
         p.exit = lambda status=0, message=None: sys.exit(status)
     a = p.parse_args(argv)
     for name in ("iters", "warmup"):

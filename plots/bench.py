@@ -102,7 +102,8 @@ def summarize(rows, stat="mean"):
         return [e[key] for e in sizes if key in e and lo <= e["bytes"] <= hi]
 
     big = pick("allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB)
-    agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big), "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
+    agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big),
+           "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
            "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
            "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
     for key in ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw",
@@ -136,14 +137,17 @@ def markdown(results, stat="mean"):
     a = s["aggregates"]
     head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times. "
             f"Best hand-made all-reduce busbw / `mpi` busbw: geometric mean over 64 KiB-64 MiB "
-            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x**, lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x. "
+            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x**, "
+            f"lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x. "
             f"Time / `mpi` (max, geometric mean over sizes): reduce-scatter {_x(a['reduce_scatter_vs_mpi_max'])}x, "
             f"{_x(a['reduce_scatter_vs_mpi_geomean'])}x; all-gather {_x(a['allgather_vs_mpi_max'])}x, "
             f"{_x(a['allgather_vs_mpi_geomean'])}x; `auto` at 8 B-4 KiB {_x(a['auto_vs_mpi_max_8_4K'])}x, "
             f"{_x(a['auto_vs_mpi_geomean_8_4K'])}x. Against MPI's own call made directly (geometric means): "
-            f"reduce-scatter {_x(a['reduce_scatter_vs_raw_geomean'])}x, all-gather {_x(a['allgather_vs_raw_geomean'])}x, "
+            f"reduce-scatter {_x(a['reduce_scatter_vs_raw_geomean'])}x, "
+            f"all-gather {_x(a['allgather_vs_raw_geomean'])}x, "
             f"commlab's `mpi` all-reduce {_x(a['mpi_vs_raw_geomean'])}x. Executor: `ring` / `ring-direct` "
-            f"{_x(a['ring_vs_direct_geomean'])}x, `ring-execute` / `ring-direct` {_x(a['execute_vs_direct_geomean'])}x.")
+            f"{_x(a['ring_vs_direct_geomean'])}x, `ring-execute` / `ring-direct` "
+            f"{_x(a['execute_vs_direct_geomean'])}x.")
     keys = ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw", "auto_vs_mpi",
             "ring_vs_direct", "execute_vs_direct")
     lines = [head, "", "| size | best all-reduce | its busbw / mpi | reduce-scatter / mpi | reduce-scatter / "
@@ -166,7 +170,8 @@ def _model(rows, min_bytes):
         params = cost.fit([r for r in rows if not r.get("wrong")], min_bytes=min_bytes)
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"model not drawn: collectives.cost.fit failed ({exc})"
-    note = (f"dashed: alpha-beta-gamma model fitted to this sweep's all-reduce rows from {_size(min_bytes)} (alpha {params['alpha'] * 1e6:.3g} us, "
+    note = (f"dashed: alpha-beta-gamma model fitted to this sweep's all-reduce rows from {_size(min_bytes)} "
+            f"(alpha {params['alpha'] * 1e6:.3g} us, "
             f"beta {params['beta'] * 1e9:.3g} ns/B, gamma {params['gamma'] * 1e9:.3g} ns/B)")
     return (lambda alg, P, n: cost.predict(alg, P, n, params)), note
 
@@ -217,8 +222,9 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
         mine = [r for r in rows if r["op"] == op]
         mpi = {r["bytes"]: _seconds(r, stat) for r in mine if r["algorithm"] == "mpi"}
         for alg in dict.fromkeys(r["algorithm"] for r in mine):
-            pts = sorted((r["bytes"], _seconds(r, stat) * 1e6, r["busbw_GBps"] * r["time_s"] / max(_seconds(r, stat), 1e-12),
-                          r["wrong"]) for r in mine if r["algorithm"] == alg)
+            pts = sorted((r["bytes"], _seconds(r, stat) * 1e6,  # busbw scaled to the chosen time
+                          r["busbw_GBps"] * r["time_s"] / max(_seconds(r, stat), 1e-12), r["wrong"])
+                         for r in mine if r["algorithm"] == alg)
             x = [p[0] for p in pts]
             style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
                          zorder=3 if alg == "mpi" else 2,

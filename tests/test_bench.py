@@ -2,8 +2,9 @@
 
 Oracles: the sweep's own #wrong column (every result compared with MPI's collective called directly;
 its counter is itself tested on planted errors), nccl-tests' busbw definitions recomputed from the
-rows (relative tolerance 1e-5: the files keep 6 significant digits), and for the tuning table the fastest hand-made algorithm read off
-the rows, compared with what ``collectives.select.select_allreduce`` returns after ``load_table``.
+rows (relative tolerance 1e-5: the files keep 6 significant digits), and for the tuning table the
+fastest hand-made algorithm read off the rows, compared with what
+``collectives.select.select_allreduce`` returns after ``load_table``.
 """
 import csv
 import json
