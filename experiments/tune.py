@@ -10,7 +10,9 @@ algorithms. When several files measured the same P and size, the median of their
 rows with wrong results are ignored. Adjacent sizes with the same winner merge into one rule. As in
 MPICH's JSON tuning files, rules are ranges: a rule covers messages up to the largest size it won
 (``max_bytes``) and the last rule of each P has no upper limit. Sizes are counted the way ``auto``
-counts them, in the accumulation dtype (float16 sweeps count 4 bytes an element).
+counts them, in the accumulation dtype (float16 sweeps count 4 bytes an element). The table also
+carries the alpha-beta-gamma parameters fitted to the sweeps' all-reduce rows of 64 KiB and more
+(:func:`collectives.cost.fit`), which ``auto`` uses for the P the table lacks.
 """
 import argparse
 import datetime
@@ -23,10 +25,13 @@ import numpy as np
 import collectives
 from collectives import backend
 
-__all__ = ["HAND_MADE", "build_table", "main"]
+__all__ = ["HAND_MADE", "MODEL_MIN_BYTES", "build_table", "main"]
 
 #: Algorithms a tuned table may choose.
 HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+
+#: Smallest all-reduce message (bytes) of the rows the table's cost model is fitted to.
+MODEL_MIN_BYTES = 64 << 10
 
 
 def build_table(results, tolerance=0.0, stat="mean"):
@@ -46,8 +51,12 @@ def build_table(results, tolerance=0.0, stat="mean"):
     -------
     dict
         ``{"allreduce": [{"size": P, "max_bytes": int or None, "algorithm": name, "min_bytes": int},
-        ...], "sources": [...]}``, the format of :func:`collectives.select.load_table`; rules are
-        sorted by P, then size (``min_bytes``, the smallest size the rule won, is informational).
+        ...], "model": {"alpha", "beta", "gamma"}, "sources": [...]}``, the format of
+        :func:`collectives.select.load_table`; rules are sorted by P, then size (``min_bytes``, the
+        smallest size the rule won, is informational). ``model`` holds the alpha-beta-gamma
+        parameters (seconds, seconds/byte) of :func:`collectives.cost.fit` on every all-reduce row
+        of at least :data:`MODEL_MIN_BYTES`, which ``auto`` uses for P the table lacks; it is
+        left out when there are too few such rows.
 
     Raises
     ------
@@ -87,11 +96,24 @@ def build_table(results, tolerance=0.0, stat="mean"):
             current = {"size": P, "max_bytes": nbytes, "algorithm": best, "min_bytes": nbytes}
             rules.append(current)
         current["max_bytes"] = None
+    model = _fit_model([r for res in results for r in res.get("rows", [])])
     sources = [{"P": res.get("P"), "date": res.get("date"), "host": res.get("host"),
                 "mpi_library": res.get("mpi_library"), "dtype": res.get("config", {}).get("dtype")}
                for res in results]
-    return {"allreduce": rules, "tolerance": tolerance, "stat": stat, "sources": sources,
+    return {"allreduce": rules, **({"model": model} if model else {}), "tolerance": tolerance, "stat": stat,
+            "sources": sources,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _fit_model(rows):
+    """Return alpha, beta, gamma fitted to all-reduce rows of 64 KiB and more, or None if too few."""
+    from collectives import cost
+
+    try:
+        params = cost.fit([r for r in rows if not r.get("wrong")], min_bytes=MODEL_MIN_BYTES)
+    except ValueError:
+        return None
+    return {k: params[k] for k in ("alpha", "beta", "gamma")}
 
 
 def _describe(table):

@@ -181,6 +181,7 @@ def test_tune_table_round_trips_through_select(tmp_path):
     out = tmp_path / "tuning.json"
     tune.main([str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--out", str(out)])
     table = json.loads(out.read_text())
+    assert "model" not in table  # no rows of 64 KiB or more to fit it to
     assert [(r["size"], r["algorithm"], r["max_bytes"]) for r in table["allreduce"]] == [
         (2, "tree", 32), (2, "ring", None),
         (4, "recursive_doubling", 16), (4, "2d", 32), (4, "rabenseifner", None)]
@@ -190,7 +191,7 @@ def test_tune_table_round_trips_through_select(tmp_path):
             for n, w in zip(sizes, win):
                 assert select.select_allreduce(P, n) == w, (P, n)
             assert select.select_allreduce(P, 1 << 30) == win[-1]
-        assert select.select_allreduce(3, 8) == "recursive_doubling"  # P not in the table: default rule
+        assert select.select_allreduce(3, 8) == select.model_choice(3, 8, table.get("model"))  # P not in table
     finally:
         select.clear_table()
 
@@ -252,3 +253,15 @@ def test_dtypes_and_ops_in_one_process(dtype, redop):
         names = {r["algorithm"] for r in rows}
         expected = {a for a in bench._algorithms(op) if not (dtype == "float16" and a.startswith("MPI_"))}
         assert names == expected and all(r["wrong"] == 0 and r["type"] == dtype for r in rows), (op, rows)
+
+
+def test_tune_table_carries_the_fitted_model():
+    """Rows made exactly by the model with known alpha, beta, gamma: the table's fit recovers them (rel 1e-6)."""
+    from collectives import cost
+
+    truth = {"alpha": 3e-6, "beta": 4e-10, "gamma": 2e-10}
+    rows = [_row(P, a, n, cost.predict(a, P, n, truth)) for P in (2, 4) for a in tune.HAND_MADE
+            for n in (1 << 16, 1 << 18, 1 << 20, 1 << 22)]
+    rows.append(_row(4, "ring", 8, 1.0))  # below 64 KiB: left out of the fit
+    model = tune.build_table([{"rows": rows}])["model"]
+    assert model == pytest.approx(truth, rel=1e-6)
