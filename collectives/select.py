@@ -66,14 +66,21 @@ def clear_table():
 def _ensure_loaded():
     if _STATE["loaded"]:
         return
-    _STATE["loaded"] = True
     path = os.environ.get("COMMLAB_TUNING")
     if path == "none":
+        _STATE["loaded"] = True
         return
     if path:
-        load_table(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"COMMLAB_TUNING={path}: file not found (a table from experiments/tune.py, "
+                             "or 'none' for the model alone)")
+        try:
+            load_table(path)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"COMMLAB_TUNING={path}: cannot read the table: {exc}") from exc
     elif os.path.exists(_SHIPPED):
         load_table(_SHIPPED)
+    _STATE["loaded"] = True
 
 
 def model_choice(size, nbytes, params=None):

@@ -46,11 +46,12 @@ def crossovers(rows):
 
 def main(argv=None):
     """Simulate every algorithm at every P and size, print a table and write the results JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",")], default=[1 << 10, 1 << 20, 1 << 28],
-                    help="message sizes, comma-separated (default 1KiB,1MiB,256MiB)")
-    ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two (default 4096)")
-    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (default 8)")
+    ap = argparse.ArgumentParser(prog="python -m experiments.scale_sim", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",")], default="1KiB,1MiB,256MiB",
+                    help="message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB")
+    ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two")
+    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
     ap.add_argument("--alpha-intra", type=float, default=1e-6, help="intra-node latency, seconds")
     ap.add_argument("--beta-intra", type=float, default=1 / 20e9, help="intra-node seconds per byte")
     ap.add_argument("--alpha-inter", type=float, default=5e-6, help="inter-node latency, seconds")

@@ -1,11 +1,12 @@
 """Draw predicted all-reduce time against P, one panel per message size, from ``experiments.scale_sim``.
 
-Run: ``python -m plots.scaling results/scale_sim.json [--out plots/scaling.png]``.
+Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png]``.
 """
 import argparse
 import json
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -27,17 +28,22 @@ def draw(result, out):
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
     topo = result["topology"]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.4), squeeze=False)
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("v", ":"), ("D", "-")]
     for ax, size in zip(axes[0], sizes):
-        for alg in algs:
+        for i, alg in enumerate(algs):
             pts = sorted((r["P"], r["time_s"]) for r in rows if r["bytes"] == size and r["algorithm"] == alg)
-            ax.plot([p for p, _ in pts], [t * 1e3 for _, t in pts], marker="o", ms=3, label=alg)
+            marker, line = styles[i % len(styles)]
+            ax.plot([p for p, _ in pts], [t * 1e3 for _, t in pts], marker=marker, ls=line, ms=4, label=alg)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("ranks P")
         ax.set_ylabel("predicted time (ms)")
         cross = result.get("crossovers", {}).get(str(size), {})
-        note = ", ".join(f"{a}<ring from P={p}" for a, p in cross.items() if p and a in ("2d", "tree"))
-        ax.set_title(f"all-reduce {_label(size)}" + (f"\n{note}" if note else ""), fontsize=10)
+        note = ", ".join(f"{a.replace('recursive_doubling', 'rec.doubling')} from P={p}" if p else f"{a} never"
+                         for a, p in cross.items())
+        note = f"faster than ring: {note}" if note else ""
+        ax.set_title(f"all-reduce {_label(size)}" + (f"\n{note}" if note else ""), fontsize=8.5)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"simulated two-level topology: {topo['ranks_per_node']} ranks/node, "
@@ -50,9 +56,9 @@ def draw(result, out):
 
 def main(argv=None):
     """Read the results JSON and write the PNG."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m plots.scaling", description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="JSON written by experiments.scale_sim")
-    ap.add_argument("--out", default="plots/scaling.png", help="PNG path (default plots/scaling.png)")
+    ap.add_argument("--out", default="results/scaling.png", help="PNG path (default results/scaling.png)")
     args = ap.parse_args(argv)
     with open(args.results, encoding="utf-8") as f:
         draw(json.load(f), args.out)
