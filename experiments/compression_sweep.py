@@ -191,6 +191,58 @@ def _targets(rows):
     return out
 
 
+def _digits(value, bound, met, at_least):
+    """Format ``value`` with the fewest decimals (from ``at_least``) that do not show an unmet
+    ``bound`` as reached: 3.99958 against 4.0 prints 3.9996, never 4.0000."""
+    for d in range(at_least, 13):
+        text = f"{value:.{d}f}"
+        if met or float(text) != bound:
+            return text
+    return repr(value)
+
+
+def _why(check, n):
+    """Return the reason a check sits where it does when the compressor's format decides it."""
+    if check["what"] == "ratio" and check["spec"] == "int8" and n:
+        ceiling = 4 * n / (n + 4)
+        return (f"a float32 scale per tensor caps it at 4n/(n+4) = {_digits(ceiling, 4.0, False, 4)} "
+                f"for the n = {n:,} gradient elements")
+    return None
+
+
+def check_lines(results):
+    """Return one line per check of the study's ``targets`` against the table, as printed.
+
+    A ratio check reads ``check int8 payload ratio: 3.9996x fewer bytes than none (>= 4.0 asked;
+    not reached because ...)``; an accuracy check gives the points below (or above) ``none`` and the points
+    allowed. Values carry enough decimals to agree with the verdict (at least 4 for ratios, 2 for
+    points).
+
+    Parameters
+    ----------
+    results : dict
+        As written by :func:`run_study` (``targets`` and ``parameters``).
+
+    Returns
+    -------
+    list of str
+    """
+    lines, n = [], results.get("parameters")
+    for t in results.get("targets", []):
+        if t["what"] == "ratio":
+            shown = _digits(t["value"], t["bound"], t["met"], 4)
+            text = f"check {t['spec']} payload ratio: {shown}x fewer bytes than none (>= {t['bound']} asked"
+        else:  # points below none; negative when above
+            below = t["value"]
+            shown = _digits(abs(below), t["bound"], t["met"] or below < 0, 2)
+            side = "above" if below < 0 else "below"
+            text = f"check {t['spec']} accuracy: {shown} points {side} none (<= {t['bound']} asked"
+        why = _why(t, n)
+        text += "; met" if t["met"] else "; not reached"
+        lines.append(text + (f" because {why})" if why else ")"))
+    return lines
+
+
 def run_study(cfg, comm=None):
     """Run the study on ``comm`` and write the results files (rank 0); return the results dict."""
     from training.metrics import run_info, write_json
@@ -256,11 +308,14 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def _build_parser():
+def _build_parser(quiet=False):
+    """Return the argument parser; with ``quiet`` (ranks other than 0) help and errors exit silently,
+    so ``mpiexec -n P`` prints them once."""
     p = argparse.ArgumentParser(
-        prog="mpiexec -n 4 python -m experiments.compression_sweep",
-        description="Train the default model with every compressor on the MPI ranks; write "
-                    "compression_sweep.json and .csv into --out (draw with python -m plots.compression).")
+        prog="python -m experiments.compression_sweep",
+        description="Train the default model with every compressor on the MPI ranks (run it as "
+                    "mpiexec -n P python -m experiments.compression_sweep); write compression_sweep.json "
+                    "and .csv into --out (draw with python -m plots.compression).")
     p.add_argument("--compressor", action="append", dest="compressors", metavar="NAME[:K=V,...]",
                    help="compressor spec, repeatable (default: the study list: %s)" % " ".join(STUDY))
     p.add_argument("--seeds", default="0,1,2", help="training seeds, comma separated (default: 0,1,2)")
@@ -271,13 +326,16 @@ def _build_parser():
                         "(e.g. optimizer=sgd, lr=0.05, hidden=64,32)")
     p.add_argument("--bench-steps", type=int, default=10,
                    help="steps of the wire-bytes benchmark per compressor (default: 10)")
+    if quiet:
+        p.print_usage = p.print_help = lambda file=None: None
+        p.exit = lambda status=0, message=None: sys.exit(status)
     return p
 
 
 def main(argv=None):
     """Command-line entry point (every rank); returns 0, or 1 after a configuration error."""
     comm = MPI.COMM_WORLD
-    args = _build_parser().parse_args(argv)
+    args = _build_parser(quiet=comm.Get_rank() != 0).parse_args(argv)
     try:
         cfg = SweepConfig(compressors=tuple(args.compressors or STUDY),
                           seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
@@ -296,10 +354,7 @@ def main(argv=None):
     results = run_study(cfg, comm)
     if results is not None:
         print(markdown_table(results["table"]))
-        for t in results["targets"]:
-            unit = "points below none" if t["what"] == "accuracy" else "x fewer bytes than none"
-            print(f"target {t['spec']} {t['what']}: {t['value']:.3f} {unit} "
-                  f"(bound {t['bound']}) -> {'met' if t['met'] else 'MISSED'}")
+        print("\n".join(check_lines(results)))
         print(f"results: {os.path.join(cfg.out, 'compression_sweep.json')}")
     return 0
 
