@@ -81,10 +81,13 @@ def _check_out(out, x):
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
 
 
-def _prepare(x, out, ctx, xp, slot, accumulate="float32"):
-    """Return (out, work, acc dtype, direct): ``work`` is a flat accumulation-dtype buffer holding ``x``.
+def _prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False):
+    """Return (out, work, acc dtype, direct, inp): ``work`` is the flat accumulation-dtype buffer.
 
-    ``direct`` is True when ``work`` is ``out``'s own memory (no copy back needed at the end).
+    ``direct`` is True when ``work`` is ``out``'s own memory (no copy back needed at the end). With
+    ``lazy`` and a contiguous ``x`` of the accumulation dtype, ``x`` is not copied into ``work``:
+    ``inp`` is its flat view, for the executor to read (``execute(..., inp=inp)``); otherwise ``work``
+    holds a copy of ``x`` and ``inp`` is None.
     """
     acc = _ACC[x.dtype] if accumulate == "float32" else x.dtype
     if out is None:
@@ -94,9 +97,13 @@ def _prepare(x, out, ctx, xp, slot, accumulate="float32"):
         work = out.reshape(-1)
     else:
         work = ctx.buffer(xp, acc, x.size, slot) if slot else xp.empty(x.size, dtype=acc)
+    inp = None
     if x.size and not (direct and out is x):
-        xp.copyto(work.reshape(x.shape), x, casting="unsafe")
-    return out, work, acc, direct
+        if lazy and x.dtype == acc and x.flags.c_contiguous:
+            inp = x.reshape(-1)
+        else:
+            xp.copyto(work.reshape(x.shape), x, casting="unsafe")
+    return out, work, acc, direct, inp
 
 
 def _finish(out, work, op, size, xp, direct=False):
@@ -195,12 +202,12 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     count = x.size
     sched = ctx.schedule(("allreduce", algorithm, count, grid),
                          lambda: build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid))
-    out, work, acc, direct = _prepare(x, out, ctx, xp, "work", accumulate)
+    out, work, acc, direct, inp = _prepare(x, out, ctx, xp, "work", accumulate, lazy=True)
     scratch = ctx.buffer(xp, acc, sched.scratch)
     ufunc = getattr(xp, backend.OPS[op])
     try:
         execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, "allreduce",
-                None if xp is numpy else ctx.transport(xp))
+                None if xp is numpy else ctx.transport(xp), inp=inp)
     except Exception as exc:
         ctx.broken = f"allreduce: {exc}"
         raise
@@ -210,7 +217,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
 
 def _mpi_allreduce(ctx, x, op, out, timeout, xp):
     """Run the MPI library's own all-reduce under the same float16 / avg rules."""
-    out, work, acc, direct = _prepare(x, out, ctx, xp, "work")
+    out, work, acc, direct, _ = _prepare(x, out, ctx, xp, "work")
     transport = ctx.transport(xp)
     buf = work
     if transport is not None:
@@ -282,7 +289,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
     ctx.check_usable()
     xp = backend.get_array_module(x)
     algorithm, grid = _resolve(ctx, algorithm, x, grid)
-    out, work, acc, direct = _prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)
+    out, work, acc, direct, _ = _prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)
     tag = ctx.next_tag()
     size = ctx.size
     if algorithm == "mpi":

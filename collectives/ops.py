@@ -37,9 +37,10 @@ def _common(x, op, algorithm, name, timeout):
     return x, timeout, OP_ALGORITHMS[name][0] if algorithm == "auto" else algorithm
 
 
-def _run(ctx, sched, work, scratch, ufunc, timeout, name, xp):
+def _run(ctx, sched, work, scratch, ufunc, timeout, name, xp, inp=None, needed=None):
     try:
-        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, name, ctx.transport(xp))
+        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, name, ctx.transport(xp),
+                inp=inp, needed=needed)
     except Exception as exc:
         ctx.broken = f"{name}: {exc}"
         raise
@@ -85,9 +86,12 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     bounds = chunk_bounds(count, size)
     acc = backend.accumulation_dtype(x.dtype)
     work = ctx.buffer(xp, acc, count, "rs-work")
-    if count:
-        xp.copyto(work.reshape(x.shape), x, casting="unsafe")
     lo, hi = bounds[rank], bounds[rank + 1]
+    inp = None
+    if count and algorithm != "mpi" and x.dtype == acc and x.flags.c_contiguous:
+        inp = x.reshape(-1)  # read by the executor in place: no copy of the whole input
+    elif count:
+        xp.copyto(work.reshape(x.shape), x, casting="unsafe")
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         mine = xp.empty(hi - lo, dtype=acc)
@@ -97,7 +101,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     else:
         sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: ring_reduce_scatter(rank, size, count))
         _run(ctx, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, backend.OPS[op]), timeout,
-             "reduce_scatter", xp)
+             "reduce_scatter", xp, inp, (lo, hi))
         ctx.record("reduce_scatter", algorithm, count, acc, sched)
     return _finish(xp.empty(hi - lo, dtype=x.dtype), work[lo:hi], op, size, xp)
 
@@ -261,7 +265,7 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
-    out, work, acc, direct = _prepare(x, None, ctx, xp, "work")
+    out, work, acc, direct, _ = _prepare(x, None, ctx, xp, "work")
     if algorithm == "mpi":
         recv = work if ctx.rank == root else None
         _host_call(ctx, xp, lambda: ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else work, recv,

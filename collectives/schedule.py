@@ -113,22 +113,82 @@ class Schedule:
                 out[(self.rank, p)] = out.get((self.rank, p), 0) + b - a
         return out
 
-    def program(self):
-        """Return the rounds compiled into slices (cached): the executor's input."""
+    def program(self, from_input=False, needed=None):
+        """Return the rounds compiled into slices (cached): the executor's input.
+
+        Each round is ``(sends, recvs)`` with sends ``(peer, slice, from_input)`` and receives
+        ``(peer, slice, scratch slice or None, from_input)``.
+
+        Parameters
+        ----------
+        from_input : bool
+            Compile for a separate, read-only *input* buffer: a region the schedule has not written
+            yet is sent straight from the input, and its first reduction reads the input
+            (``ufunc(input, received, out=work)``), so the input never has to be copied into the work
+            buffer first. Regions still unwritten at the end are copied over (``final`` below).
+        needed : (int, int), optional
+            With ``from_input``: only this element range of the result is wanted (default all).
+
+        Returns
+        -------
+        list, or (list, list of slice) with ``from_input``
+            The rounds; with ``from_input`` also the ``final`` slices to copy from the input, or None
+            when some region is partly written before it is read (use a copied input instead).
+        """
+        key = (from_input, needed)
         if self._program is None:
-            prog = []
-            for r in self.rounds:
-                sends = tuple((p, slice(a, b)) for p, a, b in r.sends)
-                recvs, off = [], 0
-                for p, a, b, red in r.recvs:
-                    scr = None
-                    if red:
-                        scr = slice(off, off + b - a)
-                        off += b - a
-                    recvs.append((p, slice(a, b), scr))
-                prog.append((sends, tuple(recvs)))
-            self._program = prog
-        return self._program
+            self._program = {}
+        if key not in self._program:
+            self._program[key] = self._compile(from_input, needed)
+        return self._program[key]
+
+    def _compile(self, from_input, needed):
+        written = []  # disjoint [a, b) intervals of the work buffer that hold schedule results
+
+        def state(a, b):  # 0: untouched, 1: written, None: partly written
+            if not from_input:
+                return 1
+            cover = sum(max(0, min(b, wb) - max(a, wa)) for wa, wb in written)
+            return 0 if cover == 0 else (1 if cover == b - a else None)
+
+        def mark(a, b):
+            if from_input:
+                written.append((a, b))
+
+        prog = []
+        for r in self.rounds:
+            sends = []
+            for p, a, b in r.sends:
+                st = state(a, b)
+                if st is None:
+                    return None
+                sends.append((p, slice(a, b), st == 0))
+            recvs, off, after = [], 0, []
+            for p, a, b, red in r.recvs:
+                scr, first = None, False
+                if red:
+                    scr = slice(off, off + b - a)
+                    off += b - a
+                    st = state(a, b)
+                    if st is None:
+                        return None
+                    first = st == 0
+                recvs.append((p, slice(a, b), scr, first))
+                after.append((a, b))
+            for a, b in after:
+                mark(a, b)
+            prog.append((tuple(sends), tuple(recvs)))
+        if not from_input:
+            return prog
+        lo, hi = needed if needed is not None else (0, self.count)
+        final, pos = [], lo
+        for wa, wb in sorted(written) + [(hi, hi)]:
+            if wa > pos:
+                final.append(slice(pos, min(wa, hi)))
+            pos = max(pos, wb)
+            if pos >= hi:
+                break
+        return prog, [f for f in final if f.stop > f.start]
 
     def __repr__(self):
         return (f"Schedule({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
@@ -180,7 +240,20 @@ def _wait(reqs, peers, deadline, op, index, phase, timeout):
             time.sleep(5e-5)
 
 
-def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="collective", transport=None):
+def _resolve_input(schedule, work, inp, needed):
+    """Return (program, inp, final copies): compile for a separate input buffer when possible."""
+    if inp is None:
+        return schedule.program(), None, ()
+    compiled = schedule.program(True, needed) if inp.dtype == work.dtype else None
+    if compiled is None:  # a region is partly written before it is read: copy the input in first
+        if inp.size:
+            work[...] = inp
+        return schedule.program(), None, ()
+    return compiled[0], inp, compiled[1]
+
+
+def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="collective", transport=None,
+            inp=None, needed=None):
     """Run ``schedule`` on ``comm`` over the flat ``work`` buffer, in place.
 
     Parameters
@@ -190,7 +263,8 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
     comm : mpi4py.MPI.Comm
         The (duplicated) communicator; peers in the schedule are its ranks.
     work : ndarray, shape (schedule.count,)
-        Flat buffer in the accumulation dtype; holds this rank's input and receives the result.
+        Flat buffer in the accumulation dtype; holds this rank's input (unless ``inp`` is given) and
+        receives the result.
     scratch : ndarray, shape (>= schedule.scratch,)
         Receive space for reducing receives, same dtype as ``work``.
     ufunc : ufunc or None
@@ -203,93 +277,110 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
         Collective name for error messages.
     transport : DeviceTransport or None
         For device buffers: stream synchronization and host staging (see ``collectives.backend``).
+    inp : ndarray, shape (schedule.count,), optional
+        This rank's input as a separate read-only buffer (it may alias ``work``): untouched regions
+        are sent from it and first reductions read it, which saves copying it into ``work``
+        (:meth:`Schedule.program` with ``from_input``).
+    needed : (int, int), optional
+        With ``inp``: the element range of ``work`` the caller reads afterwards (default all).
 
     Raises
     ------
     CollectiveTimeout
         A round did not complete within ``timeout`` seconds.
     """
-    prog = schedule.program()
+    prog, inp, final = _resolve_input(schedule, work, inp, needed)
     staged = transport is not None and not transport.direct
     if transport is not None or timeout is not None:
-        return _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged)
-    for sends, recvs in prog:  # host fast path: as lean as a hand-written loop
+        _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp)
+    else:
+        _execute_host(prog, comm, work, scratch, ufunc, tag, inp)
+    for sl in final:
+        work[sl] = inp[sl]
+    return work
+
+
+def _execute_host(prog, comm, work, scratch, ufunc, tag, inp):
+    """The host fast path: as lean as a hand-written loop of Sendrecv calls."""
+    for sends, recvs in prog:
         if len(sends) == 1 and len(recvs) == 1:
-            dst, ssl = sends[0]
-            src, rsl, scr = recvs[0]
+            dst, ssl, s_in = sends[0]
+            src, rsl, scr, r_in = recvs[0]
+            sbuf = inp[ssl] if s_in else work[ssl]
             if scr is None:
-                comm.Sendrecv(work[ssl], dst, tag, work[rsl], src, tag)
+                comm.Sendrecv(sbuf, dst, tag, work[rsl], src, tag)
             else:
                 buf = scratch[scr]
-                comm.Sendrecv(work[ssl], dst, tag, buf, src, tag)
+                comm.Sendrecv(sbuf, dst, tag, buf, src, tag)
                 target = work[rsl]
-                ufunc(target, buf, out=target)
+                ufunc(inp[rsl] if r_in else target, buf, out=target)
         elif not sends and len(recvs) == 1:
-            src, rsl, scr = recvs[0]
+            src, rsl, scr, r_in = recvs[0]
             if scr is None:
                 comm.Recv(work[rsl], src, tag)
             else:
                 buf = scratch[scr]
                 comm.Recv(buf, src, tag)
                 target = work[rsl]
-                ufunc(target, buf, out=target)
+                ufunc(inp[rsl] if r_in else target, buf, out=target)
         elif not recvs and len(sends) == 1:
-            comm.Send(work[sends[0][1]], sends[0][0], tag)
+            dst, ssl, s_in = sends[0]
+            comm.Send(inp[ssl] if s_in else work[ssl], dst, tag)
         else:
             reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag)
-                    for src, rsl, scr in recvs]
-            reqs += [comm.Isend(work[ssl], dst, tag) for dst, ssl in sends]
+                    for src, rsl, scr, _ in recvs]
+            reqs += [comm.Isend(inp[ssl] if s_in else work[ssl], dst, tag) for dst, ssl, s_in in sends]
             MPI.Request.Waitall(reqs)
-            for src, rsl, scr in recvs:
+            for src, rsl, scr, r_in in recvs:
                 if scr is not None:
                     target = work[rsl]
-                    ufunc(target, scratch[scr], out=target)
-    return work
+                    ufunc(inp[rsl] if r_in else target, scratch[scr], out=target)
 
 
-def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged):
+def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):
     """Execute with device buffers (direct or staged) and/or a timeout; see :func:`execute`."""
     for index in range(len(prog)):
-        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged)
+        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp)
     return work
 
 
-def _post_round(prog, index, comm, work, scratch, tag, transport, staged):
+def _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp=None):
     """Post round ``index``'s receives and sends; return (requests, peers, landing buffers)."""
     sends, recvs = prog[index]
     if transport is not None:
         transport.sync()  # kernels writing the send regions must finish before MPI reads them
     reqs, peers, landing = [], [], []
-    for i, (src, rsl, scr) in enumerate(recvs):
+    for i, (src, rsl, scr, _) in enumerate(recvs):
         dev = scratch[scr] if scr is not None else work[rsl]
         buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
         reqs.append(comm.Irecv(buf, src, tag))
         peers.append(src)
         landing.append((buf, dev))
-    for i, (dst, ssl) in enumerate(sends):
-        buf = transport.to_host(work[ssl], ("s", i)) if staged else work[ssl]
+    for i, (dst, ssl, s_in) in enumerate(sends):
+        region = inp[ssl] if s_in else work[ssl]
+        buf = transport.to_host(region, ("s", i)) if staged else region
         reqs.append(comm.Isend(buf, dst, tag))
         peers.append(-1 - dst)
     return reqs, peers, landing
 
 
-def _finish_round(prog, index, work, ufunc, landing, transport, staged):
+def _finish_round(prog, index, work, ufunc, landing, transport, staged, inp=None):
     """Copy staged receives to the device and apply round ``index``'s reductions in order."""
-    for (src, rsl, scr), (buf, dev) in zip(prog[index][1], landing):
+    for (src, rsl, scr, r_in), (buf, dev) in zip(prog[index][1], landing):
         if staged:
             transport.to_device(buf, dev)
         if scr is not None:
             target = work[rsl]
-            ufunc(target, dev, out=target)
+            ufunc(inp[rsl] if r_in else target, dev, out=target)
 
 
-def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged):
-    reqs, peers, landing = _post_round(prog, index, comm, work, scratch, tag, transport, staged)
+def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):
+    reqs, peers, landing = _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp)
     if timeout is None:
         MPI.Request.Waitall(reqs)
     else:
         _wait(reqs, peers, time.perf_counter() + timeout, op, index, schedule.rounds[index].phase, timeout)
-    _finish_round(prog, index, work, ufunc, landing, transport, staged)
+    _finish_round(prog, index, work, ufunc, landing, transport, staged, inp)
 
 
 class Request:

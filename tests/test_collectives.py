@@ -114,3 +114,19 @@ def test_grid_checks():
     for bad in [(2, 2), (0, 6), (6,), "2x3", (2.0, 3)]:
         with pytest.raises(ValueError, match="grid"):
             check_grid(bad, 6)
+
+
+@pytest.mark.parametrize("alg", HAND_MADE)
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 8])
+def test_schedules_read_the_input_without_a_copy(alg, P):
+    """Every hand-made all-reduce compiles for a separate input buffer (no copy of x into the output):
+    no region is partly written before it is read, and every element of the result gets written."""
+    for count in (P, 257):
+        for r in range(P):
+            compiled = build_allreduce_schedule(alg, r, P, count).program(True)
+            assert compiled is not None, (alg, P, count, r)
+            assert compiled[1] == [], (alg, P, count, r)  # nothing left to copy at the end
+    for r in range(P):
+        b = chunk_bounds(257, P)
+        prog, final = ring_reduce_scatter(r, P, 257).program(True, (b[r], b[r + 1]))
+        assert final == []
