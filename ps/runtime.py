@@ -28,9 +28,11 @@ from ps.sharding import join_shards, shard_offsets
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
 
 _ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
-#: Fields of a worker's statistics vector (the STATS payload), in order.
+#: Fields of a worker's statistics vector (the STATS payload, float64 on the wire), in order; the
+#: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
 STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
                "dropped", "mean_staleness", "max_staleness")
+_INT_STATS = frozenset(("worker", "clock", "pushes", "samples", "batch", "max_staleness"))  # counts
 
 
 @dataclass
@@ -156,7 +158,16 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
                  max_staleness=float(max(stale)) if stale else 0.0)
     vec = np.array([stats[k] for k in STAT_FIELDS], dtype=np.float64)
     wait_all(send(repcomm, 0, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
-    return stats
+    return _typed_stats(vec)
+
+
+def _typed_stats(vec):
+    """Return a worker's STATS vector as a dict: counts as int, ``dropped`` as bool, times as float.
+
+    The vector travels as float64 (one typed buffer); the counts in it are exact integers below 2**53.
+    """
+    return {k: (int(v) if k in _INT_STATS else bool(v) if k == "dropped" else float(v))
+            for k, v in zip(STAT_FIELDS, vec.tolist())}
 
 
 def _mine(spec, name, kind, rank, default):
@@ -241,7 +252,7 @@ def _collect(repcomm, server, opts, workers, wall):
     for w, r in enumerate(workers):
         if codes[w] == DONE:
             vec = _receive_from(repcomm, r, Msg.STATS, deadline)
-            stats[w] = {k: float(v) for k, v in zip(STAT_FIELDS, vec)}
+            stats[w] = _typed_stats(vec)
     events, seen = [], set()
     for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
         if (w, c) not in seen:

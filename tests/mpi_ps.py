@@ -4,7 +4,8 @@ Cases (each runs on every rank; the first ``S`` ranks serve):
 
 ``sum S K``          ps-lite's sum check: worker w pushes ``-(w + 1)`` (unit step) K times under BSP,
                      ASP and SSP(1); the final parameters are exactly ``sum_w (w + 1) x pushes_w``,
-                     and every BSP pull at clock c reads exactly ``c x W (W + 1) / 2``.
+                     and every BSP pull at clock c reads exactly ``c x W (W + 1) / 2``; the
+                     workers' statistics hold their counts as ints (clock == pushes).
 ``staleness S``      one-hot pushes reveal which pushes each pull folds in, so every worker measures
                      the staleness of its own pulls from the values; with a 4x straggler: BSP <= 0,
                      SSP(s) <= s for s in {1, 2, 4}, ASP exceeds 4, a worker always sees its own
@@ -70,6 +71,17 @@ def case_sum(S, K):
             check(res.pushes >= K * W, f"{cons}: {res.pushes} pushes < budget {K * W}")
             if cons == "bsp":
                 check(expect == K * total, f"bsp: workers pushed {expect} != K x {total}")
+            _check_stat_types(cons, res.workers)
+
+
+def _check_stat_types(cons, workers):
+    """Counts in the worker statistics are ints (JSON ``0``, not ``0.0``), ``dropped`` a bool."""
+    for w, st in enumerate(workers):
+        ints = {k: st[k] for k in ("worker", "clock", "pushes", "samples", "batch", "max_staleness")}
+        check(all(type(v) is int for v in ints.values()), f"{cons}: worker {w} counts not int: {ints}")
+        check(st["worker"] == w and st["clock"] == st["pushes"],
+              f"{cons}: worker {w} stats name worker {st['worker']}, clock {st['clock']} != pushes")
+        check(st["dropped"] is False and type(st["wait_s"]) is float, f"{cons}: worker {w} stats {st}")
 
 
 def _one_hot_run(S, cons, staleness, straggler=True, budget_clocks=30):
