@@ -151,9 +151,14 @@ class Schedule:
             cover = sum(max(0, min(b, wb) - max(a, wa)) for wa, wb in written)
             return 0 if cover == 0 else (1 if cover == b - a else None)
 
-        def mark(a, b):
-            if from_input:
-                written.append((a, b))
+        def mark(a, b):  # add [a, b) to the disjoint, sorted intervals in ``written``
+            if not from_input:
+                return
+            keep = [(wa, wb) for wa, wb in written if wb < a or wa > b]
+            for wa, wb in written:
+                if not (wb < a or wa > b):
+                    a, b = min(a, wa), max(b, wb)
+            written[:] = sorted(keep + [(a, b)])
 
         prog = []
         for r in self.rounds:
