@@ -175,7 +175,11 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         xp.copyto(flat[bounds[rank]:bounds[rank + 1]].reshape(x.shape), x)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
-        _host_call(ctx, xp, lambda: ctx.comm.Allgatherv(MPI.IN_PLACE, [_raw(flat), counts]), (flat,))
+        if len(set(counts)) == 1:  # MPI_Allgather: MPICH runs it several times faster than Allgatherv
+            call = lambda: ctx.comm.Allgather(MPI.IN_PLACE, _raw(flat))  # noqa: E731
+        else:
+            call = lambda: ctx.comm.Allgatherv(MPI.IN_PLACE, [_raw(flat), counts])  # noqa: E731
+        _host_call(ctx, xp, call, (flat,))
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
     sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: ring_allgather(rank, size, bounds))
