@@ -1,25 +1,62 @@
-"""The staleness study end to end on a small budget: results file fields and the figure."""
+"""The staleness study end to end on a small budget: results file fields, rerun and errors, the figure."""
 import json
 import os
+
+import pytest
 
 from tests.mpirun import run_mpi
 
 
-def test_staleness_sweep_and_plot(tmp_path):
+def test_staleness_sweep_reruns_over_a_previous_sweep_and_plots(tmp_path):
     out = str(tmp_path)
-    run_mpi(5, "experiments.staleness_sweep", "--out", out, "--epochs", "1", "--protocols", "bsp,ssp2",
-            "--set", "hidden=16", timeout=90)
+    runs = os.path.join(out, "runs")
+    os.makedirs(os.path.join(runs, "bsp-r0"))  # what an earlier sweep leaves behind
+    for name in ("ssp8-r5.log", "keep.txt"):
+        open(os.path.join(runs, name), "w").close()
+    with open(os.path.join(out, "staleness_sweep.json"), "w") as f:
+        json.dump({"stale": True}, f)
+    proc = run_mpi(5, "experiments.staleness_sweep", "--out", out, "--epochs", "1", "--protocols", "bsp,ssp2",
+                   "--set", "hidden=16", timeout=90)
+    assert "Traceback" not in proc.stdout and "target" not in proc.stdout, proc.stdout
+    assert "removed 3 entries of the previous sweep" in proc.stdout, proc.stdout
+    assert sorted(os.listdir(runs)) == ["bsp-r0", "bsp-r0.log", "keep.txt", "latest", "ssp2-r0", "ssp2-r0.log"]
+    lines = [ln for ln in proc.stdout.splitlines() if "x BSP) | test acc" in ln and "| staleness max" in ln]
+    assert len(lines) == 2 and "SSP s=2" in lines[1] and "(bound 2)" in lines[1], proc.stdout
     with open(os.path.join(out, "staleness_sweep.json")) as f:
         res = json.load(f)
+    assert "stale" not in res and res["finished"] >= res["started"]
     assert [r["protocol"] for r in res["table"]] == ["bsp", "ssp2"]
     assert {"mpi_library", "P", "host"} <= set(res["run"]) and res["run"]["P"] == 5
     bsp, ssp = res["runs"]
     assert bsp["staleness_max"] == 0 and set(bsp["staleness_histogram"]) == {"0"}
     assert ssp["staleness_max"] <= 2 and ssp["updates_per_s"] > 0 and ssp["curve"]
-    assert res["table"][0]["throughput_vs_bsp"] == 1.0 and len(res["targets"]) == 1
+    assert [w["worker"] for w in ssp["worker_stats"]] == [0, 1, 2, 3]  # ints in the JSON, not 0.0
+    assert all(type(w[k]) is int for w in ssp["worker_stats"] for k in ("clock", "pushes", "samples"))
+    assert res["table"][0]["throughput_vs_bsp"] == 1.0
+    assert [(t["protocol"], t["staleness_bound"]) for t in res["summary"]] == [("bsp", 0), ("ssp2", 2)]
     from plots.staleness import main
 
     png = os.path.join(out, "s.png")
     assert main([os.path.join(out, "staleness_sweep.json"), "--out", png]) == 0
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_staleness_sweep_error_is_one_message(tmp_path):
+    """An --out that cannot hold run directories: one error line from rank 0, exit 1, no traceback."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = run_mpi(2, "experiments.staleness_sweep", "--out", str(blocked), "--straggler", "", timeout=60,
+                   check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stdout.count("error: OSError") == 1 and "Traceback" not in proc.stdout, proc.stdout
+
+
+def test_staleness_sweep_help(capsys):
+    from experiments.staleness_sweep import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and text.startswith("usage: python -m experiments.staleness_sweep ")
+    assert "sspS = stale synchronous parallel with staleness bound S clocks" in text
