@@ -7,6 +7,7 @@ Also accepts the ``summary.json`` of single ``--mode ps`` runs (one curve and hi
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -15,7 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 __all__ = ["load_runs", "draw", "main"]
 
@@ -34,7 +35,8 @@ def load_runs(paths):
         Each with ``label``, ``curve`` (``wall_s``, ``test_acc``), ``staleness_histogram``,
         ``updates_per_s``, ``final_test_acc`` and ``repeat``.
     meta : dict
-        ``run`` information (MPI library, P, host) and the straggler of the first file.
+        ``run`` information (MPI library, P, host), the straggler and (sweep results) the
+        ``finished`` time of the first file.
 
     Raises
     ------
@@ -48,6 +50,7 @@ def load_runs(paths):
         if "runs" in data:
             meta.setdefault("run", data.get("run", {}))
             meta.setdefault("straggler", data.get("train_config", {}).get("straggler", ""))
+            meta.setdefault("finished", data.get("finished", ""))
             for r in data["runs"]:
                 runs.append(dict(r, label=_label(r["consistency"], r["staleness_bound"])))
         elif data.get("mode") == "ps":
@@ -66,39 +69,90 @@ def _label(consistency, s):
 
 
 def draw(runs, meta, path):
-    """Draw accuracy-versus-time curves and staleness histograms of ``runs`` into the PNG ``path``."""
+    """Draw accuracy-versus-time curves and staleness histograms of ``runs`` into the PNG ``path``.
+
+    Top left: test accuracy against wall time of every run (bold: the run with the median updates
+    per second of its protocol; thin: the other repeats); the legend gives each protocol's median
+    updates per second and mean final test accuracy. Top right: the end of the same curves,
+    zoomed to the top accuracies on a linear scale with the end of each run marked, so that final
+    accuracies close to each other can be told apart. Bottom: staleness histogram per protocol.
+    """
     labels = list(dict.fromkeys(r["label"] for r in runs))
     colors = {lab: plt.get_cmap("viridis")(i / max(1, len(labels) - 1)) for i, lab in enumerate(labels)}
     colors.update({lab: c for lab, c in (("BSP", "black"), ("ASP", "tab:red")) if lab in colors})
     n = len(labels)
     fig = plt.figure(figsize=(14, 5.5 + 1.6 * ((n + 2) // 3)))
     grid = fig.add_gridspec(2, 3, height_ratios=[3, 1.4 * ((n + 2) // 3)], hspace=0.35)
-    ax = fig.add_subplot(grid[0, :])
+    top = grid[0, :].subgridspec(1, 2, width_ratios=[2.1, 1], wspace=0.16)
+    ax, zoom = fig.add_subplot(top[0, 0]), fig.add_subplot(top[0, 1])
+    repeats = max(sum(r["label"] == lab for r in runs) for lab in labels)
     for lab in labels:
         group = [r for r in runs if r["label"] == lab]
-        rates = sorted(r["updates_per_s"] for r in group)
-        median = statistics.median(rates)
+        median = statistics.median(r["updates_per_s"] for r in group)
         typical = min(group, key=lambda r: abs(r["updates_per_s"] - median))  # drawn bold
+        final = statistics.fmean(r["final_test_acc"] for r in group)
         for r in group:
             bold = r is typical
-            ax.plot([p["wall_s"] for p in r["curve"]], [100 * p["test_acc"] for p in r["curve"]],
-                    color=colors[lab], linewidth=1.8 if bold else 0.7, alpha=1.0 if bold else 0.35,
-                    zorder=3 if bold else 2,
-                    label=(f"{lab}: {median:.0f} updates/s" + (f" (median of {len(group)})" if len(group) > 1
-                                                               else "")) if bold else None)
-    ax.axhline(95, color="0.5", linestyle="--", linewidth=1)
-    ax.text(min(p["wall_s"] for r in runs for p in r["curve"]), 95.2, "95 %", color="0.4", va="bottom")
-    ax.set_ylim(max(0, min(100 * p["test_acc"] for r in runs for p in r["curve"][:1] or [{"test_acc": 0}]) - 5),
-                100)
-    ax.set_xscale("log")
-    ax.set_xlabel("wall time since start (s, log scale)")
+            t, acc = [p["wall_s"] for p in r["curve"]], [100 * p["test_acc"] for p in r["curve"]]
+            style = dict(color=colors[lab], linewidth=1.8 if bold else 0.7, alpha=1.0 if bold else 0.35,
+                         zorder=3 if bold else 2)
+            ax.plot(t, acc, **style,
+                    label=f"{lab}: {median:.0f} updates/s, final {100 * final:.2f} %" if bold else None)
+            zoom.plot(t, acc, **style)
+            if t:
+                zoom.plot(t[-1], acc[-1], "o", color=colors[lab], markersize=6 if bold else 3.5,
+                          markeredgecolor="white" if bold else "none", alpha=1.0 if bold else 0.5,
+                          zorder=4 if bold else 2)
+    points = [p for r in runs for p in r["curve"]]
+    if repeats > 1:  # what the thin lines are
+        ax.plot([], [], color="0.3", linewidth=0.7, alpha=0.5, label="thin: individual repeats (same colours)")
+    for a in (ax, zoom):
+        a.axhline(95, color="0.5", linestyle="--", linewidth=1)
+        a.set_xscale("log")
+        a.set_xlabel("wall time since start (s, log scale)")
+    ax.grid(alpha=0.3)
+    zoom.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    zoom.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    zoom.xaxis.set_minor_formatter(NullFormatter())
+    zoom.grid(alpha=0.3)
+    if points:
+        ax.text(min(p["wall_s"] for p in points), 95.2, "95 %", color="0.4", va="bottom")
+    ax.set_ylim(max(0, min(100 * r["curve"][0]["test_acc"] for r in runs if r["curve"]) - 5)
+                if points else 0, 100)
     ax.set_ylabel("test accuracy (%)")
     run = meta.get("run", {})
     mpi = " ".join(run.get("mpi_library", "").split())[:40]
     ax.set_title(f"Parameter server, straggler {meta.get('straggler') or 'none'} (RANK:FACTOR): test accuracy "
                  f"vs wall time -- P={run.get('P', '?')}, {mpi}, host {run.get('host', '?')}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(alpha=0.3)
+    title = (f"bold: median-updates/s run of {repeats}; final: mean of {repeats}" if repeats > 1
+             else None)
+    ax.legend(loc="lower right", fontsize=8, title=title, title_fontsize=8)
+    _zoom_limits(zoom, runs)
+    zoom.set_ylabel("test accuracy (%, linear)")
+    zoom.set_title("end of training, zoomed (dots: last evaluation)", fontsize=10)
+    _histograms(fig, grid, labels, runs, colors)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _zoom_limits(zoom, runs):
+    """Zoom to accuracies from (at most) 94 % up, and to the times where any curve is there."""
+    ends = [100 * r["curve"][-1]["test_acc"] for r in runs if r["curve"]]
+    if not ends:
+        return
+    lo = max(0.0, min(94.0, math.floor(min(ends)) - 2.0))
+    hi = min(100.0, max(100 * p["test_acc"] for r in runs for p in r["curve"]) + 0.5)
+    starts = [next((p["wall_s"] for p in r["curve"] if 100 * p["test_acc"] >= lo), None) for r in runs]
+    starts = [t for t in starts if t is not None and t > 0]
+    last = max(r["curve"][-1]["wall_s"] for r in runs if r["curve"])
+    if starts and last > 0:
+        zoom.set_xlim(min(starts) / 1.1, last * 1.15)
+    zoom.set_ylim(lo, max(hi, lo + 1))
+
+
+def _histograms(fig, grid, labels, runs, colors):
+    """Draw one staleness histogram per protocol (all repeats summed) in the bottom row."""
+    n = len(labels)
     sub = grid[1, :].subgridspec((n + 2) // 3, 3, hspace=0.9, wspace=0.25)
     for i, lab in enumerate(labels):
         h = fig.add_subplot(sub[i // 3, i % 3])
@@ -118,8 +172,6 @@ def draw(runs, meta, path):
         h.xaxis.set_major_locator(MaxNLocator(integer=True))
         kmax = max(2, max(keys, default=0))
         h.set_xlim(-0.6 - 0.02 * kmax, kmax + 0.6)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 def main(argv=None):
@@ -134,7 +186,8 @@ def main(argv=None):
         parser.error(str(e))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results[0])), "staleness.png")
     draw(runs, meta, out)
-    print(out)
+    when = f", sweep finished {meta['finished']}" if meta.get("finished") else ""
+    print(f"{out} ({len(runs)} runs: {', '.join(dict.fromkeys(r['label'] for r in runs))}{when})")
     return 0
 
 
