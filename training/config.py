@@ -173,7 +173,13 @@ class Config:
         from collectives import ALGORITHMS  # late import: config stays usable without MPI
 
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        try:
+            from collectives.compression import COMPRESSORS
+        except ImportError:
+            COMPRESSORS = ()
+        if COMPRESSORS and self.compression not in COMPRESSORS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSORS)}, got {self.compression!r}")
 
 
 _METAVARS = {
@@ -202,7 +208,10 @@ HELP = {
     "dtype": "parameter, gradient and activation dtype",
     "device": "cpu (NumPy) or gpu (CuPy; one GPU per rank)",
     "epochs": "number of passes over the training set",
-    "stop_after": "stop after this epoch, 0 to run all --epochs (continue later with --resume)",
+    "stop_after": "stop after this epoch, 0 to run all --epochs. Continue later with --resume, which "
+                  "runs on to --epochs (--stop-after is not inherited; give it again to stop early "
+                  "again); with --epochs unchanged the result is bitwise identical to an "
+                  "uninterrupted run",
     "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
     "optimizer": "adam, or sgd with momentum",
     "lr": "learning rate (dimensionless step size)",
@@ -215,7 +224,9 @@ HELP = {
     "seed": "seed for initialization, train/test split and per-epoch shuffling (seed + epoch)",
     "shuffle": "reshuffle the training set each epoch",
     "drop_last": "drop the tail of the shuffled training set instead of padding to a multiple of P",
-    "algorithm": "all-reduce algorithm for the gradient (auto chooses by P and message size)",
+    "algorithm": "all-reduce algorithm for the gradient (auto chooses by P and message size; 2d places "
+                 "the ranks on a grid chosen automatically: nodes x ranks per node when the job spans "
+                 "several nodes, else the squarest factorization of P)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
     "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
@@ -233,7 +244,9 @@ HELP = {
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
     "keep_checkpoints": "number of most recent checkpoints kept",
     "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
-              "base, flags given here override it",
+              "base, flags given here override it (except --stop-after, which is not inherited). With "
+              "--epochs unchanged the result is bitwise identical to an uninterrupted run; a different "
+              "--epochs recomputes the cosine learning-rate schedule for the new length",
     "eval_batch": "evaluation batch per rank in samples",
     "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
     "progress": "show a progress bar on rank 0",
@@ -294,9 +307,12 @@ def build_parser(prog="python -m training.train"):
     """
     p = argparse.ArgumentParser(
         prog=prog, argument_default=argparse.SUPPRESS,
-        description="Train an MLP data-parallel across the MPI ranks (launch with mpiexec -n P). "
-                    "Writes runs/NAME/ with config.json, metrics.jsonl, epochs.jsonl, summary.json "
-                    "and checkpoints; runs/latest points at the newest run.")
+        description="Train an MLP across the MPI ranks (launch with mpiexec -n P): data-parallel by "
+                    "default (every rank holds a replica; the gradient is averaged by all-reduce, see "
+                    "--algorithm, --bucket-bytes, --compression), or with --mode ps through a parameter "
+                    "server (--servers ranks hold the parameter shards, the others are workers; see "
+                    "--consistency). Writes runs/NAME/ with config.json, metrics.jsonl, epochs.jsonl, "
+                    "summary.json and checkpoints; runs/latest points at the newest run.")
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -331,7 +347,7 @@ def parse_args(argv=None):
     """Parse the command line into a validated :class:`Config`.
 
     With ``--resume``, the ``config.json`` of the run being resumed is the base; the flags given
-    override it.
+    override it. ``stop_after`` is never inherited: it applies only when given again.
 
     Parameters
     ----------
@@ -345,7 +361,9 @@ def parse_args(argv=None):
     Raises
     ------
     SystemExit
-        On a malformed flag (argparse prints the reason) or an invalid value.
+        On a malformed flag or an invalid value (argparse prints the usage and the reason, status
+        2), or when the run to resume cannot be read (the exit message is ``error: --resume
+        PATH: ...``, status 1).
     """
     parser = build_parser()
     given = vars(parser.parse_args(argv))
@@ -355,6 +373,7 @@ def parse_args(argv=None):
     if given.get("resume"):
         base = _saved_config(given["resume"])
         base.pop("resume", None)
+        base.pop("stop_after", None)  # a stop applies to the job that asked for it
         if "compression_args" in given:
             base.pop("compression_args", None)
     base.update(given)
@@ -365,10 +384,17 @@ def parse_args(argv=None):
 
 
 def _saved_config(path):
-    run = path if os.path.isdir(path) else os.path.dirname(path)
+    if os.path.isdir(path):
+        run = path
+    elif os.path.isfile(path):
+        run = os.path.dirname(path) or "."
+    else:
+        raise SystemExit(f"error: --resume {path}: no such run directory or checkpoint")
     cfg_path = os.path.join(run, "config.json")
     try:
         with open(cfg_path, encoding="utf-8") as f:
-            return dict(json.load(f)["config"])
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"error: cannot read the configuration of the run to resume ({cfg_path}): {e}")
+            saved = json.load(f)["config"]
+        return dict(saved)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = "no such file" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {e}"
+        raise SystemExit(f"error: --resume {path}: cannot read the run's configuration {cfg_path} ({reason})")
