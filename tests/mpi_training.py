@@ -8,7 +8,8 @@ equivalence    P ranks with global batch 64 end, after 20 SGD steps in float64, 
 buckets        bucketed all-reduce (tiny buckets) gives the fused all-reduce's weights.
 nonfinite      a NaN batch on one rank makes every rank skip that step and count it; then
                evaluation on P ranks equals evaluation on one (each sample counted once).
-resume         stop after epoch 3, resume to 6 == uninterrupted 6 epochs, bitwise (float64).
+resume         stop after epoch 3, resume (without --stop-after: not inherited) to 6 ==
+               uninterrupted 6 epochs, bitwise (float64).
 resume_compressed  the same with PowerSGD: its state is checkpointed under "compression/".
 corrupt        a truncated or altered checkpoint raises CheckpointError naming the file, on
                every rank.
@@ -154,7 +155,7 @@ def case_resume(comm, base):
     _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "3"]), comm)
     part = os.path.join(root, "part")
     assert os.path.exists(os.path.join(part, "ckpt-epoch0003.npz")), "no checkpoint after epoch 3"
-    s = _quiet(run, parse_args(["--resume", part, "--stop-after", "0"]), comm)
+    s = _quiet(run, parse_args(["--resume", part]), comm)  # --stop-after 3 is not inherited
     assert s["epochs"] == 6 and s["steps"] == 6 * per_epoch, f"resumed run ended at {s['epochs']}, {s['steps']}"
     _, full = load_checkpoint(os.path.join(root, "full"), comm)
     _, resumed = load_checkpoint(part, comm)
@@ -185,7 +186,7 @@ def case_resume_compressed(comm, base):
               "--compression-arg", "rank=2"]
     _quiet(run, parse_args(common + ["--name", "full"]), comm)
     _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "2"]), comm)
-    _quiet(run, parse_args(["--resume", os.path.join(root, "part"), "--stop-after", "0"]), comm)
+    _quiet(run, parse_args(["--resume", os.path.join(root, "part")]), comm)
     _, full = load_checkpoint(os.path.join(root, "full"), comm)
     _, resumed = load_checkpoint(os.path.join(root, "part"), comm)
     comp = [k for k in full if k.startswith("compression/")]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from training.checkpoint import (CheckpointError, find_checkpoint, load_checkpoint, make_run_dir,
+from training.checkpoint import (CheckpointError, RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
 from training.config import Config
 from training.metrics import EpochTable, MetricsWriter, format_bytes, read_jsonl
@@ -74,7 +74,7 @@ def test_run_dir_names_and_latest_pointer(tmp_path):
     assert os.path.realpath(tmp_path / "latest") == os.path.realpath(b)
     named = make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
     assert named == str(tmp_path / "mine")
-    with pytest.raises(RuntimeError, match="exists"):
+    with pytest.raises(RunDirError, match="exists"):
         make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
 
 

@@ -27,6 +27,20 @@ def test_cli_reports_corrupt_checkpoint_without_hanging(tmp_path):
     assert res.stdout.count("error:") == 1, res.stdout  # one message, from rank 0
 
 
+def test_cli_user_errors_print_once_from_rank_0(tmp_path):
+    """A taken --name (found by rank 0 alone) and a missing run to resume (found by every rank
+    while parsing) each give one error line and status 1, no traceback, no hang."""
+    (tmp_path / "a").mkdir()
+    res = run_mpi(2, "training.train", "--run-dir", str(tmp_path), "--name", "a", "--hidden", "4",
+                  "--no-progress", timeout=60, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stdout, res.stdout
+    assert res.stdout.count("error: run directory") == 1 and res.stdout.count("error:") == 1, res.stdout
+    missing = str(tmp_path / "nonexist")
+    res = run_mpi(2, "training.train", "--resume", missing, timeout=60, check=False)
+    assert res.returncode == 1, res.stdout
+    assert res.stdout.strip() == f"error: --resume {missing}: no such run directory or checkpoint", res.stdout
+
+
 def test_default_run_reaches_97_percent_on_four_ranks(tmp_path):
     """The documented default (digits, 4 ranks) reaches >= 97% test accuracy in under a minute."""
     import json

@@ -18,7 +18,7 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
-__all__ = ["CheckpointError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
+__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 
 _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
@@ -26,6 +26,10 @@ _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 
 class CheckpointError(ValueError):
     """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be created (the name is taken) or reopened (it does not exist)."""
 
 
 def root_bytes(comm, fn, error=RuntimeError):
@@ -73,29 +77,42 @@ def make_run_dir(cfg, comm):
     Returns
     -------
     str
+
+    Raises
+    ------
+    RunDirError
+        On every rank, when ``cfg.name`` is taken, the run to resume does not exist, or the
+        directory cannot be created.
     """
     def create():
         if cfg.resume:
-            path = cfg.resume if os.path.isdir(cfg.resume) else os.path.dirname(cfg.resume)
+            path = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
             if not os.path.isdir(path):
-                raise OSError(f"run directory to resume not found: {path}")
+                raise OSError(f"--resume {cfg.resume}: no such run directory or checkpoint")
         else:
             base = cfg.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.mode}-{cfg.data}-p{comm.size}"
-            os.makedirs(cfg.run_dir, exist_ok=True)
             path, k = os.path.join(cfg.run_dir, base), 1
+            try:
+                os.makedirs(cfg.run_dir, exist_ok=True)
+            except OSError as e:
+                why = "not a directory" if os.path.exists(cfg.run_dir) else (e.strerror or str(e))
+                raise OSError(f"--run-dir {cfg.run_dir}: cannot create it ({why})") from None
             while True:
                 try:
                     os.mkdir(path)
                     break
                 except FileExistsError:
                     if cfg.name:
-                        raise FileExistsError(f"run directory exists: {path} (resume it with --resume)")
+                        raise FileExistsError(f"run directory {path} exists: choose another --name, or "
+                                              f"continue it with --resume {path}")
                     k += 1
                     path = os.path.join(cfg.run_dir, f"{base}-{k}")
+                except OSError as e:
+                    raise OSError(f"--run-dir {cfg.run_dir}: cannot create {path} ({e.strerror or e})") from None
         _point_latest(path)
         return path.encode()
 
-    return root_bytes(comm, create).decode()
+    return root_bytes(comm, create, error=RunDirError).decode()
 
 
 def _point_latest(path):

@@ -3,7 +3,9 @@
 Files in a run directory (all written by rank 0 alone):
 
 ``config.json``
-    ``{"config": resolved Config, "run": run_info()}``.
+    ``{"config": resolved Config, "run": run_info()}``; each resumed job keeps ``run`` as it was
+    and appends ``run_info()`` plus ``resumed_from`` and ``changed`` (the configuration fields it
+    changed, ``[old, new]``) to a ``resumes`` list; ``config`` is then the latest job's.
 ``metrics.jsonl``
     One line per step: ``step``, ``epoch``, ``loss`` (rank 0's batch), ``lr``, ``compute_s``,
     ``comm_s``, ``compress_s``, ``decompress_s`` (seconds), ``bytes_sent`` (bytes, rank 0),
@@ -20,7 +22,7 @@ import socket
 import sys
 import time
 
-__all__ = ["run_info", "write_json", "read_jsonl", "MetricsWriter", "EpochTable", "format_bytes",
+__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable", "format_bytes",
            "TABLE_COLUMNS"]
 
 
@@ -30,18 +32,51 @@ def run_info(comm):
     Returns
     -------
     dict
-        MPI library version string, MPI standard version, mpi4py and NumPy versions, P, host,
+        MPI library version (first line, runs of whitespace collapsed), MPI standard version, mpi4py and NumPy versions, P, host,
         Python version and the start time (ISO 8601, local).
     """
     import mpi4py
     import numpy
     from mpi4py import MPI
 
-    return {"mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+    first = (MPI.Get_library_version().strip().splitlines() or [""])[0]
+    return {"mpi_library": " ".join(first.split()),  # MPICH pads "Version:" with runs of blanks
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
             "python": platform.python_version(), "argv": sys.argv[1:],
             "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def write_config(run_dir, config, info, resumed_from=None):
+    """Write ``run_dir/config.json`` (call on rank 0).
+
+    Parameters
+    ----------
+    run_dir : str
+    config : dict
+        The resolved configuration (``Config.to_dict()``).
+    info : dict
+        :func:`run_info` of this job.
+    resumed_from : str, optional
+        The checkpoint this job resumed from: the file's first ``run`` record is then kept and
+        this job's appended to ``resumes``, with ``changed`` = {field: [old, new]} for every
+        configuration field (but ``resume``) that differs from the previous job's.
+    """
+    path = os.path.join(run_dir, "config.json")
+    record = {"config": config, "run": info}
+    if resumed_from:
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, ValueError):
+            old = {}
+        old = old if isinstance(old, dict) else {}
+        prev = old.get("config") if isinstance(old.get("config"), dict) else {}
+        changed = {k: [prev.get(k), v] for k, v in config.items() if k != "resume" and prev.get(k) != v}
+        resumes = old.get("resumes") if isinstance(old.get("resumes"), list) else []
+        record = {**old, "config": config, "run": old.get("run", {}),
+                  "resumes": resumes + [{**info, "resumed_from": resumed_from, "changed": changed}]}
+    write_json(path, record)
 
 
 def write_json(path, obj):

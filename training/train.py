@@ -4,8 +4,11 @@ Every rank holds a full model replica; each step a rank computes the gradient of
 samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
 ``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
 bitwise identical. ``--mode ps`` hands the run to ``ps.driver.run_ps`` instead.
+
+User errors (a bad flag value, a taken ``--name``, a missing run to resume, an unusable tuning
+table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
+directory is created and end the job with one ``error: ...`` line from rank 0 and status 1.
 """
-import json
 import math
 import os
 import sys
@@ -21,12 +24,13 @@ from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoi
                                  prune_checkpoints, save_checkpoint)
 from training.config import parse_args
 from training.data import DistributedSampler, load_dataset
-from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_json
-from training.nn import SoftmaxCrossEntropy, build_mlp, get_array_module
+from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
+from training.nn import SoftmaxCrossEntropy, build_mlp
 from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step
+from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["main", "run", "train_dp", "setup_run", "array_module", "set_threads", "build_model",
+__all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
            "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
 
 
@@ -34,7 +38,11 @@ def array_module(cfg, comm):
     """Return the array module for ``cfg.device`` (NumPy, or CuPy with one GPU per local rank)."""
     if cfg.device == "cpu":
         return numpy
-    import cupy  # optional dependency: the 'gpu' extra
+    try:
+        import cupy  # optional dependency: the 'gpu' extra
+    except ImportError as e:
+        raise ImportError(f"--device gpu needs CuPy ({e}); install the gpu extra: "
+                          "pip install -e '.[gpu]'") from None
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     cupy.cuda.Device(local.rank % cupy.cuda.runtime.getDeviceCount()).use()
@@ -93,26 +101,40 @@ def lr_at(cfg, step, total_steps):
     return cfg.lr
 
 
-class TrainState:
-    """Counters that a checkpoint carries besides model, optimizer and hook state."""
+def check_run(cfg, comm):
+    """Check, on every rank, what the configuration needs from the job before anything is created.
 
-    __slots__ = ("epoch", "step", "skipped", "wall_s", "compute_s", "comm_s", "bytes_sent")
-    _FLOATS = ("wall_s", "compute_s", "comm_s")
+    Returns
+    -------
+    module
+        The array module of ``cfg.device`` (from :func:`array_module`).
 
-    def __init__(self):
-        self.epoch = self.step = self.skipped = self.bytes_sent = 0
-        self.wall_s = self.compute_s = self.comm_s = 0.0
+    Raises
+    ------
+    ValueError
+        When the global batch does not divide among the ranks (workers with ``--mode ps``), the
+        server count does not fit P, ``--data-dir`` is not a directory, or ``algorithm="auto"``
+        cannot read its tuning table (``COMMLAB_TUNING``).
+    ImportError
+        When ``--device gpu`` is asked for without CuPy.
+    """
+    P = comm.Get_size()
+    if cfg.mode == "ps":
+        if not 1 <= cfg.servers < P:
+            raise ValueError(f"servers must be in [1, {P - 1}] with {P} ranks, got {cfg.servers}")
+        W = P - cfg.servers
+        if cfg.batch_size % W:
+            raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
+                             f"workers ({W} = {P} ranks - {cfg.servers} servers)")
+    elif cfg.batch_size % P:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
+    if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
+        raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
+    if cfg.algorithm == "auto":
+        from collectives.select import select_allreduce
 
-    def state_dict(self):
-        """Return the counters as ``train/NAME`` arrays."""
-        return {f"train/{k}": numpy.array(getattr(self, k), numpy.float64 if k in self._FLOATS
-                                          else numpy.int64) for k in self.__slots__}
-
-    def load_state_dict(self, d):
-        """Restore the counters from :meth:`state_dict` output."""
-        for k in self.__slots__:
-            v = d[f"train/{k}"]
-            setattr(self, k, float(v) if k in self._FLOATS else int(v))
+        select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
+    return array_module(cfg, comm)
 
 
 def setup_run(cfg, comm):
@@ -123,44 +145,19 @@ def setup_run(cfg, comm):
     return make_run_dir(cfg, comm)
 
 
-def _write_config(cfg, comm, run_dir, extra=None):
-    if comm.rank == 0:
-        info = run_info(comm)
-        info.update(extra or {})
-        write_json(os.path.join(run_dir, "config.json"), {"config": cfg.to_dict(), "run": info})
-
-
-def _checkpoint_arrays(cfg, model, opt, hook, state):
-    d = {"model/params": model.params,
-         "meta/config": numpy.frombuffer(json.dumps(cfg.to_dict()).encode(), numpy.uint8)}
-    d.update({f"optim/{k}": v for k, v in opt.state_dict().items()})
-    d.update({f"compression/{k}": v for k, v in hook.state_dict().items()})
-    d.update(state.state_dict())
-    return d
-
-
-def _restore(path, arrays, model, opt, hook, state):
-    try:
-        if arrays["model/params"].shape != model.params.shape:
-            raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
-                             f"{model.size} (same --hidden and data?)")
-        xp = get_array_module(model.params)
-        model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
-        opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
-        hook.load_state_dict({k[12:]: v for k, v in arrays.items() if k.startswith("compression/")})
-        state.load_state_dict(arrays)
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
-
-
 class Trainer:
     """Everything a data-parallel run holds: data, model, optimizer, loss, gradient hook, counters."""
 
-    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from")
+    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config")
 
     def __init__(self, **parts):
         for k in self.__slots__:
             setattr(self, k, parts.get(k))
+
+
+def _write_config(cfg, comm, run_dir, resumed_from=None):
+    if comm.rank == 0:
+        write_config(run_dir, cfg.to_dict(), run_info(comm), resumed_from)
 
 
 def build_trainer(cfg, comm):
@@ -176,26 +173,25 @@ def build_trainer(cfg, comm):
     Raises
     ------
     ValueError
-        When ``cfg.batch_size`` is not a multiple of P, or a part rejects its arguments.
+        From :func:`check_run`, or when a part rejects its arguments.
+    ImportError
+        From :func:`check_run` (``--device gpu`` without CuPy).
     CheckpointError
         When the checkpoint to resume from is unusable (on every rank, naming the file).
     """
-    if cfg.batch_size % comm.size:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks "
-                         f"({comm.size})")
-    xp = array_module(cfg, comm)
+    xp = check_run(cfg, comm)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
     if getattr(hook, "momentum_in_compressor", False) and cfg.optimizer == "sgd":
         opt.velocity, opt.momentum = None, 0.0  # the compressor applies momentum itself (DGC)
-    state, path = TrainState(), None
+    state, path, saved = TrainState(), None, None
     if cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm)
-        _restore(path, arrays, model, opt, hook, state)
+        saved = restore(path, arrays, model, opt, hook, state)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
-                   resumed_from=path)
+                   resumed_from=path, saved_config=saved)
 
 
 def train_dp(cfg, comm, run_dir, trainer=None):
@@ -213,17 +209,23 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     Returns
     -------
     dict
-        The summary (also written to ``summary.json`` on rank 0), on every rank.
+        The summary (also written to ``summary.json`` on rank 0), on every rank. A resumed run
+        already at its last epoch trains nothing, writes nothing and says so on one line.
     """
     t = trainer or build_trainer(cfg, comm)
     P, rank = comm.size, comm.rank
     xp, ds, model, opt, loss_fn, hook, state = t.xp, t.ds, t.model, t.opt, t.loss_fn, t.hook, t.state
-    _write_config(cfg, comm, run_dir, {"resumed_from": t.resumed_from} if t.resumed_from else None)
     sampler = make_sampler(cfg, len(ds.y_train), rank, P)
     x_tr, y_tr, x_te, y_te = to_device(ds, model.dtype, xp)
     local_b = cfg.batch_size // P
     per_epoch = sampler.num_batches(local_b)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    if t.resumed_from and state.epoch >= last:
+        if rank == 0:
+            print(_nothing_to_do(cfg, run_dir, state.epoch), flush=True)
+        return _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch)
+    _write_config(cfg, comm, run_dir, t.resumed_from)
+    saved_epochs = (t.saved_config or {}).get("epochs", cfg.epochs)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
     table, show = EpochTable(), rank == 0
     bar = None
@@ -232,6 +234,10 @@ def train_dp(cfg, comm, run_dir, trainer=None):
 
         bar = tqdm(total=(last - state.epoch) * per_epoch, unit="step", leave=False,
                    disable=None if cfg.progress else True, dynamic_ncols=True, file=sys.stderr)
+        if saved_epochs != cfg.epochs and cfg.lr_schedule == "cosine":
+            bar.write(f"note: --epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate "
+                      f"schedule is recomputed for {cfg.epochs} epochs, so the result will not equal an "
+                      f"uninterrupted {cfg.epochs}-epoch run")
         bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, "
                   f"{model.size} parameters ({cfg.dtype}), P={P}, global batch {cfg.batch_size}, "
                   f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
@@ -273,28 +279,46 @@ def train_dp(cfg, comm, run_dir, trainer=None):
             bar.write(table.row(rec))
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
             save_checkpoint(checkpoint_path(run_dir, epoch),
-                            _checkpoint_arrays(cfg, model, opt, hook, state), comm)
+                            checkpoint_arrays(cfg, model, opt, hook, state), comm)
             if rank == 0:
                 prune_checkpoints(run_dir, cfg.keep_checkpoints)
     writer.close()
     if bar is not None:
         bar.close()
-    if test_acc is None:  # nothing left to train (resumed at the end): evaluate once
-        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch)
-        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch)
-    busy = state.compute_s + state.comm_s
-    identical = replicas_identical(model.params, comm)
-    summary = {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch, "steps": state.step,
-               "wall_s": state.wall_s, "compute_s": state.compute_s, "comm_s": state.comm_s,
-               "comm_fraction": state.comm_s / busy if busy else 0.0,
-               "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
-               "parameters": model.size, "P": P, "replicas_identical": identical, "run_dir": run_dir}
+    summary = _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, (train_acc, test_acc))
     if rank == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
-        print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | "
+        print(f"test accuracy {summary['final_test_acc']:.2%} after {state.epoch} "
+              f"epoch{'' if state.epoch == 1 else 's'} | wall {state.wall_s:.1f} s | "
               f"communication {summary['comm_fraction']:.0%} of step time | "
               f"{format_bytes(state.bytes_sent)} sent per rank | {run_dir}", flush=True)
     return summary
+
+
+def _nothing_to_do(cfg, run_dir, epoch):
+    if epoch < cfg.epochs:
+        where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
+    elif epoch == cfg.epochs:
+        where = f"epoch {epoch} of {cfg.epochs} (a larger --epochs trains further)"
+    else:
+        where = f"epoch {epoch}, past --epochs {cfg.epochs}"
+    return f"nothing to do: {run_dir} is already at {where}"
+
+
+def _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, eval_batch, accs=(None, None)):
+    """Return the run summary; the accuracies are evaluated here when not given."""
+    model, state = t.model, t.state
+    train_acc, test_acc = accs
+    if test_acc is None:
+        train_acc, _ = evaluate(model, t.loss_fn, x_tr, y_tr, comm, eval_batch)
+        test_acc, _ = evaluate(model, t.loss_fn, x_te, y_te, comm, eval_batch)
+    busy = state.compute_s + state.comm_s
+    return {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch,
+            "steps": state.step, "wall_s": state.wall_s, "compute_s": state.compute_s,
+            "comm_s": state.comm_s, "comm_fraction": state.comm_s / busy if busy else 0.0,
+            "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
+            "parameters": model.size, "P": comm.size,
+            "replicas_identical": replicas_identical(model.params, comm), "run_dir": run_dir}
 
 
 def run(cfg, comm=None):
@@ -311,8 +335,9 @@ def run(cfg, comm=None):
     try:
         set_threads(cfg, comm)
         if cfg.mode == "ps":
+            check_run(cfg, comm)
             run_dir = setup_run(cfg, comm)
-            _write_config(cfg, comm, run_dir)
+            _write_config(cfg, comm, run_dir, cfg.resume)
             from ps.driver import run_ps
 
             return run_ps(cfg, comm, run_dir)
@@ -331,13 +356,19 @@ def run(cfg, comm=None):
 
 
 def main(argv=None):
-    """Command-line entry point; on an error with P > 1 the job is aborted so nothing hangs."""
+    """Command-line entry point.
+
+    User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
+    return 1; any other failure with P > 1 aborts the job so nothing hangs.
+    """
     world = MPI.COMM_WORLD
     if world.rank != 0:  # one copy of --help and of flag errors, not P
         with open(os.devnull, "w") as null:
             saved, sys.stdout, sys.stderr = (sys.stdout, sys.stderr), null, null
             try:
                 cfg = parse_args(argv)
+            except SystemExit as e:  # rank 0 prints the message; here only the status remains
+                raise SystemExit(1 if isinstance(e.code, str) else e.code) from None
             finally:
                 sys.stdout, sys.stderr = saved
     else:
@@ -349,7 +380,7 @@ def main(argv=None):
         everyone = world.size == 1 or _everyone_failed(world)
         if not everyone or world.rank == 0:
             where = "" if everyone else f"rank {world.rank}: "
-            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(f"error: {where}{e or type(e).__name__}", file=sys.stderr, flush=True)
         if not everyone:
             world.Abort(1)
         return 1

@@ -1,0 +1,108 @@
+"""The trainer's command line as a user meets it (single process, ``training.train.main``):
+resuming after ``--stop-after``, the note on a changed ``--epochs``, provenance in config.json,
+one-line user errors that leave no run directory behind, and the help text. The multi-rank
+side (one message from rank 0, no hang) is checked by ``tests/test_training_mpi.py``."""
+import json
+import sys
+
+import pytest
+from mpi4py import MPI
+
+from training.metrics import run_info
+from training.train import main
+
+# 200 synthetic samples -> 160 train, 5 steps per epoch with batch 32: well under a second per run
+TINY = ["--data", "synthetic", "--samples", "200", "--features", "8", "--classes", "3", "--hidden", "8",
+        "--batch-size", "32", "--no-progress"]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_resume_runs_past_stop_after_and_keeps_provenance(tmp_path, capsys):
+    run = str(tmp_path / "a")
+    code, out, _ = _run(capsys, *TINY, "--run-dir", str(tmp_path), "--name", "a", "--epochs", "2",
+                        "--stop-after", "1")
+    assert code == 0 and "after 1 epoch |" in out, out
+    first = json.loads((tmp_path / "a" / "config.json").read_text())["run"]
+
+    # --stop-after 1 is saved in config.json but not inherited: the resume trains epoch 2
+    code, out, _ = _run(capsys, "--resume", run, "--no-progress")
+    assert code == 0 and "after 2 epochs |" in out and "note:" not in out, out
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["epochs"] == 2
+
+    # at the last epoch: one line says so, and nothing is written
+    code, out, _ = _run(capsys, "--resume", run, "--no-progress")
+    assert code == 0 and out == f"nothing to do: {run} is already at epoch 2 of 2 " \
+                                "(a larger --epochs trains further)\n", out
+
+    # a longer run redefines the cosine schedule: said once, before training
+    code, out, _ = _run(capsys, "--resume", run, "--epochs", "3", "--no-progress")
+    assert code == 0 and out.splitlines()[0] == (
+        "note: --epochs 3 differs from the run's 2: the learning-rate schedule is recomputed for 3 "
+        "epochs, so the result will not equal an uninterrupted 3-epoch run"), out
+    assert "after 3 epochs |" in out, out
+
+    # config.json keeps the first job's record; each resume that trained is appended
+    record = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert record["run"] == first and record["config"]["epochs"] == 3
+    assert [r["changed"] for r in record["resumes"]] == [{"stop_after": [1, 0]}, {"epochs": [2, 3]}]
+    assert all(r["resumed_from"].endswith(".npz") and r["started"] for r in record["resumes"])
+
+
+def test_mpi_library_version_has_no_padding():
+    version = run_info(MPI.COMM_SELF)["mpi_library"]
+    assert version and "  " not in version and version == version.strip(), repr(version)
+
+
+def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, monkeypatch):
+    base = [*TINY, "--epochs", "1", "--run-dir", str(tmp_path)]
+    assert _run(capsys, *base, "--name", "a")[0] == 0
+
+    code, out, err = _run(capsys, *base, "--name", "a")  # the name is taken
+    assert code == 1 and err == (f"error: run directory {tmp_path / 'a'} exists: choose another --name, "
+                                 f"or continue it with --resume {tmp_path / 'a'}\n"), err
+
+    missing = str(tmp_path / "nonexist")
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", missing])
+    assert e.value.code == f"error: --resume {missing}: no such run directory or checkpoint"
+
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--algorithm", "foo"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and err.endswith(
+        "error: algorithm must be one of ring, tree, recursive_doubling, rabenseifner, 2d, mpi, auto, "
+        "got 'foo'"), err
+
+    # auto's tuning table is read before the run directory exists
+    from collectives import select
+
+    with monkeypatch.context() as m:
+        m.setenv("COMMLAB_TUNING", str(tmp_path / "no-table.json"))
+        m.setitem(select._STATE, "loaded", False)
+        code, _, err = _run(capsys, *base, "--name", "b")
+    assert code == 1 and err.startswith(f"error: COMMLAB_TUNING={tmp_path / 'no-table.json'}: file not found")
+    assert err.count("\n") == 1 and not (tmp_path / "b").exists(), err
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # CuPy not installed
+    code, _, err = _run(capsys, *base, "--name", "c", "--device", "gpu")
+    assert code == 1 and err.startswith("error: --device gpu needs CuPy"), err
+    assert err.endswith("install the gpu extra: pip install -e '.[gpu]'\n") and not (tmp_path / "c").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "latest"]
+
+
+def test_help_explains_modes_grid_and_resume():
+    from training.config import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "--mode ps" in text and "parameter server" in text.split("options:")[0]
+    assert "squarest factorization of P" in text and "nodes x ranks per node" in text
+    resume = text.split("--resume PATH ")[-1]
+    stop = text.split("--stop-after EPOCH ")[-1]
+    for part in (resume, stop):
+        assert "--epochs unchanged" in part.split("(default")[0] and "bitwise" in part.split("(default")[0]
+    assert "not inherited" in stop.split("(default")[0] and "not inherited" in resume.split("(default")[0]

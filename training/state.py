@@ -1,0 +1,103 @@
+"""Trainer state as checkpoint arrays: counters, model, optimizer and gradient-hook state.
+
+A checkpoint (see :mod:`training.checkpoint`) is a flat dict of numeric arrays. The trainer's
+entries are ``model/params``, ``optim/NAME`` (the optimizer's ``state_dict``), ``compression/NAME``
+(the gradient hook's, e.g. a compressor's error feedback), ``train/NAME`` (:class:`TrainState`)
+and ``meta/config`` (the resolved configuration as UTF-8 JSON bytes). Restoring all of them makes
+a resumed run bitwise identical to an uninterrupted one with the same configuration.
+"""
+import json
+
+import numpy
+
+from training.checkpoint import CheckpointError
+from training.nn import get_array_module
+
+__all__ = ["TrainState", "checkpoint_arrays", "restore"]
+
+
+class TrainState:
+    """Counters that a checkpoint carries besides model, optimizer and hook state.
+
+    ``epoch`` and ``step`` count completed epochs and optimizer steps; ``skipped`` the steps
+    skipped for a non-finite gradient; ``wall_s``, ``compute_s`` and ``comm_s`` are seconds
+    (compute and communication as means over ranks); ``bytes_sent`` is bytes per rank.
+    """
+
+    __slots__ = ("epoch", "step", "skipped", "wall_s", "compute_s", "comm_s", "bytes_sent")
+    _FLOATS = ("wall_s", "compute_s", "comm_s")
+
+    def __init__(self):
+        self.epoch = self.step = self.skipped = self.bytes_sent = 0
+        self.wall_s = self.compute_s = self.comm_s = 0.0
+
+    def state_dict(self):
+        """Return the counters as ``train/NAME`` arrays."""
+        return {f"train/{k}": numpy.array(getattr(self, k), numpy.float64 if k in self._FLOATS
+                                          else numpy.int64) for k in self.__slots__}
+
+    def load_state_dict(self, d):
+        """Restore the counters from :meth:`state_dict` output."""
+        for k in self.__slots__:
+            v = d[f"train/{k}"]
+            setattr(self, k, float(v) if k in self._FLOATS else int(v))
+
+
+def checkpoint_arrays(cfg, model, opt, hook, state):
+    """Return the checkpoint entries of a data-parallel run.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+    model : training.nn.Sequential
+    opt : training.optim.SGD or training.optim.Adam
+    hook : gradient hook with ``state_dict()``
+    state : TrainState
+
+    Returns
+    -------
+    dict of str -> array
+    """
+    d = {"model/params": model.params,
+         "meta/config": numpy.frombuffer(json.dumps(cfg.to_dict()).encode(), numpy.uint8)}
+    d.update({f"optim/{k}": v for k, v in opt.state_dict().items()})
+    d.update({f"compression/{k}": v for k, v in hook.state_dict().items()})
+    d.update(state.state_dict())
+    return d
+
+
+def restore(path, arrays, model, opt, hook, state):
+    """Load :func:`checkpoint_arrays` output into model, optimizer, hook and counters in place.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint file (named in errors).
+    arrays : dict of str -> ndarray
+        From :func:`training.checkpoint.load_checkpoint`.
+    model, opt, hook, state
+        As for :func:`checkpoint_arrays`; overwritten.
+
+    Returns
+    -------
+    dict
+        The configuration the checkpoint was written with (``{}`` when it holds none).
+
+    Raises
+    ------
+    CheckpointError
+        When an entry is missing or does not fit (another model size, optimizer or compressor).
+    """
+    try:
+        if arrays["model/params"].shape != model.params.shape:
+            raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
+                             f"{model.size} (same --hidden and data?)")
+        xp = get_array_module(model.params)
+        model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
+        opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
+        hook.load_state_dict({k[12:]: v for k, v in arrays.items() if k.startswith("compression/")})
+        state.load_state_dict(arrays)
+        saved = json.loads(arrays["meta/config"].tobytes()) if "meta/config" in arrays else {}
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
+    return saved if isinstance(saved, dict) else {}
