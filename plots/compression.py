@@ -1,10 +1,16 @@
-"""Draw the compression study: test accuracy against payload bytes per step (log scale), and the
-training loss curves.
+"""Draw the compression study: final test accuracy against the payload bytes per rank per step (log
+scale), and the training loss per epoch.
 
     python -m plots.compression results/compression/compression_sweep.json [--out FILE.png]
+
+Each compressor gets a short label (``qsgd-8bit``, ``topk-1%``, ``dgc-1%``, ``powersgd-r4``), one
+colour and one marker, the same in both panels; the legend maps the labels back to the specs of the
+table. Points with (almost) the same byte count are drawn side by side, and the labels are placed
+where they cover no other label, marker or error bar.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -12,46 +18,152 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
 
-__all__ = ["draw", "main"]
+__all__ = ["short_label", "figure", "draw", "main"]
 
-_MARKERS = {"none": "*", "fp16": "o", "int8": "o", "qsgd": "o", "terngrad": "D", "signsgd": "^",
-            "efsignsgd": "^", "onebit": "^", "topk": "s", "randomk": "s", "threshold": "s",
+_MARKERS = {"none": "*", "fp16": "o", "int8": "h", "qsgd": "p", "terngrad": "D", "signsgd": "^",
+            "efsignsgd": "v", "onebit": "<", "topk": "s", "randomk": "d", "threshold": "H",
             "dgc": "P", "powersgd": "X"}
-_SPAN = 5.0  # accuracy points shown below none; lower results sit on the floor, labelled
+_COLORS = ("#1f77b4", "#ff7f0e", "#8c564b", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#393b79", "#637939", "#843c39", "#e6550d")  # none is black
+_SPAN = 5.0     # accuracy points shown below none; lower results sit on the floor, labelled
+_DODGE = 10.0   # points between the markers of a group drawn side by side
+_NEAR = 0.03    # decades of bytes within which markers form such a group
+_SIZE = 7.0     # marker size, points
 
 
-def _place_labels(ax, labels):
-    """Annotate points without overlap: try offsets above and below until the label is free."""
-    ax.set_xlim(ax.get_xlim())  # settle the autoscaled limits before measuring
-    renderer = ax.figure.canvas.get_renderer()
-    placed = []  # display boxes of the labels already drawn
-    for x, y, text in labels:
-        for dy in (8, -16, 20, -28, 32, -40, 44, -52, 56, -64):
-            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, dy), ha="center",
-                              fontsize=7.5, color="0.15",
-                              arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6}
-                              if abs(dy) > 16 else None)
-            box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.15)  # the text, no arrow
-            if not any(box.overlaps(b) for b in placed):
+def short_label(spec):
+    """Return the short plot label of a compressor spec ``NAME[:KEY=VALUE,...]``.
+
+    ``ratio`` becomes a percentage (``topk-1%``), QSGD's ``levels`` s the bits of a signed level,
+    ceil(log2(2s + 1)) (``qsgd-8bit``), ``rank`` an ``r`` (``powersgd-r4``), ``threshold`` its value;
+    other arguments (warm-up, seeds, error feedback) are left out.
+
+    Parameters
+    ----------
+    spec : str
+        Compressor spec as in the sweep's table.
+
+    Returns
+    -------
+    str
+    """
+    name, _, args = spec.partition(":")
+    kw = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
+    try:
+        if "ratio" in kw:
+            return f"{name}-{100 * float(kw['ratio']):g}%"
+        if "levels" in kw:
+            return f"{name}-{math.ceil(math.log2(2 * int(kw['levels']) + 1))}bit"
+        if "rank" in kw:
+            return f"{name}-r{int(kw['rank'])}"
+        if "threshold" in kw:
+            return f"{name}-{float(kw['threshold']):g}"
+    except ValueError:  # an argument that is not a number: keep the whole spec
+        return spec
+    return name
+
+
+def _labels(rows):
+    """Short labels of the rows; the full spec wherever two rows would share one."""
+    short = [short_label(r["spec"]) for r in rows]
+    return [s if short.count(s) == 1 else r["spec"] for s, r in zip(short, rows)]
+
+
+def _dodges(xs):
+    """Horizontal offsets (points) that put markers of (almost) equal ``xs`` side by side."""
+    order, offsets, group = sorted(range(len(xs)), key=lambda i: xs[i]), [0.0] * len(xs), []
+    for i in order + [None]:
+        if group and (i is None or math.log10(xs[i] / xs[group[0]]) > _NEAR):
+            for k, j in enumerate(group):
+                offsets[j] = (k - (len(group) - 1) / 2) * _DODGE
+            group = []
+        if i is not None:
+            group.append(i)
+    return offsets
+
+
+def _box(cx, cy, half_w, half_h):
+    return Bbox.from_extents(cx - half_w, cy - half_h, cx + half_w, cy + half_h)
+
+
+def _candidates():
+    """Label spots in order of preference: (kind, ux, uy, distance in points).
+
+    ``side``: beside the marker; ``cap``: beyond the end of the error bar; ``lead``: in one of
+    eight directions, with a leader line back to the marker.
+    """
+    spots = [("side", 1, 0, 8), ("side", -1, 0, 8), ("cap", 0, 1, 4), ("cap", 0, -1, 4)]
+    for radius in (16, 26, 38, 52, 68, 86):
+        spots += [("lead", ux, uy, radius) for ux, uy in
+                  ((1, 1), (-1, 1), (1, -1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))]
+    return spots
+
+
+def _place_labels(ax, points, extra):
+    """Annotate ``points`` (x, y, dodge, text, bar low, bar high) so that no label covers another
+    label, a marker, an error bar or a box of ``extra`` (display units), and no leader line crosses
+    a marker, a bar or a label. Crowded points are placed first; return the labels' boxes."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    frame, pt = ax.get_window_extent(renderer), fig.dpi / 72
+    to_display = [offset_copy(ax.transData, fig=fig, x=p[2], units="points").transform for p in points]
+    centres = [f(p[:2]) for f, p in zip(to_display, points)]
+    markers = [_box(cx, cy, _SIZE * 0.8 * pt, _SIZE * 0.8 * pt) for cx, cy in centres]  # none's star too
+    bars = [Bbox.from_extents(c[0] - 4 * pt, f((p[0], p[4]))[1] - pt, c[0] + 4 * pt, f((p[0], p[5]))[1] + pt)
+            for f, p, c in zip(to_display, points, centres)]  # with the caps, 3 points either side
+    labels = []
+    crowd = [sum(math.dist(c, d) < 80 * pt for d in centres) for c in centres]
+    for i in sorted(range(len(points)), key=lambda i: -crowd[i]):
+        x, y, dodge, text, low, high = points[i]
+        trans = offset_copy(ax.transData, fig=fig, x=dodge, units="points")
+        others = markers[:i] + markers[i + 1:] + bars[:i] + bars[i + 1:] + labels + extra
+        for kind, ux, uy, dist in _candidates():
+            anchor = (x, y) if kind != "cap" else (x, high if uy > 0 else low)
+            dx, dy = (ux * dist, uy * dist) if kind != "lead" else (ux * dist, uy * dist * 0.7)
+            ann = ax.annotate(text, anchor, xycoords=trans, textcoords="offset points", xytext=(dx, dy),
+                              fontsize=8, color="0.1", zorder=5,
+                              ha={1: "left", -1: "right", 0: "center"}[ux],
+                              va={1: "bottom", -1: "top", 0: "center"}[uy],
+                              arrowprops={"arrowstyle": "-", "color": "0.55", "lw": 0.6, "shrinkA": 1,
+                                          "shrinkB": _SIZE * 0.7} if kind == "lead" else None)
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer).padded(2 * pt)  # the text, not the leader
+            steps = int(math.hypot(dx, dy) / 2) if kind == "lead" else 0
+            leader = [(centres[i][0] + dx * pt * t / steps, centres[i][1] + dy * pt * t / steps)
+                      for t in range(1, steps)]
+            mine = [markers[i]] + ([bars[i]] if ux else [])  # a vertical leader may run along its bar
+            free = (frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+                    and not any(box.overlaps(b) for b in others + [markers[i], bars[i]])
+                    and not any(b.contains(*e) for b in others + mine[1:] for e in leader
+                                if not markers[i].contains(*e)))
+            if free:
                 break
             ann.remove()
-        else:
-            ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 8), ha="center",
-                        fontsize=7.5, color="0.15")
-        placed.append(box)
+        else:  # nowhere free: beside the marker, over whatever is there
+            ann = ax.annotate(text, (x, y), xycoords=trans, textcoords="offset points", xytext=(7, 0),
+                              ha="left", va="center", fontsize=8, zorder=5)
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer)
+        labels.append(box)
+    return labels
 
 
-def draw(results, path):
-    """Draw the two panels of ``results`` (the sweep's JSON, as a dict) into the PNG ``path``.
+def figure(results):
+    """Return the figure of ``results`` (the sweep's JSON, as a dict): accuracy and loss panels.
 
     Parameters
     ----------
     results : dict
         As written by ``experiments.compression_sweep`` (``table``, ``run``, ``train_config``).
-    path : str
-        Output PNG file.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
 
     Raises
     ------
@@ -61,58 +173,88 @@ def draw(results, path):
     rows = results.get("table") or []
     if not rows:
         raise ValueError("results: the table is empty (was the sweep run?)")
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(16, 6.5), width_ratios=[1.5, 1])
-    colors = plt.get_cmap("tab20")
+    fig = plt.figure(figsize=(13, 11.5), dpi=120)
+    grid = fig.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.7, 1])
+    ax_acc, ax_loss, ax_key = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    names, xs = _labels(rows), [r["bytes_per_step"] for r in rows]
     none = next((r for r in rows if r["spec"] == "none"), None)
     accs = [100 * r["test_acc_mean"] for r in rows]
-    top = max(100 * r["test_acc_max"] for r in rows) + 0.6
     floor = (100 * none["test_acc_mean"] - _SPAN) if none is not None else min(accs) - 1
     floor = max(floor, min(accs) - 1)
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["bytes_per_step"])
-    labels = []
-    for k, i in enumerate(order):
-        r, color, acc = rows[i], colors(i % 20), accs[i]
-        marker = _MARKERS.get(r["compressor"], "o")
-        label = r["spec"]
-        if acc < floor:  # far below the others: drawn on the floor, value in the label
-            label = f"{r['spec']} ({acc:.1f}%)"
-            ax_acc.plot(r["bytes_per_step"], floor + 0.15, marker="v", color=color, markersize=9)
+    ax_acc.set_xscale("log")
+    ax_acc.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
+    ax_acc.set_ylim(floor, max(100 * r["test_acc_max"] for r in rows) + 0.8)
+    dodges, points, spans, handles, k = _dodges(xs), [], [], [], 0
+    for i, r in enumerate(rows):
+        reference = r["spec"] == "none"
+        color = "black" if reference else _COLORS[k % len(_COLORS)]
+        k += not reference
+        marker, size = _MARKERS.get(r["compressor"], "o"), _SIZE * (1.6 if reference else 1)
+        trans = offset_copy(ax_acc.transData, fig=fig, x=dodges[i], units="points")
+        text = names[i]
+        if accs[i] < floor:  # far below the others: drawn on the floor, value in the label
+            text, y = f"{names[i]} ({accs[i]:.1f}%)", floor + 0.2
+            ax_acc.plot(xs[i], y, marker="v", color=color, markersize=size + 2, transform=trans, zorder=4)
         else:
-            err = [[acc - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - acc]]
-            ax_acc.errorbar(r["bytes_per_step"], acc, yerr=err, fmt=marker, color=color,
-                            markersize=10 if r["spec"] == "none" else 7, capsize=3)
-        labels.append((r["bytes_per_step"], max(acc, floor + 0.15), label))
+            y = accs[i]
+            err = [[y - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - y]]
+            ax_acc.errorbar(xs[i], y, yerr=err, fmt=marker, color=color, markersize=size, capsize=3,
+                            elinewidth=1.1, transform=trans, zorder=4)
+        points.append((xs[i], y, dodges[i], text))
+        spans.append((100 * r["test_acc_min"], 100 * r["test_acc_max"]) if accs[i] >= floor else (y, y))
         epochs = range(1, len(r["loss_curve"]) + 1)
-        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=3,
-                     linewidth=2.2 if r["spec"] == "none" else 1.3, label=r["spec"])
+        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=3.5,
+                     linewidth=2.4 if reference else 1.3, zorder=3 if reference else 2)
+        key = names[i] if names[i] == r["spec"] else f"{names[i]}  ({r['spec']})"
+        handles.append(Line2D([], [], color=color, marker=marker, markersize=size * 0.9, label=key))
     if none is not None:
         ref = 100 * none["test_acc_mean"]
-        ax_acc.axhline(ref, color="0.5", linestyle="--", linewidth=1)
-        ax_acc.axhspan(ref - 1.5, ref, color="0.92", zorder=0)
-        ax_acc.text(0.01, ref - 1.45, "within 1.5 points of none", fontsize=7, color="0.4",
+        ax_acc.axhline(ref, color="0.5", linestyle="--", linewidth=1, zorder=1)
+        ax_acc.axhspan(ref - 1.5, ref, color="0.93", zorder=0)
+        ax_acc.text(0.005, ref - 1.45, "within 1.5 points of none", fontsize=7.5, color="0.4",
                     va="bottom", transform=ax_acc.get_yaxis_transform())
-    ax_acc.set_ylim(floor, top)
     run, cfg = results.get("run", {}), results.get("train_config", {})
-    seeds = rows[0].get("seeds", 1)
-    ax_acc.set_xscale("log")
-    ax_acc.set_xlabel("payload bytes sent per rank per step (log scale)")
-    ax_acc.set_ylabel(f"final test accuracy (%), mean of {seeds} seed(s), bars: min-max")
-    ax_acc.set_title("accuracy against bytes on the wire")
+    ax_acc.set_xlabel("payload bytes per rank per step (log scale; points with equal bytes drawn side by side)")
+    ax_acc.set_ylabel(f"final test accuracy (%)\nmean of {rows[0].get('seeds', 1)} seed(s), bars: min-max")
+    ax_acc.set_title("final test accuracy against payload bytes per rank per step")
     ax_acc.grid(True, which="both", alpha=0.3)
-    ax_acc.margins(x=0.08)
     ax_loss.set_yscale("log")
+    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("training loss (mean over ranks and seeds, log scale)")
-    ax_loss.set_title("loss curves")
+    ax_loss.set_title("training loss per epoch")
     ax_loss.grid(True, which="both", alpha=0.3)
-    ax_loss.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    ax_key.axis("off")
+    ax_key.legend(handles=handles, loc="center left", fontsize=8.5, frameon=False,
+                  title="compressor  (spec in the table)", title_fontsize=9)
     fig.suptitle(f"gradient compression on {cfg.get('data', '?')}: {results.get('parameters', '?')} "
                  f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
                  f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
                  f"({' '.join(run.get('mpi_library', '').split())[:40]}, {run.get('host', '')})", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    _place_labels(ax_acc, labels)  # after the layout: it measures the labels on the canvas
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.canvas.draw()  # settle the layout: the labels are placed on the drawn canvas
+    caption = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax_acc.texts]
+    _place_labels(ax_acc, [p + s for p, s in zip(points, spans)], caption)
+    return fig
+
+
+def draw(results, path):
+    """Draw the figure of ``results`` (the sweep's JSON, as a dict) into the PNG ``path``.
+
+    Parameters
+    ----------
+    results : dict
+        As written by ``experiments.compression_sweep``.
+    path : str
+        Output PNG file.
+
+    Raises
+    ------
+    ValueError
+        If ``results`` has no table rows.
+    """
+    fig = figure(results)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

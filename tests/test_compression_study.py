@@ -61,3 +61,53 @@ def test_check_lines_agree_with_their_verdicts():
 def test_help_prints_once_under_mpiexec():
     result = run_mpi(2, "experiments.compression_sweep", "--help", timeout=60)
     assert result.stdout.count("usage: python -m experiments.compression_sweep ") == 1
+
+
+def test_short_labels():
+    from plots.compression import short_label
+
+    assert [short_label(s) for s in ("none", "qsgd:levels=127", "qsgd:levels=1", "topk:ratio=0.01",
+                                     "dgc:ratio=0.001,warmup_steps=92", "powersgd:rank=4",
+                                     "threshold:threshold=0.05", "int8")] == [
+        "none", "qsgd-8bit", "qsgd-2bit", "topk-1%", "dgc-0.1%", "powersgd-r4", "threshold-0.05", "int8"]
+
+
+# (spec, payload bytes per step, test accuracy mean, min, max) of the 4-rank, 3-seed study
+_STUDY = [("none", 153640, .9703, .9582, .9777), ("fp16", 76820, .9703, .9582, .9777),
+          ("int8", 38414, .9712, .9582, .9777), ("qsgd:levels=127", 38714, .9703, .9582, .9777),
+          ("terngrad", 9607, .9545, .9387, .9666), ("signsgd", 4806, .9610, .9443, .9694),
+          ("efsignsgd", 4806, .9694, .9582, .9777), ("onebit", 4810, .9703, .9610, .9777),
+          ("topk:ratio=0.01", 3080, .9675, .9554, .9749), ("randomk:ratio=0.01", 1540, .8951, .8719, .9164),
+          ("threshold:threshold=0.05", 3542, .9703, .9582, .9777),
+          ("dgc:ratio=0.01,warmup_steps=92", 7130, .9731, .9638, .9805),
+          ("powersgd:rank=1", 6480, .9656, .9499, .9749), ("powersgd:rank=4", 19656, .9694, .9582, .9749)]
+
+
+def test_plot_labels_overlap_nothing_and_axes_agree():
+    from matplotlib.text import Text
+
+    from plots.compression import figure, short_label
+
+    rows = [{"spec": s, "compressor": s.split(":")[0], "bytes_per_step": b, "test_acc_mean": m,
+             "test_acc_min": lo, "test_acc_max": hi, "seeds": 3, "loss_curve": [1.0, 0.5, 0.3 + i / 100]}
+            for i, (s, b, m, lo, hi) in enumerate(_STUDY)]
+    fig = figure({"table": rows, "parameters": 38410, "run": {"P": 4}, "train_config": {}})
+    ax_acc, ax_loss = fig.axes[:2]
+    renderer = fig.canvas.get_renderer()
+    labels = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax_acc.texts[1:]}
+    assert set(labels) == {short_label(s) for s, *_ in _STUDY[:9] + _STUDY[10:]} | {"randomk-1% (89.5%)"}
+    boxes = list(labels.values())
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    markers = [ln.get_window_extent(renderer) for ln in ax_acc.lines
+               if len(ln.get_xdata()) == 1 and ln.get_marker() not in ("_", "None", "")]
+    assert len(markers) == len(_STUDY)
+    assert not [(t, m) for t, b in labels.items() for m in markers if b.overlaps(m)]
+    # points of equal bytes (signsgd, efsignsgd) do not sit on each other
+    centres = sorted(tuple(m.get_points().mean(axis=0).round()) for m in markers)
+    assert len(set(centres)) == len(centres)
+    # one quantity on the accuracy panel, named alike in the title and on the axis
+    assert "payload bytes per rank per step" in ax_acc.get_title()
+    assert "payload bytes per rank per step" in ax_acc.get_xlabel()
+    ticks = [t for t in ax_loss.get_xticks() if ax_loss.get_xlim()[0] <= t <= ax_loss.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    fig.clf()
