@@ -380,7 +380,7 @@ def main(argv=None):
         everyone = world.size == 1 or _everyone_failed(world)
         if not everyone or world.rank == 0:
             where = "" if everyone else f"rank {world.rank}: "
-            print(f"error: {where}{e or type(e).__name__}", file=sys.stderr, flush=True)
+            print(f"error: {where}{str(e) or type(e).__name__}", file=sys.stderr, flush=True)
         if not everyone:
             world.Abort(1)
         return 1
