@@ -9,6 +9,7 @@ User errors (a bad flag value, a taken ``--name``, a missing run to resume, an u
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
 directory is created and end the job with one ``error: ...`` line from rank 0 and status 1.
 """
+import json
 import math
 import os
 import sys
@@ -24,6 +25,7 @@ from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoi
                                  prune_checkpoints, save_checkpoint)
 from training.config import parse_args
 from training.data import DistributedSampler, load_dataset
+from training.job import array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy, build_mlp
 from training.optim import make_optimizer
@@ -32,44 +34,6 @@ from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
            "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
-
-
-def array_module(cfg, comm):
-    """Return the array module for ``cfg.device`` (NumPy, or CuPy with one GPU per local rank)."""
-    if cfg.device == "cpu":
-        return numpy
-    try:
-        import cupy  # optional dependency: the 'gpu' extra
-    except ImportError as e:
-        raise ImportError(f"--device gpu needs CuPy ({e}); install the gpu extra: "
-                          "pip install -e '.[gpu]'") from None
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    cupy.cuda.Device(local.rank % cupy.cuda.runtime.getDeviceCount()).use()
-    local.Free()
-    return cupy
-
-
-def set_threads(cfg, comm):
-    """Limit BLAS threads per rank to ``cfg.threads`` (0: cores on the node / ranks on the node).
-
-    Returns
-    -------
-    int
-        The thread count applied (threadpoolctl is used when installed; otherwise unchanged).
-    """
-    n = cfg.threads
-    if n == 0:
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        n = max(1, (cores or 1) // local.size)
-        local.Free()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return n
-    threadpool_limits(limits=n)
-    return n
 
 
 def build_model(cfg, n_features, n_classes, xp=numpy):
@@ -99,42 +63,6 @@ def lr_at(cfg, step, total_steps):
     if cfg.lr_schedule == "cosine" and total_steps > 0:
         return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
     return cfg.lr
-
-
-def check_run(cfg, comm):
-    """Check, on every rank, what the configuration needs from the job before anything is created.
-
-    Returns
-    -------
-    module
-        The array module of ``cfg.device`` (from :func:`array_module`).
-
-    Raises
-    ------
-    ValueError
-        When the global batch does not divide among the ranks (workers with ``--mode ps``), the
-        server count does not fit P, ``--data-dir`` is not a directory, or ``algorithm="auto"``
-        cannot read its tuning table (``COMMLAB_TUNING``).
-    ImportError
-        When ``--device gpu`` is asked for without CuPy.
-    """
-    P = comm.Get_size()
-    if cfg.mode == "ps":
-        if not 1 <= cfg.servers < P:
-            raise ValueError(f"servers must be in [1, {P - 1}] with {P} ranks, got {cfg.servers}")
-        W = P - cfg.servers
-        if cfg.batch_size % W:
-            raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
-                             f"workers ({W} = {P} ranks - {cfg.servers} servers)")
-    elif cfg.batch_size % P:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
-    if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
-        raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
-    if cfg.algorithm == "auto":
-        from collectives.select import select_allreduce
-
-        select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
-    return array_module(cfg, comm)
 
 
 def setup_run(cfg, comm):
@@ -234,10 +162,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
 
         bar = tqdm(total=(last - state.epoch) * per_epoch, unit="step", leave=False,
                    disable=None if cfg.progress else True, dynamic_ncols=True, file=sys.stderr)
-        if saved_epochs != cfg.epochs and cfg.lr_schedule == "cosine":
-            bar.write(f"note: --epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate "
-                      f"schedule is recomputed for {cfg.epochs} epochs, so the result will not equal an "
-                      f"uninterrupted {cfg.epochs}-epoch run")
+        if _epochs_note(cfg, saved_epochs):
+            bar.write(_epochs_note(cfg, saved_epochs))
         bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, "
                   f"{model.size} parameters ({cfg.dtype}), P={P}, global batch {cfg.batch_size}, "
                   f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
@@ -295,6 +221,24 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     return summary
 
 
+def _epochs_note(cfg, saved_epochs):
+    """Return the note printed when a resume changes the cosine schedule's length, else ''."""
+    if saved_epochs in (None, cfg.epochs) or cfg.lr_schedule != "cosine":
+        return ""
+    return (f"note: --epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate schedule "
+            f"is recomputed for {cfg.epochs} epochs, so the result will not equal an uninterrupted "
+            f"{cfg.epochs}-epoch run")
+
+
+def _saved_epochs(run_dir):
+    """Return ``epochs`` of the configuration saved in ``run_dir/config.json`` (None if unreadable)."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["config"]["epochs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _nothing_to_do(cfg, run_dir, epoch):
     if epoch < cfg.epochs:
         where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
@@ -337,6 +281,8 @@ def run(cfg, comm=None):
         if cfg.mode == "ps":
             check_run(cfg, comm)
             run_dir = setup_run(cfg, comm)
+            if comm.rank == 0 and cfg.resume and _epochs_note(cfg, _saved_epochs(run_dir)):
+                print(_epochs_note(cfg, _saved_epochs(run_dir)), flush=True)
             _write_config(cfg, comm, run_dir, cfg.resume)
             from ps.driver import run_ps
 
