@@ -238,7 +238,8 @@ HELP = {
     "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
     "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
     "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
-    "balance": "parameter server: give faster workers larger batches in proportion to their measured speed (global batch unchanged)",
+    "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
+               "(global batch unchanged)",
     "run_dir": "parent directory of run directories",
     "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",

@@ -32,8 +32,9 @@ def run_info(comm):
     Returns
     -------
     dict
-        MPI library version (first line, runs of whitespace collapsed), MPI standard version, mpi4py and NumPy versions, P, host,
-        Python version and the start time (ISO 8601, local).
+        MPI library version (first line, runs of whitespace collapsed), MPI standard version,
+        mpi4py and NumPy versions, P, host, Python version, argv and the start time (ISO 8601,
+        local).
     """
     import mpi4py
     import numpy
