@@ -8,7 +8,9 @@ alike) and each reports the median of its runs, a barrier before each, slowest r
 than MPI's own. For careful sweeps use ``experiments.bench_collectives``.
 """
 import argparse
+import math
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -36,10 +38,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=4.0, help="message size in MiB (default 4)")
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions per algorithm (default 10)")
-    args = parser.parse_args(argv)
-    if args.mib < 0 or args.iters < 1:
-        parser.error("--mib must be >= 0 and --iters >= 1")
     comm = MPI.COMM_WORLD
+    if comm.Get_rank() != 0:  # every rank checks the same arguments and exits; rank 0 alone prints
+        parser.print_usage = parser.print_help = lambda file=None: None
+        parser.exit = lambda status=0, message=None: sys.exit(status)
+    args = parser.parse_args(argv)
+    if not (math.isfinite(args.mib) and args.mib >= 0):
+        parser.error(f"--mib must be a finite number >= 0, got {args.mib}")
+    if args.iters < 1:
+        parser.error(f"--iters must be >= 1, got {args.iters}")
     rank, size = comm.Get_rank(), comm.Get_size()
     count = int(args.mib * 2 ** 20) // 4
     x = np.random.default_rng(rank).standard_normal(count).astype(np.float32)
