@@ -20,7 +20,7 @@ from ps.options import PSOptions
 from ps.report import evaluate_snapshots, write_records
 from ps.runtime import roles, run
 
-__all__ = ["run_ps", "ps_options", "BatchStream"]
+__all__ = ["run_ps", "ps_options", "check_ps", "BatchStream"]
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 
@@ -80,8 +80,8 @@ def ps_options(cfg, comm, per_epoch, run_dir):
     ----------
     cfg : training.config.Config
         The resolved configuration.
-    comm : MPI.Comm
-        The job's communicator (servers plus workers).
+    comm : MPI.Comm or int
+        The job's communicator (servers plus workers), or its size.
     per_epoch : int
         Clocks per epoch of one worker.
     run_dir : str
@@ -92,7 +92,8 @@ def ps_options(cfg, comm, per_epoch, run_dir):
     ValueError
         When the configuration cannot run on this communicator (on every rank).
     """
-    W = comm.Get_size() - cfg.servers
+    size = comm if isinstance(comm, int) else comm.Get_size()
+    W = size - cfg.servers
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     ckpt = os.path.join(run_dir, "ps")
     opts = PSOptions(
@@ -105,16 +106,49 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
         checkpoint_every=W * per_epoch * cfg.checkpoint_every, resume_dir=ckpt if cfg.resume else "",
         seed=cfg.seed)
-    opts.validate(comm.Get_size())
+    opts.validate(size)
+    return opts
+
+
+def check_ps(cfg, size):
+    """Check what a ``--mode ps`` run needs from a job of ``size`` ranks, before anything is created.
+
+    Called by :func:`training.job.check_run` on every rank alike, so a bad setting (rank count,
+    straggler or jitter spec, missing server checkpoint of ``--resume``) fails before the run
+    directory exists or its ``config.json`` is rewritten.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The resolved configuration (``mode == "ps"``).
+    size : int
+        Number of ranks in the job (servers plus workers).
+
+    Raises
+    ------
+    ValueError
+        Naming the offending flag.
+    """
+    S = cfg.servers
+    if size < S + 1:
+        raise ValueError(f"--mode ps with --servers {S} needs at least {S + 1} ranks ({S} server(s) and "
+                         f"at least one worker), got {size}; launch with mpiexec -n {S + 1} or more")
+    if S < 1:
+        raise ValueError(f"--servers must be >= 1, got {S}")
+    W = size - S
+    if cfg.batch_size % W:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
+                         f"workers ({W} = {size} ranks - {S} servers)")
+    ps_options(cfg, size, 1, cfg.run_dir)  # PSOptions.validate: straggler, jitter, fail_worker...
     if cfg.resume:
         from ps.server import checkpoint_path
 
-        missing = [checkpoint_path(ckpt, r) for r in range(cfg.servers)
-                   if not os.path.exists(checkpoint_path(ckpt, r))]
+        run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
+        ckpt = os.path.join(run_dir, "ps")
+        missing = [checkpoint_path(ckpt, r) for r in range(S) if not os.path.exists(checkpoint_path(ckpt, r))]
         if missing:
             raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
-                             f"--mode ps run with --servers {cfg.servers}?)")
-    return opts
+                             f"--mode ps run with --servers {S}?)")
 
 
 def run_ps(cfg, comm, run_dir):
@@ -149,16 +183,11 @@ def run_ps(cfg, comm, run_dir):
     from training.data import load_dataset
     from training.nn import SoftmaxCrossEntropy
     from training.parallel import compute_gradient, is_finite
-    from training.train import array_module, build_model, make_sampler, to_device
+    from training.train import build_model, check_run, make_sampler, to_device
 
     P, S = comm.Get_size(), cfg.servers
-    if not 1 <= S < P:
-        raise ValueError(f"servers must be in [1, {P - 1}] with {P} ranks, got {S}")
     W = P - S
-    if cfg.batch_size % W:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
-                         f"workers ({W} = {P} ranks - {S} servers)")
-    xp = array_module(cfg, comm)
+    xp = check_run(cfg, comm)  # the same checks the trainer made before creating run_dir
     ds = load_dataset(cfg)
     rank = comm.Get_rank()
     servers, workers = roles(comm, S)

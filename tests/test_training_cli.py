@@ -92,6 +92,18 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
     code, _, err = _run(capsys, *base, "--name", "c", "--device", "gpu")
     assert code == 1 and err.startswith("error: --device gpu needs CuPy"), err
     assert err.endswith("install the gpu extra: pip install -e '.[gpu]'\n") and not (tmp_path / "c").exists()
+    # --mode ps: its own checks (rank count, fault specs, server checkpoints) also come first
+    code, _, err = _run(capsys, *base, "--name", "d", "--mode", "ps")
+    assert code == 1 and err == ("error: --mode ps with --servers 1 needs at least 2 ranks (1 server(s) and "
+                                 "at least one worker), got 1; launch with mpiexec -n 2 or more\n"), err
+    from ps.driver import check_ps
+    from training.config import parse_args
+
+    with pytest.raises(ValueError, match="straggler rank must be a worker rank in \\[1, 1\\], got 9"):
+        check_ps(parse_args([*base, "--mode", "ps", "--straggler", "9:2"]), 2)
+    with pytest.raises(ValueError, match="no parameter-server checkpoint .*ps_server0.npz"):
+        check_ps(parse_args(["--resume", str(tmp_path / "a"), "--mode", "ps"]), 2)
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["config"]["mode"] == "dp"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "latest"]
 
 

@@ -62,20 +62,17 @@ def check_run(cfg, comm):
     Raises
     ------
     ValueError
-        When the global batch does not divide among the ranks (workers with ``--mode ps``), the
-        server count does not fit P, ``--data-dir`` is not a directory, or ``algorithm="auto"``
-        cannot read its tuning table (``COMMLAB_TUNING``).
+        When the global batch does not divide among the ranks (workers with ``--mode ps``), a
+        parameter-server setting does not fit P (:func:`ps.driver.check_ps`), ``--data-dir`` is
+        not a directory, or ``algorithm="auto"`` cannot read its tuning table (``COMMLAB_TUNING``).
     ImportError
         When ``--device gpu`` is asked for without CuPy.
     """
     P = comm.Get_size()
     if cfg.mode == "ps":
-        if not 1 <= cfg.servers < P:
-            raise ValueError(f"servers must be in [1, {P - 1}] with {P} ranks, got {cfg.servers}")
-        W = P - cfg.servers
-        if cfg.batch_size % W:
-            raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
-                             f"workers ({W} = {P} ranks - {cfg.servers} servers)")
+        from ps.driver import check_ps  # rank count, batch split, fault specs, server checkpoints
+
+        check_ps(cfg, P)
     elif cfg.batch_size % P:
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
     if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
