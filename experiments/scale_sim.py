@@ -10,6 +10,7 @@ The table printed at the end names, per size, the smallest P from which 2D and t
 """
 import argparse
 import json
+import math
 import os
 import platform
 import time
@@ -26,9 +27,46 @@ def _size(text):
     t = text.strip().lower().rstrip("ib").rstrip("b")
     mult = units.get(t[-1:], 1)
     try:
-        return int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 1KiB, 1MiB, 256MiB, 4096)")
+        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except (ValueError, OverflowError):  # OverflowError: "inf"
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a size of at least 1 byte: {text!r} "
+                                         "(examples: 1KiB, 1MiB, 256MiB, 4096)")
+    return value
+
+
+def _check_out(path):
+    """Return why the results file ``path`` cannot be written (its folder made if missing), or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make the folder of --out {path!r}: {exc.strerror or exc}"
+    if os.path.isdir(path):
+        return f"--out {path!r} is a folder, give a file path"
+    try:  # a real probe: permission bits say little to root or on a read-only file system
+        if os.path.exists(path):
+            open(path, "a", encoding="utf-8").close()  # leaves the contents as they are
+        else:
+            open(path, "x", encoding="utf-8").close()
+            os.remove(path)
+    except OSError as exc:
+        return f"--out {path!r} is not writable: {exc.strerror or exc}"
+    return None
+
+
+def _read_fit(path):
+    """Return alpha, beta, gamma fitted to the bench_collectives results file ``path``."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
+            or not all(isinstance(r, dict) for r in data["rows"]):
+        raise ValueError("not an experiments.bench_collectives results file (no list of rows)")
+    try:
+        return cost.fit(data["rows"], min_bytes=1 << 16)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not an experiments.bench_collectives results file (bad row: {exc!r})")
 
 
 def crossovers(rows):
@@ -62,12 +100,27 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.max_p < 8 or args.max_p & (args.max_p - 1):
         ap.error("--max-p must be a power of two >= 8")
+    if args.ranks_per_node < 1:
+        ap.error(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    for name in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            ap.error(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+    if why := _check_out(args.out):
+        ap.error(why)
     if args.fit:
-        with open(args.fit, encoding="utf-8") as f:
-            fitted = cost.fit(json.load(f)["rows"], min_bytes=1 << 16)
+        try:
+            fitted = _read_fit(args.fit)
+        except OSError as exc:
+            ap.error(f"--fit {args.fit!r}: {exc.strerror or exc}")
+        except ValueError as exc:  # json.JSONDecodeError included
+            ap.error(f"--fit {args.fit!r}: {exc}")
         args.alpha_intra, args.beta_intra, args.gamma = fitted["alpha"], fitted["beta"], fitted["gamma"]
-    topo = cost.Topology(args.ranks_per_node, args.alpha_intra, args.beta_intra, args.alpha_inter,
-                         args.beta_inter, args.gamma)
+    try:
+        topo = cost.Topology(args.ranks_per_node, args.alpha_intra, args.beta_intra, args.alpha_inter,
+                             args.beta_inter, args.gamma)
+    except ValueError as exc:  # a fit that gives a negative parameter
+        ap.error(f"--fit {args.fit!r} gives unusable link parameters: {exc}" if args.fit else str(exc))
     ps = [1 << k for k in range(3, args.max_p.bit_length())]
     rows, t0 = [], time.perf_counter()
     for size in args.sizes:
@@ -80,11 +133,13 @@ def main(argv=None):
     print("\nsmallest P from which an algorithm stays faster than ring:")
     for size, c in cross.items():
         print(f"  {size:>12,d} B: " + ", ".join(f"{a} at P={p}" if p else f"{a} never" for a, p in c.items()))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     result = {"config": vars(args), "topology": topo.__dict__, "host": platform.node(), "rows": rows,
               "crossovers": {str(k): v for k, v in cross.items()}, "seconds": time.perf_counter() - t0}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    except OSError as exc:  # checked up front, but the disk may fill or the folder go meanwhile
+        ap.exit(1, f"{ap.prog}: error: cannot write --out {args.out!r}: {exc.strerror or exc}\n")
     print(f"wrote {args.out} ({time.perf_counter() - t0:.1f} s)")
 
 
