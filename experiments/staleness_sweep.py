@@ -311,7 +311,12 @@ def main(argv=None):
         if args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         base = base_config(args.epochs, args.straggler, args.jitter, args.set)
-    except ValueError as e:
+        from training.job import check_run
+
+        for p in protocols:  # the trainer's own job checks, before the previous sweep is removed
+            consistency, s = parse_protocol(p)
+            check_run(base.replace(consistency=consistency, staleness=s), comm)
+    except (ValueError, ImportError) as e:
         if rank0:
             parser.error(str(e))
         return 2

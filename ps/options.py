@@ -72,8 +72,11 @@ class PSOptions:
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
         if not (self.ps_timeout > 0 and math.isfinite(self.ps_timeout)):
             raise ValueError(f"ps_timeout must be a positive number of seconds, got {self.ps_timeout}")
+        for name in ("lr", "momentum", "weight_decay", "eps", "jitter"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.jitter < 0:
-            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+            raise ValueError(f"jitter must be >= 0 seconds, got {self.jitter}")
         if self.batch < 1:
             raise ValueError(f"batch must be >= 1, got {self.batch}")
         if self.balance_every < 1:
@@ -87,8 +90,8 @@ class PSOptions:
                 if not self.servers <= rank < size:
                     raise ValueError(f"{name} rank must be a worker rank in [{self.servers}, {size - 1}], "
                                      f"got {rank}")
-                if name == "straggler" and value < 1:
-                    raise ValueError(f"straggler factor must be >= 1, got {value}")
+                if name == "straggler" and not (value >= 1 and math.isfinite(value)):
+                    raise ValueError(f"straggler factor must be a finite number >= 1, got {value}")
                 if name == "fail_worker" and value < 0:
                     raise ValueError(f"fail_worker step must be >= 0, got {value}")
 

@@ -125,6 +125,9 @@ def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
     ({"straggler": "0:4"}, "straggler"), ({"straggler": "2:x"}, "straggler"),
     ({"straggler": "2:0.5"}, "straggler"), ({"fail_worker": "9:3"}, "fail_worker"),
     ({"fail_worker": "2"}, "fail_worker"), ({"jitter": -1.0}, "jitter"), ({"batch": 0}, "batch"),
+    ({"straggler": "2:inf"}, "straggler factor must be a finite"), ({"straggler": "2:nan"}, "straggler"),
+    ({"jitter": float("inf")}, "jitter must be a finite"), ({"jitter": float("nan")}, "jitter"),
+    ({"lr": float("nan")}, "lr must be a finite"),
 ])
 def test_options_reject_bad_values_naming_the_field(change, word):
     opts = PSOptions(servers=1, **{k: v for k, v in change.items() if k != "servers"})

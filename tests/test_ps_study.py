@@ -60,3 +60,22 @@ def test_staleness_sweep_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0 and text.startswith("usage: python -m experiments.staleness_sweep ")
     assert "sspS = stale synchronous parallel with staleness bound S clocks" in text
+
+
+def test_staleness_sweep_checks_its_arguments_before_removing_the_previous_sweep(tmp_path, capsys):
+    """Single process: a setting the job cannot run stops the sweep with the flag named, and the
+    previous sweep's results are left in place."""
+    from experiments.staleness_sweep import base_config, main
+    from ps.driver import check_ps
+
+    previous = tmp_path / "staleness_sweep.json"
+    previous.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path), "--set", "servers=4"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--mode ps with --servers 4 needs at least 5 ranks" in err, err
+    assert previous.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["staleness_sweep.json"]
+    for straggler, jitter, word in (("2:inf", 0.0, "straggler"), ("2:nan", 0.0, "straggler"),
+                                    ("", float("inf"), "jitter"), ("", float("nan"), "jitter")):
+        with pytest.raises(ValueError, match=f"{word} .*must be a finite number"):
+            check_ps(base_config(1, straggler, jitter, []), 5)
