@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 
 import numpy as np
 
@@ -116,6 +115,24 @@ def _fit_model(rows):
     return {k: params[k] for k in ("alpha", "beta", "gamma")}
 
 
+#: Row fields the table reads (``time_median_us`` only for ``--stat median``).
+_ROW_KEYS = ("op", "algorithm", "wrong", "P", "count", "bytes", "type", "time_s")
+
+
+def _not_a_sweep(data):
+    """Return why parsed JSON ``data`` is not a results file of bench_collectives, or None."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return "not an experiments.bench_collectives results file (expected an object with a list of rows)"
+    for i, r in enumerate(data["rows"]):
+        missing = [k for k in _ROW_KEYS if k not in r] if isinstance(r, dict) else ["every field"]
+        if missing:
+            return f"not an experiments.bench_collectives results file (row {i} lacks {', '.join(missing)})"
+        if bad := [k for k in ("P", "count", "bytes", "time_s")
+                   if isinstance(r[k], bool) or not isinstance(r[k], (int, float))]:
+            return f"not an experiments.bench_collectives results file (row {i}: {', '.join(bad)} not a number)"
+    return None
+
+
 def _describe(table):
     lines = []
     for r in table["allreduce"]:
@@ -134,19 +151,28 @@ def main(argv=None):
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="time compared: the slowest rank's mean (default) or median (steadier on a shared machine)")
     a = p.parse_args(argv)
+    if not a.tolerance >= 0 or a.tolerance == float("inf"):
+        p.error(f"--tolerance must be a finite number >= 0, got {a.tolerance}")
     results = []
     for path in a.results:
         try:
             with open(path, encoding="utf-8") as f:
                 results.append(json.load(f))
-        except (OSError, ValueError) as exc:
-            sys.exit(f"{path}: {exc}")
+        except OSError as exc:
+            p.error(f"{path}: {exc.strerror or exc}")
+        except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+            p.error(f"{path}: not JSON ({exc})")
+        if why := _not_a_sweep(results[-1]):
+            p.error(f"{path}: {why}")
     try:
         table = build_table(results, a.tolerance, a.stat)
-    except (ValueError, KeyError) as exc:
-        sys.exit(f"error: {exc}")
-    with open(a.out, "w", encoding="utf-8") as f:
-        json.dump(table, f, indent=1)
+    except (ValueError, TypeError) as exc:  # TypeError: a field of the wrong type in a row
+        p.error(str(exc))
+    try:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump(table, f, indent=1)
+    except OSError as exc:
+        p.error(f"cannot write --out {a.out!r}: {exc.strerror or exc}")
     print(_describe(table))
     print(f"wrote {a.out}")
 
