@@ -18,7 +18,7 @@ import numpy
 from mpi4py import MPI
 
 from . import backend
-from .context import get_context
+from .context import check_comm, get_context
 from .recursive import rabenseifner_allreduce, recursive_doubling_allreduce
 from .ring import ring_allreduce
 from .schedule import Request, execute, _wait
@@ -65,8 +65,10 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
 
 
 def _as_array(x, name="x"):
-    if hasattr(x, "__cuda_array_interface__") or isinstance(x, numpy.ndarray):
+    if hasattr(x, "__cuda_array_interface__"):
         return x
+    if isinstance(x, numpy.ndarray):  # subclasses such as numpy.matrix reshape differently: drop them
+        return x if type(x) is numpy.ndarray else numpy.asarray(x)
     if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float)):
         return numpy.asarray(x)
     raise TypeError(f"{name} must be an array, not {type(x).__name__}")
@@ -75,10 +77,14 @@ def _as_array(x, name="x"):
 def _check_out(out, x):
     if out is None:
         return
-    if getattr(out, "shape", None) != x.shape:
+    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+        raise TypeError(f"out must be an array, not {type(out).__name__}")
+    if out.shape != x.shape:
         raise ValueError(f"out has shape {getattr(out, 'shape', None)}, expected {x.shape}")
     if out.dtype != x.dtype:
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
+    if not getattr(getattr(out, "flags", None), "writeable", False):
+        raise ValueError("out is read-only")
 
 
 def _prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False):
@@ -99,11 +105,17 @@ def _prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False):
         work = ctx.buffer(xp, acc, x.size, slot) if slot else xp.empty(x.size, dtype=acc)
     inp = None
     if x.size and not (direct and out is x):
-        if lazy and x.dtype == acc and x.flags.c_contiguous:
+        if lazy and x.dtype == acc and x.flags.c_contiguous and not _may_overlap(xp, x, out):
             inp = x.reshape(-1)
         else:
             xp.copyto(work.reshape(x.shape), x, casting="unsafe")
     return out, work, acc, direct, inp
+
+
+def _may_overlap(xp, a, b):
+    """Return True unless ``a`` and ``b`` certainly use disjoint memory (bounds check only)."""
+    may = getattr(xp, "may_share_memory", None)
+    return True if may is None else bool(may(a, b))
 
 
 def _finish(out, work, op, size, xp, direct=False):
@@ -191,7 +203,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     CollectiveTimeout
         A peer did not answer within ``timeout``.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = check_comm(comm)
     x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size(), accumulate)
     ctx = get_context(comm)
     ctx.check_usable()
@@ -283,7 +295,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
     Request
         ``test()`` advances it without blocking; ``wait()`` completes it and returns the result.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = check_comm(comm)
     x, _, grid = _validate(x, op, algorithm, out, None, grid, comm.Get_size(), accumulate)
     ctx = get_context(comm)
     ctx.check_usable()

@@ -116,8 +116,10 @@ def check_op_dtype(op, dtype):
 
 
 def check_root(root, size):
-    """Raise ``ValueError`` unless ``root`` is an integer rank in ``[0, size)``."""
-    if isinstance(root, bool) or not isinstance(root, (int, numpy.integer)) or not 0 <= root < size:
+    """Raise ``TypeError`` unless ``root`` is an integer, ``ValueError`` unless it is in ``[0, size)``."""
+    if isinstance(root, (bool, numpy.bool_)) or not isinstance(root, (int, numpy.integer)):
+        raise TypeError(f"root must be an integer rank, not {type(root).__name__} {root!r}")
+    if not 0 <= root < size:
         raise ValueError(f"root={root!r} is out of range for a communicator of size {size}")
 
 
@@ -128,10 +130,11 @@ def check_algorithm(algorithm, known, what="algorithm"):
 
 
 def check_timeout(timeout):
-    """Return ``timeout`` as float seconds (or None); ``ValueError`` unless it is None or > 0."""
+    """Return ``timeout`` as float seconds (or None); ``ValueError`` unless it is None or finite and > 0."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if isinstance(timeout, (bool, numpy.bool_)) or not isinstance(timeout, (int, float, numpy.integer, numpy.floating)) \
+            or not timeout > 0 or timeout == float("inf"):
         raise ValueError(f"timeout={timeout!r} must be None or a positive number of seconds")
     return float(timeout)
 

@@ -9,10 +9,9 @@ from mpi4py import MPI
 
 from .backend import DeviceTransport, cuda_aware
 
-__all__ = ["get_context", "last_stats", "total_stats", "free_context", "Context"]
+__all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context"]
 
-_CONTEXTS = {}
-_TAG_UB = 32767  # the smallest MPI_TAG_UB the standard allows
+_KEYVAL = [None]  # MPI attribute key, created on first use
 
 
 class Context:
@@ -34,13 +33,14 @@ class Context:
         Running totals (see :func:`total_stats`).
     """
 
-    __slots__ = ("comm", "rank", "size", "_seq", "_schedules", "_buffers", "_transports", "_nodes",
+    __slots__ = ("comm", "rank", "size", "_seq", "_tag_ub", "_schedules", "_buffers", "_transports", "_nodes",
                  "broken", "last", "calls", "bytes_sent", "messages")
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._seq = 0
+        self._tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
         self._schedules = {}
         self._buffers = {}
         self._transports = {}
@@ -56,9 +56,13 @@ class Context:
                                f"({self.broken}); abort the job or call collectives.free_context(comm)")
 
     def next_tag(self):
-        """Return the tag for the next collective; every rank calls collectives in the same order."""
-        self._seq += 1
-        return self._seq % _TAG_UB
+        """Return the tag for the next collective; every rank calls collectives in the same order.
+
+        Tags cycle through ``1 .. MPI_TAG_UB`` (536,870,911 with MPICH), so a non-blocking collective
+        would have to stay in flight across that many later calls to meet its own tag again.
+        """
+        self._seq = self._seq % self._tag_ub + 1
+        return self._seq
 
     def schedule(self, key, build):
         """Return the cached schedule for ``key``, building it with ``build()`` the first time."""
@@ -115,24 +119,52 @@ class Context:
         self.messages += messages or 0
 
 
-def get_context(comm=None):
-    """Return the :class:`Context` of ``comm`` (default ``COMM_WORLD``), creating it on first use."""
+def check_comm(comm):
+    """Return ``comm`` (``COMM_WORLD`` for None); ``TypeError`` unless it is an mpi4py intracommunicator."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(f"comm must be an mpi4py intracommunicator, not {type(comm).__name__}")
-    key = comm.py2f()
-    ctx = _CONTEXTS.get(key)
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an mpi4py intracommunicator, not {type(comm).__name__}"
+                        + (" (COMM_NULL)" if isinstance(comm, MPI.Comm) else ""))
+    return comm
+
+
+def _keyval():
+    """Return the MPI attribute key under which each communicator caches its context."""
+    if _KEYVAL[0] is None:
+        _KEYVAL[0] = MPI.Comm.Create_keyval()
+    return _KEYVAL[0]
+
+
+def get_context(comm=None):
+    """Return the :class:`Context` of ``comm`` (default ``COMM_WORLD``), creating it on first use.
+
+    The context is cached on the communicator itself as an MPI attribute (``MPI_Comm_set_attr``), the
+    standard place for a library's per-communicator state: it disappears with ``comm.Free()``, so a new
+    communicator that happens to reuse a freed handle never inherits a stale context, and ``Dup`` of
+    the user's communicator does not copy it.
+    """
+    comm = check_comm(comm)
+    key = _keyval()
+    ctx = comm.Get_attr(key)
     if ctx is None:
-        ctx = _CONTEXTS[key] = Context(comm)
+        ctx = Context(comm)
+        comm.Set_attr(key, ctx)
     return ctx
 
 
 def free_context(comm=None):
     """Drop the cached context of ``comm`` (its duplicate is freed locally, without messages)."""
-    comm = MPI.COMM_WORLD if comm is None else comm
-    ctx = _CONTEXTS.pop(comm.py2f(), None)
-    if ctx is not None and ctx.broken is None:
-        ctx.comm.Free()
+    comm = check_comm(comm)
+    ctx = comm.Get_attr(_keyval())
+    if ctx is not None:
+        comm.Delete_attr(_keyval())
+        if ctx.broken is None:
+            ctx.comm.Free()
+
+
+def has_context(comm):
+    """Return True when ``comm`` already carries a commlab context (no message is sent)."""
+    return check_comm(comm).Get_attr(_keyval()) is not None
 
 
 def last_stats(comm=None):

@@ -11,8 +11,8 @@ import numpy
 from mpi4py import MPI
 
 from . import backend
-from .api import MPI_OPS, _as_array, _finish, _prepare
-from .context import get_context
+from .api import MPI_OPS, _as_array, _finish, _nan_mask, _prepare, _restore_nan
+from .context import check_comm, get_context
 from .ring import ring_allgather, ring_reduce_scatter
 from .schedule import chunk_bounds, execute
 from .tree import tree_broadcast, tree_reduce
@@ -98,6 +98,11 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         mine = xp.empty(hi - lo, dtype=acc)
         _host_call(ctx, xp, lambda: ctx.comm.Reduce_scatter(work, mine, counts, MPI_OPS[op]), (work, mine))
+        mask = _nan_mask(work, op)
+        if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
+            got = numpy.empty(hi - lo, numpy.uint8)
+            ctx.comm.Reduce_scatter(mask, got, counts, MPI.MAX)
+            _restore_nan(mine, got)
         ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
         work, lo, hi = mine, 0, hi - lo
     else:
@@ -219,8 +224,11 @@ def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):
         Unsupported dtype.
     """
     x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout)
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = check_comm(comm)
     backend.check_root(root, comm.Get_size())
+    if not getattr(getattr(x, "flags", None), "writeable", True) or (
+            not hasattr(x, "__cuda_array_interface__") and not isinstance(x, numpy.ndarray)):
+        raise ValueError("broadcast writes into x: it must be a writable array")
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
@@ -267,7 +275,7 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
         As for :func:`collectives.allreduce`; ``root`` out of range.
     """
     x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout)
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = check_comm(comm)
     backend.check_root(root, comm.Get_size())
     ctx = get_context(comm)
     ctx.check_usable()
@@ -275,8 +283,14 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     out, work, acc, direct, _ = _prepare(x, None, ctx, xp, "work")
     if algorithm == "mpi":
         recv = work if ctx.rank == root else None
+        mask = _nan_mask(work, op)
         _host_call(ctx, xp, lambda: ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else work, recv,
                                                      MPI_OPS[op], root), (work,))
+        if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
+            ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else mask, mask if ctx.rank == root else None,
+                            MPI.MAX, root)
+            if ctx.rank == root:
+                _restore_nan(work, mask)
         ctx.record("reduce", "mpi", x.size, acc, elements=x.size if ctx.rank != root else 0, estimated=True)
     else:
         sched = ctx.schedule(("reduce", algorithm, x.size, root), lambda: tree_reduce(ctx.rank, ctx.size, x.size, root))

@@ -117,7 +117,9 @@ class Schedule:
         """Return the rounds compiled into slices (cached): the executor's input.
 
         Each round is ``(sends, recvs)`` with sends ``(peer, slice, from_input)`` and receives
-        ``(peer, slice, scratch slice or None, from_input)``.
+        ``(peer, slice, scratch slice or None, from_input, low)``; ``low`` (the peer's rank is below this
+        rank's) puts the received operand first, so both sides of an exchange combine in the same
+        order: ``min``/``max`` of +0.0 and -0.0 (and of two NaN payloads) then agree bitwise.
 
         Parameters
         ----------
@@ -178,7 +180,7 @@ class Schedule:
                     if st is None:
                         return None
                     first = st == 0
-                recvs.append((p, slice(a, b), scr, first))
+                recvs.append((p, slice(a, b), scr, first, p < self.rank))
                 after.append((a, b))
             for a, b in after:
                 mark(a, b)
@@ -310,7 +312,7 @@ def _execute_host(prog, comm, work, scratch, ufunc, tag, inp):
     for sends, recvs in prog:
         if len(sends) == 1 and len(recvs) == 1:
             dst, ssl, s_in = sends[0]
-            src, rsl, scr, r_in = recvs[0]
+            src, rsl, scr, r_in, low = recvs[0]
             sbuf = inp[ssl] if s_in else work[ssl]
             if scr is None:
                 comm.Sendrecv(sbuf, dst, tag, work[rsl], src, tag)
@@ -318,28 +320,31 @@ def _execute_host(prog, comm, work, scratch, ufunc, tag, inp):
                 buf = scratch[scr]
                 comm.Sendrecv(sbuf, dst, tag, buf, src, tag)
                 target = work[rsl]
-                ufunc(inp[rsl] if r_in else target, buf, out=target)
+                mine = inp[rsl] if r_in else target
+                ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
         elif not sends and len(recvs) == 1:
-            src, rsl, scr, r_in = recvs[0]
+            src, rsl, scr, r_in, low = recvs[0]
             if scr is None:
                 comm.Recv(work[rsl], src, tag)
             else:
                 buf = scratch[scr]
                 comm.Recv(buf, src, tag)
                 target = work[rsl]
-                ufunc(inp[rsl] if r_in else target, buf, out=target)
+                mine = inp[rsl] if r_in else target
+                ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
         elif not recvs and len(sends) == 1:
             dst, ssl, s_in = sends[0]
             comm.Send(inp[ssl] if s_in else work[ssl], dst, tag)
         else:
             reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag)
-                    for src, rsl, scr, _ in recvs]
+                    for src, rsl, scr, _, _ in recvs]
             reqs += [comm.Isend(inp[ssl] if s_in else work[ssl], dst, tag) for dst, ssl, s_in in sends]
             MPI.Request.Waitall(reqs)
-            for src, rsl, scr, r_in in recvs:
+            for src, rsl, scr, r_in, low in recvs:
                 if scr is not None:
-                    target = work[rsl]
-                    ufunc(inp[rsl] if r_in else target, scratch[scr], out=target)
+                    target, buf = work[rsl], scratch[scr]
+                    mine = inp[rsl] if r_in else target
+                    ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
 
 
 def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):
@@ -355,7 +360,7 @@ def _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp=No
     if transport is not None:
         transport.sync()  # kernels writing the send regions must finish before MPI reads them
     reqs, peers, landing = [], [], []
-    for i, (src, rsl, scr, _) in enumerate(recvs):
+    for i, (src, rsl, scr, _, _) in enumerate(recvs):
         dev = scratch[scr] if scr is not None else work[rsl]
         buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
         reqs.append(comm.Irecv(buf, src, tag))
@@ -371,12 +376,13 @@ def _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp=No
 
 def _finish_round(prog, index, work, ufunc, landing, transport, staged, inp=None):
     """Copy staged receives to the device and apply round ``index``'s reductions in order."""
-    for (src, rsl, scr, r_in), (buf, dev) in zip(prog[index][1], landing):
+    for (src, rsl, scr, r_in, low), (buf, dev) in zip(prog[index][1], landing):
         if staged:
             transport.to_device(buf, dev)
         if scr is not None:
             target = work[rsl]
-            ufunc(inp[rsl] if r_in else target, dev, out=target)
+            mine = inp[rsl] if r_in else target
+            ufunc(dev, mine, out=target) if low else ufunc(mine, dev, out=target)
 
 
 def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):

@@ -13,6 +13,8 @@ flash", arXiv:1811.05233, 2018, section 3.2 (2D-torus all-reduce); P. Sanders, J
 J. L. Träff, "Two-tree algorithms for full bandwidth broadcast, reduction and scan", Parallel
 Computing 35(12), 2009, for the hierarchical decomposition.
 """
+import numpy
+
 from .ring import ring_allgather_rounds, ring_reduce_scatter_rounds
 from .schedule import Schedule, chunk_bounds
 
@@ -28,7 +30,7 @@ def check_grid(grid, size):
         ``grid`` is not two positive integers, or ``rows * cols != size``.
     """
     if (not isinstance(grid, (tuple, list)) or len(grid) != 2
-            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid)):
+            or not all(isinstance(g, (int, numpy.integer)) and not isinstance(g, bool) and g >= 1 for g in grid)):
         raise ValueError(f"grid={grid!r} must be two positive integers (rows, cols)")
     rows, cols = grid
     if rows * cols != size:

@@ -161,6 +161,21 @@ def case_public_reports():
                     y = C.allreduce(x, op=op, algorithm=alg)
                     ok = np.isnan(y[pos]) and not np.isnan(np.delete(y, pos)).any()
                     check(ok, f"NaN {op} {alg} nan_rank={nan_rank} pos={pos}: {y}")
+            for alg in ("tree", "mpi"):
+                y = C.reduce(x, root=P - 1, op="max", algorithm=alg)
+                check(y is None or (np.isnan(y[pos]) and np.isnan(y).sum() == 1), f"NaN reduce {alg}: {y}")
+            for alg in ("ring", "mpi"):
+                full = np.concatenate(comm.allgather(C.reduce_scatter(x, op="min", algorithm=alg)))
+                check(np.isnan(full[pos]) and np.isnan(full).sum() == 1, f"NaN reduce_scatter {alg}: {full}")
+    # +0.0 / -0.0: min and max pick by argument order, so every rank must combine in the same order
+    # (hand-made algorithms only: MPI's own MPI_MIN/MPI_MAX give rank-dependent signs here)
+    z = np.array([0.0, -0.0, 0.0, -0.0]) * (1 if rank % 2 else -1)
+    for alg in [a for a in ALGS if a != "mpi"]:
+        for op in ("min", "max"):
+            y = C.allreduce(z, op=op, algorithm=alg)
+            first = y.copy()
+            comm.Bcast(first, root=0)
+            check(np.array_equal(np.signbit(y), np.signbit(first)), f"signed zero {op} {alg} differs across ranks")
 
 
 def case_other_collectives():

@@ -78,9 +78,15 @@ def badinput():
     expect(ValueError, ["timeout"], lambda: C.allreduce(x, comm=fresh, timeout=-1))
     expect(ValueError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(3, np.float32)))
     expect(TypeError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(8)))
+    expect(TypeError, ["root"], lambda: C.broadcast(x, root=0.0, comm=fresh))
+    ro = np.ones(8, np.float32)
+    ro.flags.writeable = False
+    expect(ValueError, ["read-only"], lambda: C.allreduce(x, comm=fresh, out=ro))
+    expect(ValueError, ["writable"], lambda: C.broadcast(ro, comm=fresh))
+    expect(TypeError, ["comm"], lambda: C.allreduce(x, comm=5))
     expect(ValueError, ["reduce_scatter algorithm"], lambda: C.reduce_scatter(x, comm=fresh, algorithm="tree"))
     expect(ValueError, ["dimensions"], lambda: C.allgather(np.float32(1), comm=fresh))
-    check(fresh.py2f() not in context._CONTEXTS, "a bad call created a context (sent a message)")
+    check(not context.has_context(fresh), "a bad call created a context (sent a message)")
     if P == 1:
         return
     # Errors that need every rank's view are raised on every rank after the signature exchange.
