@@ -107,6 +107,19 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "latest"]
 
 
+@pytest.mark.parametrize("saved, message", [
+    ({"epochs": None}, "epochs must be an integer, got None"),
+    ({"hidden": 5}, "hidden must be a list of integers, got 5"),
+    ({"lr": "fast"}, "lr must be a number, got 'fast'"),
+])
+def test_damaged_saved_config_is_one_error_naming_file_and_key(tmp_path, saved, message):
+    (tmp_path / "config.json").write_text(json.dumps({"config": saved}))
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", str(tmp_path)])
+    assert e.value.code == (f"error: --resume {tmp_path}: bad configuration in {tmp_path / 'config.json'}: "
+                            f"{message}"), e.value.code
+
+
 def test_help_explains_modes_grid_and_resume():
     from training.config import build_parser
 

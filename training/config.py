@@ -105,15 +105,14 @@ class Config:
         Raises
         ------
         ValueError
-            When ``d`` holds a key that is not a field, or a value fails :meth:`validate`.
+            When ``d`` holds a key that is not a field, a value of the wrong type (JSON ``null``
+            for a number, say), or a value that fails :meth:`validate`.
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown configuration key(s): {', '.join(unknown)}")
-        d = dict(d)
-        if "hidden" in d:
-            d["hidden"] = tuple(int(h) for h in d["hidden"])
+        d = {f.name: _typed(f, d[f.name]) for f in dataclasses.fields(cls) if f.name in d}
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -180,6 +179,24 @@ class Config:
             COMPRESSORS = ()
         if COMPRESSORS and self.compression not in COMPRESSORS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSORS)}, got {self.compression!r}")
+
+
+def _typed(f, value):
+    """Return ``value`` as the type of field ``f`` (ints pass as floats), or raise naming the field."""
+    kind = type(f.default) if f.default is not dataclasses.MISSING else type(f.default_factory())
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is tuple and isinstance(value, (list, tuple)) and all(
+            isinstance(h, int) and not isinstance(h, bool) for h in value):
+        return tuple(value)
+    if kind is float and number:
+        return float(value)
+    if kind is int and (isinstance(value, int) or isinstance(value, float) and value.is_integer()) and number:
+        return int(value)
+    if kind in (bool, str, dict) and isinstance(value, kind):
+        return value
+    what = {tuple: "a list of integers", float: "a number", int: "an integer", bool: "true or false",
+            str: "a string", dict: "a mapping"}[kind]
+    raise ValueError(f"{f.name} must be {what}, got {value!r}")
 
 
 _METAVARS = {
@@ -394,8 +411,12 @@ def _saved_config(path):
     cfg_path = os.path.join(run, "config.json")
     try:
         with open(cfg_path, encoding="utf-8") as f:
-            saved = json.load(f)["config"]
-        return dict(saved)
+            saved = dict(json.load(f)["config"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         reason = "no such file" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {e}"
         raise SystemExit(f"error: --resume {path}: cannot read the run's configuration {cfg_path} ({reason})")
+    try:  # a hand-edited or damaged file: name it and the key, once, before any rank goes further
+        Config.from_dict({k: v for k, v in saved.items() if k != "resume"})
+    except ValueError as e:
+        raise SystemExit(f"error: --resume {path}: bad configuration in {cfg_path}: {e}") from None
+    return saved
