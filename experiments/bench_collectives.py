@@ -33,6 +33,7 @@ import csv
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -102,7 +103,7 @@ def _parse_bytes(text):
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     try:
         return int(float(text[:-1] if mult > 1 else text) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf"
         raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (examples: 8, 4K, 64M)")
 
 
@@ -117,13 +118,26 @@ def _algorithms(op):
     return ["mpi"] + names + list(REFERENCES[op])
 
 
-def parse_args(argv=None, quiet=False):
+def _plan(cfg, P):
+    """Return the (bytes, op) pairs a sweep of ``cfg`` on ``P`` ranks measures, in order.
+
+    A size below one element (below P elements for all-gather) has nothing to measure and is left out.
+    """
+    itemsize = np.dtype(cfg.dtype).itemsize
+    sizes = [cfg.min_bytes << k for k in range(64) if cfg.min_bytes << k <= cfg.max_bytes]
+    return [(n, op) for n in sizes for op in cfg.ops if n // itemsize >= (P if op == "allgather" else 1)]
+
+
+def parse_args(argv=None, quiet=False, size=1):
     """Return the :class:`BenchConfig` described by command-line ``argv``.
 
     Parameters
     ----------
     quiet : bool
         Exit on a bad argument without printing (ranks other than 0).
+    size : int
+        Communicator size P the sweep will run on; a sweep with no size large enough to hold one
+        element (P elements for all-gather) is rejected.
     """
     d = BenchConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench_collectives")
@@ -159,6 +173,8 @@ def parse_args(argv=None, quiet=False):
         if getattr(a, name) is not None:
             setattr(a, f"{name}_small", getattr(a, name))
             setattr(a, f"{name}_large", getattr(a, name))
+    if not a.ops:
+        p.error(f"--ops: no ops to measure (choose from {', '.join(OPS)})")
     if bad := [o for o in a.ops if o not in OPS]:
         p.error(f"--ops: unknown {', '.join(bad)} (choose from {', '.join(OPS)})")
     known = {n for op in a.ops for n in _algorithms(op)}
@@ -168,12 +184,19 @@ def parse_args(argv=None, quiet=False):
         p.error("--algorithms: every op in --ops needs at least one of them")
     if not 1 <= a.min_bytes <= a.max_bytes:
         p.error("--min-bytes must be >= 1 and at most --max-bytes")
-    if min(a.iters_small, a.iters_large, a.rounds) < 1 or min(a.warmup_small, a.warmup_large, a.max_time) < 0:
-        p.error("iterations and --rounds must be >= 1, warm-up >= 0 and --max-time >= 0")
-    return BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
+    if min(a.iters_small, a.iters_large, a.rounds) < 1 or min(a.warmup_small, a.warmup_large) < 0:
+        p.error("iterations and --rounds must be >= 1 and warm-up >= 0")
+    if not (math.isfinite(a.max_time) and a.max_time >= 0):
+        p.error(f"--max-time must be a finite number of seconds >= 0, got {a.max_time}")
+    cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
                        dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                        warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
                        max_time=a.max_time, rounds=a.rounds, baseline=a.baseline or "", out=a.out)
+    if not _plan(cfg, size):
+        need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
+        p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
+                f"{', '.join(cfg.ops)} in {cfg.dtype} on {size} ranks ({need} B: one element, P for allgather)")
+    return cfg
 
 
 def _check_data(rank, count, dtype, redop):
@@ -478,20 +501,24 @@ def run_sweep(cfg, comm=None):
 
     Raises
     ------
+    ValueError
+        No size of ``cfg`` holds one element (P elements for all-gather), or no op (on every rank).
     RuntimeError
         ``cfg.baseline == "gloo"`` and torch.distributed cannot be imported (on every rank).
     """
+    plan = _plan(cfg, (MPI.COMM_WORLD if comm is None else comm).Get_size())
+    if not plan:
+        raise ValueError(f"no sizes/ops to measure: ops={cfg.ops}, max_bytes={cfg.max_bytes} ({cfg.dtype})")
     comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
     if cfg.baseline == "gloo" and not _gloo_available(comm):
         comm.Free()
         raise RuntimeError(_NO_TORCH)
     rank0, rows = comm.Get_rank() == 0, []
-    sizes = [cfg.min_bytes << k for k in range(64) if cfg.min_bytes << k <= cfg.max_bytes]
     if rank0:
         print(f"# commlab collectives on P={comm.Get_size()} ({_library()})"
               f", {cfg.dtype}, time = slowest rank's mean\n#{_HEAD[1:]}", flush=True)
-    for nbytes in sizes:
-        for op in cfg.ops:
+    for nbytes in dict.fromkeys(n for n, _ in plan):
+        for op in (o for n, o in plan if n == nbytes):
             for row in _measure(op, nbytes, cfg, comm):
                 rows.append(row)
                 if rank0:
@@ -508,14 +535,39 @@ def run_sweep(cfg, comm=None):
     return results
 
 
+def _unwritable(prefix):
+    """Return why PREFIX.json and PREFIX.csv cannot be written (their folder made if missing), or None."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+        for path in (prefix + ".json", prefix + ".csv"):  # a real probe: root ignores permission bits
+            if os.path.exists(path):
+                open(path, "a", encoding="utf-8").close()  # leaves the contents as they are
+            else:
+                open(path, "x", encoding="utf-8").close()
+                os.remove(path)
+    except OSError as exc:
+        return f"--out {prefix!r}: cannot write {exc.filename or prefix}: {exc.strerror or exc}"
+    return None
+
+
+def _fail(comm, message):
+    """Print ``message`` as an argument error from rank 0 and exit with status 2 on every rank."""
+    if comm.Get_rank() == 0:
+        print(f"python -m experiments.bench_collectives: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def main(argv=None):
     """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
     comm = MPI.COMM_WORLD
-    cfg = parse_args(argv, quiet=comm.Get_rank() != 0)
+    cfg = parse_args(argv, quiet=comm.Get_rank() != 0, size=comm.Get_size())
     if cfg.baseline == "gloo" and not _gloo_available(comm):
-        if comm.Get_rank() == 0:
-            print(f"error: {_NO_TORCH}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _fail(comm, _NO_TORCH)
+    why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None
+    flag = np.array([int(why is not None)])
+    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)  # rank 0 alone writes; every rank learns its verdict
+    if flag[0]:
+        _fail(comm, why)
     results = run_sweep(cfg, comm)
     sys.exit(1 if any(r["wrong"] for r in results["rows"]) else 0)
 
