@@ -219,7 +219,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     ufunc = getattr(xp, backend.OPS[op])
     try:
         execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, "allreduce",
-                None if xp is numpy else ctx.transport(xp), inp=inp)
+                None if xp is numpy else ctx.transport(xp), inp=inp, progress=ctx.progress if ctx.active else None)
     except Exception as exc:
         ctx.broken = f"allreduce: {exc}"
         raise
@@ -323,7 +323,8 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
     ctx.record("allreduce", algorithm, x.size, acc, sched)
     return Request(sched, ctx.comm, work, scratch, getattr(xp, backend.OPS[op]), tag, "allreduce",
-                   ctx.transport(xp), finish=lambda: _finish(out, work, op, size, xp, direct))
+                   ctx.transport(xp), finish=lambda: _finish(out, work, op, size, xp, direct),
+                   active=ctx.active, on_fail=ctx.fail)
 
 
 class _MPIRequest:

@@ -33,13 +33,14 @@ class Context:
         Running totals (see :func:`total_stats`).
     """
 
-    __slots__ = ("comm", "rank", "size", "_seq", "_tag_ub", "_schedules", "_buffers", "_transports", "_nodes",
+    __slots__ = ("comm", "rank", "size", "_seq", "_tag_ub", "active", "_schedules", "_buffers", "_transports", "_nodes",
                  "broken", "last", "calls", "bytes_sent", "messages")
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._seq = 0
+        self.active = set()  # non-blocking requests in flight on this communicator
         self._tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
         self._schedules = {}
         self._buffers = {}
@@ -54,6 +55,15 @@ class Context:
         if self.broken is not None:
             raise RuntimeError(f"this communicator's collectives are unusable after an earlier failure "
                                f"({self.broken}); abort the job or call collectives.free_context(comm)")
+
+    def progress(self):
+        """Advance every non-blocking request in flight here (called while a blocking call waits)."""
+        for req in list(self.active):
+            req._advance()
+
+    def fail(self, message):
+        """Mark the context unusable after a timeout left messages in flight."""
+        self.broken = message
 
     def next_tag(self):
         """Return the tag for the next collective; every rank calls collectives in the same order.

@@ -42,7 +42,7 @@ def _common(x, op, algorithm, name, timeout):
 def _run(ctx, sched, work, scratch, ufunc, timeout, name, xp, inp=None, needed=None):
     try:
         execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, name, ctx.transport(xp),
-                inp=inp, needed=needed)
+                inp=inp, needed=needed, progress=ctx.progress if ctx.active else None)
     except Exception as exc:
         ctx.broken = f"{name}: {exc}"
         raise

@@ -224,18 +224,21 @@ class CollectiveTimeout(RuntimeError):
         super().__init__(f"{op} timed out after {timeout:g} s in {where}: no answer from {who}")
 
 
-def _wait(reqs, peers, deadline, op, index, phase, timeout):
+def _wait(reqs, peers, deadline, op, index, phase, timeout, progress=None):
     """Wait for ``reqs`` until ``deadline`` (seconds, perf_counter); raise CollectiveTimeout then.
 
     ``peers[i]`` is the peer of ``reqs[i]``; a negative peer ``-1 - p`` marks a send to ``p``. The
     peer named in the error is the first receive still pending (else the first send), and pending
-    receives are cancelled so their buffers are released.
+    receives are cancelled so their buffers are released. ``deadline`` None waits forever;
+    ``progress`` (callable) is called while waiting, to advance other non-blocking collectives.
     """
     spins = 0
     while not MPI.Request.Testall(reqs):
+        if progress is not None:
+            progress()
         spins += 1
         if spins > 200:
-            if time.perf_counter() > deadline:
+            if deadline is not None and time.perf_counter() > deadline:
                 pending = [(p, r) for p, r in zip(peers, reqs) if not r.Test()]
                 recvs = [p for p, r in pending if p is not None and p >= 0]
                 sends = [-1 - p for p, r in pending if p is not None and p < 0]
@@ -260,7 +263,7 @@ def _resolve_input(schedule, work, inp, needed):
 
 
 def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="collective", transport=None,
-            inp=None, needed=None):
+            inp=None, needed=None, progress=None):
     """Run ``schedule`` on ``comm`` over the flat ``work`` buffer, in place.
 
     Parameters
@@ -290,6 +293,9 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
         (:meth:`Schedule.program` with ``from_input``).
     needed : (int, int), optional
         With ``inp``: the element range of ``work`` the caller reads afterwards (default all).
+    progress : callable, optional
+        Called while waiting, to advance non-blocking collectives in flight on the same communicator
+        (a peer may be waiting in one of them before it joins this call).
 
     Raises
     ------
@@ -298,8 +304,9 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
     """
     prog, inp, final = _resolve_input(schedule, work, inp, needed)
     staged = transport is not None and not transport.direct
-    if transport is not None or timeout is not None:
-        _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp)
+    if transport is not None or timeout is not None or progress is not None:
+        _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp,
+                         progress)
     else:
         _execute_host(prog, comm, work, scratch, ufunc, tag, inp)
     for sl in final:
@@ -347,10 +354,12 @@ def _execute_host(prog, comm, work, scratch, ufunc, tag, inp):
                     ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
 
 
-def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):
-    """Execute with device buffers (direct or staged) and/or a timeout; see :func:`execute`."""
+def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None,
+                     progress=None):
+    """Execute with device buffers, a timeout or a progress callback; see :func:`execute`."""
     for index in range(len(prog)):
-        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp)
+        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp,
+                   progress)
     return work
 
 
@@ -385,21 +394,25 @@ def _finish_round(prog, index, work, ufunc, landing, transport, staged, inp=None
             ufunc(dev, mine, out=target) if low else ufunc(mine, dev, out=target)
 
 
-def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None):
+def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None,
+               progress=None):
     reqs, peers, landing = _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp)
-    if timeout is None:
+    if timeout is None and progress is None:
         MPI.Request.Waitall(reqs)
     else:
-        _wait(reqs, peers, time.perf_counter() + timeout, op, index, schedule.rounds[index].phase, timeout)
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        _wait(reqs, peers, deadline, op, index, schedule.rounds[index].phase, timeout, progress)
     _finish_round(prog, index, work, ufunc, landing, transport, staged, inp)
 
 
 class Request:
     """A non-blocking collective in progress, advanced by :meth:`test` and completed by :meth:`wait`.
 
-    Progress happens only inside ``test()`` and ``wait()`` (no background thread): each call
-    completes whatever rounds have arrived and posts the next ones, so computation placed between
-    calls overlaps with communication.
+    Progress happens only inside library calls (no background thread): ``test()`` completes whatever
+    rounds have arrived and posts the next ones, so computation placed between calls overlaps with
+    communication. While waiting -- in ``wait()`` or in a blocking collective on the same
+    communicator -- every request in flight there is advanced, so requests may be completed in any
+    order on different ranks without deadlock.
 
     Parameters
     ----------
@@ -408,21 +421,32 @@ class Request:
     finish : callable or None
         Called once with no arguments after the last round (final division for ``avg``, casting
         into the output); its return value becomes :attr:`result`.
+    active : set or None
+        The communicator's set of requests in flight (this request adds and removes itself).
+    on_fail : callable or None
+        Called with the error message when a wait times out (marks the communicator unusable).
     """
 
     __slots__ = ("_schedule", "_prog", "_comm", "_work", "_scratch", "_ufunc", "_tag", "_op",
-                 "_transport", "_staged", "_index", "_pending", "_finish", "result", "done")
+                 "_transport", "_staged", "_index", "_pending", "_finish", "_active", "_on_fail",
+                 "_failed", "result", "done")
 
-    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, finish=None):
+    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, finish=None,
+                 active=None, on_fail=None):
         self._schedule, self._prog = schedule, schedule.program()
         self._comm, self._work, self._scratch, self._ufunc = comm, work, scratch, ufunc
         self._tag, self._op, self._transport = tag, op, transport
         self._staged = transport is not None and not transport.direct
         self._index, self._pending, self._finish = 0, None, finish
+        self._active, self._on_fail, self._failed = active, on_fail, None
         self.result, self.done = None, False
+        if active is not None:
+            active.add(self)
         self._advance()
 
     def _advance(self):
+        if self.done or self._failed is not None:
+            return
         while self._index < len(self._prog):
             if self._pending is None:
                 self._pending = _post_round(self._prog, self._index, self._comm, self._work,
@@ -434,14 +458,30 @@ class Request:
                           self._transport, self._staged)
             self._pending = None
             self._index += 1
-        if not self.done:
-            self.done = True
-            self.result = self._finish() if self._finish is not None else self._work
+        self.done = True
+        if self._active is not None:
+            self._active.discard(self)
+        self.result = self._finish() if self._finish is not None else self._work
+
+    def _check(self):
+        if self._failed is not None:
+            raise RuntimeError(f"this request failed earlier ({self._failed}); its result is lost")
+
+    def _progress_others(self):
+        for other in list(self._active or ()):
+            if other is not self:
+                other._advance()
 
     def test(self):
-        """Advance the collective without blocking; return True once it has completed."""
-        if not self.done:
-            self._advance()
+        """Advance the collective without blocking; return True once it has completed.
+
+        Raises
+        ------
+        RuntimeError
+            An earlier ``wait`` timed out: the result is lost.
+        """
+        self._check()
+        self._advance()
         return self.done
 
     def wait(self, timeout=None):
@@ -450,17 +490,35 @@ class Request:
         Parameters
         ----------
         timeout : float or None
-            Seconds to wait for any one round before raising :class:`CollectiveTimeout`.
+            Seconds to wait for any one round before raising :class:`CollectiveTimeout`; the request
+            (and its communicator) is unusable afterwards.
+
+        Raises
+        ------
+        ValueError
+            ``timeout`` is not None or a positive number.
+        CollectiveTimeout, RuntimeError
+            A round timed out now, or did earlier.
         """
+        from .backend import check_timeout  # late import: backend does not depend on schedules
+
+        timeout = check_timeout(timeout)
+        self._check()
         while not self.done:
             if self._pending is None:
                 self._advance()
                 continue
             reqs, peers, _ = self._pending
-            if timeout is None:
-                MPI.Request.Waitall(reqs)
-            else:
-                _wait(reqs, peers, time.perf_counter() + timeout, self._op, self._index,
-                      self._schedule.rounds[self._index].phase, timeout)
+            deadline = None if timeout is None else time.perf_counter() + timeout
+            try:
+                _wait(reqs, peers, deadline, self._op, self._index, self._schedule.rounds[self._index].phase,
+                      timeout, self._progress_others if self._active else None)
+            except CollectiveTimeout as exc:
+                self._failed = str(exc)
+                if self._active is not None:
+                    self._active.discard(self)
+                if self._on_fail is not None:
+                    self._on_fail(f"{self._op}: {exc}")
+                raise
             self._advance()
         return self.result

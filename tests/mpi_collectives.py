@@ -241,6 +241,18 @@ def case_grid_and_nonblocking():
             r.test()
     check(close(ra.wait(), numpy_oracle(a, "sum"), "float32"), "iallreduce ring")
     check(np.array_equal(rb.wait(), numpy_oracle(b, "max")), "iallreduce recursive_doubling")
+    # Waited in opposite orders on odd and even ranks, with a blocking call in between on some ranks:
+    # waiting advances every request in flight, so nothing deadlocks.
+    for alg in ("ring", "rabenseifner", "tree"):
+        ra, rb = C.iallreduce(a, algorithm=alg), C.iallreduce(b, algorithm=alg, op="max")
+        if rank % 2:
+            ya, yb = ra.wait(), rb.wait()
+            z = C.allreduce(a, algorithm=alg)
+        else:
+            z = C.allreduce(a, algorithm=alg)
+            yb, ya = rb.wait(), ra.wait()
+        check(close(ya, numpy_oracle(a, "sum"), "float32") and close(z, ya, "float32"), f"wait order {alg}")
+        check(np.array_equal(yb, numpy_oracle(b, "max")), f"wait order {alg} (max)")
     y = np.array(x)
     check(C.allreduce(y, out=y, algorithm="rabenseifner") is y and close(y, ref, "float64"), "out=x in place")
 

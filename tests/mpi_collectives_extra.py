@@ -99,10 +99,23 @@ def badinput():
 
 
 def timeout():
-    sub, sub2 = comm.Dup(), comm.Dup()
-    for c in (sub, sub2):  # the first call duplicates the communicator (collective, no timeout)
+    sub, sub2, sub3 = comm.Dup(), comm.Dup(), comm.Dup()
+    for c in (sub, sub2, sub3):  # the first call duplicates the communicator (collective, no timeout)
         C.allreduce(np.ones(1), comm=c)
     if rank == 0:
+        req = C.iallreduce(np.ones(1000), comm=sub3, algorithm="ring")
+        try:
+            req.wait(timeout=0.3)
+            FAILS.append("no CollectiveTimeout from Request.wait")
+        except C.CollectiveTimeout:
+            pass
+        for again in (req.wait, req.test):
+            try:
+                again()
+                FAILS.append("a timed-out request answered again")
+            except RuntimeError as e:
+                check("failed earlier" in str(e), f"request message {e}")
+        expect(ValueError, ["timeout"], lambda: C.iallreduce(np.ones(2), comm=sub2).wait(timeout=-1))
         try:
             C.allreduce(np.ones(16, np.float32), comm=sub, algorithm="ring", timeout=0.5)
             FAILS.append("no CollectiveTimeout")

@@ -120,6 +120,27 @@ def test_damaged_saved_config_is_one_error_naming_file_and_key(tmp_path, saved, 
                             f"{message}"), e.value.code
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "inf"], "lr must be a finite number, got inf"),
+    (["--weight-decay", "nan"], "weight_decay must be a finite number, got nan"),
+    (["--momentum", "nan"], "momentum must be a finite number, got nan"),
+    (["--eps", "inf"], "eps must be a finite number, got inf"),
+    (["--momentum", "5"], "momentum must be in [0, 1), got 5.0"),
+    (["--samples", "1"], "samples (1) with test_fraction 0.2 leaves no training sample"),
+])
+def test_values_that_cannot_train_are_flag_errors(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "--run-dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {message}" in err and not any(tmp_path.iterdir()), err
+
+
+def test_compressor_argument_that_is_not_a_number_is_named(tmp_path, capsys):
+    code, _, err = _run(capsys, *TINY, "--run-dir", str(tmp_path), "--compression", "topk",
+                        "--compression-arg", "ratio=abc")
+    assert code == 1 and err == "error: ratio must be a number, got 'abc'\n" and not any(tmp_path.iterdir()), err
+
+
 def test_help_explains_modes_grid_and_resume():
     from training.config import build_parser
 

@@ -103,7 +103,8 @@ def make_compressor(name, **kwargs):
     Raises
     ------
     ValueError
-        If ``name`` is unknown, an argument is unknown (naming it) or out of range.
+        If ``name`` is unknown, an argument is unknown (naming it), not a number where its default
+        is one, or out of range.
     """
     accepted = compressor_arguments(name)
     unknown = sorted(set(kwargs) - set(accepted))
@@ -111,4 +112,8 @@ def make_compressor(name, **kwargs):
         raise ValueError(f"unknown argument(s) {unknown} for compressor {name!r}; "
                          f"accepted: {sorted(accepted)}")
     kwargs = {k: _coerce(v, accepted[k]) for k, v in kwargs.items()}
+    for k, v in kwargs.items():
+        numeric = isinstance(accepted[k], (int, float)) and not isinstance(accepted[k], bool)
+        if numeric and isinstance(v, (str, bool)):
+            raise ValueError(f"{k} must be a number, got {v!r}")
     return COMPRESSORS[name](**kwargs)
