@@ -121,6 +121,21 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="BLAS / PyTorch threads (default: 1)")
     p.add_argument("--out", default="results/bench_trainer.json", help="results file (JSON)")
     args = p.parse_args(argv)
+    for name in ("steps", "repeats", "batch", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    out_dir = os.path.dirname(args.out) or "."
+    try:  # fail before the timing, not after it
+        os.makedirs(out_dir, exist_ok=True)
+        if os.path.isdir(args.out):
+            raise IsADirectoryError(21, "Is a directory", args.out)
+        if os.path.exists(args.out):
+            open(args.out, "a", encoding="utf-8").close()  # leaves the contents as they are
+        else:
+            open(args.out, "x", encoding="utf-8").close()
+            os.remove(args.out)
+    except OSError as exc:
+        p.error(f"cannot write --out {args.out!r}: {exc.strerror or exc}")
     limited = _limit_threads(args.threads)
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal((args.batch, SIZES[0])).astype(numpy.float32)
@@ -151,7 +166,6 @@ def main(argv=None):
         result["ratio"] = result["numpy_step_s"] / result["torch_step_s"]
         print(f"  PyTorch {1e3 * result['torch_step_s']:8.2f} ms/step ({version})")
         print(f"  ratio NumPy / PyTorch = {result['ratio']:.2f} (target <= 1.5)")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     print(f"  -> {args.out}")
