@@ -147,24 +147,44 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     Raises
     ------
     ValueError
-        ``x`` is 0-d or has more than 8 dimensions (locally), or the ranks' trailing dimensions differ
-        (on every rank, after the signature exchange).
+        ``x`` is 0-d or has more than 8 dimensions, another rank's ``x`` is invalid, or the ranks'
+        trailing dimensions differ. These checks ride on the signature exchange, so they are raised
+        on every rank even when only one rank's ``x`` is at fault.
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
     """
-    x, timeout, algorithm = _common(x, None, algorithm, "allgather", timeout)
-    if x.ndim == 0 or x.ndim > _SIG - 2:
-        raise ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, not {x.ndim}")
+    backend.check_algorithm(algorithm, OP_ALGORITHMS["allgather"], "allgather algorithm")
+    timeout = backend.check_timeout(timeout)
+    algorithm = "ring" if algorithm == "auto" else algorithm
+    x = _as_array(x)
+    # Checks of x itself travel in the signature exchange, so a bad array on one rank only raises
+    # on every rank instead of leaving the others waiting for its data.
+    local_error = None
+    if x.dtype not in backend.COPY_DTYPES:
+        names = ", ".join(d.name for d in backend.COPY_DTYPES)
+        local_error = TypeError(f"x has unsupported dtype {x.dtype.name}: expected one of {names}")
+    elif x.ndim == 0 or x.ndim > _SIG - 2:
+        local_error = ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, "
+                                 f"not {x.ndim}")
     ctx = get_context(comm)
     ctx.check_usable()
     xp = backend.get_array_module(x)
     size, rank = ctx.size, ctx.rank
     sig = numpy.full(size * _SIG, -1, dtype=numpy.int64)
-    sig[rank * _SIG: rank * _SIG + 2] = x.ndim, backend.COPY_DTYPES.index(x.dtype)
-    sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
+    if local_error is None:
+        sig[rank * _SIG: rank * _SIG + 2] = x.ndim, backend.COPY_DTYPES.index(x.dtype)
+        sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
+    else:
+        sig[rank * _SIG: rank * _SIG + 2] = -2, -2  # "this rank's x is invalid"
     sig_sched = ctx.schedule(("allgather-sig", size), lambda: ring_allgather(rank, size, chunk_bounds(size * _SIG, size)))
     _run(ctx, sig_sched, sig, sig[:0], None, timeout, "allgather", numpy)
     rows = sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
+    if local_error is not None:
+        raise local_error
+    bad = [i for i, row in enumerate(rows) if row[0] == -2]
+    if bad:
+        raise ValueError(f"allgather: rank(s) {', '.join(map(str, bad))} passed an invalid array "
+                         "(unsupported dtype or dimensions); see the error on those ranks")
     mine = rows[rank]
     if any(row[1] != mine[1] for row in rows):
         names = sorted({backend.COPY_DTYPES[row[1]].name for row in rows})
