@@ -7,6 +7,7 @@ Every field carries a comment with its unit. The command line maps one flag onto
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -140,6 +141,9 @@ class Config:
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for f in dataclasses.fields(self):  # NaN and inf pass every range check below
+            if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name)):
+                raise ValueError(f"{f.name} must be a finite number, got {getattr(self, f.name)!r}")
         positive = ("epochs", "batch_size", "samples", "features", "eval_batch", "servers")
         for name in positive:
             if int(getattr(self, name)) < 1:
@@ -147,7 +151,7 @@ class Config:
         if self.classes < 2:
             raise ValueError(f"classes must be >= 2, got {self.classes!r}")
         nonneg = ("stop_after", "bucket_bytes", "checkpoint_every", "threads", "staleness",
-                  "jitter", "weight_decay", "momentum")
+                  "jitter", "weight_decay")
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -155,6 +159,11 @@ class Config:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints!r}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.data == "synthetic" and self.samples - max(1, round(self.samples * self.test_fraction)) < 1:
+            raise ValueError(f"samples ({self.samples}) with test_fraction {self.test_fraction} leaves no "
+                             "training sample: at least one training and one test sample are needed")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):

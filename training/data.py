@@ -214,6 +214,8 @@ def split_and_standardize(x, y, test_fraction, seed, n_classes, name):
     n_test = max(1, int(round(n * test_fraction)))
     order = numpy.random.default_rng(seed).permutation(n)
     te, tr = order[:n_test], order[n_test:]
+    if len(tr) < 1:
+        raise ValueError(f"{name}: {n} samples with test_fraction {test_fraction} leave no training sample")
     mu, sd = _stats(x[tr].astype(numpy.float64))
     xtr = (x[tr] - mu) / sd
     xte = (x[te] - mu) / sd
