@@ -31,6 +31,9 @@ TARGET_ACC = 0.95  # test accuracy whose first crossing time the summary reports
 def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoch):
     """Evaluate every snapshot (test set) and every epoch boundary (train and test sets).
 
+    The final parameters are the last point of the curve (and close the last epoch) unless a
+    snapshot was taken at the final push count.
+
     Parameters
     ----------
     result : ps.runtime.RunResult
@@ -59,20 +62,25 @@ def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoc
         model.params[...] = params
         return evaluate(model, loss_fn, x, y, MPI.COMM_SELF, eval_batch)
 
+    train_acc, train_loss = acc_loss(result.params, x_tr, y_tr)
+    test_acc, test_loss = acc_loss(result.params, x_te, y_te)
+    final = {"train_acc": train_acc, "train_loss": train_loss, "test_acc": test_acc, "test_loss": test_loss}
+    points = list(result.snapshots)
+    if result.pushes > (points[-1][0] if points else result.start_pushes):
+        points.append((result.pushes, result.wall, None))  # the final parameters close the record
     curve, epochs, prev = [], [], result.start_pushes
-    for pushes, wall, params in result.snapshots:
-        test_acc, test_loss = acc_loss(params, x_te, y_te)
+    for pushes, wall, params in points:
+        test_acc, test_loss = acc_loss(params, x_te, y_te) if params is not None else (
+            final["test_acc"], final["test_loss"])
         curve.append({"pushes": int(pushes), "clock": pushes / W, "wall_s": float(wall),
                       "test_acc": test_acc, "test_loss": test_loss})
         if pushes // pushes_per_epoch > prev // pushes_per_epoch:
-            train_acc, loss = acc_loss(params, x_tr, y_tr)
+            train_acc, loss = acc_loss(params, x_tr, y_tr) if params is not None else (
+                final["train_acc"], final["train_loss"])
             epochs.append({"epoch": int(pushes // pushes_per_epoch), "pushes": int(pushes),
                            "wall_s": float(wall), "loss": loss, "train_acc": train_acc,
                            "test_acc": test_acc})
         prev = pushes
-    train_acc, train_loss = acc_loss(result.params, x_tr, y_tr)
-    test_acc, test_loss = acc_loss(result.params, x_te, y_te)
-    final = {"train_acc": train_acc, "train_loss": train_loss, "test_acc": test_acc, "test_loss": test_loss}
     return {"curve": curve, "epochs": epochs, "final": final}
 
 

@@ -156,3 +156,37 @@ def test_batch_stream_matches_the_data_parallel_slices_and_streams():
     stream = BatchStream(sampler, 5, stream=True)
     got = np.concatenate([stream.indices(c, b) for c, b in enumerate([7, 7, 7])])
     assert np.array_equal(got, np.concatenate([sampler.indices(0), sampler.indices(1)[:9]]))
+
+
+def test_run_records_end_with_the_final_parameters():
+    """The last epoch (and the whole record of a one-epoch run) comes from the final parameters when
+    no snapshot fell on the last push: oracle = evaluating those parameters directly."""
+    from ps.report import evaluate_snapshots
+    from ps.runtime import RunResult
+    from training.config import Config
+    from training.nn import SoftmaxCrossEntropy
+    from training.parallel import evaluate
+    from training.train import build_model
+    from mpi4py import MPI
+
+    rng = np.random.default_rng(0)
+    x_tr, x_te = rng.standard_normal((12, 4)), rng.standard_normal((6, 4))
+    y_tr, y_te = rng.integers(0, 3, 12), rng.integers(0, 3, 6)
+    model, loss_fn = build_model(Config(hidden=(5,), dtype="float64"), 4, 3), SoftmaxCrossEntropy()
+    final = rng.standard_normal(model.size)
+    snap = rng.standard_normal(model.size)
+    data = (x_tr, y_tr, x_te, y_te)
+    # one epoch = 8 pushes; a snapshot at 4, training ends at 8 (a snapshot-free last epoch)
+    result = RunResult(params=final, pushes=8, wall=2.0, staleness={}, snapshots=[(4, 1.0, snap)],
+                       status=["done", "done"])
+    ev = evaluate_snapshots(result, model, loss_fn, data, 64, 8)
+    model.params[...] = final
+    want_test = evaluate(model, loss_fn, x_te, y_te, MPI.COMM_SELF, 64)
+    want_train = evaluate(model, loss_fn, x_tr, y_tr, MPI.COMM_SELF, 64)
+    assert [p["pushes"] for p in ev["curve"]] == [4, 8] and ev["curve"][-1]["wall_s"] == 2.0
+    assert (ev["curve"][-1]["test_acc"], ev["curve"][-1]["test_loss"]) == want_test  # exact: same inputs
+    assert len(ev["epochs"]) == 1 and ev["epochs"][0]["epoch"] == 1
+    assert (ev["epochs"][0]["train_acc"], ev["epochs"][0]["loss"]) == want_train
+    # a snapshot at the final push count is not repeated
+    result.snapshots.append((8, 2.0, final))
+    assert [p["pushes"] for p in evaluate_snapshots(result, model, loss_fn, data, 64, 8)["curve"]] == [4, 8]
