@@ -162,6 +162,17 @@ def _resolve(ctx, algorithm, x, grid):
     return algorithm, grid
 
 
+def _begin(x, comm, op, algorithm, out, timeout, grid, accumulate):
+    """Check every argument (no message), then get the context and resolve ``auto`` and the grid."""
+    comm = check_comm(comm)
+    x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size(), accumulate)
+    ctx = get_context(comm)
+    ctx.check_usable()
+    xp = backend.get_array_module(x)
+    algorithm, grid = _resolve(ctx, algorithm, x, grid)
+    return x, timeout, grid, ctx, xp, algorithm
+
+
 def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, grid=None, accumulate="float32"):
     """Combine ``x`` element-wise across all ranks and return the result on every rank.
 
@@ -203,12 +214,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     CollectiveTimeout
         A peer did not answer within ``timeout``.
     """
-    comm = check_comm(comm)
-    x, timeout, grid = _validate(x, op, algorithm, out, timeout, grid, comm.Get_size(), accumulate)
-    ctx = get_context(comm)
-    ctx.check_usable()
-    xp = backend.get_array_module(x)
-    algorithm, grid = _resolve(ctx, algorithm, x, grid)
+    x, timeout, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, timeout, grid, accumulate)
     if algorithm == "mpi":
         return _mpi_allreduce(ctx, x, op, out, timeout, xp)
     count = x.size
@@ -295,12 +301,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
     Request
         ``test()`` advances it without blocking; ``wait()`` completes it and returns the result.
     """
-    comm = check_comm(comm)
-    x, _, grid = _validate(x, op, algorithm, out, None, grid, comm.Get_size(), accumulate)
-    ctx = get_context(comm)
-    ctx.check_usable()
-    xp = backend.get_array_module(x)
-    algorithm, grid = _resolve(ctx, algorithm, x, grid)
+    x, _, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, None, grid, accumulate)
     out, work, acc, direct, _ = _prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)
     tag = ctx.next_tag()
     size = ctx.size
