@@ -17,6 +17,7 @@ library, P, host, every run, the table, the targets) and ``compression_sweep.csv
 import argparse
 import csv
 import dataclasses
+import io
 import os
 import re
 import sys
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["SweepConfig", "STUDY", "TARGETS", "parse_spec", "base_config", "run_study",
+__all__ = ["SweepConfig", "STUDY", "TARGETS", "parse_spec", "base_config", "check_study", "run_study",
            "markdown_table", "main"]
 
 #: The compressors of the study, as ``NAME[:KEY=VALUE,...]`` specs.
@@ -93,11 +94,57 @@ def base_config(cfg):
             argv.append(flag if value.lower() == "true" else "--no-" + flag[2:])
         else:
             argv += [flag, value]
-    with open(os.devnull, "w", encoding="utf-8") as null, redirect_stderr(null):
+    with redirect_stderr(io.StringIO()) as err:
         try:
             return parse_args(argv)
         except SystemExit:
-            raise ValueError(f"training flags rejected by python -m training.train: {' '.join(argv)}")
+            pass
+    why = err.getvalue().strip().splitlines()[-1:] or ["rejected"]
+    raise ValueError(f"--set {' '.join(cfg.train_args)}: {why[0].partition(' error: ')[2] or why[0]}")
+
+
+#: Training fields each run of the study sets itself, so ``--set`` may not.
+_STUDY_FIELDS = ("compression", "compression_arg", "compression_args", "seed", "run_dir", "name", "epochs")
+
+
+def check_study(cfg, comm):
+    """Check everything the study needs before the first run, on every rank; return the base ``Config``.
+
+    Every compressor spec, the training flags (their names, values and the data-parallel mode the
+    study compresses), and the job each run will be (:func:`training.job.check_run`: the global
+    batch divides among the P ranks, the data is there, ``algorithm="auto"`` has its table).
+
+    Raises
+    ------
+    ValueError
+        Naming the first spec, flag or field that cannot run, the same on every rank.
+    """
+    from training.job import check_run
+
+    if cfg.epochs < 1 or cfg.bench_steps < 1:
+        raise ValueError(f"--epochs ({cfg.epochs}) and --bench-steps ({cfg.bench_steps}) must be >= 1")
+    if not cfg.seeds or not cfg.compressors:
+        raise ValueError("--seeds and --compressor need at least one value")
+    for item in cfg.train_args:
+        key = item.partition("=")[0].strip().replace("-", "_")
+        if key in _STUDY_FIELDS:
+            raise ValueError(f"--set {item}: the study sets {key} itself "
+                             f"(use --compressor, --seeds, --epochs or --out)")
+    base = base_config(cfg)
+    if base.mode != "dp":
+        raise ValueError(f"--set mode={base.mode}: the study compresses the data-parallel all-reduce "
+                         "(mode=dp); the parameter server has experiments.staleness_sweep")
+    for spec in cfg.compressors:
+        try:
+            name, kwargs = parse_spec(spec)
+            base.replace(compression=name, compression_args=kwargs)  # validates the pair
+        except ValueError as exc:
+            raise ValueError(f"--compressor {spec}: {exc}") from None
+    try:
+        check_run(base, comm)
+    except ImportError as exc:  # --set device=gpu without CuPy
+        raise ValueError(str(exc)) from None
+    return base
 
 
 def _slug(spec):
@@ -251,7 +298,7 @@ def run_study(cfg, comm=None):
 
     comm = comm if comm is not None else MPI.COMM_WORLD
     rank = comm.Get_rank()
-    base = base_config(cfg)
+    base = check_study(cfg, comm)
     stamp = comm.bcast(time.strftime("%Y%m%d-%H%M%S"), root=0)
     run_dir = os.path.join(cfg.out, "runs", stamp)
     jobs = [(spec, seed) for spec in cfg.compressors for seed in cfg.seeds]
@@ -333,24 +380,20 @@ def _build_parser(quiet=False):
 
 
 def main(argv=None):
-    """Command-line entry point (every rank); returns 0, or 1 after a configuration error."""
+    """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error."""
     comm = MPI.COMM_WORLD
-    args = _build_parser(quiet=comm.Get_rank() != 0).parse_args(argv)
+    parser = _build_parser(quiet=comm.Get_rank() != 0)
+    args = parser.parse_args(argv)
     try:
-        cfg = SweepConfig(compressors=tuple(args.compressors or STUDY),
-                          seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
-                          epochs=args.epochs, out=args.out,
-                          train_args=tuple(args.train_args),
-                          bench_steps=args.bench_steps)
-        for spec in cfg.compressors:
-            parse_spec(spec)
-        if cfg.epochs < 1 or cfg.bench_steps < 1 or not cfg.seeds:
-            raise ValueError("epochs and bench-steps must be >= 1 and seeds not empty")
-        base_config(cfg)
-    except ValueError as e:  # the same on every rank: one message, clean exit
-        if comm.Get_rank() == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 1
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+    cfg = SweepConfig(compressors=tuple(args.compressors or STUDY), seeds=seeds, epochs=args.epochs,
+                      out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps)
+    try:
+        check_study(cfg, comm)
+    except ValueError as e:  # the same on every rank: rank 0 prints one line, every rank exits 2
+        parser.error(str(e))
     results = run_study(cfg, comm)
     if results is not None:
         print(markdown_table(results["table"]))
