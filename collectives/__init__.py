@@ -9,10 +9,12 @@ from .api import ALGORITHMS, allreduce, build_allreduce_schedule, iallreduce
 from .backend import COPY_DTYPES, DTYPES, OPS, get_array_module
 from .context import free_context, last_stats, total_stats
 from .ops import OP_ALGORITHMS, allgather, broadcast, reduce, reduce_scatter
-from .schedule import CollectiveTimeout, Request, Schedule, chunk_bounds
+from .executor import CollectiveTimeout, execute
+from .request import Request
+from .schedule import Schedule, chunk_bounds
 
 __all__ = [
     "ALGORITHMS", "OP_ALGORITHMS", "DTYPES", "COPY_DTYPES", "OPS", "allreduce", "iallreduce", "reduce_scatter", "allgather",
-    "broadcast", "reduce", "CollectiveTimeout", "Request", "Schedule", "chunk_bounds",
+    "broadcast", "reduce", "CollectiveTimeout", "Request", "execute", "Schedule", "chunk_bounds",
     "build_allreduce_schedule", "get_array_module", "last_stats", "total_stats", "free_context",
 ]

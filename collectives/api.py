@@ -21,7 +21,8 @@ from . import backend
 from .context import check_comm, get_context
 from .recursive import rabenseifner_allreduce, recursive_doubling_allreduce
 from .ring import ring_allreduce
-from .schedule import Request, execute, _wait
+from .executor import _wait, execute
+from .request import Request
 from .select import select_allreduce
 from .torus import check_grid, square_grid, torus_allreduce
 from .tree import tree_allreduce
@@ -290,7 +291,7 @@ def _deadline(timeout):
 
 
 def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, accumulate="float32"):
-    """Start a non-blocking all-reduce and return its :class:`~collectives.schedule.Request`.
+    """Start a non-blocking all-reduce and return its :class:`~collectives.request.Request`.
 
     Same arguments and rules as :func:`allreduce` (``mpi`` included, through ``MPI_Iallreduce``).
     The request owns private buffers, so several may be in flight at once; ``x`` may be reused at

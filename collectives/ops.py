@@ -14,7 +14,8 @@ from . import backend
 from .api import MPI_OPS, _as_array, _finish, _nan_mask, _prepare, _restore_nan
 from .context import check_comm, get_context
 from .ring import ring_allgather, ring_reduce_scatter
-from .schedule import chunk_bounds, execute
+from .executor import execute
+from .schedule import chunk_bounds
 from .tree import tree_broadcast, tree_reduce
 
 __all__ = ["OP_ALGORITHMS", "reduce_scatter", "allgather", "broadcast", "reduce"]

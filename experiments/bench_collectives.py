@@ -23,7 +23,7 @@ all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI
 ``MPI_Reduce_scatter``, ``MPI_Allgather``, ``MPI_Bcast``), which prices commlab's layer around its
 ``mpi`` algorithm; and for all-reduce two loops that price the schedule executor: ``ring-direct``,
 the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-place ufuncs, and
-``ring-execute``, the cached ring schedule run by ``collectives.schedule.execute`` alone.
+``ring-execute``, the cached ring schedule run by ``collectives.executor.execute`` alone.
 ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
 library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
@@ -45,7 +45,8 @@ from mpi4py import MPI
 
 import collectives
 from collectives import backend
-from collectives.schedule import chunk_bounds, execute
+from collectives.executor import execute
+from collectives.schedule import chunk_bounds
 from plots.bench import markdown, summarize
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
