@@ -305,7 +305,8 @@ def main(argv=None):
     """Command-line entry point.
 
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
-    return 1; any other failure with P > 1 aborts the job so nothing hangs.
+    return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
+    lost a worker); any other failure with P > 1 aborts the job so nothing hangs.
     """
     world = MPI.COMM_WORLD
     if world.rank != 0:  # one copy of --help and of flag errors, not P
@@ -330,7 +331,16 @@ def main(argv=None):
         if not everyone:
             world.Abort(1)
         return 1
-    except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
+    except Exception as e:  # noqa: BLE001 - any other failure: report and abort the whole job
+        protocol = sys.modules.get("ps.protocol")  # loaded when a parameter-server run raised
+        if protocol is not None and isinstance(e, protocol.PSError):
+            # the run cannot continue (BSP lost a worker): the servers and the workers still running
+            # have all stopped the protocol; rank 0, a server, states why once, another rank only
+            # what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
+            if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
+                where = f"rank {world.rank}: " if world.rank else ""
+                print(f"error: {where}{e}", file=sys.stderr, flush=True)
+            return 1
         traceback.print_exc()
         sys.stderr.flush()
         if world.size > 1:
