@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import collectives
 
@@ -284,10 +283,15 @@ def main(argv=None):
         try:
             with open(path, encoding="utf-8") as f:
                 results = json.load(f)
+            if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+                raise ValueError("not an experiments.bench_collectives results file (no list of rows)")
             written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat,
                            a.model_min_bytes)
-        except (OSError, ValueError, KeyError) as exc:
-            sys.exit(f"{path}: {exc}")
+        except OSError as exc:
+            p.error(f"{path}: {exc.strerror or exc}")
+        except (ValueError, KeyError, TypeError) as exc:  # KeyError, TypeError: a malformed row
+            p.error(f"{path}: not an experiments.bench_collectives results file ({exc!r})"
+                    if isinstance(exc, KeyError) else f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))
         if a.markdown:
             print("\n" + markdown(results, a.stat) + "\n")

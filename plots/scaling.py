@@ -60,8 +60,21 @@ def main(argv=None):
     ap.add_argument("results", help="JSON written by experiments.scale_sim")
     ap.add_argument("--out", default="results/scaling.png", help="PNG path (default results/scaling.png)")
     args = ap.parse_args(argv)
-    with open(args.results, encoding="utf-8") as f:
-        draw(json.load(f), args.out)
+    try:
+        with open(args.results, encoding="utf-8") as f:
+            results = json.load(f)
+    except OSError as exc:
+        ap.error(f"{args.results}: {exc.strerror or exc}")
+    except ValueError as exc:
+        ap.error(f"{args.results}: not JSON ({exc})")
+    if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+        ap.error(f"{args.results}: not an experiments.scale_sim results file (no list of rows)")
+    try:
+        draw(results, args.out)
+    except (KeyError, TypeError) as exc:
+        ap.error(f"{args.results}: not an experiments.scale_sim results file ({exc!r})")
+    except OSError as exc:
+        ap.error(f"cannot write --out {args.out!r}: {exc.strerror or exc}")
     print(f"wrote {args.out}")
 
 
