@@ -34,7 +34,7 @@ def test_sweep_writes_results_and_plot(tmp_path):
 def test_sweep_rejects_unknown_compressor(tmp_path):
     result = run_mpi(2, "experiments.compression_sweep", "--compressor", "gzip", "--out", tmp_path,
                      timeout=60, check=False)
-    assert result.returncode == 1 and "gzip" in result.stdout
+    assert result.returncode == 2 and "gzip" in result.stdout
 
 
 def test_check_lines_agree_with_their_verdicts():
