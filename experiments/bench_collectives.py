@@ -45,8 +45,8 @@ from mpi4py import MPI
 
 import collectives
 from collectives import backend
-from collectives.executor import execute
 from collectives.schedule import chunk_bounds
+from experiments.bench_references import finish, gloo, gloo_available, ring_direct, ring_execute
 from plots.bench import markdown, summarize
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
@@ -232,88 +232,6 @@ def _oracle_allreduce(comm, x, redop):
     return acc.astype(x.dtype)
 
 
-def _finish(work, out, redop, P):
-    if redop == "avg" and P > 1:
-        (np.true_divide if work.dtype.kind == "f" else np.floor_divide)(work, P, out=work)
-    if work is not out:
-        np.copyto(out, work, casting="unsafe")
-    return out
-
-
-def _ring_direct(comm, x, out, redop):
-    """Return a call running ring all-reduce as a lean hand-written loop (the executor's yardstick).
-
-    Patarasuk and Yuan 2009, section 3: P - 1 ``Sendrecv`` reduce-scatter rounds, each followed by an
-    in-place ufunc into a preallocated chunk view, then P - 1 all-gather rounds received in place.
-    """
-    P, r = comm.Get_size(), comm.Get_rank()
-    acc = backend.accumulation_dtype(x.dtype)
-    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
-    b = chunk_bounds(x.size, P)
-    scratch = np.empty(b[1] - b[0], acc)
-    ufunc = getattr(np, backend.OPS[redop])
-    right, left = (r + 1) % P, (r - 1) % P
-    rs = [(work[b[i]:b[i + 1]], scratch[:b[j + 1] - b[j]], work[b[j]:b[j + 1]])
-          for i, j in (((r - s - 1) % P, (r - s - 2) % P) for s in range(P - 1))]
-    ag = [(work[b[i]:b[i + 1]], work[b[j]:b[j + 1]]) for i, j in (((r - s) % P, (r - s - 1) % P) for s in range(P - 1))]
-
-    def run():
-        np.copyto(work, x.reshape(-1), casting="unsafe")
-        for send, recv, target in rs:
-            comm.Sendrecv(send, right, 0, recv, left, 0)
-            ufunc(target, recv, out=target)
-        for send, recv in ag:
-            comm.Sendrecv(send, right, 0, recv, left, 0)
-        return _finish(work, out.reshape(-1), redop, P).reshape(out.shape)
-
-    return run
-
-
-def _ring_execute(comm, x, out, redop):
-    """Return a call running the cached ring schedule through the executor alone (no API layer)."""
-    P, acc = comm.Get_size(), backend.accumulation_dtype(x.dtype)
-    sched = collectives.build_allreduce_schedule("ring", comm.Get_rank(), P, x.size)
-    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
-    scratch, ufunc = np.empty(max(sched.scratch, 1), acc), getattr(np, backend.OPS[redop])
-
-    def run():
-        np.copyto(work, x.reshape(-1), casting="unsafe")
-        execute(sched, comm, work, scratch, ufunc, 0)
-        return _finish(work, out.reshape(-1), redop, P).reshape(out.shape)
-
-    return run
-
-
-def _gloo(comm, x, out, redop):
-    """Return a call to ``torch.distributed.all_reduce`` on gloo (the process group is made once)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        port = np.zeros(1, np.int64)
-        if comm.Get_rank() == 0:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port[0] = s.getsockname()[1]
-        comm.Bcast(port, 0)
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(int(port[0]))
-        dist.init_process_group("gloo", init_method="env://", rank=comm.Get_rank(), world_size=comm.Get_size())
-    import torch
-
-    red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[redop]
-    t = torch.from_numpy(out)
-
-    def run():
-        np.copyto(out, x)
-        dist.all_reduce(t, op=red)
-        return _finish(out, out, redop, comm.Get_size())
-
-    return run
-
-
 def _case(op, nbytes, cfg, comm):
     """Return (count, oracle, {algorithm: call}, poisoned) for one op and size, or None if empty.
 
@@ -333,13 +251,13 @@ def _case(op, nbytes, cfg, comm):
     poisoned, mop, calls = None, _MPI_OPS[cfg.redop], {}
     if op == "allreduce":
         ref, poisoned = _oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
-        special = {"ring-direct": _ring_direct, "ring-execute": _ring_execute, "gloo": _gloo}
+        special = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo}
         calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
                  (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
 
         def direct():
             comm.Allreduce(x, poisoned, mop)
-            return _finish(poisoned, poisoned, cfg.redop, P)
+            return finish(poisoned, poisoned, cfg.redop, P)
     elif op == "reduce_scatter":
         b = chunk_bounds(count, P)
         counts = [b[i + 1] - b[i] for i in range(P)]
@@ -348,7 +266,7 @@ def _case(op, nbytes, cfg, comm):
 
         def direct():
             comm.Reduce_scatter(x, poisoned, counts, mop)
-            return _finish(poisoned, poisoned, cfg.redop, P)
+            return finish(poisoned, poisoned, cfg.redop, P)
     elif op == "allgather":
         ref, poisoned = np.empty(count, dt), np.empty(count, dt)
         comm.Allgather(_raw(x), _raw(ref))
@@ -454,19 +372,6 @@ def _line(w):
             f"{w['busbw_GBps']:>11.3f} {w['wrong']:>6}")
 
 
-def _gloo_available(comm):
-    """Return True when every rank can import torch.distributed (agreed by all ranks)."""
-    try:
-        import torch.distributed as dist
-
-        ok = bool(dist.is_available())
-    except ImportError:
-        ok = False
-    flag = np.array([int(ok)])
-    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
-    return bool(flag[0])
-
-
 def _library():
     return " ".join(MPI.Get_library_version().split("\n")[0].split())
 
@@ -511,7 +416,7 @@ def run_sweep(cfg, comm=None):
     if not plan:
         raise ValueError(f"no sizes/ops to measure: ops={cfg.ops}, max_bytes={cfg.max_bytes} ({cfg.dtype})")
     comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
-    if cfg.baseline == "gloo" and not _gloo_available(comm):
+    if cfg.baseline == "gloo" and not gloo_available(comm):
         comm.Free()
         raise RuntimeError(_NO_TORCH)
     rank0, rows = comm.Get_rank() == 0, []
@@ -562,7 +467,7 @@ def main(argv=None):
     """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
     comm = MPI.COMM_WORLD
     cfg = parse_args(argv, quiet=comm.Get_rank() != 0, size=comm.Get_size())
-    if cfg.baseline == "gloo" and not _gloo_available(comm):
+    if cfg.baseline == "gloo" and not gloo_available(comm):
         _fail(comm, _NO_TORCH)
     why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None
     flag = np.array([int(why is not None)])

@@ -174,12 +174,6 @@ def case_resume(comm, base):
 
 def case_resume_compressed(comm, base):
     """Resume is bitwise exact with a stateful compressor too (PowerSGD's Q and error feedback)."""
-    try:
-        from collectives.compression import make_hook  # noqa: F401
-    except ImportError:
-        if comm.rank == 0:
-            print("case_resume_compressed: skipped (no collectives.compression)", flush=True)
-        return
     root = _shared_dir(comm, base, "resume_c")
     common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "4",
               "--batch-size", str(_small(comm)["batch_size"]), "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "powersgd",

@@ -1,0 +1,114 @@
+"""Reference all-reduce calls that the collectives sweep times beside commlab's own.
+
+``ring_direct`` is the ring algorithm written as a lean hand-written ``Sendrecv`` loop (the yardstick
+for the schedule executor's overhead), ``ring_execute`` the cached ring schedule run by the executor
+alone, and ``gloo`` PyTorch's ``torch.distributed.all_reduce`` on the gloo backend, when installed.
+Each returns a zero-argument call that all-reduces ``x`` into ``out`` under commlab's rules.
+"""
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import backend
+from collectives.executor import execute
+from collectives.schedule import chunk_bounds
+
+__all__ = ["finish", "ring_direct", "ring_execute", "gloo", "gloo_available"]
+
+
+def finish(work, out, redop, P):
+    """Apply ``avg``'s division to ``work`` and copy it into ``out`` when they differ."""
+    if redop == "avg" and P > 1:
+        (np.true_divide if work.dtype.kind == "f" else np.floor_divide)(work, P, out=work)
+    if work is not out:
+        np.copyto(out, work, casting="unsafe")
+    return out
+
+
+def ring_direct(comm, x, out, redop):
+    """Return a call running ring all-reduce as a lean hand-written loop (the executor's yardstick).
+
+    Patarasuk and Yuan 2009, section 3: P - 1 ``Sendrecv`` reduce-scatter rounds, each followed by an
+    in-place ufunc into a preallocated chunk view, then P - 1 all-gather rounds received in place.
+    """
+    P, r = comm.Get_size(), comm.Get_rank()
+    acc = backend.accumulation_dtype(x.dtype)
+    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
+    b = chunk_bounds(x.size, P)
+    scratch = np.empty(b[1] - b[0], acc)
+    ufunc = getattr(np, backend.OPS[redop])
+    right, left = (r + 1) % P, (r - 1) % P
+    rs = [(work[b[i]:b[i + 1]], scratch[:b[j + 1] - b[j]], work[b[j]:b[j + 1]])
+          for i, j in (((r - s - 1) % P, (r - s - 2) % P) for s in range(P - 1))]
+    ag = [(work[b[i]:b[i + 1]], work[b[j]:b[j + 1]]) for i, j in (((r - s) % P, (r - s - 1) % P) for s in range(P - 1))]
+
+    def run():
+        np.copyto(work, x.reshape(-1), casting="unsafe")
+        for send, recv, target in rs:
+            comm.Sendrecv(send, right, 0, recv, left, 0)
+            ufunc(target, recv, out=target)
+        for send, recv in ag:
+            comm.Sendrecv(send, right, 0, recv, left, 0)
+        return finish(work, out.reshape(-1), redop, P).reshape(out.shape)
+
+    return run
+
+
+def ring_execute(comm, x, out, redop):
+    """Return a call running the cached ring schedule through the executor alone (no API layer)."""
+    P, acc = comm.Get_size(), backend.accumulation_dtype(x.dtype)
+    sched = collectives.build_allreduce_schedule("ring", comm.Get_rank(), P, x.size)
+    work = out.reshape(-1) if out.dtype == acc else np.empty(x.size, acc)
+    scratch, ufunc = np.empty(max(sched.scratch, 1), acc), getattr(np, backend.OPS[redop])
+
+    def run():
+        np.copyto(work, x.reshape(-1), casting="unsafe")
+        execute(sched, comm, work, scratch, ufunc, 0)
+        return finish(work, out.reshape(-1), redop, P).reshape(out.shape)
+
+    return run
+
+
+def gloo(comm, x, out, redop):
+    """Return a call to ``torch.distributed.all_reduce`` on gloo (the process group is made once)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        port = np.zeros(1, np.int64)
+        if comm.Get_rank() == 0:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port[0] = s.getsockname()[1]
+        comm.Bcast(port, 0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(int(port[0]))
+        dist.init_process_group("gloo", init_method="env://", rank=comm.Get_rank(), world_size=comm.Get_size())
+    import torch
+
+    red = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[redop]
+    t = torch.from_numpy(out)
+
+    def run():
+        np.copyto(out, x)
+        dist.all_reduce(t, op=red)
+        return finish(out, out, redop, comm.Get_size())
+
+    return run
+
+
+def gloo_available(comm):
+    """Return True when every rank can import torch.distributed (agreed by all ranks)."""
+    try:
+        import torch.distributed as dist
+
+        ok = bool(dist.is_available())
+    except ImportError:
+        ok = False
+    flag = np.array([int(ok)])
+    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
+    return bool(flag[0])
