@@ -46,6 +46,7 @@ from mpi4py import MPI
 import collectives
 from collectives import backend
 from collectives.schedule import chunk_bounds
+from experiments.outputs import unwritable
 from experiments.bench_references import finish, gloo, gloo_available, ring_direct, ring_execute
 from plots.bench import markdown, summarize
 
@@ -443,17 +444,8 @@ def run_sweep(cfg, comm=None):
 
 def _unwritable(prefix):
     """Return why PREFIX.json and PREFIX.csv cannot be written (their folder made if missing), or None."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-        for path in (prefix + ".json", prefix + ".csv"):  # a real probe: root ignores permission bits
-            if os.path.exists(path):
-                open(path, "a", encoding="utf-8").close()  # leaves the contents as they are
-            else:
-                open(path, "x", encoding="utf-8").close()
-                os.remove(path)
-    except OSError as exc:
-        return f"--out {prefix!r}: cannot write {exc.filename or prefix}: {exc.strerror or exc}"
-    return None
+    why = unwritable(prefix + ".json", prefix + ".csv")
+    return f"--out {prefix!r}: {why}" if why else None
 
 
 def _fail(comm, message):

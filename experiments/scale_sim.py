@@ -11,11 +11,11 @@ The table printed at the end names, per size, the smallest P from which 2D and t
 import argparse
 import json
 import math
-import os
 import platform
 import time
 
 from collectives import cost
+from experiments.outputs import unwritable
 
 __all__ = ["main", "crossovers"]
 
@@ -37,23 +37,9 @@ def _size(text):
 
 
 def _check_out(path):
-    """Return why the results file ``path`` cannot be written (its folder made if missing), or None."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        return f"cannot make the folder of --out {path!r}: {exc.strerror or exc}"
-    if os.path.isdir(path):
-        return f"--out {path!r} is a folder, give a file path"
-    try:  # a real probe: permission bits say little to root or on a read-only file system
-        if os.path.exists(path):
-            open(path, "a", encoding="utf-8").close()  # leaves the contents as they are
-        else:
-            open(path, "x", encoding="utf-8").close()
-            os.remove(path)
-    except OSError as exc:
-        return f"--out {path!r} is not writable: {exc.strerror or exc}"
-    return None
+    """Return why the results file ``path`` cannot be written, or None."""
+    why = unwritable(path)
+    return f"--out: {why}" if why else None
 
 
 def _read_fit(path):
