@@ -82,7 +82,7 @@ def base_config(cfg):
     ValueError
         If a training flag is malformed, unknown or out of range.
     """
-    from training.config import parse_args
+    from training.cli import parse_args
 
     argv = ["--epochs", str(cfg.epochs)]
     for item in cfg.train_args:

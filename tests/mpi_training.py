@@ -29,7 +29,8 @@ from mpi4py import MPI
 
 import collectives
 from training.checkpoint import CheckpointError, load_checkpoint
-from training.config import Config, parse_args
+from training.cli import parse_args
+from training.config import Config
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer

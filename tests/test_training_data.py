@@ -4,7 +4,8 @@ import gzip
 import numpy as np
 import pytest
 
-from training.config import Config, parse_args, parse_compression_arg
+from training.cli import parse_args, parse_compression_arg
+from training.config import Config
 from training.data import (DistributedSampler, eval_shard, load_digits, load_mnist, make_synthetic,
                            read_idx, write_idx)
 
@@ -142,7 +143,7 @@ def test_config_cli_roundtrip_and_rejections(tmp_path):
 
 
 def test_help_documents_every_flag():
-    from training.config import HELP, build_parser
+    from training.cli import HELP, build_parser
 
     text = build_parser().format_help()
     for name in HELP:

@@ -4,7 +4,8 @@ Model, optimizers, data and configuration are re-exported here; the MPI-facing m
 imported by name: ``training.parallel`` (gradient hook, step, evaluation), ``training.checkpoint``,
 ``training.metrics`` and ``training.train`` (``mpiexec -n P python -m training.train``).
 """
-from training.config import Config, parse_args
+from training.cli import parse_args
+from training.config import Config
 from training.data import (Dataset, DistributedSampler, load_dataset, load_digits, load_mnist,
                            make_synthetic)
 from training.nn import Linear, ReLU, Sequential, SoftmaxCrossEntropy, Tanh, build_mlp

@@ -23,7 +23,7 @@ import collectives
 
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
-from training.config import parse_args
+from training.cli import parse_args
 from training.data import DistributedSampler, load_dataset
 from training.job import array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json

@@ -1,0 +1,237 @@
+"""Command line of ``python -m training.train``: flags mapped onto :class:`training.config.Config`.
+
+Every flag is a field of the configuration (help text with units in :data:`HELP`); only flags
+actually given override the defaults, or the saved configuration of a run being resumed; unknown
+keys are rejected.
+"""
+import argparse
+import dataclasses
+import json
+import os
+
+from training.config import CHOICES, Config
+
+__all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg"]
+
+
+_METAVARS = {
+    "data_dir": "DIR", "test_fraction": "FRACTION", "samples": "N", "features": "N", "classes": "N",
+    "epochs": "N", "stop_after": "EPOCH", "batch_size": "SAMPLES", "lr": "LR", "momentum": "MU",
+    "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
+    "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
+    "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS",
+    "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
+    "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
+}
+
+#: Flag help text, with units; defaults are appended from :class:`Config`.
+HELP = {
+    "mode": "dp: data-parallel all-reduce; ps: parameter server",
+    "data": "data set: digits (scikit-learn's embedded 8x8 digits), mnist (IDX files in --data-dir), "
+            "synthetic (Gaussian classes, size set by --samples/--features/--classes)",
+    "data_dir": "directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                "t10k-labels-idx1-ubyte (each raw or .gz)",
+    "test_fraction": "fraction of samples held out for test, for digits and synthetic (0..1)",
+    "samples": "synthetic data: number of samples",
+    "features": "synthetic data: features per sample",
+    "classes": "synthetic data: number of classes",
+    "hidden": "hidden layer widths in units, comma separated (e.g. 256,128); '' for a linear model",
+    "activation": "hidden activation (relu uses He init, tanh Glorot init)",
+    "dtype": "parameter, gradient and activation dtype",
+    "device": "cpu (NumPy) or gpu (CuPy; one GPU per rank)",
+    "epochs": "number of passes over the training set",
+    "stop_after": "stop after this epoch, 0 to run all --epochs. Continue later with --resume, which "
+                  "runs on to --epochs (--stop-after is not inherited; give it again to stop early "
+                  "again); with --epochs unchanged the result is bitwise identical to an "
+                  "uninterrupted run",
+    "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
+    "optimizer": "adam, or sgd with momentum",
+    "lr": "learning rate (dimensionless step size)",
+    "lr_schedule": "constant, or cosine decay from --lr to 0 over --epochs",
+    "momentum": "SGD momentum coefficient (0 disables)",
+    "weight_decay": "L2 penalty coefficient, added to the gradient as weight_decay * w",
+    "beta1": "Adam first-moment decay rate",
+    "beta2": "Adam second-moment decay rate",
+    "eps": "Adam denominator floor",
+    "seed": "seed for initialization, train/test split and per-epoch shuffling (seed + epoch)",
+    "shuffle": "reshuffle the training set each epoch",
+    "drop_last": "drop the tail of the shuffled training set instead of padding to a multiple of P",
+    "algorithm": "all-reduce algorithm for the gradient (auto chooses by P and message size; 2d places "
+                 "the ranks on a grid chosen automatically: nodes x ranks per node when the job spans "
+                 "several nodes, else the squarest factorization of P)",
+    "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
+    "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
+    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
+    "servers": "parameter server: number of server ranks",
+    "consistency": "parameter server consistency model",
+    "staleness": "parameter server SSP staleness bound in clocks",
+    "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
+    "straggler": "parameter server: slow worker as RANK:FACTOR (it sleeps FACTOR-1 times its compute time each step)",
+    "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
+    "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
+    "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
+    "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
+               "(global batch unchanged)",
+    "run_dir": "parent directory of run directories",
+    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
+    "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
+    "keep_checkpoints": "number of most recent checkpoints kept",
+    "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
+              "base, flags given here override it (except --stop-after, which is not inherited). With "
+              "--epochs unchanged the result is bitwise identical to an uninterrupted run; a different "
+              "--epochs recomputes the cosine learning-rate schedule for the new length",
+    "eval_batch": "evaluation batch per rank in samples",
+    "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
+    "progress": "show a progress bar on rank 0",
+}
+
+
+def parse_compression_arg(text):
+    """Split ``KEY=VALUE`` and read VALUE as int, float, bool (true/false) or str.
+
+    Parameters
+    ----------
+    text : str
+        One ``--compression-arg`` value.
+
+    Returns
+    -------
+    tuple of (str, object)
+
+    Raises
+    ------
+    ValueError
+        When ``text`` has no ``=`` or an empty key.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"compression argument must be KEY=VALUE, got {text!r}")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    for conv in (int, float):
+        try:
+            return key, conv(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def _hidden(text):
+    text = text.strip()
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip()) if text else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"hidden must be comma-separated integers, got {text!r}")
+
+
+def _kv(text):
+    try:
+        return parse_compression_arg(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def build_parser(prog="python -m training.train"):
+    """Return the ``argparse`` parser with one flag per :class:`Config` field.
+
+    Flags not given are absent from the parsed namespace (``argparse.SUPPRESS``), so that only
+    what the user wrote overrides the defaults or a resumed run's configuration.
+    """
+    p = argparse.ArgumentParser(
+        prog=prog, argument_default=argparse.SUPPRESS,
+        description="Train an MLP across the MPI ranks (launch with mpiexec -n P): data-parallel by "
+                    "default (every rank holds a replica; the gradient is averaged by all-reduce, see "
+                    "--algorithm, --bucket-bytes, --compression), or with --mode ps through a parameter "
+                    "server (--servers ranks hold the parameter shards, the others are workers; see "
+                    "--consistency). Writes runs/NAME/ with config.json, metrics.jsonl, epochs.jsonl, "
+                    "summary.json and checkpoints; runs/latest points at the newest run.")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = f"{HELP[f.name]} (default: {','.join(map(str, default)) if f.name == 'hidden' else default!r})"
+        if f.name == "compression_args":
+            p.add_argument("--compression-arg", dest="compression_args", action="append", type=_kv,
+                           metavar="KEY=VALUE", help=HELP[f.name])
+        elif f.name == "hidden":
+            p.add_argument(flag, type=_hidden, metavar="W1,W2,...", help=text)
+        elif f.type in (bool, "bool"):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+            choices = CHOICES.get(f.name)
+            if f.name == "algorithm":
+                from collectives import ALGORITHMS
+
+                text = f"{text[:-1]}; one of {', '.join(ALGORITHMS)})"
+            if f.name == "compression":
+                try:
+                    from collectives.compression import COMPRESSORS
+                except ImportError:
+                    COMPRESSORS = ()
+                if COMPRESSORS:
+                    text = f"{text[:-1]}; one of {', '.join(COMPRESSORS)})"
+            p.add_argument(flag, type=typ, choices=choices, help=text,
+                           metavar=None if choices else _METAVARS.get(f.name))
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line into a validated :class:`Config`.
+
+    With ``--resume``, the ``config.json`` of the run being resumed is the base; the flags given
+    override it. ``stop_after`` is never inherited: it applies only when given again.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    SystemExit
+        On a malformed flag or an invalid value (argparse prints the usage and the reason, status
+        2), or when the run to resume cannot be read (the exit message is ``error: --resume
+        PATH: ...``, status 1).
+    """
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
+    if "compression_args" in given:
+        given["compression_args"] = dict(given["compression_args"])
+    base = {}
+    if given.get("resume"):
+        base = _saved_config(given["resume"])
+        base.pop("resume", None)
+        base.pop("stop_after", None)  # a stop applies to the job that asked for it
+        if "compression_args" in given:
+            base.pop("compression_args", None)
+    base.update(given)
+    try:
+        return Config.from_dict(base)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _saved_config(path):
+    if os.path.isdir(path):
+        run = path
+    elif os.path.isfile(path):
+        run = os.path.dirname(path) or "."
+    else:
+        raise SystemExit(f"error: --resume {path}: no such run directory or checkpoint")
+    cfg_path = os.path.join(run, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            saved = dict(json.load(f)["config"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = "no such file" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {e}"
+        raise SystemExit(f"error: --resume {path}: cannot read the run's configuration {cfg_path} ({reason})")
+    try:  # a hand-edited or damaged file: name it and the key, once, before any rank goes further
+        Config.from_dict({k: v for k, v in saved.items() if k != "resume"})
+    except ValueError as e:
+        raise SystemExit(f"error: --resume {path}: bad configuration in {cfg_path}: {e}") from None
+    return saved
