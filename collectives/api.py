@@ -21,7 +21,7 @@ from . import backend
 from .context import check_comm, get_context
 from .recursive import rabenseifner_allreduce, recursive_doubling_allreduce
 from .ring import ring_allreduce
-from .executor import _wait, execute
+from .executor import CollectiveTimeout, _wait, execute
 from .request import Request
 from .select import select_allreduce
 from .torus import check_grid, square_grid, torus_allreduce
@@ -245,18 +245,17 @@ def _mpi_allreduce(ctx, x, op, out, timeout, xp):
             buf = transport.to_host(work, "mpi")
     ctx.next_tag()  # keep tags in step on every rank whatever the algorithm
     nan_mask = _nan_mask(buf, op)
-    if timeout is None and nan_mask is None:
-        ctx.comm.Allreduce(MPI.IN_PLACE, buf, MPI_OPS[op])
-        reqs = []
-    else:
-        reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])]
+    # Always the non-blocking form: whether a rank has a timeout or requests in flight is its own
+    # business, and MPI never matches a blocking collective with a non-blocking one.
+    reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, buf, MPI_OPS[op])]
     if nan_mask is not None:
         reqs.append(ctx.comm.Iallreduce(MPI.IN_PLACE, nan_mask, MPI.MAX))
-    if timeout is None:
+    if timeout is None and not ctx.active:
         MPI.Request.Waitall(reqs)
     else:
         try:
-            _wait(reqs, [None] * len(reqs), _deadline(timeout), "allreduce", 0, "MPI_Iallreduce", timeout)
+            _wait(reqs, [None] * len(reqs), None if timeout is None else _deadline(timeout), "allreduce", 0,
+                  "MPI_Iallreduce", timeout, ctx.progress if ctx.active else None)
         except Exception as exc:
             ctx.broken = f"allreduce: {exc}"
             raise
@@ -295,7 +294,8 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
 
     Same arguments and rules as :func:`allreduce` (``mpi`` included, through ``MPI_Iallreduce``).
     The request owns private buffers, so several may be in flight at once; ``x`` may be reused at
-    once, ``out`` must not be read before ``wait()`` returns it.
+    once (unless ``out=x``: then ``x`` is the working buffer), ``out`` must not be read before
+    ``wait()`` returns it.
 
     Returns
     -------
@@ -319,7 +319,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
             _restore_nan(work, mask)
             return _finish(out, work, op, size, xp, direct)
 
-        return _MPIRequest(reqs, finish)
+        return _MPIRequest(reqs, finish, ctx)
     sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
                          lambda: build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid))
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
@@ -332,24 +332,35 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
 class _MPIRequest:
     """Adapter giving an ``MPI_Iallreduce`` request the :class:`Request` interface."""
 
-    __slots__ = ("_req", "_finish", "result", "done")
+    __slots__ = ("_req", "_finish", "_ctx", "_failed", "result", "done")
 
-    def __init__(self, req, finish):
-        self._req, self._finish, self.result, self.done = req, finish, None, False
+    def __init__(self, req, finish, ctx):
+        self._req, self._finish, self._ctx, self._failed, self.result, self.done = req, finish, ctx, None, None, False
+
+    def _check(self):
+        if self._failed is not None:
+            raise RuntimeError(f"this request failed earlier ({self._failed}); its result is lost")
 
     def test(self):
         """Return True once the library's all-reduce has completed (finishing it then)."""
+        self._check()
         if not self.done and MPI.Request.Testall(self._req):
             self.done, self.result = True, self._finish()
+        elif not self.done:
+            self._ctx.progress()
         return self.done
 
     def wait(self, timeout=None):
         """Block until complete and return the result (``timeout`` as for :meth:`Request.wait`)."""
+        timeout = backend.check_timeout(timeout)
+        self._check()
         if not self.done:
-            if timeout is None:
-                MPI.Request.Waitall(self._req)
-            else:
-                _wait(self._req, [None] * len(self._req), _deadline(timeout), "allreduce", 0,
-                      "MPI_Iallreduce", timeout)
+            try:
+                _wait(self._req, [None] * len(self._req), None if timeout is None else _deadline(timeout),
+                      "allreduce", 0, "MPI_Iallreduce", timeout, self._ctx.progress if self._ctx.active else None)
+            except CollectiveTimeout as exc:
+                self._failed = str(exc)
+                self._ctx.fail(f"allreduce: {exc}")
+                raise
             self.done, self.result = True, self._finish()
         return self.result

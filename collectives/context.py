@@ -138,10 +138,17 @@ def check_comm(comm):
     return comm
 
 
+def _on_free(comm, keyval, ctx):
+    """Free a context's duplicate when the user's communicator is freed (attribute delete callback)."""
+    if ctx is not None and ctx.broken is None and ctx.comm != MPI.COMM_NULL:
+        ctx.comm.Free()
+    return MPI.SUCCESS
+
+
 def _keyval():
     """Return the MPI attribute key under which each communicator caches its context."""
     if _KEYVAL[0] is None:
-        _KEYVAL[0] = MPI.Comm.Create_keyval()
+        _KEYVAL[0] = MPI.Comm.Create_keyval(delete_fn=_on_free)
     return _KEYVAL[0]
 
 
@@ -165,11 +172,8 @@ def get_context(comm=None):
 def free_context(comm=None):
     """Drop the cached context of ``comm`` (its duplicate is freed locally, without messages)."""
     comm = check_comm(comm)
-    ctx = comm.Get_attr(_keyval())
-    if ctx is not None:
-        comm.Delete_attr(_keyval())
-        if ctx.broken is None:
-            ctx.comm.Free()
+    if comm.Get_attr(_keyval()) is not None:
+        comm.Delete_attr(_keyval())  # the delete callback frees the duplicate
 
 
 def has_context(comm):

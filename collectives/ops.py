@@ -6,6 +6,7 @@ types of :data:`collectives.backend.COPY_DTYPES` (uint8 blobs, bool masks), and 
 2-byte elements there.
 """
 import math
+import time
 
 import numpy
 from mpi4py import MPI
@@ -14,7 +15,7 @@ from . import backend
 from .api import MPI_OPS, _as_array, _finish, _nan_mask, _prepare, _restore_nan
 from .context import check_comm, get_context
 from .ring import ring_allgather, ring_reduce_scatter
-from .executor import execute
+from .executor import CollectiveTimeout, _wait, execute
 from .schedule import chunk_bounds
 from .tree import tree_broadcast, tree_reduce
 
@@ -98,11 +99,11 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         mine = xp.empty(hi - lo, dtype=acc)
-        _host_call(ctx, xp, lambda: ctx.comm.Reduce_scatter(work, mine, counts, MPI_OPS[op]), (work, mine))
+        _host_call(ctx, xp, "Reduce_scatter", (work, mine, counts, MPI_OPS[op]), timeout, "reduce_scatter")
         mask = _nan_mask(work, op)
         if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
             got = numpy.empty(hi - lo, numpy.uint8)
-            ctx.comm.Reduce_scatter(mask, got, counts, MPI.MAX)
+            _host_call(ctx, numpy, "Reduce_scatter", (mask, got, counts, MPI.MAX), timeout, "reduce_scatter")
             _restore_nan(mine, got)
         ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
         work, lo, hi = mine, 0, hi - lo
@@ -114,15 +115,30 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     return _finish(xp.empty(hi - lo, dtype=x.dtype), work[lo:hi], op, size, xp)
 
 
-def _host_call(ctx, xp, call, bufs):
-    """Run an MPI library call on device buffers: sync first; without CUDA-aware MPI, refuse."""
+def _host_call(ctx, xp, method, args, timeout, name):
+    """Run the MPI library's own collective ``method`` (e.g. "Bcast") with ``args`` on ``ctx.comm``.
+
+    Device buffers: the stream is synchronized first; without CUDA-aware MPI the call is refused.
+    The non-blocking form (``Ibcast``, ...) is always used -- MPI never matches a blocking collective
+    with a non-blocking one, and whether a rank passes a timeout or has requests in flight is its own
+    business -- and waited on with the timeout and progress rules of the hand-made algorithms.
+    """
     transport = ctx.transport(xp)
     if transport is not None:
         transport.sync()
         if not transport.direct:
             raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
                              "algorithm, which stages through host memory")
-    call()
+    req = getattr(ctx.comm, "I" + method[0].lower() + method[1:])(*args)
+    if timeout is None and not ctx.active:
+        req.Wait()
+        return
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        _wait([req], [None], deadline, name, 0, f"MPI_{method}", timeout, ctx.progress if ctx.active else None)
+    except CollectiveTimeout as exc:
+        ctx.broken = f"{name}: {exc}"
+        raise
 
 
 def allgather(x, comm=None, algorithm="ring", timeout=None):
@@ -157,11 +173,16 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     backend.check_algorithm(algorithm, OP_ALGORITHMS["allgather"], "allgather algorithm")
     timeout = backend.check_timeout(timeout)
     algorithm = "ring" if algorithm == "auto" else algorithm
-    x = _as_array(x)
     # Checks of x itself travel in the signature exchange, so a bad array on one rank only raises
     # on every rank instead of leaving the others waiting for its data.
     local_error = None
-    if x.dtype not in backend.COPY_DTYPES:
+    try:
+        x = _as_array(x)
+    except TypeError as exc:
+        local_error, x = exc, numpy.zeros(0, numpy.uint8)
+    if local_error is not None:
+        pass
+    elif x.dtype not in backend.COPY_DTYPES:
         names = ", ".join(d.name for d in backend.COPY_DTYPES)
         local_error = TypeError(f"x has unsupported dtype {x.dtype.name}: expected one of {names}")
     elif x.ndim == 0 or x.ndim > _SIG - 2:
@@ -205,10 +226,9 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         if len(set(counts)) == 1:  # MPI_Allgather: MPICH runs it several times faster than Allgatherv
-            call = lambda: ctx.comm.Allgather(MPI.IN_PLACE, _raw(flat))  # noqa: E731
+            _host_call(ctx, xp, "Allgather", (MPI.IN_PLACE, _raw(flat)), timeout, "allgather")
         else:
-            call = lambda: ctx.comm.Allgatherv(MPI.IN_PLACE, [_raw(flat), counts])  # noqa: E731
-        _host_call(ctx, xp, call, (flat,))
+            _host_call(ctx, xp, "Allgatherv", (MPI.IN_PLACE, [_raw(flat), counts]), timeout, "allgather")
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
     sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: ring_allgather(rank, size, bounds))
@@ -257,7 +277,7 @@ def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):
     if work.size and not x.flags.c_contiguous and ctx.rank == root:
         xp.copyto(work.reshape(x.shape), x)
     if algorithm == "mpi":
-        _host_call(ctx, xp, lambda: ctx.comm.Bcast(_raw(work), root), (work,))
+        _host_call(ctx, xp, "Bcast", (_raw(work), root), timeout, "broadcast")
         ctx.record("broadcast", "mpi", x.size, x.dtype, elements=x.size if ctx.rank == root else 0, estimated=True)
     else:
         sched = ctx.schedule(("broadcast", algorithm, x.size, root),
@@ -305,11 +325,11 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     if algorithm == "mpi":
         recv = work if ctx.rank == root else None
         mask = _nan_mask(work, op)
-        _host_call(ctx, xp, lambda: ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else work, recv,
-                                                     MPI_OPS[op], root), (work,))
+        _host_call(ctx, xp, "Reduce", (MPI.IN_PLACE if ctx.rank == root else work, recv, MPI_OPS[op], root),
+                   timeout, "reduce")
         if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
-            ctx.comm.Reduce(MPI.IN_PLACE if ctx.rank == root else mask, mask if ctx.rank == root else None,
-                            MPI.MAX, root)
+            _host_call(ctx, numpy, "Reduce", (MPI.IN_PLACE if ctx.rank == root else mask,
+                                              mask if ctx.rank == root else None, MPI.MAX, root), timeout, "reduce")
             if ctx.rank == root:
                 _restore_nan(work, mask)
         ctx.record("reduce", "mpi", x.size, acc, elements=x.size if ctx.rank != root else 0, estimated=True)

@@ -85,6 +85,8 @@ class Request:
         """
         self._check()
         self._advance()
+        if not self.done:
+            self._progress_others()  # a peer may be waiting in another request before it gets to this one
         return self.done
 
     def wait(self, timeout=None):

@@ -253,6 +253,18 @@ def case_grid_and_nonblocking():
             yb, ya = rb.wait(), ra.wait()
         check(close(ya, numpy_oracle(a, "sum"), "float32") and close(z, ya, "float32"), f"wait order {alg}")
         check(np.array_equal(yb, numpy_oracle(b, "max")), f"wait order {alg} (max)")
+    # Polled with test() in different orders, and a blocking mpi-algorithm call with a request in flight
+    ra, rb = C.iallreduce(a, algorithm="ring"), C.iallreduce(a, algorithm="ring")
+    first, second = (ra, rb) if rank == 0 else (rb, ra)
+    while not first.test():
+        pass
+    check(close(second.wait(), numpy_oracle(a, "sum"), "float32"), "test() polled in different orders")
+    req = C.iallreduce(a, algorithm="ring")
+    if rank == 0:
+        z, w = C.allreduce(a, algorithm="mpi"), req.wait()
+    else:
+        w, z = req.wait(), C.allreduce(a, algorithm="mpi")
+    check(close(w, z, "float32"), "mpi all-reduce with a request in flight")
     y = np.array(x)
     check(C.allreduce(y, out=y, algorithm="rabenseifner") is y and close(y, ref, "float64"), "out=x in place")
 

@@ -92,6 +92,8 @@ def badinput():
         return
     expect(TypeError if rank == 1 else ValueError, ["complex64"] if rank == 1 else ["rank(s) 1"],
            lambda: C.allgather(x.astype(np.complex64 if rank == 1 else np.float32), comm=fresh))
+    expect(TypeError if rank == 1 else ValueError, ["array"] if rank == 1 else ["rank(s) 1"],
+           lambda: C.allgather(None if rank == 1 else x, comm=fresh))
     # Errors that need every rank's view are raised on every rank after the signature exchange.
     expect(TypeError, ["different dtypes"],
            lambda: C.allgather(np.ones(2, np.float32 if rank else np.float64), comm=fresh))
@@ -135,6 +137,19 @@ def timeout():
             FAILS.append("no CollectiveTimeout from mpi")
         except C.CollectiveTimeout as e:
             check("inside the MPI library" in str(e), f"mpi timeout message {e}")
+    subs = [comm.Dup() for _ in range(3)]
+    for c in subs:
+        C.allreduce(np.ones(1), comm=c)
+    if rank == 0:  # the library's own collectives honour timeout= too
+        calls = [lambda c: C.reduce_scatter(np.ones(8), comm=c, algorithm="mpi", timeout=0.3),
+                 lambda c: C.broadcast(np.ones(8), root=P - 1, comm=c, algorithm="mpi", timeout=0.3),
+                 lambda c: C.reduce(np.ones(8), root=0, comm=c, algorithm="mpi", timeout=0.3)]
+        for c, call in zip(subs, calls):
+            try:
+                call(c)
+                FAILS.append("an mpi-algorithm call ignored timeout=")
+            except C.CollectiveTimeout:
+                pass
     comm.Barrier()  # rank 1 never called the collectives; everyone still gets here
 
 
