@@ -140,14 +140,14 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     s_max, s_mean = staleness_stats(hist)
     done = [s for s in result.workers if s is not None]
     samples = sum(s["samples"] for s in done)
-    session = result.wall - result.start_wall  # seconds of this job (a resumed job counts its own)
+    job_s = result.wall - result.start_wall  # seconds of this job (a resumed job counts its own)
     summary = {
         "mode": "ps", "consistency": cfg.consistency, "staleness_bound": cfg.staleness,
         "servers": cfg.servers, "workers": W, "P": comm.Get_size(), "parameters": n_params,
         "final_test_acc": evals["final"]["test_acc"], "final_train_acc": evals["final"]["train_acc"],
         "epochs": result.pushes / (W * per_epoch), "pushes": result.pushes, "wall_s": result.wall,
-        "updates_per_s": (result.pushes - result.start_pushes) / session if session else 0.0,
-        "samples_per_s": samples / session if session else 0.0,
+        "updates_per_s": (result.pushes - result.start_pushes) / job_s if job_s else 0.0,
+        "samples_per_s": samples / job_s if job_s else 0.0,
         "resumed_at_pushes": result.start_pushes,
         "target_acc": TARGET_ACC, "time_to_target_s": time_to_accuracy(evals["curve"]),
         "staleness_histogram": hist, "staleness_max": s_max, "staleness_mean": s_mean,
