@@ -29,13 +29,7 @@ Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (config
 library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
 """
 import argparse
-import csv
-import dataclasses
-import datetime
-import json
 import math
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -44,11 +38,12 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives import backend
 from collectives.schedule import chunk_bounds
+from experiments.bench_oracle import check_data, count_wrong, oracle_allreduce, raw
+from experiments.bench_output import COLUMNS, HEAD, header, library, line, write
 from experiments.outputs import unwritable
 from experiments.bench_references import finish, gloo, gloo_available, ring_direct, ring_execute
-from plots.bench import markdown, summarize
+from plots.bench import markdown
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
 
@@ -60,13 +55,8 @@ OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 REFERENCES = {"allreduce": ("MPI_Allreduce", "ring-direct", "ring-execute"), "reduce_scatter": ("MPI_Reduce_scatter",),
               "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
 
-#: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
-COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
-           "time_min_us", "time_mean_us", "time_median_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s")
-
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
-_RTOL = {"float16": 1e-3, "float32": 1e-5, "float64": 1e-12}
 
 
 @dataclass
@@ -201,38 +191,6 @@ def parse_args(argv=None, quiet=False, size=1):
     return cfg
 
 
-def _check_data(rank, count, dtype, redop):
-    """Integer-valued data, so sums are exact in every order and #wrong is exactly 0 when correct."""
-    rng = np.random.default_rng([rank, count])
-    lo, hi = (1, 3) if redop == "prod" else (-4, 5)
-    return rng.integers(lo, hi, count).astype(dtype)
-
-
-def _count_wrong(result, ref):
-    """Return the number of elements of ``result`` that differ from ``ref`` (all of them if shapes differ)."""
-    result, ref = np.asarray(result), np.asarray(ref)
-    if result.shape != ref.shape:
-        return int(max(result.size, ref.size))
-    if ref.dtype.kind != "f":
-        return int(np.count_nonzero(result != ref))
-    tol = _RTOL[ref.dtype.name]
-    return int(np.count_nonzero(~np.isclose(result.astype(np.float64), ref.astype(np.float64),
-                                            rtol=tol, atol=tol)))
-
-
-def _raw(a):
-    return a.reshape(-1).view(f"u{a.dtype.itemsize}")
-
-
-def _oracle_allreduce(comm, x, redop):
-    """MPI's own all-reduce of ``x`` under commlab's rules (float16 summed in float32, integer avg floored)."""
-    acc = x.astype(backend.accumulation_dtype(x.dtype))
-    comm.Allreduce(MPI.IN_PLACE, acc, _MPI_OPS[redop])
-    if redop == "avg":
-        acc = acc / comm.Get_size() if acc.dtype.kind == "f" else np.floor_divide(acc, comm.Get_size())
-    return acc.astype(x.dtype)
-
-
 def _case(op, nbytes, cfg, comm):
     """Return (count, oracle, {algorithm: call}, poisoned) for one op and size, or None if empty.
 
@@ -248,10 +206,10 @@ def _case(op, nbytes, cfg, comm):
     names = [a for a in _algorithms(op) if (not cfg.algorithms or a in cfg.algorithms)
              and not (a.startswith("MPI_") and dt == np.float16)]
     names += [cfg.baseline] if op == "allreduce" and cfg.baseline else []
-    x = _check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
+    x = check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
     poisoned, mop, calls = None, _MPI_OPS[cfg.redop], {}
     if op == "allreduce":
-        ref, poisoned = _oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
+        ref, poisoned = oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
         special = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo}
         calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
                  (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
@@ -262,7 +220,7 @@ def _case(op, nbytes, cfg, comm):
     elif op == "reduce_scatter":
         b = chunk_bounds(count, P)
         counts = [b[i + 1] - b[i] for i in range(P)]
-        ref, poisoned = _oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], dt)
+        ref, poisoned = oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], dt)
         calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a)) for a in names}
 
         def direct():
@@ -270,20 +228,20 @@ def _case(op, nbytes, cfg, comm):
             return finish(poisoned, poisoned, cfg.redop, P)
     elif op == "allgather":
         ref, poisoned = np.empty(count, dt), np.empty(count, dt)
-        comm.Allgather(_raw(x), _raw(ref))
+        comm.Allgather(raw(x), raw(ref))
         calls = {a: (lambda a=a: collectives.allgather(x, comm, a)) for a in names}
 
         def direct():
-            comm.Allgather(_raw(x), _raw(poisoned))
+            comm.Allgather(raw(x), raw(poisoned))
             return poisoned
     else:
         ref = x.copy()
-        comm.Bcast(_raw(ref), 0)
+        comm.Bcast(raw(ref), 0)
         poisoned = x if r else None  # the root keeps its data, the others receive into x
         calls = {a: (lambda a=a: collectives.broadcast(x, 0, comm, a)) for a in names}
 
         def direct():
-            comm.Bcast(_raw(x), 0)
+            comm.Bcast(raw(x), 0)
             return x
     for a in names:
         if a.startswith("MPI_"):
@@ -335,7 +293,7 @@ def _measure(op, nbytes, cfg, comm):
     wrong, resolved = np.zeros(len(calls), np.int64), {}
     for i, (alg, call) in enumerate(calls.items()):
         _poison(poisoned)
-        wrong[i] = _count_wrong(call(), ref)
+        wrong[i] = count_wrong(call(), ref)
         resolved[alg] = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
     comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
     size = count * dt.itemsize
@@ -362,44 +320,6 @@ def _measure(op, nbytes, cfg, comm):
     return rows
 
 
-_HEAD = (f"{'op':>14} {'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>19} {'time(us)':>10} "
-         f"{'min(us)':>10} {'mean(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
-
-
-def _line(w):
-    alg = w["algorithm"] if w["resolved"] == w["algorithm"] else f"{w['algorithm']}->{w['resolved']}"
-    return (f"{w['op']:>14} {w['bytes']:>10} {w['count']:>10} {w['type']:>8} {w['redop']:>5} {alg:>19} "
-            f"{w['time_us']:>10.2f} {w['time_min_us']:>10.2f} {w['time_mean_us']:>10.2f} {w['algbw_GBps']:>11.3f} "
-            f"{w['busbw_GBps']:>11.3f} {w['wrong']:>6}")
-
-
-def _library():
-    return " ".join(MPI.Get_library_version().split("\n")[0].split())
-
-
-def _header(cfg, comm, complete, rows):
-    return {"benchmark": "experiments.bench_collectives", "config": dataclasses.asdict(cfg),
-            "P": comm.Get_size(), "mpi_library": _library(),
-            "mpi_standard": "%d.%d" % MPI.Get_version(), "mpi4py": sys.modules["mpi4py"].__version__,
-            "numpy": np.__version__, "python": platform.python_version(), "host": platform.node(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "complete": complete, "rows": rows, "summary": summarize(rows),
-            "summary_median": summarize(rows, "median")}
-
-
-def _write(cfg, results):
-    """Write PREFIX.json (one row a line, floats to 6 significant digits) and PREFIX.csv."""
-    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-    rows = [{k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items()} for r in results["rows"]]
-    head = json.dumps({k: v for k, v in results.items() if k != "rows"}, indent=1)
-    with open(cfg.out + ".json", "w", encoding="utf-8") as f:
-        f.write(head[:-2] + ',\n "rows": [\n  ' + ",\n  ".join(map(json.dumps, rows)) + "\n ]\n}\n")
-    with open(cfg.out + ".csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def run_sweep(cfg, comm=None):
     """Run the sweep described by ``cfg`` on ``comm`` and return the results dict (on every rank).
 
@@ -422,19 +342,19 @@ def run_sweep(cfg, comm=None):
         raise RuntimeError(_NO_TORCH)
     rank0, rows = comm.Get_rank() == 0, []
     if rank0:
-        print(f"# commlab collectives on P={comm.Get_size()} ({_library()})"
-              f", {cfg.dtype}, time = slowest rank's mean\n#{_HEAD[1:]}", flush=True)
+        print(f"# commlab collectives on P={comm.Get_size()} ({library()})"
+              f", {cfg.dtype}, time = slowest rank's mean\n#{HEAD[1:]}", flush=True)
     for nbytes in dict.fromkeys(n for n, _ in plan):
         for op in (o for n, o in plan if n == nbytes):
             for row in _measure(op, nbytes, cfg, comm):
                 rows.append(row)
                 if rank0:
-                    print(_line(row), flush=True)
+                    print(line(row), flush=True)
         if rank0:
-            _write(cfg, _header(cfg, comm, False, rows))
-    results = _header(cfg, comm, True, rows)
+            write(cfg, header(cfg, comm, False, rows))
+    results = header(cfg, comm, True, rows)
     if rank0:
-        _write(cfg, results)
+        write(cfg, results)
         print("\n" + markdown(results), flush=True)
         print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
     collectives.free_context(comm)

@@ -115,17 +115,19 @@ def test_gloo_baseline_checked_against_mpi(tmp_path):
 
 
 def test_count_wrong_detects_planted_errors():
+    from experiments.bench_oracle import count_wrong
+
     ref = np.arange(10, dtype=np.float32)
-    assert bench._count_wrong(ref.copy(), ref) == 0
-    assert bench._count_wrong(ref * (1 + 1e-7), ref) == 0  # within float32 rtol 1e-5
+    assert count_wrong(ref.copy(), ref) == 0
+    assert count_wrong(ref * (1 + 1e-7), ref) == 0  # within float32 rtol 1e-5
     bad = ref.copy()
     bad[[2, 7]] += 1
-    assert bench._count_wrong(bad, ref) == 2
+    assert count_wrong(bad, ref) == 2
     bad[0] = np.nan
-    assert bench._count_wrong(bad, ref) == 3
-    assert bench._count_wrong(ref[:5], ref) == 10
+    assert count_wrong(bad, ref) == 3
+    assert count_wrong(ref[:5], ref) == 10
     ints = np.arange(6, dtype=np.int64)
-    assert bench._count_wrong(ints + (ints == 3), ints) == 1
+    assert count_wrong(ints + (ints == 3), ints) == 1
 
 
 def test_unwritten_output_is_counted_wrong(monkeypatch):
