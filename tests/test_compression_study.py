@@ -38,7 +38,7 @@ def test_sweep_rejects_unknown_compressor(tmp_path):
 
 
 def test_check_lines_agree_with_their_verdicts():
-    from experiments.compression_sweep import check_lines
+    from experiments.compression_report import check_lines
 
     n = 38410
     results = {"parameters": n, "targets": [
