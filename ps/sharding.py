@@ -2,11 +2,13 @@
 
 The flat vector of ``n`` parameters is cut into ``S`` contiguous shards whose sizes differ by at
 most one element, with the larger shards first -- the splitting rule of ``numpy.array_split`` that
-the collectives use for their chunks. Server ``r`` owns ``[offsets[r], offsets[r + 1])``. This is
+the collectives use for their chunks (``collectives.chunk_bounds``, reused here). Server ``r`` owns ``[offsets[r], offsets[r + 1])``. This is
 ps-lite's key-range partition (Li et al., "Scaling Distributed Machine Learning with the Parameter
 Server", OSDI 2014, section 3.3) on a dense key space ``0 .. n - 1``.
 """
 import numpy as np
+
+from collectives.schedule import chunk_bounds
 
 __all__ = ["shard_sizes", "shard_offsets", "shard_slice", "split_shards", "join_shards"]
 
@@ -46,10 +48,7 @@ def shard_sizes(n, servers):
         When ``n < 0`` or ``servers < 1``.
     """
     _check(n, servers)
-    base, extra = divmod(int(n), int(servers))
-    sizes = np.full(int(servers), base, dtype=np.int64)
-    sizes[:extra] += 1
-    return sizes
+    return np.diff(np.array(chunk_bounds(int(n), int(servers)), dtype=np.int64))
 
 
 def shard_offsets(n, servers):
@@ -72,10 +71,8 @@ def shard_offsets(n, servers):
     TypeError, ValueError
         As :func:`shard_sizes`.
     """
-    sizes = shard_sizes(n, servers)
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    return offsets
+    _check(n, servers)
+    return np.array(chunk_bounds(int(n), int(servers)), dtype=np.int64)
 
 
 def shard_slice(n, servers, server):
