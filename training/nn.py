@@ -11,6 +11,7 @@ Layers follow the micrograd/tinygrad pattern: ``forward`` caches what ``backward
 are preallocated buffers reused from call to call, so a returned array is only valid until the
 layer's next call. Array code is written once for NumPy and CuPy (``xp``).
 """
+import abc
 import math
 
 import numpy
@@ -25,7 +26,7 @@ __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential
            "get_array_module"]
 
 
-class Layer:
+class Layer(abc.ABC):
     """Base class: a differentiable map with optional parameters held in flat-buffer views."""
 
     def param_shapes(self):
@@ -44,10 +45,12 @@ class Layer:
         """Return a list of (parameter view, gradient view) pairs."""
         return []
 
+    @abc.abstractmethod
     def forward(self, x):
         """Return the layer output for input ``x``, shape (B, in) -> (B, out)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def backward(self, dy, need_input_grad=True):
         """Write parameter gradients and return dL/dx (``None`` when not ``need_input_grad``)."""
         raise NotImplementedError

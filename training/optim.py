@@ -4,6 +4,7 @@ Both work on whole flat buffers (one ufunc per operation for the entire model) a
 cache-sized chunks so that the several passes of an update read each element from memory once.
 State is exposed as ``state_dict()`` / ``load_state_dict()`` so checkpoints capture it exactly.
 """
+import abc
 import math
 
 import numpy
@@ -15,7 +16,7 @@ __all__ = ["Optimizer", "SGD", "Adam", "make_optimizer"]
 _CHUNK = 1 << 15  # elements per chunk: a few arrays of this size stay in L2 cache
 
 
-class Optimizer:
+class Optimizer(abc.ABC):
     """Base class over a flat parameter array ``params`` and gradient array ``grads``.
 
     Parameters
@@ -56,7 +57,9 @@ class Optimizer:
             self._update(lo, hi, self._tmp[:hi - lo], self._tmp2[:hi - lo])
         self.steps += 1
 
+    @abc.abstractmethod
     def _update(self, lo, hi, tmp, tmp2):
+        """Update ``params[lo:hi]`` from ``grads[lo:hi]`` using the scratch views ``tmp`` and ``tmp2``."""
         raise NotImplementedError
 
     def _state_arrays(self):
