@@ -12,9 +12,9 @@ from ps.protocol import Msg, PSError, PSTimeout
 from ps.runtime import STAT_FIELDS, RunResult, roles, run
 from ps.server import Server, checkpoint_path
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
-from ps.state import ServerOptimizer, load_npz, save_npz_atomic
+from ps.state import ServerOptimizer
 
 __all__ = ["Client", "CONSISTENCY", "BspBuckets", "ClockTable", "BatchStream", "ps_options", "run_ps", "PSOptions", "parse_rank_spec", "Msg",
            "PSError", "PSTimeout", "STAT_FIELDS", "RunResult", "roles", "run", "Server",
            "checkpoint_path", "join_shards", "shard_offsets", "shard_sizes", "shard_slice",
-           "split_shards", "ServerOptimizer", "load_npz", "save_npz_atomic"]
+           "split_shards", "ServerOptimizer"]

@@ -21,7 +21,7 @@ import os
 import numpy
 from mpi4py import MPI
 
-from ps.state import save_npz_atomic
+from training.checkpoint import write_npz
 
 __all__ = ["evaluate_snapshots", "write_records", "time_to_accuracy", "staleness_stats", "TARGET_ACC"]
 
@@ -166,7 +166,7 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     write_json(os.path.join(run_dir, "staleness.json"),
                {"histogram": hist, "max": s_max, "mean": s_mean, "consistency": cfg.consistency,
                 "bound": cfg.staleness if cfg.consistency == "ssp" else (0 if cfg.consistency == "bsp" else None)})
-    save_npz_atomic(os.path.join(run_dir, "ps_model.npz"), {"params": numpy.asarray(result.params)})
+    write_npz(os.path.join(run_dir, "ps_model.npz"), {"params": numpy.asarray(result.params)})
     write_json(os.path.join(run_dir, "summary.json"), summary)
     print(_table(evals["epochs"]), flush=True)
     for t, e in result.events:

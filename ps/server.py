@@ -18,7 +18,8 @@ import numpy as np
 
 from ps.consistency import DONE, DROPPED, LIVE, BspBuckets, ClockTable
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
-from ps.state import ServerOptimizer, load_npz, save_npz_atomic
+from ps.state import ServerOptimizer
+from training.checkpoint import read_npz, write_npz
 
 __all__ = ["Server", "checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
 
@@ -268,10 +269,10 @@ class Server:
                  "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed()}
         state.update(self.opt.state_dict())
         state.update(self.table.state_dict())
-        save_npz_atomic(checkpoint_path(self.opts.checkpoint_dir, self.index), state)
+        write_npz(checkpoint_path(self.opts.checkpoint_dir, self.index), state)
 
     def _resume(self, path):
-        state = load_npz(path)
+        state = read_npz(path)
         if (int(state["servers"]), int(state["offset"]), int(state["total"]), state["params"].shape) != \
                 (self.opts.servers, self.offset, self.total, self.params.shape):
             raise ValueError(f"checkpoint {path} holds a shard of another layout "

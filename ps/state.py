@@ -13,11 +13,10 @@ Checkpoints are ``.npz`` files written to a temporary name, flushed and renamed 
 (``os.replace`` is atomic), and read with ``allow_pickle=False``.
 """
 import math
-import os
 
 import numpy as np
 
-__all__ = ["ServerOptimizer", "save_npz_atomic", "load_npz"]
+__all__ = ["ServerOptimizer"]
 
 _OPTIMIZERS = ("sgd", "adam")
 
@@ -158,36 +157,3 @@ class ServerOptimizer:
         self.m[:] = state["opt_m"]
         self.v[:] = state["opt_v"]
         self.steps = int(state["opt_steps"])
-
-
-def save_npz_atomic(path, arrays):
-    """Write ``arrays`` to ``path`` as ``.npz`` so that readers see the old or the new file only.
-
-    Parameters
-    ----------
-    path : str
-        Destination file name (ending in ``.npz``).
-    arrays : dict of str -> array_like
-        Numeric arrays (no object arrays).
-
-    Raises
-    ------
-    TypeError
-        When an entry is an object array (it would need pickle).
-    """
-    arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    for k, v in arrays.items():
-        if v.dtype == object:
-            raise TypeError(f"checkpoint entry {k!r} is an object array; only numeric arrays are stored")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_npz(path):
-    """Read an ``.npz`` checkpoint into a dict of arrays (``allow_pickle=False``)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}

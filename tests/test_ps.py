@@ -7,7 +7,8 @@ import pytest
 from ps.consistency import DONE, DROPPED, BspBuckets, ClockTable
 from ps.options import PSOptions, parse_rank_spec
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
-from ps.state import ServerOptimizer, load_npz, save_npz_atomic
+from ps.state import ServerOptimizer
+from training.checkpoint import read_npz, write_npz
 
 
 @pytest.mark.parametrize("S", [1, 2, 3, 7])
@@ -107,14 +108,14 @@ def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
     path = str(tmp_path / "s.npz")
     opt = ServerOptimizer(4, np.float32, "adam", lr=0.1)
     opt.step(np.zeros(4, np.float32), np.ones(4, np.float32), 0.1)
-    save_npz_atomic(path, {"params": np.arange(4.0), **opt.state_dict()})
+    write_npz(path, {"params": np.arange(4.0), **opt.state_dict()})
     assert os.listdir(tmp_path) == ["s.npz"]  # no temporary file left behind
-    state = load_npz(path)
+    state = read_npz(path)
     again = ServerOptimizer(4, np.float32, "adam", lr=0.1)
     again.load_state_dict(state)
     assert again.steps == 1 and np.array_equal(again.m, opt.m) and np.array_equal(again.v, opt.v)
     with pytest.raises(TypeError):
-        save_npz_atomic(path, {"bad": np.array([{}], dtype=object)})
+        write_npz(path, {"bad": np.array([{}], dtype=object)})
     with pytest.raises(ValueError):
         ServerOptimizer(5, np.float32, "adam", lr=0.1).load_state_dict(state)
 

@@ -18,7 +18,7 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
-__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
+__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 
 _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
@@ -182,19 +182,59 @@ def save_checkpoint(path, arrays, comm):
         When an entry is an object array (checkpoints never hold pickles).
     """
     if comm.rank == 0:
-        host = {k: to_host(v) for k, v in arrays.items()}
-        for k, v in host.items():
-            if v.dtype.hasobject:
-                raise TypeError(f"checkpoint entry {k!r} is an object array")
-        host["meta/sha256"] = _digest(host)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            numpy.savez(f, **host)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_npz(path, arrays)
     comm.Barrier()
     return path
+
+
+def write_npz(path, arrays):
+    """Write ``arrays`` to ``path`` on this rank alone: ``.npz`` without pickle, SHA-256 inside, atomic.
+
+    The file is written to a temporary name, synced and renamed, so a reader never sees half a file.
+
+    Parameters
+    ----------
+    path : str
+    arrays : dict of str -> array-like
+        Numeric arrays (CuPy arrays are copied to the host).
+
+    Raises
+    ------
+    TypeError
+        When an entry is an object array (checkpoints never hold pickles).
+    """
+    host = {k: to_host(v) for k, v in arrays.items()}
+    for k, v in host.items():
+        if v.dtype.hasobject:
+            raise TypeError(f"checkpoint entry {k!r} is an object array")
+    host["meta/sha256"] = _digest(host)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        numpy.savez(f, **host)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_npz(path):
+    """Read and verify a file written by :func:`write_npz` on this rank alone.
+
+    Returns
+    -------
+    dict of str -> ndarray
+        The arrays, without ``meta/sha256``.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, when it is missing, corrupt, truncated or fails its checksum.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
+    return _parse(data, path)
 
 
 def _parse(data, path):
