@@ -1,4 +1,4 @@
-"""Server-side state: the optimizer that updates a shard, and its atomic ``.npz`` checkpoint.
+"""Server-side state: the optimizer that updates a shard, and what its checkpoint holds.
 
 The optimizer runs on the server (ps-lite's server-side update, Li et al., OSDI 2014, section 3.2):
 workers push gradients, servers own the parameters and the optimizer state of their shard.
@@ -9,8 +9,8 @@ workers push gradients, servers own the parameters and the optimizer state of th
   Distributed Deep Learning", IJCAI 2016, section 3): the step of a gradient whose staleness is
   ``tau`` clocks is ``lr / max(1, tau)``.
 
-Checkpoints are ``.npz`` files written to a temporary name, flushed and renamed over the target
-(``os.replace`` is atomic), and read with ``allow_pickle=False``.
+``state_dict()`` gives plain arrays; the server writes them with the trainer's checkpoint writer
+(``training.checkpoint.write_npz``: atomic, no pickle, SHA-256 inside) and reads them back verified.
 """
 import math
 
