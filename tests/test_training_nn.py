@@ -157,3 +157,58 @@ def test_optimizer_argument_errors():
         Adam(p, np.zeros(3, np.float32), lr=0)
     with pytest.raises(ValueError, match="optimizer state"):
         SGD(p, np.zeros(3, np.float32)).load_state_dict({"steps": np.array(1)})
+
+
+class _FreezableMLP(Sequential):
+    """Linear -> Tanh -> Linear whose backward stops before layer 0 while ``frozen`` (the layer's
+    backward is not called, as for a frozen or dropped layer)."""
+
+    frozen = False
+
+    def backward(self, dy):
+        stop = 1 if self.frozen else 0
+        for i in range(len(self.layers) - 1, stop - 1, -1):
+            dy = self.layers[i].backward(dy, need_input_grad=i > stop)
+
+
+def test_layer_skipped_in_a_step_contributes_zero_not_the_last_gradient():
+    # step 1 trains every layer; in step 2 layer 0's backward is not called: its gradient must be
+    # exactly 0 (so plain SGD leaves its weights bitwise unchanged), and layer 2's gradient must
+    # equal finite differences of step 2's loss (rtol 1e-6, atol 1e-8)
+    from mpi4py import MPI
+
+    from training.parallel import AllreduceHook, train_step
+
+    rng = np.random.default_rng(11)
+    model = _FreezableMLP([Linear(5, 6, init="glorot"), Tanh(), Linear(6, 3, init="glorot")],
+                          dtype="float64", seed=2)
+    opt, ce = SGD(model.params, model.grads, lr=0.1, momentum=0.0), SoftmaxCrossEntropy()
+    hook = AllreduceHook(MPI.COMM_SELF, "mpi")
+    n0 = model.layers[0].W.size + model.layers[0].b.size
+    x1, y1 = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
+    train_step(model, ce, opt, hook, MPI.COMM_SELF, x1, y1)
+    assert np.abs(model.grads[:n0]).max() > 1e-3  # step 1 did produce a layer-0 gradient
+    model.frozen = True
+    x2, y2 = rng.standard_normal((8, 5)), rng.integers(0, 3, 8)
+    before = model.params.copy()
+    top = model.layers[2]
+    num_W = _numeric_grad(lambda: ce.forward(model.forward(x2), y2), top.W)
+    num_b = _numeric_grad(lambda: ce.forward(model.forward(x2), y2), top.b)
+    train_step(model, ce, opt, hook, MPI.COMM_SELF, x2, y2)
+    np.testing.assert_array_equal(model.grads[:n0], 0.0)
+    np.testing.assert_array_equal(model.params[:n0], before[:n0])
+    np.testing.assert_allclose(top.dW, num_W, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(top.db, num_b, rtol=RTOL, atol=ATOL)
+
+
+def test_a_layer_object_used_twice_is_refused():
+    # tied weights: backward writes (does not add) gradients and Linear caches one input, so
+    # the gradient of the shared W would be that of its last use only (off from finite
+    # differences); the model is refused, naming both positions
+    lin = Linear(4, 4)
+    with pytest.raises(ValueError, match=r"layers\[2\] is the same Linear object as layers\[0\]"):
+        Sequential([lin, Tanh(), lin])
+    act = ReLU()
+    with pytest.raises(ValueError, match=r"layers\[3\] is the same ReLU object as layers\[1\]"):
+        Sequential([Linear(4, 4), act, Linear(4, 4), act, Linear(4, 2)])
+    Sequential([Linear(4, 4), ReLU(), Linear(4, 4), ReLU(), Linear(4, 2)])  # distinct objects: fine

@@ -201,6 +201,7 @@ class Sequential:
     Parameters
     ----------
     layers : list of Layer
+        Distinct layer objects (the same object twice, e.g. tied weights, is refused).
     dtype : str or dtype
         Parameter dtype (float32 or float64).
     seed : int
@@ -214,6 +215,15 @@ class Sequential:
         The flat parameter and gradient arrays; every layer parameter is a view into them.
     slices : list of (str, int, int)
         (name, offset, size) of each parameter in the flat arrays, in layer order.
+
+    Raises
+    ------
+    TypeError
+        When ``dtype`` is not a floating type.
+    ValueError
+        When one layer object appears twice in ``layers`` (naming both indices): ``backward``
+        writes each gradient view instead of adding to it, and a layer caches the input of its
+        last ``forward``, so a reused layer would get the gradient of its last use only.
     """
 
     def __init__(self, layers, dtype="float32", seed=0, xp=numpy):
@@ -221,6 +231,13 @@ class Sequential:
         if dtype.kind != "f":
             raise TypeError(f"dtype must be a floating type, got {dtype}")
         self.layers, self.dtype = list(layers), dtype
+        first = {}
+        for i, layer in enumerate(self.layers):
+            j = first.setdefault(id(layer), i)
+            if j != i:  # backward writes, not adds, gradients, and layers cache their inputs
+                raise ValueError(f"layers[{i}] is the same {type(layer).__name__} object as layers[{j}]: "
+                                 "a layer may appear only once in a Sequential (shared or tied weights "
+                                 "are not supported; use a separate layer object)")
         shapes = [(i, s) for i, layer in enumerate(self.layers) for s in layer.param_shapes()]
         n = sum(math.prod(s) for _, s in shapes)
         self.params = xp.zeros(n, dtype)
@@ -255,7 +272,12 @@ class Sequential:
         return x
 
     def backward(self, dy):
-        """Write all parameter gradients into ``grads`` given dL/dlogits ``dy`` (B, n_out)."""
+        """Write all parameter gradients into ``grads`` given dL/dlogits ``dy`` (B, n_out).
+
+        Each layer overwrites its own gradient views; a layer whose ``backward`` is not run keeps
+        what ``grads`` held, so a training step zeroes ``grads`` first
+        (``training.parallel.compute_gradient``).
+        """
         last = len(self.layers) - 1
         for i in range(last, -1, -1):
             dy = self.layers[i].backward(dy, need_input_grad=i > 0)

@@ -142,7 +142,10 @@ def make_grad_hook(cfg, comm, model):
 
 
 def compute_gradient(model, loss_fn, x, y):
-    """Run forward and backward on one batch; gradients land in ``model.grads``.
+    """Zero ``model.grads``, then run forward and backward on one batch into it.
+
+    The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
+    ``backward`` does not run in this step contributes zero, never an earlier step's gradient.
 
     Parameters
     ----------
@@ -156,6 +159,7 @@ def compute_gradient(model, loss_fn, x, y):
     float
         Mean loss over the batch.
     """
+    model.grads.fill(0)
     loss = loss_fn.forward(model.forward(x), y)
     model.backward(loss_fn.backward())
     return loss
@@ -182,7 +186,7 @@ def any_rank(flag, comm):
 def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     """Take one data-parallel step; skip it on every rank if any rank sees a non-finite value.
 
-    Steps: forward/backward into the flat gradient; a non-finite flag (loss or gradient) is
+    Steps: zero the flat gradient, forward/backward into it; a non-finite flag (loss or gradient) is
     all-reduced with max; if raised, every rank zeroes its gradient and skips both the gradient
     exchange and the update (parameters stay identical); otherwise ``hook`` averages the gradient
     and the optimizer updates the flat parameters.
