@@ -29,7 +29,7 @@ from training.job import array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy, build_mlp
 from training.optim import make_optimizer
-from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step
+from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step, verify_param_layout
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
@@ -101,7 +101,8 @@ def build_trainer(cfg, comm):
     Raises
     ------
     ValueError
-        From :func:`check_run`, or when a part rejects its arguments.
+        From :func:`check_run`, when a part rejects its arguments, or when the ranks' models
+        differ (``training.parallel.verify_param_layout``).
     ImportError
         From :func:`check_run` (``--device gpu`` without CuPy).
     CheckpointError
@@ -110,6 +111,7 @@ def build_trainer(cfg, comm):
     xp = check_run(cfg, comm)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
+    verify_param_layout(model, comm)  # before any gradient exchange: a mismatch would hang or mix
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
     if getattr(hook, "momentum_in_compressor", False) and cfg.optimizer == "sgd":
