@@ -3,12 +3,14 @@
 ALG is the all-reduce algorithm for summable payloads, GALG the all-gather algorithm. Every case runs
 the training hook for several steps and compares each step with the oracle "decompress every rank's
 payload and average", computed here from a twin compressor and memory whose payloads are gathered
-with mpi4py's own ``comm.allgather``. Exceptions: signsgd's oracle is the majority vote
-``sign(sum of signs)`` (times the mean scale), PowerSGD's is PowerSGD run on one rank on the average
+with mpi4py's own ``comm.allgather``. Exceptions: signsgd's oracle is NumPy's majority vote
+``np.sign(sum_r np.sign(x_r))`` of the gathered inputs (times the mean scale), PowerSGD's is PowerSGD run on one rank on the average
 of the ranks' inputs. Tolerances (float64 data): rtol 1e-12 of the largest magnitude; 1e-9 for
 PowerSGD (QR of P summed in another order); fp16 2**-11 of the sum of magnitudes (the all-reduce
 rounds its float32 sum to float16 once). Also: results identical on every rank, bytes counted from
-the payloads, an all-zero gradient gives no NaN/Inf, the sparse aggregation case, state round trip.
+the payloads, an all-zero gradient gives no NaN/Inf and a zero output, signsgd's ties and exact zeros
+(``[0, -2, 2, 0]`` on every rank votes ``[0, -1, 1, 0]``), the sparse aggregation case, state round
+trip.
 Exits 0 when every case passes on every rank, 1 otherwise (the failing cases are printed).
 """
 import sys
@@ -64,7 +66,7 @@ def oracle(name, twin, mem, x):
         mem.update(p, "grad", twin.decompress(payloads, ctx))
     everyone = comm.allgather(payloads)
     if name == "signsgd":
-        votes = sum(np.unpackbits(pl[0])[:x.size].astype(np.int64) * 2 - 1 for pl in everyone)
+        votes = sum(np.sign(q) for q in comm.allgather(p))  # NumPy: sign(0) = 0
         scale = np.mean([float(pl[1][0]) for pl in everyone]) if twin.scaled else 1.0
         return np.sign(votes).astype(x.dtype) * x.dtype.type(scale), payloads, 0.0
     parts = [twin.decompress(pl, ctx) for pl in everyone]
@@ -106,8 +108,24 @@ def zero_case(name, kwargs, alg):
     for step in range(3):
         out, _ = hook(np.zeros(n))
         check(bool(np.all(np.isfinite(out))), f"zero {name}{kwargs} P={P} step {step}: NaN/Inf")
-        if not (name == "signsgd" and kw.get("scaled") is False):
-            check(not np.any(out), f"zero {name}{kwargs} P={P} step {step}: nonzero output")
+        check(not np.any(out), f"zero {name}{kwargs} P={P} step {step}: nonzero output")
+    hook.close()
+
+
+def sign_tie_case(alg, galg):
+    """Unscaled signsgd: exact zeros cast no vote and a sum of signs of 0 gives 0.
+
+    Every rank holds ``[0, -2, 2, 0]`` and then ``+1`` on even ranks, ``-1`` on odd ones (a tie
+    when P is even); the oracle is NumPy's ``np.sign(sum_r np.sign(g_r))`` on the gathered inputs,
+    for P = 2 ``[0, -1, 1, 0, 0]``.
+    """
+    g = np.array([0.0, -2.0, 2.0, 0.0, 1.0 if rank % 2 == 0 else -1.0])
+    hook = make_hook("signsgd", comm=comm, algorithm=alg, gather_algorithm=galg, scaled=False)
+    out, _ = hook(g)
+    want = np.sign(sum(np.sign(q) for q in comm.allgather(g)))
+    check(np.array_equal(out, want), f"signsgd ties P={P}: {out.tolist()} != {want.tolist()}")
+    if P == 2:
+        check(np.array_equal(out, [0, -1, 1, 0, 0]), f"signsgd ties P=2: {out.tolist()}")
     hook.close()
 
 
@@ -143,6 +161,7 @@ def main():
         for name, kwargs in CASES:
             run_case(name, kwargs, alg, galg)
             zero_case(name, kwargs, alg)
+        sign_tie_case(alg, galg)
         for name, kwargs in CASES[::3] + [CASES[-1], CASES[-3]]:
             resume_case(name, kwargs, alg)
         if P == 2:

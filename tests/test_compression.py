@@ -75,7 +75,7 @@ def test_qsgd_levels_use_the_smallest_integer_type():
 
 
 @pytest.mark.parametrize("name,per_element_bits,extra_bytes", [
-    ("signsgd", 1, 4), ("efsignsgd", 1, 4), ("onebit", 1, 8), ("terngrad", 2, 4),
+    ("signsgd", 2, 4), ("efsignsgd", 1, 4), ("onebit", 1, 8), ("terngrad", 2, 4),
     ("int8", 8, 4), ("fp16", 16, 0)])
 def test_wire_size_is_bits_per_element(name, per_element_bits, extra_bytes):
     n = 1001
@@ -231,3 +231,42 @@ def test_boundary_errors():
         Compressor().decompress([], {})
     with pytest.raises(NotImplementedError):
         Memory().compensate(np.zeros(3), "g")
+
+
+def _sign_vote(grads, **kwargs):
+    """Return signsgd's aggregate of ``grads`` (one per simulated rank), from each rank's payloads."""
+    c = make_compressor("signsgd", **kwargs)
+    packed = [c.compress(g, "g") for g in grads]
+    return c.aggregate([p for p, _ in packed], packed[0][1])
+
+
+def test_signsgd_majority_vote_gives_zero_for_zeros_and_ties():
+    # oracle: NumPy's majority vote np.sign(sum_r np.sign(g_r)), where np.sign(0) = 0; a zero
+    # element casts no vote and signs summing to 0 give 0 (before: [0, -2, 2, 0] -> [1, -1, 1, 1])
+    g = np.array([0.0, -2.0, 2.0, 0.0])
+    vote = _sign_vote([g, g], scaled=False)
+    assert np.array_equal(vote, [0.0, -1.0, 1.0, 0.0])
+    rng = np.random.default_rng(3)
+    for P in (2, 3, 4):
+        grads = [rng.integers(-2, 3, 101).astype(np.float64) for _ in range(P)]  # many 0s and ties
+        want = np.sign(sum(np.sign(q) for q in grads))
+        assert np.array_equal(_sign_vote(grads, scaled=False), want)
+        scale = sum(float(np.float32(np.abs(q).mean())) for q in grads) / P  # float32 per rank
+        assert np.array_equal(_sign_vote(grads, scaled=True), want * scale)
+
+
+def test_signsgd_all_zero_gradient_gives_zero_update():
+    # one rank and two: every element's vote is 0, so the update (lr * vote) is exactly 0
+    for scaled in (False, True):
+        assert not np.any(_sign_vote([np.zeros(13)] * 2, scaled=scaled))
+        hook = make_hook("signsgd", comm=MPI.COMM_SELF, scaled=scaled)
+        out, _ = hook(np.zeros(13, np.float32))
+        assert out.dtype == np.float32 and not np.any(out)
+        hook.close()
+
+
+def test_signsgd_round_trip_is_the_three_valued_sign():
+    x = np.array([[0.0, -3.0, 0.5], [-0.0, 2.0, -1e-30]], np.float32)
+    y, payloads = _round_trip(make_compressor("signsgd", scaled=False), x)
+    assert y.dtype == x.dtype and np.array_equal(y, np.sign(x))
+    assert payload_nbytes(payloads) == math.ceil(x.size / 4)  # 2 bits per element, no scale

@@ -1,8 +1,10 @@
-"""One-bit compressors on bit-packed signs: ``signsgd`` (majority vote), ``efsignsgd`` (scaled sign with
-error feedback) and ``onebit`` (two reconstruction means with error feedback)."""
+"""Sign compressors: ``signsgd`` (majority vote of three-valued signs, 2 bits per element),
+``efsignsgd`` (scaled 1-bit sign with error feedback) and ``onebit`` (two reconstruction means with
+error feedback, 1 bit per element)."""
 import numpy as np
 
 from .base import Compressor, _ctx, check_tensor, get_array_module
+from .terngrad import pack_2bit, unpack_2bit
 
 __all__ = ["SignSGD", "EFSignSGD", "OneBit", "pack_signs", "unpack_signs"]
 
@@ -35,14 +37,32 @@ def _mean_abs(flat, xp):
     return xp.asarray(np.array([value], np.float32))
 
 
-class SignSGD(Compressor):
-    """Send the sign of each element (1 bit); aggregate by majority vote.
+def _sign_codes(x):
+    """Return the 2-bit codes of ``sign(x)``: 0 for 0, 1 for +1, 2 for -1; shape (n,), uint8."""
+    return (x > 0).astype(np.uint8) + 2 * (x < 0).astype(np.uint8)
 
-    The receivers compute ``sign(sum_r sign(g_r))`` (ties give 0). Bernstein et al. 2018, "signSGD:
-    Compressed Optimisation for Non-Convex Problems", Algorithm 3 (majority vote). With ``scaled``
-    the vote is multiplied by the ranks' mean of ``mean|g_r|`` (one float32 more per rank), so the
-    update has the gradient's magnitude and the learning rate of the other compressors carries over;
-    ``scaled=False`` is the paper's pure sign (use a learning rate near 1e-4).
+
+def _code_values(codes, dtype):
+    """Return the sign ``{0, +1, -1}`` of each 2-bit code (code 3 is never sent: 0), in ``dtype``."""
+    xp = get_array_module(codes)
+    return xp.asarray(np.array([0, 1, -1, 0], dtype))[codes]
+
+
+class SignSGD(Compressor):
+    """Send the sign of each element, -1, 0 or +1 (2 bits); aggregate by majority vote.
+
+    ``sign(0) = 0``, as in the authors' implementation (Bernstein et al.'s ``torch.sign``): an exact
+    zero casts no vote, so an all-zero gradient gives a zero update. The receivers compute
+    ``sign(sum_r sign(g_r))``; tie rule: an element whose signs sum to 0 (as many +1 as -1 votes,
+    or no votes) gets 0. Bernstein et al. 2018, "signSGD: Compressed Optimisation for Non-Convex
+    Problems", Algorithm 3 (majority vote). With ``scaled`` the vote is multiplied by the ranks'
+    mean of ``mean|g_r|`` (one float32 more per rank), so the update has the gradient's magnitude
+    and the learning rate of the other compressors carries over; ``scaled=False`` is the paper's
+    pure sign (use a learning rate near 1e-4).
+
+    On the wire: three values do not fit one bit, so each element is a 2-bit code (0: zero, 1: +1,
+    2: -1; four per byte, ``terngrad.pack_2bit``), ``ceil(size / 4)`` bytes, plus 4 bytes when
+    ``scaled``.
 
     Parameters
     ----------
@@ -61,28 +81,29 @@ class SignSGD(Compressor):
         self.scaled = bool(scaled)
 
     def compress(self, x, name):
-        """Return ``([signs uint8 (ceil(size / 8),), mean|x| float32 (1,)], ctx)`` (no scale if not
-        ``scaled``)."""
+        """Return ``([sign codes uint8 (ceil(size / 4),), mean|x| float32 (1,)], ctx)`` (no scale if
+        not ``scaled``)."""
         xp = check_tensor(x, name)
         flat = x.ravel()
-        payloads = [pack_signs(flat)]
+        payloads = [pack_2bit(_sign_codes(flat))]
         if self.scaled:
             payloads.append(_mean_abs(flat, xp))
         return payloads, _ctx(x)
 
     def decompress(self, payloads, ctx):
-        """Return ``scale * sign`` (one rank's view), reshaped."""
-        signs = unpack_signs(payloads[0], ctx["size"], ctx["dtype"])
+        """Return ``scale * sign`` with ``sign`` in {-1, 0, +1} (one rank's view), reshaped."""
+        signs = _code_values(unpack_2bit(payloads[0], ctx["size"]), ctx["dtype"])
         if self.scaled:
             signs = signs * payloads[1].astype(ctx["dtype"])[0]
         return signs.reshape(ctx["shape"])
 
     def aggregate(self, gathered, ctx):
-        """Return the majority vote ``sign(sum_r sign_r)`` (times the mean scale when ``scaled``)."""
+        """Return the majority vote ``sign(sum_r sign_r)``, 0 where the sum is 0 (times the mean
+        scale when ``scaled``)."""
         xp = get_array_module(gathered[0][0])
-        votes = unpack_signs(gathered[0][0], ctx["size"], np.int32)
+        votes = _code_values(unpack_2bit(gathered[0][0], ctx["size"]), np.int32)
         for payloads in gathered[1:]:
-            votes = votes + unpack_signs(payloads[0], ctx["size"], np.int32)
+            votes = votes + _code_values(unpack_2bit(payloads[0], ctx["size"]), np.int32)
         out = xp.sign(votes).astype(ctx["dtype"])
         if self.scaled:
             scale = sum(float(p[1][0]) for p in gathered) / len(gathered)
@@ -98,6 +119,9 @@ class EFSignSGD(Compressor):
 
     Use with the error-feedback memory (on by default). Karimireddy et al. 2019, "Error Feedback Fixes
     SignSGD and other Gradient Compression Schemes", Algorithm 1 (EF-SGD with the scaled sign).
+    The sign is one bit, so an exact zero is sent as ``+||p||_1 / d`` (``pack_signs``); the error
+    feedback carries the difference into the next step (mass is conserved), and an all-zero ``p``
+    has scale 0 and gives exactly 0.
     """
 
     __slots__ = ()
@@ -120,7 +144,9 @@ class OneBit(Compressor):
     are >= 0 and the mean of those below (the values that minimize the squared error for the chosen
     bits). 1 bit per element + 8 bytes; use with error feedback (on by default). Seide et al. 2014,
     "1-Bit Stochastic Gradient Descent and its Application to Data-Parallel Distributed Training of
-    Speech DNNs", Sec. 3 (per tensor here, per column there).
+    Speech DNNs", Sec. 3 (per tensor here, per column there). Exact zeros fall in the ``>= 0`` group
+    and are rebuilt as ``mean_pos`` (error feedback carries the difference); an all-zero tensor has
+    ``mean_pos = 0`` and gives exactly 0.
     """
 
     __slots__ = ()
