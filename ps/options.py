@@ -25,12 +25,8 @@ class PSOptions:
     staleness: int = 2              # SSP bound s (clocks)
     staleness_lr: bool = False      # divide the step by max(1, tau) (Zhang et al. 2016)
     budget: int = 100               # pushes (worker gradients) the servers apply before STOP
-    optimizer: str = "sgd"          # server update rule: "sgd" (momentum) or "adam"
-    lr: float = 0.1                 # learning rate (dimensionless step size)
-    momentum: float = 0.0           # SGD momentum coefficient
-    weight_decay: float = 0.0       # L2 coefficient added to the gradient
-    betas: tuple = (0.9, 0.999)     # Adam moment decay rates
-    eps: float = 1e-8               # Adam denominator floor
+    lr: float = 0.1                 # base learning rate (dimensionless step size); the update rule
+                                    # itself is the optimizer given to ps.runtime.run
     lr_schedule: str = "constant"   # "constant" or "cosine" over the horizon
     horizon: int = 0                # pushes over which the schedule runs (0: the budget)
     ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
@@ -68,11 +64,9 @@ class PSOptions:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
         if not (self.ps_timeout > 0 and math.isfinite(self.ps_timeout)):
             raise ValueError(f"ps_timeout must be a positive number of seconds, got {self.ps_timeout}")
-        for name in ("lr", "momentum", "weight_decay", "eps", "jitter"):
+        for name in ("lr", "jitter"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.jitter < 0:

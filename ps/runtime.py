@@ -56,7 +56,7 @@ def roles(comm, servers):
     return list(range(servers)), list(range(servers, comm.Get_size()))
 
 
-def run(comm, opts, init_params, grad_fn=None, on_push=None):
+def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
     """Run one parameter-server job on every rank of ``comm``.
 
     Parameters
@@ -72,6 +72,11 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None):
         ``grad`` host arrays of shape (n,) and the same dtype (``grad`` the mean over the batch).
     on_push : callable, optional
         Rank 0 only: called as ``on_push(pushes)`` after every folded push (progress display).
+    make_optimizer : callable
+        The servers' update rule, given on every rank: ``make_optimizer(params, grads) ->
+        optimizer`` over a shard's flat buffers, with the interface of :mod:`training.optim`
+        (``lr`` attribute, ``step()``, ``state_dict()``, ``load_state_dict()``); each server sets
+        ``lr`` before every update (:class:`ps.state.ServerOptimizer`).
 
     Returns
     -------
@@ -81,7 +86,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None):
     Raises
     ------
     TypeError
-        When ``init_params`` is not a float32/float64 NumPy vector.
+        When ``init_params`` is not a float32/float64 NumPy vector, or ``make_optimizer`` is not
+        callable.
     ValueError
         When an option is out of range (on every rank, before any message).
     PSError
@@ -91,6 +97,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None):
         raise TypeError("init_params must be a float32 or float64 NumPy array")
     if init_params.ndim != 1:
         raise ValueError(f"init_params must be 1-D, got shape {init_params.shape}")
+    if not callable(make_optimizer):
+        raise TypeError(f"make_optimizer must be callable, got {type(make_optimizer).__name__}")
     opts.validate(comm.Get_size())
     servers, workers = roles(comm, opts.servers)
     pscomm, repcomm = comm.Dup(), comm.Dup()
@@ -101,7 +109,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None):
         t0 = time.monotonic()
         if rank < opts.servers:
             shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
-            server = Server(pscomm, rank, workers, shard, offsets[rank], n, opts,
+            server = Server(pscomm, rank, workers, shard, offsets[rank], n, opts, make_optimizer,
                             on_push if rank == 0 else None)
             server.serve(t0)
             wall = server.elapsed()

@@ -1,10 +1,11 @@
 """The server loop: serve pushes and pulls as they arrive under BSP, ASP or SSP.
 
 One server owns one shard of the flat parameter vector (:mod:`ps.sharding`) and its optimizer state
-(:class:`ps.state.ServerOptimizer`). It probes for any message from any worker, handles it, and
-re-examines the deferred pulls whenever a push is folded in or a worker leaves (:mod:`ps.consistency`
-decides which pull may go). Nothing assumes an arrival order: a pull that overtakes its reader's own
-push waits for it, BSP buckets are keyed by clock and summed in worker order.
+(:class:`ps.state.ServerOptimizer`, running the optimizer that the caller's factory builds). It
+probes for any message from any worker, handles it, and re-examines the deferred pulls whenever a
+push is folded in or a worker leaves (:mod:`ps.consistency` decides which pull may go). Nothing
+assumes an arrival order: a pull that overtakes its reader's own push waits for it, BSP buckets are
+keyed by clock and summed in worker order.
 
 Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
 is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
@@ -19,7 +20,7 @@ import numpy as np
 from ps.consistency import DONE, DROPPED, LIVE, BspBuckets, ClockTable
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer
-from training.checkpoint import read_npz, write_npz
+from ps.store import read_npz, write_npz
 
 __all__ = ["Server", "checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
 
@@ -48,7 +49,10 @@ class Server:
     offset, total : int
         First element of the shard in the flat vector, and the flat vector's length.
     opts : ps.options.PSOptions
-        Run settings (consistency, budget, optimizer, timeouts, checkpoints).
+        Run settings (consistency, budget, learning rate, timeouts, checkpoints).
+    make_optimizer : callable
+        ``make_optimizer(params, grads) -> optimizer`` over the shard's flat buffers
+        (:class:`ps.state.ServerOptimizer`).
     on_push : callable, optional
         ``on_push(pushes_applied)`` after every folded push (progress display).
 
@@ -58,7 +62,7 @@ class Server:
         When a checkpoint to resume from does not match this shard.
     """
 
-    def __init__(self, comm, index, worker_ranks, shard, offset, total, opts, on_push=None):
+    def __init__(self, comm, index, worker_ranks, shard, offset, total, opts, make_optimizer, on_push=None):
         self.comm, self.index, self.opts = comm, int(index), opts
         self.worker_ranks = list(worker_ranks)
         self.rank_to_worker = {r: w for w, r in enumerate(self.worker_ranks)}
@@ -66,9 +70,7 @@ class Server:
         self.params, self.offset, self.total = shard, int(offset), int(total)
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = BspBuckets(self.table) if opts.consistency == "bsp" else None
-        self.opt = ServerOptimizer(shard.shape[0], shard.dtype, opts.optimizer, opts.lr, opts.momentum,
-                                   opts.weight_decay, opts.betas, opts.eps, opts.lr_schedule,
-                                   opts.staleness_lr)
+        self.opt = ServerOptimizer(shard, make_optimizer, opts.lr, opts.lr_schedule, opts.staleness_lr)
         self.on_push = on_push
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> clock of its deferred pull
@@ -185,7 +187,7 @@ class Server:
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
         lr = self.opt.rate(self.progress(), tau, self.n_workers)
-        self.opt.step(self.params, grad, lr)
+        self.opt.step(grad, lr)
         self.table.fold(w, clock)
         self._after_fold(1)
 
@@ -195,7 +197,7 @@ class Server:
             if ready is None:
                 return
             clock, mean, workers = ready
-            self.opt.step(self.params, mean, self.opt.rate(self.progress(), 0, 1))
+            self.opt.step(mean, self.opt.rate(self.progress(), 0, 1))
             for w in workers:
                 self.table.fold(w, clock)
             self._after_fold(len(workers))

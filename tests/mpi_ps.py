@@ -22,6 +22,7 @@ Cases (each runs on every rank; the first ``S`` ranks serve):
 Exit status 0 when every check passes; otherwise the failing check is printed and the rank exits 1.
 An unexpected exception aborts the whole job so that no rank hangs.
 """
+import functools
 import sys
 import time
 import traceback
@@ -32,8 +33,10 @@ from mpi4py import MPI
 from ps.options import PSOptions
 from ps.protocol import PSError
 from ps.runtime import run
+from training.optim import SGD
 
 COMM = MPI.COMM_WORLD
+PLAIN_SGD = functools.partial(SGD, momentum=0.0)  # the servers' update rule: w -= lr g
 FAILURES = []
 _HIST = 64  # bins of the measured staleness histogram
 
@@ -62,7 +65,7 @@ def case_sum(S, K):
                 seen.append(bool(np.all(params == clock * total)))
             return np.full_like(params, -(w + 1.0)), batch
 
-        res = run(COMM, opts, np.zeros(7), grad_fn)
+        res = run(COMM, opts, np.zeros(7), grad_fn, make_optimizer=PLAIN_SGD)
         if isinstance(res, dict):
             check(all(seen), f"{cons}: a BSP pull did not read exactly clock x {total}")
         if COMM.Get_rank() == 0:
@@ -106,7 +109,7 @@ def _one_hot_run(S, cons, staleness, straggler=True, budget_clocks=30):
         time.sleep(0.001)
         return grad, batch
 
-    res = run(COMM, opts, np.zeros(n), grad_fn)
+    res = run(COMM, opts, np.zeros(n), grad_fn, make_optimizer=PLAIN_SGD)
     COMM.Allreduce(MPI.IN_PLACE, hist, op=MPI.SUM)
     return hist, res
 
@@ -155,10 +158,11 @@ def _oracle(W, d, clocks, lr, mu):
 
 
 def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9):
-    opts = PSOptions(servers=S, consistency="bsp", budget=clocks * _workers(S), lr=lr, momentum=mu,
+    opts = PSOptions(servers=S, consistency="bsp", budget=clocks * _workers(S), lr=lr,
                      ps_timeout=20.0, checkpoint_dir=ckpt, resume_dir=resume)
     w = COMM.Get_rank() - S
-    return run(COMM, opts, np.linspace(-1, 1, d), lambda p, c, b: (_lsq_grad(p, w, c), b))
+    return run(COMM, opts, np.linspace(-1, 1, d), lambda p, c, b: (_lsq_grad(p, w, c), b),
+               make_optimizer=functools.partial(SGD, momentum=mu))
 
 
 def _close(a, b):
@@ -193,7 +197,7 @@ def case_balance(S):
         time.sleep(1e-4 * batch)  # compute time proportional to the batch
         return np.zeros_like(params), batch
 
-    res = run(COMM, opts, np.zeros(5), grad_fn)
+    res = run(COMM, opts, np.zeros(5), grad_fn, make_optimizer=PLAIN_SGD)
     if COMM.Get_rank() == 0:
         batches = [int(st["batch"]) for st in res.workers]
         check(sum(batches) == W * B, f"batches {batches} do not sum to W x batch = {W * B}")
@@ -208,7 +212,7 @@ def case_fail(S, *models):
                          ps_timeout=1.0, fail_worker=f"{failed}:5")
         grad_fn = lambda p, c, b: (time.sleep(0.002), (np.ones_like(p), b))[1]  # noqa: E731
         try:
-            res = run(COMM, opts, np.zeros(6), grad_fn)
+            res = run(COMM, opts, np.zeros(6), grad_fn, make_optimizer=PLAIN_SGD)
         except PSError as e:
             check(cons == "bsp", f"{cons}: unexpected error {e}")
             check(f"rank {failed}" in str(e), f"bsp: error does not name rank {failed}: {e}")

@@ -1,4 +1,5 @@
 """Single-process tests of the parameter server's pieces: sharding, clock rules, optimizer, checkpoints."""
+import functools
 import os
 
 import numpy as np
@@ -8,7 +9,8 @@ from ps.consistency import DONE, DROPPED, BspBuckets, ClockTable
 from ps.options import PSOptions, parse_rank_spec
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
 from ps.state import ServerOptimizer
-from training.checkpoint import read_npz, write_npz
+from ps.store import read_npz, write_npz
+from training.optim import SGD, Adam
 
 
 @pytest.mark.parametrize("S", [1, 2, 3, 7])
@@ -79,26 +81,25 @@ def test_asp_serves_without_bound_but_waits_for_own_push():
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_server_optimizer_matches_trainer_optimizer(kind):
     """Oracle: the trainer's own SGD/Adam on the same gradients; bitwise equal in float64."""
-    from training.optim import SGD, Adam
-
     rng = np.random.default_rng(0)
     p0 = rng.standard_normal(50)
     params, grads = p0.copy(), np.zeros(50)
     ref = SGD(params, grads, lr=0.1, momentum=0.9, weight_decay=1e-3) if kind == "sgd" else \
         Adam(params, grads, lr=0.01, weight_decay=1e-3)
-    mine = ServerOptimizer(50, np.float64, kind, lr=0.1 if kind == "sgd" else 0.01, momentum=0.9,
-                           weight_decay=1e-3)
+    make = functools.partial(SGD, momentum=0.9, weight_decay=1e-3) if kind == "sgd" else \
+        functools.partial(Adam, weight_decay=1e-3)
     p = p0.copy()
+    mine = ServerOptimizer(p, make, lr=0.1 if kind == "sgd" else 0.01)
     for _ in range(20):
         g = rng.standard_normal(50)
         grads[:] = g
         ref.step()
-        mine.step(p, g, mine.rate())
+        mine.step(g, mine.rate())
     np.testing.assert_allclose(p, params, rtol=1e-15, atol=0)
 
 
 def test_staleness_aware_rate_and_cosine():
-    opt = ServerOptimizer(1, np.float64, "sgd", lr=0.8, staleness_lr=True, schedule="cosine")
+    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, schedule="cosine")
     assert opt.rate(0.0, 4, 2) == pytest.approx(0.8 / 2 / 4)
     assert opt.rate(0.0, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
     assert opt.rate(1.0, 0) == pytest.approx(0.0)
@@ -106,18 +107,19 @@ def test_staleness_aware_rate_and_cosine():
 
 def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
     path = str(tmp_path / "s.npz")
-    opt = ServerOptimizer(4, np.float32, "adam", lr=0.1)
-    opt.step(np.zeros(4, np.float32), np.ones(4, np.float32), 0.1)
+    opt = ServerOptimizer(np.zeros(4, np.float32), Adam, lr=0.1)
+    opt.step(np.ones(4, np.float32), 0.1)
     write_npz(path, {"params": np.arange(4.0), **opt.state_dict()})
     assert os.listdir(tmp_path) == ["s.npz"]  # no temporary file left behind
     state = read_npz(path)
-    again = ServerOptimizer(4, np.float32, "adam", lr=0.1)
+    again = ServerOptimizer(np.zeros(4, np.float32), Adam, lr=0.1)
     again.load_state_dict(state)
-    assert again.steps == 1 and np.array_equal(again.m, opt.m) and np.array_equal(again.v, opt.v)
+    m, v = again.optimizer.m, again.optimizer.v
+    assert again.steps == 1 and np.array_equal(m, opt.optimizer.m) and np.array_equal(v, opt.optimizer.v)
     with pytest.raises(TypeError):
         write_npz(path, {"bad": np.array([{}], dtype=object)})
     with pytest.raises(ValueError):
-        ServerOptimizer(5, np.float32, "adam", lr=0.1).load_state_dict(state)
+        ServerOptimizer(np.zeros(5, np.float32), Adam, lr=0.1).load_state_dict(state)
 
 
 @pytest.mark.parametrize("change, word", [
@@ -146,7 +148,7 @@ def test_parse_rank_spec():
 
 
 def test_batch_stream_matches_the_data_parallel_slices_and_streams():
-    from ps.driver import BatchStream
+    from training.ps_mode import BatchStream
     from training.data import DistributedSampler
 
     sampler = DistributedSampler(23, 1, 2, shuffle=True, seed=3)  # 12 samples per epoch
@@ -162,7 +164,7 @@ def test_batch_stream_matches_the_data_parallel_slices_and_streams():
 def test_run_records_end_with_the_final_parameters():
     """The last epoch (and the whole record of a one-epoch run) comes from the final parameters when
     no snapshot fell on the last push: oracle = evaluating those parameters directly."""
-    from ps.report import evaluate_snapshots
+    from training.ps_report import evaluate_snapshots
     from ps.runtime import RunResult
     from training.config import Config
     from training.nn import SoftmaxCrossEntropy

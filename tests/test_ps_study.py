@@ -66,7 +66,7 @@ def test_staleness_sweep_checks_its_arguments_before_removing_the_previous_sweep
     """Single process: a setting the job cannot run stops the sweep with the flag named, and the
     previous sweep's results are left in place."""
     from experiments.staleness_sweep import base_config, main
-    from ps.driver import check_ps
+    from training.ps_mode import check_ps
 
     previous = tmp_path / "staleness_sweep.json"
     previous.write_text("{}")

@@ -96,8 +96,8 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
     code, _, err = _run(capsys, *base, "--name", "d", "--mode", "ps")
     assert code == 1 and err == ("error: --mode ps with --servers 1 needs at least 2 ranks (1 server(s) and "
                                  "at least one worker), got 1; launch with mpiexec -n 2 or more\n"), err
-    from ps.driver import check_ps
     from training.cli import parse_args
+    from training.ps_mode import check_ps
 
     with pytest.raises(ValueError, match="straggler rank must be a worker rank in \\[1, 1\\], got 9"):
         check_ps(parse_args([*base, "--mode", "ps", "--straggler", "9:2"]), 2)

@@ -1,15 +1,14 @@
 """Run directories and checkpoints: decided and written by rank 0, shared by broadcast.
 
-A checkpoint is a ``.npz`` file (no pickle: plain numeric arrays only) holding a flat dict of
-arrays plus ``meta/sha256``, the SHA-256 of every other entry (name, dtype, shape and bytes, in
-sorted name order). Rank 0 writes it to a temporary file, fsyncs and renames it into place (atomic
-on POSIX), then all ranks meet at a barrier. Loading is done by rank 0, which verifies the file
-and broadcasts its bytes; a corrupt, truncated or tampered file raises :class:`CheckpointError`,
-naming the file, on every rank.
+A checkpoint is a file of the parameter servers' store (:mod:`ps.store`): a ``.npz`` (no pickle:
+plain numeric arrays only) holding a flat dict of arrays plus ``meta/sha256``, the SHA-256 of every
+other entry. Rank 0 writes it with :func:`~ps.store.write_npz` (temporary file, fsync, rename:
+atomic on POSIX), then all ranks meet at a barrier. Loading is done by rank 0, which verifies the
+file and broadcasts its bytes; a corrupt, truncated or tampered file raises :class:`CheckpointError`,
+naming the file, on every rank. ``CheckpointError``, ``write_npz``, ``read_npz`` and ``to_host``
+are re-exported from :mod:`ps.store`.
 """
 import glob
-import hashlib
-import io
 import os
 import re
 import time
@@ -18,14 +17,12 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
+from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
+
 __all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 
 _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
 
 
 class RunDirError(ValueError):
@@ -151,20 +148,6 @@ def find_checkpoint(path):
     return found[-1]
 
 
-def to_host(a):
-    """Return ``a`` as a NumPy array (copying from the device for CuPy arrays)."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, numpy.ndarray) else numpy.asarray(a)
-
-
-def _digest(arrays):
-    h = hashlib.sha256()
-    for key in sorted(arrays):
-        a = numpy.ascontiguousarray(arrays[key])
-        h.update(f"{key}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return numpy.frombuffer(h.digest(), numpy.uint8).copy()
-
-
 def save_checkpoint(path, arrays, comm):
     """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum); then all ranks barrier.
 
@@ -185,70 +168,6 @@ def save_checkpoint(path, arrays, comm):
         write_npz(path, arrays)
     comm.Barrier()
     return path
-
-
-def write_npz(path, arrays):
-    """Write ``arrays`` to ``path`` on this rank alone: ``.npz`` without pickle, SHA-256 inside, atomic.
-
-    The file is written to a temporary name, synced and renamed, so a reader never sees half a file.
-
-    Parameters
-    ----------
-    path : str
-    arrays : dict of str -> array-like
-        Numeric arrays (CuPy arrays are copied to the host).
-
-    Raises
-    ------
-    TypeError
-        When an entry is an object array (checkpoints never hold pickles).
-    """
-    host = {k: to_host(v) for k, v in arrays.items()}
-    for k, v in host.items():
-        if v.dtype.hasobject:
-            raise TypeError(f"checkpoint entry {k!r} is an object array")
-    host["meta/sha256"] = _digest(host)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        numpy.savez(f, **host)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_npz(path):
-    """Read and verify a file written by :func:`write_npz` on this rank alone.
-
-    Returns
-    -------
-    dict of str -> ndarray
-        The arrays, without ``meta/sha256``.
-
-    Raises
-    ------
-    CheckpointError
-        Naming the file, when it is missing, corrupt, truncated or fails its checksum.
-    """
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
-    return _parse(data, path)
-
-
-def _parse(data, path):
-    try:
-        with numpy.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {e}") from None
-    stored = arrays.pop("meta/sha256", None)
-    if stored is None:
-        raise CheckpointError(f"checkpoint {path} has no checksum (meta/sha256)")
-    if not numpy.array_equal(stored, _digest(arrays)):
-        raise CheckpointError(f"checkpoint {path} fails its SHA-256 check (corrupt or modified)")
-    return arrays
 
 
 def load_checkpoint(path, comm):
@@ -274,12 +193,12 @@ def load_checkpoint(path, comm):
         f = find_checkpoint(path)
         with open(f, "rb") as fh:
             data = fh.read()
-        _parse(data, f)  # verify on rank 0 before anything is broadcast
+        parse_npz(data, f)  # verify on rank 0 before anything is broadcast
         return f.encode() + b"\0" + data
 
     msg = root_bytes(comm, read, error=CheckpointError)
     name, _, data = msg.partition(b"\0")
-    return name.decode(), _parse(data, name.decode())
+    return name.decode(), parse_npz(data, name.decode())
 
 
 def prune_checkpoints(run_dir, keep):

@@ -10,6 +10,8 @@ import os
 import numpy
 from mpi4py import MPI
 
+from training.ps_mode import check_ps
+
 __all__ = ["array_module", "set_threads", "check_run"]
 
 
@@ -63,16 +65,15 @@ def check_run(cfg, comm):
     ------
     ValueError
         When the global batch does not divide among the ranks (workers with ``--mode ps``), a
-        parameter-server setting does not fit P (:func:`ps.driver.check_ps`), ``--data-dir`` is
-        not a directory, or ``algorithm="auto"`` cannot read its tuning table (``COMMLAB_TUNING``).
+        parameter-server setting does not fit P (:func:`training.ps_mode.check_ps`),
+        ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
+        (``COMMLAB_TUNING``).
     ImportError
         When ``--device gpu`` is asked for without CuPy.
     """
     P = comm.Get_size()
     if cfg.mode == "ps":
-        from ps.driver import check_ps  # rank count, batch split, fault specs, server checkpoints
-
-        check_ps(cfg, P)
+        check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints
     elif cfg.batch_size % P:
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
     if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):

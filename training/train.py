@@ -3,7 +3,8 @@
 Every rank holds a full model replica; each step a rank computes the gradient of its B / P
 samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
 ``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
-bitwise identical. ``--mode ps`` hands the run to ``ps.driver.run_ps`` instead.
+bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.run_ps` instead.
+``build_model``, ``make_sampler`` and ``to_device`` (:mod:`training.build`) are re-exported here.
 
 User errors (a bad flag value, a taken ``--name``, a missing run to resume, an unusable tuning
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
@@ -21,41 +22,22 @@ from mpi4py import MPI
 
 import collectives
 
+from ps.protocol import PSError
+from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
 from training.cli import parse_args
-from training.data import DistributedSampler, load_dataset
+from training.data import load_dataset
 from training.job import array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
-from training.nn import SoftmaxCrossEntropy, build_mlp
+from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step, verify_param_layout
+from training.ps_mode import run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
            "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
-
-
-def build_model(cfg, n_features, n_classes, xp=numpy):
-    """Build the MLP ``n_features -> cfg.hidden... -> n_classes`` with ``cfg``'s dtype and seed.
-
-    Returns
-    -------
-    training.nn.Sequential
-    """
-    return build_mlp([n_features, *cfg.hidden, n_classes], activation=cfg.activation,
-                     dtype=cfg.dtype, seed=cfg.seed, xp=xp)
-
-
-def make_sampler(cfg, n, rank, size):
-    """Return the training-set :class:`~training.data.DistributedSampler` of rank ``rank`` of ``size``."""
-    return DistributedSampler(n, rank, size, shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last)
-
-
-def to_device(ds, dtype, xp=numpy):
-    """Return (x_train, y_train, x_test, y_test) as ``xp`` arrays, features cast to ``dtype``."""
-    return (xp.asarray(ds.x_train, dtype=dtype), xp.asarray(ds.y_train),
-            xp.asarray(ds.x_test, dtype=dtype), xp.asarray(ds.y_test))
 
 
 def lr_at(cfg, step, total_steps):
@@ -275,20 +257,18 @@ def run(cfg, comm=None):
     Returns
     -------
     dict
-        The run summary (``train_dp``'s, or whatever ``ps.driver.run_ps`` returns).
+        The run summary (``train_dp``'s, or whatever :func:`training.ps_mode.run_ps` returns).
     """
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
         set_threads(cfg, comm)
         if cfg.mode == "ps":
-            check_run(cfg, comm)
+            xp = check_run(cfg, comm)
             run_dir = setup_run(cfg, comm)
             if comm.rank == 0 and cfg.resume and _epochs_note(cfg, _saved_epochs(run_dir)):
                 print(_epochs_note(cfg, _saved_epochs(run_dir)), flush=True)
             _write_config(cfg, comm, run_dir, cfg.resume)
-            from ps.driver import run_ps
-
-            return run_ps(cfg, comm, run_dir)
+            return run_ps(cfg, comm, run_dir, xp)
         trainer = build_trainer(cfg, comm)
         try:
             return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
@@ -333,16 +313,15 @@ def main(argv=None):
         if not everyone:
             world.Abort(1)
         return 1
-    except Exception as e:  # noqa: BLE001 - any other failure: report and abort the whole job
-        protocol = sys.modules.get("ps.protocol")  # loaded when a parameter-server run raised
-        if protocol is not None and isinstance(e, protocol.PSError):
-            # the run cannot continue (BSP lost a worker): the servers and the workers still running
-            # have all stopped the protocol; rank 0, a server, states why once, another rank only
-            # what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
-            if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
-                where = f"rank {world.rank}: " if world.rank else ""
-                print(f"error: {where}{e}", file=sys.stderr, flush=True)
-            return 1
+    except PSError as e:
+        # the run cannot continue (BSP lost a worker): the servers and the workers still running
+        # have all stopped the protocol; rank 0, a server, states why once, another rank only
+        # what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
+        if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
+            where = f"rank {world.rank}: " if world.rank else ""
+            print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        return 1
+    except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
         traceback.print_exc()
         sys.stderr.flush()
         if world.size > 1:

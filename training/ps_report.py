@@ -1,8 +1,8 @@
 """Run records of a parameter-server training run: snapshot evaluation, table, summary, files.
 
-Rank 0 evaluates, after training, the shard snapshots the servers kept (so evaluation never slows
-the servers down), which gives test accuracy against wall time and pushes. Written into the run
-directory (rank 0 alone):
+Called by :func:`training.ps_mode.run_ps`. Rank 0 evaluates, after training, the shard snapshots
+the servers kept (so evaluation never slows the servers down), which gives test accuracy against
+wall time and pushes. Written into the run directory (rank 0 alone):
 
 ``summary.json``
     Final accuracies, wall time, updates (pushes) per second, time to the target accuracy, the
@@ -21,7 +21,9 @@ import os
 import numpy
 from mpi4py import MPI
 
-from training.checkpoint import write_npz
+from ps.store import write_npz
+from training.metrics import MetricsWriter, run_info, write_json
+from training.parallel import evaluate
 
 __all__ = ["evaluate_snapshots", "write_records", "time_to_accuracy", "staleness_stats", "TARGET_ACC"]
 
@@ -53,8 +55,6 @@ def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoc
     dict
         ``curve`` (list of dicts), ``epochs`` (list of dicts), ``final`` (dict of accuracies and losses).
     """
-    from training.parallel import evaluate
-
     x_tr, y_tr, x_te, y_te = data
     W = max(1, len(result.status))
 
@@ -133,8 +133,6 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     dict
         The summary written to ``summary.json``.
     """
-    from training.metrics import MetricsWriter, run_info, write_json
-
     W = len(result.status)
     hist = {int(k): int(v) for k, v in result.staleness.items()}
     s_max, s_mean = staleness_stats(hist)

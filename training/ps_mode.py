@@ -3,8 +3,9 @@
 ``run_ps`` maps the training configuration onto :class:`ps.options.PSOptions`, builds the model and
 the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
 :func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the
-servers apply SGD with momentum (or Adam) to their shards. Rank 0 then evaluates the snapshots
-the servers kept, and writes the run records (:mod:`ps.report`).
+servers apply the trainer's own optimizer (:mod:`training.optim`: SGD with momentum, or Adam,
+built by :func:`server_optimizer`) to their shards. Rank 0 then evaluates the snapshots the
+servers kept, and writes the run records (:mod:`training.ps_report`).
 
 Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
 ``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples
@@ -12,15 +13,22 @@ data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces da
 training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
 samples per clock as its current batch.
 """
+import functools
 import os
 
 import numpy
 
 from ps.options import PSOptions
-from ps.report import evaluate_snapshots, write_records
 from ps.runtime import roles, run
+from ps.server import checkpoint_path
+from training.build import build_model, make_sampler, to_device
+from training.data import load_dataset
+from training.nn import SoftmaxCrossEntropy
+from training.optim import SGD, Adam
+from training.parallel import compute_gradient, is_finite
+from training.ps_report import evaluate_snapshots, write_records
 
-__all__ = ["run_ps", "ps_options", "check_ps", "BatchStream"]
+__all__ = ["run_ps", "ps_options", "check_ps", "server_optimizer", "BatchStream"]
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 
@@ -98,9 +106,8 @@ def ps_options(cfg, comm, per_epoch, run_dir):
     ckpt = os.path.join(run_dir, "ps")
     opts = PSOptions(
         servers=cfg.servers, consistency=cfg.consistency, staleness=cfg.staleness,
-        staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, optimizer=cfg.optimizer,
-        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps, lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
+        staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, lr=cfg.lr,
+        lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
         fail_worker=cfg.fail_worker, batch=cfg.batch_size // W, balance=cfg.balance,
         snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
@@ -108,6 +115,38 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         seed=cfg.seed)
     opts.validate(size)
     return opts
+
+
+def server_optimizer(cfg):
+    """Return the factory of the servers' update rule: the trainer's optimizer of ``cfg``.
+
+    The servers call it once per shard (:class:`ps.state.ServerOptimizer`) and set the
+    optimizer's ``lr`` before every update (schedule, staleness-aware rate, ``1 / W`` per push), so
+    a shard is updated with exactly the arithmetic of data-parallel training's optimizer.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The resolved configuration (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
+        ``beta1``, ``beta2``, ``eps``).
+
+    Returns
+    -------
+    callable
+        ``make(params, grads) -> training.optim.Optimizer`` over a shard's flat buffers
+        (ndarray, shape (n,), float32 or float64).
+
+    Raises
+    ------
+    ValueError
+        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
+    """
+    if cfg.optimizer == "sgd":
+        return functools.partial(SGD, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return functools.partial(Adam, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                                 weight_decay=cfg.weight_decay)
+    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
 
 
 def check_ps(cfg, size):
@@ -140,9 +179,8 @@ def check_ps(cfg, size):
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
                          f"workers ({W} = {size} ranks - {S} servers)")
     ps_options(cfg, size, 1, cfg.run_dir)  # PSOptions.validate: straggler, jitter, fail_worker...
+    server_optimizer(cfg)
     if cfg.resume:
-        from ps.server import checkpoint_path
-
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
         ckpt = os.path.join(run_dir, "ps")
         missing = [checkpoint_path(ckpt, r) for r in range(S) if not os.path.exists(checkpoint_path(ckpt, r))]
@@ -151,7 +189,7 @@ def check_ps(cfg, size):
                              f"--mode ps run with --servers {S}?)")
 
 
-def run_ps(cfg, comm, run_dir):
+def run_ps(cfg, comm, run_dir, xp):
     """Train ``cfg``'s model with a parameter server on ``comm`` and write the run records.
 
     The first ``cfg.servers`` ranks serve, the others work. Rank 0 shows a progress bar of the
@@ -167,6 +205,9 @@ def run_ps(cfg, comm, run_dir):
         Communicator of all ranks (servers and workers).
     run_dir : str
         The run directory (created by the trainer, ``config.json`` already written).
+    xp : module
+        The workers' array module for ``cfg.device``, as :func:`training.job.check_run` returned
+        it (NumPy or CuPy); servers always work on the host.
 
     Returns
     -------
@@ -180,14 +221,8 @@ def run_ps(cfg, comm, run_dir):
     ps.protocol.PSError
         When BSP loses a worker (every rank still running).
     """
-    from training.data import load_dataset
-    from training.nn import SoftmaxCrossEntropy
-    from training.parallel import compute_gradient, is_finite
-    from training.train import build_model, check_run, make_sampler, to_device
-
     P, S = comm.Get_size(), cfg.servers
     W = P - S
-    xp = check_run(cfg, comm)  # the same checks the trainer made before creating run_dir
     ds = load_dataset(cfg)
     rank = comm.Get_rank()
     servers, workers = roles(comm, S)
@@ -197,6 +232,7 @@ def run_ps(cfg, comm, run_dir):
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
     init = numpy.ascontiguousarray(_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
+    make_optimizer = server_optimizer(cfg)
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
         skipped = [0]
@@ -210,10 +246,10 @@ def run_ps(cfg, comm, run_dir):
                 skipped[0] += 1
             return _host(model.grads), int(idx.shape[0])
 
-        stats = run(comm, opts, init, grad_fn)
+        stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer)
         return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
     if rank != 0:
-        run(comm, opts, init)
+        run(comm, opts, init, make_optimizer=make_optimizer)
         return {"role": "server"}
     bar = _progress_bar(cfg, ds, model, S, W, run_dir, opts)
     last = [0]
@@ -223,7 +259,7 @@ def run_ps(cfg, comm, run_dir):
         last[0] = pushes
 
     try:
-        result = run(comm, opts, init, on_push=on_push)
+        result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer)
     finally:
         bar.close()
     evals = evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,

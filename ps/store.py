@@ -1,0 +1,124 @@
+"""Atomic, checksummed ``.npz`` files: the storage format of every checkpoint in commlab.
+
+A file is a ``.npz`` (no pickle: plain numeric arrays only) holding a flat dict of arrays plus
+``meta/sha256``, the SHA-256 of every other entry (name, dtype, shape and bytes, in sorted name
+order). :func:`write_npz` writes it to a temporary file, fsyncs and renames it into place (atomic on
+POSIX); :func:`read_npz` and :func:`parse_npz` verify it, and a missing, corrupt, truncated or
+tampered file raises :class:`CheckpointError` naming the file.
+
+The parameter servers write their shards with it; the trainer's checkpoints
+(:mod:`training.checkpoint`) use the same functions, with rank 0 reading and broadcasting.
+"""
+import hashlib
+import io
+import os
+import zipfile
+
+import numpy
+
+__all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
+
+
+def to_host(a):
+    """Return ``a`` as a NumPy array (copying from the device for CuPy arrays)."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, numpy.ndarray) else numpy.asarray(a)
+
+
+def _digest(arrays):
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        a = numpy.ascontiguousarray(arrays[key])
+        h.update(f"{key}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return numpy.frombuffer(h.digest(), numpy.uint8).copy()
+
+
+def write_npz(path, arrays):
+    """Write ``arrays`` to ``path`` on this rank alone: ``.npz`` without pickle, SHA-256 inside, atomic.
+
+    The file is written to a temporary name, synced and renamed, so a reader never sees half a file.
+
+    Parameters
+    ----------
+    path : str
+    arrays : dict of str -> array-like
+        Numeric arrays (CuPy arrays are copied to the host).
+
+    Raises
+    ------
+    TypeError
+        When an entry is an object array (checkpoints never hold pickles).
+    """
+    host = {k: to_host(v) for k, v in arrays.items()}
+    for k, v in host.items():
+        if v.dtype.hasobject:
+            raise TypeError(f"checkpoint entry {k!r} is an object array")
+    host["meta/sha256"] = _digest(host)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        numpy.savez(f, **host)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_npz(path):
+    """Read and verify a file written by :func:`write_npz` on this rank alone.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    dict of str -> ndarray
+        The arrays, without ``meta/sha256``.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, when it is missing, corrupt, truncated or fails its checksum.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or e}") from None
+    return parse_npz(data, path)
+
+
+def parse_npz(data, path):
+    """Decode and verify the bytes of a file written by :func:`write_npz`.
+
+    Parameters
+    ----------
+    data : bytes
+        The whole file.
+    path : str
+        The file's name, for the error message.
+
+    Returns
+    -------
+    dict of str -> ndarray
+        The arrays, without ``meta/sha256``.
+
+    Raises
+    ------
+    CheckpointError
+        Naming ``path``, when the bytes are corrupt, truncated or fail the checksum.
+    """
+    try:
+        with numpy.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {e}") from None
+    stored = arrays.pop("meta/sha256", None)
+    if stored is None:
+        raise CheckpointError(f"checkpoint {path} has no checksum (meta/sha256)")
+    if not numpy.array_equal(stored, _digest(arrays)):
+        raise CheckpointError(f"checkpoint {path} fails its SHA-256 check (corrupt or modified)")
+    return arrays
