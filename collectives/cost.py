@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from .api import build_allreduce_schedule
+from .algorithms import build_allreduce_schedule, modelled
 from .schedule import chunk_bounds
 from .simulate import replay
 from .torus import square_grid
@@ -26,7 +26,7 @@ __all__ = ["coefficients", "predict", "fit", "Topology", "simulate", "ring_table
 
 #: Algorithms the model and simulator cover (``mpi`` is modelled as MPICH's choice: the faster of
 #: recursive doubling and Rabenseifner).
-MODELLED = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d", "mpi")
+MODELLED = modelled()
 
 
 def coefficients(algorithm, P, nbytes, grid=None):

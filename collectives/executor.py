@@ -3,61 +3,125 @@
 Blocking execution (:func:`execute`: a ``Sendrecv`` per round where a round has one send and one
 receive, ``Isend``/``Irecv``/``Waitall`` otherwise), the same rounds with a timeout, device buffers
 (direct or staged through host memory) or a progress callback, and the non-blocking
-:class:`~collectives.request.Request` built on the same round helpers.
+:class:`~collectives.request.Request` built on the same round helpers. Every received message's size
+is checked against the schedule (``MPI_Get_count``): a result never holds bytes no message wrote.
 """
 import time
 
 from mpi4py import MPI
 
-__all__ = ["CollectiveTimeout", "execute"]
+from .errors import CollectiveMismatch, CollectiveTimeout
+from .fingerprint import pending
+from .waiting import wait_all
+
+__all__ = ["CollectiveTimeout", "CollectiveMismatch", "execute", "Run"]
 
 
-class CollectiveTimeout(RuntimeError):
-    """A peer did not answer within the collective's ``timeout``.
+class Run:
+    """The state of one schedule's execution on one rank (what every round helper needs).
 
-    Attributes
+    Parameters
     ----------
+    schedule : Schedule
+    comm : mpi4py.MPI.Comm
+        The library's duplicate communicator.
+    work, scratch : ndarray
+        Flat work buffer (result, accumulation dtype) and receive space for reducing receives.
+    ufunc : ufunc or None
+        The reduction.
+    tag : int
+        Tag of every message of this call (see :mod:`collectives.fingerprint`).
     op : str
-        The collective ("allreduce", "reduce_scatter", ...).
-    peer : int
-        Rank (in the caller's communicator) whose message never completed.
-    round : int
-        Index of the schedule round that was waiting.
-    timeout : float
-        The limit, in seconds.
+        Collective name, for errors.
+    transport : DeviceTransport or None
+        Stream synchronization and host staging for device buffers.
+    inp : ndarray or None
+        Separate read-only input (see :func:`execute`); ``prog`` must then be compiled for it.
+    prog : list, optional
+        The compiled rounds (default ``schedule.program()``).
     """
 
-    def __init__(self, op, peer, round, timeout, phase=""):
-        self.op, self.peer, self.round, self.timeout = op, peer, round, timeout
-        where = f"round {round}" + (f" ({phase})" if phase else "")
-        who = f"rank {peer}" if peer is not None else "a peer (inside the MPI library)"
-        super().__init__(f"{op} timed out after {timeout:g} s in {where}: no answer from {who}")
+    __slots__ = ("schedule", "prog", "comm", "work", "scratch", "ufunc", "tag", "op", "transport", "staged", "inp",
+                 "statuses")
+
+    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, inp=None, prog=None):
+        self.schedule, self.prog = schedule, prog if prog is not None else schedule.program()
+        self.comm, self.work, self.scratch, self.ufunc, self.tag, self.op = comm, work, scratch, ufunc, tag, op
+        self.transport, self.inp = transport, inp
+        self.staged = transport is not None and not transport.direct
+        self.statuses = []
+
+    def combine(self, buf, rsl, r_in, low):
+        """Reduce the received ``buf`` into ``work[rsl]``; the lower rank's operand goes first.
+
+        The fixed operand order makes both sides of an exchange compute bitwise the same value
+        (``min``/``max`` of +0.0 and -0.0, NaN payloads).
+        """
+        target = self.work[rsl]
+        mine = self.inp[rsl] if r_in else target
+        if low:
+            self.ufunc(buf, mine, out=target)
+        else:
+            self.ufunc(mine, buf, out=target)
+
+    def send_buf(self, ssl, s_in):
+        """Return the region a send reads: from the separate input when the schedule says so."""
+        return self.inp[ssl] if s_in else self.work[ssl]
+
+    def post(self, index):
+        """Post round ``index``'s receives and sends; return (requests, peers, landing buffers)."""
+        sends, recvs = self.prog[index]
+        transport, staged = self.transport, self.staged
+        if transport is not None:
+            transport.sync()  # kernels writing the send regions must finish before MPI reads them
+        reqs, peers, landing = [], [], []
+        for i, (src, rsl, scr, _, _) in enumerate(recvs):
+            dev = self.scratch[scr] if scr is not None else self.work[rsl]
+            buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
+            reqs.append(self.comm.Irecv(buf, src, self.tag))
+            peers.append(src)
+            landing.append((buf, dev))
+        for i, (dst, ssl, s_in) in enumerate(sends):
+            region = self.send_buf(ssl, s_in)
+            buf = transport.to_host(region, ("s", i)) if staged else region
+            reqs.append(self.comm.Isend(buf, dst, self.tag))
+            peers.append(-1 - dst)
+        return reqs, peers, landing
+
+    def status_list(self, n):
+        """Return ``n`` reusable :class:`mpi4py.MPI.Status` objects."""
+        while len(self.statuses) < n:
+            self.statuses.append(MPI.Status())
+        return self.statuses[:n]
+
+    def finish(self, index, landing, statuses):
+        """Check the received sizes, copy staged receives to the device and apply the reductions."""
+        for (src, rsl, scr, r_in, low), (buf, dev), st in zip(self.prog[index][1], landing, statuses):
+            check_received(st, buf, src, self.op)
+            if self.staged:
+                self.transport.to_device(buf, dev)
+            if scr is not None:
+                self.combine(dev, rsl, r_in, low)
+
+    def wait_round(self, index, timeout, progress):
+        """Post, wait for (under ``timeout`` seconds, with ``progress``) and finish round ``index``."""
+        reqs, peers, landing = self.post(index)
+        statuses = self.status_list(len(reqs))
+        if timeout is None and progress is None:
+            MPI.Request.Waitall(reqs, statuses)
+        else:
+            deadline = None if timeout is None else time.perf_counter() + timeout
+            wait_all(reqs, peers, deadline, self.op, index, self.schedule.rounds[index].phase, timeout, progress,
+                     statuses)
+        self.finish(index, landing, statuses)
 
 
-def _wait(reqs, peers, deadline, op, index, phase, timeout, progress=None):
-    """Wait for ``reqs`` until ``deadline`` (seconds, perf_counter); raise CollectiveTimeout then.
-
-    ``peers[i]`` is the peer of ``reqs[i]``; a negative peer ``-1 - p`` marks a send to ``p``. The
-    peer named in the error is the first receive still pending (else the first send), and pending
-    receives are cancelled so their buffers are released. ``deadline`` None waits forever;
-    ``progress`` (callable) is called while waiting, to advance other non-blocking collectives.
-    """
-    spins = 0
-    while not MPI.Request.Testall(reqs):
-        if progress is not None:
-            progress()
-        spins += 1
-        if spins > 200:
-            if deadline is not None and time.perf_counter() > deadline:
-                pending = [(p, r) for p, r in zip(peers, reqs) if not r.Test()]
-                recvs = [p for p, r in pending if p is not None and p >= 0]
-                sends = [-1 - p for p, r in pending if p is not None and p < 0]
-                peer = (recvs or sends or [None])[0]
-                for p, r in pending:
-                    if p is not None and p >= 0:
-                        r.Cancel()
-                raise CollectiveTimeout(op, peer, index, timeout, phase)
-            time.sleep(5e-5)
+def check_received(status, buf, peer, op):
+    """Raise :class:`CollectiveMismatch` unless the message in ``status`` filled ``buf`` exactly."""
+    got = status.Get_count(MPI.BYTE)
+    if got != buf.nbytes:
+        raise CollectiveMismatch(op, "message size", f"rank {peer} sent {got} bytes where this rank's schedule "
+                                 f"expects {buf.nbytes}: the ranks disagree about the count, dtype or algorithm")
 
 
 def _resolve_input(schedule, work, inp, needed):
@@ -90,7 +154,7 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
     ufunc : ufunc or None
         Binary reduction (``add``, ``multiply``, ``minimum``, ``maximum``) of the array module.
     tag : int
-        Message tag for every message of this call.
+        Message tag for every message of this call (it carries the call fingerprint).
     timeout : float or None
         Seconds to wait for any one round before raising :class:`CollectiveTimeout`.
     op : str
@@ -110,106 +174,60 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
     Raises
     ------
     CollectiveTimeout
-        A round did not complete within ``timeout`` seconds.
+        A round did not complete within ``timeout`` seconds; the message says what the silent peer
+        sent instead, when it sent a message of another call.
+    CollectiveMismatch
+        A received message's size differs from the schedule's.
     """
     prog, inp, final = _resolve_input(schedule, work, inp, needed)
-    staged = transport is not None and not transport.direct
+    run = Run(schedule, comm, work, scratch, ufunc, tag, op, transport, inp, prog)
     if transport is not None or timeout is not None or progress is not None:
-        _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp,
-                         progress)
+        try:
+            for index in range(len(prog)):
+                run.wait_round(index, timeout, progress)
+        except CollectiveTimeout as exc:
+            why = pending(comm, exc.peer, tag)
+            if why:
+                raise CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why) from None
+            raise
     else:
-        _execute_host(prog, comm, work, scratch, ufunc, tag, inp)
+        _execute_host(run)
     for sl in final:
         work[sl] = inp[sl]
     return work
 
 
-def _execute_host(prog, comm, work, scratch, ufunc, tag, inp):
+def _execute_host(run):
     """The host fast path: as lean as a hand-written loop of Sendrecv calls."""
-    for sends, recvs in prog:
+    comm, work, scratch, tag, op = run.comm, run.work, run.scratch, run.tag, run.op
+    status = MPI.Status()
+    for sends, recvs in run.prog:
         if len(sends) == 1 and len(recvs) == 1:
             dst, ssl, s_in = sends[0]
             src, rsl, scr, r_in, low = recvs[0]
-            sbuf = inp[ssl] if s_in else work[ssl]
-            if scr is None:
-                comm.Sendrecv(sbuf, dst, tag, work[rsl], src, tag)
-            else:
-                buf = scratch[scr]
-                comm.Sendrecv(sbuf, dst, tag, buf, src, tag)
-                target = work[rsl]
-                mine = inp[rsl] if r_in else target
-                ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
+            buf = work[rsl] if scr is None else scratch[scr]
+            comm.Sendrecv(run.send_buf(ssl, s_in), dst, tag, buf, src, tag, status)
+            check_received(status, buf, src, op)
+            if scr is not None:
+                run.combine(buf, rsl, r_in, low)
         elif not sends and len(recvs) == 1:
             src, rsl, scr, r_in, low = recvs[0]
-            if scr is None:
-                comm.Recv(work[rsl], src, tag)
-            else:
-                buf = scratch[scr]
-                comm.Recv(buf, src, tag)
-                target = work[rsl]
-                mine = inp[rsl] if r_in else target
-                ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
+            buf = work[rsl] if scr is None else scratch[scr]
+            comm.Recv(buf, src, tag, status)
+            check_received(status, buf, src, op)
+            if scr is not None:
+                run.combine(buf, rsl, r_in, low)
         elif not recvs and len(sends) == 1:
             dst, ssl, s_in = sends[0]
-            comm.Send(inp[ssl] if s_in else work[ssl], dst, tag)
+            comm.Send(run.send_buf(ssl, s_in), dst, tag)
         else:
             reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag)
                     for src, rsl, scr, _, _ in recvs]
-            reqs += [comm.Isend(inp[ssl] if s_in else work[ssl], dst, tag) for dst, ssl, s_in in sends]
-            MPI.Request.Waitall(reqs)
-            for src, rsl, scr, r_in, low in recvs:
+            reqs += [comm.Isend(run.send_buf(ssl, s_in), dst, tag) for dst, ssl, s_in in sends]
+            statuses = run.status_list(len(reqs))
+            MPI.Request.Waitall(reqs, statuses)
+            for (src, rsl, scr, r_in, low), st in zip(recvs, statuses):
+                buf = scratch[scr] if scr is not None else work[rsl]
+                check_received(st, buf, src, op)
                 if scr is not None:
-                    target, buf = work[rsl], scratch[scr]
-                    mine = inp[rsl] if r_in else target
-                    ufunc(buf, mine, out=target) if low else ufunc(mine, buf, out=target)
-
-
-def _execute_general(schedule, prog, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None,
-                     progress=None):
-    """Execute with device buffers, a timeout or a progress callback; see :func:`execute`."""
-    for index in range(len(prog)):
-        _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp,
-                   progress)
-    return work
-
-
-def _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp=None):
-    """Post round ``index``'s receives and sends; return (requests, peers, landing buffers)."""
-    sends, recvs = prog[index]
-    if transport is not None:
-        transport.sync()  # kernels writing the send regions must finish before MPI reads them
-    reqs, peers, landing = [], [], []
-    for i, (src, rsl, scr, _, _) in enumerate(recvs):
-        dev = scratch[scr] if scr is not None else work[rsl]
-        buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
-        reqs.append(comm.Irecv(buf, src, tag))
-        peers.append(src)
-        landing.append((buf, dev))
-    for i, (dst, ssl, s_in) in enumerate(sends):
-        region = inp[ssl] if s_in else work[ssl]
-        buf = transport.to_host(region, ("s", i)) if staged else region
-        reqs.append(comm.Isend(buf, dst, tag))
-        peers.append(-1 - dst)
-    return reqs, peers, landing
-
-
-def _finish_round(prog, index, work, ufunc, landing, transport, staged, inp=None):
-    """Copy staged receives to the device and apply round ``index``'s reductions in order."""
-    for (src, rsl, scr, r_in, low), (buf, dev) in zip(prog[index][1], landing):
-        if staged:
-            transport.to_device(buf, dev)
-        if scr is not None:
-            target = work[rsl]
-            mine = inp[rsl] if r_in else target
-            ufunc(dev, mine, out=target) if low else ufunc(mine, dev, out=target)
-
-
-def _run_round(schedule, prog, index, comm, work, scratch, ufunc, tag, timeout, op, transport, staged, inp=None,
-               progress=None):
-    reqs, peers, landing = _post_round(prog, index, comm, work, scratch, tag, transport, staged, inp)
-    if timeout is None and progress is None:
-        MPI.Request.Waitall(reqs)
-    else:
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        _wait(reqs, peers, deadline, op, index, schedule.rounds[index].phase, timeout, progress)
-    _finish_round(prog, index, work, ufunc, landing, transport, staged, inp)
+                    run.combine(buf, rsl, r_in, low)

@@ -2,57 +2,65 @@
 
 Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.api`. Copy-only
 collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
-types of :data:`collectives.backend.COPY_DTYPES` (uint8 blobs, bool masks), and float16 travels as
+types of :data:`collectives.COPY_DTYPES` (uint8 blobs, bool masks), and float16 travels as
 2-byte elements there.
 """
 import math
-import time
 
 import numpy
 from mpi4py import MPI
 
-from . import backend
-from .api import MPI_OPS, _as_array, _finish, _nan_mask, _prepare, _restore_nan
+from .backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_root, check_timeout,
+                      get_array_module)
+from .library import call
+from .algorithms import check_algorithm, names
+from .buffers import MPI_OPS, as_array, finish, nan_mask, prepare, raw, restore_nan
 from .context import check_comm, get_context
+from .executor import execute
 from .ring import ring_allgather, ring_reduce_scatter
-from .executor import CollectiveTimeout, _wait, execute
 from .schedule import chunk_bounds
 from .tree import tree_broadcast, tree_reduce
 
 __all__ = ["OP_ALGORITHMS", "reduce_scatter", "allgather", "broadcast", "reduce"]
 
-#: Algorithms available to each collective besides all-reduce ("auto" picks the first).
-OP_ALGORITHMS = {
-    "reduce_scatter": ("ring", "mpi", "auto"),
-    "allgather": ("ring", "mpi", "auto"),
-    "broadcast": ("tree", "mpi", "auto"),
-    "reduce": ("tree", "mpi", "auto"),
-}
+#: Algorithms available to each collective besides all-reduce ("auto" picks the first), from the registry.
+OP_ALGORITHMS = {name: names(name) for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
 _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up to 8 dims
 
 
 def _common(x, op, algorithm, name, timeout):
-    backend.check_algorithm(algorithm, OP_ALGORITHMS[name], f"{name} algorithm")
+    check_algorithm(algorithm, name)
     if op is not None:
-        backend.check_op(op)
-    x = _as_array(x)
-    backend.check_dtype(x.dtype, allowed=backend.DTYPES if op is not None else backend.COPY_DTYPES)
-    timeout = backend.check_timeout(timeout)
+        check_op(op)
+    x = as_array(x)
+    check_dtype(x.dtype, allowed=DTYPES if op is not None else COPY_DTYPES)
+    timeout = check_timeout(timeout)
     return x, timeout, OP_ALGORITHMS[name][0] if algorithm == "auto" else algorithm
 
 
-def _run(ctx, sched, work, scratch, ufunc, timeout, name, xp, inp=None, needed=None):
+def _run(ctx, key, sched, work, scratch, ufunc, timeout, xp, inp=None, needed=None):
+    name = key[0]
     try:
-        execute(sched, ctx.comm, work, scratch, ufunc, ctx.next_tag(), timeout, name, ctx.transport(xp),
+        execute(sched, ctx.comm, work, scratch, ufunc, ctx.begin(key, timeout), timeout, name, ctx.transport(xp),
                 inp=inp, needed=needed, progress=ctx.progress if ctx.active else None)
     except Exception as exc:
-        ctx.broken = f"{name}: {exc}"
+        ctx.fail(f"{name}: {exc}")
         raise
 
 
-def _raw(a):
-    """View a flat buffer as unsigned integers of the same width, for copy-only messages."""
-    return a.view(f"u{a.dtype.itemsize}")
+def _library(ctx, key, xp, method, args, timeout, extra=()):
+    """Run the MPI library's own collective (``algorithm="mpi"``) with the fingerprint check.
+
+    Device buffers: the stream is synchronized first; without CUDA-aware MPI the call is refused.
+    """
+    transport = ctx.transport(xp)
+    if transport is not None:
+        transport.sync()
+        if not transport.direct:
+            raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
+                             "algorithm, which stages through host memory")
+    ctx.begin(key, timeout)
+    call(ctx, key, method, args, timeout, extra=extra)
 
 
 def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
@@ -83,12 +91,12 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         As for :func:`collectives.allreduce`.
     """
     x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout)
-    ctx = get_context(comm)
+    ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = backend.get_array_module(x)
+    xp = get_array_module(x)
     count, size, rank = x.size, ctx.size, ctx.rank
     bounds = chunk_bounds(count, size)
-    acc = backend.accumulation_dtype(x.dtype)
+    acc = accumulation_dtype(x.dtype)
     work = ctx.buffer(xp, acc, count, "rs-work")
     lo, hi = bounds[rank], bounds[rank + 1]
     inp = None
@@ -96,49 +104,23 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         inp = x.reshape(-1)  # read by the executor in place: no copy of the whole input
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
+    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         mine = xp.empty(hi - lo, dtype=acc)
-        _host_call(ctx, xp, "Reduce_scatter", (work, mine, counts, MPI_OPS[op]), timeout, "reduce_scatter")
-        mask = _nan_mask(work, op)
-        if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
-            got = numpy.empty(hi - lo, numpy.uint8)
-            _host_call(ctx, numpy, "Reduce_scatter", (mask, got, counts, MPI.MAX), timeout, "reduce_scatter")
-            _restore_nan(mine, got)
+        mask = nan_mask(work, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
+        got = numpy.empty(hi - lo, numpy.uint8) if mask is not None else None
+        _library(ctx, key, xp, "Ireduce_scatter", (work, mine, counts, MPI_OPS[op]), timeout,
+                 [("Ireduce_scatter", (mask, got, counts, MPI.MAX))] if mask is not None else ())
+        restore_nan(mine, got)
         ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
         work, lo, hi = mine, 0, hi - lo
     else:
         sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: ring_reduce_scatter(rank, size, count))
-        _run(ctx, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, backend.OPS[op]), timeout,
-             "reduce_scatter", xp, inp, (lo, hi))
+        _run(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout,
+             xp, inp, (lo, hi))
         ctx.record("reduce_scatter", algorithm, count, acc, sched)
-    return _finish(xp.empty(hi - lo, dtype=x.dtype), work[lo:hi], op, size, xp)
-
-
-def _host_call(ctx, xp, method, args, timeout, name):
-    """Run the MPI library's own collective ``method`` (e.g. "Bcast") with ``args`` on ``ctx.comm``.
-
-    Device buffers: the stream is synchronized first; without CUDA-aware MPI the call is refused.
-    The non-blocking form (``Ibcast``, ...) is always used -- MPI never matches a blocking collective
-    with a non-blocking one, and whether a rank passes a timeout or has requests in flight is its own
-    business -- and waited on with the timeout and progress rules of the hand-made algorithms.
-    """
-    transport = ctx.transport(xp)
-    if transport is not None:
-        transport.sync()
-        if not transport.direct:
-            raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
-                             "algorithm, which stages through host memory")
-    req = getattr(ctx.comm, "I" + method[0].lower() + method[1:])(*args)
-    if timeout is None and not ctx.active:
-        req.Wait()
-        return
-    deadline = None if timeout is None else time.perf_counter() + timeout
-    try:
-        _wait([req], [None], deadline, name, 0, f"MPI_{method}", timeout, ctx.progress if ctx.active else None)
-    except CollectiveTimeout as exc:
-        ctx.broken = f"{name}: {exc}"
-        raise
+    return finish(xp.empty(hi - lo, dtype=x.dtype), work[lo:hi], op, size, xp)
 
 
 def allgather(x, comm=None, algorithm="ring", timeout=None):
@@ -170,36 +152,37 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
     """
-    backend.check_algorithm(algorithm, OP_ALGORITHMS["allgather"], "allgather algorithm")
-    timeout = backend.check_timeout(timeout)
+    check_algorithm(algorithm, "allgather")
+    timeout = check_timeout(timeout)
     algorithm = "ring" if algorithm == "auto" else algorithm
     # Checks of x itself travel in the signature exchange, so a bad array on one rank only raises
     # on every rank instead of leaving the others waiting for its data.
     local_error = None
     try:
-        x = _as_array(x)
+        x = as_array(x)
     except TypeError as exc:
         local_error, x = exc, numpy.zeros(0, numpy.uint8)
     if local_error is not None:
         pass
-    elif x.dtype not in backend.COPY_DTYPES:
-        names = ", ".join(d.name for d in backend.COPY_DTYPES)
+    elif x.dtype not in COPY_DTYPES:
+        names = ", ".join(d.name for d in COPY_DTYPES)
         local_error = TypeError(f"x has unsupported dtype {x.dtype.name}: expected one of {names}")
     elif x.ndim == 0 or x.ndim > _SIG - 2:
         local_error = ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, "
                                  f"not {x.ndim}")
-    ctx = get_context(comm)
+    ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = backend.get_array_module(x)
+    xp = get_array_module(x)
     size, rank = ctx.size, ctx.rank
     sig = numpy.full(size * _SIG, -1, dtype=numpy.int64)
     if local_error is None:
-        sig[rank * _SIG: rank * _SIG + 2] = x.ndim, backend.COPY_DTYPES.index(x.dtype)
+        sig[rank * _SIG: rank * _SIG + 2] = x.ndim, COPY_DTYPES.index(x.dtype)
         sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
     else:
         sig[rank * _SIG: rank * _SIG + 2] = -2, -2  # "this rank's x is invalid"
     sig_sched = ctx.schedule(("allgather-sig", size), lambda: ring_allgather(rank, size, chunk_bounds(size * _SIG, size)))
-    _run(ctx, sig_sched, sig, sig[:0], None, timeout, "allgather", numpy)
+    _run(ctx, ("allgather-signature", algorithm, size * _SIG, sig.dtype, None, None, None), sig_sched, sig, sig[:0],
+         None, timeout, numpy)
     rows = sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
     if local_error is not None:
         raise local_error
@@ -209,7 +192,7 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
                          "(unsupported dtype or dimensions); see the error on those ranks")
     mine = rows[rank]
     if any(row[1] != mine[1] for row in rows):
-        names = sorted({backend.COPY_DTYPES[row[1]].name for row in rows})
+        names = sorted({COPY_DTYPES[row[1]].name for row in rows})
         raise TypeError(f"allgather: ranks passed different dtypes ({', '.join(names)})")
     if any(row[0] != mine[0] or row[3:] != mine[3:] for row in rows):
         raise ValueError("allgather: ranks' arrays differ beyond the first dimension: "
@@ -223,16 +206,17 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     flat = out.reshape(-1)
     if x.size:
         xp.copyto(flat[bounds[rank]:bounds[rank + 1]].reshape(x.shape), x)
+    key = ("allgather", algorithm, flat.size, x.dtype, None, None, None)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         if len(set(counts)) == 1:  # MPI_Allgather: MPICH runs it several times faster than Allgatherv
-            _host_call(ctx, xp, "Allgather", (MPI.IN_PLACE, _raw(flat)), timeout, "allgather")
+            _library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout)
         else:
-            _host_call(ctx, xp, "Allgatherv", (MPI.IN_PLACE, [_raw(flat), counts]), timeout, "allgather")
+            _library(ctx, key, xp, "Iallgatherv", (MPI.IN_PLACE, [raw(flat), counts]), timeout)
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
     sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: ring_allgather(rank, size, bounds))
-    _run(ctx, sched, _raw(flat), None, None, timeout, "allgather", xp)
+    _run(ctx, key, sched, raw(flat), None, None, timeout, xp)
     ctx.record("allgather", algorithm, flat.size, x.dtype, sched)
     return out
 
@@ -266,23 +250,24 @@ def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):
     """
     x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout)
     comm = check_comm(comm)
-    backend.check_root(root, comm.Get_size())
+    check_root(root, comm.Get_size())
     if not getattr(getattr(x, "flags", None), "writeable", True) or (
             not hasattr(x, "__cuda_array_interface__") and not isinstance(x, numpy.ndarray)):
         raise ValueError("broadcast writes into x: it must be a writable array")
-    ctx = get_context(comm)
+    ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = backend.get_array_module(x)
+    xp = get_array_module(x)
+    key = ("broadcast", algorithm, x.size, x.dtype, None, int(root), None)
     work = x.reshape(-1) if x.flags.c_contiguous else ctx.buffer(xp, x.dtype, x.size, "bcast")
     if work.size and not x.flags.c_contiguous and ctx.rank == root:
         xp.copyto(work.reshape(x.shape), x)
     if algorithm == "mpi":
-        _host_call(ctx, xp, "Bcast", (_raw(work), root), timeout, "broadcast")
+        _library(ctx, key, xp, "Ibcast", (raw(work), root), timeout)
         ctx.record("broadcast", "mpi", x.size, x.dtype, elements=x.size if ctx.rank == root else 0, estimated=True)
     else:
         sched = ctx.schedule(("broadcast", algorithm, x.size, root),
                              lambda: tree_broadcast(ctx.rank, ctx.size, x.size, root))
-        _run(ctx, sched, _raw(work), None, None, timeout, "broadcast", xp)
+        _run(ctx, key, sched, raw(work), None, None, timeout, xp)
         ctx.record("broadcast", algorithm, x.size, x.dtype, sched)
     if work.size and not x.flags.c_contiguous:
         xp.copyto(x, work.reshape(x.shape))
@@ -317,25 +302,24 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     """
     x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout)
     comm = check_comm(comm)
-    backend.check_root(root, comm.Get_size())
-    ctx = get_context(comm)
+    check_root(root, comm.Get_size())
+    ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = backend.get_array_module(x)
-    out, work, acc, direct, _ = _prepare(x, None, ctx, xp, "work")
+    xp = get_array_module(x)
+    key = ("reduce", algorithm, x.size, x.dtype, op, int(root), None)
+    out, work, acc, direct, _ = prepare(x, None, ctx, xp, "work")
     if algorithm == "mpi":
-        recv = work if ctx.rank == root else None
-        mask = _nan_mask(work, op)
-        _host_call(ctx, xp, "Reduce", (MPI.IN_PLACE if ctx.rank == root else work, recv, MPI_OPS[op], root),
-                   timeout, "reduce")
-        if mask is not None:  # the library's MIN/MAX may drop NaN: restore NumPy's rule
-            _host_call(ctx, numpy, "Reduce", (MPI.IN_PLACE if ctx.rank == root else mask,
-                                              mask if ctx.rank == root else None, MPI.MAX, root), timeout, "reduce")
-            if ctx.rank == root:
-                _restore_nan(work, mask)
+        at_root = ctx.rank == root
+        mask = nan_mask(work, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
+        more = [("Ireduce", (MPI.IN_PLACE if at_root else mask, mask if at_root else None, MPI.MAX, root))] \
+            if mask is not None else ()
+        _library(ctx, key, xp, "Ireduce", (MPI.IN_PLACE if at_root else work, work if at_root else None,
+                                           MPI_OPS[op], root), timeout, more)
+        if at_root:
+            restore_nan(work, mask)
         ctx.record("reduce", "mpi", x.size, acc, elements=x.size if ctx.rank != root else 0, estimated=True)
     else:
         sched = ctx.schedule(("reduce", algorithm, x.size, root), lambda: tree_reduce(ctx.rank, ctx.size, x.size, root))
-        _run(ctx, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, backend.OPS[op]), timeout,
-             "reduce", xp)
+        _run(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout, xp)
         ctx.record("reduce", algorithm, x.size, acc, sched)
-    return _finish(out, work, op, ctx.size, xp, direct) if ctx.rank == root else None
+    return finish(out, work, op, ctx.size, xp, direct) if ctx.rank == root else None

@@ -3,7 +3,11 @@ import time
 
 from mpi4py import MPI
 
-from .executor import CollectiveTimeout, _finish_round, _post_round, _wait
+from .backend import check_timeout
+from .errors import CollectiveError, CollectiveTimeout
+from .executor import Run
+from .fingerprint import pending
+from .waiting import wait_all
 
 __all__ = ["Request"]
 
@@ -30,16 +34,13 @@ class Request:
         Called with the error message when a wait times out (marks the communicator unusable).
     """
 
-    __slots__ = ("_schedule", "_prog", "_comm", "_work", "_scratch", "_ufunc", "_tag", "_op",
-                 "_transport", "_staged", "_index", "_pending", "_finish", "_active", "_on_fail",
-                 "_failed", "result", "done")
+    __slots__ = ("_run", "_op", "_index", "_pending", "_finish", "_active", "_on_fail", "_failed", "result",
+                 "done")
 
     def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, finish=None,
                  active=None, on_fail=None):
-        self._schedule, self._prog = schedule, schedule.program()
-        self._comm, self._work, self._scratch, self._ufunc = comm, work, scratch, ufunc
-        self._tag, self._op, self._transport = tag, op, transport
-        self._staged = transport is not None and not transport.direct
+        self._run = Run(schedule, comm, work, scratch, ufunc, tag, op, transport)
+        self._op = op
         self._index, self._pending, self._finish = 0, None, finish
         self._active, self._on_fail, self._failed = active, on_fail, None
         self.result, self.done = None, False
@@ -50,21 +51,33 @@ class Request:
     def _advance(self):
         if self.done or self._failed is not None:
             return
-        while self._index < len(self._prog):
+        run = self._run
+        while self._index < len(run.prog):
             if self._pending is None:
-                self._pending = _post_round(self._prog, self._index, self._comm, self._work,
-                                            self._scratch, self._tag, self._transport, self._staged)
-            reqs, _, landing = self._pending
-            if not MPI.Request.Testall(reqs):
-                return
-            _finish_round(self._prog, self._index, self._work, self._ufunc, landing,
-                          self._transport, self._staged)
+                self._pending = (*run.post(self._index), None)
+            reqs, _, landing, statuses = self._pending
+            if statuses is None:  # not completed by wait(): test, filling fresh statuses
+                statuses = run.status_list(len(reqs))
+                if not MPI.Request.Testall(reqs, statuses):
+                    return
+            try:
+                run.finish(self._index, landing, statuses)
+            except CollectiveError as exc:
+                self._fail(exc)
+                raise
             self._pending = None
             self._index += 1
         self.done = True
         if self._active is not None:
             self._active.discard(self)
-        self.result = self._finish() if self._finish is not None else self._work
+        self.result = self._finish() if self._finish is not None else run.work
+
+    def _fail(self, exc):
+        self._failed = str(exc)
+        if self._active is not None:
+            self._active.discard(self)
+        if self._on_fail is not None:
+            self._on_fail(f"{self._op}: {exc}")
 
     def _check(self):
         if self._failed is not None:
@@ -105,25 +118,25 @@ class Request:
         CollectiveTimeout, RuntimeError
             A round timed out now, or did earlier.
         """
-        from .backend import check_timeout  # late import: backend does not depend on schedules
-
         timeout = check_timeout(timeout)
         self._check()
         while not self.done:
             if self._pending is None:
                 self._advance()
                 continue
-            reqs, peers, _ = self._pending
+            reqs, peers, landing, _ = self._pending
             deadline = None if timeout is None else time.perf_counter() + timeout
+            statuses = self._run.status_list(len(reqs))
             try:
-                _wait(reqs, peers, deadline, self._op, self._index, self._schedule.rounds[self._index].phase,
-                      timeout, self._progress_others if self._active else None)
+                wait_all(reqs, peers, deadline, self._op, self._index,
+                         self._run.schedule.rounds[self._index].phase, timeout,
+                         self._progress_others if self._active else None, statuses)
             except CollectiveTimeout as exc:
-                self._failed = str(exc)
-                if self._active is not None:
-                    self._active.discard(self)
-                if self._on_fail is not None:
-                    self._on_fail(f"{self._op}: {exc}")
-                raise
+                why = pending(self._run.comm, exc.peer, self._run.tag)
+                if why:
+                    exc = CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why)
+                self._fail(exc)
+                raise exc from None
+            self._pending = (reqs, peers, landing, statuses)  # completed: _advance must not test again
             self._advance()
         return self.result

@@ -14,14 +14,17 @@ The rule, in order:
 import json
 import os
 
+from .algorithms import auto_candidates
+from .cost import predict
+
 __all__ = ["DEFAULT_PARAMS", "CANDIDATES", "select_allreduce", "load_table", "clear_table", "model_choice"]
 
 #: Model parameters used without a fitted table: alpha (s), beta and gamma (s/byte), typical of
 #: shared-memory MPI on one node.
 DEFAULT_PARAMS = {"alpha": 2e-6, "beta": 2.5e-10, "gamma": 2.5e-10}
 
-#: Algorithms ``auto`` may choose.
-CANDIDATES = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d")
+#: Algorithms ``auto`` may choose (registry entries with ``auto=True``).
+CANDIDATES = auto_candidates()
 
 _SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 _STATE = {"loaded": False, "rules": None, "params": None, "source": None, "cache": {}}
@@ -85,8 +88,6 @@ def _ensure_loaded():
 
 def model_choice(size, nbytes, params=None):
     """Return the candidate with the smallest modelled all-reduce time for P = ``size``."""
-    from .cost import predict  # imported late: cost imports the algorithm modules
-
     params = params or DEFAULT_PARAMS
     return min(CANDIDATES, key=lambda a: (predict(a, size, nbytes, params), CANDIDATES.index(a)))
 

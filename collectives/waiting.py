@@ -1,0 +1,59 @@
+"""Waiting on MPI requests under a deadline: the one wait loop of every collective.
+
+Used by the executor's rounds, the non-blocking :class:`~collectives.request.Request`, the MPI
+library path (:mod:`collectives.library`) and the debug-mode fingerprint exchange.
+"""
+import time
+
+from mpi4py import MPI
+
+from .errors import CollectiveTimeout
+
+__all__ = ["wait_all", "deadline_of"]
+
+
+def deadline_of(timeout):
+    """Return the ``time.perf_counter()`` deadline of ``timeout`` seconds from now (None for None)."""
+    return None if timeout is None else time.perf_counter() + timeout
+
+
+def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, statuses=None):
+    """Wait for ``reqs`` until ``deadline`` (seconds, perf_counter); raise CollectiveTimeout then.
+
+    Parameters
+    ----------
+    reqs : list of mpi4py.MPI.Request
+    peers : list of int or None
+        ``peers[i]`` is the peer of ``reqs[i]``; a negative peer ``-1 - p`` marks a send to ``p``;
+        None a request inside the MPI library.
+    deadline : float or None
+        ``time.perf_counter()`` value; None waits forever.
+    op, index, phase, timeout
+        For the error: collective name, round index, phase name, the limit in seconds.
+    progress : callable, optional
+        Called while waiting, to advance other non-blocking collectives.
+    statuses : list of mpi4py.MPI.Status, optional
+        Filled with the requests' statuses when they complete (for received-size checks).
+
+    Raises
+    ------
+    CollectiveTimeout
+        Naming the first receive still pending (else the first send); pending receives are
+        cancelled so their buffers are released.
+    """
+    spins = 0
+    while not (MPI.Request.Testall(reqs, statuses) if statuses is not None else MPI.Request.Testall(reqs)):
+        if progress is not None:
+            progress()
+        spins += 1
+        if spins > 200:
+            if deadline is not None and time.perf_counter() > deadline:
+                pending = [(p, r) for p, r in zip(peers, reqs) if not r.Test()]
+                recvs = [p for p, r in pending if p is not None and p >= 0]
+                sends = [-1 - p for p, r in pending if p is not None and p < 0]
+                peer = (recvs or sends or [None])[0]
+                for p, r in pending:
+                    if p is not None and p >= 0:
+                        r.Cancel()
+                raise CollectiveTimeout(op, peer, index, timeout, phase)
+            time.sleep(5e-5)
