@@ -7,7 +7,9 @@ commlab's messages never match the user's. Schedules are cached by (collective, 
 import numpy
 from mpi4py import MPI
 
+from .fingerprint import TagSpace, debug_enabled, exchange
 from .backend import DeviceTransport, cuda_aware
+from .waiting import deadline_of, wait_all
 
 __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context"]
 
@@ -21,6 +23,8 @@ class Context:
     ----------
     comm : mpi4py.MPI.Comm
         The user's communicator; it is duplicated, the duplicate carries every message.
+    timeout : float, optional
+        Seconds the duplication may wait for the other ranks.
 
     Attributes
     ----------
@@ -33,28 +37,32 @@ class Context:
         Running totals (see :func:`total_stats`).
     """
 
-    __slots__ = ("comm", "rank", "size", "_seq", "_tag_ub", "active", "_schedules", "_buffers", "_transports", "_nodes",
+    __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
                  "broken", "last", "calls", "bytes_sent", "messages")
 
-    def __init__(self, comm):
-        self.comm = comm.Dup()
+    def __init__(self, comm, timeout=None):
+        dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
+        # (after a timeout the pending duplicate must not be touched, not even freed, until it completes)
+        wait_all([req], [None], deadline_of(timeout), "collective", 0, "duplicating the communicator", timeout)
+        self.comm = dup
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._seq = 0
         self.active = set()  # non-blocking requests in flight on this communicator
-        self._tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
+        self.tags = TagSpace(self.comm.Get_attr(MPI.TAG_UB) or 32767)
         self._schedules = {}
         self._buffers = {}
         self._transports = {}
-        self._nodes = None
+        self._nodes = self._find_nodes(timeout)
         self.broken = None
         self.last = None
         self.calls = self.bytes_sent = self.messages = 0
 
     def check_usable(self):
-        """Raise ``RuntimeError`` when an earlier timeout left this context with messages in flight."""
+        """Raise ``RuntimeError`` when an earlier failure left this context with messages in flight."""
         if self.broken is not None:
             raise RuntimeError(f"this communicator's collectives are unusable after an earlier failure "
-                               f"({self.broken}); abort the job or call collectives.free_context(comm)")
+                               f"({self.broken}); messages of that call may still arrive and the ranks no "
+                               f"longer agree on the call order: end the job (collectives.abort_on_failure)")
 
     def progress(self):
         """Advance every non-blocking request in flight here (called while a blocking call waits)."""
@@ -65,14 +73,33 @@ class Context:
         """Mark the context unusable after a timeout left messages in flight."""
         self.broken = message
 
-    def next_tag(self):
-        """Return the tag for the next collective; every rank calls collectives in the same order.
+    def begin(self, key, timeout=None):
+        """Start the next call, described by ``key``, and return the tag of its messages.
 
-        Tags cycle through ``1 .. MPI_TAG_UB`` (536,870,911 with MPICH), so a non-blocking collective
-        would have to stay in flight across that many later calls to meet its own tag again.
+        The tag carries the call's fingerprint and sequence number (:mod:`collectives.fingerprint`),
+        so messages of calls that differ never match. In debug mode (``COMMLAB_DEBUG=detail``) the
+        full fingerprint is first all-gathered and compared.
+
+        Parameters
+        ----------
+        key : tuple
+            ``(collective, algorithm, count, dtype, op, root, grid)``, algorithm resolved.
+        timeout : float, optional
+            Seconds the debug-mode exchange may wait.
+
+        Raises
+        ------
+        CollectiveMismatch
+            Debug mode only: the ranks' fingerprints differ (raised on every rank).
         """
-        self._seq = self._seq % self._tag_ub + 1
-        return self._seq
+        self._seq += 1
+        if debug_enabled() and self.size > 1:
+            try:
+                exchange(self.comm, key, self._seq, timeout, self.progress if self.active else None)
+            except Exception as exc:
+                self.fail(f"{key[0]}: {exc}")
+                raise
+        return self.tags.tag(key, self._seq)
 
     def schedule(self, key, build):
         """Return the cached schedule for ``key``, building it with ``build()`` the first time."""
@@ -101,20 +128,25 @@ class Context:
         return t
 
     def nodes(self):
-        """Return (number of nodes, ranks per node or 0 when uneven) from ``Split_type(COMM_TYPE_SHARED)``.
-
-        Collective on first use (all ranks call it from the same collective).
-        """
-        if self._nodes is None:
-            local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-            per = local.Get_size()
-            local.Free()
-            low, high = numpy.array([per], numpy.int64), numpy.array([per], numpy.int64)
-            self.comm.Allreduce(MPI.IN_PLACE, low, MPI.MIN)
-            self.comm.Allreduce(MPI.IN_PLACE, high, MPI.MAX)
-            even = low[0] == high[0] and self.size % per == 0
-            self._nodes = (self.size // per, per) if even else (0, 0)
+        """Return (number of nodes, ranks per node or 0 when uneven), found when the context was made."""
         return self._nodes
+
+    def _find_nodes(self, timeout):
+        """Count the nodes with ``Split_type(COMM_TYPE_SHARED)`` right after the duplication.
+
+        ``MPI_Comm_split_type`` has no non-blocking form, so it runs here, where the completed
+        ``MPI_Comm_idup`` has just shown that every rank is in the same call; the agreement on the
+        count is a non-blocking all-reduce waited under ``timeout``.
+        """
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        per = local.Get_size()
+        local.Free()
+        both = numpy.array([per, -per], numpy.int64)  # max(per) and -min(per) in one call
+        req = self.comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)
+        wait_all([req], [None], deadline_of(timeout), "collective", 0, "finding the nodes", timeout)
+        high, low = int(both[0]), -int(both[1])
+        even = low == high and self.size % per == 0
+        return (self.size // per, per) if even else (0, 0)
 
     def record(self, op, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
         """Store the statistics of the collective that just ran (cheap: the dict is built on demand)."""
@@ -139,8 +171,13 @@ def check_comm(comm):
 
 
 def _on_free(comm, keyval, ctx):
-    """Free a context's duplicate when the user's communicator is freed (attribute delete callback)."""
-    if ctx is not None and ctx.broken is None and ctx.comm != MPI.COMM_NULL:
+    """Free a context's duplicate when the user's communicator is freed (attribute delete callback).
+
+    A broken context's duplicate is freed too: ``MPI_Comm_free`` only marks it, and MPI releases it
+    once the operations still pending on it end, so repeated failures do not exhaust MPI's
+    communicator ids.
+    """
+    if ctx is not None and ctx.comm != MPI.COMM_NULL:
         ctx.comm.Free()
     return MPI.SUCCESS
 
@@ -152,19 +189,20 @@ def _keyval():
     return _KEYVAL[0]
 
 
-def get_context(comm=None):
+def get_context(comm=None, timeout=None):
     """Return the :class:`Context` of ``comm`` (default ``COMM_WORLD``), creating it on first use.
 
     The context is cached on the communicator itself as an MPI attribute (``MPI_Comm_set_attr``), the
     standard place for a library's per-communicator state: it disappears with ``comm.Free()``, so a new
     communicator that happens to reuse a freed handle never inherits a stale context, and ``Dup`` of
-    the user's communicator does not copy it.
+    the user's communicator does not copy it. Creating it duplicates ``comm`` with ``MPI_Comm_idup``,
+    waited under ``timeout`` seconds (:class:`~collectives.errors.CollectiveTimeout` after that).
     """
     comm = check_comm(comm)
     key = _keyval()
     ctx = comm.Get_attr(key)
     if ctx is None:
-        ctx = Context(comm)
+        ctx = Context(comm, timeout)
         comm.Set_attr(key, ctx)
     return ctx
 
