@@ -1,0 +1,178 @@
+"""The fault-and-mismatch suite: every ordinary mistake and fault, under mpiexec, with totals.
+
+``python -m experiments.fault_suite [--part quick|full]`` (run it with plain ``python``: it launches
+``mpiexec`` itself, each job under a hard time limit) runs the mismatch matrix of
+:mod:`experiments.fault_cases` -- each kind x every algorithm -- in each checking mode:
+
+* ``default``: the free checks (fingerprint in the message tags, received sizes, the fingerprint in
+  the MPI library path), with ``timeout=`` on every call;
+* ``detail``: ``COMMLAB_DEBUG=detail``, the all-gathered fingerprint before every call;
+* ``strict``: ``COMMLAB_DEBUG=strict``, the same plus the call site (file and line);
+* ``detail-no-timeout`` (full part): debug mode with no timeout at all, where only what the
+  fingerprint exchange catches may end a case;
+
+then the dead-rank cases (a rank exits before a collective, under ``mpiexec -disable-auto-cleanup``;
+the survivors must end the job through :func:`collectives.abort_on_failure` within timeout + 5 s).
+It prints one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong
+answers. A case passes when every rank either returns the right value or raises; a *silent wrong
+answer* is a rank that returned anything else; a *hang* is a job killed at its hard limit.
+Results go to ``--out`` (JSON). Exit status 1 when a target is missed: any silent wrong answer
+outside the ones no fingerprint can see (listed as expected), or any hang where a timeout was set.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["run_matrix", "run_dead", "main"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Cases no fingerprint of the call's fields can tell apart (one rank makes an extra call of the same
+#: shape): only the call site (``strict``) sees them.
+UNDETECTABLE = {("default", "extra_call"), ("detail", "extra_call"), ("detail-no-timeout", "extra_call")}
+
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def _launch(P, module, args, env, limit, extra=()):
+    """Run ``mpiexec -n P python -m module args``; return (exit status or None when killed, seconds, output)."""
+    cmd = [_mpiexec(), *extra, "-n", str(P), sys.executable, "-m", module, *args]
+    full = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=limit)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        code = None
+    return code, time.perf_counter() - start, out
+
+
+def _read(out_dir, P):
+    recs = {}
+    for r in range(P):
+        path = os.path.join(out_dir, f"rank-{r}.jsonl")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    rec = json.loads(line)
+                    recs.setdefault(rec["case"], {})[rec["rank"]] = rec
+    return recs
+
+
+def run_matrix(P, mode, timeout, limit, only=None):
+    """Run every mismatch case at P ranks in ``mode``; return one result dict per case.
+
+    Parameters
+    ----------
+    P : int
+        Ranks.
+    mode : {"default", "detail", "strict", "detail-no-timeout"}
+    timeout : float or None
+        ``timeout=`` of every call (seconds); ignored for ``detail-no-timeout``.
+    limit : float
+        Hard limit of one case (seconds) before its job is killed and the case counted as a hang.
+    only : list of str, optional
+        Case names to run (default all).
+    """
+    from experiments.fault_cases import case_names
+
+    names = only or case_names()
+    env = {"COMMLAB_DEBUG": {"default": "", "detail": "detail", "strict": "strict",
+                             "detail-no-timeout": "detail"}[mode]}
+    args = [] if mode == "detail-no-timeout" or timeout is None else ["--timeout", str(timeout)]
+    results, start = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        while start < len(names):
+            code, secs, out = _launch(P, "experiments.fault_cases", ["--out", tmp, "--only", ",".join(names[start:]),
+                                                                     *args], env, limit * (len(names) - start))
+            recs = _read(tmp, P)
+            done = [n for n in names[start:] if len(recs.get(n, {})) == P]
+            for n in done:
+                results.append(_classify(n, recs[n], P, mode))
+            start += len(done)
+            if start < len(names):  # the job stopped inside names[start]: a hang (killed) or a crash
+                n = names[start]
+                results.append({"case": n, "P": P, "mode": mode, "verdict": "hang" if code is None else "crash",
+                                "detail": out[-400:], "ranks": recs.get(n, {})})
+                start += 1
+            for f in os.listdir(tmp):
+                os.remove(os.path.join(tmp, f))
+    return results
+
+
+def _classify(name, recs, P, mode):
+    wrong = [r for r, rec in recs.items() if rec["outcome"] == "wrong"]
+    verdict = "pass" if not wrong else ("expected-silent" if (mode, name.split("/")[0]) in UNDETECTABLE
+                                        else "silent-wrong")
+    errors = sorted({rec.get("error", "") for rec in recs.values() if rec["outcome"] == "error"})
+    return {"case": name, "P": P, "mode": mode, "verdict": verdict, "wrong_ranks": wrong,
+            "max_seconds": max(rec["seconds"] for rec in recs.values()), "errors": errors}
+
+
+def run_dead(P, timeout, limit):
+    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s."""
+    results = []
+    for alg in ("ring", "mpi", "auto"):
+        code, secs, out = _launch(P, "experiments.fault_dead", [alg, str(timeout)], {}, limit,
+                                  extra=("-disable-auto-cleanup",))
+        ok = code not in (None, 0) and secs <= timeout + 5 and "CollectiveTimeout" in out
+        results.append({"case": f"dead_rank/{alg}", "P": P, "mode": "default", "seconds": round(secs, 2),
+                        "verdict": "pass" if ok else ("hang" if code is None else "fail"), "detail": out[-300:]})
+    return results
+
+
+def _totals(results):
+    t = {"cases": len(results), "passed": 0, "hangs": 0, "silent_wrong": 0, "expected_silent": 0, "other": 0}
+    for r in results:
+        key = {"pass": "passed", "hang": "hangs", "silent-wrong": "silent_wrong",
+               "expected-silent": "expected_silent"}.get(r["verdict"], "other")
+        t[key] += 1
+    return t
+
+
+def main(argv=None):
+    """Run the suite and print its totals; exit 1 when a target is missed."""
+    ap = argparse.ArgumentParser(description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
+    ap.add_argument("--part", choices=("quick", "full"), default="quick",
+                    help="quick: P=3, default and strict modes (about a minute); full: P=3 and 4, every mode, "
+                         "dead ranks")
+    ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call in seconds "
+                    "(default 0.5 quick, 2 full)")
+    ap.add_argument("--out", default=None, help="write every case's result here (JSON)")
+    args = ap.parse_args(argv)
+    quick = args.part == "quick"
+    timeout = args.timeout or (0.5 if quick else 2.0)
+    limit = timeout * 4 + 20
+    results = []
+    for P in ((3,) if quick else (3, 4)):
+        for mode in (("default", "strict") if quick else ("default", "detail", "strict", "detail-no-timeout")):
+            results += run_matrix(P, mode, timeout, limit)
+        if not quick:
+            results += run_dead(P, timeout, timeout + 30)
+    for r in results:
+        if r["verdict"] != "pass":
+            print(f"{r['verdict']:16s} P={r['P']} {r['mode']:18s} {r['case']:32s} "
+                  f"{json.dumps(r.get('wrong_ranks', r.get('detail', '')))[:160]}")
+    t = _totals(results)
+    print(f"cases {t['cases']} | passed {t['passed']} | hangs {t['hangs']} | silent wrong answers "
+          f"{t['silent_wrong']} (+{t['expected_silent']} that no field fingerprint can see, caught by strict) | "
+          f"other failures {t['other']}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"totals": t, "timeout": timeout, "results": results}, f, indent=1)
+    return 0 if t["hangs"] == 0 and t["silent_wrong"] == 0 and t["other"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
