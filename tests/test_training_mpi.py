@@ -55,3 +55,40 @@ def test_default_run_reaches_97_percent_on_four_ranks(tmp_path):
     assert config["run"]["P"] == 4 and config["run"]["mpi_library"] and config["config"]["epochs"] == 40
     assert len((run / "metrics.jsonl").read_text().splitlines()) == summary["steps"]
     assert "test acc" in out and "sent/rank" in out
+
+
+def _crash_run(tmp_path, nprocs, dead, batch):
+    """Run the trainer with rank ``dead`` exiting at its 5th step; return (result, seconds)."""
+    import time
+
+    start = time.monotonic()
+    res = run_mpi(nprocs, "tests.mpi_train_fault", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
+                  "--batch-size", batch, "--no-progress", "--run-dir", tmp_path, timeout=60, check=False,
+                  mpiexec_args=("-disable-auto-cleanup",))  # MPICH must not end the survivors itself
+    return res, time.monotonic() - start
+
+
+def test_crashed_rank_ends_the_job_within_the_timeout(tmp_path):
+    """--timeout 3 on 2 ranks: rank 1 vanishes mid-training; the survivor names it on one line and
+    aborts the job within 3 + 10 s (measured ~4 s), instead of waiting forever."""
+    res, seconds = _crash_run(tmp_path, 2, 1, 64)
+    out = res.stdout
+    assert res.returncode != 0 and seconds < 3 + 10, (res.returncode, seconds, out)
+    assert "injected crash" in out, out
+    assert out.count("error: rank 0: CollectiveTimeout") == 1, out
+    assert out.count("no answer from rank 1") == 1 and out.count("error:") == 1, out
+    assert "Traceback" not in out, out
+
+
+def test_crashed_rank_on_three_ranks(tmp_path):
+    """The same on 3 ranks (rank 2 vanishes): the job ends within 3 + 10 s with one error line per
+    survivor at most. The first survivor to abort may name a live peer it was waiting on (in the
+    recursive-doubling fold rank 0 waits on rank 1, which waits on rank 2; a timeout alone cannot
+    tell a dead peer from a blocked one), so only the rank of some silent peer is checked."""
+    res, seconds = _crash_run(tmp_path, 3, 2, 60)
+    out = res.stdout
+    assert res.returncode != 0 and seconds < 3 + 10, (res.returncode, seconds, out)
+    assert "CollectiveTimeout" in out and "no answer from rank " in out, out
+    for r in (0, 1):
+        assert out.count(f"error: rank {r}: ") <= 1, out
+    assert "error: rank 2" not in out and "Traceback" not in out, out

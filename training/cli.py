@@ -19,7 +19,7 @@ _METAVARS = {
     "epochs": "N", "stop_after": "EPOCH", "batch_size": "SAMPLES", "lr": "LR", "momentum": "MU",
     "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
     "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
-    "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS",
+    "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
 }
@@ -62,6 +62,9 @@ HELP = {
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
     "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
+    "timeout": "data-parallel: seconds any collective (gradient all-reduce, non-finite flag, evaluation "
+               "and epoch sums) may wait for a peer; a rank silent this long (crashed or hung) ends "
+               "the job on every rank with one line naming it (MPI_Abort); a positive number",
     "servers": "parameter server: number of server ranks",
     "consistency": "parameter server consistency model",
     "staleness": "parameter server SSP staleness bound in clocks",

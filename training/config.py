@@ -67,6 +67,7 @@ class Config:
     bucket_bytes: int = 0             # gradient bucket size (bytes), 0: one fused all-reduce
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
     compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
+    timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)
     # --- parameter server (mode "ps")
     servers: int = 1                  # number of server ranks
     consistency: str = "bsp"          # bsp, asp or ssp
@@ -168,6 +169,8 @@ class Config:
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {self.beta1!r}, {self.beta2!r}")
         if not self.eps > 0 or not self.ps_timeout > 0:
             raise ValueError("eps and ps_timeout must be > 0")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {list(self.hidden)}")
         if not isinstance(self.compression_args, dict):

@@ -18,7 +18,11 @@ import collectives
 from training.checkpoint import to_host
 from training.data import eval_shard
 
-__all__ = ["AllreduceHook", "bucket_bounds", "make_grad_hook", "verify_param_layout", "compute_gradient",
+#: Algorithm of the small control reductions (non-finite flag, evaluation counts, digests): a
+#: hand-made one, so that a timeout names the silent peer.
+CONTROL_ALGORITHM = "recursive_doubling"
+
+__all__ = ["CONTROL_ALGORITHM", "AllreduceHook", "bucket_bounds", "make_grad_hook", "verify_param_layout", "compute_gradient",
            "train_step", "evaluate", "any_rank", "is_finite", "replicas_identical"]
 
 
@@ -78,6 +82,9 @@ class AllreduceHook:
         Any name in ``collectives.ALGORITHMS``.
     buckets : list of (int, int), optional
         Element ranges all-reduced one after another (see :func:`bucket_bounds`); default: one.
+    timeout : float, optional
+        Seconds each all-reduce may wait for a peer before ``collectives.CollectiveTimeout``
+        (default: no limit).
 
     Notes
     -----
@@ -86,19 +93,22 @@ class AllreduceHook:
     bandwidth-optimal all-reduce.
     """
 
-    __slots__ = ("comm", "algorithm", "buckets")
+    __slots__ = ("comm", "algorithm", "buckets", "timeout")
 
-    def __init__(self, comm, algorithm="auto", buckets=None):
+    def __init__(self, comm, algorithm="auto", buckets=None, timeout=None):
         if algorithm not in collectives.ALGORITHMS:
             raise ValueError(f"algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}")
-        self.comm, self.algorithm, self.buckets = comm, algorithm, buckets
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+        self.comm, self.algorithm, self.buckets, self.timeout = comm, algorithm, buckets, timeout
 
     def __call__(self, grad):
         buckets = self.buckets or [(0, grad.size)]
         sent = 0
         for lo, hi in buckets:
             part = grad[lo:hi]
-            collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part)
+            collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part,
+                                  timeout=self.timeout)
             sent += _bytes_sent(part.nbytes, self.comm)
         return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
 
@@ -112,6 +122,9 @@ class AllreduceHook:
 
 def make_grad_hook(cfg, comm, model):
     """Build the gradient hook named by ``cfg.compression`` (plain all-reduce for "none").
+
+    The plain all-reduce waits at most ``cfg.timeout`` seconds for a peer; the compressors'
+    collectives take no timeout.
 
     Parameters
     ----------
@@ -131,7 +144,7 @@ def make_grad_hook(cfg, comm, model):
     """
     if cfg.compression == "none":
         buckets = bucket_bounds(model.slices, model.dtype.itemsize, cfg.bucket_bytes)
-        return AllreduceHook(comm, cfg.algorithm, buckets)
+        return AllreduceHook(comm, cfg.algorithm, buckets, getattr(cfg, "timeout", None))
     try:
         from collectives.compression import make_hook
     except ImportError as e:
@@ -246,10 +259,24 @@ def is_finite(loss, grad):
     return bool(numpy.isfinite(float(grad.sum(dtype=numpy.float64))))
 
 
-def any_rank(flag, comm):
-    """Return True on every rank when ``flag`` is true on any rank (all-reduce with max)."""
+def any_rank(flag, comm, timeout=None):
+    """Return True on every rank when ``flag`` is true on any rank (all-reduce with max).
+
+    Parameters
+    ----------
+    flag : bool
+        This rank's flag.
+    comm : mpi4py.MPI.Comm
+    timeout : float, optional
+        Seconds the all-reduce may wait for a peer (default: no limit).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
+    """
     buf = numpy.array([1 if flag else 0], numpy.int32)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    collectives.allreduce(buf, comm, op="max", algorithm=CONTROL_ALGORITHM, out=buf, timeout=timeout)
     return bool(buf[0])
 
 
@@ -259,7 +286,8 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     Steps: zero the flat gradient, forward/backward into it; a non-finite flag (loss or gradient) is
     all-reduced with max; if raised, every rank zeroes its gradient and skips both the gradient
     exchange and the update (parameters stay identical); otherwise ``hook`` averages the gradient
-    and the optimizer updates the flat parameters.
+    and the optimizer updates the flat parameters. The flag's all-reduce waits at most
+    ``hook.timeout`` seconds for a peer when the hook has that attribute.
 
     Parameters
     ----------
@@ -281,7 +309,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     loss = compute_gradient(model, loss_fn, x, y)
     bad = not is_finite(loss, model.grads)
     t1 = time.perf_counter()
-    skip = any_rank(bad, comm)
+    skip = any_rank(bad, comm, getattr(hook, "timeout", None))
     t2 = time.perf_counter()
     info = {"bytes_sent": 0, "compress_s": 0.0, "decompress_s": 0.0}
     if skip:
@@ -301,7 +329,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
             "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip)}
 
 
-def evaluate(model, loss_fn, x, y, comm, batch=1024):
+def evaluate(model, loss_fn, x, y, comm, batch=1024, timeout=None):
     """Return (accuracy, mean loss) over ALL of (x, y), each sample counted exactly once.
 
     The caller passes the full arrays; rank r evaluates its ``training.data.eval_shard`` and the
@@ -315,11 +343,18 @@ def evaluate(model, loss_fn, x, y, comm, batch=1024):
     comm : mpi4py.MPI.Comm
     batch : int
         Samples per forward pass on this rank.
+    timeout : float, optional
+        Seconds the all-reduce of the counts may wait for a peer (default: no limit).
 
     Returns
     -------
     tuple of (float, float)
         Accuracy in [0, 1] and mean cross-entropy (NaN when N = 0).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
     """
     part = eval_shard(len(y), comm.rank, comm.size)
     correct, loss_sum = 0, 0.0
@@ -329,19 +364,25 @@ def evaluate(model, loss_fn, x, y, comm, batch=1024):
         correct += int((logits.argmax(axis=1) == y[lo:hi]).sum())
         loss_sum += loss_fn.forward(logits, y[lo:hi]) * (hi - lo)
     buf = numpy.array([correct, loss_sum, part.stop - part.start], numpy.float64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    collectives.allreduce(buf, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=buf, timeout=timeout)
     n = buf[2]
     return (buf[0] / n, buf[1] / n) if n else (float("nan"), float("nan"))
 
 
-def replicas_identical(params, comm):
+def replicas_identical(params, comm, timeout=None):
     """Return True on every rank when all ranks hold bitwise the same ``params``.
 
-    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce.
+    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce, each
+    waiting at most ``timeout`` seconds for a peer (default: no limit).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
     """
     h = hashlib.blake2b(to_host(params).tobytes(), digest_size=8).digest()
     lo = numpy.frombuffer(h, numpy.int64).copy()
     hi = lo.copy()
-    comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
-    comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+    collectives.allreduce(lo, comm, op="min", algorithm=CONTROL_ALGORITHM, out=lo, timeout=timeout)
+    collectives.allreduce(hi, comm, op="max", algorithm=CONTROL_ALGORITHM, out=hi, timeout=timeout)
     return bool(lo[0] == hi[0])

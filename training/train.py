@@ -32,7 +32,8 @@ from training.job import array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
-from training.parallel import evaluate, make_grad_hook, replicas_identical, train_step, verify_param_layout
+from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
+                               verify_param_layout)
 from training.ps_mode import run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
@@ -135,7 +136,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
             print(_nothing_to_do(cfg, run_dir, state.epoch), flush=True)
-        return _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch)
+        return _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
     saved_epochs = (t.saved_config or {}).get("epochs", cfg.epochs)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
@@ -172,9 +173,10 @@ def train_dp(cfg, comm, run_dir, trainer=None):
                          "wall_s": time.perf_counter() - t_start})
             if bar is not None:
                 bar.update()
-        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch)
-        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch)
-        comm.Allreduce(MPI.IN_PLACE, acc, op=MPI.SUM)  # per-rank sums -> sums over ranks
+        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch, cfg.timeout)
+        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch, cfg.timeout)
+        collectives.allreduce(acc, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=acc,
+                              timeout=cfg.timeout)  # per-rank sums -> sums over ranks
         state.compute_s += acc[2] / P
         state.comm_s += acc[3] / P
         state.bytes_sent += int(acc[4] / P)
@@ -195,7 +197,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     writer.close()
     if bar is not None:
         bar.close()
-    summary = _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, (train_acc, test_acc))
+    summary = _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, (train_acc, test_acc),
+                       cfg.timeout)
     if rank == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {summary['final_test_acc']:.2%} after {state.epoch} "
@@ -233,26 +236,33 @@ def _nothing_to_do(cfg, run_dir, epoch):
     return f"nothing to do: {run_dir} is already at {where}"
 
 
-def _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, eval_batch, accs=(None, None)):
-    """Return the run summary; the accuracies are evaluated here when not given."""
+def _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, eval_batch, accs=(None, None), timeout=None):
+    """Return the run summary; the accuracies are evaluated here when not given.
+
+    Every collective here waits at most ``timeout`` seconds for a peer.
+    """
     model, state = t.model, t.state
     train_acc, test_acc = accs
     if test_acc is None:
-        train_acc, _ = evaluate(model, t.loss_fn, x_tr, y_tr, comm, eval_batch)
-        test_acc, _ = evaluate(model, t.loss_fn, x_te, y_te, comm, eval_batch)
+        train_acc, _ = evaluate(model, t.loss_fn, x_tr, y_tr, comm, eval_batch, timeout)
+        test_acc, _ = evaluate(model, t.loss_fn, x_te, y_te, comm, eval_batch, timeout)
     busy = state.compute_s + state.comm_s
     return {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch,
             "steps": state.step, "wall_s": state.wall_s, "compute_s": state.compute_s,
             "comm_s": state.comm_s, "comm_fraction": state.comm_s / busy if busy else 0.0,
             "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
             "parameters": model.size, "P": comm.size,
-            "replicas_identical": replicas_identical(model.params, comm), "run_dir": run_dir}
+            "replicas_identical": replicas_identical(model.params, comm, timeout), "run_dir": run_dir}
 
 
 def run(cfg, comm=None):
     """Run one training job described by ``cfg`` on ``comm`` (default: ``MPI.COMM_WORLD``).
 
-    The communicator is duplicated for the run's own messages.
+    The communicator is duplicated for the run's own messages. In data-parallel mode every
+    collective of the training loop waits at most ``cfg.timeout`` seconds for a peer; a
+    :class:`collectives.CollectiveError` (a crashed or hung rank, a mismatched call) ends the whole
+    job with one ``error: rank R: ...`` line per failing rank and ``MPI_Abort``
+    (:func:`collectives.abort_on_failure`), before any cleanup that could wait for the dead peer.
 
     Returns
     -------
@@ -271,7 +281,8 @@ def run(cfg, comm=None):
             return run_ps(cfg, comm, run_dir, xp)
         trainer = build_trainer(cfg, comm)
         try:
-            return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
+            with collectives.abort_on_failure():
+                return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
         finally:
             close = getattr(trainer.hook, "close", None)  # a compressor's duplicated communicator
             if close is not None:
@@ -288,7 +299,9 @@ def main(argv=None):
 
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
     return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
-    lost a worker); any other failure with P > 1 aborts the job so nothing hangs.
+    lost a worker); a failed collective (``collectives.CollectiveError``: a peer silent for
+    ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the
+    job so nothing hangs.
     """
     world = MPI.COMM_WORLD
     if world.rank != 0:  # one copy of --help and of flag errors, not P
@@ -321,6 +334,8 @@ def main(argv=None):
             where = f"rank {world.rank}: " if world.rank else ""
             print(f"error: {where}{e}", file=sys.stderr, flush=True)
         return 1
+    except collectives.CollectiveError as e:  # the peers may be dead: MPI_Finalize would hang
+        collectives.policy.abort(f"{type(e).__name__}: {e}; ending the job")
     except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
         traceback.print_exc()
         sys.stderr.flush()
