@@ -11,7 +11,8 @@ __all__ = ["TARGETS", "table", "targets", "check_lines", "markdown_table"]
 #: (spec, what, bound): accuracy within ``bound`` points of none, or payload ratio >= bound.
 TARGETS = (("qsgd:levels=127", "accuracy", 0.5), ("topk:ratio=0.01", "accuracy", 1.5),
            ("efsignsgd", "accuracy", 1.5), ("powersgd:rank=4", "accuracy", 1.5),
-           ("fp16", "ratio", 2.0), ("int8", "ratio", 4.0), ("signsgd", "ratio", 25.0),
+           ("fp16", "ratio", 2.0), ("int8", "ratio", 4.0),
+           ("signsgd", "ratio", 16.0),  # sign(0) = 0 makes three values: 2-bit codes, 32 / 2 = 16x at most
            ("efsignsgd", "ratio", 25.0), ("onebit", "ratio", 25.0), ("topk:ratio=0.01", "ratio", 40.0))
 
 
@@ -72,6 +73,10 @@ def _why(check, n):
         ceiling = 4 * n / (n + 4)
         return (f"a float32 scale per tensor caps it at 4n/(n+4) = {_digits(ceiling, 4.0, False, 4)} "
                 f"for the n = {n:,} gradient elements")
+    if check["what"] == "ratio" and check["spec"] == "signsgd" and n:
+        ceiling = 4 * n / (-(-n // 4) + 4)
+        return (f"2-bit sign codes and a float32 scale cap it at 4n/(ceil(n/4)+4) = "
+                f"{_digits(ceiling, 16.0, False, 4)} for the n = {n:,} gradient elements")
     return None
 
 
