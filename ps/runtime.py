@@ -27,6 +27,10 @@ from ps.sharding import join_shards, shard_offsets
 
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
 
+# A live server answers a waiting worker within ps_timeout (it drops a peer silent that long, then
+# answers), so a worker gives up on its server ps_timeout + this many seconds after asking.
+_REPLY_MARGIN = 2.0
+
 _ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
 #: Fields of a worker's statistics vector (the STATS payload, float64 on the wire), in order; the
 #: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
@@ -126,7 +130,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
 def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     w = workers.index(rank)
     client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
-                    2 * opts.ps_timeout + 10.0)
+                    opts.ps_timeout + _REPLY_MARGIN)
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))

@@ -118,7 +118,9 @@ class Server:
                 next_check = now + _SILENCE_CHECK
             if msg is None:
                 backoff.sleep()
-        wait_all(self._sends, time.monotonic() + self.opts.ps_timeout, "replies to the workers")
+        # a dropped worker may be dead: its replies would never complete, so only the others are awaited
+        wait_all([(req, buf) for req, buf, w in self._sends if self.table.status[w] != DROPPED],
+                 time.monotonic() + self.opts.ps_timeout, "replies to the workers")
         self._sends = []
         if self.opts.checkpoint_dir and self.error_worker < 0:
             self.checkpoint()
@@ -260,8 +262,8 @@ class Server:
             self.error_worker = w
 
     def _reply(self, w, mtype, clock, data=None, worker=None):
-        self._sends += send(self.comm, self.worker_ranks[w], mtype, w if worker is None else worker,
-                            clock, data)
+        self._sends += [(req, buf, w) for req, buf in send(self.comm, self.worker_ranks[w], mtype,
+                                                            w if worker is None else worker, clock, data)]
 
     # ------------------------------------------------------------------------------------------
     def checkpoint(self):

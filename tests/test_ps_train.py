@@ -5,9 +5,14 @@
   two runs differ only in the summation order of the gradient average).
 * ``--fail-worker`` with a short ``--ps-timeout``: ASP finishes with the worker dropped; BSP exits
   1 with one error line naming the worker (no traceback, no abort). A hard timeout catches any hang.
+* A crashed rank (``os._exit``, under ``mpiexec -disable-auto-cleanup`` so that MPICH does not end
+  the others itself): every rank exits within ``--ps-timeout`` + 5 s of the crash (plus 2 s of slack
+  for a loaded machine), the cause named once.
 """
 import json
 import os
+import re
+import time
 
 import numpy as np
 import pytest
@@ -56,3 +61,33 @@ def test_fail_worker_through_the_trainer(tmp_path, consistency):
         summary = json.load(f)
     assert summary["worker_status"] == ["done", "done", "dropped"]
     assert "worker rank 3 dropped" in out.stdout
+
+
+def _crash(tmp_path, rank, call, *flags):
+    """Run ``--mode ps --ps-timeout 3`` on 4 ranks with ``rank`` exiting at its ``call``-th protocol
+    step; return (result, seconds from the crash to the end of the job)."""
+    res = run_mpi(4, "tests.mpi_ps_fault", rank, call, *COMMON, "--run-dir", str(tmp_path), "--mode", "ps",
+                  "--ps-timeout", "3", *flags, timeout=60, check=False, mpiexec_args=("-disable-auto-cleanup",))
+    end = time.time()
+    crash = re.search(r"injected crash at ([0-9.]+)", res.stdout)
+    assert crash, res.stdout
+    return res, end - float(crash.group(1))
+
+
+@pytest.mark.parametrize("consistency", ["bsp", "ssp"])
+def test_crashed_worker_ends_every_rank(tmp_path, consistency):
+    res, seconds = _crash(tmp_path, 3, 5, "--consistency", consistency)
+    out = res.stdout
+    assert res.returncode != 0 and seconds <= 3 + 5 + 2, (res.returncode, seconds, out)
+    cause = "error: BSP cannot continue: worker rank 3" if consistency == "bsp" else "worker rank 3 dropped"
+    assert out.count(cause) == 1, out
+    assert out.count("error: rank 0: rank(s) 3 did not reach the end of the run") == 1, out
+    assert out.count("error:") == (2 if consistency == "bsp" else 1) and "Traceback" not in out, out
+
+
+def test_crashed_server_ends_every_rank(tmp_path):
+    res, seconds = _crash(tmp_path, 0, 20, "--servers", "1")
+    out = res.stdout
+    assert res.returncode != 0 and seconds <= 3 + 5 + 2, (res.returncode, seconds, out)
+    assert out.count("no answer from server rank(s) [0]") == 1 and out.count("error:") == 1, out
+    assert "Traceback" not in out, out

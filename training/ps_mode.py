@@ -15,6 +15,7 @@ samples per clock as its current batch.
 """
 import functools
 import os
+import time
 
 import numpy
 
@@ -28,7 +29,9 @@ from training.optim import SGD, Adam
 from training.parallel import compute_gradient, is_finite
 from training.ps_report import evaluate_snapshots, write_records
 
-__all__ = ["run_ps", "ps_options", "check_ps", "server_optimizer", "BatchStream"]
+__all__ = ["run_ps", "ps_options", "check_ps", "server_optimizer", "BatchStream", "finish_together"]
+
+_END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 
@@ -284,3 +287,47 @@ def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
               f"parameters ({cfg.dtype}), {S} server(s) + {W} worker(s), {cfg.consistency.upper()}{s}, "
               f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g} -> {run_dir}")
     return bar
+
+
+def finish_together(comm, grace):
+    """Check that every rank reached the end of the run; return the ranks that did not (rank 0).
+
+    A parameter-server run can end with a rank gone: a dropped worker may have died instead of
+    falling silent, and ``MPI_Finalize`` would then wait for it forever. Every rank other than 0
+    sends rank 0 a one-byte message once its part of the run is over and waits for rank 0's answer;
+    rank 0 waits up to ``grace`` seconds for all of them and answers each only when all arrived. The
+    caller of rank 0 ends the job (``MPI_Abort``) when ranks are missing; the other ranks wait for the
+    answer without a limit, since rank 0 either answers or ends the job.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator of all ranks of the run (point-to-point messages only, never a collective,
+        so a dead rank cannot block it).
+    grace : float
+        Seconds rank 0 waits for the others (they finish before it: it collects their reports).
+
+    Returns
+    -------
+    list of int
+        On rank 0, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere ``[]``.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    token = numpy.zeros(1, numpy.int8)
+    if rank != 0:
+        comm.Send(token, dest=0, tag=_END_TAG)  # one byte: sent eagerly, even to a dead rank 0
+        comm.Recv(token, source=0, tag=_END_TAG)
+        return []
+    bufs = {r: numpy.zeros(1, numpy.int8) for r in range(1, size)}
+    reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
+    pending, deadline = set(reqs), time.monotonic() + grace
+    while pending:
+        pending = {r for r in pending if not reqs[r].Test()}
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    if pending:
+        return sorted(pending)
+    for r in range(1, size):
+        comm.Send(token, dest=r, tag=_END_TAG)
+    return []

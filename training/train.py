@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import collectives
 
-from ps.protocol import PSError
+from ps.protocol import PSError, PSTimeout
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
@@ -34,7 +34,7 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
                                verify_param_layout)
-from training.ps_mode import run_ps
+from training.ps_mode import finish_together, run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
@@ -299,7 +299,10 @@ def main(argv=None):
 
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
     return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
-    lost a worker); a failed collective (``collectives.CollectiveError``: a peer silent for
+    lost a worker). In ``--mode ps`` the ranks then check that all of them reached the end
+    (:func:`training.ps_mode.finish_together`): when a rank died, rank 0 names it and aborts the job
+    ``--ps-timeout`` seconds later instead of leaving everyone in ``MPI_Finalize``; a rank whose
+    server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
     ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the
     job so nothing hangs.
     """
@@ -326,6 +329,9 @@ def main(argv=None):
         if not everyone:
             world.Abort(1)
         return 1
+    except PSTimeout as e:  # a peer never answered: it may be dead, and MPI_Finalize would wait for it
+        time.sleep(0.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
+        collectives.policy.abort(f"{e}; ending the job")
     except PSError as e:
         # the run cannot continue (BSP lost a worker): the servers and the workers still running
         # have all stopped the protocol; rank 0, a server, states why once, another rank only
@@ -333,6 +339,7 @@ def main(argv=None):
         if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
             where = f"rank {world.rank}: " if world.rank else ""
             print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        _finish_ps(world, cfg)
         return 1
     except collectives.CollectiveError as e:  # the peers may be dead: MPI_Finalize would hang
         collectives.policy.abort(f"{type(e).__name__}: {e}; ending the job")
@@ -342,7 +349,18 @@ def main(argv=None):
         if world.size > 1:
             world.Abort(1)
         raise
+    if cfg.mode == "ps":
+        _finish_ps(world, cfg)
     return 0
+
+
+def _finish_ps(world, cfg):
+    """End a parameter-server run: return when every rank got here, else abort naming the missing."""
+    missing = finish_together(world, cfg.ps_timeout)
+    if missing:
+        collectives.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
+                                 f"within --ps-timeout {cfg.ps_timeout:g} s (a lost peer may have died); "
+                                 "ending the job so that no rank waits for them in MPI_Finalize")
 
 
 def _everyone_failed(world):
