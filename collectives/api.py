@@ -36,9 +36,9 @@ ALGORITHMS = describe("allreduce")
 def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
     if accumulate not in ("float32", "native"):
         raise ValueError(f"accumulate={accumulate!r} must be 'float32' or 'native'")
-    if algorithm not in ALGORITHMS:
+    if type(algorithm) is not str or algorithm not in ALGORITHMS:
         check_algorithm(algorithm, "allreduce")
-    if op not in OPS:
+    if type(op) is not str or op not in OPS:
         check_op(op)
     if type(x) is not numpy.ndarray:
         x = as_array(x)
@@ -149,7 +149,7 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
     extra = CHECK_ELEMENTS if inline else 0
     out, work, acc, direct, _ = prepare(x, out, ctx, xp, "work", extra=extra)
     if inline:
-        encode_check(work[x.size:], key, op)
+        encode_check(work[x.size:], key, ctx.size)
     transport = ctx.transport(xp)
     buf = work
     if transport is not None:
@@ -161,7 +161,7 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
     call(ctx, key, "Iallreduce", (MPI.IN_PLACE, buf, MPI_OPS[op]), timeout, check=not inline, extra=more)
     if inline:
         try:
-            verify_check(buf[x.size:], key, op, ctx.size)
+            verify_check(buf[x.size:], key, ctx.size)
         except CollectiveError as exc:
             ctx.fail(f"allreduce: {exc}")
             raise

@@ -89,15 +89,19 @@ def accumulation_dtype(dtype):
 
 def check_op(op):
     """Raise ``ValueError`` naming ``op`` unless it is one of :data:`OPS`."""
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
 
 
 def check_dtype(dtype, what="x", allowed=DTYPES):
     """Raise ``TypeError`` unless ``dtype`` is one of ``allowed`` (default :data:`DTYPES`)."""
-    if numpy.dtype(dtype) not in allowed:
+    dt = numpy.dtype(dtype)
+    if dt not in allowed:
         names = ", ".join(d.name for d in allowed)
-        raise TypeError(f"{what} has unsupported dtype {numpy.dtype(dtype).name}: expected one of {names}")
+        if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in allowed:
+            raise TypeError(f"{what} has dtype {dt.str} in non-native byte order: convert it first "
+                            f"(x.astype(x.dtype.newbyteorder('='))); expected one of {names} in native order")
+        raise TypeError(f"{what} has unsupported dtype {dt.name}: expected one of {names}")
 
 
 def check_op_dtype(op, dtype):

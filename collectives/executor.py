@@ -11,7 +11,7 @@ import time
 from mpi4py import MPI
 
 from .errors import CollectiveMismatch, CollectiveTimeout
-from .fingerprint import pending
+from .fingerprint import checks_enabled, pending
 from .waiting import wait_all
 
 __all__ = ["CollectiveTimeout", "CollectiveMismatch", "execute", "Run"]
@@ -119,7 +119,7 @@ class Run:
 def check_received(status, buf, peer, op):
     """Raise :class:`CollectiveMismatch` unless the message in ``status`` filled ``buf`` exactly."""
     got = status.Get_count(MPI.BYTE)
-    if got != buf.nbytes:
+    if got != buf.nbytes and checks_enabled():
         raise CollectiveMismatch(op, "message size", f"rank {peer} sent {got} bytes where this rank's schedule "
                                  f"expects {buf.nbytes}: the ranks disagree about the count, dtype or algorithm")
 

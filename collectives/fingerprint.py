@@ -39,7 +39,8 @@ from .algorithms import COLLECTIVES, REGISTRY
 from .errors import CollectiveMismatch
 from .waiting import wait_all
 
-__all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "exchange", "pending"]
+__all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled",
+           "exchange", "pending"]
 
 #: Fields of the debug-mode fingerprint, in the order they are compared.
 FIELDS = ("collective", "sequence", "algorithm", "count", "dtype", "op", "root", "grid", "call site")
@@ -50,6 +51,7 @@ _OPS = tuple(OPS)
 _CODES = {}  # key -> CRC (cached: the per-call cost is one dict lookup)
 _BY_TAG = {}  # (tag bits of the CRC) -> key, for naming a peer's pending call in errors
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_CHECKS = [True]  # the default checks; off only to measure what they cost (set_checks)
 _MODES = ("off", "detail", "strict")
 _DEBUG = [os.environ.get("COMMLAB_DEBUG", "").strip().lower() or "off"]
 
@@ -72,6 +74,21 @@ def set_debug(mode):
     if mode not in _MODES:
         raise ValueError(f"debug mode must be one of {', '.join(_MODES)}, not {mode!r}")
     _DEBUG[0] = mode
+
+
+def set_checks(on):
+    """Turn the default checks (fingerprint in tags and library calls, received sizes) on or off.
+
+    Off exists only so that a benchmark can measure what the checks cost against the same code
+    without them, in one run (``experiments/bench_checks.py``); with the checks off, mismatched calls
+    may again return wrong values. Every rank must use the same setting.
+    """
+    _CHECKS[0] = bool(on)
+
+
+def checks_enabled():
+    """Return True unless :func:`set_checks` turned the default checks off."""
+    return _CHECKS[0]
 
 
 def debug_enabled():
@@ -149,7 +166,7 @@ class TagSpace:
 
     def tag(self, key, seq):
         """Return the tag of call number ``seq`` described by ``key``."""
-        bits = key_code(key) & self._code_mask
+        bits = key_code(key) & self._code_mask if _CHECKS[0] else 0
         if bits not in _BY_TAG:
             _BY_TAG[bits] = key
         return (bits << self.seq_bits) | (seq & self._seq_mask)

@@ -30,10 +30,10 @@ _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up t
 
 def _common(x, op, algorithm, name, timeout):
     check_algorithm(algorithm, name)
-    if op is not None:
+    if name != "broadcast":  # every reducing collective needs an op; None is not "no reduction"
         check_op(op)
     x = as_array(x)
-    check_dtype(x.dtype, allowed=DTYPES if op is not None else COPY_DTYPES)
+    check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
     timeout = check_timeout(timeout)
     return x, timeout, OP_ALGORITHMS[name][0] if algorithm == "auto" else algorithm
 

@@ -45,20 +45,42 @@ def load_table(path):
     ValueError
         The file is not such a table, or names an algorithm ``auto`` cannot run.
     """
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a commlab tuning table (not JSON text: {exc})") from None
     rules = table.get("allreduce") if isinstance(table, dict) else None
     if not isinstance(rules, list) or not all(isinstance(r, dict) and {"size", "max_bytes", "algorithm"} <= set(r)
                                               for r in rules):
         raise ValueError(f"{path}: not a commlab tuning table (expected an 'allreduce' list of "
                          "{size, max_bytes, algorithm} rules)")
+    for i, r in enumerate(rules):
+        if not _is_int(r["size"]) or r["size"] < 1:
+            raise ValueError(f"{path}: rule {i}: size must be a positive integer (ranks), not {r['size']!r}")
+        if r["max_bytes"] is not None and not (_is_number(r["max_bytes"]) and r["max_bytes"] >= 0):
+            raise ValueError(f"{path}: rule {i}: max_bytes must be a number of bytes or null, not {r['max_bytes']!r}")
+        if not isinstance(r["algorithm"], str):
+            raise ValueError(f"{path}: rule {i}: algorithm must be a name, not {r['algorithm']!r}")
     bad = sorted({r["algorithm"] for r in rules} - set(CANDIDATES))
     if bad:
         raise ValueError(f"{path}: rules name {', '.join(bad)}; auto chooses among {', '.join(CANDIDATES)}")
     params = table.get("model")
     if params is not None and not (isinstance(params, dict) and {"alpha", "beta", "gamma"} <= set(params)):
         raise ValueError(f"{path}: 'model' must hold alpha, beta and gamma")
+    for name in ("alpha", "beta", "gamma") if params is not None else ():
+        if not (_is_number(params[name]) and params[name] >= 0):
+            raise ValueError(f"{path}: model {name} must be a non-negative number (seconds or s/byte), "
+                             f"not {params[name]!r}")
     _STATE.update(loaded=True, rules=rules, params=params, source=path, cache={})
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v != float("inf")
 
 
 def clear_table():
@@ -79,7 +101,7 @@ def _ensure_loaded():
                              "or 'none' for the model alone)")
         try:
             load_table(path)
-        except (OSError, json.JSONDecodeError) as exc:
+        except OSError as exc:
             raise ValueError(f"COMMLAB_TUNING={path}: cannot read the table: {exc}") from exc
     elif os.path.exists(_SHIPPED):
         load_table(_SHIPPED)

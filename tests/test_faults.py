@@ -1,0 +1,59 @@
+"""The quick part of the fault-and-mismatch suite, and single-process checks of its building blocks.
+
+Oracle: each mismatch case has a right value (NumPy) or must raise on every rank; the suite counts
+silent wrong answers and hangs (hard limits), and this test requires zero of each.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collectives import library
+from collectives.fingerprint import TagSpace, describe, key_code
+from tests.mpirun import ROOT
+
+
+def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
+    out = tmp_path / "faults.json"
+    proc = subprocess.run([sys.executable, "-m", "experiments.fault_suite", "--part", "quick", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    totals = json.loads(out.read_text())["totals"]
+    assert totals["silent_wrong"] == 0 and totals["hangs"] == 0 and totals["other"] == 0, proc.stdout
+    assert totals["passed"] + totals["expected_silent"] == totals["cases"], proc.stdout
+    results = json.loads(out.read_text())["results"]
+    strict = [r for r in results if r["mode"] == "strict" and r["case"].startswith("extra_call/")]
+    assert strict and all(r["verdict"] == "pass" for r in strict)  # the call site catches the extra call
+    count = [r for r in results if r["mode"] == "strict" and r["case"] == "count/ring"][0]
+    assert any("count" in e and "rank 0: count=10" in e for e in count["errors"]), count
+
+
+def test_tags_of_different_calls_differ_and_fit_the_tag_range():
+    space = TagSpace(536870911)
+    a = ("allreduce", "ring", 8, np.dtype("float32"), "sum", None, None)
+    b = ("allreduce", "ring", 10, np.dtype("float32"), "sum", None, None)
+    assert space.tag(a, 1) != space.tag(b, 1) and space.tag(a, 1) != space.tag(a, 2)
+    assert all(0 <= space.tag(k, s) <= 536870911 for k in (a, b) for s in (1, 4095, 4096, 10 ** 6))
+    small = TagSpace(32767)
+    assert all(0 <= small.tag(a, s) <= 32767 for s in range(300))
+    assert describe(a) == "allreduce(count=8, dtype=float32, op=sum, algorithm=ring)"
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "min", "max"])
+@pytest.mark.parametrize("P", [1, 2, 3, 7])
+def test_inline_check_accepts_equal_keys_and_refuses_others(op, P):
+    ufunc = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}[op]
+    key = ("allreduce", "mpi", 4, np.dtype("float32"), op, None, None)
+    other = ("allreduce", "mpi", 5, np.dtype("float32"), op, None, None)
+    tails = []
+    for k in [key] * P:
+        t = np.empty(8, np.float32)
+        library.encode_check(t, k, P)
+        tails.append(t)
+    library.verify_check(ufunc.reduce(tails), key, P)  # equal keys: accepted (NumPy reduction as oracle)
+    if P > 1 and key_code(key) & 0xFFFFFF != key_code(other) & 0xFFFFFF:
+        t = np.empty(8, np.float32)
+        library.encode_check(t, other, P)
+        with pytest.raises(Exception, match="disagree"):
+            library.verify_check(ufunc.reduce(tails[1:] + [t]), key, P)
