@@ -9,6 +9,7 @@ failing rank and calls ``MPI_Abort``, which makes the launcher stop every rank.
 """
 import contextlib
 import sys
+import time
 
 from mpi4py import MPI
 
@@ -17,21 +18,33 @@ from .errors import CollectiveError
 __all__ = ["abort_on_failure", "abort"]
 
 
-def abort(message, comm=None, code=1):
+#: Seconds between the last printed line and ``MPI_Abort``. The launcher (Hydra, PRRTE) forwards a
+#: rank's output through its proxy, and ``MPI_Abort`` makes it kill the proxies: without a pause the
+#: line that says why the job ended can be lost on a loaded machine.
+ABORT_GRACE_S = 0.5
+
+
+def abort(message=None, comm=None, code=1):
     """Print ``error: rank R: message`` to stderr and end the whole job with ``MPI_Abort(code)``.
+
+    Standard output and error are flushed and the process waits :data:`ABORT_GRACE_S` seconds before
+    ``MPI_Abort``, so that the launcher forwards the message before it stops every rank.
 
     Parameters
     ----------
-    message : str
-        The cause, one line.
+    message : str, optional
+        The cause, one line; None prints nothing (the caller has reported already).
     comm : mpi4py.MPI.Comm, optional
         Communicator passed to ``MPI_Abort`` (default ``COMM_WORLD``: the whole job).
     code : int
         Exit status of the job.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    print(f"error: rank {MPI.COMM_WORLD.Get_rank()}: {message}", file=sys.stderr, flush=True)
+    if message is not None:
+        print(f"error: rank {MPI.COMM_WORLD.Get_rank()}: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
     comm.Abort(code)
 
 

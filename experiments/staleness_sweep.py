@@ -35,6 +35,8 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
+import collectives.policy
+
 __all__ = ["PROTOCOLS", "parse_protocol", "base_config", "clean_previous", "run_sweep", "markdown_table",
            "summary_lines", "main"]
 
@@ -339,13 +341,12 @@ def main(argv=None):
             where = "" if everyone else f"rank {comm.Get_rank()}: "
             print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if not everyone:
-            comm.Abort(1)
+            collectives.policy.abort(None, comm)
         return 1
     except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
         traceback.print_exc()
-        sys.stderr.flush()
         if comm.Get_size() > 1:
-            comm.Abort(1)
+            collectives.policy.abort(None, comm)
         raise
     return 0
 

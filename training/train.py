@@ -327,7 +327,7 @@ def main(argv=None):
             where = "" if everyone else f"rank {world.rank}: "
             print(f"error: {where}{str(e) or type(e).__name__}", file=sys.stderr, flush=True)
         if not everyone:
-            world.Abort(1)
+            collectives.policy.abort(None, world)
         return 1
     except PSTimeout as e:  # a peer never answered: it may be dead, and MPI_Finalize would wait for it
         time.sleep(0.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
@@ -345,9 +345,8 @@ def main(argv=None):
         collectives.policy.abort(f"{type(e).__name__}: {e}; ending the job")
     except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
         traceback.print_exc()
-        sys.stderr.flush()
         if world.size > 1:
-            world.Abort(1)
+            collectives.policy.abort(None, world)
         raise
     if cfg.mode == "ps":
         _finish_ps(world, cfg)
