@@ -11,7 +11,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["collectives*", "ps*", "training*", "experiments*", "plots*"]),
+    packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60"],
     extras_require={
         "mpich": ["mpich"],
