@@ -59,8 +59,8 @@ def short_label(spec):
             return f"{name}-{100 * float(kw['ratio']):g}%"
         if "levels" in kw:
             return f"{name}-{math.ceil(math.log2(2 * int(kw['levels']) + 1))}bit"
-        if "rank" in kw:
-            return f"{name}-r{int(kw['rank'])}"
+        if "matrix_rank" in kw or "rank" in kw:  # rank: PowerSGD's former name of matrix_rank
+            return f"{name}-r{int(kw.get('matrix_rank', kw.get('rank')))}"
         if "threshold" in kw:
             return f"{name}-{float(kw['threshold']):g}"
     except ValueError:  # an argument that is not a number: keep the whole spec

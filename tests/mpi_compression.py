@@ -32,8 +32,8 @@ CASES = [
     ("onebit", {}), ("topk", {"ratio": 0.05}), ("randomk", {"ratio": 0.1}),
     ("randomk", {"k": 17, "rescale": True, "error_feedback": False}),
     ("threshold", {"threshold": 1.5}), ("dgc", {"ratio": 0.02, "warmup_steps": 2}),
-    ("powersgd", {"rank": 2, "error_feedback": False}),
-    ("powersgd", {"rank": 3, "error_feedback": False, "shapes": SHAPES}),
+    ("powersgd", {"matrix_rank": 2, "error_feedback": False}),
+    ("powersgd", {"matrix_rank": 3, "error_feedback": False, "shapes": SHAPES}),
 ]
 
 

@@ -102,7 +102,7 @@ def test_every_memory_conserves_mass(name):
     # sum of what was transmitted + residual == sum of the gradients (float64, rtol 1e-12);
     # DGC with momentum 0 (with momentum the identity holds for the corrected momenta)
     kwargs = {"dgc": {"momentum": 0.0, "ratio": 0.05}, "threshold": {"threshold": 1.0},
-              "powersgd": {"rank": 2}}.get(name, {})
+              "powersgd": {"matrix_rank": 2}}.get(name, {})
     hook = make_hook(name, comm=MPI.COMM_SELF, error_feedback=True, **kwargs)
     rng = np.random.default_rng(7)
     total, sent = np.zeros(60), np.zeros(60)
@@ -144,7 +144,7 @@ def test_powersgd_recovers_a_low_rank_matrix_exactly():
     m = rng.standard_normal((30, 2)) @ rng.standard_normal((2, 20))  # rank 2
     bias = rng.standard_normal(20)
     x = np.concatenate([m.ravel(), bias])
-    c = PowerSGD(rank=2, shapes=[(30, 20), (20,)])
+    c = PowerSGD(matrix_rank=2, shapes=[(30, 20), (20,)])
     y, payloads = _round_trip(c, x)
     assert np.allclose(y, x, atol=1e-10)
     p_hat = payloads[0][:60].reshape(30, 2)
@@ -195,7 +195,9 @@ def test_state_dict_round_trip_continues_exactly(name, tmp_path):
 
 def test_registry_and_arguments():
     assert make_compressor("topk", ratio="0.05").ratio == 0.05  # strings from the command line
-    assert make_compressor("powersgd", rank="4").r == 4
+    assert make_compressor("powersgd", matrix_rank="4").r == 4
+    with pytest.warns(DeprecationWarning, match="matrix_rank"):  # the old name still works
+        assert make_compressor("powersgd", rank="3").r == 3
     assert make_compressor("signsgd", scaled="false").scaled is False
     assert parse_compression_args(["ratio=0.01", "rank=4", "rescale=true", "shapes=[(2, 3)]"]) == {
         "ratio": 0.01, "rank": 4, "rescale": True, "shapes": [(2, 3)]}
@@ -204,7 +206,7 @@ def test_registry_and_arguments():
     with pytest.raises(ValueError, match="ratoi"):
         make_compressor("topk", ratoi=0.1)
     for name, kwargs, arg in [("topk", {"ratio": 0}, "ratio"), ("qsgd", {"levels": 0}, "levels"),
-                              ("powersgd", {"rank": 0}, "rank"), ("dgc", {"momentum": 1.0}, "momentum"),
+                              ("powersgd", {"matrix_rank": 0}, "rank"), ("dgc", {"momentum": 1.0}, "momentum"),
                               ("terngrad", {"clip": -1.0}, "clip"), ("int8", {"seed": -1}, "seed")]:
         with pytest.raises(ValueError, match=arg):
             make_compressor(name, **kwargs)

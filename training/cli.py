@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+from collectives.compression import parse_compression_arg
 from training.config import CHOICES, Config
 
 __all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg"]
@@ -61,7 +62,7 @@ HELP = {
                  "several nodes, else the squarest factorization of P)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
-    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as int, float, bool or str)",
+    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as true/false, none, a number or Python literal, else text)",
     "timeout": "data-parallel: seconds any collective (gradient all-reduce, non-finite flag, evaluation "
                "and epoch sums) may wait for a peer; a rank silent this long (crashed or hung) ends "
                "the job on every rank with one line naming it (MPI_Abort); a positive number",
@@ -87,37 +88,6 @@ HELP = {
     "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
     "progress": "show a progress bar on rank 0",
 }
-
-
-def parse_compression_arg(text):
-    """Split ``KEY=VALUE`` and read VALUE as int, float, bool (true/false) or str.
-
-    Parameters
-    ----------
-    text : str
-        One ``--compression-arg`` value.
-
-    Returns
-    -------
-    tuple of (str, object)
-
-    Raises
-    ------
-    ValueError
-        When ``text`` has no ``=`` or an empty key.
-    """
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ValueError(f"compression argument must be KEY=VALUE, got {text!r}")
-    low = value.lower()
-    if low in ("true", "false"):
-        return key, low == "true"
-    for conv in (int, float):
-        try:
-            return key, conv(value)
-        except ValueError:
-            pass
-    return key, value
 
 
 def _hidden(text):

@@ -97,8 +97,8 @@ def build_trainer(cfg, comm):
     verify_param_layout(model, comm)  # before any gradient exchange: a mismatch would hang or mix
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
-    if getattr(hook, "momentum_in_compressor", False) and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # the compressor applies momentum itself (DGC)
+    if getattr(hook, "owns_momentum", False) and cfg.optimizer == "sgd":
+        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     if cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm)

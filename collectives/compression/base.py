@@ -17,9 +17,16 @@ import numpy as np
 
 from collectives.backend import get_array_module
 
-__all__ = ["Compressor", "Memory", "ErrorFeedback", "check_tensor", "payload_nbytes"]
+__all__ = ["Compressor", "Memory", "ErrorFeedback", "TRANSPORTS", "check_tensor", "payload_nbytes"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
+
+#: How a compressor's payloads travel (``Compressor.transport``), as GRACE's communicators:
+#: ``"allreduce"`` sums them element-wise (decompression is linear, shapes agree on every rank);
+#: ``"allgather"`` gathers them (same sizes on every rank) and ``"allgatherv"`` (sizes differ),
+#: then :meth:`Compressor.aggregate` decompresses and averages; ``"own"``: the compressor runs its
+#: own pattern of all-reduce rounds in :meth:`Compressor.reduce` (PowerSGD).
+TRANSPORTS = ("allreduce", "allgather", "allgatherv", "own")
 
 
 def check_tensor(x, name):
@@ -78,11 +85,8 @@ class Compressor:
 
     Attributes
     ----------
-    summable : bool
-        Class attribute: decompress is linear in the payloads and their shapes are the same on every
-        rank, so payloads may be summed element-wise by an all-reduce.
-    variable_size : bool
-        Class attribute: payload sizes differ between ranks (all-gather-v needs the sizes).
+    transport : str
+        Class attribute: how the payloads travel, one of ``TRANSPORTS`` (default ``"allgather"``).
     error_feedback : bool
         Class attribute: error feedback is on by default (``make_hook``).
     comm_rank : int
@@ -90,8 +94,7 @@ class Compressor:
     """
 
     __slots__ = ("seed", "comm_rank", "_counts")
-    summable = False
-    variable_size = False
+    transport = "allgather"
     error_feedback = False
 
     def __init__(self, seed=0):
@@ -129,13 +132,36 @@ class Compressor:
             out = out + self.decompress(payloads, ctx)
         return out / len(gathered)
 
-    def make_memory(self, world_size=1):
+    def reduce(self, x, name, allreduce_sum, size):
+        """Average ``x`` over the ranks with the compressor's own rounds (``transport == "own"``).
+
+        Parameters
+        ----------
+        x : ndarray, any shape, float
+            This rank's (error-compensated) tensor.
+        name : str
+            Its key.
+        allreduce_sum : callable
+            ``buf -> sum over ranks of buf`` for a 1-D array; the same call order on every rank.
+        size : int
+            Number of ranks P.
+
+        Returns
+        -------
+        tuple
+            ``(mean, local, payloads, ctx, compress_s, decompress_s)``: the mean over ranks and this
+            rank's own decompressed share (shape and dtype of ``x``), the buffers this rank sent,
+            the context, and the seconds spent compressing and rebuilding. Abstract.
+        """
+        raise NotImplementedError("abstract method: a compressor with transport 'own' must implement reduce")
+
+    def make_memory(self, size=1):
         """Return the memory this compressor uses by default: ``ErrorFeedback`` or None.
 
         Parameters
         ----------
-        world_size : int
-            Number of ranks (used by memories that scale with it).
+        size : int
+            Number of ranks P (used by memories that scale with it).
         """
         return ErrorFeedback() if self.error_feedback else None
 
@@ -175,9 +201,17 @@ class Compressor:
 
 
 class Memory:
-    """Base class of the memories that carry what compression dropped into the next step."""
+    """Base class of the memories that carry what compression dropped into the next step.
+
+    Attributes
+    ----------
+    owns_momentum : bool
+        Class attribute: the memory applies momentum itself (DGC's momentum correction), so the
+        optimizer must run without momentum of its own.
+    """
 
     __slots__ = ()
+    owns_momentum = False
 
     def compensate(self, x, name):
         """Return the tensor to compress: ``x`` corrected by the memory of ``name``. Abstract."""

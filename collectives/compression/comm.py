@@ -1,5 +1,6 @@
-"""Compressed communication: all-reduce of summable payloads, all-gather(-v) and aggregation after
-decompression for the rest, PowerSGD's two rounds, and the sparse all-reduce.
+"""Compressed communication: each compressor's payloads travel as it declares (``transport``): the
+all-reduce for payloads that sum, all-gather(-v) and aggregation after decompression for the rest,
+the compressor's own rounds (PowerSGD's two all-reduces); and the sparse all-reduce.
 
 Every call reports the bytes this rank sent, counted from the payload buffers it handed to the
 collectives (plus the size header of an all-gather-v), and the compress / decompress seconds.
@@ -11,11 +12,28 @@ from mpi4py import MPI
 
 import collectives
 
-from .base import check_tensor, get_array_module, payload_nbytes
-from .powersgd import PowerSGD
+from .base import TRANSPORTS, check_tensor, get_array_module, payload_nbytes
 from .sparse import scatter_add
 
 __all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]
+
+
+class _Call:
+    """One compressed all-reduce's communicator, algorithms and wire-byte counter."""
+
+    __slots__ = ("comm", "size", "algorithm", "gather_algorithm", "wire")
+
+    def __init__(self, comm, algorithm, gather_algorithm):
+        self.comm, self.size = comm, comm.Get_size()
+        self.algorithm, self.gather_algorithm = algorithm, gather_algorithm
+        self.wire = [0]  # bytes the collectives actually sent (collectives.last_stats)
+
+    def allreduce_sum(self, buf, accumulate="float32"):
+        """Return the sum over ranks of the 1-D array ``buf`` and count its wire bytes."""
+        out = collectives.allreduce(buf, comm=self.comm, op="sum", algorithm=self.algorithm,
+                                    accumulate=accumulate)
+        _wire(self.wire, self.comm)
+        return out
 
 
 def _wire(counter, comm):
@@ -23,21 +41,12 @@ def _wire(counter, comm):
     counter[0] += int(collectives.last_stats(comm).get("bytes_sent", 0))
 
 
-def _word_dtype():
-    """Return the element type byte blobs travel as: uint8 when the collectives move it, else int32."""
-    supported = getattr(collectives, "COPY_DTYPES", None)
-    if supported is None or np.dtype(np.uint8) in supported:
-        return np.dtype(np.uint8)
-    return np.dtype(np.int32)
-
-
 def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _wire_bytes=None):
     """All-gather every rank's payload list in one byte buffer.
 
-    The payloads are viewed as bytes, concatenated (zero-padded to whole words when the collectives
-    do not move bytes) and sent with one ``collectives.allgather``. With ``variable_size`` the element
-    counts go first in a small int64 all-gather (all-gather-v); otherwise every rank's payloads have
-    this rank's shapes.
+    The payloads are viewed as bytes, concatenated and sent with one ``collectives.allgather`` of
+    uint8. With ``variable_size`` the element counts go first in a small int64 all-gather
+    (all-gather-v); otherwise every rank's payloads have this rank's shapes.
 
     Parameters
     ----------
@@ -55,11 +64,10 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     gathered : list of list of ndarray
         ``gathered[r]`` is rank ``r``'s payload list (dtypes as sent).
     nbytes : int
-        Bytes this rank sent: its byte buffer (padding included) plus the size header.
+        Bytes this rank sent: its byte buffer plus the size header.
     """
     xp = get_array_module(payloads[0])
     wire = _wire_bytes if _wire_bytes is not None else [0]
-    word = _word_dtype()
     dtypes = [p.dtype for p in payloads]
     counts = np.array([p.size for p in payloads], np.int64)
     header = 0
@@ -71,17 +79,13 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     else:
         all_counts = np.tile(counts, (comm.Get_size(), 1))
     itemsizes = np.array([d.itemsize for d in dtypes], np.int64)
-    padded = [-(-int(row @ itemsizes) // word.itemsize) * word.itemsize for row in all_counts]
-    blob = xp.zeros(padded[comm.Get_rank()], np.uint8)
+    lengths = [int(row @ itemsizes) for row in all_counts]  # bytes of each rank's payloads
     parts = [xp.ascontiguousarray(p).ravel().view(np.uint8) for p in payloads]
-    if parts:
-        used = sum(int(q.size) for q in parts)
-        blob[:used] = xp.concatenate(parts)
-    everything = collectives.allgather(blob.view(word), comm=comm, algorithm=algorithm)
+    blob = xp.concatenate(parts) if parts else xp.zeros(0, np.uint8)
+    everything = collectives.allgather(blob, comm=comm, algorithm=algorithm)
     _wire(wire, comm)
-    everything = everything.view(np.uint8)
     gathered, start = [], 0
-    for row, length in zip(all_counts, padded):
+    for row, length in zip(all_counts, lengths):
         mine, off = [], start
         for count, dtype in zip(row, dtypes):
             size = int(count) * dtype.itemsize
@@ -93,15 +97,44 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     return gathered, int(blob.nbytes) + header
 
 
+def _by_allreduce(compressor, p, name, call):
+    """Sum the payloads with the all-reduce and decompress the sum once (``transport "allreduce"``)."""
+    t0 = time.perf_counter()
+    payloads, ctx = compressor.compress(p, name)
+    compress_s = time.perf_counter() - t0
+    # float16 payloads stay float16 on the wire: that is the point of fp16 compression
+    summed = [call.allreduce_sum(buf, accumulate="native") for buf in payloads]
+    t1 = time.perf_counter()
+    mean = compressor.decompress(summed, ctx) / p.dtype.type(call.size)
+    return mean, payloads, ctx, payload_nbytes(payloads), compress_s, time.perf_counter() - t1
+
+
+def _by_allgather(compressor, p, name, call):
+    """All-gather(-v) the payloads; ``compressor.aggregate`` decompresses and averages them."""
+    t0 = time.perf_counter()
+    payloads, ctx = compressor.compress(p, name)
+    compress_s = time.perf_counter() - t0
+    gathered, nbytes = allgather_payloads(payloads, call.comm, compressor.transport == "allgatherv",
+                                          call.gather_algorithm, call.wire)
+    t1 = time.perf_counter()
+    mean = compressor.aggregate(gathered, ctx)
+    return mean, payloads, ctx, nbytes, compress_s, time.perf_counter() - t1
+
+
+_TRANSPORTS = {"allreduce": _by_allreduce, "allgather": _by_allgather, "allgatherv": _by_allgather}
+
+
 def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm="auto",
                          gather_algorithm="ring"):
     """Average ``x`` over the ranks of ``comm`` through ``compressor``.
 
-    Steps: ``p = memory.compensate(x)``; compress ``p``; summable payloads are summed by
-    ``collectives.allreduce`` and decompressed once (divided by P); PowerSGD runs its two all-reduce
-    rounds; other payloads are all-gathered (all-gather-v when their sizes vary) and
-    ``compressor.aggregate`` decompresses and averages them (sparse ones with ``add.at``; sign votes
-    by majority); finally ``memory.update(p, name, decompress(own payloads))``.
+    Steps: ``p = memory.compensate(x)``; then by ``compressor.transport``: ``"allreduce"``
+    compresses ``p``, sums the payloads with ``collectives.allreduce`` and decompresses once
+    (divided by P); ``"allgather"`` / ``"allgatherv"`` all-gather the payloads (all-gather-v when
+    their sizes vary) and ``compressor.aggregate`` decompresses and averages them (sparse ones with
+    ``add.at``; sign votes by majority); ``"own"`` runs the compressor's own rounds
+    (``compressor.reduce``: PowerSGD's two all-reduces); finally
+    ``memory.update(p, name, decompress(own payloads))``.
 
     Parameters
     ----------
@@ -116,7 +149,7 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
     comm : mpi4py.MPI.Comm, optional
         Communicator (``MPI.COMM_WORLD`` by default).
     algorithm : str
-        All-reduce algorithm for summable payloads.
+        All-reduce algorithm for payloads that are summed.
     gather_algorithm : str
         All-gather algorithm for the other payloads.
 
@@ -134,48 +167,32 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
     ------
     TypeError
         If ``x`` is not a floating-point array (on every rank, before any message).
+    ValueError
+        If ``compressor.transport`` is not one of ``TRANSPORTS``.
     """
     check_tensor(x, name)
-    comm = comm if comm is not None else MPI.COMM_WORLD
-    size = comm.Get_size()
-    compressor.comm_rank = comm.Get_rank()
-    wire = [0]
+    if compressor.transport not in TRANSPORTS:
+        raise ValueError(f"compressor.transport must be one of {TRANSPORTS}, got {compressor.transport!r}")
+    call = _Call(comm if comm is not None else MPI.COMM_WORLD, algorithm, gather_algorithm)
+    compressor.comm_rank = call.comm.Get_rank()
     t0 = time.perf_counter()
     p = memory.compensate(x, name) if memory is not None else x
     compensate_s = time.perf_counter() - t0
-    if isinstance(compressor, PowerSGD):
-        def _sum(buf):
-            out = collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm)
-            _wire(wire, comm)
-            return out
-        mean, local, payloads, _, compress_s, decompress_s = compressor.reduce(p, name, _sum, size)
-        compress_s += compensate_s
+    if compressor.transport == "own":
+        mean, local, payloads, _, compress_s, decompress_s = compressor.reduce(
+            p, name, call.allreduce_sum, call.size)
         nbytes = payload_nbytes(payloads)
     else:
-        payloads, ctx = compressor.compress(p, name)
-        compress_s = time.perf_counter() - t0
-        if compressor.summable:
-            summed = []
-            for buf in payloads:
-                # float16 payloads stay float16 on the wire: that is the point of fp16 compression
-                summed.append(collectives.allreduce(buf, comm=comm, op="sum", algorithm=algorithm,
-                                                    accumulate="native"))
-                _wire(wire, comm)
-            nbytes = payload_nbytes(payloads)
-            t1 = time.perf_counter()
-            mean = compressor.decompress(summed, ctx) / x.dtype.type(size)
-        else:
-            gathered, nbytes = allgather_payloads(payloads, comm, compressor.variable_size,
-                                                  gather_algorithm, wire)
-            t1 = time.perf_counter()
-            mean = compressor.aggregate(gathered, ctx)
+        mean, payloads, ctx, nbytes, compress_s, decompress_s = _TRANSPORTS[compressor.transport](
+            compressor, p, name, call)
+        t1 = time.perf_counter()
         local = compressor.decompress(payloads, ctx) if memory is not None else None
-        decompress_s = time.perf_counter() - t1
+        decompress_s += time.perf_counter() - t1
     if memory is not None:
         memory.update(p, name, local)
-    info = {"bytes_sent": int(nbytes), "compress_s": float(compress_s),
+    info = {"bytes_sent": int(nbytes), "compress_s": float(compensate_s + compress_s),
             "decompress_s": float(decompress_s), "elements": int(x.size),
-            "bits_per_element": 8.0 * nbytes / x.size if x.size else 0.0, "wire_bytes": wire[0]}
+            "bits_per_element": 8.0 * nbytes / x.size if x.size else 0.0, "wire_bytes": call.wire[0]}
     return mean.astype(x.dtype, copy=False).reshape(x.shape), info
 
 

@@ -13,12 +13,13 @@ __all__ = ["DGC", "DGCMemory"]
 class DGCMemory(Memory):
     """Momentum correction and momentum factor masking: DGC's memory.
 
-    ``compensate``: clip ``g`` to the L2 norm ``clip_norm / sqrt(world_size)`` (local gradient
+    ``compensate``: clip ``g`` to the L2 norm ``clip_norm / sqrt(P)`` (local gradient
     clipping), then ``u <- m u + g`` and ``v <- v + u``; return ``v``. ``update``: ``v <- v - sent``
     and ``u`` set to 0 where an element was sent (momentum factor masking). Transmitted values plus
     ``v`` therefore add up to the sum of the momentum-corrected ``u``; with ``momentum = 0`` this is
     plain error feedback. Lin et al. 2018, "Deep Gradient Compression", Sec. 3.2 and Algorithm 1.
-    The optimizer then applies the aggregated update without momentum of its own.
+    The optimizer then applies the aggregated update without momentum of its own
+    (``owns_momentum``).
 
     Parameters
     ----------
@@ -26,8 +27,8 @@ class DGCMemory(Memory):
         Momentum factor ``m`` in [0, 1).
     clip_norm : float or None
         Global L2 clipping threshold (> 0); None: no clipping.
-    world_size : int
-        Number of ranks ``N`` (>= 1); each clips at ``clip_norm / sqrt(N)``.
+    size : int
+        Number of ranks P (>= 1); each clips at ``clip_norm / sqrt(P)``.
 
     Raises
     ------
@@ -35,18 +36,19 @@ class DGCMemory(Memory):
         If an argument is out of range.
     """
 
-    __slots__ = ("momentum", "clip_norm", "world_size", "velocities", "momenta")
+    __slots__ = ("momentum", "clip_norm", "size", "velocities", "momenta")
+    owns_momentum = True
 
-    def __init__(self, momentum=0.9, clip_norm=None, world_size=1):
+    def __init__(self, momentum=0.9, clip_norm=None, size=1):
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm!r}")
-        if not isinstance(world_size, (int, np.integer)) or world_size < 1:
-            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"size must be an int >= 1, got {size!r}")
         self.momentum = float(momentum)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
-        self.world_size = int(world_size)
+        self.size = int(size)
         self.velocities = {}  # v: accumulated, not yet sent
         self.momenta = {}  # u: momentum-corrected gradient
 
@@ -67,7 +69,7 @@ class DGCMemory(Memory):
         """
         xp = get_array_module(x)
         if self.clip_norm is not None:
-            bound = self.clip_norm / math.sqrt(self.world_size)
+            bound = self.clip_norm / math.sqrt(self.size)
             norm = float(xp.sqrt(xp.sum(x.astype(np.float64) ** 2)))
             if norm > bound:
                 x = x * x.dtype.type(bound / norm)
@@ -135,9 +137,9 @@ class DGC(TopK):
         self.momentum, self.clip_norm = float(momentum), clip_norm
         self.warmup_steps = int(warmup_steps)
 
-    def make_memory(self, world_size=1):
-        """Return the ``DGCMemory`` this compressor works with."""
-        return DGCMemory(self.momentum, self.clip_norm, world_size)
+    def make_memory(self, size=1):
+        """Return the ``DGCMemory`` this compressor works with (``size``: number of ranks P)."""
+        return DGCMemory(self.momentum, self.clip_norm, size)
 
     def _keep(self, n, name):
         """Return this step's k: the warm-up fraction until ``warmup_steps``, then the final one."""

@@ -6,8 +6,7 @@ import collectives
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
-from .dgc import DGC
-from .registry import _literal, compressor_arguments, make_compressor
+from .registry import compressor_arguments, make_compressor, parse_literal
 
 __all__ = ["CompressionHook", "make_hook"]
 
@@ -61,9 +60,9 @@ class CompressionHook:
         self.iteration = 0
 
     @property
-    def momentum_in_compressor(self):
-        """True when the compressor applies momentum itself (DGC): run the optimizer without it."""
-        return isinstance(self.compressor, DGC) and self.memory is not None
+    def owns_momentum(self):
+        """True when the memory applies momentum itself (DGC): run the optimizer without it."""
+        return self.memory is not None and self.memory.owns_momentum
 
     def __call__(self, flat_grad):
         """Average ``flat_grad`` over the ranks through the compressor.
@@ -110,11 +109,11 @@ class CompressionHook:
         Returns
         -------
         dict
-            ``iteration``, ``world_size``, ``compressor/...`` and ``memory/...`` entries.
+            ``iteration``, ``size`` (number of ranks P), ``compressor/...`` and ``memory/...``
+            entries.
         """
         size = self.comm.Get_size()
-        state = {"iteration": np.array(self.iteration, np.int64),
-                 "world_size": np.array(size, np.int64)}
+        state = {"iteration": np.array(self.iteration, np.int64), "size": np.array(size, np.int64)}
         state.update({"compressor/" + k: _host(v) for k, v in self.compressor.state_dict().items()})
         if self.memory is not None:
             for key, value in sorted(self.memory.state_dict().items()):
@@ -127,14 +126,17 @@ class CompressionHook:
     def load_state_dict(self, state):
         """Restore the state written by ``state_dict`` (same compressor arguments and P).
 
+        States written before ``size`` was named so carry it as ``world_size``; both are read.
+
         Raises
         ------
         ValueError
             If ``state`` was written by a run with another number of ranks.
         """
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
-        if int(state.get("world_size", size)) != size:
-            raise ValueError(f"state: written by {int(state['world_size'])} ranks, this run has {size}")
+        saved = int(state.get("size", state.get("world_size", size)))
+        if saved != size:
+            raise ValueError(f"state: written by {saved} ranks, this run has {size}")
         self.iteration = int(state["iteration"])
         self.compressor.load_state_dict({k[11:]: v for k, v in state.items()
                                          if k.startswith("compressor/")})
@@ -174,7 +176,8 @@ def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_
         The model's parameter shapes in flat order; used by compressors that take them (PowerSGD)
         and ignored by the others.
     **kwargs
-        Compressor arguments (strings are converted), e.g. ``ratio=0.01``, ``rank=4``, ``levels=127``.
+        Compressor arguments (strings are converted), e.g. ``ratio=0.01``, ``matrix_rank=4``,
+        ``levels=127``.
 
     Returns
     -------
@@ -189,11 +192,10 @@ def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_
         kwargs["shapes"] = shapes
     compressor = make_compressor(name, **kwargs)
     if isinstance(error_feedback, str):
-        error_feedback = _literal(error_feedback)
+        error_feedback = parse_literal(error_feedback)
     if error_feedback not in (None, True, False):
         raise ValueError(f"error_feedback must be None, True or False, got {error_feedback!r}")
-    world = (comm if comm is not None else MPI.COMM_WORLD).Get_size()
-    memory = compressor.make_memory(world)
+    memory = compressor.make_memory((comm if comm is not None else MPI.COMM_WORLD).Get_size())
     if error_feedback is True and memory is None:
         memory = ErrorFeedback()
     elif error_feedback is False:

@@ -1,7 +1,8 @@
 """PowerSGD (Vogels et al. 2019): rank-r approximation by one step of power iteration with warm start;
-P and Q are summable, so both rounds ride the all-reduce."""
+P and Q sum element-wise, so both rounds ride the all-reduce (the compressor's own transport)."""
 import math
 import time
+import warnings
 
 import numpy as np
 
@@ -10,15 +11,15 @@ from .base import Compressor, _ctx, check_tensor, get_array_module
 __all__ = ["PowerSGD", "matrix_layout"]
 
 
-def matrix_layout(size, rank, shapes=None):
+def matrix_layout(size, matrix_rank, shapes=None):
     """Split a flat vector into the pieces PowerSGD compresses.
 
     Parameters
     ----------
     size : int
         Elements of the flat vector.
-    rank : int
-        Requested rank ``r``.
+    matrix_rank : int
+        Requested rank ``r`` of the approximation.
     shapes : list of tuple of int, optional
         Parameter shapes in flat order (their sizes add up to ``size``). A shape with two or more
         dimensions ``(n, ...)`` is a matrix ``(n, prod(rest))``; a 1-D one (a bias) is sent
@@ -50,7 +51,7 @@ def matrix_layout(size, rank, shapes=None):
     for shape in shapes:
         count = size if padded else math.prod(shape)
         rows, cols = (shape[0], math.prod(shape[1:])) if len(shape) >= 2 else (count, 1)
-        r = min(rank, rows, cols) if len(shape) >= 2 else 0
+        r = min(matrix_rank, rows, cols) if len(shape) >= 2 else 0
         if r * (rows + cols) >= rows * cols:
             r = 0
         pieces.append((start, start + count, rows, cols, r))
@@ -71,33 +72,44 @@ class PowerSGD(Compressor):
 
     Parameters
     ----------
-    rank : int
-        Rank ``r`` of the approximation (>= 1), clamped to ``min(n, m)`` per matrix.
+    matrix_rank : int
+        Rank ``r`` of the approximation (>= 1), clamped to ``min(n, m)`` per matrix (PyTorch's
+        ``matrix_approximation_rank``).
     shapes : list of tuple of int, optional
         Parameter shapes in flat order; see ``matrix_layout`` (without them, one near-square matrix).
     warm_start : bool
         Reuse last step's Q; otherwise draw a fresh Q each step from the shared seed.
     seed : int
         Seed of the first Q; the same on every rank.
+    rank : int, optional
+        Deprecated name of ``matrix_rank`` (it reads like the MPI rank); gives a
+        ``DeprecationWarning``.
 
     Raises
     ------
     ValueError
-        If ``rank`` is not a positive int or ``shapes`` is malformed.
+        If ``matrix_rank`` is not a positive int, both names are given, or ``shapes`` is malformed.
     """
 
     __slots__ = ("r", "shapes", "warm_start", "_qs", "_layouts")
     error_feedback = True
+    transport = "own"
 
-    def __init__(self, rank=4, shapes=None, warm_start=True, seed=0):
+    def __init__(self, matrix_rank=4, shapes=None, warm_start=True, seed=0, rank=None):
         super().__init__(seed)
-        if not isinstance(rank, (int, np.integer)) or rank < 1:
-            raise ValueError(f"rank must be an int >= 1, got {rank!r}")
+        if rank is not None:
+            if matrix_rank != 4:
+                raise ValueError("give matrix_rank only (rank is its deprecated name), not both")
+            warnings.warn("PowerSGD(rank=...) is deprecated: call it matrix_rank", DeprecationWarning,
+                          stacklevel=2)
+            matrix_rank = rank
+        if not isinstance(matrix_rank, (int, np.integer)) or isinstance(matrix_rank, bool) or matrix_rank < 1:
+            raise ValueError(f"matrix_rank must be an int >= 1, got {matrix_rank!r}")
         if shapes is not None:
             if any(len(s) == 0 or any(int(d) < 0 for d in s) for s in shapes):
                 raise ValueError("shapes must be a list of non-empty tuples of sizes >= 0")
             shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.r, self.shapes, self.warm_start = int(rank), shapes, bool(warm_start)
+        self.r, self.shapes, self.warm_start = int(matrix_rank), shapes, bool(warm_start)
         self._qs = {}  # "name/piece" -> Q (m, r), identical on every rank
         self._layouts = {}
 
@@ -125,8 +137,8 @@ class PowerSGD(Compressor):
         """Return ``P_hat Q^T`` per matrix and the raw pieces, as one tensor of ``ctx["shape"]``."""
         return self._rebuild(payloads[0], payloads[1], ctx).reshape(ctx["shape"])
 
-    def reduce(self, x, name, allreduce_sum, world_size):
-        """Run PowerSGD's two all-reduce rounds on this rank's ``x``.
+    def reduce(self, x, name, allreduce_sum, size):
+        """Run PowerSGD's two all-reduce rounds on this rank's ``x`` (Algorithm 1).
 
         Parameters
         ----------
@@ -136,8 +148,8 @@ class PowerSGD(Compressor):
             Its key.
         allreduce_sum : callable
             ``buf -> sum over ranks of buf`` for a 1-D array; the same call order on every rank.
-        world_size : int
-            Number of ranks.
+        size : int
+            Number of ranks P.
 
         Returns
         -------
@@ -151,21 +163,52 @@ class PowerSGD(Compressor):
             Shape, dtype and layout.
         compress_s, decompress_s : float
             Seconds spent compressing (products, QR) and rebuilding.
+
+        Raises
+        ------
+        TypeError
+            If ``x`` is float16 (QR in half precision).
         """
         xp = check_tensor(x, name)
         if x.dtype == np.float16:
             raise TypeError("x must be float32 or float64 for PowerSGD (QR in half precision)")
         t0 = time.perf_counter()
         flat = x.ravel()
-        key = (name, flat.size)
+        ctx = _ctx(x, layout=self._layout(name, flat.size))
+        mats, ps, buf_p = self._p_round(flat, name, ctx["layout"], xp)
+        compress_s = time.perf_counter() - t0
+        sum_p = allreduce_sum(buf_p)
+        t0 = time.perf_counter()
+        p_hats, buf_q, off = self._q_round(mats, ps, sum_p, flat.dtype, xp)
+        compress_s += time.perf_counter() - t0
+        sum_q = allreduce_sum(buf_q)
+        t0 = time.perf_counter()
+        scale = flat.dtype.type(1.0 / size)
+        p_part = _concat([p.ravel() for p in p_hats], flat.dtype, xp)
+        mean = self._rebuild(xp.concatenate([p_part, sum_p[off:] * scale]), sum_q * scale, ctx)
+        mine = xp.concatenate([p_part, buf_p[off:]])  # P_hat and this rank's raw pieces
+        local = self._rebuild(mine, buf_q, ctx)
+        decompress_s = time.perf_counter() - t0
+        self._keep_q(name, ctx["layout"], sum_q * scale)
+        return mean.reshape(x.shape), local.reshape(x.shape), [mine, buf_q], ctx, compress_s, decompress_s
+
+    def _layout(self, name, n):
+        """Return (and cache) the piece layout of tensor ``name`` with ``n`` elements."""
+        key = (name, n)
         if key not in self._layouts:
-            self._layouts[key] = matrix_layout(flat.size, self.r, self.shapes)
-        layout = self._layouts[key]
-        ctx = _ctx(x, layout=layout)
+            self._layouts[key] = matrix_layout(n, self.r, self.shapes)
+        return self._layouts[key]
+
+    def _p_round(self, flat, name, layout, xp):
+        """Return the matrices M (n, m), their products P = M Q (n, r) and the P round's buffer.
+
+        Q is last step's mean Q (warm start) or drawn from the shared seed; the buffer is every
+        P, then the raw pieces sent uncompressed.
+        """
         fresh = not self.warm_start or any(f"{name}/{i}" not in self._qs
                                            for i, p in enumerate(layout) if p[4])
         rng = self._rng(name, shared=True) if fresh else None
-        mats, qs, ps, raws = [], [], [], []
+        mats, ps, raws = [], [], []
         for i, (a, b, rows, cols, r) in enumerate(layout):
             if not r:
                 raws.append(flat[a:b])
@@ -173,36 +216,24 @@ class PowerSGD(Compressor):
             m = xp.zeros(rows * cols, flat.dtype)
             m[:b - a] = flat[a:b]
             m = m.reshape(rows, cols)  # (n, m)
-            q = None if fresh else xp.asarray(self._qs[f"{name}/{i}"])
-            if q is None:
+            if fresh:
                 q = xp.asarray(rng.standard_normal((cols, r)).astype(flat.dtype))
+            else:
+                q = xp.asarray(self._qs[f"{name}/{i}"])  # (m, r)
             mats.append(m)
-            qs.append(q)
             ps.append(m @ q)  # (n, r)
-        buf_p = _concat([p.ravel() for p in ps] + raws, flat.dtype, xp)
-        compress_s = time.perf_counter() - t0
-        sum_p = allreduce_sum(buf_p)
-        t0 = time.perf_counter()
+        return mats, ps, _concat([p.ravel() for p in ps] + raws, flat.dtype, xp)
+
+    @staticmethod
+    def _q_round(mats, ps, sum_p, dtype, xp):
+        """Orthogonalize the summed P's and return ``(P_hats, Q round's buffer, end of the P's)``."""
         p_hats, q_locals, off = [], [], 0
         for m, p in zip(mats, ps):
             p_hat = xp.linalg.qr(sum_p[off:off + p.size].reshape(p.shape))[0]  # (n, r), orthonormal
             off += p.size
             p_hats.append(p_hat)
             q_locals.append(m.T @ p_hat)  # (m, r)
-        buf_q = _concat([q.ravel() for q in q_locals], flat.dtype, xp)
-        compress_s += time.perf_counter() - t0
-        sum_q = allreduce_sum(buf_q)
-        t0 = time.perf_counter()
-        scale = flat.dtype.type(1.0 / world_size)
-        p_part = _concat([p.ravel() for p in p_hats], flat.dtype, xp)
-        mean_raw = sum_p[off:] * scale
-        mean = self._rebuild(xp.concatenate([p_part, mean_raw]), sum_q * scale, ctx)
-        local = self._rebuild(xp.concatenate([p_part, buf_p[off:]]), buf_q, ctx)
-        decompress_s = time.perf_counter() - t0
-        self._keep_q(name, layout, sum_q * scale)
-        payloads = [xp.concatenate([p_part, buf_p[off:]]), buf_q]
-        return (mean.reshape(x.shape), local.reshape(x.shape), payloads, ctx, compress_s,
-                decompress_s)
+        return p_hats, _concat([q.ravel() for q in q_locals], dtype, xp), off
 
     def _rebuild(self, buf_p, buf_q, ctx):
         """Rebuild the flat tensor from the P_hat/raw buffer and the Q buffer."""
@@ -249,7 +280,7 @@ class PowerSGD(Compressor):
         self._qs = {k[2:]: v.copy() for k, v in state.items() if k.startswith("q/")}
 
     def __repr__(self):
-        return f"PowerSGD(rank={self.r}, warm_start={self.warm_start}, seed={self.seed})"
+        return f"PowerSGD(matrix_rank={self.r}, warm_start={self.warm_start}, seed={self.seed})"
 
 
 def _concat(parts, dtype, xp):

@@ -1,4 +1,5 @@
-"""The compressor registry: names, construction from keyword arguments, and ``KEY=VALUE`` parsing."""
+"""The compressor registry: names, construction from keyword arguments, and ``KEY=VALUE`` parsing
+(the one reading of command-line ``KEY=VALUE`` values in commlab)."""
 import ast
 import inspect
 
@@ -10,7 +11,8 @@ from .sign import EFSignSGD, OneBit, SignSGD
 from .sparse import RandomK, Threshold, TopK
 from .terngrad import TernGrad
 
-__all__ = ["COMPRESSORS", "make_compressor", "compressor_arguments", "parse_compression_args"]
+__all__ = ["COMPRESSORS", "make_compressor", "compressor_arguments", "parse_compression_args",
+           "parse_compression_arg", "parse_literal", "split_key_value"]
 
 COMPRESSORS = {
     "none": NoneCompressor,
@@ -43,24 +45,68 @@ def compressor_arguments(name):
     return {k: p.default for k, p in params.items() if k != "self"}
 
 
-def _literal(text):
-    """Parse a command-line value: int, float, bool, None or a Python literal; else the string."""
+def parse_literal(text):
+    """Read a command-line value: bool, None, int, float or another Python literal; else the string.
+
+    ``true``/``false`` (any case) are booleans, ``none``/``null`` None; then Python literals
+    (``3``, ``1e-3``, ``[(64, 784), (64,)]``), then ``float`` (``inf``); anything else stays text.
+    This is the one reading of ``KEY=VALUE`` values in commlab (``--compression-arg``, compressor
+    specs, the studies' ``--set``).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    bool, None, int, float, str or another literal
+    """
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("none", "null"):
         return None
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        return float(text)
+    except ValueError:
         return text
+
+
+def split_key_value(text, what="argument"):
+    """Split ``"KEY=VALUE"`` into ``(key, value text)``, the key stripped.
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``, when ``text`` has no ``=`` or an empty key.
+    """
+    key, sep, value = str(text).partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{what} must look like KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def parse_compression_arg(text):
+    """Return ``(key, value)`` of one ``--compression-arg KEY=VALUE`` (value read by :func:`parse_literal`).
+
+    Raises
+    ------
+    ValueError
+        When ``text`` has no ``=`` or an empty key.
+    """
+    key, value = split_key_value(text, "compression argument")
+    return key, parse_literal(value)
 
 
 def _coerce(value, default):
     """Parse a string ``value`` as a literal; an int becomes a float where the default is a float."""
     if not isinstance(value, str):
         return value
-    parsed = _literal(value)
+    parsed = parse_literal(value)
     if isinstance(default, float) and type(parsed) is int:
         return float(parsed)
     return parsed
@@ -69,21 +115,15 @@ def _coerce(value, default):
 def parse_compression_args(items):
     """Turn ``["KEY=VALUE", ...]`` (the ``--compression-arg`` flags) into a dict of Python values.
 
-    Values are parsed as int, float, bool (``true``/``false``), None or another Python literal
-    (``[(64, 784), (64,)]``); anything else stays a string.
+    Values are read by :func:`parse_literal`: bool (``true``/``false``), None, int, float or another
+    Python literal (``[(64, 784), (64,)]``); anything else stays a string.
 
     Raises
     ------
     ValueError
         If an item has no ``=`` or an empty key.
     """
-    out = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"compression argument must look like KEY=VALUE, got {item!r}")
-        out[key.strip()] = _literal(value)
-    return out
+    return dict(parse_compression_arg(item) for item in items or ())
 
 
 def make_compressor(name, **kwargs):

@@ -147,7 +147,7 @@ class RandomK(Compressor):
     """
 
     __slots__ = ("ratio", "k", "rescale")
-    summable = True
+    transport = "allreduce"
     error_feedback = True
 
     def __init__(self, ratio=0.01, k=None, rescale=False, seed=0):
@@ -193,7 +193,7 @@ class Threshold(_Sparse):
 
     __slots__ = ("threshold",)
     error_feedback = True
-    variable_size = True
+    transport = "allgatherv"
 
     def __init__(self, threshold=1e-3, seed=0):
         super().__init__(seed)
