@@ -9,6 +9,8 @@ tampered file raises :class:`CheckpointError` naming the file.
 The parameter servers write their shards with it; the trainer's checkpoints
 (:mod:`training.checkpoint`) use the same functions, with rank 0 reading and broadcasting.
 """
+import contextlib
+import glob
 import hashlib
 import io
 import os
@@ -16,7 +18,7 @@ import zipfile
 
 import numpy
 
-__all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host"]
+__all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries"]
 
 
 class CheckpointError(ValueError):
@@ -40,7 +42,9 @@ def _digest(arrays):
 def write_npz(path, arrays):
     """Write ``arrays`` to ``path`` on this rank alone: ``.npz`` without pickle, SHA-256 inside, atomic.
 
-    The file is written to a temporary name, synced and renamed, so a reader never sees half a file.
+    The file is written to ``PATH.tmp.PID``, synced and renamed, so a reader never sees half a file.
+    Temporary files that a killed writer left beside ``path`` (``*.npz.tmp.PID`` of a process that
+    no longer runs on this host) are removed first; a failed write removes its own.
 
     Parameters
     ----------
@@ -52,18 +56,63 @@ def write_npz(path, arrays):
     ------
     TypeError
         When an entry is an object array (checkpoints never hold pickles).
+    CheckpointError
+        Naming ``path`` and the cause, when the file cannot be written (disk full, file size limit,
+        permissions, a missing directory).
     """
     host = {k: to_host(v) for k, v in arrays.items()}
     for k, v in host.items():
         if v.dtype.hasobject:
             raise TypeError(f"checkpoint entry {k!r} is an object array")
     host["meta/sha256"] = _digest(host)
+    remove_stale_temporaries(os.path.dirname(path) or ".")
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        numpy.savez(f, **host)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            numpy.savez(f, **host)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+
+
+def remove_stale_temporaries(directory):
+    """Remove ``*.npz.tmp.PID`` files in ``directory`` whose writer no longer runs on this host.
+
+    A process killed while :func:`write_npz` wrote leaves its full-size temporary file behind; the
+    next write in the same directory calls this. Files of live processes are kept.
+
+    Parameters
+    ----------
+    directory : str
+
+    Returns
+    -------
+    list of str
+        The files removed.
+    """
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(directory), "*.npz.tmp.*")):
+        pid = tmp.rsplit(".", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def read_npz(path):

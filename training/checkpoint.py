@@ -8,6 +8,7 @@ file and broadcasts its bytes; a corrupt, truncated or tampered file raises :cla
 naming the file, on every rank. ``CheckpointError``, ``write_npz``, ``read_npz`` and ``to_host``
 are re-exported from :mod:`ps.store`.
 """
+import contextlib
 import glob
 import os
 import re
@@ -19,10 +20,12 @@ from mpi4py import MPI
 
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
-__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint", "write_npz", "read_npz",
+__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
+           "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 
 _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
+_RECORDS = ("metrics.jsonl", "epochs.jsonl", "staleness.json")  # a run's records, written as it goes
 
 
 class RunDirError(ValueError):
@@ -99,6 +102,13 @@ def make_run_dir(cfg, comm):
                     os.mkdir(path)
                     break
                 except FileExistsError:
+                    if cfg.name and unfinished_without_checkpoint(path):
+                        print(f"note: reusing run directory {path}: the run there ended before its "
+                              f"first checkpoint, so it starts again from the beginning", flush=True)
+                        for name in _RECORDS:  # the ended run's records would mix with the new ones
+                            with contextlib.suppress(FileNotFoundError):
+                                os.remove(os.path.join(path, name))
+                        break
                     if cfg.name:
                         raise FileExistsError(f"run directory {path} exists: choose another --name, or "
                                               f"continue it with --resume {path}")
@@ -110,6 +120,27 @@ def make_run_dir(cfg, comm):
         return path.encode()
 
     return root_bytes(comm, create, error=RunDirError).decode()
+
+
+def unfinished_without_checkpoint(run_dir):
+    """Return True when ``run_dir`` holds a run that started but ended before its first checkpoint.
+
+    Such a directory has the run's ``config.json`` but no ``summary.json``, no trainer checkpoint
+    (``ckpt-epochNNNN.npz``) and no parameter-server checkpoint (``ps/ps_serverN.npz``): nothing in
+    it can be resumed, and nothing is lost by starting the run again in it.
+
+    Parameters
+    ----------
+    run_dir : str
+
+    Returns
+    -------
+    bool
+    """
+    return (os.path.isfile(os.path.join(run_dir, "config.json"))
+            and not os.path.exists(os.path.join(run_dir, "summary.json"))
+            and not glob.glob(os.path.join(glob.escape(run_dir), "ckpt-epoch*.npz"))
+            and not glob.glob(os.path.join(glob.escape(run_dir), "ps", "ps_server*.npz")))
 
 
 def _point_latest(path):
@@ -149,7 +180,7 @@ def find_checkpoint(path):
 
 
 def save_checkpoint(path, arrays, comm):
-    """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum); then all ranks barrier.
+    """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum) and tell every rank how it went.
 
     Parameters
     ----------
@@ -159,18 +190,32 @@ def save_checkpoint(path, arrays, comm):
         Numeric arrays (CuPy arrays are copied to the host); object arrays are refused.
     comm : mpi4py.MPI.Comm
 
+    Returns
+    -------
+    str
+        ``path``.
+
     Raises
     ------
     TypeError
-        When an entry is an object array (checkpoints never hold pickles).
+        On the ranks given an object array (checkpoints never hold pickles), before any message.
+    CheckpointError
+        On every rank, naming ``path`` and the cause, when rank 0 cannot write it (disk full, file
+        size limit, permissions, a missing directory).
     """
-    if comm.rank == 0:
+    for k, v in arrays.items():
+        if getattr(v, "dtype", None) is not None and v.dtype.hasobject:
+            raise TypeError(f"checkpoint entry {k!r} is an object array")
+
+    def write():
         write_npz(path, arrays)
-    comm.Barrier()
+        return b""
+
+    root_bytes(comm, write, error=CheckpointError)
     return path
 
 
-def load_checkpoint(path, comm):
+def load_checkpoint(path, comm, missing_ok=False):
     """Read and verify a checkpoint on rank 0 and return its arrays on every rank.
 
     Parameters
@@ -178,6 +223,9 @@ def load_checkpoint(path, comm):
     path : str
         A ``.npz`` checkpoint, or a run directory (its newest checkpoint is used).
     comm : mpi4py.MPI.Comm
+    missing_ok : bool
+        When ``path`` is a run directory that :func:`unfinished_without_checkpoint` describes,
+        return ``(None, None)`` on every rank instead of raising.
 
     Returns
     -------
@@ -190,6 +238,8 @@ def load_checkpoint(path, comm):
         On every rank, naming the file, when it is missing, unreadable, corrupt or truncated.
     """
     def read():
+        if missing_ok and os.path.isdir(path) and unfinished_without_checkpoint(path):
+            return b""
         f = find_checkpoint(path)
         with open(f, "rb") as fh:
             data = fh.read()
@@ -197,6 +247,8 @@ def load_checkpoint(path, comm):
         return f.encode() + b"\0" + data
 
     msg = root_bytes(comm, read, error=CheckpointError)
+    if not msg:
+        return None, None
     name, _, data = msg.partition(b"\0")
     return name.decode(), parse_npz(data, name.decode())
 

@@ -22,6 +22,8 @@ import numpy
 from ps.options import PSOptions
 from ps.runtime import roles, run
 from ps.server import checkpoint_path
+from ps.store import read_npz
+from training.checkpoint import unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
@@ -29,7 +31,8 @@ from training.optim import SGD, Adam
 from training.parallel import compute_gradient, is_finite
 from training.ps_report import evaluate_snapshots, write_records
 
-__all__ = ["run_ps", "ps_options", "check_ps", "server_optimizer", "BatchStream", "finish_together"]
+__all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "server_optimizer", "BatchStream",
+           "finish_together"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 
@@ -114,7 +117,8 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
         fail_worker=cfg.fail_worker, batch=cfg.batch_size // W, balance=cfg.balance,
         snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
-        checkpoint_every=W * per_epoch * cfg.checkpoint_every, resume_dir=ckpt if cfg.resume else "",
+        checkpoint_every=W * per_epoch * cfg.checkpoint_every,
+        resume_dir=ckpt if cfg.resume and os.path.exists(checkpoint_path(ckpt, 0)) else "",
         seed=cfg.seed)
     opts.validate(size)
     return opts
@@ -185,11 +189,51 @@ def check_ps(cfg, size):
     server_optimizer(cfg)
     if cfg.resume:
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
-        ckpt = os.path.join(run_dir, "ps")
-        missing = [checkpoint_path(ckpt, r) for r in range(S) if not os.path.exists(checkpoint_path(ckpt, r))]
-        if missing:
-            raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
-                             f"--mode ps run with --servers {S}?)")
+        check_server_checkpoints(os.path.join(run_dir, "ps"), S, unfinished_without_checkpoint(run_dir))
+
+
+def check_server_checkpoints(ckpt, servers, missing_ok=False):
+    """Check that the servers' checkpoints in ``ckpt`` exist and belong to one generation.
+
+    Each server writes its own shard's file when its count of folded pushes crosses a multiple of
+    the checkpoint interval, so a job killed between two servers' writes leaves shards of different
+    generations (one at 184 pushes, another at 92): resuming from them would mix two models. They
+    are refused, naming both files.
+
+    Parameters
+    ----------
+    ckpt : str
+        The run's ``ps`` directory.
+    servers : int
+        Number of servers (files ``ps_server0.npz`` ...).
+    missing_ok : bool
+        Accept a directory with no server checkpoint at all (a run that ended before its first):
+        the run then starts from the beginning.
+
+    Returns
+    -------
+    bool
+        True when there are checkpoints to resume from.
+
+    Raises
+    ------
+    ValueError
+        When a server's file is missing (some present), unreadable, or of another generation.
+    """
+    paths = [checkpoint_path(ckpt, r) for r in range(servers)]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing_ok and len(missing) == servers:
+        return False
+    if missing:
+        raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
+                         f"--mode ps run with --servers {servers}?)")
+    pushes = [int(read_npz(p)["pushes"]) for p in paths]
+    for r in range(1, servers):
+        if pushes[r] != pushes[0]:
+            raise ValueError(f"resume: the server checkpoints are of different generations: {paths[0]} "
+                             f"holds {pushes[0]} pushes, {paths[r]} holds {pushes[r]} (the job ended "
+                             f"between the servers' writes); resuming would mix two models")
+    return True
 
 
 def run_ps(cfg, comm, run_dir, xp):

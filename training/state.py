@@ -37,10 +37,23 @@ class TrainState:
                                           else numpy.int64) for k in self.__slots__}
 
     def load_state_dict(self, d):
-        """Restore the counters from :meth:`state_dict` output."""
+        """Restore the counters from :meth:`state_dict` output.
+
+        Raises
+        ------
+        KeyError
+            When a counter is missing.
+        ValueError
+            Naming the entry, when a counter is not one finite number >= 0 (a tampered or foreign
+            file whose checksum was recomputed).
+        """
         for k in self.__slots__:
-            v = d[f"train/{k}"]
-            setattr(self, k, float(v) if k in self._FLOATS else int(v))
+            v = numpy.asarray(d[f"train/{k}"])
+            if v.size != 1 or v.dtype.kind not in "iuf" or not numpy.isfinite(v).all() or v.item() < 0:
+                raise ValueError(f"entry train/{k} = {v.tolist()!r} is not a count or time >= 0")
+            if k not in self._FLOATS and v.item() != int(v.item()):
+                raise ValueError(f"entry train/{k} = {v.item()!r} is not a whole number")
+            setattr(self, k, float(v.item()) if k in self._FLOATS else int(v.item()))
 
 
 def checkpoint_arrays(cfg, model, opt, hook, state):

@@ -101,8 +101,12 @@ def build_trainer(cfg, comm):
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     if cfg.resume:
-        path, arrays = load_checkpoint(cfg.resume, comm)
-        saved = restore(path, arrays, model, opt, hook, state)
+        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True)
+        if path is None and comm.rank == 0:
+            print(f"note: --resume {cfg.resume}: the run ended before its first checkpoint; "
+                  f"starting it again from the beginning", flush=True)
+        elif path is not None:
+            saved = restore(path, arrays, model, opt, hook, state)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
                    resumed_from=path, saved_config=saved)
 
@@ -330,7 +334,7 @@ def main(argv=None):
             collectives.policy.abort(None, world)
         return 1
     except PSTimeout as e:  # a peer never answered: it may be dead, and MPI_Finalize would wait for it
-        time.sleep(0.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
+        time.sleep(1.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
         collectives.policy.abort(f"{e}; ending the job")
     except PSError as e:
         # the run cannot continue (BSP lost a worker): the servers and the workers still running

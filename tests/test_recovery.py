@@ -1,0 +1,144 @@
+"""Recovery from faults around checkpoints (single process, plus file-level cases): a run that ended
+before its first checkpoint starts again (by ``--resume`` or the same ``--name``) and ends exactly as
+an uninterrupted run; a full disk or a file size limit is an error naming the file and leaves no
+temporary behind; temporaries of killed writers are removed by the next write; a tampered counter is
+an error naming the file; server checkpoints of different generations are refused, naming both."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ps.server import checkpoint_path as server_checkpoint
+from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
+from training.checkpoint import find_checkpoint
+from training.ps_mode import check_server_checkpoints
+from training.train import main
+
+TINY = ["--data", "synthetic", "--samples", "200", "--features", "8", "--classes", "3", "--hidden", "8",
+        "--batch-size", "32", "--epochs", "2", "--no-progress"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _final_params(run):
+    return read_npz(find_checkpoint(str(run)))["model/params"]
+
+
+def _as_if_killed_before_first_checkpoint(run):
+    """Leave ``run`` as a job killed during epoch 1 leaves it: config and partial records only."""
+    for name in os.listdir(run):
+        if name.startswith("ckpt-epoch") or name == "summary.json":
+            os.remove(run / name)
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"epoch": 1, "step": 99, "loss": 1.0}) + "\n")  # a stray record
+
+
+def test_run_ended_before_first_checkpoint_starts_again(tmp_path, capsys):
+    assert main([*TINY, "--run-dir", str(tmp_path), "--name", "ref"]) == 0
+    reference = _final_params(tmp_path / "ref")
+    steps = json.loads((tmp_path / "ref" / "summary.json").read_text())["steps"]
+    assert main([*TINY, "--run-dir", str(tmp_path), "--name", "a"]) == 0
+    _as_if_killed_before_first_checkpoint(tmp_path / "a")
+    capsys.readouterr()
+
+    # --resume: one note, then the whole run, bitwise equal to the uninterrupted one
+    assert main(["--resume", str(tmp_path / "a"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ended before its first checkpoint") == 1, out
+    assert np.array_equal(_final_params(tmp_path / "a"), reference)
+    rows = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == steps and all(json.loads(r)["step"] != 99 for r in rows)
+
+    # the same --name: reused (not "exists"), its old records dropped, the same result
+    _as_if_killed_before_first_checkpoint(tmp_path / "a")
+    assert main([*TINY, "--run-dir", str(tmp_path), "--name", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "reusing run directory" in out and "error" not in out, out
+    assert np.array_equal(_final_params(tmp_path / "a"), reference)
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == steps
+
+    # a finished run's name stays taken
+    assert main([*TINY, "--run-dir", str(tmp_path), "--name", "a"]) == 1
+    assert "exists" in capsys.readouterr().err
+
+
+def test_tampered_counter_names_the_file(tmp_path, capsys):
+    assert main([*TINY, "--run-dir", str(tmp_path), "--name", "a", "--stop-after", "1"]) == 0
+    path = find_checkpoint(str(tmp_path / "a"))
+    arrays = read_npz(path)
+    arrays["train/epoch"] = np.array(-3, np.int64)
+    write_npz(path, arrays)  # a valid checksum over a bad value
+    capsys.readouterr()
+    assert main(["--resume", str(tmp_path / "a"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert path in err and "train/epoch = -3" in err, err
+
+
+_WRITE_BIG = """
+import resource, sys, numpy
+from ps.store import write_npz
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+try:
+    write_npz(sys.argv[1], {"a": numpy.ones(100_000)})
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_file_size_limit_is_an_error_naming_the_file(tmp_path):
+    """The kernel refuses the write past RLIMIT_FSIZE (EFBIG, as a full disk gives ENOSPC)."""
+    path = str(tmp_path / "ckpt-epoch0001.npz")
+    out = subprocess.run([sys.executable, "-c", _WRITE_BIG, path], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT}).stdout
+    assert out.startswith("CheckpointError cannot write checkpoint " + path), out
+    assert "too large" in out.lower(), out
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no temporary, no partial file
+
+
+def test_full_disk_is_an_error_naming_the_file(tmp_path, monkeypatch):
+    """ENOSPC from the write itself (``/dev/full`` stands in for the full disk)."""
+    path = str(tmp_path / "x.npz")
+    real_open = open
+
+    def full_open(name, mode="r", *args, **kwargs):
+        if str(name).startswith(path + ".tmp.") and "w" in mode:
+            return real_open("/dev/full", mode, *args, **kwargs)
+        return real_open(name, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_open)
+    with pytest.raises(CheckpointError, match=f"cannot write checkpoint {path}: No space left on device"):
+        write_npz(path, {"a": np.ones(100_000)})
+
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporaries_of_killed_writers_are_removed(tmp_path):
+    dead = tmp_path / f"ckpt-epoch0002.npz.tmp.{_dead_pid()}"
+    live = tmp_path / f"ckpt-epoch0002.npz.tmp.{os.getppid()}"  # a writer still running
+    other = tmp_path / "notes.tmp.1"
+    for f in (dead, live, other):
+        f.write_bytes(b"x" * 1000)
+    write_npz(str(tmp_path / "ckpt-epoch0003.npz"), {"a": np.zeros(3)})
+    assert not dead.exists() and live.exists() and other.exists()
+    assert remove_stale_temporaries(str(tmp_path)) == []
+
+
+def test_server_checkpoints_of_different_generations_are_refused(tmp_path):
+    ckpt = str(tmp_path)
+    for index, pushes in ((0, 184), (1, 92)):
+        write_npz(server_checkpoint(ckpt, index), {"pushes": np.array(pushes), "params": np.zeros(4)})
+    with pytest.raises(ValueError, match="different generations") as err:
+        check_server_checkpoints(ckpt, 2)
+    assert server_checkpoint(ckpt, 0) in str(err.value) and server_checkpoint(ckpt, 1) in str(err.value)
+    assert "184" in str(err.value) and "92" in str(err.value)
+    write_npz(server_checkpoint(ckpt, 1), {"pushes": np.array(184), "params": np.zeros(4)})
+    assert check_server_checkpoints(ckpt, 2) is True
+    assert check_server_checkpoints(str(tmp_path / "none"), 2, missing_ok=True) is False
+    with pytest.raises(ValueError, match="no parameter-server checkpoint"):
+        check_server_checkpoints(str(tmp_path / "none"), 2)
