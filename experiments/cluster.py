@@ -202,8 +202,9 @@ def _inner(cfg):
     try:
         socket.sethostname(HEAD)
         nodes, launcher = build(cfg.nodes, parse_rate(cfg.link), cfg.mtu)
-        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks, links {cfg.link} each way "
-              f"(tbf), MTU {cfg.mtu}", file=sys.stderr, flush=True)
+        shaping = f"{cfg.link} each way (tbf)" if parse_rate(cfg.link) else "unshaped"
+        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks, links {shaping}, MTU {cfg.mtu}",
+              file=sys.stderr, flush=True)
         env = dict(os.environ, **{k: os.environ.get(k, v) for k, v in MPI_ENV.items()})
         proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=env, start_new_session=True)
         return proc.wait(timeout=cfg.timeout or None)
