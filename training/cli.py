@@ -23,6 +23,7 @@ _METAVARS = {
     "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
+    "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -66,6 +67,15 @@ HELP = {
     "timeout": "data-parallel: seconds any collective (gradient all-reduce, non-finite flag, evaluation "
                "and epoch sums) may wait for a peer; a rank silent this long (crashed or hung) ends "
                "the job on every rank with one line naming it (MPI_Abort); a positive number",
+    "tensor_parallel": "model parallelism: ranks T that split each layer (column-parallel then row-parallel "
+                       "linear layers, Megatron-LM); the data-parallel degree is P / (T x Q) ranks; "
+                       "hidden widths must be >= T",
+    "pipeline_parallel": "model parallelism: pipeline stages Q, each holding consecutive layers (at most "
+                         "number of hidden layers + 1); T x Q must divide P",
+    "micro_batches": "pipeline micro-batches M per step; must divide the local batch of "
+                     "batch_size / (P / (T x Q)) samples",
+    "schedule": "pipeline schedule: 1f1b (one forward one backward, at most Q micro-batches of "
+                "activations held per stage) or gpipe (all forwards then all backwards)",
     "servers": "parameter server: number of server ranks",
     "consistency": "parameter server consistency model",
     "staleness": "parameter server SSP staleness bound in clocks",

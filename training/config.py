@@ -20,6 +20,7 @@ CHOICES = {
     "optimizer": ("adam", "sgd"),
     "lr_schedule": ("constant", "cosine"),
     "consistency": ("bsp", "asp", "ssp"),
+    "schedule": ("1f1b", "gpipe"),
 }
 
 
@@ -68,6 +69,11 @@ class Config:
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
     compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
     timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)
+    # --- model parallelism (mode "dp" with tensor_parallel * pipeline_parallel > 1)
+    tensor_parallel: int = 1          # T: ranks sharing each layer (Megatron column/row split)
+    pipeline_parallel: int = 1        # Q: pipeline stages (consecutive layers per stage)
+    micro_batches: int = 1            # micro-batches per data-parallel replica's batch per step
+    schedule: str = "1f1b"            # pipeline schedule: 1f1b (PipeDream-Flush) or gpipe
     # --- parameter server (mode "ps")
     servers: int = 1                  # number of server ranks
     consistency: str = "bsp"          # bsp, asp or ssp
@@ -143,7 +149,8 @@ class Config:
         for f in dataclasses.fields(self):  # NaN and inf pass every range check below
             if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name)):
                 raise ValueError(f"{f.name} must be a finite number, got {getattr(self, f.name)!r}")
-        positive = ("epochs", "batch_size", "samples", "features", "eval_batch", "servers")
+        positive = ("epochs", "batch_size", "samples", "features", "eval_batch", "servers",
+                    "tensor_parallel", "pipeline_parallel", "micro_batches")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -154,6 +161,9 @@ class Config:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel > 1:
+            raise ValueError("tensor_parallel and pipeline_parallel need mode 'dp' (the parameter server "
+                             "holds whole-model shards)")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints!r}")
         if not 0.0 < self.test_fraction < 1.0:

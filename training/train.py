@@ -276,6 +276,10 @@ def run(cfg, comm=None):
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
         set_threads(cfg, comm)
+        if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
+            from training.hybrid import run_hybrid  # data x tensor x pipeline grid
+
+            return run_hybrid(cfg, comm)
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
             run_dir = setup_run(cfg, comm)
