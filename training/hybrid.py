@@ -1,0 +1,309 @@
+"""Hybrid data x tensor x pipeline training: ``mpiexec -n P python -m training.train --tensor-parallel T
+--pipeline-parallel Q [--micro-batches M --schedule 1f1b]``.
+
+The P ranks form a D x T x Q grid (:mod:`training.grid`). Each step, every data-parallel replica
+d takes its B / D samples of the global batch (the trainer's ``DistributedSampler`` with D
+parts), its pipeline (:mod:`training.pipeline`) runs the M micro-batches through the Q stages,
+each stage's layers split over its tensor group (:mod:`training.parallel_layers`); then every rank
+averages its shard's gradient over its data-parallel group with the trainer's gradient hook
+(``collectives.allreduce`` with ``--algorithm``, ``--bucket-bytes`` or ``--compression``, as in
+data-parallel training) and steps its optimizer on its shard. The step is the step of one
+process with the same global batch (tested to 1e-12 in float64). Sharded checkpoints:
+:mod:`training.sharded`.
+"""
+import os
+import shutil
+import sys
+import time
+
+import numpy
+
+import collectives
+from training.build import make_sampler, to_device
+from training.checkpoint import make_run_dir
+from training.data import eval_shard, load_dataset
+from training.grid import Grid, check_grid
+from training.job import array_module
+from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
+from training.optim import make_optimizer
+from training.parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
+from training.pipeline import PipelineStage, bubble_formula
+from training.sharded import find_sharded, load_sharded, read_pieces, save_sharded
+from training.state import TrainState
+
+__all__ = ["HybridTrainer", "build_hybrid", "train_hybrid", "run_hybrid", "evaluate_pipeline", "rank_memory"]
+
+
+class HybridTrainer:
+    """What one rank of a hybrid run holds: its grid place, stage model, optimizer and counters."""
+
+    __slots__ = ("xp", "ds", "sizes", "grid", "model", "ks", "stage", "opt", "hook", "state", "axes",
+                 "resumed_from")
+
+    def __init__(self, **parts):
+        for k in self.__slots__:
+            setattr(self, k, parts.get(k))
+
+
+def build_hybrid(cfg, comm):
+    """Check the grid, build this rank's stage and optimizer, and restore a checkpoint with ``--resume``.
+
+    Every check that can fail on a bad configuration runs on every rank alike before the first
+    message (:func:`training.grid.check_grid`).
+
+    Raises
+    ------
+    ValueError
+        A grid that does not fit P or the model, micro-batches that do not divide the local batch.
+    CheckpointError
+        When the checkpoint to resume from is unusable or does not fit.
+    """
+    ds = load_dataset(cfg)
+    sizes = [ds.n_features, *cfg.hidden, ds.n_classes]
+    check_grid(comm.Get_size(), cfg.tensor_parallel, cfg.pipeline_parallel, sizes, cfg.batch_size,
+               cfg.micro_batches)
+    if cfg.algorithm == "auto":
+        from collectives.select import select_allreduce
+
+        select_allreduce(comm.Get_size(), 8)  # loads the tuning table now, not mid-run
+    xp = array_module(cfg, comm)
+    grid = Grid(comm, cfg.tensor_parallel, cfg.pipeline_parallel)
+    from training.grid import build_stage
+
+    model, ks = build_stage(sizes, grid, cfg.activation, cfg.dtype, cfg.seed, cfg.algorithm, cfg.timeout, xp)
+    stage = PipelineStage(model, grid.pipeline, cfg.timeout)
+    opt = make_optimizer(cfg, model)
+    hook = make_grad_hook(cfg, grid.data, model)
+    state, resumed = TrainState(), None
+    if cfg.resume:
+        resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
+        pieces, common = read_pieces(resumed, sizes)
+        load_sharded(pieces, common, model, ks, opt)
+        state.load_state_dict(common)
+    axes = {"tensor_bytes": 0, "pipeline_bytes": 0, "data_bytes": 0, "steps": 0, "wait_s": 0.0,
+            "wall_s": 0.0, "activation_bytes": 0}
+    return HybridTrainer(xp=xp, ds=ds, sizes=sizes, grid=grid, model=model, ks=ks, stage=stage, opt=opt,
+                         hook=hook, state=state, axes=axes, resumed_from=resumed)
+
+
+def _dense_checkpoint(path):
+    from training.checkpoint import find_checkpoint
+
+    try:
+        return find_checkpoint(path)
+    except FileNotFoundError as e:
+        from training.checkpoint import CheckpointError
+
+        raise CheckpointError(f"--resume {path}: no sharded (shards-epochNNNN/manifest.json) or "
+                              f"data-parallel checkpoint ({e})") from None
+
+
+def rank_memory(t):
+    """Return this rank's parameter count and bytes of parameters, gradients and optimizer state."""
+    opt_bytes = sum(int(v.nbytes) for v in t.opt.state_dict().values())
+    return {"parameters": t.model.size, "param_bytes": int(t.model.params.nbytes),
+            "grad_bytes": int(t.model.grads.nbytes), "optimizer_bytes": opt_bytes}
+
+
+def _tensor_bytes(model):
+    seen = {id(layer.stats): layer.stats for layer in model.layers if hasattr(layer, "stats")}
+    return sum(s["bytes_sent"] for s in seen.values())
+
+
+def hybrid_step(t, cfg, comm, x, y):
+    """Take one step of the hybrid run on this rank's batch ``x`` (B / D, F), ``y`` (B / D,).
+
+    Returns
+    -------
+    dict
+        ``loss`` (NaN off the last stage), ``skipped``, and per-axis ``tensor_bytes``,
+        ``pipeline_bytes``, ``data_bytes`` sent by this rank, ``wait_s``, ``wall_s``, ``comm_s``.
+    """
+    t0, tb0 = time.perf_counter(), _tensor_bytes(t.model)
+    info = t.stage.step(x, y, min(cfg.micro_batches, len(y)), cfg.schedule)
+    bad = not is_finite(0.0 if numpy.isnan(info["loss"]) else info["loss"], t.model.grads)
+    skip = any_rank(bad, comm, cfg.timeout)
+    t1 = time.perf_counter()
+    sent = 0
+    if skip:
+        t.model.grads.fill(0)
+    elif t.grid.D > 1:
+        avg, h = t.hook(t.model.grads)
+        if avg is not t.model.grads:
+            t.model.grads[...] = avg
+        sent = int(h["bytes_sent"])
+    t2 = time.perf_counter()
+    if not skip:
+        t.opt.step()
+    return {"loss": info["loss"], "skipped": int(skip), "tensor_bytes": _tensor_bytes(t.model) - tb0,
+            "pipeline_bytes": info["bytes_sent"], "data_bytes": sent, "wait_s": info["wait_s"],
+            "wall_s": time.perf_counter() - t0, "comm_s": info["wait_s"] + (t2 - t1),
+            "activation_bytes": info["activation_bytes"], "bubble": info["bubble"]}
+
+
+def evaluate_pipeline(t, x, y, batch, comm, timeout=None):
+    """Return (accuracy, mean loss) over all of (x, y), each sample counted once, through the pipeline."""
+    from training.nn import SoftmaxCrossEntropy
+
+    g, loss_fn = t.grid, SoftmaxCrossEntropy()
+    part = eval_shard(len(y), g.d, g.D)
+    counts = numpy.zeros(3)
+    for lo in range(part.start, part.stop, batch):
+        hi = min(lo + batch, part.stop)
+        logits = t.stage.forward(x[lo:hi] if g.q == 0 else None, hi - lo)
+        if logits is not None and g.t == 0:
+            counts += (int((logits.argmax(axis=1) == y[lo:hi]).sum()), loss_fn.forward(logits, y[lo:hi]) * (hi - lo),
+                       hi - lo)
+    collectives.allreduce(counts, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=counts, timeout=timeout)
+    return (counts[0] / counts[2], counts[1] / counts[2]) if counts[2] else (float("nan"),) * 2
+
+
+def _gather_ranks(t, comm):
+    """Return every rank's memory and per-axis traffic (rank 0: a list of dicts; others: None)."""
+    mem, a, steps = rank_memory(t), t.axes, max(t.axes["steps"], 1)
+    keys = ("d", "t", "q", "parameters", "param_bytes", "grad_bytes", "optimizer_bytes",
+            "activation_bytes", "tensor_bytes_per_step", "pipeline_bytes_per_step", "data_bytes_per_step",
+            "bubble")
+    row = numpy.array([*t.grid.coords(), mem["parameters"], mem["param_bytes"], mem["grad_bytes"],
+                       mem["optimizer_bytes"], a["activation_bytes"], a["tensor_bytes"] / steps,
+                       a["pipeline_bytes"] / steps, a["data_bytes"] / steps,
+                       a["wait_s"] / a["wall_s"] if a["wall_s"] else 0.0], numpy.float64)
+    every = numpy.empty((comm.Get_size(), row.size)) if comm.Get_rank() == 0 else None
+    comm.Gather(row, every, root=0)
+    if comm.Get_rank():
+        return None
+    return [{k: (float(v) if k in ("bubble",) or k.endswith("_step") else int(v)) for k, v in zip(keys, r)}
+            for r in every]
+
+
+def train_hybrid(cfg, comm, run_dir, t):
+    """Train on the grid and write ``config.json``, ``epochs.jsonl``, ``summary.json`` and sharded checkpoints.
+
+    Returns
+    -------
+    dict
+        The summary on every rank (rank 0's copy holds the per-rank table).
+    """
+    g, state, rank = t.grid, t.state, comm.Get_rank()
+    if rank == 0:
+        write_config(run_dir, cfg.to_dict(), run_info(comm), t.resumed_from)
+    sampler = make_sampler(cfg, len(t.ds.y_train), g.d, g.D)
+    x_tr, y_tr, x_te, y_te = to_device(t.ds, t.model.dtype, t.xp)
+    local_b, per_epoch = cfg.batch_size // g.D, sampler.num_batches(cfg.batch_size // g.D)
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
+    from training.train import lr_at
+
+    ranks = _gather_ranks(t, comm)
+    if rank == 0:
+        print(f"grid D={g.D} x T={g.T} x Q={g.Q} (data x tensor x pipeline), {cfg.micro_batches} micro-batches "
+              f"({cfg.schedule}), widths {t.sizes}, {cfg.dtype} -> {run_dir}", flush=True)
+        for r, row in enumerate(ranks):
+            print(f"rank {r} (d={row['d']} t={row['t']} q={row['q']}): {row['parameters']} parameters, "
+                  f"{format_bytes(row['param_bytes'] + row['optimizer_bytes'])} parameters + optimizer state",
+                  flush=True)
+        print(table.header(), flush=True)
+    t_start = time.perf_counter() - state.wall_s
+    test_acc = train_acc = None
+    while state.epoch < last:
+        acc = numpy.zeros(5)  # loss sum (last stage, t = 0), losses, compute s, comm s, bytes
+        skipped0 = state.skipped
+        for batch in sampler.batches(state.epoch, local_b):
+            t.opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
+            r = hybrid_step(t, cfg, comm, x_tr[batch], y_tr[batch])
+            state.step += 1
+            state.skipped += r["skipped"]
+            if g.q == g.Q - 1 and g.t == 0 and not r["skipped"]:
+                acc[:2] += (r["loss"], 1)
+            step_bytes = r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
+            acc[2:] += (r["wall_s"] - r["comm_s"], r["comm_s"], step_bytes)
+            for k in ("tensor_bytes", "pipeline_bytes", "data_bytes", "wait_s", "wall_s"):
+                t.axes[k] += r[k]
+            t.axes["steps"] += 1
+            t.axes["activation_bytes"] = r["activation_bytes"]
+            writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": t.opt.lr,
+                         **{k: v for k, v in r.items() if k != "loss"}})
+        train_acc, _ = evaluate_pipeline(t, x_tr, y_tr, cfg.eval_batch, comm, cfg.timeout)
+        test_acc, _ = evaluate_pipeline(t, x_te, y_te, cfg.eval_batch, comm, cfg.timeout)
+        collectives.allreduce(acc, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=acc, timeout=cfg.timeout)
+        P = comm.Get_size()
+        state.epoch += 1
+        state.compute_s += acc[2] / P
+        state.comm_s += acc[3] / P
+        state.bytes_sent += int(acc[4] / P)
+        state.wall_s = time.perf_counter() - t_start
+        rec = {"epoch": state.epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc, "test_acc": test_acc,
+               "compute_s": acc[2] / P, "comm_s": acc[3] / P, "bytes_sent": int(acc[4] / P),
+               "skipped": state.skipped - skipped0, "steps": per_epoch, "wall_s": state.wall_s}
+        writer.epoch(rec)
+        if rank == 0:
+            print(table.row(rec), flush=True)
+        if (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0) or state.epoch == last:
+            save_sharded(run_dir, state.epoch, g, t.model, t.ks, t.opt, _extra(cfg, state), comm, cfg.timeout)
+            if rank == 0:
+                _prune(run_dir, cfg.keep_checkpoints)
+    writer.close()
+    if test_acc is None:
+        train_acc, _ = evaluate_pipeline(t, x_tr, y_tr, cfg.eval_batch, comm, cfg.timeout)
+        test_acc, _ = evaluate_pipeline(t, x_te, y_te, cfg.eval_batch, comm, cfg.timeout)
+    ranks = _gather_ranks(t, comm)
+    summary = _summary(cfg, t, comm, run_dir, ranks, train_acc, test_acc)
+    if rank == 0:
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+        print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | grid "
+              f"{g.D}x{g.T}x{g.Q} | bubble {summary['bubble_measured']:.2f} (formula "
+              f"{summary['bubble_formula']:.2f}) | {run_dir}", flush=True)
+    return summary
+
+
+def _extra(cfg, state):
+    import json
+
+    return {**state.state_dict(), "meta/config": numpy.frombuffer(json.dumps(cfg.to_dict()).encode(), numpy.uint8)}
+
+
+def _prune(run_dir, keep):
+    from training.sharded import _DIR
+
+    found = sorted(p for p in os.listdir(run_dir) if _DIR.match(p))
+    for p in found[:-keep]:
+        shutil.rmtree(os.path.join(run_dir, p), ignore_errors=True)
+
+
+def _summary(cfg, t, comm, run_dir, ranks, train_acc, test_acc):
+    g, state = t.grid, t.state
+    s = {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch, "steps": state.step,
+         "wall_s": state.wall_s, "compute_s": state.compute_s, "comm_s": state.comm_s,
+         "skipped_steps": state.skipped, "P": comm.Get_size(), "run_dir": run_dir,
+         "grid": {"data": g.D, "tensor": g.T, "pipeline": g.Q}, "micro_batches": cfg.micro_batches,
+         "schedule": cfg.schedule, "widths": t.sizes,
+         "parameters": int(sum(int(numpy.prod(s)) + s[1] for s in zip(t.sizes[:-1], t.sizes[1:]))),
+         "bubble_formula": bubble_formula(g.Q, cfg.micro_batches)}
+    if ranks is None:
+        s["bubble_measured"] = float("nan")
+        return s
+    stages = [numpy.mean([r["bubble"] for r in ranks if r["q"] == q]) for q in range(g.Q)]
+    s.update({"bubble_measured": float(numpy.mean(stages)) if g.Q > 1 else 0.0,
+              "bubble_per_stage": [float(b) for b in stages], "ranks": ranks,
+              "bytes_per_rank_per_step": {ax: float(numpy.mean([r[f"{ax}_bytes_per_step"] for r in ranks]))
+                                          for ax in ("data", "tensor", "pipeline")},
+              "max_param_optimizer_bytes_per_rank": max(r["param_bytes"] + r["optimizer_bytes"] for r in ranks),
+              "activation_bytes_per_stage": [max(r["activation_bytes"] for r in ranks if r["q"] == q)
+                                             for q in range(g.Q)]})
+    return s
+
+
+def run_hybrid(cfg, comm):
+    """Build, create the run directory and train; a failed collective aborts the job (as data-parallel)."""
+    t = build_hybrid(cfg, comm)
+    try:
+        run_dir = make_run_dir(cfg, comm)
+        with collectives.abort_on_failure():
+            return train_hybrid(cfg, comm, run_dir, t)
+    finally:
+        close = getattr(t.hook, "close", None)
+        if close is not None:
+            close()
+        t.stage.free()
+        t.grid.free()
+        sys.stdout.flush()
