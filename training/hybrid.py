@@ -176,8 +176,10 @@ def _gather_ranks(t, comm):
             for r in every]
 
 
-def train_hybrid(cfg, comm, run_dir, t):
+def train_hybrid(cfg, comm, run_dir, t, lr_at):
     """Train on the grid and write ``config.json``, ``epochs.jsonl``, ``summary.json`` and sharded checkpoints.
+
+    ``lr_at(cfg, step, total_steps)`` gives each step's learning rate (``training.train.lr_at``).
 
     Returns
     -------
@@ -192,7 +194,6 @@ def train_hybrid(cfg, comm, run_dir, t):
     local_b, per_epoch = cfg.batch_size // g.D, sampler.num_batches(cfg.batch_size // g.D)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
-    from training.train import lr_at
 
     ranks = _gather_ranks(t, comm)
     if rank == 0:
@@ -293,13 +294,16 @@ def _summary(cfg, t, comm, run_dir, ranks, train_acc, test_acc):
     return s
 
 
-def run_hybrid(cfg, comm):
-    """Build, create the run directory and train; a failed collective aborts the job (as data-parallel)."""
+def run_hybrid(cfg, comm, lr_at):
+    """Build, create the run directory and train; a failed collective aborts the job (as data-parallel).
+
+    ``lr_at(cfg, step, total_steps)`` is the learning-rate schedule (``training.train.lr_at``).
+    """
     t = build_hybrid(cfg, comm)
     try:
         run_dir = make_run_dir(cfg, comm)
         with collectives.abort_on_failure():
-            return train_hybrid(cfg, comm, run_dir, t)
+            return train_hybrid(cfg, comm, run_dir, t, lr_at)
     finally:
         close = getattr(t.hook, "close", None)
         if close is not None:

@@ -279,7 +279,7 @@ def run(cfg, comm=None):
         if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
             from training.hybrid import run_hybrid  # data x tensor x pipeline grid
 
-            return run_hybrid(cfg, comm)
+            return run_hybrid(cfg, comm, lr_at)
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
             run_dir = setup_run(cfg, comm)
