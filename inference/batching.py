@@ -1,0 +1,70 @@
+"""Dynamic batching: a maximum batch size and a maximum wait, as production model servers offer.
+
+NVIDIA Triton's dynamic batcher (``max_batch_size``, ``max_queue_delay_microseconds``) and Clipper's
+batching (Crankshaw et al., "Clipper", NSDI 2017, section 4.3) hold requests briefly so that one
+forward serves several of them. :class:`DynamicBatcher` releases a batch as soon as ``max_batch``
+requests wait, or when the oldest waiting request has waited ``max_wait_s``; retried requests go to
+the head of the queue so a failure does not send them to the back of the line.
+"""
+import collections
+
+__all__ = ["DynamicBatcher"]
+
+
+class DynamicBatcher:
+    """FIFO of waiting requests cut into batches by size and age.
+
+    Parameters
+    ----------
+    max_batch : int
+        Largest batch (requests), >= 1.
+    max_wait_s : float
+        Longest time (seconds, >= 0) the oldest request waits for company; 0 releases whatever
+        is waiting at once.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument out of range.
+    """
+
+    __slots__ = ("max_batch", "max_wait_s", "_queue")
+
+    def __init__(self, max_batch, max_wait_s):
+        if int(max_batch) < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        if not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0 seconds, got {max_wait_s!r}")
+        self.max_batch, self.max_wait_s = int(max_batch), float(max_wait_s)
+        self._queue = collections.deque()  # (enqueue time s, request)
+
+    def __len__(self):
+        return len(self._queue)
+
+    def add(self, request, now, front=False):
+        """Queue ``request`` at time ``now`` (seconds); ``front=True`` puts it first (a retry)."""
+        if front:
+            self._queue.appendleft((now, request))
+        else:
+            self._queue.append((now, request))
+
+    def deadline(self):
+        """Return when the oldest waiting request's wait ends (seconds), or None when empty."""
+        return self._queue[0][0] + self.max_wait_s if self._queue else None
+
+    def take(self, now, force=False):
+        """Return the next batch (list of requests) if one is due at ``now``, else an empty list.
+
+        A batch is due when ``max_batch`` requests wait, when the oldest has waited ``max_wait_s``,
+        or with ``force`` (draining at shutdown) whenever anything waits.
+        """
+        q = self._queue
+        if not q or not (force or len(q) >= self.max_batch or now >= q[0][0] + self.max_wait_s):
+            return []
+        return [q.popleft()[1] for _ in range(min(self.max_batch, len(q)))]
+
+    def drain(self):
+        """Remove and return every waiting request."""
+        out = [r for _, r in self._queue]
+        self._queue.clear()
+        return out

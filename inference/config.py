@@ -1,0 +1,104 @@
+"""Serving configuration: one dataclass, a comment per field with its unit, checked on every rank."""
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from inference.balance import POLICIES
+
+__all__ = ["ServeConfig", "parse_pair"]
+
+
+def parse_pair(text, name, kind):
+    """Parse ``"REPLICA:VALUE"`` into ``(int, kind(VALUE))``, or ``None`` for ``""``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name`` when the text is not of that form.
+    """
+    if not text:
+        return None
+    head, sep, tail = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(head), kind(tail)
+    except ValueError:
+        raise ValueError(f"{name} must be REPLICA:{kind.__name__.upper()}, got {text!r}") from None
+
+
+@dataclass
+class ServeConfig:
+    """Resolved configuration of one serving job.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`validate`, naming the offending field.
+    """
+
+    checkpoint: str = ""              # training run directory (newest checkpoint) or .npz file
+    replicas: int = 1                 # model replicas R; the job needs 1 + R * T ranks
+    tensor_parallel: int = 1          # ranks per replica T (tensor-parallel degree)
+    balance: str = "least-outstanding"  # round-robin, least-outstanding or power-of-two
+    requests: int = 1000              # requests the load generator sends
+    rate: float = 200.0               # open-loop Poisson arrival rate (requests/s)
+    clients: int = 0                  # closed-loop concurrent clients (0: open loop at --rate)
+    malformed: int = 0                # how many of the requests are malformed
+    max_batch: int = 8                # dynamic batching: largest batch (requests)
+    max_wait_ms: float = 2.0          # dynamic batching: longest wait of the oldest request (ms)
+    straggler: str = ""               # slow replica "REPLICA:FACTOR" (service-time multiplier)
+    service_ms: float = 0.0           # emulated accelerator time per batch (ms), slept by the replica
+    fail_replica: str = ""            # replica that stops answering "REPLICA:BATCHES"
+    replica_timeout: float = 2.0      # remove a busy replica silent this long (s)
+    algorithm: str = "auto"           # tensor-parallel all-reduce algorithm (collectives.ALGORITHMS)
+    http: int = -1                    # HTTP port on the front rank (0: any free port; -1: load test)
+    seed: int = 0                     # seed of arrivals, test rows and power-of-two draws
+    run_dir: str = "runs/serve"       # output directory (summary.json, requests.jsonl, config.json)
+
+    def to_dict(self):
+        """Return the configuration as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    def validate(self, world_size=None):
+        """Check every field; with ``world_size``, also that the job has 1 + R * T ranks.
+
+        Raises
+        ------
+        ValueError
+            Naming the first field out of range.
+        """
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} must be a finite number, got {v!r}")
+        if not self.checkpoint:
+            raise ValueError("checkpoint must name a training run directory or checkpoint file (--checkpoint)")
+        for name in ("replicas", "tensor_parallel", "requests", "max_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.balance not in POLICIES:
+            raise ValueError(f"balance must be one of {', '.join(POLICIES)}, got {self.balance!r}")
+        if self.clients < 0 or not 0 <= self.malformed <= self.requests:
+            raise ValueError("clients must be >= 0 and malformed in [0, requests]")
+        if self.clients == 0 and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s for the open loop, got {self.rate!r}")
+        if self.max_wait_ms < 0 or self.service_ms < 0 or not self.replica_timeout > 0:
+            raise ValueError("max_wait_ms and service_ms must be >= 0 and replica_timeout > 0")
+        if self.http < -1 or self.http > 65535:
+            raise ValueError(f"http must be a TCP port (0: any free one) or -1, got {self.http!r}")
+        for name, kind in (("straggler", float), ("fail_replica", int)):
+            pair = parse_pair(getattr(self, name), name, kind)
+            if pair is not None and not 0 <= pair[0] < self.replicas:
+                raise ValueError(f"{name}: replica {pair[0]} does not exist (replicas 0..{self.replicas - 1})")
+            if pair is not None and (pair[1] < 1 if kind is float else pair[1] < 0):
+                raise ValueError(f"{name}: {'factor must be >= 1' if kind is float else 'batches must be >= 0'}, "
+                                 f"got {pair[1]!r}")
+        from collectives import ALGORITHMS
+
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        need = 1 + self.replicas * self.tensor_parallel
+        if world_size is not None and world_size != need:
+            raise ValueError(f"--replicas {self.replicas} x --tensor-parallel {self.tensor_parallel} needs "
+                             f"1 + {self.replicas} * {self.tensor_parallel} = {need} ranks, the job has {world_size}")

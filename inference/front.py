@@ -1,0 +1,214 @@
+"""The front rank: accepts requests, batches them, dispatches batches to replicas, collects answers.
+
+All traffic with the replicas is nonblocking point-to-point (``Isend``/``Irecv``, tested in one
+loop) on the serving communicator. Each replica always has one reply receive posted. A replica with
+work outstanding that sends nothing for ``replica_timeout`` seconds is removed: its in-flight
+requests go back to the head of the batcher queue and are retried on another replica, exactly once;
+a request whose second replica also fails, or that finds no replica left, is answered with an error.
+Replies that arrive from a removed replica are counted and dropped, so no request is answered
+twice. Shutdown drains: every waiting and in-flight request is answered first, then each replica
+gets STOP and answers FIN after its last reply (messages between two ranks do not overtake each
+other, so nothing of a replica is still on the wire after its FIN).
+"""
+import time
+
+import numpy
+from mpi4py import MPI
+
+from inference.balance import Balancer
+from inference.batching import DynamicBatcher
+from inference.replica import BATCH, HEAD_REPLY, HEAD_WORK, STOP, TAG_REPLY, TAG_WORK
+from inference.request import parse_features
+
+__all__ = ["Front"]
+
+
+class Front:
+    """Batching, balancing and failure handling on the front rank.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        Serving communicator; this rank is the front.
+    leaders : list of int
+        Rank of each replica's leader in ``comm``.
+    n_features, n_classes : int
+    batcher : inference.batching.DynamicBatcher
+    balancer : inference.balance.Balancer
+    replica_timeout : float
+        Seconds without any reply from a replica that has work outstanding before it is removed.
+    poll_s : float
+        Sleep of an idle loop iteration (seconds).
+
+    Attributes
+    ----------
+    requests : list of inference.request.Request
+        Every request submitted, in order.
+    batches : list of (int, int, float)
+        (replica, batch size, dispatch time) of every batch sent.
+    removed : dict of int -> float
+        Removed replicas and when (seconds, front clock).
+    late_replies : int
+        Replies dropped because their replica had been removed.
+    """
+
+    def __init__(self, comm, leaders, n_features, n_classes, batcher, balancer, replica_timeout, poll_s=1e-4):
+        if not replica_timeout > 0:
+            raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
+        self.comm, self.leaders = comm, list(leaders)
+        self.F, self.C = int(n_features), int(n_classes)
+        self.batcher, self.balancer = batcher, balancer
+        self.replica_timeout, self.poll_s = float(replica_timeout), float(poll_s)
+        self.requests, self.batches, self.removed, self.late_replies = [], [], {}, 0
+        R = len(self.leaders)
+        self._bufs = [numpy.empty(HEAD_REPLY + batcher.max_batch * self.C) for _ in range(R)]
+        self._recvs = [comm.Irecv(self._bufs[r], source=self.leaders[r], tag=TAG_REPLY) for r in range(R)]
+        self._fin = [False] * R
+        self._inflight = {}  # batch id -> (replica, [requests])
+        self._sends = []  # (request, buffer) until complete
+        self._last = numpy.zeros(R)  # last sign of life while busy (seconds)
+        self._next_id = 0
+
+    # ----------------------------------------------------------------------------------- input
+    def submit(self, req, now):
+        """Accept ``req`` (queue it) or answer it at once with an error when its payload is bad."""
+        self.requests.append(req)
+        try:
+            req.x = parse_features(req.payload, self.F)
+        except ValueError as e:
+            self._finish(req, now, "rejected", str(e))
+            return
+        self.batcher.add(req, now)
+
+    def pending(self):
+        """Return how many requests wait in the batcher or are in flight."""
+        return len(self.batcher) + sum(len(b[1]) for b in self._inflight.values())
+
+    # ------------------------------------------------------------------------------- the loop
+    def step(self, now, force=False):
+        """Collect replies, detect failed replicas and dispatch due batches; return True if any work was done."""
+        busy = self._collect(now)
+        self._sends = [s for s in self._sends if not s[0].Test()]
+        for r in numpy.flatnonzero(self.balancer.alive):
+            if self.balancer.outstanding[r] > 0 and now - self._last[r] > self.replica_timeout:
+                self._remove(int(r), now)
+                busy = True
+        while True:
+            batch = self.batcher.take(now, force)
+            if not batch:
+                break
+            self._dispatch(batch, now)
+            busy = True
+        return busy
+
+    def next_event(self):
+        """Return when the oldest waiting request's batch wait ends (seconds), or None."""
+        return self.batcher.deadline()
+
+    def _dispatch(self, batch, now):
+        if not self.balancer.any_alive():
+            for req in batch:
+                self._finish(req, now, "failed", "no replica left")
+            return
+        r = self.balancer.choose()
+        if self.balancer.outstanding[r] == 0:
+            self._last[r] = now
+        bid, n = self._next_id, len(batch)
+        self._next_id += 1
+        msg = numpy.empty(HEAD_WORK + n * self.F)
+        msg[:HEAD_WORK] = (BATCH, bid, n)
+        msg[HEAD_WORK:].reshape(n, self.F)[...] = [req.x for req in batch]
+        for req in batch:
+            if req.attempts == 0:
+                req.batch_wait = now - req.arrival
+            req.attempts += 1
+            req.dispatched = now
+        self._sends.append((self.comm.Isend(msg, dest=self.leaders[r], tag=TAG_WORK), msg))
+        self._inflight[bid] = (r, batch)
+        self.balancer.sent(r, n)
+        self.batches.append((r, n, now))
+
+    def _collect(self, now):
+        got, status = False, MPI.Status()
+        for r, req in enumerate(self._recvs):
+            while req is not None and req.Test(status):
+                got = True
+                buf = self._bufs[r]
+                bid = int(buf[0])
+                if bid < 0:  # FIN: the replica has stopped
+                    self._fin[r], req = True, None
+                    self._recvs[r] = None
+                    break
+                entry = self._inflight.get(bid)
+                if entry is None or entry[0] != r or not self.balancer.alive[r]:
+                    self.late_replies += 1
+                else:
+                    del self._inflight[bid]
+                    self._answer(r, entry[1], buf, now)
+                req = self._recvs[r] = self.comm.Irecv(buf, source=self.leaders[r], tag=TAG_REPLY)
+        return got
+
+    def _answer(self, r, batch, buf, now):
+        n = len(batch)
+        self.balancer.done(r, n)
+        self._last[r] = now
+        compute, comm_s, busy = buf[2], buf[3], buf[4]
+        logits = buf[HEAD_REPLY:HEAD_REPLY + n * self.C].reshape(n, self.C)
+        for i, req in enumerate(batch):
+            req.replica, req.batch_size = r, n
+            req.compute_s, req.comm_s, req.busy_s = compute, comm_s, busy
+            req.logits = logits[i].copy()
+            self._finish(req, now, "ok", "")
+
+    def _remove(self, r, now):
+        self.balancer.remove(r)
+        self.removed[r] = now
+        back = [bid for bid, (rr, _) in self._inflight.items() if rr == r]
+        for bid in back:
+            _, batch = self._inflight.pop(bid)
+            self.balancer.done(r, len(batch))
+            for req in reversed(batch):  # head of the queue, in their original order
+                if req.attempts >= 2:
+                    self._finish(req, now, "failed", "two replicas failed to answer")
+                else:
+                    self.batcher.add(req, now, front=True)
+
+    def _finish(self, req, now, status, error):
+        req.status, req.error, req.answered = status, error, now
+        if req.done is not None:
+            req.done(req)
+
+    # ------------------------------------------------------------------------------ shutdown
+    def shutdown(self, fin_timeout=10.0):
+        """Answer everything waiting or in flight, then stop every replica and wait for its FIN.
+
+        Parameters
+        ----------
+        fin_timeout : float
+            Seconds to wait for the FIN of all replicas after STOP (a replica that never sends
+            it is reported, its receive cancelled).
+
+        Returns
+        -------
+        list of int
+            Replicas whose FIN never came.
+        """
+        while self.pending():
+            if not self.step(time.perf_counter(), force=True):
+                time.sleep(self.poll_s)
+        stop = numpy.zeros(HEAD_WORK)
+        stop[0] = STOP
+        sends = [self.comm.Isend(stop, dest=d, tag=TAG_WORK) for d in self.leaders]
+        deadline = time.perf_counter() + fin_timeout
+        while not all(self._fin) and time.perf_counter() < deadline:
+            if not self._collect(time.perf_counter()):
+                time.sleep(self.poll_s)
+        missing = [r for r, f in enumerate(self._fin) if not f]
+        for r in missing:
+            self._recvs[r].Cancel()
+            self._recvs[r].Wait()
+        while not (MPI.Request.Testall(sends) and all(s[0].Test() for s in self._sends)):
+            if time.perf_counter() > deadline:
+                break
+            time.sleep(self.poll_s)
+        return missing

@@ -1,0 +1,248 @@
+"""Serve a trained checkpoint across MPI ranks and load-test it (launch with mpiexec -n 1 + R * T).
+
+``mpiexec -n P python -m inference.serve --checkpoint RUN --replicas R [--tensor-parallel T]
+--balance POLICY --requests N --rate RPS --run-dir DIR``: rank 0 is the front (load generator or
+HTTP endpoint, dynamic batcher, balancer); ranks ``1 + r*T .. r*T + T`` form replica ``r``. The job
+writes ``DIR/summary.json``, ``DIR/requests.jsonl`` (one line per request) and ``DIR/config.json``.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy
+from mpi4py import MPI
+
+from inference.balance import POLICIES, Balancer
+from inference.batching import DynamicBatcher
+from inference.config import ServeConfig, parse_pair
+from inference.endpoint import HttpEndpoint
+from inference.front import Front
+from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
+from inference.metrics import request_record, summarize, write_jsonl
+from inference.model import Predictor, dense_forward, load_spec
+from inference.replica import ReplicaOptions, serve_replica
+from inference.request import Request
+from inference.tensor import TensorParallelForward, emulate_forward
+from training.checkpoint import CheckpointError, root_bytes
+from training.data import load_dataset
+from training.metrics import run_info
+
+__all__ = ["run", "main", "parse_args"]
+
+_HELP = {
+    "checkpoint": "training run directory (its newest checkpoint) or a ckpt-epochNNNN.npz file",
+    "replicas": "model replicas R (the job needs 1 + R * T ranks)",
+    "tensor_parallel": "ranks per replica T: the model's Linear layers split column/row-parallel",
+    "balance": "load balancing policy across replicas",
+    "requests": "requests the load generator sends",
+    "rate": "open-loop Poisson arrival rate (requests/s)",
+    "clients": "closed-loop concurrent clients instead of the open loop (0: open loop)",
+    "malformed": "how many of the requests are malformed (wrong count, NaN, non-numeric)",
+    "max_batch": "dynamic batching: largest batch (requests)",
+    "max_wait_ms": "dynamic batching: longest wait of the oldest request for a fuller batch (ms)",
+    "straggler": "slow replica REPLICA:FACTOR (service time multiplied by FACTOR)",
+    "service_ms": "emulated accelerator time per batch (ms) slept by each replica after its forward",
+    "fail_replica": "replica that stops answering after some batches, REPLICA:BATCHES",
+    "replica_timeout": "seconds a busy replica may stay silent before it is removed",
+    "algorithm": "all-reduce algorithm of the tensor-parallel forward (collectives.ALGORITHMS)",
+    "http": "serve HTTP on this port of the front rank (0: any free port, written to DIR/endpoint.json) "
+            "instead of running the load generator; POST /shutdown ends the job",
+    "seed": "seed of arrivals, test rows and power-of-two draws",
+    "run_dir": "output directory",
+}
+
+
+def parse_args(argv=None):
+    """Map the command line onto a :class:`~inference.config.ServeConfig` (not yet validated)."""
+    p = argparse.ArgumentParser(prog="python -m inference.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(ServeConfig):
+        kw = {"choices": POLICIES} if f.name == "balance" else {}
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=_HELP[f.name], **kw)
+    return ServeConfig(**vars(p.parse_args(argv)))
+
+
+def _threads_one():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1)  # one BLAS thread per rank: ranks share the cores
+
+
+def _setup(cfg, comm):
+    """Make the run directory and read data and checkpoint; return (spec, dataset or None)."""
+    box = {}
+
+    def on_root():
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        from training.checkpoint import find_checkpoint, read_npz
+        name = find_checkpoint(cfg.checkpoint)
+        saved = read_npz(name).get("meta/config")
+        if saved is None:
+            raise ValueError(f"checkpoint {name} holds no meta/config")
+        from training.config import Config
+        box["data"] = load_dataset(Config.from_dict(json.loads(saved.tobytes())))
+        return numpy.array([box["data"].n_features, box["data"].n_classes], numpy.int64).tobytes()
+
+    fc = numpy.frombuffer(root_bytes(comm, on_root, error=CheckpointError), numpy.int64)
+    spec = load_spec(cfg.checkpoint, comm, int(fc[0]), int(fc[1]))
+    return spec, box.get("data")
+
+
+def run(cfg, comm=None):
+    """Run one serving job on ``comm``; return the summary on rank 0 and None elsewhere.
+
+    Parameters
+    ----------
+    cfg : ServeConfig
+    comm : mpi4py.MPI.Intracomm, optional
+        Default ``COMM_WORLD``; it must have ``1 + replicas * tensor_parallel`` ranks.
+
+    Returns
+    -------
+    dict or None
+
+    Raises
+    ------
+    ValueError
+        On every rank, before any message, when the configuration is invalid.
+    CheckpointError
+        On every rank when the checkpoint cannot be read or does not fit its data.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    cfg.validate(comm.size)
+    _threads_one()
+    spec, data = _setup(cfg, comm)
+    serving = comm.Dup()  # serving messages never match anyone else's
+    T, rank = cfg.tensor_parallel, serving.rank
+    replica = (rank - 1) // T if rank else MPI.UNDEFINED
+    group = serving.Split(replica, rank)
+    F, C = spec.n_features, spec.n_classes
+    try:
+        if rank:
+            forward = (TensorParallelForward(spec.weights, spec.activation, group, cfg.algorithm,
+                                             timeout=max(30.0, cfg.replica_timeout)) if T > 1 else None)
+            predictor = Predictor(forward or dense_forward(spec.weights, spec.activation), F, C, cfg.max_batch)
+            slow, fail = parse_pair(cfg.straggler, "straggler", float), parse_pair(cfg.fail_replica, "fail_replica", int)
+            opts = ReplicaOptions(straggler=slow[1] if slow and slow[0] == replica else 1.0,
+                                  service_s=cfg.service_ms / 1e3,
+                                  fail_after=fail[1] if fail and fail[0] == replica else None)
+            serve_replica(serving, group, predictor, forward, opts, front=0)
+            return None
+        oracle = Predictor(emulate_forward(spec.weights, spec.activation, T) if T > 1
+                           else dense_forward(spec.weights, spec.activation), F, C, cfg.max_batch)
+        return _front(cfg, serving, spec, data, oracle, comm)
+    finally:
+        if group != MPI.COMM_NULL:
+            group.Free()
+        serving.Free()
+
+
+def _front(cfg, serving, spec, data, oracle, world):
+    T = cfg.tensor_parallel
+    front = Front(serving, [1 + r * T for r in range(cfg.replicas)], spec.n_features, spec.n_classes,
+                  DynamicBatcher(cfg.max_batch, cfg.max_wait_ms / 1e3), Balancer(cfg.balance, cfg.replicas, cfg.seed),
+                  cfg.replica_timeout)
+    t0 = time.perf_counter()
+    if cfg.http >= 0:
+        _serve_http(cfg, front)
+    else:
+        _load_test(cfg, front, data, t0)
+    t_end = max([r.answered for r in front.requests] or [t0])
+    missing = front.shutdown(fin_timeout=max(10.0, 2 * cfg.replica_timeout))
+    correct = [r.status == "ok" and numpy.array_equal(r.logits, oracle.predict(r.x[None])[0])
+               for r in front.requests]
+    dense = dense_forward(spec.weights, spec.activation)
+    agree = [r.status == "ok" and int(r.logits.argmax()) == int(dense(r.x[None]).argmax()) for r in front.requests]
+    t_start = min([r.arrival for r in front.requests] or [t0])
+    extra = {"offered_rps": cfg.rate if cfg.clients == 0 and cfg.http < 0 else None,
+             "class_agrees_with_dense": int(sum(agree)), "replicas_without_fin": missing,
+             "rows_per_forward": oracle.rows, "checkpoint_file": spec.path,
+             "config": cfg.to_dict(), **run_info(world)}
+    summary = summarize(front, correct, t_start, t_end, extra)
+    write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
+                [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])
+    with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"config": cfg.to_dict(), **run_info(world)}, f, indent=1)
+    with open(os.path.join(cfg.run_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def _load_test(cfg, front, data, t0):
+    payloads, rows = make_payloads(data.x_test, cfg.requests, cfg.malformed, cfg.seed)
+    gen = OpenLoop(cfg.requests, cfg.rate, cfg.seed) if cfg.clients == 0 else ClosedLoop(cfg.requests, cfg.clients)
+    done = (lambda req: gen.answered(req.answered - t0)) if cfg.clients else None
+    k = 0
+    while not gen.finished() or front.pending():
+        now = time.perf_counter()
+        for _ in range(gen.due(now - t0)):
+            arrival = t0 + float(gen.times[k]) if cfg.clients == 0 else now  # open loop: scheduled time
+            front.submit(Request(k, payloads[k], arrival, int(rows[k]), done), now)
+            k += 1
+        if not front.step(time.perf_counter()):
+            _idle(front, gen, t0)
+
+
+def _idle(front, gen, t0):
+    now, wake = time.perf_counter(), []
+    nxt = gen.next_time()
+    if nxt is not None:
+        wake.append(t0 + nxt)
+    if front.next_event() is not None:
+        wake.append(front.next_event())
+    if front.pending():
+        wake.append(now + front.poll_s)
+    left = min(wake, default=now + 0.002) - now
+    if left > 0:
+        time.sleep(min(left, 0.002))
+
+
+def _serve_http(cfg, front):
+    ep = HttpEndpoint(port=cfg.http)
+    path = os.path.join(cfg.run_dir, "endpoint.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"host": ep.host, "port": ep.port, "pid": os.getpid()}, f)
+    os.replace(path + ".tmp", path)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: ep.close())
+    print(f"serving on http://{ep.host}:{ep.port} (POST /predict, GET /health, POST /shutdown)", flush=True)
+    try:
+        while True:
+            now = time.perf_counter()
+            for req in ep.take():
+                front.submit(req, now)
+            if not front.step(time.perf_counter()):
+                if ep.idle() and not front.pending():
+                    break
+                time.sleep(front.poll_s if front.pending() else 0.001)
+    finally:
+        ep.stop()
+
+
+def main(argv=None):
+    """Command-line entry point; returns the process exit status."""
+    cfg = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    try:
+        summary = run(cfg, comm)
+    except (ValueError, CheckpointError) as e:
+        if comm.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if summary is not None:
+        print(f"{summary['answered']}/{summary['requests']} answered, {summary['correct']} equal to the "
+              f"single-process prediction, {summary['rejected']} rejected, {summary['failed']} failed | "
+              f"p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms, "
+              f"{summary['throughput_rps']} req/s | {cfg.run_dir}/summary.json", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
