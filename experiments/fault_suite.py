@@ -11,10 +11,12 @@
 * ``detail-no-timeout`` (full part): debug mode with no timeout at all, where only what the
   fingerprint exchange catches may end a case;
 
-then the dead-rank cases (a rank exits before a collective, under ``mpiexec -disable-auto-cleanup``;
-the survivors must end the job through :func:`collectives.abort_on_failure` within timeout + 5 s).
-It prints one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong
-answers. A case passes when every rank either returns the right value or raises; a *silent wrong
+then (full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
+-disable-auto-cleanup``; the survivors must end the job through :func:`collectives.abort_on_failure`
+within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
+under BSP and SSP, a PS server) and the kill-and-resume trials (:func:`run_kill_resume`). It prints
+one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong answers,
+data lost. A case passes when every rank either returns the right value or raises; a *silent wrong
 answer* is a rank that returned anything else; a *hang* is a job killed at its hard limit.
 Results go to ``--out`` (JSON). Exit status 1 when a target is missed: any silent wrong answer
 outside the ones no fingerprint can see (listed as expected), or any hang where a timeout was set.
@@ -22,13 +24,14 @@ outside the ones no fingerprint can see (listed as expected), or any hang where 
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-__all__ = ["run_matrix", "run_dead", "main"]
+__all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "main"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Cases no fingerprint of the call's fields can tell apart (one rank makes an extra call of the same
@@ -132,11 +135,92 @@ def run_dead(P, timeout, limit):
     return results
 
 
+#: Trainer flags of the crash and kill-and-resume trials: a small synthetic model, a few seconds a run.
+_TRAIN = ["--data", "synthetic", "--samples", "1200", "--features", "16", "--classes", "4", "--hidden", "32",
+          "--batch-size", "32", "--no-progress"]
+
+
+def _crash_seconds(out, end):
+    """Seconds from the injected crash (the time it printed) to ``end``, or None when it never came."""
+    found = re.search(r"injected crash at ([0-9.]+)", out)
+    return None if found is None else end - float(found.group(1))
+
+
+def run_crashes(limit):
+    """A rank of a training job dies mid-run, under ``mpiexec -disable-auto-cleanup``.
+
+    Cases: the data-parallel trainer (``--timeout 3``) on 2 and 3 ranks, and rank 0 dying while it
+    sets the run up (the others wait on its broadcast of the run directory); the parameter server
+    (``--ps-timeout 3``, 1 server + 3 workers) with a worker dying under BSP and SSP, and with the
+    server dying. A case passes when the job ends with a non-zero status within the timeout + 5 s
+    of the crash and the output names the cause in an ``error:`` line, without a traceback.
+    """
+    cases = [("dp/P=2", 2, ["dp", "1", "5", "--timeout", "3"]),
+             ("dp/P=3", 3, ["dp", "2", "5", "--timeout", "3"]),
+             ("setup/P=2", 2, ["setup", "0", "1", "--timeout", "3"]),
+             ("ps-worker/bsp", 4, ["ps", "3", "5", "--mode", "ps", "--ps-timeout", "3", "--consistency", "bsp"]),
+             ("ps-worker/ssp", 4, ["ps", "3", "5", "--mode", "ps", "--ps-timeout", "3", "--consistency", "ssp"]),
+             ("ps-server", 4, ["ps", "0", "20", "--mode", "ps", "--ps-timeout", "3", "--servers", "1"])]
+    results = []
+    for name, P, args in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            code, _, out = _launch(P, "experiments.fault_crash", [*args, *_TRAIN, "--run-dir", tmp], {}, limit,
+                                   extra=("-disable-auto-cleanup",))
+            seconds = _crash_seconds(out, time.time())
+        ok = code not in (None, 0) and seconds is not None and seconds <= 3 + 5 and "error:" in out \
+            and "Traceback" not in out
+        results.append({"case": f"crash/{name}", "P": P, "mode": "default", "verdict": "pass" if ok else
+                        ("hang" if code is None else "fail"), "seconds": seconds, "detail": out[-300:]})
+    return results
+
+
+def _final_params(run_dir):
+    from training.checkpoint import find_checkpoint
+    from ps.store import read_npz
+
+    return read_npz(find_checkpoint(run_dir))["model/params"]
+
+
+def run_kill_resume(trials, limit, seed=0):
+    """Kill a 2-rank training job at a random moment (SIGKILL to the whole job), resume it, compare.
+
+    The oracle is an uninterrupted run of the same configuration: the resumed run's final parameters
+    must be bitwise equal (a resume restores model, optimizer, sampler and counters exactly). A trial
+    whose resume fails or ends with other parameters counts as *data lost*. Kills land anywhere: before
+    the first checkpoint (the run then starts again), during a checkpoint write, between epochs.
+    """
+    import numpy
+
+    rng = numpy.random.default_rng(seed)
+    flags = [*_TRAIN, "--epochs", "4", "--checkpoint-every", "1"]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        code, total, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", "ref"], {}, limit)
+        if code != 0:
+            return [{"case": "kill_resume/reference", "P": 2, "mode": "default", "verdict": "fail",
+                     "detail": out[-300:]}]
+        reference = _final_params(os.path.join(tmp, "ref"))
+        for t in range(trials):
+            name, delay = f"t{t}", float(rng.uniform(0.3, total))
+            _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, delay)  # killed at delay
+            run = os.path.join(tmp, name)
+            if not os.path.exists(os.path.join(run, "config.json")):  # killed before the run wrote anything
+                shutil.rmtree(run, ignore_errors=True)
+                code, _, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, limit)
+            else:
+                code, _, out = _launch(2, "training.train", ["--resume", run, "--no-progress"], {}, limit)
+            lost = code != 0 or not numpy.array_equal(_final_params(run), reference)
+            results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 2),
+                            "verdict": "data-lost" if lost else "pass", "detail": out[-300:] if lost else ""})
+    return results
+
+
 def _totals(results):
-    t = {"cases": len(results), "passed": 0, "hangs": 0, "silent_wrong": 0, "expected_silent": 0, "other": 0}
+    t = {"cases": len(results), "passed": 0, "hangs": 0, "silent_wrong": 0, "expected_silent": 0, "data_lost": 0,
+         "other": 0}
     for r in results:
         key = {"pass": "passed", "hang": "hangs", "silent-wrong": "silent_wrong",
-               "expected-silent": "expected_silent"}.get(r["verdict"], "other")
+               "expected-silent": "expected_silent", "data-lost": "data_lost"}.get(r["verdict"], "other")
         t[key] += 1
     return t
 
@@ -146,9 +230,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
     ap.add_argument("--part", choices=("quick", "full"), default="quick",
                     help="quick: P=3, default and strict modes (about a minute); full: P=3 and 4, every mode, "
-                         "dead ranks")
+                         "dead ranks, training crashes, kill-and-resume trials")
     ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call in seconds "
                     "(default 0.5 quick, 2 full)")
+    ap.add_argument("--trials", type=int, default=8, help="kill-and-resume trials of the full part")
     ap.add_argument("--out", default=None, help="write every case's result here (JSON)")
     args = ap.parse_args(argv)
     quick = args.part == "quick"
@@ -160,6 +245,9 @@ def main(argv=None):
             results += run_matrix(P, mode, timeout, limit)
         if not quick:
             results += run_dead(P, timeout, timeout + 30)
+    if not quick:
+        results += run_crashes(60)
+        results += run_kill_resume(args.trials, 120)
     for r in results:
         if r["verdict"] != "pass":
             print(f"{r['verdict']:16s} P={r['P']} {r['mode']:18s} {r['case']:32s} "
@@ -167,11 +255,11 @@ def main(argv=None):
     t = _totals(results)
     print(f"cases {t['cases']} | passed {t['passed']} | hangs {t['hangs']} | silent wrong answers "
           f"{t['silent_wrong']} (+{t['expected_silent']} that no field fingerprint can see, caught by strict) | "
-          f"other failures {t['other']}")
+          f"data lost {t['data_lost']} | other failures {t['other']}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"totals": t, "timeout": timeout, "results": results}, f, indent=1)
-    return 0 if t["hangs"] == 0 and t["silent_wrong"] == 0 and t["other"] == 0 else 1
+    return 0 if t["hangs"] == 0 and t["silent_wrong"] == 0 and t["data_lost"] == 0 and t["other"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def _crash_run(tmp_path, nprocs, dead, batch):
     import time
 
     start = time.monotonic()
-    res = run_mpi(nprocs, "tests.mpi_train_fault", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
+    res = run_mpi(nprocs, "experiments.fault_crash", "dp", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
                   "--batch-size", batch, "--no-progress", "--run-dir", tmp_path, timeout=60, check=False,
                   mpiexec_args=("-disable-auto-cleanup",))  # MPICH must not end the survivors itself
     return res, time.monotonic() - start
@@ -92,3 +92,18 @@ def test_crashed_rank_on_three_ranks(tmp_path):
     for r in (0, 1):
         assert out.count(f"error: rank {r}: ") <= 1, out
     assert "error: rank 2" not in out and "Traceback" not in out, out
+
+
+def test_rank_0_dying_during_setup_ends_the_job(tmp_path):
+    """Rank 0 dies before it broadcasts the run directory: rank 1's broadcast waits --timeout 3 s
+    at most (the set-up's collectives honour the watchdog too), then names the cause and aborts."""
+    import time
+
+    start = time.monotonic()
+    res = run_mpi(2, "experiments.fault_crash", "setup", 0, 1, "--timeout", 3, "--hidden", 16, "--epochs", 1,
+                  "--no-progress", "--run-dir", tmp_path, timeout=60, check=False,
+                  mpiexec_args=("-disable-auto-cleanup",))
+    seconds, out = time.monotonic() - start, res.stdout
+    assert res.returncode != 0 and seconds < 3 + 10, (res.returncode, seconds, out)
+    assert "injected crash" in out and out.count("error: rank 1: CollectiveTimeout") == 1, out
+    assert "run setup" in out and "Traceback" not in out, out

@@ -15,6 +15,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives.waiting import deadline_of, wait_all
 from training.checkpoint import to_host
 from training.data import eval_shard
 
@@ -179,7 +180,7 @@ def _describe(code):
     return f"{int(code[2])} layers, parameter shapes {shapes} ({dtype}, {n} parameters)"
 
 
-def verify_param_layout(model, comm):
+def verify_param_layout(model, comm, timeout=None):
     """Check that every rank holds a model of the same parameter layout; raise on every rank if not.
 
     Each rank computes a fingerprint of its layout (int64 vector: number of parameters, of layers,
@@ -196,9 +197,13 @@ def verify_param_layout(model, comm):
     model : training.nn.Sequential
     comm : mpi4py.MPI.Comm
         Communicator of the data-parallel ranks.
+    timeout : float, optional
+        Seconds each exchange may wait for a peer (None: no limit).
 
     Raises
     ------
+    collectives.CollectiveTimeout
+        When a peer does not take part within ``timeout`` (it died or is elsewhere).
     ValueError
         On every rank, when some rank's layout differs from rank 0's: names the first such rank
         and gives both layouts (layers, parameter shapes, dtype, number of parameters).
@@ -209,19 +214,24 @@ def verify_param_layout(model, comm):
     mine = numpy.array([model.size, len(model.layers), int(code[3]), int(code[0]), int(code[1]), h,
                         code.size], numpy.int64)
     every = numpy.empty((comm.size, mine.size), numpy.int64)  # (P, 7)
-    comm.Allgather(mine, every)
+    _within(comm.Iallgather(mine, every), timeout, "model layout check")
     differ = [r for r in range(comm.size) if not numpy.array_equal(every[r], every[0])]
     if not differ:
         return
     counts = every[:, -1].astype(numpy.int64)
     displs = numpy.concatenate(([0], numpy.cumsum(counts)[:-1]))
     codes = numpy.empty(int(counts.sum()), numpy.int64)
-    comm.Allgatherv(code, [codes, counts, displs, MPI.INT64_T])
+    _within(comm.Iallgatherv(code, [codes, counts, displs, MPI.INT64_T]), timeout, "model layout check")
     r = differ[0]
     theirs, base = (codes[displs[k]:displs[k] + counts[k]] for k in (r, 0))
     raise ValueError(f"the model differs across ranks: rank {r} has {_describe(theirs)}, rank 0 has "
                      f"{_describe(base)}; every rank must build the same model (same --hidden, "
                      f"--activation, --dtype and data set)")
+
+
+def _within(req, timeout, phase):
+    """Wait for the non-blocking collective ``req`` at most ``timeout`` seconds (None: no limit)."""
+    wait_all([req], [None], deadline_of(timeout), "allgather", 0, phase, timeout)
 
 
 def compute_gradient(model, loss_fn, x, y):

@@ -94,14 +94,14 @@ def build_trainer(cfg, comm):
     xp = check_run(cfg, comm)
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
-    verify_param_layout(model, comm)  # before any gradient exchange: a mismatch would hang or mix
+    verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
     if getattr(hook, "owns_momentum", False) and cfg.optimizer == "sgd":
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     if cfg.resume:
-        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True)
+        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout)
         if path is None and comm.rank == 0:
             print(f"note: --resume {cfg.resume}: the run ended before its first checkpoint; "
                   f"starting it again from the beginning", flush=True)
@@ -195,7 +195,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
             bar.write(table.row(rec))
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
             save_checkpoint(checkpoint_path(run_dir, epoch),
-                            checkpoint_arrays(cfg, model, opt, hook, state), comm)
+                            checkpoint_arrays(cfg, model, opt, hook, state), comm, cfg.timeout)
             if rank == 0:
                 prune_checkpoints(run_dir, cfg.keep_checkpoints)
     writer.close()
