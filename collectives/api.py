@@ -15,10 +15,10 @@ Rules shared by every collective (documented once here):
 import numpy
 from mpi4py import MPI
 
-from .backend import OPS, check_dtype, check_op, check_timeout, get_array_module
+from .backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from .library import CHECK_ELEMENTS, call, encode_check, key_code, mismatch, piggyback, verify_check
 from .algorithms import build_allreduce_schedule, check_algorithm, describe
-from .buffers import ACC, MPI_OPS, as_array, check_out, finish, nan_mask, prepare, restore_nan
+from .buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
 from .context import check_comm, get_context
 from .errors import CollectiveError, CollectiveTimeout
 from .executor import execute
@@ -85,16 +85,19 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
 
     Parameters
     ----------
-    x : ndarray, any shape, float16/float32/float64/int32/int64
-        This rank's contribution (NumPy or CuPy). Same shape and dtype on every rank.
+    x : ndarray or DLPack tensor, any shape, float16/bfloat16/float32/float64/int32/int64
+        This rank's contribution (NumPy, CuPy, or any DLPack tensor such as a PyTorch or JAX CPU
+        tensor, read zero-copy; see :func:`collectives.buffers.adopt`). Same shape and dtype on every
+        rank. bfloat16 accumulates in float32, as float16 does.
     comm : mpi4py.MPI.Intracomm, optional
         Communicator (default ``COMM_WORLD``); the library works on its own duplicate.
-    op : {"sum", "prod", "min", "max", "avg"}
+    op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
         Reduction; ``avg`` on integers is the floor of the mean.
     algorithm : str
         A key of :data:`ALGORITHMS`.
-    out : ndarray, optional
-        Result array with ``x``'s shape and dtype; ``out=x`` reduces in place.
+    out : ndarray or DLPack tensor, optional
+        Result array with ``x``'s shape and dtype; ``out=x`` reduces in place. A PyTorch tensor is
+        written in its own memory.
     timeout : float, optional
         Seconds any one round may wait for a peer before :class:`CollectiveTimeout` is raised.
     grid : (int, int) or "node", optional
@@ -109,8 +112,9 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
 
     Returns
     -------
-    ndarray
-        ``out`` (or a new array), identical on every rank for the hand-made algorithms.
+    ndarray or tensor
+        ``out`` (or a new array of ``x``'s type: a PyTorch tensor for PyTorch input), identical on
+        every rank for the hand-made algorithms.
 
     Raises
     ------
@@ -121,6 +125,12 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     CollectiveTimeout
         A peer did not answer within ``timeout``.
     """
+    if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
+        x, out, wrap = adopt(x, out)
+        if wrap is not None:
+            return wrap(allreduce(x, comm, op, algorithm, out, timeout, grid, accumulate))
+    if type(op) is not str:
+        op = op_name(op)
     x, timeout, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, timeout, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
     if algorithm == "mpi":
@@ -184,8 +194,15 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
     Returns
     -------
     Request
-        ``test()`` advances it without blocking; ``wait()`` completes it and returns the result.
+        ``test()`` advances it without blocking; ``wait()`` completes it and returns the result
+        (in the caller's tensor type for DLPack input).
     """
+    if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
+        x, out, wrap = adopt(x, out)
+        if wrap is not None:
+            return AdoptedRequest(iallreduce(x, comm, op, algorithm, out, grid, accumulate), wrap)
+    if type(op) is not str:
+        op = op_name(op)
     x, _, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, None, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
     out, work, acc, direct, _ = prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)

@@ -11,22 +11,35 @@ arguments before any message is sent, and decides how device buffers reach MPI:
 
 Either way the current stream is synchronized before MPI touches device memory. The environment
 variable ``COMMLAB_CUDA_AWARE=0/1`` overrides detection.
+
+bfloat16 is ``ml_dtypes.bfloat16`` (the NumPy dtype JAX uses); it is supported when ``ml_dtypes`` is
+installed (a dependency of commlab) and left out of the tables otherwise.
 """
 import os
 
 import numpy
 
+try:
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency; without it, no bfloat16
+    _ml_dtypes = None
+
 __all__ = [
     "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
     "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
-    "DeviceTransport", "register_device_module",
+    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name",
 ]
 
-#: Element types of reducing collectives, as NumPy dtypes.
-DTYPES = tuple(numpy.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
+#: ``ml_dtypes.bfloat16`` as a NumPy dtype (None without ml_dtypes).
+BFLOAT16 = numpy.dtype(_ml_dtypes.bfloat16) if _ml_dtypes is not None else None
+_BF16 = (BFLOAT16,) if BFLOAT16 is not None else ()
+
+#: Element types of reducing collectives, as NumPy dtypes (bfloat16 last, when available).
+DTYPES = tuple(numpy.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64")) + _BF16
 
 #: Element types of copy-only collectives (all-gather, broadcast), which move raw bytes.
-COPY_DTYPES = DTYPES + tuple(numpy.dtype(t) for t in ("int8", "uint8", "int16", "uint16", "uint32", "uint64", "bool"))
+COPY_DTYPES = DTYPES[:5] + tuple(numpy.dtype(t) for t in ("int8", "uint8", "int16", "uint16", "uint32", "uint64",
+                                                          "bool")) + _BF16
 
 #: Reduction op name -> ufunc name. ``avg`` reduces with ``add`` and divides by P at the end
 #: (floats: true division; integers: floor division, ``numpy.floor_divide``).
@@ -82,15 +95,40 @@ def get_array_module(x):
 
 
 def accumulation_dtype(dtype):
-    """Return the dtype reductions accumulate in: float32 for float16, else ``dtype`` itself."""
+    """Return the dtype reductions accumulate in: float32 for float16 and bfloat16, else ``dtype`` itself."""
     dtype = numpy.dtype(dtype)
-    return numpy.dtype(numpy.float32) if dtype == numpy.float16 else dtype
+    return numpy.dtype(numpy.float32) if dtype == numpy.float16 or dtype in _BF16 else dtype
+
+
+def op_name(op):
+    """Return the name of ``op``: a name of :data:`OPS` as it is, ``mpi4py.MPI.SUM/PROD/MIN/MAX`` as its name.
+
+    Parameters
+    ----------
+    op : str or mpi4py.MPI.Op
+        ``"sum"``, ``"prod"``, ``"min"``, ``"max"``, ``"avg"``, or one of the four predefined MPI ops.
+
+    Returns
+    -------
+    str or object
+        The op name; anything else is returned unchanged, for :func:`check_op` to refuse.
+    """
+    if type(op) is str:
+        return op
+    from mpi4py import MPI
+
+    if isinstance(op, MPI.Op):
+        for name, mpi_op in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN), ("max", MPI.MAX)):
+            if op == mpi_op:
+                return name
+    return op
 
 
 def check_op(op):
-    """Raise ``ValueError`` naming ``op`` unless it is one of :data:`OPS`."""
+    """Raise ``ValueError`` naming ``op`` unless it is one of :data:`OPS` (names; MPI ops go through :func:`op_name`)."""
     if not isinstance(op, str) or op not in OPS:
-        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)}")
+        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)} "
+                         "(or mpi4py.MPI.SUM, PROD, MIN, MAX)")
 
 
 def check_dtype(dtype, what="x", allowed=DTYPES):

@@ -3,13 +3,24 @@
 Shared by the all-reduce (:mod:`collectives.api`) and the other collectives (:mod:`collectives.ops`);
 the rules themselves (float16 accumulation, integer ``avg``, NaN propagation) are documented in
 :mod:`collectives.api`.
+
+**DLPack** (:func:`adopt`): a tensor of another library (PyTorch, JAX, ...) that speaks DLPack
+(``__dlpack__``) enters as a NumPy view of its own memory (``numpy.from_dlpack``, zero-copy), or as a
+CuPy view for device memory; the result goes back in the caller's type (``torch.from_dlpack`` on the
+result's memory, zero-copy; ``out=`` and in-place calls return the caller's own object). NumPy cannot
+import bfloat16 through DLPack, so a PyTorch bfloat16 tensor enters through a bit view
+(``tensor.view(torch.int16)``) reinterpreted as ``ml_dtypes.bfloat16``; a JAX bfloat16 array converts
+to that dtype itself. PyTorch tensors that require grad are detached first.
 """
+import sys
+
 import numpy
 from mpi4py import MPI
 
-from .backend import DTYPES, accumulation_dtype, get_array_module
+from .backend import BFLOAT16, DTYPES, accumulation_dtype, get_array_module
 
-__all__ = ["MPI_OPS", "ACC", "as_array", "check_out", "prepare", "finish", "nan_mask", "restore_nan", "raw"]
+__all__ = ["MPI_OPS", "ACC", "as_array", "check_out", "prepare", "finish", "nan_mask", "restore_nan", "raw",
+           "adopt", "AdoptedRequest"]
 
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
@@ -27,6 +38,157 @@ def as_array(x, name="x"):
     if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float)):
         return numpy.asarray(x)
     raise TypeError(f"{name} must be an array, not {type(x).__name__}")
+
+
+_CPU_DEVICES = (1, 3)  # DLPack device types kDLCPU and kDLCUDAHost: memory NumPy can read
+
+
+def _foreign(a):
+    """Return True for an array that is neither NumPy's nor a CuPy/registered device array, but speaks DLPack."""
+    return (a is not None and type(a) is not numpy.ndarray and hasattr(a, "__dlpack__")
+            and not isinstance(a, numpy.ndarray) and get_array_module(a) is numpy)
+
+
+def _library(a):
+    """Return the top-level module of ``a``'s type (``torch``, ``jax``, ``jaxlib``, ...)."""
+    return sys.modules.get(type(a).__module__.split(".")[0])
+
+
+def _import(a, name):
+    """Return a NumPy (host) or CuPy (device) view of DLPack tensor ``a``.
+
+    Raises
+    ------
+    TypeError
+        Device memory without CuPy, or a dtype DLPack cannot carry into NumPy.
+    """
+    if getattr(a, "requires_grad", False) and hasattr(a, "detach"):
+        a = a.detach()  # PyTorch refuses to export a tensor that requires grad
+    device = int(a.__dlpack_device__()[0]) if hasattr(a, "__dlpack_device__") else 1
+    is_bf16 = str(getattr(a, "dtype", "")).rsplit(".", 1)[-1] == "bfloat16"
+    if device not in _CPU_DEVICES:
+        try:
+            import cupy
+        except ImportError:
+            raise TypeError(f"{name} lives in device memory (DLPack device type {device}): install CuPy "
+                            "(the 'gpu' extra) to pass device tensors") from None
+        if is_bf16:
+            raise TypeError(f"{name}: bfloat16 device tensors are not supported (CuPy has no bfloat16)")
+        return cupy.from_dlpack(a)
+    if is_bf16:
+        if BFLOAT16 is None:
+            raise TypeError(f"{name} is bfloat16: install ml_dtypes to use it")
+        torch = _library(a)
+        if torch is not None and torch.__name__ == "torch":
+            return numpy.from_dlpack(a.view(torch.int16)).view(BFLOAT16)
+        return numpy.asarray(a)  # JAX arrays convert to ml_dtypes.bfloat16 themselves
+    try:
+        return numpy.from_dlpack(a)
+    except (BufferError, TypeError, RuntimeError) as exc:
+        raise TypeError(f"{name} ({type(a).__module__}.{type(a).__name__}) cannot be read through DLPack: "
+                        f"{exc}") from None
+
+
+def _export(result, like):
+    """Return ``result`` (NumPy or CuPy) in the type of ``like`` (a DLPack tensor), zero-copy where possible."""
+    lib = _library(like)
+    if lib is None:
+        return result
+    if lib.__name__ == "torch":
+        if result.dtype == BFLOAT16:
+            return lib.from_dlpack(result.view(numpy.int16)).view(lib.bfloat16)
+        return lib.from_dlpack(result)
+    if lib.__name__ in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.asarray(result)
+    convert = getattr(lib, "from_dlpack", None)
+    return convert(result) if convert is not None else result
+
+
+def adopt(x, out=None):
+    """Take DLPack tensors in: return ``(x, out, wrap)`` with NumPy/CuPy views and the way back.
+
+    Parameters
+    ----------
+    x : array or DLPack tensor, any shape
+        The collective's input: a PyTorch or JAX CPU tensor, anything with ``__dlpack__``, or an
+        ndarray (then nothing is converted).
+    out : array or DLPack tensor, optional
+        Result buffer; written through its NumPy view, so a PyTorch tensor receives the result in its
+        own memory.
+
+    Returns
+    -------
+    x, out : ndarray
+        Views of the same memory (no copy for CPU tensors; bfloat16 as ``ml_dtypes.bfloat16``).
+    wrap : callable or None
+        ``wrap(result)`` returns the result in the caller's type: the caller's ``out`` object when one
+        was given, the caller's ``x`` when the result is ``x``'s own memory (in place), None for None,
+        else a tensor of ``x``'s type on the result's memory. None when nothing was converted.
+
+    Raises
+    ------
+    TypeError
+        A device tensor without CuPy, or a dtype DLPack cannot carry.
+    """
+    fx, fo = _foreign(x), _foreign(out)
+    if not fx and not fo:
+        return x, out, None
+    orig_x, orig_out = x, out
+    if fx:
+        x = _import(x, "x")
+    if fo:
+        out = _import(out, "out")
+
+    def wrap(result):
+        if result is None:
+            return None
+        if orig_out is not None:
+            return orig_out
+        if result is x:
+            return orig_x
+        return _export(result, orig_x) if fx else result
+
+    return x, out, wrap
+
+
+class AdoptedRequest:
+    """A non-blocking collective's request whose result goes back in the caller's tensor type.
+
+    Parameters
+    ----------
+    request : Request
+        The request of the call on the adopted (NumPy/CuPy) buffers.
+    wrap : callable
+        From :func:`adopt`.
+    """
+
+    __slots__ = ("_request", "_wrap")
+
+    def __init__(self, request, wrap):
+        self._request, self._wrap = request, wrap
+
+    def test(self):
+        """Advance the request without blocking; True once it has completed."""
+        return self._request.test()
+
+    def wait(self, timeout=None):
+        """Complete the request and return its result in the caller's type."""
+        return self._wrap(self._request.wait(timeout))
+
+    @property
+    def done(self):
+        """True once the request has completed."""
+        return self._request.done
+
+    @property
+    def result(self):
+        """The result in the caller's type (None before completion)."""
+        return None if self._request.result is None else self._wrap(self._request.result)
+
+    def __getattr__(self, name):
+        return getattr(self._request, name)
 
 
 def check_out(out, x):

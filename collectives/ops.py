@@ -2,8 +2,9 @@
 
 Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.api`. Copy-only
 collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
-types of :data:`collectives.COPY_DTYPES` (uint8 blobs, bool masks), and float16 travels as
-2-byte elements there.
+types of :data:`collectives.COPY_DTYPES` (uint8 blobs, bool masks), and float16 and bfloat16
+travel as 2-byte elements there. Every collective takes DLPack tensors (PyTorch, JAX) and gives its
+result back in the caller's type (:func:`collectives.buffers.adopt`); ``op`` may be an mpi4py op.
 """
 import math
 
@@ -11,10 +12,10 @@ import numpy
 from mpi4py import MPI
 
 from .backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_root, check_timeout,
-                      get_array_module)
+                      get_array_module, op_name)
 from .library import call
 from .algorithms import check_algorithm, names
-from .buffers import MPI_OPS, as_array, finish, nan_mask, prepare, raw, restore_nan
+from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, restore_nan
 from .context import check_comm, get_context
 from .executor import execute
 from .ring import ring_allgather, ring_reduce_scatter
@@ -75,7 +76,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     x : ndarray, any shape, supported dtype
         This rank's contribution; same size and dtype everywhere. It is flattened (C order).
     comm : mpi4py.MPI.Intracomm, optional
-    op : {"sum", "prod", "min", "max", "avg"}
+    op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
     algorithm : {"ring", "mpi", "auto"}
     timeout : float, optional
         Seconds per round before :class:`CollectiveTimeout`.
@@ -90,6 +91,10 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     ValueError, TypeError
         As for :func:`collectives.allreduce`.
     """
+    x, _, wrap = adopt(x)
+    if wrap is not None:
+        return wrap(reduce_scatter(x, comm, op, algorithm, timeout))
+    op = op_name(op)
     x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout)
     ctx = get_context(comm, timeout)
     ctx.check_usable()
@@ -152,6 +157,9 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
     """
+    x, _, wrap = adopt(x)
+    if wrap is not None:
+        return wrap(allgather(x, comm, algorithm, timeout))
     check_algorithm(algorithm, "allgather")
     timeout = check_timeout(timeout)
     algorithm = "ring" if algorithm == "auto" else algorithm
@@ -248,6 +256,9 @@ def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):
     TypeError
         Unsupported dtype.
     """
+    x, _, wrap = adopt(x)
+    if wrap is not None:
+        return wrap(broadcast(x, root, comm, algorithm, timeout))
     x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout)
     comm = check_comm(comm)
     check_root(root, comm.Get_size())
@@ -286,7 +297,7 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     x : ndarray, any shape, supported dtype
     root : int
     comm : mpi4py.MPI.Intracomm, optional
-    op : {"sum", "prod", "min", "max", "avg"}
+    op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
     algorithm : {"tree", "mpi", "auto"}
     timeout : float, optional
 
@@ -300,6 +311,10 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     ValueError, TypeError
         As for :func:`collectives.allreduce`; ``root`` out of range.
     """
+    x, _, wrap = adopt(x)
+    if wrap is not None:
+        return wrap(reduce(x, root, comm, op, algorithm, timeout))
+    op = op_name(op)
     x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout)
     comm = check_comm(comm)
     check_root(root, comm.Get_size())

@@ -1,0 +1,43 @@
+"""PyTorch interoperability: DLPack tensors through every collective, the DDP hook, the optimizer wrapper.
+
+The rank-side bodies and their oracles are in ``tests/mpi_interop.py``. PyTorch is in the ``test``
+extra (the CPU build); without it these tests are skipped. The JAX example runs when JAX is installed.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.mpirun import ROOT, run_mpi
+
+torch = pytest.importorskip("torch")
+
+
+def test_dlpack_collectives_on_three_ranks():
+    """Torch tensors (float32/64, int32, bfloat16) in and out of every collective vs MPI's own."""
+    result = run_mpi(3, "tests.mpi_interop", "dlpack", timeout=120)
+    assert "0 failures on 3 ranks" in result.stdout
+
+
+def test_ddp_hook_and_distributed_optimizer_on_two_ranks():
+    """DDP with commlab_hook equals DDP's default hook; PowerSGD within 1 point of PyTorch's hook."""
+    result = run_mpi(2, "tests.mpi_interop", "torch", timeout=240)
+    assert "0 failures on 2 ranks" in result.stdout
+
+
+def test_collectives_import_does_not_import_torch():
+    """``import collectives`` (and its torch_hook module) leaves PyTorch unimported."""
+    code = "import sys, collectives, collectives.torch_hook; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_jax_example_on_two_ranks():
+    """The JAX example: gradients of a jax.grad step averaged by commlab equal the full-batch gradient."""
+    result = run_mpi(2, "experiments.jax_example", "--steps", "3", timeout=240)
+    assert "matches the full-batch gradient" in result.stdout
