@@ -50,6 +50,9 @@ class Front:
         Removed replicas and when (seconds, front clock).
     late_replies : int
         Replies dropped because their replica had been removed.
+    answers, duplicates : int
+        Answers given (one per request when all is well) and answers refused because the request
+        had already been answered (must stay 0).
     """
 
     def __init__(self, comm, leaders, n_features, n_classes, batcher, balancer, replica_timeout, poll_s=1e-4):
@@ -60,6 +63,7 @@ class Front:
         self.batcher, self.balancer = batcher, balancer
         self.replica_timeout, self.poll_s = float(replica_timeout), float(poll_s)
         self.requests, self.batches, self.removed, self.late_replies = [], [], {}, 0
+        self.answers = self.duplicates = 0
         R = len(self.leaders)
         self._bufs = [numpy.empty(HEAD_REPLY + batcher.max_batch * self.C) for _ in range(R)]
         self._recvs = [comm.Irecv(self._bufs[r], source=self.leaders[r], tag=TAG_REPLY) for r in range(R)]
@@ -174,6 +178,10 @@ class Front:
                     self.batcher.add(req, now, front=True)
 
     def _finish(self, req, now, status, error):
+        if req.status != "pending":
+            self.duplicates += 1
+            return
+        self.answers += 1
         req.status, req.error, req.answered = status, error, now
         if req.done is not None:
             req.done(req)

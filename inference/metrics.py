@@ -26,14 +26,19 @@ def _ms(s):
 
 
 def request_record(req, t0, correct):
-    """Return one request's JSONL record (times in ms from the run's start ``t0``)."""
+    """Return one request's JSONL record (times in ms from the run's start ``t0``).
+
+    ``logits`` are written with Python's shortest round-trip float repr, so reading them back
+    gives the float64 values bitwise.
+    """
     queue = req.latency - req.batch_wait - req.busy_s if req.status == "ok" else math.nan
     return {"id": req.rid, "row": int(req.row), "status": req.status, "error": req.error,
             "arrival_ms": _ms(req.arrival - t0), "latency_ms": _ms(req.latency),
             "batch_wait_ms": _ms(req.batch_wait), "queue_ms": _ms(queue), "compute_ms": _ms(req.compute_s),
             "comm_ms": _ms(req.comm_s), "replica": req.replica, "batch_size": req.batch_size,
             "attempts": req.attempts, "correct": bool(correct),
-            "prediction": int(numpy.argmax(req.logits)) if req.logits is not None else None}
+            "prediction": int(numpy.argmax(req.logits)) if req.logits is not None else None,
+            "logits": req.logits.tolist() if req.logits is not None else None}
 
 
 def summarize(front, correct, t0, t_end, extra=None):
@@ -84,6 +89,7 @@ def summarize(front, correct, t0, t_end, extra=None):
         "throughput_rps": round(len(ok) / wall, 3), "wall_s": round(wall, 4),
         "batch_size_histogram": [int(h) for h in hist], "mean_batch_size": round(float(sizes.mean()), 3) if sizes.size else 0.0,
         "replicas": per, "late_replies_dropped": front.late_replies,
+        "answer_events": front.answers, "duplicate_answers": front.duplicates,
     }
     out.update(extra or {})
     return out
