@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
+from tqdm import tqdm
 
+from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
+from training.build import build_model
+from training.cli import parse_args
+from training.data import load_dataset
+from training.job import check_run
+from training.metrics import read_jsonl, run_info, write_json
+from training.train import run
 from experiments.compression_report import check_lines, markdown_table, table, targets
 
 __all__ = ["SweepConfig", "STUDY", "parse_spec", "base_config", "check_study", "run_study", "main"]
@@ -57,8 +65,6 @@ def parse_spec(spec):
     ValueError
         If the name is not a registered compressor or an argument is malformed or unknown.
     """
-    from collectives.compression import make_compressor, parse_compression_args
-
     name, _, args = spec.partition(":")
     kwargs = parse_compression_args([a for a in args.split(",") if a])
     make_compressor(name, **kwargs)  # validates the name and the arguments
@@ -76,14 +82,10 @@ def base_config(cfg):
     ValueError
         If a training flag is malformed, unknown or out of range.
     """
-    from training.cli import parse_args
-
     argv = ["--epochs", str(cfg.epochs)]
     for item in cfg.train_args:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"training flag must look like KEY=VALUE, got {item!r}")
-        flag = "--" + key.strip().replace("_", "-")
+        key, value = split_key_value(item, "training flag")
+        flag = "--" + key.replace("_", "-")
         if value.lower() in ("true", "false"):
             argv.append(flag if value.lower() == "true" else "--no-" + flag[2:])
         else:
@@ -113,8 +115,6 @@ def check_study(cfg, comm):
     ValueError
         Naming the first spec, flag or field that cannot run, the same on every rank.
     """
-    from training.job import check_run
-
     if cfg.epochs < 1 or cfg.bench_steps < 1:
         raise ValueError(f"--epochs ({cfg.epochs}) and --bench-steps ({cfg.bench_steps}) must be >= 1")
     if not cfg.seeds or not cfg.compressors:
@@ -147,8 +147,6 @@ def _slug(spec):
 
 def _train_one(cfg, base, spec, seed, run_dir, comm):
     """Train one (compressor, seed) and return its record (complete on rank 0)."""
-    from training.metrics import read_jsonl
-    from training.train import run
 
     name, kwargs = parse_spec(spec)
     tcfg = base.replace(compression=name, compression_args=kwargs, seed=seed, run_dir=run_dir,
@@ -176,8 +174,6 @@ def _train_one(cfg, base, spec, seed, run_dir, comm):
 def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
     """Return the mean bytes per step the collectives sent for ``spec`` (Gaussian gradients, DGC
     without warm-up)."""
-    from collectives.compression import make_hook
-
     name, kwargs = parse_spec(spec)
     if name == "dgc":
         kwargs["warmup_steps"] = 0  # steady state: the final sparsity from the first step
@@ -193,10 +189,6 @@ def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
 
 def run_study(cfg, comm=None):
     """Run the study on ``comm`` and write the results files (rank 0); return the results dict."""
-    from training.metrics import run_info, write_json
-    from training.train import build_model
-    from training.data import load_dataset
-
     comm = comm if comm is not None else MPI.COMM_WORLD
     rank = comm.Get_rank()
     base = check_study(cfg, comm)
@@ -205,8 +197,6 @@ def run_study(cfg, comm=None):
     jobs = [(spec, seed) for spec in cfg.compressors for seed in cfg.seeds]
     bar = None
     if rank == 0:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, dynamic_ncols=True)
     runs = []
     for spec, seed in jobs:

@@ -23,6 +23,7 @@ A rerun replaces the previous sweep in ``--out``: rank 0 first removes its run d
 stops early leaves no results file of an earlier sweep behind to be plotted.
 """
 import argparse
+import dataclasses
 import os
 import re
 import shutil
@@ -36,6 +37,12 @@ from contextlib import redirect_stderr, redirect_stdout
 from mpi4py import MPI
 
 import collectives.policy
+from collectives.compression import parse_literal, split_key_value
+from training.checkpoint import root_bytes
+from training.config import Config
+from training.job import all_failed, check_run
+from training.metrics import run_info, write_json
+from training.train import run
 
 __all__ = ["PROTOCOLS", "parse_protocol", "base_config", "clean_previous", "run_sweep", "markdown_table",
            "summary_lines", "main"]
@@ -69,29 +76,18 @@ def base_config(epochs, straggler, jitter, sets):
     ValueError
         When a ``KEY=VALUE`` is malformed or rejected by the trainer's configuration.
     """
-    from training.config import Config
-
+    text_fields = {f.name for f in dataclasses.fields(Config) if isinstance(f.default, str)}
     changes = {}
     for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set must look like KEY=VALUE, got {item!r}")
-        key = key.strip().replace("-", "_")
-        changes[key] = [int(t) for t in value.split(",") if t.strip()] if key == "hidden" else _value(value)
+        key, value = split_key_value(item, "--set")
+        key = key.replace("-", "_")
+        if key == "hidden":
+            changes[key] = [int(t) for t in value.split(",") if t.strip()]
+        else:  # a text field keeps its text ("none" is a name there, not None)
+            changes[key] = value if key in text_fields else parse_literal(value)
     changes.update(mode="ps", servers=changes.get("servers", 1), epochs=epochs, straggler=straggler,
                    jitter=jitter, progress=False, checkpoint_every=0, keep_checkpoints=1)
     return Config().replace(**changes)
-
-
-def _value(text):
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
 
 
 def clean_previous(out):
@@ -137,8 +133,6 @@ def clean_previous(out):
 
 def _train(base, protocol, repeat, out, comm):
     """Train one protocol once; return its record (complete on rank 0)."""
-    from training.train import run
-
     consistency, s = parse_protocol(protocol)
     name = f"{protocol}-r{repeat}"
     cfg = base.replace(consistency=consistency, staleness=s, run_dir=os.path.join(out, "runs"), name=name)
@@ -278,19 +272,6 @@ def _parse(parser, argv, rank):
         return parser.parse_args(argv)
 
 
-def _all_failed(comm, seconds=5.0):
-    """Return True when every rank of ``comm`` reaches this point within ``seconds``."""
-    if comm.Get_size() == 1:
-        return True
-    req = comm.Ibarrier()
-    deadline = time.monotonic() + seconds
-    while not req.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def main(argv=None):
     """Parse the command line, run the sweep and write the results (rank 0).
 
@@ -313,8 +294,6 @@ def main(argv=None):
         if args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         base = base_config(args.epochs, args.straggler, args.jitter, args.set)
-        from training.job import check_run
-
         for p in protocols:  # the trainer's own job checks, before the previous sweep is removed
             consistency, s = parse_protocol(p)
             check_run(base.replace(consistency=consistency, staleness=s), comm)
@@ -324,8 +303,6 @@ def main(argv=None):
         return 2
     echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
     try:
-        from training.checkpoint import root_bytes
-
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         removed = root_bytes(comm, lambda: str(len(clean_previous(args.out))).encode(), OSError).decode()
         echo(f"staleness sweep on {comm.Get_size()} ranks ({base.servers} server), straggler "
@@ -336,7 +313,7 @@ def main(argv=None):
         if rank0:
             _write(args, base, protocols, runs, started, comm)
     except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
-        everyone = _all_failed(comm)
+        everyone = all_failed(comm)
         if rank0 or not everyone:
             where = "" if everyone else f"rank {comm.Get_rank()}: "
             print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -353,8 +330,6 @@ def main(argv=None):
 
 def _write(args, base, protocols, runs, started, comm):
     """Rank 0: write ``staleness_sweep.json`` and print the table and the summary."""
-    from training.metrics import run_info, write_json
-
     rows = _table(runs, protocols)
     summary = _summary(rows)
     results = {"experiment": "staleness_sweep", "sweep": vars(args), "train_config": base.to_dict(),

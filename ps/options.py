@@ -33,12 +33,13 @@ class PSOptions:
     straggler: str = ""             # "RANK:FACTOR": that worker's step takes FACTOR x its compute time
     jitter: float = 0.0             # extra delay per step, uniform in [0, jitter] (seconds)
     fail_worker: str = ""           # "RANK:STEP": that worker stops communicating before step STEP
-    batch: int = 1                  # nominal batch per worker (samples); balancing keeps W x batch
+    worker_batch: int = 1           # nominal batch of one worker per clock (samples); balancing
+                                    # keeps the global batch W x worker_batch
     balance: bool = False           # give faster workers larger batches (speed measured online)
     balance_every: int = 10         # clocks between speed reports when balancing (clocks)
     snapshot_every: int = 0         # keep a copy of the shards every this many pushes (0: never)
     checkpoint_dir: str = ""        # directory of the server checkpoints ("" : none)
-    checkpoint_every: int = 0       # checkpoint every this many pushes (0: at the end only)
+    checkpoint_every_pushes: int = 0  # checkpoint every this many pushes (0: at the end only)
     resume_dir: str = ""            # directory of server checkpoints to resume from ("" : fresh)
     seed: int = 0                   # seed of the jitter draws (seconds of delay)
 
@@ -71,12 +72,12 @@ class PSOptions:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.jitter < 0:
             raise ValueError(f"jitter must be >= 0 seconds, got {self.jitter}")
-        if self.batch < 1:
-            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.worker_batch < 1:
+            raise ValueError(f"worker_batch must be >= 1, got {self.worker_batch}")
         if self.balance_every < 1:
             raise ValueError(f"balance_every must be >= 1, got {self.balance_every}")
-        if self.snapshot_every < 0 or self.checkpoint_every < 0:
-            raise ValueError("snapshot_every and checkpoint_every must be >= 0")
+        if self.snapshot_every < 0 or self.checkpoint_every_pushes < 0:
+            raise ValueError("snapshot_every and checkpoint_every_pushes must be >= 0")
         for name, kind in (("straggler", float), ("fail_worker", int)):
             spec = getattr(self, name)
             if spec:

@@ -11,7 +11,7 @@ Heterogeneity and faults: ``straggler`` sleeps ``(FACTOR - 1)`` times the step's
 ``jitter`` sleeps a uniform ``[0, jitter]`` seconds per step, ``fail_worker`` makes a worker stop
 communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
 faster workers larger batches in proportion to their measured samples per second, with the total
-kept at ``W x batch``.
+kept at ``W x worker_batch``.
 """
 import time
 from dataclasses import dataclass, field
@@ -46,7 +46,7 @@ class RunResult:
     params: np.ndarray                   # final flat parameters, shape (n,)
     pushes: int                          # worker gradients folded in (server 0)
     wall: float                          # seconds from the start barrier to server 0's last message
-    staleness: dict                      # staleness (clocks) -> served shard pulls, all servers
+    staleness_histogram: dict            # staleness (clocks) -> served shard pulls, all servers
     start_pushes: int = 0                # pushes already folded in when this job started (resume)
     start_wall: float = 0.0              # seconds of training before this job started (resume)
     snapshots: list = field(default_factory=list)   # (pushes, seconds, flat params)
@@ -136,7 +136,7 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
     params, clock, stopped = client.join()
     push_buf = np.empty_like(params)
-    batch, stats = opts.batch, dict.fromkeys(STAT_FIELDS, 0.0)
+    batch, stats = opts.worker_batch, dict.fromkeys(STAT_FIELDS, 0.0)
     window = [0.0, 0]  # (seconds, samples) since the last speed report
     stale = []
     result = "stop" if stopped else "params"
@@ -149,7 +149,7 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
         delay = (factor - 1.0) * compute + (rng.uniform(0.0, opts.jitter) if opts.jitter else 0.0)
         if delay > 0:
             time.sleep(delay)
-        np.multiply(grad, batch / opts.batch, out=push_buf)  # a share of W x batch samples
+        np.multiply(grad, batch / opts.worker_batch, out=push_buf)  # a share of W x worker_batch samples
         client.push(clock, push_buf)
         clock += 1
         stats["pushes"] += 1
@@ -192,8 +192,8 @@ def _mine(spec, name, kind, rank, default):
 
 def _report(server):
     """Return this server's final report: shard, snapshots, staleness counts, worker status, events."""
-    hist = np.zeros(max(server.staleness, default=-1) + 1)
-    for k, v in server.staleness.items():
+    hist = np.zeros(max(server.staleness_histogram, default=-1) + 1)
+    for k, v in server.staleness_histogram.items():
         hist[k] = v
     status = server.table.status.astype(np.float64)
     status[sorted(server.aborted)] = _ABORTED
@@ -272,5 +272,5 @@ def _collect(repcomm, server, opts, workers, wall):
             what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
             events.append((t, f"worker rank {workers[int(w)]} {what}"))
     return RunResult(params=params, pushes=server.pushes, wall=wall, start_pushes=server.resumed_pushes,
-                     start_wall=server.resumed_seconds, staleness=dict(sorted(hist.items())),
+                     start_wall=server.resumed_seconds, staleness_histogram=dict(sorted(hist.items())),
                      snapshots=snapshots, workers=stats, status=status, events=events)

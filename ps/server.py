@@ -22,15 +22,27 @@ from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer
 from ps.store import read_npz, write_npz
 
-__all__ = ["Server", "checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
+__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
 
 EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
 _SILENCE_CHECK = 0.01  # seconds between silence checks
 
 
-def checkpoint_path(directory, index):
-    """Return the checkpoint file of server ``index`` in ``directory``."""
-    return os.path.join(directory, f"ps_server{index}.npz")
+def server_checkpoint_path(directory, server):
+    """Return the checkpoint file of server ``server`` in ``directory``.
+
+    Parameters
+    ----------
+    directory : str
+        The servers' checkpoint directory (the trainer's is ``RUN_DIR/ps``).
+    server : int or "*"
+        The server's index ``0 <= server < S``, or ``"*"`` for the glob pattern of every server's file.
+
+    Returns
+    -------
+    str
+    """
+    return os.path.join(directory, f"ps_server{server}.npz")
 
 
 class Server:
@@ -75,7 +87,7 @@ class Server:
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> clock of its deferred pull
         self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
-        self.staleness = {}                                # staleness (clocks) -> served pulls
+        self.staleness_histogram = {}                      # staleness (clocks) -> served pulls
         self.snapshots = []                                # (pushes, seconds since start, shard copy)
         self.events = []                                   # (seconds since start, worker, code)
         self.aborted = set()                               # workers that left with ABORT
@@ -87,7 +99,7 @@ class Server:
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
         if opts.resume_dir:
-            self._resume(checkpoint_path(opts.resume_dir, self.index))
+            self._resume(server_checkpoint_path(opts.resume_dir, self.index))
 
     # ------------------------------------------------------------------------------------------
     def serve(self, start_time=None):
@@ -209,7 +221,7 @@ class Server:
         every = self.opts.snapshot_every
         if every and before // every != self.pushes // every:
             self.snapshots.append((self.pushes, time.monotonic() - self._t0, self.params.copy()))
-        every = self.opts.checkpoint_every
+        every = self.opts.checkpoint_every_pushes
         if every and self.opts.checkpoint_dir and before // every != self.pushes // every:
             self.checkpoint()
         if self.on_push is not None:
@@ -224,7 +236,7 @@ class Server:
                 self._reply(w, Msg.STOP, clock)
             elif self.table.servable(w, clock):
                 stale = self.table.staleness_of(w, clock)
-                self.staleness[stale] = self.staleness.get(stale, 0) + 1
+                self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
                 self.read_version[w] = self.pushes
                 self._reply(w, Msg.PARAMS, stale, self.params.copy())
             else:
@@ -241,7 +253,7 @@ class Server:
         mean = self.speeds[known].mean() if known.any() else 1.0
         rate = 1.0 / np.where(known, self.speeds, mean)      # samples per second
         rate[self.table.status != LIVE] = 0.0
-        batches = _proportional(rate, self.opts.batch * int((rate > 0).sum()))
+        batches = _proportional(rate, self.opts.worker_batch * int((rate > 0).sum()))
         for w, clock in self.speed_waiting.items():
             self._reply(w, Msg.BATCH, clock, batches.astype(self.params.dtype))
         self.speed_waiting.clear()
@@ -273,7 +285,7 @@ class Server:
                  "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed()}
         state.update(self.opt.state_dict())
         state.update(self.table.state_dict())
-        write_npz(checkpoint_path(self.opts.checkpoint_dir, self.index), state)
+        write_npz(server_checkpoint_path(self.opts.checkpoint_dir, self.index), state)
 
     def _resume(self, path):
         state = read_npz(path)

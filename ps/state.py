@@ -21,7 +21,8 @@ import numpy as np
 __all__ = ["ServerOptimizer"]
 
 _SCHEDULES = ("constant", "cosine")
-_PREFIX = "opt_"  # checkpoint keys of the optimizer state, beside the server's own
+_PREFIX = "optim/"  # checkpoint keys of the optimizer state, beside the server's own (as the trainer's)
+_OLD_PREFIX = "opt_"  # the same keys in server checkpoints written before they matched the trainer's
 
 
 class ServerOptimizer:
@@ -38,7 +39,7 @@ class ServerOptimizer:
         from ``grads``), ``state_dict()`` and ``load_state_dict()``.
     lr : float
         Base learning rate (dimensionless step size), > 0.
-    schedule : {"constant", "cosine"}
+    lr_schedule : {"constant", "cosine"}
         Learning-rate schedule over the training progress (0 .. 1).
     staleness_lr : bool
         Divide the step by ``max(1, tau)`` (Zhang et al. 2016).
@@ -51,16 +52,16 @@ class ServerOptimizer:
         When ``make_optimizer`` is not callable.
     """
 
-    __slots__ = ("lr", "schedule", "staleness_lr", "grads", "optimizer")
+    __slots__ = ("lr", "lr_schedule", "staleness_lr", "grads", "optimizer")
 
-    def __init__(self, params, make_optimizer, lr=0.1, schedule="constant", staleness_lr=False):
+    def __init__(self, params, make_optimizer, lr=0.1, lr_schedule="constant", staleness_lr=False):
         if not callable(make_optimizer):
             raise TypeError(f"make_optimizer must be callable, got {type(make_optimizer).__name__}")
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
-        if schedule not in _SCHEDULES:
-            raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
-        self.lr, self.schedule, self.staleness_lr = float(lr), schedule, bool(staleness_lr)
+        if lr_schedule not in _SCHEDULES:
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+        self.lr, self.lr_schedule, self.staleness_lr = float(lr), lr_schedule, bool(staleness_lr)
         self.grads = np.zeros_like(params)  # the gradient of the update being applied, shape (n,)
         self.optimizer = make_optimizer(params, self.grads)
 
@@ -88,7 +89,7 @@ class ServerOptimizer:
         float
         """
         lr = self.lr / divisor
-        if self.schedule == "cosine":
+        if self.lr_schedule == "cosine":
             lr *= 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
         if self.staleness_lr:
             lr /= max(1.0, float(staleness))
@@ -109,18 +110,21 @@ class ServerOptimizer:
         self.optimizer.step()
 
     def state_dict(self):
-        """Return the optimizer's checkpointable state, keys prefixed ``opt_`` (arrays only)."""
+        """Return the optimizer's checkpointable state, keys prefixed ``optim/`` (arrays only)."""
         return {_PREFIX + k: np.array(v, copy=True) for k, v in self.optimizer.state_dict().items()}
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output (other keys of ``state`` are ignored).
+
+        Checkpoints written with the former ``opt_`` prefix load as well.
 
         Raises
         ------
         ValueError
             When the saved state does not fit this shard's optimizer (length or update rule).
         """
-        mine = {k[len(_PREFIX):]: v for k, v in state.items() if k.startswith(_PREFIX)}
+        prefix = _PREFIX if any(k.startswith(_PREFIX) for k in state) else _OLD_PREFIX
+        mine = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         want = set(self.optimizer.state_dict())
         if set(mine) != want:
             raise ValueError(f"checkpoint optimizer state holds {sorted(mine)}, this shard's optimizer "

@@ -125,9 +125,9 @@ def case_staleness(S):
             check(measured > 4, f"asp: measured staleness {measured}; a 4x straggler should exceed 4")
         if COMM.Get_rank() == 0:
             server = np.zeros(_HIST, np.int64)
-            for k, v in res.staleness.items():
+            for k, v in res.staleness_histogram.items():
                 server[min(_HIST - 1, k)] += v
-            check(np.array_equal(server, hist), f"{name}: server histogram {res.staleness} != measured "
+            check(np.array_equal(server, hist), f"{name}: server histogram {res.staleness_histogram} != measured "
                                                 f"{dict((int(k), int(hist[k])) for k in np.flatnonzero(hist))}")
             if cons == "ssp" and s >= 2:
                 check(measured > 0, f"{name}: no stale pull at all with a 4x straggler")
@@ -190,7 +190,7 @@ def case_resume(S, directory):
 
 def case_balance(S):
     W, B = _workers(S), 16
-    opts = PSOptions(servers=S, consistency="bsp", budget=60 * W, lr=1.0, batch=B,
+    opts = PSOptions(servers=S, consistency="bsp", budget=60 * W, lr=1.0, worker_batch=B,
                      balance=True, balance_every=5, straggler=f"{S}:4", ps_timeout=20.0)
 
     def grad_fn(params, clock, batch):

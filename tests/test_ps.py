@@ -99,7 +99,7 @@ def test_server_optimizer_matches_trainer_optimizer(kind):
 
 
 def test_staleness_aware_rate_and_cosine():
-    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, schedule="cosine")
+    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, lr_schedule="cosine")
     assert opt.rate(0.0, 4, 2) == pytest.approx(0.8 / 2 / 4)
     assert opt.rate(0.0, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
     assert opt.rate(1.0, 0) == pytest.approx(0.0)
@@ -116,6 +116,10 @@ def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
     again.load_state_dict(state)
     m, v = again.optimizer.m, again.optimizer.v
     assert again.steps == 1 and np.array_equal(m, opt.optimizer.m) and np.array_equal(v, opt.optimizer.v)
+    legacy = {k.replace("optim/", "opt_"): v for k, v in state.items()}  # keys of older server checkpoints
+    older = ServerOptimizer(np.zeros(4, np.float32), Adam, lr=0.1)
+    older.load_state_dict(legacy)
+    assert older.steps == 1 and np.array_equal(older.optimizer.m, m) and np.array_equal(older.optimizer.v, v)
     with pytest.raises(TypeError):
         write_npz(path, {"bad": np.array([{}], dtype=object)})
     with pytest.raises(ValueError):
@@ -127,7 +131,7 @@ def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):
     ({"staleness": -1}, "staleness"), ({"ps_timeout": 0.0}, "ps_timeout"),
     ({"straggler": "0:4"}, "straggler"), ({"straggler": "2:x"}, "straggler"),
     ({"straggler": "2:0.5"}, "straggler"), ({"fail_worker": "9:3"}, "fail_worker"),
-    ({"fail_worker": "2"}, "fail_worker"), ({"jitter": -1.0}, "jitter"), ({"batch": 0}, "batch"),
+    ({"fail_worker": "2"}, "fail_worker"), ({"jitter": -1.0}, "jitter"), ({"worker_batch": 0}, "batch"),
     ({"straggler": "2:inf"}, "straggler factor must be a finite"), ({"straggler": "2:nan"}, "straggler"),
     ({"jitter": float("inf")}, "jitter must be a finite"), ({"jitter": float("nan")}, "jitter"),
     ({"lr": float("nan")}, "lr must be a finite"),
@@ -169,7 +173,7 @@ def test_run_records_end_with_the_final_parameters():
     from training.config import Config
     from training.nn import SoftmaxCrossEntropy
     from training.parallel import evaluate
-    from training.train import build_model
+    from training.build import build_model
     from mpi4py import MPI
 
     rng = np.random.default_rng(0)
@@ -180,7 +184,7 @@ def test_run_records_end_with_the_final_parameters():
     snap = rng.standard_normal(model.size)
     data = (x_tr, y_tr, x_te, y_te)
     # one epoch = 8 pushes; a snapshot at 4, training ends at 8 (a snapshot-free last epoch)
-    result = RunResult(params=final, pushes=8, wall=2.0, staleness={}, snapshots=[(4, 1.0, snap)],
+    result = RunResult(params=final, pushes=8, wall=2.0, staleness_histogram={}, snapshots=[(4, 1.0, snap)],
                        status=["done", "done"])
     ev = evaluate_snapshots(result, model, loss_fn, data, 64, 8)
     model.params[...] = final

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ps.server import checkpoint_path as server_checkpoint
+from ps.server import server_checkpoint_path as server_checkpoint
 from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
 from training.checkpoint import find_checkpoint
 from training.ps_mode import check_server_checkpoints

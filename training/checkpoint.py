@@ -18,10 +18,10 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
-from collectives.waiting import deadline_of, wait_all
+from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
-__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "find_checkpoint",
+__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints", "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 
@@ -33,7 +33,7 @@ class RunDirError(ValueError):
     """The run directory cannot be created (the name is taken) or reopened (it does not exist)."""
 
 
-def root_bytes(comm, fn, error=RuntimeError, timeout=None):
+def root_bytes(comm, fn, error=RuntimeError):
     """Run ``fn()`` on rank 0 and broadcast the bytes it returns to every rank.
 
     When ``fn`` raises on rank 0, every rank raises ``error`` with the same message, so no rank
@@ -46,17 +46,10 @@ def root_bytes(comm, fn, error=RuntimeError, timeout=None):
         Called on rank 0 only; returns ``bytes``.
     error : type
         Exception type raised on every rank when ``fn`` fails.
-    timeout : float, optional
-        Seconds each broadcast may wait for rank 0 (None: no limit).
 
     Returns
     -------
     bytes
-
-    Raises
-    ------
-    collectives.CollectiveTimeout
-        When a broadcast does not complete within ``timeout`` (rank 0 died or is stuck).
     """
     data, head = b"", numpy.zeros(2, numpy.int64)  # (status 0 ok / 1 error, length)
     if comm.rank == 0:
@@ -65,23 +58,14 @@ def root_bytes(comm, fn, error=RuntimeError, timeout=None):
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
             data, head[0] = f"{e}".encode(), 1
         head[1] = len(data)
-    _bcast(comm, head, timeout, "run setup: waiting for rank 0's status")
+    comm.Bcast(head, root=0)
     buf = numpy.frombuffer(bytearray(data), numpy.uint8) if comm.rank == 0 else numpy.empty(head[1], numpy.uint8)
     if head[1]:
-        _bcast(comm, [buf, MPI.BYTE], timeout, "run setup: waiting for rank 0's data")
+        comm.Bcast([buf, MPI.BYTE], root=0)
     text = buf.tobytes()
     if head[0]:
         raise error(text.decode(errors="replace"))
     return text
-
-
-def _bcast(comm, buf, timeout, phase):
-    """``MPI_Bcast`` from rank 0, waiting at most ``timeout`` seconds (a blocking one when None)."""
-    if timeout is None:
-        comm.Bcast(buf, root=0)
-        return
-    req = comm.Ibcast(buf, root=0)
-    wait_all([req], [None], deadline_of(timeout), "broadcast", 0, phase, timeout)
 
 
 def make_run_dir(cfg, comm):
@@ -136,7 +120,7 @@ def make_run_dir(cfg, comm):
         _point_latest(path)
         return path.encode()
 
-    return root_bytes(comm, create, error=RunDirError, timeout=cfg.timeout).decode()
+    return root_bytes(comm, create, error=RunDirError).decode()
 
 
 def unfinished_without_checkpoint(run_dir):
@@ -156,8 +140,8 @@ def unfinished_without_checkpoint(run_dir):
     """
     return (os.path.isfile(os.path.join(run_dir, "config.json"))
             and not os.path.exists(os.path.join(run_dir, "summary.json"))
-            and not glob.glob(os.path.join(glob.escape(run_dir), "ckpt-epoch*.npz"))
-            and not glob.glob(os.path.join(glob.escape(run_dir), "ps", "ps_server*.npz")))
+            and not epoch_checkpoints(run_dir)
+            and not glob.glob(server_checkpoint_path(os.path.join(glob.escape(run_dir), "ps"), "*")))
 
 
 def _point_latest(path):
@@ -179,6 +163,12 @@ def checkpoint_path(run_dir, epoch):
     return os.path.join(run_dir, f"ckpt-epoch{epoch:04d}.npz")
 
 
+def epoch_checkpoints(run_dir):
+    """Return the trainer checkpoints (``ckpt-epochNNNN.npz``) in ``run_dir``, oldest first (list of str)."""
+    return sorted(p for p in glob.glob(os.path.join(glob.escape(run_dir), "ckpt-epoch*.npz"))
+                  if _NAME.match(os.path.basename(p)))
+
+
 def find_checkpoint(path):
     """Return ``path`` if it is a file, else the newest checkpoint in directory ``path``.
 
@@ -189,14 +179,13 @@ def find_checkpoint(path):
     """
     if os.path.isfile(path):
         return path
-    found = sorted(p for p in glob.glob(os.path.join(path, "ckpt-epoch*.npz"))
-                   if _NAME.match(os.path.basename(p)))
+    found = epoch_checkpoints(path)
     if not found:
         raise FileNotFoundError(f"no checkpoint (ckpt-epochNNNN.npz) in {path}")
     return found[-1]
 
 
-def save_checkpoint(path, arrays, comm, timeout=None):
+def save_checkpoint(path, arrays, comm):
     """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum) and tell every rank how it went.
 
     Parameters
@@ -206,8 +195,6 @@ def save_checkpoint(path, arrays, comm, timeout=None):
     arrays : dict of str -> array-like
         Numeric arrays (CuPy arrays are copied to the host); object arrays are refused.
     comm : mpi4py.MPI.Comm
-    timeout : float, optional
-        Seconds the other ranks wait for rank 0's verdict (None: no limit).
 
     Returns
     -------
@@ -230,11 +217,11 @@ def save_checkpoint(path, arrays, comm, timeout=None):
         write_npz(path, arrays)
         return b""
 
-    root_bytes(comm, write, error=CheckpointError, timeout=timeout)
+    root_bytes(comm, write, error=CheckpointError)
     return path
 
 
-def load_checkpoint(path, comm, missing_ok=False, timeout=None):
+def load_checkpoint(path, comm, missing_ok=False):
     """Read and verify a checkpoint on rank 0 and return its arrays on every rank.
 
     Parameters
@@ -245,8 +232,6 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
     missing_ok : bool
         When ``path`` is a run directory that :func:`unfinished_without_checkpoint` describes,
         return ``(None, None)`` on every rank instead of raising.
-    timeout : float, optional
-        Seconds the other ranks wait for rank 0's file (None: no limit).
 
     Returns
     -------
@@ -267,7 +252,7 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
         parse_npz(data, f)  # verify on rank 0 before anything is broadcast
         return f.encode() + b"\0" + data
 
-    msg = root_bytes(comm, read, error=CheckpointError, timeout=timeout)
+    msg = root_bytes(comm, read, error=CheckpointError)
     if not msg:
         return None, None
     name, _, data = msg.partition(b"\0")
@@ -276,7 +261,6 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
 
 def prune_checkpoints(run_dir, keep):
     """Delete all but the ``keep`` newest checkpoints of ``run_dir`` (call on rank 0)."""
-    found = sorted(p for p in glob.glob(os.path.join(run_dir, "ckpt-epoch*.npz"))
-                   if _NAME.match(os.path.basename(p)))
+    found = epoch_checkpoints(run_dir)
     for p in found[:-keep] if keep > 0 else found:
         os.remove(p)

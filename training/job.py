@@ -1,18 +1,20 @@
 """What a training job needs from its environment, settled before anything is created.
 
 :func:`array_module` picks NumPy or CuPy (one GPU per rank on the node), :func:`set_threads` caps
-BLAS threads per rank, and :func:`check_run` finds, on every rank alike, the configuration errors
-that depend on the job (rank count, files, optional packages), so that a bad run fails with one
-message before its run directory exists.
+BLAS threads per rank (:func:`limit_threads`), and :func:`check_run` finds, on every rank alike, the
+configuration errors that depend on the job (rank count, files, optional packages), so that a bad
+run fails with one message before its run directory exists; :func:`all_failed` then tells whether
+an error was raised on every rank alike (one message) or on some only (abort the job).
 """
 import os
+import time
 
 import numpy
 from mpi4py import MPI
 
 from training.ps_mode import check_ps
 
-__all__ = ["array_module", "set_threads", "check_run"]
+__all__ = ["array_module", "set_threads", "limit_threads", "check_run", "all_failed"]
 
 
 def array_module(cfg, comm):
@@ -37,7 +39,7 @@ def set_threads(cfg, comm):
     Returns
     -------
     int
-        The thread count applied (threadpoolctl is used when installed; otherwise unchanged).
+        The thread count asked for (applied when threadpoolctl is installed, see :func:`limit_threads`).
     """
     n = cfg.threads
     if n == 0:
@@ -45,12 +47,61 @@ def set_threads(cfg, comm):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         n = max(1, (cores or 1) // local.size)
         local.Free()
+    limit_threads(n)
+    return n
+
+
+def limit_threads(n):
+    """Cap the BLAS and OpenMP thread pools of this process at ``n`` threads (threadpoolctl).
+
+    threadpoolctl is an optional package (it comes with the ``data`` extra, scikit-learn's
+    dependency); without it the pools are left as they are.
+
+    Parameters
+    ----------
+    n : int
+        Threads per pool, >= 1.
+
+    Returns
+    -------
+    bool
+        True when the limit was applied, False when threadpoolctl is not installed.
+    """
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
-        return n
+        return False
     threadpool_limits(limits=n)
-    return n
+    return True
+
+
+def all_failed(comm, seconds=5.0):
+    """Return True when every rank of ``comm`` reaches this call within ``seconds`` (a failure alike on all).
+
+    Called after an error: when it was raised on every rank (a bad setting checked everywhere), all
+    of them arrive and rank 0 alone reports it; when some ranks are elsewhere (still running, or
+    waiting on a peer) the call returns False after ``seconds`` and the caller ends the job.
+    Non-blocking barrier polled until the deadline, so it never hangs.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+    seconds : float
+        How long to wait for the other ranks (seconds).
+
+    Returns
+    -------
+    bool
+    """
+    if comm.Get_size() == 1:
+        return True
+    req = comm.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def check_run(cfg, comm):

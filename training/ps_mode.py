@@ -21,7 +21,7 @@ import numpy
 
 from ps.options import PSOptions
 from ps.runtime import roles, run
-from ps.server import checkpoint_path
+from ps.server import server_checkpoint_path
 from ps.store import read_npz
 from training.checkpoint import unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
@@ -115,10 +115,10 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, lr=cfg.lr,
         lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
-        fail_worker=cfg.fail_worker, batch=cfg.batch_size // W, balance=cfg.balance,
+        fail_worker=cfg.fail_worker, worker_batch=cfg.batch_size // W, balance=cfg.balance,
         snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
-        checkpoint_every=W * per_epoch * cfg.checkpoint_every,
-        resume_dir=ckpt if cfg.resume and os.path.exists(checkpoint_path(ckpt, 0)) else "",
+        checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
+        resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
         seed=cfg.seed)
     opts.validate(size)
     return opts
@@ -220,7 +220,7 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False):
     ValueError
         When a server's file is missing (some present), unreadable, or of another generation.
     """
-    paths = [checkpoint_path(ckpt, r) for r in range(servers)]
+    paths = [server_checkpoint_path(ckpt, r) for r in range(servers)]
     missing = [p for p in paths if not os.path.exists(p)]
     if missing_ok and len(missing) == servers:
         return False

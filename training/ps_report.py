@@ -134,7 +134,7 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
         The summary written to ``summary.json``.
     """
     W = len(result.status)
-    hist = {int(k): int(v) for k, v in result.staleness.items()}
+    hist = {int(k): int(v) for k, v in result.staleness_histogram.items()}
     s_max, s_mean = staleness_stats(hist)
     done = [s for s in result.workers if s is not None]
     samples = sum(s["samples"] for s in done)

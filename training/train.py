@@ -28,7 +28,7 @@ from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoi
                                  prune_checkpoints, save_checkpoint)
 from training.cli import parse_args
 from training.data import load_dataset
-from training.job import array_module, check_run, set_threads
+from training.job import all_failed, array_module, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
@@ -330,7 +330,7 @@ def main(argv=None):
         run(cfg, world)
     except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
         # setup errors are raised identically on every rank: then exit cleanly with one message
-        everyone = world.size == 1 or _everyone_failed(world)
+        everyone = all_failed(world)
         if not everyone or world.rank == 0:
             where = "" if everyone else f"rank {world.rank}: "
             print(f"error: {where}{str(e) or type(e).__name__}", file=sys.stderr, flush=True)
@@ -368,17 +368,6 @@ def _finish_ps(world, cfg):
         collectives.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
                                  f"within --ps-timeout {cfg.ps_timeout:g} s (a lost peer may have died); "
                                  "ending the job so that no rank waits for them in MPI_Finalize")
-
-
-def _everyone_failed(world):
-    """Return True when every rank reaches this point within 5 seconds (a consistent failure)."""
-    req = world.Ibarrier()
-    deadline = time.monotonic() + 5.0
-    while not req.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 if __name__ == "__main__":
