@@ -18,6 +18,7 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
+from collectives.waiting import deadline_of, wait_all
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
@@ -33,7 +34,7 @@ class RunDirError(ValueError):
     """The run directory cannot be created (the name is taken) or reopened (it does not exist)."""
 
 
-def root_bytes(comm, fn, error=RuntimeError):
+def root_bytes(comm, fn, error=RuntimeError, timeout=None):
     """Run ``fn()`` on rank 0 and broadcast the bytes it returns to every rank.
 
     When ``fn`` raises on rank 0, every rank raises ``error`` with the same message, so no rank
@@ -46,10 +47,17 @@ def root_bytes(comm, fn, error=RuntimeError):
         Called on rank 0 only; returns ``bytes``.
     error : type
         Exception type raised on every rank when ``fn`` fails.
+    timeout : float, optional
+        Seconds each broadcast may wait for rank 0 (None: no limit).
 
     Returns
     -------
     bytes
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a broadcast does not complete within ``timeout`` (rank 0 died or is stuck).
     """
     data, head = b"", numpy.zeros(2, numpy.int64)  # (status 0 ok / 1 error, length)
     if comm.rank == 0:
@@ -58,14 +66,23 @@ def root_bytes(comm, fn, error=RuntimeError):
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
             data, head[0] = f"{e}".encode(), 1
         head[1] = len(data)
-    comm.Bcast(head, root=0)
+    _bcast(comm, head, timeout, "run setup: waiting for rank 0's status")
     buf = numpy.frombuffer(bytearray(data), numpy.uint8) if comm.rank == 0 else numpy.empty(head[1], numpy.uint8)
     if head[1]:
-        comm.Bcast([buf, MPI.BYTE], root=0)
+        _bcast(comm, [buf, MPI.BYTE], timeout, "run setup: waiting for rank 0's data")
     text = buf.tobytes()
     if head[0]:
         raise error(text.decode(errors="replace"))
     return text
+
+
+def _bcast(comm, buf, timeout, phase):
+    """``MPI_Bcast`` from rank 0, waiting at most ``timeout`` seconds (a blocking one when None)."""
+    if timeout is None:
+        comm.Bcast(buf, root=0)
+        return
+    req = comm.Ibcast(buf, root=0)
+    wait_all([req], [None], deadline_of(timeout), "broadcast", 0, phase, timeout)
 
 
 def make_run_dir(cfg, comm):
@@ -120,7 +137,7 @@ def make_run_dir(cfg, comm):
         _point_latest(path)
         return path.encode()
 
-    return root_bytes(comm, create, error=RunDirError).decode()
+    return root_bytes(comm, create, error=RunDirError, timeout=cfg.timeout).decode()
 
 
 def unfinished_without_checkpoint(run_dir):
@@ -185,7 +202,7 @@ def find_checkpoint(path):
     return found[-1]
 
 
-def save_checkpoint(path, arrays, comm):
+def save_checkpoint(path, arrays, comm, timeout=None):
     """Write ``arrays`` to ``path`` on rank 0 (atomic, with checksum) and tell every rank how it went.
 
     Parameters
@@ -195,6 +212,8 @@ def save_checkpoint(path, arrays, comm):
     arrays : dict of str -> array-like
         Numeric arrays (CuPy arrays are copied to the host); object arrays are refused.
     comm : mpi4py.MPI.Comm
+    timeout : float, optional
+        Seconds the other ranks wait for rank 0's verdict (None: no limit).
 
     Returns
     -------
@@ -217,11 +236,11 @@ def save_checkpoint(path, arrays, comm):
         write_npz(path, arrays)
         return b""
 
-    root_bytes(comm, write, error=CheckpointError)
+    root_bytes(comm, write, error=CheckpointError, timeout=timeout)
     return path
 
 
-def load_checkpoint(path, comm, missing_ok=False):
+def load_checkpoint(path, comm, missing_ok=False, timeout=None):
     """Read and verify a checkpoint on rank 0 and return its arrays on every rank.
 
     Parameters
@@ -232,6 +251,8 @@ def load_checkpoint(path, comm, missing_ok=False):
     missing_ok : bool
         When ``path`` is a run directory that :func:`unfinished_without_checkpoint` describes,
         return ``(None, None)`` on every rank instead of raising.
+    timeout : float, optional
+        Seconds the other ranks wait for rank 0's file (None: no limit).
 
     Returns
     -------
@@ -252,7 +273,7 @@ def load_checkpoint(path, comm, missing_ok=False):
         parse_npz(data, f)  # verify on rank 0 before anything is broadcast
         return f.encode() + b"\0" + data
 
-    msg = root_bytes(comm, read, error=CheckpointError)
+    msg = root_bytes(comm, read, error=CheckpointError, timeout=timeout)
     if not msg:
         return None, None
     name, _, data = msg.partition(b"\0")
