@@ -1,0 +1,309 @@
+"""Inference serving: batching, balancing, load generation, request checks (one process), and whole
+serving jobs under mpiexec checked against single-process predictions of the same checkpoint."""
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from inference.balance import Balancer
+from inference.batching import DynamicBatcher
+from inference.config import ServeConfig
+from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
+from inference.metrics import percentiles
+from inference.model import Predictor, dense_forward, load_spec
+from inference.request import parse_features
+from inference.tensor import emulate_forward
+from tests.mpirun import ROOT, mpiexec_path, run_mpi
+from training.config import Config
+from training.data import load_dataset
+from training.nn import build_mlp
+
+# ------------------------------------------------------------------------------ one process
+
+
+def test_batcher_releases_full_batches_at_once_and_partial_ones_after_the_wait():
+    b = DynamicBatcher(max_batch=3, max_wait_s=0.010)
+    for i in range(4):
+        b.add(i, now=1.0)
+    assert b.take(1.0) == [0, 1, 2]  # full: no waiting
+    assert b.take(1.005) == [] and b.deadline() == pytest.approx(1.010)
+    assert b.take(1.010) == [3]
+    b.add("late", 2.0)
+    b.add("retry", 2.0, front=True)
+    assert b.take(2.0, force=True) == ["retry", "late"]
+    with pytest.raises(ValueError, match="max_batch"):
+        DynamicBatcher(0, 0.0)
+
+
+def test_balancers_follow_their_rules():
+    rr = Balancer("round-robin", 3)
+    assert [rr.choose() for _ in range(5)] == [0, 1, 2, 0, 1]
+    rr.remove(2)
+    assert [rr.choose() for _ in range(4)] == [0, 1, 0, 1]
+    lo = Balancer("least-outstanding", 3)
+    lo.sent(0, 5), lo.sent(1, 2), lo.sent(2, 4)
+    assert lo.choose() == 1
+    lo.remove(1)
+    assert lo.choose() == 2
+    p2 = Balancer("power-of-two", 4, seed=3)
+    p2.outstanding[:] = [9, 1, 5, 0]
+    picks = [p2.choose() for _ in range(400)]
+    # replica 0 is the most loaded: it never wins a draw; the lightest (3) wins every draw it is in
+    assert 0 not in picks and picks.count(3) > picks.count(1) > picks.count(2) > 0
+    for pol in ("round-robin", "least-outstanding", "power-of-two"):
+        b = Balancer(pol, 2)
+        b.remove(0), b.remove(1)
+        with pytest.raises(RuntimeError, match="no replica"):
+            b.choose()
+    with pytest.raises(ValueError, match="policy"):
+        Balancer("random", 2)
+
+
+def test_parse_features_accepts_numbers_and_names_every_defect():
+    assert parse_features([1, 2.5, -3], 3).tolist() == [1.0, 2.5, -3.0]
+    for bad, msg in [([1, 2], "expected 3 features, got 2"), ([1, float("nan"), 3], r"features\[1\] is not finite"),
+                     ([1, "x", 3], r"features\[1\] is not a number"), ([1, True, 3], "not a number"),
+                     ("123", "list of 3 numbers"), ([[1, 2, 3]], "not a number"), (None, "list")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_features(bad, 3)
+
+
+def test_open_loop_is_poisson_and_closed_loop_waits_for_answers():
+    gen = OpenLoop(20000, rate=500.0, seed=1)
+    gaps = np.diff(gen.times)
+    assert abs(gaps.mean() * 500.0 - 1) < 0.03 and abs(gaps.std() / gaps.mean() - 1) < 0.03  # exponential: cv 1
+    assert gen.due(float(gen.times[9])) == 10 and gen.next_time() == gen.times[10]
+    cl = ClosedLoop(5, clients=2)
+    assert cl.due(0.0) == 2 and cl.due(1.0) == 0 and cl.next_time() is None
+    cl.answered(1.5)
+    assert cl.due(1.4) == 0 and cl.due(1.5) == 1
+    payloads, rows = make_payloads(np.arange(40.0).reshape(10, 4), 30, malformed=6, seed=0)
+    assert (rows == -1).sum() == 6
+    bad = 0
+    for p, r in zip(payloads, rows):
+        try:
+            parse_features(p, 4)
+        except ValueError:
+            bad += 1
+            assert r == -1
+    assert bad == 6
+
+
+def test_percentiles_match_numpy():
+    v = np.random.default_rng(0).exponential(size=1001)
+    got = percentiles(list(v) + [math.nan])
+    assert got[99] == np.percentile(v, 99) and got[50] == np.median(v)
+
+
+def _toy_weights(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((a, b)), rng.standard_normal(b)) for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+@pytest.mark.parametrize("max_batch", [1, 5, 7, 8, 13])
+def test_predictor_answers_do_not_depend_on_the_batch(max_batch):
+    w = _toy_weights([64, 96, 10])
+    x = np.random.default_rng(1).standard_normal((50, 64))
+    p = Predictor(dense_forward(w, "relu"), 64, 10, max_batch)
+    alone = np.concatenate([p.predict(x[i:i + 1]) for i in range(50)])
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        n = int(rng.integers(1, max_batch + 1))
+        idx = rng.choice(50, n, replace=False)
+        assert np.array_equal(p.predict(x[idx]), alone[idx])  # bitwise, at any position
+    dense = x @ w[0][0] + w[0][1]
+    np.testing.assert_allclose(alone, np.maximum(dense, 0) @ w[1][0] + w[1][1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sizes,T", [([16, 12, 5], 2), ([16, 12, 9, 5], 3), ([16, 5], 2), ([16, 7, 9, 11, 4], 4)])
+def test_emulated_tensor_parallel_forward_matches_the_dense_model(sizes, T):
+    w = _toy_weights(sizes)
+    x = np.random.default_rng(3).standard_normal((6, sizes[0]))
+    np.testing.assert_allclose(emulate_forward(w, "tanh", T)(x), dense_forward(w, "tanh")(x), rtol=1e-12, atol=1e-12)
+    assert np.array_equal(emulate_forward(w, "relu", 1)(x), dense_forward(w, "relu")(x))
+
+
+def test_config_is_checked_before_anything_runs():
+    ok = ServeConfig(checkpoint="x", replicas=2, tensor_parallel=2)
+    ok.validate(5)
+    for kw, msg in [({"replicas": 0}, "replicas"), ({"balance": "x"}, "balance"), ({"rate": 0.0}, "rate"),
+                    ({"straggler": "5:4"}, "replica 5"), ({"straggler": "0:0.5"}, "factor"),
+                    ({"fail_replica": "1"}, "REPLICA:INT"), ({"algorithm": "x"}, "algorithm"),
+                    ({"max_wait_ms": math.nan}, "finite")]:
+        with pytest.raises(ValueError, match=msg):
+            ServeConfig(**{**ok.to_dict(), **kw}).validate(5)
+    with pytest.raises(ValueError, match="needs 1 \\+ 2 \\* 2 = 5 ranks, the job has 4"):
+        ok.validate(4)
+
+
+# ------------------------------------------------------------------------------ under mpiexec
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A tiny float32 digits MLP (64-24-16-10) trained for one epoch on one rank."""
+    d = tmp_path_factory.mktemp("serve")
+    run_mpi(1, "training.train", "--epochs", 1, "--hidden", "24,16", "--run-dir", d, "--name", "m",
+            "--no-progress", timeout=60)
+    return str(d / "m")
+
+
+def _reference(ckpt, max_batch, T=1):
+    """Single-process logits of every test row, and the plain training model's logits."""
+    cfg = Config.from_dict(json.loads(open(os.path.join(ckpt, "config.json")).read())["config"])
+    data = load_dataset(cfg)
+    spec = load_spec(ckpt, MPI.COMM_SELF, data.n_features, data.n_classes)
+    fwd = emulate_forward(spec.weights, spec.activation, T) if T > 1 else dense_forward(spec.weights, spec.activation)
+    p = Predictor(fwd, data.n_features, data.n_classes, max_batch)
+    model = build_mlp([data.n_features, *cfg.hidden, data.n_classes], dtype="float64")
+    _, arrays = __import__("training.checkpoint", fromlist=["x"]).load_checkpoint(ckpt, MPI.COMM_SELF)
+    model.params[...] = arrays["model/params"].astype(np.float64)
+    return data, (lambda x: p.predict(x[None])[0]), model.forward(data.x_test).copy()
+
+
+def _records(out):
+    with open(os.path.join(out, "requests.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _check_answers(recs, data, ref, dense):
+    for r in recs:
+        if r["status"] == "ok":
+            got = np.array(r["logits"])
+            assert np.array_equal(got, ref(data.x_test[r["row"]])), r["id"]  # bitwise, float64
+            np.testing.assert_allclose(got, dense[r["row"]], rtol=1e-9, atol=1e-9)
+
+
+def test_replicated_serving_answers_equal_the_single_process_prediction(ckpt, tmp_path):
+    out = str(tmp_path / "rep")
+    run_mpi(3, "inference.serve", "--checkpoint", ckpt, "--replicas", 2, "--balance", "power-of-two",
+            "--requests", 400, "--rate", 800, "--malformed", 9, "--max-batch", 7, "--run-dir", out, timeout=60)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert (s["requests"], s["answered"], s["correct"], s["rejected"], s["failed"]) == (400, 391, 391, 9, 0)
+    for key in ("latency_p50_ms", "latency_p99_ms", "throughput_rps"):
+        assert s[key] > 0
+    assert sum(s["batch_size_histogram"]) == sum(r["batches"] for r in s["replicas"]) > 0
+    assert all(r["answered"] > 0 for r in s["replicas"])  # both replicas served
+    data, ref, dense = _reference(ckpt, 7)
+    recs = _records(out)
+    assert sorted(r["error"].split()[0] for r in recs if r["status"] == "rejected") == \
+        sorted(["expected"] * 3 + ["features[3]"] * 3 + ["features[2]"] * 3)
+    _check_answers(recs, data, ref, dense)
+
+
+def test_a_replica_failing_midway_loses_no_request_and_answers_none_twice(ckpt, tmp_path):
+    out = str(tmp_path / "fail")
+    run_mpi(4, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--balance", "round-robin",
+            "--requests", 1000, "--rate", 1500, "--fail-replica", "1:25", "--replica-timeout", 0.3,
+            "--run-dir", out, timeout=90)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    recs = _records(out)
+    assert sorted(r["id"] for r in recs) == list(range(1000))
+    assert (s["answered"], s["correct"], s["failed"], s["pending"]) == (1000, 1000, 0, 0)
+    assert (s["answer_events"], s["duplicate_answers"]) == (1000, 0)
+    assert s["replicas"][1]["removed_at_s"] is not None
+    assert s["replicas"][1]["requests_sent"] > s["replicas"][1]["answered"]  # it had work when it failed
+    retried = [r for r in recs if r["attempts"] == 2]
+    assert s["retried"] == len(retried) > 0 and all(r["replica"] != 1 for r in retried)
+    assert max(r["attempts"] for r in recs) == 2
+    assert sum(1 for r in recs if r["replica"] == 1) == s["replicas"][1]["answered"] > 0  # answers before failing
+    data, ref, dense = _reference(ckpt, 8)
+    _check_answers(recs, data, ref, dense)
+
+
+@pytest.mark.parametrize("T", [2, 3])
+def test_tensor_parallel_replica_answers(ckpt, tmp_path, T):
+    out = str(tmp_path / f"tp{T}")
+    run_mpi(1 + T, "inference.serve", "--checkpoint", ckpt, "--replicas", 1, "--tensor-parallel", T,
+            "--requests", 150, "--clients", 4, "--algorithm", "ring", "--run-dir", out, timeout=60)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert s["answered"] == 150 and s["comm_mean_ms"] > 0 and s["class_agrees_with_dense"] == 150
+    data, ref, dense = _reference(ckpt, 8, T)
+    recs = _records(out)
+    if T == 2:  # one addition per element: any all-reduce order gives the emulation's bits
+        assert s["correct"] == 150
+        _check_answers(recs, data, ref, dense)
+    for r in recs:
+        np.testing.assert_allclose(r["logits"], dense[r["row"]], rtol=1e-9, atol=1e-9)
+
+
+def _post(url, body, timeout=20):
+    req = urllib.request.Request(url, data=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tmp_path):
+    out = str(tmp_path / "http")
+    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
+           "--replicas", "2", "--http", "0", "--max-wait-ms", "20", "--service-ms", "30", "--run-dir", out]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        ep = os.path.join(out, "endpoint.json")
+        deadline = time.time() + 30
+        while not os.path.exists(ep):
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() is not None else "no endpoint"
+            time.sleep(0.1)
+        url = "http://127.0.0.1:%d" % json.load(open(ep))["port"]
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            assert json.loads(r.read()) == {"status": "serving"}
+        data, ref, _ = _reference(ckpt, 8)
+        code, ans = _post(url + "/predict", {"features": data.x_test[5].tolist()})
+        assert code == 200 and np.array_equal(np.array(ans["logits"]), ref(data.x_test[5]))
+        row = data.x_test[0].tolist()
+        bads = [b"{not json", {"x": 1}, {"features": row[:-1]}, {"features": row[:5] + ["a"] + row[6:]},
+                b'{"features": [' + b", ".join([b"NaN"] + [b"1"] * (len(row) - 1)) + b"]}"]
+        for bad in bads:
+            code, ans = _post(url + "/predict", bad)
+            assert code == 400 and ans["error"], bad
+        results = {}
+
+        def client(i):
+            results[i] = _post(url + "/predict", {"features": data.x_test[i].tolist()})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        time.sleep(0.01)  # the requests are in flight (30 ms per batch) when shutdown begins
+        assert _post(url + "/shutdown", b"{}")[0] == 202
+        for t in threads:
+            t.join(30)
+        assert sorted(results) == list(range(12))
+        for i, (code, ans) in results.items():
+            if code == 200:
+                assert np.array_equal(np.array(ans["logits"]), ref(data.x_test[i]))
+            else:  # arrived after shutdown began: refused, never half-answered
+                assert code == 503 and "shutting down" in ans["error"]
+        assert sum(code == 200 for code, _ in results.values()) > 0
+        text = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert s["rejected"] == 3 and s["pending"] == 0 and s["duplicate_answers"] == 0  # 2 bad bodies never reach the front
+
+
+def test_wrong_rank_count_fails_on_every_rank_with_one_message(ckpt, tmp_path):
+    r = run_mpi(3, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--run-dir", str(tmp_path),
+                check=False, timeout=30)
+    assert r.returncode != 0 and r.stdout.count("needs 1 + 3 * 1 = 4 ranks, the job has 3") == 1
+    r = run_mpi(2, "inference.serve", "--checkpoint", str(tmp_path / "nothing"), "--run-dir", str(tmp_path),
+                check=False, timeout=30)
+    assert r.returncode != 0 and "no checkpoint" in r.stdout
