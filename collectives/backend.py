@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency; without it,
 __all__ = [
     "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
     "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
-    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name",
+    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library", "mpi_library_key",
 ]
 
 #: ``ml_dtypes.bfloat16`` as a NumPy dtype (None without ml_dtypes).
@@ -179,6 +179,47 @@ def check_timeout(timeout):
             or not timeout > 0 or timeout == float("inf"):
         raise ValueError(f"timeout={timeout!r} must be None or a positive number of seconds")
     return float(timeout)
+
+
+def mpi_library(version=None):
+    """Return the MPI library's version string on one line: the one place that formats it.
+
+    Parameters
+    ----------
+    version : str, optional
+        A raw ``MPI_Get_library_version`` string (default: this process's library).
+
+    Returns
+    -------
+    str
+        Its first line with NUL bytes removed (Open MPI ends the string with one, which would print
+        as a box glyph in files and figures) and runs of whitespace collapsed (MPICH pads
+        ``Version:``), e.g. ``"MPICH Version: 5.0.2"`` or ``"Open MPI v5.0.11, package: ..."``.
+    """
+    if version is None:
+        from mpi4py import MPI
+
+        version = MPI.Get_library_version()
+    first = (version.replace("\x00", "").strip().splitlines() or [""])[0]
+    return " ".join(first.split())
+
+
+def mpi_library_key(version=None):
+    """Return ``(name, version)`` of the MPI library, e.g. ``("MPICH", "5.0.2")``, ``("Open MPI", "5.0.11")``.
+
+    Used to key measured tuning tables by library: an ``auto`` table measured with one library is
+    not applied under another. Unknown libraries give their first word and ``""``.
+    """
+    import re
+
+    text = mpi_library(version)
+    for name, pattern in (("Open MPI", r"Open MPI v?([0-9][0-9.]*)"), ("MPICH", r"MPICH Version:? ?([0-9][0-9.]*)"),
+                          ("Intel MPI", r"Intel\(R\) MPI Library ([0-9][0-9.]*)"),
+                          ("MVAPICH", r"MVAPICH2? Version:? ?([0-9][0-9.]*)")):
+        m = re.search(pattern, text)
+        if m:
+            return name, m.group(1).rstrip(".")
+    return (text.split()[0] if text else ""), ""
 
 
 def cuda_aware():

@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from collectives.backend import mpi_library
 from collectives.fingerprint import set_checks
 
 
@@ -71,7 +72,7 @@ def main(argv=None):
                       flush=True)
     if comm.rank == 0 and args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"library": MPI.Get_library_version().splitlines()[0].strip(), "rows": rows}, f, indent=1)
+            json.dump({"library": mpi_library(), "rows": rows}, f, indent=1)
     return 0
 
 

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from collectives.backend import mpi_library
 from plots.bench import summarize
 
 __all__ = ["COLUMNS", "HEAD", "line", "library", "header", "write"]
@@ -37,7 +38,7 @@ def line(w):
 
 def library():
     """Return the MPI library version on one line, spaces collapsed."""
-    return " ".join(MPI.Get_library_version().split("\n")[0].split())
+    return mpi_library()
 
 
 def header(cfg, comm, complete, rows):

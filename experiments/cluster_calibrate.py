@@ -26,6 +26,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from collectives.backend import mpi_library
 from experiments.cluster_net import parse_rate
 
 __all__ = ["find_nodes", "pingpong", "link_size", "main"]
@@ -164,7 +165,7 @@ def _report(rows, args, rate, n_nodes, size):
     if args.out:
         result = {"config": {"link": args.link, "link_bps": rate, "nodes": n_nodes, "reps": args.reps,
                              "lat_iters": args.lat_iters, "tolerance": TOLERANCE},
-                  "mpi_library": MPI.Get_library_version().splitlines()[0], "P": size,
+                  "mpi_library": mpi_library(), "P": size,
                   "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "rows": rows, "summary": summary}
         with open(args.out, "w") as f:

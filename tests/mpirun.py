@@ -3,14 +3,22 @@
 Multi-rank test bodies live in ``tests/mpi_*.py`` modules (run as ``python -m tests.mpi_x``). They
 exit with status 0 when every case passes and print a report and exit non-zero otherwise. A hung
 job is killed when ``timeout`` seconds pass and the test fails with what it printed so far.
+
+Launcher options: ``MPIEXEC_ARGS`` (split like a shell line) go before ``-n`` on every launch. Under
+Open MPI's ``mpiexec`` (PRRTE, Open MPI 5) :func:`launcher_env` allows more ranks than cores
+(``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe``, the environment form of
+``--map-by :OVERSUBSCRIBE``) and running as root, and MPICH's ``-disable-auto-cleanup`` (survivors of
+a dead rank keep running) becomes ``--enable-recovery``.
 """
+import functools
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 
-__all__ = ["mpiexec_path", "run_mpi"]
+__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +32,41 @@ def mpiexec_path():
     if found is None:
         raise RuntimeError("mpiexec not found: install the 'mpich' extra (pip install -e '.[mpich]')")
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(path=None):
+    """Return ``"openmpi"``, ``"mpich"`` or ``"other"``: which MPI's ``mpiexec`` is at ``path``."""
+    path = path or mpiexec_path()
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    if "Open MPI" in text or "OpenRTE" in text or "PRRTE" in text:
+        return "openmpi"
+    return "mpich" if "HYDRA" in text or "MPICH" in text else "other"
+
+
+def launcher_env(env=None):
+    """Return ``env`` (default ``os.environ``) plus what this launcher needs to run the tests.
+
+    Open MPI: oversubscription allowed (the tests run 4-8 ranks on 2 cores) and root allowed (CI
+    runs as root); values already set are kept. Other launchers: unchanged.
+    """
+    env = dict(os.environ if env is None else env)
+    if launcher() == "openmpi":
+        env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def launcher_args(mpiexec_args=()):
+    """Return ``MPIEXEC_ARGS`` plus ``mpiexec_args``, MPICH-only options translated for Open MPI."""
+    args = shlex.split(os.environ.get("MPIEXEC_ARGS", "")) + list(mpiexec_args)
+    if launcher() == "openmpi":
+        args = ["--enable-recovery" if a == "-disable-auto-cleanup" else a for a in args]
+    return args
 
 
 def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=()):
@@ -44,15 +87,17 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     check : bool
         Fail the calling test (``AssertionError`` with the output) when the exit status is not 0.
     mpiexec_args : sequence of str
-        Extra options for ``mpiexec`` itself, placed before ``-n``.
+        Extra options for ``mpiexec`` itself, placed before ``-n`` after ``MPIEXEC_ARGS``
+        (see :func:`launcher_args`).
 
     Raises
     ------
     AssertionError
         When ``check`` is true and the job failed or timed out.
     """
-    cmd = [mpiexec_path(), *mpiexec_args, "-n", str(nprocs), sys.executable, "-m", module, *map(str, args)]
-    full_env = dict(os.environ)
+    cmd = [mpiexec_path(), *launcher_args(mpiexec_args), "-n", str(nprocs), sys.executable, "-m", module,
+           *map(str, args)]
+    full_env = launcher_env()
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     if env:

@@ -41,3 +41,15 @@ def test_jax_example_on_two_ranks():
     """The JAX example: gradients of a jax.grad step averaged by commlab equal the full-batch gradient."""
     result = run_mpi(2, "experiments.jax_example", "--steps", "3", timeout=240)
     assert "matches the full-batch gradient" in result.stdout
+
+
+def test_mpi_library_string_is_one_clean_line():
+    """Open MPI's NUL terminator and MPICH's padding are removed; the library key names each."""
+    from collectives.backend import mpi_library, mpi_library_key
+
+    ompi = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, repo rev: v5.0.11\x00"
+    assert mpi_library(ompi) == ompi[:-1] and "\x00" not in mpi_library(ompi)
+    assert mpi_library("MPICH Version:      5.0.2\nMPICH Release date: x\x00") == "MPICH Version: 5.0.2"
+    assert mpi_library_key(ompi) == ("Open MPI", "5.0.11")
+    assert mpi_library_key("MPICH Version:      5.0.2\n") == ("MPICH", "5.0.2")
+    assert "\x00" not in mpi_library()

@@ -40,8 +40,9 @@ def run_info(comm):
     import numpy
     from mpi4py import MPI
 
-    first = (MPI.Get_library_version().strip().splitlines() or [""])[0]
-    return {"mpi_library": " ".join(first.split()),  # MPICH pads "Version:" with runs of blanks
+    from collectives.backend import mpi_library
+
+    return {"mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
             "python": platform.python_version(), "argv": sys.argv[1:],
