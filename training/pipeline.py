@@ -99,10 +99,12 @@ def simulate_bubble(name, stages, micro_batches, t_forward=1.0, t_backward=2.0):
 
 
 def stage_layers(layers, stages, stage):
-    """Return the ``[lo, hi)`` layer range of ``stage``: linear layers split by ``array_split``.
+    """Return the ``[lo, hi)`` range of ``layers`` held by ``stage``.
 
-    Each linear layer takes the activation layers that follow it; the first ``n % stages``
-    stages get one linear layer more.
+    The linear layers are cut into ``stages`` contiguous groups, each of at least one layer, that
+    minimize the largest group's parameter count (``n_in n_out + n_out`` per layer; ties go to
+    the earliest cut), so memory per stage falls as 1 / Q as far as whole layers allow. Each
+    linear layer takes the activation layers that follow it.
 
     Raises
     ------
@@ -113,11 +115,30 @@ def stage_layers(layers, stages, stage):
     if stages > len(starts):
         raise ValueError(f"{stages} pipeline stages for {len(starts)} linear layers: every stage needs at "
                          f"least one (--pipeline-parallel <= number of hidden layers + 1)")
-    q, r = divmod(len(starts), stages)
-    first = [s * q + min(s, r) for s in range(stages + 1)]
+    weights = [layers[k].n_in * layers[k].n_out + layers[k].n_out for k in starts]
+    first = _partition(weights, stages)
     lo = starts[first[stage]]
     hi = starts[first[stage + 1]] if stage + 1 < stages else len(layers)
     return lo, hi
+
+
+def _partition(weights, parts):
+    """Return the ``parts + 1`` cut indices of ``weights`` minimizing the largest part's sum."""
+    n = len(weights)
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    best = {(0, 0): (0, None)}  # (layers used, parts used) -> (largest part, previous cut)
+    for j in range(1, parts + 1):
+        for i in range(j, n - (parts - j) + 1):
+            options = [(max(best[(h, j - 1)][0], prefix[i] - prefix[h]), h)
+                       for h in range(j - 1, i) if (h, j - 1) in best]
+            best[(i, j)] = min(options)
+    cuts, i = [n], n
+    for j in range(parts, 0, -1):
+        i = best[(i, j)][1]
+        cuts.append(i)
+    return cuts[::-1]
 
 
 def _is_linear(layer):
