@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency; without it,
     _ml_dtypes = None
 
 __all__ = [
-    "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "accumulation_dtype", "check_op",
+    "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "to_host", "accumulation_dtype", "check_op",
     "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
     "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library", "mpi_library_key",
 ]
@@ -62,6 +62,23 @@ def register_device_module(array_type, module):
         Namespace with NumPy's array API (``empty``, ``add``, ``copyto``, ...) for that type.
     """
     _DEVICE_MODULES[array_type] = module
+
+
+def to_host(a):
+    """Return ``a`` as a NumPy array: device (CuPy) arrays are copied to the host, NumPy arrays are not copied.
+
+    The one host copy of commlab (checkpoints, logs, plots, the parameter server's host shards).
+
+    Parameters
+    ----------
+    a : array-like
+        NumPy or CuPy array, or anything ``numpy.asarray`` takes.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    return a.get() if not isinstance(a, numpy.ndarray) and hasattr(a, "get") else numpy.asarray(a)
 
 
 def is_device_array(x):

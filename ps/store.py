@@ -18,16 +18,13 @@ import zipfile
 
 import numpy
 
+from collectives.backend import to_host
+
 __all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
-
-
-def to_host(a):
-    """Return ``a`` as a NumPy array (copying from the device for CuPy arrays)."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, numpy.ndarray) else numpy.asarray(a)
 
 
 def _digest(arrays):

@@ -19,6 +19,7 @@ import time
 
 import numpy
 
+from collectives.backend import to_host
 from ps.options import PSOptions
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
@@ -277,7 +278,7 @@ def run_ps(cfg, comm, run_dir, xp):
     stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W), cfg.batch_size // W, cfg.balance)
     opts = ps_options(cfg, comm, stream.per_epoch, run_dir)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
-    init = numpy.ascontiguousarray(_host(model.params))
+    init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
     make_optimizer = server_optimizer(cfg)
     if rank in workers:
@@ -291,7 +292,7 @@ def run_ps(cfg, comm, run_dir, xp):
             if not is_finite(loss, model.grads):
                 model.grads.fill(0)  # a non-finite step contributes nothing
                 skipped[0] += 1
-            return _host(model.grads), int(idx.shape[0])
+            return to_host(model.grads), int(idx.shape[0])
 
         stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer)
         return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
@@ -314,11 +315,6 @@ def run_ps(cfg, comm, run_dir, xp):
     return write_records(cfg, comm, run_dir, result, evals, opts, model.size, stream.per_epoch)
 
 
-def _host(a):
-    """Return a NumPy view or copy of ``a`` (CuPy arrays are copied to the host)."""
-    return a if isinstance(a, numpy.ndarray) else a.get()
-
-
 def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
     import sys
 
@@ -333,7 +329,7 @@ def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
     return bar
 
 
-def finish_together(comm, grace):
+def finish_together(comm, grace, short=()):
     """Check that every rank reached the end of the run; return the ranks that did not (rank 0).
 
     A parameter-server run can end with a rank gone: a dropped worker may have died instead of
@@ -350,6 +346,8 @@ def finish_together(comm, grace):
         so a dead rank cannot block it).
     grace : float
         Seconds rank 0 waits for the others (they finish before it: it collects their reports).
+    short : sequence of int
+        Ranks rank 0 waits for one second at most (workers the servers dropped for silence).
 
     Returns
     -------
@@ -364,10 +362,12 @@ def finish_together(comm, grace):
         return []
     bufs = {r: numpy.zeros(1, numpy.int8) for r in range(1, size)}
     reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
-    pending, deadline = set(reqs), time.monotonic() + grace
+    start, pending = time.monotonic(), set(reqs)
+    deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
     while pending:
         pending = {r for r in pending if not reqs[r].Test()}
-        if not pending or time.monotonic() > deadline:
+        now = time.monotonic()
+        if all(now > deadline[r] for r in pending):
             break
         time.sleep(0.01)
     if pending:

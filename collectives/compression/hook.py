@@ -3,17 +3,13 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from collectives.backend import to_host
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
 from .registry import compressor_arguments, make_compressor, parse_literal
 
 __all__ = ["CompressionHook", "make_hook"]
-
-
-def _host(a):
-    """Return ``a`` as a NumPy array (CuPy arrays are copied to the host)."""
-    return a.get() if not isinstance(a, np.ndarray) and hasattr(a, "get") else np.asarray(a)
 
 
 class CompressionHook:
@@ -114,10 +110,10 @@ class CompressionHook:
         """
         size = self.comm.Get_size()
         state = {"iteration": np.array(self.iteration, np.int64), "size": np.array(size, np.int64)}
-        state.update({"compressor/" + k: _host(v) for k, v in self.compressor.state_dict().items()})
+        state.update({"compressor/" + k: to_host(v) for k, v in self.compressor.state_dict().items()})
         if self.memory is not None:
             for key, value in sorted(self.memory.state_dict().items()):
-                mine = np.ascontiguousarray(_host(value))
+                mine = np.ascontiguousarray(to_host(value))
                 stacked = np.empty((size,) + mine.shape, mine.dtype)  # (P, ...)
                 self.comm.Allgather(mine, stacked)
                 state["memory/" + key] = stacked
