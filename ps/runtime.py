@@ -162,7 +162,8 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
             batch = int(client.report_speed(clock, window[0] / max(1, window[1]))[w])
             window = [0.0, 0]
         result = client.pull(clock, params)
-        stale += client.last_staleness
+        if result == "params":  # a pull ended by STOP from some server is not used: not counted
+            stale += client.last_staleness
     client.finish(Msg.DONE)
     stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds,
                  dropped=float(result == "dropped"),

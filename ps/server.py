@@ -87,7 +87,8 @@ class Server:
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> clock of its deferred pull
         self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
-        self.staleness_histogram = {}                      # staleness (clocks) -> served pulls
+        self.staleness_histogram = {}                      # staleness (clocks) -> served pulls used
+        self.read_staleness = {}                           # worker -> staleness of its last read, until it pushes
         self.snapshots = []                                # (pushes, seconds since start, shard copy)
         self.events = []                                   # (seconds since start, worker, code)
         self.aborted = set()                               # workers that left with ABORT
@@ -166,6 +167,11 @@ class Server:
         status = self.table.status[w]
         if mtype == Msg.PUSH:
             if status == LIVE and self.error_worker < 0:
+                # a read counts once the gradient computed from it arrives: a worker whose pull another
+                # server answered with STOP never uses this server's PARAMS, and neither side counts it
+                stale = self.read_staleness.pop(w, None)
+                if stale is not None:
+                    self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
                 self._push(w, clock, data)
         elif mtype == Msg.PULL:
             if clock < 0:  # join: the current shard and the resume clock, or STOP when spent
@@ -236,7 +242,7 @@ class Server:
                 self._reply(w, Msg.STOP, clock)
             elif self.table.servable(w, clock):
                 stale = self.table.staleness_of(w, clock)
-                self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
+                self.read_staleness[w] = stale
                 self.read_version[w] = self.pushes
                 self._reply(w, Msg.PARAMS, stale, self.params.copy())
             else:
