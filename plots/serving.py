@@ -1,0 +1,126 @@
+"""Draw the serving study: p50/p99 latency against offered load per balancing policy (the "hockey
+stick"), replicated against tensor-parallel replicas, and all-reduce time per algorithm and size.
+
+    python -m plots.serving results/serving/serving_study.json [--out FILE.png]
+
+Drawing only: every number comes from the study's results file (medians over its repeats, bars
+from the smallest to the largest repeat).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+__all__ = ["draw", "main"]
+
+_COLORS = {"round-robin": "tab:red", "least-outstanding": "tab:blue", "power-of-two": "tab:green"}
+
+
+def _policy_panel(ax, doc):
+    pts = [p for p in doc["points"] if p["part"] == "policies"]
+    for pol in dict.fromkeys(p["policy"] for p in pts):
+        fr = sorted({p["fraction"] for p in pts if p["policy"] == pol})
+        for key, style in (("latency_p99_ms", "-o"), ("latency_p50_ms", "--.")):
+            vals = [[p[key] for p in pts if p["policy"] == pol and p["fraction"] == f] for f in fr]
+            med = [statistics.median(v) for v in vals]
+            err = [[m - min(v) for m, v in zip(med, vals)], [max(v) - m for m, v in zip(med, vals)]]
+            ax.errorbar(fr, med, yerr=err, fmt=style, color=_COLORS.get(pol), capsize=3, markersize=5,
+                        label=f"{pol} {'p99' if '99' in key else 'p50'}", alpha=1.0 if "99" in key else 0.6)
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (fraction of capacity)")
+    ax.set_ylabel("latency (ms, log scale)")
+    caps = doc.get("capacities_rps") or [0]
+    st = doc.get("study", {})
+    ax.set_title(f"3 replicas, replica 2 {st.get('slow', '?')}x slow, {st.get('service_ms', '?')} ms/batch; "
+                 f"capacity {statistics.median(caps):.0f} req/s", fontsize=10)
+    ratios = doc.get("ratios_at_80") or {}
+    text = "\n".join(f"p99 round-robin / {k} at 0.8: {v['median']:.1f}x ({v['min']:.1f}-{v['max']:.1f})"
+                     for k, v in ratios.items() if v)
+    if text:
+        ax.text(0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=8,
+                bbox=dict(facecolor="white", alpha=0.8, edgecolor="0.8"))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _tp_panel(ax, doc):
+    pts = doc["points"]
+    labels, caps, p50, p99 = [], [], [], []
+    for R, T in ((2, 1), (1, 2)):
+        c = [p["throughput_rps"] for p in pts if p["part"] == "tp-capacity" and p["replicas"] == R]
+        light = [p for p in pts if p["part"] == "tp-light" and p["replicas"] == R]
+        if not c or not light:
+            continue
+        labels.append(f"{R} x T={T}")
+        caps.append(statistics.median(c))
+        p50.append(statistics.median(p["latency_p50_ms"] for p in light))
+        p99.append(statistics.median(p["latency_p99_ms"] for p in light))
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], p50, 0.4, label="p50 at light load", color="tab:blue")
+    ax.bar([i + 0.2 for i in x], p99, 0.4, label="p99 at light load", color="tab:orange")
+    ax.set_xticks(list(x), [f"{lab}\ncapacity {c:.0f} req/s" for lab, c in zip(labels, caps)])
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("3 ranks: replicated vs tensor-parallel (medians)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _allreduce_panel(ax, doc):
+    rows = doc.get("allreduce") or []
+    if not rows:
+        return
+    sizes = [r["bytes"] for r in rows]
+    for a in rows[0]["us"]:
+        ax.plot(sizes, [r["us"][a] for r in rows], "-o" if a != "auto" else "k--", label=a, markersize=4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message (bytes, float64)")
+    ax.set_ylabel("time per all-reduce (us)")
+    ax.set_title("all-reduce on the T=2 group, per algorithm", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+
+
+def draw(doc, path):
+    """Draw the three panels of the study ``doc`` (the parsed results file) into the PNG ``path``."""
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    _policy_panel(axes[0], doc)
+    _tp_panel(axes[1], doc)
+    _allreduce_panel(axes[2], doc)
+    run = doc.get("run", {})
+    fig.suptitle(f"Serving study -- P={run.get('P', '?')}, {' '.join(run.get('mpi_library', '').split())[:40]}, "
+                 f"host {run.get('host', '?')}, {doc.get('study', {}).get('repeats', '?')} repeats", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    """Command-line entry point; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m plots.serving", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", help="serving_study.json written by experiments.serving_study")
+    p.add_argument("--out", default="", help="PNG to write (default: serving.png beside the results)")
+    args = p.parse_args(argv)
+    try:
+        with open(args.results, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"error: {args.results}: {e}", file=sys.stderr)
+        return 2
+    if "points" not in doc:
+        print(f"error: {args.results} is not a serving study result", file=sys.stderr)
+        return 2
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "serving.png")
+    draw(doc, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
