@@ -191,15 +191,7 @@ def figure(results):
         k += not reference
         marker, size = _MARKERS.get(r["compressor"], "o"), _SIZE * (1.6 if reference else 1)
         trans = offset_copy(ax_acc.transData, fig=fig, x=dodges[i], units="points")
-        text = names[i]
-        if accs[i] < floor:  # far below the others: drawn on the floor, value in the label
-            text, y = f"{names[i]} ({accs[i]:.1f}%)", floor + 0.2
-            ax_acc.plot(xs[i], y, marker="v", color=color, markersize=size + 2, transform=trans, zorder=4)
-        else:
-            y = accs[i]
-            err = [[y - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - y]]
-            ax_acc.errorbar(xs[i], y, yerr=err, fmt=marker, color=color, markersize=size, capsize=3,
-                            elinewidth=1.1, transform=trans, zorder=4)
+        y, text = _accuracy_point(ax_acc, trans, xs[i], r, names[i], floor, color, marker, size)
         points.append((xs[i], y, dodges[i], text))
         spans.append((100 * r["test_acc_min"], 100 * r["test_acc_max"]) if accs[i] >= floor else (y, y))
         epochs = range(1, len(r["loss_curve"]) + 1)
@@ -208,12 +200,41 @@ def figure(results):
         key = names[i] if names[i] == r["spec"] else f"{names[i]}  ({r['spec']})"
         handles.append(Line2D([], [], color=color, marker=marker, markersize=size * 0.9, label=key))
     if none is not None:
-        ref = 100 * none["test_acc_mean"]
-        ax_acc.axhline(ref, color="0.5", linestyle="--", linewidth=1, zorder=1)
-        ax_acc.axhspan(ref - 1.5, ref, color="0.93", zorder=0)
-        ax_acc.text(0.005, ref - 1.45, "within 1.5 points of none", fontsize=7.5, color="0.4",
-                    va="bottom", transform=ax_acc.get_yaxis_transform())
-    run, cfg = results.get("run", {}), results.get("train_config", {})
+        _reference_band(ax_acc, 100 * none["test_acc_mean"])
+    _decorate(fig, ax_acc, ax_loss, ax_key, handles, results)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.canvas.draw()  # settle the layout: the labels are placed on the drawn canvas
+    caption = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax_acc.texts]
+    _place_labels(ax_acc, [p + s for p, s in zip(points, spans)], caption)
+    return fig
+
+
+def _accuracy_point(ax, trans, x, r, name, floor, color, marker, size):
+    """Draw one row's mean accuracy with its min-max bar; return ``(y drawn, label text)``.
+
+    A row far below the others is drawn on the floor as a triangle, its value in the label.
+    """
+    y = 100 * r["test_acc_mean"]
+    if y < floor:
+        ax.plot(x, floor + 0.2, marker="v", color=color, markersize=size + 2, transform=trans, zorder=4)
+        return floor + 0.2, f"{name} ({y:.1f}%)"
+    err = [[y - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - y]]
+    ax.errorbar(x, y, yerr=err, fmt=marker, color=color, markersize=size, capsize=3, elinewidth=1.1,
+                transform=trans, zorder=4)
+    return y, name
+
+
+def _reference_band(ax, ref):
+    """Mark the uncompressed accuracy ``ref`` (%) and the band 1.5 points below it."""
+    ax.axhline(ref, color="0.5", linestyle="--", linewidth=1, zorder=1)
+    ax.axhspan(ref - 1.5, ref, color="0.93", zorder=0)
+    ax.text(0.005, ref - 1.45, "within 1.5 points of none", fontsize=7.5, color="0.4",
+            va="bottom", transform=ax.get_yaxis_transform())
+
+
+def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results):
+    """Axis labels, scales, titles, the key panel and the figure title."""
+    rows, run, cfg = results["table"], results.get("run", {}), results.get("train_config", {})
     ax_acc.set_xlabel("payload bytes per rank per step (log scale; points with equal bytes drawn side by side)")
     ax_acc.set_ylabel(f"final test accuracy (%)\nmean of {rows[0].get('seeds', 1)} seed(s), bars: min-max")
     ax_acc.set_title("final test accuracy against payload bytes per rank per step")
@@ -231,11 +252,6 @@ def figure(results):
                  f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
                  f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
                  f"({' '.join(run.get('mpi_library', '').split())[:40]}, {run.get('host', '')})", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.canvas.draw()  # settle the layout: the labels are placed on the drawn canvas
-    caption = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax_acc.texts]
-    _place_labels(ax_acc, [p + s for p, s in zip(points, spans)], caption)
-    return fig
 
 
 def draw(results, path):

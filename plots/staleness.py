@@ -87,22 +87,34 @@ def draw(runs, meta, path):
     ax, zoom = fig.add_subplot(top[0, 0]), fig.add_subplot(top[0, 1])
     repeats = max(sum(r["label"] == lab for r in runs) for lab in labels)
     for lab in labels:
-        group = [r for r in runs if r["label"] == lab]
-        median = statistics.median(r["updates_per_s"] for r in group)
-        typical = min(group, key=lambda r: abs(r["updates_per_s"] - median))  # drawn bold
-        final = statistics.fmean(r["final_test_acc"] for r in group)
-        for r in group:
-            bold = r is typical
-            t, acc = [p["wall_s"] for p in r["curve"]], [100 * p["test_acc"] for p in r["curve"]]
-            style = dict(color=colors[lab], linewidth=1.8 if bold else 0.7, alpha=1.0 if bold else 0.35,
-                         zorder=3 if bold else 2)
-            ax.plot(t, acc, **style,
-                    label=f"{lab}: {median:.0f} updates/s, final {100 * final:.2f} %" if bold else None)
-            zoom.plot(t, acc, **style)
-            if t:
-                zoom.plot(t[-1], acc[-1], "o", color=colors[lab], markersize=6 if bold else 3.5,
-                          markeredgecolor="white" if bold else "none", alpha=1.0 if bold else 0.5,
-                          zorder=4 if bold else 2)
+        _protocol_curves(ax, zoom, [r for r in runs if r["label"] == lab], lab, colors[lab])
+    _accuracy_axes(ax, zoom, runs, meta, repeats)
+    _histograms(fig, grid, labels, runs, colors)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _protocol_curves(ax, zoom, group, lab, color):
+    """Draw one protocol's repeats: bold the run with the median updates per second, thin the others."""
+    median = statistics.median(r["updates_per_s"] for r in group)
+    typical = min(group, key=lambda r: abs(r["updates_per_s"] - median))  # drawn bold
+    final = statistics.fmean(r["final_test_acc"] for r in group)
+    for r in group:
+        bold = r is typical
+        t, acc = [p["wall_s"] for p in r["curve"]], [100 * p["test_acc"] for p in r["curve"]]
+        style = dict(color=color, linewidth=1.8 if bold else 0.7, alpha=1.0 if bold else 0.35,
+                     zorder=3 if bold else 2)
+        ax.plot(t, acc, **style,
+                label=f"{lab}: {median:.0f} updates/s, final {100 * final:.2f} %" if bold else None)
+        zoom.plot(t, acc, **style)
+        if t:
+            zoom.plot(t[-1], acc[-1], "o", color=color, markersize=6 if bold else 3.5,
+                      markeredgecolor="white" if bold else "none", alpha=1.0 if bold else 0.5,
+                      zorder=4 if bold else 2)
+
+
+def _accuracy_axes(ax, zoom, runs, meta, repeats):
+    """Scales, 95 % line, labels, titles and legend of the accuracy panel and its zoom."""
     points = [p for r in runs for p in r["curve"]]
     if repeats > 1:  # what the thin lines are
         ax.plot([], [], color="0.3", linewidth=0.7, alpha=0.5, label="thin: individual repeats (same colours)")
@@ -130,9 +142,6 @@ def draw(runs, meta, path):
     _zoom_limits(zoom, runs)
     zoom.set_ylabel("test accuracy (%, linear)")
     zoom.set_title("end of training, zoomed (dots: last evaluation)", fontsize=10)
-    _histograms(fig, grid, labels, runs, colors)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 def _zoom_limits(zoom, runs):
