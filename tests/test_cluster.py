@@ -1,0 +1,225 @@
+"""The emulated cluster: node discovery, link rate, teardown after failure and SIGINT, the privilege error.
+
+Every case runs the real command line (``python -m experiments.cluster``) with a hard timeout. They
+need network namespaces (root, or unprivileged user namespaces) and iproute2/util-linux: where those
+are missing the cases skip with the emulator's own reason.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from experiments.cluster import namespace_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = "COMMLAB_CLUSTER_TEST"
+
+
+def _unavailable():
+    """The reason the emulator cannot run here, or None."""
+    for tool in ("unshare", "nsenter", "ip", "tc", "mount", "hostname"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' not found"
+    probe = subprocess.run([*namespace_command(), "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create network namespaces: {probe.stderr.strip()}"
+    return None
+
+
+_WHY = _unavailable()
+needs_namespaces = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
+
+
+def _cluster(*args, mark=None, timeout=90, **popen):
+    """Start ``python -m experiments.cluster ARGS`` with the test's marker in its environment."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
+    if mark:
+        env[MARK] = mark
+    return subprocess.Popen([sys.executable, "-m", "experiments.cluster", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen)
+
+
+def _finish(proc, timeout=90):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def _marked(mark):
+    """PIDs of the processes whose environment carries ``mark`` (the job and its namespaces' holders)."""
+    found = []
+    needle = f"{MARK}={mark}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _host_state():
+    """What the emulator must leave as it found: links, named namespaces, mounts, /run."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    with open("/proc/self/mountinfo") as f:
+        mounts = sorted(" ".join(line.split()[3:5]) for line in f)
+    return {"links": sorted(l.split(":")[1].split("@")[0].strip() for l in links.splitlines()),
+            "netns": netns, "mounts": mounts, "run": sorted(os.listdir("/run"))}
+
+
+def _assert_clean(before, mark):
+    deadline = time.monotonic() + 3
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked(mark) == [], "processes of the emulated cluster outlived it"
+    assert _host_state() == before
+
+
+PROBE = r"""
+import socket, sys, numpy as np
+from mpi4py import MPI
+import collectives
+from collectives.context import get_context
+comm = MPI.COMM_WORLD
+local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+nodes, per = get_context(comm).nodes()
+x = np.arange(1000, dtype=np.float64) * (comm.rank + 1)
+want = np.empty_like(x)
+comm.Allreduce(x, want)
+got = collectives.allreduce(x, algorithm="2d", grid="node")
+sys.stdout.write(f"RANK {comm.rank} {socket.gethostname()} {local.size} {nodes} {per} {np.array_equal(got, want)}\n")
+"""
+
+
+@needs_namespaces
+@pytest.mark.parametrize("n_nodes,per_node", [(2, 2), (3, 1)])
+def test_nodes_found_as_configured(n_nodes, per_node):
+    """Every rank runs on node rank // K, Split_type sees K ranks per node, and 2d(grid=node) matches MPI."""
+    rc, out, err = _finish(_cluster("--nodes", n_nodes, "--ranks-per-node", per_node, "--link", "1gbit",
+                                    "--timeout", 60, "--", sys.executable, "-c", PROBE))
+    assert rc == 0, out + err
+    rows = sorted((m.split() for m in re.findall(r"RANK (\d+ \S+ \d+ \d+ \d+ \w+)", out)), key=lambda r: int(r[0]))
+    assert [int(r[0]) for r in rows] == list(range(n_nodes * per_node)), out
+    for r in rows:
+        rank = int(r[0])
+        assert r[1:] == [f"node{rank // per_node}", str(per_node), str(n_nodes), str(per_node), "True"], out
+
+
+@needs_namespaces
+def test_link_rate_within_tolerance(tmp_path):
+    """Ping-pong bandwidth over a 50mbit link is within 20 % of 50 Mbit/s, both directions, all pairs."""
+    out_file = tmp_path / "calibration.json"
+    rc, out, err = _finish(_cluster("--nodes", 2, "--ranks-per-node", 2, "--link", "50mbit", "--timeout", 80,
+                                    "--calibrate", "--out", out_file))
+    assert rc == 0, out + err
+    result = json.loads(out_file.read_text())
+    inter = [r for r in result["rows"] if r["kind"] == "inter-node"]
+    assert len(inter) == 1 and result["P"] == 4
+    for r in inter:
+        assert 0.8 * 50e6 <= r["bandwidth_bps"] <= 1.2 * 50e6, out
+    intra = [r for r in result["rows"] if r["kind"] == "intra-node"]
+    assert len(intra) == 1 and intra[0]["bandwidth_bps"] > 2 * 50e6, out  # shared memory is not shaped
+
+
+@needs_namespaces
+def test_teardown_after_failing_command():
+    """A rank that aborts ends the job with its status, well before the others' 30 s, leaving nothing behind."""
+    before, mark = _host_state(), uuid.uuid4().hex
+    code = ("import time; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "c.Abort(3) if c.rank == 1 else time.sleep(30)")
+    t = time.monotonic()
+    rc, out, err = _finish(_cluster("--nodes", 2, "--link", "100mbit", "--timeout", 60, "--",
+                                    sys.executable, "-c", code, mark=mark))
+    assert rc == 3, out + err
+    assert time.monotonic() - t < 20, out + err
+    _assert_clean(before, mark)
+
+
+@needs_namespaces
+def test_teardown_after_timeout_of_a_hung_job():
+    """A rank that dies without MPI_Abort leaves hydra waiting on the others; --timeout ends it cleanly (124)."""
+    before, mark = _host_state(), uuid.uuid4().hex
+    code = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "os._exit(3) if c.rank == 1 else time.sleep(60)")
+    t = time.monotonic()
+    rc, out, err = _finish(_cluster("--nodes", 2, "--link", "100mbit", "--timeout", 4, "--",
+                                    sys.executable, "-c", code, mark=mark))
+    assert rc == 124 and "--timeout 4" in err, out + err
+    assert time.monotonic() - t < 20, out + err
+    _assert_clean(before, mark)
+
+
+@needs_namespaces
+def test_teardown_after_sigint():
+    """SIGINT while the ranks run: exit 130 within the grace period, nothing left on the host."""
+    before, mark = _host_state(), uuid.uuid4().hex
+    code = "import sys, time; from mpi4py import MPI; sys.stdout.write('up\\n'); time.sleep(60)"
+    proc = _cluster("--nodes", 2, "--ranks-per-node", 2, "--link", "100mbit", "--", sys.executable, "-c", code,
+                    mark=mark)
+    seen = 0
+    while seen < 4:
+        line = proc.stdout.readline()
+        assert line, "the job ended before all ranks started: " + proc.stderr.read()
+        seen += line.strip() == "up"
+    assert len(_marked(mark)) >= 4 + 2  # four ranks and two node holders run while the job is up
+    t = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rc, out, err = _finish(proc, timeout=30)
+    assert rc == 130, out + err
+    assert time.monotonic() - t < 10
+    _assert_clean(before, mark)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) not found")
+def test_clear_error_without_privileges():
+    """Without CAP_SYS_ADMIN (capabilities dropped with setpriv) the emulator says so in one line, exit 2."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop the capabilities of a root process")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "experiments.cluster",
+           "--nodes", "2", "--link", "1gbit", "--", "true"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "cannot create network namespaces" in lines[0] and "run as root" in lines[0]
+    assert "unprivileged user namespaces" in lines[0]
+
+
+def test_bad_arguments_fail_before_any_namespace():
+    """A bad rate, a missing command or a bad count: exit 2 with the argument named."""
+    for args, word in [(["--link", "fast", "--", "true"], "--link"), (["--nodes", "0", "--", "true"], "--nodes"),
+                       (["--ranks-per-node", "0", "--", "true"], "--ranks-per-node"), ([], "COMMAND"),
+                       (["--calibrate", "--", "true"], "--calibrate")]:
+        done = subprocess.run([sys.executable, "-m", "experiments.cluster", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert done.returncode == 2 and word in done.stderr, (args, done.stderr)
+
+
+def test_parse_rate_follows_tc_units():
+    """tc's units: bit is bits/s, bps is bytes/s, k/m/g are SI, ki/mi/gi IEC."""
+    from experiments.cluster_net import parse_rate
+    assert parse_rate("1gbit") == 1e9
+    assert parse_rate("100mbit") == 1e8
+    assert parse_rate("10mbps") == 8e7
+    assert parse_rate("1mibit") == 2 ** 20
+    assert parse_rate("5000") == 5000
+    assert parse_rate("unlimited") == 0
+    for bad in ("", "1 gigabit", "-5mbit", "0mbit", "mbit"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
