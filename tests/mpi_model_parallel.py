@@ -7,13 +7,15 @@ gradcheck    a column-parallel, tanh, row-parallel block over all P ranks (uneve
              equal central finite differences of the dense loss (float64, rtol 1e-6).
 equivalence  for every grid (T, Q, micro-batches, schedule) of ``GRIDS[P]``, 20 float64 SGD steps
              on the grid end with the parameters of one process with the same global batch (the
-             oracle: the data-parallel trainer on COMM_SELF), within rtol 1e-12.
+             oracle: the data-parallel trainer on COMM_SELF), within rtol 1e-12; data-parallel
+             replicas and tensor-replicated parameters stay bitwise identical, also with top-k
+             compression (P >= 4).
 schedules    GPipe and 1F1B give bitwise the same parameters; the activation memory each stage
              holds is m buffers' worth for GPipe and min(Q - s, m) for 1F1B, measured.
 memory       parameters + optimizer state per rank fall as 1 / (T Q) (a layer-balanced MLP).
 resume       stop after epoch 1 and resume: on the same grid bitwise equal to an uninterrupted
-             run; on another grid (re-sharded on load) and from a data-parallel checkpoint within
-             rtol 1e-12.
+             run (also with top-k compression, whose per-rank error feedback is checkpointed); on
+             another grid (re-sharded on load) and from a data-parallel checkpoint within rtol 1e-12.
 errors       a grid that does not divide P, a width smaller than T, more stages than layers and
              micro-batches that do not divide the local batch raise ValueError on every rank,
              before any message.
@@ -49,6 +51,9 @@ GRIDS = {1: [(1, 1, 4, "1f1b")],
          2: [(2, 1, 1, "1f1b"), (1, 2, 2, "gpipe"), (1, 1, 2, "1f1b")],
          4: [(2, 2, 4, "1f1b"), (4, 1, 2, "gpipe"), (1, 4, 4, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 2, "gpipe")],
          8: [(2, 2, 2, "1f1b"), (4, 2, 2, "gpipe"), (1, 4, 2, "1f1b"), (2, 1, 1, "1f1b")]}
+# D = 4 tensor pairs with top-k: each tensor rank compresses its own flat gradient, so the
+# replicated parameters stay identical only through the tensor-group broadcast of their gradient.
+COMPRESSED = dict(compression="topk", compression_args={"ratio": 0.3})
 
 
 def _quiet(fn, *args):
@@ -137,12 +142,18 @@ def case_equivalence(comm, base):
         s, got = _hybrid(comm, root, name, tensor_parallel=T, pipeline_parallel=Q, micro_batches=M, schedule=sched)
         if s["steps"] != 20:
             errors.append(f"{name}: {s['steps']} steps, expected 20")
+        if not s["replicas_identical"]:
+            errors.append(f"{name}: data-parallel replicas or tensor-replicated copies differ")
         if comm.rank == 0:
             diff = float(np.abs(got - ref).max() / np.abs(ref).max())
             print(f"equivalence D={comm.size // (T * Q)} T={T} Q={Q} m={M} {sched}: max relative |w - w_P1| = "
                   f"{diff:.1e}", flush=True)
             if not np.allclose(got, ref, rtol=RTOL, atol=ATOL):
                 errors.append(f"{name}: parameters differ from one process by up to {diff:.3e}")
+    if comm.size >= 4:
+        s, _ = _hybrid(comm, root, "topk", tensor_parallel=2, **COMPRESSED)
+        if not s["replicas_identical"]:
+            errors.append("top-k with T=2: tensor-replicated parameters differ across the tensor group")
     assert not errors, "; ".join(errors)
 
 
@@ -193,7 +204,12 @@ def case_resume(comm, base):
     _quiet(run, dp, comm)
     _, from_dp = _hybrid(comm, root, "dp", resume=os.path.join(root, "dp"), **A)
     _quiet(run, dp.replace(name="dpfull", stop_after=0), comm)
+    C = dict(tensor_parallel=P // 2, compression="topk", compression_args={"ratio": 0.3})  # D = 2
+    _, cfull = _hybrid(comm, root, "cfull", **C)
+    _hybrid(comm, root, "cstop", stop_after=1, **C)
+    _, cres = _hybrid(comm, root, "cstop", resume=os.path.join(root, "cstop"), **C)
     if comm.rank == 0:
+        assert np.array_equal(cres, cfull), f"resume with error feedback differs by {np.abs(cres - cfull).max():.2e}"
         dp_full = load_checkpoint(os.path.join(root, "dpfull"), MPI.COMM_SELF)[1]["model/params"]
         assert np.array_equal(same, full), f"same-grid resume differs by {np.abs(same - full).max():.2e}"
         assert np.allclose(other, full, rtol=RTOL, atol=ATOL), f"re-sharded resume differs by {np.abs(other - full).max():.2e}"

@@ -23,22 +23,27 @@ from training.build import make_sampler, to_device
 from training.checkpoint import make_run_dir
 from training.data import eval_shard, load_dataset
 from training.grid import Grid, check_grid
+from training.hybrid_report import gather_ranks, summarize
 from training.job import array_module
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
+from training.nn import get_array_module
 from training.optim import make_optimizer
 from training.parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
-from training.pipeline import PipelineStage, bubble_formula
-from training.sharded import find_sharded, load_sharded, read_pieces, save_sharded
+from training.parallel import replicas_identical as replicas_same
+from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
+from training.pipeline import PipelineStage
+from training.sharded import find_sharded, load_hook_state, load_sharded, read_pieces, save_sharded
 from training.state import TrainState
 
-__all__ = ["HybridTrainer", "build_hybrid", "train_hybrid", "run_hybrid", "evaluate_pipeline", "rank_memory"]
+__all__ = ["HybridTrainer", "build_hybrid", "hybrid_step", "train_hybrid", "run_hybrid", "evaluate_pipeline",
+           "replicas_identical"]
 
 
 class HybridTrainer:
     """What one rank of a hybrid run holds: its grid place, stage model, optimizer and counters."""
 
     __slots__ = ("xp", "ds", "sizes", "grid", "model", "ks", "stage", "opt", "hook", "state", "axes",
-                 "resumed_from")
+                 "resumed_from", "replicated")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -74,16 +79,43 @@ def build_hybrid(cfg, comm):
     stage = PipelineStage(model, grid.pipeline, cfg.timeout)
     opt = make_optimizer(cfg, model)
     hook = make_grad_hook(cfg, grid.data, model)
+    if getattr(hook, "owns_momentum", False) and cfg.optimizer == "sgd":
+        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, resumed = TrainState(), None
     if cfg.resume:
         resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
         pieces, common = read_pieces(resumed, sizes)
         load_sharded(pieces, common, model, ks, opt)
+        load_hook_state(resumed, grid, hook)
         state.load_state_dict(common)
     axes = {"tensor_bytes": 0, "pipeline_bytes": 0, "data_bytes": 0, "steps": 0, "wait_s": 0.0,
             "wall_s": 0.0, "activation_bytes": 0}
+    replicated = [pg for layer in model.layers if hasattr(layer, "n_in")
+                  for pg in ([(layer.b, layer.db)] if isinstance(layer, RowParallelLinear) else
+                             [] if isinstance(layer, ColumnParallelLinear) else layer.parameters())]
     return HybridTrainer(xp=xp, ds=ds, sizes=sizes, grid=grid, model=model, ks=ks, stage=stage, opt=opt,
-                         hook=hook, state=state, axes=axes, resumed_from=resumed)
+                         hook=hook, state=state, axes=axes, resumed_from=resumed, replicated=replicated)
+
+
+def _sync_replicated(t, timeout):
+    """Give every tensor rank tensor rank 0's averaged gradient of the replicated parameters.
+
+    Row-parallel biases and an unpaired last layer are held whole by every rank of a tensor
+    group and get bitwise the same local gradient; but each tensor rank averages its own flat
+    gradient over its data-parallel group, where message sizes (uneven shards), hence chunking and
+    summation order, or a compressor's choices may differ. One broadcast over the tensor group
+    keeps the copies identical. Returns the bytes this rank sent.
+    """
+    if t.grid.T == 1 or t.grid.D == 1 or not t.replicated:
+        return 0
+    xp = get_array_module(t.model.grads)
+    buf = xp.concatenate([g.ravel() for _, g in t.replicated])
+    collectives.broadcast(buf, root=0, comm=t.grid.tensor, timeout=timeout)
+    off = 0
+    for _, g in t.replicated:
+        g[...] = buf[off:off + g.size].reshape(g.shape)
+        off += g.size
+    return int(collectives.last_stats(t.grid.tensor).get("bytes_sent", 0))
 
 
 def _dense_checkpoint(path):
@@ -96,13 +128,6 @@ def _dense_checkpoint(path):
 
         raise CheckpointError(f"--resume {path}: no sharded (shards-epochNNNN/manifest.json) or "
                               f"data-parallel checkpoint ({e})") from None
-
-
-def rank_memory(t):
-    """Return this rank's parameter count and bytes of parameters, gradients and optimizer state."""
-    opt_bytes = sum(int(v.nbytes) for v in t.opt.state_dict().values())
-    return {"parameters": t.model.size, "param_bytes": int(t.model.params.nbytes),
-            "grad_bytes": int(t.model.grads.nbytes), "optimizer_bytes": opt_bytes}
 
 
 def _tensor_bytes(model):
@@ -124,7 +149,7 @@ def hybrid_step(t, cfg, comm, x, y):
     bad = not is_finite(0.0 if numpy.isnan(info["loss"]) else info["loss"], t.model.grads)
     skip = any_rank(bad, comm, cfg.timeout)
     t1 = time.perf_counter()
-    sent = 0
+    sent = tensor_sync = 0
     if skip:
         t.model.grads.fill(0)
     elif t.grid.D > 1:
@@ -132,10 +157,11 @@ def hybrid_step(t, cfg, comm, x, y):
         if avg is not t.model.grads:
             t.model.grads[...] = avg
         sent = int(h["bytes_sent"])
+        tensor_sync = _sync_replicated(t, cfg.timeout)
     t2 = time.perf_counter()
     if not skip:
         t.opt.step()
-    return {"loss": info["loss"], "skipped": int(skip), "tensor_bytes": _tensor_bytes(t.model) - tb0,
+    return {"loss": info["loss"], "skipped": int(skip), "tensor_bytes": _tensor_bytes(t.model) - tb0 + tensor_sync,
             "pipeline_bytes": info["bytes_sent"], "data_bytes": sent, "wait_s": info["wait_s"],
             "wall_s": time.perf_counter() - t0, "comm_s": info["wait_s"] + (t2 - t1),
             "activation_bytes": info["activation_bytes"], "bubble": info["bubble"]}
@@ -158,22 +184,13 @@ def evaluate_pipeline(t, x, y, batch, comm, timeout=None):
     return (counts[0] / counts[2], counts[1] / counts[2]) if counts[2] else (float("nan"),) * 2
 
 
-def _gather_ranks(t, comm):
-    """Return every rank's memory and per-axis traffic (rank 0: a list of dicts; others: None)."""
-    mem, a, steps = rank_memory(t), t.axes, max(t.axes["steps"], 1)
-    keys = ("d", "t", "q", "parameters", "param_bytes", "grad_bytes", "optimizer_bytes",
-            "activation_bytes", "tensor_bytes_per_step", "pipeline_bytes_per_step", "data_bytes_per_step",
-            "bubble")
-    row = numpy.array([*t.grid.coords(), mem["parameters"], mem["param_bytes"], mem["grad_bytes"],
-                       mem["optimizer_bytes"], a["activation_bytes"], a["tensor_bytes"] / steps,
-                       a["pipeline_bytes"] / steps, a["data_bytes"] / steps,
-                       a["wait_s"] / a["wall_s"] if a["wall_s"] else 0.0], numpy.float64)
-    every = numpy.empty((comm.Get_size(), row.size)) if comm.Get_rank() == 0 else None
-    comm.Gather(row, every, root=0)
-    if comm.Get_rank():
-        return None
-    return [{k: (float(v) if k in ("bubble",) or k.endswith("_step") else int(v)) for k, v in zip(keys, r)}
-            for r in every]
+def replicas_identical(t, comm, timeout=None):
+    """Return True on every rank when the data-parallel replicas hold bitwise the same shards and
+    every tensor rank the same copy of the replicated parameters (collective over all ranks)."""
+    xp = get_array_module(t.model.params)
+    reps = xp.concatenate([p.ravel() for p, _ in t.replicated]) if t.replicated else t.model.params[:0]
+    ok = replicas_same(t.model.params, t.grid.data, timeout) and replicas_same(reps, t.grid.tensor, timeout)
+    return not any_rank(not ok, comm, timeout)
 
 
 def train_hybrid(cfg, comm, run_dir, t, lr_at):
@@ -195,7 +212,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
 
-    ranks = _gather_ranks(t, comm)
+    ranks = gather_ranks(t, comm)
     if rank == 0:
         print(f"grid D={g.D} x T={g.T} x Q={g.Q} (data x tensor x pipeline), {cfg.micro_batches} micro-batches "
               f"({cfg.schedule}), widths {t.sizes}, {cfg.dtype} -> {run_dir}", flush=True)
@@ -240,15 +257,16 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
         if rank == 0:
             print(table.row(rec), flush=True)
         if (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0) or state.epoch == last:
-            save_sharded(run_dir, state.epoch, g, t.model, t.ks, t.opt, _extra(cfg, state), comm, cfg.timeout)
+            save_sharded(run_dir, state.epoch, g, t.model, t.ks, t.opt, _extra(cfg, state), comm, cfg.timeout,
+                         t.hook.state_dict())
             if rank == 0:
                 _prune(run_dir, cfg.keep_checkpoints)
     writer.close()
     if test_acc is None:
         train_acc, _ = evaluate_pipeline(t, x_tr, y_tr, cfg.eval_batch, comm, cfg.timeout)
         test_acc, _ = evaluate_pipeline(t, x_te, y_te, cfg.eval_batch, comm, cfg.timeout)
-    ranks = _gather_ranks(t, comm)
-    summary = _summary(cfg, t, comm, run_dir, ranks, train_acc, test_acc)
+    ranks = gather_ranks(t, comm)
+    summary = summarize(cfg, t, comm, run_dir, ranks, train_acc, test_acc, replicas_identical(t, comm, cfg.timeout))
     if rank == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | grid "
@@ -269,29 +287,6 @@ def _prune(run_dir, keep):
     found = sorted(p for p in os.listdir(run_dir) if _DIR.match(p))
     for p in found[:-keep]:
         shutil.rmtree(os.path.join(run_dir, p), ignore_errors=True)
-
-
-def _summary(cfg, t, comm, run_dir, ranks, train_acc, test_acc):
-    g, state = t.grid, t.state
-    s = {"final_test_acc": test_acc, "final_train_acc": train_acc, "epochs": state.epoch, "steps": state.step,
-         "wall_s": state.wall_s, "compute_s": state.compute_s, "comm_s": state.comm_s,
-         "skipped_steps": state.skipped, "P": comm.Get_size(), "run_dir": run_dir,
-         "grid": {"data": g.D, "tensor": g.T, "pipeline": g.Q}, "micro_batches": cfg.micro_batches,
-         "schedule": cfg.schedule, "widths": t.sizes,
-         "parameters": int(sum(int(numpy.prod(s)) + s[1] for s in zip(t.sizes[:-1], t.sizes[1:]))),
-         "bubble_formula": bubble_formula(g.Q, cfg.micro_batches)}
-    if ranks is None:
-        s["bubble_measured"] = float("nan")
-        return s
-    stages = [numpy.mean([r["bubble"] for r in ranks if r["q"] == q]) for q in range(g.Q)]
-    s.update({"bubble_measured": float(numpy.mean(stages)) if g.Q > 1 else 0.0,
-              "bubble_per_stage": [float(b) for b in stages], "ranks": ranks,
-              "bytes_per_rank_per_step": {ax: float(numpy.mean([r[f"{ax}_bytes_per_step"] for r in ranks]))
-                                          for ax in ("data", "tensor", "pipeline")},
-              "max_param_optimizer_bytes_per_rank": max(r["param_bytes"] + r["optimizer_bytes"] for r in ranks),
-              "activation_bytes_per_stage": [max(r["activation_bytes"] for r in ranks if r["q"] == q)
-                                             for q in range(g.Q)]})
-    return s
 
 
 def run_hybrid(cfg, comm, lr_at):

@@ -25,7 +25,7 @@ from training.checkpoint import CheckpointError, read_npz, write_npz
 from training.grid import placement
 from training.nn import get_array_module
 
-__all__ = ["save_sharded", "read_pieces", "load_sharded", "dense_params", "find_sharded"]
+__all__ = ["save_sharded", "read_pieces", "load_sharded", "load_hook_state", "dense_params", "find_sharded"]
 
 _DIR = re.compile(r"^shards-epoch(\d+)$")
 
@@ -58,11 +58,12 @@ def shard_arrays(model, ks, opt, extra):
     return d
 
 
-def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, timeout=None):
+def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, timeout=None, hook_state=None):
     """Write this run's sharded checkpoint after ``epoch``; collective over ``comm`` (all ranks).
 
     Replica ``d == 0`` writes the shard files; every rank learns whether all writes succeeded
-    before rank 0 writes the manifest.
+    before rank 0 writes the manifest. A gradient hook's state (a compressor's error feedback,
+    different on every rank) is written by every rank to ``hook-dD-tT-qQ.npz`` when not empty.
 
     Returns
     -------
@@ -79,12 +80,14 @@ def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, timeout=None
 
     path = os.path.join(run_dir, f"shards-epoch{epoch:04d}")
     err = ""
-    if grid.d == 0:
-        try:
-            os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+        if grid.d == 0:
             write_npz(os.path.join(path, f"shard-t{grid.t}-q{grid.q}.npz"), shard_arrays(model, ks, opt, extra))
-        except (CheckpointError, OSError) as e:
-            err = str(e)
+        if hook_state:
+            write_npz(os.path.join(path, "hook-d{}-t{}-q{}.npz".format(*grid.coords())), hook_state)
+    except (CheckpointError, OSError) as e:
+        err = str(e)
     flag = numpy.array([1 if err else 0], numpy.int32)
     collectives.allreduce(flag, comm, op="max", algorithm=CONTROL_ALGORITHM, out=flag, timeout=timeout)
     if flag[0]:
@@ -95,6 +98,26 @@ def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, timeout=None
                        "files": sorted(os.listdir(path))}, f)
         os.replace(os.path.join(path, "manifest.json.tmp"), os.path.join(path, "manifest.json"))
     return path
+
+
+def load_hook_state(path, grid, hook):
+    """Restore this rank's gradient-hook state from checkpoint ``path``, when it holds any.
+
+    Raises
+    ------
+    CheckpointError
+        When the checkpoint holds hook state of another grid: per-rank state such as error
+        feedback cannot be re-sharded.
+    """
+    if not os.path.isdir(path) or not glob.glob(os.path.join(path, "hook-d*.npz")):
+        return
+    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+        saved = json.load(f)["grid"]
+    if (saved["D"], saved["T"], saved["Q"]) != (grid.D, grid.T, grid.Q):
+        raise CheckpointError(f"checkpoint {path} holds per-rank compressor state of grid "
+                              f"{saved['D']}x{saved['T']}x{saved['Q']}; it resumes only on that grid "
+                              f"(this run: {grid.D}x{grid.T}x{grid.Q})")
+    hook.load_state_dict(read_npz(os.path.join(path, "hook-d{}-t{}-q{}.npz".format(*grid.coords()))))
 
 
 def find_sharded(path):
