@@ -4,9 +4,12 @@ The rule, in order:
 
 1. a tuned decision table: JSON written by ``experiments/tune.py`` from measured sweeps, the way
    MPICH's JSON tuning files map (P, message size) ranges to algorithms. It is read from
-   ``COMMLAB_TUNING=path.json`` when set, else from the table shipped with the package
-   (``collectives/tuning.json``, measured on the reference machine), or installed with
-   :func:`load_table`; ``COMMLAB_TUNING=none`` disables tables;
+   ``COMMLAB_TUNING=path.json`` when set, else from the table shipped with the package for the
+   running MPI library (:data:`SHIPPED`: ``collectives/tuning.json`` measured with MPICH,
+   ``collectives/tuning-openmpi.json`` with Open MPI, on the reference machine), or installed with
+   :func:`load_table`; ``COMMLAB_TUNING=none`` disables tables. Tables are keyed by MPI library: a
+   table measured with one library (its ``sources``' ``mpi_library``) is refused under another, and
+   a library without a shipped table gets the model alone;
 2. for a P the table does not cover, the alpha-beta-gamma model (:mod:`collectives.cost`): the
    hand-made algorithm with the smallest predicted time, using the table's fitted ``model``
    parameters when it has them, else :data:`DEFAULT_PARAMS`.
@@ -15,9 +18,11 @@ import json
 import os
 
 from .algorithms import auto_candidates
+from .backend import mpi_library_key
 from .cost import predict
 
-__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "select_allreduce", "load_table", "clear_table", "model_choice"]
+__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "SHIPPED", "select_allreduce", "load_table", "clear_table", "model_choice",
+           "table_library"]
 
 #: Model parameters used without a fitted table: alpha (s), beta and gamma (s/byte), typical of
 #: shared-memory MPI on one node.
@@ -26,24 +31,43 @@ DEFAULT_PARAMS = {"alpha": 2e-6, "beta": 2.5e-10, "gamma": 2.5e-10}
 #: Algorithms ``auto`` may choose (registry entries with ``auto=True``).
 CANDIDATES = auto_candidates()
 
-_SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: MPI library name (:func:`collectives.backend.mpi_library_key`) -> the tuning table shipped for it.
+SHIPPED = {"MPICH": os.path.join(_HERE, "tuning.json"), "Open MPI": os.path.join(_HERE, "tuning-openmpi.json")}
 _STATE = {"loaded": False, "rules": None, "params": None, "source": None, "cache": {}}
 
 
-def load_table(path):
+def table_library(table):
+    """Return the MPI library name a table was measured with (from its ``sources``), or None."""
+    names = {mpi_library_key(s["mpi_library"])[0] for s in table.get("sources") or ()
+             if isinstance(s, dict) and isinstance(s.get("mpi_library"), str)}
+    return names.pop() if len(names) == 1 else None
+
+
+def _running_library():
+    """Return the name of the MPI library this process runs (``"MPICH"``, ``"Open MPI"``, ...)."""
+    return mpi_library_key()[0]
+
+
+def load_table(path, check_library=True):
     """Install a tuned decision table for ``auto``.
 
     Parameters
     ----------
     path : str
         JSON file ``{"allreduce": [{"size": P, "max_bytes": B or null, "algorithm": name}, ...],
-        "model": {"alpha": s, "beta": s/B, "gamma": s/B} (optional)}``; for a given P the first
-        rule whose ``max_bytes`` is at least the message size wins (null = no upper limit).
+        "model": {"alpha": s, "beta": s/B, "gamma": s/B} (optional), "sources": [{"mpi_library":
+        ...}, ...] (optional)}``; for a given P the first rule whose ``max_bytes`` is at least the
+        message size wins (null = no upper limit).
+    check_library : bool
+        Refuse a table whose ``sources`` were measured with another MPI library than the running one.
 
     Raises
     ------
     ValueError
-        The file is not such a table, or names an algorithm ``auto`` cannot run.
+        The file is not such a table, names an algorithm ``auto`` cannot run, or (``check_library``)
+        was measured with another MPI library.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -72,6 +96,10 @@ def load_table(path):
         if not (_is_number(params[name]) and params[name] >= 0):
             raise ValueError(f"{path}: model {name} must be a non-negative number (seconds or s/byte), "
                              f"not {params[name]!r}")
+    measured, running = table_library(table), _running_library()
+    if check_library and measured is not None and measured != running:
+        raise ValueError(f"{path}: measured with {measured}, but this process runs {running}: its choices do not "
+                         f"carry over; measure a table with {running} (experiments.tune) or use COMMLAB_TUNING=none")
     _STATE.update(loaded=True, rules=rules, params=params, source=path, cache={})
 
 
@@ -103,8 +131,8 @@ def _ensure_loaded():
             load_table(path)
         except OSError as exc:
             raise ValueError(f"COMMLAB_TUNING={path}: cannot read the table: {exc}") from exc
-    elif os.path.exists(_SHIPPED):
-        load_table(_SHIPPED)
+    elif os.path.exists(SHIPPED.get(_running_library(), "")):
+        load_table(SHIPPED[_running_library()])
     _STATE["loaded"] = True
 
 

@@ -53,3 +53,28 @@ def test_mpi_library_string_is_one_clean_line():
     assert mpi_library_key(ompi) == ("Open MPI", "5.0.11")
     assert mpi_library_key("MPICH Version:      5.0.2\n") == ("MPICH", "5.0.2")
     assert "\x00" not in mpi_library()
+
+
+def test_tuning_tables_are_keyed_by_mpi_library(tmp_path, monkeypatch):
+    """A table measured with MPICH is refused under Open MPI; each library loads its own shipped table."""
+    import json
+
+    from collectives import select
+
+    monkeypatch.setattr(select, "_STATE", dict(select._STATE, cache={}))
+    with open(select.SHIPPED["MPICH"], encoding="utf-8") as f:
+        assert select.table_library(json.load(f)) == "MPICH"
+    monkeypatch.setattr(select, "_running_library", lambda: "Open MPI")
+    with pytest.raises(ValueError, match="measured with MPICH, but this process runs Open MPI"):
+        select.load_table(select.SHIPPED["MPICH"])
+    select.load_table(select.SHIPPED["MPICH"], check_library=False)  # explicitly allowed
+    assert select._STATE["source"] == select.SHIPPED["MPICH"]
+    if os.path.exists(select.SHIPPED["Open MPI"]):
+        with open(select.SHIPPED["Open MPI"], encoding="utf-8") as f:
+            assert select.table_library(json.load(f)) == "Open MPI"
+        select.load_table(select.SHIPPED["Open MPI"])
+    monkeypatch.delenv("COMMLAB_TUNING", raising=False)
+    select._STATE.update(loaded=False, rules=None, source=None, cache={})
+    select._ensure_loaded()  # under "Open MPI": never MPICH's table
+    assert select._STATE["source"] in (select.SHIPPED["Open MPI"], None)
+    assert select._STATE["source"] != select.SHIPPED["MPICH"]
