@@ -22,6 +22,7 @@ Results go to ``--out`` (JSON). Exit status 1 when a target is missed: any silen
 outside the ones no fingerprint can see (listed as expected), or any hang where a timeout was set.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -137,7 +138,7 @@ def run_dead(P, timeout, limit):
 
 #: Trainer flags of the crash and kill-and-resume trials: a small synthetic model, a few seconds a run.
 _TRAIN = ["--data", "synthetic", "--samples", "1200", "--features", "16", "--classes", "4", "--hidden", "32",
-          "--batch-size", "32", "--no-progress"]
+          "--batch-size", "48", "--epochs", "2", "--no-progress"]
 
 
 def _crash_seconds(out, end):
@@ -192,7 +193,7 @@ def run_kill_resume(trials, limit, seed=0):
     import numpy
 
     rng = numpy.random.default_rng(seed)
-    flags = [*_TRAIN, "--epochs", "4", "--checkpoint-every", "1"]
+    flags = [*_TRAIN, "--samples", "30000", "--hidden", "64", "--epochs", "8", "--checkpoint-every", "1"]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         code, total, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", "ref"], {}, limit)
@@ -204,6 +205,7 @@ def run_kill_resume(trials, limit, seed=0):
             name, delay = f"t{t}", float(rng.uniform(0.3, total))
             _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, delay)  # killed at delay
             run = os.path.join(tmp, name)
+            at_kill = len(glob.glob(os.path.join(run, "ckpt-epoch*.npz")))
             if not os.path.exists(os.path.join(run, "config.json")):  # killed before the run wrote anything
                 shutil.rmtree(run, ignore_errors=True)
                 code, _, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, limit)
@@ -211,6 +213,7 @@ def run_kill_resume(trials, limit, seed=0):
                 code, _, out = _launch(2, "training.train", ["--resume", run, "--no-progress"], {}, limit)
             lost = code != 0 or not numpy.array_equal(_final_params(run), reference)
             results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 2),
+                            "checkpoints_at_kill": at_kill,
                             "verdict": "data-lost" if lost else "pass", "detail": out[-300:] if lost else ""})
     return results
 

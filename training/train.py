@@ -97,7 +97,7 @@ def build_trainer(cfg, comm):
     verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
-    if getattr(hook, "owns_momentum", False) and cfg.optimizer == "sgd":
+    if hook.owns_momentum and cfg.optimizer == "sgd":
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     if cfg.resume:
@@ -292,13 +292,9 @@ def run(cfg, comm=None):
             with collectives.abort_on_failure():
                 return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
         finally:
-            close = getattr(trainer.hook, "close", None)  # a compressor's duplicated communicator
-            if close is not None:
-                close()
+            trainer.hook.close()  # a compressor's duplicated communicator
     finally:
-        free = getattr(collectives, "free_context", None)
-        if free is not None:
-            free(comm)
+        collectives.free_context(comm)
         comm.Free()
 
 
@@ -326,8 +322,9 @@ def main(argv=None):
                 sys.stdout, sys.stderr = saved
     else:
         cfg = parse_args(argv)
+    summary = None
     try:
-        run(cfg, world)
+        summary = run(cfg, world)
     except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
         # setup errors are raised identically on every rank: then exit cleanly with one message
         everyone = all_failed(world)
@@ -357,16 +354,23 @@ def main(argv=None):
             collectives.policy.abort(None, world)
         raise
     if cfg.mode == "ps":
-        _finish_ps(world, cfg)
+        _finish_ps(world, cfg, summary)
     return 0
 
 
-def _finish_ps(world, cfg):
-    """End a parameter-server run: return when every rank got here, else abort naming the missing."""
-    missing = finish_together(world, cfg.ps_timeout)
+def _finish_ps(world, cfg, summary=None):
+    """End a parameter-server run: return when every rank got here, else abort naming the missing.
+
+    Workers that the servers dropped (``summary["worker_status"]``, known on rank 0) are given one
+    second at most instead of ``--ps-timeout``: they were silent that long already.
+    """
+    status = (summary or {}).get("worker_status") or [] if world.rank == 0 else []
+    dropped = [cfg.servers + w for w, st in enumerate(status) if st == "dropped"]
+    missing = finish_together(world, cfg.ps_timeout, short=dropped)
     if missing:
         collectives.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
-                                 f"within --ps-timeout {cfg.ps_timeout:g} s (a lost peer may have died); "
+                                 f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
+                                 f"lost peer may have died); "
                                  "ending the job so that no rank waits for them in MPI_Finalize")
 
 
