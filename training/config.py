@@ -189,15 +189,12 @@ class Config:
             raise ValueError("data_dir must name the directory of the MNIST IDX files (--data-dir)")
         if self.name and ("/" in self.name or self.name in (".", "..", "latest")):
             raise ValueError(f"name must be a plain directory name, got {self.name!r}")
-        from collectives import ALGORITHMS  # late import: config stays usable without MPI
+        from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config
+        from collectives.compression import COMPRESSORS
 
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        try:
-            from collectives.compression import COMPRESSORS
-        except ImportError:
-            COMPRESSORS = ()
-        if COMPRESSORS and self.compression not in COMPRESSORS:
+        if self.compression not in COMPRESSORS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSORS)}, got {self.compression!r}")
 
 

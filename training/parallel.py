@@ -15,6 +15,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives.compression import make_hook
 from collectives.waiting import deadline_of, wait_all
 from training.checkpoint import to_host
 from training.data import eval_shard
@@ -64,12 +65,9 @@ def bucket_bounds(slices, itemsize, bucket_bytes):
     return bounds
 
 
-def _bytes_sent(nbytes, comm):
-    stats = getattr(collectives, "last_stats", None)
-    sent = stats(comm).get("bytes_sent") if callable(stats) else None
-    if sent is None:  # bandwidth-optimal all-reduce estimate
-        sent = 2 * (comm.size - 1) / comm.size * nbytes
-    return int(round(sent))
+def _bytes_sent(comm):
+    """Return the bytes this rank sent in the last collective on ``comm`` (``collectives.last_stats``)."""
+    return int(collectives.last_stats(comm).get("bytes_sent", 0))
 
 
 class AllreduceHook:
@@ -89,12 +87,13 @@ class AllreduceHook:
 
     Notes
     -----
-    ``info["bytes_sent"]`` is ``collectives.last_stats()["bytes_sent"]`` summed over buckets when
-    the collectives layer reports it, else the estimate ``2 (P - 1) / P * nbytes`` of a
-    bandwidth-optimal all-reduce.
+    ``info["bytes_sent"]`` is ``collectives.last_stats()["bytes_sent"]`` summed over buckets. The
+    hook has the interface of :class:`collectives.compression.CompressionHook` (``__call__``,
+    ``state_dict``, ``load_state_dict``, ``close``, ``owns_momentum``).
     """
 
     __slots__ = ("comm", "algorithm", "buckets", "timeout")
+    owns_momentum = False  # the optimizer keeps its own momentum
 
     def __init__(self, comm, algorithm="auto", buckets=None, timeout=None):
         if algorithm not in collectives.ALGORITHMS:
@@ -110,7 +109,7 @@ class AllreduceHook:
             part = grad[lo:hi]
             collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part,
                                   timeout=self.timeout)
-            sent += _bytes_sent(part.nbytes, self.comm)
+            sent += _bytes_sent(self.comm)
         return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
 
     def state_dict(self):
@@ -120,12 +119,15 @@ class AllreduceHook:
     def load_state_dict(self, d):
         """Accept the (empty) state of :meth:`state_dict`."""
 
+    def close(self):
+        """Free nothing: the hook sends on the run's own communicator."""
+
 
 def make_grad_hook(cfg, comm, model):
     """Build the gradient hook named by ``cfg.compression`` (plain all-reduce for "none").
 
-    The plain all-reduce waits at most ``cfg.timeout`` seconds for a peer; the compressors'
-    collectives take no timeout.
+    Every collective of the hook (the plain all-reduce and its buckets, or the compressor's
+    all-reduces and all-gathers) waits at most ``cfg.timeout`` seconds for a peer.
 
     Parameters
     ----------
@@ -135,25 +137,21 @@ def make_grad_hook(cfg, comm, model):
 
     Returns
     -------
-    callable
-        ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict`` / ``load_state_dict``.
+    AllreduceHook or collectives.compression.CompressionHook
+        ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict`` / ``load_state_dict``,
+        ``close()`` and ``owns_momentum``.
 
     Raises
     ------
-    ImportError
-        When a compressor is asked for and ``collectives.compression.make_hook`` is missing.
+    ValueError
+        When the compressor's name or an argument is unknown or out of range.
     """
     if cfg.compression == "none":
         buckets = bucket_bounds(model.slices, model.dtype.itemsize, cfg.bucket_bytes)
-        return AllreduceHook(comm, cfg.algorithm, buckets, getattr(cfg, "timeout", None))
-    try:
-        from collectives.compression import make_hook
-    except ImportError as e:
-        raise ImportError(f"--compression {cfg.compression} needs collectives.compression.make_hook, "
-                          f"which is not available ({e})") from None
+        return AllreduceHook(comm, cfg.algorithm, buckets, cfg.timeout)
     shapes = [tuple(p.shape) for p, _ in model.parameters()]
     return make_hook(cfg.compression, comm=comm, algorithm=cfg.algorithm, shapes=shapes,
-                     **cfg.compression_args)
+                     timeout=cfg.timeout, **cfg.compression_args)
 
 
 def _layout(model):
