@@ -203,7 +203,7 @@ def _inner(cfg):
         socket.sethostname(HEAD)
         nodes, launcher = build(cfg.nodes, parse_rate(cfg.link), cfg.mtu)
         shaping = f"{cfg.link} each way (tbf)" if parse_rate(cfg.link) else "unshaped"
-        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks, links {shaping}, MTU {cfg.mtu}",
+        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks per node, links {shaping}, MTU {cfg.mtu}",
               file=sys.stderr, flush=True)
         env = dict(os.environ, **{k: os.environ.get(k, v) for k, v in MPI_ENV.items()})
         proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=env, start_new_session=True)
