@@ -159,6 +159,8 @@ def run_crashes(limit):
     cases = [("dp/P=2", 2, ["dp", "1", "5", "--timeout", "3"]),
              ("dp/P=3", 3, ["dp", "2", "5", "--timeout", "3"]),
              ("setup/P=2", 2, ["setup", "0", "1", "--timeout", "3"]),
+             ("dp-powersgd/P=2", 2, ["dp", "1", "5", "--timeout", "3", "--compression", "powersgd"]),
+             ("dp-topk/P=3", 3, ["dp", "2", "5", "--timeout", "3", "--compression", "topk"]),
              ("ps-worker/bsp", 4, ["ps", "3", "5", "--mode", "ps", "--ps-timeout", "3", "--consistency", "bsp"]),
              ("ps-worker/ssp", 4, ["ps", "3", "5", "--mode", "ps", "--ps-timeout", "3", "--consistency", "ssp"]),
              ("ps-server", 4, ["ps", "0", "20", "--mode", "ps", "--ps-timeout", "3", "--servers", "1"])]

@@ -57,13 +57,13 @@ def test_default_run_reaches_97_percent_on_four_ranks(tmp_path):
     assert "test acc" in out and "sent/rank" in out
 
 
-def _crash_run(tmp_path, nprocs, dead, batch):
+def _crash_run(tmp_path, nprocs, dead, batch, *flags):
     """Run the trainer with rank ``dead`` exiting at its 5th step; return (result, seconds)."""
     import time
 
     start = time.monotonic()
     res = run_mpi(nprocs, "experiments.fault_crash", "dp", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
-                  "--batch-size", batch, "--no-progress", "--run-dir", tmp_path, timeout=60, check=False,
+                  "--batch-size", batch, "--no-progress", "--run-dir", tmp_path, *flags, timeout=60, check=False,
                   mpiexec_args=("-disable-auto-cleanup",))  # MPICH must not end the survivors itself
     return res, time.monotonic() - start
 
@@ -78,6 +78,15 @@ def test_crashed_rank_ends_the_job_within_the_timeout(tmp_path):
     assert out.count("error: rank 0: CollectiveTimeout") == 1, out
     assert out.count("no answer from rank 1") == 1 and out.count("error:") == 1, out
     assert "Traceback" not in out, out
+
+
+def test_crashed_rank_ends_a_compressed_run_within_the_timeout(tmp_path):
+    """The same with PowerSGD (its own two all-reduces per step): the compressor's collectives
+    honour --timeout as the plain all-reduce does."""
+    res, seconds = _crash_run(tmp_path, 2, 1, 64, "--compression", "powersgd")
+    out = res.stdout
+    assert res.returncode != 0 and seconds < 3 + 10, (res.returncode, seconds, out)
+    assert out.count("error: rank 0: CollectiveTimeout") == 1 and "no answer from rank 1" in out, out
 
 
 def test_crashed_rank_on_three_ranks(tmp_path):

@@ -21,17 +21,18 @@ __all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]
 class _Call:
     """One compressed all-reduce's communicator, algorithms and wire-byte counter."""
 
-    __slots__ = ("comm", "size", "algorithm", "gather_algorithm", "wire")
+    __slots__ = ("comm", "size", "algorithm", "gather_algorithm", "wire", "timeout")
 
-    def __init__(self, comm, algorithm, gather_algorithm):
+    def __init__(self, comm, algorithm, gather_algorithm, timeout=None):
         self.comm, self.size = comm, comm.Get_size()
         self.algorithm, self.gather_algorithm = algorithm, gather_algorithm
+        self.timeout = timeout
         self.wire = [0]  # bytes the collectives actually sent (collectives.last_stats)
 
     def allreduce_sum(self, buf, accumulate="float32"):
         """Return the sum over ranks of the 1-D array ``buf`` and count its wire bytes."""
         out = collectives.allreduce(buf, comm=self.comm, op="sum", algorithm=self.algorithm,
-                                    accumulate=accumulate)
+                                    accumulate=accumulate, timeout=self.timeout)
         _wire(self.wire, self.comm)
         return out
 
@@ -41,7 +42,7 @@ def _wire(counter, comm):
     counter[0] += int(collectives.last_stats(comm).get("bytes_sent", 0))
 
 
-def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _wire_bytes=None):
+def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _wire_bytes=None, timeout=None):
     """All-gather every rank's payload list in one byte buffer.
 
     The payloads are viewed as bytes, concatenated and sent with one ``collectives.allgather`` of
@@ -58,6 +59,8 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
         Payload sizes may differ between ranks.
     algorithm : str
         All-gather algorithm (``collectives.OP_ALGORITHMS["allgather"]``).
+    timeout : float, optional
+        Seconds each all-gather may wait for a peer (``collectives.CollectiveTimeout`` then).
 
     Returns
     -------
@@ -72,7 +75,7 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     counts = np.array([p.size for p in payloads], np.int64)
     header = 0
     if variable_size:
-        all_counts = collectives.allgather(counts, comm=comm, algorithm=algorithm)
+        all_counts = collectives.allgather(counts, comm=comm, algorithm=algorithm, timeout=timeout)
         _wire(wire, comm)
         all_counts = np.asarray(all_counts).reshape(comm.Get_size(), len(payloads))
         header = int(counts.nbytes)
@@ -82,7 +85,7 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     lengths = [int(row @ itemsizes) for row in all_counts]  # bytes of each rank's payloads
     parts = [xp.ascontiguousarray(p).ravel().view(np.uint8) for p in payloads]
     blob = xp.concatenate(parts) if parts else xp.zeros(0, np.uint8)
-    everything = collectives.allgather(blob, comm=comm, algorithm=algorithm)
+    everything = collectives.allgather(blob, comm=comm, algorithm=algorithm, timeout=timeout)
     _wire(wire, comm)
     gathered, start = [], 0
     for row, length in zip(all_counts, lengths):
@@ -115,7 +118,7 @@ def _by_allgather(compressor, p, name, call):
     payloads, ctx = compressor.compress(p, name)
     compress_s = time.perf_counter() - t0
     gathered, nbytes = allgather_payloads(payloads, call.comm, compressor.transport == "allgatherv",
-                                          call.gather_algorithm, call.wire)
+                                          call.gather_algorithm, call.wire, call.timeout)
     t1 = time.perf_counter()
     mean = compressor.aggregate(gathered, ctx)
     return mean, payloads, ctx, nbytes, compress_s, time.perf_counter() - t1
@@ -125,7 +128,7 @@ _TRANSPORTS = {"allreduce": _by_allreduce, "allgather": _by_allgather, "allgathe
 
 
 def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm="auto",
-                         gather_algorithm="ring"):
+                         gather_algorithm="ring", timeout=None):
     """Average ``x`` over the ranks of ``comm`` through ``compressor``.
 
     Steps: ``p = memory.compensate(x)``; then by ``compressor.transport``: ``"allreduce"``
@@ -152,6 +155,8 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
         All-reduce algorithm for payloads that are summed.
     gather_algorithm : str
         All-gather algorithm for the other payloads.
+    timeout : float, optional
+        Seconds each of the step's collectives may wait for a peer (None: no limit).
 
     Returns
     -------
@@ -169,11 +174,13 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
         If ``x`` is not a floating-point array (on every rank, before any message).
     ValueError
         If ``compressor.transport`` is not one of ``TRANSPORTS``.
+    collectives.CollectiveTimeout
+        When a peer is silent for ``timeout`` seconds in one of the step's collectives.
     """
     check_tensor(x, name)
     if compressor.transport not in TRANSPORTS:
         raise ValueError(f"compressor.transport must be one of {TRANSPORTS}, got {compressor.transport!r}")
-    call = _Call(comm if comm is not None else MPI.COMM_WORLD, algorithm, gather_algorithm)
+    call = _Call(comm if comm is not None else MPI.COMM_WORLD, algorithm, gather_algorithm, timeout)
     compressor.comm_rank = call.comm.Get_rank()
     t0 = time.perf_counter()
     p = memory.compensate(x, name) if memory is not None else x

@@ -4,6 +4,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.backend import to_host
+from collectives.waiting import deadline_of, wait_all
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
@@ -35,21 +36,34 @@ class CompressionHook:
         All-gather algorithm for the other payloads.
     name : str
         Key of the flat gradient in the compressor and memory state.
+    timeout : float, optional
+        Seconds each collective of the hook (the duplicate of ``comm``, every step's all-reduce or
+        all-gather, the state all-gather) may wait for a peer before
+        :class:`collectives.CollectiveTimeout` (None: no limit).
+
+    Raises
+    ------
+    ValueError
+        When an algorithm is unknown or ``timeout`` is not a positive number.
     """
 
     __slots__ = ("compressor", "memory", "comm", "algorithm", "gather_algorithm", "name",
-                 "iteration")
+                 "iteration", "timeout")
 
     def __init__(self, compressor, memory=None, comm=None, algorithm="auto",
-                 gather_algorithm="ring", name="grad"):
+                 gather_algorithm="ring", name="grad", timeout=None):
         if algorithm not in collectives.ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(collectives.ALGORITHMS)}, got {algorithm!r}")
         gathers = collectives.OP_ALGORITHMS["allgather"]
         if gather_algorithm not in gathers:
             raise ValueError(f"gather_algorithm must be one of {gathers}, got {gather_algorithm!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
         self.compressor = compressor
         self.memory = memory
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.timeout = timeout
+        self.comm, req = (comm if comm is not None else MPI.COMM_WORLD).Idup()
+        _within(req, timeout, "duplicating the communicator")
         self.algorithm = algorithm
         self.gather_algorithm = gather_algorithm
         self.name = name
@@ -89,7 +103,7 @@ class CompressionHook:
         if flat_grad.ndim != 1:
             raise ValueError(f"flat_grad must be 1-D, got shape {flat_grad.shape}")
         avg, info = compressed_allreduce(flat_grad, self.name, self.compressor, self.memory,
-                                         self.comm, self.algorithm, self.gather_algorithm)
+                                         self.comm, self.algorithm, self.gather_algorithm, self.timeout)
         self.iteration += 1
         info["step"] = self.iteration
         return avg, info
@@ -115,7 +129,7 @@ class CompressionHook:
             for key, value in sorted(self.memory.state_dict().items()):
                 mine = np.ascontiguousarray(to_host(value))
                 stacked = np.empty((size,) + mine.shape, mine.dtype)  # (P, ...)
-                self.comm.Allgather(mine, stacked)
+                _within(self.comm.Iallgather(mine, stacked), self.timeout, "compression state")
                 state["memory/" + key] = stacked
         return state
 
@@ -151,8 +165,13 @@ class CompressionHook:
                 f"P={self.comm.Get_size() if self.comm != MPI.COMM_NULL else 0})")
 
 
+def _within(req, timeout, phase):
+    """Wait for the non-blocking MPI request ``req`` at most ``timeout`` seconds (None: no limit)."""
+    wait_all([req], [None], deadline_of(timeout), "collective", 0, phase, timeout)
+
+
 def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_feedback=None,
-              shapes=None, **kwargs):
+              shapes=None, timeout=None, **kwargs):
     """Build the training hook for the compressor registered as ``name``.
 
     Parameters
@@ -171,6 +190,8 @@ def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_
     shapes : list of tuple of int, optional
         The model's parameter shapes in flat order; used by compressors that take them (PowerSGD)
         and ignored by the others.
+    timeout : float, optional
+        Seconds each of the hook's collectives may wait for a peer (:class:`CompressionHook`).
     **kwargs
         Compressor arguments (strings are converted), e.g. ``ratio=0.01``, ``matrix_rank=4``,
         ``levels=127``.
@@ -196,4 +217,4 @@ def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_
         memory = ErrorFeedback()
     elif error_feedback is False:
         memory = None
-    return CompressionHook(compressor, memory, comm, algorithm, gather_algorithm)
+    return CompressionHook(compressor, memory, comm, algorithm, gather_algorithm, timeout=timeout)
