@@ -22,6 +22,12 @@ import socket
 import sys
 import time
 
+import mpi4py
+import numpy
+from mpi4py import MPI
+
+from collectives.backend import mpi_library
+
 __all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable", "format_bytes",
            "TABLE_COLUMNS"]
 
@@ -36,12 +42,6 @@ def run_info(comm):
         mpi4py and NumPy versions, P, host, Python version, argv and the start time (ISO 8601,
         local).
     """
-    import mpi4py
-    import numpy
-    from mpi4py import MPI
-
-    from collectives.backend import mpi_library
-
     return {"mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),

@@ -15,9 +15,11 @@ samples per clock as its current batch.
 """
 import functools
 import os
+import sys
 import time
 
 import numpy
+from tqdm import tqdm
 
 from collectives.backend import to_host
 from ps.options import PSOptions
@@ -316,10 +318,6 @@ def run_ps(cfg, comm, run_dir, xp):
 
 
 def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
-    import sys
-
-    from tqdm import tqdm
-
     bar = tqdm(total=opts.budget, unit="push", leave=False, disable=None if cfg.progress else True,
                dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
     s = f", s={cfg.staleness}" if cfg.consistency == "ssp" else ""
