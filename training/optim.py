@@ -5,13 +5,14 @@ cache-sized chunks so that the several passes of an update read each element fro
 State is exposed as ``state_dict()`` / ``load_state_dict()`` so checkpoints capture it exactly.
 """
 import abc
+import functools
 import math
 
 import numpy
 
 from training.nn import get_array_module
 
-__all__ = ["Optimizer", "SGD", "Adam", "make_optimizer"]
+__all__ = ["Optimizer", "SGD", "Adam", "optimizer_factory", "make_optimizer"]
 
 _CHUNK = 1 << 15  # elements per chunk: a few arrays of this size stay in L2 cache
 
@@ -170,6 +171,37 @@ class Adam(Optimizer):
         return {"m": self.m, "v": self.v}
 
 
+def optimizer_factory(cfg):
+    """Return the constructor of the optimizer ``cfg`` names, its hyper-parameters bound.
+
+    The one mapping from the configuration to an update rule: data-parallel training calls it
+    over the model's flat buffers (:func:`make_optimizer`), and the parameter servers call it once
+    per shard (:class:`ps.state.ServerOptimizer`, which sets ``lr`` before every update).
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        ``optimizer``, ``lr``, ``momentum``, ``weight_decay``, ``beta1``, ``beta2``, ``eps``.
+
+    Returns
+    -------
+    callable
+        ``make(params, grads) -> Optimizer`` over flat buffers (ndarray, shape (n,), float32 or
+        float64).
+
+    Raises
+    ------
+    ValueError
+        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
+    """
+    if cfg.optimizer == "sgd":
+        return functools.partial(SGD, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return functools.partial(Adam, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                                 weight_decay=cfg.weight_decay)
+    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
+
+
 def make_optimizer(cfg, model):
     """Build the optimizer named by ``cfg.optimizer`` over ``model``'s flat buffers.
 
@@ -181,11 +213,10 @@ def make_optimizer(cfg, model):
     Returns
     -------
     Optimizer
+
+    Raises
+    ------
+    ValueError
+        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
     """
-    if cfg.optimizer == "sgd":
-        return SGD(model.params, model.grads, lr=cfg.lr, momentum=cfg.momentum,
-                   weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return Adam(model.params, model.grads, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2,
-                    eps=cfg.eps, weight_decay=cfg.weight_decay)
-    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
+    return optimizer_factory(cfg)(model.params, model.grads)

@@ -4,8 +4,8 @@
 the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
 :func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the
 servers apply the trainer's own optimizer (:mod:`training.optim`: SGD with momentum, or Adam,
-built by :func:`server_optimizer`) to their shards. Rank 0 then evaluates the snapshots the
-servers kept, and writes the run records (:mod:`training.ps_report`).
+built by :func:`training.optim.optimizer_factory`) to their shards. Rank 0 then evaluates the
+snapshots the servers kept, and writes the run records (:mod:`training.ps_report`).
 
 Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
 ``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples
@@ -13,7 +13,6 @@ data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces da
 training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
 samples per clock as its current batch.
 """
-import functools
 import os
 import sys
 import time
@@ -30,11 +29,11 @@ from training.checkpoint import unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
-from training.optim import SGD, Adam
+from training.optim import optimizer_factory
 from training.parallel import compute_gradient, is_finite
 from training.ps_report import evaluate_snapshots, write_records
 
-__all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "server_optimizer", "BatchStream",
+__all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
            "finish_together"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
@@ -127,38 +126,6 @@ def ps_options(cfg, comm, per_epoch, run_dir):
     return opts
 
 
-def server_optimizer(cfg):
-    """Return the factory of the servers' update rule: the trainer's optimizer of ``cfg``.
-
-    The servers call it once per shard (:class:`ps.state.ServerOptimizer`) and set the
-    optimizer's ``lr`` before every update (schedule, staleness-aware rate, ``1 / W`` per push), so
-    a shard is updated with exactly the arithmetic of data-parallel training's optimizer.
-
-    Parameters
-    ----------
-    cfg : training.config.Config
-        The resolved configuration (``optimizer``, ``lr``, ``momentum``, ``weight_decay``,
-        ``beta1``, ``beta2``, ``eps``).
-
-    Returns
-    -------
-    callable
-        ``make(params, grads) -> training.optim.Optimizer`` over a shard's flat buffers
-        (ndarray, shape (n,), float32 or float64).
-
-    Raises
-    ------
-    ValueError
-        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
-    """
-    if cfg.optimizer == "sgd":
-        return functools.partial(SGD, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return functools.partial(Adam, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
-                                 weight_decay=cfg.weight_decay)
-    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
-
-
 def check_ps(cfg, size):
     """Check what a ``--mode ps`` run needs from a job of ``size`` ranks, before anything is created.
 
@@ -189,7 +156,7 @@ def check_ps(cfg, size):
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
                          f"workers ({W} = {size} ranks - {S} servers)")
     ps_options(cfg, size, 1, cfg.run_dir)  # PSOptions.validate: straggler, jitter, fail_worker...
-    server_optimizer(cfg)
+    optimizer_factory(cfg)
     if cfg.resume:
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
         check_server_checkpoints(os.path.join(run_dir, "ps"), S, unfinished_without_checkpoint(run_dir))
@@ -282,7 +249,7 @@ def run_ps(cfg, comm, run_dir, xp):
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
-    make_optimizer = server_optimizer(cfg)
+    make_optimizer = optimizer_factory(cfg)
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
         skipped = [0]
