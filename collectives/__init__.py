@@ -13,6 +13,7 @@ from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .executor import execute
 from .fingerprint import set_debug
 from .ops import OP_ALGORITHMS, allgather, broadcast, reduce, reduce_scatter
+from .persistent import AllreducePlan, allreduce_init
 from .policy import abort_on_failure
 from .request import Request
 from .schedule import Schedule, chunk_bounds
@@ -21,5 +22,5 @@ __all__ = [
     "ALGORITHMS", "OP_ALGORITHMS", "DTYPES", "COPY_DTYPES", "OPS", "allreduce", "iallreduce", "reduce_scatter", "allgather",
     "broadcast", "reduce", "CollectiveTimeout", "Request", "execute", "Schedule", "chunk_bounds",
     "build_allreduce_schedule", "get_array_module", "last_stats", "total_stats", "free_context", "REGISTRY",
-    "CollectiveError", "CollectiveMismatch", "set_debug", "abort_on_failure",
+    "CollectiveError", "CollectiveMismatch", "set_debug", "abort_on_failure", "allreduce_init", "AllreducePlan",
 ]

@@ -22,8 +22,9 @@ from .buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, f
 from .context import check_comm, get_context
 from .errors import CollectiveError, CollectiveTimeout
 from .executor import execute
+from .fastpath import fast_allreduce, library_plan, remember
 from .request import Request
-from .select import select_allreduce
+from .select import model_choice, select_allreduce
 from .torus import check_grid, square_grid
 from .waiting import deadline_of, wait_all
 
@@ -53,9 +54,13 @@ def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
     return x, timeout, grid
 
 
-def _resolve(ctx, algorithm, x, grid, timeout):
+def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32"):
     if algorithm == "auto":
-        algorithm = select_allreduce(ctx.size, x.size * ACC[x.dtype].itemsize)
+        nbytes = x.size * ACC[x.dtype].itemsize
+        algorithm = select_allreduce(ctx.size, nbytes)
+        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native"
+                                                                     and x.dtype == numpy.float16)):
+            algorithm = model_choice(ctx.size, nbytes)  # device buffers and float16 on the wire: hand-made
     if algorithm == "2d":
         if grid == "node" or grid is None:
             nodes, per = ctx.nodes()
@@ -73,7 +78,7 @@ def _begin(x, comm, op, algorithm, out, timeout, grid, accumulate):
     ctx.check_usable()
     xp = get_array_module(x)
     try:
-        algorithm, grid = _resolve(ctx, algorithm, x, grid, timeout)
+        algorithm, grid = _resolve(ctx, algorithm, x, grid, timeout, accumulate)
     except CollectiveError as exc:
         ctx.fail(f"allreduce: {exc}")
         raise
@@ -124,16 +129,34 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
         Unsupported dtype, or ``out`` of another dtype.
     CollectiveTimeout
         A peer did not answer within ``timeout``.
+
+    Notes
+    -----
+    A repeated call of at most 2,048 elements that runs the ``mpi`` algorithm (given, or chosen by
+    ``auto``) reuses the buffers, check elements and resolved choices cached for its call signature
+    (:mod:`collectives.fastpath`) and posts one ``MPI_Iallreduce``, with the same fingerprint check.
+    For a plan made once and started many times, see :func:`collectives.allreduce_init`.
     """
+    if type(x) is numpy.ndarray and grid is None and accumulate == "float32" and type(op) is str:
+        got = fast_allreduce(x, comm, op, algorithm, out, timeout)  # a repeated small call: its cache
+        if got is not None:
+            return got
     if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
         x, out, wrap = adopt(x, out)
         if wrap is not None:
             return wrap(allreduce(x, comm, op, algorithm, out, timeout, grid, accumulate))
     if type(op) is not str:
         op = op_name(op)
+    given = algorithm
     x, timeout, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, timeout, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
     if algorithm == "mpi":
+        if xp is numpy and grid is None and accumulate == "float32":
+            plan = library_plan(ctx, key, x.shape, x.dtype, op)
+            if plan is not None:
+                remember(ctx, given, op, x, plan, given == "auto")
+                plan.start(x)
+                return plan.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
         return _mpi_allreduce(ctx, key, x, op, out, timeout, xp)
     count = x.size
     tag = ctx.begin(key, timeout)

@@ -11,7 +11,8 @@ from .fingerprint import TagSpace, debug_enabled, exchange
 from .backend import DeviceTransport, cuda_aware
 from .waiting import deadline_of, wait_all
 
-__all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context"]
+__all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
+           "context_keyval"]
 
 _KEYVAL = [None]  # MPI attribute key, created on first use
 
@@ -35,10 +36,13 @@ class Context:
         Statistics of the most recent collective (see :func:`last_stats`).
     calls, bytes_sent, messages : int
         Running totals (see :func:`total_stats`).
+    plans, fast : dict
+        Persistent library plans of repeated small all-reduces and the call signatures that reuse
+        them (see :mod:`collectives.fastpath`).
     """
 
     __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
-                 "broken", "last", "calls", "bytes_sent", "messages")
+                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast")
 
     def __init__(self, comm, timeout=None):
         dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
@@ -56,6 +60,8 @@ class Context:
         self.broken = None
         self.last = None
         self.calls = self.bytes_sent = self.messages = 0
+        self.plans = {}  # (call key, shape) -> persistent library plan (collectives.fastpath)
+        self.fast = {}  # call signature as given -> (plan, tuning table in force), for repeated calls
 
     def check_usable(self):
         """Raise ``RuntimeError`` when an earlier failure left this context with messages in flight."""
@@ -182,7 +188,7 @@ def _on_free(comm, keyval, ctx):
     return MPI.SUCCESS
 
 
-def _keyval():
+def context_keyval():
     """Return the MPI attribute key under which each communicator caches its context."""
     if _KEYVAL[0] is None:
         _KEYVAL[0] = MPI.Comm.Create_keyval(delete_fn=_on_free)
@@ -199,7 +205,7 @@ def get_context(comm=None, timeout=None):
     waited under ``timeout`` seconds (:class:`~collectives.errors.CollectiveTimeout` after that).
     """
     comm = check_comm(comm)
-    key = _keyval()
+    key = context_keyval()
     ctx = comm.Get_attr(key)
     if ctx is None:
         ctx = Context(comm, timeout)
@@ -210,13 +216,13 @@ def get_context(comm=None, timeout=None):
 def free_context(comm=None):
     """Drop the cached context of ``comm`` (its duplicate is freed locally, without messages)."""
     comm = check_comm(comm)
-    if comm.Get_attr(_keyval()) is not None:
-        comm.Delete_attr(_keyval())  # the delete callback frees the duplicate
+    if comm.Get_attr(context_keyval()) is not None:
+        comm.Delete_attr(context_keyval())  # the delete callback frees the duplicate
 
 
 def has_context(comm):
     """Return True when ``comm`` already carries a commlab context (no message is sent)."""
-    return check_comm(comm).Get_attr(_keyval()) is not None
+    return check_comm(comm).Get_attr(context_keyval()) is not None
 
 
 def last_stats(comm=None):

@@ -86,9 +86,10 @@ def load_table(path, check_library=True):
             raise ValueError(f"{path}: rule {i}: max_bytes must be a number of bytes or null, not {r['max_bytes']!r}")
         if not isinstance(r["algorithm"], str):
             raise ValueError(f"{path}: rule {i}: algorithm must be a name, not {r['algorithm']!r}")
-    bad = sorted({r["algorithm"] for r in rules} - set(CANDIDATES))
+    bad = sorted({r["algorithm"] for r in rules} - set(CANDIDATES) - {"mpi"})
     if bad:
-        raise ValueError(f"{path}: rules name {', '.join(bad)}; auto chooses among {', '.join(CANDIDATES)}")
+        raise ValueError(f"{path}: rules name {', '.join(bad)}; auto chooses among {', '.join(CANDIDATES)} "
+                         "(and mpi, where a measured table says the library's own call is fastest)")
     params = table.get("model")
     if params is not None and not (isinstance(params, dict) and {"alpha", "beta", "gamma"} <= set(params)):
         raise ValueError(f"{path}: 'model' must hold alpha, beta and gamma")

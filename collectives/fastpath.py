@@ -1,0 +1,227 @@
+"""Persistent library plans of the ``mpi`` all-reduce: the cached fast path of repeated small calls.
+
+A :class:`LibraryPlan` is the MPI library's all-reduce, either ``MPI_Iallreduce`` posted again at every
+start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), on a private
+flat buffer in the accumulation dtype, with the call fingerprint's 8 check elements
+after the data (:mod:`collectives.library`), plus, for ``prod`` and messages above
+:data:`~collectives.library.PIGGYBACK_MAX` elements, one on the 2-element fingerprint, and for float
+``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` in and rewrites the check elements;
+``wait(out)`` verifies them, restores NaN, divides for ``avg`` and copies into ``out``.
+
+The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call signature (shape, dtype, op,
+algorithm as given) for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements, so a
+repeated small call costs a dictionary look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait``
+(:func:`fast_allreduce`). The consistency rules hold on this path too: the sequence number advances,
+the fingerprint rides in the reduction and is checked, a timeout or an MPI error marks the
+communicator unusable exactly as on the other paths.
+
+Persistent requests (``MPI_Allreduce_init``, :func:`collectives.allreduce_init`) are matched by the
+order in which the ranks made them, not by the order of the calls, so the blocking path does not use
+them: a rank whose call misses the cache (a new count, another op) would wait forever for ranks that
+start an older plan, where the non-blocking form matches by call order and the fingerprint check
+raises on every rank.
+"""
+import numpy
+from mpi4py import MPI
+
+from .buffers import ACC, MPI_OPS
+from .context import context_keyval
+from .errors import CollectiveMismatch, CollectiveTimeout
+from .fingerprint import checks_enabled, debug_enabled, describe, key_code
+from .library import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, _tail, mismatch
+from .select import _STATE as _SELECT, _ensure_loaded
+from .waiting import deadline_of, wait_all
+
+__all__ = ["LibraryPlan", "fast_allreduce", "library_plan", "remember"]
+
+
+
+class LibraryPlan:
+    """The library's all-reduce on a private buffer, with the fingerprint check, ready to run again.
+
+    Parameters
+    ----------
+    ctx : Context
+        The communicator's library context.
+    key : tuple
+        The call key (:mod:`collectives.fingerprint`), algorithm ``"mpi"``.
+    shape : tuple of int
+        Shape of the input.
+    dtype : numpy.dtype
+        dtype of the input; the buffer uses its accumulation dtype.
+    op : str
+        ``sum``, ``avg``, ``prod``, ``min`` or ``max``.
+    persistent : bool
+        True: persistent requests (``MPI_Allreduce_init``), made now and started by every
+        :meth:`start` (a plan of :func:`collectives.allreduce_init`). False: every :meth:`start`
+        posts ``MPI_Iallreduce`` on the same buffers (the blocking path's cache). MPICH matches a
+        persistent collective by the order in which the ranks *made* it, so a rank that makes a
+        new plan while the others start an old one waits forever; the blocking path, whose ranks
+        may take the cache or not, therefore keeps the non-blocking form, which matches by call
+        order like every other commlab call, and a mismatch there still raises.
+    """
+
+    __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "tail", "send", "want", "reqs", "fp", "code",
+                 "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent", "calls")
+
+    def __init__(self, ctx, key, shape, dtype, op, persistent=False):
+        self.ctx, self.key, self.size = ctx, key, ctx.size
+        n = self.n = int(numpy.prod(shape, dtype=numpy.int64))
+        acc = ACC[numpy.dtype(dtype)]
+        inline = n <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max")
+        self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)
+        self.data = self.work[:n]
+        self.shaped = self.data.reshape(shape)
+        calls = [(self.work, MPI_OPS[op])]  # (buffer, op) of each in-place all-reduce
+        self.tail = self.send = self.want = self.fp = None
+        if inline:
+            send, want = _tail(key, ctx.size)
+            self.tail, self.send, self.want = self.work[n:], send.astype(acc), want.astype(acc).tobytes()
+        else:
+            self.code = key_code(key)
+            self.fp = numpy.array([self.code, -self.code], numpy.int64)
+            calls.insert(0, (self.fp, MPI.MAX))
+        self.mask = self.isnan = None
+        if op in ("min", "max") and acc.kind == "f":  # NaN propagates (collectives.buffers.nan_mask)
+            self.mask = numpy.zeros(n, numpy.uint8)
+            self.isnan = self.mask.view(bool)
+            calls.append((self.mask, MPI.MAX))
+        self.avg = None if op != "avg" or ctx.size == 1 else (numpy.true_divide if acc.kind == "f"
+                                                              else numpy.floor_divide)
+        p = ctx.size
+        self.nbytes = (2 * (p - 1) * n // p) * acc.itemsize
+        self.last = ("allreduce", "mpi", n, acc, self.nbytes, None, None, True)
+        self.active, self.persistent, self.calls = False, persistent, calls
+        self.reqs = [ctx.comm.Allreduce_init(MPI.IN_PLACE, b, o) for b, o in calls] if persistent else []
+
+    def start(self, x):
+        """Copy ``x`` (the plan's shape) into the buffer, write the check elements and start the requests."""
+        ctx = self.ctx
+        ctx._seq += 1  # the call sequence stays in step with every other path
+        self.shaped[...] = x  # (setitem casts as copyto(casting="unsafe") does, at a fifth of the cost)
+        if self.tail is not None:
+            self.tail[...] = self.send
+        if self.isnan is not None:
+            numpy.isnan(self.data, out=self.isnan)
+        if not self.persistent:
+            comm = ctx.comm
+            self.reqs = [comm.Iallreduce(MPI.IN_PLACE, b, o) for b, o in self.calls]
+        elif len(self.reqs) == 1:
+            self.reqs[0].Start()
+        else:
+            MPI.Prequest.Startall(self.reqs)
+        self.active = True
+
+    def test(self):
+        """Return True once the started requests have completed (without blocking)."""
+        if self.persistent:  # not Testall: see collectives.waiting.wait_all
+            return all([r.Test() for r in self.reqs])
+        return MPI.Request.Testall(self.reqs)
+
+    def wait(self, out, timeout=None):
+        """Wait (under ``timeout`` seconds), check the fingerprint and write the result into ``out``."""
+        ctx = self.ctx
+        try:
+            if timeout is None and not ctx.active:
+                if len(self.reqs) == 1:
+                    self.reqs[0].Wait()
+                else:
+                    MPI.Request.Waitall(self.reqs)
+            else:
+                wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), "allreduce", 0,
+                         "MPI_Allreduce", timeout, ctx.progress if ctx.active else None, each=self.persistent)
+        except CollectiveTimeout as exc:
+            self._failed(str(exc))
+            raise
+        except MPI.Exception as exc:
+            err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in this "
+                                     f"rank's {describe(self.key)}: the ranks' calls differ")
+            self._failed(str(err))
+            raise err from None
+        self.active = False
+        if self.tail is not None:
+            if self.tail.tobytes() != self.want:
+                self._failed(str(mismatch(self.key)))
+                raise mismatch(self.key)
+        elif int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code:
+            self._failed(str(mismatch(self.key)))
+            raise mismatch(self.key)
+        if self.isnan is not None and self.mask.any():
+            self.data[self.isnan] = numpy.nan
+        if self.avg is not None:
+            self.avg(self.data, self.size, out=self.data)
+        out[...] = self.shaped
+        ctx.last = self.last
+        ctx.calls += 1
+        ctx.bytes_sent += self.nbytes
+        return out
+
+    def _failed(self, message):
+        self.ctx.fail(f"allreduce: {message}")
+        self.ctx.plans.pop((self.key, self.shaped.shape), None)
+
+
+def library_plan(ctx, key, shape, dtype, op):
+    """Return the cached library plan of ``key`` on ``ctx`` (made the first time), or None if not cacheable.
+
+    Plans are cached for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements with
+    the default checks on; at most 256 per communicator (the cache is emptied beyond that).
+    """
+    plan = ctx.plans.get((key, shape))
+    if plan is None:
+        if key[2] > PIGGYBACK_MAX or not checks_enabled() or debug_enabled():
+            return None
+        if len(ctx.plans) >= 256:
+            ctx.plans.clear()
+        plan = ctx.plans[(key, shape)] = LibraryPlan(ctx, key, shape, dtype, op)
+    return plan
+
+
+def fast_allreduce(x, comm, op, algorithm, out, timeout):
+    """Run a repeated small blocking all-reduce through its cached plan; return None when there is none.
+
+    Called first by :func:`collectives.allreduce` for a NumPy ``x`` with the default ``grid`` and
+    ``accumulate``. Only a call whose signature (shape, dtype, op, algorithm as given, and, for
+    ``auto``, the tuning table in force) matches one that went through the full argument checks
+    earlier on this communicator takes this path; anything else -- a new signature, ``out`` of
+    another shape, dtype or a read-only one, debug mode, checks off, a broken communicator --
+    returns None and the full path runs (and raises where it must).
+    """
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    ctx = comm.Get_attr(context_keyval()) if type(comm) is MPI.Intracomm else None
+    if ctx is None:
+        return None
+    sig = (algorithm, op, x.dtype, x.shape)
+    entry = ctx.fast.get(sig)
+    if entry is None:
+        return None
+    plan, table = entry
+    if table is not None and table is not _table():
+        return None
+    if ctx.broken is not None or plan.active or ctx.plans.get((plan.key, x.shape)) is not plan:
+        return None
+    if out is None:
+        out = numpy.empty(x.shape, x.dtype)
+    elif type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype or not out.flags.writeable:
+        return None
+    if timeout is not None:
+        if type(timeout) is not float or not 0.0 < timeout < float("inf"):
+            return None
+    if debug_enabled() or not checks_enabled():
+        return None
+    plan.start(x)
+    return plan.wait(out, timeout)
+
+
+def remember(ctx, algorithm, op, x, plan, auto):
+    """Record that calls with ``x``'s signature and ``algorithm``/``op`` as given run ``plan``."""
+    if len(ctx.fast) > 1024:
+        ctx.fast.clear()
+    ctx.fast[(algorithm, op, x.dtype, x.shape)] = (plan, _table() if auto else None)
+
+
+def _table():
+    """Return the object that changes whenever ``auto``'s tuning table does (its choice cache)."""
+    _ensure_loaded()
+    return _SELECT["cache"]
