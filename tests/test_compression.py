@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from collectives.compression import (COMPRESSORS, DGC, QSGD, Compressor, ErrorFeedback, Memory,
-                                     PowerSGD, TernGrad, TopK, make_compressor, make_hook,
+                                     PowerSGD, TernGrad, TopK, compressed_allreduce, make_compressor, make_hook,
                                      matrix_layout, parse_compression_args, payload_nbytes)
 from collectives.compression.quantize import Int8Compressor
 
@@ -128,6 +128,10 @@ def test_dgc_momentum_correction_and_masking():
         mem.update(v, "g", y)
         assert np.array_equal(y, [1.0, 0.0])
     assert np.allclose(mem.velocities["g"], [0.0, 0.25], atol=1e-15)
+    for name, owns in (("dgc", True), ("topk", False)):  # the trainer then drops its SGD momentum
+        hook = make_hook(name, comm=MPI.COMM_SELF)
+        assert hook.owns_momentum is owns
+        hook.close()
     assert np.allclose(mem.momenta["g"], [0.0, 0.15], atol=1e-15)
 
 
@@ -185,7 +189,9 @@ def test_state_dict_round_trip_continues_exactly(name, tmp_path):
     a = [first(g)[0] for g in grads[3:]]
     second = make_hook(name, comm=MPI.COMM_SELF, **kwargs)
     with np.load(tmp_path / "state.npz", allow_pickle=False) as f:
-        second.load_state_dict(dict(f))
+        state = dict(f)
+    state["world_size"] = state.pop("size")  # the key of states written before it was renamed
+    second.load_state_dict(state)
     b = [second(g)[0] for g in grads[3:]]
     assert all(np.array_equal(u, v) for u, v in zip(a, b))
     assert second.iteration == first.iteration == 6
@@ -231,6 +237,11 @@ def test_boundary_errors():
         Compressor().compress(np.zeros(3), "g")
     with pytest.raises(NotImplementedError):
         Compressor().decompress([], {})
+    with pytest.raises(NotImplementedError):  # transport "own" without its rounds
+        Compressor().reduce(np.zeros(3), "g", lambda b: b, 1)
+    pigeon = type("Pigeon", (TopK,), {"transport": "carrier-pigeon"})()
+    with pytest.raises(ValueError, match="transport"):  # refused before any message
+        compressed_allreduce(np.zeros(4), "g", pigeon, comm=MPI.COMM_SELF)
     with pytest.raises(NotImplementedError):
         Memory().compensate(np.zeros(3), "g")
 
