@@ -10,12 +10,15 @@ row by row. Either way a request's logits are a function of its features alone, 
 the single-process prediction of the same checkpoint.
 """
 import json
+import os
 
 import numpy
 
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import CheckpointError, find_checkpoint, read_npz, root_bytes
 from training.config import Config
+from training.data import load_dataset
 from training.nn import Linear, build_mlp
+from training.sharded import dense_params, find_sharded, read_pieces
 
 __all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor"]
 
@@ -45,42 +48,71 @@ class ModelSpec:
         self.n_classes = int(weights[-1][0].shape[1])
 
 
-def load_spec(path, comm, n_features, n_classes):
-    """Read checkpoint ``path`` (rank 0 reads and verifies, all ranks receive) into a :class:`ModelSpec`.
+def _read_on_root(path, box):
+    """Rank 0: read the checkpoint of either kind, its configuration and data; return the message."""
+    sharded = find_sharded(path) if os.path.isdir(path) else None
+    if sharded:
+        name = sharded
+        _, common = read_pieces(sharded)
+        saved = common.get("meta/config")
+    else:
+        name = find_checkpoint(path)
+        arrays = read_npz(name)
+        saved = arrays.get("meta/config")
+    if saved is None:
+        raise CheckpointError(f"checkpoint {name} holds no meta/config: not a training run's")
+    try:
+        cfg = Config.from_dict(json.loads(saved.tobytes()))
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {name}: its configuration cannot be read ({e})") from None
+    data = box["data"] = load_dataset(cfg)
+    sizes = [data.n_features, *cfg.hidden, data.n_classes]
+    flat = dense_params(sharded, sizes) if sharded else arrays.get("model/params")
+    n = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    if flat is None or flat.size != n:
+        raise CheckpointError(f"checkpoint {name} holds {0 if flat is None else flat.size} parameters; "
+                              f"a {'-'.join(map(str, sizes))} MLP has {n}")
+    head = json.dumps({"file": name, "config": cfg.to_dict(), "sizes": sizes}).encode()
+    return numpy.array([len(head)], numpy.int64).tobytes() + head + flat.astype(numpy.float64).tobytes()
+
+
+def load_spec(path, comm):
+    """Read a training checkpoint on rank 0 and return its model on every rank, as float64.
+
+    Either kind of checkpoint of :mod:`training.train` is read: a data-parallel ``.npz`` (one flat
+    parameter vector), or the sharded checkpoint of a tensor/pipeline-parallel run on any grid,
+    whose pieces are assembled into the dense layers (:func:`training.sharded.dense_params`); the
+    serving job then re-shards them for its own tensor-parallel degree. float32 weights are widened
+    to float64 (exactly).
 
     Parameters
     ----------
     path : str
-        A run directory (its newest checkpoint) or a ``.npz`` checkpoint of :mod:`training.train`.
+        A run directory (its newest checkpoint of either kind), a ``.npz`` checkpoint or a
+        ``shards-epochNNNN`` directory.
     comm : mpi4py.MPI.Comm
         Every rank of ``comm`` calls this.
-    n_features, n_classes : int
-        Input width and number of classes of the data the model was trained on.
 
     Returns
     -------
-    ModelSpec
+    (ModelSpec, training.data.Dataset or None)
+        The model, and on rank 0 the data set it was trained on (None elsewhere).
 
     Raises
     ------
     CheckpointError
         On every rank, when the file is missing, corrupt, holds no configuration or does not fit.
     """
-    name, arrays = load_checkpoint(path, comm)
-    if "meta/config" not in arrays or "model/params" not in arrays:
-        raise CheckpointError(f"checkpoint {name} holds no model/params or meta/config: not a training run's")
-    try:
-        cfg = Config.from_dict(json.loads(arrays["meta/config"].tobytes()))
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint {name}: its configuration cannot be read ({e})") from None
-    model = build_mlp([n_features, *cfg.hidden, n_classes], activation=cfg.activation, dtype="float64")
-    flat = arrays["model/params"]
-    if flat.shape != model.params.shape:
-        raise CheckpointError(f"checkpoint {name} holds {flat.size} parameters; a {n_features}-"
-                              f"{'-'.join(map(str, cfg.hidden))}-{n_classes} MLP has {model.size}")
-    model.params[...] = flat.astype(numpy.float64)  # float32 -> float64 is exact
+    box = {}
+    msg = root_bytes(comm, lambda: _read_on_root(path, box), error=CheckpointError)
+    n = int(numpy.frombuffer(msg[:8], numpy.int64)[0])
+    head = json.loads(msg[8:8 + n])
+    flat = numpy.frombuffer(msg[8 + n:], numpy.float64)
+    cfg = Config.from_dict(head["config"])
+    model = build_mlp(head["sizes"], activation=cfg.activation, dtype="float64")
+    model.params[...] = flat
     weights = [(layer.W.copy(), layer.b.copy()) for layer in model.layers if isinstance(layer, Linear)]
-    return ModelSpec(weights, cfg.activation, name, cfg)
+    return ModelSpec(weights, cfg.activation, head["file"], cfg), box.get("data")
 
 
 def dense_forward(weights, activation):

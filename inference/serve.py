@@ -28,7 +28,6 @@ from inference.replica import ReplicaOptions, serve_replica
 from inference.request import Request
 from inference.tensor import TensorParallelForward, emulate_forward
 from training.checkpoint import CheckpointError, root_bytes
-from training.data import load_dataset
 from training.metrics import run_info
 
 __all__ = ["run", "main", "parse_args"]
@@ -75,26 +74,6 @@ def _threads_one():
     threadpool_limits(limits=1)  # one BLAS thread per rank: ranks share the cores
 
 
-def _setup(cfg, comm):
-    """Make the run directory and read data and checkpoint; return (spec, dataset or None)."""
-    box = {}
-
-    def on_root():
-        os.makedirs(cfg.run_dir, exist_ok=True)
-        from training.checkpoint import find_checkpoint, read_npz
-        name = find_checkpoint(cfg.checkpoint)
-        saved = read_npz(name).get("meta/config")
-        if saved is None:
-            raise ValueError(f"checkpoint {name} holds no meta/config")
-        from training.config import Config
-        box["data"] = load_dataset(Config.from_dict(json.loads(saved.tobytes())))
-        return numpy.array([box["data"].n_features, box["data"].n_classes], numpy.int64).tobytes()
-
-    fc = numpy.frombuffer(root_bytes(comm, on_root, error=CheckpointError), numpy.int64)
-    spec = load_spec(cfg.checkpoint, comm, int(fc[0]), int(fc[1]))
-    return spec, box.get("data")
-
-
 def run(cfg, comm=None):
     """Run one serving job on ``comm``; return the summary on rank 0 and None elsewhere.
 
@@ -118,7 +97,16 @@ def run(cfg, comm=None):
     comm = MPI.COMM_WORLD if comm is None else comm
     cfg.validate(comm.size)
     _threads_one()
-    spec, data = _setup(cfg, comm)
+
+    def make_dir():
+        try:
+            os.makedirs(cfg.run_dir, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"--run-dir {cfg.run_dir}: cannot create it ({e.strerror or e})") from None
+        return b""
+
+    root_bytes(comm, make_dir, error=ValueError)
+    spec, data = load_spec(cfg.checkpoint, comm)
     serving = comm.Dup()  # serving messages never match anyone else's
     T, rank = cfg.tensor_parallel, serving.rank
     replica = (rank - 1) // T if rank else MPI.UNDEFINED

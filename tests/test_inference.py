@@ -23,9 +23,11 @@ from inference.model import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.tensor import emulate_forward
 from tests.mpirun import ROOT, mpiexec_path, run_mpi
+from training.checkpoint import CheckpointError, load_checkpoint
 from training.config import Config
 from training.data import load_dataset
 from training.nn import build_mlp
+from training.sharded import dense_params
 
 # ------------------------------------------------------------------------------ one process
 
@@ -161,12 +163,14 @@ def _reference(ckpt, max_batch, T=1):
     """Single-process logits of every test row, and the plain training model's logits."""
     cfg = Config.from_dict(json.loads(open(os.path.join(ckpt, "config.json")).read())["config"])
     data = load_dataset(cfg)
-    spec = load_spec(ckpt, MPI.COMM_SELF, data.n_features, data.n_classes)
+    spec, _ = load_spec(ckpt, MPI.COMM_SELF)
     fwd = emulate_forward(spec.weights, spec.activation, T) if T > 1 else dense_forward(spec.weights, spec.activation)
     p = Predictor(fwd, data.n_features, data.n_classes, max_batch)
     model = build_mlp([data.n_features, *cfg.hidden, data.n_classes], dtype="float64")
-    _, arrays = __import__("training.checkpoint", fromlist=["x"]).load_checkpoint(ckpt, MPI.COMM_SELF)
-    model.params[...] = arrays["model/params"].astype(np.float64)
+    if os.path.exists(os.path.join(ckpt, "shards-epoch0001")):  # a tensor-parallel training run's pieces
+        model.params[...] = dense_params(os.path.join(ckpt, "shards-epoch0001"), [64, *cfg.hidden, 10])
+    else:
+        model.params[...] = load_checkpoint(ckpt, MPI.COMM_SELF)[1]["model/params"].astype(np.float64)
     return data, (lambda x: p.predict(x[None])[0]), model.forward(data.x_test).copy()
 
 
@@ -220,6 +224,20 @@ def test_a_replica_failing_midway_loses_no_request_and_answers_none_twice(ckpt, 
     _check_answers(recs, data, ref, dense)
 
 
+def test_least_outstanding_sends_less_to_a_slow_replica_than_round_robin(ckpt, tmp_path):
+    sent = {}
+    for pol in ("round-robin", "least-outstanding"):
+        out = str(tmp_path / pol)
+        run_mpi(4, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--balance", pol, "--requests", 300,
+                "--rate", 600, "--straggler", "2:4", "--service-ms", 2, "--max-batch", 4, "--run-dir", out, timeout=60)
+        s = json.load(open(os.path.join(out, "summary.json")))
+        assert s["answered"] == s["correct"] == 300
+        sent[pol] = [r["batches"] for r in s["replicas"]]
+    rr, lo = sent["round-robin"], sent["least-outstanding"]
+    assert max(rr) - min(rr) <= 1  # blind to load: every replica gets its turn
+    assert lo[2] < min(lo[0], lo[1]) and lo[2] < rr[2]  # the 4x slow replica gets less
+
+
 @pytest.mark.parametrize("T", [2, 3])
 def test_tensor_parallel_replica_answers(ckpt, tmp_path, T):
     out = str(tmp_path / f"tp{T}")
@@ -234,6 +252,18 @@ def test_tensor_parallel_replica_answers(ckpt, tmp_path, T):
         _check_answers(recs, data, ref, dense)
     for r in recs:
         np.testing.assert_allclose(r["logits"], dense[r["row"]], rtol=1e-9, atol=1e-9)
+
+
+def test_a_tensor_parallel_training_run_is_served_resharded(tmp_path):
+    run_mpi(2, "training.train", "--tensor-parallel", 2, "--epochs", 1, "--hidden", "24,16", "--run-dir", tmp_path,
+            "--name", "tp", "--no-progress", timeout=60)
+    ckpt, out = str(tmp_path / "tp"), str(tmp_path / "served")
+    run_mpi(4, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--requests", 200, "--clients", 6,
+            "--run-dir", out, timeout=60)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert (s["answered"], s["correct"]) == (200, 200) and "shards-epoch0001" in s["checkpoint_file"]
+    data, ref, dense = _reference(ckpt, 8)
+    _check_answers(_records(out), data, ref, dense)
 
 
 def _post(url, body, timeout=20):
@@ -304,6 +334,12 @@ def test_wrong_rank_count_fails_on_every_rank_with_one_message(ckpt, tmp_path):
     r = run_mpi(3, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--run-dir", str(tmp_path),
                 check=False, timeout=30)
     assert r.returncode != 0 and r.stdout.count("needs 1 + 3 * 1 = 4 ranks, the job has 3") == 1
-    r = run_mpi(2, "inference.serve", "--checkpoint", str(tmp_path / "nothing"), "--run-dir", str(tmp_path),
-                check=False, timeout=30)
-    assert r.returncode != 0 and "no checkpoint" in r.stdout
+
+
+def test_missing_or_corrupt_checkpoints_are_named(ckpt, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_spec(str(tmp_path), MPI.COMM_SELF)
+    bad = tmp_path / "ckpt-epoch0001.npz"
+    bad.write_bytes(open(os.path.join(ckpt, "ckpt-epoch0001.npz"), "rb").read()[:-100])
+    with pytest.raises(CheckpointError, match="ckpt-epoch0001.npz"):
+        load_spec(str(tmp_path), MPI.COMM_SELF)
