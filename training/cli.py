@@ -9,7 +9,8 @@ import dataclasses
 import json
 import os
 
-from collectives.compression import parse_compression_arg
+from collectives import ALGORITHMS
+from collectives.compression import COMPRESSORS, parse_compression_arg
 from training.config import CHOICES, Config
 
 __all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg"]
@@ -143,17 +144,9 @@ def build_parser(prog="python -m training.train"):
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type, f.type)
             choices = CHOICES.get(f.name)
-            if f.name == "algorithm":
-                from collectives import ALGORITHMS
-
-                text = f"{text[:-1]}; one of {', '.join(ALGORITHMS)})"
-            if f.name == "compression":
-                try:
-                    from collectives.compression import COMPRESSORS
-                except ImportError:
-                    COMPRESSORS = ()
-                if COMPRESSORS:
-                    text = f"{text[:-1]}; one of {', '.join(COMPRESSORS)})"
+            if f.name in ("algorithm", "compression"):
+                names = ALGORITHMS if f.name == "algorithm" else COMPRESSORS
+                text = f"{text[:-1]}; one of {', '.join(names)})"
             p.add_argument(flag, type=typ, choices=choices, help=text,
                            metavar=None if choices else _METAVARS.get(f.name))
     return p
