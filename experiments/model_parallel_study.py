@@ -108,7 +108,7 @@ def main(argv=None):
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step when Q > 1")
     p.add_argument("--steps", type=int, default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all grids (median and range)")
-    p.add_argument("--bubble-micro-batches", default="1,2,4,8", help="m values of the bubble part")
+    p.add_argument("--bubble-micro-batches", default="1,2,4,8", help="m values of the bubble part ('' skips it)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     P, rank = comm.Get_size(), comm.Get_rank()
@@ -144,7 +144,7 @@ def main(argv=None):
                                  "max_parameters": xs[-1]["max_parameters"],
                                  "bubble": _ratio_summary([x["bubble"] for x in xs]),
                                  "activation_bytes": xs[-1]["activation_bytes"]})
-    for m in (int(v) for v in args.bubble_micro_batches.split(",")):
+    for m in (int(v) for v in args.bubble_micro_batches.split(",") if v.strip()):
         for sched in ("gpipe", "1f1b"):
             cfg = base.replace(pipeline_parallel=P, micro_batches=m, schedule=sched)
             xs = [measure(cfg, comm, args.steps) for _ in range(args.rounds)]

@@ -72,6 +72,9 @@ def build_hybrid(cfg, comm):
 
         select_allreduce(comm.Get_size(), 8)  # loads the tuning table now, not mid-run
     xp = array_module(cfg, comm)
+    if xp is not numpy and cfg.pipeline_parallel > 1 and not collectives.backend.cuda_aware():
+        raise ValueError("--pipeline-parallel > 1 with --device gpu needs a CUDA-aware MPI (pipeline stages send "
+                         "device arrays point-to-point); tensor and data parallelism stage through the host")
     grid = Grid(comm, cfg.tensor_parallel, cfg.pipeline_parallel)
     from training.grid import build_stage
 

@@ -24,8 +24,6 @@ activation memory is measured, not assumed.
 import copy
 import time
 
-from mpi4py import MPI
-
 from collectives.waiting import deadline_of, wait_all
 from training.nn import Linear, SoftmaxCrossEntropy, get_array_module
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
@@ -141,6 +139,13 @@ def _partition(weights, parts):
     return cuts[::-1]
 
 
+def _sync(buf):
+    """Wait for the device work that writes ``buf`` before MPI reads it (CUDA-aware MPI, CuPy)."""
+    xp = get_array_module(buf)
+    if xp.__name__ == "cupy":
+        xp.cuda.get_current_stream().synchronize()
+
+
 def _is_linear(layer):
     return isinstance(layer, (Linear, ColumnParallelLinear, RowParallelLinear))
 
@@ -188,8 +193,9 @@ class PipelineStage:
 
     def _slot(self):
         for slot in self.slots:
-            if slot["mb"] is None:
-                MPI.Request.Waitall(slot["sends"])  # its buffers are ours again
+            if slot["mb"] is None:  # its buffers are ours again once its sends are done
+                wait_all(slot["sends"], [None] * len(slot["sends"]), deadline_of(self.timeout), "pipeline send",
+                         0, "slot reuse", self.timeout)
                 slot["sends"] = []
                 return slot
         layers = []
@@ -211,6 +217,7 @@ class PipelineStage:
         return buf
 
     def _send(self, slot, buf, dest, tag):
+        _sync(buf)
         slot["sends"].append(self.comm.Isend(buf, dest=dest, tag=tag))
         self.bytes_sent += buf.nbytes
 
@@ -311,6 +318,7 @@ class PipelineStage:
             h = layer.forward(h)
         if self.stage == self.stages - 1:
             return h
+        _sync(h)
         req = self.comm.Isend(h, dest=self.stage + 1, tag=0)
         wait_all([req], [-1 - (self.stage + 1)], deadline_of(self.timeout), "pipeline send", 0, "forward",
                  self.timeout)
