@@ -79,6 +79,17 @@ def parse_literal(text):
 def split_key_value(text, what="argument"):
     """Split ``"KEY=VALUE"`` into ``(key, value text)``, the key stripped.
 
+    Parameters
+    ----------
+    text : str
+        One ``KEY=VALUE`` item; the value may itself contain ``=``.
+    what : str
+        What the item is, for the error message (``"--set"``, ``"compression argument"``).
+
+    Returns
+    -------
+    tuple of (str, str)
+
     Raises
     ------
     ValueError
@@ -92,6 +103,15 @@ def split_key_value(text, what="argument"):
 
 def parse_compression_arg(text):
     """Return ``(key, value)`` of one ``--compression-arg KEY=VALUE`` (value read by :func:`parse_literal`).
+
+    Parameters
+    ----------
+    text : str
+        For example ``"ratio=0.01"`` -> ``("ratio", 0.01)``.
+
+    Returns
+    -------
+    tuple of (str, object)
 
     Raises
     ------
