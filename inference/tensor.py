@@ -100,10 +100,12 @@ class TensorParallelForward:
 
     @property
     def comm_s(self):
+        """Seconds spent in this rank's all-reduce calls since the last :meth:`reset`."""
         return sum(layer.stats["comm_s"] for layer, _ in self.layers)
 
     @property
     def allreduce_calls(self):
+        """All-reduce calls since the last :meth:`reset`."""
         return sum(layer.stats["calls"] for layer, _ in self.layers)
 
     def __call__(self, x):

@@ -266,6 +266,11 @@ def test_a_tensor_parallel_training_run_is_served_resharded(tmp_path):
     _check_answers(_records(out), data, ref, dense)
 
 
+def _health(url):
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read())
+
+
 def _post(url, body, timeout=20):
     req = urllib.request.Request(url, data=body if isinstance(body, bytes) else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
@@ -279,7 +284,7 @@ def _post(url, body, timeout=20):
 def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tmp_path):
     out = str(tmp_path / "http")
     cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
-           "--replicas", "2", "--http", "0", "--max-wait-ms", "20", "--service-ms", "30", "--run-dir", out]
+           "--replicas", "2", "--http", "0", "--max-wait-ms", "20", "--service-ms", "300", "--run-dir", out]
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -290,8 +295,7 @@ def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tm
             assert time.time() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() is not None else "no endpoint"
             time.sleep(0.1)
         url = "http://127.0.0.1:%d" % json.load(open(ep))["port"]
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            assert json.loads(r.read()) == {"status": "serving"}
+        assert _health(url) == {"status": "serving", "in_flight": 0}
         data, ref, _ = _reference(ckpt, 8)
         code, ans = _post(url + "/predict", {"features": data.x_test[5].tolist()})
         assert code == 200 and np.array_equal(np.array(ans["logits"]), ref(data.x_test[5]))
@@ -304,22 +308,22 @@ def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tm
         results = {}
 
         def client(i):
-            results[i] = _post(url + "/predict", {"features": data.x_test[i].tolist()})
+            results[i] = _post(url + "/predict", {"features": data.x_test[i].tolist()}, timeout=60)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for t in threads:
             t.start()
-        time.sleep(0.01)  # the requests are in flight (30 ms per batch) when shutdown begins
+        while _health(url)["in_flight"] < 12:  # all 12 accepted, none answered yet (300 ms per batch)
+            assert time.time() < deadline + 30
+            time.sleep(0.01)
         assert _post(url + "/shutdown", b"{}")[0] == 202
+        code, ans = _post(url + "/predict", {"features": row})  # arrives while draining
+        assert code == 503 and "shutting down" in ans["error"]
         for t in threads:
-            t.join(30)
+            t.join(60)
         assert sorted(results) == list(range(12))
-        for i, (code, ans) in results.items():
-            if code == 200:
-                assert np.array_equal(np.array(ans["logits"]), ref(data.x_test[i]))
-            else:  # arrived after shutdown began: refused, never half-answered
-                assert code == 503 and "shutting down" in ans["error"]
-        assert sum(code == 200 for code, _ in results.values()) > 0
+        for i, (code, ans) in results.items():  # the drain answered every accepted request
+            assert code == 200 and np.array_equal(np.array(ans["logits"]), ref(data.x_test[i]))
         text = proc.communicate(timeout=30)[0]
         assert proc.returncode == 0, text
     finally:
