@@ -1,11 +1,17 @@
-"""Draw the emulated-cluster collectives study: time, speedup over the flat ring, inter-node link use.
+"""Draw the emulated-cluster studies.
 
     python -m plots.cluster results/cluster/collectives.json [--out FILE.png]
+    python -m plots.cluster results/cluster/compression.json
+    python -m plots.cluster results/cluster/model.json
 
-One row of panels per link rate: all-reduce time per call against size (log-log), each algorithm's
-speedup over ``ring`` (median of the passes, bars: their range; above 1 is faster than the flat
-ring), and the inter-node busbw as a fraction of the configured link rate. Drawing only: every
-number comes from ``experiments.cluster_collectives``.
+The file's ``study`` key picks the figure. Collectives (``experiments.cluster_collectives``): one row
+of panels per link rate: all-reduce time per call against size (log-log), each algorithm's speedup
+over ``ring`` (median of the passes, bars: their range; above 1 is faster than the flat ring), and the
+inter-node busbw as a fraction of the configured link rate. Compression
+(``experiments.cluster_compression``): each compressor's step-time speedup over ``none`` and its
+time to the target accuracy, per network. Model (``experiments.cluster_model``): predicted against
+measured all-reduce time, per algorithm, with the tolerance band. Drawing only: every number comes
+from the study's file.
 """
 import argparse
 import json
@@ -17,7 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-__all__ = ["draw", "main"]
+__all__ = ["draw", "draw_compression", "draw_model", "main"]
 
 _STYLE = {"ring": ("tab:blue", "o"), "rabenseifner": ("tab:orange", "s"), "2d": ("tab:green", "^"),
           "tree": ("tab:red", "v"), "mpi": ("black", "x")}
@@ -72,16 +78,84 @@ def draw(study, out):
     plt.close(fig)
 
 
+def draw_compression(study, out):
+    """Draw ``study`` (the JSON of ``experiments.cluster_compression``) to the PNG ``out``."""
+    rows, nets = study["rows"], study["networks"]
+    specs = list(dict.fromkeys(r["spec"] for r in rows))
+    fig, axes = plt.subplots(2, 1, figsize=(14, 8.5), sharex=True)
+    width = 0.8 / len(nets)
+    colors = plt.get_cmap("viridis")([i / max(len(nets) - 1, 1) for i in range(len(nets))])
+    for i, (net, color) in enumerate(zip(nets, colors)):
+        x = [k + (i - (len(nets) - 1) / 2) * width for k in range(len(specs))]
+        rs = [next((r for r in rows if r["network"] == net and r["spec"] == s), None) for s in specs]
+        sp = [r["speedup"] if r and r["speedup"] else 0 for r in rs]
+        err = [[max(v - (r["speedup_min"] or v), 0) if r else 0 for v, r in zip(sp, rs)],
+               [max((r["speedup_max"] or v) - v, 0) if r else 0 for v, r in zip(sp, rs)]]
+        axes[0].bar(x, sp, width, yerr=err, color=color, label=net, capsize=2)
+        tt = [r["time_to_target_s"] if r and r["time_to_target_s"] is not None else 0 for r in rs]
+        axes[1].bar(x, tt, width, color=color, label=net)
+        for xi, r in zip(x, rs):
+            if r and r["time_to_target_s"] is None:
+                axes[1].text(xi, 0, "x", ha="center", va="bottom", color=color, fontsize=9)
+    axes[0].axhline(1.0, color="grey", ls="--", lw=1)
+    axes[0].set(ylabel="step-time speedup over none (x)", yscale="log",
+                title="step time: per-epoch ratios, median and range (4 nodes x 1 rank)")
+    axes[1].set(ylabel=f"wall s to {study['target']:.0%} test accuracy", yscale="log",
+                title="time to accuracy (x: not reached in the run)")
+    axes[1].set_xticks(range(len(specs)))
+    axes[1].set_xticklabels(specs, rotation=35, ha="right")
+    for ax in axes:
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=9)
+    fig.suptitle("Gradient compression on emulated links against shared memory (experiments.cluster)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw_model(study, out):
+    """Draw ``study`` (the JSON of ``experiments.cluster_model``) to the PNG ``out``."""
+    models = list(study["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.5), squeeze=False)
+    tol = study["tolerance"]
+    for ax, name in zip(axes[0], models):
+        m = study["models"][name]
+        rs = [r for r in study["rows"] if r["model"] == name]
+        for alg in dict.fromkeys(r["algorithm"] for r in rs):
+            color, marker = _STYLE.get(alg, ("tab:purple", "D"))
+            mine = [r for r in rs if r["algorithm"] == alg]
+            ax.scatter([r["measured_s"] * 1e3 for r in mine], [r["predicted_s"] * 1e3 for r in mine],
+                       color=color, marker=marker, label=alg)
+        lo = min(min(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3 * 0.8
+        hi = max(max(r["measured_s"], r["predicted_s"]) for r in rs) * 1e3 * 1.25
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ax.fill_between([lo, hi], [lo * (1 - tol), hi * (1 - tol)], [lo * (1 + tol), hi * (1 + tol)],
+                        color="grey", alpha=0.15, label=f"within {tol:.0%}")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms",
+               ylabel="predicted ms",
+               title=f"{name} links: {m['hits']} of {m['points']} within {tol:.0%} "
+                     f"(alpha {m['alpha_inter'] * 1e6:.0f} us, {1 / m['beta_inter'] / 1e6:.0f} MB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Two-level simulator fitted on 2x2 and 4x1, predicting 4x2 all-reduce (emulated 1 Gbit/s)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
-    p.add_argument("study", help="results/cluster/collectives.json from experiments.cluster_collectives")
+    p.add_argument("study", help="a results JSON of experiments.cluster_collectives, cluster_compression "
+                   "or cluster_model")
     p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
     with open(a.study, encoding="utf-8") as f:
         study = json.load(f)
     out = a.out or os.path.splitext(a.study)[0] + ".png"
-    draw(study, out)
+    kind = study.get("study", "")
+    {"experiments.cluster_compression": draw_compression, "experiments.cluster_model": draw_model}.get(kind, draw)(
+        study, out)
     print(f"wrote {out}")
     return 0
 

@@ -223,3 +223,48 @@ def test_parse_rate_follows_tc_units():
     for bad in ("", "1 gigabit", "-5mbit", "0mbit", "mbit"):
         with pytest.raises(ValueError):
             parse_rate(bad)
+
+
+def test_inter_node_bytes_match_the_algorithms_formulas():
+    """Bytes leaving the busiest node, from the schedules, equal the closed forms on 4 nodes x 2 ranks.
+
+    Flat ring: one rank per node sends across, 2 (P - 1) / P n. Hierarchical 2d on node rows: each of
+    the K ranks all-reduces n / K across the N nodes, K x 2 (N - 1) / N x n / K.
+    """
+    from experiments.cluster_collectives import node_bytes
+    n, P, K, N = 1 << 16, 8, 2, 4
+    assert node_bytes("ring", P, K, n // 4) == 2 * (P - 1) / P * n
+    assert node_bytes("2d", P, K, n // 4) == K * 2 * (N - 1) / N * n / K
+    assert node_bytes("ring", 4, 4, n // 4) == 0  # one node: nothing crosses
+
+
+def test_model_replay_equals_the_simulator_without_sharing():
+    """The calibration's replay with independent links is collectives.cost.simulate; sharing only slows it."""
+    from collectives import cost
+    from experiments.cluster_model import ALGS, simulate
+    topo = cost.Topology(ranks_per_node=2, alpha_inter=50e-6, beta_inter=8 / 1e9)
+    for alg in ALGS:
+        want = cost.simulate(alg, 8, 1 << 18, topo)
+        assert simulate(alg, 8, 1 << 18, topo, False) == pytest.approx(want, rel=1e-9)
+        assert simulate(alg, 8, 1 << 18, topo, True) >= want * (1 - 1e-9)
+    # 2d's column phase sends K = 2 messages out of every node at once: its inter-node part doubles
+    shared, alone = simulate("2d", 8, 1 << 20, topo, True), simulate("2d", 8, 1 << 20, topo, False)
+    assert 1.8 < shared / alone < 2.0
+
+
+def test_compression_report_reads_epoch_times(tmp_path):
+    """Step time per epoch is its wall-time increment over its steps; time to target is quantized to epochs."""
+    from experiments.cluster_compression import report
+    runs = []
+    for spec, per_step in (("none", 0.04), ("topk:ratio=0.01", 0.01)):
+        d = tmp_path / spec
+        d.mkdir()
+        with open(d / "epochs.jsonl", "w") as f:
+            for e, acc in enumerate((0.90, 0.96, 0.97), 1):
+                f.write(json.dumps({"epoch": e, "steps": 10, "wall_s": e * 10 * per_step, "test_acc": acc}) + "\n")
+        runs.append({"spec": spec, "seed": 0, "run_dir": str(d), "final_test_acc": 0.97, "bytes_per_step": 1})
+    rows = {r["spec"]: r for r in report({"net": {"runs": runs}}, 0.95)}
+    assert rows["topk:ratio=0.01"]["step_ms"] == pytest.approx(10.0)
+    assert rows["topk:ratio=0.01"]["speedup"] == pytest.approx(4.0)
+    assert rows["none"]["time_to_target_s"] == pytest.approx(0.8)
+    assert rows["topk:ratio=0.01"]["acc_cost_points"] == 0
