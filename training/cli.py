@@ -24,7 +24,7 @@ _METAVARS = {
     "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
-    "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M",
+    "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -97,7 +97,11 @@ HELP = {
               "--epochs recomputes the cosine learning-rate schedule for the new length",
     "eval_batch": "evaluation batch per rank in samples",
     "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
-    "progress": "show a progress bar on rank 0",
+    "progress": "show a progress bar on rank 0: redrawn in place when the output (or mpiexec's) is a "
+                "terminal, else one status line every 30 s; --no-progress turns it off",
+    "trace": "write a timeline of every rank (forward, backward, waits, each bucket's all-reduce, "
+             "compression, PS push/pull) to FILE in Chrome trace format, for https://ui.perfetto.dev or "
+             "chrome://tracing; not inherited by --resume",
 }
 
 
@@ -183,6 +187,7 @@ def parse_args(argv=None):
         base = _saved_config(given["resume"])
         base.pop("resume", None)
         base.pop("stop_after", None)  # a stop applies to the job that asked for it
+        base.pop("trace", None)  # so does a trace file: a resume must not overwrite the first job's
         if "compression_args" in given:
             base.pop("compression_args", None)
     base.update(given)

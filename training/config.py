@@ -6,6 +6,7 @@ Every field carries a comment with its unit. The command line maps one flag onto
 """
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 
 __all__ = ["Config", "CHOICES"]
@@ -93,6 +94,7 @@ class Config:
     eval_batch: int = 1024            # evaluation batch per rank (samples)
     threads: int = 0                  # BLAS threads per rank (0: cores / ranks on the node)
     progress: bool = True             # show a tqdm progress bar on rank 0
+    trace: str = ""                   # Chrome trace file (JSON, times in microseconds) written by rank 0 ("": none)
 
     # ----------------------------------------------------------------------------------------
     @classmethod
@@ -187,6 +189,14 @@ class Config:
             raise ValueError("compression_args must be a dict")
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("data_dir must name the directory of the MNIST IDX files (--data-dir)")
+        if self.trace:
+            if self.tensor_parallel * self.pipeline_parallel > 1 or self.micro_batches > 1:
+                raise ValueError("trace records data-parallel and parameter-server runs, not the model-parallel "
+                                 "grid (--tensor-parallel, --pipeline-parallel, --micro-batches)")
+            folder = os.path.dirname(os.path.abspath(self.trace))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise ValueError(f"trace: cannot write {self.trace!r}: directory {folder} does not exist or "
+                                 f"is not writable")
         if self.name and ("/" in self.name or self.name in (".", "..", "latest")):
             raise ValueError(f"name must be a plain directory name, got {self.name!r}")
         from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config

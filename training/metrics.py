@@ -8,12 +8,19 @@ Files in a run directory (all written by rank 0 alone):
     changed, ``[old, new]``) to a ``resumes`` list; ``config`` is then the latest job's.
 ``metrics.jsonl``
     One line per step: ``step``, ``epoch``, ``loss`` (rank 0's batch), ``lr``, ``compute_s``,
-    ``comm_s``, ``compress_s``, ``decompress_s`` (seconds), ``bytes_sent`` (bytes, rank 0),
-    ``skipped`` (0/1), ``wall_s`` (seconds since the run started).
+    ``comm_s``, ``wait_s``, ``transfer_s``, ``compress_s``, ``decompress_s`` (seconds),
+    ``bytes_sent`` (bytes, rank 0), ``skipped`` (0/1), ``wall_s`` (seconds since the run started).
 ``epochs.jsonl``
     One line per epoch: the epoch table's values (means over ranks) plus ``wall_s``.
 ``summary.json``
     Final test accuracy, wall time, communication fraction and totals.
+
+Communication time: ``comm_s`` = ``wait_s`` + ``transfer_s`` (seconds, per-rank sums, means over
+ranks). ``wait_s`` is the skew: the time a rank spends at the step's first exchange (a one-element
+all-reduce) until the last rank arrives, plus that small message's latency; ``transfer_s`` is the
+gradient exchange itself. A rank that waits for a slower one counts the wait in ``comm_s`` but not
+in ``transfer_s``, so ``comm_s`` can exceed a fast rank's idea of communication, and its mean
+over ranks even rank 0's ``wall_s``; ``transfer_s`` cannot.
 """
 import json
 import os
@@ -114,6 +121,7 @@ class MetricsWriter:
     def __init__(self, run_dir, enabled, keep_epochs=None):
         self.enabled = enabled
         self._steps = self._epochs = None
+        self._kept = []
         if not enabled:
             return
         paths = [os.path.join(run_dir, n) for n in ("metrics.jsonl", "epochs.jsonl")]
@@ -124,6 +132,7 @@ class MetricsWriter:
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)
                 os.replace(tmp, path)
+            self._kept = rows  # the epoch records of the run so far
         self._steps = open(paths[0], "a", encoding="utf-8")
         self._epochs = open(paths[1], "a", encoding="utf-8")
 
@@ -135,9 +144,21 @@ class MetricsWriter:
     def epoch(self, record):
         """Append one per-epoch record and flush both files."""
         if self.enabled:
+            self._kept.append(record)
             self._epochs.write(json.dumps(record) + "\n")
             self._epochs.flush()
             self._steps.flush()
+
+    def total(self, key):
+        """Return the sum of ``key`` over the run's epoch records, kept and new (None if any lacks it).
+
+        On a resumed run this covers the earlier jobs' epochs too (those of ``epochs.jsonl`` up to
+        ``keep_epochs``); a record written before ``key`` existed makes the total unknown (None).
+        On a disabled writer: None.
+        """
+        if not self.enabled or any(r.get(key) is None for r in self._kept):
+            return None
+        return float(sum(r[key] for r in self._kept))
 
     def close(self):
         """Close the files."""
@@ -162,12 +183,16 @@ TABLE_COLUMNS = (
     ("test acc", "test_acc", 8),
     ("compute s", "compute_s", 9),
     ("comm s", "comm_s", 7),
+    ("wait s", "wait_s", 7),
+    ("transfer s", "transfer_s", 10),
     ("sent/rank", "bytes_sent", 10),
     ("skipped", "skipped", 7),
 )
 
 
 def _cell(key, v):
+    if v is None:  # a record without this column (a run that does not measure it)
+        return "-"
     if key in ("epoch", "skipped"):
         return f"{int(v):d}"
     if key == "loss":
@@ -184,6 +209,8 @@ class EpochTable:
     bytes sent per rank, skipped steps.
 
     ``compute s`` and ``comm s`` are per-rank sums over the epoch's steps (means over ranks);
+    ``comm s`` splits into ``wait s`` (skew: waiting for the last rank to arrive) and
+    ``transfer s`` (the gradient exchange), shown as ``-`` for a record without them;
     ``sent/rank`` is the gradient traffic one rank sent during the epoch.
     """
 
@@ -193,4 +220,4 @@ class EpochTable:
 
     def row(self, record):
         """Return one formatted line for an epoch record."""
-        return "  ".join(_cell(k, record[k]).rjust(w) for _, k, w in TABLE_COLUMNS)
+        return "  ".join(_cell(k, record.get(k)).rjust(w) for _, k, w in TABLE_COLUMNS)

@@ -15,6 +15,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives import trace
 from collectives.compression import make_hook
 from collectives.waiting import deadline_of, wait_all
 from training.checkpoint import to_host
@@ -105,10 +106,11 @@ class AllreduceHook:
     def __call__(self, grad):
         buckets = self.buckets or [(0, grad.size)]
         sent = 0
-        for lo, hi in buckets:
+        for i, (lo, hi) in enumerate(buckets):
             part = grad[lo:hi]
-            collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part,
-                                  timeout=self.timeout)
+            with trace.span("allreduce", "comm", {"bucket": i, "elements": hi - lo}):
+                collectives.allreduce(part, self.comm, op="avg", algorithm=self.algorithm, out=part,
+                                      timeout=self.timeout)
             sent += _bytes_sent(self.comm)
         return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
 
@@ -251,8 +253,10 @@ def compute_gradient(model, loss_fn, x, y):
         Mean loss over the batch.
     """
     model.grads.fill(0)
-    loss = loss_fn.forward(model.forward(x), y)
-    model.backward(loss_fn.backward())
+    with trace.span("forward", "compute"):
+        loss = loss_fn.forward(model.forward(x), y)
+    with trace.span("backward", "compute"):
+        model.backward(loss_fn.backward())
     return loss
 
 
@@ -311,7 +315,18 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
         ``loss`` (this rank's mean batch loss), ``compute_s``, ``comm_s``, ``compress_s``,
         ``decompress_s`` (seconds), ``bytes_sent`` (bytes of payload this rank handed to the
         collectives), ``wire_bytes`` (bytes the collectives actually sent; equal to ``bytes_sent``
-        without compression), ``skipped`` (0 or 1).
+        without compression), ``skipped`` (0 or 1). ``comm_s`` = ``wait_s`` + ``transfer_s``:
+        ``wait_s`` is the time in the non-finite flag's all-reduce, the step's first exchange, which
+        returns once the last rank has arrived (skew: waiting for slower ranks, plus one small
+        message's latency); ``transfer_s`` is the gradient exchange that follows, the ranks then
+        in step, without compression and decompression.
+
+    Notes
+    -----
+    With :mod:`collectives.trace` on, the step records ``step`` and the ``wait``, ``exchange``
+    (with each bucket's ``allreduce`` inside), ``forward``, ``backward`` and ``optimizer`` events;
+    a compressor's ``compress`` and ``decompress`` times are drawn at the start and the end of the
+    exchange (their measured durations; PowerSGD's two phases each appear as one).
     """
     t0 = time.perf_counter()
     loss = compute_gradient(model, loss_fn, x, y)
@@ -331,10 +346,26 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
         optimizer.step()
     t4 = time.perf_counter()
     local = info["compress_s"] + info["decompress_s"]
+    if trace.enabled():
+        _trace_step(t0, t1, t2, t3, t4, info, skip)
     return {"loss": loss, "compute_s": (t1 - t0) + (t4 - t3) + local,
-            "comm_s": (t2 - t1) + (t3 - t2) - local, "compress_s": info["compress_s"],
+            "comm_s": (t2 - t1) + (t3 - t2) - local, "wait_s": t2 - t1, "transfer_s": (t3 - t2) - local,
+            "compress_s": info["compress_s"],
             "decompress_s": info["decompress_s"], "bytes_sent": int(info["bytes_sent"]),
             "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip)}
+
+
+def _trace_step(t0, t1, t2, t3, t4, info, skip):
+    """Record one step's events from its time points (seconds): compute, wait, exchange, update."""
+    trace.complete("step", "step", t0, t4, {"skipped": int(skip)})
+    trace.complete("wait", "comm", t1, t2)
+    if not skip:
+        trace.complete("exchange", "comm", t2, t3, {"bytes_sent": int(info["bytes_sent"])})
+        if info["compress_s"]:
+            trace.complete("compress", "comm", t2, min(t3, t2 + info["compress_s"]))
+        if info["decompress_s"]:
+            trace.complete("decompress", "comm", max(t2, t3 - info["decompress_s"]), t3)
+        trace.complete("optimizer", "compute", t3, t4)
 
 
 def evaluate(model, loss_fn, x, y, comm, batch=1024, timeout=None):

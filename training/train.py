@@ -21,6 +21,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives import trace
 
 from ps.protocol import PSError, PSTimeout
 from training.build import build_model, make_sampler, to_device
@@ -34,10 +35,11 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
                                verify_param_layout)
+from training.progress import get_logger, progress_bar
 from training.ps_mode import finish_together, run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
+__all__ = ["main", "run", "train_dp", "write_trace", "check_run", "setup_run", "array_module", "set_threads", "build_model",
            "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
 
 
@@ -147,21 +149,20 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     table, show = EpochTable(), rank == 0
     bar = None
     if show:
-        from tqdm import tqdm
-
-        bar = tqdm(total=(last - state.epoch) * per_epoch, unit="step", leave=False,
-                   disable=None if cfg.progress else True, dynamic_ncols=True, file=sys.stderr)
+        bar = progress_bar((last - state.epoch) * per_epoch, "step", cfg.progress)
         if _epochs_note(cfg, saved_epochs):
             bar.write(_epochs_note(cfg, saved_epochs))
         bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, "
                   f"{model.size} parameters ({cfg.dtype}), P={P}, global batch {cfg.batch_size}, "
                   f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
         bar.write(table.header())
+    if cfg.trace:
+        trace.start(comm)  # collective: aligns the ranks' clocks
     t_start = time.perf_counter() - state.wall_s
     train_acc = test_acc = None
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
-        acc = numpy.zeros(5)  # loss sum, steps, compute s, comm s, bytes
+        acc = numpy.zeros(7)  # loss sum, steps, compute s, comm s, bytes, wait s, transfer s
         skipped0 = state.skipped
         for batch in sampler.batches(state.epoch, local_b):
             batch = xp.asarray(batch)
@@ -172,13 +173,14 @@ def train_dp(cfg, comm, run_dir, trainer=None):
             if not r["skipped"]:
                 acc[0] += r["loss"]
                 acc[1] += 1
-            acc[2:] += (r["compute_s"], r["comm_s"], r["bytes_sent"])
+            acc[2:] += (r["compute_s"], r["comm_s"], r["bytes_sent"], r["wait_s"], r["transfer_s"])
             writer.step({"step": state.step, "epoch": epoch, "lr": opt.lr, **r,
                          "wall_s": time.perf_counter() - t_start})
             if bar is not None:
                 bar.update()
-        train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch, cfg.timeout)
-        test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch, cfg.timeout)
+        with trace.span("evaluate", "step", {"epoch": epoch}):
+            train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch, cfg.timeout)
+            test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch, cfg.timeout)
         collectives.allreduce(acc, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=acc,
                               timeout=cfg.timeout)  # per-rank sums -> sums over ranks
         state.compute_s += acc[2] / P
@@ -188,28 +190,57 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         state.wall_s = time.perf_counter() - t_start
         rec = {"epoch": epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc,
                "test_acc": test_acc, "compute_s": acc[2] / P, "comm_s": acc[3] / P,
-               "bytes_sent": int(acc[4] / P), "skipped": state.skipped - skipped0,
+               "wait_s": acc[5] / P, "transfer_s": acc[6] / P, "bytes_sent": int(acc[4] / P), "skipped": state.skipped - skipped0,
                "steps": per_epoch, "wall_s": state.wall_s}
         writer.epoch(rec)
         if bar is not None:
             bar.write(table.row(rec))
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
-            save_checkpoint(checkpoint_path(run_dir, epoch),
-                            checkpoint_arrays(cfg, model, opt, hook, state), comm, cfg.timeout)
+            with trace.span("checkpoint", "step", {"epoch": epoch}):
+                save_checkpoint(checkpoint_path(run_dir, epoch),
+                                checkpoint_arrays(cfg, model, opt, hook, state), comm, cfg.timeout)
             if rank == 0:
                 prune_checkpoints(run_dir, cfg.keep_checkpoints)
     writer.close()
     if bar is not None:
         bar.close()
+    if cfg.trace:
+        write_trace(cfg.trace, comm, cfg.timeout)
     summary = _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, (train_acc, test_acc),
                        cfg.timeout)
     if rank == 0:
+        summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"))
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {summary['final_test_acc']:.2%} after {state.epoch} "
               f"epoch{'' if state.epoch == 1 else 's'} | wall {state.wall_s:.1f} s | "
               f"communication {summary['comm_fraction']:.0%} of step time | "
               f"{format_bytes(state.bytes_sent)} sent per rank | {run_dir}", flush=True)
     return summary
+
+
+def write_trace(path, comm, timeout=None):
+    """Stop tracing, gather every rank's events on rank 0 and write them to ``path`` (Chrome JSON).
+
+    Collective over ``comm``: every rank sends its events to rank 0 (point-to-point), which waits
+    at most ``timeout`` seconds for each and names in a warning the ranks it did not hear from.
+
+    Parameters
+    ----------
+    path : str
+        The trace file (``--trace``), written by rank 0.
+    comm : mpi4py.MPI.Comm
+    timeout : float, optional
+        Seconds rank 0 waits for a rank's events (None: no limit).
+    """
+    trace.stop()
+    chrome, missing = trace.gather(comm, 0, timeout)
+    if comm.Get_rank() == 0:
+        trace.write(path, chrome, missing)
+        log = get_logger(0)
+        if missing:
+            log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
+        log.info("trace: %d events from %d rank(s) -> %s (open in https://ui.perfetto.dev or chrome://tracing)",
+                 sum(e["ph"] == "X" for e in chrome), comm.Get_size() - len(missing), path)
 
 
 def _epochs_note(cfg, saved_epochs):
@@ -294,6 +325,7 @@ def run(cfg, comm=None):
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
     finally:
+        trace.stop()  # a run that failed mid-way leaves no recorder on
         collectives.free_context(comm)
         comm.Free()
 

@@ -1,0 +1,170 @@
+"""What a run shows while it works: rank 0's progress bar, and log messages with the rank in front.
+
+Under ``mpiexec`` a rank's stderr is a pipe to the launcher, never a terminal, so tqdm's own rule
+(``disable=None``: off unless the stream is a terminal) hides the bar in every MPI run.
+:func:`progress_bar` decides instead from where the launcher's output goes
+(:func:`launcher_terminal`):
+
+* a terminal (the rank's own stderr, or that of the ``mpiexec`` it runs under, which forwards each
+  ``\\r``-update as it comes): the usual bar, updated in place at most every 0.5 s;
+* anything else (a log file, a pipe, a batch system): one plain status line every
+  :data:`LOG_INTERVAL` seconds, so a long job's log shows how far it got without filling up
+  with ``\\r`` redraws.
+
+``--no-progress`` (``enabled=False``) turns the bar off altogether.
+"""
+import logging
+import os
+import shutil
+import sys
+
+from tqdm import tqdm
+
+__all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "get_logger"]
+
+#: Seconds between two status lines when the output is not a terminal.
+LOG_INTERVAL = 30.0
+
+#: Process names of the MPI launchers and their per-node proxies (MPICH's Hydra, Open MPI's PRRTE
+#: and ORTE, Slurm).
+LAUNCHERS = ("hydra_pmi_proxy", "mpiexec", "mpiexec.hydra", "mpirun", "prted", "prterun", "orted",
+             "srun", "slurmstepd")
+
+
+def _parent(pid):
+    """Return (name, parent pid) of process ``pid`` from ``/proc`` (None when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    return name, int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _is_terminal(path):
+    return path.startswith("/dev/pts/") or path.startswith("/dev/tty")
+
+
+def launcher_terminal(stream=None):
+    """Return True when ``stream`` ends on a terminal, directly or through the MPI launcher.
+
+    True when ``stream`` (default ``sys.stderr``) is a terminal; else when this process runs under
+    an MPI launcher (its ancestors, named in :data:`LAUNCHERS`, read from ``/proc``) and the
+    outermost of them writes its stderr to a terminal: the launcher then forwards the rank's
+    output there. False otherwise (a log file, a pipe, a rank on another node than ``mpiexec``,
+    a system without ``/proc``).
+
+    Parameters
+    ----------
+    stream : file, optional
+    """
+    stream = sys.stderr if stream is None else stream
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return False
+    pid, outermost = os.getppid(), None
+    for _ in range(8):  # rank -> proxy -> mpiexec, and a wrapper or two
+        info = _parent(pid)
+        if info is None or info[0] not in LAUNCHERS:
+            break
+        outermost, pid = pid, info[1]
+    if outermost is None:
+        return False
+    try:
+        return _is_terminal(os.readlink(f"/proc/{outermost}/fd/2"))
+    except OSError:
+        return False
+
+
+class _Lines:
+    """File-like adapter: each of tqdm's ``\\r`` redraws becomes one line; blank redraws are dropped."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        text = text.replace("\r", "").rstrip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self):
+        self.stream.flush()
+
+
+def progress_bar(total, unit, enabled=True, stream=None, desc=None):
+    """Return rank 0's tqdm bar for ``total`` units of work, shown as the output allows.
+
+    Parameters
+    ----------
+    total : int
+        Units of work (steps, pushes, runs).
+    unit : str
+        Their name, shown in the bar.
+    enabled : bool
+        False (``--no-progress``): a disabled bar, whose methods do nothing.
+    stream : file, optional
+        Where the bar goes (default ``sys.stderr``).
+    desc : str, optional
+        Prefix of the bar.
+
+    Returns
+    -------
+    tqdm.tqdm
+        On a terminal (:func:`launcher_terminal`): redrawn in place, at most every 0.5 s.
+        Otherwise: one status line per :data:`LOG_INTERVAL` seconds. ``bar.write(line)`` prints
+        a line to stdout without breaking the bar.
+    """
+    stream = sys.stderr if stream is None else stream
+    if not enabled:
+        return tqdm(total=total, disable=True)
+    if launcher_terminal(stream):
+        direct = stream.isatty()
+        return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=stream,
+                    dynamic_ncols=direct, ncols=None if direct else shutil.get_terminal_size().columns,
+                    mininterval=0.5)
+    return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=_Lines(stream),
+                ncols=100, ascii=True, mininterval=LOG_INTERVAL, miniters=1)
+
+
+def get_logger(rank, name="commlab", stream=None):
+    """Return the logger of this rank: messages go to stderr as ``[rank R] LEVEL: message``.
+
+    Parameters
+    ----------
+    rank : int
+        The MPI rank put in front of every message.
+    name : str
+        Logger name (one handler per name; calling again returns the same logger, with ``rank``
+        updated).
+    stream : file, optional
+        Default ``sys.stderr`` (looked up when a message is written).
+
+    Returns
+    -------
+    logging.Logger
+        Level INFO; it does not propagate to the root logger.
+    """
+    log = logging.getLogger(name)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter(f"[rank {rank}] %(levelname)s: %(message)s")
+    for h in log.handlers:
+        h.setFormatter(fmt)
+    if not log.handlers:
+        h = logging.StreamHandler(_Stderr() if stream is None else stream)  # _Stderr: follows a replaced sys.stderr
+        h.setFormatter(fmt)
+        log.addHandler(h)
+    return log
+
+
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write."""
+
+    def write(self, text):
+        sys.stderr.write(text)
+
+    def flush(self):
+        sys.stderr.flush()
