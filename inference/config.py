@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from inference.balance import POLICIES
 
-__all__ = ["ServeConfig", "parse_pair"]
+__all__ = ["ServeConfig", "parse_pair", "parse_pairs"]
 
 
 def parse_pair(text, name, kind):
@@ -25,6 +25,23 @@ def parse_pair(text, name, kind):
         return int(head), kind(tail)
     except ValueError:
         raise ValueError(f"{name} must be REPLICA:{kind.__name__.upper()}, got {text!r}") from None
+
+
+def parse_pairs(text, name, kind):
+    """Parse ``"R:V[,R:V...]"`` into a dict ``{R: kind(V)}`` (empty for ``""``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``name`` when an item is malformed or a replica appears twice.
+    """
+    out = {}
+    for item in filter(None, text.split(",")):
+        r, v = parse_pair(item, name, kind)
+        if r in out:
+            raise ValueError(f"{name}: replica {r} given twice in {text!r}")
+        out[r] = v
+    return out
 
 
 @dataclass
@@ -47,9 +64,9 @@ class ServeConfig:
     malformed: int = 0                # how many of the requests are malformed
     max_batch: int = 8                # dynamic batching: largest batch (requests)
     max_wait_ms: float = 2.0          # dynamic batching: longest wait of the oldest request (ms)
-    straggler: str = ""               # slow replica "REPLICA:FACTOR" (service-time multiplier)
+    straggler: str = ""               # slow replicas "REPLICA:FACTOR[,...]" (service-time multiplier)
     service_ms: float = 0.0           # emulated accelerator time per batch (ms), slept by the replica
-    fail_replica: str = ""            # replica that stops answering "REPLICA:BATCHES"
+    fail_replica: str = ""            # replicas that stop answering "REPLICA:BATCHES[,...]"
     replica_timeout: float = 2.0      # remove a busy replica silent this long (s)
     algorithm: str = "auto"           # tensor-parallel all-reduce algorithm (collectives.ALGORITHMS)
     http: int = -1                    # HTTP port on the front rank (0: any free port; -1: load test)
@@ -88,12 +105,12 @@ class ServeConfig:
         if self.http < -1 or self.http > 65535:
             raise ValueError(f"http must be a TCP port (0: any free one) or -1, got {self.http!r}")
         for name, kind in (("straggler", float), ("fail_replica", int)):
-            pair = parse_pair(getattr(self, name), name, kind)
-            if pair is not None and not 0 <= pair[0] < self.replicas:
-                raise ValueError(f"{name}: replica {pair[0]} does not exist (replicas 0..{self.replicas - 1})")
-            if pair is not None and (pair[1] < 1 if kind is float else pair[1] < 0):
-                raise ValueError(f"{name}: {'factor must be >= 1' if kind is float else 'batches must be >= 0'}, "
-                                 f"got {pair[1]!r}")
+            for r, v in parse_pairs(getattr(self, name), name, kind).items():
+                if not 0 <= r < self.replicas:
+                    raise ValueError(f"{name}: replica {r} does not exist (replicas 0..{self.replicas - 1})")
+                if v < 1 if kind is float else v < 0:
+                    raise ValueError(f"{name}: {'factor must be >= 1' if kind is float else 'batches must be >= 0'}, "
+                                     f"got {v!r}")
         from collectives import ALGORITHMS
 
         if self.algorithm not in ALGORITHMS:

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher
-from inference.config import ServeConfig, parse_pair
+from inference.config import ServeConfig, parse_pairs
 from inference.endpoint import HttpEndpoint
 from inference.front import Front
 from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
@@ -43,9 +43,9 @@ _HELP = {
     "malformed": "how many of the requests are malformed (wrong count, NaN, non-numeric)",
     "max_batch": "dynamic batching: largest batch (requests)",
     "max_wait_ms": "dynamic batching: longest wait of the oldest request for a fuller batch (ms)",
-    "straggler": "slow replica REPLICA:FACTOR (service time multiplied by FACTOR)",
+    "straggler": "slow replicas REPLICA:FACTOR[,...] (service time multiplied by FACTOR)",
     "service_ms": "emulated accelerator time per batch (ms) slept by each replica after its forward",
-    "fail_replica": "replica that stops answering after some batches, REPLICA:BATCHES",
+    "fail_replica": "replicas that stop answering after some batches, REPLICA:BATCHES[,...]",
     "replica_timeout": "seconds a busy replica may stay silent before it is removed",
     "algorithm": "all-reduce algorithm of the tensor-parallel forward (collectives.ALGORITHMS)",
     "http": "serve HTTP on this port of the front rank (0: any free port, written to DIR/endpoint.json) "
@@ -117,10 +117,9 @@ def run(cfg, comm=None):
             forward = (TensorParallelForward(spec.weights, spec.activation, group, cfg.algorithm,
                                              timeout=max(30.0, cfg.replica_timeout)) if T > 1 else None)
             predictor = Predictor(forward or dense_forward(spec.weights, spec.activation), F, C, cfg.max_batch)
-            slow, fail = parse_pair(cfg.straggler, "straggler", float), parse_pair(cfg.fail_replica, "fail_replica", int)
-            opts = ReplicaOptions(straggler=slow[1] if slow and slow[0] == replica else 1.0,
-                                  service_s=cfg.service_ms / 1e3,
-                                  fail_after=fail[1] if fail and fail[0] == replica else None)
+            slow, fail = parse_pairs(cfg.straggler, "straggler", float), parse_pairs(cfg.fail_replica, "fail_replica", int)
+            opts = ReplicaOptions(straggler=slow.get(replica, 1.0), service_s=cfg.service_ms / 1e3,
+                                  fail_after=fail.get(replica))
             serve_replica(serving, group, predictor, forward, opts, front=0)
             return None
         oracle = Predictor(emulate_forward(spec.weights, spec.activation, T) if T > 1

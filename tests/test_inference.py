@@ -139,7 +139,7 @@ def test_config_is_checked_before_anything_runs():
     ok.validate(5)
     for kw, msg in [({"replicas": 0}, "replicas"), ({"balance": "x"}, "balance"), ({"rate": 0.0}, "rate"),
                     ({"straggler": "5:4"}, "replica 5"), ({"straggler": "0:0.5"}, "factor"),
-                    ({"fail_replica": "1"}, "REPLICA:INT"), ({"algorithm": "x"}, "algorithm"),
+                    ({"fail_replica": "1"}, "REPLICA:INT"), ({"fail_replica": "1:3,1:4"}, "twice"), ({"algorithm": "x"}, "algorithm"),
                     ({"max_wait_ms": math.nan}, "finite")]:
         with pytest.raises(ValueError, match=msg):
             ServeConfig(**{**ok.to_dict(), **kw}).validate(5)
@@ -236,6 +236,22 @@ def test_least_outstanding_sends_less_to_a_slow_replica_than_round_robin(ckpt, t
     rr, lo = sent["round-robin"], sent["least-outstanding"]
     assert max(rr) - min(rr) <= 1  # blind to load: every replica gets its turn
     assert lo[2] < min(lo[0], lo[1]) and lo[2] < rr[2]  # the 4x slow replica gets less
+
+
+def test_requests_whose_retry_fails_too_get_an_error_once(ckpt, tmp_path):
+    out = str(tmp_path / "fail2")
+    run_mpi(3, "inference.serve", "--checkpoint", ckpt, "--replicas", 2, "--balance", "round-robin",
+            "--requests", 200, "--rate", 1000, "--fail-replica", "0:5,1:8", "--replica-timeout", 0.3,
+            "--run-dir", out, timeout=60)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    recs = _records(out)
+    assert sorted(r["id"] for r in recs) == list(range(200)) and s["pending"] == 0
+    assert (s["answer_events"], s["duplicate_answers"]) == (200, 0)
+    assert s["answered"] == s["correct"] == sum(r["status"] == "ok" for r in recs) > 0
+    failed = [r for r in recs if r["status"] == "failed"]
+    assert s["failed"] == len(failed) == 200 - s["answered"] > 0
+    assert {r["error"] for r in failed} <= {"two replicas failed to answer", "no replica left"}
+    assert all(r["attempts"] <= 2 for r in recs)
 
 
 @pytest.mark.parametrize("T", [2, 3])
