@@ -3,6 +3,7 @@
     python -m plots.cluster results/cluster/collectives.json [--out FILE.png]
     python -m plots.cluster results/cluster/compression.json
     python -m plots.cluster results/cluster/model.json
+    python -m plots.cluster results/cluster/ps_vs_allreduce.json
 
 The file's ``study`` key picks the figure. Collectives (``experiments.cluster_collectives``): one row
 of panels per link rate: all-reduce time per call against size (log-log), each algorithm's speedup
@@ -10,7 +11,8 @@ over ``ring`` (median of the passes, bars: their range; above 1 is faster than t
 inter-node busbw as a fraction of the configured link rate. Compression
 (``experiments.cluster_compression``): each compressor's step-time speedup over ``none`` and its
 time to the target accuracy, per network. Model (``experiments.cluster_model``): predicted against
-measured all-reduce time, per algorithm, with the tolerance band. Drawing only: every number comes
+measured all-reduce time, per algorithm, with the tolerance band. Parameter server
+(``experiments.cluster_ps``): samples/s and bytes per link per step of each configuration. Drawing only: every number comes
 from the study's file.
 """
 import argparse
@@ -23,7 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-__all__ = ["draw", "draw_compression", "draw_model", "main"]
+__all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
 
 _STYLE = {"ring": ("tab:blue", "o"), "rabenseifner": ("tab:orange", "s"), "2d": ("tab:green", "^"),
           "tree": ("tab:red", "v"), "mpi": ("black", "x")}
@@ -143,6 +145,31 @@ def draw_model(study, out):
     plt.close(fig)
 
 
+def draw_ps(study, out):
+    """Draw ``study`` (the JSON of ``experiments.cluster_ps``) to the PNG ``out``."""
+    rows = study["rows"]
+    names = [r["config"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    y = [r["samples_per_s"] for r in rows]
+    err = [[v - r["samples_min"] for v, r in zip(y, rows)], [r["samples_max"] - v for v, r in zip(y, rows)]]
+    colors = ["tab:blue" if n == "dp-ring" else "tab:orange" for n in names]
+    axes[0].bar(names, y, yerr=err, color=colors, capsize=4)
+    axes[0].set(ylabel="samples / s (median, range of repeats)", title="throughput at 1 Gbit/s, 4 workers")
+    x = range(len(rows))
+    axes[1].bar([i - 0.2 for i in x], [r["busiest_link_bytes"] / 1e3 for r in rows], 0.4, label="busiest link")
+    axes[1].bar([i + 0.2 for i in x], [r["worker_link_bytes"] / 1e3 for r in rows], 0.4, label="a worker's link")
+    axes[1].set_xticks(list(x))
+    axes[1].set_xticklabels(names)
+    axes[1].set(ylabel="KB per step, each direction", title="bytes per link per step (protocol)")
+    axes[1].legend()
+    for ax in axes:
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (experiments.cluster)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
@@ -154,7 +181,8 @@ def main(argv=None):
         study = json.load(f)
     out = a.out or os.path.splitext(a.study)[0] + ".png"
     kind = study.get("study", "")
-    {"experiments.cluster_compression": draw_compression, "experiments.cluster_model": draw_model}.get(kind, draw)(
+    {"experiments.cluster_compression": draw_compression, "experiments.cluster_model": draw_model,
+     "experiments.cluster_ps": draw_ps}.get(kind, draw)(
         study, out)
     print(f"wrote {out}")
     return 0
