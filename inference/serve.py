@@ -114,6 +114,9 @@ def run(cfg, comm=None):
     F, C = spec.n_features, spec.n_classes
     try:
         if rank:
+            if cfg.http >= 0:  # Ctrl-C reaches every rank: the front drains, then stops the replicas
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
             forward = (TensorParallelForward(spec.weights, spec.activation, group, cfg.algorithm,
                                              timeout=max(30.0, cfg.replica_timeout)) if T > 1 else None)
             predictor = Predictor(forward or dense_forward(spec.weights, spec.activation), F, C, cfg.max_batch)
