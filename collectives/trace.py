@@ -157,8 +157,9 @@ def gather(comm, root=0, timeout=None):
     """Collect every rank's events on ``root``; point-to-point, so a dead rank cannot hang it.
 
     Every rank but ``root`` sends its events (JSON text as a ``uint8`` buffer, preceded by its
-    length as one int64) to ``root``; ``root`` receives from each with a deadline. Call it on
-    every rank of ``comm`` once the run's other messages on ``comm`` are over.
+    length as one int64) to ``root``; ``root`` receives from each with a deadline, and a sender
+    gives up after the same time (a root that failed). Call it on every rank of ``comm`` once the
+    run's other messages on ``comm`` are over.
 
     Parameters
     ----------
@@ -179,9 +180,10 @@ def gather(comm, root=0, timeout=None):
     mine = chrome_events(rank)
     if rank != root:
         data = numpy.frombuffer(json.dumps(mine).encode(), numpy.uint8)
-        comm.Send(numpy.array([data.size], numpy.int64), dest=root, tag=_TAG)
-        if data.size:
-            comm.Send(data, dest=root, tag=_TAG)
+        n = numpy.array([data.size], numpy.int64)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if _wait(comm.Isend(n, dest=root, tag=_TAG), deadline) and data.size:
+            _wait(comm.Isend(data, dest=root, tag=_TAG), deadline)
         return [], []
     merged, missing = {root: mine}, []
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from collectives import trace
 from ps.protocol import Backoff, Msg, PSError, PSTimeout, probe, receive, send, wait_all
 from ps.sharding import shard_offsets
 
@@ -91,9 +92,10 @@ class Client:
         if grad.shape != (int(self.offsets[-1]),):
             raise ValueError(f"grad must have shape ({int(self.offsets[-1])},), got {grad.shape}")
         grad = np.ascontiguousarray(grad)
-        for s, rank in enumerate(self.server_ranks):
-            self._pushes += send(self.comm, rank, Msg.PUSH, self.worker, clock,
-                                 grad[self.offsets[s]:self.offsets[s + 1]])
+        with trace.span("push", "ps", {"clock": int(clock)}):
+            for s, rank in enumerate(self.server_ranks):
+                self._pushes += send(self.comm, rank, Msg.PUSH, self.worker, clock,
+                                     grad[self.offsets[s]:self.offsets[s + 1]])
 
     def pull(self, clock, out):
         """Pull the parameters for ``clock`` into ``out``.
@@ -118,8 +120,9 @@ class Client:
         PSTimeout
             When a server does not answer within ``reply_timeout``.
         """
-        replies = self._request(Msg.PULL, clock, out)
-        wait_all(self._pushes, time.monotonic() + self.reply_timeout, "push sends")
+        with trace.span("pull", "ps", {"clock": int(clock)}):  # the wait for the servers' answers included
+            replies = self._request(Msg.PULL, clock, out)
+            wait_all(self._pushes, time.monotonic() + self.reply_timeout, "push sends")
         self._pushes = []
         kinds = {Msg(int(h[0])) for h, _ in replies.values()}
         if Msg.ERROR in kinds:

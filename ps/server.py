@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from collectives import trace
 from ps.consistency import DONE, DROPPED, LIVE, BspBuckets, ClockTable
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer
@@ -207,7 +208,8 @@ class Server:
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
         lr = self.opt.rate(self.progress(), tau, self.n_workers)
-        self.opt.step(grad, lr)
+        with trace.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
+            self.opt.step(grad, lr)
         self.table.fold(w, clock)
         self._after_fold(1)
 
@@ -217,7 +219,8 @@ class Server:
             if ready is None:
                 return
             clock, mean, workers = ready
-            self.opt.step(mean, self.opt.rate(self.progress(), 0, 1))
+            with trace.span("update", "ps", {"clock": int(clock), "workers": len(workers)}):
+                self.opt.step(mean, self.opt.rate(self.progress(), 0, 1))
             for w in workers:
                 self.table.fold(w, clock)
             self._after_fold(len(workers))

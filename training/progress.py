@@ -1,4 +1,4 @@
-"""What a run shows while it works: rank 0's progress bar, and log messages with the rank in front.
+"""What a run shows: rank 0's progress bar, log messages with the rank in front, the trace file.
 
 Under ``mpiexec`` a rank's stderr is a pipe to the launcher, never a terminal, so tqdm's own rule
 (``disable=None``: off unless the stream is a terminal) hides the bar in every MPI run.
@@ -20,7 +20,9 @@ import sys
 
 from tqdm import tqdm
 
-__all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "get_logger"]
+from collectives import trace
+
+__all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "get_logger", "write_trace"]
 
 #: Seconds between two status lines when the output is not a terminal.
 LOG_INTERVAL = 30.0
@@ -168,3 +170,28 @@ class _Stderr:
 
     def flush(self):
         sys.stderr.flush()
+
+
+def write_trace(path, comm, timeout=None):
+    """Stop tracing, gather every rank's events on rank 0 and write them to ``path`` (Chrome JSON).
+
+    Collective over ``comm``: every rank sends its events to rank 0 (point-to-point), which waits
+    at most ``timeout`` seconds for each and names in a warning the ranks it did not hear from.
+
+    Parameters
+    ----------
+    path : str
+        The trace file (``--trace``), written by rank 0.
+    comm : mpi4py.MPI.Comm
+    timeout : float, optional
+        Seconds rank 0 waits for a rank's events (None: no limit).
+    """
+    trace.stop()
+    chrome, missing = trace.gather(comm, 0, timeout)
+    if comm.Get_rank() == 0:
+        trace.write(path, chrome, missing)
+        log = get_logger(0)
+        if missing:
+            log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
+        log.info("trace: %d events from %d rank(s) -> %s (open in https://ui.perfetto.dev or chrome://tracing)",
+                 sum(e["ph"] == "X" for e in chrome), comm.Get_size() - len(missing), path)

@@ -14,12 +14,11 @@ training. With ``--balance`` a worker instead reads its sampler's order as a str
 samples per clock as its current batch.
 """
 import os
-import sys
 import time
 
 import numpy
-from tqdm import tqdm
 
+from collectives import trace
 from collectives.backend import to_host
 from ps.options import PSOptions
 from ps.runtime import roles, run
@@ -31,6 +30,7 @@ from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import optimizer_factory
 from training.parallel import compute_gradient, is_finite
+from training.progress import progress_bar, write_trace
 from training.ps_report import evaluate_snapshots, write_records
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
@@ -250,6 +250,8 @@ def run_ps(cfg, comm, run_dir, xp):
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
     make_optimizer = optimizer_factory(cfg)
+    if cfg.trace:
+        trace.start(comm)  # collective: aligns the ranks' clocks
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
         skipped = [0]
@@ -264,9 +266,13 @@ def run_ps(cfg, comm, run_dir, xp):
             return to_host(model.grads), int(idx.shape[0])
 
         stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer)
+        if cfg.trace:
+            write_trace(cfg.trace, comm, cfg.ps_timeout)
         return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
     if rank != 0:
         run(comm, opts, init, make_optimizer=make_optimizer)
+        if cfg.trace:
+            write_trace(cfg.trace, comm, cfg.ps_timeout)
         return {"role": "server"}
     bar = _progress_bar(cfg, ds, model, S, W, run_dir, opts)
     last = [0]
@@ -279,14 +285,15 @@ def run_ps(cfg, comm, run_dir, xp):
         result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer)
     finally:
         bar.close()
+    if cfg.trace:
+        write_trace(cfg.trace, comm, cfg.ps_timeout)
     evals = evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,
                                W * stream.per_epoch)
     return write_records(cfg, comm, run_dir, result, evals, opts, model.size, stream.per_epoch)
 
 
 def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
-    bar = tqdm(total=opts.budget, unit="push", leave=False, disable=None if cfg.progress else True,
-               dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+    bar = progress_bar(opts.budget, "push", cfg.progress)
     s = f", s={cfg.staleness}" if cfg.consistency == "ssp" else ""
     bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, {model.size} "
               f"parameters ({cfg.dtype}), {S} server(s) + {W} worker(s), {cfg.consistency.upper()}{s}, "

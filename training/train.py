@@ -35,11 +35,11 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
                                verify_param_layout)
-from training.progress import get_logger, progress_bar
+from training.progress import progress_bar, write_trace
 from training.ps_mode import finish_together, run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["main", "run", "train_dp", "write_trace", "check_run", "setup_run", "array_module", "set_threads", "build_model",
+__all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
            "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
 
 
@@ -216,31 +216,6 @@ def train_dp(cfg, comm, run_dir, trainer=None):
               f"communication {summary['comm_fraction']:.0%} of step time | "
               f"{format_bytes(state.bytes_sent)} sent per rank | {run_dir}", flush=True)
     return summary
-
-
-def write_trace(path, comm, timeout=None):
-    """Stop tracing, gather every rank's events on rank 0 and write them to ``path`` (Chrome JSON).
-
-    Collective over ``comm``: every rank sends its events to rank 0 (point-to-point), which waits
-    at most ``timeout`` seconds for each and names in a warning the ranks it did not hear from.
-
-    Parameters
-    ----------
-    path : str
-        The trace file (``--trace``), written by rank 0.
-    comm : mpi4py.MPI.Comm
-    timeout : float, optional
-        Seconds rank 0 waits for a rank's events (None: no limit).
-    """
-    trace.stop()
-    chrome, missing = trace.gather(comm, 0, timeout)
-    if comm.Get_rank() == 0:
-        trace.write(path, chrome, missing)
-        log = get_logger(0)
-        if missing:
-            log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
-        log.info("trace: %d events from %d rank(s) -> %s (open in https://ui.perfetto.dev or chrome://tracing)",
-                 sum(e["ph"] == "X" for e in chrome), comm.Get_size() - len(missing), path)
 
 
 def _epochs_note(cfg, saved_epochs):
