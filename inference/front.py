@@ -15,8 +15,6 @@ import time
 import numpy
 from mpi4py import MPI
 
-from inference.balance import Balancer
-from inference.batching import DynamicBatcher
 from inference.replica import BATCH, HEAD_REPLY, HEAD_WORK, STOP, TAG_REPLY, TAG_WORK
 from inference.request import parse_features
 
