@@ -179,6 +179,10 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
     """Run the MPI library's own all-reduce under the same float16 / avg rules, fingerprint checked."""
     ctx.begin(key, timeout)  # keep the call sequence in step on every rank whatever the algorithm
     inline = piggyback(op, x.size)
+    if not inline and xp is numpy and x.size and x.dtype == ACC[x.dtype] and x.flags.c_contiguous:
+        res = numpy.empty(x.shape, x.dtype) if out is None else out
+        if res is not x and res.flags.c_contiguous and not numpy.may_share_memory(x, res):
+            return _mpi_out_of_place(ctx, key, x, op, res, timeout)
     extra = CHECK_ELEMENTS if inline else 0
     out, work, acc, direct, _ = prepare(x, out, ctx, xp, "work", extra=extra)
     if inline:
@@ -204,6 +208,18 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
     p = ctx.size
     ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (p - 1) * x.size // p, estimated=True)
     return finish(out, work, op, p, xp, direct)
+
+
+def _mpi_out_of_place(ctx, key, x, op, out, timeout):
+    """``MPI_Iallreduce(x, out)``: the library reads ``x`` and writes ``out``, no copy of the input first."""
+    send, buf = x.reshape(-1), out.reshape(-1)
+    mask = nan_mask(send, op)  # NaN positions of this rank's input, reduced alongside
+    more = [("Iallreduce", (MPI.IN_PLACE, mask, MPI.MAX))] if mask is not None else []
+    call(ctx, key, "Iallreduce", (send, buf, MPI_OPS[op]), timeout, extra=more)
+    restore_nan(buf, mask)
+    p = ctx.size
+    ctx.record("allreduce", "mpi", x.size, x.dtype, elements=2 * (p - 1) * x.size // p, estimated=True)
+    return finish(out, buf, op, p, numpy, True)
 
 
 def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, accumulate="float32"):

@@ -40,9 +40,10 @@ from mpi4py import MPI
 import collectives
 from collectives.schedule import chunk_bounds
 from experiments.bench_oracle import check_data, count_wrong, oracle_allreduce, raw
-from experiments.bench_output import COLUMNS, HEAD, header, library, line, write
+from experiments.bench_output import COLUMNS, HEAD, UNSTABLE, header, library, line, write
 from experiments.outputs import unwritable
-from experiments.bench_references import finish, gloo, gloo_available, ring_direct, ring_execute
+from experiments.bench_references import (auto_timeout, finish, gloo, gloo_available, mpi_persistent, persistent,
+                                         ring_direct, ring_execute)
 from plots.bench import markdown
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
@@ -51,8 +52,11 @@ __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_a
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 
 #: Reference rows per op besides commlab's algorithms: MPI's own call made directly (no commlab layer;
-#: not for float16, which MPI lacks) and, for all-reduce, the loops that price the executor.
-REFERENCES = {"allreduce": ("MPI_Allreduce", "ring-direct", "ring-execute"), "reduce_scatter": ("MPI_Reduce_scatter",),
+#: not for float16, which MPI lacks) and, for all-reduce, MPI's persistent form made directly, commlab's
+#: persistent plan (``allreduce_init`` with ``auto``, steady state), ``auto`` with ``timeout=60`` and the
+#: loops that price the executor.
+REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Allreduce_init", "persistent", "auto-timeout", "ring-direct",
+                             "ring-execute"), "reduce_scatter": ("MPI_Reduce_scatter",),
               "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
@@ -76,6 +80,7 @@ class BenchConfig:
     large_bytes: int = 8192                   # bytes; the small/large iteration boundary (OSU's)
     max_time: float = 0.0                     # seconds; cap on one timed loop (fewer iters), 0 = none
     rounds: int = 1                           # segments per timed loop, algorithms taking turns (1 = OSU)
+    repeats: int = 3                          # passes over the whole sweep; rows hold the median pass
     baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
 
@@ -155,6 +160,10 @@ def parse_args(argv=None, quiet=False, size=1):
                    help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
     p.add_argument("--rounds", type=int, default=d.rounds,
                    help="split each timed loop into this many segments, the algorithms taking turns (default 1)")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="passes over the whole sweep, one after another; every row holds the median of the "
+                        "passes, ratios their median and range, and sizes whose passes differ by more than "
+                        f"{UNSTABLE:.0%} are flagged (default {d.repeats})")
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
     if quiet:
@@ -176,14 +185,14 @@ def parse_args(argv=None, quiet=False, size=1):
         p.error("--algorithms: every op in --ops needs at least one of them")
     if not 1 <= a.min_bytes <= a.max_bytes:
         p.error("--min-bytes must be >= 1 and at most --max-bytes")
-    if min(a.iters_small, a.iters_large, a.rounds) < 1 or min(a.warmup_small, a.warmup_large) < 0:
-        p.error("iterations and --rounds must be >= 1 and warm-up >= 0")
+    if min(a.iters_small, a.iters_large, a.rounds, a.repeats) < 1 or min(a.warmup_small, a.warmup_large) < 0:
+        p.error("iterations, --rounds and --repeats must be >= 1 and warm-up >= 0")
     if not (math.isfinite(a.max_time) and a.max_time >= 0):
         p.error(f"--max-time must be a finite number of seconds >= 0, got {a.max_time}")
     cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
                        dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                        warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
-                       max_time=a.max_time, rounds=a.rounds, baseline=a.baseline or "", out=a.out)
+                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out)
     if not _plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
@@ -210,7 +219,8 @@ def _case(op, nbytes, cfg, comm):
     poisoned, mop, calls = None, _MPI_OPS[cfg.redop], {}
     if op == "allreduce":
         ref, poisoned = oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
-        special = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo}
+        special = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo, "persistent": persistent,
+                   "auto-timeout": auto_timeout, "MPI_Allreduce_init": mpi_persistent}
         calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
                  (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
 
@@ -244,7 +254,7 @@ def _case(op, nbytes, cfg, comm):
             comm.Bcast(raw(x), 0)
             return x
     for a in names:
-        if a.startswith("MPI_"):
+        if a.startswith("MPI_") and a not in ("MPI_Allreduce_init",):
             calls[a] = direct
     return count, ref, calls, poisoned
 
@@ -304,6 +314,8 @@ def _measure(op, nbytes, cfg, comm):
         for alg, call in calls.items():
             _segment(call, comm, iters[alg] * (k + 1) // R - iters[alg] * k // R,
                      warmup * (k + 1) // R - warmup * k // R, times[alg])
+    for call in calls.values():
+        getattr(call, "free", lambda: None)()  # persistent requests of the reference rows
     local = np.array([[np.mean(times[a]), np.median(times[a])] for a in calls])  # (algorithms, 2)
     every = np.empty((P,) + local.shape)
     comm.Allgather(local, every)  # (P, algorithms, 2): each rank's mean and median
@@ -340,22 +352,29 @@ def run_sweep(cfg, comm=None):
     if cfg.baseline == "gloo" and not gloo_available(comm):
         comm.Free()
         raise RuntimeError(_NO_TORCH)
-    rank0, rows = comm.Get_rank() == 0, []
+    rank0, passes = comm.Get_rank() == 0, []
     if rank0:
         print(f"# commlab collectives on P={comm.Get_size()} ({library()})"
-              f", {cfg.dtype}, time = slowest rank's mean\n#{HEAD[1:]}", flush=True)
-    for nbytes in dict.fromkeys(n for n, _ in plan):
-        for op in (o for n, o in plan if n == nbytes):
-            for row in _measure(op, nbytes, cfg, comm):
-                rows.append(row)
-                if rank0:
-                    print(line(row), flush=True)
-        if rank0:
-            write(cfg, header(cfg, comm, False, rows))
-    results = header(cfg, comm, True, rows)
+              f", {cfg.dtype}, time = slowest rank's mean, {cfg.repeats} passes\n#{HEAD[1:]}", flush=True)
+    for k in range(cfg.repeats):
+        rows = []
+        passes.append(rows)
+        for nbytes in dict.fromkeys(n for n, _ in plan):
+            for op in (o for n, o in plan if n == nbytes):
+                for row in _measure(op, nbytes, cfg, comm):
+                    row["pass"] = k
+                    rows.append(row)
+                    if rank0:
+                        print(line(row), flush=True)
+            if rank0:
+                write(cfg, header(cfg, comm, False, passes))
+    results = header(cfg, comm, True, passes)
     if rank0:
         write(cfg, results)
         print("\n" + markdown(results), flush=True)
+        shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
+        print(f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than {UNSTABLE:.0%}"
+              + (": " + "; ".join(shaky) if shaky else ""), flush=True)
         print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
     collectives.free_context(comm)
     comm.Free()

@@ -2,7 +2,10 @@
 
 ``ring_direct`` is the ring algorithm written as a lean hand-written ``Sendrecv`` loop (the yardstick
 for the schedule executor's overhead), ``ring_execute`` the cached ring schedule run by the executor
-alone, and ``gloo`` PyTorch's ``torch.distributed.all_reduce`` on the gloo backend, when installed.
+alone, ``mpi_persistent`` MPI's own persistent all-reduce (``MPI_Allreduce_init``, started and waited
+directly), ``persistent`` commlab's plan (``collectives.allreduce_init`` with ``auto``, steady state),
+``auto_timeout`` the ``auto`` all-reduce with ``timeout=60`` (what a deadline costs), and ``gloo``
+PyTorch's ``torch.distributed.all_reduce`` on the gloo backend, when installed.
 Each returns a zero-argument call that all-reduces ``x`` into ``out`` under commlab's rules.
 """
 import os
@@ -15,7 +18,10 @@ from collectives import backend
 from collectives.executor import execute
 from collectives.schedule import chunk_bounds
 
-__all__ = ["finish", "ring_direct", "ring_execute", "gloo", "gloo_available"]
+__all__ = ["finish", "ring_direct", "ring_execute", "mpi_persistent", "persistent", "auto_timeout", "gloo",
+           "gloo_available"]
+
+_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
 
 def finish(work, out, redop, P):
@@ -67,6 +73,40 @@ def ring_execute(comm, x, out, redop):
         np.copyto(work, x.reshape(-1), casting="unsafe")
         execute(sched, comm, work, scratch, ufunc, 0)
         return finish(work, out.reshape(-1), redop, P).reshape(out.shape)
+
+    return run
+
+
+def mpi_persistent(comm, x, out, redop):
+    """Return a call starting and waiting MPI's own persistent all-reduce of ``x`` into ``out`` (MPI 4.0, 6.13)."""
+    req = comm.Allreduce_init(x, out, _MPI_OPS[redop])
+    P = comm.Get_size()
+
+    def run():
+        req.Start()
+        req.Wait()
+        return finish(out, out, redop, P)
+
+    run.free = req.Free
+    return run
+
+
+def persistent(comm, x, out, redop):
+    """Return a call running commlab's persistent plan (``allreduce_init``, ``auto``) into ``out``."""
+    plan = collectives.allreduce_init(x, comm, redop, "auto", out=out)
+
+    def run():
+        plan.start()
+        return plan.wait()
+
+    run.free = plan.free
+    return run
+
+
+def auto_timeout(comm, x, out, redop):
+    """Return a call of the ``auto`` all-reduce with ``timeout=60`` (the deadline never fires)."""
+    def run():
+        return collectives.allreduce(x, comm, redop, "auto", out=out, timeout=60.0)
 
     return run
 

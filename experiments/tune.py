@@ -4,9 +4,10 @@
     COMMLAB_TUNING=tuning.json mpiexec -n 4 python -m experiments.demo    (or collectives.select.load_table)
 
 For each communicator size P in the sweeps (files of ``experiments.bench_collectives``) and each
-measured all-reduce size, the winner is the hand-made algorithm with the lowest time -- ``mpi``,
-``auto`` and the reference loops never win, since ``auto`` must pick one of commlab's own
-algorithms. When several files measured the same P and size, the median of their times counts;
+measured all-reduce size, the winner is the algorithm with the lowest time among commlab's hand-made
+ones and, up to ``--library-max-bytes`` (default 8 KiB, the messages whose repeated calls take the
+cached path of :mod:`collectives.fastpath`), ``mpi``: where the library's own call is fastest,
+``auto`` uses it. ``auto`` and the reference loops never win. When several files measured the same P and size, the median of their times counts;
 rows with wrong results are ignored. Adjacent sizes with the same winner merge into one rule. As in
 MPICH's JSON tuning files, rules are ranges: a rule covers messages up to the largest size it won
 (``max_bytes``) and the last rule of each P has no upper limit. Sizes are counted the way ``auto``
@@ -24,16 +25,20 @@ import numpy as np
 import collectives
 from collectives import backend
 
-__all__ = ["HAND_MADE", "MODEL_MIN_BYTES", "build_table", "main"]
+__all__ = ["HAND_MADE", "CHOICES", "LIBRARY_MAX_BYTES", "MODEL_MIN_BYTES", "build_table", "main"]
 
-#: Algorithms a tuned table may choose.
+#: commlab's own all-reduce algorithms.
 HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+#: Algorithms a tuned table may choose (``mpi`` only up to the library limit of :func:`build_table`).
+CHOICES = HAND_MADE + ("mpi",)
+#: Default largest message (bytes, accumulation dtype) for which ``mpi`` may win a range.
+LIBRARY_MAX_BYTES = 8 << 10
 
 #: Smallest all-reduce message (bytes) of the rows the table's cost model is fitted to.
 MODEL_MIN_BYTES = 64 << 10
 
 
-def build_table(results, tolerance=0.0, stat="mean"):
+def build_table(results, tolerance=0.0, stat="mean", library_max_bytes=LIBRARY_MAX_BYTES):
     """Return the decision table of sweeps ``results``.
 
     Parameters
@@ -45,6 +50,8 @@ def build_table(results, tolerance=0.0, stat="mean"):
         within ``(1 + tolerance)`` of the winner's, so noise does not split ranges (0: strict).
     stat : {"mean", "median"}
         Time compared: the slowest rank's mean (``time_s``) or median (``time_median_us``).
+    library_max_bytes : int
+        Largest message (bytes, accumulation dtype) at which ``mpi`` competes (0: never).
 
     Returns
     -------
@@ -70,16 +77,18 @@ def build_table(results, tolerance=0.0, stat="mean"):
     times = {}  # (P, bytes) -> {algorithm: [seconds, ...]}
     for res in results:
         for r in res.get("rows", []):
-            if r["op"] != "allreduce" or r["algorithm"] not in HAND_MADE or r["wrong"]:
+            if r["op"] != "allreduce" or r["algorithm"] not in CHOICES or r["wrong"]:
                 continue
             if stat == "median" and "time_median_us" not in r:
                 raise ValueError("these sweeps have no median times: use the mean")
             seconds = r["time_s"] if stat == "mean" else r["time_median_us"] * 1e-6
             if seconds > 0:
                 nbytes = r["count"] * backend.accumulation_dtype(np.dtype(r["type"])).itemsize
+                if r["algorithm"] == "mpi" and nbytes > library_max_bytes:
+                    continue
                 times.setdefault((r["P"], nbytes), {}).setdefault(r["algorithm"], []).append(seconds)
     if not times:
-        raise ValueError("no hand-made all-reduce rows with correct results in the sweeps")
+        raise ValueError("no all-reduce rows of the algorithms auto may choose, with correct results, in the sweeps")
     rules = []
     for P in sorted({p for p, _ in times}):
         current = None
@@ -94,7 +103,8 @@ def build_table(results, tolerance=0.0, stat="mean"):
                 continue
             current = {"size": P, "max_bytes": nbytes, "algorithm": best, "min_bytes": nbytes}
             rules.append(current)
-        current["max_bytes"] = None
+        current["max_bytes"] = None if current["algorithm"] != "mpi" else current["max_bytes"]
+        # (a last range won by mpi keeps its limit: above it the model picks a hand-made algorithm)
     model = _fit_model([r for res in results for r in res.get("rows", [])])
     sources = [{"P": res.get("P"), "date": res.get("date"), "host": res.get("host"),
                 "mpi_library": res.get("mpi_library"), "dtype": res.get("config", {}).get("dtype")}
@@ -148,6 +158,8 @@ def main(argv=None):
     p.add_argument("--out", default="tuning.json", help="decision table to write (default tuning.json)")
     p.add_argument("--tolerance", type=float, default=0.0,
                    help="keep the previous range's algorithm while within this relative slack (default 0)")
+    p.add_argument("--library-max-bytes", type=int, default=LIBRARY_MAX_BYTES,
+                   help=f"largest message (bytes) at which mpi may win a range; 0: never (default {LIBRARY_MAX_BYTES})")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="time compared: the slowest rank's mean (default) or median (steadier on a shared machine)")
     a = p.parse_args(argv)
@@ -165,7 +177,7 @@ def main(argv=None):
         if why := _not_a_sweep(results[-1]):
             p.error(f"{path}: {why}")
     try:
-        table = build_table(results, a.tolerance, a.stat)
+        table = build_table(results, a.tolerance, a.stat, a.library_max_bytes)
     except (ValueError, TypeError) as exc:  # TypeError: a field of the wrong type in a row
         p.error(str(exc))
     try:

@@ -90,6 +90,16 @@ def summarize(rows, stat="mean"):
             for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
                 if own and (op, base, n) in t:
                     e[key] = min(own) / t[(op, base, n)]
+        raw = t.get(("allreduce", "MPI_Allreduce", n))
+        for key, alg in (("auto_vs_raw", "auto"), ("persistent_vs_raw", "persistent"),
+                         ("mpi_init_vs_raw", "MPI_Allreduce_init")):
+            if raw and ("allreduce", alg, n) in t:
+                e[key] = t[("allreduce", alg, n)] / raw
+        if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
+            e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
+        for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
+            if (op, "auto", n) in t and (op, base, n) in t:
+                e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
         direct = t.get(("allreduce", "ring-direct", n))
         for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
             if direct and ("allreduce", alg, n) in t:
@@ -106,8 +116,17 @@ def summarize(rows, stat="mean"):
            "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
            "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
     for key in ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw",
-                "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw"):
+                "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw", "reduce_scatter_auto_vs_raw",
+                "allgather_auto_vs_raw"):
         agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
+    for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw"):
+        agg[f"{key}_geomean_8_4K"] = _geomean(pick(key, 8, 4 * _KIB))
+        agg[f"{key}_max_8_4K"] = max(pick(key, 8, 4 * _KIB), default=None)
+    for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw"):
+        agg[f"{key}_max_1M_up"] = max(pick(key, _MIB), default=None)
+    agg["timeout_vs_auto_8"] = (pick("timeout_vs_auto", 8, 8) or [None])[0]
+    agg["timeout_vs_auto_4M"] = (pick("timeout_vs_auto", 4 * _MIB, 4 * _MIB) or [None])[0]
+    agg["timeout_vs_auto_max"] = max(pick("timeout_vs_auto"), default=None)
     return {"sizes": sizes, "aggregates": agg}
 
 
@@ -155,7 +174,34 @@ def markdown(results, stat="mean"):
     for e in s["sizes"]:
         lines.append(f"| {_size(e['bytes'])} | {e.get('allreduce_best', '-')} | {_x(e.get('allreduce_best_vs_mpi'))} | "
                      + " | ".join(_x(e.get(k)) for k in keys) + " |")
+    reps = results.get("summary_repeats")
+    if reps:
+        lines += ["", f"Median [min-max] over {max(v['passes'] for v in reps.values())} passes of the sweep:", "",
+                  "| figure | median | range |", "|---|---:|---:|"]
+        for key, label in _TARGETS:
+            if key in reps:
+                v = reps[key]
+                lines.append(f"| {label} | {v['median']:.2f}x | {v['min']:.2f}-{v['max']:.2f}x |")
     return "\n".join(lines)
+
+
+#: Summary figures printed with their range over passes: (aggregate key, label).
+_TARGETS = (
+    ("allreduce_best_vs_mpi_geomean_64K_64M", "best hand-made all-reduce busbw / `mpi`, geomean 64 KiB-64 MiB"),
+    ("auto_vs_raw_geomean_8_4K", "`auto` / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
+    ("auto_vs_raw_max_8_4K", "`auto` / `MPI_Allreduce` direct, worst size 8 B-4 KiB"),
+    ("mpi_vs_raw_geomean_8_4K", "`mpi` / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
+    ("mpi_vs_raw_geomean", "`mpi` / `MPI_Allreduce` direct, geomean all sizes"),
+    ("persistent_vs_raw_geomean_8_4K", "persistent plan / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
+    ("mpi_init_vs_raw_geomean_8_4K", "`MPI_Allreduce_init` / `MPI_Allreduce`, geomean 8 B-4 KiB"),
+    ("timeout_vs_auto_8", "`auto` with timeout / without, 8 B"),
+    ("timeout_vs_auto_4M", "`auto` with timeout / without, 4 MiB"),
+    ("reduce_scatter_auto_vs_raw_geomean", "reduce-scatter `auto` / `MPI_Reduce_scatter`, geomean"),
+    ("reduce_scatter_auto_vs_raw_max_1M_up", "reduce-scatter `auto` / `MPI_Reduce_scatter`, worst from 1 MiB"),
+    ("allgather_auto_vs_raw_geomean", "all-gather `auto` / `MPI_Allgather`, geomean"),
+    ("allgather_auto_vs_raw_max_1M_up", "all-gather `auto` / `MPI_Allgather`, worst from 1 MiB"),
+    ("execute_vs_direct_geomean", "`ring-execute` / `ring-direct`, geomean"),
+)
 
 
 def _model(rows, min_bytes):

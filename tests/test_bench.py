@@ -38,7 +38,7 @@ def sweep_p2(tmp_path_factory):
     """P = 2, sizes 64 and 128 B; 128 B counts as large (--large-bytes 64), so each uses its own iters."""
     prefix = str(tmp_path_factory.mktemp("bench") / "p2")
     return prefix, _sweep(2, prefix, "--iters-small", "4", "--iters-large", "2", "--warmup", "1",
-                          "--large-bytes", "64")
+                          "--large-bytes", "64", "--repeats", "2")
 
 
 def _check_sweep(P, results, header, csv_rows):
@@ -58,6 +58,10 @@ def _check_sweep(P, results, header, csv_rows):
         assert r["wrong"] == 0 and int(c["wrong"]) == 0, r
         assert r["P"] == P and r["type"] == "float32" and r["bytes"] == 4 * r["count"]
         assert r["time_min_us"] <= r["time_mean_us"] <= r["time_us"]
+        reps = r["time_repeats_us"]  # the row holds the median pass; its spread is that of the passes
+        assert len(reps) == r["passes"] == results["config"]["repeats"] and min(reps) <= r["time_us"] <= max(reps)
+        assert r["spread"] == pytest.approx(max(reps) / min(reps) - 1, rel=1e-4, abs=1e-6)
+        assert r["unstable"] == (r["spread"] > 0.2)
         # files keep 6 significant digits
         assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-5) and r["time_median_us"] > 0
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-5)
@@ -66,7 +70,7 @@ def _check_sweep(P, results, header, csv_rows):
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-5)
         assert float(c["busbw_GBps"]) == r["busbw_GBps"]
         if r["algorithm"] == "auto" and r["op"] == "allreduce":
-            assert r["resolved"] in tune.HAND_MADE
+            assert r["resolved"] in tune.CHOICES
     return rows
 
 
@@ -78,13 +82,16 @@ def test_sweep_p2_columns_busbw_and_checks(sweep_p2):
     assert "busbw(GB/s)" in out and "#wrong" in out and "| size |" in out  # live table and summary
     s = results["summary"]["sizes"]
     assert {e["bytes"] for e in s} == {64, 128} and all("ring_vs_direct" in e for e in s)
+    reps = results["summary_repeats"]["mpi_vs_raw_geomean"]  # a figure's median and range over the passes
+    assert reps["passes"] == 2 and reps["min"] <= reps["median"] <= reps["max"]
+    assert "over 2 passes" in out and "rows whose passes differ by more than 20%" in out
 
 
 def test_sweep_p3_allgather_rounding_and_time_cap(tmp_path):
     """P = 3: all-gather sizes round down to P blocks; --max-time cuts every loop to the minimum 3 calls,
     which --rounds 2 splits into segments of 1 and 2."""
     _, results, header, csv_rows = _sweep(3, str(tmp_path / "p3"), "--iters", "50", "--warmup", "1",
-                                          "--max-time", "1e-9", "--rounds", "2")
+                                          "--max-time", "1e-9", "--rounds", "2", "--repeats", "1")
     rows = _check_sweep(3, results, header, csv_rows)
     assert {r["bytes"] for r in rows if r["op"] == "allgather"} == {60, 120}
     assert {r["iters"] for r in rows} == {3}
@@ -181,7 +188,7 @@ def test_tune_table_round_trips_through_select(tmp_path):
         with open(tmp_path / f"r{i}.json", "w", encoding="utf-8") as f:
             json.dump(res, f)
     out = tmp_path / "tuning.json"
-    tune.main([str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--out", str(out)])
+    tune.main([str(tmp_path / "r0.json"), str(tmp_path / "r1.json"), "--out", str(out), "--library-max-bytes", "0"])
     table = json.loads(out.read_text())
     assert "model" not in table  # no rows of 64 KiB or more to fit it to
     assert [(r["size"], r["algorithm"], r["max_bytes"]) for r in table["allreduce"]] == [
@@ -198,6 +205,15 @@ def test_tune_table_round_trips_through_select(tmp_path):
         select.clear_table()
 
 
+def test_tune_lets_mpi_win_small_sizes_only():
+    rows = [_row(2, a, n, t) for n in (8, 4096, 1 << 20) for a, t in (("mpi", 1.0), ("ring", 2.0), ("tree", 3.0))]
+    rules = tune.build_table([{"rows": rows}])["allreduce"]
+    assert [(r["algorithm"], r["max_bytes"]) for r in rules] == [("mpi", 4096), ("ring", None)]
+    last = tune.build_table([{"rows": rows[:6]}])["allreduce"]  # mpi wins the largest size measured
+    assert [(r["algorithm"], r["max_bytes"]) for r in last] == [("mpi", 4096)]  # above it: the model
+    assert [r["algorithm"] for r in tune.build_table([{"rows": rows}], library_max_bytes=0)["allreduce"]] == ["ring"]
+
+
 def test_tune_tolerance_absorbs_noise():
     rows = []
     for n, (ring, tree) in zip((8, 16, 32), ((1.0, 2.0), (1.02, 1.0), (1.0, 2.0))):
@@ -207,7 +223,7 @@ def test_tune_tolerance_absorbs_noise():
     assert [r["algorithm"] for r in strict] == ["ring", "tree", "ring"]
     assert [(r["algorithm"], r["max_bytes"]) for r in loose] == [("ring", None)]
     with pytest.raises(ValueError):
-        tune.build_table([{"rows": [_row(2, "mpi", 8, 1.0)]}])
+        tune.build_table([{"rows": [_row(2, "mpi", 1 << 20, 1.0)]}])  # above the library limit
     with pytest.raises(ValueError):  # no medians in these rows
         tune.build_table([{"rows": rows}], stat="median")
     medians = [dict(r, time_median_us={"ring": 2.0, "tree": 1.0}[r["algorithm"]]) for r in rows]
@@ -222,7 +238,7 @@ def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
         select.load_table(str(out))
         for n in (64, 128):
             mine = {r["algorithm"]: r["time_s"] for r in results["rows"]
-                    if r["op"] == "allreduce" and r["bytes"] == n and r["algorithm"] in tune.HAND_MADE}
+                    if r["op"] == "allreduce" and r["bytes"] == n and r["algorithm"] in tune.CHOICES}
             assert select.select_allreduce(2, n) == min(mine, key=mine.get)
     finally:
         select.clear_table()
