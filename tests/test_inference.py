@@ -207,7 +207,7 @@ def test_replicated_serving_answers_equal_the_single_process_prediction(ckpt, tm
 def test_a_replica_failing_midway_loses_no_request_and_answers_none_twice(ckpt, tmp_path):
     out = str(tmp_path / "fail")
     run_mpi(4, "inference.serve", "--checkpoint", ckpt, "--replicas", 3, "--balance", "round-robin",
-            "--requests", 1000, "--rate", 1500, "--fail-replica", "1:25", "--replica-timeout", 0.3,
+            "--requests", 1000, "--rate", 1500, "--fail-replica", "1:25", "--replica-timeout", 1.0,
             "--run-dir", out, timeout=90)
     s = json.load(open(os.path.join(out, "summary.json")))
     recs = _records(out)
@@ -241,7 +241,7 @@ def test_least_outstanding_sends_less_to_a_slow_replica_than_round_robin(ckpt, t
 def test_requests_whose_retry_fails_too_get_an_error_once(ckpt, tmp_path):
     out = str(tmp_path / "fail2")
     run_mpi(3, "inference.serve", "--checkpoint", ckpt, "--replicas", 2, "--balance", "round-robin",
-            "--requests", 200, "--rate", 1000, "--fail-replica", "0:5,1:8", "--replica-timeout", 0.3,
+            "--requests", 200, "--rate", 1000, "--fail-replica", "0:5,1:8", "--replica-timeout", 1.0,
             "--run-dir", out, timeout=60)
     s = json.load(open(os.path.join(out, "summary.json")))
     recs = _records(out)
