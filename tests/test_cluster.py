@@ -30,6 +30,12 @@ def _unavailable():
     probe = subprocess.run([*namespace_command(), "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create network namespaces: {probe.stderr.strip()}"
+    # what the emulator does inside, tried with the system's tools alone: a tmpfs, a veth pair, tbf
+    inside = ("mount -n -t tmpfs probe /run && ip link add p0 type veth peer name p1 && "
+              "tc qdisc add dev p0 root tbf rate 1mbit burst 10kb limit 10kb")
+    probe = subprocess.run([*namespace_command(), "sh", "-c", inside], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"namespaces lack what the emulator needs (tmpfs, veth, tbf): {probe.stderr.strip()}"
     return None
 
 
