@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
-from tqdm import tqdm
 
 from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
 from training.build import build_model
@@ -35,6 +34,7 @@ from training.cli import parse_args
 from training.data import load_dataset
 from training.job import check_run
 from training.metrics import read_jsonl, run_info, write_json
+from training.progress import progress_bar
 from training.train import run
 from experiments.compression_report import check_lines, markdown_table, table, targets
 
@@ -55,6 +55,7 @@ class SweepConfig:
     out: str = "results/compression"  # directory of the results files and the run directories
     train_args: tuple = ()            # training flags as KEY=VALUE (e.g. "optimizer=sgd")
     bench_steps: int = 10             # steps of the wire-bytes benchmark per compressor
+    progress: bool = True             # rank 0's bar of the runs (in place on a terminal, else a line per 30 s)
 
 
 def parse_spec(spec):
@@ -197,7 +198,7 @@ def run_study(cfg, comm=None):
     jobs = [(spec, seed) for spec in cfg.compressors for seed in cfg.seeds]
     bar = None
     if rank == 0:
-        bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, dynamic_ncols=True)
+        bar = progress_bar(len(jobs), "run", cfg.progress)
     runs = []
     for spec, seed in jobs:
         runs.append(_train_one(cfg, base, spec, seed, run_dir, comm))
@@ -248,6 +249,9 @@ def _build_parser(quiet=False):
                         "(e.g. optimizer=sgd, lr=0.05, hidden=64,32)")
     p.add_argument("--bench-steps", type=int, default=10,
                    help="steps of the wire-bytes benchmark per compressor (default: 10)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
+                        "else one line every 30 s (default: on)")
     if quiet:
         p.print_usage = p.print_help = lambda file=None: None
         p.exit = lambda status=0, message=None: sys.exit(status)
@@ -264,7 +268,8 @@ def main(argv=None):
     except ValueError:
         parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
     cfg = SweepConfig(compressors=tuple(args.compressors or STUDY), seeds=seeds, epochs=args.epochs,
-                      out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps)
+                      out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps,
+                      progress=args.progress)
     try:
         check_study(cfg, comm)
     except ValueError as e:  # the same on every rank: rank 0 prints one line, every rank exits 2
