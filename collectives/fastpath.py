@@ -189,7 +189,12 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     """
     if comm is None:
         comm = MPI.COMM_WORLD
-    ctx = comm.Get_attr(context_keyval()) if type(comm) is MPI.Intracomm else None
+    if type(comm) is not MPI.Intracomm:
+        return None
+    try:
+        ctx = comm.Get_attr(context_keyval())
+    except MPI.Exception:  # a freed communicator: the full path says so
+        return None
     if ctx is None:
         return None
     sig = (algorithm, op, x.dtype, x.shape)

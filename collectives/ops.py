@@ -36,7 +36,16 @@ def _common(x, op, algorithm, name, timeout):
     x = as_array(x)
     check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
     timeout = check_timeout(timeout)
-    return x, timeout, OP_ALGORITHMS[name][0] if algorithm == "auto" else algorithm
+    return x, timeout, _auto(name, x) if algorithm == "auto" else algorithm
+
+
+def _auto(name, x):
+    """Return what ``auto`` runs: the library's own reduce-scatter / all-gather for NumPy arrays (measured
+    faster than the ring at every size on the reference machine, README "Benchmarks"), else the first
+    hand-made algorithm (device arrays without a CUDA-aware MPI cannot use the library)."""
+    if name in ("reduce_scatter", "allgather") and type(x) is numpy.ndarray:
+        return "mpi"
+    return OP_ALGORITHMS[name][0]
 
 
 def _run(ctx, key, sched, work, scratch, ufunc, timeout, xp, inp=None, needed=None):
@@ -49,7 +58,7 @@ def _run(ctx, key, sched, work, scratch, ufunc, timeout, xp, inp=None, needed=No
         raise
 
 
-def _library(ctx, key, xp, method, args, timeout, extra=()):
+def _library(ctx, key, xp, method, args, timeout, extra=(), check=True):
     """Run the MPI library's own collective (``algorithm="mpi"``) with the fingerprint check.
 
     Device buffers: the stream is synchronized first; without CUDA-aware MPI the call is refused.
@@ -61,7 +70,7 @@ def _library(ctx, key, xp, method, args, timeout, extra=()):
             raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
                              "algorithm, which stages through host memory")
     ctx.begin(key, timeout)
-    call(ctx, key, method, args, timeout, extra=extra)
+    call(ctx, key, method, args, timeout, check=check, extra=extra)
 
 
 def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
@@ -78,6 +87,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     comm : mpi4py.MPI.Intracomm, optional
     op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
     algorithm : {"ring", "mpi", "auto"}
+        ``auto``: ``mpi`` for NumPy arrays, ``ring`` for device arrays.
     timeout : float, optional
         Seconds per round before :class:`CollectiveTimeout`.
 
@@ -105,20 +115,28 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     work = ctx.buffer(xp, acc, count, "rs-work")
     lo, hi = bounds[rank], bounds[rank + 1]
     inp = None
-    if count and algorithm != "mpi" and x.dtype == acc and x.flags.c_contiguous:
-        inp = x.reshape(-1)  # read by the executor in place: no copy of the whole input
+    if count and x.dtype == acc and x.flags.c_contiguous:
+        inp = x.reshape(-1)  # read in place (by the executor or the library): no copy of the whole input
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
     key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         mine = xp.empty(hi - lo, dtype=acc)
-        mask = nan_mask(work, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
+        send = inp if inp is not None else work[:count]
+        mask = nan_mask(send, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
         got = numpy.empty(hi - lo, numpy.uint8) if mask is not None else None
-        _library(ctx, key, xp, "Ireduce_scatter", (work, mine, counts, MPI_OPS[op]), timeout,
-                 [("Ireduce_scatter", (mask, got, counts, MPI.MAX))] if mask is not None else ())
+        if len(set(counts)) == 1:  # MPI_Reduce_scatter_block: no count vector to check, MPICH's faster form
+            args = (send, mine, MPI_OPS[op])
+            more = [("Ireduce_scatter_block", (mask, got, MPI.MAX))] if mask is not None else ()
+            _library(ctx, key, xp, "Ireduce_scatter_block", args, timeout, more)
+        else:
+            _library(ctx, key, xp, "Ireduce_scatter", (send, mine, counts, MPI_OPS[op]), timeout,
+                     [("Ireduce_scatter", (mask, got, counts, MPI.MAX))] if mask is not None else ())
         restore_nan(mine, got)
         ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
+        if acc == x.dtype:  # the library wrote the result itself: no copy into a new array
+            return finish(mine, mine, op, size, xp, True)
         work, lo, hi = mine, 0, hi - lo
     else:
         sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: ring_reduce_scatter(rank, size, count))
@@ -131,8 +149,8 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
 def allgather(x, comm=None, algorithm="ring", timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v).
 
-    A first exchange of a small int64 signature (shape and dtype) lets every rank check the inputs
-    agree and size the result before any data moves. Steps (ring): P - 1 rounds, in round s rank r
+    A first exchange of a small int64 signature (shape and dtype; one ``MPI_Iallgather``) lets every
+    rank check the inputs agree and size the result before any data moves. Steps (ring): P - 1 rounds, in round s rank r
     forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``. Source: Thakur,
     Rabenseifner and Gropp 2005, section 4.
 
@@ -142,6 +160,7 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         This rank's block; ``n_r`` may differ between ranks, other dimensions and dtype must agree.
     comm : mpi4py.MPI.Intracomm, optional
     algorithm : {"ring", "mpi", "auto"}
+        ``auto``: ``mpi`` for NumPy arrays, ``ring`` for device arrays.
     timeout : float, optional
 
     Returns
@@ -162,7 +181,6 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         return wrap(allgather(x, comm, algorithm, timeout))
     check_algorithm(algorithm, "allgather")
     timeout = check_timeout(timeout)
-    algorithm = "ring" if algorithm == "auto" else algorithm
     # Checks of x itself travel in the signature exchange, so a bad array on one rank only raises
     # on every rank instead of leaving the others waiting for its data.
     local_error = None
@@ -178,6 +196,7 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     elif x.ndim == 0 or x.ndim > _SIG - 2:
         local_error = ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, "
                                  f"not {x.ndim}")
+    algorithm = _auto("allgather", x) if algorithm == "auto" else algorithm
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)
@@ -188,9 +207,11 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
     else:
         sig[rank * _SIG: rank * _SIG + 2] = -2, -2  # "this rank's x is invalid"
-    sig_sched = ctx.schedule(("allgather-sig", size), lambda: ring_allgather(rank, size, chunk_bounds(size * _SIG, size)))
-    _run(ctx, ("allgather-signature", algorithm, size * _SIG, sig.dtype, None, None, None), sig_sched, sig, sig[:0],
-         None, timeout, numpy)
+    # One MPI_Iallgather of the signatures (with the call fingerprint alongside), not a hand-made ring
+    # pass: a single library call instead of P - 1 rounds in Python.
+    sig_key = ("allgather-signature", algorithm, size * _SIG, sig.dtype, None, None, None)
+    ctx.begin(sig_key, timeout)
+    call(ctx, sig_key, "Iallgather", (sig[rank * _SIG:(rank + 1) * _SIG].copy(), sig), timeout)
     rows = sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
     if local_error is not None:
         raise local_error
@@ -217,10 +238,11 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     key = ("allgather", algorithm, flat.size, x.dtype, None, None, None)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
+        # (no second fingerprint: the signature exchange just checked that every rank makes this call)
         if len(set(counts)) == 1:  # MPI_Allgather: MPICH runs it several times faster than Allgatherv
-            _library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout)
+            _library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout, check=False)
         else:
-            _library(ctx, key, xp, "Iallgatherv", (MPI.IN_PLACE, [raw(flat), counts]), timeout)
+            _library(ctx, key, xp, "Iallgatherv", (MPI.IN_PLACE, [raw(flat), counts]), timeout, check=False)
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
     sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: ring_allgather(rank, size, bounds))

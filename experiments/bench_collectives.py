@@ -1,7 +1,7 @@
 """Sweep commlab's collectives against MPI's own, size by size, the way OSU and nccl-tests measure.
 
-    mpiexec -n 4 python -m experiments.bench_collectives [--ops allreduce,reduce_scatter,allgather,broadcast]
-        [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--out results/bench]
+    mpiexec [-bind-to core] -n 4 python -m experiments.bench_collectives [--ops allreduce,reduce_scatter,allgather]
+        [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--repeats 3] [--out results/bench]
     python -m plots.bench results/bench.json
     python -m experiments.tune results/bench.json --out tuning.json
 
@@ -14,7 +14,11 @@ algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
 2. ``warmup`` uncounted calls, then ``iters`` timed calls (OSU Micro-Benchmarks): a barrier before
    each call, outside the timed region; each rank's mean; then min, mean and max over ranks (and
    the slowest rank's median, robust to the spikes of a shared machine). With ``--rounds R`` the
-   timed calls come in R segments and the algorithms take turns segment by segment.
+   timed calls come in R segments and the algorithms take turns segment by segment;
+3. the whole sweep is made ``--repeats`` times (passes, one after another, default 3): each row holds
+   the median pass's times with every pass's time, their spread and an ``unstable`` flag (spread above
+   20 %), and every summary ratio is reported as median and range over the passes
+   (:func:`experiments.bench_output.combine`). The results record the load average before and after.
 
 Columns follow nccl-tests: size is the whole vector in bytes (all-reduce and reduce-scatter input,
 all-gather output made of P blocks of size / P, broadcast buffer); time is the slowest rank's mean;
@@ -26,7 +30,7 @@ the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-p
 ``ring-execute``, the cached ring schedule run by ``collectives.executor.execute`` alone.
 ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
-library, P, host, date, versions, rows, and the ratio summary of :func:`plots.bench.summarize`).
+library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench_output.summarize`).
 """
 import argparse
 import math

@@ -1,4 +1,4 @@
-"""Draw a collectives sweep and summarise it against MPI's own collectives.
+"""Draw a collectives sweep and print its summary against MPI's own collectives.
 
     python -m plots.bench results/bench.json [results/bench_p2.json ...] [--out DIR] [--markdown]
 
@@ -6,128 +6,35 @@ For every op in a results file (``experiments.bench_collectives``), one PNG ``be
 three panels: latency against size (log-log), busbw against size, and each algorithm's time divided
 by ``mpi``'s at the same size. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`,
 fitted to the file's own rows, is drawn as dashed lines when that module is available.
-``--markdown`` prints the ratio summary of each file (:func:`summarize`) as a Markdown table.
+``--markdown`` prints each file's ratio summary as a Markdown table: the summary the sweep computed
+and stored (:func:`experiments.bench_output.summarize`); this module draws and prints, it computes no
+figure of its own.
 """
 import argparse
 import json
-import math
 import os
 
-import collectives
+__all__ = ["markdown", "draw", "main", "row_seconds", "check_stat"]
 
-__all__ = ["summarize", "markdown", "draw", "main"]
-
-_HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
 _KIB, _MIB = 1 << 10, 1 << 20
 _COLORS = {"mpi": "black", "ring": "tab:blue", "tree": "tab:green", "recursive_doubling": "tab:orange",
            "rabenseifner": "tab:purple", "2d": "tab:brown", "auto": "tab:red", "ring-direct": "tab:cyan",
            "ring-execute": "tab:olive", "gloo": "tab:pink", "MPI_Allreduce": "0.55", "MPI_Reduce_scatter": "0.55",
-           "MPI_Allgather": "0.55", "MPI_Bcast": "0.55"}
+           "MPI_Allgather": "0.55", "MPI_Bcast": "0.55", "MPI_Allreduce_init": "0.75", "persistent": "tab:gray",
+           "auto-timeout": "salmon"}
 
 
-def _geomean(values):
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
-def _seconds(row, stat):
+def row_seconds(row, stat):
+    """Return the row's time in seconds: the slowest rank's mean (``stat="mean"``) or median."""
     return row["time_s"] if stat == "mean" else row["time_median_us"] * 1e-6
 
 
-def _check_stat(rows, stat):
+def check_stat(rows, stat):
+    """Raise ``ValueError`` unless ``stat`` is "mean" or "median" and the rows hold that time."""
     if stat not in ("mean", "median"):
         raise ValueError(f"stat={stat!r} must be 'mean' or 'median'")
     if stat == "median" and any("time_median_us" not in r for r in rows):
         raise ValueError("these results have no median times (an older sweep): use the mean")
-
-
-def summarize(rows, stat="mean"):
-    """Return the ratios of a sweep against ``mpi`` and of the executor against hand-written loops.
-
-    Parameters
-    ----------
-    rows : list of dict
-        Result rows (``op``, ``algorithm``, ``bytes``, ``time_s``, ``time_median_us``, ``wrong``);
-        rows with wrong results are left out.
-    stat : {"mean", "median"}
-        Which time to compare: the slowest rank's mean (``time_s``, nccl-tests' time) or median.
-
-    Returns
-    -------
-    dict
-        ``sizes``: one dict per size with, where measured: ``allreduce_best`` (fastest hand-made
-        all-reduce) and ``allreduce_best_vs_mpi`` (its busbw / mpi's busbw = mpi time / its time);
-        ``reduce_scatter_vs_mpi`` and ``allgather_vs_mpi`` (fastest hand-made time / mpi time) and
-        ``..._vs_raw`` (the same over MPI's own call made directly, ``MPI_Reduce_scatter`` /
-        ``MPI_Allgather``); ``mpi_vs_raw`` (commlab's ``mpi`` all-reduce / ``MPI_Allreduce``);
-        ``auto_vs_mpi`` (all-reduce ``auto`` time / mpi time); ``ring_vs_direct`` and
-        ``execute_vs_direct`` (``ring`` through the API, and ``ring-execute``, over ``ring-direct``).
-        ``aggregates``: geometric means and extremes of those over the size ranges of the targets
-        (64 KiB-64 MiB for busbw, 8 B-4 KiB for ``auto``, all sizes otherwise).
-
-    Raises
-    ------
-    ValueError
-        Unknown ``stat``, or ``"median"`` for rows without median times.
-    """
-    _check_stat(rows, stat)
-    t = {(r["op"], r["algorithm"], r["bytes"]): _seconds(r, stat) for r in rows
-         if not r.get("wrong") and _seconds(r, stat) > 0}
-    sizes = []
-    for n in sorted({r["bytes"] for r in rows}):
-        e = {"bytes": n}
-        mpi = t.get(("allreduce", "mpi", n))
-        best = min((a for a in _HAND_MADE if ("allreduce", a, n) in t), key=lambda a: t[("allreduce", a, n)],
-                   default=None)
-        if mpi and best:
-            e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
-        if mpi and ("allreduce", "auto", n) in t:
-            e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
-        if mpi and ("allreduce", "MPI_Allreduce", n) in t:
-            e["mpi_vs_raw"] = mpi / t[("allreduce", "MPI_Allreduce", n)]
-        for op, raw in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
-            own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
-            for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
-                if own and (op, base, n) in t:
-                    e[key] = min(own) / t[(op, base, n)]
-        raw = t.get(("allreduce", "MPI_Allreduce", n))
-        for key, alg in (("auto_vs_raw", "auto"), ("persistent_vs_raw", "persistent"),
-                         ("mpi_init_vs_raw", "MPI_Allreduce_init")):
-            if raw and ("allreduce", alg, n) in t:
-                e[key] = t[("allreduce", alg, n)] / raw
-        if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
-            e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
-        for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
-            if (op, "auto", n) in t and (op, base, n) in t:
-                e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
-        direct = t.get(("allreduce", "ring-direct", n))
-        for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
-            if direct and ("allreduce", alg, n) in t:
-                e[key] = t[("allreduce", alg, n)] / direct
-        if len(e) > 1:
-            sizes.append(e)
-
-    def pick(key, lo=0, hi=float("inf")):
-        return [e[key] for e in sizes if key in e and lo <= e["bytes"] <= hi]
-
-    big = pick("allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB)
-    agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big),
-           "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
-           "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
-           "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
-    for key in ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw",
-                "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw", "reduce_scatter_auto_vs_raw",
-                "allgather_auto_vs_raw"):
-        agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
-    for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw"):
-        agg[f"{key}_geomean_8_4K"] = _geomean(pick(key, 8, 4 * _KIB))
-        agg[f"{key}_max_8_4K"] = max(pick(key, 8, 4 * _KIB), default=None)
-    for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw"):
-        agg[f"{key}_max_1M_up"] = max(pick(key, _MIB), default=None)
-    agg["timeout_vs_auto_8"] = (pick("timeout_vs_auto", 8, 8) or [None])[0]
-    agg["timeout_vs_auto_4M"] = (pick("timeout_vs_auto", 4 * _MIB, 4 * _MIB) or [None])[0]
-    agg["timeout_vs_auto_max"] = max(pick("timeout_vs_auto"), default=None)
-    return {"sizes": sizes, "aggregates": agg}
 
 
 def _size(n):
@@ -147,11 +54,19 @@ def markdown(results, stat="mean"):
     Parameters
     ----------
     results : dict
-        As written by ``experiments.bench_collectives`` (``rows``, ``P``, ``mpi_library``, ``config``).
+        As written by ``experiments.bench_collectives`` (``P``, ``mpi_library``, ``config`` and the
+        stored ``summary``, ``summary_median`` and ``summary_repeats``).
     stat : {"mean", "median"}
-        As for :func:`summarize`.
+        Which stored summary: the one of the slowest rank's mean times, or of the medians.
+
+    Raises
+    ------
+    ValueError
+        When the file holds no summary of that kind (written before summaries were stored).
     """
-    s = summarize(results["rows"], stat)
+    s = results.get("summary" if stat == "mean" else "summary_median")
+    if s is None:
+        raise ValueError(f"no stored {stat} summary (an older sweep): run experiments.bench_collectives again")
     a = s["aggregates"]
     head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times. "
             f"Best hand-made all-reduce busbw / `mpi` busbw: geometric mean over 64 KiB-64 MiB "
@@ -254,7 +169,7 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
     rows = results.get("rows") or []
     if not rows:
         raise ValueError("results: no rows (was the sweep run?)")
-    _check_stat(rows, stat)
+    check_stat(rows, stat)
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
 
@@ -265,10 +180,10 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
     for op in dict.fromkeys(r["op"] for r in rows):
         fig, axes = plt.subplots(1, 3, figsize=(19, 6))
         mine = [r for r in rows if r["op"] == op]
-        mpi = {r["bytes"]: _seconds(r, stat) for r in mine if r["algorithm"] == "mpi"}
+        mpi = {r["bytes"]: row_seconds(r, stat) for r in mine if r["algorithm"] == "mpi"}
         for alg in dict.fromkeys(r["algorithm"] for r in mine):
-            pts = sorted((r["bytes"], _seconds(r, stat) * 1e6,  # busbw scaled to the chosen time
-                          r["busbw_GBps"] * r["time_s"] / max(_seconds(r, stat), 1e-12), r["wrong"])
+            pts = sorted((r["bytes"], row_seconds(r, stat) * 1e6,  # busbw scaled to the chosen time
+                          r["busbw_GBps"] * r["time_s"] / max(row_seconds(r, stat), 1e-12), r["wrong"])
                          for r in mine if r["algorithm"] == alg)
             x = [p[0] for p in pts]
             style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
@@ -333,14 +248,15 @@ def main(argv=None):
                 raise ValueError("not an experiments.bench_collectives results file (no list of rows)")
             written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat,
                            a.model_min_bytes)
+            text = markdown(results, a.stat) if a.markdown else None
         except OSError as exc:
             p.error(f"{path}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError) as exc:  # KeyError, TypeError: a malformed row
             p.error(f"{path}: not an experiments.bench_collectives results file ({exc!r})"
                     if isinstance(exc, KeyError) else f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))
-        if a.markdown:
-            print("\n" + markdown(results, a.stat) + "\n")
+        if text is not None:
+            print("\n" + text + "\n")
 
 
 if __name__ == "__main__":
