@@ -17,13 +17,21 @@ import platform
 import statistics
 import sys
 
+import math
+
 import numpy as np
 from mpi4py import MPI
 
+import collectives
 from collectives.backend import mpi_library
-from plots.bench import summarize
+from plots.bench import check_stat, row_seconds
 
-__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "line", "library", "combine", "repeat_summary", "header", "write"]
+__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "line", "library", "summarize", "combine", "repeat_summary", "header",
+           "write"]
+
+# the hand-made algorithms: every registered name but the library's own and the selector
+_HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+_KIB, _MIB = 1 << 10, 1 << 20
 
 #: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
 COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
@@ -49,6 +57,100 @@ def line(w):
 def library():
     """Return the MPI library version on one line, spaces collapsed."""
     return mpi_library()
+
+
+def _geomean(values):
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarize(rows, stat="mean"):
+    """Return the ratios of a sweep against ``mpi`` and of the executor against hand-written loops.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Result rows (``op``, ``algorithm``, ``bytes``, ``time_s``, ``time_median_us``, ``wrong``);
+        rows with wrong results are left out.
+    stat : {"mean", "median"}
+        Which time to compare: the slowest rank's mean (``time_s``, nccl-tests' time) or median.
+
+    Returns
+    -------
+    dict
+        ``sizes``: one dict per size with, where measured: ``allreduce_best`` (fastest hand-made
+        all-reduce) and ``allreduce_best_vs_mpi`` (its busbw / mpi's busbw = mpi time / its time);
+        ``reduce_scatter_vs_mpi`` and ``allgather_vs_mpi`` (fastest hand-made time / mpi time) and
+        ``..._vs_raw`` (the same over MPI's own call made directly, ``MPI_Reduce_scatter`` /
+        ``MPI_Allgather``); ``mpi_vs_raw`` (commlab's ``mpi`` all-reduce / ``MPI_Allreduce``);
+        ``auto_vs_mpi`` (all-reduce ``auto`` time / mpi time); ``ring_vs_direct`` and
+        ``execute_vs_direct`` (``ring`` through the API, and ``ring-execute``, over ``ring-direct``).
+        ``aggregates``: geometric means and extremes of those over the size ranges of the targets
+        (64 KiB-64 MiB for busbw, 8 B-4 KiB for ``auto``, all sizes otherwise).
+
+    Raises
+    ------
+    ValueError
+        Unknown ``stat``, or ``"median"`` for rows without median times.
+    """
+    check_stat(rows, stat)
+    t = {(r["op"], r["algorithm"], r["bytes"]): row_seconds(r, stat) for r in rows
+         if not r.get("wrong") and row_seconds(r, stat) > 0}
+    sizes = []
+    for n in sorted({r["bytes"] for r in rows}):
+        e = {"bytes": n}
+        mpi = t.get(("allreduce", "mpi", n))
+        best = min((a for a in _HAND_MADE if ("allreduce", a, n) in t), key=lambda a: t[("allreduce", a, n)],
+                   default=None)
+        if mpi and best:
+            e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
+        if mpi and ("allreduce", "auto", n) in t:
+            e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
+        if mpi and ("allreduce", "MPI_Allreduce", n) in t:
+            e["mpi_vs_raw"] = mpi / t[("allreduce", "MPI_Allreduce", n)]
+        for op, raw in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
+            own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
+            for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
+                if own and (op, base, n) in t:
+                    e[key] = min(own) / t[(op, base, n)]
+        raw = t.get(("allreduce", "MPI_Allreduce", n))
+        for key, alg in (("auto_vs_raw", "auto"), ("persistent_vs_raw", "persistent"),
+                         ("mpi_init_vs_raw", "MPI_Allreduce_init")):
+            if raw and ("allreduce", alg, n) in t:
+                e[key] = t[("allreduce", alg, n)] / raw
+        if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
+            e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
+        for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
+            if (op, "auto", n) in t and (op, base, n) in t:
+                e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
+        direct = t.get(("allreduce", "ring-direct", n))
+        for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
+            if direct and ("allreduce", alg, n) in t:
+                e[key] = t[("allreduce", alg, n)] / direct
+        if len(e) > 1:
+            sizes.append(e)
+
+    def pick(key, lo=0, hi=float("inf")):
+        return [e[key] for e in sizes if key in e and lo <= e["bytes"] <= hi]
+
+    big = pick("allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB)
+    agg = {"allreduce_best_vs_mpi_geomean_64K_64M": _geomean(big),
+           "allreduce_best_vs_mpi_min_64K_64M": min(big, default=None),
+           "auto_vs_mpi_max_8_4K": max(pick("auto_vs_mpi", 8, 4 * _KIB), default=None),
+           "auto_vs_mpi_geomean_8_4K": _geomean(pick("auto_vs_mpi", 8, 4 * _KIB))}
+    for key in ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw",
+                "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw", "reduce_scatter_auto_vs_raw",
+                "allgather_auto_vs_raw"):
+        agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
+    for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw"):
+        agg[f"{key}_geomean_8_4K"] = _geomean(pick(key, 8, 4 * _KIB))
+        agg[f"{key}_max_8_4K"] = max(pick(key, 8, 4 * _KIB), default=None)
+    for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw"):
+        agg[f"{key}_max_1M_up"] = max(pick(key, _MIB), default=None)
+    agg["timeout_vs_auto_8"] = (pick("timeout_vs_auto", 8, 8) or [None])[0]
+    agg["timeout_vs_auto_4M"] = (pick("timeout_vs_auto", 4 * _MIB, 4 * _MIB) or [None])[0]
+    agg["timeout_vs_auto_max"] = max(pick("timeout_vs_auto"), default=None)
+    return {"sizes": sizes, "aggregates": agg}
 
 
 def combine(passes):

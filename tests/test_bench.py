@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from collectives import select
 from experiments import bench_collectives as bench
+from experiments import bench_output
 from experiments import tune
 from plots import bench as plot
 from tests.mpirun import run_mpi
@@ -254,7 +255,7 @@ def test_summary_ratios():
     rows = [_row(2, "mpi", 1 << 16, 2.0), _row(2, "ring", 1 << 16, 1.0), _row(2, "tree", 1 << 16, 4.0),
             _row(2, "ring-direct", 1 << 16, 0.5), _row(2, "auto", 8, 3.0), _row(2, "mpi", 8, 2.0)]
     rows += [dict(_row(2, a, 1 << 16, t), op="allgather") for a, t in (("mpi", 1.0), ("ring", 1.5))]
-    s = plot.summarize(rows)
+    s = bench_output.summarize(rows)
     big = next(e for e in s["sizes"] if e["bytes"] == 1 << 16)
     assert big["allreduce_best"] == "ring" and big["allreduce_best_vs_mpi"] == 2.0
     assert big["ring_vs_direct"] == 2.0 and big["allgather_vs_mpi"] == 1.5
