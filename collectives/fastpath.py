@@ -62,13 +62,14 @@ class LibraryPlan:
     """
 
     __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "tail", "send", "want", "reqs", "fp", "code",
-                 "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent", "calls")
+                 "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent", "calls", "checked")
 
-    def __init__(self, ctx, key, shape, dtype, op, persistent=False):
+    def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
         self.ctx, self.key, self.size = ctx, key, ctx.size
         n = self.n = int(numpy.prod(shape, dtype=numpy.int64))
         acc = ACC[numpy.dtype(dtype)]
-        inline = n <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max")
+        self.checked = checked  # False only while collectives.fingerprint.set_checks(False) measures their cost
+        inline = checked and n <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max")
         self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)
         self.data = self.work[:n]
         self.shaped = self.data.reshape(shape)
@@ -77,7 +78,7 @@ class LibraryPlan:
         if inline:
             send, want = _tail(key, ctx.size)
             self.tail, self.send, self.want = self.work[n:], send.astype(acc), want.astype(acc).tobytes()
-        else:
+        elif checked:
             self.code = key_code(key)
             self.fp = numpy.array([self.code, -self.code], numpy.int64)
             calls.insert(0, (self.fp, MPI.MAX))
@@ -143,7 +144,7 @@ class LibraryPlan:
             if self.tail.tobytes() != self.want:
                 self._failed(str(mismatch(self.key)))
                 raise mismatch(self.key)
-        elif int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code:
+        elif self.fp is not None and (int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code):
             self._failed(str(mismatch(self.key)))
             raise mismatch(self.key)
         if self.isnan is not None and self.mask.any():
@@ -158,22 +159,23 @@ class LibraryPlan:
 
     def _failed(self, message):
         self.ctx.fail(f"allreduce: {message}")
-        self.ctx.plans.pop((self.key, self.shaped.shape), None)
+        self.ctx.plans.pop((self.key, self.shaped.shape, self.checked), None)
 
 
 def library_plan(ctx, key, shape, dtype, op):
     """Return the cached library plan of ``key`` on ``ctx`` (made the first time), or None if not cacheable.
 
-    Plans are cached for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements with
-    the default checks on; at most 256 per communicator (the cache is emptied beyond that).
+    Plans are cached for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements, outside
+    debug mode, separately for the default checks on and off (off only to measure them); at most 256 per communicator (the cache is emptied beyond that).
     """
-    plan = ctx.plans.get((key, shape))
+    checked = checks_enabled()
+    plan = ctx.plans.get((key, shape, checked))
     if plan is None:
-        if key[2] > PIGGYBACK_MAX or not checks_enabled() or debug_enabled():
+        if key[2] > PIGGYBACK_MAX or debug_enabled():
             return None
         if len(ctx.plans) >= 256:
             ctx.plans.clear()
-        plan = ctx.plans[(key, shape)] = LibraryPlan(ctx, key, shape, dtype, op)
+        plan = ctx.plans[(key, shape, checked)] = LibraryPlan(ctx, key, shape, dtype, op, checked=checked)
     return plan
 
 
@@ -184,7 +186,7 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     ``accumulate``. Only a call whose signature (shape, dtype, op, algorithm as given, and, for
     ``auto``, the tuning table in force) matches one that went through the full argument checks
     earlier on this communicator takes this path; anything else -- a new signature, ``out`` of
-    another shape, dtype or a read-only one, debug mode, checks off, a broken communicator --
+    another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken communicator --
     returns None and the full path runs (and raises where it must).
     """
     if comm is None:
@@ -204,7 +206,7 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     plan, table = entry
     if table is not None and table is not _table():
         return None
-    if ctx.broken is not None or plan.active or ctx.plans.get((plan.key, x.shape)) is not plan:
+    if ctx.broken is not None or plan.active or ctx.plans.get((plan.key, x.shape, plan.checked)) is not plan:
         return None
     if out is None:
         out = numpy.empty(x.shape, x.dtype)
@@ -213,7 +215,7 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     if timeout is not None:
         if type(timeout) is not float or not 0.0 < timeout < float("inf"):
             return None
-    if debug_enabled() or not checks_enabled():
+    if debug_enabled() or plan.checked is not checks_enabled():
         return None
     plan.start(x)
     return plan.wait(out, timeout)
