@@ -31,6 +31,11 @@ def _errbar(ax, xs, stats, **kw):
     return ax.bar(xs, med, yerr=[lo, hi], capsize=3, **kw)
 
 
+def _blank(ax, text):
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
 def draw(results, out):
     """Draw the six panels of ``results`` (the study's JSON) into ``out`` (PNG)."""
     grids, bubble, run = results["grids"], results["bubble"], results["run"]
@@ -78,7 +83,10 @@ def draw(results, out):
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(title=f"pipeline bubble, Q = {Q} stages", xticks=m, xticklabels=[str(k) for k in m])
     ax.set(xlabel="micro-batches m", ylabel="fraction of the pipeline phase spent waiting", ylim=(0, 1))
-    ax.legend()
+    if bubble:
+        ax.legend()
+    else:
+        _blank(ax, "pipeline bubble: not measured in this run")
 
     ax = axs[1, 1]
     if bubble:
@@ -89,8 +97,10 @@ def draw(results, out):
             ax.bar([s + (k - 0.5) * 0.4 for s in stages], [a / 1e6 for a in row["activation_bytes"]], width=0.4,
                    color=color, label=sched)
         ax.set(xticks=stages, xlabel="stage", title=f"activation memory per stage, m = {top}")
+        ax.legend()
+    else:
+        _blank(ax, "activation memory: not measured in this run")
     ax.set(ylabel="MB of activation buffers held")
-    ax.legend()
 
     ax = axs[1, 2]
     _errbar(ax, xs, [{k: v for k, v in g["step_s"].items()} for g in grids], color="tab:olive")

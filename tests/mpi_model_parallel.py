@@ -49,7 +49,8 @@ SIZES = [12, 10, 7, 9, 6, 5]
 # (T, Q, micro-batches, schedule) per P; D = P / (T Q)
 GRIDS = {1: [(1, 1, 4, "1f1b")],
          2: [(2, 1, 1, "1f1b"), (1, 2, 2, "gpipe"), (1, 1, 2, "1f1b")],
-         4: [(2, 2, 4, "1f1b"), (4, 1, 2, "gpipe"), (1, 4, 4, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 2, "gpipe")],
+         4: [(2, 2, 4, "1f1b"), (4, 1, 2, "gpipe"), (1, 4, 4, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 2, "gpipe"),
+             (1, 1, 2, "gpipe")],
          8: [(2, 2, 2, "1f1b"), (4, 2, 2, "gpipe"), (1, 4, 2, "1f1b"), (2, 1, 1, "1f1b")]}
 # D = 4 tensor pairs with top-k: each tensor rank compresses its own flat gradient, so the
 # replicated parameters stay identical only through the tensor-group broadcast of their gradient.

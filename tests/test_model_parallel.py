@@ -90,6 +90,12 @@ def test_model_parallel_on_four_ranks(tmp_path):
         assert f"case_{case}: ok" in out, out
 
 
+def test_equivalence_on_one_rank(tmp_path):
+    """P = 1: four micro-batches of gradient accumulation equal one batch."""
+    out = run_mpi(1, "tests.mpi_model_parallel", str(tmp_path), "equivalence", timeout=60).stdout
+    assert "case_equivalence: ok" in out and out.count("equivalence D=") == 1, out
+
+
 def test_equivalence_on_eight_ranks(tmp_path):
     """8 = 2x2x2, 1x4x2, 2x1x4 and 4x2x1 (data x tensor x pipeline) against one process."""
     out = run_mpi(8, "tests.mpi_model_parallel", str(tmp_path), "equivalence", timeout=180).stdout

@@ -20,19 +20,19 @@ import numpy
 
 import collectives
 from training.build import make_sampler, to_device
-from training.checkpoint import make_run_dir
+from training.checkpoint import CheckpointError, find_checkpoint, make_run_dir
 from training.data import eval_shard, load_dataset
-from training.grid import Grid, check_grid
+from training.grid import Grid, build_stage, check_grid
 from training.hybrid_report import gather_ranks, summarize
 from training.job import array_module
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
-from training.nn import get_array_module
+from training.nn import SoftmaxCrossEntropy, get_array_module
 from training.optim import make_optimizer
 from training.parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
 from training.parallel import replicas_identical as replicas_same
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from training.pipeline import PipelineStage
-from training.sharded import find_sharded, load_hook_state, load_sharded, read_pieces, save_sharded
+from training.sharded import SHARDS_DIR, find_sharded, load_hook_state, load_sharded, read_pieces, save_sharded
 from training.state import TrainState
 
 __all__ = ["HybridTrainer", "build_hybrid", "hybrid_step", "train_hybrid", "run_hybrid", "evaluate_pipeline",
@@ -76,8 +76,6 @@ def build_hybrid(cfg, comm):
         raise ValueError("--pipeline-parallel > 1 with --device gpu needs a CUDA-aware MPI (pipeline stages send "
                          "device arrays point-to-point); tensor and data parallelism stage through the host")
     grid = Grid(comm, cfg.tensor_parallel, cfg.pipeline_parallel)
-    from training.grid import build_stage
-
     model, ks = build_stage(sizes, grid, cfg.activation, cfg.dtype, cfg.seed, cfg.algorithm, cfg.timeout, xp)
     stage = PipelineStage(model, grid.pipeline, cfg.timeout)
     opt = make_optimizer(cfg, model)
@@ -122,13 +120,9 @@ def _sync_replicated(t, timeout):
 
 
 def _dense_checkpoint(path):
-    from training.checkpoint import find_checkpoint
-
     try:
         return find_checkpoint(path)
     except FileNotFoundError as e:
-        from training.checkpoint import CheckpointError
-
         raise CheckpointError(f"--resume {path}: no sharded (shards-epochNNNN/manifest.json) or "
                               f"data-parallel checkpoint ({e})") from None
 
@@ -172,8 +166,6 @@ def hybrid_step(t, cfg, comm, x, y):
 
 def evaluate_pipeline(t, x, y, batch, comm, timeout=None):
     """Return (accuracy, mean loss) over all of (x, y), each sample counted once, through the pipeline."""
-    from training.nn import SoftmaxCrossEntropy
-
     g, loss_fn = t.grid, SoftmaxCrossEntropy()
     part = eval_shard(len(y), g.d, g.D)
     counts = numpy.zeros(3)
@@ -285,9 +277,7 @@ def _extra(cfg, state):
 
 
 def _prune(run_dir, keep):
-    from training.sharded import _DIR
-
-    found = sorted(p for p in os.listdir(run_dir) if _DIR.match(p))
+    found = sorted(p for p in os.listdir(run_dir) if SHARDS_DIR.match(p))
     for p in found[:-keep]:
         shutil.rmtree(os.path.join(run_dir, p), ignore_errors=True)
 

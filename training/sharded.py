@@ -21,13 +21,17 @@ import re
 
 import numpy
 
+import collectives
 from training.checkpoint import CheckpointError, read_npz, write_npz
 from training.grid import placement
 from training.nn import get_array_module
+from training.parallel import CONTROL_ALGORITHM
 
-__all__ = ["save_sharded", "read_pieces", "load_sharded", "load_hook_state", "dense_params", "find_sharded"]
+__all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "read_pieces", "assemble", "load_sharded",
+           "load_hook_state", "dense_params"]
 
-_DIR = re.compile(r"^shards-epoch(\d+)$")
+#: Name of a sharded checkpoint directory, ``shards-epochNNNN`` (epoch after which it was taken).
+SHARDS_DIR = re.compile(r"^shards-epoch(\d+)$")
 
 
 def _tensors(model, ks):
@@ -75,9 +79,6 @@ def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, timeout=None
     CheckpointError
         On every rank, naming a file that could not be written.
     """
-    import collectives
-    from training.parallel import CONTROL_ALGORITHM
-
     path = os.path.join(run_dir, f"shards-epoch{epoch:04d}")
     err = ""
     try:
@@ -126,7 +127,7 @@ def find_sharded(path):
     if os.path.isfile(os.path.join(path, "manifest.json")):
         return path
     found = sorted(p for p in glob.glob(os.path.join(path, "shards-epoch*"))
-                   if _DIR.match(os.path.basename(p)) and os.path.isfile(os.path.join(p, "manifest.json")))
+                   if SHARDS_DIR.match(os.path.basename(p)) and os.path.isfile(os.path.join(p, "manifest.json")))
     return found[-1] if found else None
 
 
@@ -230,7 +231,7 @@ def load_sharded(pieces, common, model, ks, opt):
                 dst_w[...] = xp.asarray(w_part)
                 dst_b[...] = xp.asarray(b_part)
         scal = {k[6:]: v for k, v in common.items() if k.startswith("optim/") and k.count("/") == 1}
-        opt.load_state_dict({**scal, **{k: v for k, v in flat.items()}})
+        opt.load_state_dict({**scal, **flat})  # the flat arrays were filled in place above
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"sharded checkpoint does not fit this run: {e}") from None
 
