@@ -123,6 +123,11 @@ def summarize(rows, stat="mean"):
         for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
             if (op, "auto", n) in t and (op, base, n) in t:
                 e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
+        limit = t.get(("allreduce", "limit", n))
+        best = e.get("allreduce_best") or min((a for a in _HAND_MADE if ("allreduce", a, n) in t),
+                                              key=lambda a: t[("allreduce", a, n)], default=None)
+        if limit and best:
+            e["best_vs_limit"] = t[("allreduce", best, n)] / limit
         direct = t.get(("allreduce", "ring-direct", n))
         for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
             if direct and ("allreduce", alg, n) in t:
@@ -145,8 +150,9 @@ def summarize(rows, stat="mean"):
     for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw"):
         agg[f"{key}_geomean_8_4K"] = _geomean(pick(key, 8, 4 * _KIB))
         agg[f"{key}_max_8_4K"] = max(pick(key, 8, 4 * _KIB), default=None)
-    for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw"):
+    for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw", "best_vs_limit"):
         agg[f"{key}_max_1M_up"] = max(pick(key, _MIB), default=None)
+    agg["best_vs_limit_geomean_1M_up"] = _geomean(pick("best_vs_limit", _MIB))
     agg["timeout_vs_auto_8"] = (pick("timeout_vs_auto", 8, 8) or [None])[0]
     agg["timeout_vs_auto_4M"] = (pick("timeout_vs_auto", 4 * _MIB, 4 * _MIB) or [None])[0]
     agg["timeout_vs_auto_max"] = max(pick("timeout_vs_auto"), default=None)

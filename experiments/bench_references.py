@@ -18,7 +18,7 @@ from collectives import backend
 from collectives.executor import execute
 from collectives.schedule import chunk_bounds
 
-__all__ = ["finish", "ring_direct", "ring_execute", "mpi_persistent", "persistent", "auto_timeout", "gloo",
+__all__ = ["finish", "ring_direct", "ring_execute", "mpi_persistent", "persistent", "auto_timeout", "limit", "gloo",
            "gloo_available"]
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
@@ -108,6 +108,30 @@ def auto_timeout(comm, x, out, redop):
     def run():
         return collectives.allreduce(x, comm, redop, "auto", out=out, timeout=60.0)
 
+    return run
+
+
+def limit(comm, x, out, redop):
+    """Return a call timing the local memory work an all-reduce of ``x`` cannot avoid (the "limit" row).
+
+    Whatever the algorithm, each rank combines (P-1)/P of the vector with what the others sent (at
+    least (P-1)/P n reductions, each reading two operands and writing one) and writes the n elements
+    of the result (at least one copy of n elements); here both run as NumPy calls on preallocated
+    buffers, on every rank at once, so the ranks share the memory bandwidth as they do in the
+    collective. Its time is a lower bound for an all-reduce on one machine; the call returns
+    nothing to check (its row's ``wrong`` is 0 by construction).
+    """
+    P, acc = comm.Get_size(), backend.accumulation_dtype(x.dtype)
+    m = x.size * (P - 1) // P
+    a, b = np.ones(max(m, 1), acc), np.ones(max(m, 1), acc)
+    src, dst = np.ones(x.size, acc), np.empty(x.size, acc)
+    ufunc = getattr(np, backend.OPS[redop])
+
+    def run():
+        ufunc(a[:m], b[:m], out=a[:m])
+        np.copyto(dst, src)
+
+    run.unchecked = True
     return run
 
 

@@ -21,7 +21,7 @@ _COLORS = {"mpi": "black", "ring": "tab:blue", "tree": "tab:green", "recursive_d
            "rabenseifner": "tab:purple", "2d": "tab:brown", "auto": "tab:red", "ring-direct": "tab:cyan",
            "ring-execute": "tab:olive", "gloo": "tab:pink", "MPI_Allreduce": "0.55", "MPI_Reduce_scatter": "0.55",
            "MPI_Allgather": "0.55", "MPI_Bcast": "0.55", "MPI_Allreduce_init": "0.75", "persistent": "tab:gray",
-           "auto-timeout": "salmon"}
+           "auto-timeout": "salmon", "limit": "0.3"}
 
 
 def row_seconds(row, stat):
@@ -116,6 +116,8 @@ _TARGETS = (
     ("allgather_auto_vs_raw_geomean", "all-gather `auto` / `MPI_Allgather`, geomean"),
     ("allgather_auto_vs_raw_max_1M_up", "all-gather `auto` / `MPI_Allgather`, worst from 1 MiB"),
     ("execute_vs_direct_geomean", "`ring-execute` / `ring-direct`, geomean"),
+    ("best_vs_limit_geomean_1M_up", "best hand-made all-reduce / memory limit, geomean from 1 MiB"),
+    ("best_vs_limit_max_1M_up", "best hand-made all-reduce / memory limit, worst size from 1 MiB"),
 )
 
 
