@@ -8,10 +8,10 @@ after the data (:mod:`collectives.library`), plus, for ``prod`` and messages abo
 ``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` in and rewrites the check elements;
 ``wait(out)`` verifies them, restores NaN, divides for ``avg`` and copies into ``out``.
 
-The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call signature (shape, dtype, op,
-algorithm as given) for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements, so a
-repeated small call costs a dictionary look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait``
-(:func:`fast_allreduce`). The consistency rules hold on this path too: the sequence number advances,
+The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
+signature (shape, dtype, op, algorithm as given) for messages of at most
+:data:`~collectives.library.PIGGYBACK_MAX` elements, so a repeated small call costs a dictionary
+look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:func:`fast_allreduce`). The consistency rules hold on this path too: the sequence number advances,
 the fingerprint rides in the reduction and is checked, a timeout or an MPI error marks the
 communicator unusable exactly as on the other paths.
 
@@ -166,7 +166,8 @@ def library_plan(ctx, key, shape, dtype, op):
     """Return the cached library plan of ``key`` on ``ctx`` (made the first time), or None if not cacheable.
 
     Plans are cached for messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements, outside
-    debug mode, separately for the default checks on and off (off only to measure them); at most 256 per communicator (the cache is emptied beyond that).
+    debug mode, separately for the default checks on and off (off only to measure them); at most 256
+    per communicator (the cache is emptied beyond that).
     """
     checked = checks_enabled()
     plan = ctx.plans.get((key, shape, checked))
@@ -186,8 +187,8 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     ``accumulate``. Only a call whose signature (shape, dtype, op, algorithm as given, and, for
     ``auto``, the tuning table in force) matches one that went through the full argument checks
     earlier on this communicator takes this path; anything else -- a new signature, ``out`` of
-    another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken communicator --
-    returns None and the full path runs (and raises where it must).
+    another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken
+    communicator -- returns None and the full path runs (and raises where it must).
     """
     if comm is None:
         comm = MPI.COMM_WORLD

@@ -377,7 +377,8 @@ def run_sweep(cfg, comm=None):
     if rank0:
         write(cfg, results)
         print("\n" + markdown(results), flush=True)
-        shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
+        shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"]
+                 if r["unstable"]]
         print(f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than {UNSTABLE:.0%}"
               + (": " + "; ".join(shaky) if shaky else ""), flush=True)
         print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)

@@ -7,8 +7,8 @@ For each communicator size P in the sweeps (files of ``experiments.bench_collect
 measured all-reduce size, the winner is the algorithm with the lowest time among commlab's hand-made
 ones and, up to ``--library-max-bytes`` (default 8 KiB, the messages whose repeated calls take the
 cached path of :mod:`collectives.fastpath`), ``mpi``: where the library's own call is fastest,
-``auto`` uses it. ``auto`` and the reference loops never win. When several files measured the same P and size, the median of their times counts;
-rows with wrong results are ignored. Adjacent sizes with the same winner merge into one rule. As in
+``auto`` uses it. ``auto`` and the reference loops never win. When several files measured the same
+P and size, the median of their times counts; rows with wrong results are ignored. Adjacent sizes with the same winner merge into one rule. As in
 MPICH's JSON tuning files, rules are ranges: a rule covers messages up to the largest size it won
 (``max_bytes``) and the last rule of each P has no upper limit. Sizes are counted the way ``auto``
 counts them, in the accumulation dtype (float16 sweeps count 4 bytes an element). The table also
