@@ -132,8 +132,11 @@ def build_parser(prog="python -m training.train"):
                     "default (every rank holds a replica; the gradient is averaged by all-reduce, see "
                     "--algorithm, --bucket-bytes, --compression), or with --mode ps through a parameter "
                     "server (--servers ranks hold the parameter shards, the others are workers; see "
-                    "--consistency). Writes runs/NAME/ with config.json, metrics.jsonl, epochs.jsonl, "
-                    "summary.json and checkpoints; runs/latest points at the newest run.")
+                    "--consistency), or with --tensor-parallel/--pipeline-parallel on a data x tensor x "
+                    "pipeline grid of the ranks (layers split over tensor groups, consecutive layers on "
+                    "pipeline stages, --micro-batches per step). Writes runs/NAME/ with config.json, "
+                    "metrics.jsonl, epochs.jsonl, summary.json and checkpoints; runs/latest points at the "
+                    "newest run.")
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -163,9 +163,9 @@ class Config:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel > 1:
-            raise ValueError("tensor_parallel and pipeline_parallel need mode 'dp' (the parameter server "
-                             "holds whole-model shards)")
+        if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
+            raise ValueError("tensor_parallel, pipeline_parallel and micro_batches need mode 'dp' (the "
+                             "parameter server holds whole-model shards)")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints!r}")
         if not 0.0 < self.test_fraction < 1.0:

@@ -15,6 +15,7 @@ Every stage draws its layers' initial weights from the same seeded stream as
 """
 import numpy
 
+import collectives
 from training.nn import Linear, ReLU, Sequential, Tanh, get_array_module
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from training.pipeline import stage_layers
@@ -122,6 +123,7 @@ class Grid:
     def free(self):
         """Free the three axis communicators."""
         for c in (self.tensor, self.data, self.pipeline):
+            collectives.free_context(c)  # the collectives' duplicate of it
             c.Free()
 
 

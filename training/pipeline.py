@@ -24,6 +24,8 @@ activation memory is measured, not assumed.
 import copy
 import time
 
+from mpi4py import MPI
+
 from collectives.waiting import deadline_of, wait_all
 from training.nn import Linear, SoftmaxCrossEntropy, get_array_module
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
@@ -211,9 +213,12 @@ class PipelineStage:
         buf = slot["recv"].get(key)
         if buf is None or buf.shape != (rows, width):
             buf = slot["recv"][key] = get_array_module(self.model.params).empty((rows, width), self.model.dtype)
-        req = self.comm.Irecv(buf, source=src, tag=tag)
+        req, status = self.comm.Irecv(buf, source=src, tag=tag), MPI.Status()
         wait_all([req], [src], deadline_of(self.timeout), "pipeline receive", tag // 2,
-                 "forward" if tag % 2 == 0 else "backward", self.timeout)
+                 "forward" if tag % 2 == 0 else "backward", self.timeout, statuses=[status])
+        if status.Get_count(MPI.BYTE) != buf.nbytes:  # a larger message fails in MPI itself
+            raise RuntimeError(f"pipeline stage {self.stage}: stage {src} sent {status.Get_count(MPI.BYTE)} "
+                               f"bytes for micro-batch {tag // 2}, expected {buf.nbytes}")
         return buf
 
     def _send(self, slot, buf, dest, tag):
