@@ -21,9 +21,9 @@ nodes, and reducing n bytes costs ``n gamma``.
 
 Two replays are fitted and compared: ``independent`` (every message has its link to itself, as
 :func:`collectives.cost.simulate` assumes) and ``shared`` (the node's one link is shared: an
-inter-node message of round k costs ``alpha_inter + n beta_inter s``, with s the number of
-inter-node messages leaving its sender's node or entering its receiver's node in round k of their
-schedules, the larger). Writes PREFIX.json and PREFIX.csv and prints the comparison and the
+inter-node message of round k costs ``alpha_inter + n beta_inter s``, with s the number of ranks
+of its sender's node sending across, or of its receiver's node receiving across, in round k of their
+schedules, the larger; one rank's own messages of a round are already sent one after another). Writes PREFIX.json and PREFIX.csv and prints the comparison and the
 ``experiments.scale_sim`` command that extrapolates the calibrated model to 4,096 ranks.
 """
 import argparse
@@ -31,7 +31,7 @@ import csv
 import json
 import math
 import sys
-from collections import Counter
+from collections import defaultdict
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -66,20 +66,20 @@ def simulate(algorithm, P, nbytes, topo, shared, itemsize=4):
     grid = (P // K, K) if algorithm == "2d" and P % K == 0 and P > K else None
     count = int(nbytes) // itemsize
     scheds = [build_allreduce_schedule(algorithm, r, P, count, grid) for r in range(P)]
-    egress, ingress = Counter(), Counter()
+    egress, ingress = defaultdict(set), defaultdict(set)  # (node, round) -> ranks sending / receiving across
     for r, s in enumerate(scheds):
         for k, rd in enumerate(s.rounds):
             for p, a, b in rd.sends:
                 if p // K != r // K and b > a:
-                    egress[(r // K, k)] += 1
-                    ingress[(p // K, k)] += 1
+                    egress[(r // K, k)].add(r)
+                    ingress[(p // K, k)].add(p)
     factors = []  # per rank, the share factor of each send in posting order
     for r, s in enumerate(scheds):
         f = []
         for k, rd in enumerate(s.rounds):
             for p, a, b in rd.sends:
                 inter = p // K != r // K
-                f.append(max(egress[(r // K, k)], ingress[(p // K, k)]) if inter and shared else 1)
+                f.append(max(len(egress[(r // K, k)]), len(ingress[(p // K, k)])) if inter and shared else 1)
         factors.append(f)
     calls = [0] * P
 

@@ -253,6 +253,9 @@ def test_model_replay_equals_the_simulator_without_sharing():
         want = cost.simulate(alg, 8, 1 << 18, topo)
         assert simulate(alg, 8, 1 << 18, topo, False) == pytest.approx(want, rel=1e-9)
         assert simulate(alg, 8, 1 << 18, topo, True) >= want * (1 - 1e-9)
+    one = cost.Topology(ranks_per_node=1, alpha_inter=50e-6, beta_inter=8 / 1e9)
+    for alg in ALGS:  # one rank per node: nothing to share (a rank's own sends already queue up)
+        assert simulate(alg, 4, 1 << 18, one, True) == pytest.approx(simulate(alg, 4, 1 << 18, one, False))
     # 2d's column phase sends K = 2 messages out of every node at once: its inter-node part doubles
     shared, alone = simulate("2d", 8, 1 << 20, topo, True), simulate("2d", 8, 1 << 20, topo, False)
     assert 1.8 < shared / alone < 2.0
