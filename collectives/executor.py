@@ -181,10 +181,18 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
     """
     prog, inp, final = _resolve_input(schedule, work, inp, needed)
     run = Run(schedule, comm, work, scratch, ufunc, tag, op, transport, inp, prog)
-    if transport is not None or timeout is not None or progress is not None:
+    if transport is not None or progress is not None:
         try:
             for index in range(len(prog)):
                 run.wait_round(index, timeout, progress)
+        except CollectiveTimeout as exc:
+            why = pending(comm, exc.peer, tag)
+            if why:
+                raise CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why) from None
+            raise
+    elif timeout is not None:
+        try:
+            _execute_host_deadline(run, timeout)
         except CollectiveTimeout as exc:
             why = pending(comm, exc.peer, tag)
             if why:
@@ -231,3 +239,26 @@ def _execute_host(run):
                 check_received(st, buf, src, op)
                 if scr is not None:
                     run.combine(buf, rsl, r_in, low)
+
+
+def _execute_host_deadline(run, timeout):
+    """The host path under a deadline: each round's messages posted directly, then one wait loop.
+
+    The same work as :func:`_execute_host`, with ``Irecv``/``Isend`` and :func:`wait_all` in place of
+    the blocking calls (MPI has no timed wait), and none of the device or progress machinery of
+    :meth:`Run.wait_round`.
+    """
+    comm, work, scratch, tag, op, rounds = run.comm, run.work, run.scratch, run.tag, run.op, run.schedule.rounds
+    for index, (sends, recvs) in enumerate(run.prog):
+        reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag) for src, rsl, scr, _, _ in recvs]
+        reqs += [comm.Isend(run.send_buf(ssl, s_in), dst, tag) for dst, ssl, s_in in sends]
+        statuses = run.status_list(len(reqs))
+        if not MPI.Request.Testall(reqs, statuses):
+            peers = [src for src, _, _, _, _ in recvs] + [-1 - dst for dst, _, _ in sends]
+            wait_all(reqs, peers, time.perf_counter() + timeout, op, index, rounds[index].phase, timeout, None,
+                     statuses)
+        for (src, rsl, scr, r_in, low), st in zip(recvs, statuses):
+            buf = scratch[scr] if scr is not None else work[rsl]
+            check_received(st, buf, src, op)
+            if scr is not None:
+                run.combine(buf, rsl, r_in, low)
