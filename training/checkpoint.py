@@ -22,7 +22,8 @@ from collectives.waiting import deadline_of, wait_all
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
-__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints", "find_checkpoint",
+__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
+           "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
 

@@ -64,7 +64,8 @@ HELP = {
                  "several nodes, else the squarest factorization of P)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
-    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as true/false, none, a number or Python literal, else text)",
+    "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as true/false, none, a number "
+                        "or a Python literal, else as text)",
     "timeout": "data-parallel: seconds any collective (gradient all-reduce, non-finite flag, evaluation "
                "and epoch sums) may wait for a peer; a rank silent this long (crashed or hung) ends "
                "the job on every rank with one line naming it (MPI_Abort); a positive number",
