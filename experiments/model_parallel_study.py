@@ -44,9 +44,10 @@ def _reduce(comm, value, op):
     return float(buf[0])
 
 
-def grids(P):
-    """Return every (D, T, Q) with D T Q = P, pure data-parallel first."""
-    out = [(P // (t * q), t, q) for t in range(1, P + 1) for q in range(1, P + 1) if P % (t * q) == 0]
+def grids(P, n_linear):
+    """Return every (D, T, Q) with D T Q = P and at most ``n_linear`` stages, pure data-parallel first."""
+    out = [(P // (t * q), t, q) for t in range(1, P + 1) for q in range(1, min(P, n_linear) + 1)
+           if P % (t * q) == 0]
     return sorted(out, key=lambda g: (-g[0], g[2], g[1]))
 
 
@@ -123,9 +124,10 @@ def main(argv=None):
                   hidden=hidden, dtype="float32", batch_size=args.batch, progress=False, threads=1,
                   algorithm="ring", timeout=600.0)
     results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm), "grids": [], "bubble": []}
-    rows = {g: [] for g in grids(P)}
+    every = grids(P, len(hidden) + 1)
+    rows = {g: [] for g in every}
     for r in range(args.rounds):
-        for g in grids(P):
+        for g in every:
             m = args.micro_batches if g[2] > 1 else 1
             cfg = base.replace(tensor_parallel=g[1], pipeline_parallel=g[2], micro_batches=m)
             rows[g].append(measure(cfg, comm, args.steps))
@@ -135,7 +137,7 @@ def main(argv=None):
                       + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in x["bytes_per_rank_per_step"].items())
                       + f", state {x['max_state_bytes'] / 1e6:.1f} MB, bubble {x['bubble']:.2f}", flush=True)
     for g, xs in rows.items():
-        ratio = [x["step_s"] / b["step_s"] for x, b in zip(xs, rows[grids(P)[0]])]
+        ratio = [x["step_s"] / b["step_s"] for x, b in zip(xs, rows[every[0]])]
         results["grids"].append({"D": g[0], "T": g[1], "Q": g[2], "micro_batches": args.micro_batches if g[2] > 1 else 1,
                                  "step_s": _ratio_summary([x["step_s"] for x in xs]),
                                  "step_ratio_to_dp": _ratio_summary(ratio),

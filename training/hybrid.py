@@ -219,7 +219,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     t_start = time.perf_counter() - state.wall_s
     test_acc = train_acc = None
     while state.epoch < last:
-        acc = numpy.zeros(5)  # loss sum (last stage, t = 0), losses, compute s, comm s, bytes
+        acc = numpy.zeros(6)  # loss sum (last stage, t = 0), losses, compute s, comm s, bytes, wait s
         skipped0 = state.skipped
         for batch in sampler.batches(state.epoch, local_b):
             t.opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
@@ -229,7 +229,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
             if g.q == g.Q - 1 and g.t == 0 and not r["skipped"]:
                 acc[:2] += (r["loss"], 1)
             step_bytes = r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
-            acc[2:] += (r["wall_s"] - r["comm_s"], r["comm_s"], step_bytes)
+            acc[2:] += (r["wall_s"] - r["comm_s"], r["comm_s"], step_bytes, r["wait_s"])
             for k in ("tensor_bytes", "pipeline_bytes", "data_bytes", "wait_s", "wall_s"):
                 t.axes[k] += r[k]
             t.axes["steps"] += 1
@@ -247,6 +247,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
         state.wall_s = time.perf_counter() - t_start
         rec = {"epoch": state.epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc, "test_acc": test_acc,
                "compute_s": acc[2] / P, "comm_s": acc[3] / P, "bytes_sent": int(acc[4] / P),
+               "wait_s": acc[5] / P, "transfer_s": (acc[3] - acc[5]) / P,  # waits on pipeline neighbours
                "skipped": state.skipped - skipped0, "steps": per_epoch, "wall_s": state.wall_s}
         writer.epoch(rec)
         if rank == 0:
