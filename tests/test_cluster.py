@@ -24,6 +24,10 @@ MARK = "COMMLAB_CLUSTER_TEST"
 
 def _unavailable():
     """The reason the emulator cannot run here, or None."""
+    from tests.mpirun import launcher
+
+    if launcher() != "mpich":  # e.g. make test MPI=openmpi
+        return "the emulated cluster drives MPICH's Hydra launcher (-launcher ssh, -hosts, -iface)"
     for tool in ("unshare", "nsenter", "ip", "tc", "mount", "hostname"):
         if shutil.which(tool) is None:
             return f"'{tool}' not found"
