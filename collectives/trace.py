@@ -22,7 +22,6 @@ import json
 import time
 
 import numpy
-from mpi4py import MPI
 
 __all__ = ["LANES", "start", "stop", "enabled", "span", "complete", "events", "gather", "write",
            "chrome_events"]

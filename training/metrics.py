@@ -18,9 +18,11 @@ Files in a run directory (all written by rank 0 alone):
 Communication time: ``comm_s`` = ``wait_s`` + ``transfer_s`` (seconds, per-rank sums, means over
 ranks). ``wait_s`` is the skew: the time a rank spends at the step's first exchange (a one-element
 all-reduce) until the last rank arrives, plus that small message's latency; ``transfer_s`` is the
-gradient exchange itself. A rank that waits for a slower one counts the wait in ``comm_s`` but not
-in ``transfer_s``, so ``comm_s`` can exceed a fast rank's idea of communication, and its mean
-over ranks even rank 0's ``wall_s``; ``transfer_s`` cannot.
+gradient exchange itself, once the ranks are in step. A rank that waits for a slower one counts
+the wait in ``comm_s`` and ``wait_s`` but not in ``transfer_s``: the mean ``comm_s`` over ranks can
+exceed rank 0's ``wall_s`` on a machine whose ranks share cores, while ``transfer_s`` is what the
+messages themselves took. ``summary.json`` holds the run's totals of both (rank 0; ``null`` when a
+resumed run's earlier epochs were recorded without them).
 """
 import json
 import os
