@@ -1,11 +1,12 @@
 """Model parallelism: the shard rule, pipeline schedules, grid checks (one process), and the
 multi-rank cases of tests/mpi_model_parallel.py on 2, 4 and 8 ranks, plus the command line."""
 import json
+import os
 
 import numpy as np
 import pytest
 
-from tests.mpirun import run_mpi
+from tests.mpirun import ROOT, run_mpi
 from training.cli import build_parser, parse_args
 from training.grid import check_grid, layer_kinds
 from training.nn import Linear, ReLU
@@ -116,3 +117,18 @@ def test_cli_writes_grid_summary_and_refuses_bad_grids(tmp_path):
     res = run_mpi(4, "training.train", *args, "--tensor-parallel", "3", timeout=60, check=False)
     assert res.returncode == 1 and res.stdout.count("error:") == 1 and "does not divide" in res.stdout, res.stdout
     assert "Traceback" not in res.stdout
+
+
+def test_study_grids_and_plot(tmp_path):
+    """The study covers every factorization that fits the model, data-parallel first; its plot draws
+    the shipped reference results."""
+    from experiments.model_parallel_study import grids
+    from plots.model_parallel import draw
+
+    g = grids(8, 5)
+    assert g[0] == (8, 1, 1) and len(g) == len(set(g)) == 9 and all(d * t * q == 8 and q <= 5 for d, t, q in g)
+    with open(os.path.join(ROOT, "plots", "reference", "model_parallel_p4.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    out = draw(results, str(tmp_path / "mp.png"))
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
