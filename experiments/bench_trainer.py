@@ -10,7 +10,6 @@ to ``results/bench_trainer.json`` with the host, library versions and the config
 """
 import argparse
 import json
-import os
 import platform
 import socket
 import statistics
@@ -18,18 +17,12 @@ import time
 
 import numpy
 
+from experiments.outputs import unwritable
+from training.job import limit_threads
+
 __all__ = ["SIZES", "numpy_step", "torch_step", "main"]
 
 SIZES = (784, 1024, 1024, 10)  # layer widths (units)
-
-
-def _limit_threads(n):
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return False
-    threadpool_limits(limits=n)
-    return True
 
 
 def _timed(steps_by_name, steps, repeats, warmup=5):
@@ -124,19 +117,9 @@ def main(argv=None):
     for name in ("steps", "repeats", "batch", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    out_dir = os.path.dirname(args.out) or "."
-    try:  # fail before the timing, not after it
-        os.makedirs(out_dir, exist_ok=True)
-        if os.path.isdir(args.out):
-            raise IsADirectoryError(21, "Is a directory", args.out)
-        if os.path.exists(args.out):
-            open(args.out, "a", encoding="utf-8").close()  # leaves the contents as they are
-        else:
-            open(args.out, "x", encoding="utf-8").close()
-            os.remove(args.out)
-    except OSError as exc:
-        p.error(f"cannot write --out {args.out!r}: {exc.strerror or exc}")
-    limited = _limit_threads(args.threads)
+    if why := unwritable(args.out):  # fail before the timing, not after it
+        p.error(f"cannot write --out: {why}")
+    limited = limit_threads(args.threads)
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal((args.batch, SIZES[0])).astype(numpy.float32)
     y = rng.integers(0, SIZES[-1], args.batch).astype(numpy.int64)

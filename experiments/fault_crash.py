@@ -6,8 +6,8 @@ Runs ``training.train.main(FLAGS)`` with one change: rank RANK leaves the job wi
 * ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
   AT-th message it handles (``ps.client.Client.push``, ``ps.server.Server._handle``);
-* ``KIND = setup``: the run's set-up (``training.train.setup_run``: the run directory that rank 0
-  makes and broadcasts), before any training step.
+* ``KIND = setup``: the run's set-up (``training.checkpoint.make_run_dir`` as ``training.train`` calls
+  it: the run directory that rank 0 makes and broadcasts), before any training step.
 
 The line it prints before dying carries the wall-clock time (``time.time()``), so that the caller
 can measure how long the survivors take to end the job. Launched under ``mpiexec
@@ -45,7 +45,7 @@ def inject(kind, rank, at):
     if kind not in ("dp", "ps", "setup") or at < 1:
         raise ValueError(f"fault_crash: KIND must be dp, ps or setup and AT >= 1, got {kind!r} {at}")
     counter = [0]
-    targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "setup_run")],
+    targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
                "ps": [(ps.client.Client, "push"), (ps.server.Server, "_handle")]}[kind]
     for owner, name in targets:
         real = getattr(owner, name)

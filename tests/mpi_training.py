@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from training.build import build_model, make_sampler, to_device
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.cli import parse_args
 from training.config import Config
@@ -35,7 +36,7 @@ from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, train_step
-from training.train import build_model, make_sampler, run, to_device
+from training.train import run
 
 # Equivalence tolerance (float64): the all-reduce sums the four 16-sample means in another order
 # than one 64-sample mean, a difference of a few ulp per step; after 20 SGD steps the measured

@@ -4,7 +4,6 @@ Every rank holds a full model replica; each step a rank computes the gradient of
 samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
 ``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
 bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.run_ps` instead.
-``build_model``, ``make_sampler`` and ``to_device`` (:mod:`training.build`) are re-exported here.
 
 User errors (a bad flag value, a taken ``--name``, a missing run to resume, an unusable tuning
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
@@ -29,7 +28,7 @@ from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoi
                                  prune_checkpoints, save_checkpoint)
 from training.cli import parse_args
 from training.data import load_dataset
-from training.job import all_failed, array_module, check_run, set_threads
+from training.job import all_failed, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
@@ -39,8 +38,7 @@ from training.progress import progress_bar, write_trace
 from training.ps_mode import finish_together, run_ps
 from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["main", "run", "train_dp", "check_run", "setup_run", "array_module", "set_threads", "build_model",
-           "make_sampler", "to_device", "lr_at", "build_trainer", "Trainer", "TrainState"]
+__all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
 
 def lr_at(cfg, step, total_steps):
@@ -48,14 +46,6 @@ def lr_at(cfg, step, total_steps):
     if cfg.lr_schedule == "cosine" and total_steps > 0:
         return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
     return cfg.lr
-
-
-def setup_run(cfg, comm):
-    """Create (or reopen, with ``--resume``) the run directory and return its path.
-
-    Rank 0 chooses the name and broadcasts it; ``runs/latest`` is pointed at it.
-    """
-    return make_run_dir(cfg, comm)
 
 
 class Trainer:
@@ -121,7 +111,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     cfg : Config
     comm : mpi4py.MPI.Comm
     run_dir : str
-        From :func:`setup_run`.
+        From :func:`training.checkpoint.make_run_dir`.
     trainer : Trainer, optional
         From :func:`build_trainer` (built here when not given).
 
@@ -288,7 +278,7 @@ def run(cfg, comm=None):
             return run_hybrid(cfg, comm, lr_at)
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
-            run_dir = setup_run(cfg, comm)
+            run_dir = make_run_dir(cfg, comm)
             if comm.rank == 0 and cfg.resume and _epochs_note(cfg, _saved_epochs(run_dir)):
                 print(_epochs_note(cfg, _saved_epochs(run_dir)), flush=True)
             _write_config(cfg, comm, run_dir, cfg.resume)
@@ -296,7 +286,7 @@ def run(cfg, comm=None):
         trainer = build_trainer(cfg, comm)
         try:
             with collectives.abort_on_failure():
-                return train_dp(cfg, comm, setup_run(cfg, comm), trainer)
+                return train_dp(cfg, comm, make_run_dir(cfg, comm), trainer)
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
     finally:
