@@ -380,7 +380,8 @@ def run_sweep(cfg, comm=None):
         shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"]
                  if r["unstable"]]
         print(f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than {UNSTABLE:.0%}"
-              + (": " + "; ".join(shaky) if shaky else ""), flush=True)
+              + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
+              + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
         print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
     collectives.free_context(comm)
     comm.Free()
