@@ -5,7 +5,8 @@ In one process: the recorder's no-op path, its events and their Chrome form. Und
 (JSON Object Format, complete and metadata events), with events from every rank, properly nested
 lanes, each bucket's all-reduce inside its step and as many per step as
 ``training.parallel.bucket_bounds`` makes buckets; a rank held back by a known delay, whose peers
-report it as wait and not as transfer, in the step records and in the trace alike; and a
+report it as wait and not as transfer, in the step records and in the trace alike; a compressor's
+compress and decompress inside the gradient exchange; and a
 parameter-server run whose workers' push/pull and servers' updates reach the merged file.
 
 Run as ``mpiexec -n 3 python -m tests.test_trace OUT`` for the multi-rank body.
@@ -22,7 +23,7 @@ from tests.mpirun import run_mpi
 _TINY = ["--data", "synthetic", "--samples", "240", "--features", "8", "--classes", "3", "--hidden", "8,8",
          "--batch-size", "24", "--epochs", "2", "--no-progress"]
 _BUCKET = 40  # bytes: several buckets of the 8-8-8-3 MLP's gradient
-_DELAY = 0.2  # seconds rank 1 sleeps before each step of the skew case
+_DELAY = 0.4  # seconds rank 1 sleeps before each step of the skew case (well above a loaded machine's jitter)
 
 
 def _check_chrome(doc):
@@ -185,10 +186,29 @@ def _mpi_main(out):
         else:  # the others wait for it, and the gradient exchange after it is not slowed by the delay
             assert r["wait_s"] >= 0.75 * _DELAY and r["transfer_s"] < 0.5 * _DELAY, (rank, r)
     assert len(waits) == 2 and all(abs(w - r["wait_s"]) < 1e-9 for w, r in zip(waits, recs)), (waits, recs)
+    # a compressor's compress and decompress: inside the exchange, in that order, with the measured durations
+    tc = build_trainer(cfg.replace(compression="topk", compression_args={"ratio": 0.25}), comm)
+    trace.start(comm)
+    r = train_step(tc.model, tc.loss_fn, tc.opt, tc.hook, comm, x, y)
+    trace.stop()
+    tc.hook.close()
+    ev = {e[0]: e for e in trace.events()}
+    (_, _, x0, x1, _), (_, _, c0, c1, _), (_, _, d0, d1, _) = ev["exchange"], ev["compress"], ev["decompress"]
+    assert x0 <= c0 <= c1 <= d0 <= d1 <= x1, ev
+    assert abs((c1 - c0) - r["compress_s"]) < 1e-9 and abs((d1 - d0) - r["decompress_s"]) < 1e-9, (ev, r)
     comm.Barrier()
     if rank == 0:
         print("case_skew: ok", flush=True)
 
 
 if __name__ == "__main__":
-    _mpi_main(sys.argv[1])
+    try:
+        _mpi_main(sys.argv[1])
+    except BaseException:  # a failed check on one rank ends the job at once instead of leaving its peers waiting
+        import traceback
+
+        from mpi4py import MPI
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)
