@@ -129,8 +129,8 @@ def main(argv=None):
           f"expected overhead {per_step * on_s / statistics.median(times['off']):.2%} of the step")
     result = {"config": {**base.to_dict(), "repeats": args.repeats}, "run": run_info(comm),
               "step_s_off": times["off"], "step_s_on": times["on"], "ratios": ratios, "ratio_median": med,
-              "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both, "events_per_step_per_rank": per_step,
-              "span_s_on": on_s, "span_s_off": off_s}
+              "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both,
+              "events_per_step_per_rank": per_step, "span_s_on": on_s, "span_s_off": off_s}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_json(args.out, result)
     print(f"results: {args.out}")

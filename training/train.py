@@ -180,8 +180,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         state.wall_s = time.perf_counter() - t_start
         rec = {"epoch": epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc,
                "test_acc": test_acc, "compute_s": acc[2] / P, "comm_s": acc[3] / P,
-               "wait_s": acc[5] / P, "transfer_s": acc[6] / P, "bytes_sent": int(acc[4] / P), "skipped": state.skipped - skipped0,
-               "steps": per_epoch, "wall_s": state.wall_s}
+               "wait_s": acc[5] / P, "transfer_s": acc[6] / P, "bytes_sent": int(acc[4] / P),
+               "skipped": state.skipped - skipped0, "steps": per_epoch, "wall_s": state.wall_s}
         writer.epoch(rec)
         if bar is not None:
             bar.write(table.row(rec))
