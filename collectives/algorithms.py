@@ -64,8 +64,7 @@ REGISTRY = {a.name: a for a in (
               ("allreduce",), torus_allreduce, auto=True, modelled=True),
     Algorithm("mpi", "the MPI library's own collective (the oracle and baseline)", _ALL, modelled=True),
     Algorithm("auto", "tuned (P, size) table from measured sweeps, else the alpha-beta-gamma model's fastest; "
-              "the library's own for reduce-scatter and all-gather of NumPy arrays, else the first "
-              "hand-made algorithm", _ALL),
+              "the first hand-made algorithm for the other collectives", _ALL),
 )}
 
 
