@@ -33,7 +33,8 @@ from training.metrics import run_info
 __all__ = ["run", "main", "parse_args"]
 
 _HELP = {
-    "checkpoint": "training run directory (its newest checkpoint) or a ckpt-epochNNNN.npz file",
+    "checkpoint": "training run directory (its newest checkpoint: data-parallel .npz or sharded), a "
+                  "ckpt-epochNNNN.npz file or a shards-epochNNNN directory",
     "replicas": "model replicas R (the job needs 1 + R * T ranks)",
     "tensor_parallel": "ranks per replica T: the model's Linear layers split column/row-parallel",
     "balance": "load balancing policy across replicas",
@@ -55,6 +56,11 @@ _HELP = {
 }
 
 
+_METAVAR = {"checkpoint": "RUN", "rate": "RPS", "max_wait_ms": "MS", "straggler": "R:FACTOR", "service_ms": "MS",
+            "fail_replica": "R:BATCHES", "replica_timeout": "SECONDS", "algorithm": "NAME", "http": "PORT",
+            "run_dir": "DIR"}
+
+
 def parse_args(argv=None):
     """Map the command line onto a :class:`~inference.config.ServeConfig` (not yet validated)."""
     p = argparse.ArgumentParser(prog="python -m inference.serve", description=__doc__.split("\n\n")[0],
@@ -62,7 +68,7 @@ def parse_args(argv=None):
     for f in dataclasses.fields(ServeConfig):
         kw = {"choices": POLICIES} if f.name == "balance" else {}
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=_HELP[f.name], **kw)
+                       help=_HELP[f.name], metavar=None if kw else _METAVAR.get(f.name, "N"), **kw)
     return ServeConfig(**vars(p.parse_args(argv)))
 
 
