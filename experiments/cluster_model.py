@@ -24,7 +24,7 @@ Two replays are fitted and compared: ``independent`` (every message has its link
 inter-node message of round k costs ``alpha_inter + n beta_inter s``, with s the number of ranks
 of its sender's node sending across, or of its receiver's node receiving across, in round k of their
 schedules, the larger; one rank's own messages of a round are already sent one after another). Writes PREFIX.json and PREFIX.csv and prints the comparison and the
-``experiments.scale_sim`` command that extrapolates the calibrated model to 4,096 ranks.
+``experiments.scale_sim`` command that extrapolates the shared-link fit to 4,096 ranks.
 """
 import argparse
 import csv
@@ -189,8 +189,9 @@ def main(argv=None):
     for r in rows:
         print(f"{r['model']:<12}{r['algorithm']:<20}{r['bytes'] >> 10:>8}Ki{r['measured_s'] * 1e3:>13.1f}"
               f"{r['predicted_s'] * 1e3:>14.1f}{r['rel_error']:>+9.0%}")
-    m = result["models"]["independent"]
-    print("extrapolate (the simulator shares no link): python -m experiments.scale_sim --ranks-per-node "
+    m = result["models"]["shared"]
+    print("extrapolate with the shared-link fit (scale_sim's simulator gives every rank its own link): "
+          "python -m experiments.scale_sim --ranks-per-node "
           f"{preds[0][0]} --alpha-intra {intra['alpha']:.3g} --beta-intra {intra['beta']:.3g} --alpha-inter "
           f"{m['alpha_inter']:.3g} --beta-inter {m['beta_inter']:.3g} --gamma {intra['gamma']:.3g}")
     print(f"wrote {a.out}.json and {a.out}.csv")
