@@ -6,7 +6,10 @@ Under ``mpiexec`` a rank's stderr is a pipe to the launcher, never a terminal, s
 (:func:`launcher_terminal`):
 
 * a terminal (the rank's own stderr, or that of the ``mpiexec`` it runs under, which forwards each
-  ``\\r``-update as it comes): the usual bar, updated in place at most every 0.5 s;
+  ``\\r``-update as it comes): the usual bar, updated in place at most every 0.5 s. Under a launcher
+  whose stdout is the terminal, the bar is drawn on stdout: rank 0's stdout and stderr reach the
+  launcher through two pipes, forwarded in no fixed order, and a table row printed on stdout would
+  otherwise land in the middle of the bar's line;
 * anything else (a log file, a pipe, a batch system): one plain status line every
   :data:`LOG_INTERVAL` seconds, so a long job's log shows how far it got without filling up
   with ``\\r`` redraws.
@@ -51,11 +54,12 @@ def _is_terminal(path):
 def launcher_terminal(stream=None):
     """Return True when ``stream`` ends on a terminal, directly or through the MPI launcher.
 
-    True when ``stream`` (default ``sys.stderr``) is a terminal; else when this process runs under
-    an MPI launcher (its ancestors, named in :data:`LAUNCHERS`, read from ``/proc``) and the
-    outermost of them writes its stderr to a terminal: the launcher then forwards the rank's
-    output there. False otherwise (a log file, a pipe, a rank on another node than ``mpiexec``,
-    a system without ``/proc``).
+    True when ``stream`` (default ``sys.stderr``; it must be ``sys.stdout`` or ``sys.stderr`` for
+    the launcher check) is a terminal; else when this process runs under an MPI launcher (its
+    ancestors, named in :data:`LAUNCHERS`, read from ``/proc``) and the outermost of them writes
+    the same stream (its file descriptor 1 or 2) to a terminal: the launcher then forwards the
+    rank's output there. False otherwise (a log file, a pipe, a rank on another node than
+    ``mpiexec``, a system without ``/proc``).
 
     Parameters
     ----------
@@ -67,18 +71,25 @@ def launcher_terminal(stream=None):
             return True
     except (AttributeError, ValueError):  # a closed or file-less stream
         return False
+    fd = 1 if stream is sys.stdout else 2 if stream is sys.stderr else None
+    outermost = _outermost_launcher()
+    if fd is None or outermost is None:
+        return False
+    try:
+        return _is_terminal(os.readlink(f"/proc/{outermost}/fd/{fd}"))
+    except OSError:
+        return False
+
+
+def _outermost_launcher():
+    """Return the pid of the outermost launcher process among this process's ancestors (or None)."""
     pid, outermost = os.getppid(), None
     for _ in range(8):  # rank -> proxy -> mpiexec, and a wrapper or two
         info = _parent(pid)
         if info is None or info[0] not in LAUNCHERS:
             break
         outermost, pid = pid, info[1]
-    if outermost is None:
-        return False
-    try:
-        return _is_terminal(os.readlink(f"/proc/{outermost}/fd/2"))
-    except OSError:
-        return False
+    return outermost
 
 
 class _Lines:
@@ -108,20 +119,24 @@ def progress_bar(total, unit, enabled=True, stream=None, desc=None):
     enabled : bool
         False (``--no-progress``): a disabled bar, whose methods do nothing.
     stream : file, optional
-        Where the bar goes (default ``sys.stderr``).
+        Where the bar goes. Default: ``sys.stdout`` when it ends on a terminal through the MPI
+        launcher (:func:`launcher_terminal`), so that the bar and the lines ``bar.write`` prints
+        travel through the same pipe and reach the terminal in order; else ``sys.stderr``.
     desc : str, optional
         Prefix of the bar.
 
     Returns
     -------
     tqdm.tqdm
-        On a terminal (:func:`launcher_terminal`): redrawn in place, at most every 0.5 s.
-        Otherwise: one status line per :data:`LOG_INTERVAL` seconds. ``bar.write(line)`` prints
-        a line to stdout without breaking the bar.
+        On a terminal: redrawn in place, at most every 0.5 s. Otherwise: one status line per
+        :data:`LOG_INTERVAL` seconds. ``bar.write(line)`` prints a line to stdout without
+        breaking the bar.
     """
-    stream = sys.stderr if stream is None else stream
     if not enabled:
         return tqdm(total=total, disable=True)
+    if stream is None:
+        direct = sys.stderr.isatty() and sys.stdout.isatty()
+        stream = sys.stdout if not direct and launcher_terminal(sys.stdout) else sys.stderr
     if launcher_terminal(stream):
         direct = stream.isatty()
         return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=stream,
