@@ -13,9 +13,9 @@ then report (one process)::
         --target 0.95 --out results/cluster/compression
     python -m plots.cluster results/cluster/compression.json
 
-From each run's ``epochs.jsonl`` (cumulative training wall time and test accuracy per epoch): the
-step time of epoch e is its wall time over its steps; a compressor's step time is the median over
-epochs, with their range; its speedup over ``none`` on the same network is the median (and range) of
+From each run's logs (:func:`epoch_times`): the step time of epoch e is the time between its first
+and last step over the steps between them (evaluation excluded); a compressor's step time is the
+median over epochs, with their range; its speedup over ``none`` on the same network is the median (and range) of
 the per-epoch ratios ``step(none) / step(compressor)``; its time to ``--target`` test accuracy is the
 wall time at the end of the first epoch that reaches it (evaluated once per epoch, so it is
 quantized to epochs). The accuracy cost is the final test accuracy minus ``none``'s, in points.
@@ -36,13 +36,24 @@ _COLUMNS = ("network", "spec", "bytes_per_step", "step_ms", "step_min_ms", "step
 
 
 def epoch_times(run_dir):
-    """Return ``[(step seconds, cumulative wall seconds, test accuracy)]`` per epoch of a training run."""
-    out, prev = [], 0.0
+    """Return ``[(step seconds, cumulative wall seconds, test accuracy)]`` per epoch of a training run.
+
+    The step time of an epoch is the spread of its steps' wall clocks (``metrics.jsonl``) over the
+    steps between them, so the evaluation at the end of each epoch is left out; the cumulative wall
+    time (``epochs.jsonl``) keeps it, as the time to accuracy should.
+    """
+    clocks = {}
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            s = json.loads(line)
+            clocks.setdefault(s["epoch"], []).append(s["wall_s"])
+    out = []
     with open(os.path.join(run_dir, "epochs.jsonl"), encoding="utf-8") as f:
         for line in f:
             e = json.loads(line)
-            out.append(((e["wall_s"] - prev) / max(e["steps"], 1), e["wall_s"], e["test_acc"]))
-            prev = e["wall_s"]
+            c = clocks.get(e["epoch"], [])
+            step = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else float("nan")
+            out.append((step, e["wall_s"], e["test_acc"]))
     return out
 
 

@@ -266,18 +266,22 @@ def test_model_replay_equals_the_simulator_without_sharing():
 
 
 def test_compression_report_reads_epoch_times(tmp_path):
-    """Step time per epoch is its wall-time increment over its steps; time to target is quantized to epochs."""
+    """Step time leaves the evaluation out; time to target keeps it and is quantized to epochs."""
     from experiments.cluster_compression import report
     runs = []
     for spec, per_step in (("none", 0.04), ("topk:ratio=0.01", 0.01)):
         d = tmp_path / spec
         d.mkdir()
         with open(d / "epochs.jsonl", "w") as f:
-            for e, acc in enumerate((0.90, 0.96, 0.97), 1):
-                f.write(json.dumps({"epoch": e, "steps": 10, "wall_s": e * 10 * per_step, "test_acc": acc}) + "\n")
+            for e, acc in enumerate((0.90, 0.96, 0.97), 1):  # 0.5 s of evaluation after every epoch
+                f.write(json.dumps({"epoch": e, "steps": 10, "wall_s": e * (10 * per_step + 0.5), "test_acc": acc}) + "\n")
+        with open(d / "metrics.jsonl", "w") as f:
+            for e in range(3):
+                for k in range(1, 11):
+                    f.write(json.dumps({"epoch": e + 1, "wall_s": e * (10 * per_step + 0.5) + k * per_step}) + "\n")
         runs.append({"spec": spec, "seed": 0, "run_dir": str(d), "final_test_acc": 0.97, "bytes_per_step": 1})
     rows = {r["spec"]: r for r in report({"net": {"runs": runs}}, 0.95)}
     assert rows["topk:ratio=0.01"]["step_ms"] == pytest.approx(10.0)
     assert rows["topk:ratio=0.01"]["speedup"] == pytest.approx(4.0)
-    assert rows["none"]["time_to_target_s"] == pytest.approx(0.8)
+    assert rows["none"]["time_to_target_s"] == pytest.approx(1.8)  # end of epoch 2, evaluations included
     assert rows["topk:ratio=0.01"]["acc_cost_points"] == 0
