@@ -245,14 +245,21 @@ def main(argv=None):
     timeout = args.timeout or (0.5 if quick else 2.0)
     limit = timeout * 4 + 20
     results = []
+
+    def part(label, found):
+        results.extend(found)
+        t = _totals(found)
+        print(f"{label:34s} {t['cases']:3d} cases, {t['passed']:3d} passed, {t['hangs']} hangs, "
+              f"{t['silent_wrong']} silent wrong, {t['data_lost']} data lost", flush=True)
+
     for P in ((3,) if quick else (3, 4)):
         for mode in (("default", "strict") if quick else ("default", "detail", "strict", "detail-no-timeout")):
-            results += run_matrix(P, mode, timeout, limit)
+            part(f"mismatch matrix P={P} {mode}", run_matrix(P, mode, timeout, limit))
         if not quick:
-            results += run_dead(P, timeout, timeout + 30)
+            part(f"dead rank P={P}", run_dead(P, timeout, timeout + 30))
     if not quick:
-        results += run_crashes(60)
-        results += run_kill_resume(args.trials, 120)
+        part("training crashes", run_crashes(60))
+        part("kill and resume", run_kill_resume(args.trials, 120))
     for r in results:
         if r["verdict"] != "pass":
             print(f"{r['verdict']:16s} P={r['P']} {r['mode']:18s} {r['case']:32s} "
