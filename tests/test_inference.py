@@ -22,7 +22,7 @@ from inference.metrics import percentiles
 from inference.model import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.tensor import emulate_forward
-from tests.mpirun import ROOT, mpiexec_path, run_mpi
+from tests.mpirun import ROOT, launcher_args, launcher_env, mpiexec_path, run_mpi
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.config import Config
 from training.data import load_dataset
@@ -299,9 +299,9 @@ def _post(url, body, timeout=20):
 
 def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tmp_path):
     out = str(tmp_path / "http")
-    cmd = [mpiexec_path(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
+    cmd = [mpiexec_path(), *launcher_args(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
            "--replicas", "2", "--http", "0", "--max-wait-ms", "20", "--service-ms", "300", "--run-dir", out]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**launcher_env(), "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
