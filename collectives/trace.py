@@ -23,6 +23,8 @@ import time
 
 import numpy
 
+from .waiting import deadline_of, wait_all
+
 __all__ = ["LANES", "start", "stop", "enabled", "span", "complete", "events", "gather", "write",
            "chrome_events"]
 
@@ -66,18 +68,25 @@ class _Span:
         return False
 
 
-def start(comm=None):
+def start(comm=None, timeout=None):
     """Turn the recorder on and drop earlier events; collective over ``comm`` when given.
 
     Parameters
     ----------
     comm : mpi4py.MPI.Comm, optional
-        With a communicator, every rank takes its time origin right after ``comm.Barrier()``, so
-        the ranks' timelines line up; without one, the origin is now.
+        With a communicator, every rank takes its time origin right after a barrier on it
+        (``MPI_Ibarrier``), so the ranks' timelines line up; without one, the origin is now.
+    timeout : float, optional
+        Seconds the barrier may wait for a peer (None: no limit).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not reach the barrier within ``timeout``.
     """
     global _on, _origin
     if comm is not None:
-        comm.Barrier()
+        wait_all([comm.Ibarrier()], [None], deadline_of(timeout), "barrier", 0, "trace start", timeout)
     _origin = time.perf_counter()
     _events.clear()
     _on = True

@@ -251,7 +251,7 @@ def run_ps(cfg, comm, run_dir, xp):
     loss_fn = SoftmaxCrossEntropy()
     make_optimizer = optimizer_factory(cfg)
     if cfg.trace:
-        trace.start(comm)  # collective: aligns the ranks' clocks
+        trace.start(comm, cfg.ps_timeout)  # collective: aligns the ranks' clocks
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
         skipped = [0]

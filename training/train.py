@@ -147,7 +147,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
                   f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
         bar.write(table.header())
     if cfg.trace:
-        trace.start(comm)  # collective: aligns the ranks' clocks
+        trace.start(comm, cfg.timeout)  # collective: aligns the ranks' clocks
     t_start = time.perf_counter() - state.wall_s
     train_acc = test_acc = None
     while state.epoch < last:
