@@ -9,7 +9,8 @@ imported, so commlab runs without it.
   DDP hands each gradient bucket (a flat tensor) to the hook, which averages it over the ranks of
   ``state.comm`` and returns the completed ``torch.futures.Future`` DDP waits on. DDP's own process
   group (gloo on CPU) still does its bookkeeping (parameter broadcast at construction, bucket
-  rebuilding); the gradients go through MPI.
+  rebuilding); the gradients go through MPI. Buckets and hooks: Li et al. 2020, "PyTorch
+  Distributed: Experiences on Accelerating Data Parallel Training", VLDB, section 3.2.
 * :class:`DistributedOptimizer`: wraps any ``torch.optim.Optimizer``; ``step()`` first averages every
   parameter's gradient in one fused flat buffer, then steps (Sergeev and Del Balso 2018, "Horovod:
   fast and easy distributed deep learning in TensorFlow", section 4). :func:`broadcast_parameters`
