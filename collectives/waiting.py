@@ -15,8 +15,8 @@ __all__ = ["wait_all", "deadline_of"]
 #: Seconds a wait spins on ``MPI_Testall`` (yielding the core every 64 tests, as MPICH's own waits
 #: yield after a number of polls) before it sleeps 50 us between tests. Sleeping after 200 tests, as
 #: before, added up to 50 us to every wait (a few per cent of a 4 MiB all-reduce). On the loaded
-#: 2-core machine, the 4 MiB timeout= figure was 1.32x [0.85-1.67] with the yield, 1.83x [1.21-1.89]
-#: without it (README "Benchmarks").
+#: 2-core machine the 4 MiB timeout= figure was 1.32x [0.85-1.67] with yields (and the older round
+#: loop) and 1.83x [1.21-1.89] without them (and the newer one): one confounded, noisy comparison.
 _SPIN_SECONDS = 0.01
 
 
