@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 __all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
 
@@ -98,7 +99,8 @@ def draw_compression(study, out):
         axes[1].bar(x, tt, width, color=color, label=net)
         for xi, r in zip(x, rs):
             if r and r["time_to_target_s"] is None:
-                axes[1].text(xi, 0, "x", ha="center", va="bottom", color=color, fontsize=9)
+                axes[1].text(xi, 0.02, "x", ha="center", va="bottom", color=color, fontsize=11, fontweight="bold",
+                             transform=axes[1].get_xaxis_transform())
     axes[0].axhline(1.0, color="grey", ls="--", lw=1)
     axes[0].set(ylabel="step-time speedup over none (x)", yscale="log",
                 title="step time: per-epoch ratios, median and range (4 nodes x 1 rank)")
@@ -108,6 +110,8 @@ def draw_compression(study, out):
     axes[1].set_xticklabels(specs, rotation=35, ha="right")
     for ax in axes:
         ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.legend(fontsize=9)
     fig.suptitle("Gradient compression on emulated links against shared memory (experiments.cluster)")
     fig.tight_layout()
