@@ -93,17 +93,29 @@ def test_idx_roundtrip_types_and_errors(tmp_path):
 
 
 def test_digits_match_scikit_learn_and_split_is_standardized():
+    """Oracle: scikit-learn's raw digits, the indices its seeded, stratified ``train_test_split`` holds
+    out, and NumPy's mean and (population) standard deviation of the train rows; tolerance 1e-12."""
     sk = pytest.importorskip("sklearn.datasets").load_digits()
+    split = pytest.importorskip("sklearn.model_selection").train_test_split
     ds = load_digits(test_fraction=0.2, seed=0)
     assert len(ds.y_train) + len(ds.y_test) == 1797 and len(ds.y_test) == 359
     assert ds.n_features == 64 and ds.n_classes == 10
-    order = np.random.default_rng(0).permutation(1797)
-    np.testing.assert_array_equal(ds.y_test, sk.target[order[:359]])
-    x = sk.data[order[359:]]
-    sd = x.std(0)
-    sd[sd == 0] = 1
-    np.testing.assert_allclose(ds.x_train, (x - x.mean(0)) / sd, rtol=1e-12, atol=1e-12)
+    assert ds.x_train.dtype == np.float64 and ds.y_train.dtype == np.int64
+    tr, te = split(np.arange(1797), test_size=359, random_state=0, stratify=sk.target)
+    assert sorted(np.concatenate([tr, te]).tolist()) == list(range(1797))  # a partition
+    assert not np.array_equal(np.sort(te), np.arange(359))  # shuffled, not the first rows
+    np.testing.assert_array_equal(ds.y_train, sk.target[tr])
+    np.testing.assert_array_equal(ds.y_test, sk.target[te])
+    share = np.bincount(ds.y_test, minlength=10) / np.bincount(sk.target, minlength=10)
+    assert np.all(np.abs(share - 0.2) < 0.01), share  # every digit held out in its proportion
+    x = sk.data[tr]
+    mu, sd = x.mean(0), x.std(0)
+    sd[sd == 0] = 1  # constant pixels are only centred
+    np.testing.assert_allclose(ds.x_train, (x - mu) / sd, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ds.x_test, (sk.data[te] - mu) / sd, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ds.x_train.mean(0), 0, atol=1e-12)
+    np.testing.assert_array_equal(load_digits(test_fraction=0.2, seed=0).x_test, ds.x_test)  # seeded
+    assert not np.array_equal(load_digits(test_fraction=0.2, seed=1).y_test, ds.y_test)
 
 
 def test_synthetic_is_seeded_and_sized():

@@ -6,7 +6,6 @@ split, features standardized with the training set's mean and standard deviation
 PyTorch's ``torch.utils.data.DistributedSampler``.
 """
 import gzip
-import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -170,7 +169,7 @@ def load_mnist(directory):
     """Load MNIST (or Fashion-MNIST) from its four IDX files in ``directory``.
 
     The files' own train/test split is kept; pixels are scaled to [0, 1] and then standardized
-    with the training set's statistics.
+    with the training set's statistics (:func:`_standardize`).
 
     Returns
     -------
@@ -180,6 +179,8 @@ def load_mnist(directory):
     ------
     FileNotFoundError, ValueError
         Naming the missing or malformed file.
+    ImportError
+        Without scikit-learn (the standardization is its ``StandardScaler``).
     """
     arrays = {}
     for key, stem in (("x_train", "train-images-idx3-ubyte"), ("y_train", "train-labels-idx1-ubyte"),
@@ -193,64 +194,105 @@ def load_mnist(directory):
     xte = arrays["x_test"].reshape(len(arrays["x_test"]), -1) / 255.0
     ytr, yte = arrays["y_train"].astype(numpy.int64), arrays["y_test"].astype(numpy.int64)
     classes = int(max(ytr.max(initial=0), yte.max(initial=0))) + 1
-    mu, sd = _stats(xtr)
-    return Dataset((xtr - mu) / sd, ytr, (xte - mu) / sd, yte, max(classes, 2), "mnist")
+    xtr, xte = _standardize(xtr, xte, "mnist")
+    return Dataset(xtr, ytr, xte, yte, max(classes, 2), "mnist")
 
 
-def _stats(x):
-    mu, sd = x.mean(axis=0), x.std(axis=0)
-    sd[sd == 0] = 1.0
-    return mu, sd
+def _sklearn(what):
+    """Return the scikit-learn names ``what`` needs, or raise ``ImportError`` saying how to install them.
+
+    Imported here, not at the top: scikit-learn is the optional ``data`` extra, and importing it
+    costs each rank about a second, which code that loads no data set does not pay.
+    """
+    try:
+        from sklearn.datasets import load_digits as sk_load_digits
+        from sklearn.model_selection import train_test_split
+        from sklearn.preprocessing import StandardScaler
+    except ImportError:
+        raise ImportError(f"{what} needs scikit-learn: pip install -e '.[data]'") from None
+    return sk_load_digits, train_test_split, StandardScaler
 
 
-def split_and_standardize(x, y, test_fraction, seed, n_classes, name):
-    """Split (x, y) with a seeded permutation and standardize with the train statistics.
+def _standardize(x_train, x_test, what):
+    """Return both matrices standardized with the training set's mean and standard deviation.
+
+    ``sklearn.preprocessing.StandardScaler`` (population standard deviation; a feature that is
+    constant in the training set is only centred).
+    """
+    scaler = _sklearn(what)[2]().fit(x_train)
+    return scaler.transform(x_train), scaler.transform(x_test)
+
+
+def split_and_standardize(x, y, test_fraction, seed, n_classes, name, stratify=False):
+    """Split (x, y) at random, seeded, and standardize with the train statistics.
+
+    ``sklearn.model_selection.train_test_split`` with ``random_state=seed`` holds out
+    ``max(1, round(n * test_fraction))`` samples, stratified by label when asked (each class then
+    appears in both parts in its overall proportion); :func:`_standardize` scales both parts.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, F)
+        Features, any real dtype (computed in float64).
+    y : ndarray, shape (n,)
+        Integer labels in ``[0, n_classes)``.
+    test_fraction : float
+        Fraction of the samples held out, in (0, 1).
+    seed : int
+    n_classes : int
+    name : str
+        The data set's name, for messages and :attr:`Dataset.name`.
+    stratify : bool
+        Keep the class proportions in both parts (needs at least two samples of every class, and
+        at least ``n_classes`` samples in each part).
 
     Returns
     -------
     Dataset
+
+    Raises
+    ------
+    ValueError
+        When no training sample would be left, or a stratified split is impossible.
+    ImportError
+        Without scikit-learn.
     """
     n = len(y)
     n_test = max(1, int(round(n * test_fraction)))
-    order = numpy.random.default_rng(seed).permutation(n)
-    te, tr = order[:n_test], order[n_test:]
-    if len(tr) < 1:
+    if n - n_test < 1:
         raise ValueError(f"{name}: {n} samples with test_fraction {test_fraction} leave no training sample")
-    mu, sd = _stats(x[tr].astype(numpy.float64))
-    xtr = (x[tr] - mu) / sd
-    xte = (x[te] - mu) / sd
-    return Dataset(xtr, y[tr].astype(numpy.int64), xte, y[te].astype(numpy.int64), n_classes, name)
-
-
-def _digits_arrays():
-    """Return scikit-learn's digits (x (1797, 64), y (1797,)) without importing scikit-learn.
-
-    The data ship with scikit-learn as ``sklearn/datasets/data/digits.csv.gz`` (64 pixel columns,
-    then the label); reading that file directly avoids a second of import time on every rank.
-    """
-    spec = importlib.util.find_spec("sklearn")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
-        if os.path.exists(path):
-            table = numpy.loadtxt(path, delimiter=",")
-            return table[:, :-1], table[:, -1].astype(numpy.int64)
-    try:
-        from sklearn.datasets import load_digits as _sk_digits
-    except ImportError:
-        raise ImportError("the digits data set needs scikit-learn: pip install -e '.[data]'") from None
-    d = _sk_digits()
-    return d.data, d.target
+    split, y = _sklearn(name)[1], numpy.asarray(y)
+    x_tr, x_te, y_tr, y_te = split(numpy.asarray(x, numpy.float64), y, test_size=n_test, random_state=seed,
+                                   shuffle=True, stratify=y if stratify else None)
+    x_tr, x_te = _standardize(x_tr, x_te, name)
+    return Dataset(x_tr, y_tr.astype(numpy.int64), x_te, y_te.astype(numpy.int64), n_classes, name)
 
 
 def load_digits(test_fraction=0.2, seed=0):
     """Load scikit-learn's embedded handwritten digits (1,797 8x8 images, 10 classes).
 
+    The images come from ``sklearn.datasets.load_digits`` (pixel values 0..16, no download) and are
+    split, stratified by digit, and standardized by :func:`split_and_standardize`.
+
+    Parameters
+    ----------
+    test_fraction : float
+        Fraction held out for test, in (0, 1).
+    seed : int
+        Seed of the split.
+
     Returns
     -------
     Dataset
+        64 features, 10 classes.
+
+    Raises
+    ------
+    ImportError
+        Without scikit-learn.
     """
-    x, y = _digits_arrays()
-    return split_and_standardize(x.astype(numpy.float64), y, test_fraction, seed, 10, "digits")
+    x, y = _sklearn("the digits data set")[0](return_X_y=True)
+    return split_and_standardize(x, y, test_fraction, seed, 10, "digits", stratify=True)
 
 
 def make_synthetic(samples=20000, features=256, classes=10, test_fraction=0.2, seed=0):
