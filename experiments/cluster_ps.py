@@ -18,7 +18,10 @@ Parameter Server", OSDI 2014, section 3) sends 4n on a worker's link (push out, 
 W x 4n / S on a server's (every worker's shard), so the server links carry W / S times a worker's:
 the concentration BytePS (Y. Jiang et al., OSDI 2020, section 3) removes by adding servers. The
 data-parallel run's own byte counter (``bytes_sent_per_rank``) checks the ring figure. Samples/s is
-the run's (data-parallel: steps x global batch / wall time); median and range over the repeats.
+training throughput without evaluation: the parameter server's own (samples over the servers' job
+time; it evaluates snapshots afterwards), and for data parallelism the global batch over the median
+step time (:func:`experiments.cluster_compression.epoch_times`, evaluation excluded); median and
+range over the repeats.
 """
 import argparse
 import csv
@@ -28,6 +31,8 @@ import os
 import re
 import sys
 from statistics import median
+
+from experiments.cluster_compression import epoch_times
 
 __all__ = ["link_bytes", "report", "main"]
 
@@ -67,7 +72,7 @@ def report(root):
         if name == "dp-ring":
             with open(os.path.join(s0["run_dir"], "config.json"), encoding="utf-8") as f:
                 batch = json.load(f).get("config", {}).get("batch_size", 64)
-            rates = [r["steps"] * batch / r["wall_s"] for r in runs]
+            rates = [batch / median(step for step, _, _ in epoch_times(r["run_dir"])) for r in runs]
             workers, servers, kind = s0["P"], 0, "dp"
             measured = median(r["bytes_sent_per_rank"] / r["steps"] for r in runs)
         else:
