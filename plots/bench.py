@@ -5,7 +5,7 @@
 For every op in a results file (``experiments.bench_collectives``), one PNG ``bench_OP_pP.png`` with
 three panels: latency against size (log-log), busbw against size, and each algorithm's time divided
 by ``mpi``'s at the same size. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`,
-fitted to the file's own rows, is drawn as dashed lines when that module is available.
+fitted to the file's own rows, is drawn as dashed lines.
 ``--markdown`` prints each file's ratio summary as a Markdown table: the summary the sweep computed
 and stored (:func:`experiments.bench_output.summarize`); this module draws and prints, it computes no
 figure of its own.
@@ -124,10 +124,8 @@ _TARGETS = (
 def _model(rows, min_bytes):
     """Return (``predict(algorithm, P, nbytes) -> seconds`` fitted to ``rows`` of at least ``min_bytes``,
     or None; a note saying which)."""
-    try:
-        from collectives import cost
-    except ImportError as exc:
-        return None, f"model not drawn: collectives.cost is not available ({exc})"
+    from collectives import cost  # here, not at the top: importing collectives starts MPI
+
     try:
         params = cost.fit([r for r in rows if not r.get("wrong")], min_bytes=min_bytes)
     except (ValueError, KeyError, TypeError) as exc:

@@ -16,11 +16,7 @@ import math
 
 import numpy
 
-try:
-    from collectives.backend import get_array_module
-except ImportError:  # the communication layer is optional for pure model code
-    def get_array_module(x):
-        return numpy
+from collectives.backend import get_array_module
 
 __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential", "build_mlp",
            "get_array_module"]
