@@ -49,6 +49,7 @@ from experiments.outputs import unwritable
 from experiments.bench_references import (auto_timeout, finish, gloo, gloo_available, limit, mpi_persistent,
                                          persistent, ring_direct, ring_execute)
 from plots.bench import markdown
+from training.sizes import bytes_argument
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
 
@@ -99,16 +100,6 @@ def bus_factor(op, P):
     return {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P}.get(op, 1.0)
 
 
-def _parse_bytes(text):
-    """Return ``text`` ("64", "4K", "64M", "1G"; K = 1024) as a byte count."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    try:
-        return int(float(text[:-1] if mult > 1 else text) * mult)
-    except (ValueError, OverflowError):  # OverflowError: "inf"
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (examples: 8, 4K, 64M)")
-
-
 def _names(text):
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
@@ -147,8 +138,8 @@ def parse_args(argv=None, quiet=False, size=1):
     p.add_argument("--algorithms", type=_names, default=d.algorithms,
                    help="comma list; each op runs the ones it has (default: all, plus the references "
                         "MPI_<Op>, and ring-direct and ring-execute for all-reduce)")
-    p.add_argument("--min-bytes", type=_parse_bytes, default=d.min_bytes, help="smallest size (default 8)")
-    p.add_argument("--max-bytes", type=_parse_bytes, default=d.max_bytes, help="largest size (default 64M)")
+    p.add_argument("--min-bytes", type=bytes_argument(), default=d.min_bytes, help="smallest size (default 8)")
+    p.add_argument("--max-bytes", type=bytes_argument(), default=d.max_bytes, help="largest size (default 64M)")
     p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.DTYPES],
                    help="element type (default float32)")
     p.add_argument("--redop", default=d.redop, choices=list(collectives.OPS),
@@ -159,7 +150,7 @@ def parse_args(argv=None, quiet=False, size=1):
     p.add_argument("--warmup", type=int, help="uncounted calls at every size (sets both of the next two)")
     p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="uncounted calls up to --large-bytes (200)")
     p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="uncounted calls above --large-bytes (10)")
-    p.add_argument("--large-bytes", type=_parse_bytes, default=d.large_bytes,
+    p.add_argument("--large-bytes", type=bytes_argument(), default=d.large_bytes,
                    help="largest size that counts as small (default 8K)")
     p.add_argument("--max-time", type=float, default=d.max_time,
                    help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")

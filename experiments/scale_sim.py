@@ -16,24 +16,12 @@ import time
 
 from collectives import cost
 from experiments.outputs import unwritable
+from training.sizes import bytes_argument, format_bytes
 
 __all__ = ["main", "crossovers"]
 
 ALGS = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d")
-
-
-def _size(text):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("ib").rstrip("b")
-    mult = units.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except (ValueError, OverflowError):  # OverflowError: "inf"
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a size of at least 1 byte: {text!r} "
-                                         "(examples: 1KiB, 1MiB, 256MiB, 4096)")
-    return value
+_message_size = bytes_argument(minimum=1)  # one --sizes entry, in bytes
 
 
 def _check_out(path):
@@ -72,7 +60,7 @@ def main(argv=None):
     """Simulate every algorithm at every P and size, print a table and write the results JSON."""
     ap = argparse.ArgumentParser(prog="python -m experiments.scale_sim", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",")], default="1KiB,1MiB,256MiB",
+    ap.add_argument("--sizes", type=lambda s: [_message_size(x) for x in s.split(",")], default="1KiB,1MiB,256MiB",
                     help="message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB")
     ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two")
     ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
@@ -113,12 +101,12 @@ def main(argv=None):
         for P in ps:
             for alg in ALGS:
                 rows.append({"algorithm": alg, "P": P, "bytes": size, "time_s": cost.simulate(alg, P, size, topo)})
-        print(f"{size:>12,d} B  " + "  ".join(f"{a}={r['time_s'] * 1e3:.3g}ms" for a, r in
+        print(f"{format_bytes(size):>12}  " + "  ".join(f"{a}={r['time_s'] * 1e3:.3g}ms" for a, r in
                                              zip(ALGS, rows[-len(ALGS):])) + f"  (P={ps[-1]})")
     cross = crossovers(rows)
     print("\nsmallest P from which an algorithm stays faster than ring:")
     for size, c in cross.items():
-        print(f"  {size:>12,d} B: " + ", ".join(f"{a} at P={p}" if p else f"{a} never" for a, p in c.items()))
+        print(f"  {format_bytes(size):>12}: " + ", ".join(f"{a} at P={p}" if p else f"{a} never" for a, p in c.items()))
     result = {"config": vars(args), "topology": topo.__dict__, "host": platform.node(), "rows": rows,
               "crossovers": {str(k): v for k, v in cross.items()}, "seconds": time.perf_counter() - t0}
     try:

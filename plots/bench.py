@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 
+import humanfriendly
+
 __all__ = ["markdown", "draw", "main", "row_seconds", "check_stat"]
 
 _KIB, _MIB = 1 << 10, 1 << 20
@@ -38,10 +40,7 @@ def check_stat(rows, stat):
 
 
 def _size(n):
-    for unit, div in (("MiB", _MIB), ("KiB", _KIB)):
-        if n >= div and n % div == 0:
-            return f"{n // div} {unit}"
-    return f"{n} B"
+    return humanfriendly.format_size(n, binary=True)  # the formatter of training.sizes, without MPI
 
 
 def _x(v, fmt="{:.2f}"):

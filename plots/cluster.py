@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+import humanfriendly
 import matplotlib
 
 matplotlib.use("Agg")
@@ -30,10 +31,6 @@ __all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
 
 _STYLE = {"ring": ("tab:blue", "o"), "rabenseifner": ("tab:orange", "s"), "2d": ("tab:green", "^"),
           "tree": ("tab:red", "v"), "mpi": ("black", "x")}
-
-
-def _size_label(b):
-    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
 def draw(study, out):
@@ -71,7 +68,7 @@ def draw(study, out):
                       title=f"{link}: bytes leaving the busiest node / time")
         for ax in ax_row:
             ax.set_xticks(sizes[::2])
-            ax.set_xticklabels([_size_label(b) for b in sizes[::2]], rotation=30)
+            ax.set_xticklabels([humanfriendly.format_size(b, binary=True) for b in sizes[::2]], rotation=30)
             ax.set_xlabel("all-reduce size")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)

@@ -5,6 +5,7 @@ Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png
 import argparse
 import json
 
+import humanfriendly
 import matplotlib
 import matplotlib.ticker
 
@@ -12,13 +13,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 __all__ = ["main", "draw"]
-
-
-def _label(nbytes):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:g} {unit}"
-    return f"{nbytes} B"
 
 
 def draw(result, out):
@@ -42,7 +36,8 @@ def draw(result, out):
         note = ", ".join(f"{a.replace('recursive_doubling', 'rec.doubling')} from P={p}" if p else f"{a} never"
                          for a, p in cross.items())
         note = f"faster than ring: {note}" if note else ""
-        ax.set_title(f"all-reduce {_label(size)}" + (f"\n{note}" if note else ""), fontsize=8.5)
+        title = f"all-reduce {humanfriendly.format_size(size, binary=True)}"  # training.sizes' formatter
+        ax.set_title(title + (f"\n{note}" if note else ""), fontsize=8.5)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)

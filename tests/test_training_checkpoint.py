@@ -10,8 +10,9 @@ from mpi4py import MPI
 from training.checkpoint import (CheckpointError, RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
 from training.config import Config
-from training.metrics import EpochTable, MetricsWriter, format_bytes, read_jsonl
+from training.metrics import EpochTable, MetricsWriter, read_jsonl
 from training.parallel import bucket_bounds
+from training.sizes import format_bytes, parse_bytes
 
 SELF = MPI.COMM_SELF
 
@@ -95,8 +96,25 @@ def test_epoch_table_and_byte_units():
     row = t.row({"epoch": 3, "loss": 0.12345, "train_acc": 0.991, "test_acc": 0.9777,
                  "compute_s": 0.5, "comm_s": 0.25, "bytes_sent": 1_234_567, "skipped": 0})
     assert len(row) == len(t.header())
-    assert "99.10%" in row and "97.77%" in row and "1.23 MB" in row and "0.1235" in row
-    assert format_bytes(999) == "999 B" and format_bytes(2500) == "2.50 kB"
+    assert "99.10%" in row and "97.77%" in row and "1.18 MiB" in row and "0.1235" in row  # 1234567 / 2**20
+    assert format_bytes(999) == "999 bytes" and format_bytes(2500) == "2.44 KiB"  # binary units, 2 decimals
+    assert format_bytes(64 << 20) == "64 MiB" and format_bytes(153_640) == "150.04 KiB"
+
+
+@pytest.mark.parametrize("text, count", [("4096", 4096), ("4K", 4096), ("4k", 4096), ("64M", 64 << 20),
+                                         ("64MB", 64 << 20), ("64 MiB", 64 << 20), ("1.5G", 3 << 29),
+                                         ("0", 0), (8, 8)])
+def test_byte_counts_parse_in_binary_units(text, count):
+    assert parse_bytes(text) == count
+    assert parse_bytes(format_bytes(count)) == count  # what is printed reads back
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "-1", "", "abc", "1e3", "K4"])
+def test_byte_counts_that_are_not_are_refused(text):
+    with pytest.raises(ValueError, match="not a byte count"):
+        parse_bytes(text)
+    with pytest.raises(ValueError, match="below 1 byte"):
+        parse_bytes("0", minimum=1)
 
 
 def test_bucket_bounds_last_layer_first():

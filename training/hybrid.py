@@ -25,7 +25,7 @@ from training.data import eval_shard, load_dataset
 from training.grid import Grid, build_stage, check_grid
 from training.hybrid_report import gather_ranks, summarize
 from training.job import array_module
-from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
+from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy, get_array_module
 from training.optim import make_optimizer
 from training.parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
@@ -33,6 +33,7 @@ from training.parallel import replicas_identical as replicas_same
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from training.pipeline import PipelineStage
 from training.sharded import SHARDS_DIR, find_sharded, load_hook_state, load_sharded, read_pieces, save_sharded
+from training.sizes import format_bytes
 from training.state import TrainState
 
 __all__ = ["HybridTrainer", "build_hybrid", "hybrid_step", "train_hybrid", "run_hybrid", "evaluate_pipeline",

@@ -36,8 +36,9 @@ import numpy
 from mpi4py import MPI
 
 from collectives.backend import mpi_library
+from training.sizes import format_bytes
 
-__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable", "format_bytes",
+__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]
 
 
@@ -167,14 +168,6 @@ class MetricsWriter:
         if self.enabled:
             self._steps.close()
             self._epochs.close()
-
-
-def format_bytes(n):
-    """Return ``n`` bytes in decimal units (B, kB, MB, GB), e.g. ``'1.23 MB'``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 #: (header, record key, width) of each epoch-table column.

@@ -29,13 +29,14 @@ from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoi
 from training.cli import parse_args
 from training.data import load_dataset
 from training.job import all_failed, check_run, set_threads
-from training.metrics import EpochTable, MetricsWriter, format_bytes, run_info, write_config, write_json
+from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
                                verify_param_layout)
 from training.progress import progress_bar, write_trace
 from training.ps_mode import finish_together, run_ps
+from training.sizes import format_bytes
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
