@@ -12,12 +12,9 @@ import dataclasses
 import datetime
 import json
 import os
-import os
 import platform
 import statistics
 import sys
-
-import math
 
 import numpy as np
 from mpi4py import MPI
@@ -60,8 +57,9 @@ def library():
 
 
 def _geomean(values):
+    """Return ``statistics.geometric_mean`` of the positive ``values`` (ratios), None when there is none."""
     values = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+    return statistics.geometric_mean(values) if values else None
 
 
 def summarize(rows, stat="mean"):
