@@ -5,6 +5,7 @@ bits per element, ratio to ``none``, codec time); :func:`check_lines` prints the
 check list with enough digits that a value never looks as if it met a bound it misses.
 """
 import numpy as np
+from tabulate import tabulate
 
 __all__ = ["TARGETS", "table", "targets", "check_lines", "markdown_table"]
 
@@ -113,17 +114,19 @@ def check_lines(results):
     return lines
 
 
+_TABLE_HEAD = ("compressor", "bits/element", "bytes/step", "ratio to none", "wire bytes/step (ratio)",
+               "test accuracy (min-max)", "vs none (points)", "compress+decompress ms")
+
+
 def markdown_table(rows):
-    """Return the study table as GitHub markdown."""
-    lines = ["| compressor | bits/element | bytes/step | ratio to none | wire bytes/step (ratio) | "
-             "test accuracy (min-max) | vs none (points) | compress+decompress ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """Return the study table as Markdown (``tabulate``'s pipe format: first column left, numbers right)."""
+    cells = []
     for r in rows:
         wire = r.get("wire_bytes_per_step")
         wire_txt = "n/a" if wire is None else f"{wire:,.0f} ({r.get('wire_ratio_to_none') or 0:.1f}x)"
-        lines.append(
-            f"| {r['spec']} | {r['bits_per_element']:.2f} | {r['bytes_per_step']:,.0f} | "
-            f"{r.get('ratio_to_none', float('nan')):.1f}x | {wire_txt} | {100 * r['test_acc_mean']:.2f}% "
-            f"({100 * r['test_acc_min']:.2f}-{100 * r['test_acc_max']:.2f}) | "
-            f"{r.get('delta_points', float('nan')):+.2f} | {r['codec_ms']:.3f} |")
-    return "\n".join(lines)
+        cells.append((r["spec"], f"{r['bits_per_element']:.2f}", f"{r['bytes_per_step']:,.0f}",
+                      f"{r.get('ratio_to_none', float('nan')):.1f}x", wire_txt,
+                      f"{100 * r['test_acc_mean']:.2f}% ({100 * r['test_acc_min']:.2f}-{100 * r['test_acc_max']:.2f})",
+                      f"{r.get('delta_points', float('nan')):+.2f}", f"{r['codec_ms']:.3f}"))
+    return tabulate(cells, _TABLE_HEAD, tablefmt="pipe", disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(_TABLE_HEAD) - 1))

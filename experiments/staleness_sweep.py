@@ -35,6 +35,7 @@ import traceback
 from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
+from tabulate import tabulate
 
 import collectives.policy
 from collectives.compression import parse_literal, split_key_value
@@ -212,19 +213,22 @@ def summary_lines(summary, runs_per_protocol):
     return lines
 
 
+_TABLE_HEAD = ("protocol", "updates/s", "vs BSP", "samples/s", "time to 95 % (s)", "final test acc",
+               "vs BSP (points)", "staleness max / mean", "wall (s)")
+
+
 def markdown_table(rows):
-    """Return the study table as GitHub markdown."""
-    lines = ["| protocol | updates/s | vs BSP | samples/s | time to 95 % (s) | final test acc | "
-             "vs BSP (points) | staleness max / mean | wall (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Return the study table as Markdown (``tabulate``'s pipe format: first column left, numbers right)."""
+    cells = []
     for r in rows:
         ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
         ratio = "" if r["throughput_vs_bsp"] is None else f"{r['throughput_vs_bsp']:.2f}x"
         pts = "" if r["acc_points_vs_bsp"] is None else f"{r['acc_points_vs_bsp']:+.2f}"
-        lines.append(f"| {r['protocol'].upper().replace('SSP', 'SSP s=')} | {r['updates_per_s']:.0f} | "
-                     f"{ratio} | {r['samples_per_s']:.0f} | {ttt} | {r['final_test_acc']:.2%} | {pts} | "
-                     f"{r['staleness_max']} / {r['staleness_mean']:.2f} | {r['wall_s']:.2f} |")
-    return "\n".join(lines)
+        cells.append((r["protocol"].upper().replace("SSP", "SSP s="), f"{r['updates_per_s']:.0f}", ratio,
+                      f"{r['samples_per_s']:.0f}", ttt, f"{r['final_test_acc']:.2%}", pts,
+                      f"{r['staleness_max']} / {r['staleness_mean']:.2f}", f"{r['wall_s']:.2f}"))
+    return tabulate(cells, _TABLE_HEAD, tablefmt="pipe", disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(_TABLE_HEAD) - 1))
 
 
 _PERSISTENT = ("Under a persistent straggler SSP's long-run throughput is bounded by the straggler by "
