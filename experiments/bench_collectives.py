@@ -37,6 +37,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -49,6 +50,7 @@ from experiments.outputs import unwritable
 from experiments.bench_references import (auto_timeout, finish, gloo, gloo_available, limit, mpi_persistent,
                                          persistent, ring_direct, ring_execute)
 from plots.bench import markdown
+from training.cli import parse_on_every_rank
 from training.sizes import bytes_argument
 
 __all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
@@ -121,13 +123,11 @@ def _plan(cfg, P):
     return [(n, op) for n in sizes for op in cfg.ops if n // itemsize >= (P if op == "allgather" else 1)]
 
 
-def parse_args(argv=None, quiet=False, size=1):
+def parse_args(argv=None, size=1):
     """Return the :class:`BenchConfig` described by command-line ``argv``.
 
     Parameters
     ----------
-    quiet : bool
-        Exit on a bad argument without printing (ranks other than 0).
     size : int
         Communicator size P the sweep will run on; a sweep with no size large enough to hold one
         element (P elements for all-gather) is rejected.
@@ -162,9 +162,6 @@ def parse_args(argv=None, quiet=False, size=1):
                         f"{UNSTABLE:.0%} are flagged (default {d.repeats})")
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
-    if quiet:
-        p.print_usage = p.print_help = lambda file=None: None
-        p.exit = lambda status=0, message=None: sys.exit(status)
     a = p.parse_args(argv)
     for name in ("iters", "warmup"):
         if getattr(a, name) is not None:
@@ -395,7 +392,7 @@ def _fail(comm, message):
 def main(argv=None):
     """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
     comm = MPI.COMM_WORLD
-    cfg = parse_args(argv, quiet=comm.Get_rank() != 0, size=comm.Get_size())
+    cfg = parse_on_every_rank(partial(parse_args, size=comm.Get_size()), argv, comm.Get_rank())  # errors once
     if cfg.baseline == "gloo" and not gloo_available(comm):
         _fail(comm, _NO_TORCH)
     why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None

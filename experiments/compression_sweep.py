@@ -24,13 +24,14 @@ import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
 from training.build import build_model
-from training.cli import parse_args
+from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
 from training.job import check_run
 from training.metrics import read_jsonl, run_info, write_json
@@ -231,9 +232,8 @@ def run_study(cfg, comm=None):
     return results
 
 
-def _build_parser(quiet=False):
-    """Return the argument parser; with ``quiet`` (ranks other than 0) help and errors exit silently,
-    so ``mpiexec -n P`` prints them once."""
+def _build_parser():
+    """Return the argument parser."""
     p = argparse.ArgumentParser(
         prog="python -m experiments.compression_sweep",
         description="Train the default model with every compressor on the MPI ranks (run it as "
@@ -252,16 +252,12 @@ def _build_parser(quiet=False):
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
                         "else one line every 30 s (default: on)")
-    if quiet:
-        p.print_usage = p.print_help = lambda file=None: None
-        p.exit = lambda status=0, message=None: sys.exit(status)
     return p
 
 
-def main(argv=None):
-    """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error."""
-    comm = MPI.COMM_WORLD
-    parser = _build_parser(quiet=comm.Get_rank() != 0)
+def _configure(argv, comm):
+    """Return the :class:`SweepConfig` of ``argv``, checked (:func:`check_study`); exit 2 when it is bad."""
+    parser = _build_parser()
     args = parser.parse_args(argv)
     try:
         seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
@@ -274,6 +270,13 @@ def main(argv=None):
         check_study(cfg, comm)
     except ValueError as e:  # the same on every rank: rank 0 prints one line, every rank exits 2
         parser.error(str(e))
+    return cfg
+
+
+def main(argv=None):
+    """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error."""
+    comm = MPI.COMM_WORLD
+    cfg = parse_on_every_rank(partial(_configure, comm=comm), argv, comm.Get_rank())  # errors once
     results = run_study(cfg, comm)
     if results is not None:
         print(markdown_table(results["table"]))

@@ -10,14 +10,15 @@ than MPI's own. For careful sweeps use ``experiments.bench_collectives``.
 import argparse
 import math
 import statistics
-import sys
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
 from collectives.backend import mpi_library
+from training.cli import parse_on_every_rank
 
 __all__ = ["main"]
 
@@ -34,20 +35,23 @@ def _time(fn, comm, iters):
     return float(worst[0])
 
 
+def _check(parser, argv):
+    """Return the parsed ``argv``; a bad value is a usage error (exit 2)."""
+    args = parser.parse_args(argv)
+    if not (math.isfinite(args.mib) and args.mib >= 0):
+        parser.error(f"--mib must be a finite number >= 0, got {args.mib}")
+    if args.iters < 1:
+        parser.error(f"--iters must be >= 1, got {args.iters}")
+    return args
+
+
 def main(argv=None):
     """Parse arguments, run every algorithm once for correctness and ``--iters`` times for speed."""
     parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=4.0, help="message size in MiB (default 4)")
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions per algorithm (default 10)")
     comm = MPI.COMM_WORLD
-    if comm.Get_rank() != 0:  # every rank checks the same arguments and exits; rank 0 alone prints
-        parser.print_usage = parser.print_help = lambda file=None: None
-        parser.exit = lambda status=0, message=None: sys.exit(status)
-    args = parser.parse_args(argv)
-    if not (math.isfinite(args.mib) and args.mib >= 0):
-        parser.error(f"--mib must be a finite number >= 0, got {args.mib}")
-    if args.iters < 1:
-        parser.error(f"--iters must be >= 1, got {args.iters}")
+    args = parse_on_every_rank(partial(_check, parser), argv, comm.Get_rank())  # rank 0 alone prints
     rank, size = comm.Get_rank(), comm.Get_size()
     count = int(args.mib * 2 ** 20) // 4
     x = np.random.default_rng(rank).standard_normal(count).astype(np.float32)

@@ -40,6 +40,7 @@ from tabulate import tabulate
 import collectives.policy
 from collectives.compression import parse_literal, split_key_value
 from training.checkpoint import root_bytes
+from training.cli import parse_on_every_rank
 from training.config import Config
 from training.job import all_failed, check_run
 from training.metrics import run_info, write_json
@@ -268,14 +269,6 @@ def _parser():
     return p
 
 
-def _parse(parser, argv, rank):
-    """Parse on every rank; only rank 0 prints --help and flag errors (one copy, not P)."""
-    if rank == 0:
-        return parser.parse_args(argv)
-    with open(os.devnull, "w", encoding="utf-8") as null, redirect_stdout(null), redirect_stderr(null):
-        return parser.parse_args(argv)
-
-
 def main(argv=None):
     """Parse the command line, run the sweep and write the results (rank 0).
 
@@ -288,7 +281,7 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     parser = _parser()
-    args = _parse(parser, argv, comm.Get_rank())
+    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())  # --help and errors once
     try:
         protocols = list(dict.fromkeys(p.strip() for p in args.protocols.split(",") if p.strip()))
         if not protocols:

@@ -5,6 +5,7 @@ actually given override the defaults, or the saved configuration of a run being 
 keys are rejected.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,7 +14,7 @@ from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
 from training.config import CHOICES, Config
 
-__all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg"]
+__all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg", "parse_on_every_rank"]
 
 
 _METAVARS = {
@@ -104,6 +105,44 @@ HELP = {
              "compression, PS push/pull) to FILE in Chrome trace format, for https://ui.perfetto.dev or "
              "chrome://tracing; not inherited by --resume",
 }
+
+
+def parse_on_every_rank(parse, argv, rank):
+    """Run ``parse(argv)`` on every rank of a job, so that ``--help`` and usage errors print once.
+
+    Every rank parses (and checks) the same command line and so ends alike, but only rank 0's
+    output is shown: on the other ranks stdout and stderr go to ``os.devnull`` while ``parse``
+    runs. The trainer, the studies and the benchmark all parse this way under ``mpiexec -n P``.
+
+    Parameters
+    ----------
+    parse : callable
+        ``argv -> configuration``; may exit through ``SystemExit`` (argparse's ``--help``, status 0,
+        and usage errors, status 2, or an exit with a message string).
+    argv : list of str or None
+        The command line, None for ``sys.argv[1:]``.
+    rank : int
+        This process's rank in the job.
+
+    Returns
+    -------
+    object
+        What ``parse`` returns.
+
+    Raises
+    ------
+    SystemExit
+        As ``parse`` raised it, on rank 0; on other ranks with the same status, or 1 in place of a
+        message (which only rank 0 prints).
+    """
+    if rank == 0:
+        return parse(argv)
+    with open(os.devnull, "w", encoding="utf-8") as null, \
+            contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        try:
+            return parse(argv)
+        except SystemExit as e:
+            raise SystemExit(1 if isinstance(e.code, str) else e.code) from None
 
 
 def _hidden(text):

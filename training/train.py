@@ -26,7 +26,7 @@ from ps.protocol import PSError, PSTimeout
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
-from training.cli import parse_args
+from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
 from training.job import all_failed, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
@@ -309,17 +309,7 @@ def main(argv=None):
     job so nothing hangs.
     """
     world = MPI.COMM_WORLD
-    if world.rank != 0:  # one copy of --help and of flag errors, not P
-        with open(os.devnull, "w") as null:
-            saved, sys.stdout, sys.stderr = (sys.stdout, sys.stderr), null, null
-            try:
-                cfg = parse_args(argv)
-            except SystemExit as e:  # rank 0 prints the message; here only the status remains
-                raise SystemExit(1 if isinstance(e.code, str) else e.code) from None
-            finally:
-                sys.stdout, sys.stderr = saved
-    else:
-        cfg = parse_args(argv)
+    cfg = parse_on_every_rank(parse_args, argv, world.rank)  # one copy of --help and of flag errors
     summary = None
     try:
         summary = run(cfg, world)
