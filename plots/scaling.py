@@ -4,6 +4,7 @@ Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png
 """
 import argparse
 import json
+import math
 
 import humanfriendly
 import matplotlib
@@ -15,36 +16,61 @@ import matplotlib.pyplot as plt  # noqa: E402
 __all__ = ["main", "draw"]
 
 
+def _crossover_note(cross):
+    """Two short lines naming, per algorithm, the smallest P from which it beats the ring."""
+    items = [f"{a.replace('recursive_doubling', 'rec. doubling')} " + (f"P={p}" if p else "never")
+             for a, p in cross.items()]
+    if not items:
+        return ""
+    half = (len(items) + 1) // 2
+    return "faster than ring from: " + ", ".join(items[:half]) + ("\n" + ", ".join(items[half:]) if items[half:] else "")
+
+
 def draw(result, out):
-    """Write the figure for a ``scale_sim`` result dict to ``out`` (PNG path)."""
+    """Write the figure for a ``scale_sim`` result dict to ``out`` (PNG path).
+
+    One panel per message size: predicted time (ms, log scale, plain-number ticks) against P (log2
+    axis labelled with the rank counts themselves); each panel's title names the size and, on two
+    lines, the smallest P from which each algorithm beats the ring; one legend below the panels.
+    """
     rows = result["rows"]
     sizes = sorted({r["bytes"] for r in rows})
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
     topo = result["topology"]
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.4 * len(sizes), 4.9), squeeze=False,
+                             constrained_layout=True)
     styles = [("o", "-"), ("s", "--"), ("^", "-."), ("v", ":"), ("D", "-")]
+    ps = sorted({r["P"] for r in rows})
     for ax, size in zip(axes[0], sizes):
         for i, alg in enumerate(algs):
             pts = sorted((r["P"], r["time_s"]) for r in rows if r["bytes"] == size and r["algorithm"] == alg)
             marker, line = styles[i % len(styles)]
-            ax.plot([p for p, _ in pts], [t * 1e3 for _, t in pts], marker=marker, ls=line, ms=4, label=alg)
+            ax.plot([p for p, _ in pts], [t * 1e3 for _, t in pts], marker=marker, ls=line, ms=4,
+                    color=f"C{i % 10}", label=alg)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xticks(ps)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.0f}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.tick_params(axis="x", labelsize=7.5, labelrotation=45)
+        times = [r["time_s"] * 1e3 for r in rows if r["bytes"] == size]
+        decades = math.log10(max(times) / min(times)) if times and min(times) > 0 else 3
+        subs = (1.0,) if decades >= 2.5 else (1.0, 2.0, 5.0)  # every panel gets several plain labels
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=subs))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("ranks P")
-        ax.set_ylabel("predicted time (ms)")
-        cross = result.get("crossovers", {}).get(str(size), {})
-        note = ", ".join(f"{a.replace('recursive_doubling', 'rec.doubling')} from P={p}" if p else f"{a} never"
-                         for a, p in cross.items())
-        note = f"faster than ring: {note}" if note else ""
+        ax.set_ylabel("predicted time (ms, log scale)")
+        note = _crossover_note(result.get("crossovers", {}).get(str(size), {}))
         title = f"all-reduce {humanfriendly.format_size(size, binary=True)}"  # training.sizes' formatter
         ax.set_title(title + (f"\n{note}" if note else ""), fontsize=8.5)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"simulated two-level topology: {topo['ranks_per_node']} ranks/node, "
+        ax.grid(True, which="major", alpha=0.35)
+        ax.grid(True, which="minor", axis="y", alpha=0.12)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8.5)
+    fig.suptitle(f"simulated all-reduce time on a two-level topology: {topo['ranks_per_node']} ranks/node, "
                  f"intra {topo['alpha_intra'] * 1e6:g} us + {1 / topo['beta_intra'] / 1e9:g} GB/s, "
                  f"inter {topo['alpha_inter'] * 1e6:g} us + {1 / topo['beta_inter'] / 1e9:g} GB/s", fontsize=10)
-    fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 

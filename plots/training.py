@@ -6,8 +6,9 @@ Writes two PNG files (into the first run's directory unless ``--out`` is given):
     Training loss and train/test accuracy against epoch and against wall time (seconds); several
     runs are overlaid for comparison.
 ``training_time.png``
-    Per epoch, a stacked bar of compute seconds and communication seconds per rank, one panel
-    per run.
+    One panel per run. Data-parallel: per epoch, a stacked bar of rank 0's compute, gradient
+    transfer and waiting-for-the-slowest-rank seconds. Parameter server: per worker, the run's
+    compute, injected delay and time waiting on the servers.
 
 ``runs/latest`` (a link or a text file holding a run path, as ``training.train`` writes it) is
 accepted wherever a run directory is.
@@ -18,11 +19,14 @@ import os
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["resolve_run", "load_run", "plot_curves", "plot_time", "main"]
+from collectives.backend import mpi_library_key  # noqa: E402
+
+__all__ = ["resolve_run", "load_run", "describe", "plot_curves", "plot_time", "main"]
 
 
 def resolve_run(path):
@@ -42,16 +46,52 @@ def resolve_run(path):
     return os.path.realpath(path)
 
 
+def _read_json(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def load_run(path):
-    """Return ``(label, epochs, summary)`` of a run: its name, per-epoch records and summary."""
+    """Return ``(label, epochs, summary)`` of a run: its name, per-epoch records and summary.
+
+    The summary dict gets the run's ``config.json`` (resolved configuration and MPI library) under
+    the key ``"_config"`` when the run has one.
+    """
     run = resolve_run(path)
     with open(os.path.join(run, "epochs.jsonl"), encoding="utf-8") as f:
         epochs = [json.loads(line) for line in f if line.strip()]
-    summary = {}
-    if os.path.exists(os.path.join(run, "summary.json")):
-        with open(os.path.join(run, "summary.json"), encoding="utf-8") as f:
-            summary = json.load(f)
+    summary = _read_json(os.path.join(run, "summary.json"))
+    summary["_config"] = _read_json(os.path.join(run, "config.json"))
     return os.path.basename(run), epochs, summary
+
+
+def describe(summary):
+    """Return a one-line description of a run for titles: mode, algorithm or consistency, P, MPI
+    library and dtype, e.g. ``data-parallel, algorithm auto, P=4, MPICH 5.0.2, float32``."""
+    saved = summary.get("_config", {})
+    cfg, run = saved.get("config", {}), saved.get("run", {})
+    parts = []
+    if cfg.get("mode") == "ps" or summary.get("mode") == "ps":
+        c = cfg.get("consistency", summary.get("consistency", "?"))
+        bound = f" s={cfg.get('staleness')}" if c == "ssp" else ""
+        parts.append(f"parameter server {c.upper()}{bound}, {cfg.get('servers', summary.get('servers', '?'))} server(s)")
+    elif cfg:
+        parts.append("data-parallel, algorithm " + cfg.get("algorithm", "?")
+                     + (f", {cfg['compression']}" if cfg.get("compression", "none") != "none" else ""))
+    P = run.get("P", summary.get("P"))
+    if P is not None:
+        parts.append(f"P={P}")
+    if run.get("mpi_library"):
+        name, version = mpi_library_key(run["mpi_library"])
+        parts.append(f"{name} {version}".strip())
+    if cfg.get("dtype"):
+        parts.append(cfg["dtype"])
+    if cfg.get("data"):
+        hidden = "-".join(str(h) for h in cfg.get("hidden", []))
+        parts.append(f"{cfg['data']}, MLP hidden {hidden or 'none'}")
+    return ", ".join(parts)
 
 
 def _series(epochs, key):
@@ -62,64 +102,122 @@ def _series(epochs, key):
 def plot_curves(runs, path):
     """Draw loss and accuracy against epoch and wall time for ``runs`` into PNG ``path``.
 
+    The title names each run's mode, algorithm (or consistency model), P, MPI library and dtype;
+    the accuracy axis spans every plotted value; the legend sits below the panels, off the data.
+
     Parameters
     ----------
     runs : list of (str, list of dict, dict)
         As returned by :func:`load_run`.
     path : str
+        Output PNG file.
     """
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
+    accs = []
     for i, (label, epochs, _) in enumerate(runs):
         color = f"C{i % 10}"
         wall = {r["epoch"]: r.get("wall_s") for r in epochs}
+        name = f"{label}: " if len(runs) > 1 else ""
         for col, xkey in enumerate(("epoch", "wall_s")):
             def x_of(es):
                 return es if xkey == "epoch" else [wall[e] for e in es]
             es, loss = _series(epochs, "loss")
-            if loss:
-                axes[0, col].plot(x_of(es), loss, color=color, marker=".", label=label)
+            if loss and (xkey == "epoch" or all(wall[e] is not None for e in es)):
+                axes[0, col].plot(x_of(es), loss, color=color, marker=".", label=f"{name}training loss")
             for key, style in (("train_acc", "--"), ("test_acc", "-")):
                 es, acc = _series(epochs, key)
                 if acc and (xkey == "epoch" or all(wall[e] is not None for e in es)):
-                    axes[1, col].plot(x_of(es), [100 * a for a in acc], style, color=color,
-                                      marker=".", label=f"{label} {key.split('_')[0]}")
-    for col, xlabel in enumerate(("epoch", "wall time (s)")):
-        axes[0, col].set(xlabel=xlabel, ylabel="training loss (cross-entropy)", yscale="log",
-                         title=f"loss vs {xlabel.split(' (')[0]}")
+                    accs += [100 * a for a in acc]
+                    axes[1, col].plot(x_of(es), [100 * a for a in acc], style, color=color, marker=".",
+                                      label=f"{name}{key.split('_')[0]} accuracy" if col == 0 else None)
+    for col, xlabel in enumerate(("epoch", "wall time since start (s)")):
+        axes[0, col].set(xlabel=xlabel, ylabel="training loss (cross-entropy, log scale)", yscale="log",
+                         title=f"loss vs {xlabel.split(' (')[0].replace(' since start', '')}")
         axes[1, col].set(xlabel=xlabel, ylabel="accuracy (%)",
-                         title=f"accuracy vs {xlabel.split(' (')[0]} (dashed: train, solid: test)")
-        lows = [100 * r["test_acc"] for _, es, _ in runs for r in es if r.get("test_acc") is not None]
-        if lows:
-            axes[1, col].set_ylim(max(0, min(sorted(lows)[len(lows) // 4], 90) - 2), 100.5)
+                         title=f"accuracy vs {xlabel.split(' (')[0].replace(' since start', '')}")
+        if accs:  # every point visible: the axis starts below the lowest value plotted
+            axes[1, col].set_ylim(max(0.0, 5 * ((min(accs) - 1) // 5)), 100.5)
+        loss_ax = axes[0, col]  # plain-number ticks at 1, 2, 5 x 10^k, none on minor ticks
+        loss_ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        loss_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        loss_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
-    axes[1, 0].legend(fontsize=8, loc="lower right")
-    if len(runs) > 1:
-        axes[0, 0].legend(fontsize=8)
-    fig.suptitle("training: " + ", ".join(label for label, _, _ in runs), fontsize=10)
+    handles, labels = axes[1, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
+    finals = [f"final test {100 * s['final_test_acc']:.2f}%" for _, _, s in runs if "final_test_acc" in s]
+    head = "; ".join(describe(s) or label for label, _, s in runs)
+    fig.suptitle(f"training: {head}" + (f" ({', '.join(finals)})" if len(runs) == 1 and finals else ""),
+                 fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _plot_dp_time(ax, epochs, summary):
+    rows = [r for r in epochs if r.get("compute_s") is not None and r.get("comm_s") is not None]
+    es = [r["epoch"] for r in rows]
+    comp = [r["compute_s"] for r in rows]
+    if rows and all(r.get("wait_s") is not None and r.get("transfer_s") is not None for r in rows):
+        wait = [r["wait_s"] for r in rows]
+        transfer = [r["transfer_s"] for r in rows]
+        ax.bar(es, comp, color="C0", label="compute (forward, backward, optimizer)")
+        ax.bar(es, transfer, bottom=comp, color="C3", label="transfer (gradient all-reduce)")
+        ax.bar(es, wait, bottom=[c + t for c, t in zip(comp, transfer)], color="C7",
+               label="wait for the slowest rank (skew)")
+    else:
+        ax.bar(es, comp, color="C0", label="compute (forward, backward, optimizer)")
+        ax.bar(es, [r["comm_s"] for r in rows], bottom=comp, color="C3",
+               label="communication (gradient all-reduce, including waits)")
+    frac = summary.get("comm_fraction")
+    note = f"; communication {frac:.0%} of step time" if frac is not None else ""
+    ax.set(xlabel="epoch", ylabel="seconds per epoch (rank 0)",
+           title=f"compute and communication per epoch{note}")
+    if not rows:
+        ax.text(0.5, 0.5, "no compute/communication timing in this run", ha="center", transform=ax.transAxes)
+
+
+def _plot_ps_time(ax, summary):
+    """Per worker: compute, injected delay (straggler, jitter), waiting on the servers, the rest."""
+    stats = sorted((w for w in summary.get("worker_stats") or [] if w), key=lambda w: w["worker"])
+    if not stats:
+        ax.text(0.5, 0.5, "no worker statistics in this run", ha="center", transform=ax.transAxes)
+        return
+    servers = summary.get("servers", 0)
+    names = [f"worker {w['worker']} (rank {servers + w['worker']})" for w in stats]
+    left = [0.0] * len(stats)
+    parts = (("compute_s", "C0", "compute (forward, backward)"),
+             ("delay_s", "C1", "injected delay (--straggler, --jitter)"),
+             ("wait_s", "C3", "push and pull: waiting for the servers"))
+    for key, color, label in parts:
+        vals = [float(w.get(key) or 0.0) for w in stats]
+        ax.barh(names, vals, left=left, color=color, label=label)
+        left = [a + v for a, v in zip(left, vals)]
+    wall = summary.get("wall_s")
+    if wall:
+        ax.axvline(wall, color="k", ls="--", lw=1, label=f"job wall time {wall:.2f} s")
+    ax.invert_yaxis()
+    ups = summary.get("updates_per_s")
+    ax.set(xlabel="seconds over the whole run", title="where each worker's time went"
+           + (f" ({ups:.0f} updates/s at the servers)" if ups else ""))
+
+
 def plot_time(runs, path):
-    """Draw, per run, a stacked bar per epoch of compute and communication seconds into ``path``."""
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False,
+    """Draw each run's time split into PNG ``path``, one panel per run.
+
+    Data-parallel runs: a stacked bar per epoch of compute, gradient transfer and waiting for the
+    slowest rank (seconds, rank 0). Parameter-server runs (``mode == "ps"``): per worker, the whole
+    run's compute, injected delay and time waiting on the servers' push/pull answers.
+    """
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.6 * len(runs)), squeeze=False,
                              constrained_layout=True)
     for ax, (label, epochs, summary) in zip(axes[:, 0], runs):
-        rows = [r for r in epochs if r.get("compute_s") is not None and r.get("comm_s") is not None]
-        es = [r["epoch"] for r in rows]
-        comp = [r["compute_s"] for r in rows]
-        comm = [r["comm_s"] for r in rows]
-        ax.bar(es, comp, color="C0", label="compute (forward, backward, optimizer)")
-        ax.bar(es, comm, bottom=comp, color="C3", label="communication (gradient all-reduce)")
-        frac = summary.get("comm_fraction")
-        note = f" | communication {frac:.0%} of step time" if frac is not None else ""
-        ax.set(xlabel="epoch", ylabel="seconds per rank", title=f"{label}{note}")
-        ax.grid(axis="y", alpha=0.3)
-        if not rows:
-            ax.text(0.5, 0.5, "no compute/communication timing in this run", ha="center",
-                    transform=ax.transAxes)
-        ax.legend(fontsize=8, loc="upper right")
+        if summary.get("mode") == "ps":
+            _plot_ps_time(ax, summary)
+        else:
+            _plot_dp_time(ax, epochs, summary)
+        ax.grid(axis="x" if summary.get("mode") == "ps" else "y", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.set_title(f"{describe(summary) or label}\n{ax.get_title()}", fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
