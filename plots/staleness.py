@@ -18,6 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
+from collectives.backend import mpi_library_key  # noqa: E402
+
 __all__ = ["load_runs", "draw", "main"]
 
 
@@ -75,11 +77,12 @@ def draw(runs, meta, path):
     per second of its protocol; thin: the other repeats); the legend gives each protocol's median
     updates per second and mean final test accuracy. Top right: the end of the same curves,
     zoomed to the top accuracies on a linear scale with the end of each run marked, so that final
-    accuracies close to each other can be told apart. Bottom: staleness histogram per protocol.
+    accuracies close to each other can be told apart. Bottom: staleness histogram per protocol on
+    one shared y-scale, binned where a protocol (ASP) has many staleness values. Colours: BSP
+    black, ASP red, every SSP bound its own qualitative colour.
     """
     labels = list(dict.fromkeys(r["label"] for r in runs))
-    colors = {lab: plt.get_cmap("viridis")(i / max(1, len(labels) - 1)) for i, lab in enumerate(labels)}
-    colors.update({lab: c for lab, c in (("BSP", "black"), ("ASP", "tab:red")) if lab in colors})
+    colors = _colors(labels)
     n = len(labels)
     fig = plt.figure(figsize=(14, 5.5 + 1.6 * ((n + 2) // 3)))
     grid = fig.add_gridspec(2, 3, height_ratios=[3, 1.4 * ((n + 2) // 3)], hspace=0.35)
@@ -92,6 +95,19 @@ def draw(runs, meta, path):
     _histograms(fig, grid, labels, runs, colors)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+#: SSP bounds in qualitative colours (BSP black, ASP red), told apart at a glance and in print.
+_SSP_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+               "tab:cyan", "tab:gray")
+
+
+def _colors(labels):
+    """Return label -> colour: BSP black, ASP red, each SSP bound its own qualitative colour."""
+    colors, ssp = {}, iter(_SSP_COLORS * (1 + len(labels) // len(_SSP_COLORS)))
+    for lab in labels:
+        colors[lab] = {"BSP": "black", "ASP": "tab:red"}.get(lab) or next(ssp)
+    return colors
 
 
 def _protocol_curves(ax, zoom, group, lab, color):
@@ -123,9 +139,10 @@ def _accuracy_axes(ax, zoom, runs, meta, repeats):
         a.set_xscale("log")
         a.set_xlabel("wall time since start (s, log scale)")
     ax.grid(alpha=0.3)
-    zoom.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    zoom.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    zoom.xaxis.set_minor_formatter(NullFormatter())
+    for a in (ax, zoom):  # plain-number ticks at 1, 2, 5 x 10^k on both time axes
+        a.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        a.xaxis.set_minor_formatter(NullFormatter())
     zoom.grid(alpha=0.3)
     if points:
         ax.text(min(p["wall_s"] for p in points), 95.2, "95 %", color="0.4", va="bottom")
@@ -133,7 +150,8 @@ def _accuracy_axes(ax, zoom, runs, meta, repeats):
                 if points else 0, 100)
     ax.set_ylabel("test accuracy (%)")
     run = meta.get("run", {})
-    mpi = " ".join(run.get("mpi_library", "").split())[:40]
+    name, version = mpi_library_key(run.get("mpi_library", "")) if run.get("mpi_library") else ("?", "")
+    mpi = f"{name} {version}".strip()
     ax.set_title(f"Parameter server, straggler {meta.get('straggler') or 'none'} (RANK:FACTOR): test accuracy "
                  f"vs wall time -- P={run.get('P', '?')}, {mpi}, host {run.get('host', '?')}", fontsize=10)
     title = (f"bold: median-updates/s run of {repeats}; final: mean of {repeats}" if repeats > 1
@@ -159,28 +177,62 @@ def _zoom_limits(zoom, runs):
     zoom.set_ylim(lo, max(hi, lo + 1))
 
 
+#: Histograms with more staleness values than this are drawn in bins of several clocks.
+MAX_BARS = 30
+
+
+def _binned(hist):
+    """Return ``(lefts, percents, width)``: ``hist`` (staleness -> count) in bins of ``width``
+    clocks (1 up to :data:`MAX_BARS` values, else the smallest width giving at most that many bars)."""
+    total = sum(hist.values()) or 1
+    kmax = max(hist, default=0)
+    width = max(1, math.ceil((kmax + 1) / MAX_BARS))
+    bins = {}
+    for k, v in hist.items():
+        bins[k // width * width] = bins.get(k // width * width, 0) + v
+    lefts = sorted(bins)
+    return lefts, [100 * bins[k] / total for k in lefts], width
+
+
 def _histograms(fig, grid, labels, runs, colors):
-    """Draw one staleness histogram per protocol (all repeats summed) in the bottom row."""
+    """Draw one staleness histogram per protocol (all repeats summed) in the bottom row.
+
+    Every panel shares one y-scale (% of served pulls, 0 to the largest bar of any protocol); a
+    protocol with more than :data:`MAX_BARS` staleness values (ASP) is binned, the bin width in its
+    x label.
+    """
     n = len(labels)
     sub = grid[1, :].subgridspec((n + 2) // 3, 3, hspace=0.9, wspace=0.25)
-    for i, lab in enumerate(labels):
-        h = fig.add_subplot(sub[i // 3, i % 3])
+    hists = {}
+    for lab in labels:
         hist = {}
         for r in runs:
             if r["label"] == lab:
                 for k, v in r["staleness_histogram"].items():
                     hist[int(k)] = hist.get(int(k), 0) + v
-        total = sum(hist.values()) or 1
-        keys = sorted(hist)
-        h.bar(keys, [100 * hist[k] / total for k in keys], width=0.9 if len(keys) < 30 else 1.0,
-              color=colors[lab])
-        h.set_title(f"{lab}: staleness of served pulls (max {max(keys, default=0)})", fontsize=9)
-        h.set_xlabel("staleness (clocks)", fontsize=8)
+        hists[lab] = hist
+    binned = {lab: _binned(h) for lab, h in hists.items()}
+    top = max((max(pct, default=0) for _, pct, _ in binned.values()), default=100)
+    first = None
+    for i, lab in enumerate(labels):
+        h = fig.add_subplot(sub[i // 3, i % 3], sharey=first)
+        first = first or h
+        lefts, pct, width = binned[lab]
+        kmax = max(hists[lab], default=0)
+        if width == 1:
+            h.bar(lefts, pct, width=0.9, color=colors[lab])
+            h.set_xlabel("staleness (clocks)", fontsize=8)
+            h.xaxis.set_major_locator(MaxNLocator(integer=True))
+            h.set_xlim(-0.6 - 0.02 * max(2, kmax), max(2, kmax) + 0.6)
+        else:
+            h.bar(lefts, pct, width=0.9 * width, align="edge", color=colors[lab])
+            h.set_xlabel(f"staleness (clocks, bins of {width})", fontsize=8)
+            h.set_xlim(-0.5 * width, (kmax // width + 1) * width + 0.5 * width)
+        h.set_title(f"{lab}: staleness of served pulls (max {kmax})", fontsize=9)
         h.set_ylabel("% of pulls", fontsize=8)
+        h.set_ylim(0, min(100, top * 1.08) or 1)
         h.tick_params(labelsize=7)
-        h.xaxis.set_major_locator(MaxNLocator(integer=True))
-        kmax = max(2, max(keys, default=0))
-        h.set_xlim(-0.6 - 0.02 * kmax, kmax + 0.6)
+        h.grid(axis="y", alpha=0.3)
 
 
 def main(argv=None):
