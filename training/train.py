@@ -124,81 +124,45 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     """
     t = trainer or build_trainer(cfg, comm)
     P, rank = comm.size, comm.rank
-    xp, ds, model, opt, loss_fn, hook, state = t.xp, t.ds, t.model, t.opt, t.loss_fn, t.hook, t.state
-    sampler = make_sampler(cfg, len(ds.y_train), rank, P)
-    x_tr, y_tr, x_te, y_te = to_device(ds, model.dtype, xp)
+    state = t.state
+    sampler = make_sampler(cfg, len(t.ds.y_train), rank, P)
+    data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
     local_b = cfg.batch_size // P
     per_epoch = sampler.num_batches(local_b)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
             print(_nothing_to_do(cfg, run_dir, state.epoch), flush=True)
-        return _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, timeout=cfg.timeout)
+        return _summary(t, comm, run_dir, *data, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
-    saved_epochs = (t.saved_config or {}).get("epochs", cfg.epochs)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
-    table, show = EpochTable(), rank == 0
-    bar = None
-    if show:
-        bar = progress_bar((last - state.epoch) * per_epoch, "step", cfg.progress)
-        if _epochs_note(cfg, saved_epochs):
-            bar.write(_epochs_note(cfg, saved_epochs))
-        bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, "
-                  f"{model.size} parameters ({cfg.dtype}), P={P}, global batch {cfg.batch_size}, "
-                  f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
-        bar.write(table.header())
+    table = EpochTable()
+    bar = _start_display(t, cfg, comm, run_dir, table, (last - state.epoch) * per_epoch) if rank == 0 else None
     if cfg.trace:
-        trace.start(comm, cfg.timeout)  # collective: aligns the ranks' clocks
+        trace.start(comm)  # collective: aligns the ranks' clocks
     t_start = time.perf_counter() - state.wall_s
     train_acc = test_acc = None
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
-        acc = numpy.zeros(7)  # loss sum, steps, compute s, comm s, bytes, wait s, transfer s
         skipped0 = state.skipped
-        for batch in sampler.batches(state.epoch, local_b):
-            batch = xp.asarray(batch)
-            opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-            r = train_step(model, loss_fn, opt, hook, comm, x_tr[batch], y_tr[batch])
-            state.step += 1
-            state.skipped += r["skipped"]
-            if not r["skipped"]:
-                acc[0] += r["loss"]
-                acc[1] += 1
-            acc[2:] += (r["compute_s"], r["comm_s"], r["bytes_sent"], r["wait_s"], r["transfer_s"])
-            writer.step({"step": state.step, "epoch": epoch, "lr": opt.lr, **r,
-                         "wall_s": time.perf_counter() - t_start})
-            if bar is not None:
-                bar.update()
+        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, per_epoch, writer, bar,
+                            t_start)
         with trace.span("evaluate", "step", {"epoch": epoch}):
-            train_acc, _ = evaluate(model, loss_fn, x_tr, y_tr, comm, cfg.eval_batch, cfg.timeout)
-            test_acc, _ = evaluate(model, loss_fn, x_te, y_te, comm, cfg.eval_batch, cfg.timeout)
-        collectives.allreduce(acc, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=acc,
-                              timeout=cfg.timeout)  # per-rank sums -> sums over ranks
-        state.compute_s += acc[2] / P
-        state.comm_s += acc[3] / P
-        state.bytes_sent += int(acc[4] / P)
-        state.epoch = epoch
-        state.wall_s = time.perf_counter() - t_start
-        rec = {"epoch": epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc,
-               "test_acc": test_acc, "compute_s": acc[2] / P, "comm_s": acc[3] / P,
-               "wait_s": acc[5] / P, "transfer_s": acc[6] / P, "bytes_sent": int(acc[4] / P),
-               "skipped": state.skipped - skipped0, "steps": per_epoch, "wall_s": state.wall_s}
+            train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
+            test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], comm, cfg.eval_batch, cfg.timeout)
+        rec = _end_epoch(t, cfg, comm, epoch, sums, (train_acc, test_acc), state.skipped - skipped0, per_epoch,
+                         t_start)
         writer.epoch(rec)
         if bar is not None:
             bar.write(table.row(rec))
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
-            with trace.span("checkpoint", "step", {"epoch": epoch}):
-                save_checkpoint(checkpoint_path(run_dir, epoch),
-                                checkpoint_arrays(cfg, model, opt, hook, state), comm, cfg.timeout)
-            if rank == 0:
-                prune_checkpoints(run_dir, cfg.keep_checkpoints)
+            _checkpoint(t, cfg, comm, run_dir, epoch)
     writer.close()
     if bar is not None:
         bar.close()
     if cfg.trace:
         write_trace(cfg.trace, comm, cfg.timeout)
-    summary = _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, cfg.eval_batch, (train_acc, test_acc),
-                       cfg.timeout)
+    summary = _summary(t, comm, run_dir, *data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
     if rank == 0:
         summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"))
         write_json(os.path.join(run_dir, "summary.json"), summary)
@@ -207,6 +171,84 @@ def train_dp(cfg, comm, run_dir, trainer=None):
               f"communication {summary['comm_fraction']:.0%} of step time | "
               f"{format_bytes(state.bytes_sent)} sent per rank | {run_dir}", flush=True)
     return summary
+
+
+#: What each rank sums over an epoch's steps; all-reduced as one float64 vector in this order.
+_EPOCH_SUMS = ("loss", "steps", "compute_s", "comm_s", "bytes_sent", "wait_s", "transfer_s")
+
+
+def _start_display(t, cfg, comm, run_dir, table, steps):
+    """Open rank 0's progress bar over ``steps`` steps and write the run's opening lines above it."""
+    bar = progress_bar(steps, "step", cfg.progress)
+    note = _epochs_note(cfg, (t.saved_config or {}).get("epochs", cfg.epochs))
+    if note:
+        bar.write(note)
+    bar.write(f"{cfg.data}: {len(t.ds.y_train)} train / {len(t.ds.y_test)} test samples, "
+              f"{t.model.size} parameters ({cfg.dtype}), P={comm.size}, global batch {cfg.batch_size}, "
+              f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
+    bar.write(table.header())
+    return bar
+
+
+def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, bar, t_start):
+    """Run the steps of one epoch on this rank's ``batches`` (index arrays); write one record per step.
+
+    Returns
+    -------
+    dict
+        This rank's sums over the epoch, keyed by :data:`_EPOCH_SUMS` (loss and steps count only the
+        steps that were not skipped).
+    """
+    state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
+    sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
+    for batch in batches:
+        batch = t.xp.asarray(batch)
+        opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
+        r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch])
+        state.step += 1
+        state.skipped += r["skipped"]
+        if not r["skipped"]:
+            sums["loss"] += r["loss"]
+            sums["steps"] += 1
+        for key in _EPOCH_SUMS[2:]:
+            sums[key] += r[key]
+        writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": opt.lr, **r,
+                     "wall_s": time.perf_counter() - t_start})
+        if bar is not None:
+            bar.update()
+    return sums
+
+
+def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, per_epoch, t_start):
+    """Sum the ranks' ``sums``, add the epoch to the run's counters and return its record.
+
+    The epoch's times and bytes are means over ranks; its loss is the mean over every rank's
+    steps that were not skipped.
+    """
+    P, state = comm.size, t.state
+    vec = numpy.array([sums[k] for k in _EPOCH_SUMS])
+    collectives.allreduce(vec, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=vec,
+                          timeout=cfg.timeout)  # per-rank sums -> sums over ranks
+    total = dict(zip(_EPOCH_SUMS, vec))
+    state.compute_s += total["compute_s"] / P
+    state.comm_s += total["comm_s"] / P
+    state.bytes_sent += int(total["bytes_sent"] / P)
+    state.epoch = epoch
+    state.wall_s = time.perf_counter() - t_start
+    return {"epoch": epoch, "loss": total["loss"] / max(total["steps"], 1), "train_acc": accs[0],
+            "test_acc": accs[1], "compute_s": total["compute_s"] / P, "comm_s": total["comm_s"] / P,
+            "wait_s": total["wait_s"] / P, "transfer_s": total["transfer_s"] / P,
+            "bytes_sent": int(total["bytes_sent"] / P), "skipped": skipped, "steps": per_epoch,
+            "wall_s": state.wall_s}
+
+
+def _checkpoint(t, cfg, comm, run_dir, epoch):
+    """Save the epoch's checkpoint (collective) and, on rank 0, prune the old ones."""
+    with trace.span("checkpoint", "step", {"epoch": epoch}):
+        save_checkpoint(checkpoint_path(run_dir, epoch), checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state),
+                        comm, cfg.timeout)
+    if comm.rank == 0:
+        prune_checkpoints(run_dir, cfg.keep_checkpoints)
 
 
 def _epochs_note(cfg, saved_epochs):
