@@ -1,5 +1,5 @@
-"""Draw the compression study: final test accuracy against the payload bytes per rank per step (log
-scale), and the training loss per epoch.
+"""Draw the compression study: final test accuracy against the wire bytes per rank per step (what the
+collectives sent, log scale), and the training loss per epoch.
 
     python -m plots.compression results/compression/compression_sweep.json [--out FILE.png]
 
@@ -20,17 +20,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
+
+from collectives.backend import mpi_library_key  # noqa: E402
 
 __all__ = ["short_label", "figure", "draw", "main"]
 
 _MARKERS = {"none": "*", "fp16": "o", "int8": "h", "qsgd": "p", "terngrad": "D", "signsgd": "^",
             "efsignsgd": "v", "onebit": "<", "topk": "s", "randomk": "d", "threshold": "H",
             "dgc": "P", "powersgd": "X"}
-_COLORS = ("#1f77b4", "#ff7f0e", "#8c564b", "#2ca02c", "#d62728", "#9467bd", "#17becf", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#393b79", "#637939", "#843c39", "#e6550d")  # none is black
-_SPAN = 5.0     # accuracy points shown below none; lower results sit on the floor, labelled
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+           "tab:gray", "tab:olive", "tab:cyan", "navy", "darkgoldenrod", "lime")  # none is black
 _DODGE = 10.0   # points between the markers of a group drawn side by side
 _NEAR = 0.03    # decades of bytes within which markers form such a group
 _SIZE = 7.0     # marker size, points
@@ -173,17 +174,19 @@ def figure(results):
     rows = results.get("table") or []
     if not rows:
         raise ValueError("results: the table is empty (was the sweep run?)")
+    P = results.get("run", {}).get("P")
     fig = plt.figure(figsize=(13, 11.5), dpi=120)
     grid = fig.add_gridspec(2, 2, height_ratios=[1.25, 1], width_ratios=[1.7, 1])
     ax_acc, ax_loss, ax_key = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
-    names, xs = _labels(rows), [r["bytes_per_step"] for r in rows]
+    names, xs, measured = _labels(rows), [], []
+    for r in rows:  # wire bytes; a row without them (threshold: data-dependent) at its payload bytes
+        wire = r.get("wire_bytes_per_step")
+        measured.append(bool(wire))
+        xs.append(wire if wire else r["bytes_per_step"])
     none = next((r for r in rows if r["spec"] == "none"), None)
-    accs = [100 * r["test_acc_mean"] for r in rows]
-    floor = (100 * none["test_acc_mean"] - _SPAN) if none is not None else min(accs) - 1
-    floor = max(floor, min(accs) - 1)
     ax_acc.set_xscale("log")
     ax_acc.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
-    ax_acc.set_ylim(floor, max(100 * r["test_acc_max"] for r in rows) + 0.8)
+    ax_acc.set_ylim(min(100 * r["test_acc_min"] for r in rows) - 0.8, max(100 * r["test_acc_max"] for r in rows) + 0.8)
     dodges, points, spans, handles, k = _dodges(xs), [], [], [], 0
     for i, r in enumerate(rows):
         reference = r["spec"] == "none"
@@ -191,17 +194,21 @@ def figure(results):
         k += not reference
         marker, size = _MARKERS.get(r["compressor"], "o"), _SIZE * (1.6 if reference else 1)
         trans = offset_copy(ax_acc.transData, fig=fig, x=dodges[i], units="points")
-        y, text = _accuracy_point(ax_acc, trans, xs[i], r, names[i], floor, color, marker, size)
+        y, text = _accuracy_point(ax_acc, trans, xs[i], r, names[i], color, marker, size, measured[i])
         points.append((xs[i], y, dodges[i], text))
-        spans.append((100 * r["test_acc_min"], 100 * r["test_acc_max"]) if accs[i] >= floor else (y, y))
+        spans.append((100 * r["test_acc_min"], 100 * r["test_acc_max"]))
         epochs = range(1, len(r["loss_curve"]) + 1)
-        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=3.5,
-                     linewidth=2.4 if reference else 1.3, zorder=3 if reference else 2)
+        # equal curves (none and fp16 train alike) stay visible: the reference is drawn wide and
+        # underneath, and each curve's markers sit on its own epochs
+        ax_loss.plot(epochs, r["loss_curve"], color=color, marker=marker, markersize=4,
+                     markevery=(k % 4, 4) if not reference else None,
+                     linewidth=4.0 if reference else 1.2, alpha=0.45 if reference else 1.0,
+                     zorder=1 if reference else 2)
         key = names[i] if names[i] == r["spec"] else f"{names[i]}  ({r['spec']})"
         handles.append(Line2D([], [], color=color, marker=marker, markersize=size * 0.9, label=key))
     if none is not None:
         _reference_band(ax_acc, 100 * none["test_acc_mean"])
-    _decorate(fig, ax_acc, ax_loss, ax_key, handles, results)
+    _decorate(fig, ax_acc, ax_loss, ax_key, handles, results, P, all(measured))
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.canvas.draw()  # settle the layout: the labels are placed on the drawn canvas
     caption = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax_acc.texts]
@@ -209,19 +216,16 @@ def figure(results):
     return fig
 
 
-def _accuracy_point(ax, trans, x, r, name, floor, color, marker, size):
+def _accuracy_point(ax, trans, x, r, name, color, marker, size, measured=True):
     """Draw one row's mean accuracy with its min-max bar; return ``(y drawn, label text)``.
 
-    A row far below the others is drawn on the floor as a triangle, its value in the label.
+    A row without measured wire bytes is drawn hollow at its payload bytes, and its label says so.
     """
     y = 100 * r["test_acc_mean"]
-    if y < floor:
-        ax.plot(x, floor + 0.2, marker="v", color=color, markersize=size + 2, transform=trans, zorder=4)
-        return floor + 0.2, f"{name} ({y:.1f}%)"
     err = [[y - 100 * r["test_acc_min"]], [100 * r["test_acc_max"] - y]]
     ax.errorbar(x, y, yerr=err, fmt=marker, color=color, markersize=size, capsize=3, elinewidth=1.1,
-                transform=trans, zorder=4)
-    return y, name
+                markerfacecolor=color if measured else "white", transform=trans, zorder=4)
+    return y, name if measured else f"{name} (payload; wire not measured)"
 
 
 def _reference_band(ax, ref):
@@ -232,14 +236,20 @@ def _reference_band(ax, ref):
             va="bottom", transform=ax.get_yaxis_transform())
 
 
-def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results):
+def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results, P=None, all_measured=True):
     """Axis labels, scales, titles, the key panel and the figure title."""
     rows, run, cfg = results["table"], results.get("run", {}), results.get("train_config", {})
-    ax_acc.set_xlabel("payload bytes per rank per step (log scale; points with equal bytes drawn side by side)")
+    ax_acc.set_xlabel("wire bytes per rank per step, as the collectives sent them (log scale; points with "
+                      "equal bytes drawn side by side" + ("" if all_measured else "; hollow: payload bytes") + ")")
     ax_acc.set_ylabel(f"final test accuracy (%)\nmean of {rows[0].get('seeds', 1)} seed(s), bars: min-max")
-    ax_acc.set_title("final test accuracy against payload bytes per rank per step")
+    gathered = f"all-gathered payloads cost (P-1) = {P - 1}x their size" if P else "all-gathered payloads cost (P-1)x"
+    ax_acc.set_title(f"final test accuracy against wire bytes per rank per step ({gathered}; all-reduced "
+                     "ones what the algorithm sends)", fontsize=10)
     ax_acc.grid(True, which="both", alpha=0.3)
     ax_loss.set_yscale("log")
+    ax_loss.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax_loss.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_loss.yaxis.set_minor_formatter(NullFormatter())
     ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("training loss (mean over ranks and seeds, log scale)")
@@ -251,7 +261,16 @@ def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results):
     fig.suptitle(f"gradient compression on {cfg.get('data', '?')}: {results.get('parameters', '?')} "
                  f"parameters, P={run.get('P', '?')}, {cfg.get('optimizer', '?')} lr {cfg.get('lr', '?')}, "
                  f"batch {cfg.get('batch_size', '?')}, {cfg.get('epochs', '?')} epochs "
-                 f"({' '.join(run.get('mpi_library', '').split())[:40]}, {run.get('host', '')})", fontsize=10)
+                 f"({_library(run)}, {cfg.get('dtype', 'float32')}, all-reduce {cfg.get('algorithm', 'auto')}, "
+                 f"host {run.get('host', '?')})", fontsize=10)
+
+
+def _library(run):
+    """``MPICH 5.0.2``-style name of the run's MPI library (through its one formatter)."""
+    if not run.get("mpi_library"):
+        return "MPI library ?"
+    name, version = mpi_library_key(run["mpi_library"])
+    return f"{name} {version}".strip()
 
 
 def draw(results, path):
