@@ -23,8 +23,6 @@ from matplotlib.text import Text  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
 
-from collectives.backend import mpi_library_key  # noqa: E402
-
 __all__ = ["short_label", "figure", "draw", "main"]
 
 _MARKERS = {"none": "*", "fp16": "o", "int8": "h", "qsgd": "p", "terngrad": "D", "signsgd": "^",
@@ -266,11 +264,9 @@ def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results, P=None, all_measur
 
 
 def _library(run):
-    """``MPICH 5.0.2``-style name of the run's MPI library (through its one formatter)."""
-    if not run.get("mpi_library"):
-        return "MPI library ?"
-    name, version = mpi_library_key(run["mpi_library"])
-    return f"{name} {version}".strip()
+    """The run's MPI library as the results file holds it (formatted by ``collectives.backend.mpi_library``
+    when the sweep wrote it; plotting does not import ``collectives``, which would start MPI)."""
+    return run.get("mpi_library") or "MPI library ?"
 
 
 def draw(results, path):

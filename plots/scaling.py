@@ -23,7 +23,8 @@ def _crossover_note(cross):
     if not items:
         return ""
     half = (len(items) + 1) // 2
-    return "faster than ring from: " + ", ".join(items[:half]) + ("\n" + ", ".join(items[half:]) if items[half:] else "")
+    rest = "\n" + ", ".join(items[half:]) if items[half:] else ""
+    return "faster than ring from: " + ", ".join(items[:half]) + rest
 
 
 def draw(result, out):

@@ -18,8 +18,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-from collectives.backend import mpi_library_key  # noqa: E402
-
 __all__ = ["load_runs", "draw", "main"]
 
 
@@ -150,8 +148,7 @@ def _accuracy_axes(ax, zoom, runs, meta, repeats):
                 if points else 0, 100)
     ax.set_ylabel("test accuracy (%)")
     run = meta.get("run", {})
-    name, version = mpi_library_key(run.get("mpi_library", "")) if run.get("mpi_library") else ("?", "")
-    mpi = f"{name} {version}".strip()
+    mpi = run.get("mpi_library") or "MPI library ?"  # formatted when the results were written
     ax.set_title(f"Parameter server, straggler {meta.get('straggler') or 'none'} (RANK:FACTOR): test accuracy "
                  f"vs wall time -- P={run.get('P', '?')}, {mpi}, host {run.get('host', '?')}", fontsize=10)
     title = (f"bold: median-updates/s run of {repeats}; final: mean of {repeats}" if repeats > 1

@@ -6,7 +6,7 @@ Writes two PNG files (into the first run's directory unless ``--out`` is given):
     Training loss and train/test accuracy against epoch and against wall time (seconds); several
     runs are overlaid for comparison.
 ``training_time.png``
-    One panel per run. Data-parallel: per epoch, a stacked bar of rank 0's compute, gradient
+    One panel per run. Data-parallel: per epoch, a stacked bar of the compute, gradient
     transfer and waiting-for-the-slowest-rank seconds. Parameter server: per worker, the run's
     compute, injected delay and time waiting on the servers.
 
@@ -23,8 +23,6 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-from collectives.backend import mpi_library_key  # noqa: E402
 
 __all__ = ["resolve_run", "load_run", "describe", "plot_curves", "plot_time", "main"]
 
@@ -76,16 +74,16 @@ def describe(summary):
     if cfg.get("mode") == "ps" or summary.get("mode") == "ps":
         c = cfg.get("consistency", summary.get("consistency", "?"))
         bound = f" s={cfg.get('staleness')}" if c == "ssp" else ""
-        parts.append(f"parameter server {c.upper()}{bound}, {cfg.get('servers', summary.get('servers', '?'))} server(s)")
+        servers = cfg.get("servers", summary.get("servers", "?"))
+        parts.append(f"parameter server {c.upper()}{bound}, {servers} server(s)")
     elif cfg:
         parts.append("data-parallel, algorithm " + cfg.get("algorithm", "?")
                      + (f", {cfg['compression']}" if cfg.get("compression", "none") != "none" else ""))
     P = run.get("P", summary.get("P"))
     if P is not None:
         parts.append(f"P={P}")
-    if run.get("mpi_library"):
-        name, version = mpi_library_key(run["mpi_library"])
-        parts.append(f"{name} {version}".strip())
+    if run.get("mpi_library"):  # formatted when the run was written (collectives.backend.mpi_library)
+        parts.append(run["mpi_library"])
     if cfg.get("dtype"):
         parts.append(cfg["dtype"])
     if cfg.get("data"):
@@ -170,7 +168,7 @@ def _plot_dp_time(ax, epochs, summary):
                label="communication (gradient all-reduce, including waits)")
     frac = summary.get("comm_fraction")
     note = f"; communication {frac:.0%} of step time" if frac is not None else ""
-    ax.set(xlabel="epoch", ylabel="seconds per epoch (rank 0)",
+    ax.set(xlabel="epoch", ylabel="seconds per epoch (mean over ranks)",
            title=f"compute and communication per epoch{note}")
     if not rows:
         ax.text(0.5, 0.5, "no compute/communication timing in this run", ha="center", transform=ax.transAxes)
@@ -205,8 +203,8 @@ def plot_time(runs, path):
     """Draw each run's time split into PNG ``path``, one panel per run.
 
     Data-parallel runs: a stacked bar per epoch of compute, gradient transfer and waiting for the
-    slowest rank (seconds, rank 0). Parameter-server runs (``mode == "ps"``): per worker, the whole
-    run's compute, injected delay and time waiting on the servers' push/pull answers.
+    slowest rank (seconds, means over ranks). Parameter-server runs (``mode == "ps"``): per worker,
+    the whole run's compute, injected delay and time waiting on the servers' push/pull answers.
     """
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.6 * len(runs)), squeeze=False,
                              constrained_layout=True)

@@ -95,7 +95,8 @@ CHECKS = {
                 "the same calls (bfloat16 all-reduce, DDP with commlab_hook and PowerSGD, "
                 "DistributedOptimizer) with oracles; PyTorch's import is too slow for a second run"),
     "mpiexec -n 2 python -m experiments.jax_example --steps 100":
-        Covered("tests/test_interop.py::test_jax_example_on_two_ranks", "needs JAX (not a dependency); skipped without it"),
+        Covered("tests/test_interop.py::test_jax_example_on_two_ranks",
+                "needs JAX (not a dependency); skipped without it"),
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
     # Benchmarks
