@@ -54,13 +54,16 @@ def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
     return x, timeout, grid
 
 
-def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32"):
+def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32", op="sum"):
     if algorithm == "auto":
         nbytes = x.size * ACC[x.dtype].itemsize
         algorithm = select_allreduce(ctx.size, nbytes)
-        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native"
-                                                                     and x.dtype == numpy.float16)):
-            algorithm = model_choice(ctx.size, nbytes)  # device buffers and float16 on the wire: hand-made
+        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native" and x.dtype == numpy.float16)
+                                   or (op in ("min", "max") and ACC[x.dtype].kind == "f")):
+            # hand-made instead: device buffers, float16 on the wire, and float min/max, whose signed
+            # zeros MPICH's MPI_MIN/MPI_MAX order differently on each rank (auto's results stay
+            # bitwise identical on every rank)
+            algorithm = model_choice(ctx.size, nbytes)
     if algorithm == "2d":
         if grid == "node" or grid is None:
             nodes, per = ctx.nodes()
@@ -78,7 +81,7 @@ def _begin(x, comm, op, algorithm, out, timeout, grid, accumulate):
     ctx.check_usable()
     xp = get_array_module(x)
     try:
-        algorithm, grid = _resolve(ctx, algorithm, x, grid, timeout, accumulate)
+        algorithm, grid = _resolve(ctx, algorithm, x, grid, timeout, accumulate, op)
     except CollectiveError as exc:
         ctx.fail(f"allreduce: {exc}")
         raise
