@@ -18,7 +18,11 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args"]
+__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output"]
+
+_RULE = "-" * 74  # Open MPI's help messages are framed by lines of 74 dashes
+_HYDRA = ("=" * 20, "=   ", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING",  # MPICH's BAD TERMINATION block
+          "This typically refers to a problem with your application.", "Please see the FAQ page for debugging")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,6 +73,25 @@ def launcher_args(mpiexec_args=()):
     return args
 
 
+def program_output(text):
+    """Return ``text`` without the launcher's own messages, so tests see what the ranks printed.
+
+    Removed: Open MPI's help blocks (framed by lines of dashes: "prterun detected that one or more
+    processes exited with non-zero status", ...), its ``[host:pid] PMIX ERROR`` lines and the NUL
+    it may append; the lines of MPICH Hydra's ``BAD TERMINATION`` block.
+    """
+    out, inside = [], False
+    for line in text.replace("\x00", "").splitlines(keepends=True):
+        bare = line.strip()
+        if bare == _RULE:
+            inside = not inside
+            continue
+        if inside or " PMIX ERROR: " in bare or bare.startswith(_HYDRA):
+            continue
+        out.append(line)
+    return "".join(out)
+
+
 def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=()):
     """Run ``mpiexec -n nprocs python -m module args...`` and return the CompletedProcess.
 
@@ -90,6 +113,12 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
         Extra options for ``mpiexec`` itself, placed before ``-n`` after ``MPIEXEC_ARGS``
         (see :func:`launcher_args`).
 
+    Returns
+    -------
+    subprocess.CompletedProcess
+        ``stdout``: what the ranks printed (stdout and stderr merged), the launcher's own messages
+        removed (:func:`program_output`); ``stderr``: the raw output, launcher messages included.
+
     Raises
     ------
     AssertionError
@@ -110,7 +139,7 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    result = subprocess.CompletedProcess(cmd, proc.returncode, program_output(out), out)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit status {proc.returncode}: {' '.join(cmd)}\n{out}")
     return result
