@@ -14,19 +14,14 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
-FAILS = []
 ALGS = list(C.ALGORITHMS)
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 OPS = ["sum", "prod", "min", "max", "avg"]
 NP_OPS = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
 
 
 def close(a, b, dtype):
@@ -279,13 +274,7 @@ def main():
             case()
         except Exception:  # report and keep every rank going; the collective hang guard is the test timeout
             FAILS.append(traceback.format_exc())
-    n = np.array([len(FAILS)], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, n, MPI.SUM)
-    for f in FAILS[:20]:
-        print(f"[rank {rank}/{P}] FAIL {f}", flush=True)
-    if rank == 0:
-        print(f"P={P}: {n[0]} failures", flush=True)
-    sys.exit(1 if n[0] else 0)
+    sys.exit(report(comm, "mpi_collectives"))
 
 
 if __name__ == "__main__":

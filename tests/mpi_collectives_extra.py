@@ -14,15 +14,10 @@ from mpi4py import MPI
 import collectives as C
 from collectives import context
 from tests.fakedevice import HostDeviceArray, to_device
+from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
-FAILS = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
 
 
 def device():
@@ -155,13 +150,7 @@ def timeout():
 
 def main():
     {"device": device, "badinput": badinput, "timeout": timeout}[sys.argv[1]]()
-    for f in FAILS:
-        print(f"[rank {rank}/{P}] FAIL {f}", flush=True)
-    n = np.array([len(FAILS)], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, n, MPI.SUM)
-    if rank == 0:
-        print(f"{sys.argv[1]} P={P}: {n[0]} failures", flush=True)
-    sys.exit(1 if n[0] else 0)
+    sys.exit(report(comm, f"mpi_collectives_extra {sys.argv[1]}"))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.compression import make_hook, payload_nbytes, sparse_allreduce
+from tests.mpicases import check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
-FAILS = []
 N = 300
 SHAPES = [(12, 20), (20,), (5, 4), (4,)]  # 240 + 20 + 20 + 4 = 284 (PowerSGD with layer shapes)
 CASES = [
@@ -35,11 +35,6 @@ CASES = [
     ("powersgd", {"matrix_rank": 2, "error_feedback": False}),
     ("powersgd", {"matrix_rank": 3, "error_feedback": False, "shapes": SHAPES}),
 ]
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
 
 
 def gradient(step, n, salt=0):
@@ -170,14 +165,7 @@ def main():
         traceback.print_exc()
         sys.stdout.flush()
         comm.Abort(1)
-    fails = comm.gather(FAILS, root=0)
-    if rank == 0:
-        flat = [f"rank {r}: {f}" for r, fs in enumerate(fails) for f in fs]
-        for f in flat:
-            print("FAIL", f)
-        print(f"mpi_compression P={P}: {len(CASES)} cases, {len(flat)} failures")
-        sys.stdout.flush()
-    return 1 if comm.bcast(bool(rank == 0 and flat), root=0) else 0
+    return report(comm, f"mpi_compression ({len(CASES)} cases)")
 
 
 if __name__ == "__main__":

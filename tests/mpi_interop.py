@@ -29,17 +29,12 @@ from mpi4py import MPI
 
 import collectives
 from collectives.torch_hook import CommHookState, DistributedOptimizer, broadcast_parameters, commlab_hook
+from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
-FAILS = []
 BF16 = np.dtype(ml_dtypes.bfloat16)
 OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
 
 
 def data(dtype, n=37, salt=0):
@@ -274,13 +269,7 @@ def main():
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    fails = comm.allgather(len(FAILS))
-    for f in FAILS:
-        print(f"rank {rank}: FAIL {f}", flush=True)
-    comm.Barrier()
-    if rank == 0:
-        print(f"{part}: {sum(fails)} failures on {P} ranks", flush=True)
-    sys.exit(1 if sum(fails) else 0)
+    sys.exit(report(comm, part))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import io
 import os
 import shutil
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -39,6 +38,7 @@ from training.parallel_layers import ColumnParallelLinear, RowParallelLinear, sh
 from training.nn import Tanh
 from training.sharded import dense_params, find_sharded
 from training.train import lr_at, run
+from tests.mpicases import run_cases
 
 RTOL, ATOL = 1e-12, 1e-13  # as tests/mpi_training.py: summation order differs by a few ulp per step
 # 750 samples -> 600 train: 9 global batches of 64 and one of 24 per epoch: 2 epochs = 20 steps.
@@ -244,23 +244,7 @@ def main():
     comm = MPI.COMM_WORLD
     base = sys.argv[1]
     chosen = [c for c in CASES if len(sys.argv) < 3 or c.__name__[5:] in sys.argv[2:]]
-    failed = 0
-    for case in chosen:
-        try:
-            case(comm, base)
-            ok = 1
-        except AssertionError as e:
-            print(f"rank {comm.rank}: {case.__name__} FAILED: {e}", flush=True)
-            ok = 0
-        except Exception:  # noqa: BLE001 - anything unexpected: report and abort, never hang
-            traceback.print_exc()
-            sys.stdout.flush()
-            comm.Abort(2)
-        flag = np.array([ok], np.int32)
-        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
-        failed += not flag[0]
-        if comm.rank == 0:
-            print(f"{case.__name__}: {'ok' if flag[0] else 'FAILED'}", flush=True)
+    failed = run_cases(comm, chosen, base)
     if comm.rank == 0 and not failed:
         for d in ("equiv", "sched", "resume"):
             shutil.rmtree(os.path.join(base, d), ignore_errors=True)

@@ -18,16 +18,11 @@ from mpi4py import MPI
 import collectives as C
 from collectives import select
 from collectives.context import get_context
+from tests.mpicases import check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
-FAILS = []
 _MPI = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(f"rank {rank}: {what}")
 
 
 def oracle(x, op):
@@ -155,11 +150,7 @@ def main():
     cases = sys.argv[1:] or ["plans", "cached", "mismatch", "table"]
     for name in cases:
         globals()[name]()
-    fails = comm.allgather(FAILS)
-    bad = [f for fs in fails for f in fs]
-    if rank == 0 and bad:
-        print("\n".join(bad[:40]), flush=True)
-    sys.exit(1 if bad else 0)
+    sys.exit(report(comm, "mpi_persistent " + " ".join(cases)))
 
 
 if __name__ == "__main__":

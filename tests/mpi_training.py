@@ -22,7 +22,6 @@ import io
 import os
 import shutil
 import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -37,6 +36,7 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, train_step
 from training.train import run
+from tests.mpicases import run_cases
 
 # Equivalence tolerance (float64): the all-reduce sums the four 16-sample means in another order
 # than one 64-sample mean, a difference of a few ulp per step; after 20 SGD steps the measured
@@ -234,24 +234,7 @@ def main():
     comm = MPI.COMM_WORLD
     base = sys.argv[1]
     chosen = [c for c in CASES if len(sys.argv) < 3 or c.__name__[5:] in sys.argv[2:]]
-    failed = 0
-    for case in chosen:
-        try:
-            case(comm, base)
-            ok = 1
-        except AssertionError as e:
-            print(f"rank {comm.rank}: {case.__name__} FAILED: {e}", flush=True)
-            ok = 0
-        except Exception:  # noqa: BLE001 - anything unexpected: report and abort, never hang
-            traceback.print_exc()
-            sys.stdout.flush()
-            comm.Abort(2)
-        flag = np.array([ok], np.int32)
-        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
-        all_ok = bool(flag[0])
-        failed += not all_ok
-        if comm.rank == 0:
-            print(f"{case.__name__}: {'ok' if all_ok else 'FAILED'}", flush=True)
+    failed = run_cases(comm, chosen, base)
     if comm.rank == 0 and not failed:
         shutil.rmtree(os.path.join(base, "equiv"), ignore_errors=True)
     sys.exit(1 if failed else 0)

@@ -1,7 +1,8 @@
 """Launch a Python module under ``mpiexec -n P`` from a pytest test, with a hard timeout.
 
 Multi-rank test bodies live in ``tests/mpi_*.py`` modules (run as ``python -m tests.mpi_x``). They
-exit with status 0 when every case passes and print a report and exit non-zero otherwise. A hung
+check and report through :mod:`tests.mpicases` (each failure with its rank): status 0 when every case
+passes, else a report and a non-zero status. A hung
 job is killed when ``timeout`` seconds pass and the test fails with what it printed so far.
 
 Launcher options: ``MPIEXEC_ARGS`` (split like a shell line) go before ``-n`` on every launch. Under
