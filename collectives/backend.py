@@ -12,17 +12,12 @@ arguments before any message is sent, and decides how device buffers reach MPI:
 Either way the current stream is synchronized before MPI touches device memory. The environment
 variable ``COMMLAB_CUDA_AWARE=0/1`` overrides detection.
 
-bfloat16 is ``ml_dtypes.bfloat16`` (the NumPy dtype JAX uses); it is supported when ``ml_dtypes`` is
-installed (a dependency of commlab) and left out of the tables otherwise.
+bfloat16 is ``ml_dtypes.bfloat16`` (the NumPy dtype JAX uses; ``ml_dtypes`` is a dependency of commlab).
 """
 import os
 
+import ml_dtypes
 import numpy
-
-try:
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency; without it, no bfloat16
-    _ml_dtypes = None
 
 __all__ = [
     "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "to_host", "accumulation_dtype", "check_op",
@@ -30,9 +25,9 @@ __all__ = [
     "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library", "mpi_library_key",
 ]
 
-#: ``ml_dtypes.bfloat16`` as a NumPy dtype (None without ml_dtypes).
-BFLOAT16 = numpy.dtype(_ml_dtypes.bfloat16) if _ml_dtypes is not None else None
-_BF16 = (BFLOAT16,) if BFLOAT16 is not None else ()
+#: ``ml_dtypes.bfloat16`` as a NumPy dtype.
+BFLOAT16 = numpy.dtype(ml_dtypes.bfloat16)
+_BF16 = (BFLOAT16,)
 
 #: Element types of reducing collectives, as NumPy dtypes (bfloat16 last, when available).
 DTYPES = tuple(numpy.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64")) + _BF16

@@ -76,8 +76,6 @@ def _import(a, name):
             raise TypeError(f"{name}: bfloat16 device tensors are not supported (CuPy has no bfloat16)")
         return cupy.from_dlpack(a)
     if is_bf16:
-        if BFLOAT16 is None:
-            raise TypeError(f"{name} is bfloat16: install ml_dtypes to use it")
         torch = _library(a)
         if torch is not None and torch.__name__ == "torch":
             return numpy.from_dlpack(a.view(torch.int16)).view(BFLOAT16)
