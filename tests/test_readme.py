@@ -17,7 +17,8 @@ dropped) and looks each command up in :data:`CHECKS`:
   exist.
 
 A command without an entry fails the test, and so does an entry whose command is no longer in the
-README. The blocks run in order, one fresh directory per block; a command already run in an earlier
+README. Commands quoted inline in the prose must name an existing module and flags its ``--help``
+lists. The blocks run in order, one fresh directory per block; a command already run in an earlier
 block (``make run`` is shown twice) is not run again.
 """
 import ast
@@ -206,6 +207,15 @@ def readme_commands(path=README):
     return blocks
 
 
+def inline_commands(path=README):
+    """Return the commands quoted inline in the README's prose (code spans with ``python -m``,
+    outside the blocks) as token lists."""
+    with open(path, encoding="utf-8") as f:
+        prose = re.sub(r"^```.*?^```", "", f.read(), flags=re.M | re.S)
+    spans = re.findall(r"`([^`]*python -m [^`]*)`", prose)
+    return [shlex.split(" ".join(span.split())) for span in spans]
+
+
 def _key(cmd):
     return " ".join(shlex.quote(w) if w == "" else w for w in cmd)
 
@@ -219,6 +229,11 @@ def _module_of(cmd):
 def _flags(cmd):
     head = cmd[: cmd.index("--")] if "--" in cmd else cmd
     return [w.split("=", 1)[0] for w in head if w.startswith("--")]
+
+
+def _lists(help_text, flag):
+    """Whether ``help_text`` lists ``flag`` as a whole word (``--out`` is not ``--outdir``)."""
+    return re.search(re.escape(flag) + r"(?![\w-])", help_text) is not None
 
 
 def _argv(cmd, extra=()):
@@ -295,11 +310,38 @@ def test_every_readme_command_has_an_entry_and_every_entry_a_command():
     assert not absent, f"entries name tests that do not exist: {absent}"
 
 
-def test_readme_commands_run(tmp_path):
+@pytest.fixture(scope="module")
+def help_texts():
+    """``--help`` of every module a Help entry or an inline command names, from one interpreter."""
+    helps = {_module_of(c) for block in readme_commands() for c, _ in block
+             if isinstance(CHECKS.get(_key(c)), Help)}
+    helps |= {m for m in map(_module_of, inline_commands()) if m and not re.search(r"[A-Z]", m)}
+    return _help_texts(helps)
+
+
+def test_inline_commands_name_modules_and_flags_that_exist(help_texts):
+    """Commands quoted in the prose (``mpiexec -n 4 python -m experiments.compression_sweep``, ...) name
+    a module that exists and only flags its ``--help`` lists; placeholders (``plots.NAME``) are skipped."""
+    cmds = inline_commands()
+    assert len(cmds) >= 10, cmds
+    bad = []
+    for cmd in cmds:
+        mod = _module_of(cmd)
+        if re.search(r"[A-Z]", mod):
+            continue
+        if not os.path.isfile(os.path.join(ROOT, *mod.split(".")) + ".py"):
+            bad.append(f"{_key(cmd)}: no module {mod}")
+            continue
+        unknown = [f for f in _flags(cmd) if not _lists(help_texts[mod], f)]
+        if unknown:
+            bad.append(f"{_key(cmd)}: {mod} --help does not list {unknown}")
+    assert not bad, "\n".join(bad)
+
+
+def test_readme_commands_run(tmp_path, help_texts):
     """Run every block in order (quick flags), check the flags of the ones too slow to run."""
     blocks = readme_commands()
-    helps = {_module_of(c) for block in blocks for c, _ in block if isinstance(CHECKS.get(_key(c)), Help)}
-    texts = _help_texts(helps)
+    texts = help_texts
     done = set()
     for b, block in enumerate(blocks):
         cwd = tmp_path / f"block{b}"
@@ -313,7 +355,7 @@ def test_readme_commands_run(tmp_path):
             done.add(_key(cmd))
             if isinstance(check, Help):
                 mod = _module_of(cmd)
-                unknown = [f for f in _flags(cmd) if f not in texts[mod]]
+                unknown = [f for f in _flags(cmd) if not _lists(texts[mod], f)]
                 assert not unknown, f"{_key(cmd)}: {mod} --help does not list {unknown}"
                 for dest, ref in check.provides.items():
                     (cwd / dest).parent.mkdir(parents=True, exist_ok=True)
