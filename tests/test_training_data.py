@@ -92,11 +92,12 @@ def test_idx_roundtrip_types_and_errors(tmp_path):
         load_mnist(str(tmp_path))
 
 
-def test_digits_match_scikit_learn_and_split_is_standardized():
+def test_digits_match_scikit_learn_and_split_is_standardized(monkeypatch, tmp_path):
     """Oracle: scikit-learn's raw digits, the indices its seeded, stratified ``train_test_split`` holds
     out, and NumPy's mean and (population) standard deviation of the train rows; tolerance 1e-12."""
     sk = pytest.importorskip("sklearn.datasets").load_digits()
     split = pytest.importorskip("sklearn.model_selection").train_test_split
+    monkeypatch.setenv("COMMLAB_CACHE", str(tmp_path))  # built here, not read from an earlier run
     ds = load_digits(test_fraction=0.2, seed=0)
     assert len(ds.y_train) + len(ds.y_test) == 1797 and len(ds.y_test) == 359
     assert ds.n_features == 64 and ds.n_classes == 10
@@ -116,6 +117,25 @@ def test_digits_match_scikit_learn_and_split_is_standardized():
     np.testing.assert_allclose(ds.x_train.mean(0), 0, atol=1e-12)
     np.testing.assert_array_equal(load_digits(test_fraction=0.2, seed=0).x_test, ds.x_test)  # seeded
     assert not np.array_equal(load_digits(test_fraction=0.2, seed=1).y_test, ds.y_test)
+
+
+def test_digits_cache_returns_what_was_built_and_rebuilds_a_damaged_entry(monkeypatch, tmp_path):
+    """Oracle: the first, uncached load (scikit-learn's split); equal arrays bitwise."""
+    pytest.importorskip("sklearn")
+    monkeypatch.setenv("COMMLAB_CACHE", str(tmp_path))
+    built = load_digits(test_fraction=0.25, seed=3)
+    (entry,) = tmp_path.glob("digits-*.npz")
+    cached = load_digits(test_fraction=0.25, seed=3)
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(cached, key), getattr(built, key))
+        assert getattr(cached, key).dtype == getattr(built, key).dtype
+    assert cached.n_classes == 10 and cached.name == "digits"
+    other = load_digits(test_fraction=0.25, seed=4)  # other arguments, another entry
+    assert len(list(tmp_path.glob("digits-*.npz"))) == 2 and not np.array_equal(other.y_test, built.y_test)
+    entry.write_bytes(b"PK\x03\x04 damaged")
+    again = load_digits(test_fraction=0.25, seed=3)
+    np.testing.assert_array_equal(again.x_test, built.x_test)
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_synthetic_is_seeded_and_sized():

@@ -6,13 +6,16 @@ split, features standardized with the training set's mean and standard deviation
 PyTorch's ``torch.utils.data.DistributedSampler``.
 """
 import gzip
+import hashlib
+import importlib.metadata
 import os
+import zipfile
 from dataclasses import dataclass
 
 import numpy
 
 __all__ = ["Dataset", "DistributedSampler", "load_digits", "load_mnist", "make_synthetic",
-           "read_idx", "write_idx", "split_and_standardize", "load_dataset", "eval_shard"]
+           "read_idx", "write_idx", "split_and_standardize", "load_dataset", "eval_shard", "cache_dir"]
 
 _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -272,7 +275,8 @@ def load_digits(test_fraction=0.2, seed=0):
     """Load scikit-learn's embedded handwritten digits (1,797 8x8 images, 10 classes).
 
     The images come from ``sklearn.datasets.load_digits`` (pixel values 0..16, no download) and are
-    split, stratified by digit, and standardized by :func:`split_and_standardize`.
+    split, stratified by digit, and standardized by :func:`split_and_standardize`; the result is kept
+    in :func:`cache_dir`, so later runs skip scikit-learn's import.
 
     Parameters
     ----------
@@ -291,8 +295,54 @@ def load_digits(test_fraction=0.2, seed=0):
     ImportError
         Without scikit-learn.
     """
-    x, y = _sklearn("the digits data set")[0](return_X_y=True)
-    return split_and_standardize(x, y, test_fraction, seed, 10, "digits", stratify=True)
+    def build():
+        x, y = _sklearn("the digits data set")[0](return_X_y=True)
+        return split_and_standardize(x, y, test_fraction, seed, 10, "digits", stratify=True)
+
+    return _cached("digits", (float(test_fraction), int(seed)), build)
+
+
+def cache_dir():
+    """Return the folder of the data cache: ``$COMMLAB_CACHE``, else ``~/.cache/commlab``."""
+    return os.environ.get("COMMLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "commlab")
+
+
+def _cached(name, args, build):
+    """Return ``build()``'s :class:`Dataset`, kept as an ``.npz`` in :func:`cache_dir` for the next load.
+
+    Importing scikit-learn costs every rank of every run seconds on a loaded machine, several times
+    the rest of a short job; the split it makes depends only on ``args``, scikit-learn's version and
+    this module's code, which together name the file. The file is written to a temporary name and
+    renamed (ranks loading at once each write a whole file); it holds arrays only, read without
+    pickle. An unreadable entry is rebuilt and an unwritable folder only leaves the cache unused.
+    """
+    try:
+        version = importlib.metadata.version("scikit-learn")
+    except importlib.metadata.PackageNotFoundError:
+        return build()  # raises ImportError, naming the extra to install
+    with open(__file__, "rb") as f:
+        code = f.read()
+    key = hashlib.sha256(repr((name, args, version)).encode() + code).hexdigest()[:20]
+    path = os.path.join(cache_dir(), f"{name}-{key}.npz")
+    try:
+        with numpy.load(path) as z:
+            return Dataset(z["x_train"], z["y_train"], z["x_test"], z["y_test"], int(z["n_classes"]), name)
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        pass  # not cached yet, or a damaged entry: build it again
+    ds = build()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            numpy.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test,
+                        n_classes=ds.n_classes)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+    return ds
 
 
 def make_synthetic(samples=20000, features=256, classes=10, test_fraction=0.2, seed=0):
