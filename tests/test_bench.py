@@ -165,7 +165,7 @@ def test_bus_factor_and_arguments():
     for bad in (["--min-bytes", "0"], ["--min-bytes", "2K", "--max-bytes", "1K"], ["--ops", "gather"],
                 ["--algorithms", "ring-direct", "--ops", "allgather"], ["--iters", "0"], ["--max-bytes", "lots"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad, quiet=True)
+            bench.parse_args(bad)
 
 
 def _row(P, alg, nbytes, t, wrong=0):
