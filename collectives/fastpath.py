@@ -11,9 +11,10 @@ after the data (:mod:`collectives.library`), plus, for ``prod`` and messages abo
 The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
 signature (shape, dtype, op, algorithm as given) for messages of at most
 :data:`~collectives.library.PIGGYBACK_MAX` elements, so a repeated small call costs a dictionary
-look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:func:`fast_allreduce`). The consistency rules hold on this path too: the sequence number advances,
-the fingerprint rides in the reduction and is checked, a timeout or an MPI error marks the
-communicator unusable exactly as on the other paths.
+look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:func:`fast_allreduce`). The
+consistency rules hold on this path too: the sequence number advances, the fingerprint rides in the
+reduction and is checked, a timeout or an MPI error marks the communicator unusable exactly as on
+the other paths.
 
 Persistent requests (``MPI_Allreduce_init``, :func:`collectives.allreduce_init`) are matched by the
 order in which the ranks made them, not by the order of the calls, so the blocking path does not use
