@@ -61,7 +61,7 @@ def _check_sweep(P, results, header, csv_rows):
         assert r["time_min_us"] <= r["time_mean_us"] <= r["time_us"]
         reps = r["time_repeats_us"]  # the row holds the median pass; its spread is that of the passes
         assert len(reps) == r["passes"] == results["config"]["repeats"] and min(reps) <= r["time_us"] <= max(reps)
-        assert r["spread"] == pytest.approx(max(reps) / min(reps) - 1, rel=1e-4, abs=1e-6)
+        assert r["spread"] == pytest.approx(max(reps) / min(reps) - 1, rel=1e-3, abs=1e-4)  # 6 digits kept
         assert r["unstable"] == (r["spread"] > 0.2)
         # files keep 6 significant digits
         assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-5) and r["time_median_us"] > 0
