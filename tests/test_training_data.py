@@ -132,6 +132,11 @@ def test_digits_cache_returns_what_was_built_and_rebuilds_a_damaged_entry(monkey
     assert cached.n_classes == 10 and cached.name == "digits"
     other = load_digits(test_fraction=0.25, seed=4)  # other arguments, another entry
     assert len(list(tmp_path.glob("digits-*.npz"))) == 2 and not np.array_equal(other.y_test, built.y_test)
+    small = make_synthetic(samples=300, features=20, classes=3, seed=2)  # cached the same way
+    cached_small = make_synthetic(samples=300, features=20, classes=3, seed=2)
+    assert len(list(tmp_path.glob("synthetic-*.npz"))) == 1 and cached_small.n_classes == 3
+    np.testing.assert_array_equal(cached_small.x_train, small.x_train)
+    np.testing.assert_array_equal(cached_small.y_test, small.y_test)
     entry.write_bytes(b"PK\x03\x04 damaged")
     again = load_digits(test_fraction=0.25, seed=3)
     np.testing.assert_array_equal(again.x_test, built.x_test)

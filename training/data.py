@@ -302,6 +302,10 @@ def load_digits(test_fraction=0.2, seed=0):
     return _cached("digits", (float(test_fraction), int(seed)), build)
 
 
+#: Largest synthetic data set (float64 features, bytes) that :func:`make_synthetic` caches.
+CACHE_MAX_BYTES = 64 << 20
+
+
 def cache_dir():
     """Return the folder of the data cache: ``$COMMLAB_CACHE``, else ``~/.cache/commlab``."""
     return os.environ.get("COMMLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "commlab")
@@ -351,17 +355,23 @@ def make_synthetic(samples=20000, features=256, classes=10, test_fraction=0.2, s
     Each class has a mean drawn from N(0, I) in ``features`` dimensions; a sample is its class
     mean plus isotropic Gaussian noise of standard deviation sqrt(features) / 4, so two class
     means are about 5.7 noise standard deviations apart whatever the feature count (a few percent
-    Bayes error for 10 classes). Labels are balanced and the generator is fully seeded.
+    Bayes error for 10 classes). Labels are balanced and the generator is fully seeded. Data sets
+    of at most :data:`CACHE_MAX_BYTES` of features are kept in :func:`cache_dir` like the digits.
 
     Returns
     -------
     Dataset
     """
-    rng = numpy.random.default_rng([seed, 2024])
-    centers = rng.standard_normal((classes, features))
-    y = numpy.arange(samples) % classes
-    x = centers[y] + rng.standard_normal((samples, features)) * (numpy.sqrt(features) / 4.0)
-    return split_and_standardize(x, y, test_fraction, seed, classes, "synthetic")
+    def build():
+        rng = numpy.random.default_rng([seed, 2024])
+        centers = rng.standard_normal((classes, features))
+        y = numpy.arange(samples) % classes
+        x = centers[y] + rng.standard_normal((samples, features)) * (numpy.sqrt(features) / 4.0)
+        return split_and_standardize(x, y, test_fraction, seed, classes, "synthetic")
+
+    if samples * features * 8 > CACHE_MAX_BYTES:  # large ones: rebuilt each time, not copied to disk
+        return build()
+    return _cached("synthetic", (int(samples), int(features), int(classes), float(test_fraction), int(seed)), build)
 
 
 def load_dataset(cfg):
