@@ -179,25 +179,41 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         return wrap(allgather(x, comm, algorithm, timeout))
     check_algorithm(algorithm, "allgather")
     timeout = check_timeout(timeout)
-    # Checks of x itself travel in the signature exchange, so a bad array on one rank only raises
-    # on every rank instead of leaving the others waiting for its data.
-    local_error = None
-    try:
-        x = as_array(x)
-    except TypeError as exc:
-        local_error, x = exc, numpy.zeros(0, numpy.uint8)
-    if local_error is not None:
-        pass
-    elif x.dtype not in COPY_DTYPES:
-        names = ", ".join(d.name for d in COPY_DTYPES)
-        local_error = TypeError(f"x has unsupported dtype {x.dtype.name}: expected one of {names}")
-    elif x.ndim == 0 or x.ndim > _SIG - 2:
-        local_error = ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, "
-                                 f"not {x.ndim}")
+    x, local_error = _gatherable(x)
     algorithm = _auto("allgather", x) if algorithm == "auto" else algorithm
     ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = get_array_module(x)
+    rows = _exchange_signatures(ctx, x, local_error, algorithm, timeout)
+    if local_error is not None:
+        raise local_error
+    _check_signatures(rows, ctx.rank)
+    return _gather_blocks(ctx, x, [row[2] for row in rows], algorithm, timeout)
+
+
+def _gatherable(x):
+    """Return ``(x as an array, None)``, or ``(empty array, the error)`` when ``x`` cannot be gathered.
+
+    Checks of ``x`` itself travel in the signature exchange, so a bad array on one rank raises on
+    every rank instead of leaving the others waiting for its data.
+    """
+    try:
+        x = as_array(x)
+    except TypeError as exc:
+        return numpy.zeros(0, numpy.uint8), exc
+    if x.dtype not in COPY_DTYPES:
+        names = ", ".join(d.name for d in COPY_DTYPES)
+        return x, TypeError(f"x has unsupported dtype {x.dtype.name}: expected one of {names}")
+    if x.ndim == 0 or x.ndim > _SIG - 2:
+        return x, ValueError(f"x must have 1 to {_SIG - 2} dimensions to be gathered along axis 0, not {x.ndim}")
+    return x, None
+
+
+def _exchange_signatures(ctx, x, local_error, algorithm, timeout):
+    """All-gather every rank's ``(ndim, dtype index, *shape)`` (``-2`` marks an invalid ``x``).
+
+    One ``MPI_Iallgather`` of the signatures (with the call fingerprint alongside), not a hand-made
+    ring pass: a single library call instead of P - 1 rounds in Python. Returns one list per rank.
+    """
     size, rank = ctx.size, ctx.rank
     sig = numpy.full(size * _SIG, -1, dtype=numpy.int64)
     if local_error is None:
@@ -205,14 +221,14 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
     else:
         sig[rank * _SIG: rank * _SIG + 2] = -2, -2  # "this rank's x is invalid"
-    # One MPI_Iallgather of the signatures (with the call fingerprint alongside), not a hand-made ring
-    # pass: a single library call instead of P - 1 rounds in Python.
     sig_key = ("allgather-signature", algorithm, size * _SIG, sig.dtype, None, None, None)
     ctx.begin(sig_key, timeout)
     call(ctx, sig_key, "Iallgather", (sig[rank * _SIG:(rank + 1) * _SIG].copy(), sig), timeout)
-    rows = sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
-    if local_error is not None:
-        raise local_error
+    return sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
+
+
+def _check_signatures(rows, rank):
+    """Raise on every rank alike when a rank's ``x`` was invalid or the dtypes or trailing shapes differ."""
     bad = [i for i, row in enumerate(rows) if row[0] == -2]
     if bad:
         raise ValueError(f"allgather: rank(s) {', '.join(map(str, bad))} passed an invalid array "
@@ -224,8 +240,13 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     if any(row[0] != mine[0] or row[3:] != mine[3:] for row in rows):
         raise ValueError("allgather: ranks' arrays differ beyond the first dimension: "
                          + "; ".join(f"rank {i} {tuple(row[2:2 + row[0]])}" for i, row in enumerate(rows)))
+
+
+def _gather_blocks(ctx, x, firsts, algorithm, timeout):
+    """Move the blocks (``firsts[r]`` rows from rank ``r``) into one new array, in rank order."""
+    xp = get_array_module(x)
+    size, rank = ctx.size, ctx.rank
     inner = math.prod(x.shape[1:])
-    firsts = [row[2] for row in rows]
     bounds = [0]
     for f in firsts:
         bounds.append(bounds[-1] + f * inner)
