@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output"]
+__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish"]
 
 _RULE = "-" * 74  # Open MPI's help messages are framed by lines of 74 dashes
 _HYDRA = ("=" * 20, "=   ", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING",  # MPICH's BAD TERMINATION block
@@ -93,6 +93,36 @@ def program_output(text):
     return "".join(out)
 
 
+def finish(proc, timeout, what=""):
+    """Wait for ``proc`` at most ``timeout`` seconds; kill its process group and fail the test after that.
+
+    Parameters
+    ----------
+    proc : subprocess.Popen
+        Started with ``start_new_session=True`` (its own process group, launcher and ranks included).
+    timeout : float
+        Seconds.
+    what : str
+        The command, named in the failure.
+
+    Returns
+    -------
+    tuple of (str or None, str or None)
+        What ``proc.communicate`` returned: its standard output and error.
+
+    Raises
+    ------
+    AssertionError
+        When ``timeout`` passed, with what the process printed so far.
+    """
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {what}\n{out}\n{err or ''}") from None
+
+
 def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=()):
     """Run ``mpiexec -n nprocs python -m module args...`` and return the CompletedProcess.
 
@@ -134,12 +164,7 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
         full_env.update(env)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+    out, _ = finish(proc, timeout, " ".join(cmd))
     result = subprocess.CompletedProcess(cmd, proc.returncode, program_output(out), out)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit status {proc.returncode}: {' '.join(cmd)}\n{out}")

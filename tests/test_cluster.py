@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from experiments.cluster import namespace_command
+from tests.mpirun import finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "COMMLAB_CLUSTER_TEST"
@@ -58,12 +59,7 @@ def _cluster(*args, mark=None, timeout=90, **popen):
 
 
 def _finish(proc, timeout=90):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s\n{out}\n{err}")
+    out, err = finish(proc, timeout, "experiments.cluster")
     return proc.returncode, out, err
 
 

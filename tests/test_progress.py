@@ -13,12 +13,11 @@ between the bar's updates).
 import io
 import os
 import pty
-import signal
 import subprocess
 import sys
 import time
 
-from tests.mpirun import ROOT, launcher_args, launcher_env, mpiexec_path
+from tests.mpirun import ROOT, finish, launcher_args, launcher_env, mpiexec_path
 from training import progress
 
 
@@ -29,12 +28,7 @@ def _launch(stderr, pause, stdout=subprocess.PIPE, timeout=60):
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True,
                             start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}")
+    out, _ = finish(proc, timeout, " ".join(cmd))
     assert proc.returncode == 0, out
     return out
 
