@@ -159,7 +159,7 @@ def parse_args(argv=None, size=1):
     p.add_argument("--repeats", type=int, default=d.repeats,
                    help="passes over the whole sweep, one after another; every row holds the median of the "
                         "passes, ratios their median and range, and sizes whose passes differ by more than "
-                        f"{UNSTABLE:.0%} are flagged (default {d.repeats})")
+                        f"{UNSTABLE:.0%}% are flagged (default {d.repeats})")
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
     a = p.parse_args(argv)
