@@ -19,6 +19,7 @@ Layers follow :mod:`training.nn`: ``param_shapes`` / ``bind`` / ``init`` / ``par
 ``forward`` / ``backward``, so a :class:`~training.nn.Sequential` can hold them in its flat
 buffers; built with :meth:`~_TensorParallelLinear.from_dense` they own their arrays instead.
 """
+import abc
 import math
 import time
 
@@ -163,9 +164,9 @@ class _TensorParallelLinear(Layer):
         self.W[...] = xp.asarray(w_part, dtype=self.W.dtype)
         self.b[...] = xp.asarray(b_part, dtype=self.b.dtype)
 
+    @abc.abstractmethod
     def shard_of(self, W, b):
         """Return this rank's (weight, bias) parts of a full ``W`` and ``b`` (views, no copy)."""
-        raise NotImplementedError
 
     def _allreduce(self, x):
         """Sum ``x`` over the tensor group in place (nothing to do for a group of one)."""
