@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .errors import CollectiveTimeout
 
-__all__ = ["wait_all", "deadline_of"]
+__all__ = ["wait_all", "wait_within", "deadline_of"]
 
 #: Seconds a wait spins on ``MPI_Testall`` (yielding the core every 64 tests, as MPICH's own waits
 #: yield after a number of polls) before it sleeps 50 us between tests. Sleeping after 200 tests, as
@@ -23,6 +23,21 @@ _SPIN_SECONDS = 0.01
 def deadline_of(timeout):
     """Return the ``time.perf_counter()`` deadline of ``timeout`` seconds from now (None for None)."""
     return None if timeout is None else time.perf_counter() + timeout
+
+
+def wait_within(req, timeout, op, phase):
+    """Wait for one non-blocking collective ``req`` at most ``timeout`` seconds (None: no limit).
+
+    For set-up exchanges outside commlab's own collectives (a communicator duplicate, a broadcast
+    or all-gather posted directly on MPI): the wait of :func:`wait_all` with the request inside the
+    MPI library, so a timeout names no peer, only ``op`` and ``phase``.
+
+    Raises
+    ------
+    CollectiveTimeout
+        When ``req`` has not completed after ``timeout`` seconds.
+    """
+    wait_all([req], [None], deadline_of(timeout), op, 0, phase, timeout)
 
 
 def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, statuses=None, each=False):

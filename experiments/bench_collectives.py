@@ -45,7 +45,7 @@ from mpi4py import MPI
 import collectives
 from collectives.schedule import chunk_bounds
 from experiments.bench_oracle import check_data, count_wrong, oracle_allreduce, raw
-from experiments.bench_output import COLUMNS, HEAD, UNSTABLE, header, library, line, write
+from experiments.bench_output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, write
 from experiments.outputs import unwritable
 from experiments.bench_references import (auto_timeout, finish, gloo, gloo_available, limit, mpi_persistent,
                                          persistent, ring_direct, ring_execute)
@@ -91,15 +91,6 @@ class BenchConfig:
     repeats: int = 3                          # passes over the whole sweep; rows hold the median pass
     baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
-
-
-def bus_factor(op, P):
-    """Return nccl-tests' busbw / algbw factor of ``op`` on ``P`` ranks.
-
-    2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and all-gather, 1 for broadcast: the
-    fraction of the vector that crosses the busiest link of a bandwidth-optimal algorithm.
-    """
-    return {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P}.get(op, 1.0)
 
 
 def _names(text):

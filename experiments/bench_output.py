@@ -23,7 +23,7 @@ import collectives
 from collectives.backend import mpi_library
 from plots.bench import check_stat, row_seconds
 
-__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "line", "library", "summarize", "combine", "repeat_summary", "header",
+__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "summarize", "combine", "repeat_summary", "header",
            "write"]
 
 # the hand-made algorithms: every registered name but the library's own and the selector
@@ -41,6 +41,15 @@ UNSTABLE = 0.20
 #: Table heading printed above the rows.
 HEAD = (f"{'op':>14} {'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>19} {'time(us)':>10} "
          f"{'min(us)':>10} {'mean(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+
+
+def bus_factor(op, P):
+    """Return nccl-tests' busbw / algbw factor of ``op`` on ``P`` ranks.
+
+    2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and all-gather, 1 for broadcast: the
+    fraction of the vector that crosses the busiest link of a bandwidth-optimal algorithm.
+    """
+    return {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P}.get(op, 1.0)
 
 
 def line(w):

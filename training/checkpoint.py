@@ -18,7 +18,7 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
-from collectives.waiting import deadline_of, wait_all
+from collectives.waiting import wait_within
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
@@ -82,8 +82,7 @@ def _bcast(comm, buf, timeout, phase):
     if timeout is None:
         comm.Bcast(buf, root=0)
         return
-    req = comm.Ibcast(buf, root=0)
-    wait_all([req], [None], deadline_of(timeout), "broadcast", 0, phase, timeout)
+    wait_within(comm.Ibcast(buf, root=0), timeout, "broadcast", phase)
 
 
 def make_run_dir(cfg, comm):

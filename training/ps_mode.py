@@ -18,6 +18,7 @@ import time
 
 import numpy
 
+import collectives.policy
 from collectives import trace
 from collectives.backend import to_host
 from ps.options import PSOptions
@@ -34,7 +35,7 @@ from training.progress import progress_bar, write_trace
 from training.ps_report import evaluate_snapshots, write_records
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
-           "finish_together"]
+           "finish_together", "finish_ps"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 
@@ -347,3 +348,27 @@ def finish_together(comm, grace, short=()):
     for r in range(1, size):
         comm.Send(token, dest=r, tag=_END_TAG)
     return []
+
+
+def finish_ps(world, cfg, summary=None):
+    """End a parameter-server run: return when every rank got here, else abort naming the missing.
+
+    Workers that the servers dropped (``summary["worker_status"]``, known on rank 0) are given one
+    second at most instead of ``--ps-timeout``: they were silent that long already.
+
+    Parameters
+    ----------
+    world : mpi4py.MPI.Comm
+        Every rank of the job.
+    cfg : training.config.Config
+    summary : dict, optional
+        :func:`run_ps`'s summary (used on rank 0).
+    """
+    status = (summary or {}).get("worker_status") or [] if world.rank == 0 else []
+    dropped = [cfg.servers + w for w, st in enumerate(status) if st == "dropped"]
+    missing = finish_together(world, cfg.ps_timeout, short=dropped)
+    if missing:
+        collectives.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
+                                 f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
+                                 f"lost peer may have died); "
+                                 "ending the job so that no rank waits for them in MPI_Finalize")

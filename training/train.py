@@ -32,10 +32,10 @@ from training.job import all_failed, check_run, set_threads
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
-from training.parallel import (CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step,
-                               verify_param_layout)
+from training.layout import verify_param_layout
+from training.parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.progress import progress_bar, write_trace
-from training.ps_mode import finish_together, run_ps
+from training.ps_mode import finish_ps, run_ps
 from training.sizes import format_bytes
 from training.state import TrainState, checkpoint_arrays, restore
 
@@ -78,7 +78,7 @@ def build_trainer(cfg, comm):
     ------
     ValueError
         From :func:`check_run`, when a part rejects its arguments, or when the ranks' models
-        differ (``training.parallel.verify_param_layout``).
+        differ (``training.layout.verify_param_layout``).
     ImportError
         From :func:`check_run` (``--device gpu`` without CuPy).
     CheckpointError
@@ -344,7 +344,7 @@ def main(argv=None):
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
     return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
     lost a worker). In ``--mode ps`` the ranks then check that all of them reached the end
-    (:func:`training.ps_mode.finish_together`): when a rank died, rank 0 names it and aborts the job
+    (:func:`training.ps_mode.finish_ps`): when a rank died, rank 0 names it and aborts the job
     ``--ps-timeout`` seconds later instead of leaving everyone in ``MPI_Finalize``; a rank whose
     server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
     ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the
@@ -374,7 +374,7 @@ def main(argv=None):
         if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
             where = f"rank {world.rank}: " if world.rank else ""
             print(f"error: {where}{e}", file=sys.stderr, flush=True)
-        _finish_ps(world, cfg)
+        finish_ps(world, cfg)
         return 1
     except collectives.CollectiveError as e:  # the peers may be dead: MPI_Finalize would hang
         collectives.policy.abort(f"{type(e).__name__}: {e}; ending the job")
@@ -384,24 +384,8 @@ def main(argv=None):
             collectives.policy.abort(None, world)
         raise
     if cfg.mode == "ps":
-        _finish_ps(world, cfg, summary)
+        finish_ps(world, cfg, summary)
     return 0
-
-
-def _finish_ps(world, cfg, summary=None):
-    """End a parameter-server run: return when every rank got here, else abort naming the missing.
-
-    Workers that the servers dropped (``summary["worker_status"]``, known on rank 0) are given one
-    second at most instead of ``--ps-timeout``: they were silent that long already.
-    """
-    status = (summary or {}).get("worker_status") or [] if world.rank == 0 else []
-    dropped = [cfg.servers + w for w, st in enumerate(status) if st == "dropped"]
-    missing = finish_together(world, cfg.ps_timeout, short=dropped)
-    if missing:
-        collectives.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
-                                 f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
-                                 f"lost peer may have died); "
-                                 "ending the job so that no rank waits for them in MPI_Finalize")
 
 
 if __name__ == "__main__":

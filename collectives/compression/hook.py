@@ -4,7 +4,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.backend import to_host
-from collectives.waiting import deadline_of, wait_all
+from collectives.waiting import wait_within
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
@@ -63,7 +63,7 @@ class CompressionHook:
         self.memory = memory
         self.timeout = timeout
         self.comm, req = (comm if comm is not None else MPI.COMM_WORLD).Idup()
-        _within(req, timeout, "duplicating the communicator")
+        wait_within(req, timeout, "collective", "duplicating the communicator")
         self.algorithm = algorithm
         self.gather_algorithm = gather_algorithm
         self.name = name
@@ -129,7 +129,7 @@ class CompressionHook:
             for key, value in sorted(self.memory.state_dict().items()):
                 mine = np.ascontiguousarray(to_host(value))
                 stacked = np.empty((size,) + mine.shape, mine.dtype)  # (P, ...)
-                _within(self.comm.Iallgather(mine, stacked), self.timeout, "compression state")
+                wait_within(self.comm.Iallgather(mine, stacked), self.timeout, "allgather", "compression state")
                 state["memory/" + key] = stacked
         return state
 
@@ -163,11 +163,6 @@ class CompressionHook:
     def __repr__(self):
         return (f"CompressionHook({self.compressor!r}, memory={type(self.memory).__name__}, "
                 f"P={self.comm.Get_size() if self.comm != MPI.COMM_NULL else 0})")
-
-
-def _within(req, timeout, phase):
-    """Wait for the non-blocking MPI request ``req`` at most ``timeout`` seconds (None: no limit)."""
-    wait_all([req], [None], deadline_of(timeout), "collective", 0, phase, timeout)
 
 
 def make_hook(name, comm=None, algorithm="auto", gather_algorithm="ring", error_feedback=None,
