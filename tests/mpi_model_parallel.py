@@ -20,8 +20,6 @@ errors       a grid that does not divide P, a width smaller than T, more stages 
              micro-batches that do not divide the local batch raise ValueError on every rank,
              before any message.
 """
-import contextlib
-import io
 import os
 import shutil
 import sys
@@ -38,7 +36,7 @@ from training.parallel_layers import ColumnParallelLinear, RowParallelLinear, sh
 from training.nn import Tanh
 from training.sharded import dense_params, find_sharded
 from training.train import lr_at, run
-from tests.mpicases import run_cases
+from tests.mpicases import quiet, run_cases, shared_dir
 
 RTOL, ATOL = 1e-12, 1e-13  # as tests/mpi_training.py: summation order differs by a few ulp per step
 # 750 samples -> 600 train: 9 global batches of 64 and one of 24 per epoch: 2 epochs = 20 steps.
@@ -57,29 +55,16 @@ GRIDS = {1: [(1, 1, 4, "1f1b")],
 COMPRESSED = dict(compression="topk", compression_args={"ratio": 0.3})
 
 
-def _quiet(fn, *args):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fn(*args)
-
-
-def _shared_dir(comm, base, name):
-    path = os.path.join(base, name)
-    if comm.rank == 0:
-        os.makedirs(path, exist_ok=True)
-    comm.Barrier()
-    return path
-
-
 def _oracle(root, cfg):
     """Rank 0 only: the data-parallel trainer on one process; returns its final parameters."""
-    _quiet(run, cfg.replace(run_dir=root, name="p1", tensor_parallel=1, pipeline_parallel=1, micro_batches=1),
+    quiet(run, cfg.replace(run_dir=root, name="p1", tensor_parallel=1, pipeline_parallel=1, micro_batches=1),
            MPI.COMM_SELF)
     return load_checkpoint(os.path.join(root, "p1"), MPI.COMM_SELF)[1]["model/params"]
 
 
 def _hybrid(comm, root, name, **kw):
     cfg = Config(**{**SMALL, **kw, "run_dir": root, "name": name})
-    summary = _quiet(run_hybrid, cfg, comm, lr_at)
+    summary = quiet(run_hybrid, cfg, comm, lr_at)
     return summary, (dense_params(find_sharded(os.path.join(root, name)), SIZES) if comm.rank == 0 else None)
 
 
@@ -134,7 +119,7 @@ def _shard_shape(name, owner, P, n_in, width, n_out):
 
 
 def case_equivalence(comm, base):
-    root = _shared_dir(comm, base, "equiv")
+    root = shared_dir(comm, base, "equiv")
     cfg = Config(**SMALL)
     ref = _oracle(root, cfg) if comm.rank == 0 else None
     errors = []
@@ -159,7 +144,7 @@ def case_equivalence(comm, base):
 
 
 def case_schedules(comm, base):
-    root = _shared_dir(comm, base, "sched")
+    root = shared_dir(comm, base, "sched")
     kw = dict(samples=800, pipeline_parallel=comm.size, micro_batches=8, epochs=1)  # 640 train: full batches
     g, a = _hybrid(comm, root, "gpipe", schedule="gpipe", **kw)
     f, b = _hybrid(comm, root, "1f1b", schedule="1f1b", **kw)
@@ -192,7 +177,7 @@ def case_memory(comm, base):
 
 
 def case_resume(comm, base):
-    root = _shared_dir(comm, base, "resume")
+    root = shared_dir(comm, base, "resume")
     P = comm.size
     A = dict(tensor_parallel=2 if P % 2 == 0 else 1, pipeline_parallel=2 if P % 4 == 0 else 1, micro_batches=2)
     B = dict(tensor_parallel=1, pipeline_parallel=P, micro_batches=4)
@@ -202,9 +187,9 @@ def case_resume(comm, base):
     _hybrid(comm, root, "other", stop_after=1, **A)
     _, other = _hybrid(comm, root, "other", resume=os.path.join(root, "other"), **B)
     dp = Config(**SMALL, run_dir=root, name="dp", stop_after=1)
-    _quiet(run, dp, comm)
+    quiet(run, dp, comm)
     _, from_dp = _hybrid(comm, root, "dp", resume=os.path.join(root, "dp"), **A)
-    _quiet(run, dp.replace(name="dpfull", stop_after=0), comm)
+    quiet(run, dp.replace(name="dpfull", stop_after=0), comm)
     C = dict(tensor_parallel=P // 2, compression="topk", compression_args={"ratio": 0.3})  # D = 2
     _, cfull = _hybrid(comm, root, "cfull", **C)
     _hybrid(comm, root, "cstop", stop_after=1, **C)

@@ -17,8 +17,6 @@ corrupt        a truncated or altered checkpoint raises CheckpointError naming t
 The global batch is 64 (60 when P does not divide 64, e.g. P = 3). Exits 0 when every case passes; prints each failing case and exits 1 otherwise. Unexpected errors
 abort the whole job so nothing hangs.
 """
-import contextlib
-import io
 import os
 import shutil
 import sys
@@ -36,7 +34,7 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.parallel import evaluate, make_grad_hook, train_step
 from training.train import run
-from tests.mpicases import run_cases
+from tests.mpicases import quiet, run_cases, shared_dir
 
 # Equivalence tolerance (float64): the all-reduce sums the four 16-sample means in another order
 # than one 64-sample mean, a difference of a few ulp per step; after 20 SGD steps the measured
@@ -51,22 +49,9 @@ SMALL = dict(data="synthetic", samples=750, features=12, classes=5, hidden=(16,)
              seed=3, progress=False, checkpoint_every=0)
 
 
-def _quiet(fn, *args):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fn(*args)
-
-
 def _final_params(run_dir, comm):
     _, arrays = load_checkpoint(run_dir, comm)
     return arrays["model/params"]
-
-
-def _shared_dir(comm, base, name):
-    path = os.path.join(base, name)
-    if comm.rank == 0:
-        os.makedirs(path, exist_ok=True)
-    comm.Barrier()
-    return path
 
 
 def _small(comm):
@@ -74,17 +59,17 @@ def _small(comm):
 
 
 def case_equivalence(comm, base):
-    root = _shared_dir(comm, base, "equiv")
+    root = shared_dir(comm, base, "equiv")
     small = _small(comm)
     ref = None
     if comm.rank == 0:
-        s = _quiet(run, Config(**small, run_dir=root, name="p1"), MPI.COMM_SELF)
+        s = quiet(run, Config(**small, run_dir=root, name="p1"), MPI.COMM_SELF)
         assert s["steps"] == 20, f"P=1 took {s['steps']} steps, expected 20"
         ref = _final_params(os.path.join(root, "p1"), MPI.COMM_SELF)
     comm.Barrier()
     errors = []
     for alg in collectives.ALGORITHMS:
-        s = _quiet(run, Config(**small, run_dir=root, name=f"p{comm.size}-{alg}", algorithm=alg), comm)
+        s = quiet(run, Config(**small, run_dir=root, name=f"p{comm.size}-{alg}", algorithm=alg), comm)
         got = _final_params(os.path.join(root, f"p{comm.size}-{alg}"), comm)
         if not s["replicas_identical"]:
             errors.append(f"{alg}: replicas differ across ranks")
@@ -99,9 +84,9 @@ def case_equivalence(comm, base):
 
 
 def case_buckets(comm, base):
-    root = _shared_dir(comm, base, "buckets")
-    fused = _quiet(run, Config(**_small(comm), run_dir=root, name="fused", algorithm="ring"), comm)
-    bucketed = _quiet(run, Config(**_small(comm), run_dir=root, name="bucketed", algorithm="ring",
+    root = shared_dir(comm, base, "buckets")
+    fused = quiet(run, Config(**_small(comm), run_dir=root, name="fused", algorithm="ring"), comm)
+    bucketed = quiet(run, Config(**_small(comm), run_dir=root, name="bucketed", algorithm="ring",
                                   bucket_bytes=200), comm)
     a = _final_params(os.path.join(root, "fused"), comm)
     b = _final_params(os.path.join(root, "bucketed"), comm)
@@ -147,17 +132,17 @@ def case_nonfinite(comm, base):
 
 
 def case_resume(comm, base):
-    root = _shared_dir(comm, base, "resume")
+    root = shared_dir(comm, base, "resume")
     B = _small(comm)["batch_size"]
     per_epoch = -(-(-(-1438 // comm.size)) // (B // comm.size))  # steps per epoch on 1438 digits
     common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "6",
               "--batch-size", str(B), "--run-dir", root, "--no-progress", "--checkpoint-every", "2",
               "--seed", "5", "--algorithm", "ring"]
-    _quiet(run, parse_args(common + ["--name", "full"]), comm)
-    _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "3"]), comm)
+    quiet(run, parse_args(common + ["--name", "full"]), comm)
+    quiet(run, parse_args(common + ["--name", "part", "--stop-after", "3"]), comm)
     part = os.path.join(root, "part")
     assert os.path.exists(os.path.join(part, "ckpt-epoch0003.npz")), "no checkpoint after epoch 3"
-    s = _quiet(run, parse_args(["--resume", part]), comm)  # --stop-after 3 is not inherited
+    s = quiet(run, parse_args(["--resume", part]), comm)  # --stop-after 3 is not inherited
     assert s["epochs"] == 6 and s["steps"] == 6 * per_epoch, f"resumed run ended at {s['epochs']}, {s['steps']}"
     _, full = load_checkpoint(os.path.join(root, "full"), comm)
     _, resumed = load_checkpoint(part, comm)
@@ -176,13 +161,13 @@ def case_resume(comm, base):
 
 def case_resume_compressed(comm, base):
     """Resume is bitwise exact with a stateful compressor too (PowerSGD's Q and error feedback)."""
-    root = _shared_dir(comm, base, "resume_c")
+    root = shared_dir(comm, base, "resume_c")
     common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "4",
               "--batch-size", str(_small(comm)["batch_size"]), "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "powersgd",
               "--compression-arg", "rank=2"]
-    _quiet(run, parse_args(common + ["--name", "full"]), comm)
-    _quiet(run, parse_args(common + ["--name", "part", "--stop-after", "2"]), comm)
-    _quiet(run, parse_args(["--resume", os.path.join(root, "part")]), comm)
+    quiet(run, parse_args(common + ["--name", "full"]), comm)
+    quiet(run, parse_args(common + ["--name", "part", "--stop-after", "2"]), comm)
+    quiet(run, parse_args(["--resume", os.path.join(root, "part")]), comm)
     _, full = load_checkpoint(os.path.join(root, "full"), comm)
     _, resumed = load_checkpoint(os.path.join(root, "part"), comm)
     comp = [k for k in full if k.startswith("compression/")]
@@ -192,10 +177,10 @@ def case_resume_compressed(comm, base):
 
 
 def case_corrupt(comm, base):
-    root = _shared_dir(comm, base, "corrupt")
+    root = shared_dir(comm, base, "corrupt")
     src = os.path.join(base, "resume", "full", "ckpt-epoch0006.npz")
     if not os.path.exists(src):  # run on its own: make a checkpoint first
-        _quiet(run, Config(**dict(_small(comm), epochs=6, checkpoint_every=1),
+        quiet(run, Config(**dict(_small(comm), epochs=6, checkpoint_every=1),
                            run_dir=os.path.join(base, "resume"), name="full"), comm)
     truncated = os.path.join(root, "ckpt-epoch0001.npz")
     flipped = os.path.join(root, "flipped.npz")
@@ -219,7 +204,7 @@ def case_corrupt(comm, base):
             raise AssertionError(f"loading {path} raised nothing")
     # the driver refuses to resume from it, on every rank, before training
     try:
-        _quiet(run, parse_args(["--resume", root, "--no-progress"]), comm)
+        quiet(run, parse_args(["--resume", root, "--no-progress"]), comm)
     except CheckpointError as e:
         assert "ckpt-epoch0001.npz" in str(e), str(e)
     else:

@@ -11,13 +11,16 @@ A body checks on every rank and reports once, with the rank of each failure, in 
 
 The pytest side asserts on those lines and on the exit status.
 """
+import contextlib
+import io
+import os
 import sys
 import traceback
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["FAILS", "check", "report", "run_cases"]
+__all__ = ["FAILS", "check", "report", "run_cases", "quiet", "shared_dir"]
 
 #: This rank's failed checks, in order.
 FAILS = []
@@ -81,3 +84,18 @@ def run_cases(comm, cases, *args):
         if comm.rank == 0:
             print(f"{case.__name__}: {'ok' if flag[0] else 'FAILED'}", flush=True)
     return failed
+
+
+def quiet(fn, *args):
+    """Return ``fn(*args)`` with its standard output discarded (a trainer's table in a test body)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
+def shared_dir(comm, base, name):
+    """Create ``base/name`` on rank 0 and return its path on every rank once it exists."""
+    path = os.path.join(base, name)
+    if comm.rank == 0:
+        os.makedirs(path, exist_ok=True)
+    comm.Barrier()
+    return path
