@@ -67,7 +67,8 @@ HELP = {
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
     "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as true/false, none, a number "
                         "or a Python literal, else as text)",
-    "timeout": "data-parallel: seconds any collective (gradient all-reduce, non-finite flag, evaluation "
+    "timeout": "data-parallel: seconds any collective (run set-up and checkpoint broadcasts, the model "
+               "check, gradient all-reduce or the compressor's exchanges, non-finite flag, evaluation "
                "and epoch sums) may wait for a peer; a rank silent this long (crashed or hung) ends "
                "the job on every rank with one line naming it (MPI_Abort); a positive number",
     "tensor_parallel": "model parallelism: ranks T that split each layer (column-parallel then row-parallel "
