@@ -5,8 +5,8 @@ Routes (JSON in and out):
 - ``POST /predict`` with ``{"features": [f1, ..., fF]}`` -> 200 ``{"id", "prediction", "logits",
   "latency_ms"}``; a malformed body or bad features -> 400 ``{"error"}``; a request no replica
   could answer -> 503 ``{"error"}``; after shutdown began -> 503.
-- ``GET /health`` -> 200 ``{"status": "serving" | "draining", "in_flight": N}`` (N: requests accepted
-  and not yet answered).
+- ``GET /health`` -> 200 ``{"status": "serving" | "draining", "in_flight": N, "accepted": M}`` (N:
+  requests accepted and not yet answered; M: requests accepted since the start).
 - ``POST /shutdown`` -> 202: stop accepting, answer everything in flight, then the job ends.
 
 Handler threads never call MPI: they hand each request to the front loop (the main thread) through
@@ -41,7 +41,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.path != "/health":
             return self._reply(404, {"error": f"no route GET {self.path}"})
         self._reply(200, {"status": "draining" if self.endpoint.closing else "serving",
-                          "in_flight": self.endpoint.in_flight})
+                          "in_flight": self.endpoint.in_flight, "accepted": self.endpoint.accepted})
 
     def do_POST(self):
         ep = self.endpoint
@@ -96,6 +96,8 @@ class HttpEndpoint:
         True once shutdown began; no new request is accepted after that.
     in_flight : int
         Requests accepted and not yet answered.
+    accepted : int
+        Requests accepted since the start.
     """
 
     def __init__(self, host="127.0.0.1", port=0, answer_timeout=60.0):
@@ -105,6 +107,7 @@ class HttpEndpoint:
         self.host, self.port = host, self._server.server_address[1]
         self.answer_timeout, self.closing = float(answer_timeout), False
         self._inbox, self._lock, self._count, self.in_flight = queue.Queue(), threading.Lock(), 0, 0
+        self.accepted = 0
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
         self._thread.start()
@@ -118,6 +121,7 @@ class HttpEndpoint:
             w.request = Request(self._count, features, time.perf_counter(), done=lambda r, w=w: self._done(w))
             self._count += 1
             self.in_flight += 1
+            self.accepted += 1
             self._inbox.put(w)
         return w
 

@@ -214,7 +214,8 @@ def _serve_http(cfg, front):
             now = time.perf_counter()
             for req in ep.take():
                 front.submit(req, now)
-            if not front.step(time.perf_counter()):
+            # once shutdown began no request can join a batch: dispatch what waits without its max wait
+            if not front.step(time.perf_counter(), force=ep.closing):
                 if ep.idle() and not front.pending():
                     break
                 time.sleep(front.poll_s if front.pending() else 0.001)

@@ -300,7 +300,8 @@ def _post(url, body, timeout=20):
 def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tmp_path):
     out = str(tmp_path / "http")
     cmd = [mpiexec_path(), *launcher_args(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
-           "--replicas", "2", "--http", "0", "--max-wait-ms", "20", "--service-ms", "300", "--run-dir", out]
+           "--replicas", "2", "--http", "0", "--max-batch", "16", "--max-wait-ms", "20000", "--service-ms", "300",
+           "--run-dir", out]
     env = {**launcher_env(), "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -311,17 +312,15 @@ def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tm
             assert time.time() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() is not None else "no endpoint"
             time.sleep(0.1)
         url = "http://127.0.0.1:%d" % json.load(open(ep))["port"]
-        assert _health(url) == {"status": "serving", "in_flight": 0}
+        assert _health(url) == {"status": "serving", "in_flight": 0, "accepted": 0}
         data, ref, _ = _reference(ckpt, 8)
-        code, ans = _post(url + "/predict", {"features": data.x_test[5].tolist()})
-        assert code == 200 and np.array_equal(np.array(ans["logits"]), ref(data.x_test[5]))
         row = data.x_test[0].tolist()
         bads = [b"{not json", {"x": 1}, {"features": row[:-1]}, {"features": row[:5] + ["a"] + row[6:]},
                 b'{"features": [' + b", ".join([b"NaN"] + [b"1"] * (len(row) - 1)) + b"]}"]
-        for bad in bads:
+        for bad in bads:  # rejected at once, never batched
             code, ans = _post(url + "/predict", bad)
             assert code == 400 and ans["error"], bad
-        results = {}
+        results, base = {}, _health(url)["accepted"]
 
         def client(i):
             results[i] = _post(url + "/predict", {"features": data.x_test[i].tolist()}, timeout=60)
@@ -329,9 +328,11 @@ def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tm
         threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
         for t in threads:
             t.start()
-        while _health(url)["in_flight"] < 12:  # all 12 accepted, none answered yet (300 ms per batch)
-            assert time.time() < deadline + 30
+        # a batch of 16 with a 20 s wait: the 12 stay queued until shutdown makes the drain dispatch them
+        while _health(url)["accepted"] < base + 12:
+            assert time.time() < deadline + 60
             time.sleep(0.01)
+        assert _health(url)["in_flight"] == 12
         assert _post(url + "/shutdown", b"{}")[0] == 202
         code, ans = _post(url + "/predict", {"features": row})  # arrives while draining
         assert code == 503 and "shutting down" in ans["error"]
