@@ -267,16 +267,28 @@ class Sequential:
             x = layer.forward(x)
         return x
 
-    def backward(self, dy):
+    def backward(self, dy, on_grad=None):
         """Write all parameter gradients into ``grads`` given dL/dlogits ``dy`` (B, n_out).
 
         Each layer overwrites its own gradient views; a layer whose ``backward`` is not run keeps
         what ``grads`` held, so a training step zeroes ``grads`` first
         (``training.parallel.compute_gradient``).
+
+        Parameters
+        ----------
+        dy : ndarray, shape (B, n_out), model dtype
+            Gradient of the loss with respect to the logits.
+        on_grad : callable, optional
+            Called as ``on_grad(i)`` right after layer ``i``'s ``backward`` has written its parameter
+            gradients (layers run last to first), so that a data-parallel step can start the
+            all-reduce of a gradient bucket while the earlier layers are still being differentiated
+            (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3).
         """
         last = len(self.layers) - 1
         for i in range(last, -1, -1):
             dy = self.layers[i].backward(dy, need_input_grad=i > 0)
+            if on_grad is not None:
+                on_grad(i)
 
     def predict(self, x):
         """Return the predicted class (argmax of the logits) of each row of ``x``."""
