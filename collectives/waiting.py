@@ -20,6 +20,24 @@ __all__ = ["wait_all", "wait_within", "deadline_of"]
 _SPIN_SECONDS = 0.01
 
 
+def _oversubscribed():
+    """Return True when the launcher placed more ranks on this node than this process may use cores.
+
+    Read from the launcher's environment (MPICH's Hydra: ``MPI_LOCALNRANKS``; Open MPI:
+    ``OMPI_COMM_WORLD_LOCAL_SIZE``), so that no message is needed.
+    """
+    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or "1"
+    try:
+        return int(local) > len(os.sched_getaffinity(0))
+    except (ValueError, AttributeError):
+        return False
+
+
+#: A waiting rank whose peers share its cores gives the core away at every test, not every 64th:
+#: spinning would keep the peer it waits for from running.
+_YIELD_EVERY_TEST = _oversubscribed()
+
+
 def deadline_of(timeout):
     """Return the ``time.perf_counter()`` deadline of ``timeout`` seconds from now (None for None)."""
     return None if timeout is None else time.perf_counter() + timeout
@@ -82,6 +100,8 @@ def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, st
             progress()
         spins += 1
         if spins & 63:
+            if _YIELD_EVERY_TEST:
+                os.sched_yield()
             continue  # the clock is read every 64 tests only: a short wait costs what MPI_Waitall costs
         now = time.perf_counter()
         if deadline is not None and now > deadline:
