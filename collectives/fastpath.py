@@ -1,12 +1,13 @@
 """Persistent library plans of the ``mpi`` all-reduce: the cached fast path of repeated small calls.
 
 A :class:`LibraryPlan` is the MPI library's all-reduce, either ``MPI_Iallreduce`` posted again at every
-start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), on a private
-flat buffer in the accumulation dtype, with the call fingerprint's 8 check elements
-after the data (:mod:`collectives.library`), plus, for ``prod`` and messages above
+start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), from a private
+flat send buffer into a private receive buffer, both in the accumulation dtype, with the call
+fingerprint's 8 check elements after the data (:mod:`collectives.library`), plus, for ``prod`` and messages above
 :data:`~collectives.library.PIGGYBACK_MAX` elements, one on the 2-element fingerprint, and for float
-``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` in and rewrites the check elements;
-``wait(out)`` verifies them, restores NaN, divides for ``avg`` and copies into ``out``.
+``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` into the send buffer,
+whose check elements are written once (the reduction does not overwrite them, as it would in place);
+``wait(out)`` verifies the received ones, restores NaN, divides for ``avg`` and copies into ``out``.
 
 The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
 signature (shape, dtype, op, algorithm as given) for messages of at most
@@ -62,8 +63,9 @@ class LibraryPlan:
         order like every other commlab call, and a mismatch there still raises.
     """
 
-    __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "tail", "send", "want", "reqs", "fp", "code",
-                 "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent", "calls", "checked")
+    __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "recv", "result", "shaped_result", "tail", "want",
+                 "reqs", "fp", "code", "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent",
+                 "calls", "checked")
 
     def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
         self.ctx, self.key, self.size = ctx, key, ctx.size
@@ -71,43 +73,43 @@ class LibraryPlan:
         acc = ACC[numpy.dtype(dtype)]
         self.checked = checked  # False only while collectives.fingerprint.set_checks(False) measures their cost
         inline = checked and n <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max")
-        self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)
-        self.data = self.work[:n]
-        self.shaped = self.data.reshape(shape)
-        calls = [(self.work, MPI_OPS[op])]  # (buffer, op) of each in-place all-reduce
-        self.tail = self.send = self.want = self.fp = None
+        self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)  # sent: data, then checks
+        self.recv = numpy.zeros_like(self.work)  # received: the reduced data and checks
+        self.data, self.result = self.work[:n], self.recv[:n]
+        self.shaped, self.shaped_result = self.data.reshape(shape), self.result.reshape(shape)
+        calls = [(self.work, self.recv, MPI_OPS[op])]  # (send, receive, op) of each all-reduce
+        self.tail = self.want = self.fp = None
         if inline:
             send, want = _tail(key, ctx.size)
-            self.tail, self.send, self.want = self.work[n:], send.astype(acc), want.astype(acc).tobytes()
+            self.work[n:] = send.astype(acc)  # written once: an out-of-place reduction leaves it as it is
+            self.tail, self.want = self.recv[n:], want.astype(acc).tobytes()
         elif checked:
             self.code = key_code(key)
-            self.fp = numpy.array([self.code, -self.code], numpy.int64)
-            calls.insert(0, (self.fp, MPI.MAX))
+            self.fp = numpy.array([self.code, -self.code], numpy.int64)  # MAX in place leaves it so when equal
+            calls.insert(0, (MPI.IN_PLACE, self.fp, MPI.MAX))
         self.mask = self.isnan = None
         if op in ("min", "max") and acc.kind == "f":  # NaN propagates (collectives.buffers.nan_mask)
             self.mask = numpy.zeros(n, numpy.uint8)
             self.isnan = self.mask.view(bool)
-            calls.append((self.mask, MPI.MAX))
+            calls.append((MPI.IN_PLACE, self.mask, MPI.MAX))
         self.avg = None if op != "avg" or ctx.size == 1 else (numpy.true_divide if acc.kind == "f"
                                                               else numpy.floor_divide)
         p = ctx.size
         self.nbytes = (2 * (p - 1) * n // p) * acc.itemsize
         self.last = ("allreduce", "mpi", n, acc, self.nbytes, None, None, True)
         self.active, self.persistent, self.calls = False, persistent, calls
-        self.reqs = [ctx.comm.Allreduce_init(MPI.IN_PLACE, b, o) for b, o in calls] if persistent else []
+        self.reqs = [ctx.comm.Allreduce_init(s, r, o) for s, r, o in calls] if persistent else []
 
     def start(self, x):
-        """Copy ``x`` (the plan's shape) into the buffer, write the check elements and start the requests."""
+        """Copy ``x`` (the plan's shape) into the send buffer and start the requests."""
         ctx = self.ctx
         ctx._seq += 1  # the call sequence stays in step with every other path
         self.shaped[...] = x  # (setitem casts as copyto(casting="unsafe") does, at a fifth of the cost)
-        if self.tail is not None:
-            self.tail[...] = self.send
         if self.isnan is not None:
             numpy.isnan(self.data, out=self.isnan)
         if not self.persistent:
             comm = ctx.comm
-            self.reqs = [comm.Iallreduce(MPI.IN_PLACE, b, o) for b, o in self.calls]
+            self.reqs = [comm.Iallreduce(s, r, o) for s, r, o in self.calls]
         elif len(self.reqs) == 1:
             self.reqs[0].Start()
         else:
@@ -149,10 +151,10 @@ class LibraryPlan:
             self._failed(str(mismatch(self.key)))
             raise mismatch(self.key)
         if self.isnan is not None and self.mask.any():
-            self.data[self.isnan] = numpy.nan
+            self.result[self.isnan] = numpy.nan
         if self.avg is not None:
-            self.avg(self.data, self.size, out=self.data)
-        out[...] = self.shaped
+            self.avg(self.result, self.size, out=self.result)
+        out[...] = self.shaped_result
         ctx.last = self.last
         ctx.calls += 1
         ctx.bytes_sent += self.nbytes
