@@ -64,6 +64,12 @@ HELP = {
                  "the ranks on a grid chosen automatically: nodes x ranks per node when the job spans "
                  "several nodes, else the squarest factorization of P)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
+    "overlap": "data-parallel: start each gradient bucket's all-reduce (non-blocking) as soon as the "
+               "backward pass has written its gradients, during the rest of the backward pass, last layer "
+               "first, as PyTorch DDP does; all complete before the optimizer step, with bitwise the same "
+               "parameters. Needs --bucket-bytes > 0 to overlap anything; a compressor (--compression) and "
+               "the model-parallel grid all-reduce after the backward pass either way; --no-overlap: "
+               "always after it",
     "compression": "gradient compressor from collectives.compression, 'none' for a plain all-reduce",
     "compression_args": "compressor argument KEY=VALUE (repeatable; VALUE read as true/false, none, a number "
                         "or a Python literal, else as text)",

@@ -67,6 +67,7 @@ class Config:
     # --- communication
     algorithm: str = "auto"           # all-reduce algorithm, one of collectives.ALGORITHMS
     bucket_bytes: int = 0             # gradient bucket size (bytes), 0: one fused all-reduce
+    overlap: bool = False             # start each bucket's all-reduce during the backward pass (DDP)
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
     compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
     timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)

@@ -5,7 +5,8 @@ A *gradient hook* is any callable ``hook(flat_grad) -> (avg_grad, info)`` with `
 and ``load_state_dict(d)``; ``info`` holds at least ``bytes_sent`` (bytes), ``compress_s`` and
 ``decompress_s`` (seconds). :class:`AllreduceHook` averages with ``collectives.allreduce``; a
 compressor from ``collectives.compression.make_hook`` plugs in at the same point, between
-backward and the optimizer step.
+backward and the optimizer step. An :class:`AllreduceHook` made with ``overlap=True`` instead starts
+each bucket's all-reduce during the backward pass (:mod:`training.overlap`, DDP's overlap).
 """
 import hashlib
 import math
@@ -18,6 +19,7 @@ from collectives import trace
 from collectives.compression import make_hook
 from training.checkpoint import to_host
 from training.data import eval_shard
+from training.overlap import OverlapStep, layer_starts
 
 #: Algorithm of the small control reductions (non-finite flag, evaluation counts, digests): a
 #: hand-made one, so that a timeout names the silent peer.
@@ -83,6 +85,10 @@ class AllreduceHook:
     timeout : float, optional
         Seconds each all-reduce may wait for a peer before ``collectives.CollectiveTimeout``
         (default: no limit).
+    overlap : bool
+        True: :func:`train_step` starts each bucket's all-reduce as soon as the backward pass has
+        written its gradients (:meth:`begin`, :mod:`training.overlap`); called directly, the hook
+        still all-reduces after the backward pass.
 
     Notes
     -----
@@ -91,15 +97,18 @@ class AllreduceHook:
     ``state_dict``, ``load_state_dict``, ``close``, ``owns_momentum``).
     """
 
-    __slots__ = ("comm", "algorithm", "buckets", "timeout")
+    __slots__ = ("comm", "algorithm", "buckets", "timeout", "overlap")
     owns_momentum = False  # the optimizer keeps its own momentum
 
-    def __init__(self, comm, algorithm="auto", buckets=None, timeout=None):
+    def __init__(self, comm, algorithm="auto", buckets=None, timeout=None, overlap=False):
         if algorithm not in collectives.ALGORITHMS:
             raise ValueError(f"algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}")
         if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
             raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
         self.comm, self.algorithm, self.buckets, self.timeout = comm, algorithm, buckets, timeout
+        self.overlap = overlap
 
     def __call__(self, grad):
         buckets = self.buckets or [(0, grad.size)]
@@ -111,6 +120,17 @@ class AllreduceHook:
                                       timeout=self.timeout)
             sent += _bytes_sent(self.comm)
         return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
+
+    def begin(self, model):
+        """Return the :class:`training.overlap.OverlapStep` of one step on ``model.grads``.
+
+        Parameters
+        ----------
+        model : training.nn.Sequential
+            The model whose flat gradient the hook averages.
+        """
+        buckets = self.buckets or [(0, model.grads.size)]
+        return OverlapStep(model.grads, self.comm, self.algorithm, buckets, layer_starts(model), self.timeout)
 
     def state_dict(self):
         """Return ``{}``: a plain all-reduce keeps no state."""
@@ -127,7 +147,9 @@ def make_grad_hook(cfg, comm, model):
     """Build the gradient hook named by ``cfg.compression`` (plain all-reduce for "none").
 
     Every collective of the hook (the plain all-reduce and its buckets, or the compressor's
-    all-reduces and all-gathers) waits at most ``cfg.timeout`` seconds for a peer.
+    all-reduces and all-gathers) waits at most ``cfg.timeout`` seconds for a peer. ``cfg.overlap``
+    applies to the plain all-reduce; a compressor needs the whole gradient and runs after the
+    backward pass whatever ``cfg.overlap`` says.
 
     Parameters
     ----------
@@ -148,13 +170,13 @@ def make_grad_hook(cfg, comm, model):
     """
     if cfg.compression == "none":
         buckets = bucket_bounds(model.slices, model.dtype.itemsize, cfg.bucket_bytes)
-        return AllreduceHook(comm, cfg.algorithm, buckets, cfg.timeout)
+        return AllreduceHook(comm, cfg.algorithm, buckets, cfg.timeout, cfg.overlap)
     shapes = [tuple(p.shape) for p, _ in model.parameters()]
     return make_hook(cfg.compression, comm=comm, algorithm=cfg.algorithm, shapes=shapes,
                      timeout=cfg.timeout, **cfg.compression_args)
 
 
-def compute_gradient(model, loss_fn, x, y):
+def compute_gradient(model, loss_fn, x, y, on_grad=None):
     """Zero ``model.grads``, then run forward and backward on one batch into it.
 
     The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
@@ -166,6 +188,8 @@ def compute_gradient(model, loss_fn, x, y):
     loss_fn : training.nn.SoftmaxCrossEntropy
     x : ndarray, shape (B, F), model dtype
     y : ndarray, shape (B,), int64
+    on_grad : callable, optional
+        Passed to ``model.backward``: called with each layer's index once its gradients exist.
 
     Returns
     -------
@@ -176,7 +200,10 @@ def compute_gradient(model, loss_fn, x, y):
     with trace.span("forward", "compute"):
         loss = loss_fn.forward(model.forward(x), y)
     with trace.span("backward", "compute"):
-        model.backward(loss_fn.backward())
+        if on_grad is None:
+            model.backward(loss_fn.backward())
+        else:
+            model.backward(loss_fn.backward(), on_grad=on_grad)
     return loss
 
 
@@ -247,15 +274,32 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     (with each bucket's ``allreduce`` inside), ``forward``, ``backward`` and ``optimizer`` events;
     a compressor's ``compress`` and ``decompress`` times are drawn at the start and the end of the
     exchange (their measured durations; PowerSGD's two phases each appear as one).
+
+    With a hook whose ``overlap`` is true (:class:`AllreduceHook`), each bucket's all-reduce starts
+    during the backward pass (:mod:`training.overlap`) and the buckets are completed after the
+    non-finite flag's all-reduce, which advances them while it waits; the parameters end bitwise as
+    without overlap. ``compute_s`` then includes the backward pass's starting and testing of the
+    buckets, ``transfer_s`` is the communication left after the backward pass (what overlap did not
+    hide), and a skipped step has sent its buckets (``bytes_sent`` counts them) before discarding
+    the averaged gradient.
     """
     t0 = time.perf_counter()
-    loss = compute_gradient(model, loss_fn, x, y)
-    bad = not is_finite(loss, model.grads)
+    step = hook.begin(model) if getattr(hook, "overlap", False) else None
+    loss = compute_gradient(model, loss_fn, x, y, None if step is None else step.layer_done)
+    if step is None:
+        bad = not is_finite(loss, model.grads)
+    else:
+        step.flush()
+        bad = not (numpy.isfinite(loss) and step.finite)
     t1 = time.perf_counter()
     skip = any_rank(bad, comm, getattr(hook, "timeout", None))
     t2 = time.perf_counter()
     info = {"bytes_sent": 0, "compress_s": 0.0, "decompress_s": 0.0}
-    if skip:
+    if step is not None:
+        info = step.wait()  # every rank started the same buckets: complete them, skipped step or not
+        if skip:
+            model.grads.fill(0)
+    elif skip:
         model.grads.fill(0)
     else:
         avg, info = hook(model.grads)
