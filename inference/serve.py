@@ -141,6 +141,7 @@ def run(cfg, comm=None):
 
 
 def _front(cfg, serving, spec, data, oracle, world):
+    """Run the front rank's part; ``oracle`` is the single-process reference whose bits count as correct."""
     T = cfg.tensor_parallel
     front = Front(serving, [1 + r * T for r in range(cfg.replicas)], spec.n_features, spec.n_classes,
                   DynamicBatcher(cfg.max_batch, cfg.max_wait_ms / 1e3), Balancer(cfg.balance, cfg.replicas, cfg.seed),
@@ -155,10 +156,15 @@ def _front(cfg, serving, spec, data, oracle, world):
     correct = [r.status == "ok" and numpy.array_equal(r.logits, oracle.predict(r.x[None])[0])
                for r in front.requests]
     dense = dense_forward(spec.weights, spec.activation)
-    agree = [r.status == "ok" and int(r.logits.argmax()) == int(dense(r.x[None]).argmax()) for r in front.requests]
+    ok = [r for r in front.requests if r.status == "ok"]
+    plain = [dense(r.x[None])[0] for r in ok]  # the unsplit model, batch of one
+    agree = [int(r.logits.argmax()) == int(d.argmax()) for r, d in zip(ok, plain)]
+    diff = max((float(numpy.max(numpy.abs(r.logits - d))) for r, d in zip(ok, plain)), default=0.0)
     t_start = min([r.arrival for r in front.requests] or [t0])
     extra = {"offered_rps": cfg.rate if cfg.clients == 0 and cfg.http < 0 else None,
-             "class_agrees_with_dense": int(sum(agree)), "replicas_without_fin": missing,
+             "reference": "dense forward" if T == 1 else
+             f"tensor-parallel forward of T = {T}, partial sums added in rank order (inference.tensor.emulate_forward)",
+             "class_agrees_with_dense": int(sum(agree)), "max_abs_diff_vs_dense": diff, "replicas_without_fin": missing,
              "rows_per_forward": oracle.rows, "checkpoint_file": spec.path,
              "config": cfg.to_dict(), **run_info(world)}
     summary = summarize(front, correct, t_start, t_end, extra)

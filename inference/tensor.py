@@ -5,21 +5,33 @@ of T keeps the columns of ``A`` (and of its bias) and the matching rows of ``B``
 between them is element-wise, so it runs on the local columns; the pair's output is the sum over
 ranks of ``h_r @ B_r``, one all-reduce per pair, then ``B``'s bias is added once. The layers are
 :class:`training.parallel_layers.ColumnParallelLinear` and
-:class:`~training.parallel_layers.RowParallelLinear`, built from the checkpoint's dense weights;
-their all-reduce is commlab's :func:`collectives.allreduce` with the algorithm the caller names.
+:class:`~training.parallel_layers.RowParallelLinear`, built from the checkpoint's dense weights.
 
 The split rule for a whole MLP: Linear layer ``k`` (0-based) is column-parallel when ``k`` is even and
 it is not the last layer, row-parallel when ``k`` is odd; an even last layer (a model with an even
 number of hidden layers, including the linear model) is row-parallel over the full input, each rank
 taking its own input columns. Widths follow the ``numpy.array_split`` rule
 (:func:`training.parallel_layers.shard_bounds`); a split width must be at least T.
+
+The summation rule (what makes answers reproducible): floating-point addition is not associative,
+so a sum of T > 2 partials depends on the order of the additions, and every all-reduce algorithm
+has its own (the ring starts each chunk at another rank, recursive doubling adds pairs, the MPI
+library chooses for itself). The serving forward therefore adds the partial outputs of a
+row-parallel layer in rank order, ``((p_0 + p_1) + p_2) + ...``, then the bias, whatever the
+algorithm (:func:`rank_order_allreduce`). Its single-process reference is
+:func:`emulate_forward`: the same shards, the same matrix products, the same additions in the same
+order, in one process. Answers equal it bitwise for every T and every algorithm. They are not the
+bits of the unsplit model's ``x @ W + b`` for T >= 2 (a GEMM adds its products in its own blocked
+order, which no split reproduces); they agree with it to rounding (a few ulps of the logits).
 """
+import time
+
 import numpy
 
 import collectives
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["shard_layers", "TensorParallelForward", "emulate_forward"]
+__all__ = ["shard_layers", "rank_order_allreduce", "TensorParallelForward", "emulate_forward"]
 
 
 def shard_layers(weights, rank, size, comm=None, algorithm="auto", timeout=None):
@@ -63,8 +75,71 @@ def _act(name):
     return numpy.tanh if name == "tanh" else (lambda z: numpy.maximum(z, 0.0))
 
 
+def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
+    """Return the sum of ``x`` over the ranks of ``comm``, added in rank order, on every rank.
+
+    Each rank writes ``x`` into its own slot of a ``(T, *x.shape)`` buffer filled with ``-0.0``,
+    the additive identity of IEEE 754 arithmetic (``v + -0.0 == v`` for every ``v``, signed zeros
+    included), and the buffer is summed by :func:`collectives.allreduce` with ``algorithm``: each
+    element of slot ``t`` then has one term that is not ``-0.0``, ``x`` of rank ``t``, so no order of
+    additions can change it, and every rank holds every rank's ``x`` exactly (an all-gather carried
+    by the all-reduce). The slots are then added locally in rank order, ``((x_0 + x_1) + x_2) + ...``.
+    The result is therefore bitwise the same on every rank, for every algorithm and every T, and a
+    single process reproduces it from the T inputs; an all-reduce of ``x`` itself adds in its
+    algorithm's own order, which for T > 2 changes the last bits (floating-point addition is not
+    associative; on reproducible parallel sums, Demmel and Nguyen, "Fast reproducible
+    floating-point summation", ARITH 2013).
+
+    Cost: the all-reduce carries ``T n`` elements instead of ``n`` (the latency terms, which
+    dominate the small messages of a serving forward, are those of the algorithm; the bandwidth
+    term is T times larger, e.g. ``2 (T-1) n`` elements sent per rank by the ring), plus
+    ``(T-1) n`` local additions.
+
+    Parameters
+    ----------
+    x : ndarray, float64 or float32
+        This rank's partial sum, any shape (``(B, n_out)`` in the forward).
+    comm : mpi4py.MPI.Intracomm
+        The tensor-parallel group; every rank calls with the same shape and dtype.
+    algorithm : str
+        All-reduce algorithm, a key of :data:`collectives.ALGORITHMS` (``auto`` picks by the size
+        ``T * x.nbytes``).
+    timeout : float, optional
+        Seconds the all-reduce may wait for a peer (:class:`collectives.CollectiveTimeout`).
+    slots : ndarray, shape (T, *x.shape), x.dtype, optional
+        Scratch buffer to reuse between calls (overwritten).
+
+    Returns
+    -------
+    ndarray, x.shape, x.dtype
+        A fresh array.
+
+    Raises
+    ------
+    ValueError
+        When ``slots`` has the wrong shape or dtype, or from :func:`collectives.allreduce`.
+    """
+    T, shape = comm.Get_size(), (comm.Get_size(), *x.shape)
+    if slots is None:
+        slots = numpy.empty(shape, x.dtype)
+    elif slots.shape != shape or slots.dtype != x.dtype:
+        raise ValueError(f"slots must be {shape} {x.dtype}, got {slots.shape} {slots.dtype}")
+    slots.fill(-0.0)
+    slots[comm.Get_rank()] = x
+    collectives.allreduce(slots, comm, op="sum", algorithm=algorithm, out=slots, timeout=timeout)
+    total = slots[0].copy()
+    for t in range(1, T):
+        total += slots[t]
+    return total
+
+
 class TensorParallelForward:
     """One rank's part of the tensor-parallel forward; every rank of ``comm`` calls it together.
+
+    Column-parallel layers run :class:`~training.parallel_layers.ColumnParallelLinear`'s forward
+    (no message); a row-parallel layer computes its partial ``x_r @ W_r`` (B, n_out), sums the
+    partials with :func:`rank_order_allreduce` (rank order, whatever ``algorithm``), then adds the
+    bias: the rule of the module docstring, so the logits equal :func:`emulate_forward` bitwise.
 
     Parameters
     ----------
@@ -84,6 +159,11 @@ class TensorParallelForward:
         Seconds spent in all-reduce calls since the last :meth:`reset`.
     allreduce_calls : int
         All-reduce calls since the last reset.
+
+    Raises
+    ------
+    ValueError
+        When ``algorithm`` is unknown or a split width is below T.
     """
 
     def __init__(self, weights, activation, comm, algorithm="auto", timeout=None):
@@ -91,6 +171,8 @@ class TensorParallelForward:
             raise ValueError(f"algorithm must be one of {', '.join(collectives.ALGORITHMS)}, got {algorithm!r}")
         self.layers = shard_layers(weights, comm.rank, comm.size, comm, algorithm, timeout)
         self.act, self.comm = _act(activation), comm
+        self.algorithm, self.timeout = algorithm, timeout
+        self._slots = {}
         self.reset()
 
     def reset(self):
@@ -105,25 +187,46 @@ class TensorParallelForward:
 
     @property
     def allreduce_calls(self):
-        """All-reduce calls since the last :meth:`reset`."""
+        """All-reduce calls since the last reset."""
         return sum(layer.stats["calls"] for layer, _ in self.layers)
+
+    def _row_parallel(self, layer, x):
+        part = x @ layer.W  # (B, n_out), this rank's partial sum
+        key = (layer.lo, part.shape)
+        if key not in self._slots:
+            self._slots[key] = numpy.empty((self.comm.size, *part.shape), part.dtype)
+        t0 = time.perf_counter()
+        y = rank_order_allreduce(part, self.comm, self.algorithm, self.timeout, self._slots[key])
+        st = layer.stats
+        st["comm_s"] += time.perf_counter() - t0
+        st["bytes_sent"] += collectives.last_stats(self.comm).get("bytes_sent", 0)
+        st["calls"] += 1
+        y += layer.b
+        return y
 
     def __call__(self, x):
         """Return the full logits of ``x`` (B, n_features) float64, identical on every rank."""
         last = len(self.layers) - 1
         for k, (layer, cols) in enumerate(self.layers):
-            x = layer.forward(x if cols is None else numpy.ascontiguousarray(x[:, cols]))
-            x = self.act(x) if k < last else x.copy()  # layer outputs are reused buffers
+            if cols is not None:
+                x = numpy.ascontiguousarray(x[:, cols])
+            if isinstance(layer, RowParallelLinear):
+                x = self._row_parallel(layer, x)
+            else:
+                x = layer.forward(x)  # never the last layer: the activation below makes a fresh array
+            if k < last:
+                x = self.act(x)
         return x
 
 
 def emulate_forward(weights, activation, size):
-    """Return a single-process function computing the T-way tensor-parallel forward.
+    """Return the single-process reference of the T-way tensor-parallel forward.
 
-    Every rank's shards are those of :func:`shard_layers`; the partial sums of a row-parallel
-    layer are added in rank order, ``(p0 + p1) + p2 ...``, then the bias. For T = 2 this equals
-    any all-reduce's result bitwise (one addition, commutative); for T > 2 an all-reduce may add
-    in another order, so results agree to rounding.
+    Every rank's shards are those of :func:`shard_layers`, their matrix products the same; the
+    partial sums of a row-parallel layer are added in rank order, ``((p0 + p1) + p2) + ...``, then
+    the bias: the rule :class:`TensorParallelForward` follows, so its answers equal this function's
+    bitwise for every T and every all-reduce algorithm. For T = 1 it is the dense forward; for
+    T >= 2 it agrees with the dense forward to rounding only (the module docstring says why).
 
     Parameters
     ----------
