@@ -2,6 +2,7 @@
 
     mpiexec [-bind-to core] -n 4 python -m experiments.bench_collectives [--ops allreduce,reduce_scatter,allgather]
         [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--repeats 3] [--out results/bench]
+        [--format table|nccl-tests]
     python -m plots.bench results/bench.json
     python -m experiments.tune results/bench.json --out tuning.json
 
@@ -20,15 +21,23 @@ algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
    20 %), and every summary ratio is reported as median and range over the passes
    (:func:`experiments.bench_output.combine`). The results record the load average before and after.
 
-Columns follow nccl-tests: size is the whole vector in bytes (all-reduce and reduce-scatter input,
-all-gather output made of P blocks of size / P, broadcast buffer); time is the slowest rank's mean;
-algbw = size / time; busbw = algbw x 2(P-1)/P for all-reduce, (P-1)/P for reduce-scatter and
-all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI_Allreduce``,
+The default table's columns follow nccl-tests' definitions: size is the whole vector in bytes
+(all-reduce and reduce-scatter input, all-gather output made of P blocks of size / P, broadcast
+buffer); time is the slowest rank's mean (nccl-tests reports the mean over ranks, also stored, as
+``time_mean_us``); algbw = size / time; busbw = algbw x 2(P-1)/P for all-reduce, (P-1)/P for
+reduce-scatter and all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI_Allreduce``,
 ``MPI_Reduce_scatter``, ``MPI_Allgather``, ``MPI_Bcast``), which prices commlab's layer around its
 ``mpi`` algorithm; and for all-reduce two loops that price the schedule executor: ``ring-direct``,
 the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-place ufuncs, and
 ``ring-execute``, the cached ring schedule run by ``collectives.executor.execute`` alone.
 ``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
+
+``--format nccl-tests`` prints, at the end, one table per op and algorithm in nccl-tests' layout
+(:func:`experiments.bench_output.nccl_tests`): size, count, type, redop, root, then time, algbw,
+busbw and #wrong for the out-of-place and the in-place call, time being the mean over ranks as
+nccl-tests reports it, and the ``# Avg bus bandwidth`` footer. The in-place calls are then measured
+too, where commlab has them (:mod:`experiments.bench_cases`); elsewhere the group reads N/A.
+
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
 library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench_output.summarize`).
 """
@@ -43,17 +52,20 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.schedule import chunk_bounds
-from experiments.bench_oracle import check_data, count_wrong, oracle_allreduce, raw
-from experiments.bench_output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, write
+from experiments.bench_cases import case, poison
+from experiments.bench_oracle import count_wrong
+from experiments.bench_output import (COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, nccl_tests,
+                                      write)
 from experiments.outputs import unwritable
-from experiments.bench_references import (auto_timeout, finish, gloo, gloo_available, limit, mpi_persistent,
-                                         persistent, ring_direct, ring_execute)
+from experiments.bench_references import gloo_available
 from plots.bench import markdown
 from training.cli import parse_on_every_rank
 from training.sizes import bytes_argument
 
-__all__ = ["BenchConfig", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
+__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
+
+#: Printed output formats (``--format``).
+FORMATS = ("table", "nccl-tests")
 
 #: Collectives the sweep knows, in default order.
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
@@ -67,7 +79,6 @@ REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Allreduce_init", "persistent",
                              "ring-execute", "limit"), "reduce_scatter": ("MPI_Reduce_scatter",),
               "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
 
-_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
 
 
@@ -90,6 +101,7 @@ class BenchConfig:
     rounds: int = 1                           # segments per timed loop, algorithms taking turns (1 = OSU)
     repeats: int = 3                          # passes over the whole sweep; rows hold the median pass
     baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
+    format: str = "table"                     # printed output: "table" (commlab's columns) or "nccl-tests"
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
 
 
@@ -152,6 +164,11 @@ def parse_args(argv=None, size=1):
                         "passes, ratios their median and range, and sizes whose passes differ by more than "
                         f"{UNSTABLE:.0%}% are flagged (default {d.repeats})")
     p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
+    p.add_argument("--format", choices=FORMATS, default=d.format,
+                   help="printed output: table (commlab's columns as rows are measured, then the Markdown "
+                        "summary) or nccl-tests (at the end, one table per op and algorithm in nccl-tests' "
+                        "columns: time as the mean over ranks, out-of-place and in-place groups, the "
+                        "in-place calls measured too; default table)")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
     a = p.parse_args(argv)
     for name in ("iters", "warmup"):
@@ -176,7 +193,8 @@ def parse_args(argv=None, size=1):
     cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
                        dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                        warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
-                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out)
+                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
+                       format=a.format)
     if not _plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
@@ -185,67 +203,11 @@ def parse_args(argv=None, size=1):
 
 
 def _case(op, nbytes, cfg, comm):
-    """Return (count, oracle, {algorithm: call}, poisoned) for one op and size, or None if empty.
+    """Return the :class:`experiments.bench_cases.Case` of ``op`` at ``nbytes`` (None if it holds no element).
 
-    Each call returns its result; ``poisoned`` is the output buffer the calls write in place (or
-    None), filled with NaN / the most negative integer before each check so that an algorithm that
-    leaves elements unwritten is counted wrong.
+    In-place calls are built with ``--format nccl-tests``, whose second group of columns they fill.
     """
-    P, r, dt = comm.Get_size(), comm.Get_rank(), np.dtype(cfg.dtype)
-    count = nbytes // dt.itemsize
-    count -= count % P if op == "allgather" else 0
-    if count == 0:
-        return None
-    names = [a for a in _algorithms(op) if (not cfg.algorithms or a in cfg.algorithms)
-             and not (a.startswith("MPI_") and dt == np.float16)]
-    names += [cfg.baseline] if op == "allreduce" and cfg.baseline else []
-    x = check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
-    poisoned, mop, calls = None, _MPI_OPS[cfg.redop], {}
-    if op == "allreduce":
-        ref, poisoned = oracle_allreduce(comm, x, cfg.redop), np.empty_like(x)
-        special = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo, "persistent": persistent,
-                   "auto-timeout": auto_timeout, "MPI_Allreduce_init": mpi_persistent, "limit": limit}
-        calls = {a: special[a](comm, x, poisoned, cfg.redop) if a in special else
-                 (lambda a=a: collectives.allreduce(x, comm, cfg.redop, a, out=poisoned)) for a in names}
-
-        def direct():
-            comm.Allreduce(x, poisoned, mop)
-            return finish(poisoned, poisoned, cfg.redop, P)
-    elif op == "reduce_scatter":
-        b = chunk_bounds(count, P)
-        counts = [b[i + 1] - b[i] for i in range(P)]
-        ref, poisoned = oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], dt)
-        calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a)) for a in names}
-
-        def direct():
-            comm.Reduce_scatter(x, poisoned, counts, mop)
-            return finish(poisoned, poisoned, cfg.redop, P)
-    elif op == "allgather":
-        ref, poisoned = np.empty(count, dt), np.empty(count, dt)
-        comm.Allgather(raw(x), raw(ref))
-        calls = {a: (lambda a=a: collectives.allgather(x, comm, a)) for a in names}
-
-        def direct():
-            comm.Allgather(raw(x), raw(poisoned))
-            return poisoned
-    else:
-        ref = x.copy()
-        comm.Bcast(raw(ref), 0)
-        poisoned = x if r else None  # the root keeps its data, the others receive into x
-        calls = {a: (lambda a=a: collectives.broadcast(x, 0, comm, a)) for a in names}
-
-        def direct():
-            comm.Bcast(raw(x), 0)
-            return x
-    for a in names:
-        if a.startswith("MPI_") and a not in ("MPI_Allreduce_init",):
-            calls[a] = direct
-    return count, ref, calls, poisoned
-
-
-def _poison(a):
-    if a is not None:
-        a.fill(np.iinfo(a.dtype).min if a.dtype.kind == "i" else np.nan)
+    return case(op, nbytes, cfg, comm, _algorithms, in_place=cfg.format == "nccl-tests")
 
 
 def _segment(call, comm, iters, warmup, times):
@@ -272,54 +234,81 @@ def _iterations(calls, comm, iters, max_time):
     return {alg: max(3, min(iters, int(max_time / max(e, 1e-9)))) for alg, e in zip(calls, est)}
 
 
+def _check(c, comm):
+    """Return (#wrong per out-of-place call, #wrong per in-place call, resolved names), summed over ranks."""
+    wrong, resolved = np.zeros(len(c.calls) + len(c.in_place), np.int64), {}
+    for i, (alg, call) in enumerate(c.calls.items()):
+        poison(c.poisoned)
+        wrong[i] = 0 if getattr(call, "unchecked", False) else count_wrong(call(), c.ref)
+        resolved[alg] = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
+    for i, call in enumerate(c.in_place.values(), len(c.calls)):
+        c.reset()
+        wrong[i] = count_wrong(call(), c.ref)
+    comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
+    return dict(zip(c.calls, wrong[:len(c.calls)])), dict(zip(c.in_place, wrong[len(c.calls):])), resolved
+
+
+def _time(timed, cfg, comm, size):
+    """Time every call of ``timed``; return (iterations, every rank's mean and median: (P, calls, 2) seconds).
+
+    The timed calls of each are split into ``cfg.rounds`` segments (each with its share of the
+    warm-up) and the calls take turns segment by segment, so slow drifts of a shared machine's load
+    fall on all of them alike.
+    """
+    iters = _iterations(timed, comm, cfg.iters_small if size <= cfg.large_bytes else cfg.iters_large, cfg.max_time)
+    warmup, R = cfg.warmup_small if size <= cfg.large_bytes else cfg.warmup_large, cfg.rounds
+    times = {key: [] for key in timed}
+    for k in range(R):
+        for key, call in timed.items():
+            _segment(call, comm, iters[key] * (k + 1) // R - iters[key] * k // R,
+                     warmup * (k + 1) // R - warmup * k // R, times[key])
+    for call in timed.values():
+        getattr(call, "free", lambda: None)()  # persistent requests of the reference rows
+    local = np.array([[np.mean(times[key]), np.median(times[key])] for key in timed])  # (calls, 2)
+    every = np.empty((comm.Get_size(),) + local.shape)
+    comm.Allgather(local, every)  # (P, calls, 2): each rank's mean and median
+    return iters, every
+
+
 def _measure(op, nbytes, cfg, comm):
     """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank).
 
-    The timed calls of each algorithm are split into ``cfg.rounds`` segments (each with its share of
-    the warm-up) and the algorithms take turns segment by segment, so slow drifts of a shared
-    machine's load fall on all of them alike.
+    A row's times are those of the out-of-place call; with ``--format nccl-tests`` the in-place call,
+    where there is one (:mod:`experiments.bench_cases`), adds ``inplace_time_us`` (slowest rank's
+    mean), ``inplace_time_mean_us`` (mean over ranks) and ``inplace_wrong``.
     """
-    case = _case(op, nbytes, cfg, comm)
-    if case is None:
+    c = _case(op, nbytes, cfg, comm)
+    if c is None:
         return []
-    count, ref, calls, poisoned = case
     P, dt = comm.Get_size(), np.dtype(cfg.dtype)
-    wrong, resolved = np.zeros(len(calls), np.int64), {}
-    for i, (alg, call) in enumerate(calls.items()):
-        _poison(poisoned)
-        wrong[i] = 0 if getattr(call, "unchecked", False) else count_wrong(call(), ref)
-        resolved[alg] = collectives.last_stats(comm)["algorithm"] if alg == "auto" else alg
-    comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
-    size = count * dt.itemsize
-    iters = _iterations(calls, comm, cfg.iters_small if size <= cfg.large_bytes else cfg.iters_large, cfg.max_time)
-    warmup, R = cfg.warmup_small if size <= cfg.large_bytes else cfg.warmup_large, cfg.rounds
-    times = {alg: [] for alg in calls}
-    for k in range(R):
-        for alg, call in calls.items():
-            _segment(call, comm, iters[alg] * (k + 1) // R - iters[alg] * k // R,
-                     warmup * (k + 1) // R - warmup * k // R, times[alg])
-    for call in calls.values():
-        getattr(call, "free", lambda: None)()  # persistent requests of the reference rows
-    local = np.array([[np.mean(times[a]), np.median(times[a])] for a in calls])  # (algorithms, 2)
-    every = np.empty((P,) + local.shape)
-    comm.Allgather(local, every)  # (P, algorithms, 2): each rank's mean and median
+    wrong, wrong_in_place, resolved = _check(c, comm)
+    size = c.count * dt.itemsize
+    timed = {**c.calls, **{(alg, "in-place"): call for alg, call in c.in_place.items()}}
+    iters, every = _time(timed, cfg, comm, size)
+    t = {key: every[:, i, :] for i, key in enumerate(timed)}  # (P, 2) per call
     rows = []
-    for i, alg in enumerate(calls):
-        t_min, t_mean, t_max = every[:, i, 0].min(), every[:, i, 0].mean(), every[:, i, 0].max()
+    for alg in c.calls:
+        t_min, t_mean, t_max = t[alg][:, 0].min(), t[alg][:, 0].mean(), t[alg][:, 0].max()
         algbw = size / t_max / 1e9 if t_max > 0 else 0.0
-        rows.append({"op": op, "bytes": size, "count": count, "type": dt.name,
-                     "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
-                     "algorithm": alg, "resolved": resolved[alg], "P": P, "iters": iters[alg],
-                     "time_us": t_max * 1e6, "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6,
-                     "time_median_us": every[:, i, 1].max() * 1e6, "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[i]), "time_s": float(t_max)})
+        row = {"op": op, "bytes": size, "count": c.count, "type": dt.name,
+               "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
+               "algorithm": alg, "resolved": resolved[alg], "P": P, "iters": iters[alg],
+               "time_us": t_max * 1e6, "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6,
+               "time_median_us": t[alg][:, 1].max() * 1e6, "algbw_GBps": algbw,
+               "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[alg]), "time_s": float(t_max)}
+        if alg in c.in_place:
+            ip = t[(alg, "in-place")][:, 0]
+            row.update(inplace_time_us=ip.max() * 1e6, inplace_time_mean_us=ip.mean() * 1e6,
+                       inplace_wrong=int(wrong_in_place[alg]))
+        rows.append(row)
     return rows
 
 
 def run_sweep(cfg, comm=None):
     """Run the sweep described by ``cfg`` on ``comm`` and return the results dict (on every rank).
 
-    Rank 0 prints each row as it is measured and rewrites the results files after every size, so an
+    Rank 0 prints each row as it is measured (with ``--format nccl-tests``, one comment line per size
+    and nccl-tests' tables at the end) and rewrites the results files after every size, so an
     interrupted sweep leaves what it measured (``complete`` false).
 
     Raises
@@ -336,10 +325,11 @@ def run_sweep(cfg, comm=None):
     if cfg.baseline == "gloo" and not gloo_available(comm):
         comm.Free()
         raise RuntimeError(_NO_TORCH)
-    rank0, passes = comm.Get_rank() == 0, []
+    rank0, passes, nccl = comm.Get_rank() == 0, [], cfg.format == "nccl-tests"
     if rank0:
+        stat = "mean over ranks of each rank's mean" if nccl else "slowest rank's mean"
         print(f"# commlab collectives on P={comm.Get_size()} ({library()})"
-              f", {cfg.dtype}, time = slowest rank's mean, {cfg.repeats} passes\n#{HEAD[1:]}", flush=True)
+              f", {cfg.dtype}, time = {stat}, {cfg.repeats} passes" + ("" if nccl else f"\n#{HEAD[1:]}"), flush=True)
     for k in range(cfg.repeats):
         rows = []
         passes.append(rows)
@@ -348,23 +338,30 @@ def run_sweep(cfg, comm=None):
                 for row in _measure(op, nbytes, cfg, comm):
                     row["pass"] = k
                     rows.append(row)
-                    if rank0:
+                    if rank0 and not nccl:
                         print(line(row), flush=True)
             if rank0:
                 write(cfg, header(cfg, comm, False, passes))
+                if nccl:
+                    print(f"# pass {k + 1} of {cfg.repeats}: {nbytes} B measured", flush=True)
     results = header(cfg, comm, True, passes)
     if rank0:
         write(cfg, results)
-        print("\n" + markdown(results), flush=True)
-        shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"]
-                 if r["unstable"]]
-        print(f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than {UNSTABLE:.0%}"
-              + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
-              + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
-        print(f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
+        _report(cfg, results)
     collectives.free_context(comm)
     comm.Free()
     return results
+
+
+def _report(cfg, results):
+    """Print the end of a sweep (rank 0): the summary or nccl-tests' tables, the unstable rows, the files."""
+    nccl = cfg.format == "nccl-tests"
+    print("\n" + (nccl_tests(results) if nccl else markdown(results)), flush=True)
+    shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
+    print(("# " if nccl else "") + f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than "
+          f"{UNSTABLE:.0%}" + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
+          + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
+    print(("# " if nccl else "") + f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
 
 
 def _unwritable(prefix):
@@ -392,7 +389,7 @@ def main(argv=None):
     if flag[0]:
         _fail(comm, why)
     results = run_sweep(cfg, comm)
-    sys.exit(1 if any(r["wrong"] for r in results["rows"]) else 0)
+    sys.exit(1 if any(r["wrong"] or r.get("inplace_wrong") for r in results["rows"]) else 0)
 
 
 if __name__ == "__main__":

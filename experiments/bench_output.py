@@ -23,8 +23,8 @@ import collectives
 from collectives.backend import mpi_library
 from plots.bench import check_stat, row_seconds
 
-__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "summarize", "combine", "repeat_summary", "header",
-           "write"]
+__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "nccl_tests", "summarize", "combine",
+           "repeat_summary", "header", "write"]
 
 # the hand-made algorithms: every registered name but the library's own and the selector
 _HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
@@ -33,7 +33,7 @@ _KIB, _MIB = 1 << 10, 1 << 20
 #: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
 COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
            "time_min_us", "time_mean_us", "time_median_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s",
-           "passes", "spread", "unstable")
+           "passes", "spread", "unstable", "inplace_time_us", "inplace_time_mean_us", "inplace_wrong")
 
 #: Relative spread (max / min - 1) of a row's passes above which it is flagged unstable.
 UNSTABLE = 0.20
@@ -58,6 +58,88 @@ def line(w):
     return (f"{w['op']:>14} {w['bytes']:>10} {w['count']:>10} {w['type']:>8} {w['redop']:>5} {alg:>19} "
             f"{w['time_us']:>10.2f} {w['time_min_us']:>10.2f} {w['time_mean_us']:>10.2f} {w['algbw_GBps']:>11.3f} "
             f"{w['busbw_GBps']:>11.3f} {w['wrong']:>6}")
+
+
+#: nccl-tests' names: of the collectives (its binaries, ``all_reduce_perf``...) and of the dtypes (``-d``).
+_NCCL_OPS = {"allreduce": "all_reduce", "reduce_scatter": "reduce_scatter", "allgather": "all_gather",
+             "broadcast": "broadcast"}
+_NCCL_TYPES = {"float16": "half", "float32": "float", "float64": "double"}
+
+
+def _nccl_time(us):
+    """Format a time in microseconds as nccl-tests does: 2 decimals below 100, 1 below 10^4, else none."""
+    return f"{us:7.0f}" if us >= 1e4 else f"{us:7.1f}" if us >= 100 else f"{us:7.2f}"
+
+
+def _nccl_bw(v):
+    """Format a bandwidth (GB/s) in 6 characters as nccl-tests does: fewer decimals as it grows."""
+    digits = len(str(int(v))) if v >= 1 else 0
+    return f"{v:6.2f}" if digits < 4 else f"{v:6.1f}" if digits < 5 else f"{v:6.0f}" if digits < 7 else f"{v:6.1e}"
+
+
+def _nccl_group(nbytes, factor, time_us, wrong):
+    """Return one group of columns (time, algbw, busbw, #wrong) and its busbw, or N/A and None."""
+    if time_us is None:
+        return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}", None
+    algbw = nbytes / time_us / 1e3 if time_us > 0 else 0.0  # bytes / us = MB/s; / 1e3 = GB/s
+    return f"  {_nccl_time(time_us)}  {_nccl_bw(algbw)}  {_nccl_bw(algbw * factor)}  {wrong:>6}", algbw * factor
+
+
+def nccl_tests(results):
+    """Return a sweep's rows as nccl-tests prints them: one table per (op, algorithm).
+
+    nccl-tests' conventions (``all_reduce_perf`` and its siblings, ``doc/PERFORMANCE.md``): size in
+    bytes (the whole vector: all-gather's output, reduce-scatter's input); count in elements of the
+    collective's own argument (per rank for all-gather and reduce-scatter: size / P elements; the
+    smallest rank's where commlab's uneven reduce-scatter chunks differ); type in nccl-tests' names
+    (``float``, ``half``, ``double``); redop (``none`` for all-gather and broadcast); root (-1, 0 for
+    broadcast); then for the out-of-place and the in-place call: time, the mean over ranks of each
+    rank's mean time per call (us), algbw = size / time and busbw = algbw x :func:`bus_factor`
+    (GB/s), and #wrong (elements differing from MPI's own collective, summed over ranks). A group
+    that commlab has no call for reads N/A: in-place for reduce-scatter, all-gather and the reference
+    loops (or when the sweep ran without ``--format nccl-tests``), out-of-place for broadcast, which
+    commlab (like MPI) only has in place. Each table ends with ``# Avg bus bandwidth``, the mean busbw
+    over its measured groups, as nccl-tests computes it.
+
+    Unlike nccl-tests, which times back-to-back calls, each call here is timed on its own after a
+    barrier (OSU), and the rows hold the median of the sweep's passes.
+
+    Parameters
+    ----------
+    results : dict
+        As returned by ``experiments.bench_collectives.run_sweep`` (``P``, ``mpi_library``, ``rows``).
+
+    Returns
+    -------
+    str
+    """
+    P, blocks = results["P"], {}
+    for r in results["rows"]:
+        blocks.setdefault((r["op"], r["algorithm"]), []).append(r)
+    out = []
+    for (op, alg), rows in blocks.items():
+        resolved = {r["resolved"] for r in rows} - {alg}
+        out += [f"# {_NCCL_OPS[op]}: commlab algorithm {alg}" + (f" (-> {', '.join(sorted(resolved))})" if resolved
+                                                                  else "") + f", P = {P}, {results['mpi_library']}",
+                "#", f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}  {'out-of-place':^31}  "
+                     f"{'in-place':^31}".rstrip(),
+                f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
+                + f"  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
+                (f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
+                 + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2).rstrip()]
+        bus = []
+        for r in sorted(rows, key=lambda r: r["bytes"]):
+            factor = bus_factor(op, P)
+            own = (None, None) if op == "broadcast" else (r["time_mean_us"], r["wrong"])
+            inplace = (r["time_mean_us"], r["wrong"]) if op == "broadcast" else \
+                (r.get("inplace_time_mean_us"), r.get("inplace_wrong"))
+            count = r["count"] // P if op in ("allgather", "reduce_scatter") else r["count"]
+            text, busbw = zip(*(_nccl_group(r["bytes"], factor, *g) for g in (own, inplace)))
+            bus += [b for b in busbw if b is not None]
+            out.append(f"{r['bytes']:>12}  {count:>12}  {_NCCL_TYPES.get(r['type'], r['type']):>8}  {r['redop']:>6}  "
+                       f"{0 if op == 'broadcast' else -1:>6}" + "".join(text))
+        out += [f"# {'Avg bus bandwidth':<20} : {statistics.fmean(bus) if bus else 0.0:g}", "#"]
+    return "\n".join(out)
 
 
 def library():
@@ -103,45 +185,67 @@ def summarize(rows, stat="mean"):
     check_stat(rows, stat)
     t = {(r["op"], r["algorithm"], r["bytes"]): row_seconds(r, stat) for r in rows
          if not r.get("wrong") and row_seconds(r, stat) > 0}
-    sizes = []
-    for n in sorted({r["bytes"] for r in rows}):
-        e = {"bytes": n}
-        mpi = t.get(("allreduce", "mpi", n))
-        best = min((a for a in _HAND_MADE if ("allreduce", a, n) in t), key=lambda a: t[("allreduce", a, n)],
-                   default=None)
-        if mpi and best:
-            e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
-        if mpi and ("allreduce", "auto", n) in t:
-            e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
-        if mpi and ("allreduce", "MPI_Allreduce", n) in t:
-            e["mpi_vs_raw"] = mpi / t[("allreduce", "MPI_Allreduce", n)]
-        for op, raw in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
-            own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
-            for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
-                if own and (op, base, n) in t:
-                    e[key] = min(own) / t[(op, base, n)]
-        raw = t.get(("allreduce", "MPI_Allreduce", n))
-        for key, alg in (("auto_vs_raw", "auto"), ("persistent_vs_raw", "persistent"),
-                         ("mpi_init_vs_raw", "MPI_Allreduce_init")):
-            if raw and ("allreduce", alg, n) in t:
-                e[key] = t[("allreduce", alg, n)] / raw
-        if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
-            e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
-        for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
-            if (op, "auto", n) in t and (op, base, n) in t:
-                e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
-        limit = t.get(("allreduce", "limit", n))
-        best = e.get("allreduce_best") or min((a for a in _HAND_MADE if ("allreduce", a, n) in t),
-                                              key=lambda a: t[("allreduce", a, n)], default=None)
-        if limit and best:
-            e["best_vs_limit"] = t[("allreduce", best, n)] / limit
-        direct = t.get(("allreduce", "ring-direct", n))
-        for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
-            if direct and ("allreduce", alg, n) in t:
-                e[key] = t[("allreduce", alg, n)] / direct
-        if len(e) > 1:
-            sizes.append(e)
+    sizes = [e for e in (_size_ratios(t, n) for n in sorted({r["bytes"] for r in rows})) if len(e) > 1]
+    return {"sizes": sizes, "aggregates": _aggregates(sizes)}
 
+
+def _fastest(t, n):
+    """Return the fastest hand-made all-reduce at ``n`` bytes in times ``t`` (None when none was measured)."""
+    return min((a for a in _HAND_MADE if ("allreduce", a, n) in t), key=lambda a: t[("allreduce", a, n)], default=None)
+
+
+def _size_ratios(t, n):
+    """Return the ratios of one size: ``t`` maps (op, algorithm, bytes) to seconds."""
+    e = {"bytes": n}
+    _against_mpi(e, t, n)
+    _against_raw(e, t, n)
+    _against_loops(e, t, n)
+    return e
+
+
+def _against_mpi(e, t, n):
+    """Fill the ratios to commlab's ``mpi`` algorithm: best all-reduce, ``auto``, reduce-scatter, all-gather."""
+    mpi, best = t.get(("allreduce", "mpi", n)), _fastest(t, n)
+    if mpi and best:
+        e["allreduce_best"], e["allreduce_best_vs_mpi"] = best, mpi / t[("allreduce", best, n)]
+    if mpi and ("allreduce", "auto", n) in t:
+        e["auto_vs_mpi"] = t[("allreduce", "auto", n)] / mpi
+    if mpi and ("allreduce", "MPI_Allreduce", n) in t:
+        e["mpi_vs_raw"] = mpi / t[("allreduce", "MPI_Allreduce", n)]
+    for op, raw in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
+        own = [t[(op, a, n)] for a in collectives.OP_ALGORITHMS[op] if a not in ("mpi", "auto") and (op, a, n) in t]
+        for key, base in ((f"{op}_vs_mpi", "mpi"), (f"{op}_vs_raw", raw)):
+            if own and (op, base, n) in t:
+                e[key] = min(own) / t[(op, base, n)]
+
+
+def _against_raw(e, t, n):
+    """Fill the ratios to MPI's own calls made directly, and of a deadline's cost."""
+    raw = t.get(("allreduce", "MPI_Allreduce", n))
+    for key, alg in (("auto_vs_raw", "auto"), ("persistent_vs_raw", "persistent"),
+                     ("mpi_init_vs_raw", "MPI_Allreduce_init")):
+        if raw and ("allreduce", alg, n) in t:
+            e[key] = t[("allreduce", alg, n)] / raw
+    if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
+        e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
+    for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
+        if (op, "auto", n) in t and (op, base, n) in t:
+            e[f"{op}_auto_vs_raw"] = t[(op, "auto", n)] / t[(op, base, n)]
+
+
+def _against_loops(e, t, n):
+    """Fill the ratios to the hand-written loops: the memory limit, ``ring-direct``."""
+    limit, best = t.get(("allreduce", "limit", n)), e.get("allreduce_best") or _fastest(t, n)
+    if limit and best:
+        e["best_vs_limit"] = t[("allreduce", best, n)] / limit
+    direct = t.get(("allreduce", "ring-direct", n))
+    for key, alg in (("ring_vs_direct", "ring"), ("execute_vs_direct", "ring-execute")):
+        if direct and ("allreduce", alg, n) in t:
+            e[key] = t[("allreduce", alg, n)] / direct
+
+
+def _aggregates(sizes):
+    """Return the geometric means and extremes of the per-size ratios over the targets' size ranges."""
     def pick(key, lo=0, hi=float("inf")):
         return [e[key] for e in sizes if key in e and lo <= e["bytes"] <= hi]
 
@@ -163,13 +267,14 @@ def summarize(rows, stat="mean"):
     agg["timeout_vs_auto_8"] = (pick("timeout_vs_auto", 8, 8) or [None])[0]
     agg["timeout_vs_auto_4M"] = (pick("timeout_vs_auto", 4 * _MIB, 4 * _MIB) or [None])[0]
     agg["timeout_vs_auto_max"] = max(pick("timeout_vs_auto"), default=None)
-    return {"sizes": sizes, "aggregates": agg}
+    return agg
 
 
 def combine(passes):
     """Return one row per (op, bytes, algorithm) from the rows of several passes of a sweep.
 
-    Times are the medians over the passes, bandwidths those of the median time; ``time_repeats_us`` lists every pass's
+    Times (in-place ones too, when measured, with ``inplace_time_repeats_us``) are the medians over the
+    passes, bandwidths those of the median time; ``time_repeats_us`` lists every pass's
     time (slowest rank's mean), ``spread`` is their max / min - 1, ``unstable`` is spread >
     :data:`UNSTABLE`, ``wrong`` the most any pass counted.
     """
@@ -191,6 +296,11 @@ def combine(passes):
         row["spread"] = max(reps) / min(reps) - 1 if min(reps) > 0 else 0.0
         row["unstable"] = bool(row["spread"] > UNSTABLE)
         row["wrong"] = max(r["wrong"] for r in group)
+        if "inplace_time_us" in row:  # measured with --format nccl-tests
+            for k in ("inplace_time_us", "inplace_time_mean_us"):
+                row[k] = float(statistics.median(r[k] for r in group))
+            row["inplace_time_repeats_us"] = [float(r["inplace_time_us"]) for r in group]
+            row["inplace_wrong"] = max(r["inplace_wrong"] for r in group)
         out.append(row)
     return out
 

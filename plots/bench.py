@@ -15,6 +15,7 @@ import json
 import os
 
 import humanfriendly
+from tabulate import tabulate
 
 __all__ = ["markdown", "draw", "main", "row_seconds", "check_stat"]
 
@@ -47,6 +48,23 @@ def _x(v, fmt="{:.2f}"):
     return fmt.format(v) if v is not None else "-"
 
 
+def _r(v):
+    """A ratio as ``1.23x``, or ``-`` when it was not measured."""
+    return _x(v, "{:.2f}x")
+
+
+def _span(sizes, key, lo, hi):
+    """Return the measured sizes of ``key`` within [lo, hi] bytes as ``A-B``, or None when there is none."""
+    got = [e["bytes"] for e in sizes if key in e and lo <= e["bytes"] <= hi]
+    return f"{_size(min(got))}-{_size(max(got))}" if got else None
+
+
+def _table(cells, headers, numbers_from):
+    """Return a Markdown (pipe) table of text ``cells``: columns from ``numbers_from`` on right-aligned."""
+    align = ["left"] * numbers_from + ["right"] * (len(headers) - numbers_from)
+    return tabulate(cells, headers=headers, tablefmt="pipe", disable_numparse=True, colalign=align)
+
+
 def markdown(results, stat="mean"):
     """Return the summary of one results file as Markdown: a headline paragraph and a table per size.
 
@@ -67,35 +85,37 @@ def markdown(results, stat="mean"):
     if s is None:
         raise ValueError(f"no stored {stat} summary (an older sweep): run experiments.bench_collectives again")
     a = s["aggregates"]
+    big, small = (_span(s["sizes"], "allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB),
+                  _span(s["sizes"], "auto_vs_mpi", 8, 4 * _KIB))
     head = (f"**P = {results['P']}**, {results['config']['dtype']}, {results['mpi_library']}, {stat} times. "
-            f"Best hand-made all-reduce busbw / `mpi` busbw: geometric mean over 64 KiB-64 MiB "
-            f"**{_x(a['allreduce_best_vs_mpi_geomean_64K_64M'])}x**, "
-            f"lowest {_x(a['allreduce_best_vs_mpi_min_64K_64M'])}x. "
-            f"Time / `mpi` (max, geometric mean over sizes): reduce-scatter {_x(a['reduce_scatter_vs_mpi_max'])}x, "
-            f"{_x(a['reduce_scatter_vs_mpi_geomean'])}x; all-gather {_x(a['allgather_vs_mpi_max'])}x, "
-            f"{_x(a['allgather_vs_mpi_geomean'])}x; `auto` at 8 B-4 KiB {_x(a['auto_vs_mpi_max_8_4K'])}x, "
-            f"{_x(a['auto_vs_mpi_geomean_8_4K'])}x. Against MPI's own call made directly (geometric means): "
-            f"reduce-scatter {_x(a['reduce_scatter_vs_raw_geomean'])}x, "
-            f"all-gather {_x(a['allgather_vs_raw_geomean'])}x, "
-            f"commlab's `mpi` all-reduce {_x(a['mpi_vs_raw_geomean'])}x. Executor: `ring` / `ring-direct` "
-            f"{_x(a['ring_vs_direct_geomean'])}x, `ring-execute` / `ring-direct` "
-            f"{_x(a['execute_vs_direct_geomean'])}x.")
+            + (f"Best hand-made all-reduce busbw / `mpi` busbw: geometric mean over {big} "
+               f"**{_r(a['allreduce_best_vs_mpi_geomean_64K_64M'])}**, "
+               f"lowest {_r(a['allreduce_best_vs_mpi_min_64K_64M'])}. " if big else
+               "Best hand-made all-reduce busbw / `mpi` busbw: no size of 64 KiB-64 MiB measured. ")
+            + f"Time / `mpi` (max, geometric mean over sizes): reduce-scatter {_r(a['reduce_scatter_vs_mpi_max'])}, "
+            f"{_r(a['reduce_scatter_vs_mpi_geomean'])}; all-gather {_r(a['allgather_vs_mpi_max'])}, "
+            f"{_r(a['allgather_vs_mpi_geomean'])}; `auto` at {small or '8 B-4 KiB (none measured)'} "
+            f"{_r(a['auto_vs_mpi_max_8_4K'])}, "
+            f"{_r(a['auto_vs_mpi_geomean_8_4K'])}. Against MPI's own call made directly (geometric means): "
+            f"reduce-scatter {_r(a['reduce_scatter_vs_raw_geomean'])}, "
+            f"all-gather {_r(a['allgather_vs_raw_geomean'])}, "
+            f"commlab's `mpi` all-reduce {_r(a['mpi_vs_raw_geomean'])}. Executor: `ring` / `ring-direct` "
+            f"{_r(a['ring_vs_direct_geomean'])}, `ring-execute` / `ring-direct` "
+            f"{_r(a['execute_vs_direct_geomean'])}.")
     keys = ("reduce_scatter_vs_mpi", "reduce_scatter_vs_raw", "allgather_vs_mpi", "allgather_vs_raw", "auto_vs_mpi",
             "ring_vs_direct", "execute_vs_direct")
-    lines = [head, "", "| size | best all-reduce | its busbw / mpi | reduce-scatter / mpi | reduce-scatter / "
-             "MPI_Reduce_scatter | all-gather / mpi | all-gather / MPI_Allgather | auto / mpi | ring / ring-direct "
-             "| ring-execute / ring-direct |", "|" + "---|" * 10]
-    for e in s["sizes"]:
-        lines.append(f"| {_size(e['bytes'])} | {e.get('allreduce_best', '-')} | {_x(e.get('allreduce_best_vs_mpi'))} | "
-                     + " | ".join(_x(e.get(k)) for k in keys) + " |")
+    cells = [[_size(e["bytes"]), e.get("allreduce_best", "-"), _x(e.get("allreduce_best_vs_mpi"))]
+             + [_x(e.get(k)) for k in keys] for e in s["sizes"]]
+    lines = [head, "", _table(cells, ("size", "best all-reduce", "its busbw / mpi", "reduce-scatter / mpi",
+                                      "reduce-scatter / MPI_Reduce_scatter", "all-gather / mpi",
+                                      "all-gather / MPI_Allgather", "auto / mpi", "ring / ring-direct",
+                                      "ring-execute / ring-direct"), numbers_from=2)]
     reps = results.get("summary_repeats")
     if reps:
+        cells = [[label, f"{reps[key]['median']:.2f}x", f"{reps[key]['min']:.2f}-{reps[key]['max']:.2f}x"]
+                 for key, label in _TARGETS if key in reps]
         lines += ["", f"Median [min-max] over {max(v['passes'] for v in reps.values())} passes of the sweep:", "",
-                  "| figure | median | range |", "|---|---:|---:|"]
-        for key, label in _TARGETS:
-            if key in reps:
-                v = reps[key]
-                lines.append(f"| {label} | {v['median']:.2f}x | {v['min']:.2f}-{v['max']:.2f}x |")
+                  _table(cells, ("figure", "median", "range"), numbers_from=1)]
     return "\n".join(lines)
 
 

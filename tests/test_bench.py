@@ -8,6 +8,8 @@ fastest hand-made algorithm read off the rows, compared with what
 """
 import csv
 import json
+import re
+import statistics
 
 import numpy as np
 import pytest
@@ -80,7 +82,8 @@ def test_sweep_p2_columns_busbw_and_checks(sweep_p2):
     rows = _check_sweep(2, results, header, csv_rows)
     assert {r["iters"] for r in rows if r["bytes"] == 64} == {4}
     assert {r["iters"] for r in rows if r["bytes"] == 128} == {2}
-    assert "busbw(GB/s)" in out and "#wrong" in out and "| size |" in out  # live table and summary
+    assert "busbw(GB/s)" in out and "#wrong" in out  # the live table
+    assert re.search(r"^\| size +\| best all-reduce +\|", out, re.M), out  # the summary, a Markdown table
     s = results["summary"]["sizes"]
     assert {e["bytes"] for e in s} == {64, 128} and all("ring_vs_direct" in e for e in s)
     reps = results["summary_repeats"]["mpi_vs_raw_geomean"]  # a figure's median and range over the passes
@@ -143,15 +146,16 @@ def test_unwritten_output_is_counted_wrong(monkeypatch):
     real = bench._case
 
     def with_broken(op, nbytes, cfg, comm):
-        count, ref, calls, poisoned = real(op, nbytes, cfg, comm)
-        calls["broken"] = lambda: poisoned  # returns the output buffer without writing it
-        return count, ref, calls, poisoned
+        c = real(op, nbytes, cfg, comm)
+        c.calls["broken"] = lambda: c.poisoned  # returns the output buffer without writing it
+        c.in_place["broken"] = lambda: c.buffer + 1  # an in-place result off by one everywhere
+        return c
 
     monkeypatch.setattr(bench, "_case", with_broken)
-    cfg = bench.BenchConfig(algorithms=("mpi", "ring"), iters_small=1, warmup_small=0)
+    cfg = bench.BenchConfig(algorithms=("mpi", "ring"), iters_small=1, warmup_small=0, format="nccl-tests")
     rows = bench._measure("allreduce", 64, cfg, MPI.COMM_SELF)
-    wrong = {r["algorithm"]: r["wrong"] for r in rows}
-    assert wrong == {"mpi": 0, "ring": 0, "broken": 16}
+    wrong = {r["algorithm"]: (r["wrong"], r["inplace_wrong"]) for r in rows}
+    assert wrong == {"mpi": (0, 0), "ring": (0, 0), "broken": (16, 16)}
 
 
 def test_bus_factor_and_arguments():
@@ -245,7 +249,8 @@ def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
         select.clear_table()
     plot.main([f"{prefix}.json", "--out", str(tmp_path / "png"), "--markdown"])
     printed = capsys.readouterr().out
-    assert "| size | best all-reduce |" in printed and "**P = 2**" in printed
+    assert re.search(r"^\| size +\| best all-reduce +\|", printed, re.M) and "**P = 2**" in printed, printed
+    assert "-x" not in printed  # a ratio not measured reads "-"
     for op in OPS.split(","):
         png = tmp_path / "png" / f"bench_{op}_p2.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
@@ -284,3 +289,75 @@ def test_tune_table_carries_the_fitted_model():
     rows.append(_row(4, "ring", 8, 1.0))  # below 64 KiB: left out of the fit
     model = tune.build_table([{"rows": rows}])["model"]
     assert model == pytest.approx(truth, rel=1e-6)
+
+
+def _nccl_blocks(text):
+    """Return {(nccl-tests op name, algorithm): (data lines split into fields, Avg bus bandwidth)} of the output."""
+    blocks, key = {}, None
+    for ln in text.splitlines():
+        if m := re.match(r"# (\w+): commlab algorithm ([^\s,]+)", ln):
+            key = (m.group(1), m.group(2))
+            blocks[key] = ([], None)
+        elif m := re.match(r"# Avg bus bandwidth +: (\S+)", ln):
+            blocks[key] = (blocks[key][0], float(m.group(1)))
+        elif key and ln.strip() and not ln.startswith("#"):
+            blocks[key][0].append(ln.split())
+    return blocks
+
+
+def test_nccl_tests_format_p2(tmp_path):
+    """--format nccl-tests on 2 ranks: nccl-tests' 13 columns, time = the mean over ranks of the JSON rows,
+    #wrong 0 (checked against MPI's own collective) in both groups wherever commlab has the call, N/A
+    elsewhere, and the footer's Avg bus bandwidth = the mean of busbw = size / time x the bus factor."""
+    out, results, _, _ = _sweep(2, str(tmp_path / "n"), "--iters", "3", "--warmup", "1", "--repeats", "1",
+                                "--format", "nccl-tests")
+    assert "busbw(GB/s)" not in out  # not the default table
+    blocks = _nccl_blocks(out)
+    names = {"allreduce": "all_reduce", "reduce_scatter": "reduce_scatter", "allgather": "all_gather",
+             "broadcast": "broadcast"}
+    assert set(blocks) == {(names[r["op"]], r["algorithm"]) for r in results["rows"]}
+    for (op, alg), (lines, avg) in blocks.items():
+        rows = sorted((r for r in results["rows"] if names[r["op"]] == op and r["algorithm"] == alg),
+                      key=lambda r: r["bytes"])
+        assert [int(f[0]) for f in lines] == [r["bytes"] for r in rows], (op, alg)
+        factor = bench.bus_factor(rows[0]["op"], 2)
+        bus = []
+        for f, r in zip(lines, rows):
+            assert len(f) == 13 and f[2] == "float" and f[4] == ("0" if op == "broadcast" else "-1"), f
+            assert f[3] == ("sum" if op in ("all_reduce", "reduce_scatter") else "none"), f
+            assert int(f[1]) == (r["count"] // 2 if op in ("all_gather", "reduce_scatter") else r["count"]), f
+            groups = {"out": f[5:9], "in": f[9:13]}
+            measured = {"out": op != "broadcast",
+                        "in": op == "broadcast" or (op == "all_reduce" and (alg in bench.collectives.ALGORITHMS
+                                                                          or alg == "MPI_Allreduce"))}
+            for g, cols in groups.items():
+                if not measured[g]:
+                    assert cols == ["N/A"] * 4, (op, alg, g, f)
+                    continue
+                t = r["time_mean_us"] if g == "out" or op == "broadcast" else r["inplace_time_mean_us"]
+                assert cols[3] == "0" and float(cols[0]) == pytest.approx(t, rel=5e-3, abs=6e-3), (op, alg, g, f)
+                bus.append(r["bytes"] / t / 1e3 * factor)
+        assert avg == pytest.approx(statistics.fmean(bus), rel=1e-4), (op, alg)
+    ar = [r for r in results["rows"] if r["op"] == "allreduce" and r["algorithm"] in bench.collectives.ALGORITHMS]
+    assert ar and all(r["inplace_wrong"] == 0 and r["inplace_time_us"] >= r["inplace_time_mean_us"] > 0 for r in ar)
+
+
+def test_nccl_tests_bandwidth_columns():
+    """Printed algbw = size / time and busbw = algbw x 2(P-1)/P, in nccl-tests' widths and decimals."""
+    cases = ((8, 5.0), (1 << 20, 100.0), (1 << 26, 12345.0))
+    rows = [{"op": "allreduce", "algorithm": "ring", "resolved": "ring", "bytes": n, "count": n // 4,
+             "type": "float32", "redop": "sum", "time_mean_us": t, "wrong": 0, "inplace_time_mean_us": 2 * t,
+             "inplace_wrong": 0} for n, t in reversed(cases)]  # printed by size
+    text = bench_output.nccl_tests({"P": 4, "mpi_library": "MPICH", "rows": rows})
+    (lines, avg), = _nccl_blocks(text).values()
+    assert [ln for ln in text.splitlines() if not ln.startswith("#")][1] == (
+        "     1048576        262144     float     sum      -1    100.0   10.49   15.73       0    200.0    5.24    7.86"
+        "       0")
+    busbw = []
+    for f, (n, t) in zip(lines, cases):
+        for k, tt in ((5, t), (9, 2 * t)):
+            assert float(f[k + 1]) == pytest.approx(n / tt / 1e3, abs=0.006)  # algbw, GB/s
+            assert float(f[k + 2]) == pytest.approx(float(f[k + 1]) * 1.5, abs=0.02)  # busbw = algbw x 1.5
+            busbw.append(n / tt / 1e3 * 1.5)
+    assert [f[5] for f in lines] == ["5.00", "100.0", "12345"]  # nccl-tests' decimals by magnitude
+    assert avg == pytest.approx(statistics.fmean(busbw), rel=1e-5)
