@@ -1,17 +1,35 @@
-"""Clock bookkeeping of one server: which pushes are folded in, who is live, which pull may go.
+"""Clock bookkeeping of one server: which clocks are folded in, who is live, which pull may go.
 
 A worker's *clock* counts the gradients it has pushed: it pulls at clock ``c``, computes gradient
 ``c`` and pushes it, and then pulls at ``c + 1``. The server keeps, for every worker, the number of
-its pushes folded into the shard (``folded[w]``). A pull by worker ``w`` at clock ``c`` is served
-when
+its pushes folded into the shard (``folded[w]``).
+
+Update rules. BSP and SSP fold a clock's pushes together: once every live worker has pushed
+gradient ``c``, the server applies *one* optimizer step on their mean (:class:`ClockBuckets`, summed
+in worker order), as bulk synchronous training does, so ``folded`` advances for all of them at
+once. SSP therefore differs from BSP only in which pulls it serves, and SSP with ``s = 0`` is BSP
+exactly (same reads, same updates, same bits). ASP applies every push on arrival, as its own step
+of ``1 / W`` of the learning rate.
+
+Why SSP aggregates per clock: in Ho et al.'s SSP (below, section 2) and Cui et al.'s LazyTable
+(H. Cui et al., "Exploiting Bounded Staleness to Speed Up Big Data Analytics", USENIX ATC 2014)
+the servers *add* the workers' updates, so folding a clock push by push or all at once gives the
+same table. Here the server runs a stateful optimizer (momentum, Adam), whose step is not additive:
+one step per push would take ``W`` optimizer steps per clock where BSP takes one (momentum and Adam
+moments advancing ``W`` times as fast), and SSP(0) would not be BSP. Aggregating per clock keeps
+SSP's guarantee (a reader at clock ``c`` sees every update of clocks ``<= c - s - 1``) and BSP's
+update rule; what it gives up is SSP's read-my-writes: a worker's own gradients of the clocks that
+are not yet complete are not in what it reads (with ``s = 0`` there are none).
+
+A pull by worker ``w`` at clock ``c`` is served when
 
 * BSP: every live worker's clock ``c - 1`` has been aggregated into one update
-  (``min folded >= c``); this is the bulk synchronous model (Valiant, CACM 1990);
-* SSP(s): the slowest live worker has ``min folded >= c - s`` and ``folded[w] >= c`` (a worker always
-  sees its own updates); stale synchronous parallel, Ho et al., "More Effective Distributed ML via a
-  Stale Synchronous Parallel Parameter Server", NIPS 2013, section 3;
-* ASP: ``folded[w] >= c`` only (no bound; Hogwild-style asynchrony as in ps-lite's eventual
-  consistency, Li et al., OSDI 2014, section 4.2).
+  (``min folded >= c``); the bulk synchronous model (Valiant, CACM 1990);
+* SSP(s): the slowest live worker has ``min folded >= c - s``; stale synchronous parallel, Ho et
+  al., "More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server", NIPS
+  2013, section 2 (the staleness bound);
+* ASP: ``folded[w] >= c`` only (no bound, but a worker always sees its own updates; Hogwild-style
+  asynchrony as in ps-lite's eventual consistency, Li et al., OSDI 2014, section 4.2).
 
 The staleness of a served pull is ``c - min folded`` over the live workers and the reader: how many
 clocks of the slowest live worker are missing from what the reader receives. BSP never exceeds 0
@@ -20,10 +38,11 @@ anyone back.
 """
 import numpy as np
 
-__all__ = ["LIVE", "DONE", "DROPPED", "CONSISTENCY", "ClockTable", "BspBuckets"]
+__all__ = ["LIVE", "DONE", "DROPPED", "CONSISTENCY", "ClockTable", "ClockBuckets", "AGGREGATED"]
 
 LIVE, DONE, DROPPED = 0, 1, 2
 CONSISTENCY = ("bsp", "asp", "ssp")
+AGGREGATED = ("bsp", "ssp")  #: models that apply one update per clock (:class:`ClockBuckets`)
 
 
 class ClockTable:
@@ -85,11 +104,9 @@ class ClockTable:
         """
         if self.consistency == "bsp":
             return self.min_clock(worker) >= clock
-        if self.folded[worker] < clock:  # a worker always sees its own updates
-            return False
-        if self.consistency == "ssp":
+        if self.consistency == "ssp":  # own pushes are folded with their clock: no read-my-writes
             return self.min_clock(worker) >= clock - self.staleness
-        return True
+        return self.folded[worker] >= clock  # ASP: a worker always sees its own updates
 
     def staleness_of(self, worker, clock):
         """Return the staleness of a pull served now: ``clock - min folded`` (clocks, int >= 0)."""
@@ -118,11 +135,12 @@ class ClockTable:
         self.status[:] = LIVE
 
 
-class BspBuckets:
-    """Per-clock gradient buckets of BSP: one update per clock once every live worker has pushed.
+class ClockBuckets:
+    """Per-clock gradient buckets of BSP and SSP: one update per clock once every live worker has pushed.
 
     The sum runs over the workers in index order, so the update does not depend on the order in
-    which the pushes arrived (bitwise reproducible).
+    which the pushes arrived (bitwise reproducible). Under SSP several clocks' buckets are open at
+    once (fast workers run up to ``s`` clocks ahead); they complete, and are applied, in clock order.
 
     Parameters
     ----------

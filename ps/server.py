@@ -3,9 +3,10 @@
 One server owns one shard of the flat parameter vector (:mod:`ps.sharding`) and its optimizer state
 (:class:`ps.state.ServerOptimizer`, running the optimizer that the caller's factory builds). It
 probes for any message from any worker, handles it, and re-examines the deferred pulls whenever a
-push is folded in or a worker leaves (:mod:`ps.consistency` decides which pull may go). Nothing
-assumes an arrival order: a pull that overtakes its reader's own push waits for it, BSP buckets are
-keyed by clock and summed in worker order.
+push is folded in or a worker leaves (:mod:`ps.consistency` decides which pull may go, and why
+BSP and SSP apply one update per clock while ASP applies every push). Nothing assumes an arrival
+order: a pull that overtakes its reader's own push waits for it where the model requires that push
+(BSP, ASP), and the clock buckets of BSP and SSP are keyed by clock and summed in worker order.
 
 Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
 is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
@@ -18,7 +19,7 @@ import time
 import numpy as np
 
 from collectives import trace
-from ps.consistency import DONE, DROPPED, LIVE, BspBuckets, ClockTable
+from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer
 from ps.store import read_npz, write_npz
@@ -82,7 +83,7 @@ class Server:
         self.n_workers = len(self.worker_ranks)
         self.params, self.offset, self.total = shard, int(offset), int(total)
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
-        self.buckets = BspBuckets(self.table) if opts.consistency == "bsp" else None
+        self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
         self.opt = ServerOptimizer(shard, make_optimizer, opts.lr, opts.lr_schedule, opts.staleness_lr)
         self.on_push = on_push
         self.pushes = 0                                    # pushes folded into the shard
@@ -151,11 +152,6 @@ class Server:
         return (f"BSP cannot continue: worker rank {rank} stopped answering (silent for more than "
                 f"--ps-timeout {self.opts.ps_timeout:g} s, or aborted); every rank stops")
 
-    def progress(self):
-        """Return the fraction of the schedule's horizon (default: the push budget) spent, 0 .. 1."""
-        horizon = self.opts.horizon or self.opts.budget
-        return min(1.0, self.pushes / horizon) if horizon else 1.0
-
     # ------------------------------------------------------------------------------------------
     def _handle(self, source, mtype):
         header, data = receive(self.comm, source, mtype, self.params.dtype,
@@ -173,7 +169,7 @@ class Server:
                 stale = self.read_staleness.pop(w, None)
                 if stale is not None:
                     self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
-                self._push(w, clock, data)
+                self._push(w, clock, data, stale or 0)
         elif mtype == Msg.PULL:
             if clock < 0:  # join: the current shard and the resume clock, or STOP when spent
                 if self.pushes >= self.opts.budget:
@@ -196,31 +192,43 @@ class Server:
             self.speed_waiting[w] = clock
         else:
             raise PSError(f"server {self.index} got unexpected {mtype.name} from rank {source}")
-        self._progress_bsp()
+        self._progress_clocks()
         self._serve_pending()
 
-    def _push(self, w, clock, grad):
+    def _push(self, w, clock, grad, stale):
         if grad is None or grad.shape != self.params.shape:
             raise PSError(f"push from worker {w} has {0 if grad is None else grad.shape[0]} elements, "
                           f"shard has {self.params.shape[0]}")
-        if self.buckets is not None:
+        if self.buckets is not None:  # BSP, SSP: one update per clock on the mean gradient
+            if self.opts.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau
+                grad /= stale
             self.buckets.add(w, clock, grad)
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
-        lr = self.opt.rate(self.progress(), tau, self.n_workers)
+        lr = self.opt.rate(self.pushes, self._horizon(), tau, self.n_workers)
         with trace.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
             self.opt.step(grad, lr)
         self.table.fold(w, clock)
         self._after_fold(1)
 
-    def _progress_bsp(self):
-        while self.buckets is not None and self.error_worker < 0:
+    def _horizon(self):
+        """Pushes over which the learning-rate schedule runs (the budget unless set)."""
+        return self.opts.horizon or self.opts.budget
+
+    def _progress_clocks(self):
+        """Apply every complete clock bucket (BSP, SSP), oldest first: one optimizer step each.
+
+        Once the budget is spent nothing more is applied: under SSP, fast workers' pushes of later
+        clocks are then left over, and the workers that finish would otherwise make those buckets
+        complete with fewer contributions.
+        """
+        while self.buckets is not None and self.error_worker < 0 and self.pushes < self.opts.budget:
             ready = self.buckets.pop_ready()
             if ready is None:
                 return
             clock, mean, workers = ready
             with trace.span("update", "ps", {"clock": int(clock), "workers": len(workers)}):
-                self.opt.step(mean, self.opt.rate(self.progress(), 0, 1))
+                self.opt.step(mean, self.opt.rate(self.pushes, self._horizon()))
             for w in workers:
                 self.table.fold(w, clock)
             self._after_fold(len(workers))
@@ -256,8 +264,9 @@ class Server:
 
     def _answer_speeds(self):
         live = self.table.live()
-        if self.opts.consistency == "bsp" and not set(live.tolist()) <= set(self.speed_waiting):
-            return  # BSP: every live worker reports at the same clock; answer them together
+        lockstep = self.opts.consistency == "bsp" or (self.opts.consistency == "ssp" and self.opts.staleness == 0)
+        if lockstep and not set(live.tolist()) <= set(self.speed_waiting):
+            return  # BSP, SSP(0): every live worker reports at the same clock; answer them together
         known = self.speeds > 0
         mean = self.speeds[known].mean() if known.any() else 1.0
         rate = 1.0 / np.where(known, self.speeds, mean)      # samples per second
@@ -274,7 +283,7 @@ class Server:
             if now - self._last_heard[w] > self.opts.ps_timeout:
                 self.table.status[w] = DROPPED
                 self._lost(w, EVENT_DROPPED)
-        self._progress_bsp()
+        self._progress_clocks()
         self._serve_pending()
 
     def _lost(self, w, code):

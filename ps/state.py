@@ -5,11 +5,13 @@ workers push gradients, servers own the parameters and the optimizer state of th
 update rule itself (SGD with momentum, Adam...) is the caller's: the server is handed a factory
 that builds an optimizer over the shard's flat buffers, and decides only the step size:
 
-* the learning-rate schedule (constant or cosine) over the training progress;
+* the learning-rate schedule (constant or cosine) over the training progress, computed by
+  :func:`schedule_lr`, the one implementation the trainer's data-parallel driver uses as well;
 * the staleness-aware learning rate (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD for
   Distributed Deep Learning", IJCAI 2016, section 3): the step of a gradient whose staleness is
   ``tau`` clocks is ``lr / max(1, tau)``;
-* the divisor ``W`` of a single worker's push under ASP and SSP.
+* the divisor ``W`` of a single worker's push under ASP (BSP and SSP apply one update per clock,
+  on the mean of the clock's ``W`` gradients).
 
 ``state_dict()`` gives plain arrays; the server writes them with :func:`ps.store.write_npz`
 (atomic, no pickle, SHA-256 inside) and reads them back verified.
@@ -18,11 +20,48 @@ import math
 
 import numpy as np
 
-__all__ = ["ServerOptimizer"]
+__all__ = ["ServerOptimizer", "schedule_lr", "SCHEDULES"]
 
-_SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine")  #: learning-rate schedules of :func:`schedule_lr`
 _PREFIX = "optim/"  # checkpoint keys of the optimizer state, beside the server's own (as the trainer's)
 _OLD_PREFIX = "opt_"  # the same keys in server checkpoints written before they matched the trainer's
+
+
+def schedule_lr(schedule, lr, step, total_steps):
+    """Return the learning rate of update ``step`` (0-based) of ``total_steps`` under ``schedule``.
+
+    Cosine decay from ``lr`` to 0 (Loshchilov and Hutter, "SGDR: Stochastic Gradient Descent with
+    Warm Restarts", ICLR 2017, section 3, one cycle without restarts):
+    ``lr * (1 + cos(pi * min(step, total_steps) / total_steps)) / 2``, computed in that order; the
+    constant schedule, or ``total_steps <= 0``, returns ``lr``. The data-parallel trainer
+    (``training.train.lr_at``, steps) and the parameter servers (:meth:`ServerOptimizer.rate`,
+    pushes) both call this, so the two agree to the last bit at equal arguments.
+
+    Parameters
+    ----------
+    schedule : {"constant", "cosine"}
+        The schedule.
+    lr : float
+        Base learning rate (dimensionless step size).
+    step : int or float
+        Updates done so far, in the unit of ``total_steps`` (steps, clocks or pushes), >= 0.
+    total_steps : int or float
+        Updates over which the cosine decays to 0.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        When ``schedule`` is not one of :data:`SCHEDULES`.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {schedule!r}")
+    if schedule == "cosine" and total_steps > 0:
+        return lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+    return lr
 
 
 class ServerOptimizer:
@@ -59,7 +98,7 @@ class ServerOptimizer:
             raise TypeError(f"make_optimizer must be callable, got {type(make_optimizer).__name__}")
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
-        if lr_schedule not in _SCHEDULES:
+        if lr_schedule not in SCHEDULES:
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         self.lr, self.lr_schedule, self.staleness_lr = float(lr), lr_schedule, bool(staleness_lr)
         self.grads = np.zeros_like(params)  # the gradient of the update being applied, shape (n,)
@@ -70,27 +109,27 @@ class ServerOptimizer:
         """Updates applied to this shard (int)."""
         return self.optimizer.steps
 
-    def rate(self, progress=0.0, staleness=0, divisor=1):
+    def rate(self, step=0, total_steps=0, staleness=0, divisor=1):
         """Return the step size for this update.
 
         Parameters
         ----------
-        progress : float
-            Fraction of the training budget spent, in [0, 1] (cosine schedule).
+        step : int
+            Pushes folded into the shard before this update (the schedule's progress).
+        total_steps : int
+            Pushes over which the schedule runs (the horizon); 0 keeps the base rate.
         staleness : float
             Staleness ``tau`` of the gradient (clocks); used when ``staleness_lr`` is set.
         divisor : int
-            ``W`` for a single worker's push under ASP and SSP (one push is ``1 / W`` of a
-            clock's update), 1 for BSP's aggregated update. Dividing (rather than multiplying by
-            ``1 / W``) keeps ``lr = W`` an exact unit step.
+            ``W`` for a single worker's push under ASP (one push is ``1 / W`` of a clock's
+            update), 1 for the one update per clock of BSP and SSP. Dividing (rather than
+            multiplying by ``1 / W``) keeps ``lr = W`` an exact unit step.
 
         Returns
         -------
         float
         """
-        lr = self.lr / divisor
-        if self.lr_schedule == "cosine":
-            lr *= 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+        lr = schedule_lr(self.lr_schedule, self.lr, step, total_steps) / divisor
         if self.staleness_lr:
             lr /= max(1.0, float(staleness))
         return lr

@@ -3,15 +3,22 @@
 Cases (each runs on every rank; the first ``S`` ranks serve):
 
 ``sum S K``          ps-lite's sum check: worker w pushes ``-(w + 1)`` (unit step) K times under BSP,
-                     ASP and SSP(1); the final parameters are exactly ``sum_w (w + 1) x pushes_w``,
-                     and every BSP pull at clock c reads exactly ``c x W (W + 1) / 2``; the
-                     workers' statistics hold their counts as ints (clock == pushes).
+                     SSP(0), SSP(1) and ASP; the final parameters are exactly ``sum_w (w + 1) x
+                     pushes_w`` under ASP (every push applied) and ``clocks x W (W + 1) / 2`` under
+                     BSP and SSP (one update per complete clock); every BSP and SSP(0) pull at
+                     clock c reads exactly ``c x W (W + 1) / 2``, every SSP(1) pull ``k`` whole
+                     clocks' worth with ``c - 1 <= k <= c``; the workers' statistics hold
+                     their counts as ints (clock == pushes).
 ``staleness S``      one-hot pushes reveal which pushes each pull folds in, so every worker measures
                      the staleness of its own pulls from the values; with a 4x straggler: BSP <= 0,
-                     SSP(s) <= s for s in {1, 2, 4}, ASP exceeds 4, a worker always sees its own
-                     pushes, and the servers' histogram equals the one measured from the values.
-``oracle S``         BSP with SGD-momentum on least squares (float64) against a single-process
-                     NumPy run on the same global batches (relative tolerance 1e-12).
+                     SSP(s) <= s for s in {1, 2, 4}, ASP exceeds 4; under BSP and ASP a worker
+                     always sees its own pushes, under SSP(s) at least its clocks up to c - s - 1;
+                     the servers' histogram equals the one measured from the values.
+``oracle S``         BSP and SSP(0) with SGD-momentum on least squares (float64) against a
+                     single-process NumPy run on the same global batches (relative tolerance
+                     1e-12); and SSP(0) against BSP bitwise, with a 4x straggler and jitter
+                     shuffling the arrival order: both serve the same reads and apply one step on
+                     the same worker-ordered mean per clock.
 ``resume S DIR``     BSP for K1 clocks with a checkpoint, then a second job resumed from it to K2
                      clocks: equal to the NumPy oracle at K2 (relative tolerance 1e-12).
 ``balance S``        BSP with a 4x straggler and balancing: the straggler ends with the smallest batch
@@ -19,8 +26,9 @@ Cases (each runs on every rank; the first ``S`` ranks serve):
 ``fail S CONS...``   the last rank stops communicating at step 5: under ASP/SSP the run finishes
                      with it dropped; under BSP every other rank stops with the error naming it.
 
-Exit status 0 when every check passes; otherwise the failing check is printed and the rank exits 1.
-An unexpected exception aborts the whole job so that no rank hangs.
+Checks go through the shared harness (:mod:`tests.mpicases`): rank 0 prints every failed check with
+its rank and one count line, and every rank exits 1 when any check failed, else 0. An unexpected
+exception aborts the whole job so that no rank hangs.
 """
 import functools
 import sys
@@ -33,18 +41,12 @@ from mpi4py import MPI
 from ps.options import PSOptions
 from ps.protocol import PSError
 from ps.runtime import run
+from tests.mpicases import check, report
 from training.optim import SGD
 
 COMM = MPI.COMM_WORLD
 PLAIN_SGD = functools.partial(SGD, momentum=0.0)  # the servers' update rule: w -= lr g
-FAILURES = []
 _HIST = 64  # bins of the measured staleness histogram
-
-
-def check(ok, what):
-    """Record a failed check (printed at the end with the rank)."""
-    if not ok:
-        FAILURES.append(what)
 
 
 def _workers(S):
@@ -54,27 +56,38 @@ def _workers(S):
 def case_sum(S, K):
     W = _workers(S)
     total = W * (W + 1) // 2
-    for cons in ("bsp", "asp", "ssp"):
-        opts = PSOptions(servers=S, consistency=cons, staleness=1, budget=K * W, lr=float(W),
+    for cons, stale in (("bsp", 0), ("ssp", 0), ("ssp", 1), ("asp", 0)):
+        name = f"{cons}({stale})" if cons == "ssp" else cons
+        opts = PSOptions(servers=S, consistency=cons, staleness=stale, budget=K * W, lr=float(W),
                          ps_timeout=20.0)
+        exact = cons == "bsp" or (cons == "ssp" and stale == 0)  # BSP and SSP(0) read whole clocks
         seen = []
 
         def grad_fn(params, clock, batch):
             w = COMM.Get_rank() - S
-            if cons == "bsp":
+            if exact:
                 seen.append(bool(np.all(params == clock * total)))
+            elif cons == "ssp":  # whole clocks only (each server's own), at most `stale` of them missing
+                k = params / total
+                seen.append(bool(np.all((k == np.rint(k)) & (clock - stale <= k) & (k <= clock))))
             return np.full_like(params, -(w + 1.0)), batch
 
         res = run(COMM, opts, np.zeros(7), grad_fn, make_optimizer=PLAIN_SGD)
-        if isinstance(res, dict):
-            check(all(seen), f"{cons}: a BSP pull did not read exactly clock x {total}")
+        if isinstance(res, dict) and cons != "asp":
+            check(all(seen), f"{name}: a pull did not read whole clocks, at most {stale} stale, x {total}")
         if COMM.Get_rank() == 0:
-            expect = sum((w + 1) * int(st["pushes"]) for w, st in enumerate(res.workers))
-            check(np.all(res.params == expect), f"{cons}: final {res.params} != exact sum {expect}")
-            check(res.pushes >= K * W, f"{cons}: {res.pushes} pushes < budget {K * W}")
-            if cons == "bsp":
-                check(expect == K * total, f"bsp: workers pushed {expect} != K x {total}")
-            _check_stat_types(cons, res.workers)
+            if cons == "asp":  # every push is its own update
+                expect = sum((w + 1) * int(st["pushes"]) for w, st in enumerate(res.workers))
+            else:  # one update per complete clock; pushes of unfinished clocks are not applied
+                check(res.pushes % W == 0, f"{name}: {res.pushes} pushes folded, not whole clocks of {W}")
+                expect = res.pushes // W * total
+            check(np.all(res.params == expect), f"{name}: final {res.params} != exact sum {expect}")
+            check(res.pushes >= K * W, f"{name}: {res.pushes} pushes < budget {K * W}")
+            if exact:
+                pushed = sum((w + 1) * int(st["pushes"]) for w, st in enumerate(res.workers))
+                check(pushed == K * total == expect, f"{name}: workers pushed {pushed}, folded {expect} "
+                                                     f"!= K x {total}")
+            _check_stat_types(name, res.workers)
 
 
 def _check_stat_types(cons, workers):
@@ -102,8 +115,10 @@ def _one_hot_run(S, cons, staleness, straggler=True, budget_clocks=30):
         if clock > 0:  # clock 0 reads the join answer, which is not a served pull
             counts = np.rint(params).reshape(S, W)
             check(np.all(np.abs(params - counts.ravel()) < 1e-9), "pulled counts are not integers")
-            check(np.all(counts[:, w] == clock), f"{cons}: worker {w} at clock {clock} misses its own "
-                                                 f"pushes: {counts[:, w]}")
+            low = clock - staleness if cons == "ssp" else clock  # SSP folds own pushes by clock
+            check(np.all((counts[:, w] >= low) & (counts[:, w] <= clock)),
+                  f"{cons}({staleness}): worker {w} at clock {clock} reads {counts[:, w]} of its own pushes, "
+                  f"want {low} .. {clock}")
             for s in range(S):
                 hist[min(_HIST - 1, int(clock - counts[s].min()))] += 1
         time.sleep(0.001)
@@ -157,9 +172,10 @@ def _oracle(W, d, clocks, lr, mu):
     return p
 
 
-def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9):
-    opts = PSOptions(servers=S, consistency="bsp", budget=clocks * _workers(S), lr=lr,
-                     ps_timeout=20.0, checkpoint_dir=ckpt, resume_dir=resume)
+def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9, consistency="bsp", straggler=""):
+    opts = PSOptions(servers=S, consistency=consistency, staleness=0, budget=clocks * _workers(S), lr=lr,
+                     ps_timeout=20.0, checkpoint_dir=ckpt, resume_dir=resume, straggler=straggler,
+                     jitter=0.002 if straggler else 0.0)
     w = COMM.Get_rank() - S
     return run(COMM, opts, np.linspace(-1, 1, d), lambda p, c, b: (_lsq_grad(p, w, c), b),
                make_optimizer=functools.partial(SGD, momentum=mu))
@@ -170,10 +186,16 @@ def _close(a, b):
 
 
 def case_oracle(S):
-    res = _lsq_run(S, 25)
+    bsp = _lsq_run(S, 25)
+    ssp0 = _lsq_run(S, 25, consistency="ssp", straggler=f"{COMM.Get_size() - 1}:4")
     if COMM.Get_rank() == 0:
         want = _oracle(_workers(S), 11, 25, 0.05, 0.9)
-        check(_close(res.params, want), f"BSP != NumPy SGD: max diff {np.abs(res.params - want).max():.3g}")
+        check(_close(bsp.params, want), f"BSP != NumPy SGD: max diff {np.abs(bsp.params - want).max():.3g}")
+        check(_close(ssp0.params, want), f"SSP(0) != NumPy SGD: max diff {np.abs(ssp0.params - want).max():.3g}")
+        check(np.array_equal(ssp0.params, bsp.params),
+              f"SSP(0) != BSP bitwise: max diff {np.abs(ssp0.params - bsp.params).max():.3g}")
+        check(ssp0.pushes == bsp.pushes == 25 * _workers(S) and ssp0.staleness_histogram.keys() <= {0},
+              f"SSP(0) folded {ssp0.pushes} pushes (BSP {bsp.pushes}), staleness {ssp0.staleness_histogram}")
 
 
 def case_resume(S, directory):
@@ -241,11 +263,7 @@ def main(argv):
         sys.stdout.flush()
         sys.stderr.flush()
         COMM.Abort(2)
-    if FAILURES:
-        for f in FAILURES:
-            print(f"rank {COMM.Get_rank()}: FAIL {name}: {f}", flush=True)
-        return 1
-    return 0
+    return report(COMM, f"mpi_ps {name}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from ps.consistency import DONE, DROPPED, BspBuckets, ClockTable
+from ps.consistency import DONE, DROPPED, ClockBuckets, ClockTable
 from ps.options import PSOptions, parse_rank_spec
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
-from ps.state import ServerOptimizer
+from ps.state import ServerOptimizer, schedule_lr
 from ps.store import read_npz, write_npz
 from training.optim import SGD, Adam
 
@@ -46,7 +46,7 @@ def test_ssp_pull_rule_and_staleness():
     t.folded[:] = [5, 3, 4]
     assert t.servable(0, 5)          # slowest at 3 >= 5 - 2
     assert not t.servable(0, 6)      # 3 < 6 - 2
-    assert not t.servable(1, 4)      # own push for clock 3 not folded yet
+    assert t.servable(1, 4)          # own pushes are folded with their clock: only the bound counts
     assert t.staleness_of(0, 5) == 2
     t.folded[0] = 6
     assert not t.servable(0, 6)
@@ -54,9 +54,20 @@ def test_ssp_pull_rule_and_staleness():
     assert t.servable(0, 6) and t.staleness_of(0, 6) == 2
 
 
+def test_ssp_with_staleness_0_serves_exactly_what_bsp_serves():
+    """Oracle: BSP's rule, over every folded state of 3 workers up to clock 4 and every reader."""
+    import itertools
+
+    bsp, ssp = ClockTable(3, "bsp"), ClockTable(3, "ssp", staleness=0)
+    for folded in itertools.product(range(4), repeat=3):
+        bsp.folded[:] = ssp.folded[:] = folded
+        for w, clock in itertools.product(range(3), range(5)):
+            assert ssp.servable(w, clock) == bsp.servable(w, clock), (folded, w, clock)
+
+
 def test_bsp_rule_and_buckets_sum_in_worker_order():
     t = ClockTable(3, "bsp")
-    b = BspBuckets(t)
+    b = ClockBuckets(t)
     b.add(2, 0, np.array([1e16]))
     b.add(0, 0, np.array([1.0]))
     assert b.pop_ready() is None and not t.servable(0, 1)
@@ -100,9 +111,26 @@ def test_server_optimizer_matches_trainer_optimizer(kind):
 
 def test_staleness_aware_rate_and_cosine():
     opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, lr_schedule="cosine")
-    assert opt.rate(0.0, 4, 2) == pytest.approx(0.8 / 2 / 4)
-    assert opt.rate(0.0, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
-    assert opt.rate(1.0, 0) == pytest.approx(0.0)
+    assert opt.rate(0, 10, 4, 2) == pytest.approx(0.8 / 2 / 4)
+    assert opt.rate(0, 10, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
+    assert opt.rate(10, 10, 0) == pytest.approx(0.0)
+
+
+def test_one_cosine_schedule_for_trainer_and_servers():
+    """The trainer's lr_at and the servers' rate are the one function: equal bits at equal arguments;
+    oracle for the values: the cosine written out with NumPy."""
+    from training.config import Config
+    from training.train import lr_at
+
+    cfg = Config(lr=0.3, lr_schedule="cosine")
+    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.3, lr_schedule="cosine")
+    for step, total in ((0, 7), (3, 7), (7, 7), (9, 7), (123, 1000), (5, 0)):
+        assert lr_at(cfg, step, total) == opt.rate(step, total) == schedule_lr("cosine", 0.3, step, total)
+        want = 0.3 if total == 0 else 0.3 * (1 + np.cos(np.pi * min(step, total) / total)) / 2
+        assert schedule_lr("cosine", 0.3, step, total) == pytest.approx(want, rel=1e-15, abs=1e-17)
+    assert lr_at(Config(lr=0.3, lr_schedule="constant"), 3, 7) == 0.3
+    with pytest.raises(ValueError, match="lr_schedule"):
+        schedule_lr("linear", 0.3, 1, 2)
 
 
 def test_checkpoint_is_atomic_npz_without_pickle(tmp_path):

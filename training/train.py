@@ -10,7 +10,6 @@ table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank 
 directory is created and end the job with one ``error: ...`` line from rank 0 and status 1.
 """
 import json
-import math
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ import collectives
 from collectives import trace
 
 from ps.protocol import PSError, PSTimeout
+from ps.state import schedule_lr
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
@@ -43,10 +43,12 @@ __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
 
 def lr_at(cfg, step, total_steps):
-    """Return the learning rate of global step ``step`` (0-based) of ``total_steps``."""
-    if cfg.lr_schedule == "cosine" and total_steps > 0:
-        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    return cfg.lr
+    """Return the learning rate of global step ``step`` (0-based) of ``total_steps``.
+
+    ``cfg.lr_schedule`` over ``cfg.lr`` by :func:`ps.state.schedule_lr`, the one implementation
+    the parameter servers use as well.
+    """
+    return schedule_lr(cfg.lr_schedule, cfg.lr, step, total_steps)
 
 
 class Trainer:
