@@ -249,9 +249,11 @@ def _parser():
                "asp = asynchronous (every push applied on arrival, staleness unbounded); sspS = stale "
                "synchronous parallel with staleness bound S clocks, S an integer >= 0 (a worker's clock "
                "counts the gradients it has pushed): a pull at clock c is served once the slowest live "
-               "worker has pushed c - S gradients, so what a worker reads misses at most the last S "
-               "clocks of any other worker's updates (and always holds its own), e.g. ssp2. Draw the "
-               "results with: python -m plots.staleness OUT/staleness_sweep.json")
+               "worker's first c - S clocks are folded in, so what a worker reads misses at most the last S "
+               "clocks of the workers' updates; like BSP it applies one update per complete clock, so "
+               "ssp0 is BSP, e.g. ssp2. Draw the results with: python -m plots.staleness "
+               "OUT/staleness_sweep.json. The study of the SSP papers' claims (transient delays, a "
+               "persistent straggler, 1-4 servers) is python -m experiments.ps_study.")
     p.add_argument("--out", default="results/staleness",
                    help="results directory; its previous sweep is removed first (default: %(default)s)")
     p.add_argument("--protocols", default=",".join(PROTOCOLS), metavar="LIST",

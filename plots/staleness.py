@@ -1,9 +1,14 @@
 """Draw the staleness study: test accuracy against wall time per protocol, and the staleness
 histogram of every protocol.
 
+    python -m plots.staleness results/ps_study/ps_study.json [--out FILE.png]
     python -m plots.staleness results/staleness/staleness_sweep.json [--out FILE.png]
 
-Also accepts the ``summary.json`` of single ``--mode ps`` runs (one curve and histogram each).
+Also accepts the ``summary.json`` of single ``--mode ps`` runs (one curve and histogram each). From
+a ``ps_study.json`` (:mod:`experiments.ps_study`) the curves and histograms are those of its
+transient-delay part, and a second figure, ``*_throughput.png`` beside the first, draws the
+study's ratio tables: time to 95 % against BSP under transient delays, throughput under a
+persistent straggler against none, and throughput with 1, 2 and 4 servers.
 """
 import argparse
 import json
@@ -18,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-__all__ = ["load_runs", "draw", "main"]
+__all__ = ["load_runs", "draw", "draw_ratios", "main"]
 
 
 def load_runs(paths):
@@ -27,7 +32,8 @@ def load_runs(paths):
     Parameters
     ----------
     paths : list of str
-        ``staleness_sweep.json`` files (all their runs) or ``summary.json`` files of PS runs.
+        ``ps_study.json`` files (the runs of their transient-delay part), ``staleness_sweep.json``
+        files (all their runs) or ``summary.json`` files of PS runs.
 
     Returns
     -------
@@ -35,19 +41,31 @@ def load_runs(paths):
         Each with ``label``, ``curve`` (``wall_s``, ``test_acc``), ``staleness_histogram``,
         ``updates_per_s``, ``final_test_acc`` and ``repeat``.
     meta : dict
-        ``run`` information (MPI library, P, host), the straggler and (sweep results) the
-        ``finished`` time of the first file.
+        ``run`` information (MPI library, P, host), the straggler, (sweep and study results) the
+        ``finished`` time of the first file, and (study results) ``delay`` as (probability,
+        seconds) and the study's ratio ``tables``.
 
     Raises
     ------
     ValueError
-        When a file is neither a sweep result nor a parameter-server summary.
+        When a file is neither a study or sweep result nor a parameter-server summary, or no
+        file holds a run (or a study's tables).
     """
     runs, meta = [], {}
     for path in paths:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        if "runs" in data:
+        if data.get("experiment") == "ps_study":
+            meta.setdefault("run", data.get("run", {}))
+            meta.setdefault("straggler", "")
+            meta.setdefault("finished", data.get("finished", ""))
+            study = data.get("study", {})
+            meta.setdefault("delay", (study.get("delay_prob"), study.get("delay_s")))
+            meta.setdefault("tables", data.get("tables", {}))
+            for r in data["runs"]:
+                if r["part"] == "transient":
+                    runs.append(dict(r, label=_label(r["consistency"], r["staleness_bound"])))
+        elif "runs" in data:
             meta.setdefault("run", data.get("run", {}))
             meta.setdefault("straggler", data.get("train_config", {}).get("straggler", ""))
             meta.setdefault("finished", data.get("finished", ""))
@@ -59,7 +77,7 @@ def load_runs(paths):
             runs.append(dict(data, repeat=0, label=_label(data["consistency"], data["staleness_bound"])))
         else:
             raise ValueError(f"{path}: not a staleness sweep result nor a --mode ps summary.json")
-    if not runs:
+    if not runs and not meta.get("tables"):
         raise ValueError("no runs in the given files")
     return runs, meta
 
@@ -149,8 +167,11 @@ def _accuracy_axes(ax, zoom, runs, meta, repeats):
     ax.set_ylabel("test accuracy (%)")
     run = meta.get("run", {})
     mpi = run.get("mpi_library") or "MPI library ?"  # formatted when the results were written
-    ax.set_title(f"Parameter server, straggler {meta.get('straggler') or 'none'} (RANK:FACTOR): test accuracy "
-                 f"vs wall time -- P={run.get('P', '?')}, {mpi}, host {run.get('host', '?')}", fontsize=10)
+    prob, secs = meta.get("delay") or (None, None)
+    what = (f"transient delays ({secs * 1e3:g} ms with probability {prob:g} per worker and clock)" if prob
+            else f"straggler {meta.get('straggler') or 'none'} (RANK:FACTOR)")
+    ax.set_title(f"Parameter server, {what}: test accuracy vs wall time\n"
+                 f"P={run.get('P', '?')}, {mpi}, host {run.get('host', '?')}", fontsize=10)
     title = (f"bold: median-updates/s run of {repeats}; final: mean of {repeats}" if repeats > 1
              else None)
     ax.legend(loc="lower right", fontsize=8, title=title, title_fontsize=8)
@@ -232,10 +253,74 @@ def _histograms(fig, grid, labels, runs, colors):
         h.grid(axis="y", alpha=0.3)
 
 
+#: Panels of :func:`draw_ratios`: (part, title, bars as (table key, legend label), y label).
+_RATIO_PANELS = (
+    ("transient", "transient delays: time to 95 % vs BSP",
+     (("time_to_target_vs_baseline", "BSP's time to 95 % / this protocol's"),
+      ("updates_vs_baseline", "updates/s vs BSP")), "ratio (> 1: better than BSP)"),
+    ("straggler", "persistent straggler: throughput vs no straggler",
+     (("samples_vs_baseline", "samples/s vs even"), ("updates_vs_baseline", "updates/s vs even")),
+     "ratio to the run without a straggler"),
+    ("servers", "BSP with 1, 2, 4 servers (P fixed: W = P - S)",
+     (("samples_vs_baseline", "samples/s vs 1 server"), ("updates_vs_baseline", "updates/s vs 1 server")),
+     "ratio to one server"),
+)
+
+
+def draw_ratios(tables, meta, path):
+    """Draw the study's ratio tables (``ps_study.json``'s ``tables``) into the PNG ``path``.
+
+    One panel per part present: grouped bars of the median ratio per variant, a black line from
+    the smallest to the largest repeat's ratio, the value written above each bar, and a dashed line
+    at 1 (the baseline). A variant without a ratio (never reached 95 %) gets no bar and ``n/a``.
+    """
+    panels = [p for p in _RATIO_PANELS if tables.get(p[0])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
+    for ax, (part, title, bars, ylabel) in zip(axes[0], panels):
+        rows = tables[part]
+        width = 0.8 / len(bars)
+        for j, ((key, label), color) in enumerate(zip(bars, ("tab:blue", "tab:orange"))):
+            for i, row in enumerate(rows):
+                s = row[key]
+                x = i + (j - (len(bars) - 1) / 2) * width
+                if s["median"] is None:
+                    ax.text(x, 0.05, "n/a", ha="center", fontsize=7, rotation=90)
+                    continue
+                ax.bar(x, s["median"], width * 0.92, color=color, label=label if i == 0 else None)
+                ax.plot([x, x], [s["min"], s["max"]], color="black", linewidth=1.2)
+                ax.text(x, s["max"] * 1.02 + 0.02, f"{s['median']:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_variant_label(part, r["variant"]) for r in rows], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.set_ylim(0, max([r[k]["max"] for r in rows for k, _ in bars if r[k]["max"] is not None] + [1.0]) * 1.2)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    run = meta.get("run", {})
+    n = max((r["runs"] for rows in tables.values() for r in rows), default=0)
+    fig.suptitle(f"Parameter-server study: bars are medians over {n} repeats, black lines the range -- "
+                 f"P={run.get('P', '?')}, {run.get('mpi_library') or 'MPI library ?'}, host {run.get('host', '?')}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _variant_label(part, name):
+    """Axis label of a variant: protocols as in the other figure, server counts as 'S = k'."""
+    if part == "servers":
+        return f"S = {name[1:]}"
+    if name.startswith("ssp"):
+        return f"SSP s={name[3:]}"
+    return {"bsp": "BSP", "asp": "ASP", "bsp-balance": "BSP\n--balance", "even": "BSP\nno straggler"}.get(name, name)
+
+
 def main(argv=None):
-    """Command-line entry point: read the results, draw the PNG, print its path."""
+    """Command-line entry point: read the results, draw the PNG(s), print their paths."""
     parser = argparse.ArgumentParser(prog="python -m plots.staleness", description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", help="staleness_sweep.json or --mode ps summary.json files")
+    parser.add_argument("results", nargs="+",
+                        help="ps_study.json, staleness_sweep.json or --mode ps summary.json files")
     parser.add_argument("--out", help="PNG file (default: staleness.png beside the first results file)")
     args = parser.parse_args(argv)
     try:
@@ -243,9 +328,14 @@ def main(argv=None):
     except (OSError, ValueError, KeyError) as e:
         parser.error(str(e))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results[0])), "staleness.png")
-    draw(runs, meta, out)
-    when = f", sweep finished {meta['finished']}" if meta.get("finished") else ""
-    print(f"{out} ({len(runs)} runs: {', '.join(dict.fromkeys(r['label'] for r in runs))}{when})")
+    if runs:
+        draw(runs, meta, out)
+        when = f", sweep finished {meta['finished']}" if meta.get("finished") else ""
+        print(f"{out} ({len(runs)} runs: {', '.join(dict.fromkeys(r['label'] for r in runs))}{when})")
+    if meta.get("tables"):
+        second = os.path.splitext(out)[0] + "_throughput.png"
+        draw_ratios(meta["tables"], meta, second)
+        print(f"{second} (ratio tables: {', '.join(meta['tables'])})")
     return 0
 
 

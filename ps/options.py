@@ -32,6 +32,9 @@ class PSOptions:
     ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
     straggler: str = ""             # "RANK:FACTOR": that worker's step takes FACTOR x its compute time
     jitter: float = 0.0             # extra delay per step, uniform in [0, jitter] (seconds)
+    delay_prob: float = 0.0         # transient delays: each worker, each clock, sleeps delay_s with
+                                    # this probability (Cui et al., USENIX ATC 2014) (probability)
+    delay_s: float = 0.0            # length of one transient delay (seconds)
     fail_worker: str = ""           # "RANK:STEP": that worker stops communicating before step STEP
     worker_batch: int = 1           # nominal batch of one worker per clock (samples); balancing
                                     # keeps the global batch W x worker_batch
@@ -67,11 +70,15 @@ class PSOptions:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if not (self.ps_timeout > 0 and math.isfinite(self.ps_timeout)):
             raise ValueError(f"ps_timeout must be a positive number of seconds, got {self.ps_timeout}")
-        for name in ("lr", "jitter"):
+        for name in ("lr", "jitter", "delay_prob", "delay_s"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.jitter < 0:
             raise ValueError(f"jitter must be >= 0 seconds, got {self.jitter}")
+        if not 0.0 <= self.delay_prob <= 1.0:
+            raise ValueError(f"delay_prob must be a probability in [0, 1], got {self.delay_prob}")
+        if self.delay_s < 0:
+            raise ValueError(f"delay_s must be >= 0 seconds, got {self.delay_s}")
         if self.worker_batch < 1:
             raise ValueError(f"worker_batch must be >= 1, got {self.worker_batch}")
         if self.balance_every < 1:

@@ -8,7 +8,10 @@ their statistics, on a second duplicated communicator so that these reports neve
 protocol. Rank 0 returns the assembled :class:`RunResult`.
 
 Heterogeneity and faults: ``straggler`` sleeps ``(FACTOR - 1)`` times the step's compute time,
-``jitter`` sleeps a uniform ``[0, jitter]`` seconds per step, ``fail_worker`` makes a worker stop
+``jitter`` sleeps a uniform ``[0, jitter]`` seconds per step, ``delay_prob`` / ``delay_s`` inject
+transient delays as Cui et al. (USENIX ATC 2014) do (each worker, each clock, sleeps ``delay_s``
+with probability ``delay_prob``; the draws depend on the seed, the worker and the clock only, so
+every consistency model meets the same delays), ``fail_worker`` makes a worker stop
 communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
 faster workers larger batches in proportion to their measured samples per second, with the total
 kept at ``W x worker_batch``.
@@ -147,6 +150,8 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
         grad, samples = grad_fn(params, clock, batch)
         compute = time.perf_counter() - t
         delay = (factor - 1.0) * compute + (rng.uniform(0.0, opts.jitter) if opts.jitter else 0.0)
+        if opts.delay_prob and rng.random() < opts.delay_prob:
+            delay += opts.delay_s
         if delay > 0:
             time.sleep(delay)
         np.multiply(grad, batch / opts.worker_batch, out=push_buf)  # a share of W x worker_batch samples

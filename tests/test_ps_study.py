@@ -79,3 +79,40 @@ def test_staleness_sweep_checks_its_arguments_before_removing_the_previous_sweep
                                     ("", float("inf"), "jitter"), ("", float("nan"), "jitter")):
         with pytest.raises(ValueError, match=f"{word} .*must be a finite number"):
             check_ps(base_config(1, straggler, jitter, []), 5)
+
+
+def test_ps_study_end_to_end_small(tmp_path):
+    """Every part on 5 ranks, one short repeat: the tables pair each variant with its baseline in the
+    same repeat (the baseline's own ratios are exactly 1), the transient part meets the same delays,
+    SSP(0) is BSP (staleness 0 everywhere), and both figures are drawn."""
+    out = str(tmp_path)
+    proc = run_mpi(5, "experiments.ps_study", "--out", out, "--epochs", "1", "--repeats", "1",
+                   "--delay-prob", "0.2", "--delay-s", "0.002", "--snapshots", "4", "--set", "hidden=16",
+                   timeout=120)
+    assert "Traceback" not in proc.stdout, proc.stdout
+    with open(os.path.join(out, "ps_study.json")) as f:
+        res = json.load(f)
+    tables = res["tables"]
+    assert [r["variant"] for r in tables["transient"]] == ["bsp", "ssp0", "ssp2", "ssp4", "asp"]
+    assert [r["variant"] for r in tables["straggler"]] == ["even", "bsp", "ssp2", "asp", "bsp-balance"]
+    assert [r["variant"] for r in tables["servers"]] == ["s1", "s2", "s4"]
+    for part, base in (("transient", "bsp"), ("straggler", "even"), ("servers", "s1")):
+        row = next(r for r in tables[part] if r["variant"] == base)
+        assert row["updates_vs_baseline"]["median"] == row["samples_vs_baseline"]["median"] == 1.0
+    runs = {(r["part"], r["variant"]): r for r in res["runs"]}
+    for name in ("bsp", "ssp0"):
+        r = runs[("transient", name)]
+        assert r["staleness_max"] == 0 and r["delay_prob"] == 0.2 and r["delay_s"] == 0.002
+        assert sum(w["delay_s"] for w in r["worker_stats"]) > 0  # the delays were slept
+    assert runs[("transient", "ssp2")]["staleness_max"] <= 2
+    assert runs[("servers", "s2")]["servers"] == 2 and runs[("servers", "s2")]["workers"] == 3
+    assert runs[("straggler", "bsp-balance")]["balance"] is True and not runs[("straggler", "even")]["straggler"]
+    slow = runs[("straggler", "bsp")]["worker_stats"]
+    assert slow[1]["delay_s"] > 0 and slow[0]["delay_s"] == 0  # rank 2 is worker 1 behind one server
+    from plots.staleness import main
+
+    png = os.path.join(out, "s.png")
+    assert main([os.path.join(out, "ps_study.json"), "--out", png]) == 0
+    for path in (png, os.path.join(out, "s_throughput.png")):
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"

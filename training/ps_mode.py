@@ -13,6 +13,7 @@ data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces da
 training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
 samples per clock as its current batch.
 """
+import dataclasses
 import os
 import time
 
@@ -35,11 +36,14 @@ from training.progress import progress_bar, write_trace
 from training.ps_report import evaluate_snapshots, write_records
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
-           "finish_together", "finish_ps"]
+           "finish_together", "finish_ps", "PS_EXTRA"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
+#: Settings a caller may give beyond the training configuration (``extra`` of :func:`ps_options`):
+#: the transient delays (:class:`PSOptions` fields) and the resolution of a study's curves.
+PS_EXTRA = ("delay_prob", "delay_s", "snapshots_per_epoch")
 
 
 class BatchStream:
@@ -90,7 +94,7 @@ class BatchStream:
         return self._order
 
 
-def ps_options(cfg, comm, per_epoch, run_dir):
+def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
     """Return the :class:`PSOptions` of a training configuration.
 
     Parameters
@@ -103,14 +107,26 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         Clocks per epoch of one worker.
     run_dir : str
         Run directory; server checkpoints go to ``run_dir/ps``.
+    extra : dict, optional
+        :data:`PS_EXTRA` settings: ``delay_prob`` (probability per worker and clock) and
+        ``delay_s`` (seconds) of the transient delays, ``snapshots_per_epoch`` (the points of the
+        accuracy-versus-time curve per epoch, default 4).
 
     Raises
     ------
     ValueError
-        When the configuration cannot run on this communicator (on every rank).
+        When the configuration cannot run on this communicator, or ``extra`` names another
+        field (on every rank).
     """
     size = comm if isinstance(comm, int) else comm.Get_size()
     W = size - cfg.servers
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(PS_EXTRA))
+    if unknown:
+        raise ValueError(f"parameter-server settings {unknown} cannot be set here; allowed: {list(PS_EXTRA)}")
+    per_snapshot = extra.pop("snapshots_per_epoch", _SNAPSHOTS_PER_EPOCH)
+    if not (isinstance(per_snapshot, int) and per_snapshot >= 1):
+        raise ValueError(f"snapshots_per_epoch must be an integer >= 1, got {per_snapshot!r}")
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     ckpt = os.path.join(run_dir, "ps")
     opts = PSOptions(
@@ -119,10 +135,11 @@ def ps_options(cfg, comm, per_epoch, run_dir):
         lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
         fail_worker=cfg.fail_worker, worker_batch=cfg.batch_size // W, balance=cfg.balance,
-        snapshot_every=max(1, W * per_epoch // _SNAPSHOTS_PER_EPOCH), checkpoint_dir=ckpt,
+        snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
         resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
         seed=cfg.seed)
+    opts = dataclasses.replace(opts, **extra)
     opts.validate(size)
     return opts
 
@@ -207,7 +224,7 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False):
     return True
 
 
-def run_ps(cfg, comm, run_dir, xp):
+def run_ps(cfg, comm, run_dir, xp, extra=None):
     """Train ``cfg``'s model with a parameter server on ``comm`` and write the run records.
 
     The first ``cfg.servers`` ranks serve, the others work. Rank 0 shows a progress bar of the
@@ -226,6 +243,8 @@ def run_ps(cfg, comm, run_dir, xp):
     xp : module
         The workers' array module for ``cfg.device``, as :func:`training.job.check_run` returned
         it (NumPy or CuPy); servers always work on the host.
+    extra : dict, optional
+        :data:`PS_EXTRA` settings beyond the configuration (see :func:`ps_options`).
 
     Returns
     -------
@@ -246,7 +265,7 @@ def run_ps(cfg, comm, run_dir, xp):
     servers, workers = roles(comm, S)
     w = workers.index(rank) if rank in workers else 0
     stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W), cfg.batch_size // W, cfg.balance)
-    opts = ps_options(cfg, comm, stream.per_epoch, run_dir)
+    opts = ps_options(cfg, comm, stream.per_epoch, run_dir, extra)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()

@@ -152,6 +152,7 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
         "worker_status": result.status, "worker_stats": result.workers,
         "events": [{"wall_s": t, "event": e} for t, e in result.events],
         "straggler": cfg.straggler, "jitter": cfg.jitter, "fail_worker": cfg.fail_worker,
+        "delay_prob": opts.delay_prob, "delay_s": opts.delay_s, "balance": opts.balance,
         "curve": [{k: p[k] for k in ("pushes", "wall_s", "test_acc")} for p in evals["curve"]],
         "run": run_info(comm), "run_dir": run_dir,
     }

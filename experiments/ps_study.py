@@ -1,0 +1,358 @@
+"""Parameter-server study: the claims the SSP papers make, measured on the trainer's digits model.
+
+    mpiexec -n 5 python -m experiments.ps_study [--out results/ps_study] [--repeats 3]
+    python -m plots.staleness results/ps_study/ps_study.json
+
+Three parts, every variant trained ``--repeats`` times (repeats interleaved, so slow spells of a
+shared machine hit every variant alike), one server and ``P - 1`` workers unless a variant says
+otherwise. Every ratio is formed within one repeat and reported as the median and the range over
+the repeats.
+
+``transient``
+    Transient, random delays as Cui et al. (USENIX ATC 2014) inject them: each worker, each clock,
+    sleeps ``--delay-s`` seconds with probability ``--delay-prob`` (the same draws for every
+    protocol). BSP waits at every clock for the slowest worker of that clock; SSP(s) lets a worker
+    run up to ``s`` clocks ahead, so a delay shorter than about ``s`` clocks is absorbed (Ho et al.,
+    NIPS 2013, section 2; Cui et al. 2014). Reported: time to the target test accuracy (95 %) and
+    updates per second of BSP, SSP(0), SSP(2), SSP(4) and ASP, and BSP's time over each protocol's
+    (``> 1``: faster than BSP). SSP(0) is BSP by construction (:mod:`ps.consistency`), a control.
+``straggler``
+    A persistent straggler (worker rank ``--straggler``, slowed by its factor): its rate bounds BSP
+    and, in the long run, SSP (a worker runs at most ``s`` clocks ahead of it), so neither is the
+    remedy; ASP (no bound) and BSP with ``--balance`` (the straggler gets a smaller share of each
+    global batch) are. Reported: samples and updates per second of each against the same
+    protocol's run without a straggler (``even``).
+``servers``
+    BSP with 1, 2 and 4 servers (those that leave at least one worker on ``P`` ranks; the global
+    batch rounded down to a multiple of the ``P - S`` workers): samples and updates per second,
+    and their ratio to one server.
+
+Rank 0 writes ``ps_study.json`` (settings, MPI library, P, host, every run with its curve and
+staleness histogram, the ratio tables) and prints the tables as Markdown. A rerun replaces the
+previous study in ``--out``.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+
+from mpi4py import MPI
+from tabulate import tabulate
+
+import collectives.policy
+from collectives import trace
+from experiments.staleness_sweep import base_config, parse_protocol
+from training.checkpoint import make_run_dir, root_bytes
+from training.cli import parse_on_every_rank
+from training.job import all_failed, check_run, set_threads
+from training.metrics import run_info, write_config, write_json
+from training.ps_mode import ps_options, run_ps
+
+__all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
+
+PARTS = ("transient", "straggler", "servers")
+RESULTS = "ps_study.json"
+_KEYS = ("updates_per_s", "samples_per_s", "time_to_target_s", "final_test_acc", "wall_s", "pushes",
+         "epochs", "staleness_histogram", "staleness_max", "staleness_mean", "curve", "run_dir",
+         "worker_stats", "servers", "workers")
+
+
+def variants(part, size, straggler):
+    """Return the variants of ``part`` as ``[(name, config changes, baseline name)]``.
+
+    Parameters
+    ----------
+    part : {"transient", "straggler", "servers"}
+    size : int
+        Ranks of the job (servers plus workers).
+    straggler : str
+        ``RANK:FACTOR`` of the persistent straggler.
+
+    Raises
+    ------
+    ValueError
+        When ``part`` is unknown.
+    """
+    if part == "transient":
+        return [(p, dict(zip(("consistency", "staleness"), parse_protocol(p))), "bsp")
+                for p in ("bsp", "ssp0", "ssp2", "ssp4", "asp")]
+    if part == "straggler":
+        slow = dict(straggler=straggler)
+        return [("even", dict(consistency="bsp"), "even"),
+                ("bsp", dict(consistency="bsp", **slow), "even"),
+                ("ssp2", dict(consistency="ssp", staleness=2, **slow), "even"),
+                ("asp", dict(consistency="asp", **slow), "even"),
+                ("bsp-balance", dict(consistency="bsp", balance=True, **slow), "even")]
+    if part == "servers":
+        return [(f"s{S}", dict(consistency="bsp", servers=S), "s1") for S in (1, 2, 4) if S < size]
+    raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+
+
+def train_ps(cfg, comm, extra=None):
+    """Train ``cfg`` (``--mode ps``) as ``training.train.run`` does, with settings beyond the flags.
+
+    The trainer's job checks, its run directory and ``config.json``, then
+    :func:`training.ps_mode.run_ps` with ``extra`` (:data:`training.ps_mode.PS_EXTRA`: the
+    transient delays and the curve's resolution) on a duplicate of ``comm``.
+
+    Returns
+    -------
+    dict
+        The run's summary on rank 0 (``summary.json``'s content); what the other ranks know elsewhere.
+
+    Raises
+    ------
+    ValueError
+        When the configuration or ``extra`` cannot run on ``comm`` (every rank, before anything
+        is created).
+    """
+    comm = comm.Dup()
+    try:
+        set_threads(cfg, comm)
+        xp = check_run(cfg, comm)
+        ps_options(cfg, comm, 1, cfg.run_dir, extra)  # checked before the run directory exists
+        run_dir = make_run_dir(cfg, comm)
+        if comm.rank == 0:
+            write_config(run_dir, cfg.to_dict(), run_info(comm))
+        return run_ps(cfg, comm, run_dir, xp, extra)
+    finally:
+        trace.stop()
+        comm.Free()
+
+
+def _configs(args, size):
+    """Return ``{part: [(name, cfg, extra, baseline)]}``, every configuration checked on every rank."""
+    out = {}
+    base = base_config(args.epochs, "", 0.0, args.set)
+    for part in args.parts:
+        extra = {"snapshots_per_epoch": args.snapshots}
+        if part == "transient":
+            extra.update(delay_prob=args.delay_prob, delay_s=args.delay_s)
+        rows = []
+        for name, changes, baseline in variants(part, size, args.straggler):
+            if part == "servers":  # the global batch, rounded down to a multiple of the workers
+                W = size - changes["servers"]
+                changes = dict(changes, batch_size=max(W, base.batch_size // W * W))
+            cfg = base.replace(run_dir=os.path.join(args.out, "runs"), name=name, **changes)
+            ps_options(cfg, size, 1, cfg.run_dir, extra)
+            rows.append((name, cfg, extra, baseline))
+        out[part] = rows
+    return out
+
+
+def _train(part, name, cfg, extra, repeat, comm):
+    """Train one variant once; return its record (complete on rank 0, None elsewhere)."""
+    cfg = cfg.replace(name=f"{part}-{name}-r{repeat}")
+    log = os.devnull if comm.Get_rank() else os.path.join(cfg.run_dir, f"{cfg.name}.log")
+    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
+        summary = train_ps(cfg, comm, extra)
+    if comm.Get_rank() != 0:
+        return None
+    return {"part": part, "variant": name, "repeat": repeat, "consistency": cfg.consistency,
+            "staleness_bound": cfg.staleness, "straggler": cfg.straggler, "balance": cfg.balance,
+            "delay_prob": extra.get("delay_prob", 0.0), "delay_s": extra.get("delay_s", 0.0),
+            **{k: summary[k] for k in _KEYS}}
+
+
+def run_study(configs, repeats, comm, echo=print):
+    """Train every variant of every part ``repeats`` times (interleaved); return the records (rank 0)."""
+    runs = []
+    for part, rows in configs.items():
+        for r in range(repeats):
+            for name, cfg, extra, _ in rows:
+                rec = _train(part, name, cfg, extra, r, comm)
+                if rec is not None:
+                    runs.append(rec)
+                    ttt = rec["time_to_target_s"]
+                    echo(f"{part:>9} {name:>11} #{r}: {rec['updates_per_s']:7.1f} updates/s, "
+                         f"{rec['samples_per_s']:7.0f} samples/s, to 95% "
+                         f"{'never' if ttt is None else f'{ttt:.2f} s'}, test acc {rec['final_test_acc']:.2%}")
+    return runs
+
+
+def _spread(values):
+    """Return ``{"median", "min", "max", "n"}`` of ``values`` (None entries make the median None)."""
+    if not values or any(v is None for v in values):
+        return {"median": None, "min": None, "max": None, "n": len(values)}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def ratio_table(runs, part, names_baselines):
+    """Return one row per variant of ``part``: medians and ranges of its figures and its ratios.
+
+    Ratios are taken within a repeat: ``updates_per_s`` and ``samples_per_s`` of the variant over
+    its baseline's, and the baseline's ``time_to_target_s`` over the variant's (``> 1``: the
+    variant reaches the target sooner). A repeat where either run never reached the target gives
+    no time ratio (None).
+    """
+    by = {(r["variant"], r["repeat"]): r for r in runs if r["part"] == part}
+    repeats = sorted({rep for _, rep in by})
+    rows = []
+    for name, baseline in names_baselines:
+        mine = [by[(name, k)] for k in repeats if (name, k) in by]
+        pairs = [(by[(name, k)], by[(baseline, k)]) for k in repeats if (name, k) in by and (baseline, k) in by]
+        ttt = [a["time_to_target_s"] for a in mine]
+        time_ratio = [b["time_to_target_s"] / a["time_to_target_s"]
+                      if a["time_to_target_s"] and b["time_to_target_s"] else None for a, b in pairs]
+        rows.append({
+            "variant": name, "baseline": baseline, "runs": len(mine),
+            "updates_per_s": _spread([a["updates_per_s"] for a in mine]),
+            "samples_per_s": _spread([a["samples_per_s"] for a in mine]),
+            "time_to_target_s": _spread(ttt),
+            "final_test_acc": _spread([a["final_test_acc"] for a in mine]),
+            "staleness_max": max((a["staleness_max"] for a in mine), default=0),
+            "updates_vs_baseline": _spread([a["updates_per_s"] / b["updates_per_s"] for a, b in pairs]),
+            "samples_vs_baseline": _spread([a["samples_per_s"] / b["samples_per_s"] for a, b in pairs]),
+            "time_to_target_vs_baseline": _spread(time_ratio)})
+    return rows
+
+
+def _fmt(s, unit="", digits=2):
+    """``median (min-max)`` of a spread, or ``never``/``-`` when absent."""
+    if s["median"] is None:
+        return "n/a"
+    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+_HEAD = {"transient": ("protocol", "to 95 % (s)", "BSP's time / this", "updates/s", "vs BSP", "final test acc",
+                       "staleness max"),
+         "straggler": ("variant", "samples/s", "vs even", "updates/s", "vs even", "to 95 % (s)", "final test acc"),
+         "servers": ("servers", "samples/s", "vs 1 server", "updates/s", "vs 1 server", "to 95 % (s)",
+                     "final test acc")}
+
+
+def markdown(part, rows):
+    """Return ``part``'s table as Markdown: medians with the range over the repeats in brackets."""
+    cells = []
+    for r in rows:
+        acc = _fmt({k: (v * 100 if isinstance(v, float) else v) for k, v in r["final_test_acc"].items()}, " %")
+        if part == "transient":
+            cells.append((r["variant"].upper().replace("SSP", "SSP s="), _fmt(r["time_to_target_s"]),
+                          _fmt(r["time_to_target_vs_baseline"], "x"), _fmt(r["updates_per_s"], "", 0),
+                          _fmt(r["updates_vs_baseline"], "x"), acc, str(r["staleness_max"])))
+        else:
+            cells.append((r["variant"], _fmt(r["samples_per_s"], "", 0), _fmt(r["samples_vs_baseline"], "x"),
+                          _fmt(r["updates_per_s"], "", 0), _fmt(r["updates_vs_baseline"], "x"),
+                          _fmt(r["time_to_target_s"]), acc))
+    return tabulate(cells, _HEAD[part], tablefmt="pipe", disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(_HEAD[part]) - 1))
+
+
+def _clean(out):
+    """Rank 0: remove the previous study's results file and run directories; create ``out/runs``."""
+    removed = 0
+    path = os.path.join(out, RESULTS)
+    if os.path.isfile(path):
+        os.remove(path)
+        removed += 1
+    runs = os.path.join(out, "runs")
+    if os.path.isdir(runs):
+        shutil.rmtree(runs)
+        removed += 1
+    os.makedirs(runs)
+    return removed
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.ps_study",
+        description="Parameter-server study on the trainer's digits model: SSP against BSP under transient "
+                    "random delays (time to 95 %% test accuracy), ASP and --balance under a persistent "
+                    "straggler (throughput against no straggler), and 1, 2, 4 servers. Run it under MPI: "
+                    "mpiexec -n 5 python -m experiments.ps_study. A rerun replaces the previous study in --out.")
+    p.add_argument("--out", default="results/ps_study", help="results directory (default: %(default)s)")
+    p.add_argument("--parts", default=",".join(PARTS), metavar="LIST",
+                   help="comma-separated parts: transient, straggler, servers (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved (default: 3)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: 4)")
+    p.add_argument("--delay-prob", type=float, default=0.2,
+                   help="transient part: probability that a worker sleeps in a clock (default: 0.2)")
+    p.add_argument("--delay-s", type=float, default=0.01,
+                   help="transient part: length of one delay, seconds (default: 0.01)")
+    p.add_argument("--straggler", default="2:4",
+                   help="straggler part: slow worker RANK:FACTOR (its step takes FACTOR x its compute time) "
+                        "(default: %(default)s)")
+    p.add_argument("--snapshots", type=int, default=16,
+                   help="points per epoch of the accuracy-versus-time curve, which sets the resolution of "
+                        "the time to 95 %% (default: 16)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a training setting of every run (repeatable), e.g. --set hidden=64")
+    return p
+
+
+def main(argv=None):
+    """Parse the command line, run the study and write the results (rank 0).
+
+    Returns
+    -------
+    int
+        0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
+        every rank alike; an error on some ranks only aborts the job so that nothing hangs.
+    """
+    comm = MPI.COMM_WORLD
+    rank0 = comm.Get_rank() == 0
+    parser = _parser()
+    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())
+    try:
+        args.parts = list(dict.fromkeys(p.strip() for p in args.parts.split(",") if p.strip()))
+        bad = [p for p in args.parts if p not in PARTS]
+        if bad or not args.parts:
+            raise ValueError(f"--parts must name some of {', '.join(PARTS)}, got {bad or 'none'}")
+        if args.repeats < 1 or args.snapshots < 1:
+            raise ValueError("--repeats and --snapshots must be >= 1")
+        configs = _configs(args, comm.Get_size())
+        for rows in configs.values():
+            for _, cfg, _, _ in rows:
+                check_run(cfg, comm)
+    except (ValueError, ImportError) as e:
+        if rank0:
+            parser.error(str(e))
+        return 2
+    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+    try:
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
+        root_bytes(comm, lambda: str(_clean(args.out)).encode(), OSError)
+        echo(f"parameter-server study on {comm.Get_size()} ranks: parts {', '.join(args.parts)} x "
+             f"{args.repeats} repeats -> {args.out}")
+        runs = run_study(configs, args.repeats, comm, echo)
+        if rank0:
+            _write(args, configs, runs, started, comm)
+    except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
+        everyone = all_failed(comm)
+        if rank0 or not everyone:
+            where = "" if everyone else f"rank {comm.Get_rank()}: "
+            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if not everyone:
+            collectives.policy.abort(None, comm)
+        return 1
+    except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
+        traceback.print_exc()
+        if comm.Get_size() > 1:
+            collectives.policy.abort(None, comm)
+        raise
+    return 0
+
+
+def _write(args, configs, runs, started, comm):
+    """Rank 0: write ``ps_study.json`` and print one table per part."""
+    tables = {part: ratio_table(runs, part, [(name, base) for name, _, _, base in rows])
+              for part, rows in configs.items()}
+    settings = {k: v for k, v in vars(args).items()}
+    results = {"experiment": "ps_study", "study": settings,
+               "train_config": next(iter(configs.values()))[0][1].to_dict(), "run": run_info(comm),
+               "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
+               "tables": tables}
+    path = os.path.join(args.out, RESULTS)
+    write_json(path, results)
+    for part, rows in tables.items():
+        print(f"\n{part} (median (min-max) over {args.repeats} repeats):")
+        print(markdown(part, rows))
+    print(f"\nwrote {path}; draw with: python -m plots.staleness {path}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
