@@ -26,6 +26,7 @@ import time
 
 import numpy
 from mpi4py import MPI
+from tabulate import tabulate
 
 from experiments.outputs import unwritable
 from training.config import Config
@@ -35,7 +36,7 @@ from training.job import limit_threads
 from training.metrics import run_info
 from training.pipeline import bubble_formula
 
-__all__ = ["grids", "measure", "main"]
+__all__ = ["grids", "measure", "table", "main"]
 
 
 def _reduce(comm, value, op):
@@ -100,7 +101,7 @@ def _ratio_summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def main(argv=None):
+def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/model_parallel.json", help="results file (JSON)")
     p.add_argument("--hidden", default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
@@ -110,12 +111,67 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all grids (median and range)")
     p.add_argument("--bubble-micro-batches", default="1,2,4,8", help="m values of the bubble part ('' skips it)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _grid_part(args, base, comm):
+    """Measure every grid, the grids taking turns round by round; return the grids' result entries."""
+    every = grids(comm.Get_size(), len(base.hidden) + 1)
+    rows = {g: [] for g in every}
+    for r in range(args.rounds):
+        for g in every:
+            m = args.micro_batches if g[2] > 1 else 1
+            cfg = base.replace(tensor_parallel=g[1], pipeline_parallel=g[2], micro_batches=m)
+            rows[g].append(measure(cfg, comm, args.steps))
+            if comm.Get_rank() == 0:
+                x = rows[g][-1]
+                print(f"round {r} D={g[0]} T={g[1]} Q={g[2]} m={m}: step {x['step_s'] * 1e3:.1f} ms, bytes/step "
+                      + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in x["bytes_per_rank_per_step"].items())
+                      + f", state {x['max_state_bytes'] / 1e6:.1f} MB, bubble {x['bubble']:.2f}", flush=True)
+    out = []
+    for g, xs in rows.items():
+        ratio = [x["step_s"] / b["step_s"] for x, b in zip(xs, rows[every[0]])]
+        out.append({"D": g[0], "T": g[1], "Q": g[2], "micro_batches": args.micro_batches if g[2] > 1 else 1,
+                    "step_s": _ratio_summary([x["step_s"] for x in xs]), "step_ratio_to_dp": _ratio_summary(ratio),
+                    "bytes_per_rank_per_step": xs[-1]["bytes_per_rank_per_step"],
+                    "max_state_bytes": xs[-1]["max_state_bytes"], "max_parameters": xs[-1]["max_parameters"],
+                    "bubble": _ratio_summary([x["bubble"] for x in xs]),
+                    "activation_bytes": xs[-1]["activation_bytes"]})
+    return out
+
+
+def _bubble_part(args, base, comm):
+    """Measure GPipe and 1F1B on Q = P stages for each m of ``--bubble-micro-batches``; return the entries."""
+    P, out = comm.Get_size(), []
+    for m in (int(v) for v in args.bubble_micro_batches.split(",") if v.strip()):
+        for sched in ("gpipe", "1f1b"):
+            cfg = base.replace(pipeline_parallel=P, micro_batches=m, schedule=sched)
+            xs = [measure(cfg, comm, args.steps) for _ in range(args.rounds)]
+            out.append({"Q": P, "micro_batches": m, "schedule": sched, "formula": bubble_formula(P, m),
+                        "bubble": _ratio_summary([x["bubble"] for x in xs]),
+                        "step_s": _ratio_summary([x["step_s"] for x in xs]),
+                        "activation_bytes": xs[-1]["activation_bytes"]})
+            if comm.Get_rank() == 0:
+                b = out[-1]
+                print(f"bubble Q={P} m={m} {sched}: measured {b['bubble']['median']:.2f} "
+                      f"({b['bubble']['min']:.2f}-{b['bubble']['max']:.2f}), formula {b['formula']:.2f}, activation "
+                      f"bytes per stage {[round(a / 1e6, 2) for a in b['activation_bytes']]} MB", flush=True)
+    return out
+
+
+def main(argv=None):
+    """Run the grid and bubble parts on ``MPI.COMM_WORLD``; rank 0 writes the results and prints the table.
+
+    Returns
+    -------
+    int
+        0, or 2 when the results file cannot be written (found before anything runs, on every rank).
+    """
+    args = _parse(argv)
     comm = MPI.COMM_WORLD
-    P, rank = comm.Get_size(), comm.Get_rank()
-    problem = unwritable(args.out) if rank == 0 else None
+    problem = unwritable(args.out) if comm.Get_rank() == 0 else None
     if _reduce(comm, 1.0 if problem else 0.0, MPI.MAX):
-        if rank == 0:
+        if comm.Get_rank() == 0:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     limit_threads(1)  # one BLAS thread per rank: the ranks share the cores
@@ -123,60 +179,27 @@ def main(argv=None):
     base = Config(data="synthetic", samples=args.batch * 20 + 256, features=args.features, classes=10,
                   hidden=hidden, dtype="float32", batch_size=args.batch, progress=False, threads=1,
                   algorithm="ring", timeout=600.0)
-    results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm), "grids": [], "bubble": []}
-    every = grids(P, len(hidden) + 1)
-    rows = {g: [] for g in every}
-    for r in range(args.rounds):
-        for g in every:
-            m = args.micro_batches if g[2] > 1 else 1
-            cfg = base.replace(tensor_parallel=g[1], pipeline_parallel=g[2], micro_batches=m)
-            rows[g].append(measure(cfg, comm, args.steps))
-            if rank == 0:
-                x = rows[g][-1]
-                print(f"round {r} D={g[0]} T={g[1]} Q={g[2]} m={m}: step {x['step_s'] * 1e3:.1f} ms, bytes/step "
-                      + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in x["bytes_per_rank_per_step"].items())
-                      + f", state {x['max_state_bytes'] / 1e6:.1f} MB, bubble {x['bubble']:.2f}", flush=True)
-    for g, xs in rows.items():
-        ratio = [x["step_s"] / b["step_s"] for x, b in zip(xs, rows[every[0]])]
-        results["grids"].append({"D": g[0], "T": g[1], "Q": g[2], "micro_batches": args.micro_batches if g[2] > 1 else 1,
-                                 "step_s": _ratio_summary([x["step_s"] for x in xs]),
-                                 "step_ratio_to_dp": _ratio_summary(ratio),
-                                 "bytes_per_rank_per_step": xs[-1]["bytes_per_rank_per_step"],
-                                 "max_state_bytes": xs[-1]["max_state_bytes"],
-                                 "max_parameters": xs[-1]["max_parameters"],
-                                 "bubble": _ratio_summary([x["bubble"] for x in xs]),
-                                 "activation_bytes": xs[-1]["activation_bytes"]})
-    for m in (int(v) for v in args.bubble_micro_batches.split(",") if v.strip()):
-        for sched in ("gpipe", "1f1b"):
-            cfg = base.replace(pipeline_parallel=P, micro_batches=m, schedule=sched)
-            xs = [measure(cfg, comm, args.steps) for _ in range(args.rounds)]
-            results["bubble"].append({"Q": P, "micro_batches": m, "schedule": sched,
-                                      "formula": bubble_formula(P, m),
-                                      "bubble": _ratio_summary([x["bubble"] for x in xs]),
-                                      "step_s": _ratio_summary([x["step_s"] for x in xs]),
-                                      "activation_bytes": xs[-1]["activation_bytes"]})
-            if rank == 0:
-                b = results["bubble"][-1]
-                print(f"bubble Q={P} m={m} {sched}: measured {b['bubble']['median']:.2f} "
-                      f"({b['bubble']['min']:.2f}-{b['bubble']['max']:.2f}), formula {b['formula']:.2f}, activation "
-                      f"bytes per stage {[round(a / 1e6, 2) for a in b['activation_bytes']]} MB", flush=True)
-    if rank == 0:
+    results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
+               "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
+    if comm.Get_rank() == 0:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
-        _print_table(results)
+        print(table(results))
         print(f"wrote {args.out}")
     return 0
 
 
-def _print_table(results):
-    print("| grid D x T x Q | step time / data-parallel (median, range) | data MB | tensor MB | pipeline MB "
-          "| params + Adam MB per rank | bubble |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+def table(results):
+    """Return the grid part of ``results`` as a Markdown table (tabulate's pipe format)."""
+    cells = []
     for g in results["grids"]:
         r, b = g["step_ratio_to_dp"], g["bytes_per_rank_per_step"]
-        print(f"| {g['D']} x {g['T']} x {g['Q']} | {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
-              f"{b['data'] / 1e6:.2f} | {b['tensor'] / 1e6:.2f} | {b['pipeline'] / 1e6:.2f} | "
-              f"{g['max_state_bytes'] / 1e6:.1f} | {g['bubble']['median']:.2f} |")
+        cells.append([f"{g['D']} x {g['T']} x {g['Q']}", f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
+                      f"{b['data'] / 1e6:.2f}", f"{b['tensor'] / 1e6:.2f}", f"{b['pipeline'] / 1e6:.2f}",
+                      f"{g['max_state_bytes'] / 1e6:.1f}", f"{g['bubble']['median']:.2f}"])
+    head = ("grid D x T x Q", "step time / data-parallel (median, range)", "data MB", "tensor MB", "pipeline MB",
+            "params + Adam MB per rank", "bubble")
+    return tabulate(cells, headers=head, tablefmt="pipe", disable_numparse=True, colalign=["left"] + ["right"] * 6)
 
 
 if __name__ == "__main__":

@@ -37,19 +37,38 @@ def _blank(ax, text):
 
 
 def draw(results, out):
-    """Draw the six panels of ``results`` (the study's JSON) into ``out`` (PNG)."""
-    grids, bubble, run = results["grids"], results["bubble"], results["run"]
-    labels = [_label(g) for g in grids]
-    xs = list(range(len(grids)))
-    fig, axs = plt.subplots(2, 3, figsize=(16, 9))
+    """Draw the six panels of ``results`` (the study's JSON) into ``out`` (PNG); return ``out``.
 
-    ax = axs[0, 0]
+    Top row, per grid: step time against data-parallel, bytes per rank per step on each axis,
+    parameters + Adam state per rank. Bottom row: the pipeline bubble against micro-batches, the
+    activation memory per stage, the step time in seconds.
+    """
+    grids, bubble = results["grids"], results["bubble"]
+    xs, labels = list(range(len(grids))), [_label(g) for g in grids]
+    fig, axs = plt.subplots(2, 3, figsize=(16, 9))
+    _step_ratio_panel(axs[0, 0], grids, xs, labels)
+    _bytes_panel(axs[0, 1], grids, xs, labels)
+    _memory_panel(axs[0, 2], grids, xs, labels)
+    _bubble_panel(axs[1, 0], bubble)
+    _activation_panel(axs[1, 1], bubble)
+    _step_time_panel(axs[1, 2], grids, xs, labels)
+    cfg, run = results["config"], results["run"]
+    fig.suptitle(f"MLP {cfg['features']}-{'-'.join(map(str, cfg['hidden']))}-10, float32, global batch "
+                 f"{cfg['batch']}, P = {run.get('P')}, {run.get('mpi_library', '')[:40]}, host {run.get('host', '')}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _step_ratio_panel(ax, grids, xs, labels):
     _errbar(ax, xs, [g["step_ratio_to_dp"] for g in grids], color="tab:gray")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set(xticks=xs, xticklabels=labels, ylabel="step time / data-parallel step time",
            title="step time (median, range over rounds)", xlabel="grid D x T x Q (data x tensor x pipeline)")
 
-    ax = axs[0, 1]
+
+def _bytes_panel(ax, grids, xs, labels):
     bottom = [0.0] * len(grids)
     for name, color in AXES:
         v = [g["bytes_per_rank_per_step"][name] / 1e6 for g in grids]
@@ -59,7 +78,8 @@ def draw(results, out):
            xlabel="grid D x T x Q")
     ax.legend()
 
-    ax = axs[0, 2]
+
+def _memory_panel(ax, grids, xs, labels):
     dp = grids[0]["max_state_bytes"] / 1e6
     ax.bar(xs, [g["max_state_bytes"] / 1e6 for g in grids], color="tab:purple", label="measured (most loaded rank)")
     ax.plot(xs, [dp / (g["T"] * g["Q"]) for g in grids], "k_", ms=30, mew=2, label="data-parallel / (T x Q)")
@@ -67,7 +87,8 @@ def draw(results, out):
            xlabel="grid D x T x Q")
     ax.legend()
 
-    ax = axs[1, 0]
+
+def _bubble_panel(ax, bubble):
     for sched, color in (("gpipe", "tab:red"), ("1f1b", "tab:blue")):
         rows = [b for b in bubble if b["schedule"] == sched]
         m = [b["micro_batches"] for b in rows]
@@ -88,7 +109,8 @@ def draw(results, out):
     else:
         _blank(ax, "pipeline bubble: not measured in this run")
 
-    ax = axs[1, 1]
+
+def _activation_panel(ax, bubble):
     if bubble:
         top = max(b["micro_batches"] for b in bubble)
         for k, (sched, color) in enumerate((("gpipe", "tab:red"), ("1f1b", "tab:blue"))):
@@ -102,18 +124,11 @@ def draw(results, out):
         _blank(ax, "activation memory: not measured in this run")
     ax.set(ylabel="MB of activation buffers held")
 
-    ax = axs[1, 2]
-    _errbar(ax, xs, [{k: v for k, v in g["step_s"].items()} for g in grids], color="tab:olive")
+
+def _step_time_panel(ax, grids, xs, labels):
+    _errbar(ax, xs, [dict(g["step_s"]) for g in grids], color="tab:olive")
     ax.set(xticks=xs, xticklabels=labels, ylabel="seconds", title="step time (median, range)",
            xlabel="grid D x T x Q")
-
-    cfg = results["config"]
-    fig.suptitle(f"MLP {cfg['features']}-{'-'.join(map(str, cfg['hidden']))}-10, float32, global batch "
-                 f"{cfg['batch']}, P = {run.get('P')}, {run.get('mpi_library', '')[:40]}, host {run.get('host', '')}")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
 
 
 def main(argv=None):
