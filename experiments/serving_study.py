@@ -1,8 +1,8 @@
 """Serving study: latency against offered load per balancing policy with one 4x-slow replica,
-replicated against tensor-parallel replicas at equal rank count, and the tensor-parallel
-all-reduce's time per algorithm and message size.
+replicated against tensor-parallel replicas at equal rank count, the tensor-parallel all-reduce's
+time per algorithm at the sizes the forward sends, and serving latency per all-reduce algorithm.
 
-    mpiexec -n 4 python -m experiments.serving_study [--out results/serving] [--repeats 3]
+    mpiexec -n 4 python -m experiments.serving_study [--out results/serving] [--repeats 3] [--parts ABCD]
     python -m plots.serving results/serving/serving_study.json
 
 Without ``--checkpoint`` the study first trains its model (digits, 64-1024-10, 5 epochs) into
@@ -16,9 +16,14 @@ A. Front + 3 replicas, replica 2 ``--slow`` times slower, every batch costing ``
    p99(policy) at 80 % of capacity.
 B. Ranks 0-2: 2 replicated replicas against 1 tensor-parallel replica of T = 2 (same 3 ranks, real
    forward, no emulated time, batches sent without waiting): capacity (closed loop, 16 clients) and latency at a light load.
-C. Ranks 0-1: ``collectives.allreduce`` of float64 vectors of the sizes the tensor-parallel forward
-   sends (batch x classes, batch x hidden) for every algorithm, per-call median over repeats, and
+C. Groups of P = 2 (ranks 0-1) and P = 4: ``collectives.allreduce`` of float64 vectors of the sizes a
+   tensor-parallel forward of T = P sends (T x padded batch rows x the row-parallel layer's outputs,
+   the rank-order rule of :mod:`inference.tensor`) and of a plain all-reduce of the partial (padded
+   rows x outputs), for every algorithm, interleaved, per-call median and range over repeats, and
    what ``auto`` picks at that size.
+D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) at the light load, for
+   each of ``--tp-algorithms`` (interleaved in every repeat): latency p50/p99 and all-reduce time
+   per request; median and range over repeats.
 
 Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point) and
 prints the tables as markdown.
@@ -33,19 +38,22 @@ import time
 
 import numpy
 from mpi4py import MPI
+from tabulate import tabulate
 
 import collectives
 from collectives.select import select_allreduce
 from experiments.outputs import unwritable
 from inference.balance import POLICIES
 from inference.config import ServeConfig
+from inference.model import load_spec
 from inference.serve import run as serve
 from training.checkpoint import root_bytes
 from training.config import Config
 from training.metrics import run_info
 from training.train import run as train
 
-__all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes"]
+__all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown",
+           "row_parallel_widths"]
 
 KEEP = ("requests", "answered", "correct", "failed", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
         "throughput_rps", "mean_batch_size", "comm_mean_ms", "compute_mean_ms", "queue_mean_ms")
@@ -114,9 +122,22 @@ def replicated_vs_tensor(args, ckpt, comm, out):
     return pts
 
 
-def allreduce_sizes(args, comm, hidden):
-    """Part C on 2 ranks: per-call all-reduce time (us) of each algorithm and size, median of repeats."""
-    sizes = sorted({b * c for b in (1, args.max_batch) for c in (10, hidden)})
+def row_parallel_widths(weights):
+    """Return the output widths of the layers :mod:`inference.tensor` splits row-parallel (they all-reduce)."""
+    last = len(weights) - 1
+    return [int(W.shape[1]) for k, (W, _) in enumerate(weights) if k % 2 == 1 or k == last]
+
+
+def allreduce_sizes(args, comm, widths):
+    """Part C: per-call all-reduce time (us) of each algorithm and size on ``comm``, median of repeats.
+
+    Sizes: for each row-parallel width ``c``, ``P * rows * c`` elements (what the rank-order rule
+    sends at T = P) and ``rows * c`` (a plain all-reduce of the partial), ``rows`` the padded batch
+    of :class:`inference.model.Predictor` (``--max-batch`` rounded up to 8).
+    """
+    rows_per_forward = -(-args.max_batch // 8) * 8
+    slotted = {comm.size * rows_per_forward * c for c in widths}
+    sizes = sorted(slotted | {rows_per_forward * c for c in widths})
     rows = []
     for n in sizes:
         x = numpy.random.default_rng(comm.rank).standard_normal(n)
@@ -133,9 +154,29 @@ def allreduce_sizes(args, comm, hidden):
         med = {a: statistics.median(v) for a, v in times.items()}
         best = min((a for a in ALGOS if a != "auto"), key=med.get)
         made = min((a for a in ALGOS if a not in ("auto", "mpi")), key=med.get)
-        rows.append({"elements": n, "bytes": n * 8, "us": med, "range_us": {a: [min(v), max(v)] for a, v in times.items()},
-                     "fastest": best, "fastest_hand_made": made, "auto_picks": select_allreduce(comm.size, n * 8)})
+        rows.append({"P": comm.size, "elements": n, "bytes": n * 8, "rank_order": n in slotted, "us": med,
+                     "range_us": {a: [min(v), max(v)] for a, v in times.items()}, "fastest": best,
+                     "fastest_hand_made": made, "auto_picks": select_allreduce(comm.size, n * 8)})
+        if comm.rank == 0:
+            print(f"C P={comm.size} {n * 8} B: " + " ".join(f"{a} {med[a]:.0f}" for a in ALGOS)
+                  + f" us; auto picks {rows[-1]['auto_picks']}", flush=True)
     return rows
+
+
+def tp_algorithms(args, ckpt, comm, out):
+    """Part D: one replica of T = P - 1 at the light load, for each ``--tp-algorithms``; a point per repeat."""
+    pts, T = [], comm.size - 1
+    for rep in range(args.repeats):
+        for a in args.tp_algorithms:  # interleaved: every algorithm sees the same load in every repeat
+            cfg = ServeConfig(checkpoint=ckpt, replicas=1, tensor_parallel=T, max_batch=args.max_batch,
+                              max_wait_ms=0.0, rate=args.light_rps, requests=args.tp_requests, seed=rep,
+                              algorithm=a, run_dir=os.path.join(out, "points"))
+            p = _point(cfg, comm, part="tp-algorithm", tensor_parallel=T, algorithm=a, repeat=rep)
+            if p:
+                pts.append(p)
+                print(f"D r{rep} T={T} {a:18s}: p50 {p['latency_p50_ms']:.2f} ms, p99 {p['latency_p99_ms']:.2f} ms, "
+                      f"all-reduce {p['comm_mean_ms']:.3f} ms/request", flush=True)
+    return pts
 
 
 def _train_model(out, comm):
@@ -151,11 +192,27 @@ def _train_model(out, comm):
     return path
 
 
+def _algorithms(text):
+    names = [a for a in text.split(",") if a]
+    bad = [a for a in names if a not in collectives.ALGORITHMS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(collectives.ALGORITHMS)}, "
+                                         f"got {text!r}")
+    return names
+
+
+def _parts(text):
+    if not text or set(text) - set("ABCD"):
+        raise argparse.ArgumentTypeError(f"expected letters of ABCD, got {text!r}")
+    return text
+
+
 def main(argv=None):
     """Run the study on 4 ranks; return the exit status."""
     p = argparse.ArgumentParser(prog="mpiexec -n 4 python -m experiments.serving_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/serving", help="results folder")
     p.add_argument("--checkpoint", default="", help="training run to serve (default: train OUT/model first)")
+    p.add_argument("--parts", type=_parts, default="ABCD", help="parts to run (letters of ABCD)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every point")
     p.add_argument("--fractions", type=lambda s: [float(v) for v in s.split(",")],
                    default=[0.2, 0.4, 0.6, 0.7, 0.8, 0.9], help="offered load as fractions of capacity")
@@ -164,9 +221,12 @@ def main(argv=None):
     p.add_argument("--service-ms", type=float, default=4.0, help="emulated accelerator time per batch (ms)")
     p.add_argument("--max-batch", type=int, default=4, help="dynamic batching: largest batch")
     p.add_argument("--max-wait-ms", type=float, default=4.0, help="dynamic batching: longest wait (ms)")
-    p.add_argument("--light-rps", type=float, default=200.0, help="part B's light load (requests/s)")
+    p.add_argument("--light-rps", type=float, default=200.0, help="parts B and D: light load (requests/s)")
     p.add_argument("--algorithm", default="auto", help="part B's tensor-parallel all-reduce algorithm")
     p.add_argument("--iterations", type=int, default=300, help="part C: all-reduce calls per timing")
+    p.add_argument("--tp-algorithms", type=_algorithms, default=["auto", "mpi", "recursive_doubling", "ring"],
+                   help="part D: all-reduce algorithms compared (comma-separated)")
+    p.add_argument("--tp-requests", type=int, default=400, help="part D: requests per point")
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD
     if world.size != 4:
@@ -188,15 +248,21 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr)
         return 2
     ckpt = args.checkpoint or _train_model(args.out, world)
-    points, caps = policy_sweep(args, ckpt, world, args.out)
+    points, caps = policy_sweep(args, ckpt, world, args.out) if "A" in args.parts else ([], [])
     three = world.Split(0 if world.rank < 3 else MPI.UNDEFINED, world.rank)
-    tp = replicated_vs_tensor(args, ckpt, three, args.out) if three != MPI.COMM_NULL else []
+    tp = replicated_vs_tensor(args, ckpt, three, args.out) if "B" in args.parts and three != MPI.COMM_NULL else []
     _idle(world)
-    two = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
-    hidden = json.load(open(os.path.join(ckpt, "config.json")))["config"]["hidden"][0] if world.rank == 0 else 0
-    hidden = int(root_float(world, hidden))
-    ar = allreduce_sizes(args, two, hidden) if two != MPI.COMM_NULL else []
-    _idle(world)
+    ar = []
+    if "C" in args.parts:
+        widths = row_parallel_widths(load_spec(ckpt, world)[0].weights)
+        two = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+        ar = allreduce_sizes(args, two, widths) if two != MPI.COMM_NULL else []
+        _idle(world)
+        ar += allreduce_sizes(args, world, widths)
+    if "D" in args.parts:
+        tp += tp_algorithms(args, ckpt, three, args.out) if three != MPI.COMM_NULL else []
+        _idle(world)
+        tp += tp_algorithms(args, ckpt, world, args.out)
     if world.rank == 0:
         doc = {"study": vars(args), "checkpoint": ckpt, "run": run_info(world), "capacities_rps": caps,
                "points": points + tp, "allreduce": ar, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -219,38 +285,60 @@ def ratios(points, frac):
     return out
 
 
-def _med(vals):
-    return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+def _med(vals, fmt=".2f"):
+    return f"{statistics.median(vals):{fmt}} ({min(vals):{fmt}}-{max(vals):{fmt}})"
+
+
+def _table(cells, head):
+    """Markdown (tabulate's pipe format): first column left, the others right."""
+    return tabulate(cells, head, tablefmt="pipe", disable_numparse=True, colalign=("left",) + ("right",) * (len(head) - 1))
 
 
 def markdown(doc):
-    """Return the study's tables (medians over repeats, range in parentheses) as markdown."""
-    pts, lines = doc["points"], []
-    fracs = sorted({p["fraction"] for p in pts if p["part"] == "policies"})
-    lines += ["| load (x capacity) | " + " | ".join(f"{pol} p50 / p99 ms" for pol in POLICIES) + " |",
-              "|---:|" + "---:|" * len(POLICIES)]
-    for f in fracs:
+    """Return the study's tables (medians over repeats, range in parentheses) as markdown; parts not run are left out."""
+    pts, tables = doc["points"], []
+    pol = [p for p in pts if p["part"] == "policies"]
+    if pol:
         cells = []
-        for pol in POLICIES:
-            g = [p for p in pts if p["part"] == "policies" and p["policy"] == pol and p["fraction"] == f]
-            cells.append(f"{statistics.median(p['latency_p50_ms'] for p in g):.2f} / "
-                         f"{_med([p['latency_p99_ms'] for p in g])}")
-        lines.append(f"| {f:.2f} | " + " | ".join(cells) + " |")
-    lines += ["", "| replicas x T | capacity req/s | light-load p50 ms | light-load p99 ms | all-reduce ms/request |",
-              "|---|---:|---:|---:|---:|"]
+        for f in sorted({p["fraction"] for p in pol}):
+            row = [f"{f:.2f}"]
+            for name in POLICIES:
+                g = [p for p in pol if p["policy"] == name and p["fraction"] == f]
+                row.append(f"{statistics.median(p['latency_p50_ms'] for p in g):.2f} / {_med([p['latency_p99_ms'] for p in g])}"
+                           if g else "")
+            cells.append(row)
+        tables.append(_table(cells, ["load (x capacity)"] + [f"{name} p50 / p99 ms" for name in POLICIES]))
+    cells = []
     for R, T in ((2, 1), (1, 2)):
         cap = [p for p in pts if p["part"] == "tp-capacity" and p["replicas"] == R]
         light = [p for p in pts if p["part"] == "tp-light" and p["replicas"] == R]
         if cap and light:
-            lines.append(f"| {R} x {T} | {_med([p['throughput_rps'] for p in cap])} | "
-                         f"{_med([p['latency_p50_ms'] for p in light])} | {_med([p['latency_p99_ms'] for p in light])} | "
-                         f"{statistics.median(p['comm_mean_ms'] for p in light):.3f} |")
-    lines += ["", "| elements (bytes) | " + " | ".join(ALGOS) + " | fastest | fastest hand-made | auto picks |",
-              "|---|" + "---:|" * (len(ALGOS) + 3)]
-    for r in doc["allreduce"]:
-        lines.append(f"| {r['elements']} ({r['bytes']}) | " + " | ".join(f"{r['us'][a]:.1f}" for a in ALGOS)
-                     + f" | {r['fastest']} | {r['fastest_hand_made']} | {r['auto_picks']} |")
-    return "\n".join(lines)
+            cells.append([f"{R} x {T}", _med([p["throughput_rps"] for p in cap]), _med([p["latency_p50_ms"] for p in light]),
+                          _med([p["latency_p99_ms"] for p in light]),
+                          f"{statistics.median(p['comm_mean_ms'] for p in light):.3f}"])
+    if cells:
+        tables.append(_table(cells, ["replicas x T", "capacity req/s", "light-load p50 ms", "light-load p99 ms",
+                                     "all-reduce ms/request"]))
+    if doc["allreduce"]:
+        algos = list(doc["allreduce"][0]["us"])
+        cells = [[str(r["P"]), f"{r['elements']} ({r['bytes']})", "rank order" if r["rank_order"] else "plain"]
+                 + [f"{r['us'][a]:.1f}" for a in algos] + [r["fastest"], r["fastest_hand_made"], r["auto_picks"]]
+                 for r in doc["allreduce"]]
+        tables.append(_table(cells, ["P", "elements (bytes)", "message"] + [f"{a} us" for a in algos]
+                             + ["fastest", "fastest hand-made", "auto picks"]))
+    d = [p for p in pts if p["part"] == "tp-algorithm"]
+    if d:
+        cells = []
+        for T in sorted({p["tensor_parallel"] for p in d}):
+            for a in dict.fromkeys(p["algorithm"] for p in d):
+                g = [p for p in d if p["tensor_parallel"] == T and p["algorithm"] == a]
+                if g:
+                    cells.append([f"T = {T}", a, _med([p["latency_p50_ms"] for p in g]), _med([p["latency_p99_ms"] for p in g]),
+                                  _med([p["comm_mean_ms"] for p in g], ".3f"), f"{sum(p['correct'] for p in g)}/"
+                                  f"{sum(p['answered'] for p in g)}"])
+        tables.append(_table(cells, ["replica", "all-reduce", "p50 ms", "p99 ms", "all-reduce ms/request",
+                                     "correct/answered"]))
+    return "\n\n".join(tables)
 
 
 if __name__ == "__main__":

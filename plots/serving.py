@@ -1,5 +1,6 @@
 """Draw the serving study: p50/p99 latency against offered load per balancing policy (the "hockey
-stick"), replicated against tensor-parallel replicas, and all-reduce time per algorithm and size.
+stick"), replicated against tensor-parallel replicas, all-reduce time per algorithm and size, and a
+tensor-parallel replica's latency per all-reduce algorithm.
 
     python -m plots.serving results/serving/serving_study.json [--out FILE.png]
 
@@ -24,6 +25,9 @@ _COLORS = {"round-robin": "tab:red", "least-outstanding": "tab:blue", "power-of-
 
 def _policy_panel(ax, doc):
     pts = [p for p in doc["points"] if p["part"] == "policies"]
+    if not pts:  # part A not run
+        ax.set_axis_off()
+        return
     for pol in dict.fromkeys(p["policy"] for p in pts):
         fr = sorted({p["fraction"] for p in pts if p["policy"] == pol})
         for key, style in (("latency_p99_ms", "-o"), ("latency_p50_ms", "--.")):
@@ -61,6 +65,9 @@ def _tp_panel(ax, doc):
         caps.append(statistics.median(c))
         p50.append(statistics.median(p["latency_p50_ms"] for p in light))
         p99.append(statistics.median(p["latency_p99_ms"] for p in light))
+    if not labels:  # part B not run
+        ax.set_axis_off()
+        return
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], p50, 0.4, label="p50 at light load", color="tab:blue")
     ax.bar([i + 0.2 for i in x], p99, 0.4, label="p99 at light load", color="tab:orange")
@@ -74,25 +81,62 @@ def _tp_panel(ax, doc):
 def _allreduce_panel(ax, doc):
     rows = doc.get("allreduce") or []
     if not rows:
+        ax.set_axis_off()
         return
-    sizes = [r["bytes"] for r in rows]
-    for a in rows[0]["us"]:
-        ax.plot(sizes, [r["us"][a] for r in rows], "-o" if a != "auto" else "k--", label=a, markersize=4)
+    colors = {}
+    for P, style in ((2, "-o"), (4, ":s")):
+        sub = [r for r in rows if r.get("P", 2) == P]
+        if not sub:
+            continue
+        sizes = [r["bytes"] for r in sub]
+        for a in sub[0]["us"]:
+            line, = ax.plot(sizes, [r["us"][a] for r in sub], "--" if a == "auto" else style, markersize=4,
+                            color="k" if a == "auto" else colors.get(a), label=f"{a} P={P}", alpha=1.0 if P == 2 else 0.7)
+            colors[a] = line.get_color()
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message (bytes, float64)")
     ax.set_ylabel("time per all-reduce (us)")
-    ax.set_title("all-reduce on the T=2 group, per algorithm", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title("all-reduce at the tensor-parallel forward's sizes", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, which="both")
 
 
+def _tp_algorithm_panel(ax, doc):
+    pts = [p for p in doc["points"] if p["part"] == "tp-algorithm"]
+    if not pts:
+        ax.set_axis_off()
+        return
+    labels, med, lo, hi = [], {"latency_p50_ms": [], "latency_p99_ms": []}, {}, {}
+    for T in sorted({p["tensor_parallel"] for p in pts}):
+        for a in dict.fromkeys(p["algorithm"] for p in pts):
+            g = [p for p in pts if p["tensor_parallel"] == T and p["algorithm"] == a]
+            if not g:
+                continue
+            labels.append(f"T={T}\n{a}")
+            for key in med:
+                v = [p[key] for p in g]
+                med[key].append(statistics.median(v))
+                lo.setdefault(key, []).append(med[key][-1] - min(v))
+                hi.setdefault(key, []).append(max(v) - med[key][-1])
+    x = range(len(labels))
+    for key, dx, color in (("latency_p50_ms", -0.2, "tab:blue"), ("latency_p99_ms", 0.2, "tab:orange")):
+        ax.bar([i + dx for i in x], med[key], 0.4, yerr=[lo[key], hi[key]], capsize=2, color=color,
+               label=key.split("_")[1] + " (light load)")
+    ax.set_xticks(list(x), labels, fontsize=7, rotation=30)
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("one tensor-parallel replica, per all-reduce algorithm", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+
+
 def draw(doc, path):
-    """Draw the three panels of the study ``doc`` (the parsed results file) into the PNG ``path``."""
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    """Draw the four panels of the study ``doc`` (the parsed results file) into the PNG ``path``."""
+    fig, axes = plt.subplots(1, 4, figsize=(22, 5.2), gridspec_kw={"width_ratios": [1.6, 1, 1, 1.2]})
     _policy_panel(axes[0], doc)
     _tp_panel(axes[1], doc)
     _allreduce_panel(axes[2], doc)
+    _tp_algorithm_panel(axes[3], doc)
     run = doc.get("run", {})
     fig.suptitle(f"Serving study -- P={run.get('P', '?')}, {' '.join(run.get('mpi_library', '').split())[:40]}, "
                  f"host {run.get('host', '?')}, {doc.get('study', {}).get('repeats', '?')} repeats", fontsize=11)
