@@ -21,9 +21,10 @@ C. Groups of P = 2 (ranks 0-1) and P = 4: ``collectives.allreduce`` of float64 v
    the rank-order rule of :mod:`inference.tensor`) and of a plain all-reduce of the partial (padded
    rows x outputs), for every algorithm, interleaved, per-call median and range over repeats, and
    what ``auto`` picks at that size.
-D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) at the light load, for
-   each of ``--tp-algorithms`` (interleaved in every repeat): latency p50/p99 and all-reduce time
-   per request; median and range over repeats.
+D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) under ``--tp-clients``
+   closed-loop clients (default 1: each request alone, so latency is service time without queueing),
+   for each of ``--tp-algorithms`` (interleaved in every repeat): latency p50/p99 and all-reduce
+   time per request; median and range over repeats.
 
 Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point) and
 prints the tables as markdown.
@@ -164,12 +165,12 @@ def allreduce_sizes(args, comm, widths):
 
 
 def tp_algorithms(args, ckpt, comm, out):
-    """Part D: one replica of T = P - 1 at the light load, for each ``--tp-algorithms``; a point per repeat."""
+    """Part D: one replica of T = P - 1 under ``--tp-clients`` closed-loop clients, per ``--tp-algorithms``; a point per repeat."""
     pts, T = [], comm.size - 1
     for rep in range(args.repeats):
         for a in args.tp_algorithms:  # interleaved: every algorithm sees the same load in every repeat
             cfg = ServeConfig(checkpoint=ckpt, replicas=1, tensor_parallel=T, max_batch=args.max_batch,
-                              max_wait_ms=0.0, rate=args.light_rps, requests=args.tp_requests, seed=rep,
+                              max_wait_ms=0.0, clients=args.tp_clients, requests=args.tp_requests, seed=rep,
                               algorithm=a, run_dir=os.path.join(out, "points"))
             p = _point(cfg, comm, part="tp-algorithm", tensor_parallel=T, algorithm=a, repeat=rep)
             if p:
@@ -221,12 +222,14 @@ def main(argv=None):
     p.add_argument("--service-ms", type=float, default=4.0, help="emulated accelerator time per batch (ms)")
     p.add_argument("--max-batch", type=int, default=4, help="dynamic batching: largest batch")
     p.add_argument("--max-wait-ms", type=float, default=4.0, help="dynamic batching: longest wait (ms)")
-    p.add_argument("--light-rps", type=float, default=200.0, help="parts B and D: light load (requests/s)")
+    p.add_argument("--light-rps", type=float, default=200.0, help="part B's light load (requests/s)")
     p.add_argument("--algorithm", default="auto", help="part B's tensor-parallel all-reduce algorithm")
     p.add_argument("--iterations", type=int, default=300, help="part C: all-reduce calls per timing")
     p.add_argument("--tp-algorithms", type=_algorithms, default=["auto", "mpi", "recursive_doubling", "ring"],
                    help="part D: all-reduce algorithms compared (comma-separated)")
-    p.add_argument("--tp-requests", type=int, default=400, help="part D: requests per point")
+    p.add_argument("--tp-requests", type=int, default=300, help="part D: requests per point")
+    p.add_argument("--tp-clients", type=int, default=1,
+                   help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
     args = p.parse_args(argv)
     world = MPI.COMM_WORLD
     if world.size != 4:

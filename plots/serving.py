@@ -122,10 +122,10 @@ def _tp_algorithm_panel(ax, doc):
     x = range(len(labels))
     for key, dx, color in (("latency_p50_ms", -0.2, "tab:blue"), ("latency_p99_ms", 0.2, "tab:orange")):
         ax.bar([i + dx for i in x], med[key], 0.4, yerr=[lo[key], hi[key]], capsize=2, color=color,
-               label=key.split("_")[1] + " (light load)")
+               label=key.split("_")[1])
     ax.set_xticks(list(x), labels, fontsize=7, rotation=30)
     ax.set_ylabel("latency (ms)")
-    ax.set_title("one tensor-parallel replica, per all-reduce algorithm", fontsize=10)
+    ax.set_title("one tensor-parallel replica (closed loop), per all-reduce algorithm", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
 
