@@ -24,6 +24,7 @@ from .errors import CollectiveError, CollectiveTimeout
 from .executor import execute
 from .fastpath import fast_allreduce, library_plan, remember
 from .request import Request
+from .schedule import segmented
 from .select import model_choice, select_allreduce
 from .torus import check_grid, square_grid
 from .waiting import deadline_of, wait_all
@@ -164,7 +165,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
     count = x.size
     tag = ctx.begin(key, timeout)
     sched = ctx.schedule(("allreduce", algorithm, count, grid),
-                         lambda: build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid))
+                         lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid)))
     out, work, acc, direct, inp = prepare(x, out, ctx, xp, "work", accumulate, lazy=True)
     scratch = ctx.buffer(xp, acc, sched.scratch)
     ufunc = getattr(xp, OPS[op])
@@ -269,7 +270,7 @@ def iallreduce(x, comm=None, op="sum", algorithm="auto", out=None, grid=None, ac
 
         return _MPIRequest(reqs, done, ctx)
     sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
-                         lambda: build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid))
+                         lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid)))
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
     ctx.record("allreduce", algorithm, x.size, acc, sched)
     return Request(sched, ctx.comm, work, scratch, getattr(xp, OPS[op]), tag, "allreduce",

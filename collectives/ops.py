@@ -19,7 +19,7 @@ from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, r
 from .context import check_comm, get_context
 from .executor import execute
 from .ring import ring_allgather, ring_reduce_scatter
-from .schedule import chunk_bounds
+from .schedule import chunk_bounds, segmented
 from .tree import tree_broadcast, tree_reduce
 
 __all__ = ["OP_ALGORITHMS", "reduce_scatter", "allgather", "broadcast", "reduce"]
@@ -138,7 +138,8 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
             return finish(mine, mine, op, size, xp, True)
         work, lo, hi = mine, 0, hi - lo
     else:
-        sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: ring_reduce_scatter(rank, size, count))
+        sched = ctx.schedule(("reduce_scatter", algorithm, count),
+                             lambda: segmented(ring_reduce_scatter(rank, size, count)))
         _run(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout,
              xp, inp, (lo, hi))
         ctx.record("reduce_scatter", algorithm, count, acc, sched)
@@ -264,7 +265,7 @@ def _gather_blocks(ctx, x, firsts, algorithm, timeout):
             _library(ctx, key, xp, "Iallgatherv", (MPI.IN_PLACE, [raw(flat), counts]), timeout, check=False)
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
-    sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: ring_allgather(rank, size, bounds))
+    sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: segmented(ring_allgather(rank, size, bounds)))
     _run(ctx, key, sched, raw(flat), None, None, timeout, xp)
     ctx.record("allgather", algorithm, flat.size, x.dtype, sched)
     return out

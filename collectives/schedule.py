@@ -14,7 +14,11 @@ The same schedule drives blocking execution (:func:`collectives.executor.execute
 """
 import functools
 
-__all__ = ["Round", "Schedule", "chunk_bounds"]
+__all__ = ["Round", "Schedule", "chunk_bounds", "segmented", "SEGMENT_ELEMENTS"]
+
+#: Messages longer than this many elements (1 MiB of float32) are sent in segments of at most this
+#: size, each reduced as soon as it arrives (see :func:`segmented`).
+SEGMENT_ELEMENTS = 1 << 18
 
 
 @functools.lru_cache(maxsize=1024)
@@ -197,3 +201,50 @@ class Schedule:
     def __repr__(self):
         return (f"Schedule({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
                 f"rounds={len(self.rounds)}, messages={self.messages}, elements_sent={self.elements_sent})")
+
+
+def segmented(schedule, elements=SEGMENT_ELEMENTS):
+    """Return ``schedule`` with each long message of its one-send, one-receive rounds cut into segments.
+
+    A round that sends one region and receives one becomes ``k`` consecutive rounds: in round ``j``
+    the ``j``-th segment of the send and of the receive move, and a reducing receive's segment is
+    combined at once, while it is still in the cache, instead of after the whole block has landed
+    (the chunked rings of NCCL; pipelined all-reduce, Patarasuk and Yuan 2009, section 4). Each
+    message is cut by its own length alone (``ceil(length / elements)`` pieces, split as
+    :func:`chunk_bounds` does), so the sender and the receiver of a message cut it alike; a send and
+    a receive of different lengths may get different numbers of pieces, and the extra rounds then
+    carry only the longer one. Rounds with several sends or receives are kept whole. Nothing is
+    reordered within a message, so results are bitwise those of the unsegmented schedule.
+
+    Measured on one 2-core machine, P = 2 and 4, float32 (``ring`` and ``rabenseifner``, segments
+    interleaved with the whole-block schedule): 0.87-0.95x the time from 8 MiB up with 1 MiB
+    segments, no change at 1-4 MiB, and 1.2x slower with 64 KiB segments (per-message cost).
+
+    Parameters
+    ----------
+    schedule : Schedule
+    elements : int
+        Longest segment (elements), >= 1.
+
+    Returns
+    -------
+    Schedule
+        ``schedule`` itself when no message is longer than ``elements``.
+    """
+    if not any(len(r.sends) == 1 and len(r.recvs) == 1 and max(r.sends[0][2] - r.sends[0][1],
+                                                                r.recvs[0][2] - r.recvs[0][1]) > elements
+               for r in schedule.rounds):
+        return schedule
+    rounds = []
+    for r in schedule.rounds:
+        if len(r.sends) != 1 or len(r.recvs) != 1:
+            rounds.append(r)
+            continue
+        (dst, sa, sb), (src, ra, rb, red) = r.sends[0], r.recvs[0]
+        ks, kr = -(-(sb - sa) // elements), -(-(rb - ra) // elements)
+        bs, br = chunk_bounds(sb - sa, ks), chunk_bounds(rb - ra, kr)
+        for j in range(max(ks, kr)):
+            send = [(dst, sa + bs[j], sa + bs[j + 1])] if j < ks else []
+            recv = [(src, ra + br[j], ra + br[j + 1], red)] if j < kr else []
+            rounds.append(Round(send, recv, r.phase))
+    return Schedule(schedule.algorithm, schedule.rank, schedule.size, schedule.count, rounds)

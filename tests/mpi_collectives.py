@@ -264,11 +264,30 @@ def case_grid_and_nonblocking():
     check(C.allreduce(y, out=y, algorithm="rabenseifner") is y and close(y, ref, "float64"), "out=x in place")
 
 
+def case_segmented_bitwise():
+    """Cutting messages into segments (collectives.schedule.segmented) changes no bit of any result."""
+    from collectives.executor import execute
+    from collectives.schedule import segmented
+    for count in (1001, 4 * P + 3):
+        x = make(count, "float32", "sum", salt=5)
+        for alg in [a for a in ALGS if a not in ("mpi", "auto")]:
+            whole = C.build_allreduce_schedule(alg, rank, P, count)
+            cut = segmented(whole, 7)
+            results = []
+            for sched in (whole, cut):
+                work = x.copy()
+                execute(sched, comm, work, np.empty(max(sched.scratch, 1), np.float32), np.add, tag=11)
+                results.append(work)
+            check(cut is whole or cut.messages > whole.messages, f"{alg} count={count}: nothing was cut")
+            check(np.array_equal(results[0], results[1]) and close(results[0], mpi_oracle(x, "sum"), "float32"),
+                  f"{alg} count={count}: segmented result differs")
+
+
 def main():
     counts = [0, 1, max(P - 1, 0), P + 1, 1001] + ([2 ** 20 + 3] if "--big" in sys.argv else [])
     cases = [lambda: case_matrix(sorted(set(counts))), case_identical_on_ranks, case_public_reports,
              case_other_collectives, case_float16_native, case_stats,
-             case_grid_and_nonblocking]
+             case_grid_and_nonblocking, case_segmented_bitwise]
     for case in cases:
         try:
             case()
