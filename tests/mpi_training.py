@@ -19,7 +19,9 @@ abort the whole job so nothing hangs.
 """
 import os
 import shutil
+import struct
 import sys
+import zipfile
 
 import numpy as np
 from mpi4py import MPI
@@ -190,7 +192,10 @@ def case_corrupt(comm, base):
         with open(truncated, "wb") as f:
             f.write(data[: len(data) // 2])
         mid = bytearray(data)
-        mid[len(mid) // 3] ^= 0xFF  # inside the parameter bytes: caught by the zip CRC
+        with zipfile.ZipFile(src) as z:  # a byte in the middle of the parameters' stored data: the zip CRC
+            info = z.getinfo("model/params.npy")  # catches it (a fixed file offset may land in a header)
+        name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+        mid[info.header_offset + 30 + name_len + extra_len + info.compress_size // 2] ^= 0xFF
         with open(flipped, "wb") as f:
             f.write(bytes(mid))
         shutil.copy(os.path.join(base, "resume", "full", "config.json"), root)
