@@ -45,8 +45,8 @@ def test_run_ended_before_first_checkpoint_starts_again(tmp_path, capsys):
 
     # --resume: one note, then the whole run, bitwise equal to the uninterrupted one
     assert main(["--resume", str(tmp_path / "a"), "--no-progress"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("ended before its first checkpoint") == 1, out
+    err = capsys.readouterr().err  # rank 0's log line
+    assert err.count("[rank 0] INFO: --resume") == 1 and err.count("ended before its first checkpoint") == 1, err
     assert np.array_equal(_final_params(tmp_path / "a"), reference)
     rows = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == steps and all(json.loads(r)["step"] != 99 for r in rows)

@@ -30,20 +30,20 @@ def test_resume_runs_past_stop_after_and_keeps_provenance(tmp_path, capsys):
     first = json.loads((tmp_path / "a" / "config.json").read_text())["run"]
 
     # --stop-after 1 is saved in config.json but not inherited: the resume trains epoch 2
-    code, out, _ = _run(capsys, "--resume", run, "--no-progress")
-    assert code == 0 and "after 2 epochs |" in out and "note:" not in out, out
+    code, out, err = _run(capsys, "--resume", run, "--no-progress")
+    assert code == 0 and "after 2 epochs |" in out and "WARNING" not in err, err
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["epochs"] == 2
 
-    # at the last epoch: one line says so, and nothing is written
-    code, out, _ = _run(capsys, "--resume", run, "--no-progress")
-    assert code == 0 and out == f"nothing to do: {run} is already at epoch 2 of 2 " \
-                                "(a larger --epochs trains further)\n", out
+    # at the last epoch: one log line says so, and nothing is written
+    code, out, err = _run(capsys, "--resume", run, "--no-progress")
+    assert code == 0 and out == "" and err == f"[rank 0] INFO: nothing to do: {run} is already at epoch 2 of 2 " \
+                                               "(a larger --epochs trains further)\n", (out, err)
 
     # a longer run redefines the cosine schedule: said once, before training
-    code, out, _ = _run(capsys, "--resume", run, "--epochs", "3", "--no-progress")
-    assert code == 0 and out.splitlines()[0] == (
-        "note: --epochs 3 differs from the run's 2: the learning-rate schedule is recomputed for 3 "
-        "epochs, so the result will not equal an uninterrupted 3-epoch run"), out
+    code, out, err = _run(capsys, "--resume", run, "--epochs", "3", "--no-progress")
+    assert code == 0 and err.count("WARNING") == 1 and err.splitlines()[0] == (
+        "[rank 0] WARNING: --epochs 3 differs from the run's 2: the learning-rate schedule is recomputed for 3 "
+        "epochs, so the result will not equal an uninterrupted 3-epoch run"), err
     assert "after 3 epochs |" in out, out
 
     # config.json keeps the first job's record; each resume that trained is appended

@@ -26,6 +26,7 @@ _METAVARS = {
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
     "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
+    "log_level": "LEVEL",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -108,6 +109,8 @@ HELP = {
     "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
     "progress": "show a progress bar on rank 0: redrawn in place when the output (or mpiexec's) is a "
                 "terminal, else one status line every 30 s; --no-progress turns it off",
+    "log_level": "level of the log messages, [rank R] LEVEL: message on stderr: debug, info, warning, error or "
+                 "critical; '' reads $COMMLAB_LOG_LEVEL, else info",
     "trace": "write a timeline of every rank (forward, backward, waits, each bucket's all-reduce, "
              "compression, PS push/pull) to FILE in Chrome trace format, for https://ui.perfetto.dev or "
              "chrome://tracing; not inherited by --resume",

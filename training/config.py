@@ -96,6 +96,7 @@ class Config:
     threads: int = 0                  # BLAS threads per rank (0: cores / ranks on the node)
     progress: bool = True             # show a tqdm progress bar on rank 0
     trace: str = ""                   # Chrome trace file (JSON, times in microseconds) written by rank 0 ("": none)
+    log_level: str = ""               # debug, info, warning, error or critical ("": $COMMLAB_LOG_LEVEL, else info)
 
     # ----------------------------------------------------------------------------------------
     @classmethod
@@ -141,14 +142,28 @@ class Config:
     def validate(self):
         """Check every field's type and range.
 
+        The checks run in named groups, in this order: names with fixed choices, counts, the mode's
+        combinations, ranges, inputs and outputs (files, names), then the names registered by
+        ``collectives`` (algorithm, compressor, log level).
+
         Raises
         ------
         ValueError
             Naming the first field whose value is out of range or not one of its choices.
         """
+        self._check_choices()
+        self._check_counts()
+        self._check_modes()
+        self._check_ranges()
+        self._check_inputs()
+        self._check_registries()
+
+    def _check_choices(self):
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+
+    def _check_counts(self):
         for f in dataclasses.fields(self):  # NaN and inf pass every range check below
             if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name)):
                 raise ValueError(f"{f.name} must be a finite number, got {getattr(self, f.name)!r}")
@@ -164,9 +179,13 @@ class Config:
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def _check_modes(self):
         if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("tensor_parallel, pipeline_parallel and micro_batches need mode 'dp' (the "
                              "parameter server holds whole-model shards)")
+
+    def _check_ranges(self):
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints!r}")
         if not 0.0 < self.test_fraction < 1.0:
@@ -186,6 +205,8 @@ class Config:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {list(self.hidden)}")
+
+    def _check_inputs(self):
         if not isinstance(self.compression_args, dict):
             raise ValueError("compression_args must be a dict")
         if self.data == "mnist" and not self.data_dir:
@@ -200,13 +221,18 @@ class Config:
                                  f"is not writable")
         if self.name and ("/" in self.name or self.name in (".", "..", "latest")):
             raise ValueError(f"name must be a plain directory name, got {self.name!r}")
+
+    def _check_registries(self):
         from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config
         from collectives.compression import COMPRESSORS
+        from collectives.log import LEVELS
 
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.compression not in COMPRESSORS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSORS)}, got {self.compression!r}")
+        if self.log_level and self.log_level.lower() not in LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}")
 
 
 def _typed(f, value):

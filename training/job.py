@@ -12,9 +12,12 @@ import time
 import numpy
 from mpi4py import MPI
 
+from collectives.log import get_logger
 from training.ps_mode import check_ps
 
 __all__ = ["array_module", "set_threads", "limit_threads", "check_run", "all_failed"]
+
+_log = get_logger("training.job")
 
 
 def array_module(cfg, comm):
@@ -28,7 +31,10 @@ def array_module(cfg, comm):
                           "pip install -e '.[gpu]'") from None
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    cupy.cuda.Device(local.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    devices = cupy.cuda.runtime.getDeviceCount()
+    device = local.rank % devices
+    cupy.cuda.Device(device).use()
+    _log.debug("local rank %d of %d uses GPU %d of %d", local.rank, local.size, device, devices)
     local.Free()
     return cupy
 
@@ -47,7 +53,10 @@ def set_threads(cfg, comm):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         n = max(1, (cores or 1) // local.size)
         local.Free()
-    limit_threads(n)
+    if limit_threads(n):
+        _log.debug("BLAS and OpenMP threads limited to %d per rank", n)
+    else:
+        _log.debug("threadpoolctl is not installed: BLAS threads left as they are (%d per rank asked for)", n)
     return n
 
 

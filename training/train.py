@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives import trace
+from collectives.log import get_logger, setup_logging
 
 from ps.protocol import PSError, PSTimeout
 from ps.state import schedule_lr
@@ -40,6 +41,8 @@ from training.sizes import format_bytes
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
+
+_log = get_logger("training.train")  # not __name__, which is "__main__" under python -m
 
 
 def lr_at(cfg, step, total_steps):
@@ -98,8 +101,8 @@ def build_trainer(cfg, comm):
     if cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout)
         if path is None and comm.rank == 0:
-            print(f"note: --resume {cfg.resume}: the run ended before its first checkpoint; "
-                  f"starting it again from the beginning", flush=True)
+            _log.info("--resume %s: the run ended before its first checkpoint; starting it again from the "
+                      "beginning", cfg.resume)
         elif path is not None:
             saved = restore(path, arrays, model, opt, hook, state)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
@@ -134,7 +137,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
-            print(_nothing_to_do(cfg, run_dir, state.epoch), flush=True)
+            _log.info(_nothing_to_do(cfg, run_dir, state.epoch))
         return _summary(t, comm, run_dir, *data, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
@@ -180,14 +183,17 @@ _EPOCH_SUMS = ("loss", "steps", "compute_s", "comm_s", "bytes_sent", "wait_s", "
 
 
 def _start_display(t, cfg, comm, run_dir, table, steps):
-    """Open rank 0's progress bar over ``steps`` steps and write the run's opening lines above it."""
-    bar = progress_bar(steps, "step", cfg.progress)
+    """Log the run's opening lines, then open rank 0's progress bar over ``steps`` steps and print the table head.
+
+    The log lines come first: written to stderr while a bar is drawn there, they would land inside it.
+    """
     note = _epochs_note(cfg, (t.saved_config or {}).get("epochs", cfg.epochs))
     if note:
-        bar.write(note)
-    bar.write(f"{cfg.data}: {len(t.ds.y_train)} train / {len(t.ds.y_test)} test samples, "
-              f"{t.model.size} parameters ({cfg.dtype}), P={comm.size}, global batch {cfg.batch_size}, "
-              f"algorithm {cfg.algorithm}, compression {cfg.compression} -> {run_dir}")
+        _log.warning(note)
+    _log.info("%s: %d train / %d test samples, %d parameters (%s), P=%d, global batch %d, algorithm %s, "
+              "compression %s -> %s", cfg.data, len(t.ds.y_train), len(t.ds.y_test), t.model.size, cfg.dtype,
+              comm.size, cfg.batch_size, cfg.algorithm, cfg.compression, run_dir)
+    bar = progress_bar(steps, "step", cfg.progress)
     bar.write(table.header())
     return bar
 
@@ -254,10 +260,10 @@ def _checkpoint(t, cfg, comm, run_dir, epoch):
 
 
 def _epochs_note(cfg, saved_epochs):
-    """Return the note printed when a resume changes the cosine schedule's length, else ''."""
+    """Return the warning logged when a resume changes the cosine schedule's length, else ''."""
     if saved_epochs in (None, cfg.epochs) or cfg.lr_schedule != "cosine":
         return ""
-    return (f"note: --epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate schedule "
+    return (f"--epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate schedule "
             f"is recomputed for {cfg.epochs} epochs, so the result will not equal an uninterrupted "
             f"{cfg.epochs}-epoch run")
 
@@ -325,7 +331,7 @@ def run(cfg, comm=None):
             xp = check_run(cfg, comm)
             run_dir = make_run_dir(cfg, comm)
             if comm.rank == 0 and cfg.resume and _epochs_note(cfg, _saved_epochs(run_dir)):
-                print(_epochs_note(cfg, _saved_epochs(run_dir)), flush=True)
+                _log.warning(_epochs_note(cfg, _saved_epochs(run_dir)))
             _write_config(cfg, comm, run_dir, cfg.resume)
             return run_ps(cfg, comm, run_dir, xp)
         trainer = build_trainer(cfg, comm)
@@ -343,19 +349,25 @@ def run(cfg, comm=None):
 def main(argv=None):
     """Command-line entry point.
 
+    Sets up the log output first (:func:`collectives.log.setup_logging`: ``[rank R] LEVEL: message``
+    on stderr at ``--log-level``, else ``$COMMLAB_LOG_LEVEL``, else INFO): the run's opening line,
+    notes on a resume and ``nothing to do`` come from rank 0 that way; the epoch table and the result
+    line stay on stdout.
+
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
     return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
     lost a worker). In ``--mode ps`` the ranks then check that all of them reached the end
     (:func:`training.ps_mode.finish_ps`): when a rank died, rank 0 names it and aborts the job
     ``--ps-timeout`` seconds later instead of leaving everyone in ``MPI_Finalize``; a rank whose
-    server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
-    ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the
-    job so nothing hangs.
+    server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed
+    collective (``collectives.CollectiveError``: a peer silent for ``--timeout`` seconds, whose rank
+    the line names) and any other failure with P > 1 abort the job so nothing hangs.
     """
     world = MPI.COMM_WORLD
     cfg = parse_on_every_rank(parse_args, argv, world.rank)  # one copy of --help and of flag errors
     summary = None
     try:
+        setup_logging(world.rank, cfg.log_level)  # a bad $COMMLAB_LOG_LEVEL: a setup error like the others
         summary = run(cfg, world)
     except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
         # setup errors are raised identically on every rank: then exit cleanly with one message
