@@ -19,6 +19,7 @@ import time
 import numpy
 
 import collectives
+from collectives.log import get_logger
 from training.build import make_sampler, to_device
 from training.checkpoint import CheckpointError, find_checkpoint, make_run_dir
 from training.data import eval_shard, load_dataset
@@ -38,6 +39,8 @@ from training.state import TrainState
 
 __all__ = ["HybridTrainer", "build_hybrid", "hybrid_step", "train_hybrid", "run_hybrid", "evaluate_pipeline",
            "replicas_identical"]
+
+_log = get_logger("training.hybrid")
 
 
 class HybridTrainer:
@@ -193,6 +196,9 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     """Train on the grid and write ``config.json``, ``epochs.jsonl``, ``summary.json`` and sharded checkpoints.
 
     ``lr_at(cfg, step, total_steps)`` gives each step's learning rate (``training.train.lr_at``).
+    Steps: write the configuration, log the grid (:func:`_open_run`); per epoch, train on this
+    rank's batches (:func:`_train_epoch`), evaluate, sum the epoch over the ranks and print its row
+    (:func:`_end_epoch`), checkpoint; then evaluate (when no epoch ran) and summarize (:func:`_close_run`).
 
     Returns
     -------
@@ -203,53 +209,19 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     if rank == 0:
         write_config(run_dir, cfg.to_dict(), run_info(comm), t.resumed_from)
     sampler = make_sampler(cfg, len(t.ds.y_train), g.d, g.D)
-    x_tr, y_tr, x_te, y_te = to_device(t.ds, t.model.dtype, t.xp)
+    data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
     local_b, per_epoch = cfg.batch_size // g.D, sampler.num_batches(cfg.batch_size // g.D)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
-
-    ranks = gather_ranks(t, comm)
-    if rank == 0:
-        print(f"grid D={g.D} x T={g.T} x Q={g.Q} (data x tensor x pipeline), {cfg.micro_batches} micro-batches "
-              f"({cfg.schedule}), widths {t.sizes}, {cfg.dtype} -> {run_dir}", flush=True)
-        for r, row in enumerate(ranks):
-            print(f"rank {r} (d={row['d']} t={row['t']} q={row['q']}): {row['parameters']} parameters, "
-                  f"{format_bytes(row['param_bytes'] + row['optimizer_bytes'])} parameters + optimizer state",
-                  flush=True)
-        print(table.header(), flush=True)
+    _open_run(cfg, comm, run_dir, t, table)
     t_start = time.perf_counter() - state.wall_s
-    test_acc = train_acc = None
+    accs = (None, None)
     while state.epoch < last:
-        acc = numpy.zeros(6)  # loss sum (last stage, t = 0), losses, compute s, comm s, bytes, wait s
         skipped0 = state.skipped
-        for batch in sampler.batches(state.epoch, local_b):
-            t.opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-            r = hybrid_step(t, cfg, comm, x_tr[batch], y_tr[batch])
-            state.step += 1
-            state.skipped += r["skipped"]
-            if g.q == g.Q - 1 and g.t == 0 and not r["skipped"]:
-                acc[:2] += (r["loss"], 1)
-            step_bytes = r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
-            acc[2:] += (r["wall_s"] - r["comm_s"], r["comm_s"], step_bytes, r["wait_s"])
-            for k in ("tensor_bytes", "pipeline_bytes", "data_bytes", "wait_s", "wall_s"):
-                t.axes[k] += r[k]
-            t.axes["steps"] += 1
-            t.axes["activation_bytes"] = r["activation_bytes"]
-            writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": t.opt.lr,
-                         **{k: v for k, v in r.items() if k != "loss"}})
-        train_acc, _ = evaluate_pipeline(t, x_tr, y_tr, cfg.eval_batch, comm, cfg.timeout)
-        test_acc, _ = evaluate_pipeline(t, x_te, y_te, cfg.eval_batch, comm, cfg.timeout)
-        collectives.allreduce(acc, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=acc, timeout=cfg.timeout)
-        P = comm.Get_size()
-        state.epoch += 1
-        state.compute_s += acc[2] / P
-        state.comm_s += acc[3] / P
-        state.bytes_sent += int(acc[4] / P)
-        state.wall_s = time.perf_counter() - t_start
-        rec = {"epoch": state.epoch, "loss": acc[0] / max(acc[1], 1), "train_acc": train_acc, "test_acc": test_acc,
-               "compute_s": acc[2] / P, "comm_s": acc[3] / P, "bytes_sent": int(acc[4] / P),
-               "wait_s": acc[5] / P, "transfer_s": (acc[3] - acc[5]) / P,  # waits on pipeline neighbours
-               "skipped": state.skipped - skipped0, "steps": per_epoch, "wall_s": state.wall_s}
+        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, per_epoch, writer, lr_at)
+        accs = tuple(evaluate_pipeline(t, x, y, cfg.eval_batch, comm, cfg.timeout)[0]
+                     for x, y in ((data[0], data[1]), (data[2], data[3])))
+        rec = _end_epoch(t, cfg, comm, sums, accs, state.skipped - skipped0, per_epoch, t_start)
         writer.epoch(rec)
         if rank == 0:
             print(table.row(rec), flush=True)
@@ -259,12 +231,88 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
             if rank == 0:
                 _prune(run_dir, cfg.keep_checkpoints)
     writer.close()
+    return _close_run(cfg, comm, run_dir, t, data, accs)
+
+
+#: What each rank sums over an epoch's steps; all-reduced as one float64 vector in this order. The loss
+#: and its count come from the last pipeline stage's tensor rank 0 alone (the other ranks hold no loss).
+_EPOCH_SUMS = ("loss", "losses", "compute_s", "comm_s", "bytes_sent", "wait_s")
+
+
+def _open_run(cfg, comm, run_dir, t, table):
+    """Log the grid and every rank's share, then print the table head (rank 0; collective)."""
+    g, ranks = t.grid, gather_ranks(t, comm)
+    if comm.Get_rank() != 0:
+        return
+    _log.info("grid D=%d x T=%d x Q=%d (data x tensor x pipeline), %d micro-batches (%s), widths %s, %s -> %s",
+              g.D, g.T, g.Q, cfg.micro_batches, cfg.schedule, t.sizes, cfg.dtype, run_dir)
+    for r, row in enumerate(ranks):
+        _log.info("rank %d (d=%d t=%d q=%d): %d parameters, %s parameters + optimizer state", r, row["d"], row["t"],
+                  row["q"], row["parameters"], format_bytes(row["param_bytes"] + row["optimizer_bytes"]))
+    print(table.header(), flush=True)
+
+
+def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
+    """Take the steps of one epoch on this rank's ``batches``; write one record per step.
+
+    Returns
+    -------
+    dict
+        This rank's sums over the epoch, keyed by :data:`_EPOCH_SUMS`.
+    """
+    g, state, x_tr, y_tr = t.grid, t.state, data[0], data[1]
+    sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
+    for batch in batches:
+        t.opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
+        r = hybrid_step(t, cfg, comm, x_tr[batch], y_tr[batch])
+        state.step += 1
+        state.skipped += r["skipped"]
+        if g.q == g.Q - 1 and g.t == 0 and not r["skipped"]:
+            sums["loss"] += r["loss"]
+            sums["losses"] += 1
+        sums["compute_s"] += r["wall_s"] - r["comm_s"]
+        sums["comm_s"] += r["comm_s"]
+        sums["bytes_sent"] += r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
+        sums["wait_s"] += r["wait_s"]
+        for k in ("tensor_bytes", "pipeline_bytes", "data_bytes", "wait_s", "wall_s"):
+            t.axes[k] += r[k]
+        t.axes["steps"] += 1
+        t.axes["activation_bytes"] = r["activation_bytes"]
+        writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": t.opt.lr,
+                     **{k: v for k, v in r.items() if k != "loss"}})
+    return sums
+
+
+def _end_epoch(t, cfg, comm, sums, accs, skipped, per_epoch, t_start):
+    """Sum the ranks' ``sums``, add the epoch to the run's counters and return its record.
+
+    Times and bytes are means over ranks; the loss is the mean over the last stage's steps that
+    were not skipped; ``wait_s`` is the waiting on pipeline neighbours, ``transfer_s`` the rest.
+    """
+    vec = numpy.array([sums[k] for k in _EPOCH_SUMS])
+    collectives.allreduce(vec, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=vec, timeout=cfg.timeout)
+    total, P, state = dict(zip(_EPOCH_SUMS, vec)), comm.Get_size(), t.state
+    state.epoch += 1
+    state.compute_s += total["compute_s"] / P
+    state.comm_s += total["comm_s"] / P
+    state.bytes_sent += int(total["bytes_sent"] / P)
+    state.wall_s = time.perf_counter() - t_start
+    return {"epoch": state.epoch, "loss": total["loss"] / max(total["losses"], 1), "train_acc": accs[0],
+            "test_acc": accs[1], "compute_s": total["compute_s"] / P, "comm_s": total["comm_s"] / P,
+            "bytes_sent": int(total["bytes_sent"] / P), "wait_s": total["wait_s"] / P,
+            "transfer_s": (total["comm_s"] - total["wait_s"]) / P, "skipped": skipped, "steps": per_epoch,
+            "wall_s": state.wall_s}
+
+
+def _close_run(cfg, comm, run_dir, t, data, accs):
+    """Evaluate when no epoch ran, gather the per-rank table and write ``summary.json``; return the summary."""
+    train_acc, test_acc = accs
     if test_acc is None:
-        train_acc, _ = evaluate_pipeline(t, x_tr, y_tr, cfg.eval_batch, comm, cfg.timeout)
-        test_acc, _ = evaluate_pipeline(t, x_te, y_te, cfg.eval_batch, comm, cfg.timeout)
-    ranks = gather_ranks(t, comm)
+        train_acc, _ = evaluate_pipeline(t, data[0], data[1], cfg.eval_batch, comm, cfg.timeout)
+        test_acc, _ = evaluate_pipeline(t, data[2], data[3], cfg.eval_batch, comm, cfg.timeout)
+    g, state, ranks = t.grid, t.state, gather_ranks(t, comm)
     summary = summarize(cfg, t, comm, run_dir, ranks, train_acc, test_acc, replicas_identical(t, comm, cfg.timeout))
-    if rank == 0:
+    if comm.Get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | grid "
               f"{g.D}x{g.T}x{g.Q} | bubble {summary['bubble_measured']:.2f} (formula "
