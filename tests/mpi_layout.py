@@ -1,13 +1,18 @@
-"""Rank-side body of the model-layout check tests: ``python -m tests.mpi_layout DIR MODE FIRST ALG``.
+"""Rank-side body of the model-layout check tests: ``python -m tests.mpi_layout DIR FIRST ALG [CASE...]``.
 
 Ranks ``< FIRST`` train ``--hidden 8``, ranks ``>= FIRST`` ``--hidden 16`` (FIRST = P: every rank
-alike), on a small synthetic set for one epoch with all-reduce algorithm ALG.
+alike), on a small synthetic set (12 features, 5 classes) for one epoch with all-reduce algorithm
+ALG. The oracle for the layouts is the model each rank builds: 149 parameters with ``--hidden 8``,
+293 with ``--hidden 16``. Cases (:func:`tests.mpicases.run_cases`; DIR is shared by the ranks):
 
-MODE ``cli``: every rank runs ``training.train.main`` and exits with its status.
-MODE ``each``: every rank calls ``training.train.run`` and writes ``DIR/rank-R.txt`` holding
-``ValueError: MESSAGE`` for the error it raised (exit 1), or ``ok`` (exit 0), so a test sees what
-every rank raised (files, since the ranks' stdout lines interleave).
+mismatch  (FIRST < P) ``training.train.run`` raises ValueError on every rank, with the same message
+          everywhere, naming rank FIRST's layout and rank 0's, before the run directory exists.
+cli       (FIRST < P) ``training.train.main`` returns 1 on every rank; all the ranks' output
+          together holds one ``error:`` line, rank 0's, naming rank FIRST, and no traceback.
+match     (FIRST = P) every rank trains its epoch and the replicas end identical.
 """
+import contextlib
+import io
 import os
 import sys
 
@@ -15,30 +20,55 @@ from mpi4py import MPI
 
 from training.cli import parse_args
 from training.train import main, run
+from tests.mpicases import quiet, run_cases
+
+SMALL = "parameter shapes [(12, 8), (8,), (8, 5), (5,)] (float32, 149 parameters)"
+LARGE = "parameter shapes [(12, 16), (16,), (16, 5), (5,)] (float32, 293 parameters)"
 
 
-def argv(run_dir, first, alg):
-    rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
-    hidden = "8" if rank < first else "16"
+def argv(run_dir, first, alg, comm):
+    """Return this rank's command line: ``--hidden 8`` below rank ``first``, 16 from it on."""
     return ["--data", "synthetic", "--samples", "300", "--features", "12", "--classes", "5",
-            "--hidden", hidden, "--epochs", "1", "--batch-size", str(20 * size), "--algorithm", alg,
-            "--run-dir", run_dir, "--checkpoint-every", "0", "--no-progress"]
+            "--hidden", "8" if comm.rank < first else "16", "--epochs", "1", "--batch-size", str(20 * comm.size),
+            "--algorithm", alg, "--run-dir", run_dir, "--checkpoint-every", "0", "--no-progress"]
 
 
-def each(args, out_dir):
-    path = os.path.join(out_dir, f"rank-{MPI.COMM_WORLD.rank}.txt")
+def case_mismatch(comm, base, first, alg):
+    run_dir = os.path.join(base, "mismatch")
     try:
-        run(parse_args(args))
+        quiet(run, parse_args(argv(run_dir, first, alg, comm)))
+        said = "no error"
     except ValueError as e:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"ValueError: {e}")
-        return 1
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("ok")
-    return 0
+        said = f"ValueError: {e}"
+    every = comm.allgather(said)
+    assert all(s.startswith("ValueError: ") for s in every), f"not every rank raised: {every}"
+    assert len(set(every)) == 1, f"the ranks' messages differ: {every}"
+    assert f"rank {first} has 3 layers, {LARGE}" in said, said
+    assert f"rank 0 has 3 layers, {SMALL}" in said, said
+    assert not os.path.exists(run_dir), "the run directory was created before the check"
+
+
+def case_cli(comm, base, first, alg):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = main(argv(os.path.join(base, "cli"), first, alg, comm))
+    every = comm.allgather(out.getvalue())
+    assert status == 1, f"rank {comm.rank}: main returned {status}"
+    text = "".join(every)
+    assert text.count("error:") == 1 and "Traceback" not in text, every
+    assert "error:" in every[0], f"the error line does not come from rank 0: {every}"
+    assert f"error: the model differs across ranks: rank {first} has 3 layers, {LARGE}" in every[0], every[0]
+
+
+def case_match(comm, base, first, alg):
+    summary = quiet(run, parse_args(argv(os.path.join(base, "match"), first, alg, comm)))
+    assert summary["epochs"] == 1 and summary["replicas_identical"], summary
+
+
+CASES = [case_mismatch, case_cli, case_match]
 
 
 if __name__ == "__main__":
-    base, mode, first, alg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    args = argv(os.path.join(base, mode), first, alg)
-    sys.exit(main(args) if mode == "cli" else each(args, base))
+    base, first, alg = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    chosen = [c for c in CASES if len(sys.argv) < 5 or c.__name__[5:] in sys.argv[4:]]
+    sys.exit(1 if run_cases(MPI.COMM_WORLD, chosen, base, first, alg) else 0)
