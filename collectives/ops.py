@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 from .backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_root, check_timeout,
                       get_array_module, op_name)
-from .library import call
+from .fingerprint import checks_enabled, key_code
+from .library import call, mismatch
 from .algorithms import check_algorithm, names
 from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, restore_nan
 from .context import check_comm, get_context
@@ -27,6 +28,7 @@ __all__ = ["OP_ALGORITHMS", "reduce_scatter", "allgather", "broadcast", "reduce"
 #: Algorithms available to each collective besides all-reduce ("auto" picks the first), from the registry.
 OP_ALGORITHMS = {name: names(name) for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
 _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up to 8 dims
+_ROW = _SIG + 1  # a rank's row in the signature exchange: its signature, then its call fingerprint
 
 
 def _common(x, op, algorithm, name, timeout):
@@ -149,8 +151,9 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
 def allgather(x, comm=None, algorithm="ring", timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v).
 
-    A first exchange of a small int64 signature (shape and dtype; one ``MPI_Iallgather``) lets every
-    rank check the inputs agree and size the result before any data moves. Steps (ring): P - 1 rounds, in round s rank r
+    A first exchange of a small int64 signature (shape, dtype and the call fingerprint; one
+    ``MPI_Iallreduce``) lets every rank check the inputs agree and size the result before any data
+    moves. Steps (ring): P - 1 rounds, in round s rank r
     forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``. Source: Thakur,
     Rabenseifner and Gropp 2005, section 4.
 
@@ -212,20 +215,35 @@ def _gatherable(x):
 def _exchange_signatures(ctx, x, local_error, algorithm, timeout):
     """All-gather every rank's ``(ndim, dtype index, *shape)`` (``-2`` marks an invalid ``x``).
 
-    One ``MPI_Iallgather`` of the signatures (with the call fingerprint alongside), not a hand-made
-    ring pass: a single library call instead of P - 1 rounds in Python. Returns one list per rank.
+    One ``MPI_Iallreduce`` (sum) of a P-row table, each rank filling its own row with its signature
+    and call fingerprint: the fingerprint check every call pays doubles as the signature all-gather,
+    so an all-gather makes two library calls (this and the data), not three. Returns one list per rank.
+
+    Raises
+    ------
+    CollectiveMismatch
+        A rank's call fingerprint differs (another collective, algorithm or call order).
     """
     size, rank = ctx.size, ctx.rank
-    sig = numpy.full(size * _SIG, -1, dtype=numpy.int64)
+    table = numpy.zeros(size * _ROW, dtype=numpy.int64)
+    row = table[rank * _ROW:(rank + 1) * _ROW]
+    row[:_SIG] = -1
     if local_error is None:
-        sig[rank * _SIG: rank * _SIG + 2] = x.ndim, COPY_DTYPES.index(x.dtype)
-        sig[rank * _SIG + 2: rank * _SIG + 2 + x.ndim] = x.shape
+        row[:2] = x.ndim, COPY_DTYPES.index(x.dtype)
+        row[2:2 + x.ndim] = x.shape
     else:
-        sig[rank * _SIG: rank * _SIG + 2] = -2, -2  # "this rank's x is invalid"
-    sig_key = ("allgather-signature", algorithm, size * _SIG, sig.dtype, None, None, None)
+        row[:2] = -2, -2  # "this rank's x is invalid"
+    sig_key = ("allgather-signature", algorithm, size * _ROW, table.dtype, "sum", None, None)
     ctx.begin(sig_key, timeout)
-    call(ctx, sig_key, "Iallgather", (sig[rank * _SIG:(rank + 1) * _SIG].copy(), sig), timeout)
-    return sig.reshape(size, _SIG).tolist()  # tiny: plain Python is faster than NumPy here
+    code = key_code(sig_key) if checks_enabled() else 0
+    row[_SIG] = code
+    call(ctx, sig_key, "Iallreduce", (MPI.IN_PLACE, table, MPI.SUM), timeout, check=False)
+    rows = table.reshape(size, _ROW).tolist()  # tiny: plain Python is faster than NumPy here
+    if any(r[_SIG] != code for r in rows):
+        err = mismatch(sig_key)
+        ctx.fail(f"allgather: {err}")
+        raise err
+    return [r[:_SIG] for r in rows]
 
 
 def _check_signatures(rows, rank):
