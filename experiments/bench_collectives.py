@@ -54,11 +54,9 @@ from mpi4py import MPI
 import collectives
 from experiments.bench_cases import case, poison
 from experiments.bench_oracle import count_wrong
-from experiments.bench_output import (COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, nccl_tests,
-                                      write)
+from experiments.bench_output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, report, write
 from experiments.outputs import unwritable
 from experiments.bench_references import gloo_available
-from plots.bench import markdown
 from training.cli import parse_on_every_rank
 from training.sizes import bytes_argument
 
@@ -135,6 +133,27 @@ def parse_args(argv=None, size=1):
         Communicator size P the sweep will run on; a sweep with no size large enough to hold one
         element (P elements for all-gather) is rejected.
     """
+    p = _parser()
+    a = p.parse_args(argv)
+    for name in ("iters", "warmup"):
+        if getattr(a, name) is not None:
+            setattr(a, f"{name}_small", getattr(a, name))
+            setattr(a, f"{name}_large", getattr(a, name))
+    _check_arguments(p, a)
+    cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
+                      dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
+                      warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
+                      max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
+                      format=a.format)
+    if not _plan(cfg, size):
+        need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
+        p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
+                f"{', '.join(cfg.ops)} in {cfg.dtype} on {size} ranks ({need} B: one element, P for allgather)")
+    return cfg
+
+
+def _parser():
+    """Return the argument parser, one flag per :class:`BenchConfig` field (plus ``--iters``, ``--warmup``)."""
     d = BenchConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench_collectives")
     p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
@@ -170,11 +189,11 @@ def parse_args(argv=None, size=1):
                         "columns: time as the mean over ranks, out-of-place and in-place groups, the "
                         "in-place calls measured too; default table)")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
-    a = p.parse_args(argv)
-    for name in ("iters", "warmup"):
-        if getattr(a, name) is not None:
-            setattr(a, f"{name}_small", getattr(a, name))
-            setattr(a, f"{name}_large", getattr(a, name))
+    return p
+
+
+def _check_arguments(p, a):
+    """Exit through ``p.error`` when the parsed arguments ``a`` name unknown ops or algorithms or bad counts."""
     if not a.ops:
         p.error(f"--ops: no ops to measure (choose from {', '.join(OPS)})")
     if bad := [o for o in a.ops if o not in OPS]:
@@ -190,16 +209,6 @@ def parse_args(argv=None, size=1):
         p.error("iterations, --rounds and --repeats must be >= 1 and warm-up >= 0")
     if not (math.isfinite(a.max_time) and a.max_time >= 0):
         p.error(f"--max-time must be a finite number of seconds >= 0, got {a.max_time}")
-    cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
-                       dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
-                       warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
-                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
-                       format=a.format)
-    if not _plan(cfg, size):
-        need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
-        p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
-                f"{', '.join(cfg.ops)} in {cfg.dtype} on {size} ranks ({need} B: one element, P for allgather)")
-    return cfg
 
 
 def _case(op, nbytes, cfg, comm):
@@ -347,21 +356,10 @@ def run_sweep(cfg, comm=None):
     results = header(cfg, comm, True, passes)
     if rank0:
         write(cfg, results)
-        _report(cfg, results)
+        report(cfg, results)
     collectives.free_context(comm)
     comm.Free()
     return results
-
-
-def _report(cfg, results):
-    """Print the end of a sweep (rank 0): the summary or nccl-tests' tables, the unstable rows, the files."""
-    nccl = cfg.format == "nccl-tests"
-    print("\n" + (nccl_tests(results) if nccl else markdown(results)), flush=True)
-    shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
-    print(("# " if nccl else "") + f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than "
-          f"{UNSTABLE:.0%}" + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
-          + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
-    print(("# " if nccl else "") + f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
 
 
 def _unwritable(prefix):

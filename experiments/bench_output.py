@@ -21,10 +21,10 @@ from mpi4py import MPI
 
 import collectives
 from collectives.backend import mpi_library
-from plots.bench import check_stat, row_seconds
+from plots.bench import check_stat, markdown, row_seconds
 
-__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "nccl_tests", "summarize", "combine",
-           "repeat_summary", "header", "write"]
+__all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "nccl_tests", "report", "summarize",
+           "combine", "repeat_summary", "header", "write"]
 
 # the hand-made algorithms: every registered name but the library's own and the selector
 _HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
@@ -140,6 +140,17 @@ def nccl_tests(results):
                        f"{0 if op == 'broadcast' else -1:>6}" + "".join(text))
         out += [f"# {'Avg bus bandwidth':<20} : {statistics.fmean(bus) if bus else 0.0:g}", "#"]
     return "\n".join(out)
+
+
+def report(cfg, results):
+    """Print the end of a sweep (rank 0): the Markdown summary or nccl-tests' tables, the unstable rows, the files."""
+    nccl = cfg.format == "nccl-tests"
+    print("\n" + (nccl_tests(results) if nccl else markdown(results)), flush=True)
+    shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
+    print(("# " if nccl else "") + f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than "
+          f"{UNSTABLE:.0%}" + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
+          + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
+    print(("# " if nccl else "") + f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
 
 
 def library():
