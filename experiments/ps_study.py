@@ -55,6 +55,12 @@ from training.ps_mode import ps_options, run_ps
 __all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
 
 PARTS = ("transient", "straggler", "servers")
+#: Default training settings of the straggler part: a large batch on the synthetic set, so that a
+#: worker's compute per step (about 30 ms here, 1024 samples) outweighs the per-clock protocol
+#: overhead (10-15 ms on this 2-core machine); with the digits model's 0.4 ms steps a 4x straggler
+#: adds 1 ms to a 15 ms clock and nothing recovers.
+STRAGGLER_SET = ("data=synthetic", "batch_size=4096", "stop_after=10")
+BALANCE_EVERY = 2  # clocks between the speed reports of --balance in the straggler part
 RESULTS = "ps_study.json"
 _KEYS = ("updates_per_s", "samples_per_s", "time_to_target_s", "final_test_acc", "wall_s", "pushes",
          "epochs", "staleness_histogram", "staleness_max", "staleness_mean", "curve", "run_dir",
@@ -127,17 +133,23 @@ def train_ps(cfg, comm, extra=None):
 def _configs(args, size):
     """Return ``{part: [(name, cfg, extra, baseline)]}``, every configuration checked on every rank."""
     out = {}
-    base = base_config(args.epochs, "", 0.0, args.set)
+    base = base_config(args.epochs, "", 0.0, args.set).replace(stop_after=args.stop_after)
+    sets = list(STRAGGLER_SET if args.straggler_set is None else args.straggler_set)
+    slow_base = base_config(args.epochs, "", 0.0, args.set + sets).replace(
+        **({} if any(kv.startswith("stop_after=") for kv in sets) else {"stop_after": args.stop_after}))
     for part in args.parts:
         extra = {"snapshots_per_epoch": args.snapshots}
         if part == "transient":
             extra.update(delay_prob=args.delay_prob, delay_s=args.delay_s)
+        if part == "straggler":  # a 10-epoch run has 40 clocks: re-split early and often
+            extra.update(balance_every=BALANCE_EVERY)
         rows = []
         for name, changes, baseline in variants(part, size, args.straggler):
             if part == "servers":  # the global batch, rounded down to a multiple of the workers
                 W = size - changes["servers"]
                 changes = dict(changes, batch_size=max(W, base.batch_size // W * W))
-            cfg = base.replace(run_dir=os.path.join(args.out, "runs"), name=name, **changes)
+            cfg = (slow_base if part == "straggler" else base).replace(
+                run_dir=os.path.join(args.out, "runs"), name=name, **changes)
             ps_options(cfg, size, 1, cfg.run_dir, extra)
             rows.append((name, cfg, extra, baseline))
         out[part] = rows
@@ -268,11 +280,15 @@ def _parser():
     p.add_argument("--parts", default=",".join(PARTS), metavar="LIST",
                    help="comma-separated parts: transient, straggler, servers (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved (default: 3)")
-    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: 4)")
-    p.add_argument("--delay-prob", type=float, default=0.2,
-                   help="transient part: probability that a worker sleeps in a clock (default: 0.2)")
-    p.add_argument("--delay-s", type=float, default=0.01,
-                   help="transient part: length of one delay, seconds (default: 0.01)")
+    p.add_argument("--epochs", type=int, default=20,
+                   help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
+    p.add_argument("--stop-after", type=int, default=5,
+                   help="epochs each run trains, 0 for all --epochs: the target is reached within the first "
+                        "few, and the schedule stays the trainer's 20-epoch one (default: 5)")
+    p.add_argument("--delay-prob", type=float, default=0.3,
+                   help="transient part: probability that a worker sleeps in a clock (default: 0.3)")
+    p.add_argument("--delay-s", type=float, default=0.03,
+                   help="transient part: length of one delay, seconds (default: 0.03)")
     p.add_argument("--straggler", default="2:4",
                    help="straggler part: slow worker RANK:FACTOR (its step takes FACTOR x its compute time) "
                         "(default: %(default)s)")
@@ -281,6 +297,10 @@ def _parser():
                         "the time to 95 %% (default: 16)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting of every run (repeatable), e.g. --set hidden=64")
+    p.add_argument("--straggler-set", action="append", default=None, metavar="KEY=VALUE",
+                   help="training settings of the straggler part on top of --set (repeatable); the default "
+                        "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
+                        "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))
     return p
 
 

@@ -88,7 +88,7 @@ def test_ps_study_end_to_end_small(tmp_path):
     out = str(tmp_path)
     proc = run_mpi(5, "experiments.ps_study", "--out", out, "--epochs", "1", "--repeats", "1",
                    "--delay-prob", "0.2", "--delay-s", "0.002", "--snapshots", "4", "--set", "hidden=16",
-                   timeout=120)
+                   "--straggler-set", "batch_size=64", "--stop-after", "0", timeout=120)
     assert "Traceback" not in proc.stdout, proc.stdout
     with open(os.path.join(out, "ps_study.json")) as f:
         res = json.load(f)

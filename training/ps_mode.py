@@ -42,8 +42,9 @@ _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 #: Settings a caller may give beyond the training configuration (``extra`` of :func:`ps_options`):
-#: the transient delays (:class:`PSOptions` fields) and the resolution of a study's curves.
-PS_EXTRA = ("delay_prob", "delay_s", "snapshots_per_epoch")
+#: the transient delays and the balancing interval (:class:`PSOptions` fields) and the resolution
+#: of a study's curves.
+PS_EXTRA = ("delay_prob", "delay_s", "balance_every", "snapshots_per_epoch")
 
 
 class BatchStream:
@@ -109,7 +110,8 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         Run directory; server checkpoints go to ``run_dir/ps``.
     extra : dict, optional
         :data:`PS_EXTRA` settings: ``delay_prob`` (probability per worker and clock) and
-        ``delay_s`` (seconds) of the transient delays, ``snapshots_per_epoch`` (the points of the
+        ``delay_s`` (seconds) of the transient delays, ``balance_every`` (clocks between the speed
+        reports of ``--balance``, default 10), ``snapshots_per_epoch`` (the points of the
         accuracy-versus-time curve per epoch, default 4).
 
     Raises
