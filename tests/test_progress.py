@@ -18,6 +18,7 @@ import sys
 import time
 
 from tests.mpirun import ROOT, finish, launcher_args, launcher_env, mpiexec_path
+from collectives.log import get_logger, setup_logging
 from training import progress
 
 
@@ -122,7 +123,8 @@ def _body(pause):
             bar.write(f"row {i + 1}")  # as the epoch table's rows
         bar.close()
     MPI.COMM_WORLD.Barrier()
-    progress.get_logger(rank).info("done")
+    setup_logging(rank)
+    get_logger("tests").info("done")
 
 
 if __name__ == "__main__":

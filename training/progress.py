@@ -16,7 +16,6 @@ Under ``mpiexec`` a rank's stderr is a pipe to the launcher, never a terminal, s
 
 ``--no-progress`` (``enabled=False``) turns the bar off altogether.
 """
-import logging
 import os
 import shutil
 import sys
@@ -24,8 +23,9 @@ import sys
 from tqdm import tqdm
 
 from collectives import trace
+from collectives.log import get_logger
 
-__all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "get_logger", "write_trace"]
+__all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "write_trace"]
 
 #: Seconds between two status lines when the output is not a terminal.
 LOG_INTERVAL = 30.0
@@ -146,47 +146,6 @@ def progress_bar(total, unit, enabled=True, stream=None, desc=None):
                 ncols=100, ascii=True, mininterval=LOG_INTERVAL, miniters=1)
 
 
-def get_logger(rank, name="commlab", stream=None):
-    """Return the logger of this rank: messages go to stderr as ``[rank R] LEVEL: message``.
-
-    Parameters
-    ----------
-    rank : int
-        The MPI rank put in front of every message.
-    name : str
-        Logger name (one handler per name; calling again returns the same logger, with ``rank``
-        updated).
-    stream : file, optional
-        Default ``sys.stderr`` (looked up when a message is written).
-
-    Returns
-    -------
-    logging.Logger
-        Level INFO; it does not propagate to the root logger.
-    """
-    log = logging.getLogger(name)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    fmt = logging.Formatter(f"[rank {rank}] %(levelname)s: %(message)s")
-    for h in log.handlers:
-        h.setFormatter(fmt)
-    if not log.handlers:
-        h = logging.StreamHandler(_Stderr() if stream is None else stream)  # _Stderr: follows a replaced sys.stderr
-        h.setFormatter(fmt)
-        log.addHandler(h)
-    return log
-
-
-class _Stderr:
-    """Writes to whatever ``sys.stderr`` is at the time of the write."""
-
-    def write(self, text):
-        sys.stderr.write(text)
-
-    def flush(self):
-        sys.stderr.flush()
-
-
 def write_trace(path, comm, timeout=None):
     """Stop tracing, gather every rank's events on rank 0 and write them to ``path`` (Chrome JSON).
 
@@ -205,7 +164,7 @@ def write_trace(path, comm, timeout=None):
     chrome, missing = trace.gather(comm, 0, timeout)
     if comm.Get_rank() == 0:
         trace.write(path, chrome, missing)
-        log = get_logger(0)
+        log = get_logger("training.progress")
         if missing:
             log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
         log.info("trace: %d events from %d rank(s) -> %s (open in https://ui.perfetto.dev or chrome://tracing)",
