@@ -54,8 +54,8 @@ def test_run_ended_before_first_checkpoint_starts_again(tmp_path, capsys):
     # the same --name: reused (not "exists"), its old records dropped, the same result
     _as_if_killed_before_first_checkpoint(tmp_path / "a")
     assert main([*TINY, "--run-dir", str(tmp_path), "--name", "a"]) == 0
-    out = capsys.readouterr().out
-    assert "reusing run directory" in out and "error" not in out, out
+    cap = capsys.readouterr()
+    assert "[rank 0] INFO: reusing run directory" in cap.err and "error" not in cap.out + cap.err, cap
     assert np.array_equal(_final_params(tmp_path / "a"), reference)
     assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == steps
 

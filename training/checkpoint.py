@@ -18,9 +18,12 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
+from collectives.log import get_logger
 from collectives.waiting import wait_within
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
+
+_log = get_logger("training.checkpoint")
 
 __all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
@@ -121,8 +124,8 @@ def make_run_dir(cfg, comm):
                     break
                 except FileExistsError:
                     if cfg.name and unfinished_without_checkpoint(path):
-                        print(f"note: reusing run directory {path}: the run there ended before its "
-                              f"first checkpoint, so it starts again from the beginning", flush=True)
+                        _log.info("reusing run directory %s: the run there ended before its first "
+                                  "checkpoint, so it starts again from the beginning", path)
                         for name in _RECORDS:  # the ended run's records would mix with the new ones
                             with contextlib.suppress(FileNotFoundError):
                                 os.remove(os.path.join(path, name))
