@@ -13,13 +13,15 @@ a dead rank keep running) becomes ``--enable-recovery``.
 """
 import functools
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 
-__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish"]
+__all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish",
+           "job_failed"]
 
 _RULE = "-" * 74  # Open MPI's help messages are framed by lines of 74 dashes
 _HYDRA = ("=" * 20, "=   ", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING",  # MPICH's BAD TERMINATION block
@@ -91,6 +93,20 @@ def program_output(text):
             continue
         out.append(line)
     return "".join(out)
+
+
+def job_failed(result):
+    """Return True when the job of ``result`` (from :func:`run_mpi`) ended as a failure.
+
+    That is a non-zero exit status, or Open MPI's report that a rank called ``MPI_Abort`` with a
+    non-zero code: Open MPI 5's ``mpiexec --enable-recovery`` (the survivors of a dead rank keep
+    running) loses the abort's code when the rank that aborts is the last one alive, and exits 0
+    (seen with 5.0.11 on 2 ranks, one killed).
+    """
+    if result.returncode != 0:
+        return True
+    raw = result.stderr or ""
+    return "MPI_ABORT was invoked on rank" in raw and re.search(r"Errorcode: [1-9]", raw) is not None
 
 
 def finish(proc, timeout, what=""):
