@@ -3,6 +3,7 @@
 * BSP equivalence: BSP on S servers + W workers with plain SGD in float64 ends with the same weights
   as data-parallel training on W ranks with the same global batch (relative tolerance 1e-9: the
   two runs differ only in the summation order of the gradient average).
+* SSP(0) equivalence: SSP with staleness 0 ends with BSP's weights bitwise (Adam, float32).
 * ``--fail-worker`` with a short ``--ps-timeout``: ASP finishes with the worker dropped; BSP exits
   1 with one error line naming the worker (no traceback, no abort). A hard timeout catches any hang.
 * A crashed rank (``os._exit``, under ``mpiexec -disable-auto-cleanup`` so that MPICH does not end
@@ -45,6 +46,21 @@ def test_bsp_matches_data_parallel_training(tmp_path):
         summary = json.load(f)
     assert summary["staleness_max"] == 0 and summary["worker_status"] == ["done"] * 3
     assert abs(summary["epochs"] - 2) < 1e-9
+
+
+def test_ssp0_is_bsp_with_the_trainers_adam(tmp_path):
+    """SSP with staleness 0 through the trainer (Adam, float32, cosine schedule, a jittery worker):
+    the final weights equal BSP's bit for bit, since both serve the same reads and take one Adam
+    step per clock on the same worker-ordered mean; the old one-step-per-push rule did not."""
+    _, bsp = _train(5, tmp_path, "bsp", "--mode", "ps", "--consistency", "bsp", "--epochs", "1")
+    _, ssp = _train(5, tmp_path, "ssp0", "--mode", "ps", "--consistency", "ssp", "--staleness", "0",
+                    "--epochs", "1", "--jitter", "0.002")
+    with np.load(os.path.join(bsp, "ps_model.npz"), allow_pickle=False) as a, \
+            np.load(os.path.join(ssp, "ps_model.npz"), allow_pickle=False) as b:
+        assert a["params"].dtype == np.float32 and np.array_equal(a["params"], b["params"])
+    with open(os.path.join(ssp, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["staleness_max"] == 0 and summary["consistency"] == "ssp"
 
 
 @pytest.mark.parametrize("consistency", ["asp", "bsp"])
