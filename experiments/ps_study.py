@@ -171,7 +171,25 @@ def _train(part, name, cfg, extra, repeat, comm):
 
 
 def run_study(configs, repeats, comm, echo=print):
-    """Train every variant of every part ``repeats`` times (interleaved); return the records (rank 0)."""
+    """Train every variant of every part ``repeats`` times (interleaved); return the records (rank 0).
+
+    Parameters
+    ----------
+    configs : dict
+        ``{part: [(name, Config, extra, baseline)]}``, checked on every rank.
+    repeats : int
+        Runs per variant; repeat ``r`` of every variant of a part runs before repeat ``r + 1``.
+    comm : MPI.Comm
+        Every rank of the job.
+    echo : callable
+        Prints one line per finished run (rank 0).
+
+    Returns
+    -------
+    list of dict
+        Rank 0: one record per run (the run's summary fields plus part, variant, repeat and the
+        injected delays); other ranks: an empty list.
+    """
     runs = []
     for part, rows in configs.items():
         for r in range(repeats):
@@ -200,6 +218,22 @@ def ratio_table(runs, part, names_baselines):
     its baseline's, and the baseline's ``time_to_target_s`` over the variant's (``> 1``: the
     variant reaches the target sooner). A repeat where either run never reached the target gives
     no time ratio (None).
+
+    Parameters
+    ----------
+    runs : list of dict
+        Records from :func:`run_study`.
+    part : str
+        The part whose records to tabulate.
+    names_baselines : list of (str, str)
+        Each variant's name and its baseline's, in table order.
+
+    Returns
+    -------
+    list of dict
+        Per variant: ``{"median", "min", "max", "n"}`` of updates/s, samples/s (both per second),
+        time to target (seconds), final test accuracy (fraction) and the three ratios (unitless),
+        plus the largest staleness seen (clocks).
     """
     by = {(r["variant"], r["repeat"]): r for r in runs if r["part"] == part}
     repeats = sorted({rep for _, rep in by})
@@ -238,7 +272,8 @@ _HEAD = {"transient": ("protocol", "to 95 % (s)", "BSP's time / this", "updates/
 
 
 def markdown(part, rows):
-    """Return ``part``'s table as Markdown: medians with the range over the repeats in brackets."""
+    """Return ``part``'s table (rows of :func:`ratio_table`) as Markdown: medians, the range over the
+    repeats in brackets (str)."""
     cells = []
     for r in rows:
         acc = _fmt({k: (v * 100 if isinstance(v, float) else v) for k, v in r["final_test_acc"].items()}, " %")

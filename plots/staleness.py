@@ -273,6 +273,15 @@ def draw_ratios(tables, meta, path):
     One panel per part present: grouped bars of the median ratio per variant, a black line from
     the smallest to the largest repeat's ratio, the value written above each bar, and a dashed line
     at 1 (the baseline). A variant without a ratio (never reached 95 %) gets no bar and ``n/a``.
+
+    Parameters
+    ----------
+    tables : dict
+        ``{part: rows}`` as :func:`experiments.ps_study.ratio_table` computed them.
+    meta : dict
+        From :func:`load_runs` (``run``: MPI library, P, host).
+    path : str
+        PNG file to write.
     """
     panels = [p for p in _RATIO_PANELS if tables.get(p[0])]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
