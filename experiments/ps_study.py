@@ -27,8 +27,9 @@ the repeats.
     batch rounded down to a multiple of the ``P - S`` workers): samples and updates per second,
     and their ratio to one server.
 
-Rank 0 writes ``ps_study.json`` (settings, MPI library, P, host, every run with its curve and
-staleness histogram, the ratio tables) and prints the tables as Markdown. A rerun replaces the
+Rank 0 writes ``ps_study.json`` (settings, every variant's resolved training configuration and
+parameter-server extras, MPI library, P, host, every run with its curve and staleness histogram,
+the ratio tables) and prints the tables as Markdown. A rerun replaces the
 previous study in ``--out``.
 """
 import argparse
@@ -398,7 +399,10 @@ def _write(args, configs, runs, started, comm):
               for part, rows in configs.items()}
     settings = {k: v for k, v in vars(args).items()}
     results = {"experiment": "ps_study", "study": settings,
-               "train_config": next(iter(configs.values()))[0][1].to_dict(), "run": run_info(comm),
+               "train_config": next(iter(configs.values()))[0][1].to_dict(),
+               "part_configs": {part: {name: dict(cfg.to_dict(), ps_extra=extra) for name, cfg, extra, _ in rows}
+                                for part, rows in configs.items()},
+               "run": run_info(comm),
                "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
                "tables": tables}
     path = os.path.join(args.out, RESULTS)

@@ -93,6 +93,8 @@ def test_ps_study_end_to_end_small(tmp_path):
     with open(os.path.join(out, "ps_study.json")) as f:
         res = json.load(f)
     tables = res["tables"]
+    assert res["part_configs"]["straggler"]["even"]["batch_size"] == 64  # --straggler-set applied
+    assert res["part_configs"]["transient"]["bsp"]["ps_extra"]["delay_s"] == 0.002
     assert [r["variant"] for r in tables["transient"]] == ["bsp", "ssp0", "ssp2", "ssp4", "asp"]
     assert [r["variant"] for r in tables["straggler"]] == ["even", "bsp", "ssp2", "asp", "bsp-balance"]
     assert [r["variant"] for r in tables["servers"]] == ["s1", "s2", "s4"]
