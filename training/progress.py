@@ -54,12 +54,13 @@ def _is_terminal(path):
 def launcher_terminal(stream=None):
     """Return True when ``stream`` ends on a terminal, directly or through the MPI launcher.
 
-    True when ``stream`` (default ``sys.stderr``; it must be ``sys.stdout`` or ``sys.stderr`` for
-    the launcher check) is a terminal; else when this process runs under an MPI launcher (its
-    ancestors, named in :data:`LAUNCHERS`, read from ``/proc``) and the outermost of them writes
-    the same stream (its file descriptor 1 or 2) to a terminal: the launcher then forwards the
-    rank's output there. False otherwise (a log file, a pipe, a rank on another node than
-    ``mpiexec``, a system without ``/proc``).
+    Under an MPI launcher (this process's ancestors, named in :data:`LAUNCHERS`, read from
+    ``/proc``), ``stream`` (default ``sys.stderr``; ``sys.stdout`` or ``sys.stderr``) ends on a
+    terminal when the outermost launcher writes the same stream (its file descriptor 1 or 2) to
+    one: the launcher forwards the rank's output there. The rank's own ``isatty()`` does not tell:
+    Open MPI's launcher (PRRTE) gives every rank a pseudo-terminal as stdout, of 0 columns, wherever
+    its own output goes. Without a launcher: ``stream.isatty()``. False for a log file, a pipe, a
+    rank on another node than ``mpiexec``, a system without ``/proc``.
 
     Parameters
     ----------
@@ -67,14 +68,13 @@ def launcher_terminal(stream=None):
     """
     stream = sys.stderr if stream is None else stream
     try:
-        if stream.isatty():
-            return True
+        own = stream.isatty()
     except (AttributeError, ValueError):  # a closed or file-less stream
         return False
     fd = 1 if stream is sys.stdout else 2 if stream is sys.stderr else None
     outermost = _outermost_launcher()
     if fd is None or outermost is None:
-        return False
+        return own
     try:
         return _is_terminal(os.readlink(f"/proc/{outermost}/fd/{fd}"))
     except OSError:
@@ -134,13 +134,15 @@ def progress_bar(total, unit, enabled=True, stream=None, desc=None):
     """
     if not enabled:
         return tqdm(total=total, disable=True)
+    launched = _outermost_launcher() is not None  # then a terminal is the launcher's, not the rank's
     if stream is None:
-        direct = sys.stderr.isatty() and sys.stdout.isatty()
+        direct = not launched and sys.stderr.isatty() and sys.stdout.isatty()
         stream = sys.stdout if not direct and launcher_terminal(sys.stdout) else sys.stderr
     if launcher_terminal(stream):
-        direct = stream.isatty()
+        direct = not launched and stream.isatty()
+        size = None if direct else shutil.get_terminal_size()  # not the rank's pty: PRRTE's is 0 x 0
         return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=stream,
-                    dynamic_ncols=direct, ncols=None if direct else shutil.get_terminal_size().columns,
+                    dynamic_ncols=direct, ncols=size and size.columns, nrows=size and size.lines,
                     mininterval=0.5)
     return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=_Lines(stream),
                 ncols=100, ascii=True, mininterval=LOG_INTERVAL, miniters=1)
