@@ -29,7 +29,7 @@ _MARKERS = {"none": "*", "fp16": "o", "int8": "h", "qsgd": "p", "terngrad": "D",
             "efsignsgd": "v", "onebit": "<", "topk": "s", "randomk": "d", "threshold": "H",
             "dgc": "P", "powersgd": "X"}
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-           "tab:gray", "tab:olive", "tab:cyan", "navy", "darkgoldenrod", "lime")  # none is black
+           "tab:gray", "tab:olive", "tab:cyan", "navy", "teal", "goldenrod")  # none is black
 _DODGE = 10.0   # points between the markers of a group drawn side by side
 _NEAR = 0.03    # decades of bytes within which markers form such a group
 _SIZE = 7.0     # marker size, points
