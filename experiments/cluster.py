@@ -3,12 +3,14 @@
     python -m experiments.cluster --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
     python -m experiments.cluster --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
 
-runs COMMAND on each of the N x K ranks, K per node, with MPICH's own launcher and TCP transport,
-exactly as on N machines: ``mpiexec -launcher ssh -launcher-exec RSH -hosts node0:K,... -iface eth0``
-where RSH enters the target node's namespaces instead of logging in (:mod:`experiments.cluster_net`
-builds them), with ``MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp`` (the ``mpich`` wheel's default UCX
-netmod refuses TCP between namespaces). Ranks of one node share memory and one hydra proxy, so
-``Split_type(COMM_TYPE_SHARED)`` finds the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
+runs COMMAND on each of the N x K ranks, K per node, with the MPI library's own launcher and TCP
+transport, exactly as on N machines: MPICH's ``mpiexec -launcher ssh -launcher-exec RSH -hosts
+node0:K,... -iface eth0``, or Open MPI's ``mpirun --prtemca plm_ssh_agent RSH --host node0:K,...``
+with TCP on ``eth0`` between nodes and shared memory within one (whichever ``mpiexec`` sits beside
+this Python, or ``--mpiexec``; :mod:`experiments.cluster_launch` writes both lines), where RSH enters
+the target node's namespaces instead of logging in (:mod:`experiments.cluster_net` builds them).
+Ranks of one node share memory and one launcher daemon, so ``Split_type(COMM_TYPE_SHARED)`` finds
+the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
 or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
 kernel TCP stack's own.
 
@@ -31,6 +33,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from experiments.cluster_launch import flavour, launch_command, launch_env
 from experiments.cluster_net import HEAD, IFACE, build, parse_rate
 
 __all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
@@ -39,8 +42,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname")
 #: Seconds the emulator waits for mpiexec to end the ranks after passing on a signal or a timeout.
 GRACE = 5.0
-#: Environment MPICH needs across namespaces: the OFI netmod with libfabric's TCP provider.
-MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ClusterConfig:
     timeout: float = 0.0            # seconds until the job is ended (exit 124); 0: no limit
     calibrate: bool = False         # run the link calibration instead of a command
     out: str = ""                   # calibration results file (JSON); '' writes none
-    mpiexec: str = ""               # MPICH's mpiexec; '' takes the one beside this Python
+    mpiexec: str = ""               # MPICH's mpiexec or Open MPI's mpirun; '' takes the one beside this Python
     command: list = field(default_factory=list)  # the command every rank runs
 
 
@@ -77,7 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
                    "bandwidth) and print them against --link instead of running a command")
     p.add_argument("--out", default="", help="with --calibrate: write the measurements to this JSON file")
-    p.add_argument("--mpiexec", default="", help="MPICH's mpiexec (default: the one beside this Python)")
+    p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
+                   "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     a = p.parse_args(argv)
@@ -117,6 +119,7 @@ def _check(cfg):
         raise ValueError("--out is for --calibrate")
     if shutil.which(cfg.mpiexec) is None:
         raise ValueError(f"mpiexec not found ({cfg.mpiexec}): install the 'mpich' extra or give --mpiexec")
+    flavour(cfg.mpiexec)  # MPICH's or Open MPI's, else a ValueError naming it
     for tool in _TOOLS:
         if shutil.which(tool) is None:
             raise ValueError(f"'{tool}' not found: the emulated cluster needs iproute2 (ip, tc) and "
@@ -138,16 +141,18 @@ def mpiexec_command(cfg, launcher):
     ----------
     cfg : ClusterConfig
     launcher : str
-        Path of the ssh stand-in (``-launcher-exec``).
+        Path of the ssh stand-in (MPICH's ``-launcher-exec``, Open MPI's ``plm_ssh_agent``).
+
+    Returns
+    -------
+    list of str
+        As :func:`experiments.cluster_launch.launch_command` writes it for ``cfg.mpiexec``.
     """
     command = cfg.command
     if cfg.calibrate:
         command = [sys.executable, "-m", "experiments.cluster_calibrate", "--link", cfg.link]
         command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
-    hosts = ",".join(f"node{i}:{cfg.ranks_per_node}" for i in range(cfg.nodes))
-    return [cfg.mpiexec, "-launcher", "ssh", "-launcher-exec", launcher, "-localhost", HEAD,
-            "-iface", IFACE, "-hosts", hosts, "-ppn", str(cfg.ranks_per_node),
-            "-n", str(cfg.nodes * cfg.ranks_per_node), *command]
+    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes, cfg.ranks_per_node, command)
 
 
 def _fail(message):
@@ -205,8 +210,7 @@ def _inner(cfg):
         shaping = f"{cfg.link} each way (tbf)" if parse_rate(cfg.link) else "unshaped"
         print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks per node, links {shaping}, MTU {cfg.mtu}",
               file=sys.stderr, flush=True)
-        env = dict(os.environ, **{k: os.environ.get(k, v) for k, v in MPI_ENV.items()})
-        proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=env, start_new_session=True)
+        proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=launch_env(cfg.mpiexec), start_new_session=True)
         return proc.wait(timeout=cfg.timeout or None)
     except subprocess.TimeoutExpired:
         print(f"emulated cluster: the job ran past --timeout {cfg.timeout:g} s and was ended",

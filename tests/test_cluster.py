@@ -25,10 +25,13 @@ MARK = "COMMLAB_CLUSTER_TEST"
 
 def _unavailable():
     """The reason the emulator cannot run here, or None."""
-    from tests.mpirun import launcher
+    from experiments.cluster_launch import flavour
+    from tests.mpirun import mpiexec_path
 
-    if launcher() != "mpich":  # e.g. make test MPI=openmpi
-        return "the emulated cluster drives MPICH's Hydra launcher (-launcher ssh, -hosts, -iface)"
+    try:
+        flavour(mpiexec_path())  # MPICH's Hydra or Open MPI's PRRTE
+    except ValueError as exc:
+        return str(exc)
     for tool in ("unshare", "nsenter", "ip", "tc", "mount", "hostname"):
         if shutil.which(tool) is None:
             return f"'{tool}' not found"
@@ -157,10 +160,10 @@ def test_teardown_after_failing_command():
 
 @needs_namespaces
 def test_teardown_after_timeout_of_a_hung_job():
-    """A rank that dies without MPI_Abort leaves hydra waiting on the others; --timeout ends it cleanly (124)."""
+    """Rank 0 waits for a message rank 1 never sends, under any launcher: --timeout ends it cleanly (124)."""
     before, mark = _host_state(), uuid.uuid4().hex
-    code = ("import os, time; from mpi4py import MPI; c = MPI.COMM_WORLD; "
-            "os._exit(3) if c.rank == 1 else time.sleep(60)")
+    code = ("import time; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "c.recv(source=1) if c.rank == 0 else time.sleep(60)")
     t = time.monotonic()
     rc, out, err = _finish(_cluster("--nodes", 2, "--link", "100mbit", "--timeout", 4, "--",
                                     sys.executable, "-c", code, mark=mark))
@@ -208,10 +211,11 @@ def test_clear_error_without_privileges():
 
 
 def test_bad_arguments_fail_before_any_namespace():
-    """A bad rate, a missing command or a bad count: exit 2 with the argument named."""
+    """A bad rate, a missing command, a bad count or a launcher of no known MPI: exit 2 with the argument named."""
     for args, word in [(["--link", "fast", "--", "true"], "--link"), (["--nodes", "0", "--", "true"], "--nodes"),
                        (["--ranks-per-node", "0", "--", "true"], "--ranks-per-node"), ([], "COMMAND"),
-                       (["--calibrate", "--", "true"], "--calibrate")]:
+                       (["--calibrate", "--", "true"], "--calibrate"),
+                       (["--mpiexec", "true", "--", "true"], "neither MPICH's nor Open MPI's")]:
         done = subprocess.run([sys.executable, "-m", "experiments.cluster", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=30, env=dict(os.environ, PYTHONPATH=ROOT))
         assert done.returncode == 2 and word in done.stderr, (args, done.stderr)
