@@ -48,3 +48,21 @@ def test_compression_falls_back_and_bad_flag_is_refused():
     assert plain.overlap and len(plain.buckets) > 1
     with pytest.raises(ValueError, match="overlap"):
         AllreduceHook(MPI.COMM_SELF, "ring", overlap="yes")
+
+
+def test_trainer_flag_parses_runs_and_ends_bitwise_as_without(tmp_path, capsys):
+    # the whole trainer on this process (P = 1), --overlap against --no-overlap: same final checkpoint
+    from training.checkpoint import load_checkpoint
+    from training.cli import parse_args
+    from training.train import run
+
+    tiny = ["--data", "synthetic", "--samples", "240", "--features", "8", "--classes", "3", "--hidden", "8,8",
+            "--batch-size", "24", "--epochs", "2", "--no-progress", "--bucket-bytes", "40", "--run-dir", str(tmp_path)]
+    finals = []
+    for flag in ("--overlap", "--no-overlap"):
+        cfg = parse_args([*tiny, "--name", flag[2:], flag])
+        assert cfg.overlap is (flag == "--overlap")
+        run(cfg, MPI.COMM_WORLD)
+        finals.append(load_checkpoint(str(tmp_path / flag[2:]), MPI.COMM_WORLD)[1]["model/params"])
+    assert np.array_equal(*finals)
+    assert not np.array_equal(finals[0], build_mlp([8, 8, 8, 3], seed=0).params)
