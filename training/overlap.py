@@ -94,7 +94,18 @@ class OverlapStep:
     def layer_done(self, i):
         """Start every bucket complete once layer ``i``'s gradients exist, then test those in flight.
 
-        ``Sequential.backward``'s ``on_grad`` callback: layers arrive last to first.
+        ``Sequential.backward``'s ``on_grad`` callback: layers arrive last to first. Testing is
+        what moves the buckets' messages on (see the module's notes on progress).
+
+        Parameters
+        ----------
+        i : int
+            Index of the layer whose ``backward`` has just written its parameter gradients.
+
+        Raises
+        ------
+        collectives.CollectiveMismatch
+            When a peer's call differs from this rank's (raised as the bucket's round completes).
         """
         if self.starts[i] is not None:
             self._low = min(self._low, self.starts[i])
@@ -105,7 +116,12 @@ class OverlapStep:
                 t.append(time.perf_counter())
 
     def flush(self):
-        """Start the buckets not started yet (all of them once the backward pass has ended)."""
+        """Start the buckets not started yet (all of them once the backward pass has ended).
+
+        Called after the backward pass, so that a model whose first layers hold no parameters, or
+        a backward pass that stopped early, still starts every bucket, in the same order on every
+        rank.
+        """
         self._low = 0
         while self._next < len(self.buckets):
             self._start()
