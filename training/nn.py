@@ -21,6 +21,11 @@ from collectives.backend import get_array_module
 __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential", "build_mlp",
            "get_array_module"]
 
+# Batches of at most this many rows get dL/dx as (W @ dy.T).T: OpenBLAS (NumPy's BLAS) computes that
+# product, whose short side is the batch, 25-40 % faster than dy @ W.T at 16-32 rows (784/1024-wide
+# layers, one thread), and the transposed copy back costs ~2 % of it; from 128 rows on it is slower.
+_SMALL_BATCH = 64
+
 
 class Layer(abc.ABC):
     """Base class: a differentiable map with optional parameters held in flat-buffer views."""
@@ -118,7 +123,12 @@ class Linear(Layer):
         if not need_input_grad:
             return None
         dx = self._buf("dx", (dy.shape[0], self.n_in), dy)  # (B, in)
-        xp.matmul(dy, self.W.T, out=dx)
+        if xp is numpy and dy.shape[0] <= _SMALL_BATCH:
+            dxt = self._buf("dxt", (self.n_in, dy.shape[0]), dy)  # (in, B)
+            xp.matmul(self.W, dy.T, out=dxt)  # the GEMM with the batch as its short side
+            xp.copyto(dx, dxt.T)
+        else:
+            xp.matmul(dy, self.W.T, out=dx)
         return dx
 
 
