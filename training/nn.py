@@ -21,10 +21,13 @@ from collectives.backend import get_array_module
 __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential", "build_mlp",
            "get_array_module"]
 
-# Batches of at most this many rows get dL/dx as (W @ dy.T).T: OpenBLAS (NumPy's BLAS) computes that
-# product, whose short side is the batch, 25-40 % faster than dy @ W.T at 16-32 rows (784/1024-wide
-# layers, one thread), and the transposed copy back costs ~2 % of it; from 128 rows on it is slower.
-_SMALL_BATCH = 64
+# Small batches run Linear's GEMMs in their transposed form, the batch as the short side of the
+# product, and copy the result back: OpenBLAS (NumPy's BLAS) computes dL/dx = (W @ dy.T).T 25-40 %
+# faster than dy @ W.T at 16-32 rows (784- and 1024-wide layers, one thread), still 13 % at 64, and
+# y = (W.T @ x.T).T + b (the bias added in the copy) 6-19 % faster than x @ W + b at 16-32 rows,
+# no faster at 48; both are slower from 128 rows on (the copy's cost grows, the GEMM gain goes).
+_TRANSPOSED_DX_ROWS = 64
+_TRANSPOSED_Y_ROWS = 32
 
 
 class Layer(abc.ABC):
@@ -112,8 +115,13 @@ class Linear(Layer):
         xp = get_array_module(x)
         self._x = x
         y = self._buf("y", (x.shape[0], self.n_out), x)  # (B, out)
-        xp.matmul(x, self.W, out=y)
-        y += self.b
+        if xp is numpy and x.shape[0] <= _TRANSPOSED_Y_ROWS:
+            yt = self._buf("yt", (self.n_out, x.shape[0]), x)  # (out, B)
+            xp.matmul(self.W.T, x.T, out=yt)
+            xp.add(yt.T, self.b, out=y)
+        else:
+            xp.matmul(x, self.W, out=y)
+            y += self.b
         return y
 
     def backward(self, dy, need_input_grad=True):
@@ -123,7 +131,7 @@ class Linear(Layer):
         if not need_input_grad:
             return None
         dx = self._buf("dx", (dy.shape[0], self.n_in), dy)  # (B, in)
-        if xp is numpy and dy.shape[0] <= _SMALL_BATCH:
+        if xp is numpy and dy.shape[0] <= _TRANSPOSED_DX_ROWS:
             dxt = self._buf("dxt", (self.n_in, dy.shape[0]), dy)  # (in, B)
             xp.matmul(self.W, dy.T, out=dxt)  # the GEMM with the batch as its short side
             xp.copyto(dx, dxt.T)
