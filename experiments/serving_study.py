@@ -47,14 +47,14 @@ from experiments.outputs import unwritable
 from inference.balance import POLICIES
 from inference.config import ServeConfig
 from inference.model import load_spec
+from inference.tensor import row_parallel_widths
 from inference.serve import run as serve
 from training.checkpoint import root_bytes
 from training.config import Config
 from training.metrics import run_info
 from training.train import run as train
 
-__all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown",
-           "row_parallel_widths"]
+__all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown"]
 
 KEEP = ("requests", "answered", "correct", "failed", "latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
         "throughput_rps", "mean_batch_size", "comm_mean_ms", "compute_mean_ms", "queue_mean_ms")
@@ -121,12 +121,6 @@ def replicated_vs_tensor(args, ckpt, comm, out):
                     print(f"B r{rep} R={R} T={T} {p['part']}: {p['throughput_rps']:.0f} req/s, "
                           f"p50 {p['latency_p50_ms']:.2f} ms, p99 {p['latency_p99_ms']:.2f} ms", flush=True)
     return pts
-
-
-def row_parallel_widths(weights):
-    """Return the output widths of the layers :mod:`inference.tensor` splits row-parallel (they all-reduce)."""
-    last = len(weights) - 1
-    return [int(W.shape[1]) for k, (W, _) in enumerate(weights) if k % 2 == 1 or k == last]
 
 
 def allreduce_sizes(args, comm, widths):

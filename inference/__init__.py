@@ -11,8 +11,9 @@ from .front import Front
 from .loadgen import ClosedLoop, OpenLoop, make_payloads
 from .model import ModelSpec, Predictor, dense_forward, load_spec
 from .request import Request, parse_features
-from .tensor import TensorParallelForward, emulate_forward, shard_layers
+from .tensor import TensorParallelForward, emulate_forward, rank_order_allreduce, row_parallel_widths, shard_layers
 
 __all__ = ["POLICIES", "Balancer", "DynamicBatcher", "ServeConfig", "Front", "ClosedLoop", "OpenLoop",
            "make_payloads", "ModelSpec", "Predictor", "dense_forward", "load_spec", "Request",
-           "parse_features", "TensorParallelForward", "emulate_forward", "shard_layers"]
+           "parse_features", "TensorParallelForward", "emulate_forward", "rank_order_allreduce", "row_parallel_widths",
+           "shard_layers"]

@@ -16,6 +16,8 @@ import time
 import numpy
 from mpi4py import MPI
 
+from collectives.select import select_allreduce
+
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig, parse_pairs
@@ -26,7 +28,7 @@ from inference.metrics import request_record, summarize, write_jsonl
 from inference.model import Predictor, dense_forward, load_spec
 from inference.replica import ReplicaOptions, serve_replica
 from inference.request import Request
-from inference.tensor import TensorParallelForward, emulate_forward
+from inference.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
 from training.checkpoint import CheckpointError, root_bytes
 from training.metrics import run_info
 
@@ -167,6 +169,9 @@ def _front(cfg, serving, spec, data, oracle, world):
              "class_agrees_with_dense": int(sum(agree)), "max_abs_diff_vs_dense": diff, "replicas_without_fin": missing,
              "rows_per_forward": oracle.rows, "checkpoint_file": spec.path,
              "config": cfg.to_dict(), **run_info(world)}
+    if T > 1:  # each row-parallel layer's all-reduce: T slots of (rows, width) float64, and what runs it
+        extra["allreduce"] = [{"bytes": b, "algorithm": select_allreduce(T, b) if cfg.algorithm == "auto" else cfg.algorithm}
+                              for b in (T * oracle.rows * c * 8 for c in row_parallel_widths(spec.weights))]
     summary = summarize(front, correct, t_start, t_end, extra)
     write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
                 [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])

@@ -31,7 +31,7 @@ import numpy
 import collectives
 from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["shard_layers", "rank_order_allreduce", "TensorParallelForward", "emulate_forward"]
+__all__ = ["shard_layers", "row_parallel_widths", "rank_order_allreduce", "TensorParallelForward", "emulate_forward"]
 
 
 def shard_layers(weights, rank, size, comm=None, algorithm="auto", timeout=None):
@@ -69,6 +69,20 @@ def shard_layers(weights, rank, size, comm=None, algorithm="auto", timeout=None)
         cols = slice(layer.lo, layer.hi) if cls is RowParallelLinear and k % 2 == 0 else None
         out.append((layer, cols))
     return out
+
+
+def row_parallel_widths(weights):
+    """Return the output widths (units) of the layers the split rule makes row-parallel, in order.
+
+    Each of them all-reduces a (rows, width) partial per forward (T times that under the rank-order
+    rule of :func:`rank_order_allreduce`).
+
+    Parameters
+    ----------
+    weights : list of (ndarray (in, out), ndarray (out,))
+    """
+    last = len(weights) - 1
+    return [int(W.shape[1]) for k, (W, _) in enumerate(weights) if k % 2 == 1 or k == last]
 
 
 def _act(name):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from collectives.select import select_allreduce
 from inference.balance import Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig
@@ -262,6 +263,10 @@ def test_tensor_parallel_replica_answers(ckpt, tmp_path, T, algorithm):
     s = json.load(open(os.path.join(out, "summary.json")))
     assert s["answered"] == s["correct"] == s["class_agrees_with_dense"] == 80 and s["comm_mean_ms"] > 0
     assert f"T = {T}, partial sums added in rank order" in s["reference"] and s["max_abs_diff_vs_dense"] < 1e-9
+    # 64-24-16-10: layers 1 (16 outputs) and 2 (10, the even last layer) all-reduce T slots of 8 padded rows
+    assert [a["bytes"] for a in s["allreduce"]] == [T * 8 * 16 * 8, T * 8 * 10 * 8]
+    assert all(a["algorithm"] == (select_allreduce(T, a["bytes"]) if algorithm == "auto" else algorithm)
+               for a in s["allreduce"])
     data, ref, dense = _reference(ckpt, 8, T)
     _check_answers(_records(out), data, ref, dense)  # bitwise the single-process tensor-parallel forward
 
