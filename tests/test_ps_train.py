@@ -105,5 +105,9 @@ def test_crashed_server_ends_every_rank(tmp_path):
     res, seconds = _crash(tmp_path, 0, 20, "--servers", "1")
     out = res.stdout
     assert res.returncode != 0 and seconds <= 3 + 5 + 2, (res.returncode, seconds, out)
-    assert out.count("no answer from server rank(s) [0]") == 1 and out.count("error:") == 1, out
+    # a worker names the silent server once: no reply at all, or (when the server died between a
+    # reply's header and its payload, which above the eager limit needs the sender alive, as with
+    # Open MPI's shared memory) no payload
+    silent = re.findall(r"no answer from server rank\(s\) \[0\]|waiting for payload of \w+ from rank 0", out)
+    assert len(silent) == 1 and out.count("error:") == 1, out
     assert "Traceback" not in out, out
