@@ -10,6 +10,7 @@ are re-exported from :mod:`ps.store`.
 """
 import contextlib
 import glob
+import json
 import os
 import re
 import time
@@ -28,7 +29,7 @@ _log = get_logger("training.checkpoint")
 __all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
-           "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host"]
+           "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host", "saved_epochs", "epochs_note"]
 
 _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 _RECORDS = ("metrics.jsonl", "epochs.jsonl", "staleness.json")  # a run's records, written as it goes
@@ -288,3 +289,21 @@ def prune_checkpoints(run_dir, keep):
     found = epoch_checkpoints(run_dir)
     for p in found[:-keep] if keep > 0 else found:
         os.remove(p)
+
+
+def epochs_note(cfg, epochs_before):
+    """Return the warning logged when a resume changes the cosine schedule's length, else ''."""
+    if epochs_before in (None, cfg.epochs) or cfg.lr_schedule != "cosine":
+        return ""
+    return (f"--epochs {cfg.epochs} differs from the run's {epochs_before}: the learning-rate schedule "
+            f"is recomputed for {cfg.epochs} epochs, so the result will not equal an uninterrupted "
+            f"{cfg.epochs}-epoch run")
+
+
+def saved_epochs(run_dir):
+    """Return ``epochs`` of the configuration saved in ``run_dir/config.json`` (None if unreadable)."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f)["config"]["epochs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

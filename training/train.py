@@ -9,7 +9,6 @@ User errors (a bad flag value, a taken ``--name``, a missing run to resume, an u
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
 directory is created and end the job with one ``error: ...`` line from rank 0 and status 1.
 """
-import json
 import os
 import sys
 import time
@@ -21,12 +20,11 @@ from mpi4py import MPI
 import collectives
 from collectives import trace
 from collectives.log import get_logger, setup_logging
-
 from ps.protocol import PSError, PSTimeout
 from ps.state import schedule_lr
 from training.build import build_model, make_sampler, to_device
-from training.checkpoint import (CheckpointError, checkpoint_path, load_checkpoint, make_run_dir,
-                                 prune_checkpoints, save_checkpoint)
+from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, load_checkpoint, make_run_dir,
+                                 prune_checkpoints, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
 from training.job import all_failed, check_run, set_threads
@@ -187,7 +185,7 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
 
     The log lines come first: written to stderr while a bar is drawn there, they would land inside it.
     """
-    note = _epochs_note(cfg, (t.saved_config or {}).get("epochs", cfg.epochs))
+    note = epochs_note(cfg, (t.saved_config or {}).get("epochs", cfg.epochs))
     if note:
         _log.warning(note)
     _log.info("%s: %d train / %d test samples, %d parameters (%s), P=%d, global batch %d, algorithm %s, "
@@ -259,24 +257,6 @@ def _checkpoint(t, cfg, comm, run_dir, epoch):
         prune_checkpoints(run_dir, cfg.keep_checkpoints)
 
 
-def _epochs_note(cfg, saved_epochs):
-    """Return the warning logged when a resume changes the cosine schedule's length, else ''."""
-    if saved_epochs in (None, cfg.epochs) or cfg.lr_schedule != "cosine":
-        return ""
-    return (f"--epochs {cfg.epochs} differs from the run's {saved_epochs}: the learning-rate schedule "
-            f"is recomputed for {cfg.epochs} epochs, so the result will not equal an uninterrupted "
-            f"{cfg.epochs}-epoch run")
-
-
-def _saved_epochs(run_dir):
-    """Return ``epochs`` of the configuration saved in ``run_dir/config.json`` (None if unreadable)."""
-    try:
-        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-            return json.load(f)["config"]["epochs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _nothing_to_do(cfg, run_dir, epoch):
     if epoch < cfg.epochs:
         where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
@@ -330,8 +310,8 @@ def run(cfg, comm=None):
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
             run_dir = make_run_dir(cfg, comm)
-            if comm.rank == 0 and cfg.resume and _epochs_note(cfg, _saved_epochs(run_dir)):
-                _log.warning(_epochs_note(cfg, _saved_epochs(run_dir)))
+            if comm.rank == 0 and cfg.resume and epochs_note(cfg, saved_epochs(run_dir)):
+                _log.warning(epochs_note(cfg, saved_epochs(run_dir)))
             _write_config(cfg, comm, run_dir, cfg.resume)
             return run_ps(cfg, comm, run_dir, xp)
         trainer = build_trainer(cfg, comm)
