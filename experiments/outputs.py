@@ -1,7 +1,13 @@
-"""Checking, before any measurement starts, that an experiment's results files can be written."""
+"""What the studies share around their runs: results files checked writable before any measurement,
+and one way a multi-rank study ends on an error."""
 import os
+import sys
+import traceback
 
-__all__ = ["unwritable"]
+import collectives.policy
+from training.job import all_failed
+
+__all__ = ["unwritable", "run_or_report"]
 
 
 def unwritable(*paths):
@@ -31,3 +37,35 @@ def unwritable(*paths):
         except OSError as exc:
             return f"{path!r} is not writable: {exc.strerror or exc}"
     return None
+
+
+def run_or_report(body, comm):
+    """Run ``body()`` on every rank of ``comm``; return 0, or 1 after one error line.
+
+    An ``OSError``, ``ValueError`` or ``RuntimeError`` raised alike on every rank is printed once, by
+    rank 0, as ``error: Type: message``; raised on some ranks only, each of those prints it with its
+    rank and the job is aborted (:func:`collectives.policy.abort`), so no rank waits for the others.
+    Anything else prints its traceback on its rank, aborts a multi-rank job and is raised again.
+
+    Parameters
+    ----------
+    body : callable
+        The study's work, called with no argument.
+    comm : mpi4py.MPI.Comm
+    """
+    try:
+        body()
+    except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
+        everyone = all_failed(comm)
+        if comm.Get_rank() == 0 or not everyone:
+            where = "" if everyone else f"rank {comm.Get_rank()}: "
+            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if not everyone:
+            collectives.policy.abort(None, comm)
+        return 1
+    except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
+        traceback.print_exc()
+        if comm.Get_size() > 1:
+            collectives.policy.abort(None, comm)
+        raise
+    return 0

@@ -40,18 +40,17 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
-import collectives.policy
 from collectives import trace
+from experiments.outputs import run_or_report
 from experiments.ps_study_tables import markdown, ratio_table
 from experiments.staleness_sweep import base_config, parse_protocol
 from training.checkpoint import make_run_dir, root_bytes
 from training.cli import parse_on_every_rank
-from training.job import all_failed, check_run, set_threads
+from training.job import check_run, set_threads
 from training.metrics import run_info, write_config, write_json
 from training.ps_mode import ps_options, run_ps
 
@@ -286,7 +285,8 @@ def main(argv=None):
             parser.error(str(e))
         return 2
     echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
-    try:
+
+    def body():
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         root_bytes(comm, lambda: str(_clean(args.out)).encode(), OSError)
         echo(f"parameter-server study on {comm.Get_size()} ranks: parts {', '.join(args.parts)} x "
@@ -294,20 +294,8 @@ def main(argv=None):
         runs = run_study(configs, args.repeats, comm, echo)
         if rank0:
             _write(args, configs, runs, started, comm)
-    except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
-        everyone = all_failed(comm)
-        if rank0 or not everyone:
-            where = "" if everyone else f"rank {comm.Get_rank()}: "
-            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if not everyone:
-            collectives.policy.abort(None, comm)
-        return 1
-    except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
-        traceback.print_exc()
-        if comm.Get_size() > 1:
-            collectives.policy.abort(None, comm)
-        raise
-    return 0
+
+    return run_or_report(body, comm)
 
 
 def _write(args, configs, runs, started, comm):

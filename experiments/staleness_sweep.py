@@ -31,18 +31,17 @@ import statistics
 import sys
 import textwrap
 import time
-import traceback
 from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 from tabulate import tabulate
 
-import collectives.policy
 from collectives.compression import parse_literal, split_key_value
+from experiments.outputs import run_or_report
 from training.checkpoint import root_bytes
 from training.cli import parse_on_every_rank
 from training.config import Config
-from training.job import all_failed, check_run
+from training.job import check_run
 from training.metrics import run_info, write_json
 from training.train import run
 
@@ -301,7 +300,8 @@ def main(argv=None):
             parser.error(str(e))
         return 2
     echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
-    try:
+
+    def body():
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         removed = root_bytes(comm, lambda: str(len(clean_previous(args.out))).encode(), OSError).decode()
         echo(f"staleness sweep on {comm.Get_size()} ranks ({base.servers} server), straggler "
@@ -311,20 +311,8 @@ def main(argv=None):
         runs = run_sweep(base, protocols, args.repeats, args.out, comm, echo)
         if rank0:
             _write(args, base, protocols, runs, started, comm)
-    except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
-        everyone = all_failed(comm)
-        if rank0 or not everyone:
-            where = "" if everyone else f"rank {comm.Get_rank()}: "
-            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if not everyone:
-            collectives.policy.abort(None, comm)
-        return 1
-    except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
-        traceback.print_exc()
-        if comm.Get_size() > 1:
-            collectives.policy.abort(None, comm)
-        raise
-    return 0
+
+    return run_or_report(body, comm)
 
 
 def _write(args, base, protocols, runs, started, comm):
