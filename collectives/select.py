@@ -21,7 +21,8 @@ from .algorithms import auto_candidates
 from .backend import mpi_library_key
 from .cost import predict
 
-__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "SHIPPED", "select_allreduce", "load_table", "clear_table", "model_choice",
+__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "SHIPPED", "select_allreduce", "load_table", "clear_table", "reset_table",
+           "model_choice",
            "table_library"]
 
 #: Model parameters used without a fitted table: alpha (s), beta and gamma (s/byte), typical of
@@ -115,6 +116,12 @@ def _is_number(v):
 def clear_table():
     """Forget any decision table: ``auto`` then uses the model with :data:`DEFAULT_PARAMS`."""
     _STATE.update(loaded=True, rules=None, params=None, source=None, cache={})
+
+
+def reset_table():
+    """Forget any table loaded or cleared: the next choice loads the one the environment names again
+    (``COMMLAB_TUNING``, else the table shipped for the running MPI library)."""
+    _STATE.update(loaded=False, rules=None, params=None, source=None, cache={})
 
 
 def _ensure_loaded():
