@@ -28,6 +28,8 @@ import json
 import sys
 from statistics import median
 
+from tabulate import tabulate
+
 from collectives.algorithms import build_allreduce_schedule
 from experiments.cluster_net import parse_rate
 
@@ -107,7 +109,8 @@ def _markdown(rows):
     lines = []
     for link in dict.fromkeys(r["link"] for r in rows):
         lines += [f"\n{link}: time ms (speedup over ring, median [range] of passes; inter-node busbw GB/s)\n",
-                  "| size | " + " | ".join(algs) + " |", "|---|" + "---|" * len(algs)]
+                  ]
+        table = []
         for size in sorted({r["bytes"] for r in rows if r["link"] == link}):
             cells = []
             for a in algs:
@@ -121,7 +124,8 @@ def _markdown(rows):
                 if r["inter_busbw_GBps"]:
                     c += f"; {r['inter_busbw_GBps']:.3f}"
                 cells.append(c)
-            lines.append(f"| {size >> 10} KiB | " + " | ".join(cells) + " |")
+            table.append([f"{size >> 10} KiB"] + cells)
+        lines.append(tabulate(table, ["size"] + algs, tablefmt="pipe", disable_numparse=True))
     return "\n".join(lines)
 
 

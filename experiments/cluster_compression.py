@@ -29,6 +29,8 @@ import os
 import sys
 from statistics import median
 
+from tabulate import tabulate
+
 __all__ = ["epoch_times", "report", "main"]
 
 _COLUMNS = ("network", "spec", "bytes_per_step", "step_ms", "step_min_ms", "step_max_ms", "speedup",
@@ -82,7 +84,7 @@ def _markdown(rows, nets, target):
     specs = list(dict.fromkeys(r["spec"] for r in rows))
     head = ["compressor", "bytes/step"] + [f"{n}: step ms (speedup) / to {target:.0%} s" for n in nets] + \
            [f"acc cost, {n}" for n in nets]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    table = []
     for spec in specs:
         cells = [spec, ""]
         for n in nets:
@@ -97,8 +99,8 @@ def _markdown(rows, nets, target):
         for n in nets:
             r = next((x for x in rows if x["network"] == n and x["spec"] == spec), None)
             cells.append("-" if r is None or r["acc_cost_points"] is None else f"{r['acc_cost_points']:+.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append(cells)
+    return tabulate(table, head, tablefmt="pipe", disable_numparse=True)
 
 
 def main(argv=None):

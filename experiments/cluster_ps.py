@@ -32,6 +32,8 @@ import re
 import sys
 from statistics import median
 
+from tabulate import tabulate
+
 from experiments.cluster_compression import epoch_times
 
 __all__ = ["link_bytes", "report", "main"]
@@ -106,12 +108,13 @@ def main(argv=None):
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print("| configuration | nodes | samples/s (range) | vs all-reduce | busiest link KB/step | worker link KB/step | test acc |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['config']} | {r['nodes']} | {r['samples_per_s']:,.0f} ({r['samples_min']:,.0f}-{r['samples_max']:,.0f}) "
-              f"| {r['vs_allreduce']:.2f}x | {r['busiest_link_bytes'] / 1e3:.0f} | {r['worker_link_bytes'] / 1e3:.0f} "
-              f"| {r['final_test_acc']:.2%} |")
+    head = ("configuration", "nodes", "samples/s (range)", "vs all-reduce", "busiest link KB/step",
+            "worker link KB/step", "test acc")
+    print(tabulate([(r["config"], r["nodes"],
+                     f"{r['samples_per_s']:,.0f} ({r['samples_min']:,.0f}-{r['samples_max']:,.0f})",
+                     f"{r['vs_allreduce']:.2f}x", f"{r['busiest_link_bytes'] / 1e3:.0f}",
+                     f"{r['worker_link_bytes'] / 1e3:.0f}", f"{r['final_test_acc']:.2%}") for r in rows],
+                   head, tablefmt="pipe", disable_numparse=True, colalign=("left",) + ("right",) * 6))
     dp = next((r for r in rows if r["config"] == "dp-ring"), None)
     if dp and dp["measured_sent_per_rank_step"]:
         print(f"ring all-reduce: counted {dp['measured_sent_per_rank_step'] / 1e3:.1f} KB sent per rank per step, "
