@@ -202,8 +202,8 @@ def _parts(text):
     return text
 
 
-def main(argv=None):
-    """Run the study on 4 ranks; return the exit status."""
+def _parser():
+    """Return the study's argument parser."""
     p = argparse.ArgumentParser(prog="mpiexec -n 4 python -m experiments.serving_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/serving", help="results folder")
     p.add_argument("--checkpoint", default="", help="training run to serve (default: train OUT/model first)")
@@ -224,7 +224,12 @@ def main(argv=None):
     p.add_argument("--tp-requests", type=int, default=300, help="part D: requests per point")
     p.add_argument("--tp-clients", type=int, default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    """Run the study on 4 ranks; return the exit status."""
+    args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD
     if world.size != 4:
         if world.rank == 0:
