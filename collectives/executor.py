@@ -14,7 +14,7 @@ from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, pending
 from .waiting import wait_all
 
-__all__ = ["CollectiveTimeout", "CollectiveMismatch", "execute", "Run"]
+__all__ = ["CollectiveTimeout", "CollectiveMismatch", "execute", "run_schedule", "Run"]
 
 
 class Run:
@@ -262,3 +262,18 @@ def _execute_host_deadline(run, timeout):
             check_received(st, buf, src, op)
             if scr is not None:
                 run.combine(buf, rsl, r_in, low)
+
+
+def run_schedule(ctx, key, sched, work, scratch, ufunc, timeout, xp, inp=None, needed=None):
+    """Begin the call ``key`` on ``ctx`` and :func:`execute` ``sched`` on its communicator.
+
+    The arguments after ``sched`` are :func:`execute`'s; ``xp`` selects the device transport. Any
+    failure marks ``ctx`` unusable (:meth:`~collectives.context.Context.fail`) and is raised again.
+    """
+    name = key[0]
+    try:
+        execute(sched, ctx.comm, work, scratch, ufunc, ctx.begin(key, timeout), timeout, name, ctx.transport(xp),
+                inp=inp, needed=needed, progress=ctx.progress if ctx.active else None)
+    except Exception as exc:
+        ctx.fail(f"{name}: {exc}")
+        raise

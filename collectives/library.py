@@ -25,7 +25,7 @@ from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, describe, key_code
 from .waiting import deadline_of, wait_all
 
-__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "encode_check", "verify_check", "mismatch", "call",
+__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "encode_check", "verify_check", "mismatch", "call", "run_library",
            "key_code"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
@@ -140,3 +140,19 @@ def _reason(exc, statuses):
         if codes:
             return MPI.Get_error_string(codes[0]).strip()
     return exc.Get_error_string().strip()
+
+
+def run_library(ctx, key, xp, method, args, timeout, extra=(), check=True):
+    """Begin the call ``key`` on ``ctx`` and run the MPI library's collective ``method`` (see :func:`call`).
+
+    Device buffers (``xp`` CuPy): the stream is synchronized first; without CUDA-aware MPI the call
+    is refused with ``ValueError``, before any message.
+    """
+    transport = ctx.transport(xp)
+    if transport is not None:
+        transport.sync()
+        if not transport.direct:
+            raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
+                             "algorithm, which stages through host memory")
+    ctx.begin(key, timeout)
+    call(ctx, key, method, args, timeout, check=check, extra=extra)

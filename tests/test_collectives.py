@@ -24,6 +24,12 @@ def test_collectives_match_mpi_and_numpy(P):
 
 
 @pytest.mark.parametrize("P", [1, 2, 3])
+def test_repeated_reduce_scatter_and_allgather_match_mpi(P):
+    """Cached repeated calls (reduce-scatter plans, all-gather signatures) against MPI's own, and mismatches."""
+    run_mpi(P, "tests.mpi_repeated", timeout=180)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
 def test_device_paths_staged_and_direct(P):
     run_mpi(P, "tests.mpi_collectives_extra", "device", timeout=120)
 

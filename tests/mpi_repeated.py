@@ -1,0 +1,114 @@
+"""Rank-side body: repeated reduce-scatter and all-gather calls through their cached paths.
+
+``mpiexec -n P python -m tests.mpi_repeated``. A repeated call of one signature reuses what the
+first call cached (``collectives.ops._Scatter``, ``collectives.gather._Signature``); every case
+calls several times with new data and compares each result with MPI's own collective called here
+(``Reduce_scatter_block`` in float64, or ``allgather`` of the blocks), checks that an earlier result
+is not overwritten by a later call, and that ranks whose repeated calls differ raise on every rank.
+Exits 0 when every case passes on every rank.
+"""
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as C
+from tests.mpicases import FAILS, check, report
+
+comm = MPI.COMM_WORLD
+rank, P = comm.Get_rank(), comm.Get_size()
+
+
+def scatter_oracle(x, op):
+    """This rank's chunk of the reduction of every rank's ``x``, by MPI in float64 (exact for these inputs)."""
+    wide = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    mine = np.empty(wide.size // P)
+    comm.Reduce_scatter_block(wide, mine, {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX,
+                                           "min": MPI.MIN}[op])
+    if op == "avg":
+        mine = mine / P if x.dtype.kind == "f" else np.floor_divide(mine, P)
+    return mine.astype(x.dtype)
+
+
+def case_reduce_scatter():
+    for alg in ("mpi", "auto"):
+        for dtype in ("float32", "float16", "float64", "int32"):
+            for op in ("sum", "avg", "prod", "max"):
+                for shape, view in (((3 * P,), False), ((2, 4 * P), True)):  # view: a non-contiguous half
+                    results = []
+                    for call in range(3):
+                        base = (np.arange(int(np.prod(shape))) * (rank + 2) + 3 * call) % 5 + (op == "prod")
+                        x = base.reshape(shape).astype(dtype)
+                        if view:
+                            x = np.concatenate([x, x], axis=1)[:, ::2]
+                        got = C.reduce_scatter(x, op=op, algorithm=alg)
+                        want = scatter_oracle(x, op)
+                        check(got.dtype == x.dtype and np.array_equal(got, want),
+                              f"reduce_scatter {alg} {dtype} {op} {shape} call {call}: {got} != {want}")
+                        results.append((got, want.copy()))
+                    check(all(np.array_equal(g, w) for g, w in results),
+                          f"reduce_scatter {alg} {dtype} {op}: a later call overwrote an earlier result")
+    C.reduce_scatter(np.ones(P * 4, np.float32), algorithm="auto")
+    check(C.last_stats()["algorithm"] == "mpi", "auto reduce-scatter of 16 B per rank did not run mpi")
+    C.reduce_scatter(np.ones(P * 16384, np.float32), algorithm="auto")
+    check(C.last_stats()["algorithm"] == "ring", "auto reduce-scatter of 64 KiB per rank did not run the ring")
+
+
+def case_allgather():
+    for alg in ("mpi", "ring", "auto"):
+        results = []
+        for call, rows in enumerate([2, 2, rank + 1, 2, 3]):  # equal, equal, all-gather-v, equal again
+            x = np.full((rows, 3), 10 * rank + call, np.int32)
+            got = C.allgather(x, algorithm=alg)
+            want = np.concatenate(comm.allgather(x))
+            check(np.array_equal(got, want), f"allgather {alg} call {call}: {got.tolist()} != {want.tolist()}")
+            results.append((got, want))
+        check(all(np.array_equal(g, w) for g, w in results), f"allgather {alg}: a later call overwrote a result")
+    C.allgather(np.ones(4, np.float32), algorithm="auto")
+    check(C.last_stats()["algorithm"] == "mpi", "auto all-gather of a host array did not run mpi")
+
+
+def expect_on_every_rank(exc_type, fn, what):
+    try:
+        fn()
+        raised = None
+    except exc_type as exc:
+        raised = str(exc)
+    except Exception as exc:  # the wrong kind is a failure too
+        raised = None
+        FAILS.append(f"{what}: {type(exc).__name__}: {exc}")
+    check(raised is not None, f"{what}: no {exc_type.__name__} on rank {rank}")
+
+
+def case_mismatch_after_cache():
+    """Both signatures cached on every rank first; then the ranks' calls differ."""
+    if P < 2:
+        return
+    sub = comm.Dup()
+    x = np.ones(2 * P, np.float32)
+    for op in ("sum", "prod", "sum", "prod"):
+        C.reduce_scatter(x, sub, op=op, algorithm="mpi")
+    expect_on_every_rank(C.CollectiveMismatch,
+                         lambda: C.reduce_scatter(x, sub, op="prod" if rank == 0 else "sum", algorithm="mpi",
+                                                  timeout=20), "reduce_scatter op mismatch")
+    sub.Free()
+    sub = comm.Dup()
+    for dtype in ("float32", "int32", "float32", "int32"):
+        C.allgather(np.ones(3, dtype), sub, algorithm="mpi")
+    expect_on_every_rank(TypeError, lambda: C.allgather(np.ones(3, "int32" if rank == 0 else "float32"), sub,
+                                                        algorithm="mpi", timeout=20), "allgather dtype mismatch")
+    sub.Free()
+
+
+def main():
+    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache):
+        try:
+            case()
+        except Exception:  # report and keep every rank going; the hang guard is the test timeout
+            FAILS.append(traceback.format_exc())
+    sys.exit(report(comm, "mpi_repeated"))
+
+
+if __name__ == "__main__":
+    main()
