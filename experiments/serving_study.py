@@ -16,7 +16,7 @@ A. Front + 3 replicas, replica 2 ``--slow`` times slower, every batch costing ``
    p99(policy) at 80 % of capacity.
 B. Ranks 0-2: 2 replicated replicas against 1 tensor-parallel replica of T = 2 (same 3 ranks, real
    forward, no emulated time, batches sent without waiting): capacity (closed loop, 16 clients) and latency at a light load.
-C. Groups of P = 2 (ranks 0-1) and P = 4: ``collectives.allreduce`` of float64 vectors of the sizes a
+C. Groups of P = 2 (ranks 0-1), P = 3 (ranks 0-2) and P = 4: ``collectives.allreduce`` of float64 vectors of the sizes a
    tensor-parallel forward of T = P sends (T x padded batch rows x the row-parallel layer's outputs,
    the rank-order rule of :mod:`inference.tensor`) and of a plain all-reduce of the partial (padded
    rows x outputs), for every algorithm, interleaved, per-call median and range over repeats, and
@@ -259,6 +259,8 @@ def main(argv=None):
         widths = row_parallel_widths(load_spec(ckpt, world)[0].weights)
         two = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
         ar = allreduce_sizes(args, two, widths) if two != MPI.COMM_NULL else []
+        _idle(world)
+        ar += allreduce_sizes(args, three, widths) if three != MPI.COMM_NULL else []
         _idle(world)
         ar += allreduce_sizes(args, world, widths)
     if "D" in args.parts:

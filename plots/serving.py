@@ -84,14 +84,14 @@ def _allreduce_panel(ax, doc):
         ax.set_axis_off()
         return
     colors = {}
-    for P, style in ((2, "-o"), (4, ":s")):
+    for P, style in ((2, "-o"), (3, "-.^"), (4, ":s")):
         sub = [r for r in rows if r.get("P", 2) == P]
         if not sub:
             continue
         sizes = [r["bytes"] for r in sub]
         for a in sub[0]["us"]:
             line, = ax.plot(sizes, [r["us"][a] for r in sub], "--" if a == "auto" else style, markersize=4,
-                            color="k" if a == "auto" else colors.get(a), label=f"{a} P={P}", alpha=1.0 if P == 2 else 0.7)
+                            color="k" if a == "auto" else colors.get(a), label=f"{a} P={P}", alpha=1.0 if P < 4 else 0.7)
             colors[a] = line.get_color()
     ax.set_xscale("log")
     ax.set_yscale("log")
