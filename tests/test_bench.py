@@ -361,3 +361,13 @@ def test_nccl_tests_bandwidth_columns():
             busbw.append(n / tt / 1e3 * 1.5)
     assert [f[5] for f in lines] == ["5.00", "100.0", "12345"]  # nccl-tests' decimals by magnitude
     assert avg == pytest.approx(statistics.fmean(busbw), rel=1e-5)
+
+
+def test_reduce_local_benchmark_times_the_same_sum(capsys):
+    """MPI's reduction loop and NumPy's add are checked equal before they are timed; the table prints."""
+    from experiments import bench_reduce_local
+    times = bench_reduce_local.measure(4096, "int32", 2, budget=0.001)
+    assert set(times) == {"mpi", "numpy", "copy"} and all(len(v) == 2 and min(v) > 0 for v in times.values())
+    assert bench_reduce_local.main(["--sizes", "4K,8K", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[2].split()[:2] == ["4", "KiB"] and lines[3].split()[:2] == ["8", "KiB"]
