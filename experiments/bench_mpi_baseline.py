@@ -21,12 +21,13 @@ geometric mean over ``--min-bytes``..``--max-bytes`` per round, then its median 
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from training.sizes import parse_bytes
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
 
@@ -138,16 +139,10 @@ def combine(rounds, lo, hi):
     for got in per_round:
         vals = [v[0] for n, v in got.items() if lo <= n <= hi]
         if vals:
-            means.append(math.exp(sum(map(math.log, vals)) / len(vals)))
+            means.append(statistics.geometric_mean(vals))
     geo = {"median": statistics.median(means), "min": min(means), "max": max(means), "rounds": len(means)} \
         if means else None
     return {"sizes": sizes, "geomean": geo}
-
-
-def _bytes(text):
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(float(t[:-1] if mult > 1 else t) * mult)
 
 
 def main(argv=None):
@@ -166,9 +161,9 @@ def main(argv=None):
     if args.n < 2 or args.rounds < 1 or args.max_time <= 0:
         p.error("-n must be >= 2, --rounds >= 1 and --max-time > 0")
     try:
-        lo, hi = _bytes(args.min_bytes), _bytes(args.max_bytes)
-    except ValueError:
-        p.error("--min-bytes / --max-bytes: byte counts such as 64K, 64M")
+        lo, hi = parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
+    except ValueError as exc:
+        p.error(f"--min-bytes / --max-bytes: {exc}")
     out = args.out or f"results/mpi_baseline_p{args.n}"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     flavour = _flavour(_mpiexec())

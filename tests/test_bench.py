@@ -371,3 +371,27 @@ def test_reduce_local_benchmark_times_the_same_sum(capsys):
     assert bench_reduce_local.main(["--sizes", "4K,8K", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[2].split()[:2] == ["4", "KiB"] and lines[3].split()[:2] == ["8", "KiB"]
+
+
+def test_mpi_baseline_combines_rounds_into_per_size_ratios_and_a_geomean():
+    """Two rounds of synthetic sweeps: best-of-MPI time / commlab's best, per size, and the geomean per round."""
+    from experiments.bench_mpi_baseline import combine
+
+    def row(alg, n, t, wrong=0):
+        return {"algorithm": alg, "bytes": n, "time_s": t, "wrong": wrong}
+
+    def round_(scale):
+        commlab = {"rows": [row("ring", 1024, 2.0 * scale), row("tree", 1024, 1.0 * scale), row("MPI_Allreduce", 1024, 3.0),
+                            row("ring", 2048, 4.0), row("mpi", 2048, 0.1), row("MPI_Allreduce", 2048, 8.0)]}
+        forced = {"rows": [row("MPI_Allreduce", 1024, 2.0), row("MPI_Allreduce", 2048, 1.0),
+                           row("MPI_Allreduce", 4096, 0.5, wrong=1)]}
+        return {"commlab": commlab, "mpich:ring": forced}
+
+    out = combine([round_(1.0), round_(0.5)], 1024, 2048)
+    first, second = out["sizes"]
+    assert (first["bytes"], first["commlab_best"], first["mpi_best"]) == (1024, "tree", "mpich:ring")
+    assert (first["ratio_min"], first["ratio_max"]) == (2.0, 4.0) and first["ratio_median"] == 3.0
+    assert second["ratio_median"] == 0.25 and second["mpi_default_ratio"] == 2.0
+    assert [s["bytes"] for s in out["sizes"]] == [1024, 2048]  # the wrong 4096 row and `mpi` rows are left out
+    geo = out["geomean"]  # per round: sqrt(2 * 0.25) and sqrt(4 * 0.25)
+    assert geo["rounds"] == 2 and abs(geo["min"] - 0.5 ** 0.5) < 1e-12 and abs(geo["max"] - 1.0) < 1e-12
