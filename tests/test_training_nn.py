@@ -212,3 +212,32 @@ def test_a_layer_object_used_twice_is_refused():
     with pytest.raises(ValueError, match=r"layers\[3\] is the same ReLU object as layers\[1\]"):
         Sequential([Linear(4, 4), act, Linear(4, 4), act, Linear(4, 2)])
     Sequential([Linear(4, 4), ReLU(), Linear(4, 4), ReLU(), Linear(4, 2)])  # distinct objects: fine
+
+
+def test_plain_mlp_backward_overwrites_every_gradient_so_no_zeroing_is_needed():
+    # compute_gradient skips the fill(0) only where backward writes all of grads: a plain MLP's
+    # gradient computed on top of NaN garbage must equal the one computed on zeros, bitwise, and
+    # match finite differences; a subclass overriding backward and a parameterized layer that is not
+    # exactly Linear keep the zeroing
+    from training.parallel import compute_gradient
+
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((6, 4)), rng.integers(0, 3, 6)
+    model, ce = build_mlp([4, 5, 3], activation="tanh", dtype="float64", seed=3), SoftmaxCrossEntropy()
+    assert model.writes_every_gradient()
+    model.grads.fill(0.0)
+    compute_gradient(model, ce, x, y)
+    clean = model.grads.copy()
+    model.grads.fill(np.nan)
+    compute_gradient(model, ce, x, y)
+    np.testing.assert_array_equal(model.grads, clean)
+    first = model.layers[0]
+    num_W = _numeric_grad(lambda: ce.forward(model.forward(x), y), first.W)
+    np.testing.assert_allclose(first.dW, num_W, rtol=RTOL, atol=ATOL)
+
+    class Scaled(Linear):
+        pass
+
+    assert not _FreezableMLP([Linear(4, 3)], dtype="float64").writes_every_gradient()
+    assert not Sequential([Scaled(4, 3)], dtype="float64").writes_every_gradient()
+    assert Sequential([Linear(4, 3), ReLU(), Linear(3, 2)], dtype="float64").writes_every_gradient()

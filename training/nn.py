@@ -270,6 +270,19 @@ class Sequential:
         for layer in self.layers:
             layer.init(rng)
 
+    def writes_every_gradient(self):
+        """Return True when one :meth:`backward` overwrites every element of :attr:`grads`.
+
+        True for this class's own ``backward`` over layers whose parameterized ones are all exactly
+        :class:`Linear` (its ``backward`` writes ``dW`` and ``db`` whole, never adds to them); then a
+        training step need not zero the gradient first. False for a subclass that overrides
+        ``backward`` (it may skip layers) and for any other parameterized layer type, whose gradients
+        are zeroed before each step (``training.parallel.compute_gradient``).
+        """
+        if type(self).backward is not Sequential.backward:
+            return False
+        return all(type(layer) is Linear or not layer.param_shapes() for layer in self.layers)
+
     @property
     def size(self):
         """Number of scalar parameters."""
@@ -290,7 +303,7 @@ class Sequential:
 
         Each layer overwrites its own gradient views; a layer whose ``backward`` is not run keeps
         what ``grads`` held, so a training step zeroes ``grads`` first
-        (``training.parallel.compute_gradient``).
+        (``training.parallel.compute_gradient``) unless :meth:`writes_every_gradient`.
 
         Parameters
         ----------

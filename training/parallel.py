@@ -177,10 +177,13 @@ def make_grad_hook(cfg, comm, model):
 
 
 def compute_gradient(model, loss_fn, x, y, on_grad=None):
-    """Zero ``model.grads``, then run forward and backward on one batch into it.
+    """Run forward and backward on one batch into ``model.grads`` (every element of it is this step's).
 
     The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
-    ``backward`` does not run in this step contributes zero, never an earlier step's gradient.
+    ``backward`` does not run in this step contributes zero, never an earlier step's gradient --
+    unless the model's backward overwrites all of it anyway
+    (:meth:`training.nn.Sequential.writes_every_gradient`: the plain MLP of ``Linear`` layers), where
+    the clearing would only cost a pass over the gradient's memory.
 
     Parameters
     ----------
@@ -196,7 +199,8 @@ def compute_gradient(model, loss_fn, x, y, on_grad=None):
     float
         Mean loss over the batch.
     """
-    model.grads.fill(0)
+    if not getattr(model, "writes_every_gradient", lambda: False)():
+        model.grads.fill(0)
     with trace.span("forward", "compute"):
         loss = loss_fn.forward(model.forward(x), y)
     with trace.span("backward", "compute"):
