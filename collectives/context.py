@@ -12,7 +12,7 @@ from .backend import DeviceTransport, cuda_aware
 from .waiting import deadline_of, wait_all
 
 __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
-           "context_keyval"]
+           "context_keyval", "existing_context"]
 
 _KEYVAL = [None]  # MPI attribute key, created on first use
 
@@ -193,6 +193,23 @@ def context_keyval():
     if _KEYVAL[0] is None:
         _KEYVAL[0] = MPI.Comm.Create_keyval(delete_fn=_on_free)
     return _KEYVAL[0]
+
+
+def existing_context(comm):
+    """Return the context ``comm`` (None: ``COMM_WORLD``) already carries, else None; never creates one.
+
+    The first look of the cached paths of repeated calls (:mod:`collectives.fastpath`): anything
+    but a plain intracommunicator with a context -- another type, a freed communicator -- gives None,
+    and the full path then checks the arguments and says what is wrong.
+    """
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if type(comm) is not MPI.Intracomm:
+        return None
+    try:
+        return comm.Get_attr(context_keyval())
+    except MPI.Exception:  # a freed communicator
+        return None
 
 
 def get_context(comm=None, timeout=None):

@@ -27,7 +27,7 @@ import numpy
 from mpi4py import MPI
 
 from .buffers import ACC, MPI_OPS
-from .context import context_keyval
+from .context import existing_context
 from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, debug_enabled, describe, key_code
 from .library import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, _tail, mismatch
@@ -193,14 +193,7 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
     another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken
     communicator -- returns None and the full path runs (and raises where it must).
     """
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    if type(comm) is not MPI.Intracomm:
-        return None
-    try:
-        ctx = comm.Get_attr(context_keyval())
-    except MPI.Exception:  # a freed communicator: the full path says so
-        return None
+    ctx = existing_context(comm)
     if ctx is None:
         return None
     sig = (algorithm, op, x.dtype, x.shape)

@@ -15,7 +15,7 @@ from .backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype,
 from .library import run_library
 from .algorithms import check_algorithm, names
 from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, restore_nan
-from .context import check_comm, context_keyval, get_context
+from .context import check_comm, existing_context, get_context
 from .executor import run_schedule
 from .fingerprint import checks_enabled
 from .gather import allgather
@@ -97,14 +97,7 @@ class _Scatter:
 
 def _repeated_scatter(x, comm, op, algorithm, timeout):
     """Return the cached :class:`_Scatter` of this call's signature on ``comm``, or None (the full path runs)."""
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    if type(comm) is not MPI.Intracomm:
-        return None
-    try:
-        ctx = comm.Get_attr(context_keyval())
-    except MPI.Exception:  # a freed communicator: the full path says so
-        return None
+    ctx = existing_context(comm)
     if ctx is None:
         return None
     plan = ctx.fast.get(("reduce_scatter", algorithm, op, x.dtype, x.shape, checks_enabled()))
