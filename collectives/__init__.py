@@ -12,7 +12,8 @@ from .context import free_context, last_stats, total_stats
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .executor import execute
 from .fingerprint import set_debug
-from .ops import OP_ALGORITHMS, allgather, broadcast, reduce, reduce_scatter
+from .gather import allgather
+from .ops import OP_ALGORITHMS, broadcast, reduce, reduce_scatter
 from .persistent import AllreducePlan, allreduce_init
 from .policy import abort_on_failure
 from .request import Request

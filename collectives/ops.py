@@ -1,5 +1,5 @@
-"""Reduce-scatter, broadcast and reduce (and all-gather, from :mod:`collectives.gather`), on the same
-schedules and executor.
+"""Reduce-scatter, broadcast and reduce, on the same schedules and executor (all-gather:
+:mod:`collectives.gather`).
 
 Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.api`. Copy-only
 collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
@@ -18,12 +18,11 @@ from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, r
 from .context import check_comm, existing_context, get_context
 from .executor import run_schedule
 from .fingerprint import checks_enabled
-from .gather import allgather
 from .ring import ring_reduce_scatter
 from .schedule import chunk_bounds, segmented
 from .tree import tree_broadcast, tree_reduce
 
-__all__ = ["OP_ALGORITHMS", "reduce_scatter", "allgather", "broadcast", "reduce"]
+__all__ = ["OP_ALGORITHMS", "reduce_scatter", "broadcast", "reduce"]
 
 #: Algorithms available to each collective besides all-reduce ("auto" picks the first), from the registry.
 OP_ALGORITHMS = {name: names(name) for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
