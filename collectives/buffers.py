@@ -189,14 +189,18 @@ class AdoptedRequest:
         return getattr(self._request, name)
 
 
-def check_out(out, x):
-    """Raise ``TypeError``/``ValueError`` unless ``out`` is a writable array of ``x``'s shape and dtype."""
+def check_out(out, x, shape=None):
+    """Raise ``TypeError``/``ValueError`` unless ``out`` is a writable array of ``x``'s dtype and ``shape``.
+
+    ``shape`` defaults to ``x.shape`` (all-reduce); reduce-scatter and all-gather pass their result's.
+    """
     if out is None:
         return
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
         raise TypeError(f"out must be an array, not {type(out).__name__}")
-    if out.shape != x.shape:
-        raise ValueError(f"out has shape {getattr(out, 'shape', None)}, expected {x.shape}")
+    shape = x.shape if shape is None else tuple(shape)
+    if out.shape != shape:
+        raise ValueError(f"out has shape {getattr(out, 'shape', None)}, expected {shape}")
     if out.dtype != x.dtype:
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
     if not getattr(getattr(out, "flags", None), "writeable", False):

@@ -16,8 +16,8 @@ from mpi4py import MPI
 
 from .algorithms import check_algorithm
 from .backend import COPY_DTYPES, check_timeout, get_array_module
-from .buffers import adopt, as_array, raw
-from .context import get_context
+from .buffers import adopt, as_array, check_out, raw
+from .context import check_comm, get_context
 from .executor import run_schedule
 from .fingerprint import checks_enabled, key_code
 from .library import call, mismatch, run_library
@@ -30,14 +30,18 @@ _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up t
 _ROW = _SIG + 1  # a rank's row in the signature exchange: its signature, then its call fingerprint
 
 
-def allgather(x, comm=None, algorithm="ring", timeout=None):
-    """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v).
+def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
+    """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v, or all-gather with ``out``).
 
-    A first exchange of a small int64 signature (shape, dtype and the call fingerprint; one
-    ``MPI_Iallreduce``) lets every rank check the inputs agree and size the result before any data
-    moves. Steps (ring): P - 1 rounds, in round s rank r
-    forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``. Source: Thakur,
-    Rabenseifner and Gropp 2005, section 4.
+    Without ``out`` (``MPI_Allgatherv``'s form: blocks may differ in length), a first exchange of a
+    small int64 signature (shape, dtype and the call fingerprint; one ``MPI_Iallreduce``) lets every
+    rank check the inputs agree and size the result before any data moves. With ``out``
+    (``MPI_Allgather``'s form: every rank's block has ``x``'s shape) there is no such exchange: the
+    blocks move at once, and the call fingerprint (which holds the count, dtype and algorithm) rides
+    in the message tags (``ring``) or in a 2-element all-reduce posted alongside the data (``mpi``),
+    so ranks whose shapes or calls differ raise instead of exchanging. Steps (ring): P - 1 rounds,
+    in round s rank r forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``.
+    Source: Thakur, Rabenseifner and Gropp 2005, section 4.
 
     Parameters
     ----------
@@ -49,10 +53,14 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
         than the ring up to 8 MiB and within 6 % above, at P = 2 and 4; README "Benchmarks"), and
         ``ring`` for device arrays.
     timeout : float, optional
+    out : ndarray or DLPack tensor, optional
+        Result buffer of shape (P * n, ...) for blocks of shape (n, ...) on every rank, ``x``'s
+        dtype, C-contiguous and writable: the equal-shape all-gather, written and returned.
 
     Returns
     -------
     ndarray, shape (sum of n_r, ...), x.dtype
+        ``out`` when given.
 
     Raises
     ------
@@ -63,16 +71,18 @@ def allgather(x, comm=None, algorithm="ring", timeout=None):
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
     """
-    if type(x) is not numpy.ndarray:
-        x, _, wrap = adopt(x)
+    if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
+        x, out, wrap = adopt(x, out)
         if wrap is not None:
-            return wrap(allgather(x, comm, algorithm, timeout))
+            return wrap(allgather(x, comm, algorithm, timeout, out))
     if algorithm == "auto":  # (decided without looking at x's validity, so every rank decides alike)
         algorithm = "ring" if hasattr(x, "__cuda_array_interface__") else "mpi"
     else:
         check_algorithm(algorithm, "allgather")
     timeout = check_timeout(timeout)
     x, local_error = _gatherable(x)
+    if out is not None:
+        return _gather_equal(x, local_error, comm, algorithm, timeout, out)
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     if local_error is not None:
@@ -181,6 +191,35 @@ def _check_signatures(rows, rank):
     if any(row[0] != mine[0] or row[3:] != mine[3:] for row in rows):
         raise ValueError("allgather: ranks' arrays differ beyond the first dimension: "
                          + "; ".join(f"rank {i} {tuple(row[2:2 + row[0]])}" for i, row in enumerate(rows)))
+
+
+def _gather_equal(x, local_error, comm, algorithm, timeout, out):
+    """The equal-shape all-gather into ``out``: every argument checked here, then the blocks move at once."""
+    if local_error is not None:
+        raise local_error
+    comm = check_comm(comm)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    check_out(out, x, (size * x.shape[0],) + x.shape[1:])
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous: the blocks are gathered into its memory")
+    if get_array_module(out) is not get_array_module(x):
+        raise TypeError("out and x must be arrays of the same kind (both host or both device)")
+    ctx = get_context(comm, timeout)
+    ctx.check_usable()
+    xp = get_array_module(x)
+    flat, n = out.reshape(-1), x.size
+    if n:
+        flat[rank * n:(rank + 1) * n].reshape(x.shape)[...] = x
+    key = ("allgather", algorithm, flat.size, x.dtype, None, None, None)
+    if algorithm == "mpi":
+        run_library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout)  # the fingerprint alongside
+        ctx.record("allgather", "mpi", flat.size, x.dtype, elements=n * (size - 1), estimated=True)
+        return out
+    bounds = [r * n for r in range(size + 1)]
+    sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: segmented(ring_allgather(rank, size, bounds)))
+    run_schedule(ctx, key, sched, raw(flat), None, None, timeout, xp)
+    ctx.record("allgather", algorithm, flat.size, x.dtype, sched)
+    return out
 
 
 def _bounds(firsts, x):

@@ -14,7 +14,7 @@ from .backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype,
                       get_array_module, op_name)
 from .library import run_library
 from .algorithms import check_algorithm, names
-from .buffers import MPI_OPS, adopt, as_array, finish, nan_mask, prepare, raw, restore_nan
+from .buffers import MPI_OPS, adopt, as_array, check_out, finish, nan_mask, prepare, raw, restore_nan
 from .context import check_comm, existing_context, get_context
 from .executor import run_schedule
 from .fingerprint import checks_enabled
@@ -76,8 +76,8 @@ class _Scatter:
                                                                else numpy.floor_divide)
         self.elements = x.size - self.chunk
 
-    def run(self, ctx, x, timeout):
-        """Reduce-scatter ``x`` (the signature's shape and dtype) and return this rank's chunk (new array)."""
+    def run(self, ctx, x, timeout, out=None):
+        """Reduce-scatter ``x`` (the signature's shape and dtype); return this rank's chunk (``out``, else new)."""
         ctx.check_usable()
         if x.dtype == self.acc and x.flags.c_contiguous:
             send = x.reshape(-1)
@@ -86,26 +86,35 @@ class _Scatter:
                 self.send = numpy.empty(x.size, self.acc)
             send = self.send
             send.reshape(x.shape)[...] = x
-        mine = numpy.empty(self.chunk, self.acc)
+        direct = out is not None and out.dtype == self.acc and out.flags.c_contiguous
+        mine = out if direct else numpy.empty(self.chunk, self.acc)
         run_library(ctx, self.key, numpy, "Ireduce_scatter_block", (send, mine, self.mpi_op), timeout)
         if self.avg is not None:
             self.avg(mine, ctx.size, out=mine)
         ctx.record("reduce_scatter", "mpi", x.size, self.acc, elements=self.elements, estimated=True)
+        if out is not None:
+            if not direct:
+                out[...] = mine
+            return out
         return mine if x.dtype == self.acc else mine.astype(x.dtype)
 
 
-def _repeated_scatter(x, comm, op, algorithm, timeout):
-    """Return the cached :class:`_Scatter` of this call's signature on ``comm``, or None (the full path runs)."""
+def _repeated_scatter(x, comm, op, algorithm, timeout, out):
+    """Run the cached :class:`_Scatter` of this call's signature on ``comm``; None when there is none
+    or ``out`` is not a plain writable array of the chunk's shape and ``x``'s dtype (the full path runs)."""
     ctx = existing_context(comm)
     if ctx is None:
         return None
     plan = ctx.fast.get(("reduce_scatter", algorithm, op, x.dtype, x.shape, checks_enabled()))
     if plan is None:
         return None
-    return plan.run(ctx, x, check_timeout(timeout))
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != (plan.chunk,) or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    return plan.run(ctx, x, check_timeout(timeout), out)
 
 
-def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
+def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=None):
     """Reduce ``x`` across ranks and return this rank's chunk of the flattened result.
 
     Steps (ring): P - 1 rounds; in round s rank r sends chunk (r - s - 1) mod P to r + 1 and adds
@@ -121,6 +130,9 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
     algorithm : {"ring", "mpi", "auto"}
     timeout : float, optional
         Seconds per round before :class:`CollectiveTimeout`.
+    out : ndarray or DLPack tensor, optional
+        Result buffer of shape (chunk_r,) and ``x``'s dtype, written and returned (the library writes
+        into it directly when it is contiguous and needs no cast); default: a new array per call.
 
     Returns
     -------
@@ -133,15 +145,18 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         As for :func:`collectives.allreduce`.
     """
     if type(x) is numpy.ndarray and type(op) is str:
-        got = _repeated_scatter(x, comm, op, algorithm, timeout)  # a repeated call: its cached plan
+        got = _repeated_scatter(x, comm, op, algorithm, timeout, out)  # a repeated call: its cached plan
         if got is not None:
             return got
-    x, _, wrap = adopt(x)
+    x, out, wrap = adopt(x, out)
     if wrap is not None:
-        return wrap(reduce_scatter(x, comm, op, algorithm, timeout))
+        return wrap(reduce_scatter(x, comm, op, algorithm, timeout, out))
     op = op_name(op)
     given = algorithm
     x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout)
+    comm = check_comm(comm)
+    chunks = chunk_bounds(x.size, comm.Get_size())
+    check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)
@@ -161,10 +176,11 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         if len(ctx.fast) > 1024:
             ctx.fast.clear()
         plan = ctx.fast[("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled())] = _Scatter(ctx, x, op, key)
-        return plan.run(ctx, x, timeout)
+        return plan.run(ctx, x, timeout, out)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
-        mine = xp.empty(hi - lo, dtype=acc)
+        direct = out is not None and acc == x.dtype and out.flags.c_contiguous
+        mine = out if direct else xp.empty(hi - lo, dtype=acc)
         send = inp if inp is not None else work[:count]
         mask = nan_mask(send, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
         got = numpy.empty(hi - lo, numpy.uint8) if mask is not None else None
@@ -177,7 +193,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
                         [("Ireduce_scatter", (mask, got, counts, MPI.MAX))] if mask is not None else ())
         restore_nan(mine, got)
         ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
-        if acc == x.dtype:  # the library wrote the result itself: no copy into a new array
+        if acc == x.dtype and (out is None or direct):  # the library wrote the result itself: no copy
             return finish(mine, mine, op, size, xp, True)
         work, lo, hi = mine, 0, hi - lo
     else:
@@ -186,7 +202,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None):
         run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout,
                      xp, inp, (lo, hi))
         ctx.record("reduce_scatter", algorithm, count, acc, sched)
-    return finish(xp.empty(hi - lo, dtype=x.dtype), work[lo:hi], op, size, xp)
+    return finish(xp.empty(hi - lo, dtype=x.dtype) if out is None else out, work[lo:hi], op, size, xp)
 
 
 def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):

@@ -109,7 +109,7 @@ def _reduce_scatter(comm, x, names, cfg, P, r):
     b = chunk_bounds(x.size, P)
     counts = [b[i + 1] - b[i] for i in range(P)]
     ref, out = oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], x.dtype)
-    calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a)) for a in names}
+    calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm, cfg.redop, a, out=out)) for a in names}
 
     def direct():
         comm.Reduce_scatter(x, out, counts, MPI_OPS[cfg.redop])
@@ -121,7 +121,7 @@ def _reduce_scatter(comm, x, names, cfg, P, r):
 def _allgather(comm, x, names, P):
     ref, out = np.empty(x.size * P, x.dtype), np.empty(x.size * P, x.dtype)
     comm.Allgather(raw(x), raw(ref))
-    calls = {a: (lambda a=a: collectives.allgather(x, comm, a)) for a in names}
+    calls = {a: (lambda a=a: collectives.allgather(x, comm, a, out=out)) for a in names}
 
     def direct():
         comm.Allgather(raw(x), raw(out))

@@ -69,6 +69,47 @@ def case_allgather():
     check(C.last_stats()["algorithm"] == "mpi", "auto all-gather of a host array did not run mpi")
 
 
+def case_out_buffers():
+    """``out=``: the result lands in the caller's buffer (contiguous, strided, cast, a PyTorch tensor)."""
+    for alg in ("mpi", "ring", "auto"):
+        for dtype in ("float32", "float16", "int64"):
+            x = ((np.arange(4 * P) + rank) % 7).astype(dtype)
+            want = scatter_oracle(x, "sum")
+            out = np.full(4, -1, dtype)
+            for call in range(2):
+                got = C.reduce_scatter(x, op="sum", algorithm=alg, out=out)
+                check(got is out and np.array_equal(out, want), f"reduce_scatter out= {alg} {dtype} call {call}")
+            strided = np.full(8, -1, dtype)[::2]
+            C.reduce_scatter(x, op="sum", algorithm=alg, out=strided)
+            check(np.array_equal(strided, want), f"reduce_scatter strided out= {alg} {dtype}")
+        for shape in ((3,), (2, 5), (0, 4)):
+            x = np.full(shape, rank + 1, np.int32)
+            want = np.concatenate(comm.allgather(x))
+            out = np.full((P * shape[0],) + shape[1:], -1, np.int32)
+            for call in range(2):
+                got = C.allgather(x, algorithm=alg, out=out)
+                check(got is out and np.array_equal(out, want), f"allgather out= {alg} {shape} call {call}")
+    import torch
+    t, res = torch.full((2,), float(rank)), torch.empty(2 * P)
+    got = C.allgather(t, out=res)
+    check(got is res and res.tolist() == [float(r) for r in range(P) for _ in range(2)], "allgather torch out=")
+    got = C.reduce_scatter(torch.ones(2 * P), algorithm="auto", out=torch.empty(2))
+    check(isinstance(got, torch.Tensor) and got.tolist() == [float(P)] * 2, "reduce_scatter torch out=")
+    for bad, what in ((np.empty(5, np.int32), "shape"), (np.empty(2 * P, np.float64), "dtype")):
+        expect_on_every_rank((ValueError, TypeError), lambda: C.allgather(np.ones(2, np.int32), out=bad),
+                             f"allgather out= of the wrong {what}")
+        expect_on_every_rank((ValueError, TypeError), lambda: C.reduce_scatter(np.ones(2 * P, np.int32), out=bad[:3]),
+                             f"reduce_scatter out= of the wrong {what}")
+    if P > 1:  # equal-shape all-gather whose ranks' blocks differ: an error on every rank, never a value
+        for alg in ("mpi", "ring"):
+            sub = comm.Dup()
+            rows = 3 if rank == 0 else 2
+            expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
+                                 lambda: C.allgather(np.ones((rows, 2)), sub, alg, timeout=10,
+                                                     out=np.empty((P * rows, 2))), f"allgather out= {alg} rows differ")
+            sub.Free()
+
+
 def expect_on_every_rank(exc_type, fn, what):
     try:
         fn()
@@ -78,7 +119,8 @@ def expect_on_every_rank(exc_type, fn, what):
     except Exception as exc:  # the wrong kind is a failure too
         raised = None
         FAILS.append(f"{what}: {type(exc).__name__}: {exc}")
-    check(raised is not None, f"{what}: no {exc_type.__name__} on rank {rank}")
+    names = "/".join(e.__name__ for e in (exc_type if isinstance(exc_type, tuple) else (exc_type,)))
+    check(raised is not None, f"{what}: no {names} on rank {rank}")
 
 
 def case_mismatch_after_cache():
@@ -102,7 +144,7 @@ def case_mismatch_after_cache():
 
 
 def main():
-    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache):
+    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers):
         try:
             case()
         except Exception:  # report and keep every rank going; the hang guard is the test timeout
