@@ -17,9 +17,10 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
+
+from experiments.job_stop import marked_env, stop_job
 
 __all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish",
            "job_failed"]
@@ -116,17 +117,24 @@ def job_failed(result):
     return "MPI_ABORT was invoked on rank" in raw and re.search(r"Errorcode: [1-9]", raw) is not None
 
 
-def finish(proc, timeout, what=""):
-    """Wait for ``proc`` at most ``timeout`` seconds; kill its process group and fail the test after that.
+def finish(proc, timeout, what="", mark=None):
+    """Wait for ``proc`` at most ``timeout`` seconds; then end its whole job and fail the test.
+
+    The job is ended by :func:`experiments.job_stop.stop_job`: SIGTERM to the launcher and every
+    process it started (the ranks are in process groups of their own under both Hydra and PRRTE),
+    SIGKILL to what is left 2 s later.
 
     Parameters
     ----------
     proc : subprocess.Popen
-        Started with ``start_new_session=True`` (its own process group, launcher and ranks included).
+        Started with ``start_new_session=True``.
     timeout : float
         Seconds.
     what : str
         The command, named in the failure.
+    mark : str, optional
+        The job's marker (:func:`experiments.job_stop.marked_env`), which finds ranks whose launcher
+        already died.
 
     Returns
     -------
@@ -141,7 +149,7 @@ def finish(proc, timeout, what=""):
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_job(proc, mark)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {what}\n{out}\n{err or ''}") from None
 
@@ -158,7 +166,7 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     *args : str
         Extra command-line arguments for the module.
     timeout : float
-        Hard limit in seconds; the whole process group is killed when it passes.
+        Hard limit in seconds; the whole job (launcher and ranks) is ended when it passes (:func:`finish`).
     env : dict, optional
         Extra environment variables.
     check : bool
@@ -185,9 +193,10 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     if env:
         full_env.update(env)
+    full_env, mark = marked_env(full_env)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    out, _ = finish(proc, timeout, " ".join(cmd))
+    out, _ = finish(proc, timeout, " ".join(cmd), mark)
     result = subprocess.CompletedProcess(cmd, proc.returncode, program_output(out), out)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit status {proc.returncode}: {' '.join(cmd)}\n{out}")

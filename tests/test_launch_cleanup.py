@@ -1,0 +1,59 @@
+"""A job killed at its hard timeout leaves no process behind, under MPICH's and Open MPI's launcher.
+
+Both launchers start the ranks outside the launcher's process group (Hydra: a session per rank;
+PRRTE: a process group per rank), so killing that group alone left the ranks running, re-parented
+to init. Here :func:`tests.mpirun.run_mpi` launches 2 ranks that ignore SIGTERM and sleep; its
+timeout must end them. The oracle is ``/proc``: no process whose command line carries this test's
+marker (an argument, independent of the environment marker the harness itself searches for) may
+be left alive.
+
+Run as ``mpiexec -n 2 python -m tests.test_launch_cleanup MARK DIR`` for the ranks' body.
+"""
+import os
+import signal
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.mpirun import run_mpi
+
+
+def _survivors(mark):
+    """Return the command lines of live processes (zombies excluded) whose argv contains ``mark``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if mark.encode() in argv and state != b"Z":
+            found.append(b" ".join(argv).decode(errors="replace"))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_timeout_ends_every_rank_of_the_job(tmp_path):
+    mark = "commlab-sleeper-" + uuid.uuid4().hex
+    with pytest.raises(AssertionError, match="timed out after"):
+        run_mpi(2, "tests.test_launch_cleanup", mark, str(tmp_path), timeout=8)
+    started = sorted(os.listdir(tmp_path))
+    assert started == ["rank-0", "rank-1"], f"the ranks did not start before the timeout: {started}"
+    deadline = time.monotonic() + 3  # SIGKILL is asynchronous: give the kernel a moment
+    while _survivors(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _survivors(mark) == []
+
+
+if __name__ == "__main__":  # a rank: no MPI at all (a rank the launcher cannot reach), SIGTERM ignored
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
+    with open(os.path.join(sys.argv[2], f"rank-{rank}"), "w", encoding="utf-8"):
+        pass
+    time.sleep(600)
