@@ -55,7 +55,10 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     timeout : float, optional
     out : ndarray or DLPack tensor, optional
         Result buffer of shape (P * n, ...) for blocks of shape (n, ...) on every rank, ``x``'s
-        dtype, C-contiguous and writable: the equal-shape all-gather, written and returned.
+        dtype, C-contiguous and writable: the equal-shape all-gather, written and returned. The
+        ranks' blocks are then compared by element count and dtype, as all-reduce compares its
+        inputs (a (2, 3) block and a (3, 2) block gather without error); the form without ``out``
+        compares whole shapes.
 
     Returns
     -------
