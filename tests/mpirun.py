@@ -17,10 +17,13 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 
-from experiments.job_stop import marked_env, stop_job
+from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish",
            "job_failed"]
@@ -30,6 +33,8 @@ _HYDRA = ("=" * 20, "=   ", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING", 
           "This typically refers to a problem with your application.", "Please see the FAQ page for debugging")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Seconds Open MPI's launcher gets to end a job after reporting a rank's ``MPI_Abort`` (see :func:`run_mpi`).
+ABORT_GRACE = 3.0
 
 
 def mpiexec_path():
@@ -154,6 +159,40 @@ def finish(proc, timeout, what="", mark=None):
         raise AssertionError(f"timed out after {timeout}s: {what}\n{out}\n{err or ''}") from None
 
 
+def _collect(proc, timeout, what, mark):
+    """Return what ``proc`` printed (one pipe); end its job at ``timeout``, or ABORT_GRACE s after an abort report."""
+    lines = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen, abort_at, deadline = 0, None, time.monotonic() + timeout
+    while True:
+        try:
+            proc.wait(timeout=0.05)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now, n = time.monotonic(), len(lines)
+        if abort_at is None and any("MPI_ABORT was invoked on rank" in line for line in lines[seen:n]):
+            abort_at = now
+        seen = n
+        if now > deadline:
+            stop_job(proc, mark)
+            reader.join(10)
+            raise AssertionError(f"timed out after {timeout}s: {what}\n{''.join(lines)}")
+        if abort_at is not None and now - abort_at > ABORT_GRACE:
+            stop_job(proc, mark, first=signal.SIGKILL)
+            break
+    if job_processes(value=mark):  # ranks still running after their launcher ended
+        stop_job(proc, mark, first=signal.SIGKILL)
+    reader.join(10)
+    return "".join(lines)
+
+
 def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=()):
     """Run ``mpiexec -n nprocs python -m module args...`` and return the CompletedProcess.
 
@@ -166,7 +205,8 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     *args : str
         Extra command-line arguments for the module.
     timeout : float
-        Hard limit in seconds; the whole job (launcher and ranks) is ended when it passes (:func:`finish`).
+        Hard limit in seconds; the whole job (launcher and ranks) is ended when it passes
+        (:func:`experiments.job_stop.stop_job`: SIGTERM, SIGKILL 2 s later) and the test fails.
     env : dict, optional
         Extra environment variables.
     check : bool
@@ -174,6 +214,15 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     mpiexec_args : sequence of str
         Extra options for ``mpiexec`` itself, placed before ``-n`` after ``MPIEXEC_ARGS``
         (see :func:`launcher_args`).
+
+    Notes
+    -----
+    Two Open MPI 5.0.11 behaviours under ``--enable-recovery`` are handled here: after a rank's
+    ``MPI_Abort`` the launcher may never exit (seen when two ranks aborted at once: the abort
+    report was printed, then nothing until the test's 60 s timeout), so the job is ended
+    ``ABORT_GRACE`` seconds after the report (status -9, a failure; the report stays in the
+    output); and ranks may still run for up to a second after the launcher exited, so processes
+    of the job still alive then are killed. No process of the job outlives the call.
 
     Returns
     -------
@@ -196,7 +245,7 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     full_env, mark = marked_env(full_env)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    out, _ = finish(proc, timeout, " ".join(cmd), mark)
+    out = _collect(proc, timeout, " ".join(cmd), mark)
     result = subprocess.CompletedProcess(cmd, proc.returncode, program_output(out), out)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit status {proc.returncode}: {' '.join(cmd)}\n{out}")

@@ -7,7 +7,11 @@ timeout must end them. The oracle is ``/proc``: no process whose command line ca
 marker (an argument, independent of the environment marker the harness itself searches for) may
 be left alive.
 
-Run as ``mpiexec -n 2 python -m tests.test_launch_cleanup MARK DIR`` for the ranks' body.
+The same harness ends a job ``ABORT_GRACE`` seconds after Open MPI's report of an ``MPI_Abort``
+(its launcher may never exit after one under ``--enable-recovery``): ranks that print the report's
+first line and then sleep must come back as a failed job long before the timeout, none left.
+
+Run as ``mpiexec -n 2 python -m tests.test_launch_cleanup MARK DIR [abort]`` for the ranks' body.
 """
 import os
 import signal
@@ -17,7 +21,7 @@ import uuid
 
 import pytest
 
-from tests.mpirun import run_mpi
+from tests.mpirun import ABORT_GRACE, run_mpi
 
 
 def _survivors(mark):
@@ -51,9 +55,21 @@ def test_timeout_ends_every_rank_of_the_job(tmp_path):
     assert _survivors(mark) == []
 
 
+def test_a_job_hung_after_an_abort_report_is_ended_soon(tmp_path):
+    mark = "commlab-sleeper-" + uuid.uuid4().hex
+    start = time.monotonic()
+    res = run_mpi(2, "tests.test_launch_cleanup", mark, str(tmp_path), "abort", timeout=60, check=False)
+    seconds = time.monotonic() - start
+    assert res.returncode != 0 and "MPI_ABORT was invoked on rank 1" in res.stderr, res.stderr
+    assert seconds < ABORT_GRACE + 20, seconds  # start-up + grace, far below the timeout
+    assert _survivors(mark) == []
+
+
 if __name__ == "__main__":  # a rank: no MPI at all (a rank the launcher cannot reach), SIGTERM ignored
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
     with open(os.path.join(sys.argv[2], f"rank-{rank}"), "w", encoding="utf-8"):
         pass
+    if sys.argv[3:] == ["abort"] and rank == "1":
+        print("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD", flush=True)
     time.sleep(600)
