@@ -15,6 +15,7 @@ __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stat
            "context_keyval", "existing_context"]
 
 _KEYVAL = [None]  # MPI attribute key, created on first use
+_LAST = [None, None]  # (communicator object, its context) of the last existing_context hit
 
 
 class Context:
@@ -183,6 +184,8 @@ def _on_free(comm, keyval, ctx):
     once the operations still pending on it end, so repeated failures do not exhaust MPI's
     communicator ids.
     """
+    if _LAST[1] is ctx:
+        _LAST[0] = _LAST[1] = None
     if ctx is not None and ctx.comm != MPI.COMM_NULL:
         ctx.comm.Free()
     return MPI.SUCCESS
@@ -200,16 +203,24 @@ def existing_context(comm):
 
     The first look of the cached paths of repeated calls (:mod:`collectives.fastpath`): anything
     but a plain intracommunicator with a context -- another type, a freed communicator -- gives None,
-    and the full path then checks the arguments and says what is wrong.
+    and the full path then checks the arguments and says what is wrong. The last communicator
+    object found and its context are remembered (an attribute look-up costs about as much as the
+    rest of a cached call's Python); freeing the communicator or its context forgets them
+    (:func:`_on_free`, the attribute's delete callback).
     """
     if comm is None:
         comm = MPI.COMM_WORLD
+    if comm is _LAST[0]:  # the communicator of the previous cached call: no attribute look-up
+        return _LAST[1]
     if type(comm) is not MPI.Intracomm:
         return None
     try:
-        return comm.Get_attr(context_keyval())
+        ctx = comm.Get_attr(context_keyval())
     except MPI.Exception:  # a freed communicator
         return None
+    if ctx is not None:
+        _LAST[0], _LAST[1] = comm, ctx
+    return ctx
 
 
 def get_context(comm=None, timeout=None):

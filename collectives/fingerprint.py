@@ -137,8 +137,28 @@ def describe(key):
         parts.append(f"root={root}")
     parts.append(f"algorithm={alg}")
     if isinstance(grid, tuple):
-        parts.append(f"grid={grid[0]}x{grid[1]}")
+        parts.append(f"block={block_text(grid)}" if coll == "allgather" else f"grid={grid[0]}x{grid[1]}")
     return f"{coll}({', '.join(parts)})"
+
+
+def block_code(shape):
+    """Return the ``grid`` slot of an equal-shape all-gather's key: ``(rows, cols)`` of the block ``shape``.
+
+    ``cols`` is -1 for a 1-D block, the second dimension for a 2-D one, and a negative CRC of the
+    trailing dimensions (below -1) for more, so that blocks of equal element count but other shapes
+    ((2, 3) and (3, 2)) make different keys.
+    """
+    if len(shape) == 1:
+        return (int(shape[0]), -1)
+    if len(shape) == 2:
+        return (int(shape[0]), int(shape[1]))
+    return (int(shape[0]), -2 - zlib.crc32(numpy.array(shape[1:], numpy.int64).tobytes()))
+
+
+def block_text(grid):
+    """Return an all-gather block's shape as text from its :func:`block_code`: ``(2, 3)``, ``(4,)``, ``(2, ...)``."""
+    rows, cols = grid
+    return f"({rows},)" if cols == -1 else f"({rows}, {cols})" if cols >= 0 else f"({rows}, ...)"
 
 
 class TagSpace:
@@ -220,6 +240,8 @@ def exchange(comm, key, seq, timeout=None, progress=None):
     for field in FIELDS:
         vals = [tuple(row[c] for c in cols[field]) for row in table.tolist()]
         if len(set(vals)) > 1:
+            if field == "grid" and key[0] == "allgather":
+                field = "block shape"
             raise CollectiveMismatch(key[0], field, _groups(field, vals, comm.Get_rank(), site))
 
 
@@ -237,6 +259,8 @@ def _name(field, val):
         return "none" if v < 0 else str(v)
     if field == "grid":
         return "none" if val == (0, 0) else f"{val[0]}x{val[1]}"
+    if field == "block shape":
+        return block_text(val)
     if field == "sequence":
         return f"call #{v}"
     return str(v)

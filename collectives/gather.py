@@ -19,7 +19,7 @@ from .backend import COPY_DTYPES, check_timeout, get_array_module
 from .buffers import adopt, as_array, check_out, raw
 from .context import check_comm, get_context
 from .executor import run_schedule
-from .fingerprint import checks_enabled, key_code
+from .fingerprint import block_code, checks_enabled, key_code
 from .library import call, mismatch, run_library
 from .ring import ring_allgather
 from .schedule import segmented
@@ -56,9 +56,8 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     out : ndarray or DLPack tensor, optional
         Result buffer of shape (P * n, ...) for blocks of shape (n, ...) on every rank, ``x``'s
         dtype, C-contiguous and writable: the equal-shape all-gather, written and returned. The
-        ranks' blocks are then compared by element count and dtype, as all-reduce compares its
-        inputs (a (2, 3) block and a (3, 2) block gather without error); the form without ``out``
-        compares whole shapes.
+        block's shape is part of the call fingerprint, so ranks whose blocks differ in shape (even
+        at equal element counts) raise, as they do without ``out``.
 
     Returns
     -------
@@ -213,7 +212,7 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out):
     flat, n = out.reshape(-1), x.size
     if n:
         flat[rank * n:(rank + 1) * n].reshape(x.shape)[...] = x
-    key = ("allgather", algorithm, flat.size, x.dtype, None, None, None)
+    key = ("allgather", algorithm, flat.size, x.dtype, None, None, block_code(x.shape))  # the shape is checked too
     if algorithm == "mpi":
         run_library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout)  # the fingerprint alongside
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=n * (size - 1), estimated=True)

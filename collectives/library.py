@@ -25,8 +25,8 @@ from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, describe, key_code
 from .waiting import deadline_of, wait_all
 
-__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "encode_check", "verify_check", "mismatch", "call", "run_library",
-           "key_code"]
+__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "encode_check", "verify_check", "mismatch", "call",
+           "run_library", "key_code"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048

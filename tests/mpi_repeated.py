@@ -102,12 +102,14 @@ def case_out_buffers():
                              f"reduce_scatter out= of the wrong {what}")
     if P > 1:  # equal-shape all-gather whose ranks' blocks differ: an error on every rank, never a value
         for alg in ("mpi", "ring"):
-            sub = comm.Dup()
-            rows = 3 if rank == 0 else 2
-            expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
-                                 lambda: C.allgather(np.ones((rows, 2)), sub, alg, timeout=10,
-                                                     out=np.empty((P * rows, 2))), f"allgather out= {alg} rows differ")
-            sub.Free()
+            for shape, what in ((((3, 2) if rank == 0 else (2, 2)), "rows differ"),
+                                (((2, 3) if rank == 0 else (3, 2)), "shapes differ at equal counts")):
+                sub = comm.Dup()
+                out = np.empty((P * shape[0], shape[1]))
+                expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
+                                     lambda: C.allgather(np.ones(shape), sub, alg, timeout=10, out=out),
+                                     f"allgather out= {alg} {what}")
+                sub.Free()
 
 
 def expect_on_every_rank(exc_type, fn, what):
