@@ -1,8 +1,9 @@
 """The cases of the fault-and-mismatch suite, run under ``mpiexec`` by :mod:`experiments.fault_suite`.
 
 Each case is an ordinary mistake a user makes with the collectives: ranks that disagree about the
-count, op, algorithm, dtype or collective, one rank that makes an extra call or skips one, a rank
-that dies. Every case runs on a fresh duplicate of ``COMM_WORLD``; every rank appends one JSON line
+count (small, or large enough to be sent in segments), op, algorithm, dtype or collective, about
+all-gather's dtype, shape or form (with and without ``out=``), one rank that makes an extra call or
+skips one. Every case runs on a fresh duplicate of ``COMM_WORLD``; every rank appends one JSON line
 per case to ``OUT/rank-R.jsonl``: ``ok`` (returned the right value), ``error`` (raised; the message
 is kept) or ``wrong`` (returned a value that is not the right one: a silent wrong answer), with the
 seconds the case took on that rank. Ranks meet at a barrier between cases. A case whose right value
@@ -18,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from collectives.schedule import SEGMENT_ELEMENTS
 
 __all__ = ["KINDS", "case_names", "run_case"]
 
@@ -93,12 +95,60 @@ def _broadcast_count(comm, alg, t):
     return y, (np.ones(10, np.float32) if comm.rank == 0 else None)  # the root's answer is its own data
 
 
+def _large_count(comm, alg, t):
+    n = 2 * SEGMENT_ELEMENTS + (8 if comm.rank == 0 else 16)  # above the segment size: cut into segments
+    return C.allreduce(np.ones(n, np.float32), comm, algorithm=alg, timeout=t), None
+
+
+def _allgather_dtype(comm, alg, t):
+    x = np.arange(6, dtype=np.float64 if comm.rank == 0 else np.float32)
+    return C.allgather(x, comm, algorithm=alg, timeout=t), None
+
+
+def _allgather_shape(comm, alg, t):
+    x = np.ones((2, 3 if comm.rank == 0 else 4), np.float32)  # trailing dimensions differ
+    return C.allgather(x, comm, algorithm=alg, timeout=t), None
+
+
+def _allgather_collective(comm, alg, t):
+    x = np.ones(8, np.float32)
+    if comm.rank == 0:
+        return C.allgather(x, comm, algorithm=alg, timeout=t), None
+    return C.allreduce(x, comm, algorithm=alg, timeout=t), None
+
+
+def _gather_into(comm, x, alg, t):
+    out = np.empty((comm.size * x.shape[0],) + x.shape[1:], x.dtype)  # the equal-shape form (out=)
+    return C.allgather(x, comm, algorithm=alg, timeout=t, out=out)
+
+
+def _allgather_out_count(comm, alg, t):
+    return _gather_into(comm, np.ones(3 if comm.rank == 0 else 2, np.float32), alg, t), None
+
+
+def _allgather_out_shape(comm, alg, t):
+    x = np.arange(6, dtype=np.float32).reshape((2, 3) if comm.rank == 0 else (3, 2))  # same count, other shape
+    return _gather_into(comm, x, alg, t), None
+
+
+def _allgather_out_mixed(comm, alg, t):
+    x = np.ones(2, np.float32)
+    if comm.rank == 0:  # the equal-shape form on one rank, the signature exchange on the others
+        return _gather_into(comm, x, alg, t), None
+    return C.allgather(x, comm, algorithm=alg, timeout=t), None
+
+
 #: Mismatch kinds: name -> function(comm, algorithm, timeout) returning (result, right value or None).
 KINDS = {"count": _count, "op": _op, "algorithm": _algorithm, "dtype": _dtype, "collective": _collective,
-         "extra_call": _extra_call, "skipped_call": _skipped_call, "reduce_count": _reduce_count,
-         "reduce_scatter_count": _reduce_scatter_count, "broadcast_count": _broadcast_count}
+         "extra_call": _extra_call, "skipped_call": _skipped_call, "large_count": _large_count,
+         "reduce_count": _reduce_count, "reduce_scatter_count": _reduce_scatter_count,
+         "broadcast_count": _broadcast_count, "allgather_dtype": _allgather_dtype,
+         "allgather_shape": _allgather_shape, "allgather_collective": _allgather_collective,
+         "allgather_out_count": _allgather_out_count, "allgather_out_shape": _allgather_out_shape,
+         "allgather_out_mixed": _allgather_out_mixed}
 # kinds whose other collectives have only the tree/ring and mpi forms: run them for those two only
-_FEW = {"reduce_count", "reduce_scatter_count", "broadcast_count"}
+_FEW = {"reduce_count", "reduce_scatter_count", "broadcast_count", "allgather_dtype", "allgather_shape",
+        "allgather_collective", "allgather_out_count", "allgather_out_shape", "allgather_out_mixed"}
 
 
 def case_names():
