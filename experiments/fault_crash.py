@@ -1,8 +1,8 @@
 """A rank of a training job dies mid-run: ``python -m experiments.fault_crash KIND RANK AT [FLAGS...]``.
 
-Runs ``training.train.main(FLAGS)`` with one change: rank RANK leaves the job with ``os._exit(3)``
-(no ``MPI_Finalize``, no message to its peers: as a killed process; under Open MPI's launcher it is
-killed, ``SIGKILL`` to itself) at its AT-th (1-based) step:
+Runs ``training.train.main(FLAGS)`` with one change: rank RANK leaves the job
+(:func:`experiments.fault_dead.vanish`: no ``MPI_Finalize``, no message to its peers, as a killed
+process) at its AT-th (1-based) step:
 
 * ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
@@ -10,24 +10,20 @@ killed, ``SIGKILL`` to itself) at its AT-th (1-based) step:
 * ``KIND = setup``: the run's set-up (``training.checkpoint.make_run_dir`` as ``training.train`` calls
   it: the run directory that rank 0 makes and broadcasts), before any training step.
 
-The line it prints before dying carries the wall-clock time (``time.time()``), so that the caller
-can measure how long the survivors take to end the job. Launched under ``mpiexec
--disable-auto-cleanup`` by :mod:`experiments.fault_suite` and the tests, so that MPICH does not end
-the survivors itself: the trainer's watchdog (``--timeout``, ``--ps-timeout``) must. The two
-launchers keep the survivors running after different deaths: MPICH's ``-disable-auto-cleanup`` after
-a non-zero exit (a rank killed by a signal still ends the job), Open MPI's ``--enable-recovery``
-after a signal (a non-zero exit still ends the job at once): hence the two ways to die.
+The line it prints before dying (:func:`~experiments.fault_dead.vanish`) carries the wall-clock
+time, so that the caller can measure how long the survivors take to end the job. Launched under
+``mpiexec -disable-auto-cleanup`` by :mod:`experiments.fault_suite` and the tests, so that MPICH does
+not end the survivors itself (Open MPI's ``--enable-recovery`` the same): the trainer's watchdog
+(``--timeout``, ``--ps-timeout``) must.
 """
-import os
-import signal
 import sys
-import time
 
 from mpi4py import MPI
 
 import ps.client
 import ps.server
 import training.train
+from experiments.fault_dead import vanish
 
 __all__ = ["inject", "main"]
 
@@ -35,10 +31,7 @@ __all__ = ["inject", "main"]
 def _exit_at(rank, at, counter):
     counter[0] += 1
     if MPI.COMM_WORLD.rank == rank and counter[0] == at:
-        print(f"rank {rank}: exiting (injected crash at {time.time():.3f})", flush=True)
-        if os.environ.get("PRTE_LAUNCHED") == "1":  # Open MPI's launcher: see the module's docstring
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(3)
+        vanish(rank)
 
 
 def inject(kind, rank, at):

@@ -14,10 +14,13 @@
 then (full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
 -disable-auto-cleanup``; the survivors must end the job through :func:`collectives.abort_on_failure`
 within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
-under BSP and SSP, a PS server) and the kill-and-resume trials (:func:`run_kill_resume`). It prints
-one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong answers,
-data lost. A case passes when every rank either returns the right value or raises; a *silent wrong
-answer* is a rank that returned anything else; a *hang* is a job killed at its hard limit.
+under BSP and SSP, a PS server) and the kill-and-resume trials (:func:`run_kill_resume`). It runs
+under MPICH's or Open MPI's ``mpiexec``, whichever sits beside ``python`` (:func:`_launcher` gives
+Open MPI its options; a rank dies by ``SIGKILL`` there: :func:`experiments.fault_dead.vanish`). It
+prints one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong
+answers, data lost. A case passes when every rank either returns the right value or raises; a
+*silent wrong answer* is a rank that returned anything else; a *hang* is a job killed at its hard
+limit.
 Results go to ``--out`` (JSON). Exit status 1 when a target is missed: any silent wrong answer
 outside the ones no fingerprint can see (listed as expected), or any hang where a timeout was set.
 """
@@ -27,10 +30,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from experiments.cluster_launch import OPENMPI_ENV, flavour
+from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "main"]
 
@@ -46,31 +53,83 @@ def _mpiexec():
     return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
+def _launcher(extra):
+    """Return (environment, options) of a launch: ``extra`` as MPICH takes it, translated for Open MPI.
+
+    Open MPI 5 (PRRTE) is told to allow more ranks than cores and root, and to leave out its
+    ``smsc/cma`` component (a truncated large ``MPI_Iallreduce``, which mismatched calls make,
+    corrupts the receiver's memory with it: see the README); MPICH's ``-disable-auto-cleanup``
+    becomes ``--enable-recovery``. Values already in the environment are kept.
+    """
+    if flavour(_mpiexec()) != "openmpi":
+        return {}, list(extra)
+    env = {**OPENMPI_ENV, "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_smsc": "^cma"}
+    env = {k: os.environ.get(k, v) for k, v in env.items()}
+    return env, ["--enable-recovery" if a == "-disable-auto-cleanup" else a for a in extra]
+
+
+def _failed(code, out):
+    """True when a finished job ended in failure: a non-zero status, or Open MPI's report of a failing abort.
+
+    Open MPI 5.0.11's ``--enable-recovery`` loses the ``MPI_Abort`` code when the rank that aborts is
+    the last one alive, and exits 0; its report ("MPI_ABORT was invoked ... Errorcode: 1") remains.
+    """
+    return code not in (None, 0) or ("MPI_ABORT was invoked on rank" in out
+                                     and re.search(r"Errorcode: [1-9]", out) is not None)
+
+
+#: Seconds the launcher of a job with a dead rank may outlive the last of the job's other processes
+#: before it is stopped: Open MPI 5.0.11's ``prterun --enable-recovery`` sometimes never exits after
+#: every rank has ended (one killed, the others through ``MPI_Abort``; 1 launch in 14 of
+#: ``experiments.fault_dead`` at P = 3 on the loaded 2-core machine).
+LAUNCHER_ALONE_S = 3.0
+
+
 def _launch(P, module, args, env, limit, extra=(), progress=None):
     """Run ``mpiexec -n P python -m module args``; return (exit status or None when killed, seconds, output).
 
     The job is killed when ``limit`` seconds pass; with ``progress`` (a callable returning a count
     of finished work, polled every 0.5 s) only when that count has not changed for ``limit``
-    seconds, so a hang in one case costs ``limit`` and not the whole batch's allowance.
+    seconds, so a hang in one case costs ``limit`` and not the whole batch's allowance. Killed means
+    SIGKILL to the launcher and every process of the job (:func:`experiments.job_stop.stop_job`: both
+    launchers put the ranks in process groups of their own); ranks still running when their launcher
+    has ended (Open MPI's ``--enable-recovery`` may leave survivors of an abort for seconds) are
+    killed too. ``extra``: launcher options as MPICH takes them (:func:`_launcher`). With
+    ``-disable-auto-cleanup`` (a rank will die), a launcher left alone for :data:`LAUNCHER_ALONE_S`
+    is stopped: the job ended when its last rank did (the seconds count to then, the status is 0
+    and the output says so; :func:`_failed` reads the abort report).
     """
+    watch = "-disable-auto-cleanup" in extra
+    own, extra = _launcher(extra)
     cmd = [_mpiexec(), *extra, "-n", str(P), sys.executable, "-m", module, *args]
-    full = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    full, mark = marked_env({**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                             **own, **env})
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    last, seen = start, None
+    last, seen, alone, ran = start, None, None, False
     while True:
         try:
-            out, _ = proc.communicate(timeout=0.5 if progress is not None else limit)
-            return proc.returncode, time.perf_counter() - start, out
+            out, _ = proc.communicate(timeout=0.5 if progress is not None or watch else limit)
+            secs = time.perf_counter() - start
+            if job_processes(value=mark):  # ranks still running after their launcher ended: no leftovers
+                stop_job(proc, mark, first=signal.SIGKILL)
+            return proc.returncode, secs, out
         except subprocess.TimeoutExpired:
             now = time.perf_counter()
             if progress is not None and progress() != seen:
                 seen, last = progress(), now
-            if now - last > limit:
-                os.killpg(proc.pid, 9)
+            if watch:  # the launcher alone, after the job's ranks have started
+                others = set(job_processes(value=mark)) - {proc.pid}
+                ran = ran or bool(others)
+                alone = (alone or now) if ran and not others else None
+            if now - last > limit or (alone is not None and now - alone > LAUNCHER_ALONE_S):
+                stop_job(proc, mark, first=signal.SIGKILL)
                 out, _ = proc.communicate()
-                return None, now - start, out
+                if now - last > limit:
+                    return None, now - start, out
+                return 0, alone - start, out + f"\n[launcher still running {LAUNCHER_ALONE_S:g} s after the " \
+                    "job's last rank ended: stopped]\n"
 
 
 def _read(out_dir, P):
@@ -139,13 +198,15 @@ def _classify(name, recs, P, mode):
 
 
 def run_dead(P, timeout, limit):
-    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s."""
+    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s of the death."""
     results = []
     for alg in ("ring", "mpi", "auto"):
+        launched = time.time()
         code, secs, out = _launch(P, "experiments.fault_dead", [alg, str(timeout)], {}, limit,
                                   extra=("-disable-auto-cleanup",))
-        ok = code not in (None, 0) and secs <= timeout + 5 and "CollectiveTimeout" in out
-        results.append({"case": f"dead_rank/{alg}", "P": P, "mode": "default", "seconds": round(secs, 2),
+        seconds = _crash_seconds(out, launched + secs)
+        ok = _failed(code, out) and seconds is not None and seconds <= timeout + 5 and "CollectiveTimeout" in out
+        results.append({"case": f"dead_rank/{alg}", "P": P, "mode": "default", "seconds": seconds,
                         "verdict": "pass" if ok else ("hang" if code is None else "fail"), "detail": out[-300:]})
     return results
 
@@ -181,10 +242,11 @@ def run_crashes(limit):
     results = []
     for name, P, args in cases:
         with tempfile.TemporaryDirectory() as tmp:
-            code, _, out = _launch(P, "experiments.fault_crash", [*args, *_TRAIN, "--run-dir", tmp], {}, limit,
-                                   extra=("-disable-auto-cleanup",))
-            seconds = _crash_seconds(out, time.time())
-        ok = code not in (None, 0) and seconds is not None and seconds <= 3 + 5 and "error:" in out \
+            launched = time.time()
+            code, secs, out = _launch(P, "experiments.fault_crash", [*args, *_TRAIN, "--run-dir", tmp], {}, limit,
+                                      extra=("-disable-auto-cleanup",))
+            seconds = _crash_seconds(out, launched + secs)
+        ok = _failed(code, out) and seconds is not None and seconds <= 3 + 5 and "error:" in out \
             and "Traceback" not in out
         results.append({"case": f"crash/{name}", "P": P, "mode": "default", "verdict": "pass" if ok else
                         ("hang" if code is None else "fail"), "seconds": seconds, "detail": out[-300:]})

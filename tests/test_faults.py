@@ -27,6 +27,10 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
     assert strict and all(r["verdict"] == "pass" for r in strict)  # the call site catches the extra call
     count = [r for r in results if r["mode"] == "strict" and r["case"] == "count/ring"][0]
     assert any("count" in e and "rank 0: count=10" in e for e in count["errors"]), count
+    # all-gather into out=: blocks of 6 elements shaped (2, 3) on rank 0 and (3, 2) elsewhere must raise
+    shaped = [r for r in results if r["case"].startswith("allgather_out_shape/")]
+    assert len(shaped) == 4 and all(r["verdict"] == "pass" for r in shaped), shaped
+    assert all("rank 0: block shape=(2, 3)" in " ".join(r["errors"]) for r in shaped if r["mode"] == "strict")
 
 
 def test_tags_of_different_calls_differ_and_fit_the_tag_range():
@@ -57,3 +61,48 @@ def test_inline_check_accepts_equal_keys_and_refuses_others(op, P):
         library.encode_check(t, other, P)
         with pytest.raises(Exception, match="disagree"):
             library.verify_check(ufunc.reduce(tails[1:] + [t]), key, P)
+
+
+def test_launch_options_are_translated_for_open_mpi_only(monkeypatch):
+    from experiments import fault_suite
+
+    monkeypatch.setattr(fault_suite, "flavour", lambda path: "mpich")
+    assert fault_suite._launcher(["-disable-auto-cleanup"]) == ({}, ["-disable-auto-cleanup"])
+    monkeypatch.setattr(fault_suite, "flavour", lambda path: "openmpi")
+    monkeypatch.setenv("OMPI_MCA_smsc", "^cma,xpmem")  # a value already set is kept
+    env, args = fault_suite._launcher(["-disable-auto-cleanup", "-v"])
+    assert args == ["--enable-recovery", "-v"]
+    assert env["OMPI_MCA_smsc"] == "^cma,xpmem" and env["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"
+
+
+@pytest.mark.parametrize("code, out, failed", [
+    (1, "", True), (None, "", False), (0, "", False),
+    (0, "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n  Errorcode: 1\n", True),
+    (0, "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n  Errorcode: 0\n", False)])
+def test_a_job_fails_by_its_status_or_by_open_mpis_abort_report(code, out, failed):
+    from experiments.fault_suite import _failed
+
+    assert _failed(code, out) is failed
+
+
+def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkeypatch):
+    """A stand-in launcher starts one short-lived 'rank' and then never exits, as Open MPI 5.0.11's
+    prterun --enable-recovery sometimes does after every rank ended: the suite stops it about
+    LAUNCHER_ALONE_S after the rank ended (status 0, the seconds up to then), not at the hard limit;
+    without a dead rank expected it waits for the limit and reports a hang (None)."""
+    import time
+
+    from experiments import fault_suite
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "-n" ]; do shift; done\n'
+                    '"$3" -c "import time; time.sleep(1)" &\nexec sleep 120\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(fault_suite, "_mpiexec", lambda: str(fake))
+    monkeypatch.setattr(fault_suite, "_launcher", lambda extra: ({}, list(extra)))
+    begin = time.perf_counter()
+    code, secs, out = fault_suite._launch(1, "x", [], {}, 60, extra=("-disable-auto-cleanup",))
+    assert code == 0 and 0.5 < secs < 6 and "still running" in out, (code, secs, out)
+    assert time.perf_counter() - begin < 20
+    code, secs, out = fault_suite._launch(1, "x", [], {}, 4)
+    assert code is None and secs >= 4, (code, secs, out)
