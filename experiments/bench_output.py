@@ -147,9 +147,14 @@ def report(cfg, results):
     nccl = cfg.format == "nccl-tests"
     print("\n" + (nccl_tests(results) if nccl else markdown(results)), flush=True)
     shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
-    print(("# " if nccl else "") + f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than "
-          f"{UNSTABLE:.0%}" + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
-          + f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)", flush=True)
+    load = f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)"
+    if cfg.repeats < 2:
+        print(("# " if nccl else "") + "stability not checked: one pass of the sweep (--repeats 3 compares passes)"
+              + load, flush=True)
+    else:
+        print(("# " if nccl else "") + f"{len(shaky)} of {len(results['rows'])} rows whose passes differ by more than "
+              f"{UNSTABLE:.0%}" + (": " + "; ".join(shaky[:12]) + ("; ..." if len(shaky) > 12 else "") if shaky else "")
+              + load, flush=True)
     print(("# " if nccl else "") + f"wrote {cfg.out}.csv and {cfg.out}.json", flush=True)
 
 

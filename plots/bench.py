@@ -112,29 +112,32 @@ def markdown(results, stat="mean"):
                                       "ring-execute / ring-direct"), numbers_from=2)]
     reps = results.get("summary_repeats")
     if reps:
-        cells = [[label, f"{reps[key]['median']:.2f}x", f"{reps[key]['min']:.2f}-{reps[key]['max']:.2f}x"]
-                 for key, label in _TARGETS if key in reps]
+        spans = {"big": big or "64 KiB-64 MiB (none measured)", "small": small or "8 B-4 KiB (none measured)",
+                 "all": _span(s["sizes"], "bytes", 0, float("inf")) or "no size"}
+        cells = [[label.format(**spans), f"{reps[key]['median']:.2f}x",
+                  f"{reps[key]['min']:.2f}-{reps[key]['max']:.2f}x"] for key, label in _TARGETS if key in reps]
         lines += ["", f"Median [min-max] over {max(v['passes'] for v in reps.values())} passes of the sweep:", "",
                   _table(cells, ("figure", "median", "range"), numbers_from=1)]
     return "\n".join(lines)
 
 
-#: Summary figures printed with their range over passes: (aggregate key, label).
+#: Summary figures printed with their range over passes: (aggregate key, label). ``{big}``, ``{small}``
+#: and ``{all}`` become the sizes the sweep measured within 64 KiB-64 MiB, within 8 B-4 KiB, and at all.
 _TARGETS = (
-    ("allreduce_best_vs_mpi_geomean_64K_64M", "best hand-made all-reduce busbw / `mpi`, geomean 64 KiB-64 MiB"),
-    ("auto_vs_raw_geomean_8_4K", "`auto` / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
-    ("auto_vs_raw_max_8_4K", "`auto` / `MPI_Allreduce` direct, worst size 8 B-4 KiB"),
-    ("mpi_vs_raw_geomean_8_4K", "`mpi` / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
-    ("mpi_vs_raw_geomean", "`mpi` / `MPI_Allreduce` direct, geomean all sizes"),
-    ("persistent_vs_raw_geomean_8_4K", "persistent plan / `MPI_Allreduce` direct, geomean 8 B-4 KiB"),
-    ("mpi_init_vs_raw_geomean_8_4K", "`MPI_Allreduce_init` / `MPI_Allreduce`, geomean 8 B-4 KiB"),
+    ("allreduce_best_vs_mpi_geomean_64K_64M", "best hand-made all-reduce busbw / `mpi`, geomean {big}"),
+    ("auto_vs_raw_geomean_8_4K", "`auto` / `MPI_Allreduce` direct, geomean {small}"),
+    ("auto_vs_raw_max_8_4K", "`auto` / `MPI_Allreduce` direct, worst size {small}"),
+    ("mpi_vs_raw_geomean_8_4K", "`mpi` / `MPI_Allreduce` direct, geomean {small}"),
+    ("mpi_vs_raw_geomean", "`mpi` / `MPI_Allreduce` direct, geomean {all}"),
+    ("persistent_vs_raw_geomean_8_4K", "persistent plan / `MPI_Allreduce` direct, geomean {small}"),
+    ("mpi_init_vs_raw_geomean_8_4K", "`MPI_Allreduce_init` / `MPI_Allreduce`, geomean {small}"),
     ("timeout_vs_auto_8", "`auto` with timeout / without, 8 B"),
     ("timeout_vs_auto_4M", "`auto` with timeout / without, 4 MiB"),
-    ("reduce_scatter_auto_vs_raw_geomean", "reduce-scatter `auto` / `MPI_Reduce_scatter`, geomean"),
+    ("reduce_scatter_auto_vs_raw_geomean", "reduce-scatter `auto` / `MPI_Reduce_scatter`, geomean {all}"),
     ("reduce_scatter_auto_vs_raw_max_1M_up", "reduce-scatter `auto` / `MPI_Reduce_scatter`, worst from 1 MiB"),
-    ("allgather_auto_vs_raw_geomean", "all-gather `auto` / `MPI_Allgather`, geomean"),
+    ("allgather_auto_vs_raw_geomean", "all-gather `auto` / `MPI_Allgather`, geomean {all}"),
     ("allgather_auto_vs_raw_max_1M_up", "all-gather `auto` / `MPI_Allgather`, worst from 1 MiB"),
-    ("execute_vs_direct_geomean", "`ring-execute` / `ring-direct`, geomean"),
+    ("execute_vs_direct_geomean", "`ring-execute` / `ring-direct`, geomean {all}"),
     ("best_vs_limit_geomean_1M_up", "best hand-made all-reduce / memory limit, geomean from 1 MiB"),
     ("best_vs_limit_max_1M_up", "best hand-made all-reduce / memory limit, worst size from 1 MiB"),
 )

@@ -14,6 +14,7 @@ Writes two PNG files (into the first run's directory unless ``--out`` is given):
 accepted wherever a run directory is.
 """
 import argparse
+import textwrap
 import json
 import os
 import sys
@@ -76,6 +77,12 @@ def describe(summary):
         bound = f" s={cfg.get('staleness')}" if c == "ssp" else ""
         servers = cfg.get("servers", summary.get("servers", "?"))
         parts.append(f"parameter server {c.upper()}{bound}, {servers} server(s)")
+    elif _grid(cfg):
+        T, Q = _grid(cfg)
+        P = run.get("P", summary.get("P"))
+        D = P // (T * Q) if isinstance(P, int) and P % (T * Q) == 0 else "?"
+        pipe = f", {cfg.get('schedule', '?')} with {cfg.get('micro_batches', '?')} micro-batches" if Q > 1 else ""
+        parts.append(f"data x tensor x pipeline {D}x{T}x{Q}{pipe}, algorithm " + cfg.get("algorithm", "?"))
     elif cfg:
         parts.append("data-parallel, algorithm " + cfg.get("algorithm", "?")
                      + (f", {cfg['compression']}" if cfg.get("compression", "none") != "none" else ""))
@@ -90,6 +97,12 @@ def describe(summary):
         hidden = "-".join(str(h) for h in cfg.get("hidden", []))
         parts.append(f"{cfg['data']}, MLP hidden {hidden or 'none'}")
     return ", ".join(parts)
+
+
+def _grid(cfg):
+    """Return (tensor, pipeline) degrees of a model-parallel run's configuration, else None."""
+    T, Q = int(cfg.get("tensor_parallel") or 1), int(cfg.get("pipeline_parallel") or 1)
+    return (T, Q) if T * Q > 1 else None
 
 
 def _series(epochs, key):
@@ -141,12 +154,14 @@ def plot_curves(runs, path):
         loss_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
+            if col == 0:  # epochs are whole numbers
+                ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles, labels = axes[1, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     finals = [f"final test {100 * s['final_test_acc']:.2f}%" for _, _, s in runs if "final_test_acc" in s]
     head = "; ".join(describe(s) or label for label, _, s in runs)
-    fig.suptitle(f"training: {head}" + (f" ({', '.join(finals)})" if len(runs) == 1 and finals else ""),
-                 fontsize=10)
+    title = f"training: {head}" + (f" ({', '.join(finals)})" if len(runs) == 1 and finals else "")
+    fig.suptitle(textwrap.fill(title, 130), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -155,13 +170,16 @@ def _plot_dp_time(ax, epochs, summary):
     rows = [r for r in epochs if r.get("compute_s") is not None and r.get("comm_s") is not None]
     es = [r["epoch"] for r in rows]
     comp = [r["compute_s"] for r in rows]
+    grid = _grid(summary.get("_config", {}).get("config", {}))
     if rows and all(r.get("wait_s") is not None and r.get("transfer_s") is not None for r in rows):
         wait = [r["wait_s"] for r in rows]
         transfer = [r["transfer_s"] for r in rows]
         ax.bar(es, comp, color="C0", label="compute (forward, backward, optimizer)")
-        ax.bar(es, transfer, bottom=comp, color="C3", label="transfer (gradient all-reduce)")
+        ax.bar(es, transfer, bottom=comp, color="C3",
+               label="transfer (data-parallel all-reduce, tensor-parallel messages)" if grid
+               else "transfer (gradient all-reduce)")
         ax.bar(es, wait, bottom=[c + t for c, t in zip(comp, transfer)], color="C7",
-               label="wait for the slowest rank (skew)")
+               label="wait for pipeline neighbours (bubble)" if grid else "wait for the slowest rank (skew)")
     else:
         ax.bar(es, comp, color="C0", label="compute (forward, backward, optimizer)")
         ax.bar(es, [r["comm_s"] for r in rows], bottom=comp, color="C3",
@@ -170,6 +188,7 @@ def _plot_dp_time(ax, epochs, summary):
     note = f"; communication {frac:.0%} of step time" if frac is not None else ""
     ax.set(xlabel="epoch", ylabel="seconds per epoch (mean over ranks)",
            title=f"compute and communication per epoch{note}")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     if not rows:
         ax.text(0.5, 0.5, "no compute/communication timing in this run", ha="center", transform=ax.transAxes)
 
@@ -215,7 +234,7 @@ def plot_time(runs, path):
             _plot_dp_time(ax, epochs, summary)
         ax.grid(axis="x" if summary.get("mode") == "ps" else "y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(f"{describe(summary) or label}\n{ax.get_title()}", fontsize=9)
+        ax.set_title(f"{textwrap.fill(describe(summary) or label, 80)}\n{ax.get_title()}", fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
