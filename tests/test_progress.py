@@ -89,7 +89,7 @@ def test_bar_leaves_one_status_line_per_interval_in_a_log_file(tmp_path):
     assert out.count("terminal False") == 2 and out.count("row ") == 3, out
     assert "\r" not in text, repr(text)
     status = [line for line in text.splitlines() if "/3" in line]
-    assert len(status) == 1 and "0/3" in status[0], text  # the first line only: the job took < 30 s
+    assert len(status) == 2 and "0/3" in status[0] and "3/3" in status[1], text  # < 30 s: the first and last
     assert sorted(line for line in text.splitlines() if "INFO" in line) == [
         "[rank 0] INFO: done", "[rank 1] INFO: done"], text
 

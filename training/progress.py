@@ -93,15 +93,19 @@ def _outermost_launcher():
 
 
 class _Lines:
-    """File-like adapter: each of tqdm's ``\\r`` redraws becomes one line; blank redraws are dropped."""
+    """File-like adapter: each of tqdm's ``\\r`` redraws becomes one line; blank redraws, and a redraw of
+    the count just written (the closing one, when the last update already showed it), are dropped."""
 
     def __init__(self, stream):
         self.stream = stream
+        self.last = None
 
     def write(self, text):
         text = text.replace("\r", "").rstrip()
-        if text:
+        count = text.rsplit("|", 1)[-1].split()[:1]  # "3/4" of "75%|###   | 3/4 [00:01<...]"
+        if text and count != self.last:
             self.stream.write(text + "\n")
+            self.last = count
 
     def flush(self):
         self.stream.flush()
@@ -129,7 +133,7 @@ def progress_bar(total, unit, enabled=True, stream=None, desc=None):
     -------
     tqdm.tqdm
         On a terminal: redrawn in place, at most every 0.5 s. Otherwise: one status line per
-        :data:`LOG_INTERVAL` seconds. ``bar.write(line)`` prints a line to stdout without
+        :data:`LOG_INTERVAL` seconds, and a last one when the bar is closed. ``bar.write(line)`` prints a line to stdout without
         breaking the bar.
     """
     if not enabled:
@@ -144,8 +148,8 @@ def progress_bar(total, unit, enabled=True, stream=None, desc=None):
         return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=stream,
                     dynamic_ncols=direct, ncols=size and size.columns, nrows=size and size.lines,
                     mininterval=0.5)
-    return tqdm(total=total, unit=unit, desc=desc, leave=False, disable=False, file=_Lines(stream),
-                ncols=100, ascii=True, mininterval=LOG_INTERVAL, miniters=1)
+    return tqdm(total=total, unit=unit, desc=desc, leave=True, disable=False, file=_Lines(stream),
+                ncols=100, ascii=True, mininterval=LOG_INTERVAL, miniters=1)  # leave: a last line at the end
 
 
 def write_trace(path, comm, timeout=None):
