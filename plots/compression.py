@@ -203,7 +203,9 @@ def figure(results):
                      linewidth=4.0 if reference else 1.2, alpha=0.45 if reference else 1.0,
                      zorder=1 if reference else 2)
         key = names[i] if names[i] == r["spec"] else f"{names[i]}  ({r['spec']})"
-        handles.append(Line2D([], [], color=color, marker=marker, markersize=size * 0.9, label=key))
+        handles.append(Line2D([], [], color=(0, 0, 0, 0.45) if reference else color, marker=marker,
+                              markerfacecolor=color, markeredgecolor=color, markersize=size * 0.9,
+                              linewidth=4.0 if reference else 1.2, label=key))  # as drawn in both panels
     if none is not None:
         _reference_band(ax_acc, 100 * none["test_acc_mean"])
     _decorate(fig, ax_acc, ax_loss, ax_key, handles, results, P, all(measured))
