@@ -22,6 +22,7 @@ import numpy
 import collectives.policy
 from collectives import trace
 from collectives.backend import to_host
+from collectives.log import get_logger
 from ps.options import PSOptions
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
@@ -34,6 +35,8 @@ from training.optim import optimizer_factory
 from training.parallel import compute_gradient, is_finite
 from training.progress import progress_bar, write_trace
 from training.ps_report import evaluate_snapshots, write_records
+
+_log = get_logger("training.ps_mode")
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
            "finish_together", "finish_ps", "PS_EXTRA"]
@@ -317,9 +320,9 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
 def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
     bar = progress_bar(opts.budget, "push", cfg.progress)
     s = f", s={cfg.staleness}" if cfg.consistency == "ssp" else ""
-    bar.write(f"{cfg.data}: {len(ds.y_train)} train / {len(ds.y_test)} test samples, {model.size} "
-              f"parameters ({cfg.dtype}), {S} server(s) + {W} worker(s), {cfg.consistency.upper()}{s}, "
-              f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g} -> {run_dir}")
+    _log.info("%s: %d train / %d test samples, %d parameters (%s), %d server(s) + %d worker(s), %s%s, "
+              "global batch %d, %s lr %g -> %s", cfg.data, len(ds.y_train), len(ds.y_test), model.size, cfg.dtype,
+              S, W, cfg.consistency.upper(), s, cfg.batch_size, cfg.optimizer, cfg.lr, run_dir)  # as data-parallel's
     return bar
 
 

@@ -8,7 +8,8 @@ wall time and pushes. Written into the run directory (rank 0 alone):
     Final accuracies, wall time, updates (pushes) per second, time to the target accuracy, the
     staleness histogram, per-worker statistics, worker status and fault events.
 ``epochs.jsonl``
-    One line per epoch of pushes (``W x clocks per epoch``): loss, train and test accuracy.
+    One line per epoch of pushes (``W x clocks per epoch``), at the first parameter snapshot past the
+    epoch's end (``epochs_done``: the epochs of pushes it holds): loss, train and test accuracy.
 ``metrics.jsonl``
     One line per snapshot: ``pushes``, ``clock`` (pushes / W), ``wall_s``, ``test_acc``, ``test_loss``.
 ``staleness.json``
@@ -77,7 +78,8 @@ def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoc
         if pushes // pushes_per_epoch > prev // pushes_per_epoch:
             train_acc, loss = acc_loss(params, x_tr, y_tr) if params is not None else (
                 final["train_acc"], final["train_loss"])
-            epochs.append({"epoch": int(pushes // pushes_per_epoch), "pushes": int(pushes),
+            epochs.append({"epoch": int(pushes // pushes_per_epoch), "epochs_done": pushes / pushes_per_epoch,
+                           "pushes": int(pushes),
                            "wall_s": float(wall), "loss": loss, "train_acc": train_acc,
                            "test_acc": test_acc})
         prev = pushes
@@ -101,10 +103,12 @@ def staleness_stats(hist):
 
 
 def _table(epochs):
-    cols = (("epoch", 5), ("pushes", 8), ("wall s", 8), ("loss", 7), ("train acc", 9), ("test acc", 8))
+    # one row at the first parameter snapshot past each epoch boundary: the epochs (and pushes, counted
+    # from the start) at which it was taken
+    cols = (("epochs", 6), ("pushes so far", 13), ("wall s", 8), ("loss", 7), ("train acc", 9), ("test acc", 8))
     lines = ["  ".join(h.rjust(w) for h, w in cols)]
     for r in epochs:
-        cells = (f"{r['epoch']:d}", f"{r['pushes']:d}", f"{r['wall_s']:.2f}", f"{r['loss']:.4f}",
+        cells = (f"{r.get('epochs_done', r['epoch']):.2f}", f"{r['pushes']:d}", f"{r['wall_s']:.2f}", f"{r['loss']:.4f}",
                  f"{r['train_acc']:.2%}", f"{r['test_acc']:.2%}")
         lines.append("  ".join(c.rjust(w) for c, (_, w) in zip(cells, cols)))
     return "\n".join(lines)
