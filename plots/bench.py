@@ -2,10 +2,11 @@
 
     python -m plots.bench results/bench.json [results/bench_p2.json ...] [--out DIR] [--markdown]
 
-For every op in a results file (``experiments.bench_collectives``), one PNG ``bench_OP_pP.png`` with
-three panels: latency against size (log-log), busbw against size, and each algorithm's time divided
-by ``mpi``'s at the same size. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`,
-fitted to the file's own rows, is drawn as dashed lines.
+For every op in a results file (``experiments.bench_collectives``), one PNG ``bench_OP_pP.png``
+(:mod:`plots.bench_figure`): a row of three panels per family of algorithms -- latency against size,
+busbw against size, and each algorithm's time divided by ``mpi``'s -- with the passes' spread as
+bands. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`, fitted to the file's
+own rows from ``--model-min-bytes``, is drawn dashed over the sizes it was fitted to.
 ``--markdown`` prints each file's ratio summary as a Markdown table: the summary the sweep computed
 and stored (:func:`experiments.bench_output.summarize`); this module draws and prints, it computes no
 figure of its own.
@@ -168,7 +169,7 @@ def _pyplot():
 
 
 def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
-    """Draw one three-panel PNG per op of ``results`` into ``out_dir``; return the paths written.
+    """Draw one PNG per op of ``results`` into ``out_dir`` (:func:`plots.bench_figure.draw_op`); return the paths.
 
     Parameters
     ----------
@@ -193,58 +194,16 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
         raise ValueError("results: no rows (was the sweep run?)")
     check_stat(rows, stat)
     plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter
+    from plots.bench_figure import draw_op  # here, not at the top: it imports matplotlib
 
     predict, note = _model(rows, model_min_bytes) if model else (None, "model not drawn (--no-model)")
     os.makedirs(out_dir, exist_ok=True)
-    P = results["P"]
     paths = []
     for op in dict.fromkeys(r["op"] for r in rows):
-        fig, axes = plt.subplots(1, 3, figsize=(19, 6))
-        mine = [r for r in rows if r["op"] == op]
-        mpi = {r["bytes"]: row_seconds(r, stat) for r in mine if r["algorithm"] == "mpi"}
-        for alg in dict.fromkeys(r["algorithm"] for r in mine):
-            pts = sorted((r["bytes"], row_seconds(r, stat) * 1e6,  # busbw scaled to the chosen time
-                          r["busbw_GBps"] * r["time_s"] / max(row_seconds(r, stat), 1e-12), r["wrong"])
-                         for r in mine if r["algorithm"] == alg)
-            x = [p[0] for p in pts]
-            style = dict(color=_COLORS.get(alg), marker="o", markersize=3.5, linewidth=2.4 if alg == "mpi" else 1.3,
-                         zorder=3 if alg == "mpi" else 2,
-                         label=alg + (" (wrong results!)" if any(p[3] for p in pts) else ""))
-            axes[0].plot(x, [p[1] for p in pts], **style)
-            axes[1].plot(x, [p[2] for p in pts], **style)
-            ratio = [(n, us * 1e-6 / mpi[n]) for n, us, _, _ in pts if mpi.get(n)]
-            if ratio and alg != "mpi":
-                axes[2].plot([q[0] for q in ratio], [q[1] for q in ratio], **style)
-            if predict is not None and op == "allreduce":
-                try:
-                    pred = [predict(alg, P, n) for n in x]
-                except (KeyError, ValueError, NotImplementedError):
-                    continue
-                axes[0].plot(x, [s * 1e6 for s in pred], color=_COLORS.get(alg), linestyle="--", linewidth=1)
-        axes[2].axhline(1.0, color="black", linewidth=1)
-        for ax, ylabel, title in ((axes[0], f"time per call (us), slowest rank's {stat}", "latency"),
-                                  (axes[1], "busbw (GB/s)", "bus bandwidth"),
-                                  (axes[2], "time / mpi's time (below 1: faster than MPI)", "relative to MPI's own")):
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _size(int(v)) if v >= 1 else ""))
-            ax.set_xlabel("message size (whole vector)")
-            ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            ax.grid(True, which="major", alpha=0.3)
-            ax.tick_params(axis="x", labelrotation=45)
-        axes[0].set_yscale("log")
-        axes[2].set_yscale("log", base=2)
-        axes[2].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
-        if op == "allreduce" and predict is not None:
-            axes[1].plot([], [], color="0.3", linestyle="--", linewidth=1, label="model (left panel)")
-        axes[1].legend(fontsize=8, loc="upper left")
-        title = (f"{op} on P = {P} ranks, {results['config']['dtype']}, {results['mpi_library']}, "
-                 f"host {results.get('host', '?')}, {results.get('date', '')[:10]}")
-        fig.suptitle(title + (f"\n{note}" if op == "allreduce" else ""), fontsize=11)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"bench_{op}_p{P}.png")
-        fig.savefig(path, dpi=110)
+        fig = draw_op(plt, results, op, [r for r in rows if r["op"] == op], lambda r: row_seconds(r, stat), stat,
+                      predict, note, model_min_bytes)
+        path = os.path.join(out_dir, f"bench_{op}_p{results['P']}.png")
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
     return paths
