@@ -34,7 +34,8 @@ def _time(comm, x, alg, calls):
 
 def main(argv=None):
     """Run the study; return the exit status."""
-    ap = argparse.ArgumentParser(description="All-reduce time with the default mismatch checks on and off.")
+    ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench_checks",
+                                 description="All-reduce time with the default mismatch checks on and off.")
     ap.add_argument("--sizes", default="8,4194304", help="comma-separated message sizes in bytes (float32)")
     ap.add_argument("--algorithms", default="ring,recursive_doubling,mpi", help="comma-separated algorithms")
     ap.add_argument("--repeats", type=int, default=7, help="on/off pairs per point (median and range reported)")

@@ -174,7 +174,8 @@ def run_case(name, timeout):
 
 def main(argv=None):
     """Run the cases from ``--start`` on, writing one JSON line per case and rank."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.fault_cases",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for rank-R.jsonl")
     ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call (seconds)")
     ap.add_argument("--start", type=int, default=0, help="index of the first case to run")

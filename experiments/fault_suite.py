@@ -308,7 +308,8 @@ def _totals(results):
 
 def main(argv=None):
     """Run the suite and print its totals; exit 1 when a target is missed."""
-    ap = argparse.ArgumentParser(description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
+    ap = argparse.ArgumentParser(prog="python -m experiments.fault_suite",
+                                 description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
     ap.add_argument("--part", choices=("quick", "full"), default="quick",
                     help="quick: P=3, default and strict modes (about a minute); full: P=3 and 4, every mode, "
                          "dead ranks, training crashes, kill-and-resume trials")

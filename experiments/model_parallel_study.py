@@ -102,7 +102,8 @@ def _ratio_summary(values):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.model_parallel_study",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/model_parallel.json", help="results file (JSON)")
     p.add_argument("--hidden", default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
     p.add_argument("--features", type=int, default=2048, help="input features of the synthetic data")

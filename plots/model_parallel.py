@@ -132,7 +132,8 @@ def _step_time_panel(ax, grids, xs, labels):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Draw the model-parallel study (results JSON -> PNG).")
+    p = argparse.ArgumentParser(prog="python -m plots.model_parallel",
+                                description="Draw the model-parallel study (results JSON -> PNG).")
     p.add_argument("results", help="results file of experiments.model_parallel_study")
     p.add_argument("--out", help="PNG to write (default: beside the results, .png)")
     args = p.parse_args(argv)
