@@ -2,20 +2,16 @@
 
 Both launchers start the ranks outside the launcher's process group (Hydra: a session per rank;
 PRRTE: a process group per rank), so killing that group alone left the ranks running, re-parented
-to init. Here :func:`tests.mpirun.run_mpi` launches 2 ranks that ignore SIGTERM and sleep; its
-timeout must end them. The oracle is ``/proc``: no process whose command line carries this test's
-marker (an argument, independent of the environment marker the harness itself searches for) may
-be left alive.
+to init. Here :func:`tests.mpirun.run_mpi` launches 2 ranks that ignore SIGTERM and sleep
+(:mod:`tests.mpi_sleep`); its timeout must end them. The oracle is ``/proc``: no process whose
+command line carries this test's marker (an argument, independent of the environment marker the
+harness itself searches for) may be left alive.
 
 The same harness ends a job ``ABORT_GRACE`` seconds after Open MPI's report of an ``MPI_Abort``
 (its launcher may never exit after one under ``--enable-recovery``): ranks that print the report's
 first line and then sleep must come back as a failed job long before the timeout, none left.
-
-Run as ``mpiexec -n 2 python -m tests.test_launch_cleanup MARK DIR [abort]`` for the ranks' body.
 """
 import os
-import signal
-import sys
 import time
 import uuid
 
@@ -46,7 +42,7 @@ def _survivors(mark):
 def test_timeout_ends_every_rank_of_the_job(tmp_path):
     mark = "commlab-sleeper-" + uuid.uuid4().hex
     with pytest.raises(AssertionError, match="timed out after"):
-        run_mpi(2, "tests.test_launch_cleanup", mark, str(tmp_path), timeout=8)
+        run_mpi(2, "tests.mpi_sleep", mark, str(tmp_path), timeout=5)
     started = sorted(os.listdir(tmp_path))
     assert started == ["rank-0", "rank-1"], f"the ranks did not start before the timeout: {started}"
     deadline = time.monotonic() + 3  # SIGKILL is asynchronous: give the kernel a moment
@@ -58,18 +54,9 @@ def test_timeout_ends_every_rank_of_the_job(tmp_path):
 def test_a_job_hung_after_an_abort_report_is_ended_soon(tmp_path):
     mark = "commlab-sleeper-" + uuid.uuid4().hex
     start = time.monotonic()
-    res = run_mpi(2, "tests.test_launch_cleanup", mark, str(tmp_path), "abort", timeout=60, check=False)
+    res = run_mpi(2, "tests.mpi_sleep", mark, str(tmp_path), "abort", timeout=60, check=False)
     seconds = time.monotonic() - start
     assert res.returncode != 0 and "MPI_ABORT was invoked on rank 1" in res.stderr, res.stderr
     assert seconds < ABORT_GRACE + 20, seconds  # start-up + grace, far below the timeout
     assert _survivors(mark) == []
 
-
-if __name__ == "__main__":  # a rank: no MPI at all (a rank the launcher cannot reach), SIGTERM ignored
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
-    with open(os.path.join(sys.argv[2], f"rank-{rank}"), "w", encoding="utf-8"):
-        pass
-    if sys.argv[3:] == ["abort"] and rank == "1":
-        print("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD", flush=True)
-    time.sleep(600)
