@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 
+from experiments.job_stop import marked_env, stop_job
 from training.sizes import parse_bytes
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
@@ -76,9 +77,19 @@ def _launch(args, name, env, prefix):
         "--algorithms", algorithms, "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
         "--warmup-small", "20", "--warmup-large", "3", "--max-time", str(args.max_time), "--rounds", "3",
         "--repeats", "1", "--out", prefix]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=args.launch_timeout)
+    marked, mark = marked_env({**os.environ, **env})
+    proc = subprocess.Popen(cmd, env=marked, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=args.launch_timeout)
+    except subprocess.TimeoutExpired:  # end the launcher and every rank it started (experiments.job_stop)
+        stop_job(proc, mark)
+        out, err = proc.communicate()
+        print(f"# {name}: stopped after --launch-timeout {args.launch_timeout:g} s\n{out[-2000:]}{err[-2000:]}",
+              flush=True)
+        return None
     if proc.returncode != 0:
-        print(f"# {name}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}", flush=True)
+        print(f"# {name}: exit {proc.returncode}\n{out[-2000:]}{err[-2000:]}", flush=True)
         return None
     with open(prefix + ".json", encoding="utf-8") as f:
         return json.load(f)
