@@ -50,7 +50,7 @@ def _policy_panel(ax, doc):
         ax.text(0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=8,
                 bbox=dict(facecolor="white", alpha=0.8, edgecolor="0.8"))
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the panel, off the data
 
 
 def _tp_panel(ax, doc):
@@ -98,7 +98,7 @@ def _allreduce_panel(ax, doc):
     ax.set_xlabel("message (bytes, float64)")
     ax.set_ylabel("time per all-reduce (us)")
     ax.set_title("all-reduce at the tensor-parallel forward's sizes", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below the panel, off the data
     ax.grid(alpha=0.3, which="both")
 
 
@@ -113,7 +113,7 @@ def _tp_algorithm_panel(ax, doc):
             g = [p for p in pts if p["tensor_parallel"] == T and p["algorithm"] == a]
             if not g:
                 continue
-            labels.append(f"T={T}\n{a}")
+            labels.append(f"T={T}\n{a.replace('recursive_doubling', 'rec. doubling')}")
             for key in med:
                 v = [p[key] for p in g]
                 med[key].append(statistics.median(v))
@@ -132,7 +132,7 @@ def _tp_algorithm_panel(ax, doc):
 
 def draw(doc, path):
     """Draw the four panels of the study ``doc`` (the parsed results file) into the PNG ``path``."""
-    fig, axes = plt.subplots(1, 4, figsize=(22, 5.2), gridspec_kw={"width_ratios": [1.6, 1, 1, 1.2]})
+    fig, axes = plt.subplots(1, 4, figsize=(22, 6.4), gridspec_kw={"width_ratios": [1.6, 1, 1, 1.2]})
     _policy_panel(axes[0], doc)
     _tp_panel(axes[1], doc)
     _allreduce_panel(axes[2], doc)
