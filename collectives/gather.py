@@ -200,7 +200,7 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out):
     if local_error is not None:
         raise local_error
     comm = check_comm(comm)
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size = comm.Get_size()
     check_out(out, x, (size * x.shape[0],) + x.shape[1:])
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous: the blocks are gathered into its memory")
@@ -208,20 +208,8 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out):
         raise TypeError("out and x must be arrays of the same kind (both host or both device)")
     ctx = get_context(comm, timeout)
     ctx.check_usable()
-    xp = get_array_module(x)
-    flat, n = out.reshape(-1), x.size
-    if n:
-        flat[rank * n:(rank + 1) * n].reshape(x.shape)[...] = x
-    key = ("allgather", algorithm, flat.size, x.dtype, None, None, block_code(x.shape))  # the shape is checked too
-    if algorithm == "mpi":
-        run_library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout)  # the fingerprint alongside
-        ctx.record("allgather", "mpi", flat.size, x.dtype, elements=n * (size - 1), estimated=True)
-        return out
-    bounds = [r * n for r in range(size + 1)]
-    sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: segmented(ring_allgather(rank, size, bounds)))
-    run_schedule(ctx, key, sched, raw(flat), None, None, timeout, xp)
-    ctx.record("allgather", algorithm, flat.size, x.dtype, sched)
-    return out
+    return _gather_blocks(ctx, x, [x.shape[0]] * size, [r * x.size for r in range(size + 1)], algorithm, timeout,
+                          out=out)
 
 
 def _bounds(firsts, x):
@@ -233,21 +221,25 @@ def _bounds(firsts, x):
     return bounds
 
 
-def _gather_blocks(ctx, x, firsts, bounds, algorithm, timeout):
-    """Move the blocks (``firsts[r]`` rows, elements ``bounds[r]:bounds[r + 1]``, from rank ``r``) into one new
-    array, in rank order."""
+def _gather_blocks(ctx, x, firsts, bounds, algorithm, timeout, out=None):
+    """Move the blocks (``firsts[r]`` rows, elements ``bounds[r]:bounds[r + 1]``, from rank ``r``) into
+    ``out``, in rank order: a new array after a signature exchange, or the caller's ``out`` of the
+    equal-shape form, whose call key then holds the block's shape and whose fingerprint travels beside
+    the data (there was no exchange to check it)."""
     xp = numpy if type(x) is numpy.ndarray else get_array_module(x)
     size, rank = ctx.size, ctx.rank
-    out = xp.empty((sum(firsts),) + x.shape[1:], dtype=x.dtype)
+    exchanged = out is None
+    if exchanged:
+        out = xp.empty((sum(firsts),) + x.shape[1:], dtype=x.dtype)
     flat = out.reshape(-1)
     if x.size:
         flat[bounds[rank]:bounds[rank + 1]].reshape(x.shape)[...] = x
-    key = ("allgather", algorithm, flat.size, x.dtype, None, None, None)
+    key = ("allgather", algorithm, flat.size, x.dtype, None, None, None if exchanged else block_code(x.shape))
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
-        # (no second fingerprint: the signature exchange just checked that every rank makes this call)
+        # (after a signature exchange no second fingerprint: it just checked that every rank makes this call)
         if len(set(counts)) == 1:  # MPI_Allgather: MPICH runs it several times faster than Allgatherv
-            run_library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout, check=False)
+            run_library(ctx, key, xp, "Iallgather", (MPI.IN_PLACE, raw(flat)), timeout, check=not exchanged)
         else:
             run_library(ctx, key, xp, "Iallgatherv", (MPI.IN_PLACE, [raw(flat), counts]), timeout, check=False)
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)

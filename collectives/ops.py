@@ -66,14 +66,12 @@ class _Scatter:
     still meet call for call, and a mismatch raises as on the full path.
     """
 
-    __slots__ = ("key", "acc", "chunk", "send", "mpi_op", "avg", "elements")
+    __slots__ = ("key", "acc", "chunk", "send", "mpi_op", "op", "elements")
 
     def __init__(self, ctx, x, op, key):
         self.key, self.acc, self.chunk = key, accumulation_dtype(x.dtype), x.size // ctx.size
         self.send = None  # a cast or non-contiguous input is copied here first
-        self.mpi_op = MPI_OPS[op]
-        self.avg = None if op != "avg" or ctx.size == 1 else (numpy.true_divide if self.acc.kind == "f"
-                                                               else numpy.floor_divide)
+        self.mpi_op, self.op = MPI_OPS[op], op
         self.elements = x.size - self.chunk
 
     def run(self, ctx, x, timeout, out=None):
@@ -89,8 +87,7 @@ class _Scatter:
         direct = out is not None and out.dtype == self.acc and out.flags.c_contiguous
         mine = out if direct else numpy.empty(self.chunk, self.acc)
         run_library(ctx, self.key, numpy, "Ireduce_scatter_block", (send, mine, self.mpi_op), timeout)
-        if self.avg is not None:
-            self.avg(mine, ctx.size, out=mine)
+        finish(mine, mine, self.op, ctx.size, numpy, True)  # avg's division, in place
         ctx.record("reduce_scatter", "mpi", x.size, self.acc, elements=self.elements, estimated=True)
         if out is not None:
             if not direct:
