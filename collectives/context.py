@@ -99,6 +99,18 @@ class Context:
         CollectiveMismatch
             Debug mode only: the ranks' fingerprints differ (raised on every rank).
         """
+        self.advance(key, timeout)
+        return self.tags.tag(key, self._seq)
+
+    def advance(self, key, timeout=None):
+        """Start the next call, described by ``key``, without a message tag (the library path: MPI
+        matches its own collectives in call order, and the fingerprint travels with the data).
+
+        Raises
+        ------
+        CollectiveMismatch
+            Debug mode only, as for :meth:`begin`.
+        """
         self._seq += 1
         if debug_enabled() and self.size > 1:
             try:
@@ -106,7 +118,6 @@ class Context:
             except Exception as exc:
                 self.fail(f"{key[0]}: {exc}")
                 raise
-        return self.tags.tag(key, self._seq)
 
     def schedule(self, key, build):
         """Return the cached schedule for ``key``, building it with ``build()`` the first time."""

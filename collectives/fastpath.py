@@ -3,7 +3,7 @@
 A :class:`LibraryPlan` is the MPI library's all-reduce, either ``MPI_Iallreduce`` posted again at every
 start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), from a private
 flat send buffer into a private receive buffer, both in the accumulation dtype, with the call
-fingerprint's 8 check elements after the data (:mod:`collectives.library`), plus, for ``prod`` and messages above
+fingerprint's 8 check elements after the data (:mod:`collectives.library`), plus, for messages above
 :data:`~collectives.library.PIGGYBACK_MAX` elements, one on the 2-element fingerprint, and for float
 ``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` into the send buffer,
 whose check elements are written once (the reduction does not overwrite them, as it would in place);
@@ -30,7 +30,7 @@ from .buffers import ACC, MPI_OPS
 from .context import existing_context
 from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, debug_enabled, describe, key_code
-from .library import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, _tail, mismatch
+from .library import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, check_values, mismatch
 from .select import _STATE as _SELECT, _ensure_loaded
 from .waiting import deadline_of, wait_all
 
@@ -72,7 +72,7 @@ class LibraryPlan:
         n = self.n = int(numpy.prod(shape, dtype=numpy.int64))
         acc = ACC[numpy.dtype(dtype)]
         self.checked = checked  # False only while collectives.fingerprint.set_checks(False) measures their cost
-        inline = checked and n <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max")
+        inline = checked and n <= PIGGYBACK_MAX
         self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)  # sent: data, then checks
         self.recv = numpy.zeros_like(self.work)  # received: the reduced data and checks
         self.data, self.result = self.work[:n], self.recv[:n]
@@ -80,9 +80,9 @@ class LibraryPlan:
         calls = [(self.work, self.recv, MPI_OPS[op])]  # (send, receive, op) of each all-reduce
         self.tail = self.want = self.fp = None
         if inline:
-            send, want = _tail(key, ctx.size)
-            self.work[n:] = send.astype(acc)  # written once: an out-of-place reduction leaves it as it is
-            self.tail, self.want = self.recv[n:], want.astype(acc).tobytes()
+            send, want = check_values(key, ctx.size, acc)
+            self.work[n:] = send  # written once: an out-of-place reduction leaves it as it is
+            self.tail, self.want = self.recv[n:], want.tobytes()
         elif checked:
             self.code = key_code(key)
             self.fp = numpy.array([self.code, -self.code], numpy.int64)  # MAX in place leaves it so when equal

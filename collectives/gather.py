@@ -7,7 +7,9 @@ of the same shape reuses -- its own table row, the table a call of equal shapes 
 produces, the block bounds and the ring's schedule -- is cached per call signature
 (:class:`_Signature`), so an all-gather of equal shapes checks the whole table with one byte
 comparison and pays no per-rank Python work, as MPI's ``MPI_Allgather`` pays none of
-``MPI_Allgatherv``'s count handling.
+``MPI_Allgatherv``'s count handling. With ``out`` (the equal-shape form) there is no exchange at all;
+with the library, a repeated call runs its signature's :class:`_EqualPlan`: one ``MPI_Iallgather``
+of small blocks with their call fingerprints.
 """
 import math
 
@@ -17,7 +19,7 @@ from mpi4py import MPI
 from .algorithms import check_algorithm
 from .backend import COPY_DTYPES, check_timeout, get_array_module
 from .buffers import adopt, as_array, check_out, raw
-from .context import check_comm, get_context
+from .context import check_comm, existing_context, get_context
 from .executor import run_schedule
 from .fingerprint import block_code, checks_enabled, key_code
 from .library import call, mismatch, run_library
@@ -37,9 +39,12 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     small int64 signature (shape, dtype and the call fingerprint; one ``MPI_Iallreduce``) lets every
     rank check the inputs agree and size the result before any data moves. With ``out``
     (``MPI_Allgather``'s form: every rank's block has ``x``'s shape) there is no such exchange: the
-    blocks move at once, and the call fingerprint (which holds the count, dtype and algorithm) rides
-    in the message tags (``ring``) or in a 2-element all-reduce posted alongside the data (``mpi``),
-    so ranks whose shapes or calls differ raise instead of exchanging. Steps (ring): P - 1 rounds,
+    blocks move at once, and the call fingerprint (which holds the count, dtype, block shape and
+    algorithm) rides in the message tags (``ring``), or, with ``mpi``, after each block of at most
+    :data:`INLINE_MAX` bytes and in a 2-element all-reduce posted alongside larger ones, so ranks
+    whose shapes or calls differ raise instead of exchanging. (A rank in this form while another
+    calls without ``out`` raises within ``timeout``; without one it waits, as mismatched calls of
+    the hand-made algorithms do.) Steps (ring): P - 1 rounds,
     in round s rank r forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``.
     Source: Thakur, Rabenseifner and Gropp 2005, section 4.
 
@@ -73,10 +78,15 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
     """
+    if type(x) is numpy.ndarray and type(out) is numpy.ndarray:
+        got = _repeated_equal(x, comm, algorithm, timeout, out)  # a repeated equal-shape call: its plan
+        if got is not None:
+            return got
     if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
         x, out, wrap = adopt(x, out)
         if wrap is not None:
             return wrap(allgather(x, comm, algorithm, timeout, out))
+    given = algorithm
     if algorithm == "auto":  # (decided without looking at x's validity, so every rank decides alike)
         algorithm = "ring" if hasattr(x, "__cuda_array_interface__") else "mpi"
     else:
@@ -84,7 +94,7 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     timeout = check_timeout(timeout)
     x, local_error = _gatherable(x)
     if out is not None:
-        return _gather_equal(x, local_error, comm, algorithm, timeout, out)
+        return _gather_equal(x, local_error, comm, algorithm, timeout, out, given)
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     if local_error is not None:
@@ -142,7 +152,7 @@ class _Signature:
         table, rank = self.table, ctx.rank
         table.fill(0)
         table[rank * _ROW:(rank + 1) * _ROW] = self.row
-        ctx.begin(self.key, timeout)
+        ctx.advance(self.key, timeout)
         call(ctx, self.key, "Iallreduce", (MPI.IN_PLACE, table, MPI.SUM), timeout, check=False)
         return table.tobytes() == self.equal
 
@@ -195,8 +205,9 @@ def _check_signatures(rows, rank):
                          + "; ".join(f"rank {i} {tuple(row[2:2 + row[0]])}" for i, row in enumerate(rows)))
 
 
-def _gather_equal(x, local_error, comm, algorithm, timeout, out):
-    """The equal-shape all-gather into ``out``: every argument checked here, then the blocks move at once."""
+def _gather_equal(x, local_error, comm, algorithm, timeout, out, given):
+    """The equal-shape all-gather into ``out``: every argument checked here, then the blocks move at once
+    (host arrays with the library: through the signature's :class:`_EqualPlan`, made here the first time)."""
     if local_error is not None:
         raise local_error
     comm = check_comm(comm)
@@ -208,8 +219,89 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out):
         raise TypeError("out and x must be arrays of the same kind (both host or both device)")
     ctx = get_context(comm, timeout)
     ctx.check_usable()
+    if algorithm == "mpi" and type(x) is numpy.ndarray and x.size:
+        if len(ctx.fast) > 1024:
+            ctx.fast.clear()
+        plan = ctx.fast[("allgather-out", given, x.dtype, x.shape, checks_enabled())] = _EqualPlan(ctx, x)
+        return plan.run(ctx, x, out, timeout)
     return _gather_blocks(ctx, x, [x.shape[0]] * size, [r * x.size for r in range(size + 1)], algorithm, timeout,
                           out=out)
+
+
+def _repeated_equal(x, comm, algorithm, timeout, out):
+    """Run the cached :class:`_EqualPlan` of this call's signature; None when there is none or ``out``
+    is not a writable C-contiguous array of the result's shape and ``x``'s dtype (the full path runs)."""
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    plan = ctx.fast.get(("allgather-out", algorithm, x.dtype, x.shape, checks_enabled()))
+    if plan is None or out.shape != plan.shape or out.dtype != x.dtype:
+        return None
+    flags = out.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return None
+    return plan.run(ctx, x, out, check_timeout(timeout))
+
+
+#: Largest block (bytes) of an equal-shape library all-gather whose call fingerprint rides in the data.
+INLINE_MAX = 8192
+
+
+class _EqualPlan:
+    """The library's equal-shape all-gather (``MPI_Allgather``) of one call signature on host arrays.
+
+    Blocks of at most :data:`INLINE_MAX` bytes travel with the call fingerprint after them (8 bytes):
+    every rank gathers ``P`` rows of ``block + fingerprint`` into a private buffer, checks that every
+    row's fingerprint equals its own (the rows of the others are overwritten with a value no
+    fingerprint has before each call, so a shorter message cannot leave an old one there), and copies
+    the blocks into ``out``: one library call. Larger blocks move straight into ``out`` with the
+    2-element fingerprint all-reduce posted beside them (:func:`collectives.library.call`). Which of
+    the two runs depends only on the block's size, a field of the call key.
+    """
+
+    __slots__ = ("key", "shape", "nbytes", "inline", "buf", "blocks", "mine", "fresh", "codes", "want", "elements")
+
+    def __init__(self, ctx, x):
+        size, rank = ctx.size, ctx.rank
+        self.shape = (size * x.shape[0],) + x.shape[1:]
+        self.key = ("allgather", "mpi", size * x.size, x.dtype, None, None, block_code(x.shape))
+        self.nbytes, self.elements = x.nbytes, x.size * (size - 1)
+        self.inline = checks_enabled() and x.nbytes <= INLINE_MAX
+        if self.inline:
+            b = x.nbytes
+            code = numpy.array([key_code(self.key)], numpy.int64).view(numpy.uint8)
+            self.buf = numpy.empty((size, b + 8), numpy.uint8)
+            self.blocks, self.codes = self.buf[:, :b], self.buf[:, b:]
+            self.mine = self.buf[rank, :b].view(x.dtype).reshape(x.shape)
+            self.fresh = numpy.full((size, 8), 0xFF, numpy.uint8)  # (0xFF in the high bytes: no 32-bit CRC)
+            self.fresh[rank] = code
+            self.want = numpy.tile(code, size).tobytes()
+
+    def run(self, ctx, x, out, timeout):
+        """Gather ``x`` (the plan's shape and dtype) from every rank into ``out``; return ``out``.
+
+        Raises
+        ------
+        CollectiveMismatch
+            A rank's fingerprint differs (another count, shape, dtype, collective or algorithm), or
+            the library reported an error.
+        CollectiveTimeout
+            A rank did not join within ``timeout``.
+        """
+        ctx.check_usable()
+        if not self.inline:
+            return _gather_blocks(ctx, x, [x.shape[0]] * ctx.size, [r * x.size for r in range(ctx.size + 1)],
+                                  "mpi", timeout, out=out)
+        self.codes[...] = self.fresh
+        self.mine[...] = x
+        run_library(ctx, self.key, numpy, "Iallgather", (MPI.IN_PLACE, self.buf), timeout, check=False)
+        if self.codes.tobytes() != self.want:
+            err = mismatch(self.key)
+            ctx.fail(f"allgather: {err}")
+            raise err
+        out.reshape(ctx.size, -1).view(numpy.uint8)[...] = self.blocks
+        ctx.record("allgather", "mpi", out.size, x.dtype, elements=self.elements, estimated=True)
+        return out
 
 
 def _bounds(firsts, x):

@@ -6,12 +6,20 @@ MPI itself does not check that ranks agree on a collective's count, datatype or 
 fail, so every library call carries the call fingerprint (:mod:`collectives.fingerprint`) through
 the library itself:
 
-* a small all-reduce with ``sum``/``avg``/``min``/``max`` (at most :data:`PIGGYBACK_MAX` elements)
-  appends 8 check elements to its own buffer: the fingerprint's 24-bit CRC as four 6-bit digits
-  ``a = d + 1``, each with a partner ``b`` (``a**2`` for sums, ``-a`` for min/max). After the
-  reduction every rank checks ``sum a = P a`` and ``sum b = P a**2`` (equality in Cauchy-Schwarz:
-  every rank's digit equals its own), or ``max a = a`` and ``max b = -a`` (every digit equal), under
-  its own op. No extra message, 32-64 more bytes;
+* a small all-reduce or reduce-scatter (at most :data:`PIGGYBACK_MAX` elements) appends 8 check
+  elements to its own buffer (after every chunk, for the reduce-scatter), under the call's own op:
+
+  - ``sum``/``avg``/``min``/``max``: the fingerprint's 24-bit CRC as four 6-bit digits ``a = d + 1``,
+    each with a partner ``b`` (``a**2`` for sums, ``-a`` for min/max). After the reduction every rank
+    checks ``sum a = P a`` and ``sum b = P a**2`` (equality in Cauchy-Schwarz: every rank's digit
+    equals its own), or ``max a = a`` and ``max b = -a`` (every digit equal);
+  - ``prod``: four bits of the CRC, each as a pair ``(2, 1)`` for a one and ``(1, 2)`` for a zero. A
+    product of powers of two is exact (or wraps, for integers, to a value that is never 1), so the
+    element a rank's own bit makes 1 stays 1 only if no rank sent 2 there: every rank whose bit
+    differs from another's sees it. The other element must be ``2**P`` in the buffer's arithmetic.
+
+  No extra message, 32-64 more bytes; the layout is the same for every op, so ranks whose ops
+  differ still make one library call each, and the check fails;
 * every other library call posts, alongside the data, a 2-element ``MPI_Iallreduce`` with ``MPI_MAX``
   of ``(crc, -crc)``: one small extra message, negligible beside a large transfer.
 
@@ -25,7 +33,8 @@ from .errors import CollectiveMismatch, CollectiveTimeout
 from .fingerprint import checks_enabled, describe, key_code
 from .waiting import deadline_of, wait_all
 
-__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "encode_check", "verify_check", "mismatch", "call",
+__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
+           "call",
            "run_library", "key_code"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
@@ -35,36 +44,45 @@ CHECK_ELEMENTS = 8
 
 
 def piggyback(op, count):
-    """Return True when an ``mpi`` all-reduce of ``count`` elements with ``op`` carries its check inline."""
-    return count <= PIGGYBACK_MAX and op in ("sum", "avg", "min", "max") and checks_enabled()
+    """Return True when an ``mpi`` all-reduce or reduce-scatter of ``count`` elements carries its check inline
+    (``op`` is accepted for the callers' sake: every op can)."""
+    return count <= PIGGYBACK_MAX and checks_enabled()
 
 
-_TAILS = {}  # (key, P) -> (check elements to send, their reduced values), both float64
+_TAILS = {}  # (key, P, dtype) -> (check elements to send, their reduced values), in that dtype
 
 
-def _tail(key, size):
-    got = _TAILS.get((key, size))
+def check_values(key, size, dtype):
+    """Return ``(sent, wanted)``: the 8 check elements of call ``key`` (op ``key[4]``) on ``size`` ranks,
+    and what the reduction makes of them when every rank sent the same, both of ``dtype`` (cached)."""
+    got = _TAILS.get((key, size, dtype))
     if got is None:
         code, op = key_code(key) & 0xFFFFFF, key[4]
-        digits = [((code >> (6 * j)) & 63) + 1 for j in range(4)]
-        summed = op in ("sum", "avg")
-        send = numpy.array([v for a in digits for v in (a, a * a if summed else -a)], numpy.float64)
-        want = numpy.array([v for a in digits for v in ((size * a, size * a * a) if summed else (a, -a))],
-                           numpy.float64)
+        dtype = numpy.dtype(dtype)
+        if op == "prod":
+            bits = [(code >> j) & 1 for j in range(4)]
+            send = numpy.array([v for b in bits for v in ((2, 1) if b else (1, 2))], dtype)
+            power = numpy.full(size, 2, dtype).prod(dtype=dtype)  # 2**P as the library computes it
+            want = numpy.array([v for b in bits for v in ((power, 1) if b else (1, power))], dtype)
+        else:
+            digits = [((code >> (6 * j)) & 63) + 1 for j in range(4)]
+            summed = op in ("sum", "avg")
+            send = numpy.array([v for a in digits for v in (a, a * a if summed else -a)], dtype)
+            want = numpy.array([v for a in digits for v in ((size * a, size * a * a) if summed else (a, -a))], dtype)
         if len(_TAILS) > 4096:
             _TAILS.clear()
-        got = _TAILS[(key, size)] = (send, want)
+        got = _TAILS[(key, size, dtype)] = (send, want)
     return got
 
 
 def encode_check(tail, key, size):
     """Write the 8 check elements of ``key`` (op ``key[4]``) into ``tail`` (shape (8,), the buffer's end)."""
-    tail[...] = _tail(key, size)[0]
+    tail[...] = check_values(key, size, tail.dtype)[0]
 
 
 def verify_check(tail, key, size):
     """Raise :class:`CollectiveMismatch` unless the reduced check elements show every rank's key equal."""
-    if not (tail == _tail(key, size)[1]).all():
+    if tail.tobytes() != check_values(key, size, tail.dtype)[1].tobytes():
         raise mismatch(key)
 
 
@@ -106,17 +124,24 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         The fingerprint check failed, or the library reported an error (such as truncation).
     """
     name = key[0]
-    reqs, fp, statuses = [], None, []
+    reqs, fp, statuses, code = [], None, _STATUSES, 0
+    comm = ctx.comm
     try:
         if check and checks_enabled():
             code = key_code(key)
-            fp = numpy.array([code, -code], numpy.int64)
-            reqs.append(ctx.comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
-        reqs.append(getattr(ctx.comm, method)(*args))
-        reqs += [getattr(ctx.comm, m)(*a) for m, a in extra]
-        statuses = [MPI.Status() for _ in reqs]
+            fp = _PAIR.get(code)
+            fp = _fingerprint_pair(code) if fp is None else fp.copy()
+            reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
+        reqs.append(getattr(comm, method)(*args))
+        for m, a in extra:
+            reqs.append(getattr(comm, m)(*a))
+        if len(reqs) > len(statuses):
+            statuses = [MPI.Status() for _ in reqs]
         if timeout is None and not ctx.active:
-            MPI.Request.Waitall(reqs, statuses)
+            if len(reqs) == 1:  # (MPI_Wait: a third of MPI_Waitall's cost through mpi4py on one request)
+                reqs[0].Wait(statuses[0])
+            else:
+                MPI.Request.Waitall(reqs, statuses)
         else:
             wait_all(reqs, [None] * len(reqs), deadline_of(timeout), name, 0, f"MPI_{method[1:]}", timeout,
                      ctx.progress if ctx.active else None, statuses)
@@ -125,12 +150,24 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         raise
     except MPI.Exception as exc:
         ctx.fail(f"{name}: {exc}")
-        raise CollectiveMismatch(name, "count", f"the MPI library reported '{_reason(exc, statuses)}' in this "
-                                 f"rank's {describe(key)}: the ranks' calls differ") from None
-    if fp is not None and (int(fp[0]) != key_code(key) or int(fp[1]) != -key_code(key)):
+        raise CollectiveMismatch(name, "count", f"the MPI library reported '{_reason(exc, statuses[:len(reqs)])}' in "
+                                 f"this rank's {describe(key)}: the ranks' calls differ") from None
+    if fp is not None and (int(fp[0]) != code or int(fp[1]) != -code):
         err = mismatch(key)
         ctx.fail(f"{name}: {err}")
         raise err
+
+
+_STATUSES = [MPI.Status() for _ in range(4)]  # reused by every call (statuses matter only when one fails)
+_PAIR = {}  # key code -> its (code, -code) pair, copied for each call
+
+
+def _fingerprint_pair(code):
+    """Return a new ``(code, -code)`` int64 pair, the fingerprint all-reduced with ``MPI_MAX``, and cache it."""
+    if len(_PAIR) > 4096:
+        _PAIR.clear()
+    _PAIR[code] = numpy.array([code, -code], numpy.int64)
+    return _PAIR[code].copy()
 
 
 def _reason(exc, statuses):
@@ -154,5 +191,5 @@ def run_library(ctx, key, xp, method, args, timeout, extra=(), check=True):
         if not transport.direct:
             raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
                              "algorithm, which stages through host memory")
-    ctx.begin(key, timeout)
+    ctx.advance(key, timeout)
     call(ctx, key, method, args, timeout, check=check, extra=extra)

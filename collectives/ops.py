@@ -19,6 +19,7 @@ from .context import check_comm, existing_context, get_context
 from .executor import run_schedule
 from .fingerprint import checks_enabled
 from .ring import ring_reduce_scatter
+from .scatter import ScatterPlan
 from .schedule import chunk_bounds, segmented
 from .tree import tree_broadcast, tree_reduce
 
@@ -46,7 +47,7 @@ def _auto(name, x):
     """Return what ``auto`` runs for reduce-scatter, broadcast and reduce.
 
     Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes: ``mpi``, whose
-    cached call (:class:`_Scatter`) costs a few microseconds where the ring's schedule costs 10;
+    cached call (:class:`~collectives.scatter.ScatterPlan`) costs a few microseconds where the ring's schedule costs 10;
     above, the ring, which measured 0.5-0.8x the library's time through commlab from 16 KiB to 1 MiB
     and from 16 MiB up (README "Benchmarks"). Otherwise the first hand-made algorithm.
     """
@@ -55,49 +56,8 @@ def _auto(name, x):
     return OP_ALGORITHMS[name][0]
 
 
-class _Scatter:
-    """A library reduce-scatter (``MPI_Reduce_scatter_block``) of one call signature, ready to run again.
-
-    Made by the first call of a signature with equal chunks on a host array (op not a float
-    ``min``/``max``, whose NaN mask needs a second library call) and kept in the context's call
-    cache, so a repeated call skips the argument checks, the chunk bounds and the buffer look-ups.
-    It makes exactly the library calls of the first one: the 2-element fingerprint all-reduce
-    (:func:`collectives.library.call`) and the data, so ranks that take it and ranks that do not
-    still meet call for call, and a mismatch raises as on the full path.
-    """
-
-    __slots__ = ("key", "acc", "chunk", "send", "mpi_op", "op", "elements")
-
-    def __init__(self, ctx, x, op, key):
-        self.key, self.acc, self.chunk = key, accumulation_dtype(x.dtype), x.size // ctx.size
-        self.send = None  # a cast or non-contiguous input is copied here first
-        self.mpi_op, self.op = MPI_OPS[op], op
-        self.elements = x.size - self.chunk
-
-    def run(self, ctx, x, timeout, out=None):
-        """Reduce-scatter ``x`` (the signature's shape and dtype); return this rank's chunk (``out``, else new)."""
-        ctx.check_usable()
-        if x.dtype == self.acc and x.flags.c_contiguous:
-            send = x.reshape(-1)
-        else:
-            if self.send is None:
-                self.send = numpy.empty(x.size, self.acc)
-            send = self.send
-            send.reshape(x.shape)[...] = x
-        direct = out is not None and out.dtype == self.acc and out.flags.c_contiguous
-        mine = out if direct else numpy.empty(self.chunk, self.acc)
-        run_library(ctx, self.key, numpy, "Ireduce_scatter_block", (send, mine, self.mpi_op), timeout)
-        finish(mine, mine, self.op, ctx.size, numpy, True)  # avg's division, in place
-        ctx.record("reduce_scatter", "mpi", x.size, self.acc, elements=self.elements, estimated=True)
-        if out is not None:
-            if not direct:
-                out[...] = mine
-            return out
-        return mine if x.dtype == self.acc else mine.astype(x.dtype)
-
-
 def _repeated_scatter(x, comm, op, algorithm, timeout, out):
-    """Run the cached :class:`_Scatter` of this call's signature on ``comm``; None when there is none
+    """Run the cached :class:`~collectives.scatter.ScatterPlan` of this call's signature on ``comm``; None when there is none
     or ``out`` is not a plain writable array of the chunk's shape and ``x``'s dtype (the full path runs)."""
     ctx = existing_context(comm)
     if ctx is None:
@@ -158,6 +118,12 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
     ctx.check_usable()
     xp = get_array_module(x)
     count, size, rank = x.size, ctx.size, ctx.rank
+    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
+    if algorithm == "mpi" and xp is numpy and count:  # planned once, run again by later calls of this signature
+        if len(ctx.fast) > 1024:
+            ctx.fast.clear()
+        plan = ctx.fast[("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled())] = ScatterPlan(ctx, x, op, key)
+        return plan.run(ctx, x, timeout, out)
     bounds = chunk_bounds(count, size)
     acc = accumulation_dtype(x.dtype)
     work = ctx.buffer(xp, acc, count, "rs-work")
@@ -167,13 +133,6 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
         inp = x.reshape(-1)  # read in place (by the executor or the library): no copy of the whole input
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
-    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
-    if (algorithm == "mpi" and xp is numpy and count and count % size == 0
-            and not (op in ("min", "max") and acc.kind == "f")):  # (a float min/max needs its NaN mask)
-        if len(ctx.fast) > 1024:
-            ctx.fast.clear()
-        plan = ctx.fast[("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled())] = _Scatter(ctx, x, op, key)
-        return plan.run(ctx, x, timeout, out)
     if algorithm == "mpi":
         counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         direct = out is not None and acc == x.dtype and out.flags.c_contiguous
