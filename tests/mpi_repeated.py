@@ -1,7 +1,8 @@
 """Rank-side body: repeated reduce-scatter and all-gather calls through their cached paths.
 
 ``mpiexec -n P python -m tests.mpi_repeated``. A repeated call of one signature reuses what the
-first call cached (``collectives.ops._Scatter``, ``collectives.gather._Signature``); every case
+first call cached (``collectives.scatter.ScatterPlan``, ``collectives.gather._Signature`` and
+``_EqualPlan``); every case
 calls several times with new data and compares each result with MPI's own collective called here
 (``Reduce_scatter_block`` in float64, or ``allgather`` of the blocks), checks that an earlier result
 is not overwritten by a later call, and that ranks whose repeated calls differ raise on every rank.
@@ -112,6 +113,42 @@ def case_out_buffers():
                 sub.Free()
 
 
+def case_library_plans():
+    """Both forms of the library plans: check elements in the data (small) and the fingerprint beside it
+    (large), uneven chunks, NaN under min/max; NumPy on every rank's gathered input is the oracle."""
+    for n in (3 * P + 1, 2 * P, 2049 + P, 1500 * P):  # uneven and even chunks, both sides of PIGGYBACK_MAX
+        bounds = C.chunk_bounds(n, P)
+        for dtype in ("float32", "int32"):
+            for op in ("sum", "prod", "min", "max", "avg"):
+                for call in range(2):
+                    x = ((np.arange(n) + rank + call) % 3 + 1).astype(dtype)
+                    if dtype == "float32" and op in ("min", "max"):
+                        x[n // 2] = np.nan if rank == P - 1 else x[n // 2]
+                    every = np.array(comm.allgather(x), np.float64)
+                    want = {"sum": every.sum(0), "prod": every.prod(0), "min": every.min(0), "max": every.max(0),
+                            "avg": every.sum(0) / P if dtype == "float32" else every.sum(0) // P}[op]
+                    want = want[bounds[rank]:bounds[rank + 1]].astype(dtype)
+                    got = C.reduce_scatter(x, op=op, algorithm="mpi")
+                    check(got.dtype == x.dtype and np.array_equal(got, want, equal_nan=True),
+                          f"reduce_scatter mpi n={n} {dtype} {op} call {call}")
+    for shape in ((3,), (2, 5), (2100,)):  # 2100 float64: 16.8 KB, above the in-data fingerprint's limit
+        for call in range(2):
+            x = np.full(shape, 10.0 * rank + call)
+            out = np.empty((P * shape[0],) + shape[1:])
+            C.allgather(x, algorithm="mpi", out=out)
+            check(np.array_equal(out, np.concatenate(comm.allgather(x))), f"allgather mpi out= {shape} call {call}")
+    if P > 1:  # a mismatch after correct calls of the same plan: what they left in its buffer is not taken
+        sub = comm.Dup()
+        for _ in range(2):
+            C.allgather(np.ones(3, np.float32), sub, "mpi", out=np.empty(3 * P, np.float32))
+        rows = 2 if rank == 0 else 3
+        out = np.empty(P * rows, np.float32)
+        expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
+                             lambda: C.allgather(np.ones(rows, np.float32), sub, "mpi", timeout=5, out=out),
+                             "allgather out= after correct calls: rows differ")
+        sub.Free()
+
+
 def expect_on_every_rank(exc_type, fn, what):
     try:
         fn()
@@ -146,7 +183,7 @@ def case_mismatch_after_cache():
 
 
 def main():
-    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers):
+    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans):
         try:
             case()
         except Exception:  # report and keep every rank going; the hang guard is the test timeout
