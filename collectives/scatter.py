@@ -44,7 +44,7 @@ class ScatterPlan:
     """
 
     __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "inline", "send", "parts", "recv", "mine",
-                 "tail", "want", "method", "counts", "mpi_op", "mask", "got", "isnan")
+                 "tail", "want", "method", "counts", "mpi_op", "mask", "got", "isnan", "x", "sources")
 
     def __init__(self, ctx, x, op, key):
         size, rank, n = ctx.size, ctx.rank, x.size
@@ -56,7 +56,7 @@ class ScatterPlan:
         extra = CHECK_ELEMENTS if self.inline else 0
         self.counts = [c + extra for c in counts]
         self.method = "Ireduce_scatter_block" if len(set(counts)) == 1 else "Ireduce_scatter"
-        self.send = self.parts = self.tail = self.want = None
+        self.send = self.parts = self.tail = self.want = self.x = self.sources = None
         if self.inline:  # chunk i of the data, then its check elements, for every i
             self.send = numpy.empty(n + size * extra, self.acc)
             sent, want = check_values(key, size, self.acc)
@@ -99,10 +99,12 @@ class ScatterPlan:
             A rank did not join within ``timeout``.
         """
         ctx.check_usable()
-        flat = x.reshape(-1)
+        flat = x.reshape(-1)  # (a copy when x is not contiguous)
         if self.inline:
-            for data, (lo, hi), _ in self.parts:
-                data[...] = flat[lo:hi].reshape(data.shape)
+            if x is not self.x or not x.flags.c_contiguous:  # views of x, kept for a call with the same array
+                self.x, self.sources = x, [flat[lo:hi].reshape(data.shape) for data, (lo, hi), _ in self.parts]
+            for (data, _, _), source in zip(self.parts, self.sources):
+                data[...] = source
             send = self.send
         elif x.dtype == self.acc and x.flags.c_contiguous:
             send = flat

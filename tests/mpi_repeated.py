@@ -137,6 +137,14 @@ def case_library_plans():
             out = np.empty((P * shape[0],) + shape[1:])
             C.allgather(x, algorithm="mpi", out=out)
             check(np.array_equal(out, np.concatenate(comm.allgather(x))), f"allgather mpi out= {shape} call {call}")
+    x, view, out = np.zeros(2 * P, np.float32), np.zeros(4 * P, np.float32)[::2], np.empty(4 * P, np.float32)
+    for call in range(3):  # the same arrays, changed in place between calls (the plans keep views of them)
+        x[...], view[...] = call + rank, call * (rank + 1)
+        for a in (x, view):
+            check(np.array_equal(C.reduce_scatter(a, algorithm="mpi"), scatter_oracle(a, "sum")),
+                  f"reduce_scatter of an array changed in place, call {call}")
+        C.allgather(view[:4], algorithm="mpi", out=out)
+        check(np.array_equal(out, np.concatenate(comm.allgather(view[:4]))), f"allgather into the same out, call {call}")
     if P > 1:  # a mismatch after correct calls of the same plan: what they left in its buffer is not taken
         sub = comm.Dup()
         for _ in range(2):
