@@ -29,29 +29,33 @@ __all__ = ["OP_ALGORITHMS", "reduce_scatter", "broadcast", "reduce"]
 OP_ALGORITHMS = {name: names(name) for name in ("reduce_scatter", "allgather", "broadcast", "reduce")}
 
 
-def _common(x, op, algorithm, name, timeout):
+def _common(x, op, algorithm, name, timeout, size):
     check_algorithm(algorithm, name)
     if name != "broadcast":  # every reducing collective needs an op; None is not "no reduction"
         check_op(op)
     x = as_array(x)
     check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
     timeout = check_timeout(timeout)
-    return x, timeout, _auto(name, x) if algorithm == "auto" else algorithm
+    return x, timeout, _auto(name, x, size) if algorithm == "auto" else algorithm
 
 
-#: Largest reduce-scatter input (bytes) that ``auto`` gives to the MPI library (host arrays).
-SCATTER_LIBRARY_MAX = 8192
+#: Largest reduce-scatter input (bytes) that ``auto`` gives to the MPI library (host arrays), at P = 2
+#: and at P >= 3.
+SCATTER_LIBRARY_MAX = {2: 16384, 3: 262144}
 
 
-def _auto(name, x):
+def _auto(name, x, size):
     """Return what ``auto`` runs for reduce-scatter, broadcast and reduce.
 
-    Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes: ``mpi``, whose
-    cached call (:class:`~collectives.scatter.ScatterPlan`) costs a few microseconds where the ring's schedule costs 10;
-    above, the ring, which measured 0.5-0.8x the library's time through commlab from 16 KiB to 1 MiB
-    and from 16 MiB up (README "Benchmarks"). Otherwise the first hand-made algorithm.
+    Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes (16 KiB on 2 ranks,
+    256 KiB on more): ``mpi``, whose cached call (:class:`~collectives.scatter.ScatterPlan`) carries
+    its fingerprint in the data up to 8 KiB; above, the ring. Measured through commlab (README
+    "Benchmarks"): the library took 0.8x the ring's time at 16 KiB and 1.1-1.5x from 32 KiB on 2
+    ranks, 0.55-0.95x from 16 KiB to 256 KiB and 1.2-1.6x from 512 KiB on 4, where the ring's P - 1
+    rounds each pay Python's overhead. Otherwise the first hand-made algorithm.
     """
-    if name == "reduce_scatter" and not hasattr(x, "__cuda_array_interface__") and x.nbytes <= SCATTER_LIBRARY_MAX:
+    if (name == "reduce_scatter" and not hasattr(x, "__cuda_array_interface__")
+            and x.nbytes <= SCATTER_LIBRARY_MAX[min(max(size, 2), 3)]):
         return "mpi"
     return OP_ALGORITHMS[name][0]
 
@@ -110,8 +114,8 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
         return wrap(reduce_scatter(x, comm, op, algorithm, timeout, out))
     op = op_name(op)
     given = algorithm
-    x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout)
     comm = check_comm(comm)
+    x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout, comm.Get_size())
     chunks = chunk_bounds(x.size, comm.Get_size())
     check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
     ctx = get_context(comm, timeout)
@@ -191,7 +195,7 @@ def broadcast(x, root=0, comm=None, algorithm="tree", timeout=None):
     x, _, wrap = adopt(x)
     if wrap is not None:
         return wrap(broadcast(x, root, comm, algorithm, timeout))
-    x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout)
+    x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout, 0)
     comm = check_comm(comm)
     check_root(root, comm.Get_size())
     if not getattr(getattr(x, "flags", None), "writeable", True) or (
@@ -247,7 +251,7 @@ def reduce(x, root=0, comm=None, op="sum", algorithm="tree", timeout=None):
     if wrap is not None:
         return wrap(reduce(x, root, comm, op, algorithm, timeout))
     op = op_name(op)
-    x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout)
+    x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout, 0)
     comm = check_comm(comm)
     check_root(root, comm.Get_size())
     ctx = get_context(comm, timeout)
