@@ -86,7 +86,12 @@ def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, st
         cancelled so their buffers are released.
     """
     spins, slow = 0, None
-    if each:
+    if len(reqs) == 1:  # MPI_Test: a third of what MPI_Testall of a one-request list costs through mpi4py
+        req, status = reqs[0], None if statuses is None else statuses[0]
+
+        def done():
+            return req.Test(status)
+    elif each:
         def done():
             return all([r.Test() for r in reqs])
     elif statuses is not None:
