@@ -64,6 +64,14 @@ class Context:
         self.plans = {}  # (call key, shape) -> persistent library plan (collectives.fastpath)
         self.fast = {}  # call signature as given -> (plan, tuning table in force), for repeated calls
 
+    def keep(self, signature, entry):
+        """Cache ``entry`` (a plan) under a call ``signature`` for the repeated calls of :attr:`fast`,
+        emptying the cache first past 1,024 signatures; return ``entry``."""
+        if len(self.fast) > 1024:
+            self.fast.clear()
+        self.fast[signature] = entry
+        return entry
+
     def check_usable(self):
         """Raise ``RuntimeError`` when an earlier failure left this context with messages in flight."""
         if self.broken is not None:

@@ -221,9 +221,7 @@ def fast_allreduce(x, comm, op, algorithm, out, timeout):
 
 def remember(ctx, algorithm, op, x, plan, auto):
     """Record that calls with ``x``'s signature and ``algorithm``/``op`` as given run ``plan``."""
-    if len(ctx.fast) > 1024:
-        ctx.fast.clear()
-    ctx.fast[(algorithm, op, x.dtype, x.shape)] = (plan, _table() if auto else None)
+    ctx.keep((algorithm, op, x.dtype, x.shape), (plan, _table() if auto else None))
 
 
 def _table():

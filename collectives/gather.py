@@ -105,9 +105,7 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     sig = ("allgather", algorithm, x.dtype, x.shape, checks_enabled())
     plan = ctx.fast.get(sig)
     if plan is None:
-        if len(ctx.fast) > 1024:
-            ctx.fast.clear()
-        plan = ctx.fast[sig] = _Signature(ctx, x, algorithm)
+        plan = ctx.keep(sig, _Signature(ctx, x, algorithm))
     if plan.exchange(ctx, timeout):  # every rank passed this shape and dtype
         return _gather_blocks(ctx, x, plan.firsts, plan.bounds, algorithm, timeout)
     rows = plan.rows(ctx)
@@ -220,9 +218,7 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out, given):
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     if algorithm == "mpi" and type(x) is numpy.ndarray and x.size:
-        if len(ctx.fast) > 1024:
-            ctx.fast.clear()
-        plan = ctx.fast[("allgather-out", given, x.dtype, x.shape, checks_enabled())] = _EqualPlan(ctx, x)
+        plan = ctx.keep(("allgather-out", given, x.dtype, x.shape, checks_enabled()), _EqualPlan(ctx, x))
         return plan.run(ctx, x, out, timeout)
     return _gather_blocks(ctx, x, [x.shape[0]] * size, [r * x.size for r in range(size + 1)], algorithm, timeout,
                           out=out)

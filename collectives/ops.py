@@ -124,9 +124,7 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
     count, size, rank = x.size, ctx.size, ctx.rank
     key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
     if algorithm == "mpi" and xp is numpy and count:  # planned once, run again by later calls of this signature
-        if len(ctx.fast) > 1024:
-            ctx.fast.clear()
-        plan = ctx.fast[("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled())] = ScatterPlan(ctx, x, op, key)
+        plan = ctx.keep(("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled()), ScatterPlan(ctx, x, op, key))
         return plan.run(ctx, x, timeout, out)
     bounds = chunk_bounds(count, size)
     acc = accumulation_dtype(x.dtype)
