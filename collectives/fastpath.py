@@ -3,7 +3,7 @@
 A :class:`LibraryPlan` is the MPI library's all-reduce, either ``MPI_Iallreduce`` posted again at every
 start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), from a private
 flat send buffer into a private receive buffer, both in the accumulation dtype, with the call
-fingerprint's 8 check elements after the data (:mod:`collectives.library`), plus, for messages above
+fingerprint's check elements after the data (:mod:`collectives.library`), plus, for messages above
 :data:`~collectives.library.PIGGYBACK_MAX` elements, one on the 2-element fingerprint, and for float
 ``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` into the send buffer,
 whose check elements are written once (the reduction does not overwrite them, as it would in place);

@@ -6,19 +6,21 @@ MPI itself does not check that ranks agree on a collective's count, datatype or 
 fail, so every library call carries the call fingerprint (:mod:`collectives.fingerprint`) through
 the library itself:
 
-* a small all-reduce or reduce-scatter (at most :data:`PIGGYBACK_MAX` elements) appends 8 check
+* a small all-reduce or reduce-scatter (at most :data:`PIGGYBACK_MAX` elements) appends 16 check
   elements to its own buffer (after every chunk, for the reduce-scatter), under the call's own op:
 
-  - ``sum``/``avg``/``min``/``max``: the fingerprint's 24-bit CRC as four 6-bit digits ``a = d + 1``,
+  - ``sum``/``avg``/``min``/``max``: the fingerprint's 32-bit CRC as eight 4-bit digits ``a = d + 1``,
     each with a partner ``b`` (``a**2`` for sums, ``-a`` for min/max). After the reduction every rank
     checks ``sum a = P a`` and ``sum b = P a**2`` (equality in Cauchy-Schwarz: every rank's digit
     equals its own), or ``max a = a`` and ``max b = -a`` (every digit equal);
-  - ``prod``: four bits of the CRC, each as a pair ``(2, 1)`` for a one and ``(1, 2)`` for a zero. A
-    product of powers of two is exact (or wraps, for integers, to a value that is never 1), so the
-    element a rank's own bit makes 1 stays 1 only if no rank sent 2 there: every rank whose bit
-    differs from another's sees it. The other element must be ``2**P`` in the buffer's arithmetic.
+  - ``prod``: sixteen bits of the CRC, each as one element, 2 for a one and 1 for a zero. A product
+    of powers of two is exact (or wraps, for integers, to a value that is never 1), so a rank whose
+    bit is 0 sees 1 only if no rank sent 2, and one whose bit is 1 sees ``2**P`` (in the buffer's
+    arithmetic) only if every rank did; up to P = 32 no smaller power of two wraps to that value
+    (int32 is the narrowest accumulation type). Above 32 ranks, eight bits, each as a pair ``(2, 1)``
+    or ``(1, 2)``: every rank then has an element that stays 1 only where all agree.
 
-  No extra message, 32-64 more bytes; the layout is the same for every op, so ranks whose ops
+  No extra message, 64-128 more bytes; the layout is the same for every op, so ranks whose ops
   differ still make one library call each, and the check fails;
 * every other library call posts, alongside the data, a 2-element ``MPI_Iallreduce`` with ``MPI_MAX``
   of ``(crc, -crc)``: one small extra message, negligible beside a large transfer.
@@ -40,7 +42,7 @@ __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "enco
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
 #: Check elements appended to a piggybacked buffer.
-CHECK_ELEMENTS = 8
+CHECK_ELEMENTS = 16
 
 
 def piggyback(op, count):
@@ -53,19 +55,24 @@ _TAILS = {}  # (key, P, dtype) -> (check elements to send, their reduced values)
 
 
 def check_values(key, size, dtype):
-    """Return ``(sent, wanted)``: the 8 check elements of call ``key`` (op ``key[4]``) on ``size`` ranks,
+    """Return ``(sent, wanted)``: the check elements of call ``key`` (op ``key[4]``) on ``size`` ranks,
     and what the reduction makes of them when every rank sent the same, both of ``dtype`` (cached)."""
     got = _TAILS.get((key, size, dtype))
     if got is None:
-        code, op = key_code(key) & 0xFFFFFF, key[4]
+        code, op = key_code(key), key[4]
         dtype = numpy.dtype(dtype)
         if op == "prod":
-            bits = [(code >> j) & 1 for j in range(4)]
-            send = numpy.array([v for b in bits for v in ((2, 1) if b else (1, 2))], dtype)
             power = numpy.full(size, 2, dtype).prod(dtype=dtype)  # 2**P as the library computes it
-            want = numpy.array([v for b in bits for v in ((power, 1) if b else (1, power))], dtype)
+            if size <= 32:
+                bits = [(code >> j) & 1 for j in range(CHECK_ELEMENTS)]
+                send = numpy.array([2 if b else 1 for b in bits], dtype)
+                want = numpy.array([power if b else 1 for b in bits], dtype)
+            else:
+                bits = [(code >> j) & 1 for j in range(CHECK_ELEMENTS // 2)]
+                send = numpy.array([v for b in bits for v in ((2, 1) if b else (1, 2))], dtype)
+                want = numpy.array([v for b in bits for v in ((power, 1) if b else (1, power))], dtype)
         else:
-            digits = [((code >> (6 * j)) & 63) + 1 for j in range(4)]
+            digits = [((code >> (4 * j)) & 15) + 1 for j in range(CHECK_ELEMENTS // 2)]
             summed = op in ("sum", "avg")
             send = numpy.array([v for a in digits for v in (a, a * a if summed else -a)], dtype)
             want = numpy.array([v for a in digits for v in ((size * a, size * a * a) if summed else (a, -a))], dtype)
@@ -76,7 +83,7 @@ def check_values(key, size, dtype):
 
 
 def encode_check(tail, key, size):
-    """Write the 8 check elements of ``key`` (op ``key[4]``) into ``tail`` (shape (8,), the buffer's end)."""
+    """Write the check elements of ``key`` (op ``key[4]``) into ``tail`` (shape (CHECK_ELEMENTS,), the buffer's end)."""
     tail[...] = check_values(key, size, tail.dtype)[0]
 
 

@@ -7,9 +7,9 @@ A :class:`ScatterPlan` holds everything a repeated call reuses: the chunk counts
 The call fingerprint travels as :mod:`collectives.library` describes for the all-reduce:
 
 * messages of at most :data:`~collectives.library.PIGGYBACK_MAX` elements carry it *inside the
-  data*: every chunk of the send buffer is followed by the 8 check elements, so the chunk each rank
+  data*: every chunk of the send buffer is followed by the check elements, so the chunk each rank
   receives ends with the reduced check elements, verified as the all-reduce verifies them (under
-  the call's own op). One library call, as a direct ``MPI_Reduce_scatter_block`` makes, for 32-64
+  the call's own op). One library call, as a direct ``MPI_Reduce_scatter_block`` makes, for 64-128
   more bytes per rank;
 * larger messages post the 2-element fingerprint all-reduce beside the data.
 

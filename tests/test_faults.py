@@ -46,19 +46,19 @@ def test_tags_of_different_calls_differ_and_fit_the_tag_range():
 
 @pytest.mark.parametrize("dtype", ["float32", "int32", "float64"])
 @pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
-@pytest.mark.parametrize("P", [1, 2, 3, 7, 33])
+@pytest.mark.parametrize("P", [1, 2, 3, 7, 32, 33])
 def test_inline_check_accepts_equal_keys_and_refuses_others(op, P, dtype):
     ufunc = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}[op]
     key = ("allreduce", "mpi", 4, np.dtype(dtype), op, None, None)
     tails = []
     for k in [key] * P:
-        t = np.empty(8, dtype)
+        t = np.empty(library.CHECK_ELEMENTS, dtype)
         library.encode_check(t, k, P)
         tails.append(t)
     library.verify_check(ufunc.reduce(tails, dtype=dtype), key, P)  # equal keys: accepted (NumPy's reduction)
-    # a key whose check digits (prod: four bits) differ, on any one rank: refused by every rank
+    # a key whose check digits (prod: 16 bits, 8 above 32 ranks) differ, on any one rank: refused by every rank
     others = [("allreduce", "mpi", n, np.dtype(dtype), op, None, None) for n in range(5, 400)]
-    bits = 0xF if op == "prod" else 0xFFFFFF
+    bits = (0xFFFF if P <= 32 else 0xFF) if op == "prod" else 0xFFFFFFFF
     other = next(k for k in others if key_code(k) & bits != key_code(key) & bits)
     for odd in range(P if P > 1 else 0):  # rank `odd` called `other`: the reduction refuted on every rank
         reduced = ufunc.reduce([_tail_of(other if i == odd else key, P, dtype) for i in range(P)], dtype=dtype)
@@ -68,7 +68,7 @@ def test_inline_check_accepts_equal_keys_and_refuses_others(op, P, dtype):
 
 
 def _tail_of(key, P, dtype):
-    t = np.empty(8, dtype)
+    t = np.empty(library.CHECK_ELEMENTS, dtype)
     library.encode_check(t, key, P)
     return t
 
