@@ -8,8 +8,8 @@ produces, the block bounds and the ring's schedule -- is cached per call signatu
 (:class:`_Signature`), so an all-gather of equal shapes checks the whole table with one byte
 comparison and pays no per-rank Python work, as MPI's ``MPI_Allgather`` pays none of
 ``MPI_Allgatherv``'s count handling. With ``out`` (the equal-shape form) there is no exchange at all;
-with the library, a repeated call runs its signature's :class:`_EqualPlan`: one ``MPI_Iallgather``
-of small blocks with their call fingerprints.
+with the library, a repeated call runs its signature's :class:`_EqualPlan`, which skips the argument
+checks.
 """
 import math
 
@@ -40,11 +40,8 @@ def allgather(x, comm=None, algorithm="ring", timeout=None, out=None):
     rank check the inputs agree and size the result before any data moves. With ``out``
     (``MPI_Allgather``'s form: every rank's block has ``x``'s shape) there is no such exchange: the
     blocks move at once, and the call fingerprint (which holds the count, dtype, block shape and
-    algorithm) rides in the message tags (``ring``), or, with ``mpi``, after each block of at most
-    :data:`INLINE_MAX` bytes and in a 2-element all-reduce posted alongside larger ones, so ranks
-    whose shapes or calls differ raise instead of exchanging. (A rank in this form while another
-    calls without ``out`` raises within ``timeout``; without one it waits, as mismatched calls of
-    the hand-made algorithms do.) Steps (ring): P - 1 rounds,
+    algorithm) rides in the message tags (``ring``) or in a 2-element all-reduce posted alongside
+    the data (``mpi``), so ranks whose shapes or calls differ raise instead of exchanging. Steps (ring): P - 1 rounds,
     in round s rank r forwards block (r - s) mod P to r + 1. Cost: ``(P-1) alpha + (P-1)/P n beta``.
     Source: Thakur, Rabenseifner and Gropp 2005, section 4.
 
@@ -239,41 +236,23 @@ def _repeated_equal(x, comm, algorithm, timeout, out):
     return plan.run(ctx, x, out, check_timeout(timeout))
 
 
-#: Largest block (bytes) of an equal-shape library all-gather whose call fingerprint rides in the data.
-INLINE_MAX = 8192
-
-
 class _EqualPlan:
     """The library's equal-shape all-gather (``MPI_Allgather``) of one call signature on host arrays.
 
-    Blocks of at most :data:`INLINE_MAX` bytes travel with the call fingerprint after them (8 bytes):
-    every rank gathers ``P`` rows of ``block + fingerprint`` into a private buffer, checks that every
-    row's fingerprint equals its own (the rows of the others are overwritten with a value no
-    fingerprint has before each call, so a shorter message cannot leave an old one there), and copies
-    the blocks into ``out``: one library call. Larger blocks move straight into ``out`` with the
-    2-element fingerprint all-reduce posted beside them (:func:`collectives.library.call`). Which of
-    the two runs depends only on the block's size, a field of the call key.
+    Holds the call key (with the block's shape), the block bounds and the result's shape, so a
+    repeated call skips the argument checks and goes straight to :func:`_gather_blocks`, which posts
+    the 2-element fingerprint all-reduce and then the blocks. The fingerprint does not ride in the
+    blocks: a rank carrying it and one that does not (an all-gather without ``out``, or a
+    reduce-scatter, on another rank) would post different library collectives, which MPICH can pair
+    with each other, returning values on some ranks.
     """
 
-    __slots__ = ("key", "shape", "nbytes", "inline", "buf", "blocks", "mine", "fresh", "codes", "want", "elements",
-                 "out", "rows")
+    __slots__ = ("shape", "firsts", "bounds")
 
     def __init__(self, ctx, x):
-        size, rank = ctx.size, ctx.rank
+        size = ctx.size
         self.shape = (size * x.shape[0],) + x.shape[1:]
-        self.key = ("allgather", "mpi", size * x.size, x.dtype, None, None, block_code(x.shape))
-        self.nbytes, self.elements = x.nbytes, x.size * (size - 1)
-        self.inline = checks_enabled() and x.nbytes <= INLINE_MAX
-        self.out = self.rows = None  # the last out given, and its byte rows (a repeated call often reuses it)
-        if self.inline:
-            b = x.nbytes
-            code = numpy.array([key_code(self.key)], numpy.int64).view(numpy.uint8)
-            self.buf = numpy.empty((size, b + 8), numpy.uint8)
-            self.blocks, self.codes = self.buf[:, :b], self.buf[:, b:]
-            self.mine = self.buf[rank, :b].view(x.dtype).reshape(x.shape)
-            self.fresh = numpy.full((size, 8), 0xFF, numpy.uint8)  # (0xFF in the high bytes: no 32-bit CRC)
-            self.fresh[rank] = code
-            self.want = numpy.tile(code, size).tobytes()
+        self.firsts, self.bounds = [x.shape[0]] * size, [r * x.size for r in range(size + 1)]
 
     def run(self, ctx, x, out, timeout):
         """Gather ``x`` (the plan's shape and dtype) from every rank into ``out``; return ``out``.
@@ -287,21 +266,7 @@ class _EqualPlan:
             A rank did not join within ``timeout``.
         """
         ctx.check_usable()
-        if not self.inline:
-            return _gather_blocks(ctx, x, [x.shape[0]] * ctx.size, [r * x.size for r in range(ctx.size + 1)],
-                                  "mpi", timeout, out=out)
-        self.codes[...] = self.fresh
-        self.mine[...] = x
-        run_library(ctx, self.key, numpy, "Iallgather", (MPI.IN_PLACE, self.buf), timeout, check=False)
-        if self.codes.tobytes() != self.want:
-            err = mismatch(self.key)
-            ctx.fail(f"allgather: {err}")
-            raise err
-        if out is not self.out:
-            self.out, self.rows = out, out.reshape(ctx.size, -1).view(numpy.uint8)
-        self.rows[...] = self.blocks
-        ctx.record("allgather", "mpi", out.size, x.dtype, elements=self.elements, estimated=True)
-        return out
+        return _gather_blocks(ctx, x, self.firsts, self.bounds, "mpi", timeout, out=out)
 
 
 def _bounds(firsts, x):

@@ -6,8 +6,8 @@ MPI itself does not check that ranks agree on a collective's count, datatype or 
 fail, so every library call carries the call fingerprint (:mod:`collectives.fingerprint`) through
 the library itself:
 
-* a small all-reduce or reduce-scatter (at most :data:`PIGGYBACK_MAX` elements) appends 16 check
-  elements to its own buffer (after every chunk, for the reduce-scatter), under the call's own op:
+* a small all-reduce (at most :data:`PIGGYBACK_MAX` elements) appends 16 check elements to its own
+  buffer, under the call's own op:
 
   - ``sum``/``avg``/``min``/``max``: the fingerprint's 32-bit CRC as eight 4-bit digits ``a = d + 1``,
     each with a partner ``b`` (``a**2`` for sums, ``-a`` for min/max). After the reduction every rank
@@ -46,8 +46,8 @@ CHECK_ELEMENTS = 16
 
 
 def piggyback(op, count):
-    """Return True when an ``mpi`` all-reduce or reduce-scatter of ``count`` elements carries its check inline
-    (``op`` is accepted for the callers' sake: every op can)."""
+    """Return True when an ``mpi`` all-reduce of ``count`` elements carries its check inline (``op`` is
+    accepted for the callers' sake: every op can)."""
     return count <= PIGGYBACK_MAX and checks_enabled()
 
 

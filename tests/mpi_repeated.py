@@ -116,8 +116,8 @@ def case_out_buffers():
 
 
 def case_library_plans():
-    """Both forms of the library plans: check elements in the data (small) and the fingerprint beside it
-    (large), uneven chunks, NaN under min/max; NumPy on every rank's gathered input is the oracle."""
+    """The library plans at small and large counts (the 2,048-element limit of the all-reduce's in-data
+    check is no limit here), uneven chunks, NaN under min/max; NumPy on every rank's input is the oracle."""
     for n in (3 * P + 1, 2 * P, 2049 + P, 1500 * P):  # uneven and even chunks, both sides of PIGGYBACK_MAX
         bounds = C.chunk_bounds(n, P)
         for dtype in ("float32", "int32"):
@@ -159,6 +159,29 @@ def case_library_plans():
         sub.Free()
 
 
+def case_mismatch_across_forms():
+    """Mismatches that once made ranks post different library collectives, which MPICH paired with
+    each other and returned values on some ranks: counts on both sides of 2,048 elements, and a
+    reduce-scatter on some ranks against an all-gather into ``out=`` on another, after matched calls."""
+    if P < 2:
+        return
+    either = (C.CollectiveMismatch, C.CollectiveTimeout)
+    sub = comm.Dup()
+    n = 2049 if rank == P - 1 else 2048
+    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), sub, algorithm="mpi", timeout=5),
+                         "reduce_scatter 2048 against 2049 elements")
+    sub.Free()
+    sub = comm.Dup()
+    for _ in range(2):
+        C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi")
+    if rank == P - 1:
+        call = (lambda: C.allgather(np.ones(16, np.float32), sub, "mpi", timeout=5, out=np.empty(16 * P, np.float32)))
+    else:
+        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi", timeout=5))
+    expect_on_every_rank(either, call, "reduce_scatter on some ranks, allgather out= on one")
+    sub.Free()
+
+
 def expect_on_every_rank(exc_type, fn, what):
     try:
         fn()
@@ -193,7 +216,8 @@ def case_mismatch_after_cache():
 
 
 def main():
-    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans):
+    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans,
+                 case_mismatch_across_forms):
         try:
             case()
         except Exception:  # report and keep every rank going; the hang guard is the test timeout
