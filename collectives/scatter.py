@@ -74,7 +74,8 @@ class ScatterPlan:
         else:
             send = self.send = numpy.empty(x.size, self.acc) if self.send is None else self.send
             send.reshape(x.shape)[...] = x
-        direct = out is not None and out.dtype == self.acc and out.flags.c_contiguous
+        direct = (out is not None and out.dtype == self.acc and out.flags.c_contiguous
+                  and not numpy.may_share_memory(out, send))  # (MPI forbids a receive buffer inside the send's)
         mine = out.reshape(-1) if direct else numpy.empty(self.chunk, self.acc)  # the library writes it
         more = ()
         if self.isnan is not None:

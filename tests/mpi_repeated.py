@@ -139,6 +139,12 @@ def case_library_plans():
             out = np.empty((P * shape[0],) + shape[1:])
             C.allgather(x, algorithm="mpi", out=out)
             check(np.array_equal(out, np.concatenate(comm.allgather(x))), f"allgather mpi out= {shape} call {call}")
+    for n in (4 * P, 3000 * P):  # out= a view of x: the library must not receive into its own send buffer
+        for call in range(2):
+            x = ((np.arange(n) + rank + call) % 3 + 1).astype(np.float32)
+            want = scatter_oracle(x.copy(), "sum")
+            got = C.reduce_scatter(x, algorithm="mpi", out=x[:n // P])
+            check(np.array_equal(got, want), f"reduce_scatter mpi n={n} into a view of its input, call {call}")
     x, view, out = np.zeros(2 * P, np.float32), np.zeros(4 * P, np.float32)[::2], np.empty(2 * P, np.float32)
     for call in range(3):  # the same arrays, changed in place between calls (the plans keep views of them)
         x[...], view[...] = call + rank, call * (rank + 1)
