@@ -160,7 +160,7 @@ def case_library_plans():
         rows = 2 if rank == 0 else 3
         out = np.empty(P * rows, np.float32)
         expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
-                             lambda: C.allgather(np.ones(rows, np.float32), sub, "mpi", timeout=5, out=out),
+                             lambda: C.allgather(np.ones(rows, np.float32), sub, "mpi", timeout=2, out=out),
                              "allgather out= after correct calls: rows differ")
         sub.Free()
 
@@ -174,16 +174,16 @@ def case_mismatch_across_forms():
     either = (C.CollectiveMismatch, C.CollectiveTimeout)
     sub = comm.Dup()
     n = 2049 if rank == P - 1 else 2048
-    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), sub, algorithm="mpi", timeout=5),
+    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), sub, algorithm="mpi", timeout=2),
                          "reduce_scatter 2048 against 2049 elements")
     sub.Free()
     sub = comm.Dup()
     for _ in range(2):
         C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi")
     if rank == P - 1:
-        call = (lambda: C.allgather(np.ones(16, np.float32), sub, "mpi", timeout=5, out=np.empty(16 * P, np.float32)))
+        call = (lambda: C.allgather(np.ones(16, np.float32), sub, "mpi", timeout=2, out=np.empty(16 * P, np.float32)))
     else:
-        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi", timeout=5))
+        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi", timeout=2))
     expect_on_every_rank(either, call, "reduce_scatter on some ranks, allgather out= on one")
     sub.Free()
 
