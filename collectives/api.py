@@ -182,7 +182,7 @@ def allreduce(x, comm=None, op="sum", algorithm="auto", out=None, timeout=None, 
 def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
     """Run the MPI library's own all-reduce under the same float16 / avg rules, fingerprint checked."""
     ctx.advance(key, timeout)  # keep the call sequence in step on every rank whatever the algorithm
-    inline = piggyback(op, x.size)
+    inline = piggyback(x.size)
     if not inline and xp is numpy and x.size and x.dtype == ACC[x.dtype] and x.flags.c_contiguous:
         res = numpy.empty(x.shape, x.dtype) if out is None else out
         if res is not x and res.flags.c_contiguous and not numpy.may_share_memory(x, res):

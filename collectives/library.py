@@ -36,8 +36,7 @@ from .fingerprint import checks_enabled, describe, key_code
 from .waiting import deadline_of, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "call",
-           "run_library", "key_code"]
+           "call", "run_library", "key_code"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
@@ -45,9 +44,8 @@ PIGGYBACK_MAX = 2048
 CHECK_ELEMENTS = 16
 
 
-def piggyback(op, count):
-    """Return True when an ``mpi`` all-reduce of ``count`` elements carries its check inline (``op`` is
-    accepted for the callers' sake: every op can)."""
+def piggyback(count):
+    """Return True when an ``mpi`` all-reduce of ``count`` elements carries its check inline (any op)."""
     return count <= PIGGYBACK_MAX and checks_enabled()
 
 
