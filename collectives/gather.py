@@ -214,11 +214,10 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out, given):
         raise TypeError("out and x must be arrays of the same kind (both host or both device)")
     ctx = get_context(comm, timeout)
     ctx.check_usable()
-    if algorithm == "mpi" and type(x) is numpy.ndarray and x.size:
-        plan = ctx.keep(("allgather-out", given, x.dtype, x.shape, checks_enabled()), _EqualPlan(ctx, x))
-        return plan.run(ctx, x, out, timeout)
-    return _gather_blocks(ctx, x, [x.shape[0]] * size, [r * x.size for r in range(size + 1)], algorithm, timeout,
-                          out=out)
+    plan = _EqualPlan(ctx, x, algorithm)
+    if algorithm == "mpi" and type(x) is numpy.ndarray and x.size:  # later calls skip the checks above
+        ctx.keep(("allgather-out", given, x.dtype, x.shape, checks_enabled()), plan)
+    return plan.run(ctx, x, out, timeout)
 
 
 def _repeated_equal(x, comm, algorithm, timeout, out):
@@ -237,22 +236,23 @@ def _repeated_equal(x, comm, algorithm, timeout, out):
 
 
 class _EqualPlan:
-    """The library's equal-shape all-gather (``MPI_Allgather``) of one call signature on host arrays.
+    """The equal-shape all-gather of one call signature: the result's shape and the block bounds.
 
-    Holds the call key (with the block's shape), the block bounds and the result's shape, so a
-    repeated call skips the argument checks and goes straight to :func:`_gather_blocks`, which posts
-    the 2-element fingerprint all-reduce and then the blocks. The fingerprint does not ride in the
+    Every equal-shape call runs through one; the library's (``MPI_Allgather``) on host arrays is
+    cached, so a repeated call skips the argument checks and goes straight to :func:`_gather_blocks`,
+    which posts the 2-element fingerprint all-reduce and then the blocks. The fingerprint does not ride in the
     blocks: a rank carrying it and one that does not (an all-gather without ``out``, or a
     reduce-scatter, on another rank) would post different library collectives, which MPICH can pair
     with each other, returning values on some ranks.
     """
 
-    __slots__ = ("shape", "firsts", "bounds")
+    __slots__ = ("shape", "firsts", "bounds", "algorithm")
 
-    def __init__(self, ctx, x):
+    def __init__(self, ctx, x, algorithm="mpi"):
         size = ctx.size
         self.shape = (size * x.shape[0],) + x.shape[1:]
         self.firsts, self.bounds = [x.shape[0]] * size, [r * x.size for r in range(size + 1)]
+        self.algorithm = algorithm
 
     def run(self, ctx, x, out, timeout):
         """Gather ``x`` (the plan's shape and dtype) from every rank into ``out``; return ``out``.
@@ -266,7 +266,7 @@ class _EqualPlan:
             A rank did not join within ``timeout``.
         """
         ctx.check_usable()
-        return _gather_blocks(ctx, x, self.firsts, self.bounds, "mpi", timeout, out=out)
+        return _gather_blocks(ctx, x, self.firsts, self.bounds, self.algorithm, timeout, out=out)
 
 
 def _bounds(firsts, x):
