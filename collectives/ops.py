@@ -48,8 +48,8 @@ def _auto(name, x, size):
     """Return what ``auto`` runs for reduce-scatter, broadcast and reduce.
 
     Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes (16 KiB on 2 ranks,
-    256 KiB on more): ``mpi``, whose cached call (:class:`~collectives.scatter.ScatterPlan`) carries
-    its fingerprint in the data up to 8 KiB; above, the ring. Measured through commlab (README
+    256 KiB on more): ``mpi``, whose call is cached (:class:`~collectives.scatter.ScatterPlan`);
+    above, the ring. Measured through commlab (README
     "Benchmarks"): the library took 0.8x the ring's time at 16 KiB and 1.1-1.5x from 32 KiB on 2
     ranks, 0.55-0.95x from 16 KiB to 256 KiB and 1.2-1.6x from 512 KiB on 4, where the ring's P - 1
     rounds each pay Python's overhead. Otherwise the first hand-made algorithm.
@@ -123,8 +123,10 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
     xp = get_array_module(x)
     count, size, rank = x.size, ctx.size, ctx.rank
     key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
-    if algorithm == "mpi" and xp is numpy and count:  # planned once, run again by later calls of this signature
-        plan = ctx.keep(("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled()), ScatterPlan(ctx, x, op, key))
+    if algorithm == "mpi":  # planned once; host plans are run again by later calls of this signature
+        plan = ScatterPlan(ctx, x, op, key)
+        if xp is numpy:
+            ctx.keep(("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled()), plan)
         return plan.run(ctx, x, timeout, out)
     bounds = chunk_bounds(count, size)
     acc = accumulation_dtype(x.dtype)
@@ -135,31 +137,10 @@ def reduce_scatter(x, comm=None, op="sum", algorithm="ring", timeout=None, out=N
         inp = x.reshape(-1)  # read in place (by the executor or the library): no copy of the whole input
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
-    if algorithm == "mpi":
-        counts = [bounds[i + 1] - bounds[i] for i in range(size)]
-        direct = out is not None and acc == x.dtype and out.flags.c_contiguous
-        mine = out if direct else xp.empty(hi - lo, dtype=acc)
-        send = inp if inp is not None else work[:count]
-        mask = nan_mask(send, op)  # the library's MIN/MAX may drop NaN: restore NumPy's rule
-        got = numpy.empty(hi - lo, numpy.uint8) if mask is not None else None
-        if len(set(counts)) == 1:  # MPI_Reduce_scatter_block: no count vector to check, MPICH's faster form
-            args = (send, mine, MPI_OPS[op])
-            more = [("Ireduce_scatter_block", (mask, got, MPI.MAX))] if mask is not None else ()
-            run_library(ctx, key, xp, "Ireduce_scatter_block", args, timeout, more)
-        else:
-            run_library(ctx, key, xp, "Ireduce_scatter", (send, mine, counts, MPI_OPS[op]), timeout,
-                        [("Ireduce_scatter", (mask, got, counts, MPI.MAX))] if mask is not None else ())
-        restore_nan(mine, got)
-        ctx.record("reduce_scatter", "mpi", count, acc, elements=count - count // size, estimated=True)
-        if acc == x.dtype and (out is None or direct):  # the library wrote the result itself: no copy
-            return finish(mine, mine, op, size, xp, True)
-        work, lo, hi = mine, 0, hi - lo
-    else:
-        sched = ctx.schedule(("reduce_scatter", algorithm, count),
-                             lambda: segmented(ring_reduce_scatter(rank, size, count)))
-        run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout,
-                     xp, inp, (lo, hi))
-        ctx.record("reduce_scatter", algorithm, count, acc, sched)
+    sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: segmented(ring_reduce_scatter(rank, size, count)))
+    run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout, xp, inp,
+                 (lo, hi))
+    ctx.record("reduce_scatter", algorithm, count, acc, sched)
     return finish(xp.empty(hi - lo, dtype=x.dtype) if out is None else out, work[lo:hi], op, size, xp)
 
 

@@ -36,6 +36,7 @@ def device():
         check(np.array_equal(np.asarray(g)[:, 0], np.repeat(np.arange(P), np.arange(1, P + 1))), "device allgather")
         rs = C.reduce_scatter(to_device(np.ones(10, np.float32)), comm=sub)
         check(np.all(np.asarray(rs) == P), "device reduce_scatter")
+        library_reduce_scatter(sub, aware)
         b = C.broadcast(to_device(np.full(5, rank, np.int32)), root=P - 1, comm=sub)
         check(np.all(np.asarray(b) == P - 1), "device broadcast")
         t = context.get_context(sub).transport(C.backend.get_array_module(to_device(np.ones(1))))
@@ -43,6 +44,27 @@ def device():
         check(t.syncs > 0, "no stream synchronization before MPI")
         if P > 1:
             check((t.staged_bytes > 0) == (aware == "0"), f"staged bytes {t.staged_bytes} with aware={aware}")
+
+
+def library_reduce_scatter(sub, aware):
+    """``mpi`` reduce-scatter of device arrays: the library's own when MPI is CUDA-aware (uneven chunks,
+    float16, NaN under max, ``out=``), against NumPy on every rank's input; refused on every rank otherwise."""
+    bounds = C.chunk_bounds(10, P)
+    for dtype, op in (("float32", "sum"), ("float16", "avg"), ("float32", "max")):
+        x = (np.arange(10) % 4 + rank).astype(dtype)
+        if op == "max":
+            x[3] = np.nan if rank == 0 else x[3]
+        every = np.array(comm.allgather(x), np.float64)
+        want = {"sum": every.sum(0), "avg": every.sum(0) / P, "max": every.max(0)}[op]
+        want = want[bounds[rank]:bounds[rank + 1]].astype(dtype)
+        if aware == "0":
+            expect(ValueError, ["CUDA-aware"], lambda: C.reduce_scatter(to_device(x), comm=sub, op=op, algorithm="mpi"))
+            continue
+        out = to_device(np.full(bounds[rank + 1] - bounds[rank], -1, dtype))
+        for y in (C.reduce_scatter(to_device(x), comm=sub, op=op, algorithm="mpi"),
+                  C.reduce_scatter(to_device(x), comm=sub, op=op, algorithm="mpi", out=out)):
+            check(isinstance(y, HostDeviceArray) and np.array_equal(np.asarray(y), want, equal_nan=True),
+                  f"device mpi reduce_scatter {dtype} {op}: {np.asarray(y)} != {want}")
 
 
 def expect(exc_type, words, fn):
