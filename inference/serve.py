@@ -16,7 +16,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from collectives.select import select_allreduce
+from collectives.model.auto import select_allreduce
 
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher

@@ -4,14 +4,14 @@ Shoeybi et al., "Megatron-LM", 2019, section 3: in a pair of Linear layers ``A``
 of T keeps the columns of ``A`` (and of its bias) and the matching rows of ``B``; the activation
 between them is element-wise, so it runs on the local columns; the pair's output is the sum over
 ranks of ``h_r @ B_r``, one all-reduce per pair, then ``B``'s bias is added once. The layers are
-:class:`training.parallel_layers.ColumnParallelLinear` and
-:class:`~training.parallel_layers.RowParallelLinear`, built from the checkpoint's dense weights.
+:class:`training.model_parallel.layers.ColumnParallelLinear` and
+:class:`~training.model_parallel.layers.RowParallelLinear`, built from the checkpoint's dense weights.
 
 The split rule for a whole MLP: Linear layer ``k`` (0-based) is column-parallel when ``k`` is even and
 it is not the last layer, row-parallel when ``k`` is odd; an even last layer (a model with an even
 number of hidden layers, including the linear model) is row-parallel over the full input, each rank
 taking its own input columns. Widths follow the ``numpy.array_split`` rule
-(:func:`training.parallel_layers.shard_bounds`); a split width must be at least T.
+(:func:`training.model_parallel.layers.shard_bounds`); a split width must be at least T.
 
 The summation rule (what makes answers reproducible): floating-point addition is not associative,
 so a sum of T > 2 partials depends on the order of the additions, and every all-reduce algorithm
@@ -29,7 +29,8 @@ import time
 import numpy
 
 import collectives
-from training.parallel_layers import ColumnParallelLinear, RowParallelLinear
+import collectives.engine.context
+from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["shard_layers", "row_parallel_widths", "rank_order_allreduce", "TensorParallelForward", "emulate_forward"]
 
@@ -140,7 +141,7 @@ def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
         raise ValueError(f"slots must be {shape} {x.dtype}, got {slots.shape} {slots.dtype}")
     slots.fill(-0.0)
     slots[comm.Get_rank()] = x
-    collectives.allreduce(slots, comm, op="sum", algorithm=algorithm, out=slots, timeout=timeout)
+    collectives.allreduce(slots, comm=comm, op="sum", algorithm=algorithm, out=slots, timeout=timeout)
     total = slots[0].copy()
     for t in range(1, T):
         total += slots[t]
@@ -150,7 +151,7 @@ def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
 class TensorParallelForward:
     """One rank's part of the tensor-parallel forward; every rank of ``comm`` calls it together.
 
-    Column-parallel layers run :class:`~training.parallel_layers.ColumnParallelLinear`'s forward
+    Column-parallel layers run :class:`~training.model_parallel.layers.ColumnParallelLinear`'s forward
     (no message); a row-parallel layer computes its partial ``x_r @ W_r`` (B, n_out), sums the
     partials with :func:`rank_order_allreduce` (rank order, whatever ``algorithm``), then adds the
     bias: the rule of the module docstring, so the logits equal :func:`emulate_forward` bitwise.
@@ -213,7 +214,7 @@ class TensorParallelForward:
         y = rank_order_allreduce(part, self.comm, self.algorithm, self.timeout, self._slots[key])
         st = layer.stats
         st["comm_s"] += time.perf_counter() - t0
-        st["bytes_sent"] += collectives.last_stats(self.comm).get("bytes_sent", 0)
+        st["bytes_sent"] += collectives.engine.context.last_stats(self.comm).get("bytes_sent", 0)
         st["calls"] += 1
         y += layer.b
         return y

@@ -2,13 +2,13 @@
 
     python -m plots.bench results/bench.json [results/bench_p2.json ...] [--out DIR] [--markdown]
 
-For every op in a results file (``experiments.bench_collectives``), one PNG ``bench_OP_pP.png``
+For every op in a results file (``experiments.bench.collectives``), one PNG ``bench_OP_pP.png``
 (:mod:`plots.bench_figure`): a row of three panels per family of algorithms -- latency against size,
 busbw against size, and each algorithm's time divided by ``mpi``'s -- with the passes' spread as
-bands. For all-reduce the alpha-beta-gamma model of :mod:`collectives.cost`, fitted to the file's
+bands. For all-reduce the alpha-beta-gamma model of :mod:`collectives.model.cost`, fitted to the file's
 own rows from ``--model-min-bytes``, is drawn dashed over the sizes it was fitted to.
 ``--markdown`` prints each file's ratio summary as a Markdown table: the summary the sweep computed
-and stored (:func:`experiments.bench_output.summarize`); this module draws and prints, it computes no
+and stored (:func:`experiments.bench.output.summarize`); this module draws and prints, it computes no
 figure of its own.
 """
 import argparse
@@ -72,7 +72,7 @@ def markdown(results, stat="mean"):
     Parameters
     ----------
     results : dict
-        As written by ``experiments.bench_collectives`` (``P``, ``mpi_library``, ``config`` and the
+        As written by ``experiments.bench.collectives`` (``P``, ``mpi_library``, ``config`` and the
         stored ``summary``, ``summary_median`` and ``summary_repeats``).
     stat : {"mean", "median"}
         Which stored summary: the one of the slowest rank's mean times, or of the medians.
@@ -84,7 +84,7 @@ def markdown(results, stat="mean"):
     """
     s = results.get("summary" if stat == "mean" else "summary_median")
     if s is None:
-        raise ValueError(f"no stored {stat} summary (an older sweep): run experiments.bench_collectives again")
+        raise ValueError(f"no stored {stat} summary (an older sweep): run experiments.bench.collectives again")
     a = s["aggregates"]
     big, small = (_span(s["sizes"], "allreduce_best_vs_mpi", 64 * _KIB, 64 * _MIB),
                   _span(s["sizes"], "auto_vs_mpi", 8, 4 * _KIB))
@@ -147,12 +147,12 @@ _TARGETS = (
 def _model(rows, min_bytes):
     """Return (``predict(algorithm, P, nbytes) -> seconds`` fitted to ``rows`` of at least ``min_bytes``,
     or None; a note saying which)."""
-    from collectives import cost  # here, not at the top: importing collectives starts MPI
+    from collectives.model import cost  # here, not at the top: importing collectives starts MPI
 
     try:
         params = cost.fit([r for r in rows if not r.get("wrong")], min_bytes=min_bytes)
     except (ValueError, KeyError, TypeError) as exc:
-        return None, f"model not drawn: collectives.cost.fit failed ({exc})"
+        return None, f"model not drawn: collectives.model.cost.fit failed ({exc})"
     note = (f"dashed: alpha-beta-gamma model fitted to this sweep's all-reduce rows from {_size(min_bytes)} "
             f"(alpha {params['alpha'] * 1e6:.3g} us, "
             f"beta {params['beta'] * 1e9:.3g} ns/B, gamma {params['gamma'] * 1e9:.3g} ns/B)")
@@ -174,11 +174,11 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
     Parameters
     ----------
     results : dict
-        As written by ``experiments.bench_collectives``.
+        As written by ``experiments.bench.collectives``.
     out_dir : str
         Directory for ``bench_OP_pP.png`` files (created if missing).
     model : bool
-        Draw the fitted model as dashed lines (all-reduce) when :mod:`collectives.cost` is available.
+        Draw the fitted model as dashed lines (all-reduce) when :mod:`collectives.model.cost` is available.
     stat : {"mean", "median"}
         Time per call drawn: the slowest rank's mean (nccl-tests' time) or median; busbw follows it.
     model_min_bytes : int
@@ -212,7 +212,7 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
 def main(argv=None):
     """Read results files, draw their figures, optionally print their Markdown summaries."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m plots.bench")
-    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench_collectives")
+    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench.collectives")
     p.add_argument("--out", help="directory for the PNG files (default: beside each results file)")
     p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
@@ -226,14 +226,14 @@ def main(argv=None):
             with open(path, encoding="utf-8") as f:
                 results = json.load(f)
             if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
-                raise ValueError("not an experiments.bench_collectives results file (no list of rows)")
+                raise ValueError("not an experiments.bench.collectives results file (no list of rows)")
             written = draw(results, a.out or os.path.dirname(os.path.abspath(path)), not a.no_model, a.stat,
                            a.model_min_bytes)
             text = markdown(results, a.stat) if a.markdown else None
         except OSError as exc:
             p.error(f"{path}: {exc.strerror or exc}")
         except (ValueError, KeyError, TypeError) as exc:  # KeyError, TypeError: a malformed row
-            p.error(f"{path}: not an experiments.bench_collectives results file ({exc!r})"
+            p.error(f"{path}: not an experiments.bench.collectives results file ({exc!r})"
                     if isinstance(exc, KeyError) else f"{path}: {exc}")
         print("\n".join(f"wrote {w}" for w in written))
         if text is not None:

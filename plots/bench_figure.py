@@ -7,7 +7,7 @@ the hand-written ring loops, the memory-bandwidth ``limit``); the other ops have
 panel ``mpi`` (commlab's call of the MPI library's collective) is the thick black anchor line. The
 panels: time per call (log-log), busbw (log-log) and time / ``mpi``'s time (log2, ``1x`` marked);
 shaded bands span the fastest to the slowest pass of the sweep (``time_repeats_us``). The all-reduce
-model (:mod:`collectives.cost`) is dashed, and only over the sizes it was fitted to. The x-axis ends at
+model (:mod:`collectives.model.cost`) is dashed, and only over the sizes it was fitted to. The x-axis ends at
 the measured sizes, and the title says when the ranks outnumber the cores.
 """
 import humanfriendly

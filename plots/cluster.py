@@ -5,14 +5,14 @@
     python -m plots.cluster results/cluster/model.json
     python -m plots.cluster results/cluster/ps_vs_allreduce.json
 
-The file's ``study`` key picks the figure. Collectives (``experiments.cluster_collectives``): one row
+The file's ``study`` key picks the figure. Collectives (``experiments.cluster.collectives``): one row
 of panels per link rate: all-reduce time per call against size (log-log), each algorithm's speedup
 over ``ring`` (median of the passes, bars: their range; above 1 is faster than the flat ring), and the
 inter-node busbw as a fraction of the configured link rate. Compression
-(``experiments.cluster_compression``): each compressor's step-time speedup over ``none`` and its
-time to the target accuracy, per network. Model (``experiments.cluster_model``): predicted against
+(``experiments.cluster.compression``): each compressor's step-time speedup over ``none`` and its
+time to the target accuracy, per network. Model (``experiments.cluster.model``): predicted against
 measured all-reduce time, per algorithm, with the tolerance band. Parameter server
-(``experiments.cluster_ps``): samples/s and bytes per link per step of each configuration. Drawing only: every number comes
+(``experiments.cluster.ps``): samples/s and bytes per link per step of each configuration. Drawing only: every number comes
 from the study's file.
 """
 import argparse
@@ -34,7 +34,7 @@ _STYLE = {"ring": ("tab:blue", "o"), "rabenseifner": ("tab:orange", "s"), "2d": 
 
 
 def draw(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster_collectives``) to the PNG ``out``."""
+    """Draw ``study`` (the JSON of ``experiments.cluster.collectives``) to the PNG ``out``."""
     rows = study["rows"]
     links = list(dict.fromkeys(r["link"] for r in rows))
     fig, axes = plt.subplots(len(links), 3, figsize=(15, 4.2 * len(links)), squeeze=False)
@@ -72,14 +72,14 @@ def draw(study, out):
             ax.set_xlabel("all-reduce size")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle("All-reduce across emulated nodes (experiments.cluster): flat ring vs hierarchical 2d")
+    fig.suptitle("All-reduce across emulated nodes (experiments.cluster.emulate): flat ring vs hierarchical 2d")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
 def draw_compression(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster_compression``) to the PNG ``out``."""
+    """Draw ``study`` (the JSON of ``experiments.cluster.compression``) to the PNG ``out``."""
     rows, nets = study["rows"], study["networks"]
     specs = list(dict.fromkeys(r["spec"] for r in rows))
     fig, axes = plt.subplots(2, 1, figsize=(14, 8.5), sharex=True)
@@ -110,14 +110,14 @@ def draw_compression(study, out):
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.legend(fontsize=9)
-    fig.suptitle("Gradient compression on emulated links against shared memory (experiments.cluster)")
+    fig.suptitle("Gradient compression on emulated links against shared memory (experiments.cluster.emulate)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
 def draw_model(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster_model``) to the PNG ``out``."""
+    """Draw ``study`` (the JSON of ``experiments.cluster.model``) to the PNG ``out``."""
     models = list(study["models"])
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5.5), squeeze=False)
     tol = study["tolerance"]
@@ -147,7 +147,7 @@ def draw_model(study, out):
 
 
 def draw_ps(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster_ps``) to the PNG ``out``."""
+    """Draw ``study`` (the JSON of ``experiments.cluster.ps``) to the PNG ``out``."""
     rows = study["rows"]
     names = [r["config"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -165,7 +165,7 @@ def draw_ps(study, out):
     axes[1].legend()
     for ax in axes:
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (experiments.cluster)")
+    fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (experiments.cluster.emulate)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -174,7 +174,7 @@ def draw_ps(study, out):
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
-    p.add_argument("study", help="a results JSON of experiments.cluster_collectives, cluster_compression "
+    p.add_argument("study", help="a results JSON of experiments.cluster.collectives, cluster_compression "
                    "or cluster_model")
     p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
@@ -182,8 +182,8 @@ def main(argv=None):
         study = json.load(f)
     out = a.out or os.path.splitext(a.study)[0] + ".png"
     kind = study.get("study", "")
-    {"experiments.cluster_compression": draw_compression, "experiments.cluster_model": draw_model,
-     "experiments.cluster_ps": draw_ps}.get(kind, draw)(
+    {"experiments.cluster.compression": draw_compression, "experiments.cluster.model": draw_model,
+     "experiments.cluster.ps": draw_ps}.get(kind, draw)(
         study, out)
     print(f"wrote {out}")
     return 0

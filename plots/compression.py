@@ -158,7 +158,7 @@ def figure(results):
     Parameters
     ----------
     results : dict
-        As written by ``experiments.compression_sweep`` (``table``, ``run``, ``train_config``).
+        As written by ``experiments.studies.compression_sweep`` (``table``, ``run``, ``train_config``).
 
     Returns
     -------
@@ -277,7 +277,7 @@ def draw(results, path):
     Parameters
     ----------
     results : dict
-        As written by ``experiments.compression_sweep``.
+        As written by ``experiments.studies.compression_sweep``.
     path : str
         Output PNG file.
 
@@ -295,7 +295,7 @@ def main(argv=None):
     """Command-line entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.compression",
                                 description="Draw the compression study from its results JSON.")
-    p.add_argument("results", help="compression_sweep.json written by experiments.compression_sweep")
+    p.add_argument("results", help="compression_sweep.json written by experiments.studies.compression_sweep")
     p.add_argument("--out", help="output PNG (default: compression.png beside RESULTS)")
     args = p.parse_args(argv)
     try:

@@ -134,7 +134,7 @@ def _step_time_panel(ax, grids, xs, labels):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m plots.model_parallel",
                                 description="Draw the model-parallel study (results JSON -> PNG).")
-    p.add_argument("results", help="results file of experiments.model_parallel_study")
+    p.add_argument("results", help="results file of experiments.studies.model_parallel_study")
     p.add_argument("--out", help="PNG to write (default: beside the results, .png)")
     args = p.parse_args(argv)
     with open(args.results, encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""Draw predicted all-reduce time against P, one panel per message size, from ``experiments.scale_sim``.
+"""Draw predicted all-reduce time against P, one panel per message size, from ``experiments.studies.scale_sim``.
 
 Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png]``.
 """
@@ -79,7 +79,7 @@ def draw(result, out):
 def main(argv=None):
     """Read the results JSON and write the PNG."""
     ap = argparse.ArgumentParser(prog="python -m plots.scaling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="JSON written by experiments.scale_sim")
+    ap.add_argument("results", help="JSON written by experiments.studies.scale_sim")
     ap.add_argument("--out", default="results/scaling.png", help="PNG path (default results/scaling.png)")
     args = ap.parse_args(argv)
     try:
@@ -90,11 +90,11 @@ def main(argv=None):
     except ValueError as exc:
         ap.error(f"{args.results}: not JSON ({exc})")
     if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
-        ap.error(f"{args.results}: not an experiments.scale_sim results file (no list of rows)")
+        ap.error(f"{args.results}: not an experiments.studies.scale_sim results file (no list of rows)")
     try:
         draw(results, args.out)
     except (KeyError, TypeError) as exc:
-        ap.error(f"{args.results}: not an experiments.scale_sim results file ({exc!r})")
+        ap.error(f"{args.results}: not an experiments.studies.scale_sim results file ({exc!r})")
     except OSError as exc:
         ap.error(f"cannot write --out {args.out!r}: {exc.strerror or exc}")
     print(f"wrote {args.out}")

@@ -148,7 +148,7 @@ def draw(doc, path):
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.serving", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", help="serving_study.json written by experiments.serving_study")
+    p.add_argument("results", help="serving_study.json written by experiments.studies.serving_study")
     p.add_argument("--out", default="", help="PNG to write (default: serving.png beside the results)")
     args = p.parse_args(argv)
     try:

@@ -5,7 +5,7 @@ histogram of every protocol.
     python -m plots.staleness results/staleness/staleness_sweep.json [--out FILE.png]
 
 Also accepts the ``summary.json`` of single ``--mode ps`` runs (one curve and histogram each). From
-a ``ps_study.json`` (:mod:`experiments.ps_study`) the curves and histograms are those of its
+a ``ps_study.json`` (:mod:`experiments.studies.ps_study`) the curves and histograms are those of its
 transient-delay part, and a second figure, ``*_throughput.png`` beside the first, draws the
 study's ratio tables: time to 95 % against BSP under transient delays, throughput under a
 persistent straggler against none, and throughput with 1, 2 and 4 servers.
@@ -277,7 +277,7 @@ def draw_ratios(tables, meta, path):
     Parameters
     ----------
     tables : dict
-        ``{part: rows}`` as :func:`experiments.ps_study.ratio_table` computed them.
+        ``{part: rows}`` as :func:`experiments.studies.ps_study.ratio_table` computed them.
     meta : dict
         From :func:`load_runs` (``run``: MPI library, P, host).
     path : str

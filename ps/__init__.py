@@ -3,7 +3,7 @@
 Roles come from the communicator (the first ``S`` ranks serve, the others work). A job is one call
 of :func:`run` with its :class:`PSOptions`; the servers run the optimizer its caller hands it
 (``make_optimizer``), and rank 0 gets the :class:`RunResult`. Training the trainer's model with a
-parameter server is the trainer's ``--mode ps`` (:mod:`training.ps_mode`).
+parameter server is the trainer's ``--mode ps`` (:mod:`training.ps_mode.worker`).
 
 Modules: ``options`` (settings), ``runtime`` (the job: roles, worker loop, reports), ``server``
 (the server loop), ``client`` (a worker's push/pull), ``consistency`` (BSP/ASP/SSP rules),

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from collectives import trace
+from collectives.engine import trace
 from ps.protocol import Backoff, Msg, PSError, PSTimeout, probe, receive, send, wait_all
 from ps.sharding import shard_offsets
 

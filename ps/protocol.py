@@ -33,6 +33,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from collectives.errors import CommlabError, Timeout
+
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "header_tag", "data_tag", "send",
            "probe", "receive", "wait_all", "Backoff"]
 
@@ -59,11 +61,11 @@ class Msg(enum.IntEnum):
     FINAL = 12
 
 
-class PSError(RuntimeError):
+class PSError(CommlabError, RuntimeError):
     """A parameter-server run cannot continue (lost worker under BSP, protocol violation)."""
 
 
-class PSTimeout(PSError):
+class PSTimeout(PSError, Timeout):
     """A peer did not answer within the allowed time."""
 
 

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from collectives import trace
+from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer

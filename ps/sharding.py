@@ -2,14 +2,14 @@
 
 The flat vector of ``n`` parameters is cut into ``S`` contiguous shards whose sizes differ by at
 most one element, with the larger shards first -- the splitting rule of ``numpy.array_split`` that
-the collectives use for their chunks (``collectives.chunk_bounds``, reused here). Server ``r`` owns
+the collectives use for their chunks (``collectives.schedules.schedule.chunk_bounds``, reused here). Server ``r`` owns
 ``[offsets[r], offsets[r + 1])``. This is
 ps-lite's key-range partition (Li et al., "Scaling Distributed Machine Learning with the Parameter
 Server", OSDI 2014, section 3.3) on a dense key space ``0 .. n - 1``.
 """
 import numpy as np
 
-from collectives.schedule import chunk_bounds
+from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["shard_sizes", "shard_offsets", "shard_slice", "split_shards", "join_shards"]
 

@@ -19,11 +19,12 @@ import zipfile
 import numpy
 
 from collectives.backend import to_host
+from collectives.errors import CommlabError
 
 __all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(CommlabError, ValueError):
     """A checkpoint file cannot be used (unreadable, corrupt, truncated or inconsistent)."""
 
 

@@ -14,6 +14,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from collectives.engine.context import last_stats, total_stats
+from collectives.schedules.registry import build_allreduce_schedule
+from collectives.schedules.schedule import chunk_bounds
+from collectives.calls import allreduce as allreduce_module
 from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
@@ -60,7 +64,7 @@ def numpy_oracle(x, op):
 
 def mpi_oracle(x, op):
     acc = x.astype(np.float32) if x.dtype == np.float16 else x.copy()
-    comm.Allreduce(MPI.IN_PLACE, acc, C.api.MPI_OPS[op])
+    comm.Allreduce(MPI.IN_PLACE, acc, allreduce_module.MPI_OPS[op])
     if op == "avg":
         acc = acc / P if x.dtype.kind == "f" else np.floor_divide(acc, P)
     return np.asarray(acc).astype(x.dtype)
@@ -81,7 +85,7 @@ def case_matrix(counts):
                     check(close(y, ref_mpi, dtype) and close(y[sample], ref_np, dtype),
                           f"allreduce {alg} count={count} {dtype} {op}")
                 rs = C.reduce_scatter(x, op=op)
-                lo, hi = C.chunk_bounds(count, P)[rank:rank + 2]
+                lo, hi = chunk_bounds(count, P)[rank:rank + 2]
                 check(close(rs, ref_mpi[lo:hi], dtype), f"reduce_scatter count={count} {dtype} {op}")
 
 
@@ -205,20 +209,20 @@ def case_float16_native():
         y = C.allreduce(x, algorithm=alg, accumulate="native")
         check(np.array_equal(y, want), f"float16 native {alg}")
         if alg not in ("mpi", "auto") and P > 1:
-            st = C.last_stats()
+            st = last_stats()
             check(st["dtype"] == "float16", f"float16 native {alg} sent {st['dtype']}")
 
 
 def case_stats():
     """last_stats counts what the schedule sent: ring sends 2 (P-1) chunks of n / P elements."""
-    before = C.total_stats()["bytes_sent"]
+    before = total_stats()["bytes_sent"]
     C.allreduce(np.ones(10 * P, np.float32), algorithm="ring")
-    st = C.last_stats()
+    st = last_stats()
     check(st["algorithm"] == "ring" and st["bytes_sent"] == 2 * (P - 1) * 10 * 4, f"ring stats {st}")
     check(st["messages"] == 2 * (P - 1) and not st["estimated"], f"ring messages {st}")
-    check(C.total_stats()["bytes_sent"] - before == st["bytes_sent"], "total_stats does not add up")
+    check(total_stats()["bytes_sent"] - before == st["bytes_sent"], "total_stats does not add up")
     C.allreduce(np.ones(8, np.float32), algorithm="auto")
-    check(C.last_stats()["algorithm"] in C.ALGORITHMS and C.last_stats()["algorithm"] != "auto", "auto unresolved")
+    check(last_stats()["algorithm"] in C.ALGORITHMS and last_stats()["algorithm"] != "auto", "auto unresolved")
 
 
 def case_grid_and_nonblocking():
@@ -265,13 +269,13 @@ def case_grid_and_nonblocking():
 
 
 def case_segmented_bitwise():
-    """Cutting messages into segments (collectives.schedule.segmented) changes no bit of any result."""
-    from collectives.executor import execute
-    from collectives.schedule import segmented
+    """Cutting messages into segments (collectives.schedules.schedule.segmented) changes no bit of any result."""
+    from collectives.engine.executor import execute
+    from collectives.schedules.schedule import segmented
     for count in (1001, 4 * P + 3):
         x = make(count, "float32", "sum", salt=5)
         for alg in [a for a in ALGS if a not in ("mpi", "auto")]:
-            whole = C.build_allreduce_schedule(alg, rank, P, count)
+            whole = build_allreduce_schedule(alg, rank, P, count)
             cut = segmented(whole, 7)
             results = []
             for sched in (whole, cut):

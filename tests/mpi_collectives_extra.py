@@ -12,7 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives import context
+from collectives.schedules.schedule import chunk_bounds
+from collectives.engine import context
 from tests.fakedevice import HostDeviceArray, to_device
 from tests.mpicases import FAILS, check, report
 
@@ -49,7 +50,7 @@ def device():
 def library_reduce_scatter(sub, aware):
     """``mpi`` reduce-scatter of device arrays: the library's own when MPI is CUDA-aware (uneven chunks,
     float16, NaN under max, ``out=``), against NumPy on every rank's input; refused on every rank otherwise."""
-    bounds = C.chunk_bounds(10, P)
+    bounds = chunk_bounds(10, P)
     for dtype, op in (("float32", "sum"), ("float16", "avg"), ("float32", "max")):
         x = (np.arange(10) % 4 + rank).astype(dtype)
         if op == "max":

@@ -28,7 +28,8 @@ import torch
 from mpi4py import MPI
 
 import collectives
-from collectives.torch_hook import CommHookState, DistributedOptimizer, broadcast_parameters, commlab_hook
+import collectives.schedules.schedule
+from collectives.interop.torch_hook import CommHookState, DistributedOptimizer, broadcast_parameters, commlab_hook
 from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
@@ -103,7 +104,7 @@ def case_dlpack():
         a = data(dtype, n=11, salt=5)
         want = mpi_reduce(a, "max")
         got = collectives.reduce_scatter(as_torch(a), op=MPI.MAX)
-        lo, hi = collectives.chunk_bounds(a.size, P)[rank:rank + 2]
+        lo, hi = collectives.schedules.schedule.chunk_bounds(a.size, P)[rank:rank + 2]
         check(np.array_equal(as_numpy(got), want[lo:hi]), f"reduce_scatter {dtype} MPI.MAX != MPI oracle")
         want = mpi_reduce(a, "min")
         got = collectives.reduce(as_torch(a), root=0, op=MPI.MIN)

@@ -16,8 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives import select
-from collectives.context import get_context
+from collectives.engine.context import free_context, last_stats
+from collectives.model import auto as select
+from collectives.engine.context import get_context
 from tests.mpicases import check, report
 
 comm = MPI.COMM_WORLD
@@ -56,7 +57,7 @@ def plans():
                              ("int32", "avg", 5), ("float16", "sum", 9), ("int64", "prod", 3000),
                              ("float32", "min", 3000)):
             x = data(n, dtype, op, 0)
-            plan = C.allreduce_init(x, sub, op=op, algorithm=alg)
+            plan = C.allreduce_init(x, comm=sub, op=op, algorithm=alg)
             check(plan.algorithm == alg, f"plan algorithm {plan.algorithm} != {alg}")
             for step in range(3):
                 x[...] = data(n, dtype, op, step)  # the plan reads x's contents at every start
@@ -65,7 +66,7 @@ def plans():
                 check(got is plan.out and same(got, oracle(x, op)), f"plan {alg} {dtype} {op} n={n} step {step}")
             plan.free()
         y = np.arange(6, dtype=np.float32) + rank
-        plan = C.allreduce_init(y, sub, algorithm=alg, out=y)  # in place
+        plan = C.allreduce_init(y, comm=sub, algorithm=alg, out=y)  # in place
         want = oracle(y, "sum")
         plan.start()
         check(same(plan.wait(), want) and same(y, want), f"in-place plan {alg}")
@@ -77,7 +78,7 @@ def plans():
                 pass
         plan.wait()
         plan.free()
-    C.free_context(sub)
+    free_context(sub)
     sub.Free()
 
 
@@ -90,14 +91,14 @@ def cached():
                 for step in range(3):
                     x = data(n, dtype, op, step).reshape((1, n))
                     out = np.empty_like(x) if step == 1 else None
-                    got = C.allreduce(x, sub, op=op, algorithm="mpi", out=out, timeout=30.0 if step == 2 else None)
+                    got = C.allreduce(x, comm=sub, op=op, algorithm="mpi", out=out, timeout=30.0 if step == 2 else None)
                     check(same(got, oracle(x, op)), f"cached mpi {dtype} {op} n={n} step {step}")
                     check(out is None or got is out, "out= not returned")
                 check(("mpi", op, np.dtype(dtype), (1, n)) in ctx.fast, f"no cached plan for {dtype} {op} n={n}")
-    stats = C.last_stats(sub)
+    stats = last_stats(sub)
     check(stats["algorithm"] == "mpi" and stats["count"] == 2048 and stats["estimated"], f"last_stats {stats}")
     check(all(plan.n <= 2048 for plan in ctx.plans.values()), "a plan above PIGGYBACK_MAX was cached")
-    C.free_context(sub)
+    free_context(sub)
     sub.Free()
 
 
@@ -105,11 +106,11 @@ def mismatch():
     for kind in ("count", "op"):
         sub = comm.Dup()
         for _ in range(2):  # every rank caches count 8, op sum
-            C.allreduce(np.ones(8, np.float32), sub, algorithm="mpi")
+            C.allreduce(np.ones(8, np.float32), comm=sub, algorithm="mpi")
         n = 10 if kind == "count" and rank == 0 else 8
         op = "max" if kind == "op" and rank == 0 else "sum"
         try:
-            got = C.allreduce(np.ones(n, np.float32), sub, op=op, algorithm="mpi", timeout=5.0)
+            got = C.allreduce(np.ones(n, np.float32), comm=sub, op=op, algorithm="mpi", timeout=5.0)
             check(False, f"{kind} mismatch on the cached path returned {got[:3]}")
         except C.CollectiveTimeout:
             check(kind == "op" and rank == 0, f"{kind}: timed out instead of naming the mismatch")
@@ -117,7 +118,7 @@ def mismatch():
         except C.CollectiveError as exc:
             check("disagree" in str(exc) or "differ" in str(exc), f"{kind}: unclear error {exc}")
         try:
-            C.allreduce(np.ones(8, np.float32), sub, algorithm="mpi")
+            C.allreduce(np.ones(8, np.float32), comm=sub, algorithm="mpi")
             check(False, f"{kind}: the communicator was still usable after the mismatch")
         except RuntimeError:
             pass
@@ -133,16 +134,16 @@ def table():
         select.load_table(path, check_library=False)
         x = np.arange(5, dtype=np.float32) + rank
         for _ in range(2):
-            check(same(C.allreduce(x, sub), oracle(x, "sum")), "auto -> mpi from the table")
-            check(C.last_stats(sub)["algorithm"] == "mpi", f"auto resolved to {C.last_stats(sub)['algorithm']}")
+            check(same(C.allreduce(x, comm=sub), oracle(x, "sum")), "auto -> mpi from the table")
+            check(last_stats(sub)["algorithm"] == "mpi", f"auto resolved to {last_stats(sub)['algorithm']}")
         select.clear_table()
-        check(same(C.allreduce(x, sub), oracle(x, "sum")), "auto after the table changed")
-        check(C.last_stats(sub)["algorithm"] != "mpi", "the cached plan outlived the table that chose it")
+        check(same(C.allreduce(x, comm=sub), oracle(x, "sum")), "auto after the table changed")
+        check(last_stats(sub)["algorithm"] != "mpi", "the cached plan outlived the table that chose it")
     finally:
         os.remove(path)
         select.clear_table()
         select._STATE["loaded"] = False  # back to the shipped table
-    C.free_context(sub)
+    free_context(sub)
     sub.Free()
 
 

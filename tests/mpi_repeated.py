@@ -1,7 +1,7 @@
 """Rank-side body: repeated reduce-scatter and all-gather calls through their cached paths.
 
 ``mpiexec -n P python -m tests.mpi_repeated``. A repeated call of one signature reuses what the
-first call cached (``collectives.scatter.ScatterPlan``, ``collectives.gather._Signature`` and
+first call cached (``collectives.library.scatter_plan.ScatterPlan``, ``collectives.calls.allgather._Signature`` and
 ``_EqualPlan``); every case
 calls several times with new data and compares each result with MPI's own collective called here
 (``Reduce_scatter_block`` in float64, or ``allgather`` of the blocks), checks that an earlier result
@@ -15,6 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from collectives.engine.context import last_stats
+from collectives.schedules.schedule import chunk_bounds
 from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
@@ -51,11 +53,11 @@ def case_reduce_scatter():
                     check(all(np.array_equal(g, w) for g, w in results),
                           f"reduce_scatter {alg} {dtype} {op}: a later call overwrote an earlier result")
     C.reduce_scatter(np.ones(P * 4, np.float32), algorithm="auto")
-    check(C.last_stats()["algorithm"] == "mpi", "auto reduce-scatter of 16 B per rank did not run mpi")
+    check(last_stats()["algorithm"] == "mpi", "auto reduce-scatter of 16 B per rank did not run mpi")
     limit = 16384 if P <= 2 else 262144  # bytes of input up to which auto runs the library
     for n, want in ((limit // 4, "mpi"), (limit // 4 + P, "ring")):
         C.reduce_scatter(np.ones(n, np.float32), algorithm="auto")
-        check(C.last_stats()["algorithm"] == want, f"auto reduce-scatter of {4 * n} B on {P} ranks did not run {want}")
+        check(last_stats()["algorithm"] == want, f"auto reduce-scatter of {4 * n} B on {P} ranks did not run {want}")
 
 
 def case_allgather():
@@ -69,7 +71,7 @@ def case_allgather():
             results.append((got, want))
         check(all(np.array_equal(g, w) for g, w in results), f"allgather {alg}: a later call overwrote a result")
     C.allgather(np.ones(4, np.float32), algorithm="auto")
-    check(C.last_stats()["algorithm"] == "mpi", "auto all-gather of a host array did not run mpi")
+    check(last_stats()["algorithm"] == "mpi", "auto all-gather of a host array did not run mpi")
 
 
 def case_out_buffers():
@@ -110,7 +112,7 @@ def case_out_buffers():
                 sub = comm.Dup()
                 out = np.empty((P * shape[0], shape[1]))
                 expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),  # ring: tags differ, so a timeout
-                                     lambda: C.allgather(np.ones(shape), sub, alg, timeout=2, out=out),
+                                     lambda: C.allgather(np.ones(shape), comm=sub, algorithm=alg, timeout=2, out=out),
                                      f"allgather out= {alg} {what}")
                 sub.Free()
 
@@ -119,7 +121,7 @@ def case_library_plans():
     """The library plans at small and large counts (the 2,048-element limit of the all-reduce's in-data
     check is no limit here), uneven chunks, NaN under min/max; NumPy on every rank's input is the oracle."""
     for n in (3 * P + 1, 2 * P, 2049 + P, 1500 * P):  # uneven and even chunks, both sides of PIGGYBACK_MAX
-        bounds = C.chunk_bounds(n, P)
+        bounds = chunk_bounds(n, P)
         for dtype in ("float32", "int32"):
             for op in ("sum", "prod", "min", "max", "avg"):
                 for call in range(2):
@@ -156,11 +158,11 @@ def case_library_plans():
     if P > 1:  # a mismatch after correct calls of the same plan: what they left in its buffer is not taken
         sub = comm.Dup()
         for _ in range(2):
-            C.allgather(np.ones(3, np.float32), sub, "mpi", out=np.empty(3 * P, np.float32))
+            C.allgather(np.ones(3, np.float32), comm=sub, algorithm="mpi", out=np.empty(3 * P, np.float32))
         rows = 2 if rank == 0 else 3
         out = np.empty(P * rows, np.float32)
         expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
-                             lambda: C.allgather(np.ones(rows, np.float32), sub, "mpi", timeout=2, out=out),
+                             lambda: C.allgather(np.ones(rows, np.float32), comm=sub, algorithm="mpi", timeout=2, out=out),
                              "allgather out= after correct calls: rows differ")
         sub.Free()
 
@@ -174,16 +176,16 @@ def case_mismatch_across_forms():
     either = (C.CollectiveMismatch, C.CollectiveTimeout)
     sub = comm.Dup()
     n = 2049 if rank == P - 1 else 2048
-    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), sub, algorithm="mpi", timeout=2),
+    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), comm=sub, algorithm="mpi", timeout=2),
                          "reduce_scatter 2048 against 2049 elements")
     sub.Free()
     sub = comm.Dup()
     for _ in range(2):
-        C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi")
+        C.reduce_scatter(np.ones(16, np.float32), comm=sub, algorithm="mpi")
     if rank == P - 1:
-        call = (lambda: C.allgather(np.ones(16, np.float32), sub, "mpi", timeout=2, out=np.empty(16 * P, np.float32)))
+        call = (lambda: C.allgather(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=2, out=np.empty(16 * P, np.float32)))
     else:
-        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), sub, algorithm="mpi", timeout=2))
+        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=2))
     expect_on_every_rank(either, call, "reduce_scatter on some ranks, allgather out= on one")
     sub.Free()
 
@@ -208,15 +210,15 @@ def case_mismatch_after_cache():
     sub = comm.Dup()
     x = np.ones(2 * P, np.float32)
     for op in ("sum", "prod", "sum", "prod"):
-        C.reduce_scatter(x, sub, op=op, algorithm="mpi")
+        C.reduce_scatter(x, comm=sub, op=op, algorithm="mpi")
     expect_on_every_rank(C.CollectiveMismatch,
-                         lambda: C.reduce_scatter(x, sub, op="prod" if rank == 0 else "sum", algorithm="mpi",
+                         lambda: C.reduce_scatter(x, comm=sub, op="prod" if rank == 0 else "sum", algorithm="mpi",
                                                   timeout=20), "reduce_scatter op mismatch")
     sub.Free()
     sub = comm.Dup()
     for dtype in ("float32", "int32", "float32", "int32"):
-        C.allgather(np.ones(3, dtype), sub, algorithm="mpi")
-    expect_on_every_rank(TypeError, lambda: C.allgather(np.ones(3, "int32" if rank == 0 else "float32"), sub,
+        C.allgather(np.ones(3, dtype), comm=sub, algorithm="mpi")
+    expect_on_every_rank(TypeError, lambda: C.allgather(np.ones(3, "int32" if rank == 0 else "float32"), comm=sub,
                                                         algorithm="mpi", timeout=20), "allgather dtype mismatch")
     sub.Free()
 

@@ -34,7 +34,7 @@ from training.config import Config
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
-from training.parallel import evaluate, make_grad_hook, train_step
+from training.dp.data_parallel import evaluate, make_grad_hook, train_step
 from training.train import run
 from tests.mpicases import quiet, run_cases, shared_dir
 

@@ -4,7 +4,7 @@ Oracles: the sweep's own #wrong column (every result compared with MPI's collect
 its counter is itself tested on planted errors), nccl-tests' busbw definitions recomputed from the
 rows (relative tolerance 1e-5: the files keep 6 significant digits), and for the tuning table the
 fastest hand-made algorithm read off the rows, compared with what
-``collectives.select.select_allreduce`` returns after ``load_table``.
+``collectives.model.auto.select_allreduce`` returns after ``load_table``.
 """
 import csv
 import json
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from collectives import select
-from experiments import bench_collectives as bench
-from experiments import bench_output
-from experiments import tune
+from collectives.model import auto as select
+from experiments.bench import collectives as bench
+from experiments.bench import output as bench_output
+from experiments.bench import tune
 from plots import bench as plot
 from tests.mpirun import run_mpi
 
@@ -26,7 +26,7 @@ OPS = "allreduce,reduce_scatter,allgather,broadcast"
 
 
 def _sweep(P, prefix, *args):
-    proc = run_mpi(P, "experiments.bench_collectives", "--ops", OPS, "--min-bytes", "64", "--max-bytes", "128",
+    proc = run_mpi(P, "experiments.bench.collectives", "--ops", OPS, "--min-bytes", "64", "--max-bytes", "128",
                    "--out", prefix, *args, timeout=120)
     with open(f"{prefix}.json", encoding="utf-8") as f:
         results = json.load(f)
@@ -111,7 +111,7 @@ def _has_torch():
 
 @pytest.mark.skipif(_has_torch(), reason="torch is installed: the gloo run itself is tested")
 def test_gloo_baseline_without_torch_fails_clearly(tmp_path):
-    proc = run_mpi(2, "experiments.bench_collectives", "--ops", "allreduce", "--max-bytes", "8", "--baseline",
+    proc = run_mpi(2, "experiments.bench.collectives", "--ops", "allreduce", "--max-bytes", "8", "--baseline",
                    "gloo", "--out", str(tmp_path / "g"), timeout=60, check=False)
     assert proc.returncode == 2 and "needs PyTorch" in proc.stdout
     assert proc.stdout.count("needs PyTorch") == 1  # rank 0 alone reports
@@ -126,7 +126,7 @@ def test_gloo_baseline_checked_against_mpi(tmp_path):
 
 
 def test_count_wrong_detects_planted_errors():
-    from experiments.bench_oracle import count_wrong
+    from experiments.bench.oracle import count_wrong
 
     ref = np.arange(10, dtype=np.float32)
     assert count_wrong(ref.copy(), ref) == 0
@@ -281,7 +281,7 @@ def test_dtypes_and_ops_in_one_process(dtype, redop):
 
 def test_tune_table_carries_the_fitted_model():
     """Rows made exactly by the model with known alpha, beta, gamma: the table's fit recovers them (rel 1e-6)."""
-    from collectives import cost
+    from collectives.model import cost
 
     truth = {"alpha": 3e-6, "beta": 4e-10, "gamma": 2e-10}
     rows = [_row(P, a, n, cost.predict(a, P, n, truth)) for P in (2, 4) for a in tune.HAND_MADE
@@ -365,7 +365,7 @@ def test_nccl_tests_bandwidth_columns():
 
 def test_reduce_local_benchmark_times_the_same_sum(capsys):
     """MPI's reduction loop and NumPy's add are checked equal before they are timed; the table prints."""
-    from experiments import bench_reduce_local
+    from experiments.bench import reduce_local as bench_reduce_local
     times = bench_reduce_local.measure(4096, "int32", 2, budget=0.001)
     assert set(times) == {"mpi", "numpy", "copy"} and all(len(v) == 2 and min(v) > 0 for v in times.values())
     assert bench_reduce_local.main(["--sizes", "4K,8K", "--repeats", "1"]) == 0
@@ -375,7 +375,7 @@ def test_reduce_local_benchmark_times_the_same_sum(capsys):
 
 def test_mpi_baseline_combines_rounds_into_per_size_ratios_and_a_geomean():
     """Two rounds of synthetic sweeps: best-of-MPI time / commlab's best, per size, and the geomean per round."""
-    from experiments.bench_mpi_baseline import combine
+    from experiments.bench.mpi_baseline import combine
 
     def row(alg, n, t, wrong=0):
         return {"algorithm": alg, "bytes": n, "time_s": t, "wrong": wrong}

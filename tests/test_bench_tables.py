@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from experiments.model_parallel_study import table
+from experiments.studies.model_parallel_study import table
 from plots.bench import markdown
 from tests.mpirun import ROOT
 

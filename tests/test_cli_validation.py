@@ -7,7 +7,17 @@ import json
 
 import pytest
 
-from experiments import bench_collectives, bench_trainer, compression_sweep, demo, scale_sim, tune
+from experiments import demo
+
+from experiments.bench import collectives as bench_collectives
+
+from experiments.bench import trainer as bench_trainer
+
+from experiments.studies import compression_sweep
+
+from experiments.studies import scale_sim
+
+from experiments.bench import tune
 
 
 def _fails(capsys, main, argv, needle):
@@ -42,10 +52,10 @@ def test_scale_sim(capsys, tmp_path, argv, needle):
 def test_scale_sim_rejects_a_foreign_fit_file(capsys, tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     _fails(capsys, scale_sim.main, ["--fit", str(tmp_path / "list.json"), "--out", str(tmp_path / "s.json")],
-           "not an experiments.bench_collectives results file")
+           "not an experiments.bench.collectives results file")
 
 
-@pytest.mark.parametrize("content, needle", [([1, 2], "not an experiments.bench_collectives results file"),
+@pytest.mark.parametrize("content, needle", [([1, 2], "not an experiments.bench.collectives results file"),
                                              ({"rows": [{"op": "allreduce"}]}, "lacks"),
                                              ({"rows": []}, "no all-reduce rows of the algorithms auto may choose")])
 def test_tune(capsys, tmp_path, content, needle):
@@ -88,8 +98,8 @@ def test_compression_sweep(capsys, tmp_path, argv, needle):
 
 @pytest.mark.parametrize("module, argv, needle", [
     ("experiments.demo", ["--mib", "nan"], "--mib"),
-    ("experiments.compression_sweep", ["--set", "batch_size=3"], "multiple of the number of ranks"),
-    ("experiments.bench_collectives", ["--ops", "allgather", "--min-bytes", "4", "--max-bytes", "4"],
+    ("experiments.studies.compression_sweep", ["--set", "batch_size=3"], "multiple of the number of ranks"),
+    ("experiments.bench.collectives", ["--ops", "allgather", "--min-bytes", "4", "--max-bytes", "4"],
      "no sizes/ops")])
 def test_error_printed_once_under_mpiexec(tmp_path, module, argv, needle):
     from tests.mpirun import run_mpi

@@ -1,6 +1,6 @@
 """The emulated cluster: node discovery, link rate, teardown after failure and SIGINT, the privilege error.
 
-Every case runs the real command line (``python -m experiments.cluster``) with a hard timeout. They
+Every case runs the real command line (``python -m experiments.cluster.emulate``) with a hard timeout. They
 need network namespaces (root, or unprivileged user namespaces) and iproute2/util-linux: where those
 are missing the cases skip with the emulator's own reason.
 """
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from experiments.cluster import namespace_command
+from experiments.cluster.emulate import namespace_command
 from tests.mpirun import finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ MARK = "COMMLAB_CLUSTER_TEST"
 
 def _unavailable():
     """The reason the emulator cannot run here, or None."""
-    from experiments.cluster_launch import flavour
+    from experiments.cluster.launch import flavour
     from tests.mpirun import mpiexec_path
 
     try:
@@ -52,17 +52,17 @@ needs_namespaces = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 
 def _cluster(*args, mark=None, timeout=90, **popen):
-    """Start ``python -m experiments.cluster ARGS`` with the test's marker in its environment."""
+    """Start ``python -m experiments.cluster.emulate ARGS`` with the test's marker in its environment."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
     if mark:
         env[MARK] = mark
-    return subprocess.Popen([sys.executable, "-m", "experiments.cluster", *map(str, args)], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "experiments.cluster.emulate", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **popen)
 
 
 def _finish(proc, timeout=90):
-    out, err = finish(proc, timeout, "experiments.cluster")
+    out, err = finish(proc, timeout, "experiments.cluster.emulate")
     return proc.returncode, out, err
 
 
@@ -102,7 +102,7 @@ PROBE = r"""
 import socket, sys, numpy as np
 from mpi4py import MPI
 import collectives
-from collectives.context import get_context
+from collectives.engine.context import get_context
 comm = MPI.COMM_WORLD
 local = comm.Split_type(MPI.COMM_TYPE_SHARED)
 nodes, per = get_context(comm).nodes()
@@ -199,7 +199,7 @@ def test_clear_error_without_privileges():
     if os.geteuid() != 0:
         pytest.skip("needs root to drop the capabilities of a root process")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "experiments.cluster",
+    cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "experiments.cluster.emulate",
            "--nodes", "2", "--link", "1gbit", "--", "true"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -216,14 +216,14 @@ def test_bad_arguments_fail_before_any_namespace():
                        (["--ranks-per-node", "0", "--", "true"], "--ranks-per-node"), ([], "COMMAND"),
                        (["--calibrate", "--", "true"], "--calibrate"),
                        (["--mpiexec", "true", "--", "true"], "neither MPICH's nor Open MPI's")]:
-        done = subprocess.run([sys.executable, "-m", "experiments.cluster", *args], cwd=ROOT, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "experiments.cluster.emulate", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=30, env=dict(os.environ, PYTHONPATH=ROOT))
         assert done.returncode == 2 and word in done.stderr, (args, done.stderr)
 
 
 def test_parse_rate_follows_tc_units():
     """tc's units: bit is bits/s, bps is bytes/s, k/m/g are SI, ki/mi/gi IEC."""
-    from experiments.cluster_net import parse_rate
+    from experiments.cluster.net import parse_rate
     assert parse_rate("1gbit") == 1e9
     assert parse_rate("100mbit") == 1e8
     assert parse_rate("10mbps") == 8e7
@@ -241,7 +241,7 @@ def test_inter_node_bytes_match_the_algorithms_formulas():
     Flat ring: one rank per node sends across, 2 (P - 1) / P n. Hierarchical 2d on node rows: each of
     the K ranks all-reduces n / K across the N nodes, K x 2 (N - 1) / N x n / K.
     """
-    from experiments.cluster_collectives import node_bytes
+    from experiments.cluster.collectives import node_bytes
     n, P, K, N = 1 << 16, 8, 2, 4
     assert node_bytes("ring", P, K, n // 4) == 2 * (P - 1) / P * n
     assert node_bytes("2d", P, K, n // 4) == K * 2 * (N - 1) / N * n / K
@@ -249,9 +249,9 @@ def test_inter_node_bytes_match_the_algorithms_formulas():
 
 
 def test_model_replay_equals_the_simulator_without_sharing():
-    """The calibration's replay with independent links is collectives.cost.simulate; sharing only slows it."""
-    from collectives import cost
-    from experiments.cluster_model import ALGS, simulate
+    """The calibration's replay with independent links is collectives.model.cost.simulate; sharing only slows it."""
+    from collectives.model import cost
+    from experiments.cluster.model import ALGS, simulate
     topo = cost.Topology(ranks_per_node=2, alpha_inter=50e-6, beta_inter=8 / 1e9)
     for alg in ALGS:
         want = cost.simulate(alg, 8, 1 << 18, topo)
@@ -267,7 +267,7 @@ def test_model_replay_equals_the_simulator_without_sharing():
 
 def test_compression_report_reads_epoch_times(tmp_path):
     """Step time leaves the evaluation out; time to target keeps it and is quantized to epochs."""
-    from experiments.cluster_compression import report
+    from experiments.cluster.compression import report
     runs = []
     for spec, per_step in (("none", 0.04), ("topk:ratio=0.01", 0.01)):
         d = tmp_path / spec

@@ -2,16 +2,20 @@
 
 The multi-rank bodies live in tests/mpi_collectives.py and tests/mpi_collectives_extra.py; each launch
 runs many cases and fails with the failing cases printed. The single-process tests replay every rank's
-schedule in one process (collectives.simulate.replay) and compare with NumPy, for P up to 33.
+schedule in one process (collectives.model.simulate.replay) and compare with NumPy, for P up to 33.
 """
 import numpy as np
 import pytest
 
-from collectives import ALGORITHMS, build_allreduce_schedule, chunk_bounds
-from collectives.ring import ring_allgather, ring_reduce_scatter
-from collectives.simulate import ScheduleDeadlock, replay
-from collectives.torus import check_grid, square_grid
-from collectives.tree import tree_broadcast, tree_reduce
+from collectives import ALGORITHMS
+
+from collectives.schedules.registry import build_allreduce_schedule
+
+from collectives.schedules.schedule import chunk_bounds
+from collectives.schedules.ring import ring_allgather, ring_reduce_scatter
+from collectives.model.simulate import ScheduleDeadlock, replay
+from collectives.schedules.torus import check_grid, square_grid
+from collectives.schedules.tree import tree_broadcast, tree_reduce
 from tests.mpirun import run_mpi
 
 HAND_MADE = [a for a in ALGORITHMS if a not in ("mpi", "auto")]
@@ -98,7 +102,7 @@ def test_other_schedules_replay(P):
 
 
 def test_replay_detects_deadlock():
-    from collectives.schedule import Round, Schedule
+    from collectives.schedules.schedule import Round, Schedule
 
     a = Schedule("x", 0, 2, 4, [Round([], [(1, 0, 4, True)])])
     b = Schedule("x", 1, 2, 4, [Round([], [(0, 0, 4, True)])])

@@ -11,7 +11,7 @@ pytest.importorskip("training.train")
 
 def test_sweep_writes_results_and_plot(tmp_path):
     out = tmp_path / "study"
-    run_mpi(2, "experiments.compression_sweep", "--compressor", "none", "--compressor",
+    run_mpi(2, "experiments.studies.compression_sweep", "--compressor", "none", "--compressor",
             "topk:ratio=0.01", "--seeds", "0", "--epochs", "1", "--bench-steps", "2", "--out", out,
             "--set", "hidden=16", timeout=180)
     with open(out / "compression_sweep.json", encoding="utf-8") as f:
@@ -32,13 +32,13 @@ def test_sweep_writes_results_and_plot(tmp_path):
 
 
 def test_sweep_rejects_unknown_compressor(tmp_path):
-    result = run_mpi(2, "experiments.compression_sweep", "--compressor", "gzip", "--out", tmp_path,
+    result = run_mpi(2, "experiments.studies.compression_sweep", "--compressor", "gzip", "--out", tmp_path,
                      timeout=60, check=False)
     assert result.returncode == 2 and "gzip" in result.stdout
 
 
 def test_check_lines_agree_with_their_verdicts():
-    from experiments.compression_report import check_lines
+    from experiments.studies.compression_report import check_lines
 
     n = 38410
     results = {"parameters": n, "targets": [
@@ -59,8 +59,8 @@ def test_check_lines_agree_with_their_verdicts():
 
 
 def test_help_prints_once_under_mpiexec():
-    result = run_mpi(2, "experiments.compression_sweep", "--help", timeout=60)
-    assert result.stdout.count("usage: python -m experiments.compression_sweep ") == 1
+    result = run_mpi(2, "experiments.studies.compression_sweep", "--help", timeout=60)
+    assert result.stdout.count("usage: python -m experiments.studies.compression_sweep ") == 1
 
 
 def test_short_labels():

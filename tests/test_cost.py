@@ -4,8 +4,10 @@ simulates quickly."""
 import numpy as np
 import pytest
 
-from collectives import build_allreduce_schedule, cost
-from collectives.simulate import replay
+from collectives.schedules.registry import build_allreduce_schedule
+
+from collectives.model import cost
+from collectives.model.simulate import replay
 
 ALGS = ["ring", "tree", "recursive_doubling", "rabenseifner", "2d"]
 
@@ -78,7 +80,7 @@ def test_coefficients_reject_unknown_algorithm():
 
 def test_auto_falls_back_to_the_model(tmp_path):
     """Without a table, auto picks the model's fastest; a table overrides it only for its P."""
-    from collectives import select
+    from collectives.model import auto as select
 
     try:
         select.clear_table()

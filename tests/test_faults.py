@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from collectives import library
-from collectives.fingerprint import TagSpace, describe, key_code
+from collectives.library import call as library
+from collectives.engine.fingerprint import TagSpace, describe, key_code
 from tests.mpirun import ROOT
 
 
 def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
     out = tmp_path / "faults.json"
-    proc = subprocess.run([sys.executable, "-m", "experiments.fault_suite", "--part", "quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "experiments.faults.suite", "--part", "quick", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     totals = json.loads(out.read_text())["totals"]
     assert totals["silent_wrong"] == 0 and totals["hangs"] == 0 and totals["other"] == 0, proc.stdout
@@ -74,7 +74,7 @@ def _tail_of(key, P, dtype):
 
 
 def test_launch_options_are_translated_for_open_mpi_only(monkeypatch):
-    from experiments import fault_suite
+    from experiments.faults import suite as fault_suite
 
     monkeypatch.setattr(fault_suite, "flavour", lambda path: "mpich")
     assert fault_suite._launcher(["-disable-auto-cleanup"]) == ({}, ["-disable-auto-cleanup"])
@@ -90,7 +90,7 @@ def test_launch_options_are_translated_for_open_mpi_only(monkeypatch):
     (0, "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n  Errorcode: 1\n", True),
     (0, "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n  Errorcode: 0\n", False)])
 def test_a_job_fails_by_its_status_or_by_open_mpis_abort_report(code, out, failed):
-    from experiments.fault_suite import _failed
+    from experiments.faults.suite import _failed
 
     assert _failed(code, out) is failed
 
@@ -102,7 +102,7 @@ def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkey
     without a dead rank expected it waits for the limit and reports a hang (None)."""
     import time
 
-    from experiments import fault_suite
+    from experiments.faults import suite as fault_suite
 
     fake = tmp_path / "mpiexec"
     fake.write_text('#!/bin/sh\nwhile [ "$1" != "-n" ]; do shift; done\n'

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from collectives.select import select_allreduce
+from collectives.model.auto import select_allreduce
 from inference.balance import Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig
@@ -28,7 +28,7 @@ from training.checkpoint import CheckpointError, load_checkpoint
 from training.config import Config
 from training.data import load_dataset
 from training.nn import build_mlp
-from training.sharded import dense_params
+from training.model_parallel.sharded import dense_params
 
 # ------------------------------------------------------------------------------ one process
 

@@ -2,7 +2,7 @@
 document whose medians and ranges are computed here with NumPy (one process, no MPI job)."""
 import numpy as np
 
-from experiments.serving_study import markdown
+from experiments.studies.serving_study import markdown
 from inference.tensor import row_parallel_widths
 from plots.serving import draw
 

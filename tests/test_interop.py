@@ -29,7 +29,7 @@ def test_ddp_hook_and_distributed_optimizer_on_two_ranks():
 
 def test_collectives_import_does_not_import_torch():
     """``import collectives`` (and its torch_hook module) leaves PyTorch unimported."""
-    code = "import sys, collectives, collectives.torch_hook; print('torch' in sys.modules)"
+    code = "import sys, collectives, collectives.interop.torch_hook; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr
@@ -59,7 +59,7 @@ def test_tuning_tables_are_keyed_by_mpi_library(tmp_path, monkeypatch):
     """A table measured with MPICH is refused under Open MPI; each library loads its own shipped table."""
     import json
 
-    from collectives import select
+    from collectives.model import auto as select
 
     monkeypatch.setattr(select, "_STATE", dict(select._STATE, cache={}))
     with open(select.SHIPPED["MPICH"], encoding="utf-8") as f:

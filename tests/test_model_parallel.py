@@ -8,10 +8,10 @@ import pytest
 
 from tests.mpirun import ROOT, run_mpi
 from training.cli import build_parser, parse_args
-from training.grid import check_grid, layer_kinds
+from training.model_parallel.grid import check_grid, layer_kinds
 from training.nn import Linear, ReLU
-from training.parallel_layers import ColumnParallelLinear, shard_bounds
-from training.pipeline import SCHEDULES, bubble_formula, schedule, simulate_bubble, stage_layers
+from training.model_parallel.layers import ColumnParallelLinear, shard_bounds
+from training.model_parallel.pipeline import SCHEDULES, bubble_formula, schedule, simulate_bubble, stage_layers
 
 
 @pytest.mark.parametrize("width,parts", [(10, 4), (7, 7), (73, 4), (2048, 3)])
@@ -122,7 +122,7 @@ def test_cli_writes_grid_summary_and_refuses_bad_grids(tmp_path):
 def test_study_grids_and_plot(tmp_path):
     """The study covers every factorization that fits the model, data-parallel first; its plot draws
     the shipped reference results."""
-    from experiments.model_parallel_study import grids
+    from experiments.studies.model_parallel_study import grids
     from plots.model_parallel import draw
 
     g = grids(8, 5)

@@ -1,4 +1,4 @@
-"""Overlap of the gradient all-reduce with the backward pass (training/overlap.py).
+"""Overlap of the gradient all-reduce with the backward pass (training/dp/overlap.py).
 
 The multi-rank cases (``tests/mpi_overlap.py``) run on 2 ranks and on 3 (a non-power of two): with
 overlap, every algorithm ends bitwise with the parameters of the blocking all-reduce, buckets start
@@ -13,7 +13,7 @@ from tests.mpirun import run_mpi
 from training.config import Config
 from training.nn import SoftmaxCrossEntropy, build_mlp
 from training.optim import Adam
-from training.parallel import AllreduceHook, bucket_bounds, make_grad_hook, train_step
+from training.dp.data_parallel import AllreduceHook, bucket_bounds, make_grad_hook, train_step
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

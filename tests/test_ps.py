@@ -180,7 +180,7 @@ def test_parse_rank_spec():
 
 
 def test_batch_stream_matches_the_data_parallel_slices_and_streams():
-    from training.ps_mode import BatchStream
+    from training.ps_mode.worker import BatchStream
     from training.data import DistributedSampler
 
     sampler = DistributedSampler(23, 1, 2, shuffle=True, seed=3)  # 12 samples per epoch
@@ -196,11 +196,11 @@ def test_batch_stream_matches_the_data_parallel_slices_and_streams():
 def test_run_records_end_with_the_final_parameters():
     """The last epoch (and the whole record of a one-epoch run) comes from the final parameters when
     no snapshot fell on the last push: oracle = evaluating those parameters directly."""
-    from training.ps_report import evaluate_snapshots
+    from training.ps_mode.report import evaluate_snapshots
     from ps.runtime import RunResult
     from training.config import Config
     from training.nn import SoftmaxCrossEntropy
-    from training.parallel import evaluate
+    from training.dp.data_parallel import evaluate
     from training.build import build_model
     from mpi4py import MPI
 

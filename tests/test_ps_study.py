@@ -15,7 +15,7 @@ def test_staleness_sweep_reruns_over_a_previous_sweep_and_plots(tmp_path):
         open(os.path.join(runs, name), "w").close()
     with open(os.path.join(out, "staleness_sweep.json"), "w") as f:
         json.dump({"stale": True}, f)
-    proc = run_mpi(5, "experiments.staleness_sweep", "--out", out, "--epochs", "1", "--protocols", "bsp,ssp2",
+    proc = run_mpi(5, "experiments.studies.staleness_sweep", "--out", out, "--epochs", "1", "--protocols", "bsp,ssp2",
                    "--set", "hidden=16", timeout=90)
     assert "Traceback" not in proc.stdout and "target" not in proc.stdout, proc.stdout
     assert "removed 3 entries of the previous sweep" in proc.stdout, proc.stdout
@@ -46,27 +46,27 @@ def test_staleness_sweep_error_is_one_message(tmp_path):
     """An --out that cannot hold run directories: one error line from rank 0, exit 1, no traceback."""
     blocked = tmp_path / "file"
     blocked.write_text("")
-    proc = run_mpi(2, "experiments.staleness_sweep", "--out", str(blocked), "--straggler", "", timeout=60,
+    proc = run_mpi(2, "experiments.studies.staleness_sweep", "--out", str(blocked), "--straggler", "", timeout=60,
                    check=False)
     assert proc.returncode == 1, proc.stdout
     assert proc.stdout.count("error: OSError") == 1 and "Traceback" not in proc.stdout, proc.stdout
 
 
 def test_staleness_sweep_help(capsys):
-    from experiments.staleness_sweep import main
+    from experiments.studies.staleness_sweep import main
 
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert e.value.code == 0 and text.startswith("usage: python -m experiments.staleness_sweep ")
+    assert e.value.code == 0 and text.startswith("usage: python -m experiments.studies.staleness_sweep ")
     assert "sspS = stale synchronous parallel with staleness bound S clocks" in text
 
 
 def test_staleness_sweep_checks_its_arguments_before_removing_the_previous_sweep(tmp_path, capsys):
     """Single process: a setting the job cannot run stops the sweep with the flag named, and the
     previous sweep's results are left in place."""
-    from experiments.staleness_sweep import base_config, main
-    from training.ps_mode import check_ps
+    from experiments.studies.staleness_sweep import base_config, main
+    from training.ps_mode.worker import check_ps
 
     previous = tmp_path / "staleness_sweep.json"
     previous.write_text("{}")
@@ -86,7 +86,7 @@ def test_ps_study_end_to_end_small(tmp_path):
     same repeat (the baseline's own ratios are exactly 1), the transient part meets the same delays,
     SSP(0) is BSP (staleness 0 everywhere), and both figures are drawn."""
     out = str(tmp_path)
-    proc = run_mpi(5, "experiments.ps_study", "--out", out, "--epochs", "1", "--repeats", "1",
+    proc = run_mpi(5, "experiments.studies.ps_study", "--out", out, "--epochs", "1", "--repeats", "1",
                    "--delay-prob", "0.2", "--delay-s", "0.002", "--snapshots", "4", "--set", "hidden=16",
                    "--straggler-set", "batch_size=64", "--stop-after", "0", timeout=120)
     assert "Traceback" not in proc.stdout, proc.stdout

@@ -83,7 +83,7 @@ def test_fail_worker_through_the_trainer(tmp_path, consistency):
 def _crash(tmp_path, rank, call, *flags):
     """Run ``--mode ps --ps-timeout 3`` on 4 ranks with ``rank`` exiting at its ``call``-th protocol
     step; return (result, seconds from the crash to the end of the job)."""
-    res = run_mpi(4, "experiments.fault_crash", "ps", rank, call, *COMMON, "--run-dir", str(tmp_path), "--mode", "ps",
+    res = run_mpi(4, "experiments.faults.crash", "ps", rank, call, *COMMON, "--run-dir", str(tmp_path), "--mode", "ps",
                   "--ps-timeout", "3", *flags, timeout=60, check=False, mpiexec_args=("-disable-auto-cleanup",))
     end = time.time()
     crash = re.search(r"injected crash at ([0-9.]+)", res.stdout)

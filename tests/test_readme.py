@@ -78,16 +78,16 @@ CHECKS = {
         Help("tests/test_model_parallel.py::test_cli_writes_grid_summary_and_refuses_bad_grids"),
     "mpiexec -n 8 python -m training.train --tensor-parallel 2 --pipeline-parallel 2 --hidden 512,512,512":
         Help("tests/test_model_parallel.py::test_equivalence_on_eight_ranks"),
-    "mpiexec -n 4 python -m experiments.model_parallel_study --out results/model_parallel_p4.json":
+    "mpiexec -n 4 python -m experiments.studies.model_parallel_study --out results/model_parallel_p4.json":
         Help("tests/test_model_parallel.py::test_study_grids_and_plot",
              {"results/model_parallel_p4.json": "model_parallel_p4.json"}),
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
-    "experiments.model_parallel_study --out results/model_parallel_p4_1gbit.json --bubble-micro-batches ''":
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
+    "experiments.studies.model_parallel_study --out results/model_parallel_p4_1gbit.json --bubble-micro-batches ''":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
     "python -m plots.model_parallel results/model_parallel_p4.json":
         Help("tests/test_model_parallel.py::test_study_grids_and_plot"),
     # Simulator
-    "python -m experiments.scale_sim --out results/scale_sim.json":
+    "python -m experiments.studies.scale_sim --out results/scale_sim.json":
         Run(("--max-p", "64", "--sizes", "1KiB,1MiB")),
     "python -m plots.scaling results/scale_sim.json --out results/scaling.png": Run(),
     # PyTorch and JAX
@@ -101,15 +101,15 @@ CHECKS = {
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
     # Benchmarks
-    "mpiexec -n 4 python -m experiments.bench_collectives --out results/bench_p4":
+    "mpiexec -n 4 python -m experiments.bench.collectives --out results/bench_p4":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p4.json": "bench_p4.json"}),
-    "mpiexec -n 2 python -m experiments.bench_collectives --out results/bench_p2":
+    "mpiexec -n 2 python -m experiments.bench.collectives --out results/bench_p2":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p2.json": "bench_p2.json"}),
-    "mpiexec -n 2 python -m experiments.bench_collectives --ops allreduce --max-bytes 1M --iters 50":
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --max-bytes 1M --iters 50":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
     "python -m plots.bench results/bench_p4.json --markdown --out results":
         Help("tests/test_bench.py::test_tune_and_plot_on_a_real_sweep"),
-    "python -m experiments.tune results/bench_p2.json results/bench_p4.json --out tuning.json --tolerance 0.15":
+    "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out tuning.json --tolerance 0.15":
         Run(),
     "COMMLAB_TUNING=tuning.json mpiexec -n 4 python -m experiments.demo":
         Help("tests/test_bench.py::test_tune_table_round_trips_through_select"),
@@ -117,16 +117,16 @@ CHECKS = {
     "mpiexec -n 4 python -m training.train --compression topk --compression-arg ratio=0.01":
         Help("tests/test_training_mpi.py::test_crashed_rank_ends_a_compressed_run_within_the_timeout"),
     # Emulated cluster (namespaces)
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train":
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
     "--out results/cluster/calibrate_100mbit.json":
         Help("tests/test_cluster.py::test_link_rate_within_tolerance"),
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 2 --link 1gbit -- python -m "
-    "experiments.bench_collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,mpi --min-bytes 64K "
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 1gbit -- python -m "
+    "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,mpi --min-bytes 64K "
     "--max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 3 --out results/cluster/collectives_1gbit":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster_collectives 1gbit=results/cluster/collectives_1gbit.json "
+    "python -m experiments.cluster.collectives 1gbit=results/cluster/collectives_1gbit.json "
     "100mbit=results/cluster/collectives_100mbit.json --ranks-per-node 2 --out results/cluster/collectives":
         Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
                 "reads the emulated cluster's sweeps (namespaces); its byte counts are tested there"),
@@ -134,12 +134,12 @@ CHECKS = {
         Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
                 "draws the emulated cluster's results (namespaces)"),
     # Compression across emulated nodes
-    "mpiexec -n 4 python -m experiments.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_shm":
+    "mpiexec -n 4 python -m experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_shm":
         Help("tests/test_compression_study.py::test_sweep_writes_results_and_plot"),
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 1 --link 100mbit -- python -m "
-    "experiments.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_100mbit":
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 100mbit -- python -m "
+    "experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_100mbit":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster_compression shm=results/cluster/compression_shm "
+    "python -m experiments.cluster.compression shm=results/cluster/compression_shm "
     "1gbit=results/cluster/compression_1gbit 100mbit=results/cluster/compression_100mbit --target 0.94 "
     "--out results/cluster/compression":
         Help("tests/test_cluster.py::test_compression_report_reads_epoch_times"),
@@ -147,23 +147,23 @@ CHECKS = {
         Covered("tests/test_cluster.py::test_compression_report_reads_epoch_times",
                 "draws the emulated cluster's results (namespaces)"),
     # Parameter server against all-reduce across emulated nodes
-    "python -m experiments.cluster --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train --epochs 5 "
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train --epochs 5 "
     "--algorithm ring --run-dir results/cluster/ps --name dp-ring-r1 --no-progress":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster --nodes 6 --ranks-per-node 1 --link 1gbit -- python -m training.train --mode ps "
+    "python -m experiments.cluster.emulate --nodes 6 --ranks-per-node 1 --link 1gbit -- python -m training.train --mode ps "
     "--servers 2 --consistency bsp --epochs 5 --run-dir results/cluster/ps --name ps-bsp-s2-r1 --no-progress":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster_ps results/cluster/ps --out results/cluster/ps_vs_allreduce":
+    "python -m experiments.cluster.ps results/cluster/ps --out results/cluster/ps_vs_allreduce":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
     "python -m plots.cluster results/cluster/ps_vs_allreduce.json":
         Covered("tests/test_cluster.py::test_nodes_found_as_configured",
                 "draws the emulated cluster's results (namespaces)"),
     # Calibrating the simulator (emulated cluster)
-    "python -m experiments.cluster --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
-    "experiments.bench_collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,recursive_doubling "
+    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
+    "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,recursive_doubling "
     "--min-bytes 64K --max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 2 --out results/cluster/fit_2x2":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster_model --intra results/cluster/fit_1x4.json --fit 2=results/cluster/fit_2x2.json "
+    "python -m experiments.cluster.model --intra results/cluster/fit_1x4.json --fit 2=results/cluster/fit_2x2.json "
     "--fit 1=results/cluster/fit_4x1.json --predict 2=results/cluster/collectives_1gbit.json "
     "--predict 2=results/cluster/fit_4x2_rd.json --out results/cluster/model":
         Help("tests/test_cluster.py::test_model_replay_equals_the_simulator_without_sharing"),
@@ -320,7 +320,7 @@ def help_texts():
 
 
 def test_inline_commands_name_modules_and_flags_that_exist(help_texts):
-    """Commands quoted in the prose (``mpiexec -n 4 python -m experiments.compression_sweep``, ...) name
+    """Commands quoted in the prose (``mpiexec -n 4 python -m experiments.studies.compression_sweep``, ...) name
     a module that exists and only flags its ``--help`` lists; placeholders (``plots.NAME``) are skipped."""
     cmds = inline_commands()
     assert len(cmds) >= 10, cmds

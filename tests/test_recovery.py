@@ -14,7 +14,7 @@ import pytest
 from ps.server import server_checkpoint_path as server_checkpoint
 from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
 from training.checkpoint import find_checkpoint
-from training.ps_mode import check_server_checkpoints
+from training.ps_mode.worker import check_server_checkpoints
 from training.train import main
 
 TINY = ["--data", "synthetic", "--samples", "200", "--features", "8", "--classes", "3", "--hidden", "8",

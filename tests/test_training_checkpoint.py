@@ -11,7 +11,7 @@ from training.checkpoint import (CheckpointError, RunDirError, find_checkpoint, 
                                  prune_checkpoints, save_checkpoint)
 from training.config import Config
 from training.metrics import EpochTable, MetricsWriter, read_jsonl
-from training.parallel import bucket_bounds
+from training.dp.data_parallel import bucket_bounds
 from training.sizes import format_bytes, parse_bytes
 
 SELF = MPI.COMM_SELF

@@ -79,7 +79,7 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
         "got 'foo'"), err
 
     # auto's tuning table is read before the run directory exists
-    from collectives import select
+    from collectives.model import auto as select
 
     with monkeypatch.context() as m:
         m.setenv("COMMLAB_TUNING", str(tmp_path / "no-table.json"))
@@ -97,7 +97,7 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
     assert code == 1 and err == ("error: --mode ps with --servers 1 needs at least 2 ranks (1 server(s) and "
                                  "at least one worker), got 1; launch with mpiexec -n 2 or more\n"), err
     from training.cli import parse_args
-    from training.ps_mode import check_ps
+    from training.ps_mode.worker import check_ps
 
     with pytest.raises(ValueError, match="straggler rank must be a worker rank in \\[1, 1\\], got 9"):
         check_ps(parse_args([*base, "--mode", "ps", "--straggler", "9:2"]), 2)

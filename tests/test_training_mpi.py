@@ -58,7 +58,7 @@ def test_default_run_reaches_97_percent_on_four_ranks(tmp_path):
 
 
 def _since_crash(out):
-    """Return the seconds from the crash (the time ``experiments.fault_crash`` prints) to now.
+    """Return the seconds from the crash (the time ``experiments.faults.crash`` prints) to now.
 
     Measured from the crash, not from the launch: the start-up before it (imports, data loading on
     a loaded machine) is not part of how long the survivors take to end the job.
@@ -72,7 +72,7 @@ def _since_crash(out):
 
 def _crash_run(tmp_path, nprocs, dead, batch, *flags):
     """Run the trainer with rank ``dead`` exiting at its 5th step; return (result, seconds after the crash)."""
-    res = run_mpi(nprocs, "experiments.fault_crash", "dp", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
+    res = run_mpi(nprocs, "experiments.faults.crash", "dp", dead, 5, "--timeout", 3, "--hidden", 16, "--epochs", 2,
                   "--batch-size", batch, "--no-progress", "--run-dir", tmp_path, *flags, timeout=60, check=False,
                   mpiexec_args=("-disable-auto-cleanup",))  # MPICH must not end the survivors itself
     return res, _since_crash(res.stdout)
@@ -116,7 +116,7 @@ def test_crashed_rank_on_three_ranks(tmp_path):
 def test_rank_0_dying_during_setup_ends_the_job(tmp_path):
     """Rank 0 dies before it broadcasts the run directory: rank 1's broadcast waits --timeout 3 s
     at most (the set-up's collectives honour the watchdog too), then names the cause and aborts."""
-    res = run_mpi(2, "experiments.fault_crash", "setup", 0, 1, "--timeout", 3, "--hidden", 16, "--epochs", 1,
+    res = run_mpi(2, "experiments.faults.crash", "setup", 0, 1, "--timeout", 3, "--hidden", 16, "--epochs", 1,
                   "--no-progress", "--run-dir", tmp_path, timeout=60, check=False,
                   mpiexec_args=("-disable-auto-cleanup",))
     seconds, out = _since_crash(res.stdout), res.stdout

@@ -177,7 +177,7 @@ def test_layer_skipped_in_a_step_contributes_zero_not_the_last_gradient():
     # equal finite differences of step 2's loss (rtol 1e-6, atol 1e-8)
     from mpi4py import MPI
 
-    from training.parallel import AllreduceHook, train_step
+    from training.dp.data_parallel import AllreduceHook, train_step
 
     rng = np.random.default_rng(11)
     model = _FreezableMLP([Linear(5, 6, init="glorot"), Tanh(), Linear(6, 3, init="glorot")],
@@ -219,7 +219,7 @@ def test_plain_mlp_backward_overwrites_every_gradient_so_no_zeroing_is_needed():
     # gradient computed on top of NaN garbage must equal the one computed on zeros, bitwise, and
     # match finite differences; a subclass overriding backward and a parameterized layer that is not
     # exactly Linear keep the zeroing
-    from training.parallel import compute_gradient
+    from training.dp.data_parallel import compute_gradient
 
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((6, 4)), rng.integers(0, 3, 6)

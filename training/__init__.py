@@ -1,7 +1,7 @@
 """commlab's minimal NumPy/CuPy neural-net trainer.
 
 Model, optimizers, data and configuration are re-exported here; the MPI-facing modules are
-imported by name: ``training.parallel`` (gradient hook, step, evaluation), ``training.checkpoint``,
+imported by name: ``training.dp.data_parallel`` (gradient hook, step, evaluation), ``training.checkpoint``,
 ``training.metrics`` and ``training.train`` (``mpiexec -n P python -m training.train``).
 """
 from training.cli import parse_args

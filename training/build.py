@@ -1,7 +1,7 @@
 """A run's pieces built from its configuration: the model, each rank's sampler, the data on the device.
 
 Shared by the data-parallel driver (:mod:`training.train`) and the parameter-server mode
-(:mod:`training.ps_mode`), so both build the same model from the same seed and read the same
+(:mod:`training.ps_mode.worker`), so both build the same model from the same seed and read the same
 samples.
 """
 import numpy

@@ -19,8 +19,9 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
+from collectives.errors import CommlabError
 from collectives.log import get_logger
-from collectives.waiting import wait_within
+from collectives.engine.waiting import wait_within
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
@@ -35,7 +36,7 @@ _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 _RECORDS = ("metrics.jsonl", "epochs.jsonl", "staleness.json")  # a run's records, written as it goes
 
 
-class RunDirError(ValueError):
+class RunDirError(CommlabError, ValueError):
     """The run directory cannot be created (the name is taken) or reopened (it does not exist)."""
 
 

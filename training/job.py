@@ -1,10 +1,9 @@
 """What a training job needs from its environment, settled before anything is created.
 
 :func:`array_module` picks NumPy or CuPy (one GPU per rank on the node), :func:`set_threads` caps
-BLAS threads per rank (:func:`limit_threads`), and :func:`check_run` finds, on every rank alike, the
-configuration errors that depend on the job (rank count, files, optional packages), so that a bad
-run fails with one message before its run directory exists; :func:`all_failed` then tells whether
-an error was raised on every rank alike (one message) or on some only (abort the job).
+BLAS threads per rank (:func:`limit_threads`), and :func:`all_failed` tells whether an error was
+raised on every rank alike (one message) or on some only (abort the job). The checks of a whole
+run's configuration against the job are :func:`training.train.check_run`'s.
 """
 import os
 import time
@@ -13,9 +12,8 @@ import numpy
 from mpi4py import MPI
 
 from collectives.log import get_logger
-from training.ps_mode import check_ps
 
-__all__ = ["array_module", "set_threads", "limit_threads", "check_run", "all_failed"]
+__all__ = ["array_module", "set_threads", "limit_threads", "all_failed"]
 
 _log = get_logger("training.job")
 
@@ -111,35 +109,3 @@ def all_failed(comm, seconds=5.0):
             return False
         time.sleep(0.01)
     return True
-
-
-def check_run(cfg, comm):
-    """Check, on every rank, what the configuration needs from the job before anything is created.
-
-    Returns
-    -------
-    module
-        The array module of ``cfg.device`` (from :func:`array_module`).
-
-    Raises
-    ------
-    ValueError
-        When the global batch does not divide among the ranks (workers with ``--mode ps``), a
-        parameter-server setting does not fit P (:func:`training.ps_mode.check_ps`),
-        ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
-        (``COMMLAB_TUNING``).
-    ImportError
-        When ``--device gpu`` is asked for without CuPy.
-    """
-    P = comm.Get_size()
-    if cfg.mode == "ps":
-        check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints
-    elif cfg.batch_size % P:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
-    if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
-        raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
-    if cfg.algorithm == "auto":
-        from collectives.select import select_allreduce
-
-        select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
-    return array_module(cfg, comm)

@@ -10,7 +10,7 @@ import math
 import numpy
 from mpi4py import MPI
 
-from collectives.waiting import wait_within
+from collectives.engine.waiting import wait_within
 
 __all__ = ["verify_param_layout"]
 

@@ -277,7 +277,7 @@ class Sequential:
         :class:`Linear` (its ``backward`` writes ``dW`` and ``db`` whole, never adds to them); then a
         training step need not zero the gradient first. False for a subclass that overrides
         ``backward`` (it may skip layers) and for any other parameterized layer type, whose gradients
-        are zeroed before each step (``training.parallel.compute_gradient``).
+        are zeroed before each step (``training.dp.data_parallel.compute_gradient``).
         """
         if type(self).backward is not Sequential.backward:
             return False
@@ -303,7 +303,7 @@ class Sequential:
 
         Each layer overwrites its own gradient views; a layer whose ``backward`` is not run keeps
         what ``grads`` held, so a training step zeroes ``grads`` first
-        (``training.parallel.compute_gradient``) unless :meth:`writes_every_gradient`.
+        (``training.dp.data_parallel.compute_gradient``) unless :meth:`writes_every_gradient`.
 
         Parameters
         ----------

@@ -22,7 +22,7 @@ import sys
 
 from tqdm import tqdm
 
-from collectives import trace
+from collectives.engine import trace
 from collectives.log import get_logger
 
 __all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "write_trace"]

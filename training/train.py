@@ -3,7 +3,7 @@
 Every rank holds a full model replica; each step a rank computes the gradient of its B / P
 samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
 ``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
-bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.run_ps` instead.
+bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.worker.run_ps` instead.
 
 User errors (a bad flag value, a taken ``--name``, a missing run to resume, an unusable tuning
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
@@ -18,7 +18,9 @@ import numpy
 from mpi4py import MPI
 
 import collectives
-from collectives import trace
+import collectives.engine.context
+import collectives.engine.policy
+from collectives.engine import trace
 from collectives.log import get_logger, setup_logging
 from ps.protocol import PSError, PSTimeout
 from ps.state import schedule_lr
@@ -27,20 +29,53 @@ from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, 
                                  prune_checkpoints, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
-from training.job import all_failed, check_run, set_threads
+from training.job import all_failed, array_module, set_threads
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.layout import verify_param_layout
-from training.parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
+from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.progress import progress_bar, write_trace
-from training.ps_mode import finish_ps, run_ps
+from training.ps_mode.worker import check_ps, finish_ps, run_ps
 from training.sizes import format_bytes
 from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
+__all__ = ["check_run", "main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
 _log = get_logger("training.train")  # not __name__, which is "__main__" under python -m
+
+
+
+def check_run(cfg, comm):
+    """Check, on every rank, what the configuration needs from the job before anything is created.
+
+    Returns
+    -------
+    module
+        The array module of ``cfg.device`` (from :func:`array_module`).
+
+    Raises
+    ------
+    ValueError
+        When the global batch does not divide among the ranks (workers with ``--mode ps``), a
+        parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
+        ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
+        (``COMMLAB_TUNING``).
+    ImportError
+        When ``--device gpu`` is asked for without CuPy.
+    """
+    P = comm.Get_size()
+    if cfg.mode == "ps":
+        check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints
+    elif cfg.batch_size % P:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
+    if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
+        raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
+    if cfg.algorithm == "auto":
+        from collectives.model.auto import select_allreduce
+
+        select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
+    return array_module(cfg, comm)
 
 
 def lr_at(cfg, step, total_steps):
@@ -233,7 +268,7 @@ def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, per_epoch, t_start):
     """
     P, state = comm.size, t.state
     vec = numpy.array([sums[k] for k in _EPOCH_SUMS])
-    collectives.allreduce(vec, comm, op="sum", algorithm=CONTROL_ALGORITHM, out=vec,
+    collectives.allreduce(vec, comm=comm, op="sum", algorithm=CONTROL_ALGORITHM, out=vec,
                           timeout=cfg.timeout)  # per-rank sums -> sums over ranks
     total = dict(zip(_EPOCH_SUMS, vec))
     state.compute_s += total["compute_s"] / P
@@ -293,18 +328,18 @@ def run(cfg, comm=None):
     collective of the training loop waits at most ``cfg.timeout`` seconds for a peer; a
     :class:`collectives.CollectiveError` (a crashed or hung rank, a mismatched call) ends the whole
     job with one ``error: rank R: ...`` line per failing rank and ``MPI_Abort``
-    (:func:`collectives.abort_on_failure`), before any cleanup that could wait for the dead peer.
+    (:func:`collectives.engine.policy.abort_on_failure`), before any cleanup that could wait for the dead peer.
 
     Returns
     -------
     dict
-        The run summary (``train_dp``'s, or whatever :func:`training.ps_mode.run_ps` returns).
+        The run summary (``train_dp``'s, or whatever :func:`training.ps_mode.worker.run_ps` returns).
     """
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
         set_threads(cfg, comm)
         if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
-            from training.hybrid import run_hybrid  # data x tensor x pipeline grid
+            from training.model_parallel.grid_train import run_hybrid  # data x tensor x pipeline grid
 
             return run_hybrid(cfg, comm, lr_at)
         if cfg.mode == "ps":
@@ -316,13 +351,13 @@ def run(cfg, comm=None):
             return run_ps(cfg, comm, run_dir, xp)
         trainer = build_trainer(cfg, comm)
         try:
-            with collectives.abort_on_failure():
+            with collectives.engine.policy.abort_on_failure():
                 return train_dp(cfg, comm, make_run_dir(cfg, comm), trainer)
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
     finally:
         trace.stop()  # a run that failed mid-way leaves no recorder on
-        collectives.free_context(comm)
+        collectives.engine.context.free_context(comm)
         comm.Free()
 
 
@@ -337,7 +372,7 @@ def main(argv=None):
     User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
     return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
     lost a worker). In ``--mode ps`` the ranks then check that all of them reached the end
-    (:func:`training.ps_mode.finish_ps`): when a rank died, rank 0 names it and aborts the job
+    (:func:`training.ps_mode.worker.finish_ps`): when a rank died, rank 0 names it and aborts the job
     ``--ps-timeout`` seconds later instead of leaving everyone in ``MPI_Finalize``; a rank whose
     server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed
     collective (``collectives.CollectiveError``: a peer silent for ``--timeout`` seconds, whose rank
@@ -356,11 +391,11 @@ def main(argv=None):
             where = "" if everyone else f"rank {world.rank}: "
             print(f"error: {where}{str(e) or type(e).__name__}", file=sys.stderr, flush=True)
         if not everyone:
-            collectives.policy.abort(None, world)
+            collectives.engine.policy.abort(None, world)
         return 1
     except PSTimeout as e:  # a peer never answered: it may be dead, and MPI_Finalize would wait for it
         time.sleep(1.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
-        collectives.policy.abort(f"{e}; ending the job")
+        collectives.engine.policy.abort(f"{e}; ending the job")
     except PSError as e:
         # the run cannot continue (BSP lost a worker): the servers and the workers still running
         # have all stopped the protocol; rank 0, a server, states why once, another rank only
@@ -371,11 +406,11 @@ def main(argv=None):
         finish_ps(world, cfg)
         return 1
     except collectives.CollectiveError as e:  # the peers may be dead: MPI_Finalize would hang
-        collectives.policy.abort(f"{type(e).__name__}: {e}; ending the job")
+        collectives.engine.policy.abort(f"{type(e).__name__}: {e}; ending the job")
     except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
         traceback.print_exc()
         if world.size > 1:
-            collectives.policy.abort(None, world)
+            collectives.engine.policy.abort(None, world)
         raise
     if cfg.mode == "ps":
         finish_ps(world, cfg, summary)

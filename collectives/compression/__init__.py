@@ -1,9 +1,17 @@
 """Gradient compression: compressors, error-feedback memory, compressed collectives and the training
-hook (``make_hook``)."""
+hook (``make_hook``).
+
+The compressors and their registry are pure (NumPy/CuPy, no MPI) and are imported here. The parts
+that communicate, :mod:`.comm` (compressed all-reduce, sparse all-reduce, payload all-gather) and
+:mod:`.hook` (the training hook), load on first use, so importing this package does not start MPI.
+
+Imports: :mod:`collectives.calls`, :mod:`collectives.engine` and below (the communicating parts);
+the compressors import only :mod:`collectives.backend`.
+"""
+import importlib
+
 from .base import TRANSPORTS, Compressor, ErrorFeedback, Memory, payload_nbytes
-from .comm import allgather_payloads, compressed_allreduce, sparse_allreduce
 from .dgc import DGC, DGCMemory
-from .hook import CompressionHook, make_hook
 from .powersgd import PowerSGD, matrix_layout
 from .qsgd import QSGD
 from .quantize import FP16Compressor, Int8Compressor, NoneCompressor
@@ -23,3 +31,15 @@ __all__ = [
     "compressed_allreduce", "sparse_allreduce", "allgather_payloads",
     "CompressionHook", "make_hook",
 ]
+
+_LAZY = {"compressed_allreduce": ".comm", "sparse_allreduce": ".comm", "allgather_payloads": ".comm",
+         "CompressionHook": ".hook", "make_hook": ".hook"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collectives.compression' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -11,6 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+import collectives.engine.context
+import collectives.schedules.registry
 
 from .base import TRANSPORTS, check_tensor, get_array_module, payload_nbytes
 from .sparse import scatter_add
@@ -27,7 +29,7 @@ class _Call:
         self.comm, self.size = comm, comm.Get_size()
         self.algorithm, self.gather_algorithm = algorithm, gather_algorithm
         self.timeout = timeout
-        self.wire = [0]  # bytes the collectives actually sent (collectives.last_stats)
+        self.wire = [0]  # bytes the collectives actually sent (collectives.engine.context.last_stats)
 
     def allreduce_sum(self, buf, accumulate="float32"):
         """Return the sum over ranks of the 1-D array ``buf`` and count its wire bytes."""
@@ -38,8 +40,8 @@ class _Call:
 
 
 def _wire(counter, comm):
-    """Add the bytes the last collective on ``comm`` sent (``collectives.last_stats``) to ``counter``."""
-    counter[0] += int(collectives.last_stats(comm).get("bytes_sent", 0))
+    """Add the bytes the last collective on ``comm`` sent (``collectives.engine.context.last_stats``) to ``counter``."""
+    counter[0] += int(collectives.engine.context.last_stats(comm).get("bytes_sent", 0))
 
 
 def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _wire_bytes=None, timeout=None):
@@ -58,7 +60,7 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     variable_size : bool
         Payload sizes may differ between ranks.
     algorithm : str
-        All-gather algorithm (``collectives.OP_ALGORITHMS["allgather"]``).
+        All-gather algorithm (``collectives.schedules.registry.OP_ALGORITHMS["allgather"]``).
     timeout : float, optional
         Seconds each all-gather may wait for a peer (``collectives.CollectiveTimeout`` then).
 

@@ -3,8 +3,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+import collectives.engine.context
+import collectives.schedules.registry
 from collectives.backend import to_host
-from collectives.waiting import wait_within
+from collectives.engine.waiting import wait_within
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
@@ -54,7 +56,7 @@ class CompressionHook:
                  gather_algorithm="ring", name="grad", timeout=None):
         if algorithm not in collectives.ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(collectives.ALGORITHMS)}, got {algorithm!r}")
-        gathers = collectives.OP_ALGORITHMS["allgather"]
+        gathers = collectives.schedules.registry.OP_ALGORITHMS["allgather"]
         if gather_algorithm not in gathers:
             raise ValueError(f"gather_algorithm must be one of {gathers}, got {gather_algorithm!r}")
         if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
@@ -157,7 +159,7 @@ class CompressionHook:
     def close(self):
         """Free the duplicated communicator (and the collectives' context on it)."""
         if self.comm != MPI.COMM_NULL:
-            collectives.free_context(self.comm)
+            collectives.engine.context.free_context(self.comm)
             self.comm.Free()
 
     def __repr__(self):

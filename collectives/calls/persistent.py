@@ -1,0 +1,152 @@
+"""Persistent all-reduce (MPI-4 style): plan once, then ``start()`` / ``wait()`` many times.
+
+MPI-4 added persistent collectives (``MPI_Allreduce_init``, MPI 4.0 standard, section 6.13): the
+arguments are checked and the library's schedule is built once, and each ``MPI_Start`` /
+``MPI_Wait`` pair runs the collective again on the same buffers. :func:`allreduce_init` gives commlab
+the same form::
+
+    plan = collectives.allreduce_init(grad, comm, op="avg", algorithm="mpi")
+    for step in range(steps):
+        ...                      # write this step's values into grad
+        plan.start()
+        ...                      # overlap: work that does not touch grad or plan.out
+        avg = plan.wait()        # plan.out, overwritten by every wait
+
+A plan of the MPI library's all-reduce (``mpi``, given or chosen by ``auto``) is a
+:class:`~collectives.library.plans.LibraryPlan`: a persistent ``MPI_Allreduce_init`` request on a private
+buffer that carries the call fingerprint, checked at every wait. A plan of a hand-made algorithm
+starts an :func:`~collectives.calls.allreduce.iallreduce` on its cached schedule at every start (the schedule and
+buffers are reused; the point-to-point messages are posted anew).
+
+As in MPI, every rank makes the same plans in the same order and starts them in the same order as
+its other collectives on the communicator: MPICH matches a persistent collective by the order in
+which the ranks made it, so ranks that disagree about a plan wait for each other; give ``wait`` a
+``timeout`` to turn that into :class:`~collectives.CollectiveTimeout`. The fingerprint rides in the
+data of every start, so plans that do meet but differ (op, count) raise
+:class:`~collectives.CollectiveMismatch` on every rank.
+"""
+import numpy
+
+from collectives.calls.allreduce import _begin, iallreduce
+from collectives.backend import positional, check_timeout
+from collectives.library.plans import LibraryPlan
+
+__all__ = ["AllreducePlan", "allreduce_init"]
+
+
+class AllreducePlan:
+    """A persistent all-reduce made by :func:`allreduce_init`: ``start()`` then ``wait()``, many times.
+
+    Attributes
+    ----------
+    x : ndarray
+        The input the plan reads at every :meth:`start`.
+    out : ndarray
+        The result, written by every :meth:`wait` (``x``'s shape and dtype).
+    algorithm : str
+        The algorithm the plan runs (``auto`` resolved once, at plan time).
+    """
+
+    __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout")
+
+    def __init__(self, x, out, algorithm, core, args):
+        self.x, self.out, self.algorithm, self._core, self._args = x, out, algorithm, core, args
+        self._request = None
+
+    def start(self):
+        """Start one all-reduce of the current contents of :attr:`x`.
+
+        Raises
+        ------
+        RuntimeError
+            The previous start has not been waited for, or the communicator is unusable after a failure.
+        """
+        if self._request is not None:
+            raise RuntimeError("plan.start() called twice without plan.wait() in between")
+        if self._core is not None:
+            self._core.ctx.check_usable()
+            self._core.start(self.x)
+            self._request = self._core
+        else:
+            comm, op, grid, accumulate = self._args
+            self._request = iallreduce(self.x, comm=comm, op=op, algorithm=self.algorithm, out=self.out, grid=grid, accumulate=accumulate)
+
+    def test(self):
+        """Advance the all-reduce without blocking; return True once :meth:`wait` would not block."""
+        if self._request is None:
+            raise RuntimeError("plan.test() before plan.start()")
+        return self._request.test()
+
+    def wait(self, timeout=None):
+        """Complete the started all-reduce and return :attr:`out`.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait before :class:`~collectives.CollectiveTimeout` (the communicator is then
+            unusable, as after any timeout).
+
+        Raises
+        ------
+        RuntimeError
+            ``wait()`` without ``start()``.
+        CollectiveTimeout, CollectiveMismatch
+            As for :func:`collectives.allreduce`.
+        """
+        timeout = check_timeout(timeout)
+        req, self._request = self._request, None
+        if req is None:
+            raise RuntimeError("plan.wait() before plan.start()")
+        if req is self._core:
+            return self._core.wait(self.out, timeout)
+        return req.wait(timeout)
+
+    def free(self):
+        """Release the plan's MPI requests (the plan cannot start again)."""
+        if self._core is not None and not self._core.active:
+            for r in self._core.reqs:
+                r.Free()
+            self._core = None
+        self._args = None
+
+
+def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32"):
+    """Plan an all-reduce of ``x`` that can be started many times (``MPI_Allreduce_init``'s form).
+
+    Every argument is checked now, once; ``auto`` is resolved now. Each :meth:`AllreducePlan.start`
+    reads the current contents of ``x``; each :meth:`AllreducePlan.wait` writes the result into
+    ``out`` (a new array made now when ``out`` is None, the same one every time) and returns it.
+    Every rank makes the same plans in the same order, and starts them in the same order as its other
+    collectives on ``comm``. Source: MPI 4.0 standard, section 6.13 (persistent collective operations).
+
+    Parameters
+    ----------
+    x : ndarray, any shape, float16/float32/float64/int32/int64 (NumPy)
+        The input buffer, read at every start.
+    comm, op, algorithm, grid, accumulate
+        As for :func:`collectives.allreduce`.
+    out : ndarray, optional
+        Result buffer, ``x``'s shape and dtype; ``out=x`` reduces in place.
+
+    Returns
+    -------
+    AllreducePlan
+
+    Raises
+    ------
+    ValueError, TypeError
+        As for :func:`collectives.allreduce` (on every rank, before any message), or ``x`` that is
+        not a NumPy array.
+    """
+    if args:
+        positional('allreduce_init', args)
+    if type(x) is not numpy.ndarray:
+        raise TypeError(f"allreduce_init takes a NumPy array, not {type(x).__name__}")
+    x, _, grid, ctx, xp, resolved = _begin(x, comm, op, algorithm, out, None, grid, accumulate)
+    if out is None:
+        out = numpy.empty(x.shape, x.dtype)
+    core = None
+    if resolved == "mpi":
+        key = ("allreduce", "mpi", x.size, x.dtype, op, None, None)
+        core = LibraryPlan(ctx, key, x.shape, x.dtype, op, persistent=True)
+    return AllreducePlan(x, out, resolved, core, (comm, op, grid, accumulate))

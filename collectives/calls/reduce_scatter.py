@@ -1,0 +1,141 @@
+"""Reduce-scatter on the ring schedule or the library's call (broadcast and reduce:
+:mod:`collectives.calls.rooted`; all-gather: :mod:`collectives.calls.allgather`).
+
+Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.calls.allreduce`. Copy-only
+collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
+types of :data:`collectives.backend.COPY_DTYPES` (uint8 blobs, bool masks), and float16 and bfloat16
+travel as 2-byte elements there. Every collective takes DLPack tensors (PyTorch, JAX) and gives its
+result back in the caller's type (:func:`collectives.engine.buffers.adopt`); ``op`` may be an mpi4py op.
+"""
+import numpy
+
+from collectives.backend import (positional, COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
+                      get_array_module, op_name)
+from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
+from collectives.engine.buffers import adopt, as_array, check_out, finish
+from collectives.engine.context import check_comm, existing_context, get_context
+from collectives.engine.executor import run_schedule
+from collectives.engine.fingerprint import checks_enabled
+from collectives.schedules.ring import ring_reduce_scatter
+from collectives.library.scatter_plan import ScatterPlan
+from collectives.schedules.schedule import chunk_bounds, segmented
+
+__all__ = ["reduce_scatter"]
+
+
+
+def _common(x, op, algorithm, name, timeout, size):
+    check_algorithm(algorithm, name)
+    if name != "broadcast":  # every reducing collective needs an op; None is not "no reduction"
+        check_op(op)
+    x = as_array(x)
+    check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
+    timeout = check_timeout(timeout)
+    return x, timeout, _auto(name, x, size) if algorithm == "auto" else algorithm
+
+
+#: Largest reduce-scatter input (bytes) that ``auto`` gives to the MPI library (host arrays), at P = 2
+#: and at P >= 3.
+SCATTER_LIBRARY_MAX = {2: 16384, 3: 262144}
+
+
+def _auto(name, x, size):
+    """Return what ``auto`` runs for reduce-scatter, broadcast and reduce.
+
+    Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes (16 KiB on 2 ranks,
+    256 KiB on more): ``mpi``, whose call is cached (:class:`~collectives.library.scatter_plan.ScatterPlan`);
+    above, the ring. Measured through commlab (README
+    "Benchmarks"): the library took 0.8x the ring's time at 16 KiB and 1.1-1.5x from 32 KiB on 2
+    ranks, 0.55-0.95x from 16 KiB to 256 KiB and 1.2-1.6x from 512 KiB on 4, where the ring's P - 1
+    rounds each pay Python's overhead. Otherwise the first hand-made algorithm.
+    """
+    if (name == "reduce_scatter" and not hasattr(x, "__cuda_array_interface__")
+            and x.nbytes <= SCATTER_LIBRARY_MAX[min(max(size, 2), 3)]):
+        return "mpi"
+    return OP_ALGORITHMS[name][0]
+
+
+def _repeated_scatter(x, comm, op, algorithm, timeout, out):
+    """Run the cached :class:`~collectives.library.scatter_plan.ScatterPlan` of this call's signature on ``comm``; None when there is none
+    or ``out`` is not a plain writable array of the chunk's shape and ``x``'s dtype (the full path runs)."""
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    plan = ctx.fast.get(("reduce_scatter", algorithm, op, x.dtype, x.shape, checks_enabled()))
+    if plan is None:
+        return None
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != (plan.chunk,) or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    return plan.run(ctx, x, check_timeout(timeout), out)
+
+
+def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
+    """Reduce ``x`` across ranks and return this rank's chunk of the flattened result.
+
+    Steps (ring): P - 1 rounds; in round s rank r sends chunk (r - s - 1) mod P to r + 1 and adds
+    chunk (r - s - 2) mod P from r - 1. Cost: ``(P-1) alpha + (P-1)/P n (beta + gamma)``. Source:
+    Patarasuk and Yuan 2009, section 3.
+
+    Parameters
+    ----------
+    x : ndarray, any shape, supported dtype
+        This rank's contribution; same size and dtype everywhere. It is flattened (C order).
+    comm : mpi4py.MPI.Intracomm, optional
+    op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
+    algorithm : {"ring", "mpi", "auto"}
+    timeout : float, optional
+        Seconds per round before :class:`CollectiveTimeout`.
+    out : ndarray or DLPack tensor, optional
+        Result buffer of shape (chunk_r,) and ``x``'s dtype, written and returned (the library writes
+        into it directly when it is contiguous and needs no cast); default: a new array per call.
+
+    Returns
+    -------
+    ndarray, shape (chunk_r,), x.dtype
+        Chunk ``r`` of the ``numpy.array_split(result, P)`` chunks (73 elements on 4 ranks: 19, 18, 18, 18).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As for :func:`collectives.allreduce`.
+    """
+    if args:
+        positional('reduce_scatter', args)
+    if type(x) is numpy.ndarray and type(op) is str:
+        got = _repeated_scatter(x, comm, op, algorithm, timeout, out)  # a repeated call: its cached plan
+        if got is not None:
+            return got
+    x, out, wrap = adopt(x, out)
+    if wrap is not None:
+        return wrap(reduce_scatter(x, comm=comm, op=op, algorithm=algorithm, timeout=timeout, out=out))
+    op = op_name(op)
+    given = algorithm
+    comm = check_comm(comm)
+    x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout, comm.Get_size())
+    chunks = chunk_bounds(x.size, comm.Get_size())
+    check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
+    ctx = get_context(comm, timeout)
+    ctx.check_usable()
+    xp = get_array_module(x)
+    count, size, rank = x.size, ctx.size, ctx.rank
+    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
+    if algorithm == "mpi":  # planned once; host plans are run again by later calls of this signature
+        plan = ScatterPlan(ctx, x, op, key)
+        if xp is numpy:
+            ctx.keep(("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled()), plan)
+        return plan.run(ctx, x, timeout, out)
+    bounds = chunk_bounds(count, size)
+    acc = accumulation_dtype(x.dtype)
+    work = ctx.buffer(xp, acc, count, "rs-work")
+    lo, hi = bounds[rank], bounds[rank + 1]
+    inp = None
+    if count and x.dtype == acc and x.flags.c_contiguous:
+        inp = x.reshape(-1)  # read in place (by the executor or the library): no copy of the whole input
+    elif count:
+        xp.copyto(work.reshape(x.shape), x, casting="unsafe")
+    sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: segmented(ring_reduce_scatter(rank, size, count)))
+    run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout, xp, inp,
+                 (lo, hi))
+    ctx.record("reduce_scatter", algorithm, count, acc, sched)
+    return finish(xp.empty(hi - lo, dtype=x.dtype) if out is None else out, work[lo:hi], op, size, xp)

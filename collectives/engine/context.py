@@ -1,0 +1,298 @@
+"""Per-communicator library context: duplicated communicator, caches, message tags and statistics.
+
+The first collective called on a communicator duplicates it (``Comm.Dup``, itself collective), so
+commlab's messages never match the user's. Schedules are cached by (collective, algorithm, P, count,
+...), scratch buffers by dtype, and every call records what it sent in :func:`last_stats`.
+"""
+import numpy
+from mpi4py import MPI
+
+from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
+from collectives.backend import DeviceTransport, cuda_aware
+from collectives.engine.waiting import deadline_of, wait_all
+
+__all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
+           "context_keyval", "existing_context"]
+
+_KEYVAL = [None]  # MPI attribute key, created on first use
+_LAST = [None, None]  # (communicator object, its context) of the last existing_context hit
+
+
+class Context:
+    """Library state for one user communicator.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        The user's communicator; it is duplicated, the duplicate carries every message.
+    timeout : float, optional
+        Seconds the duplication may wait for the other ranks.
+
+    Attributes
+    ----------
+    comm : mpi4py.MPI.Comm
+        The duplicate.
+    rank, size : int
+    last : tuple or None
+        Statistics of the most recent collective (see :func:`last_stats`).
+    calls, bytes_sent, messages : int
+        Running totals (see :func:`total_stats`).
+    plans, fast : dict
+        Persistent library plans of repeated small all-reduces and the call signatures that reuse
+        them (see :mod:`collectives.library.plans`).
+    """
+
+    __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
+                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast")
+
+    def __init__(self, comm, timeout=None):
+        dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
+        # (after a timeout the pending duplicate must not be touched, not even freed, until it completes)
+        wait_all([req], [None], deadline_of(timeout), "collective", 0, "duplicating the communicator", timeout)
+        self.comm = dup
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._seq = 0
+        self.active = set()  # non-blocking requests in flight on this communicator
+        self.tags = TagSpace(self.comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._schedules = {}
+        self._buffers = {}
+        self._transports = {}
+        self._nodes = self._find_nodes(timeout)
+        self.broken = None
+        self.last = None
+        self.calls = self.bytes_sent = self.messages = 0
+        self.plans = {}  # (call key, shape) -> persistent library plan (collectives.library.plans)
+        self.fast = {}  # call signature as given -> (plan, tuning table in force), for repeated calls
+
+    def keep(self, signature, entry):
+        """Cache ``entry`` (a plan) under a call ``signature`` for the repeated calls of :attr:`fast`,
+        emptying the cache first past 1,024 signatures; return ``entry``."""
+        if len(self.fast) > 1024:
+            self.fast.clear()
+        self.fast[signature] = entry
+        return entry
+
+    def check_usable(self):
+        """Raise ``RuntimeError`` when an earlier failure left this context with messages in flight."""
+        if self.broken is not None:
+            raise RuntimeError(f"this communicator's collectives are unusable after an earlier failure "
+                               f"({self.broken}); messages of that call may still arrive and the ranks no "
+                               f"longer agree on the call order: end the job (collectives.engine.policy.abort_on_failure)")
+
+    def progress(self):
+        """Advance every non-blocking request in flight here (called while a blocking call waits)."""
+        for req in list(self.active):
+            req._advance()
+
+    def fail(self, message):
+        """Mark the context unusable after a timeout left messages in flight."""
+        self.broken = message
+
+    def begin(self, key, timeout=None):
+        """Start the next call, described by ``key``, and return the tag of its messages.
+
+        The tag carries the call's fingerprint and sequence number (:mod:`collectives.engine.fingerprint`),
+        so messages of calls that differ never match. In debug mode (``COMMLAB_DEBUG=detail``) the
+        full fingerprint is first all-gathered and compared.
+
+        Parameters
+        ----------
+        key : tuple
+            ``(collective, algorithm, count, dtype, op, root, grid)``, algorithm resolved.
+        timeout : float, optional
+            Seconds the debug-mode exchange may wait.
+
+        Raises
+        ------
+        CollectiveMismatch
+            Debug mode only: the ranks' fingerprints differ (raised on every rank).
+        """
+        self.advance(key, timeout)
+        return self.tags.tag(key, self._seq)
+
+    def advance(self, key, timeout=None):
+        """Start the next call, described by ``key``, without a message tag (the library path: MPI
+        matches its own collectives in call order, and the fingerprint travels with the data).
+
+        Raises
+        ------
+        CollectiveMismatch
+            Debug mode only, as for :meth:`begin`.
+        """
+        self._seq += 1
+        if debug_enabled() and self.size > 1:
+            try:
+                exchange(self.comm, key, self._seq, timeout, self.progress if self.active else None)
+            except Exception as exc:
+                self.fail(f"{key[0]}: {exc}")
+                raise
+
+    def schedule(self, key, build):
+        """Return the cached schedule for ``key``, building it with ``build()`` the first time."""
+        sched = self._schedules.get(key)
+        if sched is None:
+            if len(self._schedules) > 4096:
+                self._schedules.clear()
+            sched = self._schedules[key] = build()
+        return sched
+
+    def buffer(self, xp, dtype, n, slot="scratch"):
+        """Return a cached 1-D buffer view of ``n`` elements (contents undefined), grown as needed."""
+        key = (xp.__name__, numpy.dtype(dtype), slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = self._buffers[key] = xp.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+    def transport(self, xp):
+        """Return the :class:`DeviceTransport` for array module ``xp`` (None for NumPy)."""
+        if xp is numpy:
+            return None
+        t = self._transports.get(xp.__name__)
+        if t is None:
+            t = self._transports[xp.__name__] = DeviceTransport(xp, cuda_aware())
+        return t
+
+    def nodes(self):
+        """Return (number of nodes, ranks per node or 0 when uneven), found when the context was made."""
+        return self._nodes
+
+    def _find_nodes(self, timeout):
+        """Count the nodes with ``Split_type(COMM_TYPE_SHARED)`` right after the duplication.
+
+        ``MPI_Comm_split_type`` has no non-blocking form, so it runs here, where the completed
+        ``MPI_Comm_idup`` has just shown that every rank is in the same call; the agreement on the
+        count is a non-blocking all-reduce waited under ``timeout``.
+        """
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        per = local.Get_size()
+        local.Free()
+        both = numpy.array([per, -per], numpy.int64)  # max(per) and -min(per) in one call
+        req = self.comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)
+        wait_all([req], [None], deadline_of(timeout), "collective", 0, "finding the nodes", timeout)
+        high, low = int(both[0]), -int(both[1])
+        even = low == high and self.size % per == 0
+        return (self.size // per, per) if even else (0, 0)
+
+    def record(self, op, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
+        """Store the statistics of the collective that just ran (cheap: the dict is built on demand)."""
+        if schedule is not None:
+            elements, messages, rounds = schedule.elements_sent, schedule.messages, len(schedule.rounds)
+        else:
+            messages, rounds = None, None
+        nbytes = elements * dtype.itemsize
+        self.last = (op, algorithm, count, dtype, nbytes, messages, rounds, estimated)
+        self.calls += 1
+        self.bytes_sent += nbytes
+        self.messages += messages or 0
+
+
+def check_comm(comm):
+    """Return ``comm`` (``COMM_WORLD`` for None); ``TypeError`` unless it is an mpi4py intracommunicator."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an mpi4py intracommunicator, not {type(comm).__name__}"
+                        + (" (COMM_NULL)" if isinstance(comm, MPI.Comm) else ""))
+    return comm
+
+
+def _on_free(comm, keyval, ctx):
+    """Free a context's duplicate when the user's communicator is freed (attribute delete callback).
+
+    A broken context's duplicate is freed too: ``MPI_Comm_free`` only marks it, and MPI releases it
+    once the operations still pending on it end, so repeated failures do not exhaust MPI's
+    communicator ids.
+    """
+    if _LAST[1] is ctx:
+        _LAST[0] = _LAST[1] = None
+    if ctx is not None and ctx.comm != MPI.COMM_NULL:
+        ctx.comm.Free()
+    return MPI.SUCCESS
+
+
+def context_keyval():
+    """Return the MPI attribute key under which each communicator caches its context."""
+    if _KEYVAL[0] is None:
+        _KEYVAL[0] = MPI.Comm.Create_keyval(delete_fn=_on_free)
+    return _KEYVAL[0]
+
+
+def existing_context(comm):
+    """Return the context ``comm`` (None: ``COMM_WORLD``) already carries, else None; never creates one.
+
+    The first look of the cached paths of repeated calls (:mod:`collectives.library.plans`): anything
+    but a plain intracommunicator with a context -- another type, a freed communicator -- gives None,
+    and the full path then checks the arguments and says what is wrong. The last communicator
+    object found and its context are remembered (an attribute look-up costs about as much as the
+    rest of a cached call's Python); freeing the communicator or its context forgets them
+    (:func:`_on_free`, the attribute's delete callback).
+    """
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if comm is _LAST[0]:  # the communicator of the previous cached call: no attribute look-up
+        return _LAST[1]
+    if type(comm) is not MPI.Intracomm:
+        return None
+    try:
+        ctx = comm.Get_attr(context_keyval())
+    except MPI.Exception:  # a freed communicator
+        return None
+    if ctx is not None:
+        _LAST[0], _LAST[1] = comm, ctx
+    return ctx
+
+
+def get_context(comm=None, timeout=None):
+    """Return the :class:`Context` of ``comm`` (default ``COMM_WORLD``), creating it on first use.
+
+    The context is cached on the communicator itself as an MPI attribute (``MPI_Comm_set_attr``), the
+    standard place for a library's per-communicator state: it disappears with ``comm.Free()``, so a new
+    communicator that happens to reuse a freed handle never inherits a stale context, and ``Dup`` of
+    the user's communicator does not copy it. Creating it duplicates ``comm`` with ``MPI_Comm_idup``,
+    waited under ``timeout`` seconds (:class:`~collectives.errors.CollectiveTimeout` after that).
+    """
+    comm = check_comm(comm)
+    key = context_keyval()
+    ctx = comm.Get_attr(key)
+    if ctx is None:
+        ctx = Context(comm, timeout)
+        comm.Set_attr(key, ctx)
+    return ctx
+
+
+def free_context(comm=None):
+    """Drop the cached context of ``comm`` (its duplicate is freed locally, without messages)."""
+    comm = check_comm(comm)
+    if comm.Get_attr(context_keyval()) is not None:
+        comm.Delete_attr(context_keyval())  # the delete callback frees the duplicate
+
+
+def has_context(comm):
+    """Return True when ``comm`` already carries a commlab context (no message is sent)."""
+    return check_comm(comm).Get_attr(context_keyval()) is not None
+
+
+def last_stats(comm=None):
+    """Return statistics of the most recent collective on ``comm`` by this rank.
+
+    Returns
+    -------
+    dict
+        ``op``, ``algorithm`` (resolved, never "auto"), ``count`` (elements), ``dtype`` (on the wire),
+        ``bytes_sent`` (bytes this rank sent, counted from the schedule as executed), ``messages``,
+        ``rounds`` and ``estimated`` (True for ``mpi``, whose internal traffic is not visible: its
+        bytes are the ring algorithm's ``2 (P-1)/P n``). Empty before the first call.
+    """
+    last = get_context(comm).last
+    if last is None:
+        return {}
+    keys = ("op", "algorithm", "count", "dtype", "bytes_sent", "messages", "rounds", "estimated")
+    out = dict(zip(keys, last))
+    out["dtype"], out["bytes_sent"] = numpy.dtype(out["dtype"]).name, int(out["bytes_sent"])
+    return out
+
+
+def total_stats(comm=None):
+    """Return running totals (``calls``, ``bytes_sent``, ``messages``) of this rank's collectives."""
+    ctx = get_context(comm)
+    return {"calls": ctx.calls, "bytes_sent": int(ctx.bytes_sent), "messages": ctx.messages}

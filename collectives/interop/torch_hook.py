@@ -1,0 +1,337 @@
+"""PyTorch adapters: a DDP communication hook and a Horovod-style ``DistributedOptimizer``.
+
+Both move gradients with commlab's collectives (any all-reduce algorithm, or any compressor of
+:mod:`collectives.compression` with its error-feedback memory) while PyTorch keeps the model and the
+optimizer. PyTorch is imported inside the functions that need it, never when ``collectives`` is
+imported, so commlab runs without it.
+
+* :func:`commlab_hook` with :class:`CommHookState`: ``ddp_model.register_comm_hook(state, commlab_hook)``.
+  DDP hands each gradient bucket (a flat tensor) to the hook, which averages it over the ranks of
+  ``state.comm`` and returns the completed ``torch.futures.Future`` DDP waits on. DDP's own process
+  group (gloo on CPU) still does its bookkeeping (parameter broadcast at construction, bucket
+  rebuilding); the gradients go through MPI. Buckets and hooks: Li et al. 2020, "PyTorch
+  Distributed: Experiences on Accelerating Data Parallel Training", VLDB, section 3.2.
+* :class:`DistributedOptimizer`: wraps any ``torch.optim.Optimizer``; ``step()`` first averages every
+  parameter's gradient in one fused flat buffer, then steps (Sergeev and Del Balso 2018, "Horovod:
+  fast and easy distributed deep learning in TensorFlow", section 4). :func:`broadcast_parameters`
+  makes every rank start from root's weights.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from collectives.calls import allreduce as api
+
+from collectives.calls import rooted
+from collectives.backend import check_algorithm, check_timeout
+from collectives.engine.context import free_context
+
+__all__ = ["CommHookState", "commlab_hook", "DistributedOptimizer", "broadcast_parameters"]
+
+
+def _bucket_shapes(bucket):
+    """Return the shapes of the parameters in a DDP ``GradBucket``, in flat order."""
+    return [tuple(p.shape) for p in bucket.parameters()]
+
+
+class CommHookState:
+    """State of :func:`commlab_hook`: communicator, algorithm, compressor and error feedback per bucket.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm, optional
+        Communicator (``MPI.COMM_WORLD`` by default), duplicated here; its ranks must be DDP's ranks
+        in the same order. Collective: every rank builds the state at the same point.
+    algorithm : str
+        All-reduce algorithm, a key of ``collectives.ALGORITHMS`` (``auto`` by default).
+    compression : str
+        A key of ``collectives.compression.COMPRESSORS``; ``"none"`` (default) averages the bucket
+        with the all-reduce alone, bitwise like DDP's default hook for ``mpi``.
+    error_feedback : bool or None
+        Error feedback for the compressor (None: the compressor's default).
+    timeout : float, optional
+        Seconds any round of the all-reduce may wait for a peer (``CollectiveTimeout`` after).
+    **compressor_args
+        Compressor arguments, e.g. ``rank=2`` for ``powersgd``, ``ratio=0.01`` for ``topk``.
+
+    Attributes
+    ----------
+    iteration : int
+        Buckets reduced so far, counted over all steps.
+    hooks : dict
+        Bucket key -> ``(parameter shapes, CompressionHook)``: one compressor and memory per bucket
+        (PowerSGD's matrix layout follows the bucket's parameter shapes).
+
+    Raises
+    ------
+    ValueError
+        Unknown ``algorithm`` or ``compression``, or a ``timeout`` that is not a positive number.
+    """
+
+    __slots__ = ("comm", "algorithm", "compression", "error_feedback", "compressor_args", "timeout",
+                 "iteration", "hooks")
+
+    def __init__(self, comm=None, algorithm="auto", compression="none", error_feedback=None, timeout=None,
+                 **compressor_args):
+        from collectives.compression import COMPRESSORS
+
+        check_algorithm(algorithm, api.ALGORITHMS)
+        check_algorithm(compression, COMPRESSORS, "compression")
+        timeout = check_timeout(timeout)
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.algorithm = algorithm
+        self.compression = compression
+        self.error_feedback = error_feedback
+        self.compressor_args = dict(compressor_args)
+        self.timeout = timeout
+        self.iteration = 0
+        self.hooks = {}
+        if compression != "none":  # check the compressor's arguments now, on every rank
+            from collectives.compression import make_compressor
+
+            make_compressor(compression, **self._args([(4, 4)]))
+
+    def _args(self, shapes):
+        from collectives.compression import compressor_arguments
+
+        args = dict(self.compressor_args)
+        if "shapes" in compressor_arguments(self.compression):
+            args["shapes"] = shapes
+        return args
+
+    def _hook(self, key, shapes):
+        """Return the ``CompressionHook`` of bucket ``key``; a new one when its shapes changed (DDP rebuilds)."""
+        shapes = None if shapes is None else tuple(tuple(int(d) for d in s) for s in shapes)
+        entry = self.hooks.get(key)
+        if entry is None or entry[0] != shapes:
+            from collectives.compression import make_hook
+
+            if entry is not None:
+                entry[1].close()  # collective, like the rebuild itself
+            args = self._args(list(shapes) if shapes is not None else None)
+            args.pop("shapes", None)
+            hook = make_hook(self.compression, comm=self.comm, algorithm=self.algorithm,
+                             error_feedback=self.error_feedback, shapes=shapes, **args)
+            entry = self.hooks[key] = (shapes, hook)
+        return entry[1]
+
+    def reduce(self, flat, key=0, shapes=None):
+        """Average ``flat`` over the ranks, in place, and return it.
+
+        Parameters
+        ----------
+        flat : torch.Tensor or ndarray, shape (n,), float32/float64 (also bfloat16/float16 without compression)
+            One bucket's gradients.
+        key : int or str
+            The bucket's key for its compressor state (DDP's bucket index).
+        shapes : list of tuple of int, optional
+            Parameter shapes in the bucket, in flat order (PowerSGD's matrices).
+
+        Returns
+        -------
+        torch.Tensor or ndarray
+            ``flat``, now holding the mean over ranks.
+        """
+        self.iteration += 1
+        if self.compression == "none":
+            return api.allreduce(flat, comm=self.comm, op="avg", algorithm=self.algorithm, out=flat,
+                                 timeout=self.timeout)
+        view = np.from_dlpack(flat.detach() if hasattr(flat, "detach") else flat)  # zero-copy (n,)
+        avg, _ = self._hook(key, shapes)(view)
+        view[...] = avg
+        return flat
+
+    def state_dict(self):
+        """Return the state as str -> NumPy array (collective: every rank calls it at the same point).
+
+        Returns
+        -------
+        dict
+            ``iteration`` and, per bucket key ``k``, ``bucket{k}/...`` entries of its
+            ``CompressionHook`` (the memory of every rank stacked, see ``CompressionHook.state_dict``).
+        """
+        state = {"iteration": np.array(self.iteration, np.int64)}
+        for key in sorted(self.hooks, key=str):
+            state.update({f"bucket{key}/{k}": v for k, v in self.hooks[key][1].state_dict().items()})
+        return state
+
+    def load_state_dict(self, state, shapes_of):
+        """Restore :meth:`state_dict`'s output (collective).
+
+        Parameters
+        ----------
+        state : dict
+            From :meth:`state_dict`.
+        shapes_of : dict
+            Bucket key -> its parameter shapes, to rebuild each bucket's compressor before loading its
+            state (DDP: ``{bucket.index(): shapes}`` as the buckets were when saved).
+        """
+        self.iteration = int(state["iteration"])
+        for key, shapes in sorted(shapes_of.items(), key=lambda kv: str(kv[0])):
+            prefix = f"bucket{key}/"
+            mine = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            if mine and self.compression != "none":
+                self._hook(key, shapes).load_state_dict(mine)
+
+    def close(self):
+        """Free the per-bucket hooks and the duplicated communicator."""
+        for _, hook in self.hooks.values():
+            hook.close()
+        self.hooks.clear()
+        if self.comm != MPI.COMM_NULL:
+            free_context(self.comm)
+            self.comm.Free()
+
+
+def commlab_hook(state, bucket):
+    """DDP communication hook: average a gradient bucket with commlab.
+
+    Register with ``ddp_model.register_comm_hook(state, commlab_hook)``.
+
+    Parameters
+    ----------
+    state : CommHookState
+        The communicator, algorithm and compressor state.
+    bucket : torch.distributed.GradBucket
+        DDP's bucket; ``bucket.buffer()`` is a flat tensor, shape (n,), of the parameters' dtype.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completed future holding the averaged flat tensor (the bucket's own memory).
+    """
+    import torch
+
+    buf = bucket.buffer()
+    shapes = _bucket_shapes(bucket) if state.compression != "none" else None
+    result = state.reduce(buf, bucket.index(), shapes)
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return fut
+
+
+class DistributedOptimizer:
+    """Horovod-style optimizer wrapper: average the gradients over the ranks, then step.
+
+    ``step()`` gathers every parameter gradient into one flat buffer (one fused all-reduce, or the
+    compressor's exchange), writes the mean back into each ``p.grad`` and calls the wrapped
+    optimizer's ``step``. Everything else (``zero_grad``, ``param_groups``, ``state_dict``, ...) is the
+    wrapped optimizer's. Parameters without a gradient count as zero on that rank, so every rank
+    sends the same message.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+        The local optimizer.
+    comm : mpi4py.MPI.Intracomm, optional
+        Communicator (``MPI.COMM_WORLD`` by default), duplicated here.
+    algorithm : str
+        All-reduce algorithm (``collectives.ALGORITHMS``).
+    compression : str
+        Compressor name (``collectives.compression.COMPRESSORS``), ``"none"`` by default.
+    error_feedback : bool or None
+        Error feedback for the compressor (None: its default).
+    timeout : float, optional
+        Seconds any round may wait for a peer.
+    **compressor_args
+        Compressor arguments.
+
+    Raises
+    ------
+    TypeError
+        ``optimizer`` has no ``param_groups``.
+    ValueError
+        Unknown algorithm or compressor, or parameters of different dtypes.
+    """
+
+    def __init__(self, optimizer, comm=None, algorithm="auto", compression="none", error_feedback=None,
+                 timeout=None, **compressor_args):
+        if not hasattr(optimizer, "param_groups"):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if len({p.dtype for p in params}) > 1:
+            raise ValueError("DistributedOptimizer: all parameters must share one dtype, got "
+                             + ", ".join(sorted({str(p.dtype) for p in params})))
+        self.optimizer = optimizer
+        self._params = params
+        self._state = CommHookState(comm, algorithm, compression, error_feedback, timeout, **compressor_args)
+
+    def __getattr__(self, name):
+        if name in ("optimizer", "_params", "_state"):
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    @property
+    def state(self):
+        """The wrapped optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    @property
+    def comm_state(self):
+        """The :class:`CommHookState` (communicator, compressor and error feedback)."""
+        return self._state
+
+    def synchronize(self):
+        """Average every parameter's gradient over the ranks, in place (``p.grad`` is created if None)."""
+        import torch
+
+        if not self._params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.detach().reshape(-1) for g in grads])  # (n,) fused buffer
+        self._state.reduce(flat, "all", [tuple(p.shape) for p in self._params])
+        start = 0
+        for p in self._params:
+            n = p.numel()
+            piece = flat[start:start + n].view_as(p)
+            if p.grad is None:
+                p.grad = piece.clone()
+            else:
+                p.grad.copy_(piece)
+            start += n
+
+    def step(self, closure=None):
+        """Average the gradients, then run the wrapped optimizer's ``step``."""
+        self.synchronize()
+        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+
+    def zero_grad(self, set_to_none=True):
+        """Clear the gradients (the wrapped optimizer's ``zero_grad``)."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        """Return the wrapped optimizer's state dict plus ``"commlab"``: the compressor state."""
+        sd = self.optimizer.state_dict()
+        sd["commlab"] = self._state.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`'s output."""
+        state_dict = dict(state_dict)
+        comm_state = state_dict.pop("commlab", None)
+        self.optimizer.load_state_dict(state_dict)
+        if comm_state is not None:
+            self._state.load_state_dict(comm_state, {"all": [tuple(p.shape) for p in self._params]})
+
+    def close(self):
+        """Free the duplicated communicator."""
+        self._state.close()
+
+
+def broadcast_parameters(params, root=0, comm=None):
+    """Copy root's parameter values into every rank's, in place (Horovod's ``broadcast_parameters``).
+
+    Parameters
+    ----------
+    params : iterable of torch.Tensor, or a ``state_dict``-like mapping
+        The tensors to overwrite (each broadcast with commlab's tree broadcast, in order).
+    root : int
+        Rank whose values win.
+    comm : mpi4py.MPI.Intracomm, optional
+        Communicator (``MPI.COMM_WORLD`` by default).
+    """
+    import torch
+
+    tensors = list(params.values()) if hasattr(params, "values") else list(params)
+    with torch.no_grad():
+        for t in tensors:
+            rooted.broadcast(t.detach(), root=root, comm=comm)

@@ -1,0 +1,200 @@
+"""The MPI library path (``algorithm="mpi"``): post the library's non-blocking collective, wait under the
+deadline, and check that the ranks made the same call.
+
+MPI itself does not check that ranks agree on a collective's count, datatype or op: a mismatch is
+"erroneous" and MPICH returns whatever its algorithm produced. commlab's rule is that mismatched calls
+fail, so every library call carries the call fingerprint (:mod:`collectives.engine.fingerprint`) through
+the library itself:
+
+* a small all-reduce (at most :data:`PIGGYBACK_MAX` elements) appends 16 check elements to its own
+  buffer, under the call's own op:
+
+  - ``sum``/``avg``/``min``/``max``: the fingerprint's 32-bit CRC as eight 4-bit digits ``a = d + 1``,
+    each with a partner ``b`` (``a**2`` for sums, ``-a`` for min/max). After the reduction every rank
+    checks ``sum a = P a`` and ``sum b = P a**2`` (equality in Cauchy-Schwarz: every rank's digit
+    equals its own), or ``max a = a`` and ``max b = -a`` (every digit equal);
+  - ``prod``: sixteen bits of the CRC, each as one element, 2 for a one and 1 for a zero. A product
+    of powers of two is exact (or wraps, for integers, to a value that is never 1), so a rank whose
+    bit is 0 sees 1 only if no rank sent 2, and one whose bit is 1 sees ``2**P`` (in the buffer's
+    arithmetic) only if every rank did; up to P = 32 no smaller power of two wraps to that value
+    (int32 is the narrowest accumulation type). Above 32 ranks, eight bits, each as a pair ``(2, 1)``
+    or ``(1, 2)``: every rank then has an element that stays 1 only where all agree.
+
+  No extra message, 64-128 more bytes; the layout is the same for every op, so ranks whose ops
+  differ still make one library call each, and the check fails;
+* every other library call posts, alongside the data, a 2-element ``MPI_Iallreduce`` with ``MPI_MAX``
+  of ``(crc, -crc)``: one small extra message, negligible beside a large transfer.
+
+A rank whose check fails raises :class:`~collectives.errors.CollectiveMismatch`; an error the MPI
+library reports (a truncated message when counts differ) becomes one too.
+"""
+import numpy
+from mpi4py import MPI
+
+from collectives.errors import CollectiveMismatch, CollectiveTimeout
+from collectives.engine.fingerprint import checks_enabled, describe, key_code
+from collectives.engine.waiting import deadline_of, wait_all
+
+__all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
+           "call", "run_library", "key_code"]
+
+#: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
+PIGGYBACK_MAX = 2048
+#: Check elements appended to a piggybacked buffer.
+CHECK_ELEMENTS = 16
+
+
+def piggyback(count):
+    """Return True when an ``mpi`` all-reduce of ``count`` elements carries its check inline (any op)."""
+    return count <= PIGGYBACK_MAX and checks_enabled()
+
+
+_TAILS = {}  # (key, P, dtype) -> (check elements to send, their reduced values), in that dtype
+
+
+def check_values(key, size, dtype):
+    """Return ``(sent, wanted)``: the check elements of call ``key`` (op ``key[4]``) on ``size`` ranks,
+    and what the reduction makes of them when every rank sent the same, both of ``dtype`` (cached)."""
+    got = _TAILS.get((key, size, dtype))
+    if got is None:
+        code, op = key_code(key), key[4]
+        dtype = numpy.dtype(dtype)
+        if op == "prod":
+            power = numpy.full(size, 2, dtype).prod(dtype=dtype)  # 2**P as the library computes it
+            if size <= 32:
+                bits = [(code >> j) & 1 for j in range(CHECK_ELEMENTS)]
+                send = numpy.array([2 if b else 1 for b in bits], dtype)
+                want = numpy.array([power if b else 1 for b in bits], dtype)
+            else:
+                bits = [(code >> j) & 1 for j in range(CHECK_ELEMENTS // 2)]
+                send = numpy.array([v for b in bits for v in ((2, 1) if b else (1, 2))], dtype)
+                want = numpy.array([v for b in bits for v in ((power, 1) if b else (1, power))], dtype)
+        else:
+            digits = [((code >> (4 * j)) & 15) + 1 for j in range(CHECK_ELEMENTS // 2)]
+            summed = op in ("sum", "avg")
+            send = numpy.array([v for a in digits for v in (a, a * a if summed else -a)], dtype)
+            want = numpy.array([v for a in digits for v in ((size * a, size * a * a) if summed else (a, -a))], dtype)
+        if len(_TAILS) > 4096:
+            _TAILS.clear()
+        got = _TAILS[(key, size, dtype)] = (send, want)
+    return got
+
+
+def encode_check(tail, key, size):
+    """Write the check elements of ``key`` (op ``key[4]``) into ``tail`` (shape (CHECK_ELEMENTS,), the buffer's end)."""
+    tail[...] = check_values(key, size, tail.dtype)[0]
+
+
+def verify_check(tail, key, size):
+    """Raise :class:`CollectiveMismatch` unless the reduced check elements show every rank's key equal."""
+    if tail.tobytes() != check_values(key, size, tail.dtype)[1].tobytes():
+        raise mismatch(key)
+
+
+def mismatch(key):
+    """Return the :class:`CollectiveMismatch` of a failed fingerprint check of ``key``."""
+    return CollectiveMismatch(key[0], "fingerprint", f"this rank called {describe(key)} and another rank made a "
+                              "different call (count, dtype, op, root, algorithm or call order); rerun with "
+                              "COMMLAB_DEBUG=detail to name the field and the ranks")
+
+
+def call(ctx, key, method, args, timeout, check=True, extra=()):
+    """Run the MPI library's non-blocking collective ``method`` on the library's communicator.
+
+    Parameters
+    ----------
+    ctx : Context
+    key : tuple
+        The call key (:mod:`collectives.engine.fingerprint`).
+    method : str
+        mpi4py method of the non-blocking collective: ``"Iallreduce"``, ``"Ibcast"``, ...
+    args : tuple
+        Its arguments.
+    timeout : float or None
+        Seconds to wait before :class:`CollectiveTimeout`.
+    check : bool
+        Post the 2-element fingerprint all-reduce alongside (False when the check rides in the data).
+    extra : sequence of (str, tuple)
+        More non-blocking library calls posted after the data call (a NaN mask), waited together.
+
+    The non-blocking form is always used -- MPI never matches a blocking collective with a
+    non-blocking one, and whether a rank passes a timeout or has requests in flight is its own
+    business.
+
+    Raises
+    ------
+    CollectiveTimeout
+        A rank did not join within ``timeout``; the context is marked unusable.
+    CollectiveMismatch
+        The fingerprint check failed, or the library reported an error (such as truncation).
+    """
+    name = key[0]
+    reqs, fp, statuses, code = [], None, _STATUSES, 0
+    comm = ctx.comm
+    try:
+        if check and checks_enabled():
+            code = key_code(key)
+            fp = _PAIR.get(code)
+            fp = _fingerprint_pair(code) if fp is None else fp.copy()
+            reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
+        reqs.append(getattr(comm, method)(*args))
+        for m, a in extra:
+            reqs.append(getattr(comm, m)(*a))
+        if len(reqs) > len(statuses):
+            statuses = [MPI.Status() for _ in reqs]
+        if timeout is None and not ctx.active:
+            if len(reqs) == 1:  # (MPI_Wait: a third of MPI_Waitall's cost through mpi4py on one request)
+                reqs[0].Wait(statuses[0])
+            else:
+                MPI.Request.Waitall(reqs, statuses)
+        else:
+            wait_all(reqs, [None] * len(reqs), deadline_of(timeout), name, 0, f"MPI_{method[1:]}", timeout,
+                     ctx.progress if ctx.active else None, statuses)
+    except CollectiveTimeout as exc:
+        ctx.fail(f"{name}: {exc}")
+        raise
+    except MPI.Exception as exc:
+        ctx.fail(f"{name}: {exc}")
+        raise CollectiveMismatch(name, "count", f"the MPI library reported '{_reason(exc, statuses[:len(reqs)])}' in "
+                                 f"this rank's {describe(key)}: the ranks' calls differ") from None
+    if fp is not None and (int(fp[0]) != code or int(fp[1]) != -code):
+        err = mismatch(key)
+        ctx.fail(f"{name}: {err}")
+        raise err
+
+
+_STATUSES = [MPI.Status() for _ in range(4)]  # reused by every call (statuses matter only when one fails)
+_PAIR = {}  # key code -> its (code, -code) pair, copied for each call
+
+
+def _fingerprint_pair(code):
+    """Return a new ``(code, -code)`` int64 pair, the fingerprint all-reduced with ``MPI_MAX``, and cache it."""
+    if len(_PAIR) > 4096:
+        _PAIR.clear()
+    _PAIR[code] = numpy.array([code, -code], numpy.int64)
+    return _PAIR[code].copy()
+
+
+def _reason(exc, statuses):
+    """Return the MPI error text of ``exc``, looking into the statuses for ``MPI_ERR_IN_STATUS``."""
+    if exc.Get_error_class() == MPI.ERR_IN_STATUS:
+        codes = [st.Get_error() for st in statuses if st.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+        if codes:
+            return MPI.Get_error_string(codes[0]).strip()
+    return exc.Get_error_string().strip()
+
+
+def run_library(ctx, key, xp, method, args, timeout, extra=(), check=True):
+    """Begin the call ``key`` on ``ctx`` and run the MPI library's collective ``method`` (see :func:`call`).
+
+    Device buffers (``xp`` CuPy): the stream is synchronized first; without CUDA-aware MPI the call
+    is refused with ``ValueError``, before any message.
+    """
+    transport = ctx.transport(xp)
+    if transport is not None:
+        transport.sync()
+        if not transport.direct:
+            raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
+                             "algorithm, which stages through host memory")
+    ctx.advance(key, timeout)
+    call(ctx, key, method, args, timeout, check=check, extra=extra)

@@ -1,0 +1,230 @@
+"""Persistent library plans of the ``mpi`` all-reduce: the cached fast path of repeated small calls.
+
+A :class:`LibraryPlan` is the MPI library's all-reduce, either ``MPI_Iallreduce`` posted again at every
+start or a persistent ``MPI_Allreduce_init`` request (MPI 4.0 standard, section 6.13), from a private
+flat send buffer into a private receive buffer, both in the accumulation dtype, with the call
+fingerprint's check elements after the data (:mod:`collectives.library.call`), plus, for messages above
+:data:`~collectives.library.call.PIGGYBACK_MAX` elements, one on the 2-element fingerprint, and for float
+``min``/``max`` one on the NaN mask. ``start(x)`` copies ``x`` into the send buffer,
+whose check elements are written once (the reduction does not overwrite them, as it would in place);
+``wait(out)`` verifies the received ones, restores NaN, divides for ``avg`` and copies into ``out``.
+
+The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
+signature (shape, dtype, op, algorithm as given) for messages of at most
+:data:`~collectives.library.call.PIGGYBACK_MAX` elements, so a repeated small call costs a dictionary
+look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:func:`fast_allreduce`). The
+consistency rules hold on this path too: the sequence number advances, the fingerprint rides in the
+reduction and is checked, a timeout or an MPI error marks the communicator unusable exactly as on
+the other paths.
+
+Persistent requests (``MPI_Allreduce_init``, :func:`collectives.allreduce_init`) are matched by the
+order in which the ranks made them, not by the order of the calls, so the blocking path does not use
+them: a rank whose call misses the cache (a new count, another op) would wait forever for ranks that
+start an older plan, where the non-blocking form matches by call order and the fingerprint check
+raises on every rank.
+"""
+import numpy
+from mpi4py import MPI
+
+from collectives.engine.buffers import ACC, MPI_OPS
+from collectives.engine.context import existing_context
+from collectives.errors import CollectiveMismatch, CollectiveTimeout
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code
+from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, check_values, mismatch
+from collectives.model.auto import _STATE as _SELECT, _ensure_loaded
+from collectives.engine.waiting import deadline_of, wait_all
+
+__all__ = ["LibraryPlan", "fast_allreduce", "library_plan", "remember"]
+
+
+
+class LibraryPlan:
+    """The library's all-reduce on a private buffer, with the fingerprint check, ready to run again.
+
+    Parameters
+    ----------
+    ctx : Context
+        The communicator's library context.
+    key : tuple
+        The call key (:mod:`collectives.engine.fingerprint`), algorithm ``"mpi"``.
+    shape : tuple of int
+        Shape of the input.
+    dtype : numpy.dtype
+        dtype of the input; the buffer uses its accumulation dtype.
+    op : str
+        ``sum``, ``avg``, ``prod``, ``min`` or ``max``.
+    persistent : bool
+        True: persistent requests (``MPI_Allreduce_init``), made now and started by every
+        :meth:`start` (a plan of :func:`collectives.allreduce_init`). False: every :meth:`start`
+        posts ``MPI_Iallreduce`` on the same buffers (the blocking path's cache). MPICH matches a
+        persistent collective by the order in which the ranks *made* it, so a rank that makes a
+        new plan while the others start an old one waits forever; the blocking path, whose ranks
+        may take the cache or not, therefore keeps the non-blocking form, which matches by call
+        order like every other commlab call, and a mismatch there still raises.
+    """
+
+    __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "recv", "result", "shaped_result", "tail", "want",
+                 "reqs", "fp", "code", "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent",
+                 "calls", "checked")
+
+    def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
+        self.ctx, self.key, self.size = ctx, key, ctx.size
+        n = self.n = int(numpy.prod(shape, dtype=numpy.int64))
+        acc = ACC[numpy.dtype(dtype)]
+        self.checked = checked  # False only while collectives.engine.fingerprint.set_checks(False) measures their cost
+        inline = checked and n <= PIGGYBACK_MAX
+        self.work = numpy.zeros(n + (CHECK_ELEMENTS if inline else 0), acc)  # sent: data, then checks
+        self.recv = numpy.zeros_like(self.work)  # received: the reduced data and checks
+        self.data, self.result = self.work[:n], self.recv[:n]
+        self.shaped, self.shaped_result = self.data.reshape(shape), self.result.reshape(shape)
+        calls = [(self.work, self.recv, MPI_OPS[op])]  # (send, receive, op) of each all-reduce
+        self.tail = self.want = self.fp = None
+        if inline:
+            send, want = check_values(key, ctx.size, acc)
+            self.work[n:] = send  # written once: an out-of-place reduction leaves it as it is
+            self.tail, self.want = self.recv[n:], want.tobytes()
+        elif checked:
+            self.code = key_code(key)
+            self.fp = numpy.array([self.code, -self.code], numpy.int64)  # MAX in place leaves it so when equal
+            calls.insert(0, (MPI.IN_PLACE, self.fp, MPI.MAX))
+        self.mask = self.isnan = None
+        if op in ("min", "max") and acc.kind == "f":  # NaN propagates (collectives.engine.buffers.nan_mask)
+            self.mask = numpy.zeros(n, numpy.uint8)
+            self.isnan = self.mask.view(bool)
+            calls.append((MPI.IN_PLACE, self.mask, MPI.MAX))
+        self.avg = None if op != "avg" or ctx.size == 1 else (numpy.true_divide if acc.kind == "f"
+                                                              else numpy.floor_divide)
+        p = ctx.size
+        self.nbytes = (2 * (p - 1) * n // p) * acc.itemsize
+        self.last = ("allreduce", "mpi", n, acc, self.nbytes, None, None, True)
+        self.active, self.persistent, self.calls = False, persistent, calls
+        self.reqs = [ctx.comm.Allreduce_init(s, r, o) for s, r, o in calls] if persistent else []
+
+    def start(self, x):
+        """Copy ``x`` (the plan's shape) into the send buffer and start the requests."""
+        ctx = self.ctx
+        ctx._seq += 1  # the call sequence stays in step with every other path
+        self.shaped[...] = x  # (setitem casts as copyto(casting="unsafe") does, at a fifth of the cost)
+        if self.isnan is not None:
+            numpy.isnan(self.data, out=self.isnan)
+        if not self.persistent:
+            comm = ctx.comm
+            self.reqs = [comm.Iallreduce(s, r, o) for s, r, o in self.calls]
+        elif len(self.reqs) == 1:
+            self.reqs[0].Start()
+        else:
+            MPI.Prequest.Startall(self.reqs)
+        self.active = True
+
+    def test(self):
+        """Return True once the started requests have completed (without blocking)."""
+        if self.persistent:  # not Testall: see collectives.engine.waiting.wait_all
+            return all([r.Test() for r in self.reqs])
+        return MPI.Request.Testall(self.reqs)
+
+    def wait(self, out, timeout=None):
+        """Wait (under ``timeout`` seconds), check the fingerprint and write the result into ``out``."""
+        ctx = self.ctx
+        try:
+            if timeout is None and not ctx.active:
+                if len(self.reqs) == 1:
+                    self.reqs[0].Wait()
+                else:
+                    MPI.Request.Waitall(self.reqs)
+            else:
+                wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), "allreduce", 0,
+                         "MPI_Allreduce", timeout, ctx.progress if ctx.active else None, each=self.persistent)
+        except CollectiveTimeout as exc:
+            self._failed(str(exc))
+            raise
+        except MPI.Exception as exc:
+            err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in this "
+                                     f"rank's {describe(self.key)}: the ranks' calls differ")
+            self._failed(str(err))
+            raise err from None
+        self.active = False
+        if self.tail is not None:
+            if self.tail.tobytes() != self.want:
+                self._failed(str(mismatch(self.key)))
+                raise mismatch(self.key)
+        elif self.fp is not None and (int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code):
+            self._failed(str(mismatch(self.key)))
+            raise mismatch(self.key)
+        if self.isnan is not None and self.mask.any():
+            self.result[self.isnan] = numpy.nan
+        if self.avg is not None:
+            self.avg(self.result, self.size, out=self.result)
+        out[...] = self.shaped_result
+        ctx.last = self.last
+        ctx.calls += 1
+        ctx.bytes_sent += self.nbytes
+        return out
+
+    def _failed(self, message):
+        self.ctx.fail(f"allreduce: {message}")
+        self.ctx.plans.pop((self.key, self.shaped.shape, self.checked), None)
+
+
+def library_plan(ctx, key, shape, dtype, op):
+    """Return the cached library plan of ``key`` on ``ctx`` (made the first time), or None if not cacheable.
+
+    Plans are cached for messages of at most :data:`~collectives.library.call.PIGGYBACK_MAX` elements, outside
+    debug mode, separately for the default checks on and off (off only to measure them); at most 256
+    per communicator (the cache is emptied beyond that).
+    """
+    checked = checks_enabled()
+    plan = ctx.plans.get((key, shape, checked))
+    if plan is None:
+        if key[2] > PIGGYBACK_MAX or debug_enabled():
+            return None
+        if len(ctx.plans) >= 256:
+            ctx.plans.clear()
+            ctx.fast.clear()  # the call signatures point only at plans still in ctx.plans
+        plan = ctx.plans[(key, shape, checked)] = LibraryPlan(ctx, key, shape, dtype, op, checked=checked)
+    return plan
+
+
+def fast_allreduce(x, comm, op, algorithm, out, timeout):
+    """Run a repeated small blocking all-reduce through its cached plan; return None when there is none.
+
+    Called first by :func:`collectives.allreduce` for a NumPy ``x`` with the default ``grid`` and
+    ``accumulate``. Only a call whose signature (shape, dtype, op, algorithm as given, and, for
+    ``auto``, the tuning table in force) matches one that went through the full argument checks
+    earlier on this communicator takes this path; anything else -- a new signature, ``out`` of
+    another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken
+    communicator -- returns None and the full path runs (and raises where it must).
+    """
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    sig = (algorithm, op, x.dtype, x.shape)
+    entry = ctx.fast.get(sig)
+    if entry is None:
+        return None
+    plan, table = entry
+    if table is not None and table is not _table():
+        return None
+    if ctx.broken is not None or plan.active:  # (a failed plan breaks its context: no need to look it up)
+        return None
+    if out is None:
+        out = numpy.empty(x.shape, x.dtype)
+    elif type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype or not out.flags.writeable:
+        return None
+    if timeout is not None:
+        if type(timeout) is not float or not 0.0 < timeout < float("inf"):
+            return None
+    if debug_enabled() or plan.checked is not checks_enabled():
+        return None
+    plan.start(x)
+    return plan.wait(out, timeout)
+
+
+def remember(ctx, algorithm, op, x, plan, auto):
+    """Record that calls with ``x``'s signature and ``algorithm``/``op`` as given run ``plan``."""
+    ctx.keep((algorithm, op, x.dtype, x.shape), (plan, _table() if auto else None))
+
+
+def _table():
+    """Return the object that changes whenever ``auto``'s tuning table does (its choice cache)."""
+    _ensure_loaded()
+    return _SELECT["cache"]

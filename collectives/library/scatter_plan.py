@@ -1,0 +1,98 @@
+"""The library reduce-scatter (``algorithm="mpi"``), planned once per call signature.
+
+A :class:`ScatterPlan` holds what a repeated call reuses: the chunk counts (``numpy.array_split``'s),
+the library call (``MPI_Reduce_scatter_block`` when the chunks are equal, ``MPI_Reduce_scatter`` with
+the count vector otherwise), the MPI op and, for float ``min``/``max``, the NaN mask's buffers
+(:func:`collectives.engine.buffers.nan_mask`, reduced beside the data as the all-reduce does). Device
+arrays go to the library directly when MPI is CUDA-aware and are refused otherwise
+(:func:`collectives.library.call.run_library`); only host plans are kept for repeated calls.
+
+Every call posts the 2-element fingerprint all-reduce (:func:`collectives.library.call.call`) and then
+the data, whatever the op and count, so ranks whose calls differ in any field still post library
+calls of the same kinds in the same order, and the fingerprint raises on every rank. The
+fingerprint does not ride in the data here, as it does in the small all-reduce: a reduce-scatter
+that carries it and one that does not (another count, or an all-gather on another rank) would post
+different library collectives, and MPICH then paired one rank's reduce-scatter with another's
+fingerprint all-reduce and returned values on some ranks.
+"""
+import numpy
+from mpi4py import MPI
+
+from collectives.backend import accumulation_dtype, get_array_module
+from collectives.engine.buffers import MPI_OPS, finish
+from collectives.library.call import run_library
+from collectives.schedules.schedule import chunk_bounds
+
+__all__ = ["ScatterPlan"]
+
+
+class ScatterPlan:
+    """The library reduce-scatter of one call signature, ready to run again.
+
+    Parameters
+    ----------
+    ctx : Context
+        The communicator's library context.
+    x : ndarray (NumPy or device)
+        An input of the signature (its shape, dtype and array module are the plan's).
+    op : str
+        ``sum``, ``avg``, ``prod``, ``min`` or ``max``.
+    key : tuple
+        The call key (:mod:`collectives.engine.fingerprint`), algorithm ``"mpi"``.
+    """
+
+    __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
+                 "got", "isnan", "xp")
+
+    def __init__(self, ctx, x, op, key):
+        size, rank, n = ctx.size, ctx.rank, x.size
+        bounds = chunk_bounds(n, size)
+        self.counts = [bounds[i + 1] - bounds[i] for i in range(size)]
+        self.key, self.op, self.size, self.acc = key, op, size, accumulation_dtype(x.dtype)
+        self.chunk, self.elements, self.mpi_op = self.counts[rank], n - self.counts[rank], MPI_OPS[op]
+        self.method = "Ireduce_scatter_block" if len(set(self.counts)) == 1 else "Ireduce_scatter"
+        self.send = None  # a cast or non-contiguous input is copied here first
+        self.mask = self.got = self.isnan = None
+        xp = self.xp = get_array_module(x)
+        if op in ("min", "max") and self.acc.kind == "f":
+            self.isnan = xp.empty(n, bool)
+            self.mask, self.got = self.isnan.view(numpy.uint8), xp.empty(self.chunk, numpy.uint8)
+
+    def _args(self, send, recv, op):
+        return (send, recv, op) if self.method == "Ireduce_scatter_block" else (send, recv, self.counts, op)
+
+    def run(self, ctx, x, timeout, out=None):
+        """Reduce-scatter ``x`` (the plan's shape and dtype); return this rank's chunk (``out``, else new).
+
+        Raises
+        ------
+        CollectiveMismatch
+            The fingerprint shows that the ranks' calls differ, or the library reported an error.
+        CollectiveTimeout
+            A rank did not join within ``timeout``.
+        """
+        ctx.check_usable()
+        xp = self.xp
+        if x.dtype == self.acc and x.flags.c_contiguous:
+            send = x.reshape(-1)
+        else:
+            send = self.send = xp.empty(x.size, self.acc) if self.send is None else self.send
+            xp.copyto(send.reshape(x.shape), x, casting="unsafe")
+        direct = (out is not None and out.dtype == self.acc and out.flags.c_contiguous
+                  and not (xp is numpy and numpy.may_share_memory(out, send)))  # (MPI: no receive inside the send)
+        mine = out.reshape(-1) if direct else xp.empty(self.chunk, self.acc)  # the library writes it
+        more = ()
+        if self.isnan is not None:
+            xp.isnan(send, out=self.isnan)
+            more = [(self.method, self._args(self.mask, self.got, MPI.MAX))]
+        run_library(ctx, self.key, xp, self.method, self._args(send, mine, self.mpi_op), timeout, more)
+        if self.got is not None and self.got.any():
+            mine[self.got.view(bool)] = numpy.nan
+        if self.op == "avg":
+            finish(mine, mine, "avg", self.size, xp, True)  # the division, in place
+        ctx.record("reduce_scatter", "mpi", x.size, self.acc, elements=self.elements, estimated=True)
+        if out is not None:
+            if not direct:
+                xp.copyto(out, mine.reshape(out.shape), casting="unsafe")
+            return out
+        return mine if x.dtype == self.acc else mine.astype(x.dtype)

@@ -1,0 +1,250 @@
+"""The schedule representation shared by every hand-made collective (run by :mod:`collectives.engine.executor`).
+
+An algorithm is a pure function ``(rank, size, count, ...) -> Schedule``. A schedule is a list of
+rounds; in each round a rank posts its receives, posts its sends, waits for all of them, and then
+applies its reductions in order. Regions are ``[start, stop)`` element ranges of one flat *work*
+buffer (the output, in the accumulation dtype); a receive either lands directly in its region
+(``reduce=False``, a copy) or in *scratch* and is then combined into its region with the op's ufunc
+(``reduce=True``). Messages of zero elements are never scheduled: both sides derive the same sizes
+from the same rule, so both skip them.
+
+The same schedule drives blocking execution (:func:`collectives.engine.executor.execute`), the non-blocking
+:class:`collectives.engine.request.Request`, byte and message accounting, and the cost simulator in
+:mod:`collectives.model.cost`.
+"""
+import functools
+
+__all__ = ["Round", "Schedule", "chunk_bounds", "segmented", "SEGMENT_ELEMENTS"]
+
+#: Messages longer than this many elements (1 MiB of float32) are sent in segments of at most this
+#: size, each reduced as soon as it arrives (see :func:`segmented`).
+SEGMENT_ELEMENTS = 1 << 18
+
+
+@functools.lru_cache(maxsize=1024)
+def chunk_bounds(count, parts):
+    """Return the ``parts + 1`` boundaries that split ``count`` elements as ``numpy.array_split`` does.
+
+    The first ``count % parts`` chunks hold ``count // parts + 1`` elements, the rest
+    ``count // parts``; for example 73 elements over 4 parts give chunks of 19, 18, 18, 18.
+
+    Parameters
+    ----------
+    count : int
+        Number of elements, >= 0.
+    parts : int
+        Number of chunks, >= 1.
+
+    Returns
+    -------
+    tuple of int
+        ``bounds`` with ``bounds[0] == 0`` and ``bounds[parts] == count``; chunk ``i`` is
+        ``[bounds[i], bounds[i + 1])``.
+    """
+    q, r = divmod(count, parts)
+    return tuple(i * q + min(i, r) for i in range(parts + 1))
+
+
+class Round:
+    """One round of a schedule: sends, receives and the reductions that follow them.
+
+    Parameters
+    ----------
+    sends : sequence of (int, int, int)
+        ``(peer, start, stop)``: send ``work[start:stop]`` to ``peer``.
+    recvs : sequence of (int, int, int, bool)
+        ``(peer, start, stop, reduce)``: receive ``stop - start`` elements from ``peer``; with
+        ``reduce`` combine them into ``work[start:stop]`` with the op, else store them there.
+    phase : str
+        Name of the algorithm phase ("reduce-scatter", "all-gather", ...), for traces and errors.
+    """
+
+    __slots__ = ("sends", "recvs", "phase")
+
+    def __init__(self, sends=(), recvs=(), phase=""):
+        self.sends = tuple((p, a, b) for p, a, b in sends if b > a)
+        self.recvs = tuple((p, a, b, bool(red)) for p, a, b, red in recvs if b > a)
+        self.phase = phase
+
+    def __repr__(self):
+        return f"Round(phase={self.phase!r}, sends={self.sends}, recvs={self.recvs})"
+
+
+class Schedule:
+    """A per-rank schedule: the rounds one rank executes for one collective.
+
+    Parameters
+    ----------
+    algorithm : str
+        Registry name of the algorithm that built it.
+    rank, size : int
+        This rank and the communicator size.
+    count : int
+        Elements in the flat work buffer.
+    rounds : list of Round
+        Empty rounds are dropped.
+
+    Attributes
+    ----------
+    scratch : int
+        Elements of scratch space needed (the largest total of reducing receives in one round).
+    elements_sent, messages : int
+        Totals over all rounds, for byte accounting (multiply by the item size for bytes).
+    """
+
+    __slots__ = ("algorithm", "rank", "size", "count", "rounds", "scratch", "elements_sent",
+                 "messages", "_program")
+
+    def __init__(self, algorithm, rank, size, count, rounds):
+        self.algorithm = algorithm
+        self.rank = rank
+        self.size = size
+        self.count = count
+        self.rounds = [r for r in rounds if r.sends or r.recvs]
+        self.scratch = max([sum(b - a for _, a, b, red in r.recvs if red) for r in self.rounds] or [0])
+        self.elements_sent = sum(b - a for r in self.rounds for _, a, b in r.sends)
+        self.messages = sum(len(r.sends) for r in self.rounds)
+        self._program = None
+
+    def links(self):
+        """Return ``{(src, dst): elements}`` summed over this rank's sends."""
+        out = {}
+        for r in self.rounds:
+            for p, a, b in r.sends:
+                out[(self.rank, p)] = out.get((self.rank, p), 0) + b - a
+        return out
+
+    def program(self, from_input=False, needed=None):
+        """Return the rounds compiled into slices (cached): the executor's input.
+
+        Each round is ``(sends, recvs)`` with sends ``(peer, slice, from_input)`` and receives
+        ``(peer, slice, scratch slice or None, from_input, low)``; ``low`` (the peer's rank is below this
+        rank's) puts the received operand first, so both sides of an exchange combine in the same
+        order: ``min``/``max`` of +0.0 and -0.0 (and of two NaN payloads) then agree bitwise.
+
+        Parameters
+        ----------
+        from_input : bool
+            Compile for a separate, read-only *input* buffer: a region the schedule has not written
+            yet is sent straight from the input, and its first reduction reads the input
+            (``ufunc(input, received, out=work)``), so the input never has to be copied into the work
+            buffer first. Regions still unwritten at the end are copied over (``final`` below).
+        needed : (int, int), optional
+            With ``from_input``: only this element range of the result is wanted (default all).
+
+        Returns
+        -------
+        list, or (list, list of slice) with ``from_input``
+            The rounds; with ``from_input`` also the ``final`` slices to copy from the input, or None
+            when some region is partly written before it is read (use a copied input instead).
+        """
+        key = (from_input, needed)
+        if self._program is None:
+            self._program = {}
+        if key not in self._program:
+            self._program[key] = self._compile(from_input, needed)
+        return self._program[key]
+
+    def _compile(self, from_input, needed):
+        written = []  # disjoint [a, b) intervals of the work buffer that hold schedule results
+
+        def state(a, b):  # 0: untouched, 1: written, None: partly written
+            if not from_input:
+                return 1
+            cover = sum(max(0, min(b, wb) - max(a, wa)) for wa, wb in written)
+            return 0 if cover == 0 else (1 if cover == b - a else None)
+
+        def mark(a, b):  # add [a, b) to the disjoint, sorted intervals in ``written``
+            if not from_input:
+                return
+            keep = [(wa, wb) for wa, wb in written if wb < a or wa > b]
+            for wa, wb in written:
+                if not (wb < a or wa > b):
+                    a, b = min(a, wa), max(b, wb)
+            written[:] = sorted(keep + [(a, b)])
+
+        prog = []
+        for r in self.rounds:
+            sends = []
+            for p, a, b in r.sends:
+                st = state(a, b)
+                if st is None:
+                    return None
+                sends.append((p, slice(a, b), st == 0))
+            recvs, off, after = [], 0, []
+            for p, a, b, red in r.recvs:
+                scr, first = None, False
+                if red:
+                    scr = slice(off, off + b - a)
+                    off += b - a
+                    st = state(a, b)
+                    if st is None:
+                        return None
+                    first = st == 0
+                recvs.append((p, slice(a, b), scr, first, p < self.rank))
+                after.append((a, b))
+            for a, b in after:
+                mark(a, b)
+            prog.append((tuple(sends), tuple(recvs)))
+        if not from_input:
+            return prog
+        lo, hi = needed if needed is not None else (0, self.count)
+        final, pos = [], lo
+        for wa, wb in sorted(written) + [(hi, hi)]:
+            if wa > pos:
+                final.append(slice(pos, min(wa, hi)))
+            pos = max(pos, wb)
+            if pos >= hi:
+                break
+        return prog, [f for f in final if f.stop > f.start]
+
+    def __repr__(self):
+        return (f"Schedule({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
+                f"rounds={len(self.rounds)}, messages={self.messages}, elements_sent={self.elements_sent})")
+
+
+def segmented(schedule, elements=SEGMENT_ELEMENTS):
+    """Return ``schedule`` with each long message of its one-send, one-receive rounds cut into segments.
+
+    A round that sends one region and receives one becomes ``k`` consecutive rounds: in round ``j``
+    the ``j``-th segment of the send and of the receive move, and a reducing receive's segment is
+    combined at once, while it is still in the cache, instead of after the whole block has landed
+    (the chunked rings of NCCL; pipelined all-reduce, Patarasuk and Yuan 2009, section 4). Each
+    message is cut by its own length alone (``ceil(length / elements)`` pieces, split as
+    :func:`chunk_bounds` does), so the sender and the receiver of a message cut it alike; a send and
+    a receive of different lengths may get different numbers of pieces, and the extra rounds then
+    carry only the longer one. Rounds with several sends or receives are kept whole. Nothing is
+    reordered within a message, so results are bitwise those of the unsegmented schedule.
+
+    Measured on one 2-core machine, P = 2 and 4, float32 (``ring`` and ``rabenseifner``, segments
+    interleaved with the whole-block schedule): 0.87-0.95x the time from 8 MiB up with 1 MiB
+    segments, no change at 1-4 MiB, and 1.2x slower with 64 KiB segments (per-message cost).
+
+    Parameters
+    ----------
+    schedule : Schedule
+    elements : int
+        Longest segment (elements), >= 1.
+
+    Returns
+    -------
+    Schedule
+        ``schedule`` itself when no message is longer than ``elements``.
+    """
+    if not any(len(r.sends) == 1 and len(r.recvs) == 1 and max(r.sends[0][2] - r.sends[0][1],
+                                                                r.recvs[0][2] - r.recvs[0][1]) > elements
+               for r in schedule.rounds):
+        return schedule
+    rounds = []
+    for r in schedule.rounds:
+        if len(r.sends) != 1 or len(r.recvs) != 1:
+            rounds.append(r)
+            continue
+        (dst, sa, sb), (src, ra, rb, red) = r.sends[0], r.recvs[0]
+        ks, kr = -(-(sb - sa) // elements), -(-(rb - ra) // elements)
+        bs, br = chunk_bounds(sb - sa, ks), chunk_bounds(rb - ra, kr)
+        for j in range(max(ks, kr)):
+            send = [(dst, sa + bs[j], sa + bs[j + 1])] if j < ks else []
+            recv = [(src, ra + br[j], ra + br[j + 1], red)] if j < kr else []
+            rounds.append(Round(send, recv, r.phase))
+    return Schedule(schedule.algorithm, schedule.rank, schedule.size, schedule.count, rounds)

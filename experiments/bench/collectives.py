@@ -1,0 +1,397 @@
+"""Sweep commlab's collectives against MPI's own, size by size, the way OSU and nccl-tests measure.
+
+    mpiexec [-bind-to core] -n 4 python -m experiments.bench.collectives [--ops allreduce,reduce_scatter,allgather]
+        [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--repeats 3] [--out results/bench]
+        [--format table|nccl-tests]
+    python -m plots.bench results/bench.json
+    python -m experiments.bench.tune results/bench.json --out tuning.json
+
+For each message size (doubling from ``--min-bytes`` to ``--max-bytes``) and each op, every
+algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
+
+1. once on integer-valued check data, compared with MPI's own collective called directly on a
+   duplicated communicator (``#wrong``: elements that differ, summed over ranks; floats within
+   rtol = atol = 1e-3 / 1e-5 / 1e-12 for float16 / float32 / float64, integers exactly);
+2. ``warmup`` uncounted calls, then ``iters`` timed calls (OSU Micro-Benchmarks): a barrier before
+   each call, outside the timed region; each rank's mean; then min, mean and max over ranks (and
+   the slowest rank's median, robust to the spikes of a shared machine). With ``--rounds R`` the
+   timed calls come in R segments and the algorithms take turns segment by segment;
+3. the whole sweep is made ``--repeats`` times (passes, one after another, default 3): each row holds
+   the median pass's times with every pass's time, their spread and an ``unstable`` flag (spread above
+   20 %), and every summary ratio is reported as median and range over the passes
+   (:func:`experiments.bench.output.combine`). The results record the load average before and after.
+
+The default table's columns follow nccl-tests' definitions: size is the whole vector in bytes
+(all-reduce and reduce-scatter input, all-gather output made of P blocks of size / P, broadcast
+buffer); time is the slowest rank's mean (nccl-tests reports the mean over ranks, also stored, as
+``time_mean_us``); algbw = size / time; busbw = algbw x 2(P-1)/P for all-reduce, (P-1)/P for
+reduce-scatter and all-gather, 1 for broadcast. Reference rows: MPI's own call made directly (``MPI_Allreduce``,
+``MPI_Reduce_scatter``, ``MPI_Allgather``, ``MPI_Bcast``), which prices commlab's layer around its
+``mpi`` algorithm; and for all-reduce two loops that price the schedule executor: ``ring-direct``,
+the ring algorithm hand-written on ``Sendrecv`` with preallocated views and in-place ufuncs, and
+``ring-execute``, the cached ring schedule run by ``collectives.engine.executor.execute`` alone.
+``--baseline gloo`` adds ``torch.distributed`` all-reduce on gloo.
+
+``--format nccl-tests`` prints, at the end, one table per op and algorithm in nccl-tests' layout
+(:func:`experiments.bench.output.nccl_tests`): size, count, type, redop, root, then time, algbw,
+busbw and #wrong for the out-of-place and the in-place call, time being the mean over ranks as
+nccl-tests reports it, and the ``# Avg bus bandwidth`` footer. The in-place calls are then measured
+too, where commlab has them (:mod:`experiments.bench.cases`); elsewhere the group reads N/A.
+
+Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
+library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench.output.summarize`).
+"""
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+import collectives.backend
+import collectives.engine.context
+import collectives.schedules.registry
+from experiments.bench.cases import case, poison
+from experiments.bench.oracle import count_wrong
+from experiments.bench.output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, report, write
+from experiments.outputs import unwritable
+from experiments.bench.references import gloo_available
+from training.cli import parse_on_every_rank
+from training.sizes import bytes_argument
+
+__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
+
+#: Printed output formats (``--format``).
+FORMATS = ("table", "nccl-tests")
+
+#: Collectives the sweep knows, in default order.
+OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+
+#: Reference rows per op besides commlab's algorithms: MPI's own call made directly (no commlab layer;
+#: not for float16, which MPI lacks) and, for all-reduce, MPI's persistent form made directly, commlab's
+#: persistent plan (``allreduce_init`` with ``auto``, steady state), ``auto`` with ``timeout=60``, the
+#: loops that price the executor and ``limit``, the local memory work no all-reduce avoids
+#: (:func:`experiments.bench.references.limit`).
+REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Allreduce_init", "persistent", "auto-timeout", "ring-direct",
+                             "ring-execute", "limit"), "reduce_scatter": ("MPI_Reduce_scatter",),
+              "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
+
+_NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
+
+
+@dataclass
+class BenchConfig:
+    """Configuration of one sweep (every field maps onto a command-line flag)."""
+
+    ops: tuple = OPS                          # collectives to sweep
+    algorithms: tuple = ()                    # algorithm names; empty = all of each op (+ references)
+    min_bytes: int = 8                        # smallest message, bytes
+    max_bytes: int = 64 << 20                 # largest message, bytes; sizes double from min_bytes
+    dtype: str = "float32"                    # element type
+    redop: str = "sum"                        # reduction of all-reduce and reduce-scatter
+    iters_small: int = 1000                   # timed calls per size up to large_bytes
+    iters_large: int = 100                    # timed calls per size above large_bytes
+    warmup_small: int = 200                   # uncounted calls per size up to large_bytes
+    warmup_large: int = 10                    # uncounted calls per size above large_bytes
+    large_bytes: int = 8192                   # bytes; the small/large iteration boundary (OSU's)
+    max_time: float = 0.0                     # seconds; cap on one timed loop (fewer iters), 0 = none
+    rounds: int = 1                           # segments per timed loop, algorithms taking turns (1 = OSU)
+    repeats: int = 3                          # passes over the whole sweep; rows hold the median pass
+    baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
+    format: str = "table"                     # printed output: "table" (commlab's columns) or "nccl-tests"
+    out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
+
+
+def _names(text):
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _algorithms(op):
+    """Return every algorithm of ``op`` the sweep runs by default, ``mpi`` first."""
+    names = list(collectives.ALGORITHMS) if op == "allreduce" else list(collectives.schedules.registry.OP_ALGORITHMS[op])
+    names.remove("mpi")
+    return ["mpi"] + names + list(REFERENCES[op])
+
+
+def _plan(cfg, P):
+    """Return the (bytes, op) pairs a sweep of ``cfg`` on ``P`` ranks measures, in order.
+
+    A size below one element (below P elements for all-gather) has nothing to measure and is left out.
+    """
+    itemsize = np.dtype(cfg.dtype).itemsize
+    sizes = [cfg.min_bytes << k for k in range(64) if cfg.min_bytes << k <= cfg.max_bytes]
+    return [(n, op) for n in sizes for op in cfg.ops if n // itemsize >= (P if op == "allgather" else 1)]
+
+
+def parse_args(argv=None, size=1):
+    """Return the :class:`BenchConfig` described by command-line ``argv``.
+
+    Parameters
+    ----------
+    size : int
+        Communicator size P the sweep will run on; a sweep with no size large enough to hold one
+        element (P elements for all-gather) is rejected.
+    """
+    p = _parser()
+    a = p.parse_args(argv)
+    for name in ("iters", "warmup"):
+        if getattr(a, name) is not None:
+            setattr(a, f"{name}_small", getattr(a, name))
+            setattr(a, f"{name}_large", getattr(a, name))
+    _check_arguments(p, a)
+    cfg = BenchConfig(ops=a.ops, algorithms=a.algorithms, min_bytes=a.min_bytes, max_bytes=a.max_bytes,
+                      dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
+                      warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
+                      max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
+                      format=a.format)
+    if not _plan(cfg, size):
+        need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
+        p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
+                f"{', '.join(cfg.ops)} in {cfg.dtype} on {size} ranks ({need} B: one element, P for allgather)")
+    return cfg
+
+
+def _parser():
+    """Return the argument parser, one flag per :class:`BenchConfig` field (plus ``--iters``, ``--warmup``)."""
+    d = BenchConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.collectives")
+    p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
+    p.add_argument("--algorithms", type=_names, default=d.algorithms,
+                   help="comma list; each op runs the ones it has (default: all, plus the references "
+                        "MPI_<Op>, and ring-direct and ring-execute for all-reduce)")
+    p.add_argument("--min-bytes", type=bytes_argument(), default=d.min_bytes, help="smallest size (default 8)")
+    p.add_argument("--max-bytes", type=bytes_argument(), default=d.max_bytes, help="largest size (default 64M)")
+    p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.backend.DTYPES],
+                   help="element type (default float32)")
+    p.add_argument("--redop", default=d.redop, choices=list(collectives.backend.OPS),
+                   help="reduction of all-reduce and reduce-scatter (default sum)")
+    p.add_argument("--iters", type=int, help="timed calls at every size (sets both of the next two)")
+    p.add_argument("--iters-small", type=int, default=d.iters_small, help="timed calls up to --large-bytes (1000)")
+    p.add_argument("--iters-large", type=int, default=d.iters_large, help="timed calls above --large-bytes (100)")
+    p.add_argument("--warmup", type=int, help="uncounted calls at every size (sets both of the next two)")
+    p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="uncounted calls up to --large-bytes (200)")
+    p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="uncounted calls above --large-bytes (10)")
+    p.add_argument("--large-bytes", type=bytes_argument(), default=d.large_bytes,
+                   help="largest size that counts as small (default 8K)")
+    p.add_argument("--max-time", type=float, default=d.max_time,
+                   help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
+    p.add_argument("--rounds", type=int, default=d.rounds,
+                   help="split each timed loop into this many segments, the algorithms taking turns (default 1)")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="passes over the whole sweep, one after another; every row holds the median of the "
+                        "passes, ratios their median and range, and sizes whose passes differ by more than "
+                        f"{UNSTABLE:.0%}% are flagged (default {d.repeats})")
+    p.add_argument("--baseline", choices=["gloo"], default=None, help="add torch.distributed all-reduce on gloo")
+    p.add_argument("--format", choices=FORMATS, default=d.format,
+                   help="printed output: table (commlab's columns as rows are measured, then the Markdown "
+                        "summary) or nccl-tests (at the end, one table per op and algorithm in nccl-tests' "
+                        "columns: time as the mean over ranks, out-of-place and in-place groups, the "
+                        "in-place calls measured too; default table)")
+    p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
+    return p
+
+
+def _check_arguments(p, a):
+    """Exit through ``p.error`` when the parsed arguments ``a`` name unknown ops or algorithms or bad counts."""
+    if not a.ops:
+        p.error(f"--ops: no ops to measure (choose from {', '.join(OPS)})")
+    if bad := [o for o in a.ops if o not in OPS]:
+        p.error(f"--ops: unknown {', '.join(bad)} (choose from {', '.join(OPS)})")
+    known = {n for op in a.ops for n in _algorithms(op)}
+    if bad := [n for n in a.algorithms if n not in known]:
+        p.error(f"--algorithms: {', '.join(bad)} not an algorithm of {', '.join(a.ops)}")
+    if a.algorithms and any(not [n for n in _algorithms(op) if n in a.algorithms] for op in a.ops):
+        p.error("--algorithms: every op in --ops needs at least one of them")
+    if not 1 <= a.min_bytes <= a.max_bytes:
+        p.error("--min-bytes must be >= 1 and at most --max-bytes")
+    if min(a.iters_small, a.iters_large, a.rounds, a.repeats) < 1 or min(a.warmup_small, a.warmup_large) < 0:
+        p.error("iterations, --rounds and --repeats must be >= 1 and warm-up >= 0")
+    if not (math.isfinite(a.max_time) and a.max_time >= 0):
+        p.error(f"--max-time must be a finite number of seconds >= 0, got {a.max_time}")
+
+
+def _case(op, nbytes, cfg, comm):
+    """Return the :class:`experiments.bench.cases.Case` of ``op`` at ``nbytes`` (None if it holds no element).
+
+    In-place calls are built with ``--format nccl-tests``, whose second group of columns they fill.
+    """
+    return case(op, nbytes, cfg, comm, _algorithms, in_place=cfg.format == "nccl-tests")
+
+
+def _segment(call, comm, iters, warmup, times):
+    """Run ``warmup`` uncounted then ``iters`` timed calls, a barrier before each; append the seconds."""
+    for _ in range(warmup):
+        comm.Barrier()
+        call()
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+
+
+def _iterations(calls, comm, iters, max_time):
+    """Return each algorithm's timed-call count: ``iters``, cut to fit ``max_time`` (the same on every rank)."""
+    if max_time <= 0:
+        return {alg: iters for alg in calls}
+    est = []
+    for call in calls.values():
+        _segment(call, comm, 1, 0, est)
+    est = np.array(est)
+    comm.Allreduce(MPI.IN_PLACE, est, MPI.MAX)  # the slowest rank's estimate, so every rank agrees
+    return {alg: max(3, min(iters, int(max_time / max(e, 1e-9)))) for alg, e in zip(calls, est)}
+
+
+def _check(c, comm):
+    """Return (#wrong per out-of-place call, #wrong per in-place call, resolved names), summed over ranks."""
+    wrong, resolved = np.zeros(len(c.calls) + len(c.in_place), np.int64), {}
+    for i, (alg, call) in enumerate(c.calls.items()):
+        poison(c.poisoned)
+        wrong[i] = 0 if getattr(call, "unchecked", False) else count_wrong(call(), c.ref)
+        resolved[alg] = collectives.engine.context.last_stats(comm)["algorithm"] if alg == "auto" else alg
+    for i, call in enumerate(c.in_place.values(), len(c.calls)):
+        c.reset()
+        wrong[i] = count_wrong(call(), c.ref)
+    comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
+    return dict(zip(c.calls, wrong[:len(c.calls)])), dict(zip(c.in_place, wrong[len(c.calls):])), resolved
+
+
+def _time(timed, cfg, comm, size):
+    """Time every call of ``timed``; return (iterations, every rank's mean and median: (P, calls, 2) seconds).
+
+    The timed calls of each are split into ``cfg.rounds`` segments (each with its share of the
+    warm-up) and the calls take turns segment by segment, so slow drifts of a shared machine's load
+    fall on all of them alike.
+    """
+    iters = _iterations(timed, comm, cfg.iters_small if size <= cfg.large_bytes else cfg.iters_large, cfg.max_time)
+    warmup, R = cfg.warmup_small if size <= cfg.large_bytes else cfg.warmup_large, cfg.rounds
+    times = {key: [] for key in timed}
+    for k in range(R):
+        for key, call in timed.items():
+            _segment(call, comm, iters[key] * (k + 1) // R - iters[key] * k // R,
+                     warmup * (k + 1) // R - warmup * k // R, times[key])
+    for call in timed.values():
+        getattr(call, "free", lambda: None)()  # persistent requests of the reference rows
+    local = np.array([[np.mean(times[key]), np.median(times[key])] for key in timed])  # (calls, 2)
+    every = np.empty((comm.Get_size(),) + local.shape)
+    comm.Allgather(local, every)  # (P, calls, 2): each rank's mean and median
+    return iters, every
+
+
+def _measure(op, nbytes, cfg, comm):
+    """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank).
+
+    A row's times are those of the out-of-place call; with ``--format nccl-tests`` the in-place call,
+    where there is one (:mod:`experiments.bench.cases`), adds ``inplace_time_us`` (slowest rank's
+    mean), ``inplace_time_mean_us`` (mean over ranks) and ``inplace_wrong``.
+    """
+    c = _case(op, nbytes, cfg, comm)
+    if c is None:
+        return []
+    P, dt = comm.Get_size(), np.dtype(cfg.dtype)
+    wrong, wrong_in_place, resolved = _check(c, comm)
+    size = c.count * dt.itemsize
+    timed = {**c.calls, **{(alg, "in-place"): call for alg, call in c.in_place.items()}}
+    iters, every = _time(timed, cfg, comm, size)
+    t = {key: every[:, i, :] for i, key in enumerate(timed)}  # (P, 2) per call
+    rows = []
+    for alg in c.calls:
+        t_min, t_mean, t_max = t[alg][:, 0].min(), t[alg][:, 0].mean(), t[alg][:, 0].max()
+        algbw = size / t_max / 1e9 if t_max > 0 else 0.0
+        row = {"op": op, "bytes": size, "count": c.count, "type": dt.name,
+               "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
+               "algorithm": alg, "resolved": resolved[alg], "P": P, "iters": iters[alg],
+               "time_us": t_max * 1e6, "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6,
+               "time_median_us": t[alg][:, 1].max() * 1e6, "algbw_GBps": algbw,
+               "busbw_GBps": algbw * bus_factor(op, P), "wrong": int(wrong[alg]), "time_s": float(t_max)}
+        if alg in c.in_place:
+            ip = t[(alg, "in-place")][:, 0]
+            row.update(inplace_time_us=ip.max() * 1e6, inplace_time_mean_us=ip.mean() * 1e6,
+                       inplace_wrong=int(wrong_in_place[alg]))
+        rows.append(row)
+    return rows
+
+
+def run_sweep(cfg, comm=None):
+    """Run the sweep described by ``cfg`` on ``comm`` and return the results dict (on every rank).
+
+    Rank 0 prints each row as it is measured (with ``--format nccl-tests``, one comment line per size
+    and nccl-tests' tables at the end) and rewrites the results files after every size, so an
+    interrupted sweep leaves what it measured (``complete`` false).
+
+    Raises
+    ------
+    ValueError
+        No size of ``cfg`` holds one element (P elements for all-gather), or no op (on every rank).
+    RuntimeError
+        ``cfg.baseline == "gloo"`` and torch.distributed cannot be imported (on every rank).
+    """
+    plan = _plan(cfg, (MPI.COMM_WORLD if comm is None else comm).Get_size())
+    if not plan:
+        raise ValueError(f"no sizes/ops to measure: ops={cfg.ops}, max_bytes={cfg.max_bytes} ({cfg.dtype})")
+    comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    if cfg.baseline == "gloo" and not gloo_available(comm):
+        comm.Free()
+        raise RuntimeError(_NO_TORCH)
+    rank0, passes, nccl = comm.Get_rank() == 0, [], cfg.format == "nccl-tests"
+    if rank0:
+        stat = "mean over ranks of each rank's mean" if nccl else "slowest rank's mean"
+        print(f"# commlab collectives on P={comm.Get_size()} ({library()})"
+              f", {cfg.dtype}, time = {stat}, {cfg.repeats} passes" + ("" if nccl else f"\n#{HEAD[1:]}"), flush=True)
+    for k in range(cfg.repeats):
+        rows = []
+        passes.append(rows)
+        for nbytes in dict.fromkeys(n for n, _ in plan):
+            for op in (o for n, o in plan if n == nbytes):
+                for row in _measure(op, nbytes, cfg, comm):
+                    row["pass"] = k
+                    rows.append(row)
+                    if rank0 and not nccl:
+                        print(line(row), flush=True)
+            if rank0:
+                write(cfg, header(cfg, comm, False, passes))
+                if nccl:
+                    print(f"# pass {k + 1} of {cfg.repeats}: {nbytes} B measured", flush=True)
+    results = header(cfg, comm, True, passes)
+    if rank0:
+        write(cfg, results)
+        report(cfg, results)
+    collectives.engine.context.free_context(comm)
+    comm.Free()
+    return results
+
+
+def _unwritable(prefix):
+    """Return why PREFIX.json and PREFIX.csv cannot be written (their folder made if missing), or None."""
+    why = unwritable(prefix + ".json", prefix + ".csv")
+    return f"--out {prefix!r}: {why}" if why else None
+
+
+def _fail(comm, message):
+    """Print ``message`` as an argument error from rank 0 and exit with status 2 on every rank."""
+    if comm.Get_rank() == 0:
+        print(f"python -m experiments.bench.collectives: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def main(argv=None):
+    """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
+    comm = MPI.COMM_WORLD
+    cfg = parse_on_every_rank(partial(parse_args, size=comm.Get_size()), argv, comm.Get_rank())  # errors once
+    if cfg.baseline == "gloo" and not gloo_available(comm):
+        _fail(comm, _NO_TORCH)
+    why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None
+    flag = np.array([int(why is not None)])
+    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)  # rank 0 alone writes; every rank learns its verdict
+    if flag[0]:
+        _fail(comm, why)
+    results = run_sweep(cfg, comm)
+    sys.exit(1 if any(r["wrong"] or r.get("inplace_wrong") for r in results["rows"]) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Overhead of ``--trace`` on the trainer's step time: the same training with and without it.
+
+``mpiexec -n P python -m experiments.bench.trace [--repeats 7] [--epochs 4] [--bucket-bytes 16384]``
+
+Each repeat trains the same data-parallel run twice on the ranks, once with the timeline recorder
+on and once off (order alternating between repeats, so a drift in the machine's load hits both
+alike), and takes each run's step time as the median of its steps' durations on rank 0 (consecutive
+``wall_s`` of ``metrics.jsonl``: the whole loop body, the trace's recording included; its gathering
+and writing come after the loop). Printed: the ratio traced / untraced per repeat, its median and
+range (target: <= 1.03), the ratio of the median durations of all traced and all untraced steps
+pooled, the events per step, and the recorder's own cost per event measured in the same process (a ``span`` with
+the recorder on and off). Results go to ``results/bench_trace.json`` with the configuration.
+"""
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from mpi4py import MPI
+
+from collectives.engine import trace
+from training.config import Config
+from training.metrics import read_jsonl, run_info, write_json
+from training.train import run
+
+__all__ = ["main", "event_cost"]
+
+
+def event_cost(n=200_000):
+    """Return seconds per ``trace.span`` of an empty body: (recorder off, recorder on).
+
+    Parameters
+    ----------
+    n : int
+        Spans timed in each state.
+    """
+    out = []
+    for on in (False, True):
+        trace.start() if on else trace.stop()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            with trace.span("allreduce", "comm"):
+                pass
+        out.append((time.perf_counter() - t0) / n)
+    trace.stop()
+    trace.start()  # drops the events just made
+    trace.stop()
+    return tuple(out)
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.trace",
+                                description="Step time with --trace against without, same run, repeated.")
+    p.add_argument("--repeats", type=int, default=7, help="pairs of runs (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: %(default)s)")
+    p.add_argument("--bucket-bytes", type=int, default=16384,
+                   help="gradient bucket size in bytes: more buckets, more events per step (default: %(default)s)")
+    p.add_argument("--out", default="results/bench_trace.json", help="results file (default: %(default)s)")
+    return p
+
+
+def _step_times(path):
+    """Return the step durations (seconds) of a run from its ``metrics.jsonl``.
+
+    A step's duration is the difference of consecutive ``wall_s`` within an epoch (the first step
+    of an epoch, which follows the evaluation, is left out).
+    """
+    rows = read_jsonl(path)
+    return [b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:]) if a["epoch"] == b["epoch"]]
+
+
+def _runs(base, repeats, comm, tmp):
+    """Train ``base`` twice per repeat, traced and not; return per-step seconds, steps and events."""
+    times, pooled = {"off": [], "on": []}, {"off": [], "on": []}
+    steps = events = 0
+    run(base.replace(name="warmup", epochs=1), comm)
+    for i in range(repeats):
+        for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+            path = os.path.join(tmp, f"trace{i}.json")
+            s = run(base.replace(name=f"{mode}{i}", trace=path if mode == "on" else ""), comm)
+            steps = s["steps"]
+            if comm.Get_rank() == 0:
+                durations = _step_times(os.path.join(tmp, f"{mode}{i}", "metrics.jsonl"))
+                times[mode].append(statistics.median(durations))  # a few steps slowed by other load do not decide
+                pooled[mode] += durations
+            if mode == "on" and comm.Get_rank() == 0:
+                with open(path, encoding="utf-8") as f:
+                    events = sum(e["ph"] == "X" for e in json.load(f)["traceEvents"])
+    return times, pooled, steps, events
+
+
+def main(argv=None):
+    """Run the benchmark; rank 0 prints the ratios and writes the results file. Returns 0."""
+    args = _parser().parse_args(argv)
+    if args.repeats < 1 or args.epochs < 1 or args.bucket_bytes < 0:
+        print("error: --repeats and --epochs must be >= 1, --bucket-bytes >= 0", file=sys.stderr)
+        return 2
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_trace-") if rank == 0 else None, root=0)
+    base = Config(epochs=args.epochs, bucket_bytes=args.bucket_bytes, run_dir=tmp, progress=False,
+                  checkpoint_every=0, keep_checkpoints=1, lr_schedule="constant")
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):  # the runs' tables
+            times, pooled, steps, events = _runs(base, args.repeats, comm, tmp)
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if rank != 0:
+        return 0
+    ratios = [on / off for on, off in zip(times["on"], times["off"])]
+    off_s, on_s = event_cost()
+    per_step = events / (comm.Get_size() * steps) if steps else 0.0
+    med = statistics.median(ratios)
+    print(f"P={comm.Get_size()}, {base.data}, hidden {list(base.hidden)}, {base.dtype}, batch {base.batch_size}, "
+          f"bucket {args.bucket_bytes} B, {args.epochs} epochs ({steps} steps) per run, {args.repeats} repeats")
+    print(f"step time off: median {statistics.median(times['off']) * 1e3:.3f} ms, "
+          f"on: median {statistics.median(times['on']) * 1e3:.3f} ms")
+    both = statistics.median(pooled["on"]) / statistics.median(pooled["off"])
+    print(f"traced / untraced step time, per pair: median {med:.3f}, range {min(ratios):.3f}-{max(ratios):.3f} "
+          f"(target <= 1.03) {'ok' if med <= 1.03 else 'above target'}; all steps pooled: {both:.3f}")
+    print(f"events per step per rank: {per_step:.1f}; span cost: {on_s * 1e6:.2f} us on, {off_s * 1e9:.0f} ns off; "
+          f"expected overhead {per_step * on_s / statistics.median(times['off']):.2%} of the step")
+    result = {"config": {**base.to_dict(), "repeats": args.repeats}, "run": run_info(comm),
+              "step_s_off": times["off"], "step_s_on": times["on"], "ratios": ratios, "ratio_median": med,
+              "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both,
+              "events_per_step_per_rank": per_step, "span_s_on": on_s, "span_s_off": off_s}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    write_json(args.out, result)
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

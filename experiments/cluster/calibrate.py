@@ -1,0 +1,178 @@
+"""Measure the emulated cluster's links: ping-pong latency and bandwidth, every node pair and within a node.
+
+    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
+
+runs this module on every rank (``mpiexec -n N*K python -m experiments.cluster.calibrate --link RATE``).
+The nodes are found with ``Split_type(COMM_TYPE_SHARED)``; node i's first rank is its leader. For
+each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not spins), the two leaders play ping-pong on
+``MPI.COMM_WORLD`` with blocking ``Send``/``Recv`` (OSU Micro-Benchmarks' ``osu_latency`` and
+``osu_bw`` method, Panda et al.):
+
+- latency: ``--lat-iters`` round trips of 8 bytes after 10 uncounted ones; latency = median RTT / 2;
+- bandwidth: ``--reps`` round trips of S bytes each way after one uncounted one, S = a quarter
+  second of traffic at the configured rate (64 KiB to 64 MiB; 64 MiB unshaped); bandwidth =
+  2 S / RTT per repetition, reported as median and range, in bits per second to compare with ``tc``.
+
+Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory).
+Rank 0 prints one row per pair against the configured rate and, with ``--out``, writes the rows, the
+configuration, the MPI library, P and the host to a JSON file.
+"""
+import argparse
+import json
+import platform
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives.backend import mpi_library
+from experiments.cluster.net import parse_rate
+
+__all__ = ["find_nodes", "pingpong", "link_size", "main"]
+
+#: Tolerance of the calibration target: measured bandwidth within 20 % of the configured rate.
+TOLERANCE = 0.20
+
+
+def find_nodes(comm):
+    """Return the node index of every rank of ``comm``, found with ``Split_type(COMM_TYPE_SHARED)``.
+
+    Returns
+    -------
+    ndarray, shape (P,), int64
+        ``nodes[r]`` is rank r's node; nodes are numbered by their lowest rank.
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    first = np.array([comm.rank], np.int64)
+    local.Bcast(first, root=0)  # the node's lowest world rank names it
+    local.Free()
+    firsts = np.empty(comm.size, np.int64)
+    comm.Allgather(first, firsts)
+    _, nodes = np.unique(firsts, return_inverse=True)
+    return nodes.astype(np.int64)
+
+
+def link_size(bits_per_s):
+    """Return the ping-pong message size in bytes: 0.25 s of traffic at the rate, 64 KiB to 64 MiB."""
+    if not bits_per_s:
+        return 64 << 20
+    return int(min(max(bits_per_s / 8 * 0.25, 64 << 10), 64 << 20))
+
+
+def pingpong(comm, a, b, nbytes, iters, warmup):
+    """Time ``iters`` round trips of ``nbytes`` between ranks ``a`` and ``b`` of ``comm``.
+
+    Returns
+    -------
+    ndarray, shape (iters,), float64
+        Round-trip times in seconds on rank ``a``; empty on every other rank.
+    """
+    buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+    times = []
+    for i in range(warmup + iters):
+        if comm.rank == a:
+            t = time.perf_counter()
+            comm.Send(buf, dest=b, tag=7)
+            comm.Recv(buf, source=b, tag=7)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+        elif comm.rank == b:
+            comm.Recv(buf, source=a, tag=7)
+            comm.Send(buf, dest=a, tag=7)
+    return np.array(times)
+
+
+def _quiet_barrier(comm):
+    """Barrier that sleeps instead of spinning, so idle ranks leave the cores to the measured pair."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def _measure(comm, a, b, size, args):
+    """Latency and bandwidth between ranks a and b; the row on rank 0, None elsewhere."""
+    _quiet_barrier(comm)
+    lat = pingpong(comm, a, b, 8, args.lat_iters, 10)
+    bw = 2 * size * 8 / pingpong(comm, a, b, size, args.reps, 1)  # bits/s per repetition
+    stats = np.zeros(4)  # latency s, median, min, max bandwidth bits/s
+    if comm.rank == a:
+        stats[:] = np.median(lat) / 2, np.median(bw), bw.min(), bw.max()
+        if a != 0:
+            comm.Send(stats, dest=0, tag=8)
+    elif comm.rank == 0:
+        comm.Recv(stats, source=a, tag=8)
+    _quiet_barrier(comm)
+    row = {"latency_us": float(stats[0] * 1e6), "bytes": size, "bandwidth_bps": float(stats[1]),
+           "bandwidth_min_bps": float(stats[2]), "bandwidth_max_bps": float(stats[3])}
+    return row if comm.rank == 0 else None
+
+
+def main(argv=None):
+    """Measure every link; rank 0 prints the table (and writes ``--out``). Returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("--link", default="unlimited", help="the configured rate, tc units (for the comparison)")
+    p.add_argument("--reps", type=int, default=5, help="bandwidth round trips per pair (default 5)")
+    p.add_argument("--lat-iters", type=int, default=200, help="latency round trips per pair (default 200)")
+    p.add_argument("--out", default="", help="write the measurements to this JSON file")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.lat_iters < 1:
+        p.error("--reps and --lat-iters must be at least 1")
+    rate = parse_rate(args.link)
+    comm = MPI.COMM_WORLD
+    nodes = find_nodes(comm)
+    n_nodes = int(nodes.max()) + 1
+    leaders = [int(np.flatnonzero(nodes == i)[0]) for i in range(n_nodes)]
+    size = link_size(rate)
+    rows = []
+    for i in range(n_nodes):
+        for j in range(i + 1, n_nodes):
+            row = _measure(comm, leaders[i], leaders[j], size, args)
+            if row is not None:
+                rows.append(dict(row, pair=f"node{i}-node{j}", kind="inter-node"))
+    same = np.flatnonzero(nodes == 0)
+    if len(same) >= 2:
+        row = _measure(comm, int(same[0]), int(same[1]), 64 << 20, args)
+        if row is not None:
+            rows.append(dict(row, pair="within node0", kind="intra-node"))
+    if comm.rank == 0:
+        _report(rows, args, rate, n_nodes, comm.size)
+    return 0
+
+
+def _report(rows, args, rate, n_nodes, size):
+    """Print the table and the summary; write the JSON file."""
+    configured = f"{rate / 1e6:g} Mbit/s" if rate else "unshaped"
+    print(f"link calibration: {n_nodes} nodes, {size} ranks, configured {args.link} ({configured}) each way")
+    print(f"{'pair':<16}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}")
+    for r in rows:
+        ratio = r["bandwidth_bps"] / rate if rate and r["kind"] == "inter-node" else None
+        r["ratio"] = ratio
+        span = f"{r['bandwidth_min_bps'] / 1e6:.1f}-{r['bandwidth_max_bps'] / 1e6:.1f}"
+        print(f"{r['pair']:<16}{r['latency_us']:>12.1f}{r['bandwidth_bps'] / 1e6:>18.1f}{span:>20}"
+              f"{'' if ratio is None else f'{ratio:.3f}':>14}")
+    inter = [r["bandwidth_bps"] for r in rows if r["kind"] == "inter-node"]
+    summary = {}
+    if inter:
+        med = float(np.median(inter))
+        summary = {"inter_bandwidth_bps": med, "inter_min_bps": min(inter), "inter_max_bps": max(inter)}
+        line = f"inter-node bandwidth {med / 1e6:.1f} Mbit/s (pairs {min(inter) / 1e6:.1f}-{max(inter) / 1e6:.1f})"
+        if rate:
+            ok = all(abs(b / rate - 1) <= TOLERANCE for b in inter)
+            summary.update(ratio=med / rate, within_tolerance=ok)
+            line += f" = {med / rate:.3f} of configured; every pair within {TOLERANCE:.0%}: {'yes' if ok else 'NO'}"
+        print(line)
+    if args.out:
+        result = {"config": {"link": args.link, "link_bps": rate, "nodes": n_nodes, "reps": args.reps,
+                             "lat_iters": args.lat_iters, "tolerance": TOLERANCE},
+                  "mpi_library": mpi_library(), "P": size,
+                  "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "rows": rows, "summary": summary}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

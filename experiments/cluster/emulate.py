@@ -1,0 +1,254 @@
+"""An emulated cluster on one machine: N nodes joined by rate-limited links, MPI launched across them.
+
+    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
+    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
+
+runs COMMAND on each of the N x K ranks, K per node, with the MPI library's own launcher and TCP
+transport, exactly as on N machines: MPICH's ``mpiexec -launcher ssh -launcher-exec RSH -hosts
+node0:K,... -iface eth0``, or Open MPI's ``mpirun --prtemca plm_ssh_agent RSH --host node0:K,...``
+with TCP on ``eth0`` between nodes and shared memory within one (whichever ``mpiexec`` sits beside
+this Python, or ``--mpiexec``; :mod:`experiments.cluster.launch` writes both lines), where RSH enters
+the target node's namespaces instead of logging in (:mod:`experiments.cluster.net` builds them).
+Ranks of one node share memory and one launcher daemon, so ``Split_type(COMM_TYPE_SHARED)`` finds
+the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
+or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
+kernel TCP stack's own.
+
+The command first re-executes itself under ``unshare --net --mount --uts --pid --fork`` (adding
+``--user --map-root-user`` when not root), so the bridge, the veth pairs and the node namespaces are
+made inside a private network namespace and the host's network is never touched. The inner process
+is the new PID namespace's init: when it ends -- the job succeeded, failed, timed out or was
+interrupted -- the kernel kills every process left in it and the namespaces, links and mounts vanish
+with them. A SIGINT, SIGTERM or SIGHUP to this command is passed on to ``mpiexec`` (which ends the
+ranks), and the emulator exits 5 s later at most. Exit status: the job's (``mpiexec``'s); 124 after
+``--timeout``; 128 + N after signal N; 2 for bad arguments or missing privileges, with one line.
+"""
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from experiments.cluster.launch import flavour, launch_command, launch_env
+from experiments.cluster.net import HEAD, IFACE, build, parse_rate
+
+__all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname")
+#: Seconds the emulator waits for mpiexec to end the ranks after passing on a signal or a timeout.
+GRACE = 5.0
+
+
+@dataclass
+class ClusterConfig:
+    """Configuration of one emulated-cluster run."""
+
+    nodes: int = 2                  # number of nodes (network namespaces)
+    ranks_per_node: int = 1         # MPI ranks per node (they share memory)
+    link: str = "1gbit"             # rate of each node's link per direction, tc units, or 'unlimited'
+    mtu: int = 1500                 # MTU of every link, bytes
+    timeout: float = 0.0            # seconds until the job is ended (exit 124); 0: no limit
+    calibrate: bool = False         # run the link calibration instead of a command
+    out: str = ""                   # calibration results file (JSON); '' writes none
+    mpiexec: str = ""               # MPICH's mpiexec or Open MPI's mpirun; '' takes the one beside this Python
+    command: list = field(default_factory=list)  # the command every rank runs
+
+
+def parse_args(argv=None):
+    """Parse and check the command line; exit 2 with one line on any error.
+
+    Returns
+    -------
+    (ClusterConfig, bool)
+        The configuration and whether this is the inner (namespaced) process.
+    """
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.emulate", description=__doc__.split("\n")[0],
+                                usage="%(prog)s --nodes N --ranks-per-node K --link RATE [options] -- COMMAND ARGS...")
+    p.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="MPI ranks per node (default 1)")
+    p.add_argument("--link", default="1gbit", help="rate per direction of every node's link, tc units: "
+                   "10mbit, 100mbit, 1gbit, or unlimited (default 1gbit)")
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of the links, bytes (default 1500)")
+    p.add_argument("--timeout", type=float, default=0.0, help="end the job after this many seconds, exit 124")
+    p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
+                   "bandwidth) and print them against --link instead of running a command")
+    p.add_argument("--out", default="", help="with --calibrate: write the measurements to this JSON file")
+    p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
+                   "mpiexec beside this Python)")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
+    a = p.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    cfg = ClusterConfig(a.nodes, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
+                        a.mpiexec or _default_mpiexec(), command)
+    try:
+        _check(cfg)
+    except ValueError as e:
+        p.error(str(e))
+    return cfg, a.inside
+
+
+def _default_mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def _check(cfg):
+    """``ValueError`` naming the first bad argument or missing tool."""
+    if cfg.nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, not {cfg.nodes}")
+    if cfg.nodes > 1000:
+        raise ValueError(f"--nodes must be at most 1000, not {cfg.nodes}")
+    if cfg.ranks_per_node < 1:
+        raise ValueError(f"--ranks-per-node must be at least 1, not {cfg.ranks_per_node}")
+    if not 576 <= cfg.mtu <= 65535:
+        raise ValueError(f"--mtu must be between 576 and 65535 bytes, not {cfg.mtu}")
+    if cfg.timeout < 0:
+        raise ValueError(f"--timeout must be >= 0 seconds, not {cfg.timeout}")
+    parse_rate(cfg.link)
+    if cfg.calibrate and cfg.command:
+        raise ValueError("--calibrate runs its own measurement: give no COMMAND")
+    if not cfg.calibrate and not cfg.command:
+        raise ValueError("no COMMAND: give it after --, e.g. -- python -m training.train")
+    if cfg.out and not cfg.calibrate:
+        raise ValueError("--out is for --calibrate")
+    if shutil.which(cfg.mpiexec) is None:
+        raise ValueError(f"mpiexec not found ({cfg.mpiexec}): install the 'mpich' extra or give --mpiexec")
+    flavour(cfg.mpiexec)  # MPICH's or Open MPI's, else a ValueError naming it
+    for tool in _TOOLS:
+        if shutil.which(tool) is None:
+            raise ValueError(f"'{tool}' not found: the emulated cluster needs iproute2 (ip, tc) and "
+                             "util-linux (unshare, nsenter, mount)")
+
+
+def namespace_command():
+    """Return the ``unshare`` prefix that makes the private namespaces (``--user`` when not root)."""
+    cmd = ["unshare", "--net", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    if os.geteuid() != 0:
+        cmd += ["--user", "--map-root-user"]
+    return cmd
+
+
+def mpiexec_command(cfg, launcher):
+    """Return the ``mpiexec`` command line that runs ``cfg.command`` across the nodes.
+
+    Parameters
+    ----------
+    cfg : ClusterConfig
+    launcher : str
+        Path of the ssh stand-in (MPICH's ``-launcher-exec``, Open MPI's ``plm_ssh_agent``).
+
+    Returns
+    -------
+    list of str
+        As :func:`experiments.cluster.launch.launch_command` writes it for ``cfg.mpiexec``.
+    """
+    command = cfg.command
+    if cfg.calibrate:
+        command = [sys.executable, "-m", "experiments.cluster.calibrate", "--link", cfg.link]
+        command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
+    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes, cfg.ranks_per_node, command)
+
+
+def _fail(message):
+    print(f"python -m experiments.cluster.emulate: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _die_with_parent():
+    """Runs in the ``unshare`` child before exec: SIGKILL it when this process dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _outer(argv):
+    """Check the privileges, then run this module again inside the private namespaces."""
+    prefix = namespace_command()
+    probe = subprocess.run([*prefix, "true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["unshare failed"])[-1]
+        return _fail(f"cannot create network namespaces ({why}): run as root (CAP_SYS_ADMIN and "
+                     "CAP_NET_ADMIN) or enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0)")
+    env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "experiments.cluster.emulate", "--inside", *argv],
+                            env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def forward(signum, frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, forward)
+    rc = proc.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+class _Stop(Exception):
+    """A signal arrived in the inner process."""
+
+
+def _inner(cfg):
+    """Build the network, run mpiexec across it, and end everything (PID-namespace init)."""
+    caught = []
+
+    def on_signal(signum, frame):
+        caught.append(signum)
+        raise _Stop
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)  # init of a PID namespace ignores signals it has no handler for
+    proc, nodes = None, []
+    try:
+        socket.sethostname(HEAD)
+        nodes, launcher = build(cfg.nodes, parse_rate(cfg.link), cfg.mtu)
+        shaping = f"{cfg.link} each way (tbf)" if parse_rate(cfg.link) else "unshaped"
+        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks per node, links {shaping}, MTU {cfg.mtu}",
+              file=sys.stderr, flush=True)
+        proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=launch_env(cfg.mpiexec), start_new_session=True)
+        return proc.wait(timeout=cfg.timeout or None)
+    except subprocess.TimeoutExpired:
+        print(f"emulated cluster: the job ran past --timeout {cfg.timeout:g} s and was ended",
+              file=sys.stderr, flush=True)
+        _end(proc)
+        return 124
+    except _Stop:
+        _end(proc)
+        return 128 + caught[0]
+    except (RuntimeError, OSError) as e:
+        return _fail(f"setting up the emulated cluster failed: {e}")
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _end(proc):
+    """Pass SIGINT to mpiexec (it ends the ranks), then SIGKILL its group after GRACE seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=GRACE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main(argv=None):
+    """Run the emulated cluster (see the module docstring); return the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg, inside = parse_args(argv)
+    if inside:
+        return _inner(cfg)
+    return _outer(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

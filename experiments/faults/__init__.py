@@ -1,0 +1,5 @@
+"""The fault suite: jobs in which a rank crashes, hangs, lies about its call or dies, each
+checked for a loud error and no hang (:mod:`.suite` runs :mod:`.cases`).
+
+Imports: anything below :mod:`experiments`, and the job control of :mod:`experiments`.
+"""

@@ -1,0 +1,71 @@
+"""A rank of a training job dies mid-run: ``python -m experiments.faults.crash KIND RANK AT [FLAGS...]``.
+
+Runs ``training.train.main(FLAGS)`` with one change: rank RANK leaves the job
+(:func:`experiments.faults.dead.vanish`: no ``MPI_Finalize``, no message to its peers, as a killed
+process) at its AT-th (1-based) step:
+
+* ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
+* ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
+  AT-th message it handles (``ps.client.Client.push``, ``ps.server.Server._handle``);
+* ``KIND = setup``: the run's set-up (``training.checkpoint.make_run_dir`` as ``training.train`` calls
+  it: the run directory that rank 0 makes and broadcasts), before any training step.
+
+The line it prints before dying (:func:`~experiments.faults.dead.vanish`) carries the wall-clock
+time, so that the caller can measure how long the survivors take to end the job. Launched under
+``mpiexec -disable-auto-cleanup`` by :mod:`experiments.faults.suite` and the tests, so that MPICH does
+not end the survivors itself (Open MPI's ``--enable-recovery`` the same): the trainer's watchdog
+(``--timeout``, ``--ps-timeout``) must.
+"""
+import sys
+
+from mpi4py import MPI
+
+import ps.client
+import ps.server
+import training.train
+from experiments.faults.dead import vanish
+
+__all__ = ["inject", "main"]
+
+
+def _exit_at(rank, at, counter):
+    counter[0] += 1
+    if MPI.COMM_WORLD.rank == rank and counter[0] == at:
+        vanish(rank)
+
+
+def inject(kind, rank, at):
+    """Make rank ``rank`` exit at its ``at``-th step of ``kind`` (``"dp"``, ``"ps"`` or ``"setup"``).
+
+    Raises
+    ------
+    ValueError
+        When ``kind`` is neither, or ``at < 1``.
+    """
+    if kind not in ("dp", "ps", "setup") or at < 1:
+        raise ValueError(f"fault_crash: KIND must be dp, ps or setup and AT >= 1, got {kind!r} {at}")
+    counter = [0]
+    targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
+               "ps": [(ps.client.Client, "push"), (ps.server.Server, "_handle")]}[kind]
+    for owner, name in targets:
+        real = getattr(owner, name)
+        if kind != "ps":
+            def wrapped(*args, _real=real, **kwargs):
+                _exit_at(rank, at, counter)
+                return _real(*args, **kwargs)
+        else:
+            def wrapped(self, *args, _real=real, **kwargs):
+                _exit_at(rank, at, counter)
+                return _real(self, *args, **kwargs)
+        setattr(owner, name, wrapped)
+
+
+def main(argv=None):
+    """Inject the crash and run the trainer; return its exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    inject(argv[0], int(argv[1]), int(argv[2]))
+    return training.train.main(argv[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

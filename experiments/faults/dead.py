@@ -1,0 +1,53 @@
+"""A rank dies before an all-reduce; the survivors must end the job (``python -m experiments.faults.dead ALG T``).
+
+Run under ``mpiexec -disable-auto-cleanup`` (Open MPI: ``--enable-recovery``) by
+:mod:`experiments.faults.suite`: rank P-1 dies after a first all-reduce (:func:`vanish`); the others call
+``allreduce(timeout=T)`` inside :func:`collectives.engine.policy.abort_on_failure`, which prints the
+:class:`~collectives.CollectiveTimeout` once per survivor and calls ``MPI_Abort``.
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives as C
+from collectives.engine.policy import abort_on_failure
+
+__all__ = ["vanish", "main"]
+
+
+def vanish(rank):
+    """Leave the job at once, without ``MPI_Finalize`` or a word to the peers, as a crashed process does.
+
+    First it prints ``rank R: exiting (injected crash at T)``, ``T`` the wall-clock time
+    (``time.time()``), from which the caller measures how long the survivors take to end the job.
+
+    The two launchers keep the survivors running after different deaths: MPICH's
+    ``-disable-auto-cleanup`` after a non-zero exit (a rank killed by a signal still ends the job),
+    Open MPI's ``--enable-recovery`` after a signal (a non-zero exit ends the job at once). So the
+    rank exits with status 3, or under Open MPI's launcher (``PRTE_LAUNCHED=1``) sends itself ``SIGKILL``.
+    """
+    print(f"rank {rank}: exiting (injected crash at {time.time():.3f})", flush=True)
+    if os.environ.get("PRTE_LAUNCHED") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def main(argv=None):
+    """Run the case; the job's exit status and duration are what the suite checks."""
+    argv = sys.argv[1:] if argv is None else argv
+    alg, timeout = argv[0], float(argv[1])
+    comm = MPI.COMM_WORLD
+    C.allreduce(np.ones(4), comm=comm, algorithm=alg, timeout=30)  # everyone alive: context and schedules made
+    if comm.rank == comm.size - 1:
+        vanish(comm.rank)
+    with abort_on_failure():
+        C.allreduce(np.ones(4), comm=comm, algorithm=alg, timeout=timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

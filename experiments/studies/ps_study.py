@@ -1,0 +1,323 @@
+"""Parameter-server study: the claims the SSP papers make, measured on the trainer's digits model.
+
+    mpiexec -n 5 python -m experiments.studies.ps_study [--out results/ps_study] [--repeats 3]
+    python -m plots.staleness results/ps_study/ps_study.json
+
+Three parts, every variant trained ``--repeats`` times (repeats interleaved, so slow spells of a
+shared machine hit every variant alike), one server and ``P - 1`` workers unless a variant says
+otherwise. Every ratio is formed within one repeat and reported as the median and the range over
+the repeats.
+
+``transient``
+    Transient, random delays as Cui et al. (USENIX ATC 2014) inject them: each worker, each clock,
+    sleeps ``--delay-s`` seconds with probability ``--delay-prob`` (the same draws for every
+    protocol). BSP waits at every clock for the slowest worker of that clock; SSP(s) lets a worker
+    run up to ``s`` clocks ahead, so a delay shorter than about ``s`` clocks is absorbed (Ho et al.,
+    NIPS 2013, section 2; Cui et al. 2014). Reported: time to the target test accuracy (95 %) and
+    updates per second of BSP, SSP(0), SSP(2), SSP(4) and ASP, and BSP's time over each protocol's
+    (``> 1``: faster than BSP). SSP(0) is BSP by construction (:mod:`ps.consistency`), a control.
+``straggler``
+    A persistent straggler (worker rank ``--straggler``, slowed by its factor): its rate bounds BSP
+    and, in the long run, SSP (a worker runs at most ``s`` clocks ahead of it), so neither is the
+    remedy; ASP (no bound) and BSP with ``--balance`` (the straggler gets a smaller share of each
+    global batch, re-split every 2 clocks) are. Reported: samples and updates per second of each
+    against BSP's run without a straggler (``even``). The part trains its own settings
+    (``--straggler-set``; by default 1024 synthetic samples per worker and step), since a step of
+    the digits model computes for 0.4 ms against 10-15 ms of protocol per clock on a 2-core host,
+    and a 4x straggler there barely slows anything.
+``servers``
+    BSP with 1, 2 and 4 servers (those that leave at least one worker on ``P`` ranks; the global
+    batch rounded down to a multiple of the ``P - S`` workers): samples and updates per second,
+    and their ratio to one server.
+
+Rank 0 writes ``ps_study.json`` (settings, every variant's resolved training configuration and
+parameter-server extras, MPI library, P, host, every run with its curve and staleness histogram,
+the ratio tables) and prints the tables as Markdown. A rerun replaces the previous study in
+``--out``.
+"""
+import argparse
+import os
+import shutil
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+
+from mpi4py import MPI
+
+from collectives.engine import trace
+from experiments.outputs import run_or_report
+from experiments.studies.ps_study_tables import markdown, ratio_table
+from experiments.studies.staleness_sweep import base_config, parse_protocol
+from training.checkpoint import make_run_dir, root_bytes
+from training.cli import parse_on_every_rank
+from training.job import set_threads
+from training.train import check_run
+from training.metrics import run_info, write_config, write_json
+from training.ps_mode.worker import ps_options, run_ps
+
+__all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
+
+PARTS = ("transient", "straggler", "servers")
+#: Default training settings of the straggler part: a large batch on the synthetic set, so that a
+#: worker's compute per step (about 30 ms here, 1024 samples) outweighs the per-clock protocol
+#: overhead (10-15 ms on this 2-core machine); with the digits model's 0.4 ms steps a 4x straggler
+#: adds 1 ms to a 15 ms clock and nothing recovers.
+STRAGGLER_SET = ("data=synthetic", "batch_size=4096", "stop_after=10")
+BALANCE_EVERY = 2  # clocks between the speed reports of --balance in the straggler part
+RESULTS = "ps_study.json"
+_KEYS = ("updates_per_s", "samples_per_s", "time_to_target_s", "final_test_acc", "wall_s", "pushes",
+         "epochs", "staleness_histogram", "staleness_max", "staleness_mean", "curve", "run_dir",
+         "worker_stats", "servers", "workers")
+
+
+def variants(part, size, straggler):
+    """Return the variants of ``part`` as ``[(name, config changes, baseline name)]``.
+
+    Parameters
+    ----------
+    part : {"transient", "straggler", "servers"}
+    size : int
+        Ranks of the job (servers plus workers).
+    straggler : str
+        ``RANK:FACTOR`` of the persistent straggler.
+
+    Raises
+    ------
+    ValueError
+        When ``part`` is unknown.
+    """
+    if part == "transient":
+        return [(p, dict(zip(("consistency", "staleness"), parse_protocol(p))), "bsp")
+                for p in ("bsp", "ssp0", "ssp2", "ssp4", "asp")]
+    if part == "straggler":
+        slow = dict(straggler=straggler)
+        return [("even", dict(consistency="bsp"), "even"),
+                ("bsp", dict(consistency="bsp", **slow), "even"),
+                ("ssp2", dict(consistency="ssp", staleness=2, **slow), "even"),
+                ("asp", dict(consistency="asp", **slow), "even"),
+                ("bsp-balance", dict(consistency="bsp", balance=True, **slow), "even")]
+    if part == "servers":
+        return [(f"s{S}", dict(consistency="bsp", servers=S), "s1") for S in (1, 2, 4) if S < size]
+    raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+
+
+def train_ps(cfg, comm, extra=None):
+    """Train ``cfg`` (``--mode ps``) as ``training.train.run`` does, with settings beyond the flags.
+
+    The trainer's job checks, its run directory and ``config.json``, then
+    :func:`training.ps_mode.worker.run_ps` with ``extra`` (:data:`training.ps_mode.worker.PS_EXTRA`: the
+    transient delays and the curve's resolution) on a duplicate of ``comm``.
+
+    Returns
+    -------
+    dict
+        The run's summary on rank 0 (``summary.json``'s content); what the other ranks know elsewhere.
+
+    Raises
+    ------
+    ValueError
+        When the configuration or ``extra`` cannot run on ``comm`` (every rank, before anything
+        is created).
+    """
+    comm = comm.Dup()
+    try:
+        set_threads(cfg, comm)
+        xp = check_run(cfg, comm)
+        ps_options(cfg, comm, 1, cfg.run_dir, extra)  # checked before the run directory exists
+        run_dir = make_run_dir(cfg, comm)
+        if comm.rank == 0:
+            write_config(run_dir, cfg.to_dict(), run_info(comm))
+        return run_ps(cfg, comm, run_dir, xp, extra)
+    finally:
+        trace.stop()
+        comm.Free()
+
+
+def _configs(args, size):
+    """Return ``{part: [(name, cfg, extra, baseline)]}``, every configuration checked on every rank."""
+    out = {}
+    base = base_config(args.epochs, "", 0.0, args.set).replace(stop_after=args.stop_after)
+    sets = list(STRAGGLER_SET if args.straggler_set is None else args.straggler_set)
+    slow_base = base_config(args.epochs, "", 0.0, args.set + sets).replace(
+        **({} if any(kv.startswith("stop_after=") for kv in sets) else {"stop_after": args.stop_after}))
+    for part in args.parts:
+        extra = {"snapshots_per_epoch": args.snapshots}
+        if part == "transient":
+            extra.update(delay_prob=args.delay_prob, delay_s=args.delay_s)
+        if part == "straggler":  # a 10-epoch run has 40 clocks: re-split early and often
+            extra.update(balance_every=BALANCE_EVERY)
+        rows = []
+        for name, changes, baseline in variants(part, size, args.straggler):
+            if part == "servers":  # the global batch, rounded down to a multiple of the workers
+                W = size - changes["servers"]
+                changes = dict(changes, batch_size=max(W, base.batch_size // W * W))
+            cfg = (slow_base if part == "straggler" else base).replace(
+                run_dir=os.path.join(args.out, "runs"), name=name, **changes)
+            ps_options(cfg, size, 1, cfg.run_dir, extra)
+            rows.append((name, cfg, extra, baseline))
+        out[part] = rows
+    return out
+
+
+def _train(part, name, cfg, extra, repeat, comm):
+    """Train one variant once; return its record (complete on rank 0, None elsewhere)."""
+    cfg = cfg.replace(name=f"{part}-{name}-r{repeat}")
+    log = os.devnull if comm.Get_rank() else os.path.join(cfg.run_dir, f"{cfg.name}.log")
+    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
+        summary = train_ps(cfg, comm, extra)
+    if comm.Get_rank() != 0:
+        return None
+    return {"part": part, "variant": name, "repeat": repeat, "consistency": cfg.consistency,
+            "staleness_bound": cfg.staleness, "straggler": cfg.straggler, "balance": cfg.balance,
+            "delay_prob": extra.get("delay_prob", 0.0), "delay_s": extra.get("delay_s", 0.0),
+            **{k: summary[k] for k in _KEYS}}
+
+
+def run_study(configs, repeats, comm, echo=print):
+    """Train every variant of every part ``repeats`` times (interleaved); return the records (rank 0).
+
+    Parameters
+    ----------
+    configs : dict
+        ``{part: [(name, Config, extra, baseline)]}``, checked on every rank.
+    repeats : int
+        Runs per variant; repeat ``r`` of every variant of a part runs before repeat ``r + 1``.
+    comm : MPI.Comm
+        Every rank of the job.
+    echo : callable
+        Prints one line per finished run (rank 0).
+
+    Returns
+    -------
+    list of dict
+        Rank 0: one record per run (the run's summary fields plus part, variant, repeat and the
+        injected delays); other ranks: an empty list.
+    """
+    runs = []
+    for part, rows in configs.items():
+        for r in range(repeats):
+            for name, cfg, extra, _ in rows:
+                rec = _train(part, name, cfg, extra, r, comm)
+                if rec is not None:
+                    runs.append(rec)
+                    ttt = rec["time_to_target_s"]
+                    echo(f"{part:>9} {name:>11} #{r}: {rec['updates_per_s']:7.1f} updates/s, "
+                         f"{rec['samples_per_s']:7.0f} samples/s, to 95% "
+                         f"{'never' if ttt is None else f'{ttt:.2f} s'}, test acc {rec['final_test_acc']:.2%}")
+    return runs
+
+
+def _clean(out):
+    """Rank 0: remove the previous study's results file and run directories; create ``out/runs``."""
+    removed = 0
+    path = os.path.join(out, RESULTS)
+    if os.path.isfile(path):
+        os.remove(path)
+        removed += 1
+    runs = os.path.join(out, "runs")
+    if os.path.isdir(runs):
+        shutil.rmtree(runs)
+        removed += 1
+    os.makedirs(runs)
+    return removed
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.studies.ps_study",
+        description="Parameter-server study on the trainer's digits model: SSP against BSP under transient "
+                    "random delays (time to 95 %% test accuracy), ASP and --balance under a persistent "
+                    "straggler (throughput against no straggler), and 1, 2, 4 servers. Run it under MPI: "
+                    "mpiexec -n 5 python -m experiments.studies.ps_study. A rerun replaces the previous study in --out.")
+    p.add_argument("--out", default="results/ps_study", help="results directory (default: %(default)s)")
+    p.add_argument("--parts", default=",".join(PARTS), metavar="LIST",
+                   help="comma-separated parts: transient, straggler, servers (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved (default: 3)")
+    p.add_argument("--epochs", type=int, default=20,
+                   help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
+    p.add_argument("--stop-after", type=int, default=5,
+                   help="epochs each run trains, 0 for all --epochs: the target is reached within the first "
+                        "few, and the schedule stays the trainer's 20-epoch one (default: 5)")
+    p.add_argument("--delay-prob", type=float, default=0.3,
+                   help="transient part: probability that a worker sleeps in a clock (default: 0.3)")
+    p.add_argument("--delay-s", type=float, default=0.03,
+                   help="transient part: length of one delay, seconds (default: 0.03)")
+    p.add_argument("--straggler", default="2:4",
+                   help="straggler part: slow worker RANK:FACTOR (its step takes FACTOR x its compute time) "
+                        "(default: %(default)s)")
+    p.add_argument("--snapshots", type=int, default=16,
+                   help="points per epoch of the accuracy-versus-time curve, which sets the resolution of "
+                        "the time to 95 %% (default: 16)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a training setting of every run (repeatable), e.g. --set hidden=64")
+    p.add_argument("--straggler-set", action="append", default=None, metavar="KEY=VALUE",
+                   help="training settings of the straggler part on top of --set (repeatable); the default "
+                        "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
+                        "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))
+    return p
+
+
+def main(argv=None):
+    """Parse the command line, run the study and write the results (rank 0).
+
+    Returns
+    -------
+    int
+        0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
+        every rank alike; an error on some ranks only aborts the job so that nothing hangs.
+    """
+    comm = MPI.COMM_WORLD
+    rank0 = comm.Get_rank() == 0
+    parser = _parser()
+    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())
+    try:
+        args.parts = list(dict.fromkeys(p.strip() for p in args.parts.split(",") if p.strip()))
+        bad = [p for p in args.parts if p not in PARTS]
+        if bad or not args.parts:
+            raise ValueError(f"--parts must name some of {', '.join(PARTS)}, got {bad or 'none'}")
+        if args.repeats < 1 or args.snapshots < 1:
+            raise ValueError("--repeats and --snapshots must be >= 1")
+        configs = _configs(args, comm.Get_size())
+        for rows in configs.values():
+            for _, cfg, _, _ in rows:
+                check_run(cfg, comm)
+    except (ValueError, ImportError) as e:
+        if rank0:
+            parser.error(str(e))
+        return 2
+    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+
+    def body():
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
+        root_bytes(comm, lambda: str(_clean(args.out)).encode(), OSError)
+        echo(f"parameter-server study on {comm.Get_size()} ranks: parts {', '.join(args.parts)} x "
+             f"{args.repeats} repeats -> {args.out}")
+        runs = run_study(configs, args.repeats, comm, echo)
+        if rank0:
+            _write(args, configs, runs, started, comm)
+
+    return run_or_report(body, comm)
+
+
+def _write(args, configs, runs, started, comm):
+    """Rank 0: write ``ps_study.json`` and print one table per part."""
+    tables = {part: ratio_table(runs, part, [(name, base) for name, _, _, base in rows])
+              for part, rows in configs.items()}
+    settings = {k: v for k, v in vars(args).items()}
+    results = {"experiment": "ps_study", "study": settings,
+               "train_config": next(iter(configs.values()))[0][1].to_dict(),
+               "part_configs": {part: {name: dict(cfg.to_dict(), ps_extra=extra) for name, cfg, extra, _ in rows}
+                                for part, rows in configs.items()},
+               "run": run_info(comm),
+               "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
+               "tables": tables}
+    path = os.path.join(args.out, RESULTS)
+    write_json(path, results)
+    for part, rows in tables.items():
+        print(f"\n{part} (median (min-max) over {args.repeats} repeats):")
+        print(markdown(part, rows))
+    print(f"\nwrote {path}; draw with: python -m plots.staleness {path}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

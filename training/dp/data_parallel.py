@@ -1,0 +1,396 @@
+"""Data-parallel pieces: the gradient hook (fused or bucketed all-reduce), one training step with
+the non-finite skip rule, and distributed evaluation.
+
+A *gradient hook* is any callable ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict()``
+and ``load_state_dict(d)``; ``info`` holds at least ``bytes_sent`` (bytes), ``compress_s`` and
+``decompress_s`` (seconds). :class:`AllreduceHook` averages with ``collectives.allreduce``; a
+compressor from ``collectives.compression.make_hook`` plugs in at the same point, between
+backward and the optimizer step. An :class:`AllreduceHook` made with ``overlap=True`` instead starts
+each bucket's all-reduce during the backward pass (:mod:`training.dp.overlap`, DDP's overlap).
+"""
+import hashlib
+import math
+import time
+
+import numpy
+
+import collectives
+import collectives.engine.context
+from collectives.engine import trace
+from collectives.compression import make_hook
+from training.checkpoint import to_host
+from training.data import eval_shard
+from training.dp.overlap import OverlapStep, layer_starts
+
+#: Algorithm of the small control reductions (non-finite flag, evaluation counts, digests): a
+#: hand-made one, so that a timeout names the silent peer.
+CONTROL_ALGORITHM = "recursive_doubling"
+
+__all__ = ["CONTROL_ALGORITHM", "AllreduceHook", "bucket_bounds", "make_grad_hook", "compute_gradient",
+           "train_step", "evaluate", "any_rank", "is_finite", "replicas_identical"]
+
+
+def bucket_bounds(slices, itemsize, bucket_bytes):
+    """Group parameters into contiguous gradient buckets of about ``bucket_bytes``, last layer first.
+
+    Parameters are taken from the end of the flat gradient backwards and a bucket is closed once
+    it holds at least ``bucket_bytes`` (as DDP's ``bucket_cap_mb``, Li et al., VLDB 2020,
+    section 3.2.3); a parameter is never split.
+
+    Parameters
+    ----------
+    slices : list of (str, int, int)
+        (name, offset, size) per parameter in flat order (``Sequential.slices``).
+    itemsize : int
+        Bytes per gradient element.
+    bucket_bytes : int
+        Bucket capacity in bytes; 0 means one bucket holding the whole gradient.
+
+    Returns
+    -------
+    list of (int, int)
+        Element ranges ``[lo, hi)`` of the flat gradient, in all-reduce order (last layer first).
+    """
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
+    total = sum(size for _, _, size in slices)
+    if bucket_bytes == 0 or total == 0:
+        return [(0, total)]
+    bounds, hi, filled = [], total, 0
+    for _, off, size in reversed(slices):
+        filled += size * itemsize
+        if filled >= bucket_bytes:
+            bounds.append((off, hi))
+            hi, filled = off, 0
+    if hi > 0:
+        bounds.append((0, hi))
+    return bounds
+
+
+def _bytes_sent(comm):
+    """Return the bytes this rank sent in the last collective on ``comm`` (``collectives.engine.context.last_stats``)."""
+    return int(collectives.engine.context.last_stats(comm).get("bytes_sent", 0))
+
+
+class AllreduceHook:
+    """Average the flat gradient across ranks in place: one fused all-reduce, or buckets.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator of the data-parallel ranks.
+    algorithm : str
+        Any name in ``collectives.ALGORITHMS``.
+    buckets : list of (int, int), optional
+        Element ranges all-reduced one after another (see :func:`bucket_bounds`); default: one.
+    timeout : float, optional
+        Seconds each all-reduce may wait for a peer before ``collectives.CollectiveTimeout``
+        (default: no limit).
+    overlap : bool
+        True: :func:`train_step` starts each bucket's all-reduce as soon as the backward pass has
+        written its gradients (:meth:`begin`, :mod:`training.dp.overlap`); called directly, the hook
+        still all-reduces after the backward pass.
+
+    Notes
+    -----
+    ``info["bytes_sent"]`` is ``collectives.engine.context.last_stats()["bytes_sent"]`` summed over buckets. The
+    hook has the interface of :class:`collectives.compression.CompressionHook` (``__call__``,
+    ``state_dict``, ``load_state_dict``, ``close``, ``owns_momentum``).
+    """
+
+    __slots__ = ("comm", "algorithm", "buckets", "timeout", "overlap")
+    owns_momentum = False  # the optimizer keeps its own momentum
+
+    def __init__(self, comm, algorithm="auto", buckets=None, timeout=None, overlap=False):
+        if algorithm not in collectives.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
+        self.comm, self.algorithm, self.buckets, self.timeout = comm, algorithm, buckets, timeout
+        self.overlap = overlap
+
+    def __call__(self, grad):
+        buckets = self.buckets or [(0, grad.size)]
+        sent = 0
+        for i, (lo, hi) in enumerate(buckets):
+            part = grad[lo:hi]
+            with trace.span("allreduce", "comm", {"bucket": i, "elements": hi - lo}):
+                collectives.allreduce(part, comm=self.comm, op="avg", algorithm=self.algorithm, out=part,
+                                      timeout=self.timeout)
+            sent += _bytes_sent(self.comm)
+        return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
+
+    def begin(self, model):
+        """Return the :class:`training.dp.overlap.OverlapStep` of one step on ``model.grads``.
+
+        Parameters
+        ----------
+        model : training.nn.Sequential
+            The model whose flat gradient the hook averages.
+        """
+        buckets = self.buckets or [(0, model.grads.size)]
+        return OverlapStep(model.grads, self.comm, self.algorithm, buckets, layer_starts(model), self.timeout)
+
+    def state_dict(self):
+        """Return ``{}``: a plain all-reduce keeps no state."""
+        return {}
+
+    def load_state_dict(self, d):
+        """Accept the (empty) state of :meth:`state_dict`."""
+
+    def close(self):
+        """Free nothing: the hook sends on the run's own communicator."""
+
+
+def make_grad_hook(cfg, comm, model):
+    """Build the gradient hook named by ``cfg.compression`` (plain all-reduce for "none").
+
+    Every collective of the hook (the plain all-reduce and its buckets, or the compressor's
+    all-reduces and all-gathers) waits at most ``cfg.timeout`` seconds for a peer. ``cfg.overlap``
+    applies to the plain all-reduce; a compressor needs the whole gradient and runs after the
+    backward pass whatever ``cfg.overlap`` says.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+    comm : mpi4py.MPI.Comm
+    model : training.nn.Sequential
+
+    Returns
+    -------
+    AllreduceHook or collectives.compression.CompressionHook
+        ``hook(flat_grad) -> (avg_grad, info)`` with ``state_dict`` / ``load_state_dict``,
+        ``close()`` and ``owns_momentum``.
+
+    Raises
+    ------
+    ValueError
+        When the compressor's name or an argument is unknown or out of range.
+    """
+    if cfg.compression == "none":
+        buckets = bucket_bounds(model.slices, model.dtype.itemsize, cfg.bucket_bytes)
+        return AllreduceHook(comm, cfg.algorithm, buckets, cfg.timeout, cfg.overlap)
+    shapes = [tuple(p.shape) for p, _ in model.parameters()]
+    return make_hook(cfg.compression, comm=comm, algorithm=cfg.algorithm, shapes=shapes,
+                     timeout=cfg.timeout, **cfg.compression_args)
+
+
+def compute_gradient(model, loss_fn, x, y, on_grad=None):
+    """Run forward and backward on one batch into ``model.grads`` (every element of it is this step's).
+
+    The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
+    ``backward`` does not run in this step contributes zero, never an earlier step's gradient --
+    unless the model's backward overwrites all of it anyway
+    (:meth:`training.nn.Sequential.writes_every_gradient`: the plain MLP of ``Linear`` layers), where
+    the clearing would only cost a pass over the gradient's memory.
+
+    Parameters
+    ----------
+    model : training.nn.Sequential
+    loss_fn : training.nn.SoftmaxCrossEntropy
+    x : ndarray, shape (B, F), model dtype
+    y : ndarray, shape (B,), int64
+    on_grad : callable, optional
+        Passed to ``model.backward``: called with each layer's index once its gradients exist.
+
+    Returns
+    -------
+    float
+        Mean loss over the batch.
+    """
+    if not getattr(model, "writes_every_gradient", lambda: False)():
+        model.grads.fill(0)
+    with trace.span("forward", "compute"):
+        loss = loss_fn.forward(model.forward(x), y)
+    with trace.span("backward", "compute"):
+        if on_grad is None:
+            model.backward(loss_fn.backward())
+        else:
+            model.backward(loss_fn.backward(), on_grad=on_grad)
+    return loss
+
+
+def is_finite(loss, grad):
+    """Return True when ``loss`` and every element of ``grad`` are finite.
+
+    The check sums ``grad`` in float64: NaN and inf propagate through a sum, and float32 values
+    cannot overflow a float64 accumulator.
+    """
+    if not numpy.isfinite(loss):
+        return False
+    return bool(numpy.isfinite(float(grad.sum(dtype=numpy.float64))))
+
+
+def any_rank(flag, comm, timeout=None):
+    """Return True on every rank when ``flag`` is true on any rank (all-reduce with max).
+
+    Parameters
+    ----------
+    flag : bool
+        This rank's flag.
+    comm : mpi4py.MPI.Comm
+    timeout : float, optional
+        Seconds the all-reduce may wait for a peer (default: no limit).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
+    """
+    buf = numpy.array([1 if flag else 0], numpy.int32)
+    collectives.allreduce(buf, comm=comm, op="max", algorithm=CONTROL_ALGORITHM, out=buf, timeout=timeout)
+    return bool(buf[0])
+
+
+def train_step(model, loss_fn, optimizer, hook, comm, x, y):
+    """Take one data-parallel step; skip it on every rank if any rank sees a non-finite value.
+
+    Steps: zero the flat gradient, forward/backward into it; a non-finite flag (loss or gradient) is
+    all-reduced with max; if raised, every rank zeroes its gradient and skips both the gradient
+    exchange and the update (parameters stay identical); otherwise ``hook`` averages the gradient
+    and the optimizer updates the flat parameters. The flag's all-reduce waits at most
+    ``hook.timeout`` seconds for a peer when the hook has that attribute.
+
+    Parameters
+    ----------
+    model, loss_fn, optimizer, hook
+        As built by ``training.train``.
+    comm : mpi4py.MPI.Comm
+    x : ndarray, shape (B / P, F); y : ndarray, shape (B / P,), int64
+        This rank's share of the global batch.
+
+    Returns
+    -------
+    dict
+        ``loss`` (this rank's mean batch loss), ``compute_s``, ``comm_s``, ``compress_s``,
+        ``decompress_s`` (seconds), ``bytes_sent`` (bytes of payload this rank handed to the
+        collectives), ``wire_bytes`` (bytes the collectives actually sent; equal to ``bytes_sent``
+        without compression), ``skipped`` (0 or 1). ``comm_s`` = ``wait_s`` + ``transfer_s``:
+        ``wait_s`` is the time in the non-finite flag's all-reduce, the step's first exchange, which
+        returns once the last rank has arrived (skew: waiting for slower ranks, plus one small
+        message's latency); ``transfer_s`` is the gradient exchange that follows, the ranks then
+        in step, without compression and decompression.
+
+    Notes
+    -----
+    With :mod:`collectives.engine.trace` on, the step records ``step`` and the ``wait``, ``exchange``
+    (with each bucket's ``allreduce`` inside), ``forward``, ``backward`` and ``optimizer`` events;
+    a compressor's ``compress`` and ``decompress`` times are drawn at the start and the end of the
+    exchange (their measured durations; PowerSGD's two phases each appear as one).
+
+    With a hook whose ``overlap`` is true (:class:`AllreduceHook`), each bucket's all-reduce starts
+    during the backward pass (:mod:`training.dp.overlap`) and the buckets are completed after the
+    non-finite flag's all-reduce, which advances them while it waits; the parameters end bitwise as
+    without overlap. ``compute_s`` then includes the backward pass's starting and testing of the
+    buckets, ``transfer_s`` is the communication left after the backward pass (what overlap did not
+    hide), and a skipped step has sent its buckets (``bytes_sent`` counts them) before discarding
+    the averaged gradient.
+    """
+    t0 = time.perf_counter()
+    step = hook.begin(model) if getattr(hook, "overlap", False) else None
+    loss = compute_gradient(model, loss_fn, x, y, None if step is None else step.layer_done)
+    if step is None:
+        bad = not is_finite(loss, model.grads)
+    else:
+        step.flush()
+        bad = not (numpy.isfinite(loss) and step.finite)
+    t1 = time.perf_counter()
+    skip = any_rank(bad, comm, getattr(hook, "timeout", None))
+    t2 = time.perf_counter()
+    info = {"bytes_sent": 0, "compress_s": 0.0, "decompress_s": 0.0}
+    if step is not None:
+        info = step.wait()  # every rank started the same buckets: complete them, skipped step or not
+        if skip:
+            model.grads.fill(0)
+    elif skip:
+        model.grads.fill(0)
+    else:
+        avg, info = hook(model.grads)
+        if avg is not model.grads:
+            model.grads[...] = avg
+    t3 = time.perf_counter()
+    if not skip:
+        optimizer.step()
+    t4 = time.perf_counter()
+    local = info["compress_s"] + info["decompress_s"]
+    if trace.enabled():
+        _trace_step(t0, t1, t2, t3, t4, info, skip)
+    return {"loss": loss, "compute_s": (t1 - t0) + (t4 - t3) + local,
+            "comm_s": (t2 - t1) + (t3 - t2) - local, "wait_s": t2 - t1, "transfer_s": (t3 - t2) - local,
+            "compress_s": info["compress_s"],
+            "decompress_s": info["decompress_s"], "bytes_sent": int(info["bytes_sent"]),
+            "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip)}
+
+
+def _trace_step(t0, t1, t2, t3, t4, info, skip):
+    """Record one step's events from its time points (seconds): compute, wait, exchange, update."""
+    trace.complete("step", "step", t0, t4, {"skipped": int(skip)})
+    trace.complete("wait", "comm", t1, t2)
+    if not skip:
+        trace.complete("exchange", "comm", t2, t3, {"bytes_sent": int(info["bytes_sent"])})
+        if info["compress_s"]:
+            trace.complete("compress", "comm", t2, min(t3, t2 + info["compress_s"]))
+        if info["decompress_s"]:
+            trace.complete("decompress", "comm", max(t2, t3 - info["decompress_s"]), t3)
+        trace.complete("optimizer", "compute", t3, t4)
+
+
+def evaluate(model, loss_fn, x, y, comm, batch=1024, timeout=None):
+    """Return (accuracy, mean loss) over ALL of (x, y), each sample counted exactly once.
+
+    The caller passes the full arrays; rank r evaluates its ``training.data.eval_shard`` and the
+    counts are summed with one all-reduce.
+
+    Parameters
+    ----------
+    model : training.nn.Sequential
+    loss_fn : training.nn.SoftmaxCrossEntropy
+    x : ndarray, shape (N, F); y : ndarray, shape (N,), int64
+    comm : mpi4py.MPI.Comm
+    batch : int
+        Samples per forward pass on this rank.
+    timeout : float, optional
+        Seconds the all-reduce of the counts may wait for a peer (default: no limit).
+
+    Returns
+    -------
+    tuple of (float, float)
+        Accuracy in [0, 1] and mean cross-entropy (NaN when N = 0).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
+    """
+    part = eval_shard(len(y), comm.rank, comm.size)
+    correct, loss_sum = 0, 0.0
+    for lo in range(part.start, part.stop, batch):
+        hi = min(lo + batch, part.stop)
+        logits = model.forward(x[lo:hi])
+        correct += int((logits.argmax(axis=1) == y[lo:hi]).sum())
+        loss_sum += loss_fn.forward(logits, y[lo:hi]) * (hi - lo)
+    buf = numpy.array([correct, loss_sum, part.stop - part.start], numpy.float64)
+    collectives.allreduce(buf, comm=comm, op="sum", algorithm=CONTROL_ALGORITHM, out=buf, timeout=timeout)
+    n = buf[2]
+    return (buf[0] / n, buf[1] / n) if n else (float("nan"), float("nan"))
+
+
+def replicas_identical(params, comm, timeout=None):
+    """Return True on every rank when all ranks hold bitwise the same ``params``.
+
+    Compares a 64-bit digest of the parameter bytes with one min and one max all-reduce, each
+    waiting at most ``timeout`` seconds for a peer (default: no limit).
+
+    Raises
+    ------
+    collectives.CollectiveTimeout
+        When a peer does not answer within ``timeout``.
+    """
+    h = hashlib.blake2b(to_host(params).tobytes(), digest_size=8).digest()
+    lo = numpy.frombuffer(h, numpy.int64).copy()
+    hi = lo.copy()
+    collectives.allreduce(lo, comm=comm, op="min", algorithm=CONTROL_ALGORITHM, out=lo, timeout=timeout)
+    collectives.allreduce(hi, comm=comm, op="max", algorithm=CONTROL_ALGORITHM, out=hi, timeout=timeout)
+    return bool(lo[0] == hi[0])

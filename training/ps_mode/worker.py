@@ -1,0 +1,398 @@
+"""Parameter-server training of the trainer's model: ``python -m training.train --mode ps``.
+
+``run_ps`` maps the training configuration onto :class:`ps.options.PSOptions`, builds the model and
+the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
+:func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the
+servers apply the trainer's own optimizer (:mod:`training.optim`: SGD with momentum, or Adam,
+built by :func:`training.optim.optimizer_factory`) to their shards. Rank 0 then evaluates the
+snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.report`).
+
+Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
+``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples
+data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel
+training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
+samples per clock as its current batch.
+"""
+import dataclasses
+import os
+import time
+
+import numpy
+
+import collectives.engine.policy
+from collectives.engine import trace
+from collectives.backend import to_host
+from collectives.log import get_logger
+from ps.options import PSOptions
+from ps.runtime import roles, run
+from ps.server import server_checkpoint_path
+from ps.store import read_npz
+from training.checkpoint import unfinished_without_checkpoint
+from training.build import build_model, make_sampler, to_device
+from training.data import load_dataset
+from training.nn import SoftmaxCrossEntropy
+from training.optim import optimizer_factory
+from training.dp.data_parallel import compute_gradient, is_finite
+from training.progress import progress_bar, write_trace
+from training.ps_mode.report import evaluate_snapshots, write_records
+
+_log = get_logger("training.ps_mode.worker")
+
+__all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
+           "finish_together", "finish_ps", "PS_EXTRA"]
+
+_END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
+
+_SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
+#: Settings a caller may give beyond the training configuration (``extra`` of :func:`ps_options`):
+#: the transient delays and the balancing interval (:class:`PSOptions` fields) and the resolution
+#: of a study's curves.
+PS_EXTRA = ("delay_prob", "delay_s", "balance_every", "snapshots_per_epoch")
+
+
+class BatchStream:
+    """Per-clock sample indices of one worker, from the trainer's distributed sampler.
+
+    Parameters
+    ----------
+    sampler : training.data.DistributedSampler
+        This worker's sampler (rank = worker index, size = W).
+    batch : int
+        Nominal batch per worker (samples).
+    stream : bool
+        False: clock ``c`` takes slice ``c % per_epoch`` of epoch ``c // per_epoch`` (the
+        data-parallel order, last slice possibly shorter). True: consecutive batches of any size
+        run through the epochs' orders back to back (load balancing).
+    """
+
+    __slots__ = ("sampler", "batch", "stream", "per_epoch", "_epoch", "_order", "_pos")
+
+    def __init__(self, sampler, batch, stream=False):
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if sampler.num_samples < 1:
+            raise ValueError("the training set is empty: no samples for this worker")
+        self.sampler, self.batch, self.stream = sampler, int(batch), bool(stream)
+        self.per_epoch = -(-sampler.num_samples // self.batch)  # clocks per epoch
+        self._epoch, self._order, self._pos = -1, None, 0
+
+    def indices(self, clock, batch):
+        """Return the int64 sample indices for ``clock`` with ``batch`` samples (stream mode)."""
+        if not self.stream:
+            epoch, s = divmod(int(clock), self.per_epoch)
+            return self._order_of(epoch)[s * self.batch:(s + 1) * self.batch]
+        out = []
+        while batch > 0:
+            if self._order is None or self._pos >= len(self._order):
+                self._order_of(self._epoch + 1)
+                self._pos = 0
+            take = self._order[self._pos:self._pos + batch]
+            out.append(take)
+            self._pos += len(take)
+            batch -= len(take)
+        return numpy.concatenate(out)
+
+    def _order_of(self, epoch):
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self.sampler.indices(epoch)
+        return self._order
+
+
+def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
+    """Return the :class:`PSOptions` of a training configuration.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The resolved configuration.
+    comm : MPI.Comm or int
+        The job's communicator (servers plus workers), or its size.
+    per_epoch : int
+        Clocks per epoch of one worker.
+    run_dir : str
+        Run directory; server checkpoints go to ``run_dir/ps``.
+    extra : dict, optional
+        :data:`PS_EXTRA` settings: ``delay_prob`` (probability per worker and clock) and
+        ``delay_s`` (seconds) of the transient delays, ``balance_every`` (clocks between the speed
+        reports of ``--balance``, default 10), ``snapshots_per_epoch`` (the points of the
+        accuracy-versus-time curve per epoch, default 4).
+
+    Raises
+    ------
+    ValueError
+        When the configuration cannot run on this communicator, or ``extra`` names another
+        field (on every rank).
+    """
+    size = comm if isinstance(comm, int) else comm.Get_size()
+    W = size - cfg.servers
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(PS_EXTRA))
+    if unknown:
+        raise ValueError(f"parameter-server settings {unknown} cannot be set here; allowed: {list(PS_EXTRA)}")
+    per_snapshot = extra.pop("snapshots_per_epoch", _SNAPSHOTS_PER_EPOCH)
+    if not (isinstance(per_snapshot, int) and per_snapshot >= 1):
+        raise ValueError(f"snapshots_per_epoch must be an integer >= 1, got {per_snapshot!r}")
+    last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
+    ckpt = os.path.join(run_dir, "ps")
+    opts = PSOptions(
+        servers=cfg.servers, consistency=cfg.consistency, staleness=cfg.staleness,
+        staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, lr=cfg.lr,
+        lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
+        ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
+        fail_worker=cfg.fail_worker, worker_batch=cfg.batch_size // W, balance=cfg.balance,
+        snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
+        checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
+        resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
+        seed=cfg.seed)
+    opts = dataclasses.replace(opts, **extra)
+    opts.validate(size)
+    return opts
+
+
+def check_ps(cfg, size):
+    """Check what a ``--mode ps`` run needs from a job of ``size`` ranks, before anything is created.
+
+    Called by :func:`training.train.check_run` on every rank alike, so a bad setting (rank count,
+    straggler or jitter spec, missing server checkpoint of ``--resume``) fails before the run
+    directory exists or its ``config.json`` is rewritten.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The resolved configuration (``mode == "ps"``).
+    size : int
+        Number of ranks in the job (servers plus workers).
+
+    Raises
+    ------
+    ValueError
+        Naming the offending flag.
+    """
+    S = cfg.servers
+    if size < S + 1:
+        raise ValueError(f"--mode ps with --servers {S} needs at least {S + 1} ranks ({S} server(s) and "
+                         f"at least one worker), got {size}; launch with mpiexec -n {S + 1} or more")
+    if S < 1:
+        raise ValueError(f"--servers must be >= 1, got {S}")
+    W = size - S
+    if cfg.batch_size % W:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
+                         f"workers ({W} = {size} ranks - {S} servers)")
+    ps_options(cfg, size, 1, cfg.run_dir)  # PSOptions.validate: straggler, jitter, fail_worker...
+    optimizer_factory(cfg)
+    if cfg.resume:
+        run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
+        check_server_checkpoints(os.path.join(run_dir, "ps"), S, unfinished_without_checkpoint(run_dir))
+
+
+def check_server_checkpoints(ckpt, servers, missing_ok=False):
+    """Check that the servers' checkpoints in ``ckpt`` exist and belong to one generation.
+
+    Each server writes its own shard's file when its count of folded pushes crosses a multiple of
+    the checkpoint interval, so a job killed between two servers' writes leaves shards of different
+    generations (one at 184 pushes, another at 92): resuming from them would mix two models. They
+    are refused, naming both files.
+
+    Parameters
+    ----------
+    ckpt : str
+        The run's ``ps`` directory.
+    servers : int
+        Number of servers (files ``ps_server0.npz`` ...).
+    missing_ok : bool
+        Accept a directory with no server checkpoint at all (a run that ended before its first):
+        the run then starts from the beginning.
+
+    Returns
+    -------
+    bool
+        True when there are checkpoints to resume from.
+
+    Raises
+    ------
+    ValueError
+        When a server's file is missing (some present), unreadable, or of another generation.
+    """
+    paths = [server_checkpoint_path(ckpt, r) for r in range(servers)]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing_ok and len(missing) == servers:
+        return False
+    if missing:
+        raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
+                         f"--mode ps run with --servers {servers}?)")
+    pushes = [int(read_npz(p)["pushes"]) for p in paths]
+    for r in range(1, servers):
+        if pushes[r] != pushes[0]:
+            raise ValueError(f"resume: the server checkpoints are of different generations: {paths[0]} "
+                             f"holds {pushes[0]} pushes, {paths[r]} holds {pushes[r]} (the job ended "
+                             f"between the servers' writes); resuming would mix two models")
+    return True
+
+
+def run_ps(cfg, comm, run_dir, xp, extra=None):
+    """Train ``cfg``'s model with a parameter server on ``comm`` and write the run records.
+
+    The first ``cfg.servers`` ranks serve, the others work. Rank 0 shows a progress bar of the
+    pushes, prints the epoch table, the staleness histogram and a summary line, and writes
+    ``summary.json``, ``epochs.jsonl``, ``metrics.jsonl`` (the accuracy-versus-time curve),
+    ``staleness.json`` and ``ps_model.npz`` (the final flat parameters) into ``run_dir``.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        Resolved configuration with ``mode == "ps"``.
+    comm : MPI.Comm
+        Communicator of all ranks (servers and workers).
+    run_dir : str
+        The run directory (created by the trainer, ``config.json`` already written).
+    xp : module
+        The workers' array module for ``cfg.device``, as :func:`training.train.check_run` returned
+        it (NumPy or CuPy); servers always work on the host.
+    extra : dict, optional
+        :data:`PS_EXTRA` settings beyond the configuration (see :func:`ps_options`).
+
+    Returns
+    -------
+    dict
+        Rank 0: the summary. Other ranks: ``{"role": ..., ...}`` with what they know.
+
+    Raises
+    ------
+    ValueError
+        When the configuration does not fit the communicator (every rank, before any message).
+    ps.protocol.PSError
+        When BSP loses a worker (every rank still running).
+    """
+    P, S = comm.Get_size(), cfg.servers
+    W = P - S
+    ds = load_dataset(cfg)
+    rank = comm.Get_rank()
+    servers, workers = roles(comm, S)
+    w = workers.index(rank) if rank in workers else 0
+    stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W), cfg.batch_size // W, cfg.balance)
+    opts = ps_options(cfg, comm, stream.per_epoch, run_dir, extra)
+    model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
+    init = numpy.ascontiguousarray(to_host(model.params))
+    loss_fn = SoftmaxCrossEntropy()
+    make_optimizer = optimizer_factory(cfg)
+    if cfg.trace:
+        trace.start(comm, cfg.ps_timeout)  # collective: aligns the ranks' clocks
+    if rank in workers:
+        x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
+        skipped = [0]
+
+        def grad_fn(params, clock, batch):
+            model.params[...] = xp.asarray(params)
+            idx = xp.asarray(stream.indices(clock, batch))
+            loss = compute_gradient(model, loss_fn, x_tr[idx], y_tr[idx])
+            if not is_finite(loss, model.grads):
+                model.grads.fill(0)  # a non-finite step contributes nothing
+                skipped[0] += 1
+            return to_host(model.grads), int(idx.shape[0])
+
+        stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer)
+        if cfg.trace:
+            write_trace(cfg.trace, comm, cfg.ps_timeout)
+        return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
+    if rank != 0:
+        run(comm, opts, init, make_optimizer=make_optimizer)
+        if cfg.trace:
+            write_trace(cfg.trace, comm, cfg.ps_timeout)
+        return {"role": "server"}
+    bar = _progress_bar(cfg, ds, model, S, W, run_dir, opts)
+    last = [0]
+
+    def on_push(pushes):
+        bar.update(pushes - last[0])
+        last[0] = pushes
+
+    try:
+        result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer)
+    finally:
+        bar.close()
+    if cfg.trace:
+        write_trace(cfg.trace, comm, cfg.ps_timeout)
+    evals = evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,
+                               W * stream.per_epoch)
+    return write_records(cfg, comm, run_dir, result, evals, opts, model.size, stream.per_epoch)
+
+
+def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
+    bar = progress_bar(opts.budget, "push", cfg.progress)
+    s = f", s={cfg.staleness}" if cfg.consistency == "ssp" else ""
+    _log.info("%s: %d train / %d test samples, %d parameters (%s), %d server(s) + %d worker(s), %s%s, "
+              "global batch %d, %s lr %g -> %s", cfg.data, len(ds.y_train), len(ds.y_test), model.size, cfg.dtype,
+              S, W, cfg.consistency.upper(), s, cfg.batch_size, cfg.optimizer, cfg.lr, run_dir)  # as data-parallel's
+    return bar
+
+
+def finish_together(comm, grace, short=()):
+    """Check that every rank reached the end of the run; return the ranks that did not (rank 0).
+
+    A parameter-server run can end with a rank gone: a dropped worker may have died instead of
+    falling silent, and ``MPI_Finalize`` would then wait for it forever. Every rank other than 0
+    sends rank 0 a one-byte message once its part of the run is over and waits for rank 0's answer;
+    rank 0 waits up to ``grace`` seconds for all of them and answers each only when all arrived. The
+    caller of rank 0 ends the job (``MPI_Abort``) when ranks are missing; the other ranks wait for the
+    answer without a limit, since rank 0 either answers or ends the job.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator of all ranks of the run (point-to-point messages only, never a collective,
+        so a dead rank cannot block it).
+    grace : float
+        Seconds rank 0 waits for the others (they finish before it: it collects their reports).
+    short : sequence of int
+        Ranks rank 0 waits for one second at most (workers the servers dropped for silence).
+
+    Returns
+    -------
+    list of int
+        On rank 0, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere ``[]``.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    token = numpy.zeros(1, numpy.int8)
+    if rank != 0:
+        comm.Send(token, dest=0, tag=_END_TAG)  # one byte: sent eagerly, even to a dead rank 0
+        comm.Recv(token, source=0, tag=_END_TAG)
+        return []
+    bufs = {r: numpy.zeros(1, numpy.int8) for r in range(1, size)}
+    reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
+    start, pending = time.monotonic(), set(reqs)
+    deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
+    while pending:
+        pending = {r for r in pending if not reqs[r].Test()}
+        now = time.monotonic()
+        if all(now > deadline[r] for r in pending):
+            break
+        time.sleep(0.01)
+    if pending:
+        return sorted(pending)
+    for r in range(1, size):
+        comm.Send(token, dest=r, tag=_END_TAG)
+    return []
+
+
+def finish_ps(world, cfg, summary=None):
+    """End a parameter-server run: return when every rank got here, else abort naming the missing.
+
+    Workers that the servers dropped (``summary["worker_status"]``, known on rank 0) are given one
+    second at most instead of ``--ps-timeout``: they were silent that long already.
+
+    Parameters
+    ----------
+    world : mpi4py.MPI.Comm
+        Every rank of the job.
+    cfg : training.config.Config
+    summary : dict, optional
+        :func:`run_ps`'s summary (used on rank 0).
+    """
+    status = (summary or {}).get("worker_status") or [] if world.rank == 0 else []
+    dropped = [cfg.servers + w for w, st in enumerate(status) if st == "dropped"]
+    missing = finish_together(world, cfg.ps_timeout, short=dropped)
+    if missing:
+        collectives.engine.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
+                                 f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
+                                 f"lost peer may have died); "
+                                 "ending the job so that no rank waits for them in MPI_Finalize")
