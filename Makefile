@@ -39,6 +39,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
+
 # the layers (.importlinter): a package imports only packages below it
 lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports --no-cache

@@ -42,7 +42,7 @@ class CollectiveTimeout(CollectiveError, Timeout):
 
     Attributes
     ----------
-    op : str
+    collective : str
         The collective ("allreduce", "reduce_scatter", ...).
     peer : int or None
         Rank (in the caller's communicator) whose message never completed; None inside the MPI library.
@@ -54,16 +54,16 @@ class CollectiveTimeout(CollectiveError, Timeout):
         What this rank found waiting from ``peer`` instead (a message of another call), or "".
     """
 
-    def __init__(self, op, peer, round, timeout, phase="", pending=""):
-        self.op, self.peer, self.round, self.timeout, self.phase = op, peer, round, timeout, phase
+    def __init__(self, collective, peer, round, timeout, phase="", pending=""):
+        self.collective, self.peer, self.round, self.timeout, self.phase = collective, peer, round, timeout, phase
         self.pending = pending
         where = f"round {round}" + (f" ({phase})" if phase else "")
         who = f"rank {peer}" if peer is not None else "a peer (inside the MPI library)"
-        text = f"{op} timed out after {timeout:g} s in {where}: no answer from {who}"
+        text = f"{collective} timed out after {timeout:g} s in {where}: no answer from {who}"
         super().__init__(text + (f"; {pending}" if pending else ""))
 
     def __reduce__(self):
-        return type(self), (self.op, self.peer, self.round, self.timeout, self.phase, self.pending)
+        return type(self), (self.collective, self.peer, self.round, self.timeout, self.phase, self.pending)
 
 
 class CollectiveMismatch(CollectiveError):
@@ -71,7 +71,7 @@ class CollectiveMismatch(CollectiveError):
 
     Attributes
     ----------
-    op : str
+    collective : str
         The collective this rank called.
     field : str
         The first differing field: ``collective``, ``algorithm``, ``count``, ``dtype``, ``op``,
@@ -80,9 +80,9 @@ class CollectiveMismatch(CollectiveError):
         The differing values and the ranks that hold them.
     """
 
-    def __init__(self, op, field, detail):
-        self.op, self.field, self.detail = op, field, detail
-        super().__init__(f"{op}: the ranks disagree about the call's {field}: {detail}")
+    def __init__(self, collective, field, detail):
+        self.collective, self.field, self.detail = collective, field, detail
+        super().__init__(f"{collective}: the ranks disagree about the call's {field}: {detail}")
 
     def __reduce__(self):
-        return type(self), (self.op, self.field, self.detail)
+        return type(self), (self.collective, self.field, self.detail)

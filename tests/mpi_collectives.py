@@ -270,7 +270,7 @@ def case_grid_and_nonblocking():
 
 def case_segmented_bitwise():
     """Cutting messages into segments (collectives.schedules.schedule.segmented) changes no bit of any result."""
-    from collectives.engine.executor import execute
+    from collectives.engine.executor import Run, execute
     from collectives.schedules.schedule import segmented
     for count in (1001, 4 * P + 3):
         x = make(count, "float32", "sum", salt=5)
@@ -280,7 +280,7 @@ def case_segmented_bitwise():
             results = []
             for sched in (whole, cut):
                 work = x.copy()
-                execute(sched, comm, work, np.empty(max(sched.scratch, 1), np.float32), np.add, tag=11)
+                execute(Run(sched, comm, work, scratch=np.empty(max(sched.scratch, 1), np.float32), ufunc=np.add, tag=11))
                 results.append(work)
             check(cut is whole or cut.messages > whole.messages, f"{alg} count={count}: nothing was cut")
             check(np.array_equal(results[0], results[1]) and close(results[0], mpi_oracle(x, "sum"), "float32"),

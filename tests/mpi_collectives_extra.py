@@ -143,7 +143,7 @@ def timeout():
             C.allreduce(np.ones(16, np.float32), comm=sub, algorithm="ring", timeout=0.5)
             FAILS.append("no CollectiveTimeout")
         except C.CollectiveTimeout as e:
-            check(e.peer == P - 1 and e.round == 0 and e.op == "allreduce", f"timeout names {e}")
+            check(e.peer == P - 1 and e.round == 0 and e.collective == "allreduce", f"timeout names {e}")
             check(f"rank {P - 1}" in str(e) and "round 0" in str(e), f"timeout message {e}")
         try:
             C.allreduce(np.ones(1, np.float32), comm=sub)

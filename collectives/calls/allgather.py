@@ -20,7 +20,7 @@ from collectives.schedules.registry import check_algorithm
 from collectives.backend import positional, COPY_DTYPES, check_timeout, get_array_module
 from collectives.engine.buffers import adopt, as_array, check_out, raw
 from collectives.engine.context import check_comm, existing_context, get_context
-from collectives.engine.executor import run_schedule
+from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import block_code, checks_enabled, key_code
 from collectives.library.call import call, mismatch, run_library
 from collectives.schedules.ring import ring_allgather
@@ -304,6 +304,6 @@ def _gather_blocks(ctx, x, firsts, bounds, algorithm, timeout, out=None):
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (size - 1), estimated=True)
         return out
     sched = ctx.schedule(("allgather", algorithm, tuple(bounds)), lambda: segmented(ring_allgather(rank, size, bounds)))
-    run_schedule(ctx, key, sched, raw(flat), None, None, timeout, xp)
+    run_schedule(ctx, key, Run(sched, ctx.comm, raw(flat), name="allgather"), timeout=timeout, xp=xp)
     ctx.record("allgather", algorithm, flat.size, x.dtype, sched)
     return out

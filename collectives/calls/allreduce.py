@@ -21,13 +21,13 @@ from collectives.schedules.registry import build_allreduce_schedule, check_algor
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
 from collectives.engine.context import check_comm, get_context
 from collectives.errors import CollectiveError, CollectiveTimeout
-from collectives.engine.executor import execute
+from collectives.engine.executor import Run, run_schedule
 from collectives.library.plans import fast_allreduce, library_plan, remember
 from collectives.engine.request import Request
 from collectives.schedules.schedule import segmented
 from collectives.model.auto import model_choice, select_allreduce
 from collectives.schedules.torus import check_grid, square_grid
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
 
@@ -165,18 +165,12 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
                 return plan.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
         return _mpi_allreduce(ctx, key, x, op, out, timeout, xp)
     count = x.size
-    tag = ctx.begin(key, timeout)
     sched = ctx.schedule(("allreduce", algorithm, count, grid),
                          lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid)))
     out, work, acc, direct, inp = prepare(x, out, ctx, xp, "work", accumulate, lazy=True)
-    scratch = ctx.buffer(xp, acc, sched.scratch)
-    ufunc = getattr(xp, OPS[op])
-    try:
-        execute(sched, ctx.comm, work, scratch, ufunc, tag, timeout, "allreduce",
-                None if xp is numpy else ctx.transport(xp), inp=inp, progress=ctx.progress if ctx.active else None)
-    except Exception as exc:
-        ctx.fail(f"allreduce: {exc}")
-        raise
+    run = Run(sched, ctx.comm, work, scratch=ctx.buffer(xp, acc, sched.scratch), ufunc=getattr(xp, OPS[op]),
+              name="allreduce").read_from(inp)
+    run_schedule(ctx, key, run, timeout=timeout, xp=xp)
     ctx.record("allreduce", algorithm, count, acc, sched)
     return finish(out, work, op, ctx.size, xp, direct)
 
@@ -277,9 +271,9 @@ def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=N
                          lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid)))
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
     ctx.record("allreduce", algorithm, x.size, acc, sched)
-    return Request(sched, ctx.comm, work, scratch, getattr(xp, OPS[op]), tag, "allreduce",
-                   ctx.transport(xp), finish=lambda: finish(out, work, op, size, xp, direct),
-                   active=ctx.active, on_fail=ctx.fail)
+    run = Run(sched, ctx.comm, work, scratch=scratch, ufunc=getattr(xp, OPS[op]), tag=tag, name="allreduce",
+              transport=ctx.transport(xp))
+    return Request(run, finish=lambda: finish(out, work, op, size, xp, direct), active=ctx.active, on_fail=ctx.fail)
 
 
 class _MPIRequest:
@@ -318,8 +312,7 @@ class _MPIRequest:
         self._check()
         if not self.done:
             try:
-                wait_all(self._req, [None] * len(self._req), deadline_of(timeout), "allreduce", 0, "MPI_Iallreduce",
-                         timeout, self._ctx.progress if self._ctx.active else None)
+                wait_all(self._req, [None] * len(self._req), deadline_of(timeout), Where("allreduce", 0, "MPI_Iallreduce", timeout), progress=self._ctx.progress if self._ctx.active else None)
             except CollectiveTimeout as exc:
                 self._failed = str(exc)
                 self._ctx.fail(f"allreduce: {exc}")

@@ -14,7 +14,7 @@ from collectives.backend import (positional, COPY_DTYPES, DTYPES, OPS, accumulat
 from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
 from collectives.engine.buffers import adopt, as_array, check_out, finish
 from collectives.engine.context import check_comm, existing_context, get_context
-from collectives.engine.executor import run_schedule
+from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import checks_enabled
 from collectives.schedules.ring import ring_reduce_scatter
 from collectives.library.scatter_plan import ScatterPlan
@@ -135,7 +135,8 @@ def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, ti
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
     sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: segmented(ring_reduce_scatter(rank, size, count)))
-    run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout, xp, inp,
-                 (lo, hi))
+    run = Run(sched, ctx.comm, work, scratch=ctx.buffer(xp, acc, sched.scratch), ufunc=getattr(xp, OPS[op]),
+              name="reduce_scatter").read_from(inp, (lo, hi))
+    run_schedule(ctx, key, run, timeout=timeout, xp=xp)
     ctx.record("reduce_scatter", algorithm, count, acc, sched)
     return finish(xp.empty(hi - lo, dtype=x.dtype) if out is None else out, work[lo:hi], op, size, xp)

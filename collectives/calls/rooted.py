@@ -10,7 +10,7 @@ from collectives.backend import positional, OPS, check_root, get_array_module, o
 from collectives.calls.reduce_scatter import _common
 from collectives.engine.buffers import MPI_OPS, adopt, finish, nan_mask, prepare, raw, restore_nan
 from collectives.engine.context import check_comm, get_context
-from collectives.engine.executor import run_schedule
+from collectives.engine.executor import Run, run_schedule
 from collectives.library.call import run_library
 from collectives.schedules.tree import tree_broadcast, tree_reduce
 
@@ -68,7 +68,7 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     else:
         sched = ctx.schedule(("broadcast", algorithm, x.size, root),
                              lambda: tree_broadcast(ctx.rank, ctx.size, x.size, root))
-        run_schedule(ctx, key, sched, raw(work), None, None, timeout, xp)
+        run_schedule(ctx, key, Run(sched, ctx.comm, raw(work), name="broadcast"), timeout=timeout, xp=xp)
         ctx.record("broadcast", algorithm, x.size, x.dtype, sched)
     if work.size and not x.flags.c_contiguous:
         xp.copyto(x, work.reshape(x.shape))
@@ -127,6 +127,8 @@ def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None
         ctx.record("reduce", "mpi", x.size, acc, elements=x.size if ctx.rank != root else 0, estimated=True)
     else:
         sched = ctx.schedule(("reduce", algorithm, x.size, root), lambda: tree_reduce(ctx.rank, ctx.size, x.size, root))
-        run_schedule(ctx, key, sched, work, ctx.buffer(xp, acc, sched.scratch), getattr(xp, OPS[op]), timeout, xp)
+        run = Run(sched, ctx.comm, work, scratch=ctx.buffer(xp, acc, sched.scratch), ufunc=getattr(xp, OPS[op]),
+                  name="reduce")
+        run_schedule(ctx, key, run, timeout=timeout, xp=xp)
         ctx.record("reduce", algorithm, x.size, acc, sched)
     return finish(out, work, op, ctx.size, xp, direct) if ctx.rank == root else None

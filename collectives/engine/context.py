@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
 from collectives.backend import DeviceTransport, cuda_aware
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
            "context_keyval", "existing_context"]
@@ -48,7 +48,7 @@ class Context:
     def __init__(self, comm, timeout=None):
         dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
         # (after a timeout the pending duplicate must not be touched, not even freed, until it completes)
-        wait_all([req], [None], deadline_of(timeout), "collective", 0, "duplicating the communicator", timeout)
+        wait_all([req], [None], deadline_of(timeout), Where("collective", 0, "duplicating the communicator", timeout))
         self.comm = dup
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._seq = 0
@@ -169,7 +169,7 @@ class Context:
         local.Free()
         both = numpy.array([per, -per], numpy.int64)  # max(per) and -min(per) in one call
         req = self.comm.Iallreduce(MPI.IN_PLACE, both, MPI.MAX)
-        wait_all([req], [None], deadline_of(timeout), "collective", 0, "finding the nodes", timeout)
+        wait_all([req], [None], deadline_of(timeout), Where("collective", 0, "finding the nodes", timeout))
         high, low = int(both[0]), -int(both[1])
         even = low == high and self.size % per == 0
         return (self.size // per, per) if even else (0, 0)

@@ -1,10 +1,19 @@
 """The one executor: runs any :class:`~collectives.schedules.schedule.Schedule` with MPI point-to-point messages.
 
-Blocking execution (:func:`execute`: a ``Sendrecv`` per round where a round has one send and one
-receive, ``Isend``/``Irecv``/``Waitall`` otherwise), the same rounds with a timeout, device buffers
-(direct or staged through host memory) or a progress callback, and the non-blocking
-:class:`~collectives.engine.request.Request` built on the same round helpers. Every received message's size
-is checked against the schedule (``MPI_Get_count``): a result never holds bytes no message wrote.
+One loop over rounds, :meth:`Run.advance`, serves every form; what differs is the primitive it is
+handed to complete a round (as mpi4py's ``util/pkl5.py`` passes the primitive into one shared path):
+
+* :func:`blocking`: ``Sendrecv`` for a host round of one send and one receive, else
+  ``Isend``/``Irecv`` and ``Waitall`` (:func:`execute` without a deadline);
+* :class:`Timed`: the round's messages posted, then a wait under a deadline, optionally advancing
+  other requests in flight (:func:`execute` with ``timeout`` or ``progress``, and
+  :meth:`~collectives.engine.request.Request.wait`);
+* :func:`testing`: posted and tested once; the loop stops when a round is not complete yet
+  (:meth:`~collectives.engine.request.Request.test`, the non-blocking form).
+
+Every round then ends in :meth:`Run.finish`, the one receive -> check -> combine sequence: each
+received message's size is checked against the schedule (``MPI_Get_count``), so a result never
+holds bytes no message wrote; staged device receives are copied back; reducing receives are combined.
 """
 import time
 
@@ -12,81 +21,116 @@ from mpi4py import MPI
 
 from collectives.errors import CollectiveMismatch, CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, pending
-from collectives.engine.waiting import wait_all
+from collectives.engine.waiting import Where, wait_all
 
-__all__ = ["CollectiveTimeout", "CollectiveMismatch", "execute", "run_schedule", "Run"]
+__all__ = ["Run", "execute", "run_schedule", "blocking", "testing", "Timed", "explain"]
 
 
 class Run:
-    """The state of one schedule's execution on one rank (what every round helper needs).
+    """One schedule's execution on one rank: the call object every round helper reads.
 
     Parameters
     ----------
     schedule : Schedule
+        This rank's schedule.
     comm : mpi4py.MPI.Comm
-        The library's duplicate communicator.
-    work, scratch : ndarray
-        Flat work buffer (result, accumulation dtype) and receive space for reducing receives.
+        The library's duplicate communicator; peers in the schedule are its ranks.
+    work : ndarray, shape (schedule.count,)
+        Flat buffer in the accumulation dtype: this rank's input (unless :meth:`read_from` gives a
+        separate one) and, afterwards, the result.
+    scratch : ndarray, shape (>= schedule.scratch,), optional
+        Receive space for reducing receives, ``work``'s dtype.
     ufunc : ufunc or None
-        The reduction.
+        The binary reduction (``add``, ``multiply``, ``minimum``, ``maximum``) of the array module.
     tag : int
-        Tag of every message of this call (see :mod:`collectives.engine.fingerprint`).
-    op : str
-        Collective name, for errors.
+        Tag of every message of this call (it carries the call fingerprint,
+        :mod:`collectives.engine.fingerprint`).
+    name : str
+        The collective's name, for errors.
     transport : DeviceTransport or None
         Stream synchronization and host staging for device buffers.
-    inp : ndarray or None
-        Separate read-only input (see :func:`execute`); ``prog`` must then be compiled for it.
-    prog : list, optional
-        The compiled rounds (default ``schedule.program()``).
     """
 
-    __slots__ = ("schedule", "prog", "comm", "work", "scratch", "ufunc", "tag", "op", "transport", "staged", "inp",
-                 "statuses")
+    __slots__ = ("schedule", "prog", "comm", "work", "scratch", "ufunc", "tag", "name", "transport", "staged", "inp",
+                 "final", "statuses", "index", "posted")
 
-    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, inp=None, prog=None):
-        self.schedule, self.prog = schedule, prog if prog is not None else schedule.program()
-        self.comm, self.work, self.scratch, self.ufunc, self.tag, self.op = comm, work, scratch, ufunc, tag, op
-        self.transport, self.inp = transport, inp
+    def __init__(self, schedule, comm, work, *, scratch=None, ufunc=None, tag=0, name="collective", transport=None):
+        self.schedule, self.prog = schedule, schedule.program()
+        self.comm, self.work, self.scratch, self.ufunc, self.tag, self.name = comm, work, scratch, ufunc, tag, name
+        self.transport = transport
         self.staged = transport is not None and not transport.direct
-        self.statuses = []
+        self.inp, self.final, self.statuses = None, (), []
+        self.index, self.posted = 0, None  # the next round; its posted (requests, peers, landing) or None
 
-    def combine(self, buf, rsl, r_in, low):
-        """Reduce the received ``buf`` into ``work[rsl]``; the lower rank's operand goes first.
+    def read_from(self, inp, needed=None):
+        """Read this rank's input from the separate read-only buffer ``inp`` (it may alias ``work``).
 
-        The fixed operand order makes both sides of an exchange compute bitwise the same value
-        (``min``/``max`` of +0.0 and -0.0, NaN payloads).
+        Untouched regions are sent from ``inp`` and first reductions read it, which saves copying it
+        into ``work`` (:meth:`Schedule.program` with ``from_input``). ``needed`` is the element range
+        of ``work`` the caller reads afterwards (default all). When a region is partly written before
+        it is read, ``inp`` is copied into ``work`` instead. Returns ``self``.
         """
-        target = self.work[rsl]
-        mine = self.inp[rsl] if r_in else target
-        if low:
-            self.ufunc(buf, mine, out=target)
-        else:
-            self.ufunc(mine, buf, out=target)
+        if inp is None:
+            return self
+        compiled = self.schedule.program(True, needed) if inp.dtype == self.work.dtype else None
+        if compiled is None:
+            if inp.size:
+                self.work[...] = inp
+            return self
+        self.prog, self.final = compiled
+        self.inp = inp
+        return self
 
-    def send_buf(self, ssl, s_in):
-        """Return the region a send reads: from the separate input when the schedule says so."""
-        return self.inp[ssl] if s_in else self.work[ssl]
+    @property
+    def done(self):
+        """True once every round has been finished."""
+        return self.index >= len(self.prog)
+
+    def advance(self, complete):
+        """Run rounds from :attr:`index` on, each completed by ``complete(run, index)``: the one round loop.
+
+        ``complete`` returns the round's statuses, or None when it is not complete yet (the loop
+        stops there and a later call resumes it). Returns True once the last round is finished.
+        """
+        prog = self.prog
+        while self.index < len(prog):
+            statuses = complete(self, self.index)
+            if statuses is None:
+                return False
+            landing = self.posted[2]
+            self.posted = None
+            self.finish(self.index, landing, statuses)
+            self.index += 1
+        for sl in self.final:
+            self.work[sl] = self.inp[sl]
+        self.final = ()
+        return True
 
     def post(self, index):
-        """Post round ``index``'s receives and sends; return (requests, peers, landing buffers)."""
+        """Post round ``index``'s receives and sends once; return (requests, peers, landing buffers).
+
+        A negative peer ``-1 - p`` marks a send to ``p`` (for :func:`~collectives.engine.waiting.wait_all`).
+        """
+        if self.posted is not None:
+            return self.posted
         sends, recvs = self.prog[index]
-        transport, staged = self.transport, self.staged
+        transport, staged, work, scratch, tag, comm = self.transport, self.staged, self.work, self.scratch, self.tag, self.comm
         if transport is not None:
             transport.sync()  # kernels writing the send regions must finish before MPI reads them
         reqs, peers, landing = [], [], []
         for i, (src, rsl, scr, _, _) in enumerate(recvs):
-            dev = self.scratch[scr] if scr is not None else self.work[rsl]
+            dev = scratch[scr] if scr is not None else work[rsl]
             buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
-            reqs.append(self.comm.Irecv(buf, src, self.tag))
+            reqs.append(comm.Irecv(buf, src, tag))
             peers.append(src)
             landing.append((buf, dev))
         for i, (dst, ssl, s_in) in enumerate(sends):
-            region = self.send_buf(ssl, s_in)
+            region = self.inp[ssl] if s_in else work[ssl]
             buf = transport.to_host(region, ("s", i)) if staged else region
-            reqs.append(self.comm.Isend(buf, dst, self.tag))
+            reqs.append(comm.Isend(buf, dst, tag))
             peers.append(-1 - dst)
-        return reqs, peers, landing
+        self.posted = (reqs, peers, landing)
+        return self.posted
 
     def status_list(self, n):
         """Return ``n`` reusable :class:`mpi4py.MPI.Status` objects."""
@@ -95,81 +139,109 @@ class Run:
         return self.statuses[:n]
 
     def finish(self, index, landing, statuses):
-        """Check the received sizes, copy staged receives to the device and apply the reductions."""
+        """Check each received size, copy staged receives to the device and apply the reductions.
+
+        A reduction puts the lower rank's operand first, so both sides of an exchange compute bitwise
+        the same value (``min``/``max`` of +0.0 and -0.0, NaN payloads).
+        """
+        work, inp, ufunc, staged = self.work, self.inp, self.ufunc, self.staged
         for (src, rsl, scr, r_in, low), (buf, dev), st in zip(self.prog[index][1], landing, statuses):
-            check_received(st, buf, src, self.op)
-            if self.staged:
+            check_received(st, buf, src, self.name)
+            if staged:
                 self.transport.to_device(buf, dev)
             if scr is not None:
-                self.combine(dev, rsl, r_in, low)
+                target = work[rsl]
+                mine = inp[rsl] if r_in else target
+                if low:
+                    ufunc(dev, mine, out=target)
+                else:
+                    ufunc(mine, dev, out=target)
 
-    def wait_round(self, index, timeout, progress):
-        """Post, wait for (under ``timeout`` seconds, with ``progress``) and finish round ``index``."""
-        reqs, peers, landing = self.post(index)
-        statuses = self.status_list(len(reqs))
-        if timeout is None and progress is None:
-            MPI.Request.Waitall(reqs, statuses)
-        else:
-            deadline = None if timeout is None else time.perf_counter() + timeout
-            wait_all(reqs, peers, deadline, self.op, index, self.schedule.rounds[index].phase, timeout, progress,
-                     statuses)
-        self.finish(index, landing, statuses)
+    def where(self, index, timeout):
+        """Return the :class:`~collectives.engine.waiting.Where` of round ``index`` for a timeout's error."""
+        return Where(self.name, index, self.schedule.rounds[index].phase, timeout)
 
 
-def check_received(status, buf, peer, op):
+def blocking(run, index):
+    """Complete round ``index`` with blocking calls: ``Sendrecv`` for one host send and one receive."""
+    sends, recvs = run.prog[index]
+    if run.posted is None and not run.staged and len(sends) == 1 and len(recvs) == 1:
+        dst, ssl, s_in = sends[0]
+        src, rsl, scr, _, _ = recvs[0]
+        buf = run.work[rsl] if scr is None else run.scratch[scr]
+        statuses = run.status_list(1)
+        if run.transport is not None:
+            run.transport.sync()
+        run.comm.Sendrecv(run.inp[ssl] if s_in else run.work[ssl], dst, run.tag, buf, src, run.tag, statuses[0])
+        run.posted = (None, None, ((buf, buf),))
+        return statuses
+    reqs = run.post(index)[0]
+    statuses = run.status_list(len(reqs))
+    MPI.Request.Waitall(reqs, statuses)
+    return statuses
+
+
+def testing(run, index):
+    """Post round ``index`` (once) and test it; return its statuses, or None while it is in flight."""
+    reqs = run.post(index)[0]
+    statuses = run.status_list(len(reqs))
+    return statuses if MPI.Request.Testall(reqs, statuses) else None
+
+
+class Timed:
+    """Complete a round within ``timeout`` seconds (None: no limit), calling ``progress`` while waiting.
+
+    Raises :class:`CollectiveTimeout` naming the silent peer when the round is not complete in time.
+    """
+
+    __slots__ = ("timeout", "progress")
+
+    def __init__(self, timeout, progress=None):
+        self.timeout, self.progress = timeout, progress
+
+    def __call__(self, run, index):
+        reqs, peers, _ = run.post(index)
+        statuses = run.status_list(len(reqs))
+        if self.progress is None and MPI.Request.Testall(reqs, statuses):
+            return statuses
+        deadline = None if self.timeout is None else time.perf_counter() + self.timeout
+        wait_all(reqs, peers, deadline, run.where(index, self.timeout), progress=self.progress, statuses=statuses)
+        return statuses
+
+
+def check_received(status, buf, peer, name):
     """Raise :class:`CollectiveMismatch` unless the message in ``status`` filled ``buf`` exactly."""
     got = status.Get_count(MPI.BYTE)
     if got != buf.nbytes and checks_enabled():
-        raise CollectiveMismatch(op, "message size", f"rank {peer} sent {got} bytes where this rank's schedule "
+        raise CollectiveMismatch(name, "message size", f"rank {peer} sent {got} bytes where this rank's schedule "
                                  f"expects {buf.nbytes}: the ranks disagree about the count, dtype or algorithm")
 
 
-def _resolve_input(schedule, work, inp, needed):
-    """Return (program, inp, final copies): compile for a separate input buffer when possible."""
-    if inp is None:
-        return schedule.program(), None, ()
-    compiled = schedule.program(True, needed) if inp.dtype == work.dtype else None
-    if compiled is None:  # a region is partly written before it is read: copy the input in first
-        if inp.size:
-            work[...] = inp
-        return schedule.program(), None, ()
-    return compiled[0], inp, compiled[1]
+def explain(exc, comm, tag):
+    """Return ``exc`` (a :class:`CollectiveTimeout`) with what the silent peer sent instead, when it sent anything."""
+    why = pending(comm, exc.peer, tag)
+    if not why:
+        return exc
+    return CollectiveTimeout(exc.collective, exc.peer, exc.round, exc.timeout, exc.phase, why)
 
 
-def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="collective", transport=None,
-            inp=None, needed=None, progress=None):
-    """Run ``schedule`` on ``comm`` over the flat ``work`` buffer, in place.
+def execute(run, *, timeout=None, progress=None):
+    """Run every round of ``run`` (a :class:`Run`) on its communicator, in place, and return ``run.work``.
 
     Parameters
     ----------
-    schedule : Schedule
-        This rank's schedule.
-    comm : mpi4py.MPI.Comm
-        The (duplicated) communicator; peers in the schedule are its ranks.
-    work : ndarray, shape (schedule.count,)
-        Flat buffer in the accumulation dtype; holds this rank's input (unless ``inp`` is given) and
-        receives the result.
-    scratch : ndarray, shape (>= schedule.scratch,)
-        Receive space for reducing receives, same dtype as ``work``.
-    ufunc : ufunc or None
-        Binary reduction (``add``, ``multiply``, ``minimum``, ``maximum``) of the array module.
-    tag : int
-        Message tag for every message of this call (it carries the call fingerprint).
+    run : Run
+        The schedule, communicator, buffers, reduction and tag of this call.
     timeout : float or None
         Seconds to wait for any one round before raising :class:`CollectiveTimeout`.
-    op : str
-        Collective name for error messages.
-    transport : DeviceTransport or None
-        For device buffers: stream synchronization and host staging (see ``collectives.backend``).
-    inp : ndarray, shape (schedule.count,), optional
-        This rank's input as a separate read-only buffer (it may alias ``work``): untouched regions
-        are sent from it and first reductions read it, which saves copying it into ``work``
-        (:meth:`Schedule.program` with ``from_input``).
-    needed : (int, int), optional
-        With ``inp``: the element range of ``work`` the caller reads afterwards (default all).
     progress : callable, optional
         Called while waiting, to advance non-blocking collectives in flight on the same communicator
         (a peer may be waiting in one of them before it joins this call).
+
+    Returns
+    -------
+    ndarray
+        ``run.work``, which holds the result.
 
     Raises
     ------
@@ -178,102 +250,38 @@ def execute(schedule, comm, work, scratch, ufunc, tag=0, timeout=None, op="colle
         sent instead, when it sent a message of another call.
     CollectiveMismatch
         A received message's size differs from the schedule's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpi4py import MPI
+    >>> from collectives.schedules.ring import ring_allreduce
+    >>> x = np.arange(4.0)
+    >>> execute(Run(ring_allreduce(0, 1, 4), MPI.COMM_SELF, x, scratch=np.empty(4), ufunc=np.add))
+    array([0., 1., 2., 3.])
     """
-    prog, inp, final = _resolve_input(schedule, work, inp, needed)
-    run = Run(schedule, comm, work, scratch, ufunc, tag, op, transport, inp, prog)
-    if transport is not None or progress is not None:
-        try:
-            for index in range(len(prog)):
-                run.wait_round(index, timeout, progress)
-        except CollectiveTimeout as exc:
-            why = pending(comm, exc.peer, tag)
-            if why:
-                raise CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why) from None
-            raise
-    elif timeout is not None:
-        try:
-            _execute_host_deadline(run, timeout)
-        except CollectiveTimeout as exc:
-            why = pending(comm, exc.peer, tag)
-            if why:
-                raise CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why) from None
-            raise
-    else:
-        _execute_host(run)
-    for sl in final:
-        work[sl] = inp[sl]
-    return work
-
-
-def _execute_host(run):
-    """The host fast path: as lean as a hand-written loop of Sendrecv calls."""
-    comm, work, scratch, tag, op = run.comm, run.work, run.scratch, run.tag, run.op
-    status = MPI.Status()
-    for sends, recvs in run.prog:
-        if len(sends) == 1 and len(recvs) == 1:
-            dst, ssl, s_in = sends[0]
-            src, rsl, scr, r_in, low = recvs[0]
-            buf = work[rsl] if scr is None else scratch[scr]
-            comm.Sendrecv(run.send_buf(ssl, s_in), dst, tag, buf, src, tag, status)
-            check_received(status, buf, src, op)
-            if scr is not None:
-                run.combine(buf, rsl, r_in, low)
-        elif not sends and len(recvs) == 1:
-            src, rsl, scr, r_in, low = recvs[0]
-            buf = work[rsl] if scr is None else scratch[scr]
-            comm.Recv(buf, src, tag, status)
-            check_received(status, buf, src, op)
-            if scr is not None:
-                run.combine(buf, rsl, r_in, low)
-        elif not recvs and len(sends) == 1:
-            dst, ssl, s_in = sends[0]
-            comm.Send(run.send_buf(ssl, s_in), dst, tag)
-        else:
-            reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag)
-                    for src, rsl, scr, _, _ in recvs]
-            reqs += [comm.Isend(run.send_buf(ssl, s_in), dst, tag) for dst, ssl, s_in in sends]
-            statuses = run.status_list(len(reqs))
-            MPI.Request.Waitall(reqs, statuses)
-            for (src, rsl, scr, r_in, low), st in zip(recvs, statuses):
-                buf = scratch[scr] if scr is not None else work[rsl]
-                check_received(st, buf, src, op)
-                if scr is not None:
-                    run.combine(buf, rsl, r_in, low)
-
-
-def _execute_host_deadline(run, timeout):
-    """The host path under a deadline: each round's messages posted directly, then one wait loop.
-
-    The same work as :func:`_execute_host`, with ``Irecv``/``Isend`` and :func:`wait_all` in place of
-    the blocking calls (MPI has no timed wait), and none of the device or progress machinery of
-    :meth:`Run.wait_round`.
-    """
-    comm, work, scratch, tag, op, rounds = run.comm, run.work, run.scratch, run.tag, run.op, run.schedule.rounds
-    for index, (sends, recvs) in enumerate(run.prog):
-        reqs = [comm.Irecv(scratch[scr] if scr is not None else work[rsl], src, tag) for src, rsl, scr, _, _ in recvs]
-        reqs += [comm.Isend(run.send_buf(ssl, s_in), dst, tag) for dst, ssl, s_in in sends]
-        statuses = run.status_list(len(reqs))
-        if not MPI.Request.Testall(reqs, statuses):
-            peers = [src for src, _, _, _, _ in recvs] + [-1 - dst for dst, _, _ in sends]
-            wait_all(reqs, peers, time.perf_counter() + timeout, op, index, rounds[index].phase, timeout, None,
-                     statuses)
-        for (src, rsl, scr, r_in, low), st in zip(recvs, statuses):
-            buf = scratch[scr] if scr is not None else work[rsl]
-            check_received(st, buf, src, op)
-            if scr is not None:
-                run.combine(buf, rsl, r_in, low)
-
-
-def run_schedule(ctx, key, sched, work, scratch, ufunc, timeout, xp, inp=None, needed=None):
-    """Begin the call ``key`` on ``ctx`` and :func:`execute` ``sched`` on its communicator.
-
-    The arguments after ``sched`` are :func:`execute`'s; ``xp`` selects the device transport. Any
-    failure marks ``ctx`` unusable (:meth:`~collectives.engine.context.Context.fail`) and is raised again.
-    """
-    name = key[0]
+    if timeout is None and progress is None:
+        run.advance(blocking)
+        return run.work
     try:
-        execute(sched, ctx.comm, work, scratch, ufunc, ctx.begin(key, timeout), timeout, name, ctx.transport(xp),
-                inp=inp, needed=needed, progress=ctx.progress if ctx.active else None)
+        run.advance(Timed(timeout, progress))
+    except CollectiveTimeout as exc:
+        raise explain(exc, run.comm, run.tag) from None
+    return run.work
+
+
+def run_schedule(ctx, key, run, *, timeout=None, xp=None):
+    """Begin the call ``key`` on ``ctx`` and :func:`execute` ``run`` on its communicator.
+
+    ``run`` is built on ``ctx.comm`` without a tag or transport: this sets the call's tag (from
+    :meth:`~collectives.engine.context.Context.begin`) and the device transport of ``xp``. Any failure
+    marks ``ctx`` unusable (:meth:`~collectives.engine.context.Context.fail`) and is raised again.
+    """
+    try:
+        run.tag = ctx.begin(key, timeout)
+        run.transport = ctx.transport(xp)
+        run.staged = run.transport is not None and not run.transport.direct
+        execute(run, timeout=timeout, progress=ctx.progress if ctx.active else None)
     except Exception as exc:
-        ctx.fail(f"{name}: {exc}")
+        ctx.fail(f"{key[0]}: {exc}")
         raise

@@ -37,7 +37,7 @@ from mpi4py import MPI
 from collectives.backend import COPY_DTYPES, OPS
 from collectives.schedules.registry import COLLECTIVES, REGISTRY
 from collectives.errors import CollectiveMismatch
-from collectives.engine.waiting import wait_all
+from collectives.engine.waiting import Where, wait_all
 
 __all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled",
            "exchange", "pending"]
@@ -234,7 +234,7 @@ def exchange(comm, key, seq, timeout=None, progress=None):
     table = numpy.empty((size, mine.size), numpy.int64)
     req = comm.Iallgather(mine, table)
     deadline = None if timeout is None else time.perf_counter() + timeout
-    wait_all([req], [None], deadline, key[0], 0, "debug fingerprint exchange", timeout, progress)
+    wait_all([req], [None], deadline, Where(key[0], 0, "debug fingerprint exchange", timeout), progress=progress)
     cols = {"collective": [0], "sequence": [1], "algorithm": [2], "count": [3], "dtype": [4], "op": [5],
             "root": [6], "grid": [7, 8], "call site": [9]}
     for field in FIELDS:

@@ -1,13 +1,9 @@
 """Non-blocking collectives: a :class:`Request` advanced by ``test()`` and completed by ``wait()``."""
-import time
 
-from mpi4py import MPI
 
 from collectives.backend import check_timeout
 from collectives.errors import CollectiveError, CollectiveTimeout
-from collectives.engine.executor import Run
-from collectives.engine.fingerprint import pending
-from collectives.engine.waiting import wait_all
+from collectives.engine.executor import Timed, explain, testing
 
 __all__ = ["Request"]
 
@@ -23,8 +19,8 @@ class Request:
 
     Parameters
     ----------
-    schedule, comm, work, scratch, ufunc, tag, op, transport
-        As for :func:`execute`.
+    run : collectives.engine.executor.Run
+        The schedule, communicator, buffers, reduction and tag of this call.
     finish : callable or None
         Called once with no arguments after the last round (final division for ``avg``, casting
         into the output); its return value becomes :attr:`result`.
@@ -34,50 +30,41 @@ class Request:
         Called with the error message when a wait times out (marks the communicator unusable).
     """
 
-    __slots__ = ("_run", "_op", "_index", "_pending", "_finish", "_active", "_on_fail", "_failed", "result",
-                 "done")
+    __slots__ = ("_run", "_finish", "_active", "_on_fail", "_failed", "result", "done")
 
-    def __init__(self, schedule, comm, work, scratch, ufunc, tag, op, transport=None, finish=None,
-                 active=None, on_fail=None):
-        self._run = Run(schedule, comm, work, scratch, ufunc, tag, op, transport)
-        self._op = op
-        self._index, self._pending, self._finish = 0, None, finish
+    def __init__(self, run, *, finish=None, active=None, on_fail=None):
+        self._run, self._finish = run, finish
         self._active, self._on_fail, self._failed = active, on_fail, None
         self.result, self.done = None, False
         if active is not None:
             active.add(self)
         self._advance()
 
-    def _advance(self):
+    def _advance(self, complete=testing):
+        """Run the rounds that ``complete`` finishes (by default those already arrived: the non-blocking form)."""
         if self.done or self._failed is not None:
             return
-        run = self._run
-        while self._index < len(run.prog):
-            if self._pending is None:
-                self._pending = (*run.post(self._index), None)
-            reqs, _, landing, statuses = self._pending
-            if statuses is None:  # not completed by wait(): test, filling fresh statuses
-                statuses = run.status_list(len(reqs))
-                if not MPI.Request.Testall(reqs, statuses):
-                    return
-            try:
-                run.finish(self._index, landing, statuses)
-            except CollectiveError as exc:
-                self._fail(exc)
-                raise
-            self._pending = None
-            self._index += 1
-        self.done = True
-        if self._active is not None:
-            self._active.discard(self)
-        self.result = self._finish() if self._finish is not None else run.work
+        try:
+            finished = self._run.advance(complete)
+        except CollectiveTimeout as exc:
+            exc = explain(exc, self._run.comm, self._run.tag)
+            self._fail(exc)
+            raise exc from None
+        except CollectiveError as exc:
+            self._fail(exc)
+            raise
+        if finished:
+            self.done = True
+            if self._active is not None:
+                self._active.discard(self)
+            self.result = self._finish() if self._finish is not None else self._run.work
 
     def _fail(self, exc):
         self._failed = str(exc)
         if self._active is not None:
             self._active.discard(self)
         if self._on_fail is not None:
-            self._on_fail(f"{self._op}: {exc}")
+            self._on_fail(f"{self._run.name}: {exc}")
 
     def _check(self):
         if self._failed is not None:
@@ -120,23 +107,5 @@ class Request:
         """
         timeout = check_timeout(timeout)
         self._check()
-        while not self.done:
-            if self._pending is None:
-                self._advance()
-                continue
-            reqs, peers, landing, _ = self._pending
-            deadline = None if timeout is None else time.perf_counter() + timeout
-            statuses = self._run.status_list(len(reqs))
-            try:
-                wait_all(reqs, peers, deadline, self._op, self._index,
-                         self._run.schedule.rounds[self._index].phase, timeout,
-                         self._progress_others if self._active else None, statuses)
-            except CollectiveTimeout as exc:
-                why = pending(self._run.comm, exc.peer, self._run.tag)
-                if why:
-                    exc = CollectiveTimeout(exc.op, exc.peer, exc.round, exc.timeout, exc.phase, why)
-                self._fail(exc)
-                raise exc from None
-            self._pending = (reqs, peers, landing, statuses)  # completed: _advance must not test again
-            self._advance()
+        self._advance(Timed(timeout, self._progress_others if self._active else None))
         return self.result

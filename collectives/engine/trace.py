@@ -23,7 +23,7 @@ import time
 
 import numpy
 
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["LANES", "start", "stop", "enabled", "span", "complete", "events", "gather", "write",
            "chrome_events"]
@@ -86,7 +86,7 @@ def start(comm=None, timeout=None):
     """
     global _on, _origin
     if comm is not None:
-        wait_all([comm.Ibarrier()], [None], deadline_of(timeout), "barrier", 0, "trace start", timeout)
+        wait_all([comm.Ibarrier()], [None], deadline_of(timeout), Where("barrier", 0, "trace start", timeout))
     _origin = time.perf_counter()
     _events.clear()
     _on = True

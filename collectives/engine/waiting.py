@@ -4,13 +4,14 @@ Used by the executor's rounds, the non-blocking :class:`~collectives.engine.requ
 library path (:mod:`collectives.library.call`) and the debug-mode fingerprint exchange.
 """
 import os
+from collections import namedtuple
 import time
 
 from mpi4py import MPI
 
 from collectives.errors import CollectiveTimeout
 
-__all__ = ["wait_all", "wait_within", "deadline_of"]
+__all__ = ["Where", "wait_all", "wait_within", "deadline_of"]
 
 #: Seconds a wait spins on ``MPI_Testall`` (yielding the core every 64 tests, as MPICH's own waits
 #: yield after a number of polls) before it sleeps 50 us between tests. Sleeping after 200 tests, as
@@ -55,10 +56,15 @@ def wait_within(req, timeout, op, phase):
     CollectiveTimeout
         When ``req`` has not completed after ``timeout`` seconds.
     """
-    wait_all([req], [None], deadline_of(timeout), op, 0, phase, timeout)
+    wait_all([req], [None], deadline_of(timeout), Where(op, 0, phase, timeout))
 
 
-def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, statuses=None, each=False):
+#: Where a wait happens, for its timeout's error: the collective's name, the round index, the
+#: phase's name and the limit in seconds.
+Where = namedtuple("Where", "name index phase timeout")
+
+
+def wait_all(reqs, peers, deadline, where, *, progress=None, statuses=None, each=False):
     """Wait for ``reqs`` until ``deadline`` (seconds, perf_counter); raise CollectiveTimeout then.
 
     Parameters
@@ -69,8 +75,8 @@ def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, st
         None a request inside the MPI library.
     deadline : float or None
         ``time.perf_counter()`` value; None waits forever.
-    op, index, phase, timeout
-        For the error: collective name, round index, phase name, the limit in seconds.
+    where : Where
+        For the error: the collective's name, round index, phase name and the limit in seconds.
     progress : callable, optional
         Called while waiting, to advance other non-blocking collectives.
     statuses : list of mpi4py.MPI.Status, optional
@@ -117,7 +123,7 @@ def wait_all(reqs, peers, deadline, op, index, phase, timeout, progress=None, st
             for p, r in pending:
                 if p is not None and p >= 0:
                     r.Cancel()
-            raise CollectiveTimeout(op, peer, index, timeout, phase)
+            raise CollectiveTimeout(where.name, peer, where.index, where.timeout, where.phase)
         if slow is None:
             slow = now + _SPIN_SECONDS
         elif now > slow:

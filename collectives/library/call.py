@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from collectives.errors import CollectiveMismatch, CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, describe, key_code
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
            "call", "run_library", "key_code"]
@@ -148,8 +148,7 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
             else:
                 MPI.Request.Waitall(reqs, statuses)
         else:
-            wait_all(reqs, [None] * len(reqs), deadline_of(timeout), name, 0, f"MPI_{method[1:]}", timeout,
-                     ctx.progress if ctx.active else None, statuses)
+            wait_all(reqs, [None] * len(reqs), deadline_of(timeout), Where(name, 0, f"MPI_{method[1:]}", timeout), progress=ctx.progress if ctx.active else None, statuses=statuses)
     except CollectiveTimeout as exc:
         ctx.fail(f"{name}: {exc}")
         raise

@@ -32,7 +32,7 @@ from collectives.errors import CollectiveMismatch, CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code
 from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, check_values, mismatch
 from collectives.model.auto import _STATE as _SELECT, _ensure_loaded
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["LibraryPlan", "fast_allreduce", "library_plan", "remember"]
 
@@ -132,8 +132,7 @@ class LibraryPlan:
                 else:
                     MPI.Request.Waitall(self.reqs)
             else:
-                wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), "allreduce", 0,
-                         "MPI_Allreduce", timeout, ctx.progress if ctx.active else None, each=self.persistent)
+                wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), Where("allreduce", 0, "MPI_Allreduce", timeout), progress=ctx.progress if ctx.active else None, each=self.persistent)
         except CollectiveTimeout as exc:
             self._failed(str(exc))
             raise

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import collectives
 import collectives.schedules.registry
 from collectives import backend
-from collectives.engine.executor import execute
+from collectives.engine.executor import Run, execute
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["finish", "ring_direct", "ring_execute", "mpi_persistent", "persistent", "auto_timeout", "limit", "gloo",
@@ -72,7 +72,7 @@ def ring_execute(comm, x, out, redop):
 
     def run():
         np.copyto(work, x.reshape(-1), casting="unsafe")
-        execute(sched, comm, work, scratch, ufunc, 0)
+        execute(Run(sched, comm, work, scratch=scratch, ufunc=ufunc))
         return finish(work, out.reshape(-1), redop, P).reshape(out.shape)
 
     return run

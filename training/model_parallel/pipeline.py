@@ -26,7 +26,7 @@ import time
 
 from mpi4py import MPI
 
-from collectives.engine.waiting import deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, wait_all
 from training.nn import Linear, SoftmaxCrossEntropy, get_array_module
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
@@ -196,8 +196,7 @@ class PipelineStage:
     def _slot(self):
         for slot in self.slots:
             if slot["mb"] is None:  # its buffers are ours again once its sends are done
-                wait_all(slot["sends"], [None] * len(slot["sends"]), deadline_of(self.timeout), "pipeline send",
-                         0, "slot reuse", self.timeout)
+                wait_all(slot["sends"], [None] * len(slot["sends"]), deadline_of(self.timeout), Where("pipeline send", 0, "slot reuse", self.timeout))
                 slot["sends"] = []
                 return slot
         layers = []
@@ -214,8 +213,7 @@ class PipelineStage:
         if buf is None or buf.shape != (rows, width):
             buf = slot["recv"][key] = get_array_module(self.model.params).empty((rows, width), self.model.dtype)
         req, status = self.comm.Irecv(buf, source=src, tag=tag), MPI.Status()
-        wait_all([req], [src], deadline_of(self.timeout), "pipeline receive", tag // 2,
-                 "forward" if tag % 2 == 0 else "backward", self.timeout, statuses=[status])
+        wait_all([req], [src], deadline_of(self.timeout), Where("pipeline receive", tag // 2, "forward" if tag % 2 == 0 else "backward", self.timeout), statuses=[status])
         if status.Get_count(MPI.BYTE) != buf.nbytes:  # a larger message fails in MPI itself
             raise RuntimeError(f"pipeline stage {self.stage}: stage {src} sent {status.Get_count(MPI.BYTE)} "
                                f"bytes for micro-batch {tag // 2}, expected {buf.nbytes}")
@@ -291,8 +289,7 @@ class PipelineStage:
                 slot["mb"] = None
         w0 = time.perf_counter()
         pending = [r for slot in self.slots for r in slot["sends"]]
-        wait_all(pending, [None] * len(pending), deadline_of(self.timeout), "pipeline send", 0, "drain",
-                 self.timeout)
+        wait_all(pending, [None] * len(pending), deadline_of(self.timeout), Where("pipeline send", 0, "drain", self.timeout))
         for slot in self.slots:
             slot["sends"] = []
         wall = time.perf_counter() - t0
@@ -325,6 +322,5 @@ class PipelineStage:
             return h
         _sync(h)
         req = self.comm.Isend(h, dest=self.stage + 1, tag=0)
-        wait_all([req], [-1 - (self.stage + 1)], deadline_of(self.timeout), "pipeline send", 0, "forward",
-                 self.timeout)
+        wait_all([req], [-1 - (self.stage + 1)], deadline_of(self.timeout), Where("pipeline send", 0, "forward", self.timeout))
         return None
