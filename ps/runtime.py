@@ -116,8 +116,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
         t0 = time.monotonic()
         if rank < opts.servers:
             shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
-            server = Server(pscomm, rank, workers, shard, offsets[rank], n, opts, make_optimizer,
-                            on_push if rank == 0 else None)
+            server = Server(pscomm, rank, workers, shard, n, opts, make_optimizer,
+                            on_push=on_push if rank == 0 else None)
             server.serve(t0)
             wall = server.elapsed()
             if rank != 0:

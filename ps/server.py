@@ -20,6 +20,7 @@ import numpy as np
 
 from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
+from ps.sharding import shard_offsets
 from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.state import ServerOptimizer
 from ps.store import read_npz, write_npz
@@ -60,8 +61,9 @@ class Server:
         Ranks of the workers, in worker-index order.
     shard : ndarray, shape (n_r,), float32 or float64
         Initial parameters of this shard (owned and updated in place).
-    offset, total : int
-        First element of the shard in the flat vector, and the flat vector's length.
+    total : int
+        The flat parameter vector's length; the shard is this server's part of it under
+        :func:`ps.sharding.shard_offsets` (its first element is ``shard_offsets(total, opts.servers)[index]``).
     opts : ps.options.PSOptions
         Run settings (consistency, budget, learning rate, timeouts, checkpoints).
     make_optimizer : callable
@@ -76,12 +78,13 @@ class Server:
         When a checkpoint to resume from does not match this shard.
     """
 
-    def __init__(self, comm, index, worker_ranks, shard, offset, total, opts, make_optimizer, on_push=None):
+    def __init__(self, comm, index, worker_ranks, shard, total, opts, make_optimizer, *, on_push=None):
         self.comm, self.index, self.opts = comm, int(index), opts
         self.worker_ranks = list(worker_ranks)
         self.rank_to_worker = {r: w for w, r in enumerate(self.worker_ranks)}
         self.n_workers = len(self.worker_ranks)
-        self.params, self.offset, self.total = shard, int(offset), int(total)
+        self.params, self.total = shard, int(total)
+        self.offset = int(shard_offsets(self.total, opts.servers)[self.index])
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
         self.opt = ServerOptimizer(shard, make_optimizer, opts.lr, opts.lr_schedule, opts.staleness_lr)

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+from collections import namedtuple
 
 import numpy
 from mpi4py import MPI
@@ -171,7 +172,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
             _log.info(_nothing_to_do(cfg, run_dir, state.epoch))
-        return _summary(t, comm, run_dir, *data, cfg.eval_batch, timeout=cfg.timeout)
+        return _summary(t, comm, run_dir, data, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
     table = EpochTable()
@@ -183,13 +184,12 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, per_epoch, writer, bar,
-                            t_start)
+        loop = _Loop(per_epoch, writer, bar, t_start)
+        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, loop)
         with trace.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
             test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], comm, cfg.eval_batch, cfg.timeout)
-        rec = _end_epoch(t, cfg, comm, epoch, sums, (train_acc, test_acc), state.skipped - skipped0, per_epoch,
-                         t_start)
+        rec = _end_epoch(t, cfg, comm, epoch, sums, (train_acc, test_acc), state.skipped - skipped0, loop)
         writer.epoch(rec)
         if bar is not None:
             bar.write(table.row(rec))
@@ -200,7 +200,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         bar.close()
     if cfg.trace:
         write_trace(cfg.trace, comm, cfg.timeout)
-    summary = _summary(t, comm, run_dir, *data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
+    summary = _summary(t, comm, run_dir, data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
     if rank == 0:
         summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"))
         write_json(os.path.join(run_dir, "summary.json"), summary)
@@ -231,7 +231,12 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
     return bar
 
 
-def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, bar, t_start):
+#: What every step and epoch of a data-parallel run reports to: steps per epoch, the step-record
+#: writer, the progress bar (rank 0) and the run's start (``time.perf_counter()``, seconds).
+_Loop = namedtuple("_Loop", "per_epoch writer bar t_start")
+
+
+def _train_epoch(t, cfg, comm, batches, data, loop):
     """Run the steps of one epoch on this rank's ``batches`` (index arrays); write one record per step.
 
     Returns
@@ -241,6 +246,7 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, bar, t_start):
         steps that were not skipped).
     """
     state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
+    per_epoch, writer, bar, t_start = loop
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
     for batch in batches:
         batch = t.xp.asarray(batch)
@@ -260,13 +266,13 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, bar, t_start):
     return sums
 
 
-def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, per_epoch, t_start):
+def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, loop):
     """Sum the ranks' ``sums``, add the epoch to the run's counters and return its record.
 
     The epoch's times and bytes are means over ranks; its loss is the mean over every rank's
     steps that were not skipped.
     """
-    P, state = comm.size, t.state
+    P, state, per_epoch, t_start = comm.size, t.state, loop.per_epoch, loop.t_start
     vec = numpy.array([sums[k] for k in _EPOCH_SUMS])
     collectives.allreduce(vec, comm=comm, op="sum", algorithm=CONTROL_ALGORITHM, out=vec,
                           timeout=cfg.timeout)  # per-rank sums -> sums over ranks
@@ -302,12 +308,14 @@ def _nothing_to_do(cfg, run_dir, epoch):
     return f"nothing to do: {run_dir} is already at {where}"
 
 
-def _summary(t, comm, run_dir, x_tr, y_tr, x_te, y_te, eval_batch, accs=(None, None), timeout=None):
+def _summary(t, comm, run_dir, data, eval_batch, accs=(None, None), timeout=None):
     """Return the run summary; the accuracies are evaluated here when not given.
 
-    Every collective here waits at most ``timeout`` seconds for a peer.
+    ``data`` is ``(x_train, y_train, x_test, y_test)``. Every collective here waits at most ``timeout``
+    seconds for a peer.
     """
     model, state = t.model, t.state
+    x_tr, y_tr, x_te, y_te = data
     train_acc, test_acc = accs
     if test_acc is None:
         train_acc, _ = evaluate(model, t.loss_fn, x_tr, y_tr, comm, eval_batch, timeout)

@@ -1,0 +1,79 @@
+"""The shape of the package: the public face, and the pure parts that run without MPI."""
+import os
+import subprocess
+import sys
+
+import collectives
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_NO_MPI = r"""
+import sys
+
+class Block:  # mpi4py is not installed, as far as this process can tell
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py" or name.startswith("mpi4py."):
+            raise ImportError("No module named 'mpi4py' (blocked by the test)")
+
+sys.meta_path.insert(0, Block())
+import numpy as np
+import collectives
+from collectives.errors import CommlabError, Timeout, CollectiveTimeout
+from collectives.schedules.registry import build_allreduce_schedule
+from collectives.model.simulate import replay
+from collectives.model import cost
+from collectives.compression import make_compressor
+
+P, n = 5, 23
+xs = [np.arange(n, dtype=np.float64) * (r + 1) for r in range(P)]
+for alg in ("ring", "tree", "recursive_doubling", "rabenseifner"):
+    data = [x.copy() for x in xs]
+    replay([build_allreduce_schedule(alg, r, P, n) for r in range(P)], data)
+    assert all(np.allclose(d, sum(xs)) for d in data), alg  # NumPy's sum is the oracle
+assert cost.predict("ring", 64, 1 << 20, {"alpha": 1e-6, "beta": 1e-9, "gamma": 1e-10}) > 0
+c = make_compressor("topk", ratio=0.25)
+payloads, ctx = c.compress(np.arange(8.0, dtype=np.float32), "g")
+assert c.decompress(payloads, ctx).shape == (8,)
+assert issubclass(CollectiveTimeout, Timeout) and issubclass(Timeout, CommlabError)
+assert not any(m.startswith("mpi4py") for m in sys.modules)
+print("pure parts ran without mpi4py")
+"""
+
+
+def test_pure_parts_import_and_run_without_mpi4py():
+    proc = subprocess.run([sys.executable, "-c", _NO_MPI], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pure parts ran without mpi4py" in proc.stdout
+
+
+def test_importing_collectives_starts_no_mpi():
+    code = "import sys, collectives; assert 'mpi4py' not in sys.modules, sorted(sys.modules); print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_public_face_holds_only_the_collectives_request_plan_algorithms_and_errors():
+    assert set(collectives.__all__) == {
+        "allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "allgather", "broadcast", "reduce",
+        "Request", "AllreducePlan", "ALGORITHMS",
+        "CommlabError", "Timeout", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout"}
+    for name in collectives.__all__:
+        assert getattr(collectives, name) is not None
+    try:
+        collectives.execute
+    except AttributeError as e:
+        assert "execute" in str(e)
+    else:
+        raise AssertionError("an engine internal is on the public face")
+
+
+def test_every_error_raised_on_purpose_has_one_root():
+    from collectives.errors import CommlabError, ScheduleDeadlock, Timeout
+    from ps.protocol import PSError, PSTimeout
+    from ps.store import CheckpointError
+    from training.checkpoint import RunDirError
+    for cls in (collectives.CollectiveError, collectives.CollectiveMismatch, collectives.CollectiveTimeout, PSError,
+                PSTimeout, CheckpointError, RunDirError, ScheduleDeadlock):
+        assert issubclass(cls, CommlabError), cls
+    assert issubclass(PSTimeout, Timeout) and issubclass(collectives.CollectiveTimeout, Timeout)
+    assert issubclass(CheckpointError, ValueError) and issubclass(PSError, RuntimeError)  # what callers caught before
