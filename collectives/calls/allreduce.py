@@ -143,14 +143,23 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
     """
     if args:
         positional('allreduce', args)
+    if type(x) is numpy.ndarray and (out is None or type(out) is numpy.ndarray):
+        return _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate)
+    x, out, wrap = adopt(x, out)  # a DLPack tensor (PyTorch, JAX) or a device array, read in place
+    result = _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate)
+    return result if wrap is None else wrap(result)
+
+
+def _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate):
+    """The all-reduce of an adopted ``x``: its cached plan, else check every argument, then one route.
+
+    The routes: the library call (a cached plan, or a fresh ``MPI_Iallreduce``) or a schedule run by
+    the executor.
+    """
     if type(x) is numpy.ndarray and grid is None and accumulate == "float32" and type(op) is str:
         got = fast_allreduce(x, comm, op, algorithm, out, timeout)  # a repeated small call: its cache
         if got is not None:
             return got
-    if type(x) is not numpy.ndarray or (out is not None and type(out) is not numpy.ndarray):
-        x, out, wrap = adopt(x, out)
-        if wrap is not None:
-            return wrap(allreduce(x, comm=comm, op=op, algorithm=algorithm, out=out, timeout=timeout, grid=grid, accumulate=accumulate))
     if type(op) is not str:
         op = op_name(op)
     given = algorithm
