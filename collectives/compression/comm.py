@@ -10,9 +10,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import collectives
 import collectives.engine.context
 import collectives.schedules.registry
+from collectives.calls.allgather import allgather
+from collectives.calls.allreduce import allreduce
 
 from .base import TRANSPORTS, check_tensor, get_array_module, payload_nbytes
 from .sparse import scatter_add
@@ -33,7 +34,7 @@ class _Call:
 
     def allreduce_sum(self, buf, accumulate="float32"):
         """Return the sum over ranks of the 1-D array ``buf`` and count its wire bytes."""
-        out = collectives.allreduce(buf, comm=self.comm, op="sum", algorithm=self.algorithm,
+        out = allreduce(buf, comm=self.comm, op="sum", algorithm=self.algorithm,
                                     accumulate=accumulate, timeout=self.timeout)
         _wire(self.wire, self.comm)
         return out
@@ -77,7 +78,7 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     counts = np.array([p.size for p in payloads], np.int64)
     header = 0
     if variable_size:
-        all_counts = collectives.allgather(counts, comm=comm, algorithm=algorithm, timeout=timeout)
+        all_counts = allgather(counts, comm=comm, algorithm=algorithm, timeout=timeout)
         _wire(wire, comm)
         all_counts = np.asarray(all_counts).reshape(comm.Get_size(), len(payloads))
         header = int(counts.nbytes)
@@ -87,7 +88,7 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
     lengths = [int(row @ itemsizes) for row in all_counts]  # bytes of each rank's payloads
     parts = [xp.ascontiguousarray(p).ravel().view(np.uint8) for p in payloads]
     blob = xp.concatenate(parts) if parts else xp.zeros(0, np.uint8)
-    everything = collectives.allgather(blob, comm=comm, algorithm=algorithm, timeout=timeout)
+    everything = allgather(blob, comm=comm, algorithm=algorithm, timeout=timeout)
     _wire(wire, comm)
     gathered, start = [], 0
     for row, length in zip(all_counts, lengths):

@@ -2,10 +2,10 @@
 import numpy as np
 from mpi4py import MPI
 
-import collectives
 import collectives.engine.context
 import collectives.schedules.registry
 from collectives.backend import to_host
+from collectives.calls.allreduce import ALGORITHMS
 from collectives.engine.waiting import wait_within
 
 from .base import ErrorFeedback, check_tensor
@@ -54,8 +54,8 @@ class CompressionHook:
 
     def __init__(self, compressor, memory=None, comm=None, algorithm="auto",
                  gather_algorithm="ring", name="grad", timeout=None):
-        if algorithm not in collectives.ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {sorted(collectives.ALGORITHMS)}, got {algorithm!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
         gathers = collectives.schedules.registry.OP_ALGORITHMS["allgather"]
         if gather_algorithm not in gathers:
             raise ValueError(f"gather_algorithm must be one of {gathers}, got {gather_algorithm!r}")
