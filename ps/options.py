@@ -27,7 +27,7 @@ class PSOptions:
     budget: int = 100               # pushes (worker gradients) the servers apply before STOP
     lr: float = 0.1                 # base learning rate (dimensionless step size); the update rule
                                     # itself is the optimizer given to ps.runtime.run
-    lr_schedule: str = "constant"   # "constant" or "cosine" over the horizon
+    lr_at: object = None            # the caller's schedule, lr_at(pushes, horizon) -> step size; None: lr
     horizon: int = 0                # pushes over which the schedule runs (0: the budget)
     ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
     straggler: str = ""             # "RANK:FACTOR": that worker's step takes FACTOR x its compute time

@@ -87,7 +87,7 @@ class Server:
         self.offset = int(shard_offsets(self.total, opts.servers)[self.index])
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
-        self.opt = ServerOptimizer(shard, make_optimizer, opts.lr, opts.lr_schedule, opts.staleness_lr)
+        self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at, staleness_lr=opts.staleness_lr)
         self.on_push = on_push
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> clock of its deferred pull

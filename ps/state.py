@@ -5,8 +5,9 @@ workers push gradients, servers own the parameters and the optimizer state of th
 update rule itself (SGD with momentum, Adam...) is the caller's: the server is handed a factory
 that builds an optimizer over the shard's flat buffers, and decides only the step size:
 
-* the learning-rate schedule (constant or cosine) over the training progress, computed by
-  :func:`schedule_lr`, the one implementation the trainer's data-parallel driver uses as well;
+* the learning-rate schedule over the training progress: the rule ``lr_at(pushes, horizon)`` the
+  caller hands it (the trainer hands ``training.optim.lr_rule``, the one implementation its
+  data-parallel driver uses as well), else the constant ``lr``;
 * the staleness-aware learning rate (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD for
   Distributed Deep Learning", IJCAI 2016, section 3): the step of a gradient whose staleness is
   ``tau`` clocks is ``lr / max(1, tau)``;
@@ -16,52 +17,13 @@ that builds an optimizer over the shard's flat buffers, and decides only the ste
 ``state_dict()`` gives plain arrays; the server writes them with :func:`ps.store.write_npz`
 (atomic, no pickle, SHA-256 inside) and reads them back verified.
 """
-import math
 
 import numpy as np
 
-__all__ = ["ServerOptimizer", "schedule_lr", "SCHEDULES"]
+__all__ = ["ServerOptimizer"]
 
-SCHEDULES = ("constant", "cosine")  #: learning-rate schedules of :func:`schedule_lr`
 _PREFIX = "optim/"  # checkpoint keys of the optimizer state, beside the server's own (as the trainer's)
 _OLD_PREFIX = "opt_"  # the same keys in server checkpoints written before they matched the trainer's
-
-
-def schedule_lr(schedule, lr, step, total_steps):
-    """Return the learning rate of update ``step`` (0-based) of ``total_steps`` under ``schedule``.
-
-    Cosine decay from ``lr`` to 0 (Loshchilov and Hutter, "SGDR: Stochastic Gradient Descent with
-    Warm Restarts", ICLR 2017, section 3, one cycle without restarts):
-    ``lr * (1 + cos(pi * min(step, total_steps) / total_steps)) / 2``, computed in that order; the
-    constant schedule, or ``total_steps <= 0``, returns ``lr``. The data-parallel trainer
-    (``training.train.lr_at``, steps) and the parameter servers (:meth:`ServerOptimizer.rate`,
-    pushes) both call this, so the two agree to the last bit at equal arguments.
-
-    Parameters
-    ----------
-    schedule : {"constant", "cosine"}
-        The schedule.
-    lr : float
-        Base learning rate (dimensionless step size).
-    step : int or float
-        Updates done so far, in the unit of ``total_steps`` (steps, clocks or pushes), >= 0.
-    total_steps : int or float
-        Updates over which the cosine decays to 0.
-
-    Returns
-    -------
-    float
-
-    Raises
-    ------
-    ValueError
-        When ``schedule`` is not one of :data:`SCHEDULES`.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {schedule!r}")
-    if schedule == "cosine" and total_steps > 0:
-        return lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-    return lr
 
 
 class ServerOptimizer:
@@ -77,9 +39,9 @@ class ServerOptimizer:
         ``lr`` attribute (set here before every update), ``step()`` (one update of ``params``
         from ``grads``), ``state_dict()`` and ``load_state_dict()``.
     lr : float
-        Base learning rate (dimensionless step size), > 0.
-    lr_schedule : {"constant", "cosine"}
-        Learning-rate schedule over the training progress (0 .. 1).
+        Base learning rate (dimensionless step size), > 0: the step size when ``lr_at`` is None.
+    lr_at : callable, optional
+        ``lr_at(step, total_steps) -> float``: the caller's learning-rate schedule over the pushes.
     staleness_lr : bool
         Divide the step by ``max(1, tau)`` (Zhang et al. 2016).
 
@@ -91,16 +53,16 @@ class ServerOptimizer:
         When ``make_optimizer`` is not callable.
     """
 
-    __slots__ = ("lr", "lr_schedule", "staleness_lr", "grads", "optimizer")
+    __slots__ = ("lr", "lr_at", "staleness_lr", "grads", "optimizer")
 
-    def __init__(self, params, make_optimizer, lr=0.1, lr_schedule="constant", staleness_lr=False):
+    def __init__(self, params, make_optimizer, lr=0.1, lr_at=None, staleness_lr=False):
         if not callable(make_optimizer):
             raise TypeError(f"make_optimizer must be callable, got {type(make_optimizer).__name__}")
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
-        if lr_schedule not in SCHEDULES:
-            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
-        self.lr, self.lr_schedule, self.staleness_lr = float(lr), lr_schedule, bool(staleness_lr)
+        if lr_at is not None and not callable(lr_at):
+            raise TypeError(f"lr_at must be callable (step, total_steps) -> float, got {type(lr_at).__name__}")
+        self.lr, self.lr_at, self.staleness_lr = float(lr), lr_at, bool(staleness_lr)
         self.grads = np.zeros_like(params)  # the gradient of the update being applied, shape (n,)
         self.optimizer = make_optimizer(params, self.grads)
 
@@ -129,7 +91,7 @@ class ServerOptimizer:
         -------
         float
         """
-        lr = schedule_lr(self.lr_schedule, self.lr, step, total_steps) / divisor
+        lr = (self.lr if self.lr_at is None else self.lr_at(step, total_steps)) / divisor
         if self.staleness_lr:
             lr /= max(1.0, float(staleness))
         return lr

@@ -8,7 +8,8 @@ import pytest
 from ps.consistency import DONE, DROPPED, ClockBuckets, ClockTable
 from ps.options import PSOptions, parse_rank_spec
 from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
-from ps.state import ServerOptimizer, schedule_lr
+from ps.state import ServerOptimizer
+from training.optim import lr_rule, schedule_lr
 from ps.store import read_npz, write_npz
 from training.optim import SGD, Adam
 
@@ -110,7 +111,7 @@ def test_server_optimizer_matches_trainer_optimizer(kind):
 
 
 def test_staleness_aware_rate_and_cosine():
-    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, lr_schedule="cosine")
+    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.8, staleness_lr=True, lr_at=lr_rule("cosine", 0.8))
     assert opt.rate(0, 10, 4, 2) == pytest.approx(0.8 / 2 / 4)
     assert opt.rate(0, 10, 0.5) == pytest.approx(0.8)  # staleness below 1 does not raise the step
     assert opt.rate(10, 10, 0) == pytest.approx(0.0)
@@ -123,7 +124,7 @@ def test_one_cosine_schedule_for_trainer_and_servers():
     from training.train import lr_at
 
     cfg = Config(lr=0.3, lr_schedule="cosine")
-    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.3, lr_schedule="cosine")
+    opt = ServerOptimizer(np.zeros(1), SGD, lr=0.3, lr_at=lr_rule("cosine", 0.3))
     for step, total in ((0, 7), (3, 7), (7, 7), (9, 7), (123, 1000), (5, 0)):
         assert lr_at(cfg, step, total) == opt.rate(step, total) == schedule_lr("cosine", 0.3, step, total)
         want = 0.3 if total == 0 else 0.3 * (1 + np.cos(np.pi * min(step, total) / total)) / 2

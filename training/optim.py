@@ -12,7 +12,9 @@ import numpy
 
 from training.nn import get_array_module
 
-__all__ = ["Optimizer", "SGD", "Adam", "optimizer_factory", "make_optimizer"]
+__all__ = ["Optimizer", "SGD", "Adam", "optimizer_factory", "make_optimizer", "SCHEDULES", "schedule_lr", "lr_rule"]
+
+SCHEDULES = ("constant", "cosine")  #: learning-rate schedules of :func:`schedule_lr`
 
 _CHUNK = 1 << 16  # elements per chunk: Adam's six arrays of this size (1.5 MiB in float32) stay in L2 cache
 
@@ -220,3 +222,62 @@ def make_optimizer(cfg, model):
         When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
     """
     return optimizer_factory(cfg)(model.params, model.grads)
+
+
+def schedule_lr(schedule, lr, step, total_steps):
+    """Return the learning rate of update ``step`` (0-based) of ``total_steps`` under ``schedule``.
+
+    Cosine decay from ``lr`` to 0 (Loshchilov and Hutter, "SGDR: Stochastic Gradient Descent with
+    Warm Restarts", ICLR 2017, section 3, one cycle without restarts):
+    ``lr * (1 + cos(pi * min(step, total_steps) / total_steps)) / 2``, computed in that order; the
+    constant schedule, or ``total_steps <= 0``, returns ``lr``. The data-parallel trainer
+    (``training.train.lr_at``, steps) calls it, and hands it to the parameter servers
+    (:func:`lr_rule`, called by ``ps.state.ServerOptimizer.rate`` with pushes), so the two agree to
+    the last bit at equal arguments.
+
+    Parameters
+    ----------
+    schedule : {"constant", "cosine"}
+        The schedule.
+    lr : float
+        Base learning rate (dimensionless step size).
+    step : int or float
+        Updates done so far, in the unit of ``total_steps`` (steps, clocks or pushes), >= 0.
+    total_steps : int or float
+        Updates over which the cosine decays to 0.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        When ``schedule`` is not one of :data:`SCHEDULES`.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {schedule!r}")
+    if schedule == "cosine" and total_steps > 0:
+        return lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+    return lr
+
+
+def lr_rule(schedule, lr):
+    """Return the learning-rate rule ``rule(step, total_steps) -> float`` of ``schedule`` over ``lr``.
+
+    What the trainer hands the parameter servers (``ps.options.PSOptions.lr_at``), so that the
+    server's step sizes come from the same :func:`schedule_lr` as the data-parallel trainer's.
+
+    Raises
+    ------
+    ValueError
+        When ``schedule`` is not one of :data:`SCHEDULES`.
+
+    Examples
+    --------
+    >>> lr_rule("cosine", 0.4)(5, 10)
+    0.2
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {schedule!r}")
+    return functools.partial(schedule_lr, schedule, float(lr))

@@ -24,7 +24,6 @@ import collectives.engine.policy
 from collectives.engine import trace
 from collectives.log import get_logger, setup_logging
 from ps.protocol import PSError, PSTimeout
-from ps.state import schedule_lr
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint, saved_epochs)
@@ -33,7 +32,7 @@ from training.data import load_dataset
 from training.job import all_failed, array_module, set_threads
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
+from training.optim import make_optimizer, schedule_lr
 from training.layout import verify_param_layout
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.progress import progress_bar, write_trace
@@ -82,7 +81,7 @@ def check_run(cfg, comm):
 def lr_at(cfg, step, total_steps):
     """Return the learning rate of global step ``step`` (0-based) of ``total_steps``.
 
-    ``cfg.lr_schedule`` over ``cfg.lr`` by :func:`ps.state.schedule_lr`, the one implementation
+    ``cfg.lr_schedule`` over ``cfg.lr`` by :func:`training.optim.schedule_lr`, the one implementation
     the parameter servers use as well.
     """
     return schedule_lr(cfg.lr_schedule, cfg.lr, step, total_steps)

@@ -31,7 +31,7 @@ from training.checkpoint import unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
-from training.optim import optimizer_factory
+from training.optim import lr_rule, optimizer_factory
 from training.dp.data_parallel import compute_gradient, is_finite
 from training.progress import progress_bar, write_trace
 from training.ps_mode.report import evaluate_snapshots, write_records
@@ -137,7 +137,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
     opts = PSOptions(
         servers=cfg.servers, consistency=cfg.consistency, staleness=cfg.staleness,
         staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, lr=cfg.lr,
-        lr_schedule=cfg.lr_schedule, horizon=W * per_epoch * cfg.epochs,
+        lr_at=lr_rule(cfg.lr_schedule, cfg.lr), horizon=W * per_epoch * cfg.epochs,
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
         fail_worker=cfg.fail_worker, worker_batch=cfg.batch_size // W, balance=cfg.balance,
         snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
