@@ -77,3 +77,21 @@ def test_every_error_raised_on_purpose_has_one_root():
         assert issubclass(cls, CommlabError), cls
     assert issubclass(PSTimeout, Timeout) and issubclass(collectives.CollectiveTimeout, Timeout)
     assert issubclass(CheckpointError, ValueError) and issubclass(PSError, RuntimeError)  # what callers caught before
+
+
+def test_every_gradient_hook_implements_the_one_contract():
+    import numpy as np
+    from mpi4py import MPI
+
+    from collectives.compression import make_hook
+    from collectives.compression.hook import GradientHook
+    from training.dp.data_parallel import AllreduceHook
+
+    grad = np.arange(6, dtype=np.float32)
+    for hook in (AllreduceHook(MPI.COMM_SELF, algorithm="ring"), make_hook("topk", comm=MPI.COMM_SELF, ratio=0.5)):
+        assert isinstance(hook, GradientHook), type(hook)
+        reduced, info = hook(grad.copy())  # one rank: the mean is the (decompressed) gradient itself
+        assert reduced.shape == grad.shape and {"bytes_sent", "compress_s", "decompress_s"} <= set(info)
+        assert isinstance(hook.state_dict(), dict) and isinstance(hook.owns_momentum, bool)
+        hook.close()
+    assert not isinstance(object(), GradientHook)

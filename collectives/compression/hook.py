@@ -1,4 +1,12 @@
-"""The training hook: average a flat gradient over the ranks through a compressor with its memory."""
+"""Gradient hooks: the one contract (:class:`GradientHook`) and its compressed form (:class:`CompressionHook`).
+
+Every way commlab reduces a data-parallel gradient implements :class:`GradientHook`: the trainer's
+plain all-reduce (``training.dp.data_parallel.AllreduceHook``, whose ``begin`` gives the overlapped
+step of ``training.dp.overlap``), :class:`CompressionHook` here, and the PyTorch DDP hook
+(``collectives.interop.torch_hook.CommHookState``, which runs one of these per DDP bucket).
+"""
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 from mpi4py import MPI
 
@@ -12,10 +20,38 @@ from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
 from .registry import compressor_arguments, make_compressor, parse_literal
 
-__all__ = ["CompressionHook", "make_hook"]
+__all__ = ["GradientHook", "CompressionHook", "make_hook"]
 
 
-class CompressionHook:
+@runtime_checkable
+class GradientHook(Protocol):
+    """The hook contract: a function of a gradient bucket that returns the reduced bucket.
+
+    ``reduced, info = hook(bucket)``: ``bucket`` is this rank's flat gradient (or one bucket of it),
+    shape (n,), float; ``reduced`` is the mean over the ranks, shape (n,), identical on every rank
+    (it may be ``bucket`` itself, reduced in place); ``info`` is a dict with at least
+    ``bytes_sent`` (int, this rank), ``compress_s`` and ``decompress_s`` (seconds). Collective: every
+    rank calls it alike. ``state_dict()`` / ``load_state_dict(state)`` capture what a resumed run
+    needs (error feedback), ``close()`` frees what the hook owns, and ``owns_momentum`` says whether
+    the hook applies momentum itself (DGC), so the optimizer must not.
+    """
+
+    owns_momentum: bool
+
+    def __call__(self, bucket):
+        """Return ``(reduced, info)`` for one gradient bucket."""
+
+    def state_dict(self):
+        """Return the hook's state (arrays) for a checkpoint."""
+
+    def load_state_dict(self, state):
+        """Restore the state of :meth:`state_dict`."""
+
+    def close(self):
+        """Free what the hook owns (a duplicated communicator)."""
+
+
+class CompressionHook(GradientHook):
     """Compressed gradient averaging for data-parallel training, with all its state.
 
     ``avg, info = hook(flat_grad)`` each step. The hook owns a duplicate of the communicator, the

@@ -117,6 +117,9 @@ class CommHookState:
     def reduce(self, flat, key=0, shapes=None):
         """Average ``flat`` over the ranks, in place, and return it.
 
+        Without compression one all-reduce; with it, the bucket's own
+        :class:`~collectives.compression.hook.GradientHook` (a :class:`CompressionHook` keyed by ``key``).
+
         Parameters
         ----------
         flat : torch.Tensor or ndarray, shape (n,), float32/float64 (also bfloat16/float16 without compression)

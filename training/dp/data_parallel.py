@@ -18,6 +18,7 @@ import collectives
 import collectives.engine.context
 from collectives.engine import trace
 from collectives.compression import make_hook
+from collectives.compression.hook import GradientHook
 from training.checkpoint import to_host
 from training.data import eval_shard
 from training.dp.overlap import OverlapStep, layer_starts
@@ -72,7 +73,7 @@ def _bytes_sent(comm):
     return int(collectives.engine.context.last_stats(comm).get("bytes_sent", 0))
 
 
-class AllreduceHook:
+class AllreduceHook(GradientHook):
     """Average the flat gradient across ranks in place: one fused all-reduce, or buckets.
 
     Parameters
@@ -93,9 +94,9 @@ class AllreduceHook:
 
     Notes
     -----
-    ``info["bytes_sent"]`` is ``collectives.engine.context.last_stats()["bytes_sent"]`` summed over buckets. The
-    hook has the interface of :class:`collectives.compression.CompressionHook` (``__call__``,
-    ``state_dict``, ``load_state_dict``, ``close``, ``owns_momentum``).
+    ``info["bytes_sent"]`` is ``collectives.engine.context.last_stats()["bytes_sent"]`` summed over
+    buckets. The hook implements the one hook contract,
+    :class:`collectives.compression.hook.GradientHook`, as the compression hook does.
     """
 
     __slots__ = ("comm", "algorithm", "buckets", "timeout", "overlap")
