@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
     package_data={"collectives.model": ["tuning*.json"]},  # auto's tables, one per MPI library
-    install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4",
+    install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4,<0.7",
                       "humanfriendly>=10", "tabulate>=0.9"],
     extras_require={
         "mpich": ["mpich"],

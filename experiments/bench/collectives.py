@@ -59,7 +59,7 @@ from experiments.bench.cases import case, poison
 from experiments.bench.oracle import count_wrong
 from experiments.bench.output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, report, write
 from experiments.outputs import unwritable
-from experiments.bench.references import gloo_available
+from experiments.bench.references import gloo_available, gloo_finish
 from training.cli import parse_on_every_rank
 from training.sizes import bytes_argument
 
@@ -360,6 +360,7 @@ def run_sweep(cfg, comm=None):
     if rank0:
         write(cfg, results)
         report(cfg, results)
+    gloo_finish()
     collectives.engine.context.free_context(comm)
     comm.Free()
     return results

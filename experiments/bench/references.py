@@ -20,7 +20,7 @@ from collectives.engine.executor import Run, execute
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["finish", "ring_direct", "ring_execute", "mpi_persistent", "persistent", "auto_timeout", "limit", "gloo",
-           "gloo_available"]
+           "gloo_available", "gloo_finish"]
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
@@ -164,6 +164,16 @@ def gloo(comm, x, out, redop):
         return finish(out, out, redop, comm.Get_size())
 
     return run
+
+
+def gloo_finish():
+    """Destroy the gloo process group, if one was made: gloo's worker threads left running at
+    interpreter exit end the process with ``terminate called without an active exception``."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def gloo_available(comm):
