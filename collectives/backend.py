@@ -21,7 +21,7 @@ import numpy
 
 __all__ = [
     "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "to_host", "accumulation_dtype", "check_op",
-    "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "positional", "cuda_aware",
+    "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "positional", "keyword_form", "cuda_aware",
     "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library", "mpi_library_key",
 ]
 
@@ -195,6 +195,27 @@ FORMS = {
     "broadcast": 'broadcast(x, *, root=0, comm=None, algorithm="tree", timeout=None)',
     "reduce": 'reduce(x, *, op="sum", root=0, comm=None, algorithm="tree", timeout=None)',
 }
+
+
+def keyword_form(fn):
+    """Give ``fn`` (a collective) the signature of its keyword-only form, for ``help()`` and ``inspect``.
+
+    The collectives take ``*args`` only to answer a positional call with :func:`positional`; the
+    signature shown leaves it out. Returns ``fn`` itself (no wrapper, no cost per call).
+
+    Examples
+    --------
+    >>> import inspect
+    >>> def f(x, *args, op="sum"):
+    ...     pass
+    >>> str(inspect.signature(keyword_form(f)))
+    "(x, *, op='sum')"
+    """
+    import inspect
+
+    sig = inspect.signature(fn)
+    fn.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.kind is not p.VAR_POSITIONAL])
+    return fn
 
 
 def positional(name, args):

@@ -35,6 +35,9 @@ c = make_compressor("topk", ratio=0.25)
 payloads, ctx = c.compress(np.arange(8.0, dtype=np.float32), "g")
 assert c.decompress(payloads, ctx).shape == (8,)
 assert issubclass(CollectiveTimeout, Timeout) and issubclass(Timeout, CommlabError)
+from collectives.model.auto import model_choice, select_allreduce
+assert select_allreduce(4, 1 << 20) == model_choice(4, 1 << 20)  # no MPI library, so no shipped table
+from collectives.compression import *  # noqa: F401,F403 - the compressors, none of the MPI parts
 assert not any(m.startswith("mpi4py") for m in sys.modules)
 print("pure parts ran without mpi4py")
 """
@@ -59,6 +62,11 @@ def test_public_face_holds_only_the_collectives_request_plan_algorithms_and_erro
         "CommlabError", "Timeout", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout"}
     for name in collectives.__all__:
         assert getattr(collectives, name) is not None
+    import inspect
+    for name in ("allreduce", "iallreduce", "allreduce_init", "reduce_scatter", "allgather", "broadcast", "reduce"):
+        params = inspect.signature(getattr(collectives, name)).parameters.values()
+        assert [p.name for p in params if p.kind is not p.KEYWORD_ONLY] == ["x"], name  # the data, then keywords
+    assert dir(collectives) == sorted(collectives.__all__)
     try:
         collectives.execute
     except AttributeError as e:

@@ -17,7 +17,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives.schedules.registry import check_algorithm
-from collectives.backend import positional, COPY_DTYPES, check_timeout, get_array_module
+from collectives.backend import keyword_form, positional, COPY_DTYPES, check_timeout, get_array_module
 from collectives.engine.buffers import adopt, as_array, check_out, raw
 from collectives.engine.context import check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
@@ -32,6 +32,7 @@ _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up t
 _ROW = _SIG + 1  # a rank's row in the signature exchange: its signature, then its call fingerprint
 
 
+@keyword_form
 def allgather(x, *args, comm=None, algorithm="ring", out=None, timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v, or all-gather with ``out``).
 

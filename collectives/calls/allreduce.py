@@ -15,7 +15,7 @@ Rules shared by every collective (documented once here):
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import positional, OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
+from collectives.backend import keyword_form, positional, OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from collectives.library.call import CHECK_ELEMENTS, call, encode_check, key_code, mismatch, piggyback, verify_check
 from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
@@ -89,6 +89,7 @@ def _begin(x, comm, op, algorithm, out, timeout, grid, accumulate):
     return x, timeout, grid, ctx, xp, algorithm
 
 
+@keyword_form
 def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout=None, grid=None, accumulate="float32"):
     """Combine ``x`` element-wise across all ranks and return the result on every rank.
 
@@ -231,6 +232,7 @@ def _mpi_out_of_place(ctx, key, x, op, out, timeout):
     return finish(out, buf, op, p, numpy, True)
 
 
+@keyword_form
 def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32"):
     """Start a non-blocking all-reduce and return its :class:`~collectives.engine.request.Request`.
 

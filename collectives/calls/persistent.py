@@ -28,7 +28,7 @@ data of every start, so plans that do meet but differ (op, count) raise
 import numpy
 
 from collectives.calls.allreduce import _begin, iallreduce
-from collectives.backend import positional, check_timeout
+from collectives.backend import keyword_form, positional, check_timeout
 from collectives.library.plans import LibraryPlan
 
 __all__ = ["AllreducePlan", "allreduce_init"]
@@ -110,6 +110,7 @@ class AllreducePlan:
         self._args = None
 
 
+@keyword_form
 def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32"):
     """Plan an all-reduce of ``x`` that can be started many times (``MPI_Allreduce_init``'s form).
 

@@ -9,7 +9,7 @@ result back in the caller's type (:func:`collectives.engine.buffers.adopt`); ``o
 """
 import numpy
 
-from collectives.backend import (positional, COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
+from collectives.backend import (keyword_form, positional, COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
                       get_array_module, op_name)
 from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
 from collectives.engine.buffers import adopt, as_array, check_out, finish
@@ -70,6 +70,7 @@ def _repeated_scatter(x, comm, op, algorithm, timeout, out):
     return plan.run(ctx, x, check_timeout(timeout), out)
 
 
+@keyword_form
 def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
     """Reduce ``x`` across ranks and return this rank's chunk of the flattened result.
 

@@ -6,7 +6,7 @@ broadcast moves raw bytes, so it also takes the types of :data:`collectives.back
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import positional, OPS, check_root, get_array_module, op_name
+from collectives.backend import keyword_form, positional, OPS, check_root, get_array_module, op_name
 from collectives.calls.reduce_scatter import _common
 from collectives.engine.buffers import MPI_OPS, adopt, finish, nan_mask, prepare, raw, restore_nan
 from collectives.engine.context import check_comm, get_context
@@ -17,6 +17,7 @@ from collectives.schedules.tree import tree_broadcast, tree_reduce
 __all__ = ["broadcast", "reduce"]
 
 
+@keyword_form
 def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     """Copy ``x`` from ``root`` into ``x`` on every rank, in place, and return it.
 
@@ -75,6 +76,7 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     return x
 
 
+@keyword_form
 def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None):
     """Combine ``x`` across ranks onto ``root``.
 

@@ -28,9 +28,10 @@ __all__ = [
     "PowerSGD", "matrix_layout",
     "COMPRESSORS", "make_compressor", "compressor_arguments", "parse_compression_args",
     "parse_compression_arg", "parse_literal", "split_key_value", "TRANSPORTS",
-    "compressed_allreduce", "sparse_allreduce", "allgather_payloads",
-    "CompressionHook", "make_hook",
 ]
+# The communicating names below load on first use and are not in __all__, so that ``import *``
+# does not start MPI: compressed_allreduce, sparse_allreduce, allgather_payloads, CompressionHook,
+# make_hook.
 
 _LAZY = {"compressed_allreduce": ".comm", "sparse_allreduce": ".comm", "allgather_payloads": ".comm",
          "CompressionHook": ".hook", "make_hook": ".hook"}

@@ -5,8 +5,8 @@ The rule, in order:
 1. a tuned decision table: JSON written by ``experiments/bench/tune.py`` from measured sweeps, the way
    MPICH's JSON tuning files map (P, message size) ranges to algorithms. It is read from
    ``COMMLAB_TUNING=path.json`` when set, else from the table shipped with the package for the
-   running MPI library (:data:`SHIPPED`: ``collectives/tuning.json`` measured with MPICH,
-   ``collectives/tuning-openmpi.json`` with Open MPI, on the reference machine), or installed with
+   running MPI library (:data:`SHIPPED`: ``collectives/model/tuning.json`` measured with MPICH,
+   ``collectives/model/tuning-openmpi.json`` with Open MPI, on the reference machine), or installed with
    :func:`load_table`; ``COMMLAB_TUNING=none`` disables tables. Tables are keyed by MPI library: a
    table measured with one library (its ``sources``' ``mpi_library``) is refused under another, and
    a library without a shipped table gets the model alone;
@@ -47,8 +47,14 @@ def table_library(table):
 
 
 def _running_library():
-    """Return the name of the MPI library this process runs (``"MPICH"``, ``"Open MPI"``, ...)."""
-    return mpi_library_key()[0]
+    """Return the name of the MPI library this process runs (``"MPICH"``, ``"Open MPI"``, ...).
+
+    None without mpi4py: no shipped table applies, and ``auto`` takes the model's choice.
+    """
+    try:
+        return mpi_library_key()[0]
+    except ImportError:
+        return None
 
 
 def load_table(path, check_library=True):
