@@ -19,12 +19,13 @@ Subpackages, bottom to top (each may import only those below it)::
 
     errors, backend, log      the error classes, dtypes/ops/array-module rules, logging
     schedules                 pure schedule builders and the algorithm registry (no MPI)
-    model                     alpha-beta-gamma cost model, simulator, ``auto`` and its tables (no MPI)
-    engine                    executor, requests, deadlines, fingerprints, contexts, buffers, trace
+    engine | model            side by side, neither imports the other: the executor, requests,
+                              deadlines, fingerprints, contexts, buffers, trace | the cost model,
+                              simulator, ``auto`` and its tables (no MPI)
     library                   the ``mpi`` path: MPI's own collectives and their cached plans
     calls                     the public collectives: argument checks, then library or schedule
     compression               compressors (pure) and compressed all-reduce / hook (MPI)
-    interop                   PyTorch and JAX adapters
+    interop                   PyTorch adapters (DDP hook, distributed optimizer)
 """
 import importlib
 
