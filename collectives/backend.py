@@ -196,6 +196,18 @@ FORMS = {
     "reduce": 'reduce(x, *, op="sum", root=0, comm=None, algorithm="tree", timeout=None)',
 }
 
+#: The order of the arguments after the data in each collective's former positional form: a
+#: positional call is told which keywords its arguments were meant for.
+_POSITIONS = {
+    "allreduce": ("comm", "op", "algorithm", "out", "timeout", "grid", "accumulate"),
+    "iallreduce": ("comm", "op", "algorithm", "out", "grid", "accumulate"),
+    "allreduce_init": ("comm", "op", "algorithm", "out", "grid", "accumulate"),
+    "reduce_scatter": ("comm", "op", "algorithm", "timeout", "out"),
+    "allgather": ("comm", "algorithm", "timeout", "out"),
+    "broadcast": ("root", "comm", "algorithm", "timeout"),
+    "reduce": ("root", "comm", "op", "algorithm", "timeout"),
+}
+
 
 def keyword_form(fn):
     """Give ``fn`` (a collective) the signature of its keyword-only form, for ``help()`` and ``inspect``.
@@ -242,9 +254,10 @@ def positional(name, args):
     ...
     TypeError: allreduce() takes only the data positionally, the rest by keyword: ...
     """
+    meant = ", ".join(f"{k}=..." for k in _POSITIONS[name][:len(args)]) or "..."
     raise TypeError(f"{name}() takes only the data positionally, the rest by keyword: {FORMS[name]}; it was "
-                    f"given {len(args)} more positional argument{'s' if len(args) > 1 else ''} (write e.g. "
-                    f"{name}(x, comm=comm))")
+                    f"given {len(args)} more positional argument{'s' if len(args) > 1 else ''} (in the former "
+                    f"positional order: {name}(x, {meant}))")
 
 
 def check_timeout(timeout):

@@ -108,7 +108,7 @@ def badinput():
     expect(TypeError, ["allreduce_init(x, *,"], lambda: C.allreduce_init(x, fresh))
     expect(TypeError, ["reduce_scatter(x, *,"], lambda: C.reduce_scatter(x, fresh))
     expect(TypeError, ["allgather(x, *, comm=None"], lambda: C.allgather(x, fresh))
-    expect(TypeError, ["broadcast(x, *, root=0"], lambda: C.broadcast(x, 0, fresh))
+    expect(TypeError, ["broadcast(x, *, root=0", "broadcast(x, root=..., comm=...)"], lambda: C.broadcast(x, 0, fresh))
     expect(TypeError, ["reduce(x, *,"], lambda: C.reduce(x, 0, fresh))
     check(not context.has_context(fresh), "a bad call created a context (sent a message)")
     # all-gather checks x during its signature exchange (so one bad rank cannot hang the others)
