@@ -3,7 +3,7 @@
 :func:`array_module` picks NumPy or CuPy (one GPU per rank on the node), :func:`set_threads` caps
 BLAS threads per rank (:func:`limit_threads`), and :func:`all_failed` tells whether an error was
 raised on every rank alike (one message) or on some only (abort the job). The checks of a whole
-run's configuration against the job are :func:`training.train.check_run`'s.
+run's configuration against the job are :func:`training.preflight.check_run`'s.
 """
 import os
 import time

@@ -29,53 +29,22 @@ from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, 
                                  prune_checkpoints, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
-from training.job import all_failed, array_module, set_threads
+from training.job import all_failed, set_threads
+from training.preflight import check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer, schedule_lr
 from training.layout import verify_param_layout
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.progress import progress_bar, write_trace
-from training.ps_mode.worker import check_ps, finish_ps, run_ps
+from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
 from training.state import TrainState, checkpoint_arrays, restore
 
-__all__ = ["check_run", "main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
+__all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
 _log = get_logger("training.train")  # not __name__, which is "__main__" under python -m
 
-
-
-def check_run(cfg, comm):
-    """Check, on every rank, what the configuration needs from the job before anything is created.
-
-    Returns
-    -------
-    module
-        The array module of ``cfg.device`` (from :func:`array_module`).
-
-    Raises
-    ------
-    ValueError
-        When the global batch does not divide among the ranks (workers with ``--mode ps``), a
-        parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
-        ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
-        (``COMMLAB_TUNING``).
-    ImportError
-        When ``--device gpu`` is asked for without CuPy.
-    """
-    P = comm.Get_size()
-    if cfg.mode == "ps":
-        check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints
-    elif cfg.batch_size % P:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
-    if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
-        raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
-    if cfg.algorithm == "auto":
-        from collectives.model.auto import select_allreduce
-
-        select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
-    return array_module(cfg, comm)
 
 
 def lr_at(cfg, step, total_steps):

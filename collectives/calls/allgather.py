@@ -17,11 +17,12 @@ import numpy
 from mpi4py import MPI
 
 from collectives.schedules.registry import check_algorithm
-from collectives.backend import keyword_form, positional, COPY_DTYPES, check_timeout, get_array_module
+from collectives.backend import COPY_DTYPES, check_timeout, get_array_module
 from collectives.engine.buffers import adopt, as_array, check_out, raw
 from collectives.engine.context import check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import block_code, checks_enabled, key_code
+from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import call, mismatch, run_library
 from collectives.schedules.ring import ring_allgather
 from collectives.schedules.schedule import segmented

@@ -15,7 +15,8 @@ Rules shared by every collective (documented once here):
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import keyword_form, positional, OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
+from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
+from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import CHECK_ELEMENTS, call, encode_check, key_code, mismatch, piggyback, verify_check
 from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan

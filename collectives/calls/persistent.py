@@ -28,7 +28,8 @@ data of every start, so plans that do meet but differ (op, count) raise
 import numpy
 
 from collectives.calls.allreduce import _begin, iallreduce
-from collectives.backend import keyword_form, positional, check_timeout
+from collectives.backend import check_timeout
+from collectives.calls.forms import keyword_form, positional
 from collectives.library.plans import LibraryPlan
 
 __all__ = ["AllreducePlan", "allreduce_init"]

@@ -9,7 +9,7 @@ result back in the caller's type (:func:`collectives.engine.buffers.adopt`); ``o
 """
 import numpy
 
-from collectives.backend import (keyword_form, positional, COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
+from collectives.backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
                       get_array_module, op_name)
 from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
 from collectives.engine.buffers import adopt, as_array, check_out, finish
@@ -17,6 +17,7 @@ from collectives.engine.context import check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import checks_enabled
 from collectives.schedules.ring import ring_reduce_scatter
+from collectives.calls.forms import keyword_form, positional
 from collectives.library.scatter_plan import ScatterPlan
 from collectives.schedules.schedule import chunk_bounds, segmented
 

@@ -6,11 +6,12 @@ broadcast moves raw bytes, so it also takes the types of :data:`collectives.back
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import keyword_form, positional, OPS, check_root, get_array_module, op_name
+from collectives.backend import OPS, check_root, get_array_module, op_name
 from collectives.calls.reduce_scatter import _common
 from collectives.engine.buffers import MPI_OPS, adopt, finish, nan_mask, prepare, raw, restore_nan
 from collectives.engine.context import check_comm, get_context
 from collectives.engine.executor import Run, run_schedule
+from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import run_library
 from collectives.schedules.tree import tree_broadcast, tree_reduce
 

@@ -33,7 +33,7 @@ from collectives.compression import make_compressor, make_hook, parse_compressio
 from training.build import build_model
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
-from training.train import check_run
+from training.preflight import check_run
 from training.metrics import read_jsonl, run_info, write_json
 from training.progress import progress_bar
 from training.train import run
@@ -109,7 +109,7 @@ def check_study(cfg, comm):
     """Check everything the study needs before the first run, on every rank; return the base ``Config``.
 
     Every compressor spec, the training flags (their names, values and the data-parallel mode the
-    study compresses), and the job each run will be (:func:`training.train.check_run`: the global
+    study compresses), and the job each run will be (:func:`training.preflight.check_run`: the global
     batch divides among the P ranks, the data is there, ``algorithm="auto"`` has its table).
 
     Raises

@@ -51,7 +51,7 @@ from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.checkpoint import make_run_dir, root_bytes
 from training.cli import parse_on_every_rank
 from training.job import set_threads
-from training.train import check_run
+from training.preflight import check_run
 from training.metrics import run_info, write_config, write_json
 from training.ps_mode.worker import ps_options, run_ps
 

@@ -41,7 +41,7 @@ from experiments.outputs import run_or_report
 from training.checkpoint import root_bytes
 from training.cli import parse_on_every_rank
 from training.config import Config
-from training.train import check_run
+from training.preflight import check_run
 from training.metrics import run_info, write_json
 from training.train import run
 

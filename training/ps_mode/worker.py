@@ -152,7 +152,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
 def check_ps(cfg, size):
     """Check what a ``--mode ps`` run needs from a job of ``size`` ranks, before anything is created.
 
-    Called by :func:`training.train.check_run` on every rank alike, so a bad setting (rank count,
+    Called by :func:`training.preflight.check_run` on every rank alike, so a bad setting (rank count,
     straggler or jitter spec, missing server checkpoint of ``--resume``) fails before the run
     directory exists or its ``config.json`` is rewritten.
 
@@ -246,7 +246,7 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     run_dir : str
         The run directory (created by the trainer, ``config.json`` already written).
     xp : module
-        The workers' array module for ``cfg.device``, as :func:`training.train.check_run` returned
+        The workers' array module for ``cfg.device``, as :func:`training.preflight.check_run` returned
         it (NumPy or CuPy); servers always work on the host.
     extra : dict, optional
         :data:`PS_EXTRA` settings beyond the configuration (see :func:`ps_options`).
