@@ -1,16 +1,9 @@
 """All-reduce: the public entry point and its non-blocking form.
 
-Rules shared by every collective (documented once here):
-
-* **Chunking**: a flat vector of ``n`` elements is split over P ranks as ``numpy.array_split`` does:
-  the first ``n % P`` chunks get ``n // P + 1`` elements, the rest ``n // P``.
-* **float16** is accumulated in float32: the whole collective runs on a float32 copy (partial sums
-  travel the wire in float32) and the result is rounded to float16 once at the end. So float16
-  ``[60000] + [60000] + [-60000]`` on 3 ranks gives 60000 with every algorithm, not ``inf``.
-* **avg** is ``sum / P``; on integer dtypes it is the floor of the mean, ``numpy.floor_divide(sum, P)``
-  (so int32 ``[-3]`` and ``[0]`` on 2 ranks average to ``-2``). Integer sums wrap on overflow.
-* **NaN** propagates through ``min`` and ``max`` (``numpy.minimum`` / ``numpy.maximum``).
-* Errors in arguments are raised on every rank before any message is sent.
+The rules every collective shares (chunking, float16 and bfloat16 accumulation, integer ``avg``,
+NaN under ``min``/``max``, argument errors before any message) are written once, in
+:mod:`collectives.calls`. Here: the argument checks, ``auto``'s resolution, and the two routes (the
+library's ``MPI_Iallreduce``, cached for repeated small calls, or a schedule).
 """
 import numpy
 from mpi4py import MPI

@@ -1,7 +1,7 @@
 """Reduce-scatter on the ring schedule or the library's call (broadcast and reduce:
 :mod:`collectives.calls.rooted`; all-gather: :mod:`collectives.calls.allgather`).
 
-Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.calls.allreduce`. Copy-only
+Rules (chunking, float16, integer ``avg``) are those of :mod:`collectives.calls`. Copy-only
 collectives (all-gather, broadcast) move raw bytes, so they also take the byte-sized and unsigned
 types of :data:`collectives.backend.COPY_DTYPES` (uint8 blobs, bool masks), and float16 and bfloat16
 travel as 2-byte elements there. Every collective takes DLPack tensors (PyTorch, JAX) and gives its

@@ -57,10 +57,14 @@ class Run:
     def __init__(self, schedule, comm, work, *, scratch=None, ufunc=None, tag=0, name="collective", transport=None):
         self.schedule, self.prog = schedule, schedule.program()
         self.comm, self.work, self.scratch, self.ufunc, self.tag, self.name = comm, work, scratch, ufunc, tag, name
-        self.transport = transport
-        self.staged = transport is not None and not transport.direct
+        self.use(transport)
         self.inp, self.final, self.statuses = None, (), []
         self.index, self.posted = 0, None  # the next round; its posted (requests, peers, landing) or None
+
+    def use(self, transport):
+        """Move device buffers through ``transport`` (None for host arrays): directly, or staged."""
+        self.transport = transport
+        self.staged = transport is not None and not transport.direct
 
     def read_from(self, inp, needed=None):
         """Read this rank's input from the separate read-only buffer ``inp`` (it may alias ``work``).
@@ -279,8 +283,7 @@ def run_schedule(ctx, key, run, *, timeout=None, xp=None):
     """
     try:
         run.tag = ctx.begin(key, timeout)
-        run.transport = ctx.transport(xp)
-        run.staged = run.transport is not None and not run.transport.direct
+        run.use(ctx.transport(xp))
         execute(run, timeout=timeout, progress=ctx.progress if ctx.active else None)
     except Exception as exc:
         ctx.fail(f"{key[0]}: {exc}")

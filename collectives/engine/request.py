@@ -1,6 +1,5 @@
 """Non-blocking collectives: a :class:`Request` advanced by ``test()`` and completed by ``wait()``."""
 
-
 from collectives.backend import check_timeout
 from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.engine.executor import Timed, explain, testing
