@@ -103,3 +103,54 @@ def test_every_gradient_hook_implements_the_one_contract():
         assert isinstance(hook.state_dict(), dict) and isinstance(hook.owns_momentum, bool)
         hook.close()
     assert not isinstance(object(), GradientHook)
+
+
+_ROUTE = r"""
+import sys
+import numpy as np
+import collectives
+
+ENTRY = "collectives.calls.allreduce"
+ROUTES = {"collectives.library.allreduce", "collectives.engine.allreduce"}
+
+
+def path(fn):
+    '''The modules of the calls made directly from the all-reduce's own module, in order.'''
+    seen = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_back is not None and frame.f_back.f_globals.get("__name__") == ENTRY:
+            seen.append(frame.f_globals.get("__name__"))
+        return None
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+x = np.arange(16, dtype=np.float32)
+collectives.allreduce(x, algorithm="mpi")  # the first call makes the library context
+for name, fn in [("mpi, first of its signature", lambda: collectives.allreduce(x[:7], algorithm="mpi")),
+                 ("mpi, repeated", lambda: collectives.allreduce(x, algorithm="mpi")),
+                 ("mpi, large", lambda: collectives.allreduce(np.ones(5000, np.float64), algorithm="mpi")),
+                 ("ring", lambda: collectives.allreduce(x, algorithm="ring")),
+                 ("auto", lambda: collectives.allreduce(x, algorithm="auto"))]:
+    seen = path(fn)
+    routes = [m for m in seen if m in ROUTES]
+    assert len(routes) == 1, (name, seen)  # one route, entered once
+    # the checks come before the route and none is entered again after it
+    after = seen[seen.index(routes[0]) + 1:]
+    assert not set(after) & set(seen[:seen.index(routes[0])]), (name, seen)
+    # the library's plans are reached only through the library route, never from the entry itself
+    assert "collectives.library.plans" not in seen, (name, seen)
+print("one route per call")
+"""
+
+
+def test_an_allreduce_checks_once_then_enters_one_route_once():
+    proc = subprocess.run([sys.executable, "-c", _ROUTE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "one route per call" in proc.stdout

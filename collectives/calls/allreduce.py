@@ -10,16 +10,18 @@ from mpi4py import MPI
 
 from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from collectives.calls.forms import keyword_form, positional
-from collectives.library.call import CHECK_ELEMENTS, call, encode_check, key_code, mismatch, piggyback, verify_check
+from collectives.library.call import key_code, mismatch
 from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
-from collectives.engine.context import check_comm, get_context
+from collectives.engine.context import check_comm, existing_context, get_context
+from collectives.engine.fingerprint import checks_enabled, debug_enabled
 from collectives.errors import CollectiveError, CollectiveTimeout
-from collectives.engine.executor import Run, run_schedule
-from collectives.library.plans import fast_allreduce, library_plan, remember
+from collectives.engine.allreduce import schedule_allreduce
+from collectives.engine.executor import Run
+from collectives.library.allreduce import library_allreduce, run_plan
 from collectives.engine.request import Request
 from collectives.schedules.schedule import segmented
-from collectives.model.auto import model_choice, select_allreduce
+from collectives.model.auto import model_choice, select_allreduce, table_token
 from collectives.schedules.torus import check_grid, square_grid
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
@@ -146,84 +148,57 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
 
 
 def _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate):
-    """The all-reduce of an adopted ``x``: its cached plan, else check every argument, then one route.
+    """The all-reduce of an adopted ``x``: check the arguments once, then take one route.
 
-    The routes: the library call (a cached plan, or a fresh ``MPI_Iallreduce``) or a schedule run by
-    the executor.
+    The check of a repeated small call is its signature: one that passed the full checks before
+    on this communicator (:func:`_known_plan`) goes straight to its cached library plan. Any other
+    call is checked in full (:func:`_begin`). Then one of two routes, entered once: the library's
+    all-reduce (:func:`collectives.library.allreduce.library_allreduce`) or a schedule run by the
+    executor (:func:`collectives.engine.allreduce.schedule_allreduce`).
     """
     if type(x) is numpy.ndarray and grid is None and accumulate == "float32" and type(op) is str:
-        got = fast_allreduce(x, comm, op, algorithm, out, timeout)  # a repeated small call: its cache
-        if got is not None:
-            return got
+        plan = _known_plan(x, comm, op, algorithm, out, timeout)
+        if plan is not None:
+            return run_plan(plan, x, out, timeout)
     if type(op) is not str:
         op = op_name(op)
     given = algorithm
     x, timeout, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, timeout, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
     if algorithm == "mpi":
-        if xp is numpy and grid is None and accumulate == "float32":
-            plan = library_plan(ctx, key, x.shape, x.dtype, op)
-            if plan is not None:
-                remember(ctx, given, op, x, plan, given == "auto")
-                plan.start(x)
-                return plan.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
-        return _mpi_allreduce(ctx, key, x, op, out, timeout, xp)
-    count = x.size
-    sched = ctx.schedule(("allreduce", algorithm, count, grid),
-                         lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, ctx.size, count, grid)))
-    out, work, acc, direct, inp = prepare(x, out, ctx, xp, "work", accumulate, lazy=True)
-    run = Run(sched, ctx.comm, work, scratch=ctx.buffer(xp, acc, sched.scratch), ufunc=getattr(xp, OPS[op]),
-              name="allreduce").read_from(inp)
-    run_schedule(ctx, key, run, timeout=timeout, xp=xp)
-    ctx.record("allreduce", algorithm, count, acc, sched)
-    return finish(out, work, op, ctx.size, xp, direct)
+        cacheable = xp is numpy and grid is None and accumulate == "float32"
+        return library_allreduce(ctx, key, x, out, timeout, xp, given=given if cacheable else None)
+    return schedule_allreduce(ctx, key, x, out, timeout, xp, accumulate)
 
 
-def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
-    """Run the MPI library's own all-reduce under the same float16 / avg rules, fingerprint checked."""
-    ctx.advance(key, timeout)  # keep the call sequence in step on every rank whatever the algorithm
-    inline = piggyback(x.size)
-    if not inline and xp is numpy and x.size and x.dtype == ACC[x.dtype] and x.flags.c_contiguous:
-        res = numpy.empty(x.shape, x.dtype) if out is None else out
-        if res is not x and res.flags.c_contiguous and not numpy.may_share_memory(x, res):
-            return _mpi_out_of_place(ctx, key, x, op, res, timeout)
-    extra = CHECK_ELEMENTS if inline else 0
-    out, work, acc, direct, _ = prepare(x, out, ctx, xp, "work", extra=extra)
-    if inline:
-        encode_check(work[x.size:], key, ctx.size)
-    transport = ctx.transport(xp)
-    buf = work
-    if transport is not None:
-        transport.sync()
-        if not transport.direct:
-            buf = transport.to_host(work, "mpi")
-    mask = nan_mask(buf, op)
-    more = [("Iallreduce", (MPI.IN_PLACE, mask, MPI.MAX))] if mask is not None else []
-    call(ctx, key, "Iallreduce", (MPI.IN_PLACE, buf, MPI_OPS[op]), timeout, check=not inline, extra=more)
-    if inline:
-        try:
-            verify_check(buf[x.size:], key, ctx.size)
-        except CollectiveError as exc:
-            ctx.fail(f"allreduce: {exc}")
-            raise
-    restore_nan(buf, mask)
-    if buf is not work:
-        transport.to_device(buf, work)
-    p = ctx.size
-    ctx.record("allreduce", "mpi", x.size, acc, elements=2 * (p - 1) * x.size // p, estimated=True)
-    return finish(out, work, op, p, xp, direct)
+def _known_plan(x, comm, op, algorithm, out, timeout):
+    """Return the cached library plan of a call whose signature passed the full checks before, else None.
 
-
-def _mpi_out_of_place(ctx, key, x, op, out, timeout):
-    """``MPI_Iallreduce(x, out)``: the library reads ``x`` and writes ``out``, no copy of the input first."""
-    send, buf = x.reshape(-1), out.reshape(-1)
-    mask = nan_mask(send, op)  # NaN positions of this rank's input, reduced alongside
-    more = [("Iallreduce", (MPI.IN_PLACE, mask, MPI.MAX))] if mask is not None else []
-    call(ctx, key, "Iallreduce", (send, buf, MPI_OPS[op]), timeout, extra=more)
-    restore_nan(buf, mask)
-    p = ctx.size
-    ctx.record("allreduce", "mpi", x.size, x.dtype, elements=2 * (p - 1) * x.size // p, estimated=True)
-    return finish(out, buf, op, p, numpy, True)
+    The signature is the shape, dtype, op and algorithm as given and, for ``auto``, the decision
+    table in force (:func:`collectives.model.auto.table_token`). Anything else -- a new signature,
+    ``out`` of another shape or dtype or read-only, a timeout that is not a positive float, debug
+    mode, a change of the checks setting, a broken communicator, a plan still running -- gives None,
+    and the full checks run (and raise where they must).
+    """
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
+    if entry is None:
+        return None
+    plan, table = entry
+    if table is not None and table is not table_token():
+        return None
+    if ctx.broken is not None or plan.active:
+        return None
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    if timeout is not None and (type(timeout) is not float or not 0.0 < timeout < float("inf")):
+        return None
+    if debug_enabled() or plan.checked is not checks_enabled():
+        return None
+    return plan
 
 
 @keyword_form

@@ -12,7 +12,7 @@ whose check elements are written once (the reduction does not overwrite them, as
 The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
 signature (shape, dtype, op, algorithm as given) for messages of at most
 :data:`~collectives.library.call.PIGGYBACK_MAX` elements, so a repeated small call costs a dictionary
-look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:func:`fast_allreduce`). The
+look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:mod:`collectives.library.allreduce`). The
 consistency rules hold on this path too: the sequence number advances, the fingerprint rides in the
 reduction and is checked, a timeout or an MPI error marks the communicator unusable exactly as on
 the other paths.
@@ -27,14 +27,12 @@ import numpy
 from mpi4py import MPI
 
 from collectives.engine.buffers import ACC, MPI_OPS
-from collectives.engine.context import existing_context
 from collectives.errors import CollectiveMismatch, CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code
 from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, check_values, mismatch
-from collectives.model.auto import _STATE as _SELECT, _ensure_loaded
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
-__all__ = ["LibraryPlan", "fast_allreduce", "library_plan", "remember"]
+__all__ = ["LibraryPlan", "library_plan"]
 
 
 
@@ -181,49 +179,3 @@ def library_plan(ctx, key, shape, dtype, op):
             ctx.fast.clear()  # the call signatures point only at plans still in ctx.plans
         plan = ctx.plans[(key, shape, checked)] = LibraryPlan(ctx, key, shape, dtype, op, checked=checked)
     return plan
-
-
-def fast_allreduce(x, comm, op, algorithm, out, timeout):
-    """Run a repeated small blocking all-reduce through its cached plan; return None when there is none.
-
-    Called first by :func:`collectives.allreduce` for a NumPy ``x`` with the default ``grid`` and
-    ``accumulate``. Only a call whose signature (shape, dtype, op, algorithm as given, and, for
-    ``auto``, the tuning table in force) matches one that went through the full argument checks
-    earlier on this communicator takes this path; anything else -- a new signature, ``out`` of
-    another shape, dtype or a read-only one, debug mode, a change of the checks setting, a broken
-    communicator -- returns None and the full path runs (and raises where it must).
-    """
-    ctx = existing_context(comm)
-    if ctx is None:
-        return None
-    sig = (algorithm, op, x.dtype, x.shape)
-    entry = ctx.fast.get(sig)
-    if entry is None:
-        return None
-    plan, table = entry
-    if table is not None and table is not _table():
-        return None
-    if ctx.broken is not None or plan.active:  # (a failed plan breaks its context: no need to look it up)
-        return None
-    if out is None:
-        out = numpy.empty(x.shape, x.dtype)
-    elif type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype or not out.flags.writeable:
-        return None
-    if timeout is not None:
-        if type(timeout) is not float or not 0.0 < timeout < float("inf"):
-            return None
-    if debug_enabled() or plan.checked is not checks_enabled():
-        return None
-    plan.start(x)
-    return plan.wait(out, timeout)
-
-
-def remember(ctx, algorithm, op, x, plan, auto):
-    """Record that calls with ``x``'s signature and ``algorithm``/``op`` as given run ``plan``."""
-    ctx.keep((algorithm, op, x.dtype, x.shape), (plan, _table() if auto else None))
-
-
-def _table():
-    """Return the object that changes whenever ``auto``'s tuning table does (its choice cache)."""
-    _ensure_loaded()
-    return _SELECT["cache"]

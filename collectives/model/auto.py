@@ -21,7 +21,7 @@ from collectives.schedules.registry import auto_candidates
 from collectives.backend import mpi_library_key
 from collectives.model.cost import predict
 
-__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "SHIPPED", "select_allreduce", "load_table", "clear_table", "reset_table",
+__all__ = ["DEFAULT_PARAMS", "CANDIDATES", "SHIPPED", "select_allreduce", "table_token", "load_table", "clear_table", "reset_table",
            "model_choice",
            "table_library"]
 
@@ -148,6 +148,15 @@ def _ensure_loaded():
     elif os.path.exists(SHIPPED.get(_running_library(), "")):
         load_table(SHIPPED[_running_library()])
     _STATE["loaded"] = True
+
+
+def table_token():
+    """Return an object that is replaced whenever ``auto``'s decision table changes (its choice cache).
+
+    A cached call signature resolved by ``auto`` stays valid while this object is the same one.
+    """
+    _ensure_loaded()
+    return _STATE["cache"]
 
 
 def model_choice(size, nbytes, params=None):
