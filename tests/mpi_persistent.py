@@ -110,7 +110,7 @@ def mismatch():
         n = 10 if kind == "count" and rank == 0 else 8
         op = "max" if kind == "op" and rank == 0 else "sum"
         try:
-            got = C.allreduce(np.ones(n, np.float32), comm=sub, op=op, algorithm="mpi", timeout=5.0)
+            got = C.allreduce(np.ones(n, np.float32), comm=sub, op=op, algorithm="mpi", timeout=1.5)
             check(False, f"{kind} mismatch on the cached path returned {got[:3]}")
         except C.CollectiveTimeout:
             check(kind == "op" and rank == 0, f"{kind}: timed out instead of naming the mismatch")

@@ -21,6 +21,8 @@ from tests.mpicases import FAILS, check, report
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
+#: timeout= of the mismatch cases that accept a CollectiveTimeout (a ring whose tags differ waits it out)
+MISMATCH_WAIT = 0.5
 
 
 def scatter_oracle(x, op):
@@ -112,7 +114,7 @@ def case_out_buffers():
                 sub = comm.Dup()
                 out = np.empty((P * shape[0], shape[1]))
                 expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),  # ring: tags differ, so a timeout
-                                     lambda: C.allgather(np.ones(shape), comm=sub, algorithm=alg, timeout=2, out=out),
+                                     lambda: C.allgather(np.ones(shape), comm=sub, algorithm=alg, timeout=MISMATCH_WAIT, out=out),
                                      f"allgather out= {alg} {what}")
                 sub.Free()
 
@@ -162,7 +164,7 @@ def case_library_plans():
         rows = 2 if rank == 0 else 3
         out = np.empty(P * rows, np.float32)
         expect_on_every_rank((C.CollectiveMismatch, C.CollectiveTimeout),
-                             lambda: C.allgather(np.ones(rows, np.float32), comm=sub, algorithm="mpi", timeout=2, out=out),
+                             lambda: C.allgather(np.ones(rows, np.float32), comm=sub, algorithm="mpi", timeout=MISMATCH_WAIT, out=out),
                              "allgather out= after correct calls: rows differ")
         sub.Free()
 
@@ -176,16 +178,16 @@ def case_mismatch_across_forms():
     either = (C.CollectiveMismatch, C.CollectiveTimeout)
     sub = comm.Dup()
     n = 2049 if rank == P - 1 else 2048
-    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), comm=sub, algorithm="mpi", timeout=2),
+    expect_on_every_rank(either, lambda: C.reduce_scatter(np.ones(n, np.float32), comm=sub, algorithm="mpi", timeout=MISMATCH_WAIT),
                          "reduce_scatter 2048 against 2049 elements")
     sub.Free()
     sub = comm.Dup()
     for _ in range(2):
         C.reduce_scatter(np.ones(16, np.float32), comm=sub, algorithm="mpi")
     if rank == P - 1:
-        call = (lambda: C.allgather(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=2, out=np.empty(16 * P, np.float32)))
+        call = (lambda: C.allgather(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=MISMATCH_WAIT, out=np.empty(16 * P, np.float32)))
     else:
-        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=2))
+        call = (lambda: C.reduce_scatter(np.ones(16, np.float32), comm=sub, algorithm="mpi", timeout=MISMATCH_WAIT))
     expect_on_every_rank(either, call, "reduce_scatter on some ranks, allgather out= on one")
     sub.Free()
 

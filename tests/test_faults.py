@@ -106,13 +106,14 @@ def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkey
 
     fake = tmp_path / "mpiexec"
     fake.write_text('#!/bin/sh\nwhile [ "$1" != "-n" ]; do shift; done\n'
-                    '"$3" -c "import time; time.sleep(1)" &\nexec sleep 120\n')
+                    '"$3" -c "import time; time.sleep(0.5)" &\nexec sleep 120\n')
     fake.chmod(0o755)
     monkeypatch.setattr(fault_suite, "_mpiexec", lambda: str(fake))
     monkeypatch.setattr(fault_suite, "_launcher", lambda extra: ({}, list(extra)))
+    monkeypatch.setattr(fault_suite, "LAUNCHER_ALONE_S", 1.0)
     begin = time.perf_counter()
     code, secs, out = fault_suite._launch(1, "x", [], {}, 60, extra=("-disable-auto-cleanup",))
-    assert code == 0 and 0.5 < secs < 6 and "still running" in out, (code, secs, out)
+    assert code == 0 and 0.25 < secs < 5 and "still running 1 s" in out, (code, secs, out)
     assert time.perf_counter() - begin < 20
-    code, secs, out = fault_suite._launch(1, "x", [], {}, 4)
-    assert code is None and secs >= 4, (code, secs, out)
+    code, secs, out = fault_suite._launch(1, "x", [], {}, 1.5)
+    assert code is None and secs >= 1.5, (code, secs, out)

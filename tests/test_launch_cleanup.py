@@ -42,7 +42,7 @@ def _survivors(mark):
 def test_timeout_ends_every_rank_of_the_job(tmp_path):
     mark = "commlab-sleeper-" + uuid.uuid4().hex
     with pytest.raises(AssertionError, match="timed out after"):
-        run_mpi(2, "tests.mpi_sleep", mark, str(tmp_path), timeout=5)
+        run_mpi(2, "tests.mpi_sleep", mark, str(tmp_path), timeout=3)
     started = sorted(os.listdir(tmp_path))
     assert started == ["rank-0", "rank-1"], f"the ranks did not start before the timeout: {started}"
     deadline = time.monotonic() + 3  # SIGKILL is asynchronous: give the kernel a moment

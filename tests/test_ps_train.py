@@ -80,11 +80,15 @@ def test_fail_worker_through_the_trainer(tmp_path, consistency):
     assert "worker rank 3 dropped" in out.stdout
 
 
+#: ``--ps-timeout`` of the crash runs (seconds): every survivor must end within it + 5 s (+ 2 s slack)
+CRASH_TIMEOUT = 1.5
+
+
 def _crash(tmp_path, rank, call, *flags):
-    """Run ``--mode ps --ps-timeout 3`` on 4 ranks with ``rank`` exiting at its ``call``-th protocol
+    """Run ``--mode ps --ps-timeout CRASH_TIMEOUT`` on 4 ranks with ``rank`` exiting at its ``call``-th protocol
     step; return (result, seconds from the crash to the end of the job)."""
     res = run_mpi(4, "experiments.faults.crash", "ps", rank, call, *COMMON, "--run-dir", str(tmp_path), "--mode", "ps",
-                  "--ps-timeout", "3", *flags, timeout=60, check=False, mpiexec_args=("-disable-auto-cleanup",))
+                  "--ps-timeout", str(CRASH_TIMEOUT), *flags, timeout=60, check=False, mpiexec_args=("-disable-auto-cleanup",))
     end = time.time()
     crash = re.search(r"injected crash at ([0-9.]+)", res.stdout)
     assert crash, res.stdout
@@ -95,7 +99,7 @@ def _crash(tmp_path, rank, call, *flags):
 def test_crashed_worker_ends_every_rank(tmp_path, consistency):
     res, seconds = _crash(tmp_path, 3, 5, "--consistency", consistency)
     out = res.stdout
-    assert res.returncode != 0 and seconds <= 3 + 5 + 2, (res.returncode, seconds, out)
+    assert res.returncode != 0 and seconds <= CRASH_TIMEOUT + 5 + 2, (res.returncode, seconds, out)
     cause = "error: BSP cannot continue: worker rank 3" if consistency == "bsp" else "worker rank 3 dropped"
     assert out.count(cause) == 1, out
     assert out.count("error: rank 0: rank(s) 3 did not reach the end of the run") == 1, out
@@ -105,7 +109,7 @@ def test_crashed_worker_ends_every_rank(tmp_path, consistency):
 def test_crashed_server_ends_every_rank(tmp_path):
     res, seconds = _crash(tmp_path, 0, 20, "--servers", "1")
     out = res.stdout
-    assert res.returncode != 0 and seconds <= 3 + 5 + 2, (res.returncode, seconds, out)
+    assert res.returncode != 0 and seconds <= CRASH_TIMEOUT + 5 + 2, (res.returncode, seconds, out)
     # a worker names the silent server once: no reply at all, or (when the server died between a
     # reply's header and its payload, which above the eager limit needs the sender alive, as with
     # Open MPI's shared memory) no payload
