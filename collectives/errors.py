@@ -22,19 +22,62 @@ __all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "C
 
 
 class CommlabError(Exception):
-    """Root of every error commlab raises on purpose (argument errors stay ``TypeError``/``ValueError``)."""
+    """Root of every error commlab raises on purpose (argument errors stay ``TypeError``/``ValueError``).
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveTimeout, CommlabError
+    >>> try:
+    ...     raise CollectiveTimeout("allreduce", 1, 0, 2.0)
+    ... except CommlabError as exc:  # catches every commlab error, timeouts included
+    ...     print(type(exc).__name__)
+    CollectiveTimeout
+    >>> issubclass(ValueError, CommlabError)  # argument errors are not commlab errors
+    False
+    """
 
 
 class Timeout(CommlabError):
-    """A peer did not answer within the allowed time (collective or parameter-server request)."""
+    """A peer did not answer within the allowed time (collective or parameter-server request).
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveTimeout, Timeout
+    >>> try:
+    ...     raise CollectiveTimeout("broadcast", None, 1, 5.0)
+    ... except Timeout as exc:  # a collective's or a parameter server's timeout
+    ...     print(exc)
+    broadcast timed out after 5 s in round 1: no answer from a peer (inside the MPI library)
+    """
 
 
 class ScheduleDeadlock(CommlabError, RuntimeError):
-    """No rank of a replayed schedule can make progress but some still have rounds to run."""
+    """No rank of a replayed schedule can make progress but some still have rounds to run.
+
+    Examples
+    --------
+    Rank 0 of a two-rank ring replayed alone waits for rank 1 forever:
+
+    >>> from collectives.model.simulate import replay
+    >>> from collectives.schedules.ring import ring_allreduce
+    >>> replay([ring_allreduce(0, 2, 4)])
+    Traceback (most recent call last):
+    ...
+    collectives.errors.ScheduleDeadlock: ranks [0] cannot progress; rank 0 waits in round 0: ...
+    """
 
 
 class CollectiveError(CommlabError, RuntimeError):
-    """Base class of the run-time errors of commlab's collectives."""
+    """Base class of the run-time errors of commlab's collectives.
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+    >>> issubclass(CollectiveTimeout, CollectiveError), issubclass(CollectiveMismatch, CollectiveError)
+    (True, True)
+    >>> issubclass(CollectiveError, RuntimeError)
+    True
+    """
 
 
 class CollectiveTimeout(CollectiveError, Timeout):
@@ -52,6 +95,15 @@ class CollectiveTimeout(CollectiveError, Timeout):
         The limit, in seconds.
     pending : str
         What this rank found waiting from ``peer`` instead (a message of another call), or "".
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveTimeout
+    >>> exc = CollectiveTimeout("allreduce", 3, 2, 0.5, phase="all-gather")
+    >>> str(exc)
+    'allreduce timed out after 0.5 s in round 2 (all-gather): no answer from rank 3'
+    >>> exc.peer, exc.round
+    (3, 2)
     """
 
     def __init__(self, collective, peer, round, timeout, phase="", pending=""):
@@ -78,6 +130,15 @@ class CollectiveMismatch(CollectiveError):
         ``root``, ``grid``, ``sequence`` (call order), ``call site``, or ``message size``.
     detail : str
         The differing values and the ranks that hold them.
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveMismatch
+    >>> exc = CollectiveMismatch("allreduce", "count", "rank 0: 4, rank 1: 5")
+    >>> print(exc)
+    allreduce: the ranks disagree about the call's count: rank 0: 4, rank 1: 5
+    >>> exc.field
+    'count'
     """
 
     def __init__(self, collective, field, detail):

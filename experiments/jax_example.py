@@ -33,13 +33,18 @@ def parse_args(argv=None):
 def main(argv=None):
     """Train and report; return the exit status (0 when the gradient check passes)."""
     args = parse_args(argv)
-    import jax
-    import jax.numpy as jnp
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    from sklearn.preprocessing import StandardScaler
-
     comm = MPI.COMM_WORLD
+    try:
+        import jax
+        import jax.numpy as jnp
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        from sklearn.preprocessing import StandardScaler
+    except ImportError as exc:  # one line from rank 0, no traceback from every rank
+        if comm.Get_rank() == 0:
+            what = "pip install jax" if (exc.name or "").startswith("jax") else "pip install -e '.[data]'"
+            print(f"error: the JAX example needs {exc.name or exc}: {what}", file=sys.stderr, flush=True)
+        return 2
     rank, size = comm.Get_rank(), comm.Get_size()
     x, y = load_digits(return_X_y=True)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)

@@ -1,13 +1,14 @@
 """What the studies share around their runs: results files checked writable before any measurement,
-and one way a multi-rank study ends on an error."""
+the command line their provenance names, and one way a multi-rank study ends on an error."""
 import os
+import shlex
 import sys
 import traceback
 
 import collectives.engine.policy
 from training.job import all_failed
 
-__all__ = ["unwritable", "run_or_report"]
+__all__ = ["unwritable", "command_line", "run_or_report"]
 
 
 def unwritable(*paths):
@@ -37,6 +38,28 @@ def unwritable(*paths):
         except OSError as exc:
             return f"{path!r} is not writable: {exc.strerror or exc}"
     return None
+
+
+def command_line(module, argv=None):
+    """Return ``python -m MODULE ARGV...`` for an entry point's ``main(argv)``, or None when ``argv`` is None.
+
+    A results file's provenance names the command that made it (:func:`experiments.results.stamp`);
+    when ``main`` is called with its own ``argv`` (a test, another program) this process's command
+    line is not that command. With ``argv`` None the entry point parsed ``sys.argv``, and None lets
+    :func:`experiments.results.provenance` read it from there.
+
+    Parameters
+    ----------
+    module : str
+        The entry point's module, e.g. ``"experiments.bench.trainer"``.
+    argv : list of str, optional
+        The arguments ``main`` parsed.
+
+    Returns
+    -------
+    str or None
+    """
+    return None if argv is None else shlex.join(["python", "-m", module, *map(str, argv)])
 
 
 def run_or_report(body, comm):

@@ -36,32 +36,9 @@ import shlex
 import sys
 import threading
 
+from training.metrics import LOAD_PER_CORE, default_max_load, is_quiet
+
 __all__ = ["default_max_load", "add_options", "guard", "LoadWatch", "provenance", "stamp", "is_noisy"]
-
-#: Load-average units per core above which a machine is not quiet (0.5 on 2 cores).
-LOAD_PER_CORE = 0.25
-
-
-def default_max_load(cores=None):
-    """Return the default load-average threshold of a measurement: ``LOAD_PER_CORE`` x cores.
-
-    Parameters
-    ----------
-    cores : int, optional
-        Core count (default ``os.cpu_count()``).
-
-    Returns
-    -------
-    float
-        0.5 on 2 cores, 2.0 on 8.
-
-    Examples
-    --------
-    >>> default_max_load(2)
-    0.5
-    """
-    return LOAD_PER_CORE * (cores or os.cpu_count() or 1)
-
 
 def add_options(parser):
     """Add ``--max-load`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark."""
@@ -209,7 +186,7 @@ def stamp(record, watch, P=None, command=None):
         rank adds one unit of load on its own).
     """
     load = watch.summary()
-    noisy = load["before"] > watch.max_load or load["during_max"] > watch.max_load + (P or 1)
+    noisy = not is_quiet(load["before"], load["during_max"], P, watch.max_load)
     record["provenance"] = {**provenance(P, command), "load": load, "max_load": watch.max_load, "noisy": noisy}
     return record
 

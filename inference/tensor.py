@@ -121,7 +121,7 @@ def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
         ``T * x.nbytes``).
     timeout : float, optional
         Seconds the all-reduce may wait for a peer (:class:`collectives.CollectiveTimeout`).
-    slots : ndarray, shape (T, *x.shape), x.dtype, optional
+    slots : ndarray, shape ``(T,) + x.shape``, x.dtype, optional
         Scratch buffer to reuse between calls (overwritten).
 
     Returns

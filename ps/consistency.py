@@ -61,6 +61,17 @@ class ClockTable:
     ------
     ValueError
         When an argument is out of range (the message names it).
+
+    Examples
+    --------
+    Worker 0 has pushed clocks 0 and 1, worker 1 nothing yet; SSP with ``s = 1``:
+
+    >>> t = ClockTable(2, "ssp", staleness=1)
+    >>> t.fold(0, 0); t.fold(0, 1)
+    >>> t.servable(0, 1), t.servable(0, 2)  # worker 1 is one clock behind, not two
+    (True, False)
+    >>> t.staleness_of(0, 1)
+    1
     """
 
     __slots__ = ("n_workers", "consistency", "staleness", "folded", "status")
@@ -146,6 +157,16 @@ class ClockBuckets:
     ----------
     table : ClockTable
         The server's clock table (liveness decides when a bucket is complete).
+
+    Examples
+    --------
+    >>> buckets = ClockBuckets(ClockTable(2, "bsp"))
+    >>> buckets.add(1, 0, np.array([4.0]))
+    >>> buckets.pop_ready() is None  # worker 0 has not pushed clock 0 yet
+    True
+    >>> buckets.add(0, 0, np.array([2.0]))
+    >>> buckets.pop_ready()  # (clock, mean gradient, workers)
+    (0, array([3.]), [0, 1])
     """
 
     __slots__ = ("table", "buckets")

@@ -18,6 +18,15 @@ class PSOptions:
     ------
     ValueError
         From :meth:`validate`, naming the offending field.
+
+    Examples
+    --------
+    >>> opts = PSOptions(servers=1, consistency="ssp", staleness=1, budget=20)
+    >>> opts.validate(size=3)  # one server, two workers
+    >>> PSOptions(servers=2).validate(size=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: servers must be in [1, 1] so that at least one worker remains on 2 ranks, got 2
     """
 
     servers: int = 1                # number of server ranks S (the first S ranks of the communicator)
@@ -118,6 +127,15 @@ def parse_rank_spec(spec, name, kind):
     ------
     ValueError
         When ``spec`` is not ``RANK:VALUE`` with numbers.
+
+    Examples
+    --------
+    >>> parse_rank_spec("2:4", "straggler", float)
+    (2, 4.0)
+    >>> parse_rank_spec("3", "fail_worker", int)
+    Traceback (most recent call last):
+    ...
+    ValueError: fail_worker must be RANK:STEP, got '3'
     """
     rank, sep, value = str(spec).partition(":")
     try:

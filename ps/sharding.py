@@ -47,6 +47,15 @@ def shard_sizes(n, servers):
         When ``n`` or ``servers`` is not an integer.
     ValueError
         When ``n < 0`` or ``servers < 1``.
+
+    Examples
+    --------
+    >>> shard_sizes(10, 3)
+    array([4, 3, 3])
+    >>> shard_sizes(10, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: servers must be >= 1, got 0
     """
     _check(n, servers)
     return np.diff(np.array(chunk_bounds(int(n), int(servers)), dtype=np.int64))
@@ -71,6 +80,11 @@ def shard_offsets(n, servers):
     ------
     TypeError, ValueError
         As :func:`shard_sizes`.
+
+    Examples
+    --------
+    >>> shard_offsets(10, 3)
+    array([ 0,  4,  7, 10])
     """
     _check(n, servers)
     return np.array(chunk_bounds(int(n), int(servers)), dtype=np.int64)
@@ -96,6 +110,11 @@ def shard_slice(n, servers, server):
     ------
     ValueError
         When ``server`` is out of range (and as :func:`shard_sizes`).
+
+    Examples
+    --------
+    >>> shard_slice(10, 3, 1)
+    slice(4, 7, None)
     """
     offsets = shard_offsets(n, servers)
     if not 0 <= server < servers:
@@ -122,6 +141,16 @@ def split_shards(x, servers):
     ------
     ValueError
         When ``x`` is not one-dimensional.
+
+    Examples
+    --------
+    >>> x = np.arange(5.0)
+    >>> a, b = split_shards(x, 2)
+    >>> a, b
+    (array([0., 1., 2.]), array([3., 4.]))
+    >>> b[0] = 9.0  # views: x changes too
+    >>> x
+    array([0., 1., 2., 9., 4.])
     """
     if getattr(x, "ndim", None) != 1:
         raise ValueError(f"x must be a 1-D array, got shape {getattr(x, 'shape', None)}")
@@ -147,6 +176,15 @@ def join_shards(shards, out=None):
     ------
     ValueError
         When ``out`` has the wrong length or a shard is not 1-D.
+
+    Examples
+    --------
+    >>> join_shards([np.array([0.0, 1.0, 2.0]), np.array([3.0, 4.0])])
+    array([0., 1., 2., 3., 4.])
+    >>> join_shards([np.zeros(2)], out=np.empty(3))
+    Traceback (most recent call last):
+    ...
+    ValueError: out must have shape (2,), got (3,)
     """
     if any(getattr(s, "ndim", None) != 1 for s in shards):
         raise ValueError("shards must be 1-D arrays")

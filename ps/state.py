@@ -51,6 +51,14 @@ class ServerOptimizer:
         When an argument is out of range (the message names it).
     TypeError
         When ``make_optimizer`` is not callable.
+
+    Examples
+    --------
+    The step size of an ASP push (``W = 2``) whose gradient is 4 clocks stale:
+
+    >>> opt = ServerOptimizer(np.zeros(2), lambda params, grads: None, lr=0.4, staleness_lr=True)
+    >>> opt.rate(staleness=4, divisor=2)  # 0.4 / 2 / 4
+    0.05
     """
 
     __slots__ = ("lr", "lr_at", "staleness_lr", "grads", "optimizer")

@@ -57,6 +57,14 @@ def write_npz(path, arrays):
     CheckpointError
         Naming ``path`` and the cause, when the file cannot be written (disk full, file size limit,
         permissions, a missing directory).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_npz(os.path.join(d, "shard.npz"), {"params": numpy.arange(3.0)})
+    ...     read_npz(os.path.join(d, "shard.npz"))
+    {'params': array([0., 1., 2.])}
     """
     host = {k: to_host(v) for k, v in arrays.items()}
     for k, v in host.items():
@@ -157,6 +165,13 @@ def parse_npz(data, path):
     ------
     CheckpointError
         Naming ``path``, when the bytes are corrupt, truncated or fail the checksum.
+
+    Examples
+    --------
+    >>> parse_npz(b"not a zip file", "shard.npz")
+    Traceback (most recent call last):
+    ...
+    ps.store.CheckpointError: ...shard.npz...
     """
     try:
         with numpy.load(io.BytesIO(data), allow_pickle=False) as z:

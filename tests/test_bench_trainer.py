@@ -81,7 +81,7 @@ def test_grid_table_and_results_file(tmp_path, capsys):
         try:
             assert bench_trainer.main(["--batch", "4", "16", "--optimizer", "sgd", "adam", "--steps", "2",
                                        "--repeats", "3", "--warmup", "1", "--model", "20-16-5",
-                                       "--out", str(out)]) == 0
+                                       "--out", str(out), "--allow-noisy"]) == 0  # the test machine may be busy
         finally:
             torch.set_num_threads(threads)
     text = capsys.readouterr().out

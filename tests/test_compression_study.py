@@ -13,7 +13,7 @@ def test_sweep_writes_results_and_plot(tmp_path):
     out = tmp_path / "study"
     run_mpi(2, "experiments.studies.compression_sweep", "--compressor", "none", "--compressor",
             "topk:ratio=0.01", "--seeds", "0", "--epochs", "1", "--bench-steps", "2", "--out", out,
-            "--set", "hidden=16", timeout=180)
+            "--set", "hidden=16", "--allow-noisy", timeout=180)  # the test machine may be busy
     with open(out / "compression_sweep.json", encoding="utf-8") as f:
         results = json.load(f)
     assert results["run"]["P"] == 2 and "mpi_library" in results["run"]

@@ -43,6 +43,15 @@ def test_jax_example_on_two_ranks():
     assert "matches the full-batch gradient" in result.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jax") is not None, reason="JAX is installed: the example itself runs")
+def test_jax_example_without_jax_prints_one_line_once():
+    """A missing optional package: one line naming what to install, from one rank, no traceback."""
+    result = run_mpi(2, "experiments.jax_example", "--steps", "3", timeout=60, check=False)
+    assert result.returncode != 0, result.stdout
+    assert result.stdout.count("error: the JAX example needs jax: pip install jax") == 1, result.stdout
+    assert "Traceback" not in result.stdout and result.stdout.count("error:") == 1, result.stdout
+
+
 def test_mpi_library_string_is_one_clean_line():
     """Open MPI's NUL terminator and MPICH's padding are removed; the library key names each."""
     from collectives.backend import mpi_library, mpi_library_key

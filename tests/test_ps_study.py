@@ -16,7 +16,7 @@ def test_staleness_sweep_reruns_over_a_previous_sweep_and_plots(tmp_path):
     with open(os.path.join(out, "staleness_sweep.json"), "w") as f:
         json.dump({"stale": True}, f)
     proc = run_mpi(5, "experiments.studies.staleness_sweep", "--out", out, "--epochs", "1", "--protocols", "bsp,ssp2",
-                   "--set", "hidden=16", timeout=90)
+                   "--set", "hidden=16", "--allow-noisy", timeout=90)  # the test machine may be busy
     assert "Traceback" not in proc.stdout and "target" not in proc.stdout, proc.stdout
     assert "removed 3 entries of the previous sweep" in proc.stdout, proc.stdout
     assert sorted(os.listdir(runs)) == ["bsp-r0", "bsp-r0.log", "keep.txt", "latest", "ssp2-r0", "ssp2-r0.log"]
@@ -46,8 +46,8 @@ def test_staleness_sweep_error_is_one_message(tmp_path):
     """An --out that cannot hold run directories: one error line from rank 0, exit 1, no traceback."""
     blocked = tmp_path / "file"
     blocked.write_text("")
-    proc = run_mpi(2, "experiments.studies.staleness_sweep", "--out", str(blocked), "--straggler", "", timeout=60,
-                   check=False)
+    proc = run_mpi(2, "experiments.studies.staleness_sweep", "--out", str(blocked), "--straggler", "", "--allow-noisy",
+                   timeout=60, check=False)
     assert proc.returncode == 1, proc.stdout
     assert proc.stdout.count("error: OSError") == 1 and "Traceback" not in proc.stdout, proc.stdout
 
@@ -88,7 +88,7 @@ def test_ps_study_end_to_end_small(tmp_path):
     out = str(tmp_path)
     proc = run_mpi(5, "experiments.studies.ps_study", "--out", out, "--epochs", "1", "--repeats", "1",
                    "--delay-prob", "0.2", "--delay-s", "0.002", "--snapshots", "4", "--set", "hidden=16",
-                   "--straggler-set", "batch_size=64", "--stop-after", "0", timeout=120)
+                   "--straggler-set", "batch_size=64", "--stop-after", "0", "--allow-noisy", timeout=120)
     assert "Traceback" not in proc.stdout, proc.stdout
     with open(os.path.join(out, "ps_study.json")) as f:
         res = json.load(f)

@@ -109,9 +109,9 @@ CHECKS = {
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
     "python -m plots.bench results/bench_p4.json --markdown --out results":
         Help("tests/test_bench.py::test_tune_and_plot_on_a_real_sweep"),
-    "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out tuning.json --tolerance 0.15":
+    "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out results/tuning.json --tolerance 0.15":
         Run(),
-    "COMMLAB_TUNING=tuning.json mpiexec -n 4 python -m experiments.demo":
+    "COMMLAB_TUNING=results/tuning.json mpiexec -n 4 python -m experiments.demo":
         Help("tests/test_bench.py::test_tune_table_round_trips_through_select"),
     # Gradient compression
     "mpiexec -n 4 python -m training.train --compression topk --compression-arg ratio=0.01":

@@ -230,6 +230,12 @@ def parse_args(argv=None):
         On a malformed flag or an invalid value (argparse prints the usage and the reason, status
         2), or when the run to resume cannot be read (the exit message is ``error: --resume
         PATH: ...``, status 1).
+
+    Examples
+    --------
+    >>> cfg = parse_args(["--optimizer", "sgd", "--lr", "0.05", "--hidden", "64,32"])
+    >>> cfg.optimizer, cfg.lr, cfg.hidden, cfg.epochs  # the others keep their defaults
+    ('sgd', 0.05, (64, 32), 40)
     """
     parser = build_parser()
     given = vars(parser.parse_args(argv))

@@ -117,6 +117,16 @@ class Config:
         ValueError
             When ``d`` holds a key that is not a field, a value of the wrong type (JSON ``null``
             for a number, say), or a value that fails :meth:`validate`.
+
+        Examples
+        --------
+        >>> cfg = Config.from_dict({"optimizer": "sgd", "lr": 1, "hidden": [64, 32]})
+        >>> cfg.optimizer, cfg.lr, cfg.hidden  # an int is taken as a float, a list as a tuple
+        ('sgd', 1.0, (64, 32))
+        >>> Config.from_dict({"learning_rate": 0.1})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown configuration key(s): learning_rate
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)

@@ -56,6 +56,16 @@ class DistributedSampler:
     shuffle : bool
     seed : int
     drop_last : bool
+
+    Examples
+    --------
+    >>> s = DistributedSampler(10, rank=2, size=4, shuffle=False)
+    >>> s.indices(0).tolist(), len(s)  # padded by wrapping around
+    ([2, 6, 0], 3)
+    >>> [b.tolist() for b in s.batches(0, batch=2)]
+    [[2, 6], [0]]
+    >>> DistributedSampler(10, rank=2, size=4, shuffle=False, drop_last=True).indices(0).tolist()
+    [2, 6]
     """
 
     def __init__(self, n, rank, size, shuffle=True, seed=0, drop_last=False):
@@ -100,6 +110,11 @@ def eval_shard(n, rank, size):
     """Return this rank's contiguous slice of ``range(n)``: each sample on exactly one rank.
 
     Shard sizes are ``numpy.array_split`` sizes (the first ``n % size`` ranks get one more).
+
+    Examples
+    --------
+    >>> [eval_shard(10, r, 4) for r in range(4)]
+    [slice(0, 3, None), slice(3, 6, None), slice(6, 8, None), slice(8, 10, None)]
     """
     base, extra = divmod(int(n), int(size))
     lo = rank * base + min(rank, extra)

@@ -13,7 +13,9 @@ Files in a run directory (all written by rank 0 alone):
 ``epochs.jsonl``
     One line per epoch: the epoch table's values (means over ranks) plus ``wall_s``.
 ``summary.json``
-    Final test accuracy, wall time, communication fraction and totals.
+    Final test accuracy, wall time, communication fraction and totals, and ``load_average_end`` (the
+    1-minute load average when the run ended: with ``config.json``'s ``run.load_average`` it tells
+    whether the run was measured on a quiet machine, :func:`is_quiet`).
 
 Communication time: ``comm_s`` = ``wait_s`` + ``transfer_s`` (seconds, per-rank sums, means over
 ranks). ``wait_s`` is the skew: the time a rank spends at the step's first exchange (a one-element
@@ -38,8 +40,43 @@ from mpi4py import MPI
 from collectives.backend import mpi_library
 from training.sizes import format_bytes
 
-__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
+__all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]
+
+
+#: Load-average units per core above which a machine is busy: a measurement there measures the other
+#: jobs (0.5 on 2 cores). Studies refuse to start above it (:mod:`experiments.results`); the
+#: published results (:mod:`plots.publish`) come only from runs below it.
+LOAD_PER_CORE = 0.25
+
+
+def default_max_load(cores=None):
+    """Return the load-average threshold of a quiet machine: :data:`LOAD_PER_CORE` x cores.
+
+    Parameters
+    ----------
+    cores : int, optional
+        Core count (default ``os.cpu_count()``).
+
+    Examples
+    --------
+    >>> default_max_load(2)
+    0.5
+    """
+    return LOAD_PER_CORE * (cores or os.cpu_count() or 1)
+
+
+def is_quiet(before, during_max, P, max_load):
+    """True when a run's load was below ``max_load`` before it and below ``max_load + P`` during it.
+
+    Each of the run's own busy-polling ranks adds about one unit of load, hence ``+ P`` during.
+
+    Examples
+    --------
+    >>> is_quiet(0.1, 2.3, 2, 0.5), is_quiet(0.8, 0.8, 2, 0.5), is_quiet(0.1, 3.1, 2, 0.5)
+    (True, False, False)
+    """
+    return before <= max_load and during_max <= max_load + (P or 1)
 
 
 def run_info(comm):
@@ -49,14 +86,15 @@ def run_info(comm):
     -------
     dict
         MPI library version (first line, runs of whitespace collapsed), MPI standard version,
-        mpi4py and NumPy versions, P, host, Python version, argv and the start time (ISO 8601,
-        local).
+        mpi4py and NumPy versions, P, host, Python version, argv, the start time (ISO 8601,
+        local), the core count and the 1-minute load average at the start.
     """
     return {"mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
             "python": platform.python_version(), "argv": sys.argv[1:],
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cores": os.cpu_count(),
+            "load_average": round(os.getloadavg()[0], 2)}
 
 
 def write_config(run_dir, config, info, resumed_from=None):

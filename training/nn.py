@@ -80,6 +80,15 @@ class Linear(Layer):
         He normal, std sqrt(2 / n_in) (He et al., ICCV 2015, section 2.2), for layers followed by
         ReLU; Glorot uniform, limit sqrt(6 / (n_in + n_out)) (Glorot & Bengio, AISTATS 2010,
         eq. 16), otherwise. Biases start at zero.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> model = Sequential([Linear(2, 1, init="glorot")], dtype="float64")
+    >>> model.params[:] = [1.0, 2.0, 0.5]  # W (2, 1), then b
+    >>> model.forward(np.array([[1.0, 1.0], [3.0, 0.0]]))
+    array([[3.5],
+           [3.5]])
     """
 
     def __init__(self, n_in, n_out, init="he"):
@@ -238,6 +247,20 @@ class Sequential:
         When one layer object appears twice in ``layers`` (naming both indices): ``backward``
         writes each gradient view instead of adding to it, and a layer caches the input of its
         last ``forward``, so a reused layer would get the gradient of its last use only.
+
+    Examples
+    --------
+    >>> model = Sequential([Linear(3, 2), ReLU(), Linear(2, 2, init="glorot")])
+    >>> model.size, model.slices[:2]
+    (14, [('0.Linear.W', 0, 6), ('0.Linear.b', 6, 2)])
+    >>> model.params[6:8] = 5.0  # the first bias, through the flat buffer
+    >>> model.layers[0].b
+    array([5., 5.], dtype=float32)
+    >>> layer = Linear(2, 2)
+    >>> Sequential([layer, layer])
+    Traceback (most recent call last):
+    ...
+    ValueError: layers[1] is the same Linear object as layers[0]: ...
     """
 
     def __init__(self, layers, dtype="float32", seed=0, xp=numpy):
@@ -341,6 +364,15 @@ def build_mlp(sizes, activation="relu", dtype="float32", seed=0, xp=numpy):
     Returns
     -------
     Sequential
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> model = build_mlp([4, 8, 3], seed=0)
+    >>> [type(layer).__name__ for layer in model.layers], model.size
+    (['Linear', 'ReLU', 'Linear'], 67)
+    >>> model.forward(np.ones((5, 4), np.float32)).shape
+    (5, 3)
     """
     if len(sizes) < 2:
         raise ValueError(f"sizes needs at least (in, out), got {list(sizes)}")

@@ -99,6 +99,15 @@ class SGD(Optimizer):
     ``g = grad + wd * w;  v = momentum * v + g;  w = w - lr * v`` (Sutskever et al., ICML 2013,
     eq. 1, with the learning rate moved out of the velocity as in ``torch.optim.SGD``). With
     ``momentum = 0`` it is plain SGD.
+
+    Examples
+    --------
+    >>> params, grads = numpy.array([1.0, 2.0]), numpy.array([0.5, -1.0])
+    >>> opt = SGD(params, grads, lr=0.5, momentum=0.5)
+    >>> opt.step(); params  # v = g
+    array([0.75, 2.5 ])
+    >>> opt.step(); params  # v = 0.5 v + g
+    array([0.375, 3.25 ])
     """
 
     def __init__(self, params, grads, lr=0.1, momentum=0.9, weight_decay=0.0):
@@ -220,6 +229,14 @@ def make_optimizer(cfg, model):
     ------
     ValueError
         When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> from training.nn import build_mlp
+    >>> opt = make_optimizer(Config(optimizer="sgd", lr=0.5, momentum=0.0), build_mlp([2, 2]))
+    >>> type(opt).__name__, opt.lr, opt.params.size
+    ('SGD', 0.5, 6)
     """
     return optimizer_factory(cfg)(model.params, model.grads)
 
@@ -254,6 +271,13 @@ def schedule_lr(schedule, lr, step, total_steps):
     ------
     ValueError
         When ``schedule`` is not one of :data:`SCHEDULES`.
+
+    Examples
+    --------
+    >>> [schedule_lr("cosine", 0.4, step, 10) for step in (0, 5, 10, 12)]
+    [0.4, 0.2, 0.0, 0.0]
+    >>> schedule_lr("constant", 0.4, 5, 10)
+    0.4
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {schedule!r}")

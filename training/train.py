@@ -170,7 +170,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         write_trace(cfg.trace, comm, cfg.timeout)
     summary = _summary(t, comm, run_dir, data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
     if rank == 0:
-        summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"))
+        summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"),
+                       load_average_end=round(os.getloadavg()[0], 2))
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {summary['final_test_acc']:.2%} after {state.epoch} "
               f"epoch{'' if state.epoch == 1 else 's'} | wall {state.wall_s:.1f} s | "

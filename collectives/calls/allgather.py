@@ -76,6 +76,21 @@ def allgather(x, *args, comm=None, algorithm="ring", out=None, timeout=None):
         on every rank even when only one rank's ``x`` is at fault.
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> collectives.allgather(np.array([[1, 2], [3, 4]]))  # one rank: its own block
+    array([[1, 2],
+           [3, 4]])
+    >>> out = np.empty(2)
+    >>> collectives.allgather(np.array([5.0, 6.0]), algorithm="mpi", out=out) is out
+    True
+    >>> collectives.allgather(np.ones(2), algorithm="tree")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown allgather algorithm 'tree': expected one of ring, mpi, auto
     """
     if args:
         positional('allgather', args)

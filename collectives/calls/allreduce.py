@@ -4,6 +4,16 @@ The rules every collective shares (chunking, float16 and bfloat16 accumulation, 
 NaN under ``min``/``max``, argument errors before any message) are written once, in
 :mod:`collectives.calls`. Here: the argument checks, ``auto``'s resolution, and the two routes (the
 library's ``MPI_Iallreduce``, cached for repeated small calls, or a schedule).
+
+Examples
+--------
+:data:`ALGORITHMS` names every all-reduce algorithm, ``algorithm=`` takes its keys:
+
+>>> from collectives.calls.allreduce import ALGORITHMS
+>>> list(ALGORITHMS)
+['ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'mpi', 'auto']
+>>> ALGORITHMS["mpi"]
+"the MPI library's own collective (the oracle and baseline)"
 """
 import numpy
 from mpi4py import MPI
@@ -137,6 +147,22 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
     ``auto``) reuses the buffers, check elements and resolved choices cached for its call signature
     (:mod:`collectives.library.plans`) and posts one ``MPI_Iallreduce``, with the same fingerprint check.
     For a plan made once and started many times, see :func:`collectives.allreduce_init`.
+
+    Examples
+    --------
+    On one rank (``mpiexec -n 1``) the sum over ranks is ``x`` itself:
+
+    >>> import numpy as np
+    >>> import collectives
+    >>> collectives.allreduce(np.arange(4.0), algorithm="ring")
+    array([0., 1., 2., 3.])
+    >>> x = np.array([3, 1, 2])
+    >>> collectives.allreduce(x, op="max", out=x) is x  # in place
+    True
+    >>> collectives.allreduce(x, algorithm="butterfly")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown algorithm 'butterfly': expected one of ring, tree, ...
     """
     if args:
         positional('allreduce', args)
@@ -215,6 +241,16 @@ def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=N
     Request
         ``test()`` advances it without blocking; ``wait()`` completes it and returns the result
         (in the caller's tensor type for DLPack input).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> req = collectives.iallreduce(np.arange(3.0), op="avg", algorithm="ring")
+    >>> req.test()  # one rank: nothing to wait for
+    True
+    >>> req.wait()
+    array([0., 1., 2.])
     """
     if args:
         positional('iallreduce', args)

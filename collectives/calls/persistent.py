@@ -46,6 +46,19 @@ class AllreducePlan:
         The result, written by every :meth:`wait` (``x``'s shape and dtype).
     algorithm : str
         The algorithm the plan runs (``auto`` resolved once, at plan time).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> x = np.zeros(3)
+    >>> plan = collectives.allreduce_init(x, algorithm="ring")
+    >>> x[:] = [1.0, 2.0, 3.0]  # the plan reads x at every start
+    >>> plan.start()
+    >>> plan.wait() is plan.out
+    True
+    >>> plan.out
+    array([1., 2., 3.])
     """
 
     __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout")
@@ -139,6 +152,20 @@ def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, gr
     ValueError, TypeError
         As for :func:`collectives.allreduce` (on every rank, before any message), or ``x`` that is
         not a NumPy array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> x = np.array([1, 2, 3], dtype=np.int64)
+    >>> plan = collectives.allreduce_init(x, op="sum", algorithm="mpi", out=x)  # in place
+    >>> plan.start(); plan.wait()
+    array([1, 2, 3])
+    >>> plan.free()
+    >>> collectives.allreduce_init([1.0, 2.0])
+    Traceback (most recent call last):
+    ...
+    TypeError: allreduce_init takes a NumPy array, not list
     """
     if args:
         positional('allreduce_init', args)

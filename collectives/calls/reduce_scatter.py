@@ -101,6 +101,22 @@ def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, ti
     ------
     ValueError, TypeError
         As for :func:`collectives.allreduce`.
+
+    Examples
+    --------
+    On one rank the only chunk is the whole flattened sum:
+
+    >>> import numpy as np
+    >>> import collectives
+    >>> collectives.reduce_scatter(np.arange(6.0).reshape(2, 3), op="sum")
+    array([0., 1., 2., 3., 4., 5.])
+    >>> out = np.empty(4, dtype=np.int64)
+    >>> collectives.reduce_scatter(np.ones(4, dtype=np.int64), algorithm="mpi", out=out) is out
+    True
+    >>> collectives.reduce_scatter(np.ones(4), out=np.empty(3))
+    Traceback (most recent call last):
+    ...
+    ValueError: out has shape (3,), expected (4,)
     """
     if args:
         positional('reduce_scatter', args)

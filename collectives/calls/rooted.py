@@ -45,6 +45,18 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
         ``root`` out of range, unknown algorithm.
     TypeError
         Unsupported dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> x = np.array([1.0, 2.0, 3.0])
+    >>> collectives.broadcast(x, root=0, algorithm="tree") is x  # written in place
+    True
+    >>> collectives.broadcast(x, root=1)  # one rank: only root 0 exists
+    Traceback (most recent call last):
+    ...
+    ValueError: root=1 is out of range for a communicator of size 1
     """
     if args:
         positional('broadcast', args)
@@ -103,6 +115,17 @@ def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None
     ------
     ValueError, TypeError
         As for :func:`collectives.allreduce`; ``root`` out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> collectives.reduce(np.array([3, 1, 2]), op="min", root=0)
+    array([3, 1, 2])
+    >>> collectives.reduce(np.array([3, 1, 2]), op="mean")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown op 'mean': expected one of ...
     """
     if args:
         positional('reduce', args)

@@ -34,6 +34,14 @@ class DGCMemory(Memory):
     ------
     ValueError
         If an argument is out of range.
+
+    Examples
+    --------
+    >>> mem = DGCMemory(momentum=0.5)
+    >>> v = mem.compensate(np.array([1.0, 2.0]), "w")  # u = v = g at first
+    >>> mem.update(v, "w", np.array([0.0, 2.0]))  # element 1 sent: its v and u are cleared
+    >>> mem.compensate(np.array([2.0, 2.0]), "w")  # u = 0.5 u + g = (2.5, 2), v = v + u
+    array([3.5, 2. ])
     """
 
     __slots__ = ("momentum", "clip_norm", "size", "velocities", "momenta")
@@ -125,6 +133,15 @@ class DGC(TopK):
         Steps of sparsity warm-up (>= 0); 0 starts at ``ratio``.
     seed : int
         Unused; kept for the common constructor.
+
+    Examples
+    --------
+    >>> c = DGC(k=1)
+    >>> c.make_memory(size=4)  # doctest: +ELLIPSIS
+    <collectives.compression.dgc.DGCMemory object at ...>
+    >>> payloads, ctx = c.compress(np.array([0.5, -2.0, 1.0], np.float32), "w")
+    >>> c.decompress(payloads, ctx)
+    array([ 0., -2.,  0.], dtype=float32)
     """
 
     __slots__ = ("momentum", "clip_norm", "warmup_steps")

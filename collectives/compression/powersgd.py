@@ -36,6 +36,13 @@ def matrix_layout(size, matrix_rank, shapes=None):
     ------
     ValueError
         If the sizes of ``shapes`` do not add up to ``size``.
+
+    Examples
+    --------
+    >>> matrix_layout(20, 1, shapes=[(4, 4), (4,)])  # a 4 x 4 weight at rank 1, its bias raw
+    [(0, 16, 4, 4, 1), (16, 20, 4, 1, 0)]
+    >>> matrix_layout(10, 2)  # no shapes: one near-square matrix, zero-padded
+    [(0, 10, 4, 3, 0)]
     """
     if shapes is None:
         rows = max(1, math.isqrt(max(size - 1, 0)) + 1) if size else 0
@@ -89,6 +96,16 @@ class PowerSGD(Compressor):
     ------
     ValueError
         If ``matrix_rank`` is not a positive int, both names are given, or ``shapes`` is malformed.
+
+    Examples
+    --------
+    >>> c = PowerSGD(matrix_rank=1, shapes=[(4, 4), (4,)])
+    >>> x = np.concatenate([np.outer([1.0, 2.0, 3.0, 4.0], np.ones(4)).ravel(), [5.0, 6.0, 7.0, 8.0]])
+    >>> payloads, ctx = c.compress(x, "w")
+    >>> [p.size for p in payloads]  # P_hat (4) and the raw bias (4), then Q (4): 12 of 20 elements
+    [8, 4]
+    >>> np.allclose(c.decompress(payloads, ctx), x)  # a rank-1 matrix is rebuilt exactly
+    True
     """
 
     __slots__ = ("r", "shapes", "warm_start", "_qs", "_layouts")

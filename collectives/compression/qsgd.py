@@ -38,6 +38,18 @@ class QSGD(Compressor):
     ------
     ValueError
         If ``levels`` or ``bucket`` is out of range.
+
+    Examples
+    --------
+    A bucket whose ``s |v_i| / ||v||`` are whole levels is sent exactly (``||(3, -4)|| = 5``):
+
+    >>> import numpy as np
+    >>> c = QSGD(levels=5, bucket=2)
+    >>> (norms, levels), ctx = c.compress(np.array([3.0, -4.0], np.float32), "w")
+    >>> norms, levels
+    (array([5.], dtype=float32), array([ 3, -4], dtype=int8))
+    >>> c.decompress([norms, levels], ctx)
+    array([ 3., -4.], dtype=float32)
     """
 
     __slots__ = ("levels", "bucket", "_dtype")

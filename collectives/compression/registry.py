@@ -38,6 +38,11 @@ def compressor_arguments(name):
     ------
     ValueError
         If ``name`` is not registered.
+
+    Examples
+    --------
+    >>> compressor_arguments("topk")
+    {'ratio': 0.01, 'k': None, 'seed': 0}
     """
     if name not in COMPRESSORS:
         raise ValueError(f"name must be one of {sorted(COMPRESSORS)}, got {name!r}")
@@ -60,6 +65,11 @@ def parse_literal(text):
     Returns
     -------
     bool, None, int, float, str or another literal
+
+    Examples
+    --------
+    >>> [parse_literal(t) for t in ("True", "null", "3", "1e-3", "inf", "[(64, 784)]", "topk")]
+    [True, None, 3, 0.001, inf, [(64, 784)], 'topk']
     """
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
@@ -94,6 +104,15 @@ def split_key_value(text, what="argument"):
     ------
     ValueError
         Naming ``what``, when ``text`` has no ``=`` or an empty key.
+
+    Examples
+    --------
+    >>> split_key_value(" spec = a=b")
+    ('spec', ' a=b')
+    >>> split_key_value("ratio", "--set")
+    Traceback (most recent call last):
+    ...
+    ValueError: --set must look like KEY=VALUE, got 'ratio'
     """
     key, sep, value = str(text).partition("=")
     if not sep or not key.strip():
@@ -117,6 +136,11 @@ def parse_compression_arg(text):
     ------
     ValueError
         When ``text`` has no ``=`` or an empty key.
+
+    Examples
+    --------
+    >>> parse_compression_arg("ratio=0.01")
+    ('ratio', 0.01)
     """
     key, value = split_key_value(text, "compression argument")
     return key, parse_literal(value)
@@ -142,6 +166,11 @@ def parse_compression_args(items):
     ------
     ValueError
         If an item has no ``=`` or an empty key.
+
+    Examples
+    --------
+    >>> parse_compression_args(["ratio=0.5", "rescale=true", "shapes=[(2, 3)]"])
+    {'ratio': 0.5, 'rescale': True, 'shapes': [(2, 3)]}
     """
     return dict(parse_compression_arg(item) for item in items or ())
 
@@ -165,6 +194,20 @@ def make_compressor(name, **kwargs):
     ValueError
         If ``name`` is unknown, an argument is unknown (naming it), not a number where its default
         is one, or out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = make_compressor("topk", k="2")  # a string is read as a literal
+    >>> c
+    TopK(ratio=0.01, k=2)
+    >>> payloads, ctx = c.compress(np.array([0.0, -5.0, 1.0, 3.0], np.float32), "w")
+    >>> c.decompress(payloads, ctx)  # the two largest magnitudes
+    array([ 0., -5.,  0.,  3.], dtype=float32)
+    >>> make_compressor("topk", levels=4)
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown argument(s) ['levels'] for compressor 'topk'; accepted: ['k', 'ratio', 'seed']
     """
     accepted = compressor_arguments(name)
     unknown = sorted(set(kwargs) - set(accepted))

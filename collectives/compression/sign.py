@@ -70,6 +70,17 @@ class SignSGD(Compressor):
         Multiply the vote by the mean magnitude (see above).
     seed : int
         Unused (signs are deterministic); kept for the common constructor.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x, y = np.array([0.5, -1.5, 0.0, 3.0], np.float32), np.array([-1.0, -1.0, 1.0, 1.0], np.float32)
+    >>> payloads, ctx = SignSGD().compress(x, "w")
+    >>> SignSGD().decompress(payloads, ctx)  # mean|x| = 1.25 times the sign
+    array([ 1.25, -1.25,  0.  ,  1.25], dtype=float32)
+    >>> c = SignSGD(scaled=False)
+    >>> c.aggregate([c.compress(v, "w")[0] for v in (x, y, x)], ctx)  # majority vote of three ranks
+    array([ 1., -1.,  1.,  1.], dtype=float32)
     """
 
     __slots__ = ("scaled",)
@@ -122,6 +133,14 @@ class EFSignSGD(Compressor):
     The sign is one bit, so an exact zero is sent as ``+||p||_1 / d`` (``pack_signs``); the error
     feedback carries the difference into the next step (mass is conserved), and an all-zero ``p``
     has scale 0 and gives exactly 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = EFSignSGD()
+    >>> payloads, ctx = c.compress(np.array([1.0, -3.0, 0.0, 4.0], np.float32), "w")
+    >>> c.decompress(payloads, ctx)  # mean|p| = 2; the zero is sent as +2
+    array([ 2., -2.,  2.,  2.], dtype=float32)
     """
 
     __slots__ = ()
@@ -147,6 +166,16 @@ class OneBit(Compressor):
     Speech DNNs", Sec. 3 (per tensor here, per column there). Exact zeros fall in the ``>= 0`` group
     and are rebuilt as ``mean_pos`` (error feedback carries the difference); an all-zero tensor has
     ``mean_pos = 0`` and gives exactly 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> c = OneBit()
+    >>> payloads, ctx = c.compress(np.array([1.0, 3.0, -2.0, -4.0], np.float32), "w")
+    >>> payloads[1]  # mean of the elements >= 0, mean of the others
+    array([ 2., -3.], dtype=float32)
+    >>> c.decompress(payloads, ctx)
+    array([ 2.,  2., -3., -3.], dtype=float32)
     """
 
     __slots__ = ()

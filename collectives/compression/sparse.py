@@ -94,6 +94,16 @@ class TopK(_Sparse):
         Number of elements kept (>= 1), clamped to the tensor size.
     seed : int
         Unused (selection is deterministic); kept for the common constructor.
+
+    Examples
+    --------
+    >>> c = TopK(ratio=0.5)
+    >>> (indices, values), ctx = c.compress(np.array([[0.5, -4.0], [1.0, 3.0]], np.float32), "w")
+    >>> sorted(indices.tolist()), indices.dtype
+    ([1, 3], dtype('int32'))
+    >>> c.decompress([indices, values], ctx)
+    array([[ 0., -4.],
+           [ 0.,  3.]], dtype=float32)
     """
 
     __slots__ = ("ratio", "k")
@@ -144,6 +154,17 @@ class RandomK(Compressor):
         Multiply by ``d / k`` (unbiased).
     seed : int
         Seed of the shared index draws; must be the same on every rank.
+
+    Examples
+    --------
+    >>> x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    >>> c = RandomK(k=2, seed=7)
+    >>> payloads, ctx = c.compress(x, "w")
+    >>> len(payloads), payloads[0].size  # only the values travel; every rank draws the indices
+    (1, 2)
+    >>> y = c.decompress(payloads, ctx)
+    >>> bool((y[ctx["indices"]] == x[ctx["indices"]]).all()), int(np.count_nonzero(y))
+    (True, 2)
     """
 
     __slots__ = ("ratio", "k", "rescale")
@@ -189,6 +210,15 @@ class Threshold(_Sparse):
         Magnitude threshold (> 0), in gradient units.
     seed : int
         Unused; kept for the common constructor.
+
+    Examples
+    --------
+    >>> c = Threshold(threshold=1.0)
+    >>> payloads, ctx = c.compress(np.array([0.5, -2.0, 0.1, 1.0], np.float32), "w")
+    >>> payloads[0]
+    array([1, 3], dtype=int32)
+    >>> c.decompress(payloads, ctx)
+    array([ 0., -2.,  0.,  1.], dtype=float32)
     """
 
     __slots__ = ("threshold",)

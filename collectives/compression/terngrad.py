@@ -19,6 +19,12 @@ def pack_2bit(codes):
     -------
     ndarray, shape (ceil(n / 4),), uint8
         Code ``4 j + i`` sits in bits ``2 i, 2 i + 1`` of byte ``j``.
+
+    Examples
+    --------
+    >>> packed = pack_2bit(np.array([1, 2, 0, 3, 1], np.uint8))
+    >>> packed.tolist(), unpack_2bit(packed, 5).tolist()
+    ([201, 1], [1, 2, 0, 3, 1])
     """
     xp = get_array_module(codes)
     n = codes.size
@@ -55,6 +61,17 @@ class TernGrad(Compressor):
     ------
     ValueError
         If ``clip`` is not positive.
+
+    Examples
+    --------
+    Elements at ``+-max|g|`` are kept with probability 1, zeros with probability 0:
+
+    >>> c = TernGrad(seed=0)
+    >>> payloads, ctx = c.compress(np.array([2.0, -2.0, 0.0], np.float32), "w")
+    >>> [p.nbytes for p in payloads]  # a float32 scaler, then 2 bits per element
+    [4, 1]
+    >>> c.decompress(payloads, ctx)
+    array([ 2., -2.,  0.], dtype=float32)
     """
 
     __slots__ = ("clip",)

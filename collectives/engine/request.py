@@ -27,6 +27,24 @@ class Request:
         The communicator's set of requests in flight (this request adds and removes itself).
     on_fail : callable or None
         Called with the error message when a wait times out (marks the communicator unusable).
+
+    Examples
+    --------
+    The non-blocking collectives make requests (:func:`collectives.iallreduce`):
+
+    >>> import numpy as np
+    >>> import collectives
+    >>> req = collectives.iallreduce(np.ones(3), algorithm="tree")
+    >>> isinstance(req, collectives.Request)
+    True
+    >>> req.wait(timeout=5.0)
+    array([1., 1., 1.])
+    >>> req.done, req.test()
+    (True, True)
+    >>> req.wait(timeout=-1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout=-1.0 must be None or a positive number of seconds
     """
 
     __slots__ = ("_run", "_finish", "_active", "_on_fail", "_failed", "result", "done")

@@ -160,13 +160,31 @@ def table_token():
 
 
 def model_choice(size, nbytes, params=None):
-    """Return the candidate with the smallest modelled all-reduce time for P = ``size``."""
+    """Return the candidate with the smallest modelled all-reduce time for P = ``size``.
+
+    Examples
+    --------
+    With :data:`DEFAULT_PARAMS`, latency rules small messages and bandwidth large ones:
+
+    >>> model_choice(8, 64), model_choice(8, 64 << 20)
+    ('recursive_doubling', 'rabenseifner')
+    >>> model_choice(8, 64, {"alpha": 0.0, "beta": 1e-9, "gamma": 1e-9})
+    'ring'
+    """
     params = params or DEFAULT_PARAMS
     return min(CANDIDATES, key=lambda a: (predict(a, size, nbytes, params), CANDIDATES.index(a)))
 
 
 def select_allreduce(size, nbytes):
-    """Return the all-reduce algorithm ``auto`` resolves to for P = ``size`` and ``nbytes`` bytes."""
+    """Return the all-reduce algorithm ``auto`` resolves to for P = ``size`` and ``nbytes`` bytes.
+
+    Examples
+    --------
+    >>> select_allreduce(1, 4096)  # one rank: the ring's schedule is empty
+    'ring'
+    >>> select_allreduce(4, 4096) in CANDIDATES + ("mpi",)  # from the table in force, else the model
+    True
+    """
     _ensure_loaded()
     key = (size, nbytes)
     choice = _STATE["cache"].get(key)

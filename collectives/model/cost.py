@@ -47,6 +47,18 @@ def coefficients(algorithm, P, nbytes, grid=None):
     -------
     tuple of float
         Message count (alpha), bytes on the critical path (beta), bytes reduced (gamma).
+
+    Raises
+    ------
+    ValueError
+        ``algorithm`` is not modelled.
+
+    Examples
+    --------
+    >>> coefficients("ring", 4, 1024)  # 2 (P-1) messages, 2 (P-1)/P n and (P-1)/P n bytes
+    (6.0, 1536.0, 768.0)
+    >>> coefficients("tree", 1, 1024)  # one rank: nothing to do
+    (0.0, 0.0, 0.0)
     """
     if P <= 1 or nbytes <= 0:
         return 0.0, 0.0, 0.0
@@ -83,6 +95,18 @@ def predict(algorithm, P, nbytes, params, grid=None):
         As for :func:`coefficients`.
     params : dict
         ``alpha`` (s), ``beta`` (s/byte), ``gamma`` (s/byte).
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> params = {"alpha": 1e-6, "beta": 1e-9, "gamma": 0.0}
+    >>> round(predict("ring", 4, 10**6, params), 9)  # 6 alpha + 1.5e6 beta
+    0.001506
+    >>> predict("recursive_doubling", 4, 10**6, params) > predict("ring", 4, 10**6, params)
+    True
     """
     a, b, c = coefficients(algorithm, P, nbytes, grid)
     return a * params["alpha"] + b * params["beta"] + c * params["gamma"]
@@ -112,6 +136,18 @@ def fit(rows, min_bytes=0):
     ------
     ValueError
         Fewer than three usable rows.
+
+    Examples
+    --------
+    Times made by the model itself give its parameters back:
+
+    >>> import math
+    >>> true = {"alpha": 2e-6, "beta": 1e-9, "gamma": 5e-10}
+    >>> rows = [{"algorithm": a, "P": 4, "bytes": n, "time_s": predict(a, 4, n, true)}
+    ...         for a in ("ring", "recursive_doubling") for n in (1e3, 1e6)]
+    >>> got = fit(rows)
+    >>> got["rows"], all(math.isclose(got[k], true[k], rel_tol=1e-6) for k in true)
+    (4, True)
     """
     A, t = [], []
     for r in rows:
@@ -138,7 +174,18 @@ def fit(rows, min_bytes=0):
 
 @dataclass
 class Topology:
-    """A two-level machine: nodes of ``ranks_per_node`` ranks (rank r on node ``r // ranks_per_node``)."""
+    """A two-level machine: nodes of ``ranks_per_node`` ranks (rank r on node ``r // ranks_per_node``).
+
+    Examples
+    --------
+    >>> topo = Topology(ranks_per_node=2, alpha_intra=1.0, alpha_inter=3.0)
+    >>> topo.link(0, [1, 2], 0).tolist()  # rank 1 shares rank 0's node, rank 2 does not
+    [1.0, 3.0]
+    >>> Topology(ranks_per_node=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: ranks_per_node=0 must be >= 1
+    """
 
     ranks_per_node: int = 8  # ranks on one node
     alpha_intra: float = 1e-6  # seconds per message inside a node
@@ -184,6 +231,15 @@ def ring_tables(algorithm, P, count, grid=None):
     in that round ``ranks[i]`` sends ``send_n[i]`` elements to ``send_peer[i]`` and receives
     ``recv_n[i]`` from ``recv_peer[i]``. These are the rounds of :func:`collectives.schedules.ring.ring_allreduce`
     and :func:`collectives.schedules.torus.torus_allreduce`, generated without building P schedules.
+
+    Examples
+    --------
+    >>> rounds = list(ring_tables("ring", 4, 10))
+    >>> len(rounds)  # 2 (P - 1)
+    6
+    >>> ranks, send_peer, send_n, recv_peer, recv_n, reduce = rounds[0]
+    >>> send_peer.tolist(), send_n.tolist(), reduce
+    ([[1, 2, 3, 0]], [[2, 3, 3, 2]], True)
     """
     if algorithm == "ring":
         groups = numpy.arange(P)[None, :]
@@ -223,6 +279,22 @@ def simulate(algorithm, P, nbytes, topo=None, itemsize=4, grid=None):
         Bytes per element.
     grid : (int, int), optional
         For ``2d``; default (nodes, ranks_per_node) when P fills whole nodes, else the squarest grid.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    On one node the ring's replay takes the time the model predicts:
+
+    >>> import math
+    >>> topo = Topology(ranks_per_node=8)
+    >>> params = {"alpha": topo.alpha_intra, "beta": topo.beta_intra, "gamma": topo.gamma}
+    >>> math.isclose(simulate("ring", 4, 1 << 20, topo), predict("ring", 4, 1 << 20, params))
+    True
+    >>> simulate("ring", 16, 1 << 20, topo) > simulate("2d", 16, 1 << 20, topo)  # two nodes
+    True
     """
     topo = topo or Topology()
     count = int(nbytes) // itemsize

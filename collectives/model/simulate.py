@@ -46,6 +46,20 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None):
         A receive can never be matched.
     ValueError
         A received message does not have the length the receiving round expects.
+
+    Examples
+    --------
+    Three ranks' ring all-reduce in one process, checked against NumPy's sum:
+
+    >>> from collectives.schedules.registry import build_allreduce_schedule
+    >>> data = [numpy.arange(5.0) * (r + 1) for r in range(3)]
+    >>> scheds = [build_allreduce_schedule("ring", r, 3, 5) for r in range(3)]
+    >>> replay(scheds, data)["rounds"]
+    12
+    >>> data[2]
+    array([ 0.,  6., 12., 18., 24.])
+    >>> replay(scheds, cost=lambda src, dst, n: (0.0, 1.0))["clock"]  # 1 s per message
+    [4.0, 4.0, 4.0]
     """
     size = len(schedules)
     queues = {}

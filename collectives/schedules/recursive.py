@@ -51,6 +51,13 @@ def recursive_doubling_allreduce(rank, size, count):
 
     Cost (n bytes, P a power of two): ``log2 P (alpha + n beta + n gamma)``; best for small messages.
     Source: Thakur et al. 2005, section 4.5.
+
+    Examples
+    --------
+    >>> recursive_doubling_allreduce(0, 4, 8)  # log2 4 = 2 whole-vector exchanges
+    Schedule('recursive_doubling', rank=0, size=4, count=8, rounds=2, messages=2, elements_sent=16)
+    >>> [rd.phase for rd in recursive_doubling_allreduce(0, 3, 8).rounds]  # P = 3: rank 0 sits out
+    ['fold', 'unfold']
     """
     def core(nr, p2, rem):
         rounds, mask = [], 1
@@ -74,6 +81,14 @@ def rabenseifner_allreduce(rank, size, count):
 
     Cost (n bytes, P a power of two): ``2 log2 P alpha + 2 (P-1)/P n beta + (P-1)/P n gamma``; with
     a fold, ``+ 2 (alpha + n beta) + n gamma``. Source: Rabenseifner 2004; Thakur et al. 2005, 4.5.
+
+    Examples
+    --------
+    >>> s = rabenseifner_allreduce(0, 4, 8)  # halves 4 then 2 elements, doubles 2 then 4
+    >>> s
+    Schedule('rabenseifner', rank=0, size=4, count=8, rounds=4, messages=4, elements_sent=12)
+    >>> [rd.phase for rd in s.rounds]
+    ['reduce-scatter', 'reduce-scatter', 'all-gather', 'all-gather']
     """
     def core(nr, p2, rem):
         b = chunk_bounds(count, p2)

@@ -39,6 +39,12 @@ class Algorithm:
         Whether ``algorithm="auto"`` may pick it for the all-reduce.
     modelled : bool
         Whether the alpha-beta-gamma model (:mod:`collectives.model.cost`) covers its all-reduce.
+
+    Examples
+    --------
+    >>> ring = REGISTRY["ring"]
+    >>> ring.serves, ring.auto, ring.modelled
+    (('allreduce', 'reduce_scatter', 'allgather'), True, True)
     """
 
     name: str
@@ -75,6 +81,15 @@ def names(collective="allreduce"):
     ------
     ValueError
         ``collective`` is not one of :data:`COLLECTIVES`.
+
+    Examples
+    --------
+    >>> names("broadcast")
+    ('tree', 'mpi', 'auto')
+    >>> names("scan")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown collective 'scan': expected one of allreduce, reduce_scatter, allgather, broadcast, reduce
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
@@ -86,17 +101,37 @@ OP_ALGORITHMS = {name: names(name) for name in ("reduce_scatter", "allgather", "
 
 
 def auto_candidates():
-    """Return the all-reduce algorithms ``auto`` chooses among."""
+    """Return the all-reduce algorithms ``auto`` chooses among.
+
+    Examples
+    --------
+    >>> auto_candidates()
+    ('ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d')
+    """
     return tuple(a.name for a in REGISTRY.values() if a.auto)
 
 
 def modelled():
-    """Return the all-reduce algorithms the cost model covers."""
+    """Return the all-reduce algorithms the cost model covers.
+
+    Examples
+    --------
+    >>> modelled()
+    ('ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'mpi')
+    """
     return tuple(a.name for a in REGISTRY.values() if a.modelled)
 
 
 def describe(collective="allreduce"):
-    """Return ``{name: description}`` of the algorithms serving ``collective``."""
+    """Return ``{name: description}`` of the algorithms serving ``collective``.
+
+    Examples
+    --------
+    >>> list(describe("reduce_scatter"))
+    ['ring', 'mpi', 'auto']
+    >>> describe()["tree"]
+    'binomial-tree reduce to rank 0 then binomial-tree broadcast (Thakur et al. 2005)'
+    """
     return {n: REGISTRY[n].description for n in names(collective)}
 
 
@@ -109,6 +144,19 @@ def check_algorithm(algorithm, collective="allreduce"):
         The caller's ``algorithm=`` argument.
     collective : str
         One of :data:`COLLECTIVES`.
+
+    Raises
+    ------
+    ValueError
+        ``algorithm`` does not serve ``collective``.
+
+    Examples
+    --------
+    >>> check_algorithm("ring", "reduce_scatter")
+    >>> check_algorithm("tree", "reduce_scatter")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown reduce_scatter algorithm 'tree': expected one of ring, mpi, auto
     """
     known = names(collective)
     if not isinstance(algorithm, str) or algorithm not in known:
@@ -129,10 +177,23 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
     grid : (int, int), optional
         For ``2d``: rows and columns; default the factorization of P closest to square.
 
+    Returns
+    -------
+    Schedule
+
     Raises
     ------
     ValueError
         ``algorithm`` has no hand-made all-reduce schedule.
+
+    Examples
+    --------
+    >>> build_allreduce_schedule("2d", 0, 6, 12)  # on the 2 x 3 grid
+    Schedule('2d', rank=0, size=6, count=12, rounds=6, messages=6, elements_sent=20)
+    >>> build_allreduce_schedule("mpi", 0, 4, 12)
+    Traceback (most recent call last):
+    ...
+    ValueError: no all-reduce schedule for 'mpi': expected one of ring, tree, recursive_doubling, rabenseifner, 2d
     """
     entry = REGISTRY.get(algorithm)
     if entry is None or entry.allreduce_builder is None:

@@ -31,6 +31,15 @@ def ring_reduce_scatter_rounds(group, me, bounds, phase="reduce-scatter"):
         Block boundaries in the work buffer; block ``j`` is ``[bounds[j], bounds[j + 1])``.
     phase : str
         Label for the rounds.
+
+    Examples
+    --------
+    Member 0 of a three-rank ring over blocks ``[0, 2), [2, 4), [4, 6)``:
+
+    >>> for rd in ring_reduce_scatter_rounds([0, 1, 2], 0, [0, 2, 4, 6]):
+    ...     print(rd.sends, rd.recvs)
+    ((1, 4, 6),) ((2, 2, 4, True),)
+    ((1, 2, 4),) ((2, 0, 2, True),)
     """
     n = len(group)
     right, left = group[(me + 1) % n], group[(me - 1) % n]
@@ -52,6 +61,13 @@ def ring_allgather_rounds(group, me, bounds, phase="all-gather"):
     ----------
     group, me, bounds, phase
         As for :func:`ring_reduce_scatter_rounds`.
+
+    Examples
+    --------
+    >>> for rd in ring_allgather_rounds([0, 1, 2], 0, [0, 2, 4, 6]):
+    ...     print(rd.sends, rd.recvs)
+    ((1, 0, 2),) ((2, 4, 6, False),)
+    ((1, 4, 6),) ((2, 2, 4, False),)
     """
     n = len(group)
     right, left = group[(me + 1) % n], group[(me - 1) % n]
@@ -82,6 +98,14 @@ def ring_allreduce(rank, size, count):
     Returns
     -------
     Schedule
+
+    Examples
+    --------
+    >>> s = ring_allreduce(1, 4, 10)
+    >>> s  # 2 (P - 1) rounds, each sending one chunk of 10 elements split 3, 3, 2, 2
+    Schedule('ring', rank=1, size=4, count=10, rounds=6, messages=6, elements_sent=15)
+    >>> [rd.phase for rd in s.rounds[2:4]]
+    ['reduce-scatter', 'all-gather']
     """
     group, bounds = list(range(size)), chunk_bounds(count, size)
     rounds = ring_reduce_scatter_rounds(group, rank, bounds) + ring_allgather_rounds(group, rank, bounds)
@@ -92,6 +116,11 @@ def ring_reduce_scatter(rank, size, count):
     """Build the ring reduce-scatter schedule: rank r ends with the reduced chunk r.
 
     Cost: ``(P-1) alpha + (P-1)/P n beta + (P-1)/P n gamma``. Source: Patarasuk and Yuan 2009.
+
+    Examples
+    --------
+    >>> ring_reduce_scatter(0, 4, 10)
+    Schedule('ring', rank=0, size=4, count=10, rounds=3, messages=3, elements_sent=7)
     """
     return Schedule("ring", rank, size, count,
                     ring_reduce_scatter_rounds(list(range(size)), rank, chunk_bounds(count, size)))
@@ -108,5 +137,12 @@ def ring_allgather(rank, size, bounds):
         Block boundaries of the concatenated result; rank r contributes block r (sizes may differ).
 
     Cost: ``(P-1) alpha + (P-1)/P n beta``. Source: Thakur, Rabenseifner and Gropp 2005, section 4.
+
+    Examples
+    --------
+    Blocks of 1, 3 and 2 elements (all-gather-v):
+
+    >>> ring_allgather(0, 3, [0, 1, 4, 6])
+    Schedule('ring', rank=0, size=3, count=6, rounds=2, messages=2, elements_sent=3)
     """
     return Schedule("ring", rank, size, bounds[-1], ring_allgather_rounds(list(range(size)), rank, bounds))

@@ -40,6 +40,13 @@ def chunk_bounds(count, parts):
     tuple of int
         ``bounds`` with ``bounds[0] == 0`` and ``bounds[parts] == count``; chunk ``i`` is
         ``[bounds[i], bounds[i + 1])``.
+
+    Examples
+    --------
+    >>> chunk_bounds(73, 4)
+    (0, 19, 37, 55, 73)
+    >>> chunk_bounds(2, 4)  # more parts than elements: empty chunks at the end
+    (0, 1, 2, 2, 2)
     """
     q, r = divmod(count, parts)
     return tuple(i * q + min(i, r) for i in range(parts + 1))
@@ -57,6 +64,13 @@ class Round:
         ``reduce`` combine them into ``work[start:stop]`` with the op, else store them there.
     phase : str
         Name of the algorithm phase ("reduce-scatter", "all-gather", ...), for traces and errors.
+
+    Examples
+    --------
+    Empty regions are dropped, so both sides skip a zero-element message:
+
+    >>> Round([(1, 0, 2)], [(1, 2, 4, True), (1, 4, 4, False)], "ring")
+    Round(phase='ring', sends=((1, 0, 2),), recvs=((1, 2, 4, True),))
     """
 
     __slots__ = ("sends", "recvs", "phase")
@@ -90,6 +104,14 @@ class Schedule:
         Elements of scratch space needed (the largest total of reducing receives in one round).
     elements_sent, messages : int
         Totals over all rounds, for byte accounting (multiply by the item size for bytes).
+
+    Examples
+    --------
+    >>> s = Schedule("demo", 0, 2, 4, [Round([(1, 0, 2)], [(1, 2, 4, True)]), Round()])
+    >>> s  # the empty round is dropped
+    Schedule('demo', rank=0, size=2, count=4, rounds=1, messages=1, elements_sent=2)
+    >>> s.scratch, s.links()
+    (2, {(0, 1): 2})
     """
 
     __slots__ = ("algorithm", "rank", "size", "count", "rounds", "scratch", "elements_sent",
@@ -230,6 +252,15 @@ def segmented(schedule, elements=SEGMENT_ELEMENTS):
     -------
     Schedule
         ``schedule`` itself when no message is longer than ``elements``.
+
+    Examples
+    --------
+    >>> from collectives.schedules.ring import ring_allreduce
+    >>> s = ring_allreduce(0, 2, 10)  # two rounds of 5-element messages
+    >>> len(s.rounds), len(segmented(s, elements=2).rounds)  # each cut into 2 + 2 + 1
+    (2, 6)
+    >>> segmented(s) is s  # nothing longer than SEGMENT_ELEMENTS
+    True
     """
     if not any(len(r.sends) == 1 and len(r.recvs) == 1 and max(r.sends[0][2] - r.sends[0][1],
                                                                 r.recvs[0][2] - r.recvs[0][1]) > elements

@@ -28,6 +28,15 @@ def check_grid(grid, size):
     ------
     ValueError
         ``grid`` is not two positive integers, or ``rows * cols != size``.
+
+    Examples
+    --------
+    >>> check_grid([2, 3], 6)
+    (2, 3)
+    >>> check_grid((2, 3), 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: grid=(2, 3) has 6 ranks but the communicator has 4
     """
     if (not isinstance(grid, (tuple, list)) or len(grid) != 2
             or not all(isinstance(g, (int, numpy.integer)) and not isinstance(g, bool) and g >= 1 for g in grid)):
@@ -39,7 +48,13 @@ def check_grid(grid, size):
 
 
 def square_grid(size):
-    """Return the (rows, cols) factorization of ``size`` closest to square, with rows <= cols."""
+    """Return the (rows, cols) factorization of ``size`` closest to square, with rows <= cols.
+
+    Examples
+    --------
+    >>> square_grid(12), square_grid(16), square_grid(7)
+    ((3, 4), (4, 4), (1, 7))
+    """
     rows = max(d for d in range(1, int(size ** 0.5) + 1) if size % d == 0)
     return rows, size // rows
 
@@ -56,6 +71,14 @@ def torus_allreduce(rank, size, count, grid):
         This rank, P and the element count.
     grid : (int, int)
         Rows and columns, ``rows * cols == size`` (see :func:`check_grid`).
+
+    Examples
+    --------
+    >>> s = torus_allreduce(0, 4, 8, (2, 2))
+    >>> [rd.phase for rd in s.rounds]
+    ['row reduce-scatter', 'column reduce-scatter', 'column all-gather', 'row all-gather']
+    >>> [rd.sends[0][0] for rd in s.rounds]  # rank 0's row peer is 1, its column peer 2
+    [1, 2, 2, 1]
     """
     rows, cols = grid
     row, col = divmod(rank, cols)

@@ -27,6 +27,15 @@ def binomial_reduce_rounds(rank, size, root, lo, hi, phase="reduce"):
         Element range of the work buffer being reduced.
     phase : str
         Label for the rounds.
+
+    Examples
+    --------
+    Rank 0 of four receives and combines from 1, then from 2 (which combined 3's part):
+
+    >>> [rd.recvs for rd in binomial_reduce_rounds(0, 4, 0, 0, 8)]
+    [((1, 0, 8, True),), ((2, 0, 8, True),)]
+    >>> [rd.sends for rd in binomial_reduce_rounds(3, 4, 0, 0, 8)]
+    [((2, 0, 8),)]
     """
     v = (rank - root) % size
     rounds, mask = [], 1
@@ -45,6 +54,11 @@ def binomial_broadcast_rounds(rank, size, root, lo, hi, phase="broadcast"):
 
     A rank first receives from its parent, then sends to all its children in one round (largest
     subtree first).
+
+    Examples
+    --------
+    >>> [(rd.sends, rd.recvs) for rd in binomial_broadcast_rounds(0, 4, 0, 0, 8)]
+    [(((2, 0, 8), (1, 0, 8)), ())]
     """
     v = (rank - root) % size
     rounds, mask = [], 1
@@ -68,6 +82,11 @@ def tree_allreduce(rank, size, count):
 
     Cost (n bytes): ``2 ceil(log2 P) (alpha + n beta) + ceil(log2 P) n gamma``; latency-friendly for
     small messages, bandwidth-poor for large ones. Source: Thakur et al. 2005, sections 4.1 and 4.4.
+
+    Examples
+    --------
+    >>> tree_allreduce(0, 4, 8)  # the root: two receives, then one round of two sends
+    Schedule('tree', rank=0, size=4, count=8, rounds=3, messages=2, elements_sent=16)
     """
     rounds = binomial_reduce_rounds(rank, size, 0, 0, count) + binomial_broadcast_rounds(rank, size, 0, 0, count)
     return Schedule("tree", rank, size, count, rounds)
@@ -77,6 +96,11 @@ def tree_reduce(rank, size, count, root):
     """Build the binomial-tree reduce schedule to ``root``.
 
     Cost: ``ceil(log2 P) (alpha + n beta + n gamma)``. Source: Thakur et al. 2005, section 4.4.
+
+    Examples
+    --------
+    >>> tree_reduce(2, 4, 8, root=2)
+    Schedule('tree', rank=2, size=4, count=8, rounds=2, messages=0, elements_sent=0)
     """
     return Schedule("tree", rank, size, count, binomial_reduce_rounds(rank, size, root, 0, count))
 
@@ -85,5 +109,10 @@ def tree_broadcast(rank, size, count, root):
     """Build the binomial-tree broadcast schedule from ``root``.
 
     Cost: ``ceil(log2 P) (alpha + n beta)``. Source: Thakur et al. 2005, section 4.1.
+
+    Examples
+    --------
+    >>> tree_broadcast(0, 5, 8, root=0)
+    Schedule('tree', rank=0, size=5, count=8, rounds=1, messages=3, elements_sent=24)
     """
     return Schedule("tree", rank, size, count, binomial_broadcast_rounds(rank, size, root, 0, count))

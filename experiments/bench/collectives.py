@@ -2,9 +2,9 @@
 
     mpiexec [-bind-to core] -n 4 python -m experiments.bench.collectives [--ops allreduce,reduce_scatter,allgather]
         [--algorithms ring,mpi] [--min-bytes 8] [--max-bytes 64M] [--iters N] [--repeats 3] [--out results/bench]
-        [--format table|nccl-tests]
+        [--format table|nccl-tests] [--max-load L] [--allow-noisy]
     python -m plots.bench results/bench.json
-    python -m experiments.bench.tune results/bench.json --out tuning.json
+    python -m experiments.bench.tune results/bench.json --out results/tuning.json
 
 For each message size (doubling from ``--min-bytes`` to ``--max-bytes``) and each op, every
 algorithm -- MPI's own (``mpi``) included, in the same process -- runs in turn:
@@ -39,7 +39,9 @@ nccl-tests reports it, and the ``# Avg bus bandwidth`` footer. The in-place call
 too, where commlab has them (:mod:`experiments.bench.cases`); elsewhere the group reads N/A.
 
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
-library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench.output.summarize`).
+library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench.output.summarize`);
+the complete sweep's JSON its ``provenance`` (:mod:`experiments.results`: on a busy machine the sweep
+refuses to start unless ``--allow-noisy`` marks it noisy).
 """
 import argparse
 import math
@@ -57,8 +59,9 @@ import collectives.engine.context
 import collectives.schedules.registry
 from experiments.bench.cases import case, poison
 from experiments.bench.oracle import count_wrong
+from experiments import results as prov
 from experiments.bench.output import COLUMNS, HEAD, UNSTABLE, bus_factor, header, library, line, report, write
-from experiments.outputs import unwritable
+from experiments.outputs import command_line, unwritable
 from experiments.bench.references import gloo_available, gloo_finish
 from training.cli import parse_on_every_rank
 from training.sizes import bytes_argument
@@ -104,6 +107,8 @@ class BenchConfig:
     baseline: str = ""                        # "gloo": torch.distributed all-reduce as an extra row
     format: str = "table"                     # printed output: "table" (commlab's columns) or "nccl-tests"
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
+    max_load: float = None                    # refuse to start above this load average (None: 0.25 x cores)
+    allow_noisy: bool = False                 # start on a busy machine anyway, the results marked noisy
 
 
 def _names(text):
@@ -147,7 +152,7 @@ def parse_args(argv=None, size=1):
                       dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                       warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
-                      format=a.format)
+                      format=a.format, max_load=a.max_load, allow_noisy=a.allow_noisy)
     if not _plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
@@ -192,6 +197,7 @@ def _parser():
                         "columns: time as the mean over ranks, out-of-place and in-place groups, the "
                         "in-place calls measured too; default table)")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
+    prov.add_options(p)
     return p
 
 
@@ -316,12 +322,14 @@ def _measure(op, nbytes, cfg, comm):
     return rows
 
 
-def run_sweep(cfg, comm=None):
+def run_sweep(cfg, comm=None, watch=None, command=None):
     """Run the sweep described by ``cfg`` on ``comm`` and return the results dict (on every rank).
 
     Rank 0 prints each row as it is measured (with ``--format nccl-tests``, one comment line per size
     and nccl-tests' tables at the end) and rewrites the results files after every size, so an
-    interrupted sweep leaves what it measured (``complete`` false).
+    interrupted sweep leaves what it measured (``complete`` false). With ``watch`` (every rank's
+    :func:`experiments.results.guard`) rank 0's complete results carry their ``provenance`` naming
+    ``command`` (default: this process's command line), and the other ranks stop sampling.
 
     Raises
     ------
@@ -357,6 +365,8 @@ def run_sweep(cfg, comm=None):
                 if nccl:
                     print(f"# pass {k + 1} of {cfg.repeats}: {nbytes} B measured", flush=True)
     results = header(cfg, comm, True, passes)
+    if watch is not None:  # rank 0 writes the provenance; the others stop sampling
+        prov.stamp(results, watch, P=comm.Get_size(), command=command) if rank0 else watch.summary()
     if rank0:
         write(cfg, results)
         report(cfg, results)
@@ -380,7 +390,11 @@ def _fail(comm, message):
 
 
 def main(argv=None):
-    """Parse the command line, run the sweep, exit non-zero if any result was wrong."""
+    """Parse the command line, run the sweep, exit non-zero if any result was wrong.
+
+    A bad argument, an unwritable ``--out`` or a busy machine (:func:`experiments.results.guard`) exit 2
+    with one error line from rank 0, before any measurement.
+    """
     comm = MPI.COMM_WORLD
     cfg = parse_on_every_rank(partial(parse_args, size=comm.Get_size()), argv, comm.Get_rank())  # errors once
     if cfg.baseline == "gloo" and not gloo_available(comm):
@@ -390,7 +404,11 @@ def main(argv=None):
     comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)  # rank 0 alone writes; every rank learns its verdict
     if flag[0]:
         _fail(comm, why)
-    results = run_sweep(cfg, comm)
+    try:
+        watch = prov.guard(cfg, comm)  # rank 0's verdict on every rank, before any measurement
+    except ValueError as e:
+        _fail(comm, str(e))
+    results = run_sweep(cfg, comm, watch, command_line("experiments.bench.collectives", argv))
     sys.exit(1 if any(r["wrong"] or r.get("inplace_wrong") for r in results["rows"]) else 0)
 
 

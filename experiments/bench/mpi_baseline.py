@@ -1,7 +1,7 @@
 """A best-of-MPI baseline: commlab's best all-reduce against the best the MPI library can do, per size.
 
     python -m experiments.bench.mpi_baseline -n 2 [--min-bytes 64K] [--max-bytes 64M] [--rounds 3]
-        [--max-time 0.1] [--bind core] [--out results/mpi_baseline_p2]
+        [--max-time 0.1] [--bind core] [--out results/mpi_baseline_p2] [--max-load L] [--allow-noisy]
 
 MPI libraries pick one all-reduce algorithm per (P, size) from built-in thresholds, which need not be
 the best one on a given machine; comparing commlab against that default flatters commlab. This
@@ -17,7 +17,10 @@ machine's load drifts over all of them alike. Per size and round, best-of-MPI is
 algorithm and commlab's best the fastest hand-made one; the ratio of their times is busbw(commlab) /
 busbw(best of MPI). Reported: per size the median ratio over rounds, its range and the winners; the
 geometric mean over ``--min-bytes``..``--max-bytes`` per round, then its median and range. Target:
->= 1.2x over 64 KiB-64 MiB. Rank 0 of each launch writes its sweep; this process writes PREFIX.json.
+>= 1.2x over 64 KiB-64 MiB. Rank 0 of each launch writes its sweep; this process writes PREFIX.json
+with its ``provenance`` (:mod:`experiments.results`). This process checks the machine is quiet before the
+first launch and watches its load through all of them (the launches themselves run ``--allow-noisy``:
+the load the previous launch left in the 1-minute average must not stop the next).
 """
 import argparse
 import json
@@ -27,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 
+from experiments import results as prov
 from experiments.job_stop import marked_env, stop_job
+from experiments.outputs import command_line
 from training.sizes import parse_bytes
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
@@ -76,7 +81,7 @@ def _launch(args, name, env, prefix):
         "-n", str(args.n), sys.executable, "-m", "experiments.bench.collectives", "--ops", "allreduce",
         "--algorithms", algorithms, "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
         "--warmup-small", "20", "--warmup-large", "3", "--max-time", str(args.max_time), "--rounds", "3",
-        "--repeats", "1", "--out", prefix]
+        "--repeats", "1", "--out", prefix, "--allow-noisy"]  # main() guards the whole run
     marked, mark = marked_env({**os.environ, **env})
     proc = subprocess.Popen(cmd, env=marked, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -157,7 +162,11 @@ def combine(rounds, lo, hi):
 
 
 def main(argv=None):
-    """Run the rounds of launches, print the table and write PREFIX.json."""
+    """Run the rounds of launches, print the table and write PREFIX.json; return the exit status.
+
+    0 when the geometric mean was measured, 1 when no round gave one; exits 2 with one error line on
+    a bad argument or a busy machine (:func:`experiments.results.guard`), before any launch.
+    """
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.mpi_baseline")
     p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--min-bytes", default="64K", help="smallest size (default 64K)")
@@ -168,6 +177,7 @@ def main(argv=None):
     p.add_argument("--only", default="", help="comma list of forced algorithms to run (default all)")
     p.add_argument("--launch-timeout", type=float, default=900, help="seconds one launch may take (default 900)")
     p.add_argument("--out", default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
+    prov.add_options(p)
     args = p.parse_args(argv)
     if args.n < 2 or args.rounds < 1 or args.max_time <= 0:
         p.error("-n must be >= 2, --rounds >= 1 and --max-time > 0")
@@ -177,6 +187,10 @@ def main(argv=None):
         p.error(f"--min-bytes / --max-bytes: {exc}")
     out = args.out or f"results/mpi_baseline_p{args.n}"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    try:
+        watch = prov.guard(args)  # comm None: this driver runs alone, its launches are the measurement
+    except ValueError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
     flavour = _flavour(_mpiexec())
     runs = configurations(flavour)
     if args.only:
@@ -194,6 +208,7 @@ def main(argv=None):
     result.update(P=args.n, flavour=flavour, rounds=args.rounds, configurations=[n for n, _ in runs],
                   load_average=list(os.getloadavg()), bind=args.bind or None, range_bytes=[lo, hi],
                   library=next((r.get("mpi_library") for g in rounds for r in g.values() if r), None))
+    prov.stamp(result, watch, P=args.n, command=command_line("experiments.bench.mpi_baseline", argv))
     print(f"\nP = {args.n}, {result['library']}: best-of-{flavour} time / commlab's best time "
           f"(= commlab busbw / best-of-MPI busbw), median [range] over {args.rounds} rounds")
     print(f"{'size':>10} {'ratio':>7} {'range':>13} {'default MPI':>11}  commlab best / MPI best")

@@ -20,7 +20,8 @@ have one each, started from the same parameters. Printed: per mode the median an
 and the ratios per repeat -- overlap / max(compute, comm) (target <= 1.15), serial / max(compute,
 comm), overlap / serial -- as median and range; the load average (1 minute) before and after; and
 whether both runs ended bitwise equal (they take the same steps on the same data). Results go to
-``--out`` (JSON) with the configuration and the MPI library.
+``--out`` (JSON) with the configuration, the MPI library and the ``provenance`` (:mod:`experiments.results`:
+on a busy machine the benchmark refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
 import argparse
 import os
@@ -34,6 +35,8 @@ from mpi4py import MPI
 import collectives
 import collectives.engine.context
 from collectives import ALGORITHMS
+from experiments import results as prov
+from experiments.outputs import command_line
 from training.cli import parse_on_every_rank
 from training.job import limit_threads
 from training.metrics import run_info, write_json
@@ -68,6 +71,7 @@ def _parser():
     p.add_argument("--threads", type=int, default=0, help="BLAS threads per rank; 0: cores / ranks on the "
                    "node (default: %(default)s)")
     p.add_argument("--out", default="results/bench_overlap.json", help="results file (default: %(default)s)")
+    prov.add_options(p)
     return p
 
 
@@ -138,10 +142,20 @@ def _span(values, fmt="{:.3f}"):
 
 
 def main(argv=None):
-    """Run the benchmark; rank 0 prints the figures and writes the results file. Returns 0 (2 on bad arguments)."""
+    """Run the benchmark; rank 0 prints the figures and writes the results file.
+
+    Returns 0; 2 on bad arguments or a busy machine (:func:`experiments.results.guard`: one error line
+    from rank 0, before any measurement).
+    """
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     args = parse_on_every_rank(lambda a: _parse(a, comm.size), argv, rank)
+    try:
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
+    except ValueError as e:
+        if rank == 0:
+            print(f"{_parser().prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     threads = args.threads or max(1, (os.cpu_count() or 1) // node.size)
     node.Free()
@@ -161,6 +175,7 @@ def main(argv=None):
     same = bool(numpy.array_equal(setups["serial"].model.params, setups["overlap"].model.params))
     same = comm.allreduce(same, op=MPI.LAND)
     if rank != 0:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
         return 0
     bound = [max(c, m) for c, m in zip(times["compute"], times["comm"])]
     ratios = {"overlap_vs_bound": [o / b for o, b in zip(times["overlap"], bound)],
@@ -182,6 +197,7 @@ def main(argv=None):
     result = {"config": {k: v for k, v in vars(args).items()}, "run": run_info(comm), "threads": threads,
               "load_average_before": load0, "load_average_after": load1, "step_s": times, "ratios": ratios,
               "bitwise_equal": same, "resolved_algorithm": resolved, "gradient_bytes": model.size * 4, "buckets": nb}
+    prov.stamp(result, watch, P=comm.size, command=command_line("experiments.bench.overlap", argv))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_json(args.out, result)
     print(f"results: {args.out}")

@@ -9,7 +9,9 @@ alike), and takes each run's step time as the median of its steps' durations on 
 and writing come after the loop). Printed: the ratio traced / untraced per repeat, its median and
 range (target: <= 1.03), the ratio of the median durations of all traced and all untraced steps
 pooled, the events per step, and the recorder's own cost per event measured in the same process (a ``span`` with
-the recorder on and off). Results go to ``results/bench_trace.json`` with the configuration.
+the recorder on and off). Results go to ``results/bench_trace.json`` with the configuration and the
+``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start unless
+``--allow-noisy`` marks its file noisy).
 """
 import argparse
 import contextlib
@@ -24,6 +26,8 @@ import time
 from mpi4py import MPI
 
 from collectives.engine import trace
+from experiments import results as prov
+from experiments.outputs import command_line
 from training.config import Config
 from training.metrics import read_jsonl, run_info, write_json
 from training.train import run
@@ -61,6 +65,7 @@ def _parser():
     p.add_argument("--bucket-bytes", type=int, default=16384,
                    help="gradient bucket size in bytes: more buckets, more events per step (default: %(default)s)")
     p.add_argument("--out", default="results/bench_trace.json", help="results file (default: %(default)s)")
+    prov.add_options(p)
     return p
 
 
@@ -95,13 +100,23 @@ def _runs(base, repeats, comm, tmp):
 
 
 def main(argv=None):
-    """Run the benchmark; rank 0 prints the ratios and writes the results file. Returns 0."""
+    """Run the benchmark; rank 0 prints the ratios and writes the results file.
+
+    Returns 0; 2 after one error line on a bad argument or a busy machine (:func:`experiments.results.guard`),
+    before any measurement.
+    """
     args = _parser().parse_args(argv)
     if args.repeats < 1 or args.epochs < 1 or args.bucket_bytes < 0:
         print("error: --repeats and --epochs must be >= 1, --bucket-bytes >= 0", file=sys.stderr)
         return 2
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    try:
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
+    except ValueError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_trace-") if rank == 0 else None, root=0)
     base = Config(epochs=args.epochs, bucket_bytes=args.bucket_bytes, run_dir=tmp, progress=False,
                   checkpoint_every=0, keep_checkpoints=1, lr_schedule="constant")
@@ -113,6 +128,7 @@ def main(argv=None):
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
     if rank != 0:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
         return 0
     ratios = [on / off for on, off in zip(times["on"], times["off"])]
     off_s, on_s = event_cost()
@@ -131,6 +147,7 @@ def main(argv=None):
               "step_s_off": times["off"], "step_s_on": times["on"], "ratios": ratios, "ratio_median": med,
               "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both,
               "events_per_step_per_rank": per_step, "span_s_on": on_s, "span_s_off": off_s}
+    prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.bench.trace", argv))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_json(args.out, result)
     print(f"results: {args.out}")

@@ -11,7 +11,9 @@ two step functions are timed in alternating repeats (the order flips every repea
 hits both alike), by wall time and by CPU time; the ratio commlab / PyTorch is taken per repeat and
 reported as its median and range, and a cell whose wall-time ratios spread by more than 20 % of
 the median is flagged. Target: wall-time ratio <= 1.0 in every cell. Results go to
-``results/bench_trainer.json`` with the host, library versions and the resolved configuration.
+``results/bench_trainer.json`` with the host, library versions, the resolved configuration and the
+``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start unless
+``--allow-noisy`` marks its file noisy).
 """
 import argparse
 import json
@@ -23,7 +25,8 @@ import time
 import numpy
 from tabulate import tabulate
 
-from experiments.outputs import unwritable
+from experiments import results as prov
+from experiments.outputs import command_line, unwritable
 from training.job import limit_threads
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
@@ -259,6 +262,7 @@ def _parser():
                         "its gradient tensors over) or zeros (set_to_none=False: gradients zeroed, "
                         "backward adds into them) (default: none)")
     p.add_argument("--out", default="results/bench_trainer.json", help="results file (JSON; default: %(default)s)")
+    prov.add_options(p)
     return p
 
 
@@ -267,7 +271,11 @@ def _default_steps(batch):
 
 
 def main(argv=None):
-    """Run the grid, print the table, write the results file; return the exit status (0)."""
+    """Run the grid, print the table, write the results file; return the exit status (0).
+
+    Exits 2 with one error line before any timing on a bad argument, an unwritable ``--out`` or a
+    busy machine (:func:`experiments.results.guard`).
+    """
     p = _parser()
     args = p.parse_args(argv)
     for name in ("steps", "repeats", "threads"):
@@ -285,6 +293,10 @@ def main(argv=None):
         p.error(f"--model must be at least two positive widths joined by '-', got {args.model!r}")
     if why := unwritable(args.out):  # fail before the timing, not after it
         p.error(f"cannot write --out: {why}")
+    try:
+        watch = prov.guard(args)
+    except ValueError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
     torch = None
     if not args.no_torch:
         try:
@@ -311,6 +323,7 @@ def main(argv=None):
               "torch_zero_grad": None if torch is None else args.torch_zero_grad, "mpi_library": mpi_library(), "size": 1,
               "host": socket.gethostname(), "python": platform.python_version(),
               "cpu": platform.processor() or platform.machine(), "cells": cells}
+    prov.stamp(result, watch, P=1, command=command_line("experiments.bench.trainer", argv))
     print(f"MLP {'-'.join(map(str, sizes))}, float32, {args.threads} thread(s): forward + backward + "
           f"optimizer step; median [range] of {args.repeats} alternating repeats"
           + ("" if torch is None else f"; PyTorch {torch.__version__}, zero_grad set_to_none="

@@ -1,6 +1,6 @@
 """Turn collectives sweeps into the decision table that ``algorithm="auto"`` reads.
 
-    python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out tuning.json
+    python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out results/tuning.json
     COMMLAB_TUNING=tuning.json mpiexec -n 4 python -m experiments.demo    (or collectives.model.auto.load_table)
 
 For each communicator size P in the sweeps (files of ``experiments.bench.collectives``) and each
@@ -155,7 +155,7 @@ def main(argv=None):
     """Read sweeps, write the decision table as JSON and print it."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.tune")
     p.add_argument("results", nargs="+", help="JSON files written by experiments.bench.collectives")
-    p.add_argument("--out", default="tuning.json", help="decision table to write (default tuning.json)")
+    p.add_argument("--out", default="results/tuning.json", help="decision table to write (default results/tuning.json)")
     p.add_argument("--tolerance", type=float, default=0.0,
                    help="keep the previous range's algorithm while within this relative slack (default 0)")
     p.add_argument("--library-max-bytes", type=int, default=LIBRARY_MAX_BYTES,

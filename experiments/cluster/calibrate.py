@@ -15,7 +15,9 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
 
 Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory).
 Rank 0 prints one row per pair against the configured rate and, with ``--out``, writes the rows, the
-configuration, the MPI library, P and the host to a JSON file.
+configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`) to a
+JSON file. On a busy machine the calibration refuses to start unless ``--allow-noisy`` (which
+:mod:`experiments.cluster.emulate` passes on) marks its results noisy.
 """
 import argparse
 import json
@@ -27,7 +29,9 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.backend import mpi_library
+from experiments import results as prov
 from experiments.cluster.net import parse_rate
+from experiments.outputs import command_line
 
 __all__ = ["find_nodes", "pingpong", "link_size", "main"]
 
@@ -109,17 +113,28 @@ def _measure(comm, a, b, size, args):
 
 
 def main(argv=None):
-    """Measure every link; rank 0 prints the table (and writes ``--out``). Returns the exit status."""
+    """Measure every link; rank 0 prints the table (and writes ``--out``). Returns the exit status.
+
+    0; 2 after one error line (rank 0) on a bad argument or a busy machine
+    (:func:`experiments.results.guard`), before any measurement.
+    """
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--link", default="unlimited", help="the configured rate, tc units (for the comparison)")
     p.add_argument("--reps", type=int, default=5, help="bandwidth round trips per pair (default 5)")
     p.add_argument("--lat-iters", type=int, default=200, help="latency round trips per pair (default 200)")
     p.add_argument("--out", default="", help="write the measurements to this JSON file")
+    prov.add_options(p)
     args = p.parse_args(argv)
     if args.reps < 1 or args.lat_iters < 1:
         p.error("--reps and --lat-iters must be at least 1")
     rate = parse_rate(args.link)
     comm = MPI.COMM_WORLD
+    try:
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
+    except ValueError as e:
+        if comm.rank == 0:
+            print(f"{p.prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
     nodes = find_nodes(comm)
     n_nodes = int(nodes.max()) + 1
     leaders = [int(np.flatnonzero(nodes == i)[0]) for i in range(n_nodes)]
@@ -136,12 +151,14 @@ def main(argv=None):
         if row is not None:
             rows.append(dict(row, pair="within node0", kind="intra-node"))
     if comm.rank == 0:
-        _report(rows, args, rate, n_nodes, comm.size)
+        _report(rows, args, rate, n_nodes, comm.size, watch, command_line("experiments.cluster.calibrate", argv))
+    else:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
     return 0
 
 
-def _report(rows, args, rate, n_nodes, size):
-    """Print the table and the summary; write the JSON file."""
+def _report(rows, args, rate, n_nodes, size, watch, command):
+    """Print the table and the summary; write the JSON file, stamped with ``watch`` and ``command``."""
     configured = f"{rate / 1e6:g} Mbit/s" if rate else "unshaped"
     print(f"link calibration: {n_nodes} nodes, {size} ranks, configured {args.link} ({configured}) each way")
     print(f"{'pair':<16}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}")
@@ -168,9 +185,12 @@ def _report(rows, args, rate, n_nodes, size):
                   "mpi_library": mpi_library(), "P": size,
                   "host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "rows": rows, "summary": summary}
+        prov.stamp(result, watch, P=size, command=command)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {args.out}")
+    else:
+        watch.summary()  # no file to stamp: stops the sampling
     sys.stdout.flush()
 
 

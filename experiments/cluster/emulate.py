@@ -2,6 +2,7 @@
 
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
+        [--max-load L] [--allow-noisy]
 
 runs COMMAND on each of the N x K ranks, K per node, with the MPI library's own launcher and TCP
 transport, exactly as on N machines: MPICH's ``mpiexec -launcher ssh -launcher-exec RSH -hosts
@@ -57,6 +58,8 @@ class ClusterConfig:
     out: str = ""                   # calibration results file (JSON); '' writes none
     mpiexec: str = ""               # MPICH's mpiexec or Open MPI's mpirun; '' takes the one beside this Python
     command: list = field(default_factory=list)  # the command every rank runs
+    max_load: float = None          # with --calibrate: its --max-load (None: its default)
+    allow_noisy: bool = False       # with --calibrate: its --allow-noisy
 
 
 def parse_args(argv=None):
@@ -78,6 +81,11 @@ def parse_args(argv=None):
     p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
                    "bandwidth) and print them against --link instead of running a command")
     p.add_argument("--out", default="", help="with --calibrate: write the measurements to this JSON file")
+    p.add_argument("--max-load", type=float, default=None, metavar="L",
+                   help="with --calibrate: refuse to measure when the 1-minute load average is above L "
+                        "(experiments.cluster.calibrate's --max-load; a COMMAND takes its own flags)")
+    p.add_argument("--allow-noisy", action="store_true",
+                   help="with --calibrate: measure on a busy machine anyway and mark the results noisy")
     p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
                    "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -85,7 +93,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
-                        a.mpiexec or _default_mpiexec(), command)
+                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy)
     try:
         _check(cfg)
     except ValueError as e:
@@ -117,6 +125,8 @@ def _check(cfg):
         raise ValueError("no COMMAND: give it after --, e.g. -- python -m training.train")
     if cfg.out and not cfg.calibrate:
         raise ValueError("--out is for --calibrate")
+    if (cfg.max_load is not None or cfg.allow_noisy) and not cfg.calibrate:
+        raise ValueError("--max-load and --allow-noisy are for --calibrate (give a COMMAND its own, after --)")
     if shutil.which(cfg.mpiexec) is None:
         raise ValueError(f"mpiexec not found ({cfg.mpiexec}): install the 'mpich' extra or give --mpiexec")
     flavour(cfg.mpiexec)  # MPICH's or Open MPI's, else a ValueError naming it
@@ -146,12 +156,16 @@ def mpiexec_command(cfg, launcher):
     Returns
     -------
     list of str
-        As :func:`experiments.cluster.launch.launch_command` writes it for ``cfg.mpiexec``.
+        As :func:`experiments.cluster.launch.launch_command` writes it for ``cfg.mpiexec``; with
+        ``cfg.calibrate`` the command is :mod:`experiments.cluster.calibrate` with ``--link``, and
+        ``--out``, ``--max-load`` and ``--allow-noisy`` when given.
     """
     command = cfg.command
     if cfg.calibrate:
         command = [sys.executable, "-m", "experiments.cluster.calibrate", "--link", cfg.link]
         command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
+        command += ["--max-load", repr(cfg.max_load)] if cfg.max_load is not None else []
+        command += ["--allow-noisy"] if cfg.allow_noisy else []
     return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes, cfg.ranks_per_node, command)
 
 

@@ -12,7 +12,9 @@ gradient. A short benchmark then runs each hook on Gaussian gradients of the mod
 the bytes the collectives really sent (``collectives.engine.context.last_stats``: ring forwarding of all-gathers and
 float32 partial sums of fp16 included; DGC at its final sparsity; not for ``threshold``, whose size
 depends on the data). Rank 0 writes ``compression_sweep.json`` (configuration, MPI
-library, P, host, every run, the table, the targets) and ``compression_sweep.csv`` (the table).
+library, P, host, every run, the table, the targets, the ``provenance`` of :mod:`experiments.results`)
+and ``compression_sweep.csv`` (the table). On a busy machine the study refuses to start unless
+``--allow-noisy`` marks its results noisy.
 """
 import argparse
 import csv
@@ -30,6 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
+from experiments import results as prov
+from experiments.outputs import command_line
 from training.build import build_model
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
@@ -57,6 +61,8 @@ class SweepConfig:
     train_args: tuple = ()            # training flags as KEY=VALUE (e.g. "optimizer=sgd")
     bench_steps: int = 10             # steps of the wire-bytes benchmark per compressor
     progress: bool = True             # rank 0's bar of the runs (in place on a terminal, else a line per 30 s)
+    max_load: float = None            # refuse to start above this load average (None: 0.25 x cores)
+    allow_noisy: bool = False         # start on a busy machine anyway, the results marked noisy
 
 
 def parse_spec(spec):
@@ -189,8 +195,25 @@ def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
     return float(np.mean(wire))
 
 
-def run_study(cfg, comm=None):
-    """Run the study on ``comm`` and write the results files (rank 0); return the results dict."""
+def run_study(cfg, comm=None, watch=None, command=None):
+    """Run the study on ``comm`` and write the results files (rank 0); return the results dict.
+
+    Parameters
+    ----------
+    cfg : SweepConfig
+    comm : mpi4py.MPI.Comm, optional
+        Default ``MPI.COMM_WORLD``.
+    watch : experiments.results.LoadWatch, optional
+        Every rank's :func:`experiments.results.guard`: rank 0's results then carry their
+        ``provenance`` (:func:`experiments.results.stamp`), and the other ranks stop sampling.
+    command : str, optional
+        The command line the provenance names (default: this process's).
+
+    Returns
+    -------
+    dict or None
+        The results on rank 0, None on the other ranks.
+    """
     comm = comm if comm is not None else MPI.COMM_WORLD
     rank = comm.Get_rank()
     base = check_study(cfg, comm)
@@ -214,12 +237,16 @@ def run_study(cfg, comm=None):
     wire = {spec: _wire_benchmark(spec, n, shapes, base.algorithm, cfg.bench_steps, comm)
             for spec in cfg.compressors if not spec.startswith("threshold")}  # threshold: data-dependent
     if rank != 0:
+        if watch is not None:
+            watch.summary()  # stops this rank's sampling: rank 0 alone writes
         return None
     rows = table(runs, wire)
     results = {"study": "compression_sweep", "config": dataclasses.asdict(cfg),
                "train_config": base.to_dict(), "run": run_info(comm), "parameters": n,
                "shapes": [list(s) for s in shapes], "runs": runs, "table": rows,
                "targets": targets(rows)}
+    if watch is not None:
+        prov.stamp(results, watch, P=comm.Get_size(), command=command)
     os.makedirs(cfg.out, exist_ok=True)
     write_json(os.path.join(cfg.out, "compression_sweep.json"), results)
     keys = ["spec", "bits_per_element", "bytes_per_step", "ratio_to_none", "wire_bytes_per_step",
@@ -252,6 +279,7 @@ def _build_parser():
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
                         "else one line every 30 s (default: on)")
+    prov.add_options(p)
     return p
 
 
@@ -265,7 +293,7 @@ def _configure(argv, comm):
         parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
     cfg = SweepConfig(compressors=tuple(args.compressors or STUDY), seeds=seeds, epochs=args.epochs,
                       out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps,
-                      progress=args.progress)
+                      progress=args.progress, max_load=args.max_load, allow_noisy=args.allow_noisy)
     try:
         check_study(cfg, comm)
     except ValueError as e:  # the same on every rank: rank 0 prints one line, every rank exits 2
@@ -274,10 +302,20 @@ def _configure(argv, comm):
 
 
 def main(argv=None):
-    """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error."""
+    """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error.
+
+    A busy machine (:func:`experiments.results.guard`) exits 2 too, with one error line from rank 0,
+    before any run; ``--allow-noisy`` runs anyway and marks the results noisy.
+    """
     comm = MPI.COMM_WORLD
     cfg = parse_on_every_rank(partial(_configure, comm=comm), argv, comm.Get_rank())  # errors once
-    results = run_study(cfg, comm)
+    try:
+        watch = prov.guard(cfg, comm)  # rank 0's verdict on every rank
+    except ValueError as e:
+        if comm.Get_rank() == 0:
+            print(f"{_build_parser().prog}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    results = run_study(cfg, comm, watch, command_line("experiments.studies.compression_sweep", argv))
     if results is not None:
         print(markdown_table(results["table"]))
         print("\n".join(check_lines(results)))

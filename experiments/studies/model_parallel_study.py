@@ -16,7 +16,8 @@ data-parallel grid (D = P) of the same round: median and range over ``--rounds``
 
 Bubble part: Q = P stages (D = T = 1), m = 1, 2, 4, 8 micro-batches, GPipe and 1F1B: measured
 bubble against (Q - 1) / (m + Q - 1), and the activation bytes each stage holds.
-Results carry the configuration, the MPI library, P and the host.
+Results carry the configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`:
+on a busy machine the study refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
 import argparse
 import json
@@ -28,7 +29,8 @@ import numpy
 from mpi4py import MPI
 from tabulate import tabulate
 
-from experiments.outputs import unwritable
+from experiments import results as prov
+from experiments.outputs import command_line, unwritable
 from training.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
 from training.model_parallel.report import rank_memory
@@ -112,6 +114,7 @@ def _parse(argv):
     p.add_argument("--steps", type=int, default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all grids (median and range)")
     p.add_argument("--bubble-micro-batches", default="1,2,4,8", help="m values of the bubble part ('' skips it)")
+    prov.add_options(p)
     return p.parse_args(argv)
 
 
@@ -166,7 +169,8 @@ def main(argv=None):
     Returns
     -------
     int
-        0, or 2 when the results file cannot be written (found before anything runs, on every rank).
+        0, or 2 when the results file cannot be written or the machine is busy
+        (:func:`experiments.results.guard`), found before anything runs, on every rank.
     """
     args = _parse(argv)
     comm = MPI.COMM_WORLD
@@ -175,6 +179,12 @@ def main(argv=None):
         if comm.Get_rank() == 0:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    try:
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
+    except ValueError as e:
+        if comm.Get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     limit_threads(1)  # one BLAS thread per rank: the ranks share the cores
     hidden = tuple(int(h) for h in args.hidden.split(","))
     base = Config(data="synthetic", samples=args.batch * 20 + 256, features=args.features, classes=10,
@@ -182,7 +192,11 @@ def main(argv=None):
                   algorithm="ring", timeout=600.0)
     results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
                "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
-    if comm.Get_rank() == 0:
+    if comm.Get_rank() != 0:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
+    else:
+        prov.stamp(results, watch, P=comm.Get_size(),
+                   command=command_line("experiments.studies.model_parallel_study", argv))
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
         print(table(results))

@@ -32,8 +32,9 @@ the repeats.
 
 Rank 0 writes ``ps_study.json`` (settings, every variant's resolved training configuration and
 parameter-server extras, MPI library, P, host, every run with its curve and staleness histogram,
-the ratio tables) and prints the tables as Markdown. A rerun replaces the previous study in
-``--out``.
+the ratio tables, the ``provenance`` of :mod:`experiments.results`) and prints the tables as Markdown.
+A rerun replaces the previous study in ``--out``. On a busy machine the study refuses to start (and
+leaves the previous study in place) unless ``--allow-noisy`` marks its results noisy.
 """
 import argparse
 import os
@@ -45,7 +46,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from mpi4py import MPI
 
 from collectives.engine import trace
-from experiments.outputs import run_or_report
+from experiments import results as prov
+from experiments.outputs import command_line, run_or_report
 from experiments.studies.ps_study_tables import markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.checkpoint import make_run_dir, root_bytes
@@ -254,6 +256,7 @@ def _parser():
                    help="training settings of the straggler part on top of --set (repeatable); the default "
                         "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
                         "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))
+    prov.add_options(p)
     return p
 
 
@@ -264,7 +267,8 @@ def main(argv=None):
     -------
     int
         0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
-        every rank alike; an error on some ranks only aborts the job so that nothing hangs.
+        every rank alike (a busy machine among them, :func:`experiments.results.guard`, before the
+        previous study is removed); an error on some ranks only aborts the job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -288,19 +292,22 @@ def main(argv=None):
     echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
 
     def body():
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank, before anything is removed
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         root_bytes(comm, lambda: str(_clean(args.out)).encode(), OSError)
         echo(f"parameter-server study on {comm.Get_size()} ranks: parts {', '.join(args.parts)} x "
              f"{args.repeats} repeats -> {args.out}")
         runs = run_study(configs, args.repeats, comm, echo)
         if rank0:
-            _write(args, configs, runs, started, comm)
+            _write(args, configs, runs, started, comm, watch, command_line("experiments.studies.ps_study", argv))
+        else:
+            watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
     return run_or_report(body, comm)
 
 
-def _write(args, configs, runs, started, comm):
-    """Rank 0: write ``ps_study.json`` and print one table per part."""
+def _write(args, configs, runs, started, comm, watch, command):
+    """Rank 0: write ``ps_study.json``, stamped with ``watch`` and ``command``, and print one table per part."""
     tables = {part: ratio_table(runs, part, [(name, base) for name, _, _, base in rows])
               for part, rows in configs.items()}
     settings = {k: v for k, v in vars(args).items()}
@@ -311,6 +318,7 @@ def _write(args, configs, runs, started, comm):
                "run": run_info(comm),
                "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
                "tables": tables}
+    prov.stamp(results, watch, P=comm.Get_size(), command=command)
     path = os.path.join(args.out, RESULTS)
     write_json(path, results)
     for part, rows in tables.items():

@@ -7,6 +7,9 @@ ranks per node. Link parameters default to a typical cluster (intra-node 1 us, 2
 5 us, 12.5 GB/s; reduction 10 GB/s) and can be set by flags or taken from a fit (``--fit RESULTS.json``
 from ``experiments.bench.collectives``, whose alpha/beta/gamma then replace the intra-node values).
 The table printed at the end names, per size, the smallest P from which 2D and tree stay faster than ring.
+The results file carries a ``provenance`` (:func:`experiments.results.stamp`: command, versions, host,
+date, the load before and during) with ``noisy`` false: a simulation measures nothing, so the machine's
+load is recorded but never stops it nor marks it.
 """
 import argparse
 import json
@@ -15,7 +18,8 @@ import platform
 import time
 
 from collectives.model import cost
-from experiments.outputs import unwritable
+from experiments import results as prov
+from experiments.outputs import command_line, unwritable
 from training.sizes import bytes_argument, format_bytes
 
 __all__ = ["main", "crossovers"]
@@ -95,6 +99,7 @@ def main(argv=None):
                              args.beta_inter, args.gamma)
     except ValueError as exc:  # a fit that gives a negative parameter
         ap.error(f"--fit {args.fit!r} gives unusable link parameters: {exc}" if args.fit else str(exc))
+    watch = prov.LoadWatch(prov.default_max_load())  # recorded in the provenance, never a reason to refuse
     ps = [1 << k for k in range(3, args.max_p.bit_length())]
     rows, t0 = [], time.perf_counter()
     for size in args.sizes:
@@ -109,6 +114,8 @@ def main(argv=None):
         print(f"  {format_bytes(size):>12}: " + ", ".join(f"{a} at P={p}" if p else f"{a} never" for a, p in c.items()))
     result = {"config": vars(args), "topology": topo.__dict__, "host": platform.node(), "rows": rows,
               "crossovers": {str(k): v for k, v in cross.items()}, "seconds": time.perf_counter() - t0}
+    prov.stamp(result, watch, command=command_line("experiments.studies.scale_sim", argv))
+    result["provenance"]["noisy"] = False  # simulated: the load cannot have changed a figure
     try:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -26,8 +26,9 @@ D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) und
    for each of ``--tp-algorithms`` (interleaved in every repeat): latency p50/p99 and all-reduce
    time per request; median and range over repeats.
 
-Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point) and
-prints the tables as markdown.
+Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point, the
+``provenance`` of :mod:`experiments.results`) and prints the tables as markdown. On a busy machine the
+study refuses to start unless ``--allow-noisy`` marks its results noisy.
 """
 import argparse
 import json
@@ -43,7 +44,8 @@ from tabulate import tabulate
 
 import collectives
 from collectives.model.auto import select_allreduce
-from experiments.outputs import unwritable
+from experiments import results as prov
+from experiments.outputs import command_line, unwritable
 from inference.balance import POLICIES
 from inference.config import ServeConfig
 from inference.model import load_spec
@@ -224,11 +226,16 @@ def _parser():
     p.add_argument("--tp-requests", type=int, default=300, help="part D: requests per point")
     p.add_argument("--tp-clients", type=int, default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
+    prov.add_options(p)
     return p
 
 
 def main(argv=None):
-    """Run the study on 4 ranks; return the exit status."""
+    """Run the study on 4 ranks; return the exit status.
+
+    0, or 2 after one error line (rank 0) before anything runs: not 4 ranks, an unwritable results
+    file, or a busy machine (:func:`experiments.results.guard`).
+    """
     args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD
     if world.size != 4:
@@ -246,6 +253,12 @@ def main(argv=None):
     try:
         root_bytes(world, check)
     except RuntimeError as e:
+        if world.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        watch = prov.guard(args, world)  # rank 0's verdict on every rank, before the model is trained
+    except ValueError as e:
         if world.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2
@@ -271,10 +284,13 @@ def main(argv=None):
         doc = {"study": vars(args), "checkpoint": ckpt, "run": run_info(world), "capacities_rps": caps,
                "points": points + tp, "allreduce": ar, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         doc["ratios_at_80"] = ratios(points, 0.8)
+        prov.stamp(doc, watch, P=world.size, command=command_line("experiments.studies.serving_study", argv))
         with open(results, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
         print(markdown(doc))
         print(f"wrote {results}")
+    else:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
     return 0
 
 

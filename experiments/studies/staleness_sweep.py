@@ -10,9 +10,9 @@ its factor (it sleeps ``FACTOR - 1`` times its compute time each step). Per run 
 updates per second (worker gradients folded in by the servers per second of training), samples per
 second, the time to 95 % test accuracy, the final test accuracy, the staleness histogram and the
 accuracy-versus-time curve. Rank 0 writes ``staleness_sweep.json`` (sweep and training
-configuration, MPI library, P, host, every run, the table, a summary per protocol) and prints the
-table as markdown and one summary line per protocol: throughput and accuracy against BSP, maximum
-staleness against the bound.
+configuration, MPI library, P, host, every run, the table, a summary per protocol, the
+``provenance`` of :mod:`experiments.results`) and prints the table as markdown and one summary
+line per protocol: throughput and accuracy against BSP, maximum staleness against the bound.
 
 Under a persistent straggler SSP's long-run throughput is bounded by the straggler by construction:
 a worker may run at most s clocks ahead of the slowest one, so every worker ends up advancing at the
@@ -20,7 +20,9 @@ straggler's clock rate and SSP only gains over BSP by absorbing transient delays
 
 A rerun replaces the previous sweep in ``--out``: rank 0 first removes its run directories
 (``runs/PROTOCOL-rN``), their logs, ``staleness_sweep.json`` and ``staleness.png``, so a sweep that
-stops early leaves no results file of an earlier sweep behind to be plotted.
+stops early leaves no results file of an earlier sweep behind to be plotted. On a busy machine the
+sweep refuses to start (and leaves the previous sweep in place) unless ``--allow-noisy`` marks its
+results noisy.
 """
 import argparse
 import dataclasses
@@ -37,7 +39,8 @@ from mpi4py import MPI
 from tabulate import tabulate
 
 from collectives.compression import parse_literal, split_key_value
-from experiments.outputs import run_or_report
+from experiments import results as prov
+from experiments.outputs import command_line, run_or_report
 from training.checkpoint import root_bytes
 from training.cli import parse_on_every_rank
 from training.config import Config
@@ -267,6 +270,7 @@ def _parser():
                    help="extra random delay per step, uniform in [0, JITTER] seconds (default: 0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting (repeatable), e.g. --set optimizer=sgd")
+    prov.add_options(p)
     return p
 
 
@@ -276,8 +280,10 @@ def main(argv=None):
     Returns
     -------
     int
-        0 on success, 1 after an error raised on every rank (one message, printed by rank 0); an
-        error on some ranks only aborts the job so that nothing hangs.
+        0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
+        every rank (one message, printed by rank 0; a busy machine among them,
+        :func:`experiments.results.guard`, before the previous sweep is removed); an error on some
+        ranks only aborts the job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -302,6 +308,7 @@ def main(argv=None):
     echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
 
     def body():
+        watch = prov.guard(args, comm)  # rank 0's verdict on every rank, before anything is removed
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         removed = root_bytes(comm, lambda: str(len(clean_previous(args.out))).encode(), OSError).decode()
         echo(f"staleness sweep on {comm.Get_size()} ranks ({base.servers} server), straggler "
@@ -310,18 +317,22 @@ def main(argv=None):
                                                 if removed != "0" else ""))
         runs = run_sweep(base, protocols, args.repeats, args.out, comm, echo)
         if rank0:
-            _write(args, base, protocols, runs, started, comm)
+            _write(args, base, protocols, runs, started, comm, watch,
+                   command_line("experiments.studies.staleness_sweep", argv))
+        else:
+            watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
     return run_or_report(body, comm)
 
 
-def _write(args, base, protocols, runs, started, comm):
-    """Rank 0: write ``staleness_sweep.json`` and print the table and the summary."""
+def _write(args, base, protocols, runs, started, comm, watch, command):
+    """Rank 0: write ``staleness_sweep.json`` (stamped with ``watch`` and ``command``), print the summary."""
     rows = _table(runs, protocols)
     summary = _summary(rows)
     results = {"experiment": "staleness_sweep", "sweep": vars(args), "train_config": base.to_dict(),
                "run": run_info(comm), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                "runs": runs, "table": rows, "summary": summary}
+    prov.stamp(results, watch, P=comm.Get_size(), command=command)
     path = os.path.join(args.out, RESULTS)
     write_json(path, results)
     print(markdown_table(rows))
