@@ -77,7 +77,7 @@ def source_line(prov, rel):
     v = prov["versions"]
     lib = v.get("mpi_library") or "no MPI library"
     load = prov.get("load")
-    where = ("a simulation (no measurement)" if load is None else
+    where = ("a simulation (no measurement)" if load is None or prov.get("P") is None else
              f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
              f"{load['during_max']:.2f} at most during")
     return (f"*From `plots/reference/{rel}`: `{prov['command']}`, {where}, {lib}, Python {v['python']}, "
@@ -164,11 +164,11 @@ def _scaling_table(rel):
 
     result = _load(rel)
     prov = check_quiet(result, rel)
-    cells = []
-    for size, cross in result["crossovers"].items():
-        cells.append([format_bytes(int(size))] + [("-" if cross.get(a) is None else str(cross[a])) for a in ("2d", "tree")])
-    table = tabulate(cells, headers=("message", "2d faster than ring from P =", "tree faster than ring from P ="),
-                     tablefmt="pipe", disable_numparse=True, colalign=("left", "right", "right"))
+    algs = [a for a in next(iter(result["crossovers"].values()))]
+    cells = [[format_bytes(int(size))] + [("never" if cross.get(a) is None else str(cross[a])) for a in algs]
+             for size, cross in result["crossovers"].items()]
+    table = tabulate(cells, headers=["message"] + algs,
+                     tablefmt="pipe", disable_numparse=True, colalign=["left"] + ["right"] * len(algs))
     return table + "\n\n" + source_line(prov, rel)
 
 
