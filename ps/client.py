@@ -4,13 +4,23 @@ A worker at clock ``c`` pushes gradient ``c`` (each server gets its shard) and p
 for clock ``c + 1``; each server answers the pull once its consistency model allows
 (:mod:`ps.server`). Every wait polls with a deadline, so a vanished server shows up as
 :class:`ps.protocol.PSTimeout` instead of a hang.
+
+Every PUSH and PULL carries a request id (1, 2, ...) and every PUSH the version of the shard its
+gradient was computed from (the version of the last reply from that server). With ``retries`` a
+request that gets no answer within ``retry_s`` seconds is sent again with its id, up to ``retries``
+times with the wait doubling each time (ps-lite's resend after a timeout): the pull and the push it
+follows, which the server applies once. A reply to an earlier request (a late original after its
+resend was answered) is received and dropped. Under ``cas`` a pull answered with REFUSED by some
+servers returns ``"refused"``: the worker recomputes on the values it just received and pushes again
+to those servers only (:attr:`Client.refused_shards`).
 """
 import time
 
 import numpy as np
 
 from collectives.engine import trace
-from ps.protocol import Backoff, Msg, PSError, PSTimeout, probe, receive, send, wait_all
+from ps.protocol import (H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, Backoff, Msg, PSError,
+                         PSTimeout, probe, receive, send, wait_all)
 from ps.sharding import shard_offsets
 
 __all__ = ["Client"]
@@ -33,6 +43,18 @@ class Client:
         Parameter dtype on the wire (float32 or float64).
     reply_timeout : float
         Longest wait for a server's answer (seconds).
+    retries : int
+        Resends of an unanswered request (0: none; the wait is then ``reply_timeout``).
+    retry_s : float
+        First wait before a resend (seconds), doubling with each; the last try waits until
+        ``reply_timeout`` has passed since the request was first sent.
+
+    Attributes
+    ----------
+    versions : ndarray, shape (S,), int64
+        The version of each shard in the last reply from its server.
+    resends, stale_replies : int
+        Requests sent again, and replies to earlier requests (or repeats) received and dropped.
 
     Raises
     ------
@@ -40,7 +62,8 @@ class Client:
         When ``worker`` is out of range or ``reply_timeout`` is not positive.
     """
 
-    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout):
+    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, *, retries=0,
+                 retry_s=1.0):
         if not 0 <= worker < len(worker_ranks):
             raise ValueError(f"worker must be in [0, {len(worker_ranks)}), got {worker}")
         if not reply_timeout > 0:
@@ -51,6 +74,12 @@ class Client:
         self.offsets = shard_offsets(int(n_params), len(self.server_ranks))
         self.wait_seconds = 0.0      # time spent waiting for pull answers (seconds)
         self.last_staleness = []     # staleness reported by each server for the last pull (clocks)
+        self.retries, self.retry_s = int(retries), float(retry_s)
+        self.versions = np.zeros(len(self.server_ranks), np.int64)
+        self.refused_shards = []     # shards whose server refused the last push (cas)
+        self.resends = self.stale_replies = 0
+        self._rid = 0
+        self._outbox = {r: [] for r in self.server_ranks}  # rank -> unanswered requests (to resend)
         self._pushes = []
 
     def join(self):
@@ -66,11 +95,11 @@ class Client:
             True when a server reports the budget already spent (a finished run resumed).
         """
         params = np.empty(int(self.offsets[-1]), dtype=self.dtype)
-        replies = self._request(Msg.PULL, -1, params)
-        stopped = any(h[0] == Msg.STOP for h, _ in replies.values())
-        return params, min(int(h[2]) for h, _ in replies.values()), stopped
+        replies = self._request(Msg.PULL, -1, params, self.server_ranks)
+        stopped = any(h[H_TYPE] == Msg.STOP for h, _ in replies.values())
+        return params, min(int(h[H_CLOCK]) for h, _ in replies.values()), stopped
 
-    def push(self, clock, grad):
+    def push(self, clock, grad, shards=None):
         """Send gradient ``clock`` to the servers, each its shard (non-blocking).
 
         Parameters
@@ -79,6 +108,8 @@ class Client:
             The worker's clock of this gradient.
         grad : ndarray, shape (n_params,)
             Host gradient, already weighted; it must stay unchanged until the next :meth:`pull`.
+        shards : list of int, optional
+            Only these shards (a ``cas`` recomputation); default all.
 
         Raises
         ------
@@ -92,12 +123,15 @@ class Client:
         if grad.shape != (int(self.offsets[-1]),):
             raise ValueError(f"grad must have shape ({int(self.offsets[-1])},), got {grad.shape}")
         grad = np.ascontiguousarray(grad)
+        self._rid += 1
         with trace.span("push", "ps", {"clock": int(clock)}):
-            for s, rank in enumerate(self.server_ranks):
-                self._pushes += send(self.comm, rank, Msg.PUSH, self.worker, clock,
-                                     grad[self.offsets[s]:self.offsets[s + 1]])
+            for s in (range(len(self.server_ranks)) if shards is None else shards):
+                rank, part = self.server_ranks[s], grad[self.offsets[s]:self.offsets[s + 1]]
+                request = (Msg.PUSH, int(clock), part, self._rid, int(self.versions[s]), s)
+                self._outbox[rank].append(request)
+                self._pushes += self._send(rank, request)
 
-    def pull(self, clock, out):
+    def pull(self, clock, out, shards=None):
         """Pull the parameters for ``clock`` into ``out``.
 
         Parameters
@@ -106,36 +140,42 @@ class Client:
             The reader's clock (gradients it has pushed so far).
         out : ndarray, shape (n_params,)
             Host buffer receiving the parameters.
+        shards : list of int, optional
+            Only these shards (after a ``cas`` recomputation); default all.
 
         Returns
         -------
         str
-            ``"params"`` (``out`` is filled), ``"stop"`` (budget spent) or ``"dropped"`` (this
-            worker was dropped for silence).
+            ``"params"`` (``out`` is filled), ``"refused"`` (``out`` is filled; the servers of
+            :attr:`refused_shards` refused the last push: recompute and push to them again),
+            ``"stop"`` (budget spent) or ``"dropped"`` (this worker was dropped for silence).
 
         Raises
         ------
         PSError
             When a server reports the BSP error state; ABORT has been sent to every server.
         PSTimeout
-            When a server does not answer within ``reply_timeout``.
+            When a server does not answer within ``reply_timeout`` (after ``retries`` resends).
         """
+        ranks = self.server_ranks if shards is None else [self.server_ranks[s] for s in shards]
         with trace.span("pull", "ps", {"clock": int(clock)}):  # the wait for the servers' answers included
-            replies = self._request(Msg.PULL, clock, out)
+            replies = self._request(Msg.PULL, clock, out, ranks)
             wait_all(self._pushes, time.monotonic() + self.reply_timeout, "push sends")
         self._pushes = []
-        kinds = {Msg(int(h[0])) for h, _ in replies.values()}
+        kinds = {Msg(int(h[H_TYPE])) for h, _ in replies.values()}
         if Msg.ERROR in kinds:
-            lost = next(int(h[1]) for h, _ in replies.values() if h[0] == Msg.ERROR)
+            lost = next(int(h[H_WORKER]) for h, _ in replies.values() if h[H_TYPE] == Msg.ERROR)
             self.finish(Msg.ABORT)
             raise PSError(f"BSP cannot continue: worker rank {self.worker_ranks[lost]} stopped answering "
                           f"(dropped after --ps-timeout or aborted); every rank stops")
-        self.last_staleness = [int(h[2]) for h, _ in replies.values() if h[0] == Msg.PARAMS]
+        self.last_staleness = [int(h[H_CLOCK]) for h, _ in replies.values() if h[H_TYPE] == Msg.PARAMS]
+        self.refused_shards = sorted(self.server_ranks.index(r) for r, (h, _) in replies.items()
+                                     if h[H_TYPE] == Msg.REFUSED)
         if Msg.DROPPED in kinds:
             return "dropped"
         if Msg.STOP in kinds:
             return "stop"
-        return "params"
+        return "refused" if self.refused_shards else "params"
 
     def report_speed(self, clock, seconds_per_sample):
         """Report this worker's measured speed to server 0 and receive every worker's new batch.
@@ -156,49 +196,88 @@ class Client:
         req = send(self.comm, self.server_ranks[0], Msg.SPEED, self.worker, clock, data)
         header, batches = self._await({self.server_ranks[0]}, None)[self.server_ranks[0]]
         wait_all(req, time.monotonic() + self.reply_timeout, "speed report")
-        if header[0] != Msg.BATCH:
-            raise PSError(f"expected BATCH from server 0, got {Msg(int(header[0])).name}")
+        if header[H_TYPE] != Msg.BATCH:
+            raise PSError(f"expected BATCH from server 0, got {Msg(int(header[H_TYPE])).name}")
         return np.rint(batches).astype(np.int64)
 
     def finish(self, mtype=Msg.DONE):
-        """Tell every server that this worker leaves (DONE, or ABORT after an error)."""
+        """Tell every server that this worker leaves (DONE, or ABORT after an error).
+
+        With retries, DONE is a handshake: each server first sends what it still held for this worker
+        (late replies), then acknowledges, so that nothing sent to this worker is left in flight.
+        """
         reqs = []
         for rank in self.server_ranks:
             reqs += send(self.comm, rank, mtype, self.worker, 0)
+        if mtype == Msg.DONE and self.retries:
+            self._await(set(self.server_ranks), None, 0, acks=True)
         wait_all(reqs + self._pushes, time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         self._pushes = []
 
     # ------------------------------------------------------------------------------------------
-    def _request(self, mtype, clock, out):
+    def _send(self, rank, request):
+        mtype, clock, data, rid, version, shard = request
+        return send(self.comm, rank, mtype, self.worker, clock, data, rid=rid, version=version, shard=shard)
+
+    def _request(self, mtype, clock, out, ranks):
+        self._rid += 1
         reqs = []
-        for rank in self.server_ranks:
-            reqs += send(self.comm, rank, mtype, self.worker, clock)
+        for rank in ranks:
+            request = (mtype, int(clock), None, self._rid, 0, self.server_ranks.index(rank))
+            self._outbox[rank].append(request)
+            reqs += self._send(rank, request)
         t0 = time.monotonic()
-        replies = self._await(set(self.server_ranks), out)
+        replies = self._await(set(ranks), out, self._rid)
         self.wait_seconds += time.monotonic() - t0
         wait_all(reqs, time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         return replies
 
-    def _await(self, sources, out):
-        """Receive one reply from each rank in ``sources``; PARAMS payloads land in ``out``."""
+    def _await(self, sources, out, rid=None, acks=False):
+        """Receive one reply to request ``rid`` (None: any) from each rank in ``sources``.
+
+        PARAMS and REFUSED payloads land in ``out``; replies to earlier requests are dropped. An
+        unanswered rank gets its outstanding requests again after ``retry_s`` (doubling), up to
+        ``retries`` times; ``acks``: wait for the DONE acknowledgements of :meth:`finish`.
+        """
         replies, backoff = {}, Backoff()
-        deadline = time.monotonic() + self.reply_timeout
+        start = time.monotonic()
+        deadline, tries, wait = start + self.reply_timeout, 0, self.retry_s
+        resend_at = start + wait if self.retries and not acks else float("inf")
         while len(replies) < len(sources):
             msg = probe(self.comm)
             if msg is None:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > resend_at:
+                    tries, wait = tries + 1, 2 * wait
+                    for rank in sorted(sources - set(replies)):
+                        for request in self._outbox[rank]:
+                            self.resends += 1
+                            self._pushes += self._send(rank, request)
+                    resend_at = now + wait if tries < self.retries else float("inf")
+                if now > deadline:
                     missing = sorted(sources - set(replies))
                     raise PSTimeout(f"worker {self.worker}: no answer from server rank(s) {missing} "
-                                    f"within {self.reply_timeout:g} s")
+                                    f"within {self.reply_timeout:g} s" + (f" ({tries} resends)" if tries else ""))
                 backoff.sleep()
                 continue
             source, mtype = msg
-            if source not in sources or source in replies:
+            header, data = receive(self.comm, source, mtype, deadline)
+            if source not in sources:
                 raise PSError(f"worker {self.worker}: unexpected {mtype.name} from rank {source}")
-            header, data = receive(self.comm, source, mtype, self.dtype, deadline)
-            if mtype == Msg.PARAMS:
+            if acks and mtype != Msg.DONE or (rid is not None and int(header[H_RID]) != rid
+                                              and mtype != Msg.REJECT) or source in replies:
+                self.stale_replies += 1  # a reply to an earlier request, or its repeat: already answered
+                continue
+            if mtype == Msg.REJECT:
+                reason = REJECT_REASONS.get(int(header[H_CLOCK]), f"code {int(header[H_CLOCK])}")
+                raise PSError(f"worker {self.worker}: server rank {source} rejected request "
+                              f"{int(header[H_RID])}: {reason}")
+            if mtype in (Msg.PARAMS, Msg.REFUSED):
                 s = self.server_ranks.index(source)
                 out[self.offsets[s]:self.offsets[s + 1]] = data if data is not None else 0
+                self.versions[s] = int(header[H_VERSION])
+            if rid is not None:
+                self._outbox[source] = []  # answered: the push before this pull arrived too
             replies[source] = (header, data)
             backoff.reset()
         return replies

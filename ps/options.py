@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from ps.consistency import CONSISTENCY
 
-__all__ = ["PSOptions", "parse_rank_spec"]
+__all__ = ["PSOptions", "CONFLICTS", "parse_rank_spec"]
+
+#: Conflict policies of ASP and SSP (``conflict``): ``accept`` applies every push; ``cas`` refuses a
+#: push whose base version is more than ``conflict_lag`` versions behind the shard's (the worker pulls,
+#: recomputes and pushes again: optimistic concurrency, compare-and-swap on the version); ``scale``
+#: divides the step by the gradient's staleness (Zhang et al. 2016, the same as ``staleness_lr``).
+CONFLICTS = ("accept", "cas", "scale")
 
 
 @dataclass
@@ -54,6 +60,13 @@ class PSOptions:
     checkpoint_every_pushes: int = 0  # checkpoint every this many pushes (0: at the end only)
     resume_dir: str = ""            # directory of server checkpoints to resume from ("" : fresh)
     seed: int = 0                   # seed of the jitter draws (seconds of delay)
+    conflict: str = "accept"        # ASP/SSP conflict policy: "accept", "cas" or "scale" (CONFLICTS)
+    conflict_lag: int = 0           # cas: largest accepted lag of a push's base version (versions)
+    retries: int = 0                # resends of a request that gets no answer (0: none)
+    retry_s: float = 1.0            # first wait for an answer before a resend, doubling (seconds)
+    drop_replies: float = 0.0       # fault injection: fraction of pull replies a server drops once
+    late_replies: float = 0.0       # fault injection: fraction of pull replies sent late_s late
+    late_s: float = 0.0             # fault injection: delay of a late reply (seconds)
 
     def validate(self, size):
         """Check every field against a communicator of ``size`` ranks.
@@ -73,6 +86,20 @@ class PSOptions:
                              f"on {size} ranks, got {self.servers}")
         if self.consistency not in CONSISTENCY:
             raise ValueError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
+        if self.conflict not in CONFLICTS:
+            raise ValueError(f"conflict must be one of {CONFLICTS}, got {self.conflict!r}")
+        if self.conflict != "accept" and self.consistency == "bsp":
+            raise ValueError(f"conflict {self.conflict!r} needs asp or ssp: under bsp every push of a clock is "
+                             "computed from the same version, so none conflicts")
+        if self.conflict_lag < 0 or self.retries < 0:
+            raise ValueError(f"conflict_lag and retries must be >= 0, got {self.conflict_lag}, {self.retries}")
+        if not (self.retry_s > 0 and math.isfinite(self.retry_s)):
+            raise ValueError(f"retry_s must be a positive number of seconds, got {self.retry_s}")
+        for name in ("drop_replies", "late_replies"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be a fraction in [0, 1), got {getattr(self, name)}")
+        if not (self.late_s >= 0 and math.isfinite(self.late_s)):
+            raise ValueError(f"late_s must be >= 0 seconds, got {self.late_s}")
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
         if self.budget < 0:

@@ -1,11 +1,18 @@
 """Wire protocol of the parameter server: typed messages on buffer-based point-to-point calls.
 
-Every message is a header, an ``int64`` array ``[type, worker, clock, length]``, sent with the tag
-of its type; when ``length > 0`` the payload (``length`` elements of the model dtype) follows on
-the type's data tag. Headers and payloads travel with ``Isend`` and are matched with ``Iprobe`` /
+Every message is a header, an ``int64`` array ``[type, worker, clock, length, rid, version, shard,
+dtype]`` (indices ``H_TYPE`` .. ``H_DTYPE``), sent with the tag of its type; when ``length > 0`` the
+payload (``length`` elements of the dtype the header names: 1 float32, 2 float64) follows on the
+type's data tag. Headers and payloads travel with ``Isend`` and are matched with ``Iprobe`` /
 ``Irecv``, so a receiver serves whatever has arrived, in any order. MPI's non-overtaking rule
 (messages from one sender with one tag are received in sending order) pairs each header with its
 payload. No pickle is used anywhere.
+
+``rid`` is the request id: a worker numbers its PUSH and PULL requests 1, 2, ... and a resent request
+keeps its id, so a server applies a push once and answers a repeated pull from the reply it kept
+(ps-lite's resend and de-duplication; Li et al., OSDI 2014, section 4.3). ``version`` is a shard's
+version, the count of updates applied to it: a PARAMS reply says which version it carries, a PUSH
+which version its gradient was computed from. ``shard`` is the server index a PUSH is meant for.
 
 Header fields by message type (``worker`` is the worker index ``0 .. W - 1``, not the MPI rank):
 
@@ -15,6 +22,8 @@ type      direction         meaning of ``clock`` / payload
 PUSH      worker -> server  clock of the gradient; payload: gradient shard (already weighted)
 PULL      worker -> server  reader's clock (``-1``: join, returns the resume clock)
 PARAMS    server -> worker  staleness of the served shard (join: resume clock); payload: shard
+REFUSED   server -> worker  ``cas``: the reader's last push was refused (too stale); payload: shard
+REJECT    server -> worker  the reader's request was malformed; ``clock``: the reason's code
 STOP      server -> worker  the training budget is spent; the worker finishes
 ERROR     server -> worker  BSP lost worker ``worker`` (dropped or aborted); every rank stops
 DROPPED   server -> worker  the reader itself was dropped for silence; it finishes
@@ -35,10 +44,18 @@ from mpi4py import MPI
 
 from collectives.errors import CommlabError, Timeout
 
-__all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "header_tag", "data_tag", "send",
-           "probe", "receive", "wait_all", "Backoff"]
+__all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
+           "H_VERSION", "H_SHARD", "H_DTYPE", "REJECT_REASONS", "header_tag", "data_tag", "send", "probe",
+           "receive", "wait_all", "Backoff"]
 
-HEADER_LEN = 4  # [type, worker, clock, length]
+HEADER_LEN = 8  # [type, worker, clock, length, rid, version, shard, dtype]
+H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE = range(HEADER_LEN)
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
+_CODES = {v: k for k, v in _DTYPES.items()}
+#: Codes of a REJECT reply (its ``clock`` field) and what they mean.
+REJECT_REASONS = {1: "the gradient's length differs from the shard's", 2: "the gradient's dtype differs from the shard's",
+                  3: "the push names another shard than this server's", 4: "the push's base version is from the future",
+                  5: "the request id was used before with other data"}
 SPIN_SECONDS = float(os.environ.get("COMMLAB_PS_SPIN", "1e-4"))  # busy-poll window (seconds)
 _HEADER_BASE = 700
 _DATA_BASE = 800
@@ -59,6 +76,8 @@ class Msg(enum.IntEnum):
     BATCH = 10
     STATS = 11
     FINAL = 12
+    REFUSED = 13
+    REJECT = 14
 
 
 class PSError(CommlabError, RuntimeError):
@@ -118,7 +137,7 @@ class Backoff:
         self.delay = min(2 * self.delay, self.cap)
 
 
-def send(comm, dest, mtype, worker=0, clock=0, data=None):
+def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, shard=0):
     """Post one message (header and optional payload) without blocking.
 
     Parameters
@@ -131,8 +150,10 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None):
         Message type.
     worker, clock : int
         Header fields (see the module table).
-    data : ndarray, shape (length,), optional
+    data : ndarray, shape (length,), float32 or float64, optional
         Contiguous host payload; it must stay unchanged until the requests complete.
+    rid, version, shard : int
+        Request id, shard version and shard index (see the module docstring).
 
     Returns
     -------
@@ -140,10 +161,12 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None):
         The pending sends with the buffers they read; complete them with :func:`wait_all`.
     """
     length = 0 if data is None else int(data.shape[0])
-    header = np.array([int(mtype), int(worker), int(clock), length], dtype=np.int64)
+    code = 0 if data is None else _CODES.get(data.dtype, 0)
+    header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code],
+                      dtype=np.int64)
     reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
     if length:
-        assert data.flags.c_contiguous and isinstance(data, np.ndarray), "payload must be host-contiguous"
+        assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64"
         reqs.append((comm.Isend(data, dest=dest, tag=data_tag(mtype)), data))
     return reqs
 
@@ -172,7 +195,7 @@ def probe(comm, source=MPI.ANY_SOURCE):
     return status.Get_source(), Msg(tag - _HEADER_BASE)
 
 
-def receive(comm, source, mtype, dtype, deadline):
+def receive(comm, source, mtype, deadline):
     """Receive a header of type ``mtype`` from ``source`` (already probed) and its payload.
 
     Parameters
@@ -183,27 +206,30 @@ def receive(comm, source, mtype, dtype, deadline):
         Sender's rank.
     mtype : Msg
         Message type (selects the tags).
-    dtype : numpy.dtype
-        Payload dtype.
     deadline : float
         ``time.monotonic()`` value after which a missing payload raises.
 
     Returns
     -------
-    header : ndarray, shape (4,), int64
-    data : ndarray, shape (length,), dtype, or None
-        ``None`` when the header's length is 0.
+    header : ndarray, shape (HEADER_LEN,), int64
+    data : ndarray, shape (length,), or None
+        In the dtype the header names; ``None`` when the header's length is 0.
 
     Raises
     ------
+    PSError
+        When the header names no known payload dtype.
     PSTimeout
         When the payload does not arrive before ``deadline``.
     """
     header = np.empty(HEADER_LEN, dtype=np.int64)
     comm.Recv(header, source=source, tag=header_tag(mtype))
-    if header[3] == 0:
+    if header[H_LEN] == 0:
         return header, None
-    data = np.empty(int(header[3]), dtype=dtype)
+    dtype = _DTYPES.get(int(header[H_DTYPE]))
+    if dtype is None:
+        raise PSError(f"{mtype.name} from rank {source} names payload dtype code {int(header[H_DTYPE])}")
+    data = np.empty(int(header[H_LEN]), dtype=dtype)
     req = comm.Irecv(data, source=source, tag=data_tag(mtype))
     wait_all([(req, data)], deadline, f"payload of {mtype.name} from rank {source}")
     return header, data

@@ -25,7 +25,7 @@ from ps.client import Client
 from ps.consistency import DONE, DROPPED
 from ps.options import parse_rank_spec
 from ps.protocol import HEADER_LEN, Backoff, Msg, PSError, data_tag, header_tag, send, wait_all
-from ps.server import EVENT_ABORTED, Server
+from ps.server import COUNTERS, EVENT_ABORTED, Server
 from ps.sharding import join_shards, shard_offsets
 
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
@@ -38,8 +38,10 @@ _ABORTED = 3  # status code of an aborted worker in a server's report (beside LI
 #: Fields of a worker's statistics vector (the STATS payload, float64 on the wire), in order; the
 #: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
 STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
-               "dropped", "mean_staleness", "max_staleness")
-_INT_STATS = frozenset(("worker", "clock", "pushes", "samples", "batch", "max_staleness"))  # counts
+               "dropped", "mean_staleness", "max_staleness", "refused", "wasted_compute_s", "resends",
+               "stale_replies")
+_INT_STATS = frozenset(("worker", "clock", "pushes", "samples", "batch", "max_staleness", "refused", "resends",
+                        "stale_replies"))  # counts
 
 
 @dataclass
@@ -56,6 +58,9 @@ class RunResult:
     workers: list = field(default_factory=list)     # per worker: dict of STAT_FIELDS, or None
     status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
     events: list = field(default_factory=list)      # (seconds, text), sorted by time
+    versions: list = field(default_factory=list)    # per server: its shard's final version (updates applied)
+    counts: dict = field(default_factory=dict)      # server counters (ps.server.COUNTERS), summed over servers
+    rejected: dict = field(default_factory=dict)    # REJECT reason code -> count, summed over servers
 
 
 def roles(comm, servers):
@@ -133,7 +138,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
 def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     w = workers.index(rank)
     client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
-                    opts.ps_timeout + _REPLY_MARGIN)
+                    opts.ps_timeout + _REPLY_MARGIN, retries=opts.retries, retry_s=opts.retry_s)
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
@@ -167,10 +172,22 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
             batch = int(client.report_speed(clock, window[0] / max(1, window[1]))[w])
             window = [0.0, 0]
         result = client.pull(clock, params)
+        while result == "refused":  # cas: recompute on the new values, push to the refusing shards only
+            shards = client.refused_shards
+            stats["refused"] += len(shards)
+            stats["wasted_compute_s"] += compute
+            t = time.perf_counter()
+            grad, _ = grad_fn(params, clock - 1, batch)
+            compute = time.perf_counter() - t
+            stats["compute_s"] += compute
+            np.multiply(grad, batch / opts.worker_batch, out=push_buf)
+            client.push(clock - 1, push_buf, shards)
+            result = client.pull(clock, params, shards)
         if result == "params":  # a pull ended by STOP from some server is not used: not counted
             stale += client.last_staleness
     client.finish(Msg.DONE)
-    stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds,
+    stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds, resends=client.resends,
+                 stale_replies=client.stale_replies,
                  dropped=float(result == "dropped"),
                  mean_staleness=float(np.mean(stale)) if stale else 0.0,
                  max_staleness=float(max(stale)) if stale else 0.0)
@@ -204,8 +221,10 @@ def _report(server):
     status = server.table.status.astype(np.float64)
     status[sorted(server.aborted)] = _ABORTED
     events = np.array(server.events, dtype=np.float64).reshape(-1, 3)  # (time, worker, code)
+    counts = np.array([server.counts[k] for k in COUNTERS] + [server.version]
+                      + [server.rejected.get(c, 0) for c in range(1, 6)], np.float64)
     return dict(shard=server.params, snaps=list(server.snapshots), hist=hist, pushes=server.pushes,
-                status=status, events=events)
+                status=status, events=events, counts=counts)
 
 
 def _pack(rep):
@@ -215,17 +234,17 @@ def _pack(rep):
     parts = [np.array(counts, np.float64), rep["shard"].astype(np.float64),
              np.array([p for p, _, _ in snaps], np.float64), np.array([t for _, t, _ in snaps], np.float64)]
     parts += [x.astype(np.float64) for _, _, x in snaps]
-    return np.concatenate(parts + [rep["hist"], rep["status"], rep["events"].ravel()])
+    return np.concatenate(parts + [rep["hist"], rep["status"], rep["events"].ravel(), rep["counts"]])
 
 
 def _unpack(vec, n_workers, dtype):
     """Invert :func:`_pack` (shards back in the model dtype)."""
     n, n_snap, n_hist, pushes, n_ev = (int(v) for v in vec[:5])
-    sizes = [n, n_snap, n_snap] + [n] * n_snap + [n_hist, n_workers, 3 * n_ev]
+    sizes = [n, n_snap, n_snap] + [n] * n_snap + [n_hist, n_workers, 3 * n_ev, len(COUNTERS) + 6]
     parts = np.split(vec[5:5 + sum(sizes)], np.cumsum(sizes)[:-1])
     snaps = [(int(p), float(t), x.astype(dtype)) for p, t, x in zip(parts[1], parts[2], parts[3:3 + n_snap])]
-    return dict(shard=parts[0].astype(dtype), snaps=snaps, hist=parts[-3], pushes=pushes,
-                status=parts[-2], events=parts[-1].reshape(-1, 3))
+    return dict(shard=parts[0].astype(dtype), snaps=snaps, hist=parts[-4], pushes=pushes,
+                status=parts[-3], events=parts[-2].reshape(-1, 3), counts=parts[-1])
 
 
 def _send_final(repcomm, server, opts):
@@ -277,6 +296,11 @@ def _collect(repcomm, server, opts, workers, wall):
             seen.add((w, c))
             what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
             events.append((t, f"worker rank {workers[int(w)]} {what}"))
+    k = len(COUNTERS)
+    counts = {name: int(sum(rep["counts"][i] for rep in reps)) for i, name in enumerate(COUNTERS)}
+    rejected = {c: int(sum(rep["counts"][k + c] for rep in reps)) for c in range(1, 6)}
     return RunResult(params=params, pushes=server.pushes, wall=wall, start_pushes=server.resumed_pushes,
                      start_wall=server.resumed_seconds, staleness_histogram=dict(sorted(hist.items())),
-                     snapshots=snapshots, workers=stats, status=status, events=events)
+                     snapshots=snapshots, workers=stats, status=status, events=events,
+                     versions=[int(rep["counts"][k]) for rep in reps], counts=counts,
+                     rejected={c: n for c, n in rejected.items() if n})

@@ -8,27 +8,56 @@ BSP and SSP apply one update per clock while ASP applies every push). Nothing as
 order: a pull that overtakes its reader's own push waits for it where the model requires that push
 (BSP, ASP), and the clock buckets of BSP and SSP are keyed by clock and summed in worker order.
 
+Versions and conflicts: the shard's ``version`` counts the optimizer updates applied to it (one per
+ASP push, one per complete BSP/SSP clock). A PARAMS reply carries it; a PUSH carries the version its
+gradient was computed from. Under ``conflict="cas"`` (ASP, SSP) a push more than ``conflict_lag``
+versions behind is refused: it is not applied, and the worker's next pull is answered at once with
+REFUSED and the current shard, from which the worker recomputes and pushes again (per shard: the
+other servers applied their parts).
+
+Retries: every PUSH and PULL has a request id. A push whose id was seen is not applied again (a
+CRC-32 of its data tells a resend from an id reused with other data, which is rejected); a pull
+whose id was answered is answered again from the kept reply (:data:`KEEP_REPLIES` per worker). A
+malformed request gets a REJECT naming the reason (:data:`ps.protocol.REJECT_REASONS`), is counted,
+and the server keeps serving everyone else.
+
 Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
 is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
 ERROR, and ends once every worker has aborted or been dropped. The loop ends when every worker is
 done, aborted or dropped, so no rank is left waiting (the explicit shutdown protocol).
 """
+import collections
 import os
 import time
+import zlib
 
 import numpy as np
 
 from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.sharding import shard_offsets
-from ps.protocol import Backoff, Msg, PSError, probe, receive, send, wait_all
+from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send,
+                         wait_all)
 from ps.state import ServerOptimizer
 from ps.store import read_npz, write_npz
 
-__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED"]
+__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS",
+           "COUNTERS"]
 
 EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
 _SILENCE_CHECK = 0.01  # seconds between silence checks
+#: Replies a server keeps per worker to answer a repeated pull (its last ones; bounded memory: at most
+#: ``KEEP_REPLIES`` shard copies per worker).
+KEEP_REPLIES = 2
+#: Push request ids a server remembers per worker, with a CRC-32 of each push's data, to apply a
+#: resent push once and to refuse an id reused with other data (a few integers per worker).
+KEEP_PUSH_IDS = 8
+#: The server's counters (its records, in :class:`ps.runtime.RunResult`): ``pushes_received``
+#: (distinct pushes), ``duplicate_pushes`` (resent pushes not applied again), ``replayed_replies``
+#: (repeated pulls answered from a kept reply), ``refused`` (``cas`` refusals), ``rejected`` (malformed
+#: requests answered with REJECT), ``dropped_replies`` and ``late_replies`` (injected faults).
+COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
+            "late_replies")
 
 
 def server_checkpoint_path(directory, server):
@@ -87,10 +116,11 @@ class Server:
         self.offset = int(shard_offsets(self.total, opts.servers)[self.index])
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
-        self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at, staleness_lr=opts.staleness_lr)
+        self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at,
+                                   staleness_lr=opts.staleness_lr or opts.conflict == "scale")
         self.on_push = on_push
         self.pushes = 0                                    # pushes folded into the shard
-        self.pending = {}                                  # worker -> clock of its deferred pull
+        self.pending = {}                                  # worker -> (clock, request id) of its deferred pull
         self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
         self.staleness_histogram = {}                      # staleness (clocks) -> served pulls used
         self.read_staleness = {}                           # worker -> staleness of its last read, until it pushes
@@ -101,6 +131,14 @@ class Server:
         self.speeds = np.zeros(self.n_workers)             # seconds per sample reported (server 0)
         self.speed_waiting = {}                            # worker -> clock of its SPEED awaiting BATCH
         self._sends = []
+        self.version = 0                                   # optimizer updates applied to the shard
+        self.counts = dict.fromkeys(COUNTERS, 0)           # the server's records (COUNTERS)
+        self.rejected = {}                                 # REJECT reason code -> count
+        self.kept = [collections.OrderedDict() for _ in range(self.n_workers)]     # rid -> reply
+        self.push_ids = [collections.OrderedDict() for _ in range(self.n_workers)]  # rid -> CRC-32
+        self.refused = {}                                  # worker -> clock of its refused push
+        self._late = []                                    # (due time, worker, reply) of late replies
+        self.staleness_lr = opts.staleness_lr or opts.conflict == "scale"
         self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
@@ -130,6 +168,8 @@ class Server:
                 self._handle(*msg)
                 backoff.reset()
             now = time.monotonic()
+            if self._late:
+                self._send_late(now)
             if now >= next_check:  # also while busy: a dead worker must not wait for a lull
                 self._sends = [s for s in self._sends if not s[0].Test()]
                 self._check_silence(now)
@@ -157,32 +197,44 @@ class Server:
 
     # ------------------------------------------------------------------------------------------
     def _handle(self, source, mtype):
-        header, data = receive(self.comm, source, mtype, self.params.dtype,
-                               time.monotonic() + self.opts.ps_timeout)
+        header, data = receive(self.comm, source, mtype, time.monotonic() + self.opts.ps_timeout)
         w = self.rank_to_worker.get(source)
         if w is None:
             raise PSError(f"server {self.index} got {mtype.name} from rank {source}, which is not a worker")
         self._last_heard[w] = time.monotonic()
-        clock = int(header[2])
+        clock, rid = int(header[H_CLOCK]), int(header[H_RID])
         status = self.table.status[w]
         if mtype == Msg.PUSH:
-            if status == LIVE and self.error_worker < 0:
-                # a read counts once the gradient computed from it arrives: a worker whose pull another
-                # server answered with STOP never uses this server's PARAMS, and neither side counts it
-                stale = self.read_staleness.pop(w, None)
-                if stale is not None:
-                    self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
-                self._push(w, clock, data, stale or 0)
-        elif mtype == Msg.PULL:
-            if clock < 0:  # join: the current shard and the resume clock, or STOP when spent
-                if self.pushes >= self.opts.budget:
-                    self._reply(w, Msg.STOP, int(self.table.folded[w]))
+            if self._accept_push(w, header, data) and status == LIVE and self.error_worker < 0:
+                if self.opts.conflict == "cas" and self.version - int(header[H_VERSION]) > self.opts.conflict_lag:
+                    self.refused[w] = clock  # optimistic concurrency: too stale, recompute on the new values
+                    self.counts["refused"] += 1
                 else:
-                    self._reply(w, Msg.PARAMS, int(self.table.folded[w]), self.params.copy())
+                    # a read counts once the gradient computed from it arrives: a worker whose pull another
+                    # server answered with STOP never uses this server's PARAMS, and neither side counts it
+                    stale = self.read_staleness.pop(w, None)
+                    if stale is not None:
+                        self.staleness_histogram[stale] = self.staleness_histogram.get(stale, 0) + 1
+                    self._push(w, clock, data, stale or 0)
+        elif mtype == Msg.PULL:
+            pending = self.pending.get(w)
+            if rid and rid in self.kept[w]:  # a resent pull: the reply it was given, again
+                self.counts["replayed_replies"] += 1
+                self._reply(w, *self.kept[w][rid])
+            elif pending is not None and pending[1] == rid:
+                pass  # resent while it still waits here: it is answered once
+            elif clock < 0:  # join: the current shard and the resume clock, or STOP when spent
+                if self.pushes >= self.opts.budget:
+                    self._answer(w, rid, Msg.STOP, int(self.table.folded[w]))
+                else:
+                    self._answer(w, rid, Msg.PARAMS, int(self.table.folded[w]), self.params.copy())
             elif status == DROPPED:
-                self._reply(w, Msg.DROPPED, clock)
+                self._answer(w, rid, Msg.DROPPED, clock)
+            elif w in self.refused:
+                del self.refused[w]
+                self._answer(w, rid, Msg.REFUSED, clock, self.params.copy())
             else:
-                self.pending[w] = clock
+                self.pending[w] = (clock, rid)
         elif mtype in (Msg.DONE, Msg.ABORT):
             if status == LIVE:
                 self.table.status[w] = DONE
@@ -190,6 +242,9 @@ class Server:
                 if mtype == Msg.ABORT:
                     self.aborted.add(w)
                     self._lost(w, EVENT_ABORTED)
+            if mtype == Msg.DONE and self.opts.retries:  # leave nothing in flight to it, then acknowledge
+                self._send_late(float("inf"), only=w)
+                self._reply(w, Msg.DONE, clock)
         elif mtype == Msg.SPEED:
             self.speeds[w] = float(data[0])
             self.speed_waiting[w] = clock
@@ -198,12 +253,43 @@ class Server:
         self._progress_clocks()
         self._serve_pending()
 
+    def _accept_push(self, w, header, data):
+        """Return True for a push to apply; answer a malformed one with REJECT, skip a resent one."""
+        rid = int(header[H_RID])
+        crc = zlib.crc32(data.tobytes()) if data is not None else 0
+        seen = self.push_ids[w]
+        if rid and (rid in seen or (seen and rid < next(iter(seen)))):
+            if rid in seen and seen[rid] != crc:
+                return self._reject(w, rid, 5)
+            self.counts["duplicate_pushes"] += 1
+            return False
+        if data is None or data.shape != self.params.shape:
+            return self._reject(w, rid, 1)
+        if data.dtype != self.params.dtype:
+            return self._reject(w, rid, 2)
+        if int(header[H_SHARD]) != self.index:
+            return self._reject(w, rid, 3)
+        if int(header[H_VERSION]) > self.version:
+            return self._reject(w, rid, 4)
+        if rid:
+            seen[rid] = crc
+            while len(seen) > KEEP_PUSH_IDS:
+                seen.popitem(last=False)
+        self.counts["pushes_received"] += 1
+        return True
+
+    def _reject(self, w, rid, code):
+        self.counts["rejected"] += 1
+        self.rejected[code] = self.rejected.get(code, 0) + 1
+        self._reply(w, Msg.REJECT, code, rid=rid)
+        return False
+
     def _push(self, w, clock, grad, stale):
         if grad is None or grad.shape != self.params.shape:
             raise PSError(f"push from worker {w} has {0 if grad is None else grad.shape[0]} elements, "
                           f"shard has {self.params.shape[0]}")
         if self.buckets is not None:  # BSP, SSP: one update per clock on the mean gradient
-            if self.opts.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau
+            if self.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau
                 grad /= stale
             self.buckets.add(w, clock, grad)
             return
@@ -211,6 +297,7 @@ class Server:
         lr = self.opt.rate(self.pushes, self._horizon(), tau, self.n_workers)
         with trace.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
             self.opt.step(grad, lr)
+        self.version += 1
         self.table.fold(w, clock)
         self._after_fold(1)
 
@@ -232,6 +319,7 @@ class Server:
             clock, mean, workers = ready
             with trace.span("update", "ps", {"clock": int(clock), "workers": len(workers)}):
                 self.opt.step(mean, self.opt.rate(self.pushes, self._horizon()))
+            self.version += 1
             for w in workers:
                 self.table.fold(w, clock)
             self._after_fold(len(workers))
@@ -249,16 +337,19 @@ class Server:
 
     def _serve_pending(self):
         for w in list(self.pending):
-            clock = self.pending[w]
+            clock, rid = self.pending[w]
             if self.error_worker >= 0:
-                self._reply(w, Msg.ERROR, clock, worker=self.error_worker)
+                self._answer(w, rid, Msg.ERROR, clock, worker=self.error_worker)
             elif self.pushes >= self.opts.budget:
-                self._reply(w, Msg.STOP, clock)
+                self._answer(w, rid, Msg.STOP, clock)
+            elif w in self.refused:  # its push was refused after the pull arrived
+                del self.refused[w]
+                self._answer(w, rid, Msg.REFUSED, clock, self.params.copy())
             elif self.table.servable(w, clock):
                 stale = self.table.staleness_of(w, clock)
                 self.read_staleness[w] = stale
                 self.read_version[w] = self.pushes
-                self._reply(w, Msg.PARAMS, stale, self.params.copy())
+                self._answer(w, rid, Msg.PARAMS, stale, self.params.copy())
             else:
                 continue
             del self.pending[w]
@@ -294,16 +385,56 @@ class Server:
         if self.opts.consistency == "bsp" and self.error_worker < 0:
             self.error_worker = w
 
-    def _reply(self, w, mtype, clock, data=None, worker=None):
-        self._sends += [(req, buf, w) for req, buf in send(self.comm, self.worker_ranks[w], mtype,
-                                                            w if worker is None else worker, clock, data)]
+    def _reply(self, w, mtype, clock, data=None, worker=None, rid=0, version=None):
+        self._sends += [(req, buf, w) for req, buf in send(
+            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, rid=rid,
+            version=self.version if version is None else version, shard=self.index)]
+
+    def _answer(self, w, rid, mtype, clock, data=None, worker=None):
+        """Reply to pull ``rid`` of worker ``w``, keep the reply for a resend, and inject the set faults."""
+        reply = (mtype, clock, data, worker, rid, self.version)
+        if rid:
+            kept = self.kept[w]
+            kept[rid] = reply
+            while len(kept) > KEEP_REPLIES:
+                kept.popitem(last=False)
+        fault = self._fault(w, rid) if rid and mtype != Msg.STOP else None
+        if fault == "drop":
+            self.counts["dropped_replies"] += 1
+        elif fault == "late":
+            self.counts["late_replies"] += 1
+            self._late.append((time.monotonic() + self.opts.late_s, w, reply))
+        else:
+            self._reply(w, *reply)
+
+    def _fault(self, w, rid):
+        """The injected fault of the first reply to pull ``rid`` of ``w``: "drop", "late" or None (deterministic)."""
+        drop, late = self.opts.drop_replies, self.opts.late_replies
+        if not (drop or late):
+            return None
+        u = ((w + 1) * 1_000_003 + rid * 7_919 + self.index * 104_729 + self.opts.seed) % 10_007 / 10_007
+        return "drop" if u < drop else "late" if u < drop + late else None
+
+    def _send_late(self, now, only=None):
+        """Send the late replies that are due (to a live worker; every one of ``only`` when it leaves)."""
+        keep = []
+        for due, w, reply in self._late:
+            if only is not None and w == only:
+                self._reply(w, *reply)
+            elif due <= now and only is None:
+                if self.table.status[w] == LIVE:
+                    self._reply(w, *reply)
+            else:
+                keep.append((due, w, reply))
+        self._late = keep
 
     # ------------------------------------------------------------------------------------------
     def checkpoint(self):
         """Write this server's shard, optimizer state and clocks to its checkpoint file (atomic)."""
         os.makedirs(self.opts.checkpoint_dir, exist_ok=True)
         state = {"params": self.params, "offset": self.offset, "total": self.total,
-                 "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed()}
+                 "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed(),
+                 "version": self.version}
         state.update(self.opt.state_dict())
         state.update(self.table.state_dict())
         write_npz(server_checkpoint_path(self.opts.checkpoint_dir, self.index), state)
@@ -319,6 +450,7 @@ class Server:
         self.opt.load_state_dict(state)
         self.table.load_state_dict(state)
         self.pushes = self.resumed_pushes = int(state["pushes"])
+        self.version = int(state["version"]) if "version" in state else self.pushes
         self.resumed_seconds = float(state["elapsed"])
 
 

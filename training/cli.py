@@ -23,6 +23,7 @@ _METAVARS = {
     "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
     "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
     "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
+    "ps_conflict_lag": "K", "ps_retries": "N",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
     "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
@@ -95,6 +96,14 @@ HELP = {
     "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
     "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
     "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
+    "ps_conflict": "parameter server, asp/ssp: what a server does with a push computed from an old version of its "
+                   "shard: accept it, cas (refuse it when its base version is more than --ps-conflict-lag "
+                   "versions behind; the worker pulls, recomputes and pushes again; judged per shard, so the "
+                   "worker recomputes only for the shards that refused), or scale its step by 1/staleness",
+    "ps_conflict_lag": "parameter server, --ps-conflict cas: largest accepted lag of a push's base version "
+                       "(versions: updates applied to the shard since the worker read it)",
+    "ps_retries": "parameter server: resend a push/pull that gets no answer within 1 s (then 2, 4, ... s) up to N "
+                  "times; the servers apply a resent push once and answer a resent pull from the reply they kept",
     "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
                "(global batch unchanged)",
     "run_dir": "parent directory of run directories",

@@ -22,6 +22,7 @@ CHOICES = {
     "lr_schedule": ("constant", "cosine"),
     "consistency": ("bsp", "asp", "ssp"),
     "schedule": ("1f1b", "gpipe"),
+    "ps_conflict": ("accept", "cas", "scale"),
 }
 
 
@@ -84,6 +85,9 @@ class Config:
     straggler: str = ""               # slow worker "RANK:FACTOR" (step time multiplier)
     jitter: float = 0.0               # extra delay per step, uniform in [0, jitter] (seconds)
     ps_timeout: float = 30.0          # drop a worker silent this long (seconds)
+    ps_conflict: str = "accept"       # ASP/SSP conflict policy: accept, cas or scale
+    ps_conflict_lag: int = 0          # cas: largest accepted lag of a push's base version (versions)
+    ps_retries: int = 0               # resends of an unanswered push/pull, applied once by the servers
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
     balance: bool = False             # faster workers get larger batches (global batch unchanged)
     # --- run directory, checkpoints, output

@@ -157,6 +157,11 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
         "events": [{"wall_s": t, "event": e} for t, e in result.events],
         "straggler": cfg.straggler, "jitter": cfg.jitter, "fail_worker": cfg.fail_worker,
         "delay_prob": opts.delay_prob, "delay_s": opts.delay_s, "balance": opts.balance,
+        "conflict": opts.conflict, "conflict_lag": opts.conflict_lag, "retries": opts.retries,
+        "versions": result.versions, "server_counts": result.counts, "rejected": result.rejected,
+        "refused_per_push": sum(s["refused"] for s in done) / max(1, sum(s["pushes"] for s in done)),
+        "wasted_compute_s": sum(s["wasted_compute_s"] for s in done),
+        "resends": sum(s["resends"] for s in done),
         "curve": [{k: p[k] for k in ("pushes", "wall_s", "test_acc")} for p in evals["curve"]],
         "run": run_info(comm), "run_dir": run_dir,
     }

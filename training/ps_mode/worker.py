@@ -143,7 +143,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
         resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
-        seed=cfg.seed)
+        seed=cfg.seed, conflict=cfg.ps_conflict, conflict_lag=cfg.ps_conflict_lag, retries=cfg.ps_retries)
     opts = dataclasses.replace(opts, **extra)
     opts.validate(size)
     return opts
