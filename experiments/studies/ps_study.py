@@ -25,6 +25,18 @@ the repeats.
     (``--straggler-set``; by default 1024 synthetic samples per worker and step), since a step of
     the digits model computes for 0.4 ms against 10-15 ms of protocol per clock on a 2-core host,
     and a 4x straggler there barely slows anything.
+``conflict``
+    ASP under the persistent straggler (the straggler part's settings) and under the transient
+    delays (the transient part's), with each conflict policy (:data:`ps.options.CONFLICTS`):
+    ``accept``, ``cas`` with lag ``W - 1`` (a push computed before more than one round of the other
+    workers' updates is refused and recomputed) and ``scale`` (the step divided by the staleness).
+    Reported: refusals per push, compute wasted on refused gradients, updates per second against
+    ``accept``, and the test accuracy at equal wall time (the shortest run of the condition).
+``retries``
+    BSP without faults (``clean``) and with the servers dropping 10 % of their pull replies and
+    sending 5 % late (0.2 s, beyond the workers' 0.05 s retry wait; 5 retries). Reported: resends,
+    updates per second against ``clean``, and whether the final parameters equal the clean run's bit
+    for bit (a resent push applied once, a resent pull answered from the kept reply).
 ``servers``
     BSP with 1, 2 and 4 servers (those that leave at least one worker on ``P`` ranks; the global
     batch rounded down to a multiple of the ``P - S`` workers): samples and updates per second,
@@ -37,18 +49,20 @@ A rerun replaces the previous study in ``--out``. On a busy machine the study re
 leaves the previous study in place) unless ``--allow-noisy`` marks its results noisy.
 """
 import argparse
+import hashlib
 import os
 import shutil
 import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 
+import numpy as np
 from mpi4py import MPI
 
 from collectives.engine import trace
 from experiments import results as prov
 from experiments.outputs import command_line, run_or_report
-from experiments.studies.ps_study_tables import markdown, ratio_table
+from experiments.studies.ps_study_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.checkpoint import make_run_dir, root_bytes
 from training.cli import parse_on_every_rank
@@ -59,7 +73,9 @@ from training.ps_mode.worker import ps_options, run_ps
 
 __all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
 
-PARTS = ("transient", "straggler", "servers")
+PARTS = ("transient", "straggler", "servers", "conflict", "retries")
+#: Faults of the retries part: PSOptions fields given as the run's extra settings.
+RETRY_FAULTS = {"drop_replies": 0.1, "late_replies": 0.05, "late_s": 0.2, "retry_s": 0.05}
 #: Default training settings of the straggler part: a large batch on the synthetic set, so that a
 #: worker's compute per step (about 30 ms here, 1024 samples) outweighs the per-clock protocol
 #: overhead (10-15 ms on this 2-core machine); with the digits model's 0.4 ms steps a 4x straggler
@@ -69,7 +85,8 @@ BALANCE_EVERY = 2  # clocks between the speed reports of --balance in the stragg
 RESULTS = "ps_study.json"
 _KEYS = ("updates_per_s", "samples_per_s", "time_to_target_s", "final_test_acc", "wall_s", "pushes",
          "epochs", "staleness_histogram", "staleness_max", "staleness_mean", "curve", "run_dir",
-         "worker_stats", "servers", "workers")
+         "worker_stats", "servers", "workers", "refused_per_push", "wasted_compute_s", "resends",
+         "server_counts", "conflict")
 
 
 def variants(part, size, straggler):
@@ -100,6 +117,17 @@ def variants(part, size, straggler):
                 ("bsp-balance", dict(consistency="bsp", balance=True, **slow), "even")]
     if part == "servers":
         return [(f"s{S}", dict(consistency="bsp", servers=S), "s1") for S in (1, 2, 4) if S < size]
+    if part == "conflict":
+        lag = max(0, size - 2)  # W - 1 with one server: older than one round of the others' updates
+        out = []
+        for cond in ("straggler", "transient"):
+            slow = dict(straggler=straggler) if cond == "straggler" else {}
+            out += [(f"{cond}-{pol}", dict(consistency="asp", ps_conflict=pol, **slow,
+                                           **({"ps_conflict_lag": lag} if pol == "cas" else {})), f"{cond}-accept")
+                    for pol in ("accept", "cas", "scale")]
+        return out
+    if part == "retries":
+        return [("clean", dict(consistency="bsp"), "clean"), ("faults", dict(consistency="bsp", ps_retries=5), "clean")]
     raise ValueError(f"part must be one of {PARTS}, got {part!r}")
 
 
@@ -150,13 +178,18 @@ def _configs(args, size):
             extra.update(balance_every=BALANCE_EVERY)
         rows = []
         for name, changes, baseline in variants(part, size, args.straggler):
+            mine = dict(extra)
             if part == "servers":  # the global batch, rounded down to a multiple of the workers
                 W = size - changes["servers"]
                 changes = dict(changes, batch_size=max(W, base.batch_size // W * W))
-            cfg = (slow_base if part == "straggler" else base).replace(
-                run_dir=os.path.join(args.out, "runs"), name=name, **changes)
-            ps_options(cfg, size, 1, cfg.run_dir, extra)
-            rows.append((name, cfg, extra, baseline))
+            if name.startswith("transient-"):
+                mine.update(delay_prob=args.delay_prob, delay_s=args.delay_s)
+            if name == "faults":
+                mine.update(RETRY_FAULTS)
+            slow = part == "straggler" or name.startswith("straggler-")
+            cfg = (slow_base if slow else base).replace(run_dir=os.path.join(args.out, "runs"), name=name, **changes)
+            ps_options(cfg, size, 1, cfg.run_dir, mine)
+            rows.append((name, cfg, mine, baseline))
         out[part] = rows
     return out
 
@@ -169,7 +202,9 @@ def _train(part, name, cfg, extra, repeat, comm):
         summary = train_ps(cfg, comm, extra)
     if comm.Get_rank() != 0:
         return None
-    return {"part": part, "variant": name, "repeat": repeat, "consistency": cfg.consistency,
+    with np.load(os.path.join(summary["run_dir"], "ps_model.npz"), allow_pickle=False) as f:
+        sha = hashlib.sha256(f["params"].tobytes()).hexdigest()
+    return {"part": part, "variant": name, "repeat": repeat, "consistency": cfg.consistency, "params_sha": sha,
             "staleness_bound": cfg.staleness, "straggler": cfg.straggler, "balance": cfg.balance,
             "delay_prob": extra.get("delay_prob", 0.0), "delay_s": extra.get("delay_s", 0.0),
             **{k: summary[k] for k in _KEYS}}
@@ -233,7 +268,8 @@ def _parser():
                     "mpiexec -n 5 python -m experiments.studies.ps_study. A rerun replaces the previous study in --out.")
     p.add_argument("--out", default="results/ps_study", help="results directory (default: %(default)s)")
     p.add_argument("--parts", default=",".join(PARTS), metavar="LIST",
-                   help="comma-separated parts: transient, straggler, servers (default: %(default)s)")
+                   help="comma-separated parts: transient, straggler, servers, conflict, retries "
+                        "(default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved (default: 3)")
     p.add_argument("--epochs", type=int, default=20,
                    help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
@@ -308,7 +344,8 @@ def main(argv=None):
 
 def _write(args, configs, runs, started, comm, watch, command):
     """Rank 0: write ``ps_study.json``, stamped with ``watch`` and ``command``, and print one table per part."""
-    tables = {part: ratio_table(runs, part, [(name, base) for name, _, _, base in rows])
+    tables = {part: (conflict_table if part in ("conflict", "retries") else
+                     lambda rs, names, p=part: ratio_table(rs, p, names))(runs, [(name, base) for name, _, _, base in rows])
               for part, rows in configs.items()}
     settings = {k: v for k, v in vars(args).items()}
     results = {"experiment": "ps_study", "study": settings,

@@ -4,7 +4,7 @@ import statistics
 
 from tabulate import tabulate
 
-__all__ = ["ratio_table", "markdown"]
+__all__ = ["ratio_table", "conflict_table", "markdown"]
 
 
 def _spread(values):
@@ -60,6 +60,44 @@ def ratio_table(runs, part, names_baselines):
     return rows
 
 
+def _acc_at(curve, wall_s):
+    """Test accuracy of the last curve point reached within ``wall_s`` seconds (None before the first)."""
+    seen = [p["test_acc"] for p in curve if p["wall_s"] <= wall_s]
+    return seen[-1] if seen else None
+
+
+def conflict_table(runs, names_baselines):
+    """Return one row per variant of the ``conflict`` or ``retries`` part.
+
+    Per variant: ``refused_per_push`` (refusals per applied push), ``wasted_compute_s`` (seconds of
+    gradients computed and then refused, summed over workers), ``resends``, updates per second and
+    its ratio to the baseline's within a repeat, and the test accuracy at equal wall time: at the
+    shortest wall time of the variants of the same condition (the name's part before ``-``) in that
+    repeat. Each as ``{"median", "min", "max", "n"}`` over the repeats; ``bitwise`` says whether every
+    repeat's final parameters equal its baseline's bit for bit.
+    """
+    by = {(r["variant"], r["repeat"]): r for r in runs if r["part"] in ("conflict", "retries")}
+    repeats = sorted({rep for _, rep in by})
+    rows = []
+    for name, baseline in names_baselines:
+        cond = name.split("-")[0]
+        mine = [(k, by[(name, k)]) for k in repeats if (name, k) in by]
+        equal = {k: min(r["wall_s"] for (v, rep), r in by.items() if rep == k and v.split("-")[0] == cond)
+                 for k, _ in mine}
+        pairs = [(a, by[(baseline, k)]) for k, a in mine if (baseline, k) in by]
+        rows.append({
+            "variant": name, "baseline": baseline, "runs": len(mine), "equal_wall_s": _spread(list(equal.values())),
+            "refused_per_push": _spread([a.get("refused_per_push", 0.0) for _, a in mine]),
+            "wasted_compute_s": _spread([a.get("wasted_compute_s", 0.0) for _, a in mine]),
+            "resends": _spread([float(a.get("resends", 0)) for _, a in mine]),
+            "updates_per_s": _spread([a["updates_per_s"] for _, a in mine]),
+            "updates_vs_baseline": _spread([a["updates_per_s"] / b["updates_per_s"] for a, b in pairs]),
+            "acc_at_equal_wall": _spread([_acc_at(a["curve"], equal[k]) for k, a in mine]),
+            "final_test_acc": _spread([a["final_test_acc"] for _, a in mine]),
+            "bitwise": all(a.get("params_sha") == b.get("params_sha") for a, b in pairs)})
+    return rows
+
+
 def _fmt(s, unit="", digits=2):
     """``median (min-max)`` of a spread, or ``never``/``-`` when absent."""
     if s["median"] is None:
@@ -71,7 +109,10 @@ _HEAD = {"transient": ("protocol", "to 95 % (s)", "BSP's time / this", "updates/
                        "staleness max"),
          "straggler": ("variant", "samples/s", "vs even", "updates/s", "vs even", "to 95 % (s)", "final test acc"),
          "servers": ("servers", "samples/s", "vs 1 server", "updates/s", "vs 1 server", "to 95 % (s)",
-                     "final test acc")}
+                     "final test acc"),
+         "conflict": ("condition-policy", "refused / push", "wasted compute (s)", "updates/s", "vs accept",
+                      "test acc at equal wall time"),
+         "retries": ("variant", "resends", "updates/s", "vs clean", "final test acc", "bitwise = clean")}
 
 
 def markdown(part, rows):
@@ -79,6 +120,16 @@ def markdown(part, rows):
     repeats in brackets (str)."""
     cells = []
     for r in rows:
+        if part in ("conflict", "retries"):
+            pct = {k: (v * 100 if isinstance(v, float) else v) for k, v in r["final_test_acc"].items()}
+            if part == "conflict":
+                at = {k: (v * 100 if isinstance(v, float) else v) for k, v in r["acc_at_equal_wall"].items()}
+                cells.append((r["variant"], _fmt(r["refused_per_push"]), _fmt(r["wasted_compute_s"]),
+                              _fmt(r["updates_per_s"], "", 0), _fmt(r["updates_vs_baseline"], "x"), _fmt(at, " %")))
+            else:
+                cells.append((r["variant"], _fmt(r["resends"], "", 0), _fmt(r["updates_per_s"], "", 0),
+                              _fmt(r["updates_vs_baseline"], "x"), _fmt(pct, " %"), "yes" if r["bitwise"] else "NO"))
+            continue
         acc = _fmt({k: (v * 100 if isinstance(v, float) else v) for k, v in r["final_test_acc"].items()}, " %")
         if part == "transient":
             cells.append((r["variant"].upper().replace("SSP", "SSP s="), _fmt(r["time_to_target_s"]),

@@ -47,7 +47,8 @@ _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curv
 #: Settings a caller may give beyond the training configuration (``extra`` of :func:`ps_options`):
 #: the transient delays and the balancing interval (:class:`PSOptions` fields) and the resolution
 #: of a study's curves.
-PS_EXTRA = ("delay_prob", "delay_s", "balance_every", "snapshots_per_epoch")
+PS_EXTRA = ("delay_prob", "delay_s", "balance_every", "snapshots_per_epoch", "retry_s", "drop_replies",
+            "late_replies", "late_s")
 
 
 class BatchStream:
