@@ -80,7 +80,10 @@ def source_line(prov, rel):
     where = ("a simulation (no measurement)" if load is None or prov.get("P") is None else
              f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
              f"{load['during_max']:.2f} at most during")
-    return (f"*From `plots/reference/{rel}`: `{prov['command']}`, {where}, {lib}, Python {v['python']}, "
+    command = prov["command"]
+    if prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec"):
+        command = f"mpiexec -n {prov['P']} {command}"
+    return (f"*From `plots/reference/{rel}`: `{command}`, {where}, {lib}, Python {v['python']}, "
             f"NumPy {v['numpy']}, {prov['date'][:10]}.*")
 
 
@@ -182,11 +185,31 @@ def _scaling_figures(rel):
     return [out]
 
 
+def _ps_part(part):
+    def render(rel):
+        from plots.ps_tables import conflict_table, markdown
+
+        study = _load(rel)
+        prov = check_quiet(study, rel)
+        names = [(name, _baseline(part, name)) for name in study["part_configs"][part]]
+        rows = conflict_table(study["runs"], names)
+        reps = study["study"]["repeats"]
+        return (f"Median (min-max) over {reps} repeats.\n\n" + markdown(part, rows) + "\n\n" + source_line(prov, rel))
+    return render
+
+
+def _baseline(part, name):
+    """The baseline variant of ``name`` in the conflict and retries parts of the PS study."""
+    return f"{name.split('-')[0]}-accept" if part == "conflict" else "clean"
+
+
 #: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None)
 ITEMS = {
     "bench-p2": ("bench/collectives_p2.json", _bench, _bench_figures),
     "training": ("training/default_p4", _training_table, _training_figures),
     "scaling": ("scaling/scale_sim.json", _scaling_table, _scaling_figures),
+    "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
+    "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
 }
 
 

@@ -62,7 +62,7 @@ from mpi4py import MPI
 from collectives.engine import trace
 from experiments import results as prov
 from experiments.outputs import command_line, run_or_report
-from experiments.studies.ps_study_tables import conflict_table, markdown, ratio_table
+from plots.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.checkpoint import make_run_dir, root_bytes
 from training.cli import parse_on_every_rank

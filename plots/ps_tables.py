@@ -1,5 +1,5 @@
-"""The parameter-server study's tables (:mod:`experiments.studies.ps_study`): ratios within a repeat, then
-their median and range over the repeats, and their Markdown form."""
+"""The parameter-server study's tables (:mod:`experiments.studies.ps_study`; published by :mod:`plots.publish`):
+ratios within a repeat, then their median and range over the repeats, and their Markdown form."""
 import statistics
 
 from tabulate import tabulate
