@@ -219,7 +219,7 @@ def mpi_library(version=None):
 def mpi_library_key(version=None):
     """Return ``(name, version)`` of the MPI library, e.g. ``("MPICH", "5.0.2")``, ``("Open MPI", "5.0.11")``.
 
-    Used to key measured tuning tables by library: an ``auto`` table measured with one library is
+    Keys the measured tuning tables by library: an ``auto`` table measured with one library is
     not applied under another. Unknown libraries give their first word and ``""``.
     """
     import re

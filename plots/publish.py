@@ -40,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "plots", "reference")
 FIGURES = os.path.join(ROOT, "plots", "figures")
 #: The documents whose marked blocks and figures are published.
-DOCUMENTS = ("README.md", "docs/*.md")
+DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
 _BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 
@@ -185,6 +185,37 @@ def _scaling_figures(rel):
     return [out]
 
 
+def _trainer_table(rel):
+    from plots.tables import trainer_table
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    model = "-".join(map(str, results["model"]))
+    head = (f"MLP {model}, float32, one thread: forward, softmax cross-entropy, backward and optimizer step; "
+            f"median (min-max) of {results['repeats']} alternating repeats; PyTorch {results['torch']}.")
+    return head + "\n\n" + trainer_table(results["cells"]) + "\n\n" + source_line(prov, rel)
+
+
+def _model_parallel_table(rel):
+    from plots.tables import bubble_table, model_parallel_table
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    q = results["bubble"][0]["Q"] if results["bubble"] else "-"
+    return (model_parallel_table(results) + f"\n\nPipeline of Q = {q} stages:\n\n" + bubble_table(results)
+            + "\n\n" + source_line(prov, rel))
+
+
+def _model_parallel_figures(rel):
+    from plots.model_parallel import draw
+
+    results = _load(rel)
+    check_quiet(results, rel)
+    out = os.path.join(FIGURES, "model_parallel_p4.png")
+    draw(results, out)
+    return [out]
+
+
 def _ps_part(part):
     def render(rel):
         from plots.ps_tables import conflict_table, markdown
@@ -208,6 +239,8 @@ ITEMS = {
     "bench-p2": ("bench/collectives_p2.json", _bench, _bench_figures),
     "training": ("training/default_p4", _training_table, _training_figures),
     "scaling": ("scaling/scale_sim.json", _scaling_table, _scaling_figures),
+    "trainer-vs-pytorch": ("bench/trainer_vs_pytorch.json", _trainer_table, None),
+    "model-parallel-p4": ("model_parallel/p4.json", _model_parallel_table, _model_parallel_figures),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
 }
@@ -255,7 +288,7 @@ def _shown_figures(text):
 
 def _figure_names():
     """File names of the figures the items draw (without drawing them)."""
-    names = {"training_curves.png", "training_time.png", "scaling.png"}
+    names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)

@@ -233,8 +233,10 @@ def plot_time(runs, path):
         else:
             _plot_dp_time(ax, epochs, summary)
         ax.grid(axis="x" if summary.get("mode") == "ps" else "y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(f"{textwrap.fill(describe(summary) or label, 80)}\n{ax.get_title()}", fontsize=9)
+        if summary.get("mode") != "ps":  # headroom above the bars for the legend inside the axes
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.35)
+        ax.legend(fontsize=8, loc="upper right", ncol=3, framealpha=0.9)
+        ax.set_title(f"{textwrap.fill(describe(summary) or label, 110)}\n{ax.get_title()}", fontsize=9)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

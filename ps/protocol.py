@@ -137,7 +137,7 @@ class Backoff:
         self.delay = min(2 * self.delay, self.cap)
 
 
-def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, shard=0):
+def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0)):
     """Post one message (header and optional payload) without blocking.
 
     Parameters
@@ -152,8 +152,8 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, s
         Header fields (see the module table).
     data : ndarray, shape (length,), float32 or float64, optional
         Contiguous host payload; it must stay unchanged until the requests complete.
-    rid, version, shard : int
-        Request id, shard version and shard index (see the module docstring).
+    meta : tuple of int
+        ``(rid, version, shard)``: request id, shard version and shard index (see the module docstring).
 
     Returns
     -------
@@ -162,6 +162,7 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, s
     """
     length = 0 if data is None else int(data.shape[0])
     code = 0 if data is None else _CODES.get(data.dtype, 0)
+    rid, version, shard = meta
     header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code],
                       dtype=np.int64)
     reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]

@@ -138,7 +138,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
 def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
     w = workers.index(rank)
     client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
-                    opts.ps_timeout + _REPLY_MARGIN, retries=opts.retries, retry_s=opts.retry_s)
+                    opts.ps_timeout + _REPLY_MARGIN, (opts.retries, opts.retry_s))
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))

@@ -386,9 +386,9 @@ class Server:
             self.error_worker = w
 
     def _reply(self, w, mtype, clock, data=None, worker=None, rid=0, version=None):
+        meta = (rid, self.version if version is None else version, self.index)
         self._sends += [(req, buf, w) for req, buf in send(
-            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, rid=rid,
-            version=self.version if version is None else version, shard=self.index)]
+            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta)]
 
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):
         """Reply to pull ``rid`` of worker ``w``, keep the reply for a resend, and inject the set faults."""

@@ -121,13 +121,13 @@ def _bad_worker(comm, bad):
     (awaiting its REJECT), then the same id again with other data."""
     client = Client(comm, 2, [0], [1, 2, 3], 6, np.float64, 20.0)
     client.join()
-    malformed = [(np.ones(4), {"rid": 101}), (np.ones(6, np.float32), {"rid": 102}),
-                 (np.ones(6), {"rid": 103, "shard": 5}), (np.ones(6), {"rid": 104, "version": 10 ** 9})]
-    sends = (malformed if bad else []) + [(np.zeros(6), {"rid": 105})] + ([(np.ones(6), {"rid": 105})] if bad else [])
+    malformed = [(np.ones(4), (101, 0, 0)), (np.ones(6, np.float32), (102, 0, 0)), (np.ones(6), (103, 0, 5)),
+                 (np.ones(6), (104, 10 ** 9, 0))]  # (rid, version, shard)
+    sends = (malformed if bad else []) + [(np.zeros(6), (105, 0, 0))] + ([(np.ones(6), (105, 0, 0))] if bad else [])
     codes = []
-    for data, fields in sends:
-        wait_all(send(comm, 0, Msg.PUSH, 2, 0, data, **fields), time.monotonic() + 20, "push")
-        if fields["rid"] == 105 and data[0] == 0:
+    for data, meta in sends:
+        wait_all(send(comm, 0, Msg.PUSH, 2, 0, data, meta), time.monotonic() + 20, "push")
+        if meta[0] == 105 and data[0] == 0:
             continue  # the good push: no answer
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

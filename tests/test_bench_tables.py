@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from experiments.studies.model_parallel_study import table
+from plots.tables import model_parallel_table as table
 from plots.bench import markdown
 from tests.mpirun import ROOT
 
@@ -32,7 +32,7 @@ def _load(name):
 
 
 def test_model_parallel_table_holds_the_results():
-    results = _load("model_parallel_p4.json")
+    results = _load("model_parallel/p4.json")
     head, rows = _cells(table(results), "grid D x T x Q")
     assert len(head) == 7 and len(rows) == len(results["grids"])
     for row, g in zip(rows, results["grids"]):

@@ -96,5 +96,5 @@ def test_grid_table_and_results_file(tmp_path, capsys):
             assert len(ratios) == 3
             assert c[key]["median"] == pytest.approx(np.median(ratios))
             assert c[key]["min"] == pytest.approx(min(ratios)) and c[key]["max"] == pytest.approx(max(ratios))
-            assert f"{c[key]['median']:.3f} [{c[key]['min']:.3f}-{c[key]['max']:.3f}]" in text
+            assert f"{c[key]['median']:.3f}x ({c[key]['min']:.3f}-{c[key]['max']:.3f})" in text
     assert text.count("\n|") == 2 + 4  # header, rule, one row per cell

@@ -127,7 +127,7 @@ def test_study_grids_and_plot(tmp_path):
 
     g = grids(8, 5)
     assert g[0] == (8, 1, 1) and len(g) == len(set(g)) == 9 and all(d * t * q == 8 and q <= 5 for d, t, q in g)
-    with open(os.path.join(ROOT, "plots", "reference", "model_parallel_p4.json"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "plots", "reference", "model_parallel", "p4.json"), encoding="utf-8") as f:
         results = json.load(f)
     out = draw(results, str(tmp_path / "mp.png"))
     with open(out, "rb") as f:

@@ -1,6 +1,7 @@
-"""Every command block of README.md runs as written, in a quick mode, so the README cannot drift.
+"""Every command block of README.md and of the docs (docs/**/*.md) runs as written, in a quick mode, so
+neither can drift.
 
-The test reads README.md, takes every ```bash block (and every ```python block whose first line says
+The test reads README.md and the docs' pages in turn, takes every ```bash block (and every ```python block whose first line says
 ``# save as FILE and run: COMMAND``), splits it into commands (``\\`` continuations joined, comments
 dropped) and looks each command up in :data:`CHECKS`:
 
@@ -38,6 +39,9 @@ from tests.mpirun import launcher_args, launcher_env, mpiexec_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+#: The documents whose commands are checked: the README, then the docs' pages (sorted).
+DOCUMENTS = [README] + sorted(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(ROOT, "docs"))
+                              if "_build" not in dp for f in fs if f.endswith(".md"))
 REF = os.path.join(ROOT, "plots", "reference")
 
 
@@ -73,6 +77,14 @@ CHECKS = {
     # The two commands
     "make run": Run(),  # checked through `make -n run`: the recipe, run with --epochs 1
     "make test": Covered("make test", "the test suite itself"),
+    "make docs": Covered("tests/test_docs.py::test_docs_build_with_no_warning", "the same sphinx-build -W"),
+    "make results": Covered("tests/test_docs.py::test_published_tables_equal_the_committed_result_files",
+                            "plots.publish --check renders every item as make results does"),
+    # Parameter server: versions, conflicts and retries (docs/ps.md)
+    "mpiexec -n 5 python -m training.train --mode ps --consistency asp --ps-conflict cas --ps-conflict-lag 3 "
+    "--ps-retries 3": Run(_QUICK_TRAIN),
+    "mpiexec -n 5 python -m experiments.studies.ps_study --parts conflict,retries --repeats 3 --out "
+    "results/ps_conflict": Help("tests/test_ps_versions.py::test_versions_conflicts_retries_and_bad_requests_on_four_ranks"),
     # Model parallelism
     "mpiexec -n 4 python -m training.train --tensor-parallel 2 --pipeline-parallel 2 --micro-batches 4":
         Help("tests/test_model_parallel.py::test_cli_writes_grid_summary_and_refuses_bad_grids"),
@@ -80,7 +92,7 @@ CHECKS = {
         Help("tests/test_model_parallel.py::test_equivalence_on_eight_ranks"),
     "mpiexec -n 4 python -m experiments.studies.model_parallel_study --out results/model_parallel_p4.json":
         Help("tests/test_model_parallel.py::test_study_grids_and_plot",
-             {"results/model_parallel_p4.json": "model_parallel_p4.json"}),
+             {"results/model_parallel_p4.json": "model_parallel/p4.json"}),
     "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
     "experiments.studies.model_parallel_study --out results/model_parallel_p4_1gbit.json --bubble-micro-batches ''":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
@@ -189,9 +201,11 @@ def _logical_lines(text):
     return [ln for ln in text.replace("\\\n", " ").splitlines() if ln.strip()]
 
 
-def readme_commands(path=README):
-    """Return the README's blocks as lists of ``(command, files)``: ``command`` is the token list
+def readme_commands(path=None):
+    """Return the blocks of ``path`` (default: every document, in order) as lists of ``(command, files)``: ``command`` is the token list
     (comments dropped), ``files`` maps file names a Python block is saved as to its source."""
+    if path is None:
+        return [b for doc in DOCUMENTS for b in readme_commands(doc)]
     with open(path, encoding="utf-8") as f:
         text = f.read()
     blocks = []
@@ -207,9 +221,11 @@ def readme_commands(path=README):
     return blocks
 
 
-def inline_commands(path=README):
-    """Return the commands quoted inline in the README's prose (code spans with ``python -m``,
-    outside the blocks) as token lists."""
+def inline_commands(path=None):
+    """Return the commands quoted inline in the prose of ``path`` (default: every document; code spans
+    with ``python -m``, outside the blocks) as token lists."""
+    if path is None:
+        return [c for doc in DOCUMENTS for c in inline_commands(doc)]
     with open(path, encoding="utf-8") as f:
         prose = re.sub(r"^```.*?^```", "", f.read(), flags=re.M | re.S)
     spans = re.findall(r"`([^`]*python -m [^`]*)`", prose)
@@ -302,10 +318,10 @@ def _test_exists(ref):
 def test_every_readme_command_has_an_entry_and_every_entry_a_command():
     keys = [_key(c) for block in readme_commands() for c, _ in block]
     missing = [k for k in keys if k not in CHECKS]
-    assert not missing, ("README commands without an entry in tests/test_readme.py CHECKS (add one: "
+    assert not missing, ("README/docs commands without an entry in tests/test_readme.py CHECKS (add one: "
                          "Run with quick flags, Help or Covered):\n" + "\n".join(missing))
     stale = [k for k in CHECKS if k not in keys]
-    assert not stale, "CHECKS entries whose command is no longer in README.md:\n" + "\n".join(stale)
+    assert not stale, "CHECKS entries whose command is in neither README.md nor docs/:\n" + "\n".join(stale)
     absent = [c.covered for c in CHECKS.values() if isinstance(c, (Help, Covered)) and not _test_exists(c.covered)]
     assert not absent, f"entries name tests that do not exist: {absent}"
 

@@ -94,7 +94,7 @@ class Run:
         """Run rounds from :attr:`index` on, each completed by ``complete(run, index)``: the one round loop.
 
         ``complete`` returns the round's statuses, or None when it is not complete yet (the loop
-        stops there and a later call resumes it). Returns True once the last round is finished.
+        stops there and a later call resumes it). Returns True once the final round is finished.
         """
         prog = self.prog
         while self.index < len(prog):

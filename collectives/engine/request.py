@@ -21,7 +21,7 @@ class Request:
     run : collectives.engine.executor.Run
         The schedule, communicator, buffers, reduction and tag of this call.
     finish : callable or None
-        Called once with no arguments after the last round (final division for ``avg``, casting
+        Called once with no arguments after the final round (final division for ``avg``, casting
         into the output); its return value becomes :attr:`result`.
     active : set or None
         The communicator's set of requests in flight (this request adds and removes itself).

@@ -23,10 +23,10 @@ import statistics
 import time
 
 import numpy
-from tabulate import tabulate
 
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
+from plots.tables import trainer_table as table
 from training.job import limit_threads
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
@@ -207,35 +207,6 @@ def bench_cell(batch, optimizer, steps, repeats, warmup=3, sizes=SIZES, with_tor
         cell["spread"] = (max(ratios["wall"]) - min(ratios["wall"])) / statistics.median(ratios["wall"])
         cell["unstable"] = cell["spread"] > SPREAD_FLAG
     return cell
-
-
-def _ms(s):
-    return f"{1e3 * s['median']:.2f} [{1e3 * s['min']:.2f}-{1e3 * s['max']:.2f}]"
-
-
-def _x(s):
-    return f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]"
-
-
-def table(cells):
-    """Return the grid as a Markdown table (tabulate's pipe format), one row per cell.
-
-    Step times in ms and ratios commlab / PyTorch, each as median [min-max] over the repeats; the
-    last column says whether the wall-time ratio's median meets the target (<= 1.0).
-    """
-    head = ["batch", "optimizer", "commlab ms/step", "PyTorch ms/step", "ratio (wall)", "ratio (CPU)", "<= 1.0"]
-    rows = []
-    for c in cells:
-        row = [c["batch"], c["optimizer"], _ms(c["numpy_step_s"])]
-        if "ratio" in c:
-            flag = " (spread {:.0%})".format(c["spread"]) if c["unstable"] else ""
-            row += [_ms(c["torch_step_s"]), _x(c["ratio"]) + flag, _x(c["cpu_ratio"]),
-                    "yes" if c["ratio"]["median"] <= 1.0 else "no"]
-        else:
-            row += ["-", "-", "-", "-"]
-        rows.append(row)
-    return tabulate(rows, head, tablefmt="pipe", disable_numparse=True,
-                    colalign=("right", "left", "right", "right", "right", "right", "left"))
 
 
 def _parser():

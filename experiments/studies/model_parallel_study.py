@@ -27,10 +27,10 @@ import time
 
 import numpy
 from mpi4py import MPI
-from tabulate import tabulate
 
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
+from plots.tables import model_parallel_table as table
 from training.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
 from training.model_parallel.report import rank_memory
@@ -202,19 +202,6 @@ def main(argv=None):
         print(table(results))
         print(f"wrote {args.out}")
     return 0
-
-
-def table(results):
-    """Return the grid part of ``results`` as a Markdown table (tabulate's pipe format)."""
-    cells = []
-    for g in results["grids"]:
-        r, b = g["step_ratio_to_dp"], g["bytes_per_rank_per_step"]
-        cells.append([f"{g['D']} x {g['T']} x {g['Q']}", f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
-                      f"{b['data'] / 1e6:.2f}", f"{b['tensor'] / 1e6:.2f}", f"{b['pipeline'] / 1e6:.2f}",
-                      f"{g['max_state_bytes'] / 1e6:.1f}", f"{g['bubble']['median']:.2f}"])
-    head = ("grid D x T x Q", "step time / data-parallel (median, range)", "data MB", "tensor MB", "pipeline MB",
-            "params + Adam MB per rank", "bubble")
-    return tabulate(cells, headers=head, tablefmt="pipe", disable_numparse=True, colalign=["left"] + ["right"] * 6)
 
 
 if __name__ == "__main__":
