@@ -18,7 +18,8 @@ After either, the communicator's context is unusable (messages of the failed cal
 flight); the safe policy is to end the job, which :func:`collectives.engine.policy.abort_on_failure` does.
 """
 
-__all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "ScheduleDeadlock"]
+__all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
+           "ScheduleDeadlock"]
 
 
 class CommlabError(Exception):
@@ -147,3 +148,22 @@ class CollectiveMismatch(CollectiveError):
 
     def __reduce__(self):
         return type(self), (self.collective, self.field, self.detail)
+
+
+class DtypeMismatch(CollectiveMismatch, TypeError):
+    """The ranks passed arrays of different dtypes: a :class:`CollectiveMismatch` of the ``dtype``
+    field that is also a ``TypeError`` (a wrong type of argument, seen only across the ranks).
+
+    Examples
+    --------
+    >>> from collectives.errors import DtypeMismatch
+    >>> exc = DtypeMismatch("allgather", "rank 0: dtype=float32; rank 1: dtype=float64")
+    >>> isinstance(exc, TypeError), exc.field
+    (True, 'dtype')
+    """
+
+    def __init__(self, collective, detail):
+        super().__init__(collective, "dtype", detail)
+
+    def __reduce__(self):
+        return type(self), (self.collective, self.detail)

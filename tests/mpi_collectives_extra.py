@@ -96,6 +96,15 @@ def badinput():
     expect(ValueError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(3, np.float32)))
     expect(TypeError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(8)))
     expect(TypeError, ["root"], lambda: C.broadcast(x, root=0.0, comm=fresh))
+    shared = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(8,), strides=(0,), writeable=True)
+    expect(ValueError, ["zero stride"], lambda: C.allreduce(x, comm=fresh, out=shared))
+    planned = comm.Dup()  # a valid plan's own communicator: no call on `fresh` may send anything
+    plan = C.allreduce_init(x, comm=planned, algorithm="mpi")
+    plan.start()
+    plan.wait()
+    plan.free()
+    for call in ("start", "test", "wait"):
+        expect(RuntimeError, ["freed plan"], getattr(plan, call))
     ro = np.ones(8, np.float32)
     ro.flags.writeable = False
     expect(ValueError, ["read-only"], lambda: C.allreduce(x, comm=fresh, out=ro))
@@ -121,7 +130,7 @@ def badinput():
     expect(TypeError if rank == 1 else ValueError, ["array"] if rank == 1 else ["rank(s) 1"],
            lambda: C.allgather(None if rank == 1 else x, comm=fresh))
     # Errors that need every rank's view are raised on every rank after the signature exchange.
-    expect(TypeError, ["different dtypes"],
+    expect(C.CollectiveMismatch, ["disagree about the call's dtype", "float32", "float64"],
            lambda: C.allgather(np.ones(2, np.float32 if rank else np.float64), comm=fresh))
     expect(ValueError, ["beyond the first dimension"],
            lambda: C.allgather(np.ones((2, 3 if rank else 4), np.float32), comm=fresh))

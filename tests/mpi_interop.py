@@ -130,6 +130,25 @@ def case_dlpack():
         except exc:
             pass
     check(collectives.allreduce(np.ones(3), op=MPI.SUM).sum() == 3 * P, "NumPy input with MPI.SUM")
+    # in-place writes go through PyTorch, as its own in-place ops do: a leaf that requires grad is
+    # refused; a tensor saved for backward makes backward fail (autograd's version counter); a plain
+    # tensor receives the sum in place (oracle: P x its value)
+    leaf = torch.ones(4, requires_grad=True)
+    try:
+        collectives.allreduce(leaf, out=leaf)
+        check(False, "in-place all-reduce into a leaf that requires grad: no error")
+    except RuntimeError as exc:
+        check("requires grad" in str(exc), f"leaf: unclear error {exc}")
+    a, b = torch.ones(4, requires_grad=True), torch.full((4,), 2.0)
+    loss = (a * b).sum()  # saves b for backward
+    collectives.allreduce(b, out=b)
+    try:
+        loss.backward()
+        check(False, "backward after an in-place all-reduce of a saved tensor: no error")
+    except RuntimeError as exc:
+        check("modified by an inplace operation" in str(exc), f"saved tensor: unclear error {exc}")
+    t = torch.ones(4)
+    check(collectives.allreduce(t, out=t) is t and t.tolist() == [float(P)] * 4, "plain tensor in place")
 
 
 def free_port():

@@ -38,11 +38,14 @@ import numpy
 from mpi4py import MPI
 
 from collectives.backend import mpi_library
+from collectives.log import get_logger
 from training.sizes import format_bytes
 
 __all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]
 
+
+_log = get_logger("training.metrics")
 
 #: Load-average units per core above which a machine is busy: a measurement there measures the other
 #: jobs (0.5 on 2 cores). Studies refuse to start above it (:mod:`experiments.results`); the
@@ -139,11 +142,42 @@ def write_json(path, obj):
 
 
 def read_jsonl(path):
-    """Return the list of JSON objects in a JSON-lines file ([] when it does not exist)."""
+    """Return the list of JSON objects in a JSON-lines file ([] when it does not exist).
+
+    A torn last line (a run killed while appending it) is dropped with a warning naming the file; a
+    damaged line before the last is an error.
+
+    Raises
+    ------
+    ValueError
+        A line other than the last is not a JSON object (the message names the file and the line).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "epochs.jsonl")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write('{"epoch": 1}\\n{"epoch": 2}\\n{"epo')
+    >>> read_jsonl(path)
+    [{'epoch': 1}, {'epoch': 2}]
+    """
     if not os.path.exists(path):
         return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    rows = []
+    for k, (i, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if k == len(lines) - 1:  # torn by a kill while it was written: the record never finished
+                _log.warning("%s: dropped its torn last line %d (%s)", path, i, exc)
+                break
+            raise ValueError(f"{path}: line {i} is not a JSON object ({exc}); the file is damaged") from None
+        rows.append(row)
+    return rows
 
 
 class MetricsWriter:

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from collectives.schedules.registry import check_algorithm
 from collectives.backend import COPY_DTYPES, check_timeout, get_array_module
+from collectives.errors import DtypeMismatch
 from collectives.engine.buffers import adopt, as_array, check_out, raw
 from collectives.engine.context import check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
@@ -212,8 +213,8 @@ def _check_signatures(rows, rank):
                          "(unsupported dtype or dimensions); see the error on those ranks")
     mine = rows[rank]
     if any(row[1] != mine[1] for row in rows):
-        kinds = sorted({COPY_DTYPES[row[1]].name for row in rows})
-        raise TypeError(f"allgather: ranks passed different dtypes ({', '.join(kinds)})")
+        raise DtypeMismatch("allgather", "; ".join(f"rank {i}: dtype={COPY_DTYPES[row[1]].name}"
+                                                   for i, row in enumerate(rows)))
     if any(row[0] != mine[0] or row[3:] != mine[3:] for row in rows):
         raise ValueError("allgather: ranks' arrays differ beyond the first dimension: "
                          + "; ".join(f"rank {i} {tuple(row[2:2 + row[0]])}" for i, row in enumerate(rows)))

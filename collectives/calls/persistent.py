@@ -61,11 +61,15 @@ class AllreducePlan:
     array([1., 2., 3.])
     """
 
-    __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout")
+    __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout", "_freed")
 
     def __init__(self, x, out, algorithm, core, args):
         self.x, self.out, self.algorithm, self._core, self._args = x, out, algorithm, core, args
-        self._request = None
+        self._request, self._freed = None, False
+
+    def _check_live(self, call):
+        if self._freed:
+            raise RuntimeError(f"plan.{call}() on a freed plan: make a new one with collectives.allreduce_init")
 
     def start(self):
         """Start one all-reduce of the current contents of :attr:`x`.
@@ -73,8 +77,10 @@ class AllreducePlan:
         Raises
         ------
         RuntimeError
-            The previous start has not been waited for, or the communicator is unusable after a failure.
+            The previous start has not been waited for, the plan was freed, or the communicator is
+            unusable after a failure.
         """
+        self._check_live("start")
         if self._request is not None:
             raise RuntimeError("plan.start() called twice without plan.wait() in between")
         if self._core is not None:
@@ -87,6 +93,7 @@ class AllreducePlan:
 
     def test(self):
         """Advance the all-reduce without blocking; return True once :meth:`wait` would not block."""
+        self._check_live("test")
         if self._request is None:
             raise RuntimeError("plan.test() before plan.start()")
         return self._request.test()
@@ -108,6 +115,7 @@ class AllreducePlan:
             As for :func:`collectives.allreduce`.
         """
         timeout = check_timeout(timeout)
+        self._check_live("wait")
         req, self._request = self._request, None
         if req is None:
             raise RuntimeError("plan.wait() before plan.start()")
@@ -116,7 +124,16 @@ class AllreducePlan:
         return req.wait(timeout)
 
     def free(self):
-        """Release the plan's MPI requests (the plan cannot start again)."""
+        """Release the plan's MPI requests; every later call on the plan raises ``RuntimeError``.
+
+        Raises
+        ------
+        RuntimeError
+            The plan was started and not waited for (wait first: its requests are in use).
+        """
+        if self._request is not None:
+            raise RuntimeError("plan.free() while a start is pending: call plan.wait() first")
+        self._freed = True
         if self._core is not None and not self._core.active:
             for r in self._core.reqs:
                 r.Free()

@@ -113,8 +113,8 @@ def adopt(x, out=None):
         The collective's input: a PyTorch or JAX CPU tensor, anything with ``__dlpack__``, or an
         ndarray (then nothing is converted).
     out : array or DLPack tensor, optional
-        Result buffer; written through its NumPy view, so a PyTorch tensor receives the result in its
-        own memory.
+        Result buffer. A PyTorch tensor receives the result through its own ``copy_`` (autograd's
+        version counter sees the write); other tensors are written through their NumPy view.
 
     Returns
     -------
@@ -129,6 +129,8 @@ def adopt(x, out=None):
     ------
     TypeError
         A device tensor without CuPy, or a dtype DLPack cannot carry.
+    RuntimeError
+        ``out`` is a PyTorch leaf tensor that requires grad while grad mode is on.
     """
     fx, fo = _foreign(x), _foreign(out)
     if not fx and not fo:
@@ -136,12 +138,24 @@ def adopt(x, out=None):
     orig_x, orig_out = x, out
     if fx:
         x = _import(x, "x")
+    through_torch = False
     if fo:
         out = _import(out, "out")
+        lib = _library(orig_out)
+        if lib is not None and lib.__name__ == "torch":
+            if orig_out.requires_grad and orig_out.is_leaf and lib.is_grad_enabled():
+                raise RuntimeError("out: a leaf tensor that requires grad cannot be written in place (PyTorch "
+                                   "refuses it too); pass out=None, or call under torch.no_grad()")
+            # the result is written by PyTorch's own copy_, so autograd's version counter sees the write (a
+            # tensor saved for backward then fails backward, as any in-place op would make it)
+            out, through_torch = get_array_module(out).empty_like(out), True
 
     def wrap(result):
         if result is None:
             return None
+        if through_torch:
+            orig_out.copy_(_export(result, orig_out))
+            return orig_out
         if orig_out is not None:
             return orig_out
         if result is x:
@@ -205,6 +219,9 @@ def check_out(out, x, shape=None):
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
     if not getattr(getattr(out, "flags", None), "writeable", False):
         raise ValueError("out is read-only")
+    if out.size > 1 and any(st == 0 and n > 1 for st, n in zip(getattr(out, "strides", ()), out.shape)):
+        raise ValueError(f"out has a zero stride (strides {out.strides}, shape {out.shape}): its elements share "
+                         "memory, so they cannot hold different results; pass a contiguous array")
 
 
 def prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False, extra=0):

@@ -14,6 +14,9 @@ from collectives.engine.waiting import Where, deadline_of, wait_all
 __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
            "context_keyval", "existing_context"]
 
+#: Collectives whose fingerprint is all-gathered before every call, in every mode.
+_ROOTED = frozenset(("broadcast", "reduce"))
+
 _KEYVAL = [None]  # MPI attribute key, created on first use
 _LAST = [None, None]  # (communicator object, its context) of the last existing_context hit
 
@@ -105,7 +108,8 @@ class Context:
         Raises
         ------
         CollectiveMismatch
-            Debug mode only: the ranks' fingerprints differ (raised on every rank).
+            Debug mode, or a rooted call (broadcast, reduce, whose fingerprint is always exchanged):
+            the ranks' fingerprints differ (raised on every rank).
         """
         self.advance(key, timeout)
         return self.tags.tag(key, self._seq)
@@ -117,10 +121,12 @@ class Context:
         Raises
         ------
         CollectiveMismatch
-            Debug mode only, as for :meth:`begin`.
+            Debug mode, or a rooted call (broadcast, reduce), as for :meth:`begin`.
         """
         self._seq += 1
-        if debug_enabled() and self.size > 1:
+        # rooted calls always exchange their fingerprint: ranks that each take themselves for the
+        # root only send, so no message would ever reveal the disagreement (a silent wrong answer)
+        if self.size > 1 and (key[0] in _ROOTED or debug_enabled()):
             try:
                 exchange(self.comm, key, self._seq, timeout, self.progress if self.active else None)
             except Exception as exc:

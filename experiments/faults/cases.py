@@ -1,9 +1,9 @@
 """The cases of the fault-and-mismatch suite, run under ``mpiexec`` by :mod:`experiments.faults.suite`.
 
 Each case is an ordinary mistake a user makes with the collectives: ranks that disagree about the
-count (small, or large enough to be sent in segments), op, algorithm, dtype or collective, about
-all-gather's dtype, shape or form (with and without ``out=``), one rank that makes an extra call or
-skips one. Every case runs on a fresh duplicate of ``COMM_WORLD``; every rank appends one JSON line
+count (small, or large enough to be sent in segments), op, algorithm, dtype or collective, about a
+broadcast's or reduce's root, about all-gather's dtype, shape or form (with and without ``out=``),
+one rank that makes an extra call or skips one. Every case runs on a fresh duplicate of ``COMM_WORLD``; every rank appends one JSON line
 per case to ``OUT/rank-R.jsonl``: ``ok`` (returned the right value), ``error`` (raised; the message
 is kept) or ``wrong`` (returned a value that is not the right one: a silent wrong answer), with the
 seconds the case took on that rank. Ranks meet at a barrier between cases. A case whose right value
@@ -95,6 +95,17 @@ def _broadcast_count(comm, alg, t):
     return y, (np.ones(10, np.float32) if comm.rank == 0 else None)  # the root's answer is its own data
 
 
+def _broadcast_root(comm, alg, t):
+    a = "tree" if alg != "mpi" else "mpi"  # every rank takes itself for the root: each would only send
+    return C.broadcast(np.full(8, comm.rank + 1.0, np.float32), root=comm.rank, comm=comm, algorithm=a, timeout=t), None
+
+
+def _reduce_root(comm, alg, t):
+    a = "tree" if alg != "mpi" else "mpi"  # rank 0 says root 0, the others root 1
+    y = C.reduce(np.ones(8, np.float32), root=0 if comm.rank == 0 else 1, comm=comm, algorithm=a, timeout=t)
+    return (np.zeros(0) if y is None else y), None
+
+
 def _large_count(comm, alg, t):
     n = 2 * SEGMENT_ELEMENTS + (8 if comm.rank == 0 else 16)  # above the segment size: cut into segments
     return C.allreduce(np.ones(n, np.float32), comm=comm, algorithm=alg, timeout=t), None
@@ -142,12 +153,14 @@ def _allgather_out_mixed(comm, alg, t):
 KINDS = {"count": _count, "op": _op, "algorithm": _algorithm, "dtype": _dtype, "collective": _collective,
          "extra_call": _extra_call, "skipped_call": _skipped_call, "large_count": _large_count,
          "reduce_count": _reduce_count, "reduce_scatter_count": _reduce_scatter_count,
-         "broadcast_count": _broadcast_count, "allgather_dtype": _allgather_dtype,
+         "broadcast_count": _broadcast_count, "broadcast_root": _broadcast_root, "reduce_root": _reduce_root,
+         "allgather_dtype": _allgather_dtype,
          "allgather_shape": _allgather_shape, "allgather_collective": _allgather_collective,
          "allgather_out_count": _allgather_out_count, "allgather_out_shape": _allgather_out_shape,
          "allgather_out_mixed": _allgather_out_mixed}
 # kinds whose other collectives have only the tree/ring and mpi forms: run them for those two only
-_FEW = {"reduce_count", "reduce_scatter_count", "broadcast_count", "allgather_dtype", "allgather_shape",
+_FEW = {"reduce_count", "reduce_scatter_count", "broadcast_count", "broadcast_root", "reduce_root",
+        "allgather_dtype", "allgather_shape",
         "allgather_collective", "allgather_out_count", "allgather_out_shape", "allgather_out_mixed"}
 
 

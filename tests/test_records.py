@@ -1,0 +1,36 @@
+"""Run records that survive a kill: a torn last JSONL line is dropped with a warning naming the file,
+a damaged earlier line is an error naming the file and the line (oracle: the records written whole)."""
+import json
+import logging
+
+import pytest
+
+from training.metrics import MetricsWriter, read_jsonl
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning_naming_the_file(tmp_path, caplog):
+    path = tmp_path / "epochs.jsonl"
+    whole = [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": 0.25}]
+    text = "".join(json.dumps(r) + "\n" for r in whole)
+    for torn in ('{"epoch": 3, "lo', '{"epoch": 3}\x00\x00', "[1, 2"):
+        path.write_text(text + torn)
+        with caplog.at_level(logging.WARNING):
+            assert read_jsonl(str(path)) == whole
+        assert str(path) in caplog.text and "torn last line 3" in caplog.text
+        caplog.clear()
+
+
+def test_a_damaged_line_before_the_last_names_the_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a JSON object"):
+        read_jsonl(str(path))
+
+
+def test_resuming_writer_rewrites_the_records_without_the_torn_line(tmp_path):
+    for name in ("metrics.jsonl", "epochs.jsonl"):
+        (tmp_path / name).write_text('{"epoch": 1, "step": 1}\n{"epoch": 2, "step": 2}\n{"epoch": 3, "st')
+    writer = MetricsWriter(str(tmp_path), True, keep_epochs=2)
+    writer.epoch({"epoch": 3, "loss": 0.1})
+    writer.close()
+    assert [r["epoch"] for r in read_jsonl(str(tmp_path / "epochs.jsonl"))] == [1, 2, 3]
