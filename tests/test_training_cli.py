@@ -152,3 +152,15 @@ def test_help_explains_modes_grid_and_resume():
     for part in (resume, stop):
         assert "--epochs unchanged" in part.split("(default")[0] and "bitwise" in part.split("(default")[0]
     assert "not inherited" in stop.split("(default")[0] and "not inherited" in resume.split("(default")[0]
+
+
+def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
+    """Oracle: the settings each rank was given; the per-rank --log-level is not compared."""
+    from tests.mpirun import run_mpi
+
+    res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs"), timeout=60)
+    line = "error: the ranks were started with different settings"
+    assert res.stdout.count(line) == 1, res.stdout
+    assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" in res.stdout and "--seed: ranks 0,1: 0; rank 2: 3" in res.stdout
+    assert "log-level" not in res.stdout.split(line)[1].splitlines()[0], res.stdout
+    assert res.stdout.count("status 1 made False") == 3, res.stdout

@@ -6,12 +6,65 @@ a bad run fails with one message before its run directory exists.
 
 Imports: :mod:`training.job`, :mod:`training.ps_mode` (its own checks) and :mod:`collectives`.
 """
+import json
 import os
+import zlib
+
+import numpy
 
 from training.job import array_module
 from training.ps_mode.worker import check_ps
 
-__all__ = ["check_run"]
+__all__ = ["check_run", "agree", "PER_RANK"]
+
+#: Settings that may differ between ranks by design, left out of :func:`agree`: where rank 0 writes
+#: (run directory and name, trace file) and how much a rank logs.
+PER_RANK = frozenset(("run_dir", "name", "trace", "log_level"))
+_SHOWN = 60  # characters of a value shown in the message
+
+
+def agree(cfg, comm):
+    """Raise on every rank unless every rank of ``comm`` resolved the same configuration.
+
+    Each rank hashes every setting (CRC-32 of its JSON form) but those of :data:`PER_RANK`; one
+    all-gather of the hashes finds the settings that differ, and a second of their values names them
+    (as PyTorch's DDP verifies that every rank holds the same model at construction).
+
+    Raises
+    ------
+    ValueError
+        Naming each differing setting with the ranks that hold each value, on every rank.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from training.config import Config
+    >>> agree(Config(), MPI.COMM_WORLD)  # one rank (under mpiexec -n 1): nothing to compare
+    """
+    if comm.Get_size() == 1:
+        return
+    items = sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in cfg.to_dict().items()
+                   if k not in PER_RANK)
+    mine = numpy.array([zlib.crc32(v.encode()) for _, v in items], numpy.int64)
+    every = numpy.empty((comm.Get_size(), mine.size), numpy.int64)
+    comm.Allgather(mine, every)
+    differ = [j for j in range(mine.size) if (every[:, j] != every[0, j]).any()]
+    if not differ:
+        return
+    width = len(differ) * _SHOWN
+    text = "\0".join(items[j][1][:_SHOWN].ljust(_SHOWN) for j in differ).encode()[:width].ljust(width)
+    values = numpy.empty((comm.Get_size(), width), numpy.uint8)
+    comm.Allgather(numpy.frombuffer(text, numpy.uint8).copy(), values)
+    parts = []
+    for n, j in enumerate(differ):
+        held = {}
+        for rank in range(comm.Get_size()):
+            v = bytes(values[rank, n * _SHOWN:(n + 1) * _SHOWN]).decode(errors="replace").strip().strip("\0")
+            held.setdefault(v, []).append(rank)
+        parts.append(f"--{items[j][0].replace('_', '-')}: " + "; ".join(
+            f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in held.items()))
+    raise ValueError("the ranks were started with different settings (every rank must run the same job): "
+                     + " | ".join(parts))
 
 
 def check_run(cfg, comm):
@@ -25,13 +78,15 @@ def check_run(cfg, comm):
     Raises
     ------
     ValueError
-        When the global batch does not divide among the ranks (workers with ``--mode ps``), a
+        When the ranks resolved different settings (:func:`agree`), the global batch does not divide
+        among the ranks (workers with ``--mode ps``), a
         parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
         ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
         (``COMMLAB_TUNING``).
     ImportError
         When ``--device gpu`` is asked for without CuPy.
     """
+    agree(cfg, comm)
     P = comm.Get_size()
     if cfg.mode == "ps":
         check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints

@@ -1,0 +1,20 @@
+"""Rank-side body: ranks started with different trainer settings stop with one line naming them.
+
+``mpiexec -n 3 python -m tests.mpi_agree RUN_DIR``: rank 1 adds ``--lr 0.01``, rank 2 ``--seed 3 --lr
+0.01`` and a log level of its own (a per-rank setting, not compared); :func:`training.train.main`
+must end with status 1 on every rank before any run directory exists.
+"""
+import os
+import sys
+
+from mpi4py import MPI
+
+from training.train import main
+
+if __name__ == "__main__":
+    rank = MPI.COMM_WORLD.Get_rank()
+    extra = {0: [], 1: ["--lr", "0.01"], 2: ["--seed", "3", "--lr", "0.01", "--log-level", "DEBUG"]}[rank]
+    code = main(["--epochs", "1", "--no-progress", "--run-dir", sys.argv[1], *extra])
+    made = os.path.isdir(sys.argv[1]) and os.listdir(sys.argv[1])
+    print(f"rank {rank} status {code} made {bool(made)}", flush=True)
+    sys.exit(0 if code == 1 and not made else 3)
