@@ -17,9 +17,11 @@ from training.ps_mode.worker import check_ps
 
 __all__ = ["check_run", "agree", "PER_RANK"]
 
-#: Settings that may differ between ranks by design, left out of :func:`agree`: where rank 0 writes
-#: (run directory and name, trace file) and how much a rank logs.
-PER_RANK = frozenset(("run_dir", "name", "trace", "log_level"))
+#: Settings left out of :func:`agree`: those that may differ between ranks by design (where rank 0
+#: writes: run directory and name, trace file; how much a rank logs), and the model's layout
+#: (``hidden``, ``dtype``), which :func:`training.layout.verify_param_layout` compares once the model is
+#: built, naming the layers and parameter counts that differ.
+PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype"))
 _SHOWN = 60  # characters of a value shown in the message
 
 
