@@ -178,13 +178,24 @@ def main(argv=None):
                    "or cluster_model")
     p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
-    with open(a.study, encoding="utf-8") as f:
-        study = json.load(f)
+    try:
+        with open(a.study, encoding="utf-8") as f:
+            study = json.load(f)
+    except OSError as exc:
+        p.error(f"{a.study}: {exc.strerror or exc}")
+    except ValueError as exc:
+        p.error(f"{a.study}: not a JSON results file ({exc})")
+    if not isinstance(study, dict):
+        p.error(f"{a.study}: not a results file of the cluster studies (a JSON object)")
     out = a.out or os.path.splitext(a.study)[0] + ".png"
     kind = study.get("study", "")
-    {"experiments.cluster.compression": draw_compression, "experiments.cluster.model": draw_model,
-     "experiments.cluster.ps": draw_ps}.get(kind, draw)(
-        study, out)
+    try:
+        {"experiments.cluster.compression": draw_compression, "experiments.cluster.model": draw_model,
+         "experiments.cluster.ps": draw_ps}.get(kind, draw)(study, out)
+    except (KeyError, TypeError, IndexError) as exc:
+        p.error(f"{a.study}: not a results file of the cluster studies (missing {exc!r})")
+    except OSError as exc:
+        p.error(f"--out {out}: {exc.strerror or exc}")
     print(f"wrote {out}")
     return 0
 

@@ -137,10 +137,20 @@ def main(argv=None):
     p.add_argument("results", help="results file of experiments.studies.model_parallel_study")
     p.add_argument("--out", help="PNG to write (default: beside the results, .png)")
     args = p.parse_args(argv)
-    with open(args.results, encoding="utf-8") as f:
-        results = json.load(f)
+    try:
+        with open(args.results, encoding="utf-8") as f:
+            results = json.load(f)
+    except OSError as exc:
+        p.error(f"{args.results}: {exc.strerror or exc}")
+    except ValueError as exc:
+        p.error(f"{args.results}: not a JSON results file ({exc})")
     out = args.out or os.path.splitext(args.results)[0] + ".png"
-    print(draw(results, out))
+    try:
+        print(draw(results, out))
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        p.error(f"{args.results}: not a results file of experiments.studies.model_parallel_study (missing {exc!r})")
+    except OSError as exc:
+        p.error(f"--out {out}: {exc.strerror or exc}")
     return 0
 
 

@@ -63,7 +63,13 @@ def inject(kind, rank, at):
 def main(argv=None):
     """Inject the crash and run the trainer; return its exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    inject(argv[0], int(argv[1]), int(argv[2]))
+    try:
+        kind, rank, call = argv[0], int(argv[1]), int(argv[2])
+    except (IndexError, ValueError):
+        print("usage: mpiexec -n P python -m experiments.faults.crash KIND RANK CALL [TRAINER FLAGS...] "
+              "(run by experiments.faults.suite and the crash tests)", file=sys.stderr)
+        return 2
+    inject(kind, rank, call)
     return training.train.main(argv[3:])
 
 

@@ -39,7 +39,12 @@ def vanish(rank):
 def main(argv=None):
     """Run the case; the job's exit status and duration are what the suite checks."""
     argv = sys.argv[1:] if argv is None else argv
-    alg, timeout = argv[0], float(argv[1])
+    try:
+        alg, timeout = argv[0], float(argv[1])
+    except (IndexError, ValueError):
+        print("usage: mpiexec -disable-auto-cleanup -n P python -m experiments.faults.dead ALGORITHM TIMEOUT "
+              "(run by experiments.faults.suite)", file=sys.stderr)
+        return 2
     comm = MPI.COMM_WORLD
     C.allreduce(np.ones(4), comm=comm, algorithm=alg, timeout=30)  # everyone alive: context and schedules made
     if comm.rank == comm.size - 1:
