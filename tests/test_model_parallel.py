@@ -114,6 +114,7 @@ def test_cli_writes_grid_summary_and_refuses_bad_grids(tmp_path):
     assert set(s["bytes_per_rank_per_step"]) == {"data", "tensor", "pipeline"}
     assert s["bytes_per_rank_per_step"]["tensor"] > 0 and s["bytes_per_rank_per_step"]["pipeline"] > 0
     assert s["bubble_formula"] == pytest.approx(1 / 5) and "rank 3 (d=0 t=1 q=1)" in out
+    _check_manifest(tmp_path / "ok")
     res = run_mpi(4, "training.train", *args, "--tensor-parallel", "3", timeout=60, check=False)
     assert res.returncode == 1 and res.stdout.count("error:") == 1 and "does not divide" in res.stdout, res.stdout
     assert "Traceback" not in res.stdout
@@ -132,3 +133,35 @@ def test_study_grids_and_plot(tmp_path):
     out = draw(results, str(tmp_path / "mp.png"))
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _check_manifest(run):
+    """A sharded checkpoint is read only as its manifest lists it (oracle: the files as written)."""
+    import shutil
+
+    from training.checkpoint import CheckpointError
+    from training.model_parallel.sharded import assemble, find_sharded, read_pieces
+
+    ckpt = find_sharded(str(run))
+    pieces, _ = read_pieces(ckpt)
+    full = assemble(pieces, "model/L0.W")
+    assert full.shape == (16, 24)
+    shard = sorted(p for p in os.listdir(ckpt) if p.startswith("shard-"))[0]
+    for damage, words in (("remove", "listed in the manifest but missing"), ("change", "checksum differs"),
+                          ("add", "does not list")):
+        copy = run / f"copy-{damage}"
+        shutil.copytree(ckpt, copy)
+        if damage == "remove":
+            os.remove(copy / shard)
+        elif damage == "change":
+            with open(copy / shard, "ab") as f:
+                f.write(b"\0")
+        else:
+            shutil.copy(copy / shard, copy / "shard-t7-q7.npz")
+        with pytest.raises(CheckpointError, match=words):
+            read_pieces(str(copy))
+    split = [k for k, parts in pieces.items() if len(parts) > 1][0]
+    with pytest.raises(CheckpointError, match="cover"):
+        assemble({split: pieces[split][:-1]}, split)  # one part missing: never uninitialised memory
+    with pytest.raises(CheckpointError, match="cover"):
+        assemble({split: pieces[split] + pieces[split][:1]}, split)  # one part twice

@@ -3,7 +3,10 @@
 A checkpoint is a directory ``RUN/shards-epochNNNN/`` with one file per (tensor, pipeline)
 coordinate of data-parallel replica 0, ``shard-tT-qQ.npz`` (written by :func:`training.checkpoint.write_npz`:
 no pickle, SHA-256 inside, atomic), plus ``manifest.json`` written by rank 0 once every shard is
-on disk, so a directory without it is an interrupted write and is never read. A shard holds, for
+on disk, so a directory without it is an interrupted write and is never read. The manifest lists
+every file with its SHA-256 and the epoch; loading requires exactly the listed files with those
+checksums, every shard of that epoch, and parts that cover each tensor exactly once
+(:func:`read_pieces`, :func:`assemble`). A shard holds, for
 each tensor it owns a part of (``model/L3.W``: layer 3's weight; ``optim/m/L3.W``: Adam's first
 moment of it), the part and its place in the full tensor (``place/NAME`` = axis, first index,
 full shape; axis -1 for a whole replicated tensor), the optimizer's scalar state, the trainer's
@@ -15,6 +18,7 @@ with the layer's own split rule, so a checkpoint written on one grid resumes exa
 A data-parallel checkpoint (``ckpt-epochNNNN.npz``, one flat vector) is read as a single shard.
 """
 import glob
+import hashlib
 import json
 import os
 import re
@@ -96,11 +100,52 @@ def save_sharded(run_dir, epoch, grid, trainer, extra, comm, *, timeout=None, ho
     if flag[0]:
         raise CheckpointError(err or f"another rank could not write its shard of {path}")
     if comm.Get_rank() == 0:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
         with open(os.path.join(path, "manifest.json.tmp"), "w", encoding="utf-8") as f:
             json.dump({"epoch": epoch, "grid": {"D": grid.D, "T": grid.T, "Q": grid.Q},
-                       "files": sorted(os.listdir(path))}, f)
+                       "files": {n: _sha256(os.path.join(path, n)) for n in names}}, f)
         os.replace(os.path.join(path, "manifest.json.tmp"), os.path.join(path, "manifest.json"))
     return path
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checked_files(path):
+    """Return the shard files of checkpoint directory ``path`` after checking them against its manifest.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file: a listed file missing or with another checksum, a shard file the manifest
+        does not list (left by another run or copied in), or a manifest that is not one.
+    """
+    mpath = os.path.join(path, "manifest.json")
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+        listed, epoch = manifest["files"], int(manifest["epoch"])
+        if not isinstance(listed, dict):
+            raise TypeError("files is not a mapping of file name to checksum")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{mpath}: not a readable manifest ({e})") from None
+    for name, digest in listed.items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"{file}: listed in the manifest but missing")
+        if _sha256(file) != digest:
+            raise CheckpointError(f"{file}: its checksum differs from the manifest's (changed or copied in after "
+                                  "the checkpoint was written)")
+    shards = sorted(glob.glob(os.path.join(path, "shard-t*-q*.npz")))
+    extra = [f for f in shards if os.path.basename(f) not in listed]
+    if extra:
+        raise CheckpointError(f"{extra[0]}: a shard file the manifest does not list (from another checkpoint?)")
+    return shards, epoch
 
 
 def load_hook_state(path, grid, hook):
@@ -151,10 +196,14 @@ def read_pieces(path, sizes=None):
         Naming the file, when one is missing, corrupt or truncated.
     """
     if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "shard-t*-q*.npz")))
+        files, epoch = _checked_files(path)
         if not files:
             raise CheckpointError(f"checkpoint {path} holds no shard files")
         shards = [read_npz(f) for f in files]
+        for f, arrays in zip(files, shards):
+            saved = arrays.get("train/epoch")
+            if saved is not None and int(saved) != epoch:
+                raise CheckpointError(f"{f}: a shard of epoch {int(saved)} in the checkpoint of epoch {epoch}")
     else:
         shards = [_dense_as_shard(read_npz(path), path, sizes)]
     pieces, common = {}, {}
@@ -193,16 +242,30 @@ def _dense_as_shard(arrays, path, sizes):
 
 
 def assemble(pieces, key):
-    """Return the full tensor ``key`` (e.g. ``model/L3.W``) put together from its parts."""
+    """Return the full tensor ``key`` (e.g. ``model/L3.W``) put together from its parts.
+
+    Raises
+    ------
+    CheckpointError
+        When the parts do not cover the tensor exactly once (nothing is left uninitialised).
+    """
     parts = pieces[key]
     axis, _, full, first = parts[0]
     if axis < 0:
         return first
-    out = numpy.empty(full, first.dtype)
+    out = numpy.zeros(full, first.dtype)
+    covered = numpy.zeros(full[axis], numpy.int64)
     for ax, lo, _, part in parts:
+        if ax != axis or lo < 0 or lo + part.shape[ax] > full[ax]:
+            raise CheckpointError(f"{key}: a part at {lo} along axis {ax} does not fit the tensor's shape {full}")
         idx = [slice(None)] * len(full)
         idx[ax] = slice(lo, lo + part.shape[ax])
         out[tuple(idx)] = part
+        covered[lo:lo + part.shape[ax]] += 1
+    if not (covered == 1).all():
+        gaps, twice = int((covered == 0).sum()), int((covered > 1).sum())
+        raise CheckpointError(f"{key}: the shards cover {gaps} of its {full[axis]} rows/columns along axis {axis} "
+                              f"not at all and {twice} more than once (a shard missing, or one of another grid)")
     return out
 
 
