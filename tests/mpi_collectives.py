@@ -231,6 +231,20 @@ def case_grid_and_nonblocking():
     for rows in range(1, P + 1):
         if P % rows == 0:
             check(close(C.allreduce(x, algorithm="2d", grid=(rows, P // rows)), ref, "float64"), f"2d grid rows={rows}")
+    # the N-dimensional torus on every ordered factorization of P (dimensions of 1 included), against
+    # MPI's own MPI_Allreduce (int64: bitwise) and NumPy (float64)
+    def factorizations(n, depth):
+        if depth == 1:
+            return [(n,)]
+        return [(d,) + rest for d in range(1, n + 1) if n % d == 0 for rest in factorizations(n // d, depth - 1)]
+
+    ints = ((np.arange(37) * (rank + 3)) % 11 - 5).astype(np.int64)
+    want = np.empty_like(ints)
+    comm.Allreduce(ints, want, op=MPI.SUM)
+    for dims in sorted({f for depth in (1, 2, 3) for f in factorizations(P, depth)}):
+        check(np.array_equal(C.allreduce(ints, algorithm="torus", grid=dims), want), f"torus grid={dims} vs MPI")
+        check(close(C.allreduce(x, algorithm="torus", grid=dims), ref, "float64"), f"torus grid={dims} float64")
+    check(np.array_equal(C.allreduce(ints, algorithm="torus"), want), "torus default grid (the job's levels)")
     # Two non-blocking all-reduces in flight, progressed in opposite orders on odd and even ranks.
     a, b = make(5000, "float32", "sum", salt=19), make(3, "int64", "sum", salt=23)
     ra, rb = C.iallreduce(a, algorithm="ring"), C.iallreduce(b, algorithm="recursive_doubling", op="max")

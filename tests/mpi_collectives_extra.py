@@ -92,6 +92,11 @@ def badinput():
     expect(ValueError, ["root"], lambda: C.reduce(x, root=-1, comm=fresh))
     expect(ValueError, ["grid"], lambda: C.allreduce(x, comm=fresh, algorithm="2d", grid=(P + 1, 1)))
     expect(ValueError, ["grid"], lambda: C.allreduce(x, comm=fresh, algorithm="2d", grid=(0, P)))
+    expect(ValueError, ["grid=(2, 2, 2)", "8 ranks"], lambda: C.allreduce(x, comm=fresh, algorithm="torus",
+                                                                           grid=(2, 2, 2) if P != 8 else (2, 2, 3)))
+    for bad in ((0, P), (-1, -P), (), (P, 1.0), "rows"):
+        expect(ValueError, ["grid"], lambda: C.allreduce(x, comm=fresh, algorithm="torus", grid=bad))
+    expect(ValueError, ["topology", "torus"], lambda: C.allreduce(x, comm=fresh, algorithm="ring", grid="topology"))
     expect(ValueError, ["timeout"], lambda: C.allreduce(x, comm=fresh, timeout=-1))
     expect(ValueError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(3, np.float32)))
     expect(TypeError, ["out"], lambda: C.allreduce(x, comm=fresh, out=np.ones(8)))

@@ -11,7 +11,7 @@ Examples
 
 >>> from collectives.calls.allreduce import ALGORITHMS
 >>> list(ALGORITHMS)
-['ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'mpi', 'auto']
+['ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'torus', 'mpi', 'auto']
 >>> ALGORITHMS["mpi"]
 "the MPI library's own collective (the oracle and baseline)"
 """
@@ -32,7 +32,7 @@ from collectives.library.allreduce import library_allreduce, run_plan
 from collectives.engine.request import Request
 from collectives.schedules.schedule import segmented
 from collectives.model.auto import model_choice, select_allreduce, table_token
-from collectives.schedules.torus import check_grid, square_grid
+from collectives.schedules.torus import check_dims, check_grid, square_grid
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
@@ -56,7 +56,11 @@ def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
         check_out(out, x)
     if timeout is not None:
         timeout = check_timeout(timeout)
-    if grid is not None and grid != "node":
+    if grid == "topology" and algorithm != "torus":
+        raise ValueError("grid='topology' is for algorithm='torus'")
+    if algorithm == "torus" and grid not in (None, "node", "topology"):
+        grid = check_dims(grid, size)
+    elif grid is not None and grid not in ("node", "topology"):
         grid = check_grid(grid, size)
     return x, timeout, grid
 
@@ -71,12 +75,15 @@ def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32", op="sum"):
             # zeros MPICH's MPI_MIN/MPI_MAX order differently on each rank (auto's results stay
             # bitwise identical on every rank)
             algorithm = model_choice(ctx.size, nbytes)
-    if algorithm == "2d":
-        if grid == "node" or grid is None:
+    if algorithm in ("2d", "torus"):
+        if grid in ("node", "topology") or grid is None:
             nodes, per = ctx.nodes()
-            if grid == "node" and not nodes:
-                raise ValueError("grid='node' needs the same number of ranks on every node")
-            grid = (nodes, per) if (grid == "node" or 1 < nodes < ctx.size) else square_grid(ctx.size)
+            if grid in ("node", "topology") and not nodes:
+                raise ValueError(f"grid={grid!r} needs the same number of ranks on every node")
+            if algorithm == "torus":  # the job's levels: nodes x ranks per node (a flat ring on one node)
+                grid = tuple(d for d in (nodes, per) if d > 1) or (ctx.size,) if nodes else (ctx.size,)
+            else:
+                grid = (nodes, per) if (grid == "node" or 1 < nodes < ctx.size) else square_grid(ctx.size)
     return algorithm, grid
 
 
@@ -116,10 +123,12 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
         written in its own memory.
     timeout : float, optional
         Seconds any one round may wait for a peer before :class:`CollectiveTimeout` is raised.
-    grid : (int, int) or "node", optional
+    grid : tuple of int, "node" or "topology", optional
         For ``2d``: rows x cols (must multiply to P); ``"node"`` takes rows = nodes from
         ``Split_type(COMM_TYPE_SHARED)`` (the hierarchical all-reduce). Default: nodes when the
-        ranks span several equal nodes, else the factorization of P closest to square.
+        ranks span several equal nodes, else the factorization of P closest to square. For
+        ``torus``: any number of dimensions ``(a, b, c, ...)`` multiplying to P; ``"topology"`` (and
+        the default) takes the job's levels, nodes x ranks per node (a flat ring on one node).
     accumulate : {"float32", "native"}
         float16 only: ``"float32"`` (default) promotes the whole collective to float32, so partial
         sums travel as float32; ``"native"`` keeps float16 on the wire (each addition is computed in

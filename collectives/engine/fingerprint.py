@@ -112,7 +112,10 @@ def _ints(key):
     coll, alg, count, dtype, op, root, grid = key
     dt = numpy.dtype(dtype)
     dcode = COPY_DTYPES.index(dt) if dt in COPY_DTYPES else 1000 + dt.itemsize
-    rows, cols = grid if isinstance(grid, tuple) else (0, 0)
+    if isinstance(grid, tuple) and len(grid) != 2:  # a torus of other than 2 dimensions: its rank and a CRC
+        rows, cols = -len(grid), zlib.crc32("x".join(map(str, grid)).encode())
+    else:
+        rows, cols = grid if isinstance(grid, tuple) else (0, 0)
     return (_KINDS.index(coll), _ALGS.index(alg), int(count), dcode, _OPS.index(op) if op is not None else -1,
             -1 if root is None else int(root), int(rows), int(cols))
 
@@ -137,7 +140,7 @@ def describe(key):
         parts.append(f"root={root}")
     parts.append(f"algorithm={alg}")
     if isinstance(grid, tuple):
-        parts.append(f"block={block_text(grid)}" if coll == "allgather" else f"grid={grid[0]}x{grid[1]}")
+        parts.append(f"block={block_text(grid)}" if coll == "allgather" else f"grid={'x'.join(map(str, grid))}")
     return f"{coll}({', '.join(parts)})"
 
 
@@ -258,6 +261,8 @@ def _name(field, val):
     if field == "root":
         return "none" if v < 0 else str(v)
     if field == "grid":
+        if val[0] < 0:
+            return f"a {-val[0]}-dimensional grid (CRC {val[1]})"
         return "none" if val == (0, 0) else f"{val[0]}x{val[1]}"
     if field == "block shape":
         return block_text(val)

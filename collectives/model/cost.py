@@ -40,8 +40,9 @@ def coefficients(algorithm, P, nbytes, grid=None):
         Number of ranks, >= 1.
     nbytes : float
         Message size in bytes.
-    grid : (int, int), optional
-        For ``2d``; default the factorization of P closest to square.
+    grid : tuple of int, optional
+        For ``2d`` (rows, cols; default the factorization of P closest to square) and ``torus``
+        (its dimensions; default ``(P,)``).
 
     Returns
     -------
@@ -59,6 +60,8 @@ def coefficients(algorithm, P, nbytes, grid=None):
     (6.0, 1536.0, 768.0)
     >>> coefficients("tree", 1, 1024)  # one rank: nothing to do
     (0.0, 0.0, 0.0)
+    >>> coefficients("torus", 8, 1024, (2, 2, 2))  # three dimensions of 2: 6 messages, 1792 bytes
+    (6.0, 1792.0, 896.0)
     """
     if P <= 1 or nbytes <= 0:
         return 0.0, 0.0, 0.0
@@ -80,6 +83,13 @@ def coefficients(algorithm, P, nbytes, grid=None):
         m = n / C
         return (2.0 * (C - 1) + 2.0 * (R - 1), 2 * (C - 1) / C * n + 2 * (R - 1) / R * m,
                 (C - 1) / C * n + (R - 1) / R * m)
+    if algorithm == "torus":
+        dims = tuple(grid) if grid else (P,)
+        alpha = beta = gamma = 0.0
+        for d in reversed(dims):  # the block entering each dimension, last dimension first
+            alpha, beta, gamma = alpha + 2.0 * (d - 1), beta + 2 * (d - 1) / d * n, gamma + (d - 1) / d * n
+            n /= d
+        return alpha, beta, gamma
     if algorithm == "mpi":
         return min(coefficients("recursive_doubling", P, n), coefficients("rabenseifner", P, n),
                    key=lambda abc: abc[0] * 1e-6 + abc[1] * 1e-10 + abc[2] * 1e-10)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from collectives.schedules.recursive import rabenseifner_allreduce, recursive_doubling_allreduce
 from collectives.schedules.ring import ring_allreduce
-from collectives.schedules.torus import square_grid, torus_allreduce
+from collectives.schedules.torus import square_grid, torus_allreduce, torus_nd_allreduce
 from collectives.schedules.tree import tree_allreduce
 
 __all__ = ["OP_ALGORITHMS", "Algorithm", "REGISTRY", "COLLECTIVES", "names", "auto_candidates", "modelled", "check_algorithm",
@@ -33,7 +33,7 @@ class Algorithm:
     serves : tuple of str
         The collectives (keys of :data:`COLLECTIVES`) it implements.
     allreduce_builder : callable or None
-        ``(rank, size, count) -> Schedule`` for the all-reduce (``2d`` takes a grid too), or None
+        ``(rank, size, count) -> Schedule`` for the all-reduce (``2d`` and ``torus`` take a grid too), or None
         for algorithms with no hand-made all-reduce schedule (``mpi``, ``auto``).
     auto : bool
         Whether ``algorithm="auto"`` may pick it for the all-reduce.
@@ -68,6 +68,8 @@ REGISTRY = {a.name: a for a in (
               ("allreduce",), rabenseifner_allreduce, auto=True, modelled=True),
     Algorithm("2d", "row reduce-scatter, column all-reduce, row all-gather on a grid (Mikami et al. 2018)",
               ("allreduce",), torus_allreduce, auto=True, modelled=True),
+    Algorithm("torus", "reduce-scatter along each dimension of grid=(a, b, c, ...) in turn, then all-gather back "
+              "(Ying et al. 2018, 3.3; Cho et al. 2019)", ("allreduce",), torus_nd_allreduce, modelled=True),
     Algorithm("mpi", "the MPI library's own collective (the oracle and baseline)", _ALL, modelled=True),
     Algorithm("auto", "tuned (P, size) table from measured sweeps, else the alpha-beta-gamma model's fastest; "
               "the first hand-made algorithm for the other collectives", _ALL),
@@ -117,7 +119,7 @@ def modelled():
     Examples
     --------
     >>> modelled()
-    ('ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'mpi')
+    ('ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'torus', 'mpi')
     """
     return tuple(a.name for a in REGISTRY.values() if a.modelled)
 
@@ -171,11 +173,12 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
     ----------
     algorithm : str
         A registry name with an all-reduce builder: ``ring``, ``tree``, ``recursive_doubling``,
-        ``rabenseifner``, ``2d``.
+        ``rabenseifner``, ``2d``, ``torus``.
     rank, size, count : int
         This rank, P, and the number of elements.
-    grid : (int, int), optional
-        For ``2d``: rows and columns; default the factorization of P closest to square.
+    grid : tuple of int, optional
+        For ``2d``: rows and columns; default the factorization of P closest to square. For
+        ``torus``: the dimensions, any number of them (product P); default ``(P,)``, a flat ring.
 
     Returns
     -------
@@ -193,7 +196,9 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
     >>> build_allreduce_schedule("mpi", 0, 4, 12)
     Traceback (most recent call last):
     ...
-    ValueError: no all-reduce schedule for 'mpi': expected one of ring, tree, recursive_doubling, rabenseifner, 2d
+    ValueError: no all-reduce schedule for 'mpi': expected one of ring, tree, recursive_doubling, rabenseifner, 2d, torus
+    >>> build_allreduce_schedule("torus", 0, 8, 16, (2, 2, 2)).rounds[0].phase
+    'dim 2 reduce-scatter'
     """
     entry = REGISTRY.get(algorithm)
     if entry is None or entry.allreduce_builder is None:
@@ -201,4 +206,6 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
         raise ValueError(f"no all-reduce schedule for {algorithm!r}: expected one of {', '.join(hand)}")
     if algorithm == "2d":
         return torus_allreduce(rank, size, count, grid or square_grid(size))
+    if algorithm == "torus":
+        return torus_nd_allreduce(rank, size, count, tuple(grid) if grid else (size,))
     return entry.allreduce_builder(rank, size, count)
