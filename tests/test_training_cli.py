@@ -75,7 +75,7 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
         main([*base, "--algorithm", "foo"])
     err = capsys.readouterr().err.splitlines()[-1]
     assert e.value.code == 2 and err.endswith(
-        "error: algorithm must be one of ring, tree, recursive_doubling, rabenseifner, 2d, mpi, auto, "
+        "error: algorithm must be one of ring, tree, recursive_doubling, rabenseifner, 2d, torus, mpi, auto, "
         "got 'foo'"), err
 
     # auto's tuning table is read before the run directory exists
