@@ -38,7 +38,8 @@ import threading
 
 from training.metrics import LOAD_PER_CORE, default_max_load, is_quiet
 
-__all__ = ["default_max_load", "add_options", "guard", "LoadWatch", "provenance", "stamp", "is_noisy"]
+__all__ = ["default_max_load", "add_options", "guard", "guard_or_say", "LoadWatch", "provenance", "stamp",
+           "is_noisy"]
 
 def add_options(parser):
     """Add ``--max-load`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark."""
@@ -123,6 +124,16 @@ def guard(args, comm=None, interval=5.0):
                          "now would measure the other jobs. Wait for a quiet machine, or pass --allow-noisy "
                          "to mark the results file noisy")
     return watch
+
+
+def guard_or_say(args, comm, prefix="error"):
+    """Return :func:`guard`'s watch, or None after rank 0 printed the refusal as ``PREFIX: message``."""
+    try:
+        return guard(args, comm)
+    except ValueError as e:
+        if comm is None or comm.Get_rank() == 0:
+            print(f"{prefix}: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def _version(module):

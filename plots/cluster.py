@@ -16,7 +16,6 @@ measured all-reduce time, per algorithm, with the tolerance band. Parameter serv
 from the study's file.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -25,6 +24,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 __all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
@@ -178,15 +179,7 @@ def main(argv=None):
                    "or cluster_model")
     p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
-    try:
-        with open(a.study, encoding="utf-8") as f:
-            study = json.load(f)
-    except OSError as exc:
-        p.error(f"{a.study}: {exc.strerror or exc}")
-    except ValueError as exc:
-        p.error(f"{a.study}: not a JSON results file ({exc})")
-    if not isinstance(study, dict):
-        p.error(f"{a.study}: not a results file of the cluster studies (a JSON object)")
+    study = read_results(p, a.study)
     out = a.out or os.path.splitext(a.study)[0] + ".png"
     kind = study.get("study", "")
     try:

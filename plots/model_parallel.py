@@ -5,7 +5,6 @@ activation memory each stage holds.
     python -m plots.model_parallel results/model_parallel.json [--out FILE.png]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -13,6 +12,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 __all__ = ["draw", "main"]
@@ -137,13 +138,7 @@ def main(argv=None):
     p.add_argument("results", help="results file of experiments.studies.model_parallel_study")
     p.add_argument("--out", help="PNG to write (default: beside the results, .png)")
     args = p.parse_args(argv)
-    try:
-        with open(args.results, encoding="utf-8") as f:
-            results = json.load(f)
-    except OSError as exc:
-        p.error(f"{args.results}: {exc.strerror or exc}")
-    except ValueError as exc:
-        p.error(f"{args.results}: not a JSON results file ({exc})")
+    results = read_results(p, args.results)
     out = args.out or os.path.splitext(args.results)[0] + ".png"
     try:
         print(draw(results, out))

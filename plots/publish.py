@@ -175,14 +175,17 @@ def _scaling_table(rel):
     return table + "\n\n" + source_line(prov, rel)
 
 
-def _scaling_figures(rel):
-    from plots.scaling import draw
+def _figure(module, name):
+    """Return an item's figure drawer: ``plots.MODULE.draw(result, out)`` into ``plots/figures/NAME``."""
+    def draw_figure(rel):
+        import importlib
 
-    result = _load(rel)
-    check_quiet(result, rel)
-    out = os.path.join(FIGURES, "scaling.png")
-    draw(result, out)
-    return [out]
+        result = _load(rel)
+        check_quiet(result, rel)
+        out = os.path.join(FIGURES, name)
+        importlib.import_module(f"plots.{module}").draw(result, out)
+        return [out]
+    return draw_figure
 
 
 def _trainer_table(rel):
@@ -204,16 +207,6 @@ def _model_parallel_table(rel):
     q = results["bubble"][0]["Q"] if results["bubble"] else "-"
     return (model_parallel_table(results) + f"\n\nPipeline of Q = {q} stages:\n\n" + bubble_table(results)
             + "\n\n" + source_line(prov, rel))
-
-
-def _model_parallel_figures(rel):
-    from plots.model_parallel import draw
-
-    results = _load(rel)
-    check_quiet(results, rel)
-    out = os.path.join(FIGURES, "model_parallel_p4.png")
-    draw(results, out)
-    return [out]
 
 
 def _ps_part(part):
@@ -238,9 +231,10 @@ def _baseline(part, name):
 ITEMS = {
     "bench-p2": ("bench/collectives_p2.json", _bench, _bench_figures),
     "training": ("training/default_p4", _training_table, _training_figures),
-    "scaling": ("scaling/scale_sim.json", _scaling_table, _scaling_figures),
+    "scaling": ("scaling/scale_sim.json", _scaling_table, _figure("scaling", "scaling.png")),
     "trainer-vs-pytorch": ("bench/trainer_vs_pytorch.json", _trainer_table, None),
-    "model-parallel-p4": ("model_parallel/p4.json", _model_parallel_table, _model_parallel_figures),
+    "model-parallel-p4": ("model_parallel/p4.json", _model_parallel_table,
+                          _figure("model_parallel", "model_parallel_p4.png")),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
 }

@@ -3,7 +3,6 @@
 Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png]``.
 """
 import argparse
-import json
 import math
 
 import humanfriendly
@@ -12,6 +11,8 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from plots.inputs import read_results  # noqa: E402
 
 __all__ = ["main", "draw"]
 
@@ -82,13 +83,7 @@ def main(argv=None):
     ap.add_argument("results", help="JSON written by experiments.studies.scale_sim")
     ap.add_argument("--out", default="results/scaling.png", help="PNG path (default results/scaling.png)")
     args = ap.parse_args(argv)
-    try:
-        with open(args.results, encoding="utf-8") as f:
-            results = json.load(f)
-    except OSError as exc:
-        ap.error(f"{args.results}: {exc.strerror or exc}")
-    except ValueError as exc:
-        ap.error(f"{args.results}: not JSON ({exc})")
+    results = read_results(ap, args.results)
     if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
         ap.error(f"{args.results}: not an experiments.studies.scale_sim results file (no list of rows)")
     try:

@@ -150,11 +150,8 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     args = parse_on_every_rank(lambda a: _parse(a, comm.size), argv, rank)
-    try:
-        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
-    except ValueError as e:
-        if rank == 0:
-            print(f"{_parser().prog}: error: {e}", file=sys.stderr, flush=True)
+    watch = prov.guard_or_say(args, comm, f"{_parser().prog}: error")  # rank 0's verdict on every rank
+    if watch is None:
         return 2
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     threads = args.threads or max(1, (os.cpu_count() or 1) // node.size)

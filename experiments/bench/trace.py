@@ -111,11 +111,8 @@ def main(argv=None):
         return 2
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    try:
-        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
-    except ValueError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+    watch = prov.guard_or_say(args, comm, "error")  # rank 0's verdict on every rank
+    if watch is None:
         return 2
     tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_trace-") if rank == 0 else None, root=0)
     base = Config(epochs=args.epochs, bucket_bytes=args.bucket_bytes, run_dir=tmp, progress=False,
