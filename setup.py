@@ -5,7 +5,7 @@ setup(
     name="commlab",
     version="0.1.0",
     description=(
-        "Hand-made collectives (ring, tree, recursive doubling, Rabenseifner, 2D), gradient "
+        "Hand-made collectives (ring, tree, recursive doubling, Rabenseifner, 2D and N-D torus), gradient "
         "compression, a BSP/ASP/SSP parameter server and a minimal NumPy/CuPy trainer on mpi4py."
     ),
     long_description=open("README.md", encoding="utf-8").read(),

@@ -263,7 +263,7 @@ def _parser():
     p = argparse.ArgumentParser(
         prog="python -m experiments.studies.ps_study",
         description="Parameter-server study on the trainer's digits model: SSP against BSP under transient "
-                    "random delays (time to 95 %% test accuracy), ASP and --balance under a persistent "
+                    "random delays (time to 95 % test accuracy), ASP and --balance under a persistent "
                     "straggler (throughput against no straggler), and 1, 2, 4 servers. Run it under MPI: "
                     "mpiexec -n 5 python -m experiments.studies.ps_study. A rerun replaces the previous study in --out.")
     p.add_argument("--out", default="results/ps_study", help="results directory (default: %(default)s)")
