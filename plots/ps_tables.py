@@ -94,7 +94,7 @@ def conflict_table(runs, names_baselines):
             "updates_vs_baseline": _spread([a["updates_per_s"] / b["updates_per_s"] for a, b in pairs]),
             "acc_at_equal_wall": _spread([_acc_at(a["curve"], equal[k]) for k, a in mine]),
             "final_test_acc": _spread([a["final_test_acc"] for _, a in mine]),
-            "bitwise": all(a.get("params_sha") == b.get("params_sha") for a, b in pairs)})
+            "bitwise": bool(pairs) and all(a.get("params_sha") == b.get("params_sha") for a, b in pairs)})
     return rows
 
 

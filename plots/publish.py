@@ -46,8 +46,14 @@ _BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /
 
 def _load(rel):
     path = os.path.join(REFERENCE, rel)
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"plots/reference/{rel}: not a JSON results file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"plots/reference/{rel}: not a results file (a JSON object)")
+    return data
 
 
 def check_quiet(record, rel):
@@ -60,7 +66,9 @@ def check_quiet(record, rel):
     rel : str
         Its path under ``plots/reference/`` (for the message).
     """
-    prov = record.get("provenance")
+    prov = record.get("provenance") if isinstance(record, dict) else None
+    if prov is not None and not isinstance(prov, dict):
+        raise ValueError(f"plots/reference/{rel}: its provenance is not a record (a JSON object)")
     if prov is None:
         raise ValueError(f"plots/reference/{rel} has no provenance record: measure it again "
                          "(every study and benchmark writes one)")
@@ -215,6 +223,8 @@ def _ps_part(part):
 
         study = _load(rel)
         prov = check_quiet(study, rel)
+        if not study.get("runs"):
+            raise ValueError(f"plots/reference/{rel}: holds no runs to publish")
         names = [(name, _baseline(part, name)) for name in study["part_configs"][part]]
         rows = conflict_table(study["runs"], names)
         reps = study["study"]["repeats"]

@@ -192,7 +192,7 @@ class Client:
         """
         data = np.array([seconds_per_sample], dtype=self.dtype)
         req = send(self.comm, self.server_ranks[0], Msg.SPEED, self.worker, clock, data)
-        header, batches = self._await({self.server_ranks[0]}, None)[self.server_ranks[0]]
+        header, batches = self._await({self.server_ranks[0]}, None, want=(Msg.BATCH,))[self.server_ranks[0]]
         wait_all(req, time.monotonic() + self.reply_timeout, "speed report")
         if header[H_TYPE] != Msg.BATCH:
             raise PSError(f"expected BATCH from server 0, got {Msg(int(header[H_TYPE])).name}")
@@ -230,12 +230,14 @@ class Client:
         wait_all(reqs, time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         return replies
 
-    def _await(self, sources, out, rid=None, acks=False):
+    def _await(self, sources, out, rid=None, acks=False, want=None):
         """Receive one reply to request ``rid`` (None: any) from each rank in ``sources``.
 
-        PARAMS and REFUSED payloads land in ``out``; replies to earlier requests are dropped. An
-        unanswered rank gets its outstanding requests again after ``retry_s`` (doubling), up to
-        ``retries`` times; ``acks``: wait for the DONE acknowledgements of :meth:`finish`.
+        PARAMS and REFUSED payloads land in ``out``; replies to earlier requests are dropped, and so
+        is any reply whose type is not in ``want`` (when given: the speed report waits for BATCH, and
+        a late PARAMS arriving meanwhile is stale). An unanswered rank gets its outstanding requests
+        again after ``retry_s`` (doubling), up to ``retries`` times; ``acks``: wait for the DONE
+        acknowledgements of :meth:`finish`.
         """
         replies, backoff = {}, Backoff()
         start = time.monotonic()
@@ -262,8 +264,8 @@ class Client:
             header, data = receive(self.comm, source, mtype, deadline)
             if source not in sources:
                 raise PSError(f"worker {self.worker}: unexpected {mtype.name} from rank {source}")
-            if acks and mtype != Msg.DONE or (rid is not None and int(header[H_RID]) != rid
-                                              and mtype != Msg.REJECT) or source in replies:
+            if (acks and mtype != Msg.DONE or (rid is not None and int(header[H_RID]) != rid and mtype != Msg.REJECT)
+                    or (want is not None and mtype not in want and mtype != Msg.REJECT) or source in replies):
                 self.stale_replies += 1  # a reply to an earlier request, or its repeat: already answered
                 continue
             if mtype == Msg.REJECT:

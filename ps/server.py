@@ -371,9 +371,10 @@ class Server:
         self.speed_waiting.clear()
 
     def _check_silence(self, now):
+        late = {lw for _, lw, _ in self._late}
         for w in self.table.live():
-            if w in self.pending or w in self.speed_waiting:
-                continue  # waiting on this server: not silent
+            if w in self.pending or w in self.speed_waiting or w in late:
+                continue  # waiting on this server (for a reply it holds back, too): not silent
             if now - self._last_heard[w] > self.opts.ps_timeout:
                 self.table.status[w] = DROPPED
                 self._lost(w, EVENT_DROPPED)

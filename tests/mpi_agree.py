@@ -14,7 +14,12 @@ from training.train import main
 if __name__ == "__main__":
     rank = MPI.COMM_WORLD.Get_rank()
     extra = {0: [], 1: ["--lr", "0.01"], 2: ["--seed", "3", "--lr", "0.01", "--log-level", "DEBUG"]}[rank]
-    code = main(["--epochs", "1", "--no-progress", "--run-dir", sys.argv[1], *extra])
+    if sys.argv[2:] == ["parse"]:  # the command line parses on ranks 0 and 1 only
+        extra = ["--lr", "abc"] if rank == 2 else []
+    try:
+        code = main(["--epochs", "1", "--no-progress", "--run-dir", sys.argv[1], *extra])
+    except SystemExit as exc:
+        code = exc.code
     made = os.path.isdir(sys.argv[1]) and os.listdir(sys.argv[1])
     print(f"rank {rank} status {code} made {bool(made)}", flush=True)
-    sys.exit(0 if code == 1 and not made else 3)
+    sys.exit(0 if code in (1, 2) and not made else 3)

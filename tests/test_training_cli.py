@@ -164,3 +164,7 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" in res.stdout and "--seed: ranks 0,1: 0; rank 2: 3" in res.stdout
     assert "log-level" not in res.stdout.split(line)[1].splitlines()[0], res.stdout
     assert res.stdout.count("status 1 made False") == 3, res.stdout
+    # a command line that fails to parse on one rank only: every rank ends (status 2), none waits
+    res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs2"), "parse", timeout=60, check=False)
+    assert "error: rank 2: python -m training.train: error: argument --lr: invalid float value: 'abc'" in res.stdout
+    assert "the command line fails on rank(s) 2 only" in res.stdout and res.stdout.count("status 2 made False") == 3

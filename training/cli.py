@@ -7,8 +7,12 @@ keys are rejected.
 import argparse
 import contextlib
 import dataclasses
+import io
 import json
 import os
+import sys
+
+import numpy
 
 from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
@@ -152,16 +156,42 @@ def parse_on_every_rank(parse, argv, rank):
     ------
     SystemExit
         As ``parse`` raised it, on rank 0; on other ranks with the same status, or 1 in place of a
-        message (which only rank 0 prints).
+        message (which only rank 0 prints). When the ranks' outcomes differ (a flag that parses on
+        some ranks only, a path that exists on some nodes only), every rank exits with status 2 and
+        the failing ranks other than 0 print their own message, prefixed with their rank: no rank is
+        left waiting in the job's first collective.
     """
-    if rank == 0:
-        return parse(argv)
-    with open(os.devnull, "w", encoding="utf-8") as null, \
-            contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
-        try:
-            return parse(argv)
-        except SystemExit as e:
-            raise SystemExit(1 if isinstance(e.code, str) else e.code) from None
+    from mpi4py import MPI
+
+    captured = io.StringIO()
+    code, result = 0, None
+    try:
+        if rank == 0:
+            result = parse(argv)
+        else:
+            with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+                result = parse(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        message = e.code if isinstance(e.code, str) else None
+    world = MPI.COMM_WORLD
+    codes = numpy.empty(world.Get_size(), numpy.int64)
+    world.Allgather(numpy.array([-1 if code is None else code], numpy.int64), codes)
+    failed = [r for r, c in enumerate(codes.tolist()) if c != 0]
+    agreed = len(set(codes.tolist())) == 1
+    if agreed and not failed:
+        return result
+    if agreed:  # every rank ended alike (--help, or the same usage error): rank 0 has said it
+        raise SystemExit(message if rank == 0 and code and message is not None else code)
+    if code and rank == 0 and message:
+        print(message, file=sys.stderr, flush=True)
+    if code and rank != 0 and codes[0] == 0:
+        text = (captured.getvalue().strip() or (message or "")).splitlines()
+        print(f"error: rank {rank}: " + (text[-1] if text else f"exit status {code}"), file=sys.stderr, flush=True)
+    if rank == 0 and not code:
+        print(f"error: the command line fails on rank(s) {', '.join(map(str, failed))} only (see their "
+              "lines): every rank must be given the same, valid arguments", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _hidden(text):

@@ -53,18 +53,22 @@ def agree(cfg, comm):
     differ = [j for j in range(mine.size) if (every[:, j] != every[0, j]).any()]
     if not differ:
         return
-    width = len(differ) * _SHOWN
-    text = "\0".join(items[j][1][:_SHOWN].ljust(_SHOWN) for j in differ).encode()[:width].ljust(width)
-    values = numpy.empty((comm.Get_size(), width), numpy.uint8)
+    def shown(text):  # exactly _SHOWN bytes: the value's start, marked when cut
+        raw = text.encode()
+        raw = raw if len(raw) <= _SHOWN else raw[:_SHOWN - 3] + "...".encode()
+        return raw.ljust(_SHOWN, b"\0")
+
+    text = b"".join(shown(items[j][1]) for j in differ)
+    values = numpy.empty((comm.Get_size(), len(text)), numpy.uint8)
     comm.Allgather(numpy.frombuffer(text, numpy.uint8).copy(), values)
     parts = []
     for n, j in enumerate(differ):
-        held = {}
+        held = {}  # grouped by the full value's hash, shown by its (possibly cut) start
         for rank in range(comm.Get_size()):
-            v = bytes(values[rank, n * _SHOWN:(n + 1) * _SHOWN]).decode(errors="replace").strip().strip("\0")
-            held.setdefault(v, []).append(rank)
+            v = bytes(values[rank, n * _SHOWN:(n + 1) * _SHOWN]).rstrip(b"\0").decode(errors="replace")
+            held.setdefault(int(every[rank, j]), (v, []))[1].append(rank)
         parts.append(f"--{items[j][0].replace('_', '-')}: " + "; ".join(
-            f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in held.items()))
+            f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in held.values()))
     raise ValueError("the ranks were started with different settings (every rank must run the same job): "
                      + " | ".join(parts))
 

@@ -56,12 +56,11 @@ def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):
         check_out(out, x)
     if timeout is not None:
         timeout = check_timeout(timeout)
-    if grid == "topology" and algorithm != "torus":
+    named = isinstance(grid, str) and grid in ("node", "topology")
+    if isinstance(grid, str) and grid == "topology" and algorithm != "torus":
         raise ValueError("grid='topology' is for algorithm='torus'")
-    if algorithm == "torus" and grid not in (None, "node", "topology"):
-        grid = check_dims(grid, size)
-    elif grid is not None and grid not in ("node", "topology"):
-        grid = check_grid(grid, size)
+    if grid is not None and not named:
+        grid = check_dims(grid, size) if algorithm == "torus" else check_grid(grid, size)
     return x, timeout, grid
 
 

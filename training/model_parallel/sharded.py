@@ -26,6 +26,7 @@ import re
 import numpy
 
 import collectives
+from collectives.log import get_logger
 from training.checkpoint import CheckpointError, read_npz, write_npz
 from training.model_parallel.grid import placement
 from training.nn import get_array_module
@@ -33,6 +34,8 @@ from training.dp.data_parallel import CONTROL_ALGORITHM
 
 __all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "read_pieces", "assemble", "load_sharded",
            "load_hook_state", "dense_params"]
+
+_log = get_logger("training.model_parallel.sharded")
 
 #: Name of a sharded checkpoint directory, ``shards-epochNNNN`` (epoch after which it was taken).
 SHARDS_DIR = re.compile(r"^shards-epoch(\d+)$")
@@ -170,11 +173,16 @@ def load_hook_state(path, grid, hook):
 
 def find_sharded(path):
     """Return the newest complete ``shards-epochNNNN`` directory in run directory ``path`` (or ``path``
-    itself when it is one), or None when there is none."""
+    itself when it is one), or None when there is none; a newer directory without its manifest is
+    skipped with a warning naming it."""
     if os.path.isfile(os.path.join(path, "manifest.json")):
         return path
-    found = sorted(p for p in glob.glob(os.path.join(path, "shards-epoch*"))
-                   if SHARDS_DIR.match(os.path.basename(p)) and os.path.isfile(os.path.join(p, "manifest.json")))
+    dirs = sorted(p for p in glob.glob(os.path.join(path, "shards-epoch*")) if SHARDS_DIR.match(os.path.basename(p)))
+    found = [p for p in dirs if os.path.isfile(os.path.join(p, "manifest.json"))]
+    newer = [p for p in dirs if not found or p > found[-1]]
+    if newer and newer[-1] not in found:  # an interrupted write, or a manifest lost since: say which is skipped
+        _log.warning("%s has no manifest (an interrupted write?): skipped; %s", newer[-1],
+                     f"reading {found[-1]} instead" if found else "no complete sharded checkpoint left")
     return found[-1] if found else None
 
 
