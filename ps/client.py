@@ -263,6 +263,9 @@ class Client:
             source, mtype = msg
             header, data = receive(self.comm, source, mtype, deadline)
             if source not in sources:
+                if source in self.server_ranks and int(header[H_RID]) and int(header[H_RID]) != rid:
+                    self.stale_replies += 1  # a late reply to an earlier request, from a server not asked now
+                    continue
                 raise PSError(f"worker {self.worker}: unexpected {mtype.name} from rank {source}")
             if (acks and mtype != Msg.DONE or (rid is not None and int(header[H_RID]) != rid and mtype != Msg.REJECT)
                     or (want is not None and mtype not in want and mtype != Msg.REJECT) or source in replies):

@@ -83,8 +83,8 @@ def case_retries():
         check(c["duplicate_pushes"] > 0 and c["replayed_replies"] > 0, f"asp: no resent push was seen: {c}")
         check(sum(st["stale_replies"] for st in res.workers) > 0, f"asp: no late original was dropped: {res.workers}")
     # load balancing beside retries: a late PARAMS arriving while a worker waits for its BATCH is stale
-    bal = PSOptions(servers=S, consistency="asp", budget=60, lr=2.0, ps_timeout=20.0, balance=True, balance_every=1,
-                    worker_batch=4, **FAULTS)
+    bal = PSOptions(servers=S, consistency="asp", budget=120, lr=2.0, ps_timeout=20.0, balance=True, balance_every=1,
+                    worker_batch=4, late_replies=0.4, late_s=0.1, retries=5, retry_s=0.01)
     res = run(COMM, bal, np.zeros(5), sum_grad(S), make_optimizer=PLAIN_SGD)
     if RANK == 0:
         pushes = sum(int(st["pushes"]) for st in res.workers)  # batches vary, so no sum check: counts
