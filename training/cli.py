@@ -164,7 +164,7 @@ def parse_on_every_rank(parse, argv, rank):
     from mpi4py import MPI
 
     captured = io.StringIO()
-    code, result = 0, None
+    exited, code, message, result = False, 0, None, None
     try:
         if rank == 0:
             result = parse(argv)
@@ -172,23 +172,24 @@ def parse_on_every_rank(parse, argv, rank):
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 result = parse(argv)
     except SystemExit as e:
+        exited = True
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         message = e.code if isinstance(e.code, str) else None
     world = MPI.COMM_WORLD
-    codes = numpy.empty(world.Get_size(), numpy.int64)
-    world.Allgather(numpy.array([-1 if code is None else code], numpy.int64), codes)
-    failed = [r for r, c in enumerate(codes.tolist()) if c != 0]
-    agreed = len(set(codes.tolist())) == 1
-    if agreed and not failed:
-        return result
-    if agreed:  # every rank ended alike (--help, or the same usage error): rank 0 has said it
-        raise SystemExit(message if rank == 0 and code and message is not None else code)
-    if code and rank == 0 and message:
+    outcomes = numpy.empty(world.Get_size(), numpy.int64)  # -1: parsed; else the exit status
+    world.Allgather(numpy.array([code if exited else -1], numpy.int64), outcomes)
+    outcomes = outcomes.tolist()
+    if len(set(outcomes)) == 1:  # every rank ended alike: parsed, --help, or the same usage error
+        if not exited:
+            return result
+        raise SystemExit(message if rank == 0 and message is not None else code)
+    failed = [r for r, c in enumerate(outcomes) if c not in (-1, 0)]
+    if exited and code and rank == 0 and message:
         print(message, file=sys.stderr, flush=True)
-    if code and rank != 0 and codes[0] == 0:
+    if exited and code and rank != 0 and outcomes[0] in (-1, 0):
         text = (captured.getvalue().strip() or (message or "")).splitlines()
         print(f"error: rank {rank}: " + (text[-1] if text else f"exit status {code}"), file=sys.stderr, flush=True)
-    if rank == 0 and not code:
+    if rank == 0 and not (exited and code):
         print(f"error: the command line fails on rank(s) {', '.join(map(str, failed))} only (see their "
               "lines): every rank must be given the same, valid arguments", file=sys.stderr, flush=True)
     raise SystemExit(2)
