@@ -8,28 +8,19 @@ BSP and SSP apply one update per clock while ASP applies every push). Nothing as
 order: a pull that overtakes its reader's own push waits for it where the model requires that push
 (BSP, ASP), and the clock buckets of BSP and SSP are keyed by clock and summed in worker order.
 
-Versions and conflicts: the shard's ``version`` counts the optimizer updates applied to it (one per
-ASP push, one per complete BSP/SSP clock). A PARAMS reply carries it; a PUSH carries the version its
-gradient was computed from. Under ``conflict="cas"`` (ASP, SSP) a push more than ``conflict_lag``
-versions behind is refused: it is not applied, and the worker's next pull is answered at once with
-REFUSED and the current shard, from which the worker recomputes and pushes again (per shard: the
-other servers applied their parts).
-
-Retries: every PUSH and PULL has a request id. A push whose id was seen is not applied again (a
-CRC-32 of its data tells a resend from an id reused with other data, which is rejected); a pull
-whose id was answered is answered again from the kept reply (:data:`KEEP_REPLIES` per worker). A
-malformed request gets a REJECT naming the reason (:data:`ps.protocol.REJECT_REASONS`), is counted,
-and the server keeps serving everyone else.
+Versions: ``version`` counts the updates applied to the shard (one per ASP push, one per BSP/SSP
+clock); PARAMS carry it, a PUSH its base. Under ``conflict="cas"`` a push more than ``conflict_lag``
+versions behind is refused and the worker's next pull answered at once with REFUSED and the current
+shard. Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT naming the
+reason (:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
 
 Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
 is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
 ERROR, and ends once every worker has aborted or been dropped. The loop ends when every worker is
 done, aborted or dropped, so no rank is left waiting (the explicit shutdown protocol).
 """
-import collections
 import os
 import time
-import zlib
 
 import numpy as np
 
@@ -38,43 +29,20 @@ from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockT
 from ps.sharding import shard_offsets
 from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send,
                          wait_all)
+from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
-from ps.store import read_npz, write_npz
+from ps.sharding import proportional
+from ps.store import read_npz, server_checkpoint_path, write_npz
 
 __all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS",
            "COUNTERS"]
 
 EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
 _SILENCE_CHECK = 0.01  # seconds between silence checks
-#: Replies a server keeps per worker to answer a repeated pull (its last ones; bounded memory: at most
-#: ``KEEP_REPLIES`` shard copies per worker).
-KEEP_REPLIES = 2
-#: Push request ids a server remembers per worker, with a CRC-32 of each push's data, to apply a
-#: resent push once and to refuse an id reused with other data (a few integers per worker).
-KEEP_PUSH_IDS = 8
-#: The server's counters (its records, in :class:`ps.runtime.RunResult`): ``pushes_received``
-#: (distinct pushes), ``duplicate_pushes`` (resent pushes not applied again), ``replayed_replies``
-#: (repeated pulls answered from a kept reply), ``refused`` (``cas`` refusals), ``rejected`` (malformed
-#: requests answered with REJECT), ``dropped_replies`` and ``late_replies`` (injected faults).
+#: The server's counters (in :class:`ps.runtime.RunResult`): distinct and resent pushes, pulls answered
+#: from a kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
 COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
             "late_replies")
-
-
-def server_checkpoint_path(directory, server):
-    """Return the checkpoint file of server ``server`` in ``directory``.
-
-    Parameters
-    ----------
-    directory : str
-        The servers' checkpoint directory (the trainer's is ``RUN_DIR/ps``).
-    server : int or "*"
-        The server's index ``0 <= server < S``, or ``"*"`` for the glob pattern of every server's file.
-
-    Returns
-    -------
-    str
-    """
-    return os.path.join(directory, f"ps_server{server}.npz")
 
 
 class Server:
@@ -134,10 +102,10 @@ class Server:
         self.version = 0                                   # optimizer updates applied to the shard
         self.counts = dict.fromkeys(COUNTERS, 0)           # the server's records (COUNTERS)
         self.rejected = {}                                 # REJECT reason code -> count
-        self.kept = [collections.OrderedDict() for _ in range(self.n_workers)]     # rid -> reply
-        self.push_ids = [collections.OrderedDict() for _ in range(self.n_workers)]  # rid -> CRC-32
+        self.log = RequestLog(self.n_workers)              # push ids and kept replies (exactly once)
         self.refused = {}                                  # worker -> clock of its refused push
-        self._late = []                                    # (due time, worker, reply) of late replies
+        self.faults = ReplyFaults(opts.drop_replies, opts.late_replies, opts.late_s,
+                                  self.index * 104_729 + opts.seed)  # injected into first replies
         self.staleness_lr = opts.staleness_lr or opts.conflict == "scale"
         self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
@@ -168,7 +136,7 @@ class Server:
                 self._handle(*msg)
                 backoff.reset()
             now = time.monotonic()
-            if self._late:
+            if self.faults.held:
                 self._send_late(now)
             if now >= next_check:  # also while busy: a dead worker must not wait for a lull
                 self._sends = [s for s in self._sends if not s[0].Test()]
@@ -218,9 +186,9 @@ class Server:
                     self._push(w, clock, data, stale or 0)
         elif mtype == Msg.PULL:
             pending = self.pending.get(w)
-            if rid and rid in self.kept[w]:  # a resent pull: the reply it was given, again
+            if self.log.kept(w, rid) is not None:  # a resent pull: the reply it was given, again
                 self.counts["replayed_replies"] += 1
-                self._reply(w, *self.kept[w][rid])
+                self._reply(w, *self.log.kept(w, rid))
             elif pending is not None and pending[1] == rid:
                 pass  # resent while it still waits here: it is answered once
             elif clock < 0:  # join: the current shard and the resume clock, or STOP when spent
@@ -256,11 +224,10 @@ class Server:
     def _accept_push(self, w, header, data):
         """Return True for a push to apply; answer a malformed one with REJECT, skip a resent one."""
         rid = int(header[H_RID])
-        crc = zlib.crc32(data.tobytes()) if data is not None else 0
-        seen = self.push_ids[w]
-        if rid and (rid in seen or (seen and rid < next(iter(seen)))):
-            if rid in seen and seen[rid] != crc:
-                return self._reject(w, rid, 5)
+        seen = self.log.push(w, rid, data)
+        if seen == "reused":
+            return self._reject(w, rid, 5)
+        if seen == "repeat":
             self.counts["duplicate_pushes"] += 1
             return False
         if data is None or data.shape != self.params.shape:
@@ -271,10 +238,7 @@ class Server:
             return self._reject(w, rid, 3)
         if int(header[H_VERSION]) > self.version:
             return self._reject(w, rid, 4)
-        if rid:
-            seen[rid] = crc
-            while len(seen) > KEEP_PUSH_IDS:
-                seen.popitem(last=False)
+        self.log.remember(w, rid, data)
         self.counts["pushes_received"] += 1
         return True
 
@@ -365,13 +329,13 @@ class Server:
         mean = self.speeds[known].mean() if known.any() else 1.0
         rate = 1.0 / np.where(known, self.speeds, mean)      # samples per second
         rate[self.table.status != LIVE] = 0.0
-        batches = _proportional(rate, self.opts.worker_batch * int((rate > 0).sum()))
+        batches = proportional(rate, self.opts.worker_batch * int((rate > 0).sum()))
         for w, clock in self.speed_waiting.items():
             self._reply(w, Msg.BATCH, clock, batches.astype(self.params.dtype))
         self.speed_waiting.clear()
 
     def _check_silence(self, now):
-        late = {lw for _, lw, _ in self._late}
+        late = self.faults.waiting()
         for w in self.table.live():
             if w in self.pending or w in self.speed_waiting or w in late:
                 continue  # waiting on this server (for a reply it holds back, too): not silent
@@ -394,40 +358,21 @@ class Server:
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):
         """Reply to pull ``rid`` of worker ``w``, keep the reply for a resend, and inject the set faults."""
         reply = (mtype, clock, data, worker, rid, self.version)
-        if rid:
-            kept = self.kept[w]
-            kept[rid] = reply
-            while len(kept) > KEEP_REPLIES:
-                kept.popitem(last=False)
-        fault = self._fault(w, rid) if rid and mtype != Msg.STOP else None
+        self.log.keep(w, rid, reply)
+        fault = self.faults.draw(w, rid) if rid and mtype != Msg.STOP else None
         if fault == "drop":
             self.counts["dropped_replies"] += 1
         elif fault == "late":
             self.counts["late_replies"] += 1
-            self._late.append((time.monotonic() + self.opts.late_s, w, reply))
+            self.faults.hold(w, reply)
         else:
             self._reply(w, *reply)
 
-    def _fault(self, w, rid):
-        """The injected fault of the first reply to pull ``rid`` of ``w``: "drop", "late" or None (deterministic)."""
-        drop, late = self.opts.drop_replies, self.opts.late_replies
-        if not (drop or late):
-            return None
-        u = ((w + 1) * 1_000_003 + rid * 7_919 + self.index * 104_729 + self.opts.seed) % 10_007 / 10_007
-        return "drop" if u < drop else "late" if u < drop + late else None
-
     def _send_late(self, now, only=None):
         """Send the late replies that are due (to a live worker; every one of ``only`` when it leaves)."""
-        keep = []
-        for due, w, reply in self._late:
-            if only is not None and w == only:
+        for w, reply in self.faults.due(now, only):
+            if only is not None or self.table.status[w] == LIVE:
                 self._reply(w, *reply)
-            elif due <= now and only is None:
-                if self.table.status[w] == LIVE:
-                    self._reply(w, *reply)
-            else:
-                keep.append((due, w, reply))
-        self._late = keep
 
     # ------------------------------------------------------------------------------------------
     def checkpoint(self):
@@ -453,18 +398,3 @@ class Server:
         self.pushes = self.resumed_pushes = int(state["pushes"])
         self.version = int(state["version"]) if "version" in state else self.pushes
         self.resumed_seconds = float(state["elapsed"])
-
-
-def _proportional(rate, total):
-    """Split ``total`` samples in proportion to ``rate`` (largest remainders, each share >= 1)."""
-    out = np.zeros(rate.shape[0], dtype=np.int64)
-    active = rate > 0
-    if not active.any():
-        return out
-    share = rate[active] / rate[active].sum() * total
-    base = np.maximum(1, np.floor(share).astype(np.int64))
-    order = np.argsort(-(share - np.floor(share)))
-    for i in order[:max(0, total - int(base.sum()))]:
-        base[i] += 1
-    out[active] = base
-    return out

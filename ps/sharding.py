@@ -11,7 +11,7 @@ import numpy as np
 
 from collectives.schedules.schedule import chunk_bounds
 
-__all__ = ["shard_sizes", "shard_offsets", "shard_slice", "split_shards", "join_shards"]
+__all__ = ["shard_sizes", "shard_offsets", "shard_slice", "split_shards", "join_shards", "proportional"]
 
 
 def _check(n, servers):
@@ -197,4 +197,28 @@ def join_shards(shards, out=None):
     for s in shards:
         out[pos:pos + s.shape[0]] = s
         pos += s.shape[0]
+    return out
+
+
+def proportional(rate, total):
+    """Split ``total`` samples in proportion to ``rate`` (largest remainders, each active share >= 1).
+
+    Used by the parameter server's load balancing: ``rate`` is each worker's samples per second (0
+    for a worker that left), ``total`` the global batch.
+
+    Examples
+    --------
+    >>> proportional(np.array([1.0, 3.0, 0.0]), 8).tolist()
+    [2, 6, 0]
+    """
+    out = np.zeros(rate.shape[0], dtype=np.int64)
+    active = rate > 0
+    if not active.any():
+        return out
+    share = rate[active] / rate[active].sum() * total
+    base = np.maximum(1, np.floor(share).astype(np.int64))
+    order = np.argsort(-(share - np.floor(share)))
+    for i in order[:max(0, total - int(base.sum()))]:
+        base[i] += 1
+    out[active] = base
     return out

@@ -21,7 +21,8 @@ import numpy
 from collectives.backend import to_host
 from collectives.errors import CommlabError
 
-__all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries"]
+__all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries",
+           "server_checkpoint_path"]
 
 
 class CheckpointError(CommlabError, ValueError):
@@ -184,3 +185,25 @@ def parse_npz(data, path):
     if not numpy.array_equal(stored, _digest(arrays)):
         raise CheckpointError(f"checkpoint {path} fails its SHA-256 check (corrupt or modified)")
     return arrays
+
+
+def server_checkpoint_path(directory, server):
+    """Return the checkpoint file of server ``server`` in ``directory``.
+
+    Parameters
+    ----------
+    directory : str
+        The servers' checkpoint directory (the trainer's is ``RUN_DIR/ps``).
+    server : int or "*"
+        The server's index ``0 <= server < S``, or ``"*"`` for the glob pattern of every server's file.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> server_checkpoint_path("runs/a/ps", 1)
+    'runs/a/ps/ps_server1.npz'
+    """
+    return os.path.join(directory, f"ps_server{server}.npz")
