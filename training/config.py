@@ -92,7 +92,7 @@ class Config:
     balance: bool = False             # faster workers get larger batches (global batch unchanged)
     # --- run directory, checkpoints, output
     run_dir: str = "runs"             # parent directory of run directories
-    name: str = ""                    # run directory name ("" : timestamp-mode-data-P)
+    name: str = ""                    # run directory name ("" : timestamp-mode-data-P, mode tpT-ppQ on a grid)
     checkpoint_every: int = 1         # save a checkpoint every this many epochs (0: only the last)
     keep_checkpoints: int = 2         # checkpoints kept in the run directory (most recent)
     resume: str = ""                  # run directory or checkpoint file to continue from
