@@ -72,7 +72,7 @@ def test_run_dir_names_and_latest_pointer(tmp_path):
     a, b = make_run_dir(cfg, SELF), make_run_dir(cfg, SELF)
     assert a != b and os.path.isdir(a) and os.path.isdir(b)  # same second: suffixed, not reused
     assert os.path.basename(a).endswith("-dp-digits-p1")
-    grid = make_run_dir(Config(run_dir=str(tmp_path), name="", tensor_parallel=2, pipeline_parallel=2), SELF)
+    grid = make_run_dir(Config(run_dir=str(tmp_path / "g"), name="", tensor_parallel=2, pipeline_parallel=2), SELF)
     assert os.path.basename(grid).endswith("-tp2-pp2-digits-p1")  # a model-parallel run is not called dp
     assert os.path.realpath(tmp_path / "latest") == os.path.realpath(b)
     named = make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
