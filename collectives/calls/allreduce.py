@@ -80,7 +80,8 @@ def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32", op="sum"):
             if grid in ("node", "topology") and not nodes:
                 raise ValueError(f"grid={grid!r} needs the same number of ranks on every node")
             if algorithm == "torus":  # the job's levels: nodes x ranks per node (a flat ring on one node)
-                grid = tuple(d for d in (nodes, per) if d > 1) or (ctx.size,) if nodes else (ctx.size,)
+                levels = tuple(d for d in (nodes, per) if d > 1) if nodes else ()
+                grid = levels or (ctx.size,)
             else:
                 grid = (nodes, per) if (grid == "node" or 1 < nodes < ctx.size) else square_grid(ctx.size)
     return algorithm, grid
