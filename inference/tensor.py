@@ -90,7 +90,7 @@ def _act(name):
     return numpy.tanh if name == "tanh" else (lambda z: numpy.maximum(z, 0.0))
 
 
-def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
+def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None, plan=None):
     """Return the sum of ``x`` over the ranks of ``comm``, added in rank order, on every rank.
 
     Each rank writes ``x`` into its own slot of a ``(T, *x.shape)`` buffer filled with ``-0.0``,
@@ -123,6 +123,10 @@ def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
         Seconds the all-reduce may wait for a peer (:class:`collectives.CollectiveTimeout`).
     slots : ndarray, shape ``(T,) + x.shape``, x.dtype, optional
         Scratch buffer to reuse between calls (overwritten).
+    plan : collectives.calls.persistent.AllreducePlan, optional
+        A persistent all-reduce of ``slots`` into itself (:func:`collectives.allreduce_init`), started
+        and waited instead of a new call; needs ``slots`` and, to turn a mismatch into an error
+        instead of a wait, ``timeout``.
 
     Returns
     -------
@@ -141,7 +145,11 @@ def rank_order_allreduce(x, comm, algorithm="auto", timeout=None, slots=None):
         raise ValueError(f"slots must be {shape} {x.dtype}, got {slots.shape} {slots.dtype}")
     slots.fill(-0.0)
     slots[comm.Get_rank()] = x
-    collectives.allreduce(slots, comm=comm, op="sum", algorithm=algorithm, out=slots, timeout=timeout)
+    if plan is not None:
+        plan.start()
+        plan.wait(timeout)
+    else:
+        collectives.allreduce(slots, comm=comm, op="sum", algorithm=algorithm, out=slots, timeout=timeout)
     total = slots[0].copy()
     for t in range(1, T):
         total += slots[t]
@@ -208,10 +216,14 @@ class TensorParallelForward:
     def _row_parallel(self, layer, x):
         part = x @ layer.W  # (B, n_out), this rank's partial sum
         key = (layer.lo, part.shape)
-        if key not in self._slots:
-            self._slots[key] = numpy.empty((self.comm.size, *part.shape), part.dtype)
+        if key not in self._slots:  # a buffer per layer and batch shape, and with a timeout its persistent plan
+            slots = numpy.empty((self.comm.size, *part.shape), part.dtype)
+            plan = None if self.timeout is None else collectives.allreduce_init(
+                slots, comm=self.comm, op="sum", algorithm=self.algorithm, out=slots)
+            self._slots[key] = (slots, plan)
+        slots, plan = self._slots[key]
         t0 = time.perf_counter()
-        y = rank_order_allreduce(part, self.comm, self.algorithm, self.timeout, self._slots[key])
+        y = rank_order_allreduce(part, self.comm, self.algorithm, self.timeout, slots, plan)
         st = layer.stats
         st["comm_s"] += time.perf_counter() - t0
         st["bytes_sent"] += collectives.engine.context.last_stats(self.comm).get("bytes_sent", 0)

@@ -207,6 +207,16 @@ def _trainer_table(rel):
     return head + "\n\n" + trainer_table(results["cells"]) + "\n\n" + source_line(prov, rel)
 
 
+def _breakdown_table(rel):
+    from plots.tables import breakdown_table
+
+    record = _load(rel)
+    prov = check_quiet(record, rel)
+    head = (f"P = {record['P']}, float32, {len(next(iter(record['sizes'].values()))['auto'])} interleaved passes, "
+            f"algorithm `{record.get('algorithm', 'auto')}`.")
+    return head + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
+
+
 def _model_parallel_table(rel):
     from plots.tables import bubble_table, model_parallel_table
 

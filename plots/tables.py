@@ -9,7 +9,7 @@ Examples
 """
 from tabulate import tabulate
 
-__all__ = ["spread", "trainer_table", "model_parallel_table", "bubble_table"]
+__all__ = ["spread", "trainer_table", "model_parallel_table", "bubble_table", "breakdown_table"]
 
 
 def spread(s, unit="", digits=2, scale=1.0):
@@ -63,3 +63,30 @@ def bubble_table(results):
     head = ("schedule", "M", "formula (Q-1)/(M+Q-1)", "measured bubble", "step ms")
     return tabulate(cells, headers=head, tablefmt="pipe", disable_numparse=True,
                     colalign=("left", "right", "right", "right", "right"))
+
+
+#: The rows of :func:`breakdown_table`, in order: (row of the results file, label).
+_BREAKDOWN_ROWS = (("MPI_Allreduce", "`MPI_Allreduce`"), ("MPI_Iallreduce+Wait", "`MPI_Iallreduce` + `MPI_Wait`"),
+                   ("MPI_Allreduce_init", "`MPI_Allreduce_init`: `MPI_Start` + `MPI_Wait`"),
+                   ("persistent plan", "commlab persistent plan (`allreduce_init`)"),
+                   ("auto", "commlab `allreduce` (repeated)"), ("look-up", "step: signature look-up"),
+                   ("copy in", "step: copy into the send buffer"), ("library call", "step: `MPI_Iallreduce` + `MPI_Wait`"),
+                   ("check", "step: check elements compared"), ("copy out", "step: copy out"),
+                   ("rest", "the rest (Python frames, statistics)"))
+
+
+def breakdown_table(record):
+    """Return the per-step table and the target ratios of ``experiments.bench.breakdown`` as Markdown.
+
+    Microseconds per call, median (min-max) over the passes, one column per message size; the ratios
+    are geometric means over the sizes, median (min-max) over the passes.
+    """
+    sizes = list(record["sizes"])
+    cells = [[label] + [f"{record['sizes'][n][row][0]:.2f} ({record['sizes'][n][row][1]:.2f}-"
+                        f"{record['sizes'][n][row][2]:.2f})" for n in sizes] for row, label in _BREAKDOWN_ROWS]
+    table = tabulate(cells, headers=["us per call"] + [f"{n} B" for n in sizes], tablefmt="pipe",
+                     disable_numparse=True, colalign=["left"] + ["right"] * len(sizes))
+    ratios = tabulate([[k, f"{m:.2f}x ({lo:.2f}-{hi:.2f})"] for k, (m, lo, hi) in record["ratios"].items()],
+                      headers=["ratio, geometric mean over the sizes", "median (min-max)"], tablefmt="pipe",
+                      disable_numparse=True, colalign=("left", "right"))
+    return table + "\n\n" + ratios

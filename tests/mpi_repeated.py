@@ -225,8 +225,64 @@ def case_mismatch_after_cache():
     sub.Free()
 
 
+def case_repeated_allreduce():
+    """The lean repeated all-reduce (one cached plan per signature, no timeout): every dtype's result in
+    the input's dtype, out= or a new array, earlier results kept, a request in flight, and ranks whose
+    cached calls differ; MPI's own all-reduce in float64 is the oracle."""
+    red = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX}
+    for alg in ("mpi", "auto"):
+        for dtype in ("float16", "float32", "float64", "int32"):
+            for op in ("sum", "avg", "prod", "max"):
+                kept = []
+                for call in range(3):
+                    x = ((np.arange(5) + rank + call) % 3 + 1).astype(dtype)
+                    want = np.empty(5)
+                    comm.Allreduce(x.astype(np.float64), want, red[op])
+                    if op == "avg":
+                        want = want / P if x.dtype.kind == "f" else np.floor_divide(want, P)
+                    out = np.empty_like(x) if call == 2 else None
+                    got = C.allreduce(x, op=op, algorithm=alg, out=out)
+                    check(got.dtype == x.dtype and np.array_equal(got, want.astype(dtype)) and (out is None or got is out),
+                          f"repeated allreduce {alg} {dtype} {op} call {call}: {got} against {want}")
+                    kept.append((got, want.astype(dtype)))
+                check(all(np.array_equal(g, w) for g, w in kept), f"repeated allreduce {alg} {dtype} {op}: a later call overwrote a result")
+    x = np.ones(6, np.float32)
+    C.allreduce(x, algorithm="mpi")
+    req = C.iallreduce(np.ones(3000, np.float32), algorithm="ring")  # in flight: the repeated call drives its progress
+    check(np.array_equal(C.allreduce(x, algorithm="mpi"), np.full(6, float(P), np.float32)), "repeated allreduce with a request in flight")
+    check(np.array_equal(req.wait(), np.full(3000, float(P), np.float32)), "the request in flight")
+    if P > 1:  # cached on every rank, then the ranks' calls differ: the check in the data raises on every rank
+        sub = comm.Dup()
+        for op in ("sum", "prod", "sum", "prod"):
+            C.allreduce(x, comm=sub, op=op, algorithm="mpi")
+        expect_on_every_rank(C.CollectiveMismatch, lambda: C.allreduce(x, comm=sub, op="prod" if rank == 0 else "sum", algorithm="mpi"),
+                             "repeated allreduce, op differs after both were cached")
+        sub.Free()
+
+
+def case_trainer_plans():
+    """The trainer's gradient hook with a timeout plans each bucket's all-reduce once and starts it at every
+    step; its averages equal MPI's, and a new gradient array gets new plans."""
+    from training.dp.data_parallel import AllreduceHook
+
+    for alg in ("auto", "ring"):
+        hook = AllreduceHook(comm, alg, buckets=[(0, 5), (5, 3005)], timeout=30.0)
+        grad = np.zeros(3005)
+        for step in range(3):
+            grad[...] = np.sin(np.arange(3005) * (rank + 1) + step)
+            want = np.empty(3005)
+            comm.Allreduce(grad, want, MPI.SUM)
+            got, _ = hook(grad)
+            plans = hook._plans
+            check(got is grad and np.allclose(grad, want / P, rtol=1e-12, atol=1e-12), f"hook {alg} step {step}")
+        check(plans is not None and hook._plans is plans, f"hook {alg}: the plans are made once")
+        other = np.ones(3005)
+        hook(other)
+        check(hook._plans is not plans and np.array_equal(other, np.ones(3005)), f"hook {alg}: a new gradient array gets new plans")
+
+
 def main():
-    for case in (case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans,
+    for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans,
                  case_mismatch_across_forms):
         try:
             case()

@@ -398,3 +398,25 @@ def test_mpi_baseline_combines_rounds_into_per_size_ratios_and_a_geomean():
     assert [s["bytes"] for s in out["sizes"]] == [1024, 2048]  # the wrong 4096 row and `mpi` rows are left out
     geo = out["geomean"]  # per round: sqrt(2 * 0.25) and sqrt(4 * 0.25)
     assert geo["rounds"] == 2 and abs(geo["min"] - 0.5 ** 0.5) < 1e-12 and abs(geo["max"] - 1.0) < 1e-12
+
+
+def test_breakdown_times_every_step_of_the_repeated_call(tmp_path, capsys):
+    """P = 1 in this process: every row timed in every pass, ``rest`` the call less its steps, the
+    ratios from the same passes, and the results file stamped with its provenance."""
+    from experiments.bench import breakdown
+
+    out = tmp_path / "bd.json"
+    assert breakdown.main(["--sizes", "8,4096", "--passes", "3", "--calls", "20", "--algorithm", "mpi",
+                           "--allow-noisy", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    assert rec["P"] == 1 and rec["provenance"]["command"] and set(rec["sizes"]) == {"8", "4096"}
+    for size in rec["sizes"].values():
+        assert set(size) == set(breakdown.STEPS) | {"rest"}
+        for step in breakdown.STEPS:
+            med, lo, hi = size[step]
+            assert 0 < lo <= med <= hi, (step, size[step])
+    assert set(rec["ratios"]) >= {"auto / MPI_Iallreduce+Wait", "persistent plan / MPI_Allreduce"}
+    assert "look-up" in text and "library call" in text and "geometric mean" in text
+    with pytest.raises(SystemExit):  # above the cached path's limit: a usage error before any measurement
+        breakdown.main(["--sizes", "9000", "--allow-noisy", "--out", str(out)])

@@ -119,6 +119,8 @@ CHECKS = {
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p2.json": "bench_p2.json"}),
     "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --max-bytes 1M --iters 50":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
+    "mpiexec -n 2 python -m experiments.bench.breakdown --out results/bench_breakdown_p2.json":
+        Help("tests/test_bench.py::test_breakdown_times_every_step_of_the_repeated_call"),
     "python -m plots.bench results/bench_p4.json --markdown --out results":
         Help("tests/test_bench.py::test_tune_and_plot_on_a_real_sweep"),
     "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out results/tuning.json --tolerance 0.15":

@@ -80,13 +80,16 @@ class AllreducePlan:
             The previous start has not been waited for, the plan was freed, or the communicator is
             unusable after a failure.
         """
-        self._check_live("start")
+        core = self._core
+        if self._freed:
+            self._check_live("start")
         if self._request is not None:
             raise RuntimeError("plan.start() called twice without plan.wait() in between")
-        if self._core is not None:
-            self._core.ctx.check_usable()
-            self._core.start(self.x)
-            self._request = self._core
+        if core is not None:
+            if core.ctx.broken is not None:
+                core.ctx.check_usable()
+            core.start(self.x)
+            self._request = core
         else:
             comm, op, grid, accumulate = self._args
             self._request = iallreduce(self.x, comm=comm, op=op, algorithm=self.algorithm, out=self.out, grid=grid, accumulate=accumulate)
@@ -114,8 +117,10 @@ class AllreducePlan:
         CollectiveTimeout, CollectiveMismatch
             As for :func:`collectives.allreduce`.
         """
-        timeout = check_timeout(timeout)
-        self._check_live("wait")
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        if self._freed:
+            self._check_live("wait")
         req, self._request = self._request, None
         if req is None:
             raise RuntimeError("plan.wait() before plan.start()")

@@ -46,7 +46,7 @@ class Context:
     """
 
     __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
-                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast")
+                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast", "fp")
 
     def __init__(self, comm, timeout=None):
         dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
@@ -66,6 +66,7 @@ class Context:
         self.calls = self.bytes_sent = self.messages = 0
         self.plans = {}  # (call key, shape) -> persistent library plan (collectives.library.plans)
         self.fast = {}  # call signature as given -> (plan, tuning table in force), for repeated calls
+        self.fp = numpy.zeros(2, numpy.int64)  # the fingerprint pair of a blocking library call (one at a time)
 
     def keep(self, signature, entry):
         """Cache ``entry`` (a plan) under a call ``signature`` for the repeated calls of :attr:`fast`,

@@ -39,7 +39,7 @@ from collectives.schedules.registry import COLLECTIVES, REGISTRY
 from collectives.errors import CollectiveMismatch
 from collectives.engine.waiting import Where, wait_all
 
-__all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled",
+__all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled", "settings_token",
            "exchange", "pending"]
 
 #: Fields of the debug-mode fingerprint, in the order they are compared.
@@ -52,6 +52,7 @@ _CODES = {}  # key -> CRC (cached: the per-call cost is one dict lookup)
 _BY_TAG = {}  # (tag bits of the CRC) -> key, for naming a peer's pending call in errors
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the collectives package
 _CHECKS = [True]  # the default checks; off only to measure what they cost (set_checks)
+_SETTINGS = [object()]  # replaced whenever the checks or the debug mode change (settings_token)
 _MODES = ("off", "detail", "strict")
 _DEBUG = [os.environ.get("COMMLAB_DEBUG", "").strip().lower() or "off"]
 
@@ -74,6 +75,7 @@ def set_debug(mode):
     if mode not in _MODES:
         raise ValueError(f"debug mode must be one of {', '.join(_MODES)}, not {mode!r}")
     _DEBUG[0] = mode
+    _SETTINGS[0] = object()
 
 
 def set_checks(on):
@@ -84,6 +86,16 @@ def set_checks(on):
     may again return wrong values. Every rank must use the same setting.
     """
     _CHECKS[0] = bool(on)
+    _SETTINGS[0] = object()
+
+
+def settings_token():
+    """Return an object replaced whenever :func:`set_checks` or :func:`set_debug` runs.
+
+    A repeated call cached under one checks setting and debug mode stays valid while this object is
+    the same one: one identity comparison instead of asking for both settings at every call.
+    """
+    return _SETTINGS[0]
 
 
 def checks_enabled():

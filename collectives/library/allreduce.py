@@ -17,6 +17,7 @@ from collectives.engine.buffers import ACC, MPI_OPS, finish, nan_mask, prepare, 
 from collectives.errors import CollectiveError
 from collectives.library.call import CHECK_ELEMENTS, call, encode_check, piggyback, verify_check
 from collectives.library.plans import library_plan
+from collectives.engine.fingerprint import settings_token
 from collectives.model.auto import table_token
 
 __all__ = ["library_allreduce", "run_plan"]
@@ -52,13 +53,16 @@ def library_allreduce(ctx, key, x, out, timeout, xp, given=None):
     if given is not None:
         plan = library_plan(ctx, key, x.shape, x.dtype, op)
         if plan is not None:
-            ctx.keep((given, op, x.dtype, x.shape), (plan, table_token() if given == "auto" else None))
+            ctx.keep((given, op, x.dtype, x.shape), (plan, table_token() if given == "auto" else None,
+                                                     settings_token()))
             return run_plan(plan, x, out, timeout)
     return _mpi_allreduce(ctx, key, x, op, out, timeout, xp)
 
 
 def run_plan(plan, x, out, timeout):
     """Start ``plan`` on ``x`` and wait for it (under ``timeout`` seconds); return ``out`` (or a new array)."""
+    if timeout is None:
+        return plan.run(x, out)
     plan.start(x)
     return plan.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
 

@@ -134,8 +134,8 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
     try:
         if check and checks_enabled():
             code = key_code(key)
-            fp = _PAIR.get(code)
-            fp = _fingerprint_pair(code) if fp is None else fp.copy()
+            fp = ctx.fp  # the context's pair: the call is blocking, so one is in use at a time
+            fp[0], fp[1] = code, -code
             reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
         reqs.append(getattr(comm, method)(*args))
         for m, a in extra:
@@ -163,17 +163,6 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
 
 
 _STATUSES = [MPI.Status() for _ in range(4)]  # reused by every call (statuses matter only when one fails)
-_PAIR = {}  # key code -> its (code, -code) pair, copied for each call
-
-
-def _fingerprint_pair(code):
-    """Return a new ``(code, -code)`` int64 pair, the fingerprint all-reduced with ``MPI_MAX``, and cache it."""
-    if len(_PAIR) > 4096:
-        _PAIR.clear()
-    _PAIR[code] = numpy.array([code, -code], numpy.int64)
-    return _PAIR[code].copy()
-
-
 def _reason(exc, statuses):
     """Return the MPI error text of ``exc``, looking into the statuses for ``MPI_ERR_IN_STATUS``."""
     if exc.Get_error_class() == MPI.ERR_IN_STATUS:

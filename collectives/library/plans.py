@@ -63,10 +63,10 @@ class LibraryPlan:
 
     __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "recv", "result", "shaped_result", "tail", "want",
                  "reqs", "fp", "code", "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent",
-                 "calls", "checked")
+                 "calls", "checked", "lean", "mpi_op", "run", "dtype")
 
     def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
-        self.ctx, self.key, self.size = ctx, key, ctx.size
+        self.ctx, self.key, self.size, self.dtype = ctx, key, ctx.size, numpy.dtype(dtype)
         n = self.n = int(numpy.prod(shape, dtype=numpy.int64))
         acc = ACC[numpy.dtype(dtype)]
         self.checked = checked  # False only while collectives.engine.fingerprint.set_checks(False) measures their cost
@@ -96,6 +96,10 @@ class LibraryPlan:
         self.nbytes = (2 * (p - 1) * n // p) * acc.itemsize
         self.last = ("allreduce", "mpi", n, acc, self.nbytes, None, None, True)
         self.active, self.persistent, self.calls = False, persistent, calls
+        # run(x, out): start and wait without a deadline, the blocking path's repeated call; lean when
+        # one MPI_Iallreduce carries its own check
+        self.lean, self.mpi_op = not persistent and self.tail is not None and self.mask is None, MPI_OPS[op]
+        self.run = self._lean_run() if self.lean else self._general_run
         self.reqs = [ctx.comm.Allreduce_init(s, r, o) for s, r, o in calls] if persistent else []
 
     def start(self, x):
@@ -105,13 +109,14 @@ class LibraryPlan:
         self.shaped[...] = x  # (setitem casts as copyto(casting="unsafe") does, at a fifth of the cost)
         if self.isnan is not None:
             numpy.isnan(self.data, out=self.isnan)
+        reqs = self.reqs
         if not self.persistent:
             comm = ctx.comm
             self.reqs = [comm.Iallreduce(s, r, o) for s, r, o in self.calls]
-        elif len(self.reqs) == 1:
-            self.reqs[0].Start()
+        elif len(reqs) == 1:
+            reqs[0].Start()
         else:
-            MPI.Prequest.Startall(self.reqs)
+            MPI.Prequest.Startall(reqs)
         self.active = True
 
     def test(self):
@@ -122,13 +127,13 @@ class LibraryPlan:
 
     def wait(self, out, timeout=None):
         """Wait (under ``timeout`` seconds), check the fingerprint and write the result into ``out``."""
-        ctx = self.ctx
+        ctx, reqs = self.ctx, self.reqs
         try:
             if timeout is None and not ctx.active:
-                if len(self.reqs) == 1:
-                    self.reqs[0].Wait()
+                if len(reqs) == 1:
+                    reqs[0].Wait()
                 else:
-                    MPI.Request.Waitall(self.reqs)
+                    MPI.Request.Waitall(reqs)
             else:
                 wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), Where("allreduce", 0, "MPI_Allreduce", timeout), progress=ctx.progress if ctx.active else None, each=self.persistent)
         except CollectiveTimeout as exc:
@@ -156,6 +161,57 @@ class LibraryPlan:
         ctx.calls += 1
         ctx.bytes_sent += self.nbytes
         return out
+
+    def _general_run(self, x, out):
+        """:meth:`start` then :meth:`wait` without a deadline (the form of :attr:`run` for plans that are not lean)."""
+        self.start(x)
+        return self.wait(numpy.empty(x.shape, x.dtype) if out is None else out)
+
+    def _lean_run(self):
+        """Return :attr:`run` of a lean plan: one ``MPI_Iallreduce`` that carries its own check.
+
+        The same steps as :meth:`start` then :meth:`wait`, with what they read bound once in the
+        closure (a repeated small call is mostly the Python around the library call): the sequence
+        number advances, ``x`` is copied in front of the check elements, ``MPI_Iallreduce`` is posted
+        and waited, the reduced check elements are compared, ``avg`` divides and the result is copied
+        out. A communicator with non-blocking requests in flight, whose progress a wait must drive,
+        takes :meth:`start` and :meth:`wait`.
+        """
+        ctx, shaped, result, shaped_result, tail, want = self.ctx, self.shaped, self.result, self.shaped_result, \
+            self.tail, self.want
+        iallreduce, args, avg, size, last, nbytes = ctx.comm.Iallreduce, (self.work, self.recv, self.mpi_op), \
+            self.avg, self.size, self.last, self.nbytes
+        general, dtype = self._general_run, self.dtype
+
+        def run(x, out):
+            if ctx.active:
+                return general(x, out)
+            ctx._seq += 1
+            shaped[...] = x
+            self.active = True
+            try:
+                iallreduce(*args).Wait()
+            except MPI.Exception as exc:
+                err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in "
+                                         f"this rank's {describe(self.key)}: the ranks' calls differ")
+                self._failed(str(err))
+                raise err from None
+            self.active = False
+            if tail.tobytes() != want:
+                self._failed(str(mismatch(self.key)))
+                raise mismatch(self.key)
+            if avg is not None:
+                avg(result, size, out=result)
+            if out is None:
+                out = shaped_result.astype(dtype)  # a copy, in the input's dtype (float16 accumulates in float32)
+            else:
+                out[...] = shaped_result
+            ctx.last = last
+            ctx.calls += 1
+            ctx.bytes_sent += nbytes
+            return out
+
+        return run
 
     def _failed(self, message):
         self.ctx.fail(f"allreduce: {message}")

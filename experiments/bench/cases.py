@@ -4,7 +4,8 @@
 (MPI's own collective called directly, :mod:`experiments.bench.oracle`) and one zero-argument call
 per algorithm: commlab's collectives, the reference rows of :mod:`experiments.bench.references` and
 MPI's own call made directly (``MPI_Allreduce``, ``MPI_Reduce_scatter``, ``MPI_Allgather``,
-``MPI_Bcast``). Out-of-place calls write a separate output buffer, which is poisoned before each check
+``MPI_Bcast``) and its non-blocking form posted and waited at once (``MPI_Iallreduce``,
+``MPI_Ireduce_scatter_block``, ``MPI_Iallgather``). Out-of-place calls write a separate output buffer, which is poisoned before each check
 (:func:`poison`) so that an algorithm leaving elements unwritten is counted wrong.
 
 In-place calls (nccl-tests' second group of columns) are built where commlab has a separate
@@ -91,7 +92,11 @@ def _allreduce(comm, x, names, cfg, P, in_place):
     def direct():
         comm.Allreduce(x, out, mop)
         return finish(out, out, redop, P)
+    def nonblocking():
+        comm.Iallreduce(x, out, mop).Wait()
+        return finish(out, out, redop, P)
     calls.update({a: direct for a in names if a == "MPI_Allreduce"})
+    calls.update({a: nonblocking for a in names if a == "MPI_Iallreduce"})
     c = Case(x.size, ref, calls, out, x)
     if in_place:
         buf = c.buffer = x.copy()
@@ -114,7 +119,15 @@ def _reduce_scatter(comm, x, names, cfg, P, r):
     def direct():
         comm.Reduce_scatter(x, out, counts, MPI_OPS[cfg.redop])
         return finish(out, out, cfg.redop, P)
-    calls.update({a: direct for a in names if a.startswith("MPI_")})
+
+    def nonblocking():  # the block form where the chunks are equal (commlab's library call), else the v form
+        if x.size % P:
+            comm.Ireduce_scatter(x, out, counts, MPI_OPS[cfg.redop]).Wait()
+        else:
+            comm.Ireduce_scatter_block(x, out, MPI_OPS[cfg.redop]).Wait()
+        return finish(out, out, cfg.redop, P)
+    calls.update({a: direct for a in names if a == "MPI_Reduce_scatter"})
+    calls.update({a: nonblocking for a in names if a == "MPI_Ireduce_scatter_block"})
     return Case(x.size, ref, calls, out, x)
 
 
@@ -126,7 +139,12 @@ def _allgather(comm, x, names, P):
     def direct():
         comm.Allgather(raw(x), raw(out))
         return out
-    calls.update({a: direct for a in names if a.startswith("MPI_")})
+
+    def nonblocking():
+        comm.Iallgather(raw(x), raw(out)).Wait()
+        return out
+    calls.update({a: direct for a in names if a == "MPI_Allgather"})
+    calls.update({a: nonblocking for a in names if a == "MPI_Iallgather"})
     return Case(x.size * P, ref, calls, out, x)
 
 

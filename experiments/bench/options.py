@@ -25,13 +25,15 @@ FORMATS = ("table", "nccl-tests")
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 
 #: Reference rows per op besides commlab's algorithms: MPI's own call made directly (no commlab layer;
-#: not for float16, which MPI lacks) and, for all-reduce, MPI's persistent form made directly, commlab's
+#: not for float16, which MPI lacks), its non-blocking form posted and waited at once (``MPI_I...`` +
+#: ``MPI_Wait``: the library call commlab posts, so the floor of its repeated calls) and, for all-reduce, MPI's persistent form made directly, commlab's
 #: persistent plan (``allreduce_init`` with ``auto``, steady state), ``auto`` with ``timeout=60``, the
 #: loops that price the executor and ``limit``, the local memory work no all-reduce avoids
 #: (:func:`experiments.bench.references.limit`).
-REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Allreduce_init", "persistent", "auto-timeout", "ring-direct",
-                             "ring-execute", "limit"), "reduce_scatter": ("MPI_Reduce_scatter",),
-              "allgather": ("MPI_Allgather",), "broadcast": ("MPI_Bcast",)}
+REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Iallreduce", "MPI_Allreduce_init", "persistent", "auto-timeout",
+                             "ring-direct", "ring-execute", "limit"),
+              "reduce_scatter": ("MPI_Reduce_scatter", "MPI_Ireduce_scatter_block"),
+              "allgather": ("MPI_Allgather", "MPI_Iallgather"), "broadcast": ("MPI_Bcast",)}
 
 _NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
 

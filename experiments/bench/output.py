@@ -243,6 +243,14 @@ def _against_raw(e, t, n):
                      ("mpi_init_vs_raw", "MPI_Allreduce_init")):
         if raw and ("allreduce", alg, n) in t:
             e[key] = t[("allreduce", alg, n)] / raw
+    nonblocking = t.get(("allreduce", "MPI_Iallreduce", n))
+    if nonblocking and ("allreduce", "auto", n) in t:
+        e["auto_vs_iraw"] = t[("allreduce", "auto", n)] / nonblocking
+    if raw and nonblocking:
+        e["iraw_vs_raw"] = nonblocking / raw
+    for op, base in (("reduce_scatter", "MPI_Ireduce_scatter_block"), ("allgather", "MPI_Iallgather")):
+        if (op, "auto", n) in t and (op, base, n) in t:
+            e[f"{op}_auto_vs_iraw"] = t[(op, "auto", n)] / t[(op, base, n)]
     if ("allreduce", "auto", n) in t and ("allreduce", "auto-timeout", n) in t:
         e["timeout_vs_auto"] = t[("allreduce", "auto-timeout", n)] / t[("allreduce", "auto", n)]
     for op, base in (("reduce_scatter", "MPI_Reduce_scatter"), ("allgather", "MPI_Allgather")):
@@ -275,7 +283,8 @@ def _aggregates(sizes):
                 "ring_vs_direct", "execute_vs_direct", "mpi_vs_raw", "reduce_scatter_auto_vs_raw",
                 "allgather_auto_vs_raw"):
         agg[f"{key}_geomean"], agg[f"{key}_max"] = _geomean(pick(key)), max(pick(key), default=None)
-    for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw"):
+    for key in ("auto_vs_raw", "persistent_vs_raw", "mpi_init_vs_raw", "mpi_vs_raw", "auto_vs_iraw", "iraw_vs_raw",
+                "reduce_scatter_auto_vs_iraw", "allgather_auto_vs_iraw"):
         agg[f"{key}_geomean_8_4K"] = _geomean(pick(key, 8, 4 * _KIB))
         agg[f"{key}_max_8_4K"] = max(pick(key, 8, 4 * _KIB), default=None)
     for key in ("reduce_scatter_auto_vs_raw", "allgather_auto_vs_raw", "mpi_vs_raw", "best_vs_limit"):

@@ -99,7 +99,7 @@ class AllreduceHook(GradientHook):
     :class:`collectives.compression.hook.GradientHook`, as the compression hook does.
     """
 
-    __slots__ = ("comm", "algorithm", "buckets", "timeout", "overlap")
+    __slots__ = ("comm", "algorithm", "buckets", "timeout", "overlap", "_plans", "_grad")
     owns_momentum = False  # the optimizer keeps its own momentum
 
     def __init__(self, comm, algorithm="auto", buckets=None, timeout=None, overlap=False):
@@ -111,17 +111,45 @@ class AllreduceHook(GradientHook):
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
         self.comm, self.algorithm, self.buckets, self.timeout = comm, algorithm, buckets, timeout
         self.overlap = overlap
+        self._plans, self._grad = None, None
 
     def __call__(self, grad):
         buckets = self.buckets or [(0, grad.size)]
+        plans = self._persistent(grad, buckets)
         sent = 0
         for i, (lo, hi) in enumerate(buckets):
             part = grad[lo:hi]
             with trace.span("allreduce", "comm", {"bucket": i, "elements": hi - lo}):
-                collectives.allreduce(part, comm=self.comm, op="avg", algorithm=self.algorithm, out=part,
-                                      timeout=self.timeout)
+                if plans is None:
+                    collectives.allreduce(part, comm=self.comm, op="avg", algorithm=self.algorithm, out=part,
+                                          timeout=self.timeout)
+                else:
+                    plans[i].start()
+                    plans[i].wait(self.timeout)
             sent += _bytes_sent(self.comm)
         return grad, {"bytes_sent": sent, "compress_s": 0.0, "decompress_s": 0.0}
+
+    def _persistent(self, grad, buckets):
+        """Return one persistent all-reduce plan per bucket of ``grad`` (made on the first call), or None.
+
+        The flat gradient is the same array at every step, so each bucket's all-reduce is planned
+        once (:func:`collectives.allreduce_init`, ``MPI_Allreduce_init`` for the library's
+        all-reduce) and started and waited at every step. Only with a timeout: persistent
+        collectives are matched by the order in which the ranks made them, so ranks whose calls
+        differ wait for each other, and the timeout turns that wait into an error. Without one,
+        or for device arrays, every step calls :func:`collectives.allreduce`.
+        """
+        if self.timeout is None or type(grad) is not numpy.ndarray:
+            return None
+        if self._grad is not grad:
+            if self._plans is not None:
+                for plan in self._plans:
+                    plan.free()
+            parts = [grad[lo:hi] for lo, hi in buckets]
+            self._plans = [collectives.allreduce_init(part, comm=self.comm, op="avg", algorithm=self.algorithm, out=part)
+                           for part in parts]
+            self._grad = grad
+        return self._plans
 
     def begin(self, model):
         """Return the :class:`training.dp.overlap.OverlapStep` of one step on ``model.grads``.
