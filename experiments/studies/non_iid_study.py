@@ -160,7 +160,7 @@ def _parser():
                    help="semicolon-separated partitions (default: " + "; ".join(f"W={w}: {', '.join(s)}"
                                                                            for w, s in SKEWS.items()) + ")")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per (method, skew) (default: 3)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs per run: the fixed number of samples (default: 20)")
+    p.add_argument("--epochs", type=int, default=5, help="epochs per run: the fixed number of samples (default: 5)")
     p.add_argument("--target", type=float, default=0.9, help="target test accuracy (default: 0.9)")
     p.add_argument("--out", default="results/non_iid", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: 2 epochs, one seed, "
