@@ -10,8 +10,9 @@ local_h1    local SGD with H = 1 and SGD (momentum, weight decay) ends with the 
 runs        the trainer with a skewed partition, resampling, a shared subset and local SGD (H = 4,
             post-local after epoch 1): replicas identical, partition.json records every sample once,
             bytes per epoch fall by H; --mode ps reads the same shards.
-errors      a partition that leaves a class on no worker, and one that cannot give every worker a
-            batch, fail on every rank before the run directory exists.
+errors      a partition that leaves a class on no worker, one that cannot give every worker a batch,
+            and ranks started with different partitions fail on every rank before the run directory
+            exists.
 """
 import json
 import os
@@ -128,6 +129,13 @@ def case_errors(comm, base):
         else:
             raise AssertionError(f"{changes} raised nothing")
         assert not os.path.exists(os.path.join(root, "bad")), "the run directory was created"
+    try:  # ranks started with different partitions: every rank names the setting (preflight's agree)
+        quiet(run, Config(**SMALL, run_dir=root, name="bad", batch_size=12 * comm.size,
+                          partition="iid" if comm.rank else "classes:k=5"), comm)
+    except ValueError as e:
+        assert "--partition" in str(e) and "different settings" in str(e), str(e)
+    else:
+        raise AssertionError("different partitions on different ranks raised nothing")
 
 
 CASES = [case_weighted, case_local_h1, case_runs, case_errors]
