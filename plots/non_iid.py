@@ -26,7 +26,17 @@ _MARKS = {"": "o", "resample": "s", "shared": "^"}
 
 
 def rows_by_workers(results):
-    """Return {W: (skews in order, {method: {skew: row}})} from one or several results files."""
+    """Return {W: (skews in order, {method: {skew: row}})} from one or several results files.
+
+    Examples
+    --------
+    >>> row = {"method": "bsp", "skew": "iid", "accuracy": 0.9, "accuracy_min": 0.89, "accuracy_max": 0.92,
+    ...        "time_to_target_s": None, "bytes_per_sample": 1205.0}
+    >>> rows_by_workers({"workers": 4, "skews": ["iid"], "table": [row]})[4][0]
+    ['iid']
+    >>> print(markdown({"workers": 4, "skews": ["iid"], "table": [row]}).splitlines()[2])
+    |   4 | bsp      | iid         |          90.0 (89.0-92.0) |                never |             1205 |
+    """
     out = {}
     for res in ([results] if isinstance(results, dict) else results):
         skews, methods = out.setdefault(res["workers"], ([], {}))

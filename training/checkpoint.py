@@ -314,7 +314,14 @@ def saved_epochs(run_dir):
 
 
 def nothing_to_do(cfg, run_dir, epoch):
-    """Return the line a resumed run already at its last epoch (``epoch``, completed) prints."""
+    """Return the line a resumed run already at its last epoch (``epoch``, completed) prints.
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> nothing_to_do(Config(epochs=3), "runs/a", 3)
+    'nothing to do: runs/a is already at epoch 3 of 3 (a larger --epochs trains further)'
+    """
     if epoch < cfg.epochs:
         where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
     elif epoch == cfg.epochs:

@@ -20,7 +20,14 @@ _log = get_logger("training.skew")
 
 
 def uses_shards(cfg):
-    """Return True when ``cfg`` asks for per-worker shards (a skewed partition or a remedy)."""
+    """Return True when ``cfg`` asks for per-worker shards (a skewed partition or a remedy).
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> uses_shards(Config()), uses_shards(Config(partition="classes:k=3")), uses_shards(Config(resample=True))
+    (False, True, True)
+    """
     return cfg.partition != "iid" or cfg.resample or cfg.shared_fraction > 0
 
 
@@ -46,7 +53,18 @@ def check_skew(cfg, labels, n_classes, workers):
 
 
 def skew_record(cfg, partition, labels, n_classes, shared):
-    """Return the JSON-ready record of a partition: spec, seeds, redraws, sizes, label histograms, remedies."""
+    """Return the JSON-ready record of a partition: spec, seeds, redraws, sizes, label histograms, remedies.
+
+    Examples
+    --------
+    >>> import numpy
+    >>> from training.config import Config
+    >>> from training.partition import draw_partition
+    >>> labels = numpy.arange(8) % 2
+    >>> rec = skew_record(Config(partition="classes:k=1"), draw_partition(labels, 2, "classes:k=1", 0), labels, 2, [])
+    >>> rec["sizes"], rec["label_histogram"]
+    ([4, 4], [[0, 4], [4, 0]])
+    """
     return {"partition": cfg.partition, "seed": cfg.seed, "seed_used": partition.seed,
             "redraws": partition.redraws, "workers": len(partition.shards), "sizes": partition.sizes,
             "label_histogram": label_histogram(labels, partition.shards, n_classes).tolist(),
@@ -67,10 +85,23 @@ def shard_sampler(cfg, labels, n_classes, rank, workers, record_dir=None):
     record_dir : str, optional
         Where to write ``partition.json`` and whose rank logs the partition (rank 0's run directory).
 
+    Returns
+    -------
+    training.shard_sampler.ShardSampler
+
     Raises
     ------
     ValueError
         When the partition cannot be drawn (:func:`training.partition.draw_partition`).
+
+    Examples
+    --------
+    >>> import numpy
+    >>> from training.config import Config
+    >>> cfg = Config(partition="classes:k=1", batch_size=20)
+    >>> s = shard_sampler(cfg, numpy.arange(100) % 2, 2, rank=1, workers=2)
+    >>> len(s), len(set((numpy.arange(100) % 2)[s.indices(0)]))  # 5 steps of 10 samples, one class
+    (50, 1)
     """
     part = _draw(cfg, labels, n_classes, workers)
     shared = shared_subset(len(labels), cfg.shared_fraction, cfg.seed)

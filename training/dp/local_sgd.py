@@ -171,6 +171,20 @@ def local_step(model, loss_fn, optimizer, local, x, y, sync):
     dict
         The keys of :func:`training.dp.data_parallel.train_step`'s record; ``bytes_sent`` is 0 on a
         step without an average.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from training.dp.data_parallel import AllreduceHook
+    >>> from training.nn import SoftmaxCrossEntropy, build_mlp
+    >>> from training.optim import SGD
+    >>> model = build_mlp([4, 3], dtype="float64", seed=0)
+    >>> opt = SGD(model.params, model.grads, lr=0.1)
+    >>> local = LocalSGD(MPI.COMM_SELF, AllreduceHook(MPI.COMM_SELF), local_steps=2)
+    >>> local.begin(model.params)
+    >>> x, y = numpy.ones((5, 4)), numpy.zeros(5, numpy.int64)
+    >>> [local_step(model, SoftmaxCrossEntropy(), opt, local, x, y, local.due(i, 4))["skipped"] for i in range(4)]
+    [0, 0, 0, 0]
     """
     t0 = time.perf_counter()
     loss = compute_gradient(model, loss_fn, x, y)
