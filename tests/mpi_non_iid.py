@@ -9,7 +9,8 @@ local_h1    local SGD with H = 1 and SGD (momentum, weight decay) ends with the 
             parameters after 20 steps (float64, 1e-12); with Adam it does not.
 runs        the trainer with a skewed partition, resampling, a shared subset and local SGD (H = 4,
             post-local after epoch 1): replicas identical, partition.json records every sample once,
-            bytes per epoch fall by H; --mode ps reads the same shards.
+            bytes per epoch fall by H; local SGD through top-k keeps one model; --mode ps reads the
+            same shards.
 errors      a partition that leaves a class on no worker, one that cannot give every worker a batch,
             and ranks started with different partitions fail on every rank before the run directory
             exists.
@@ -110,6 +111,9 @@ def case_runs(comm, base):
     steps = -(-720 // common["batch_size"])
     syncs = steps // 4 + (steps % 4 > 0)
     assert sent[1] == sent[2] and abs(sent[1] / sent[0] - syncs / steps) < 0.05, (sent, syncs, steps)
+    topk = quiet(run, Config(**dict(common, name="topk", epochs=1, partition="classes:k=3", local_steps=4,
+                                    compression="topk", compression_args={"ratio": 0.1})), comm)
+    assert topk["replicas_identical"], "local SGD through a compressor left the replicas apart"
     ps = quiet(run, Config(**dict(common, name="ps", mode="ps", batch_size=12 * (comm.size - 1),
                                   partition="classes:k=3")), comm)
     if comm.rank == 0:
