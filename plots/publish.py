@@ -247,7 +247,33 @@ def _baseline(part, name):
     return f"{name.split('-')[0]}-accept" if part == "conflict" else "clean"
 
 
-#: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None)
+def _non_iid_results(rel):
+    """Return the quiet results files of the non-IID study in ``plots/reference/REL/`` (one per launch)."""
+    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "non_iid_w*_*.json")))
+    if not paths:
+        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.non_iid_study")
+    results = [_load(os.path.relpath(path, REFERENCE)) for path in paths]
+    provs = [check_quiet(r, os.path.relpath(path, REFERENCE)) for r, path in zip(results, paths)]
+    return results, provs, [os.path.relpath(path, REFERENCE) for path in paths]
+
+
+def _non_iid_table(rel):
+    from plots.non_iid import markdown
+
+    results, provs, rels = _non_iid_results(rel)
+    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
+
+
+def _non_iid_figures(rel):
+    from plots.non_iid import draw
+
+    out = os.path.join(FIGURES, "non_iid.png")
+    draw(_non_iid_results(rel)[0], out)
+    return [out]
+
+
+#: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None);
+#: an item whose reference is not committed yet draws nothing, and a block naming it fails the check.
 ITEMS = {
     "bench-p2": ("bench/collectives_p2.json", _bench, _bench_figures),
     "training": ("training/default_p4", _training_table, _training_figures),
@@ -257,6 +283,7 @@ ITEMS = {
                           _figure("model_parallel", "model_parallel_p4.png")),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
+    "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
 }
 
 
@@ -287,7 +314,7 @@ def draw_figures():
     """Draw every item's figures into ``plots/figures/``; return their paths."""
     paths = []
     for ref, _, draw in ITEMS.values():
-        if draw:
+        if draw and os.path.exists(os.path.join(REFERENCE, ref)):
             paths += draw(ref)
     return paths
 
@@ -302,7 +329,7 @@ def _shown_figures(text):
 
 def _figure_names():
     """File names of the figures the items draw (without drawing them)."""
-    names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png"}
+    names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)

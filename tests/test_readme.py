@@ -85,6 +85,24 @@ CHECKS = {
     "--ps-retries 3": Run(_QUICK_TRAIN),
     "mpiexec -n 5 python -m experiments.studies.ps_study --parts conflict,retries --repeats 3 --out "
     "results/ps_conflict": Help("tests/test_ps_versions.py::test_versions_conflicts_retries_and_bad_requests_on_four_ranks"),
+    # Skewed data across workers (docs/guide/non_iid.md)
+    "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m training.train --partition classes:k=3 --optimizer sgd --lr 0.05 --local-steps 16 "
+    "--post-local-epoch 2": Run(_QUICK_TRAIN),
+    "mpiexec -n 5 python -m training.train --mode ps --consistency ssp --partition dirichlet:alpha=1": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m experiments.studies.non_iid_study --workers 4 --seeds 3": Run(("--quick", "--allow-noisy")),
+    "mpiexec -n 5 python -m experiments.studies.non_iid_study --workers 4 --seeds 3 --methods "
+    "asp,ssp2,ssp2+resample,ssp2+shared": Run(("--quick", "--allow-noisy")),
+    "python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json": Run(),
+    "mpiexec -n 8 python -m experiments.studies.non_iid_study --workers 8 --seeds 3":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
+    "mpiexec -n 9 python -m experiments.studies.non_iid_study --workers 8 --seeds 3 --methods "
+    "asp,ssp2,ssp2+resample,ssp2+shared":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
+    "python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json "
+    "results/non_iid/non_iid_w8_dp.json results/non_iid/non_iid_w8_ps.json":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
     # Model parallelism
     "mpiexec -n 4 python -m training.train --tensor-parallel 2 --pipeline-parallel 2 --micro-batches 4":
         Help("tests/test_model_parallel.py::test_cli_writes_grid_summary_and_refuses_bad_grids"),

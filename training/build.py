@@ -8,6 +8,7 @@ import numpy
 
 from training.data import DistributedSampler
 from training.nn import build_mlp
+from training.skew import shard_sampler, uses_shards
 
 __all__ = ["build_model", "make_sampler", "to_device"]
 
@@ -31,8 +32,18 @@ def build_model(cfg, n_features, n_classes, xp=numpy):
                      dtype=cfg.dtype, seed=cfg.seed, xp=xp)
 
 
-def make_sampler(cfg, n, rank, size):
-    """Return the training-set :class:`~training.data.DistributedSampler` of rank ``rank`` of ``size``."""
+def make_sampler(cfg, n, rank, size, labels=None, record_dir=None):
+    """Return the training-set sampler of rank ``rank`` of ``size``.
+
+    The :class:`~training.data.DistributedSampler` of an IID run; with a skewed ``--partition``,
+    ``--resample`` or ``--shared-fraction``, the rank's :class:`training.shard_sampler.ShardSampler`
+    (``labels``, the training labels, are then needed; rank 0 passes its run directory as
+    ``record_dir`` to log the partition and write its record, :func:`training.skew.shard_sampler`).
+    """
+    if uses_shards(cfg):
+        if labels is None:
+            raise ValueError(f"partition {cfg.partition}: the sampler needs the training labels")
+        return shard_sampler(cfg, labels, int(labels.max()) + 1, rank, size, record_dir)
     return DistributedSampler(n, rank, size, shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last)
 
 

@@ -27,7 +27,7 @@ from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
 
 _log = get_logger("training.checkpoint")
 
-__all__ = ["CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
+__all__ = ["nothing_to_do", "CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host", "saved_epochs", "epochs_note"]
@@ -311,3 +311,21 @@ def saved_epochs(run_dir):
             return json.load(f)["config"]["epochs"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def nothing_to_do(cfg, run_dir, epoch):
+    """Return the line a resumed run already at its last epoch (``epoch``, completed) prints.
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> nothing_to_do(Config(epochs=3), "runs/a", 3)
+    'nothing to do: runs/a is already at epoch 3 of 3 (a larger --epochs trains further)'
+    """
+    if epoch < cfg.epochs:
+        where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
+    elif epoch == cfg.epochs:
+        where = f"epoch {epoch} of {cfg.epochs} (a larger --epochs trains further)"
+    else:
+        where = f"epoch {epoch}, past --epochs {cfg.epochs}"
+    return f"nothing to do: {run_dir} is already at {where}"

@@ -31,7 +31,8 @@ _METAVARS = {
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
     "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
-    "log_level": "LEVEL",
+    "log_level": "LEVEL", "partition": "SPEC", "shared_fraction": "FRACTION", "local_steps": "H",
+    "post_local_epoch": "EPOCH",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -110,6 +111,20 @@ HELP = {
                   "times; the servers apply a resent push once and answer a resent pull from the reply they kept",
     "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
                "(global batch unchanged)",
+    "partition": "how the training samples are split over the workers (data-parallel ranks or PS workers): iid; "
+                 "dirichlet:alpha=A (each class spread by Dirichlet(A) proportions, A > 0); classes:k=K (each "
+                 "worker holds K classes); quantity:alpha=A (IID labels, Dirichlet(A) shard sizes). Seeded by "
+                 "--seed; a draw leaving a worker less than one batch is redrawn with the next seed. With a "
+                 "skewed partition an epoch is N / batch-size steps, each worker wrapping around its shard",
+    "resample": "class-balanced batches: each worker's batch holds each of its classes equally often",
+    "shared_fraction": "fraction of the training set (a seeded IID subset) that every worker holds besides its "
+                       "shard (Zhao et al. 2018 use 0.05); 0: none",
+    "local_steps": "local SGD: optimizer steps H each rank takes on its own batches between model averages "
+                   "(with --algorithm, or --compression on the change since the last average); 1: data-parallel",
+    "post_local_epoch": "post-local SGD: train data-parallel up to and including this epoch, then local SGD "
+                        "with --local-steps; 0: local from the start",
+    "average_optimizer": "local SGD: average the optimizer state (SGD velocity, Adam moments) with the model",
+    "weighted_average": "local SGD: weight each rank's model by its shard's samples (FedAvg) instead of equally",
     "run_dir": "parent directory of run directories",
     "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",

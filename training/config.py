@@ -90,6 +90,14 @@ class Config:
     ps_retries: int = 0               # resends of an unanswered push/pull, applied once by the servers
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
     balance: bool = False             # faster workers get larger batches (global batch unchanged)
+    # --- skewed data across workers (data-parallel and parameter server; docs/guide/non_iid.md)
+    partition: str = "iid"            # samples over workers: iid, dirichlet:alpha=A, classes:k=K, quantity:alpha=A
+    resample: bool = False            # class-balanced batches on every worker (each class b/m times per batch)
+    shared_fraction: float = 0.0      # fraction of the training set every worker also holds (shared IID subset)
+    local_steps: int = 1              # local SGD: optimizer steps between model averages (1: data-parallel)
+    post_local_epoch: int = 0         # post-local SGD: epochs trained data-parallel before the local steps
+    average_optimizer: bool = False   # local SGD: average the optimizer state with the model
+    weighted_average: bool = False    # local SGD: weight each worker's model by its shard's samples
     # --- run directory, checkpoints, output
     run_dir: str = "runs"             # parent directory of run directories
     name: str = ""                    # run directory name ("" : timestamp-mode-data-P, mode tpT-ppQ on a grid)
@@ -169,6 +177,7 @@ class Config:
         self._check_counts()
         self._check_modes()
         self._check_ranges()
+        self._check_skew()
         self._check_inputs()
         self._check_registries()
 
@@ -219,6 +228,28 @@ class Config:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {list(self.hidden)}")
+
+    def _check_skew(self):
+        from training.partition import parse_partition  # pure NumPy
+
+        parse_partition(self.partition)
+        if self.local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {self.local_steps!r}")
+        if self.post_local_epoch < 0:
+            raise ValueError(f"post_local_epoch must be >= 0, got {self.post_local_epoch!r}")
+        if not 0.0 <= self.shared_fraction < 1.0:
+            raise ValueError(f"shared_fraction must be in [0, 1), got {self.shared_fraction!r}")
+        local = self.local_steps > 1
+        if not local and (self.post_local_epoch or self.average_optimizer or self.weighted_average):
+            raise ValueError("post_local_epoch, average_optimizer and weighted_average need local_steps > 1")
+        if local and self.mode != "dp":
+            raise ValueError("local_steps > 1 (local SGD) needs mode 'dp'")
+        if self.weighted_average and self.compression != "none":
+            raise ValueError("weighted_average averages over the plain all-reduce: it needs compression 'none'")
+        skewed = self.partition != "iid" or self.resample or self.shared_fraction > 0 or local
+        if skewed and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
+            raise ValueError("partition, resample, shared_fraction and local_steps apply to data-parallel and "
+                             "parameter-server runs, not the model-parallel grid")
 
     def _check_inputs(self):
         if not isinstance(self.compression_args, dict):

@@ -12,8 +12,10 @@ import zlib
 
 import numpy
 
+from training.data import load_dataset
 from training.job import array_module
 from training.ps_mode.worker import check_ps
+from training.skew import check_skew, uses_shards
 
 __all__ = ["check_run", "agree", "PER_RANK"]
 
@@ -87,7 +89,8 @@ def check_run(cfg, comm):
         When the ranks resolved different settings (:func:`agree`), the global batch does not divide
         among the ranks (workers with ``--mode ps``), a
         parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
-        ``--data-dir`` is not a directory, or ``algorithm="auto"`` cannot read its tuning table
+        ``--data-dir`` is not a directory, the ``--partition`` cannot be drawn
+        (:func:`training.skew.check_skew`), or ``algorithm="auto"`` cannot read its tuning table
         (``COMMLAB_TUNING``).
     ImportError
         When ``--device gpu`` is asked for without CuPy.
@@ -100,6 +103,9 @@ def check_run(cfg, comm):
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
     if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
         raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
+    if uses_shards(cfg):  # the partition's own checks need the labels: draw it now, as every rank will
+        labels = load_dataset(cfg).y_train
+        check_skew(cfg, labels, int(labels.max()) + 1, P - cfg.servers if cfg.mode == "ps" else P)
     if cfg.algorithm == "auto":
         from collectives.model.auto import select_allreduce
 

@@ -26,7 +26,7 @@ from collectives.log import get_logger, setup_logging
 from ps.protocol import PSError, PSTimeout
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, load_checkpoint, make_run_dir,
-                                 prune_checkpoints, save_checkpoint, saved_epochs)
+                                 nothing_to_do, prune_checkpoints, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
 from training.job import all_failed, set_threads
@@ -36,6 +36,7 @@ from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer, schedule_lr
 from training.layout import verify_param_layout
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
+from training.dp.local_sgd import LocalSGD, local_step
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
@@ -44,7 +45,6 @@ from training.state import TrainState, checkpoint_arrays, restore
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
 _log = get_logger("training.train")  # not __name__, which is "__main__" under python -m
-
 
 
 def lr_at(cfg, step, total_steps):
@@ -59,7 +59,7 @@ def lr_at(cfg, step, total_steps):
 class Trainer:
     """Everything a data-parallel run holds: data, model, optimizer, loss, gradient hook, counters."""
 
-    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config")
+    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -107,8 +107,10 @@ def build_trainer(cfg, comm):
                       "beginning", cfg.resume)
         elif path is not None:
             saved = restore(path, arrays, model, opt, hook, state)
+    local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer) \
+        if cfg.local_steps > 1 else None  # local SGD (training.dp.local_sgd)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
-                   resumed_from=path, saved_config=saved)
+                   resumed_from=path, saved_config=saved, local=local)
 
 
 def train_dp(cfg, comm, run_dir, trainer=None):
@@ -132,14 +134,16 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     t = trainer or build_trainer(cfg, comm)
     P, rank = comm.size, comm.rank
     state = t.state
-    sampler = make_sampler(cfg, len(t.ds.y_train), rank, P)
+    sampler = make_sampler(cfg, len(t.ds.y_train), rank, P, t.ds.y_train, run_dir if rank == 0 else None)
+    if t.local is not None and cfg.weighted_average:
+        t.local.weight = float(sampler.shard.size if hasattr(sampler, "shard") else len(sampler))
     data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
     local_b = cfg.batch_size // P
     per_epoch = sampler.num_batches(local_b)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
-            _log.info(_nothing_to_do(cfg, run_dir, state.epoch))
+            _log.info(nothing_to_do(cfg, run_dir, state.epoch))
         return _summary(t, comm, run_dir, data, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
@@ -217,10 +221,16 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
     state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
     per_epoch, writer, bar, t_start = loop
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
-    for batch in batches:
+    local = None if t.local is None or t.local.data_parallel(state.epoch + 1) else t.local
+    if local is not None:
+        local.begin(t.model.params)  # replicas agree at an epoch's start: averaged at the end of the last
+    for i, batch in enumerate(batches):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-        r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch])
+        if local is None:
+            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch])
+        else:
+            r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch))
         state.step += 1
         state.skipped += r["skipped"]
         if not r["skipped"]:
@@ -265,16 +275,6 @@ def _checkpoint(t, cfg, comm, run_dir, epoch):
                         comm, cfg.timeout)
     if comm.rank == 0:
         prune_checkpoints(run_dir, cfg.keep_checkpoints)
-
-
-def _nothing_to_do(cfg, run_dir, epoch):
-    if epoch < cfg.epochs:
-        where = f"epoch {epoch} (--stop-after {cfg.stop_after})"
-    elif epoch == cfg.epochs:
-        where = f"epoch {epoch} of {cfg.epochs} (a larger --epochs trains further)"
-    else:
-        where = f"epoch {epoch}, past --epochs {cfg.epochs}"
-    return f"nothing to do: {run_dir} is already at {where}"
 
 
 def _summary(t, comm, run_dir, data, eval_batch, accs=(None, None), timeout=None):

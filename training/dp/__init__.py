@@ -1,6 +1,7 @@
 """Data-parallel training: the gradient hook (flat gradient -> optional compressor ->
 all-reduce), the step and evaluation (:mod:`.data_parallel`), and the bucketed step that overlaps
-all-reduces with the backward pass (:mod:`.overlap`).
+all-reduces with the backward pass (:mod:`.overlap`), local and post-local SGD and the
+sample-weighted average (:mod:`.local_sgd`).
 
 Imports: the shared trainer modules of :mod:`training` (``nn``, ``optim``, ``data``, ``checkpoint``...)
 and :mod:`collectives`. Never :mod:`training.model_parallel` or :mod:`training.ps_mode`.

@@ -270,7 +270,8 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     rank = comm.Get_rank()
     servers, workers = roles(comm, S)
     w = workers.index(rank) if rank in workers else 0
-    stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W), cfg.batch_size // W, cfg.balance)
+    stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W, ds.y_train, run_dir if rank == 0 else None),
+                         cfg.batch_size // W, cfg.balance)  # rank 0, a server, records the partition
     opts = ps_options(cfg, comm, stream.per_epoch, run_dir, extra)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
     init = numpy.ascontiguousarray(to_host(model.params))

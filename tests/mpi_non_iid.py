@@ -1,0 +1,155 @@
+"""Rank-side body of the skewed-data tests: ``python -m tests.mpi_non_iid DIR [CASE...]``.
+
+Cases (every rank, in order; DIR is a scratch directory shared by the ranks):
+
+weighted    each rank's mean gradient over its own (unequal) Dirichlet shard, averaged with the sample
+            weights, equals one process's gradient over all the data (float64, 1e-12); the plain
+            average of the same means does not (the bias of the unweighted average).
+local_h1    local SGD with H = 1 and SGD (momentum, weight decay) ends with the data-parallel
+            parameters after 20 steps (float64, 1e-12); with Adam it does not.
+runs        the trainer with a skewed partition, resampling, a shared subset and local SGD (H = 4,
+            post-local after epoch 1): replicas identical, partition.json records every sample once,
+            bytes per epoch fall by H; local SGD through top-k keeps one model; --mode ps reads the
+            same shards.
+errors      a partition that leaves a class on no worker, one that cannot give every worker a batch,
+            and ranks started with different partitions fail on every rank before the run directory
+            exists.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from training.build import build_model, to_device
+from training.config import Config
+from training.data import load_dataset
+from training.dp.data_parallel import AllreduceHook, compute_gradient, train_step
+from training.dp.local_sgd import LocalSGD, local_step, weighted_average
+from training.nn import SoftmaxCrossEntropy
+from training.optim import make_optimizer
+from training.partition import draw_partition
+from training.train import run
+from tests.mpicases import quiet, run_cases, shared_dir
+
+TOL = 1e-12  # float64: the sums run in another order, a few ulp on values of order 1
+SMALL = dict(data="synthetic", samples=900, features=12, classes=5, hidden=(16,), dtype="float64", seed=2,
+             progress=False, checkpoint_every=0)
+
+
+def _setup(cfg):
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds.n_features, ds.n_classes)
+    return ds, model, to_device(ds, model.dtype)
+
+
+def case_weighted(comm, base):
+    cfg = Config(**SMALL)
+    ds, model, (x, y, _, _) = _setup(cfg)
+    loss_fn = SoftmaxCrossEntropy()
+    shards = draw_partition(ds.y_train, comm.size, "dirichlet:alpha=0.3", seed=1, n_classes=5).shards
+    mine = shards[comm.rank]
+    compute_gradient(model, loss_fn, x[mine], y[mine])
+    local = model.grads.copy()
+    got = weighted_average(local, mine.size, comm=comm, algorithm="ring")
+    plain = local.copy()
+    AllreduceHook(comm, "ring")(plain)
+    compute_gradient(model, loss_fn, x, y)  # the oracle: one process, every training sample
+    want = model.grads
+    err = float(np.abs(got - want).max())
+    bias = float(np.abs(plain - want).max())
+    if comm.rank == 0:
+        sizes = [int(s.size) for s in shards]
+        print(f"weighted: shard sizes {sizes}; max |weighted - full| = {err:.1e}, max |plain - full| = {bias:.1e}")
+    assert np.allclose(got, want, rtol=TOL, atol=TOL), err
+    assert bias > 1e-3, f"the plain average equals the full gradient ({bias:.1e}): the shards are not unequal"
+
+
+def _steps(comm, optimizer, local):
+    cfg = Config(**SMALL, optimizer=optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    ds, model, (x, y, _, _) = _setup(cfg)
+    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
+    hook = AllreduceHook(comm, "ring")
+    avg = LocalSGD(comm, hook, local_steps=1)
+    avg.begin(model.params)
+    shard = draw_partition(ds.y_train, comm.size, "classes:k=2", seed=0, n_classes=5).shards[comm.rank]
+    for step in range(20):
+        b = shard[(step * 8) % (shard.size - 8):][:8]
+        if local:
+            local_step(model, loss_fn, opt, avg, x[b], y[b], sync=True)
+        else:
+            train_step(model, loss_fn, opt, hook, comm, x[b], y[b])
+    return model.params.copy()
+
+
+def case_local_h1(comm, base):
+    for optimizer in ("sgd", "adam"):
+        dp, local = _steps(comm, optimizer, False), _steps(comm, optimizer, True)
+        diff = float(np.abs(dp - local).max())
+        if comm.rank == 0:
+            print(f"local_h1 {optimizer}: max |local SGD H=1 - data-parallel| = {diff:.1e}")
+        if optimizer == "sgd":
+            assert np.allclose(dp, local, rtol=TOL, atol=TOL), diff
+        else:
+            assert diff > 1e-6, f"Adam: averaging models equals averaging gradients ({diff:.1e})?"
+
+
+def case_runs(comm, base):
+    root = shared_dir(comm, base, "runs")
+    common = dict(SMALL, epochs=3, batch_size=12 * comm.size, optimizer="sgd", lr=0.05, run_dir=root)
+    dp = quiet(run, Config(**common, name="dp", partition="dirichlet:alpha=0.5"), comm)
+    loc = quiet(run, Config(**common, name="local", partition="dirichlet:alpha=0.5", resample=True,
+                            shared_fraction=0.05, local_steps=4, post_local_epoch=1, weighted_average=True), comm)
+    assert dp["replicas_identical"] and loc["replicas_identical"]
+    with open(os.path.join(root, "local", "partition.json"), encoding="utf-8") as f:
+        rec = json.load(f)
+    assert sum(rec["sizes"]) == 720 and len(rec["sizes"]) == comm.size and rec["shared_samples"] == 36
+    assert np.array(rec["label_histogram"]).sum() == 720
+    with open(os.path.join(root, "local", "epochs.jsonl"), encoding="utf-8") as f:
+        sent = [json.loads(line)["bytes_sent"] for line in f]
+    steps = -(-720 // common["batch_size"])
+    syncs = steps // 4 + (steps % 4 > 0)
+    assert sent[1] == sent[2] and abs(sent[1] / sent[0] - syncs / steps) < 0.05, (sent, syncs, steps)
+    topk = quiet(run, Config(**dict(common, name="topk", epochs=1, partition="classes:k=3", local_steps=4,
+                                    compression="topk", compression_args={"ratio": 0.1})), comm)
+    assert topk["replicas_identical"], "local SGD through a compressor left the replicas apart"
+    ps = quiet(run, Config(**dict(common, name="ps", mode="ps", batch_size=12 * (comm.size - 1),
+                                  partition="classes:k=3")), comm)
+    if comm.rank == 0:
+        with open(os.path.join(root, "ps", "partition.json"), encoding="utf-8") as f:
+            assert json.load(f)["workers"] == comm.size - 1
+        assert ps["final_test_acc"] > 0
+
+
+def case_errors(comm, base):
+    root = shared_dir(comm, base, "errors")
+    for changes, message in ((dict(partition="classes:k=1", batch_size=12 * comm.size), "some class would be on no worker"),
+                             (dict(partition="quantity:alpha=0.05", batch_size=200 * comm.size), "one batch")):
+        try:
+            quiet(run, Config(**SMALL, run_dir=root, name="bad", **changes), comm)
+        except ValueError as e:
+            assert message in str(e), str(e)
+        else:
+            raise AssertionError(f"{changes} raised nothing")
+        assert not os.path.exists(os.path.join(root, "bad")), "the run directory was created"
+    try:  # ranks started with different partitions: every rank names the setting (preflight's agree)
+        quiet(run, Config(**SMALL, run_dir=root, name="bad", batch_size=12 * comm.size,
+                          partition="iid" if comm.rank else "classes:k=5"), comm)
+    except ValueError as e:
+        assert "--partition" in str(e) and "different settings" in str(e), str(e)
+    else:
+        raise AssertionError("different partitions on different ranks raised nothing")
+
+
+CASES = [case_weighted, case_local_h1, case_runs, case_errors]
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    chosen = [c for c in CASES if len(sys.argv) < 3 or c.__name__[5:] in sys.argv[2:]]
+    sys.exit(1 if run_cases(comm, chosen, sys.argv[1]) else 0)
+
+
+if __name__ == "__main__":
+    main()
