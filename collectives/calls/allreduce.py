@@ -23,19 +23,19 @@ from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import key_code, mismatch
 from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
-from collectives.engine.context import check_comm, existing_context, get_context
-from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
+from collectives.engine.context import check_comm, get_context
+from collectives.calls.signatures import known_plan, repeated_plan
 from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.engine.allreduce import schedule_allreduce
 from collectives.engine.executor import Run
 from collectives.library.allreduce import library_allreduce, run_plan
 from collectives.engine.request import Request
 from collectives.schedules.schedule import segmented
-from collectives.model.auto import model_choice, select_allreduce, table_token
+from collectives.model.auto import model_choice, select_allreduce
 from collectives.schedules.torus import check_dims, check_grid, square_grid
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
-__all__ = ["ALGORITHMS", "allreduce", "iallreduce", "cached_plan", "build_allreduce_schedule", "MPI_OPS"]
+__all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
 
 #: All-reduce algorithms: registry name -> one-line description (from :mod:`collectives.schedules.registry`).
 ALGORITHMS = describe("allreduce")
@@ -175,7 +175,7 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
     """
     if (type(x) is numpy.ndarray and timeout is None and grid is None and type(op) is str and accumulate == "float32"
             and not args):
-        plan = _repeated(x, comm, op, algorithm, out)
+        plan = repeated_plan(x, comm, op, algorithm, out)
         if plan is not None:
             return run_plan(plan, x, out, None)
     if args:
@@ -191,13 +191,13 @@ def _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate):
     """The all-reduce of an adopted ``x``: check the arguments once, then take one route.
 
     The check of a repeated small call is its signature: one that passed the full checks before
-    on this communicator (:func:`_known_plan`) goes straight to its cached library plan. Any other
+    on this communicator (:func:`collectives.calls.signatures.known_plan`) goes straight to its cached library plan. Any other
     call is checked in full (:func:`_begin`). Then one of two routes, entered once: the library's
     all-reduce (:func:`collectives.library.allreduce.library_allreduce`) or a schedule run by the
     executor (:func:`collectives.engine.allreduce.schedule_allreduce`).
     """
     if type(x) is numpy.ndarray and grid is None and accumulate == "float32" and type(op) is str:
-        plan = _known_plan(x, comm, op, algorithm, out, timeout)
+        plan = known_plan(x, comm, op, algorithm, out, timeout)
         if plan is not None:
             return run_plan(plan, x, out, timeout)
     if type(op) is not str:
@@ -209,94 +209,6 @@ def _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate):
         cacheable = xp is numpy and grid is None and accumulate == "float32"
         return library_allreduce(ctx, key, x, out, timeout, xp, given=given if cacheable else None)
     return schedule_allreduce(ctx, key, x, out, timeout, xp, accumulate)
-
-
-def _repeated(x, comm, op, algorithm, out):
-    """Return the cached plan of a repeated call without a deadline that passed the full checks before, else None.
-
-    The lean form of :func:`_known_plan` for the commonest repeated call: the signature's entry
-    holds the plan, the decision table of ``auto`` and the checks settings
-    (:func:`~collectives.engine.fingerprint.settings_token`) it was made under, so checking that
-    nothing changed is a few identity comparisons. ``out``, when given, must be a writable NumPy
-    array of ``x``'s shape and dtype; anything else gives None and the full checks run.
-    """
-    ctx = existing_context(comm)
-    if ctx is None:
-        return None
-    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
-    if entry is None:
-        return None
-    plan, table, settings = entry
-    if (settings is not settings_token() or (table is not None and table is not table_token())
-            or ctx.broken is not None or plan.active):
-        return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
-                            or not out.flags.writeable):
-        return None
-    return plan
-
-
-def cached_plan(x, *, comm=None, op="sum", algorithm="auto"):
-    """Return the cached library plan a repeated blocking ``allreduce(x, ...)`` would run now, else None.
-
-    For measurement and tests (``experiments/bench/breakdown.py`` times the plan's steps): the
-    same look-up as the call itself, no message.
-
-    Parameters
-    ----------
-    x : ndarray
-        An input of the call's shape and dtype.
-    comm, op, algorithm
-        As for :func:`allreduce` (``op`` a string).
-
-    Returns
-    -------
-    collectives.library.plans.LibraryPlan or None
-        None before the signature's first call, or when it does not run the library's all-reduce.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import collectives
-    >>> from collectives.calls.allreduce import cached_plan
-    >>> x = np.ones(4, np.float32)
-    >>> _ = collectives.allreduce(x, algorithm="mpi")
-    >>> cached_plan(x, algorithm="mpi").n
-    4
-    >>> cached_plan(np.ones(5, np.float32), algorithm="mpi") is None  # never called with this shape
-    True
-    """
-    return _repeated(x, comm, op, algorithm, None)
-
-
-def _known_plan(x, comm, op, algorithm, out, timeout):
-    """Return the cached library plan of a call whose signature passed the full checks before, else None.
-
-    The signature is the shape, dtype, op and algorithm as given and, for ``auto``, the decision
-    table in force (:func:`collectives.model.auto.table_token`). Anything else -- a new signature,
-    ``out`` of another shape or dtype or read-only, a timeout that is not a positive float, debug
-    mode, a change of the checks setting, a broken communicator, a plan still running -- gives None,
-    and the full checks run (and raise where they must).
-    """
-    ctx = existing_context(comm)
-    if ctx is None:
-        return None
-    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
-    if entry is None:
-        return None
-    plan, table, settings = entry
-    if table is not None and table is not table_token():
-        return None
-    if ctx.broken is not None or plan.active:
-        return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
-                            or not out.flags.writeable):
-        return None
-    if timeout is not None and (type(timeout) is not float or not 0.0 < timeout < float("inf")):
-        return None
-    if settings is not settings_token() or debug_enabled() or plan.checked is not checks_enabled():
-        return None
-    return plan
 
 
 @keyword_form

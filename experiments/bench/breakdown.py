@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives.calls.allreduce import cached_plan
+from collectives.calls.signatures import cached_plan
 from experiments import results as prov
 from experiments.outputs import unwritable
 

@@ -1,5 +1,5 @@
-"""Data-parallel training: the gradient hook (flat gradient -> optional compressor ->
-all-reduce), the step and evaluation (:mod:`.data_parallel`), and the bucketed step that overlaps
+"""Data-parallel training: the gradient hooks (flat gradient -> optional compressor -> all-reduce,
+:mod:`.hooks`), the step and evaluation (:mod:`.data_parallel`), the bucketed step that overlaps
 all-reduces with the backward pass (:mod:`.overlap`), local and post-local SGD and the
 sample-weighted average (:mod:`.local_sgd`).
 

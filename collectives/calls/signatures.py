@@ -1,0 +1,104 @@
+"""The repeated all-reduce's look-up: the cached library plan of a call signature that passed the full
+checks before, or None (and the full checks of :func:`collectives.allreduce` run).
+
+A signature is the shape, dtype, op and algorithm as given; its entry on the communicator's context
+(``Context.fast``, made by :func:`collectives.library.allreduce.library_allreduce`) holds the plan,
+the decision table of ``auto`` and the checks settings it was made under. Anything that changed since
+(the table, the checks or debug mode, a broken communicator, a plan still running, an ``out`` of
+another shape or dtype, a timeout that is not a positive float) gives None.
+"""
+import numpy
+
+from collectives.engine.context import existing_context
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
+from collectives.model.auto import table_token
+
+__all__ = ["repeated_plan", "known_plan", "cached_plan"]
+
+
+def repeated_plan(x, comm, op, algorithm, out):
+    """Return the cached plan of a repeated call without a deadline that passed the full checks before, else None.
+
+    The lean form of :func:`known_plan` for the commonest repeated call: the signature's entry
+    holds the plan, the decision table of ``auto`` and the checks settings
+    (:func:`~collectives.engine.fingerprint.settings_token`) it was made under, so checking that
+    nothing changed is a few identity comparisons. ``out``, when given, must be a writable NumPy
+    array of ``x``'s shape and dtype; anything else gives None and the full checks run.
+    """
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
+    if entry is None:
+        return None
+    plan, table, settings = entry
+    if (settings is not settings_token() or (table is not None and table is not table_token())
+            or ctx.broken is not None or plan.active):
+        return None
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    return plan
+
+
+def cached_plan(x, *, comm=None, op="sum", algorithm="auto"):
+    """Return the cached library plan a repeated blocking ``allreduce(x, ...)`` would run now, else None.
+
+    For measurement and tests (``experiments/bench/breakdown.py`` times the plan's steps): the
+    same look-up as the call itself, no message.
+
+    Parameters
+    ----------
+    x : ndarray
+        An input of the call's shape and dtype.
+    comm, op, algorithm
+        As for :func:`allreduce` (``op`` a string).
+
+    Returns
+    -------
+    collectives.library.plans.LibraryPlan or None
+        None before the signature's first call, or when it does not run the library's all-reduce.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> from collectives.calls.signatures import cached_plan
+    >>> x = np.ones(4, np.float32)
+    >>> _ = collectives.allreduce(x, algorithm="mpi")
+    >>> cached_plan(x, algorithm="mpi").n
+    4
+    >>> cached_plan(np.ones(5, np.float32), algorithm="mpi") is None  # never called with this shape
+    True
+    """
+    return repeated_plan(x, comm, op, algorithm, None)
+
+
+def known_plan(x, comm, op, algorithm, out, timeout):
+    """Return the cached library plan of a call whose signature passed the full checks before, else None.
+
+    The signature is the shape, dtype, op and algorithm as given and, for ``auto``, the decision
+    table in force (:func:`collectives.model.auto.table_token`). Anything else -- a new signature,
+    ``out`` of another shape or dtype or read-only, a timeout that is not a positive float, debug
+    mode, a change of the checks setting, a broken communicator, a plan still running -- gives None,
+    and the full checks run (and raise where they must).
+    """
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
+    if entry is None:
+        return None
+    plan, table, settings = entry
+    if table is not None and table is not table_token():
+        return None
+    if ctx.broken is not None or plan.active:
+        return None
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    if timeout is not None and (type(timeout) is not float or not 0.0 < timeout < float("inf")):
+        return None
+    if settings is not settings_token() or debug_enabled() or plan.checked is not checks_enabled():
+        return None
+    return plan

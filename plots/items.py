@@ -1,0 +1,257 @@
+"""The published items: each reference result file under ``plots/reference/``, the table it renders
+into the documents' marked blocks and the figures it draws (:data:`ITEMS`, read by :mod:`plots.publish`).
+
+Every renderer loads its file, refuses one measured on a busy machine (:func:`check_quiet`) and ends
+its table with the file's provenance (:func:`source_line`).
+"""
+import glob
+import json
+import os
+
+__all__ = ["ITEMS", "ROOT", "REFERENCE", "FIGURES", "check_quiet", "source_line"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = os.path.join(ROOT, "plots", "reference")
+FIGURES = os.path.join(ROOT, "plots", "figures")
+
+
+def _load(rel):
+    path = os.path.join(REFERENCE, rel)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"plots/reference/{rel}: not a JSON results file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"plots/reference/{rel}: not a results file (a JSON object)")
+    return data
+
+
+def check_quiet(record, rel):
+    """Raise ``ValueError`` unless ``record`` carries provenance of a quiet machine.
+
+    Parameters
+    ----------
+    record : dict
+        A results file's contents.
+    rel : str
+        Its path under ``plots/reference/`` (for the message).
+    """
+    prov = record.get("provenance") if isinstance(record, dict) else None
+    if prov is not None and not isinstance(prov, dict):
+        raise ValueError(f"plots/reference/{rel}: its provenance is not a record (a JSON object)")
+    if prov is None:
+        raise ValueError(f"plots/reference/{rel} has no provenance record: measure it again "
+                         "(every study and benchmark writes one)")
+    if prov.get("noisy", True):
+        load = prov.get("load", {})
+        raise ValueError(f"plots/reference/{rel} was measured on a busy machine (load {load.get('before')} "
+                         f"before, {load.get('during_max')} at most during, threshold {prov.get('max_load')}): "
+                         "it is never published")
+    return prov
+
+
+def source_line(prov, rel):
+    """Return the one-line provenance that follows every published table."""
+    v = prov["versions"]
+    lib = v.get("mpi_library") or "no MPI library"
+    load = prov.get("load")
+    where = ("a simulation (no measurement)" if load is None or prov.get("P") is None else
+             f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
+             f"{load['during_max']:.2f} at most during")
+    command = prov["command"]
+    if prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec"):
+        command = f"mpiexec -n {prov['P']} {command}"
+    return (f"*From `plots/reference/{rel}`: `{command}`, {where}, {lib}, Python {v['python']}, "
+            f"NumPy {v['numpy']}, {prov['date'][:10]}.*")
+
+
+def _bench(rel):
+    from plots.bench import markdown
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    return markdown(results, "median") + "\n\n" + source_line(prov, rel)
+
+
+def _bench_figures(rel):
+    from plots.bench import draw
+
+    results = _load(rel)
+    check_quiet(results, rel)
+    return draw(results, FIGURES, True, "median", 64 * 1024)
+
+
+def _run_provenance(rel):
+    """Return the provenance of a reference training run folder (its ``config.json`` and ``summary.json``)."""
+    import shlex
+
+    from training.metrics import default_max_load, is_quiet
+
+    folder = os.path.join(REFERENCE, rel)
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        run = json.load(f)["run"]
+    with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    if "load_average" not in run or "load_average_end" not in summary:
+        return check_quiet({}, rel)
+    before, end, limit = run["load_average"], summary["load_average_end"], default_max_load(run["cores"])
+    prov = {"command": shlex.join(["mpiexec", "-n", str(run["P"]), "python", "-m", "training.train", *run["argv"]]),
+            "versions": {"python": run["python"], "numpy": run["numpy"], "mpi4py": run["mpi4py"],
+                         "mpi_library": run["mpi_library"]},
+            "P": run["P"], "cores": run["cores"], "date": run["started"], "max_load": limit,
+            "load": {"before": before, "during_max": max(before, end)},
+            "noisy": not is_quiet(before, end, run["P"], limit)}
+    return check_quiet({"provenance": prov}, rel)
+
+
+def _training_table(rel):
+    from tabulate import tabulate
+
+    from plots.training import load_run
+
+    prov = _run_provenance(rel)
+    _, epochs, summary = load_run(os.path.join(REFERENCE, rel))
+    shown = [e for e in epochs if e["epoch"] in (1, 2, 5) or e["epoch"] % 10 == 0 or e is epochs[-1]]
+    cells = [[e["epoch"], f"{e['loss']:.4f}", f"{100 * e['train_acc']:.2f} %", f"{100 * e['test_acc']:.2f} %",
+              f"{1000 * e['compute_s']:.1f}", f"{1000 * e['wait_s']:.1f}", f"{1000 * e['transfer_s']:.1f}"]
+             for e in shown]
+    table = tabulate(cells, headers=("epoch", "loss", "train accuracy", "test accuracy", "compute (ms)",
+                                     "wait (ms)", "transfer (ms)"), tablefmt="pipe", disable_numparse=True,
+                     colalign=("right",) * 7)
+    head = (f"Test accuracy **{100 * summary['final_test_acc']:.2f} %** after {summary['epochs']} epochs "
+            f"({summary['steps']} steps, {summary['wall_s']:.2f} s); communication "
+            f"{100 * summary['comm_fraction']:.0f} % of step time; {summary['bytes_sent_per_rank'] / 2 ** 20:.1f} MiB "
+            f"sent per rank; replicas bitwise identical: {'yes' if summary['replicas_identical'] else 'NO'}.")
+    return head + "\n\n" + table + "\n\n" + source_line(prov, rel)
+
+
+def _training_figures(rel):
+    from plots.training import load_run, plot_curves, plot_time
+
+    _run_provenance(rel)
+    run = load_run(os.path.join(REFERENCE, rel))
+    curves, times = os.path.join(FIGURES, "training_curves.png"), os.path.join(FIGURES, "training_time.png")
+    plot_curves([run], curves)
+    plot_time([run], times)
+    return [curves, times]
+
+
+def _scaling_table(rel):
+    from tabulate import tabulate
+
+    from training.sizes import format_bytes
+
+    result = _load(rel)
+    prov = check_quiet(result, rel)
+    algs = [a for a in next(iter(result["crossovers"].values()))]
+    cells = [[format_bytes(int(size))] + [("never" if cross.get(a) is None else str(cross[a])) for a in algs]
+             for size, cross in result["crossovers"].items()]
+    table = tabulate(cells, headers=["message"] + algs,
+                     tablefmt="pipe", disable_numparse=True, colalign=["left"] + ["right"] * len(algs))
+    return table + "\n\n" + source_line(prov, rel)
+
+
+def _figure(module, name):
+    """Return an item's figure drawer: ``plots.MODULE.draw(result, out)`` into ``plots/figures/NAME``."""
+    def draw_figure(rel):
+        import importlib
+
+        result = _load(rel)
+        check_quiet(result, rel)
+        out = os.path.join(FIGURES, name)
+        importlib.import_module(f"plots.{module}").draw(result, out)
+        return [out]
+    return draw_figure
+
+
+def _trainer_table(rel):
+    from plots.tables import trainer_table
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    model = "-".join(map(str, results["model"]))
+    head = (f"MLP {model}, float32, one thread: forward, softmax cross-entropy, backward and optimizer step; "
+            f"median (min-max) of {results['repeats']} alternating repeats; PyTorch {results['torch']}.")
+    return head + "\n\n" + trainer_table(results["cells"]) + "\n\n" + source_line(prov, rel)
+
+
+def _breakdown_table(rel):
+    from plots.tables import breakdown_table
+
+    record = _load(rel)
+    prov = check_quiet(record, rel)
+    head = (f"P = {record['P']}, float32, {len(next(iter(record['sizes'].values()))['auto'])} interleaved passes, "
+            f"algorithm `{record.get('algorithm', 'auto')}`.")
+    return head + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
+
+
+def _model_parallel_table(rel):
+    from plots.tables import bubble_table, model_parallel_table
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    q = results["bubble"][0]["Q"] if results["bubble"] else "-"
+    return (model_parallel_table(results) + f"\n\nPipeline of Q = {q} stages:\n\n" + bubble_table(results)
+            + "\n\n" + source_line(prov, rel))
+
+
+def _ps_part(part):
+    def render(rel):
+        from plots.ps_tables import conflict_table, markdown
+
+        study = _load(rel)
+        prov = check_quiet(study, rel)
+        if not study.get("runs"):
+            raise ValueError(f"plots/reference/{rel}: holds no runs to publish")
+        names = [(name, _baseline(part, name)) for name in study["part_configs"][part]]
+        rows = conflict_table(study["runs"], names)
+        reps = study["study"]["repeats"]
+        return (f"Median (min-max) over {reps} repeats.\n\n" + markdown(part, rows) + "\n\n" + source_line(prov, rel))
+    return render
+
+
+def _baseline(part, name):
+    """The baseline variant of ``name`` in the conflict and retries parts of the PS study."""
+    return f"{name.split('-')[0]}-accept" if part == "conflict" else "clean"
+
+
+def _non_iid_results(rel):
+    """Return the quiet results files of the non-IID study in ``plots/reference/REL/`` (one per launch)."""
+    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "non_iid_w*_*.json")))
+    if not paths:
+        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.non_iid_study")
+    results = [_load(os.path.relpath(path, REFERENCE)) for path in paths]
+    provs = [check_quiet(r, os.path.relpath(path, REFERENCE)) for r, path in zip(results, paths)]
+    return results, provs, [os.path.relpath(path, REFERENCE) for path in paths]
+
+
+def _non_iid_table(rel):
+    from plots.non_iid import markdown
+
+    results, provs, rels = _non_iid_results(rel)
+    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
+
+
+def _non_iid_figures(rel):
+    from plots.non_iid import draw
+
+    out = os.path.join(FIGURES, "non_iid.png")
+    draw(_non_iid_results(rel)[0], out)
+    return [out]
+
+
+#: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None);
+#: an item whose reference is not committed yet draws nothing, and a block naming it fails the check.
+ITEMS = {
+    "bench-p2": ("bench/collectives_p2.json", _bench, _bench_figures),
+    "training": ("training/default_p4", _training_table, _training_figures),
+    "scaling": ("scaling/scale_sim.json", _scaling_table, _figure("scaling", "scaling.png")),
+    "trainer-vs-pytorch": ("bench/trainer_vs_pytorch.json", _trainer_table, None),
+    "model-parallel-p4": ("model_parallel/p4.json", _model_parallel_table,
+                          _figure("model_parallel", "model_parallel_p4.png")),
+    "bench-breakdown-p2": ("bench/breakdown_p2.json", _breakdown_table, None),
+    "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
+    "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
+    "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
+}

@@ -1,0 +1,177 @@
+"""The table of every command the README and the docs show, and how :mod:`tests.test_readme` checks it:
+:class:`Run` (run as written, in a quick mode), :class:`Help` (flags checked against ``--help``,
+outputs taken from committed reference results) or :class:`Covered` (another test runs it)."""
+from dataclasses import dataclass, field
+
+__all__ = ["Run", "Help", "Covered", "CHECKS"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run the command with ``extra`` arguments appended (after any ``--`` separator's command)."""
+
+    extra: tuple = ()
+    timeout: float = 120
+
+
+@dataclass(frozen=True)
+class Help:
+    """Check the command's flags against its module's ``--help``; ``provides`` maps the paths it
+    would write (relative to the block's directory) to committed files that stand in for them."""
+
+    covered: str
+    provides: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Covered:
+    """The command is checked by the test ``covered`` (``path::name``, or ``make test``)."""
+
+    covered: str
+    why: str
+
+
+_QUICK_TRAIN = ("--epochs", "1", "--no-progress")
+
+#: README command (as written, comments dropped, one space between words) -> how it is checked.
+CHECKS = {
+    # The two commands
+    "make run": Run(),  # checked through `make -n run`: the recipe, run with --epochs 1
+    "make test": Covered("make test", "the test suite itself"),
+    "make docs": Covered("tests/test_docs.py::test_docs_build_with_no_warning", "the same sphinx-build -W"),
+    "make results": Covered("tests/test_docs.py::test_published_tables_equal_the_committed_result_files",
+                            "plots.publish --check renders every item as make results does"),
+    # Parameter server: versions, conflicts and retries (docs/ps.md)
+    "mpiexec -n 5 python -m training.train --mode ps --consistency asp --ps-conflict cas --ps-conflict-lag 3 "
+    "--ps-retries 3": Run(_QUICK_TRAIN),
+    "mpiexec -n 5 python -m experiments.studies.ps_study --parts conflict,retries --repeats 3 --out "
+    "results/ps_conflict": Help("tests/test_ps_versions.py::test_versions_conflicts_retries_and_bad_requests_on_four_ranks"),
+    # Skewed data across workers (docs/guide/non_iid.md)
+    "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m training.train --partition classes:k=3 --optimizer sgd --lr 0.05 --local-steps 16 "
+    "--post-local-epoch 2": Run(_QUICK_TRAIN),
+    "mpiexec -n 5 python -m training.train --mode ps --consistency ssp --partition dirichlet:alpha=1": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m experiments.studies.non_iid_study --workers 4 --seeds 3": Run(("--quick", "--allow-noisy")),
+    "mpiexec -n 5 python -m experiments.studies.non_iid_study --workers 4 --seeds 3 --methods "
+    "asp,ssp2,ssp2+resample,ssp2+shared": Run(("--quick", "--allow-noisy")),
+    "python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json": Run(),
+    "mpiexec -n 8 python -m experiments.studies.non_iid_study --workers 8 --seeds 3":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
+    "mpiexec -n 9 python -m experiments.studies.non_iid_study --workers 8 --seeds 3 --methods "
+    "asp,ssp2,ssp2+resample,ssp2+shared":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
+    "python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json "
+    "results/non_iid/non_iid_w8_dp.json results/non_iid/non_iid_w8_ps.json":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),
+    # Model parallelism
+    "mpiexec -n 4 python -m training.train --tensor-parallel 2 --pipeline-parallel 2 --micro-batches 4":
+        Help("tests/test_model_parallel.py::test_cli_writes_grid_summary_and_refuses_bad_grids"),
+    "mpiexec -n 8 python -m training.train --tensor-parallel 2 --pipeline-parallel 2 --hidden 512,512,512":
+        Help("tests/test_model_parallel.py::test_equivalence_on_eight_ranks"),
+    "mpiexec -n 4 python -m experiments.studies.model_parallel_study --out results/model_parallel_p4.json":
+        Help("tests/test_model_parallel.py::test_study_grids_and_plot",
+             {"results/model_parallel_p4.json": "model_parallel/p4.json"}),
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
+    "experiments.studies.model_parallel_study --out results/model_parallel_p4_1gbit.json --bubble-micro-batches ''":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
+    "python -m plots.model_parallel results/model_parallel_p4.json":
+        Help("tests/test_model_parallel.py::test_study_grids_and_plot"),
+    # Simulator
+    "python -m experiments.studies.scale_sim --out results/scale_sim.json":
+        Run(("--max-p", "64", "--sizes", "1KiB,1MiB")),
+    "python -m plots.scaling results/scale_sim.json --out results/scaling.png": Run(),
+    # PyTorch and JAX
+    "mpiexec -n 2 python torch_example.py":
+        Covered("tests/test_interop.py::test_ddp_hook_and_distributed_optimizer_on_two_ranks",
+                "the same calls (bfloat16 all-reduce, DDP with commlab_hook and PowerSGD, "
+                "DistributedOptimizer) with oracles; PyTorch's import is too slow for a second run"),
+    "mpiexec -n 2 python -m experiments.jax_example --steps 100":
+        Covered("tests/test_interop.py::test_jax_example_on_two_ranks",
+                "needs JAX (not a dependency); skipped without it"),
+    # Collectives
+    "mpiexec -n 4 python example.py": Run(),
+    # Benchmarks
+    "mpiexec -n 4 python -m experiments.bench.collectives --out results/bench_p4":
+        Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p4.json": "bench_p4.json"}),
+    "mpiexec -n 2 python -m experiments.bench.collectives --out results/bench_p2":
+        Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p2.json": "bench_p2.json"}),
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --max-bytes 1M --iters 50":
+        Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
+    "mpiexec -n 2 python -m experiments.bench.breakdown --out results/bench_breakdown_p2.json":
+        Help("tests/test_bench_calls.py::test_breakdown_times_every_step_of_the_repeated_call"),
+    "python -m plots.bench results/bench_p4.json --markdown --out results":
+        Help("tests/test_bench.py::test_tune_and_plot_on_a_real_sweep"),
+    "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out results/tuning.json --tolerance 0.15":
+        Run(),
+    "COMMLAB_TUNING=results/tuning.json mpiexec -n 4 python -m experiments.demo":
+        Help("tests/test_bench.py::test_tune_table_round_trips_through_select"),
+    # Gradient compression
+    "mpiexec -n 4 python -m training.train --compression topk --compression-arg ratio=0.01":
+        Help("tests/test_training_mpi.py::test_crashed_rank_ends_a_compressed_run_within_the_timeout"),
+    # Emulated cluster (namespaces)
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
+    "--out results/cluster/calibrate_100mbit.json":
+        Help("tests/test_cluster.py::test_link_rate_within_tolerance"),
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 1gbit -- python -m "
+    "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,mpi --min-bytes 64K "
+    "--max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 3 --out results/cluster/collectives_1gbit":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.collectives 1gbit=results/cluster/collectives_1gbit.json "
+    "100mbit=results/cluster/collectives_100mbit.json --ranks-per-node 2 --out results/cluster/collectives":
+        Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
+                "reads the emulated cluster's sweeps (namespaces); its byte counts are tested there"),
+    "python -m plots.cluster results/cluster/collectives.json":
+        Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
+                "draws the emulated cluster's results (namespaces)"),
+    # Compression across emulated nodes
+    "mpiexec -n 4 python -m experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_shm":
+        Help("tests/test_compression_study.py::test_sweep_writes_results_and_plot"),
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 100mbit -- python -m "
+    "experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_100mbit":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.compression shm=results/cluster/compression_shm "
+    "1gbit=results/cluster/compression_1gbit 100mbit=results/cluster/compression_100mbit --target 0.94 "
+    "--out results/cluster/compression":
+        Help("tests/test_cluster.py::test_compression_report_reads_epoch_times"),
+    "python -m plots.cluster results/cluster/compression.json":
+        Covered("tests/test_cluster.py::test_compression_report_reads_epoch_times",
+                "draws the emulated cluster's results (namespaces)"),
+    # Parameter server against all-reduce across emulated nodes
+    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train --epochs 5 "
+    "--algorithm ring --run-dir results/cluster/ps --name dp-ring-r1 --no-progress":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.emulate --nodes 6 --ranks-per-node 1 --link 1gbit -- python -m training.train --mode ps "
+    "--servers 2 --consistency bsp --epochs 5 --run-dir results/cluster/ps --name ps-bsp-s2-r1 --no-progress":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.ps results/cluster/ps --out results/cluster/ps_vs_allreduce":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m plots.cluster results/cluster/ps_vs_allreduce.json":
+        Covered("tests/test_cluster.py::test_nodes_found_as_configured",
+                "draws the emulated cluster's results (namespaces)"),
+    # Calibrating the simulator (emulated cluster)
+    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
+    "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,recursive_doubling "
+    "--min-bytes 64K --max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 2 --out results/cluster/fit_2x2":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
+    "python -m experiments.cluster.model --intra results/cluster/fit_1x4.json --fit 2=results/cluster/fit_2x2.json "
+    "--fit 1=results/cluster/fit_4x1.json --predict 2=results/cluster/collectives_1gbit.json "
+    "--predict 2=results/cluster/fit_4x2_rd.json --out results/cluster/model":
+        Help("tests/test_cluster.py::test_model_replay_equals_the_simulator_without_sharing"),
+    "python -m plots.cluster results/cluster/model.json":
+        Covered("tests/test_cluster.py::test_model_replay_equals_the_simulator_without_sharing",
+                "draws the emulated cluster's results (namespaces)"),
+    # Inference
+    "mpiexec -n 4 python -m training.train --name served":
+        Help("tests/test_inference.py::test_a_tensor_parallel_training_run_is_served_resharded"),
+    "mpiexec -n 4 python -m inference.serve --checkpoint runs/served --replicas 3 --balance least-outstanding "
+    "--requests 2000 --rate 1000 --run-dir results/serve":
+        Help("tests/test_inference.py::test_replicated_serving_answers_equal_the_single_process_prediction"),
+    "mpiexec -n 5 python -m inference.serve --checkpoint runs/served --replicas 2 --tensor-parallel 2 ...":
+        Help("tests/test_inference.py::test_tensor_parallel_replica_answers"),
+    # Parameter server
+    "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
+        Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),
+}
