@@ -48,7 +48,7 @@ from experiments import results as prov
 from experiments.outputs import command_line, unwritable
 from inference.balance import POLICIES
 from inference.config import ServeConfig
-from inference.model import load_spec
+from inference.model import forward_rows, load_spec
 from inference.tensor import row_parallel_widths
 from inference.serve import run as serve
 from training.checkpoint import root_bytes
@@ -132,7 +132,7 @@ def allreduce_sizes(args, comm, widths):
     sends at T = P) and ``rows * c`` (a plain all-reduce of the partial), ``rows`` the padded batch
     of :class:`inference.model.Predictor` (``--max-batch`` rounded up to 8).
     """
-    rows_per_forward = -(-args.max_batch // 8) * 8
+    rows_per_forward = forward_rows(args.max_batch)
     slotted = {comm.size * rows_per_forward * c for c in widths}
     sizes = sorted(slotted | {rows_per_forward * c for c in widths})
     rows = []
