@@ -204,6 +204,9 @@ class HttpEndpoint:
         bad = self._unknown(request)
         if bad:
             return bad
+        if "inference-header-content-length" in request.headers:
+            self.metrics.request("rejected", 0.0)
+            return _error(400, "the binary-data extension is not supported: send inputs with binary_data=False")
         try:
             call = parse_infer(await self._body(request), self.F)
         except ProtocolError as e:

@@ -15,6 +15,8 @@ Series, all prefixed ``commlab_serving_``:
 Each exporter has its own registry, so several can live in one process (tests) and nothing of the
 process's default registry is exported.
 """
+import threading
+
 import prometheus_client as prom
 
 __all__ = ["ServingMetrics", "OUTCOMES"]
@@ -48,6 +50,7 @@ class ServingMetrics:
 
     def __init__(self, max_batch):
         self.registry = r = prom.CollectorRegistry(auto_describe=True)
+        self._lock, self._counts = threading.Lock(), dict.fromkeys(OUTCOMES, 0)  # both threads count
         self._requests = prom.Counter("commlab_serving_requests", "Requests answered, by outcome", ["outcome"],
                                       registry=r)
         for o in OUTCOMES:
@@ -70,8 +73,23 @@ class ServingMetrics:
     def request(self, outcome, latency_s):
         """Count one answered request; ``latency_s`` (seconds) enters the histogram when ``outcome`` is ok."""
         self._requests.labels(outcome=outcome).inc()
+        with self._lock:
+            self._counts[outcome] += 1
         if outcome == "ok":
             self._latency.observe(latency_s)
+
+    def count(self, outcome):
+        """Return how many requests ended with ``outcome`` so far.
+
+        Examples
+        --------
+        >>> m = ServingMetrics(max_batch=2)
+        >>> m.request("refused", 0.0)
+        >>> m.count("refused"), m.count("ok")
+        (1, 0)
+        """
+        with self._lock:
+            return self._counts[outcome]
 
     def batch(self, size):
         """Record one batch of ``size`` requests sent to a replica."""

@@ -165,7 +165,8 @@ def parse_infer(body, n_features):
     if "data" not in t:
         raise ProtocolError("inputs[0].data is missing")
     flat = _flatten(t["data"], shape)
-    rows = numpy.array(flat, dtype=_INPUT_TYPES[t["datatype"]]).astype(numpy.float64).reshape(shape)  # (n, F)
+    with numpy.errstate(over="ignore"):  # an FP32 overflow becomes inf, refused just below
+        rows = numpy.array(flat, dtype=_INPUT_TYPES[t["datatype"]]).astype(numpy.float64).reshape(shape)  # (n, F)
     if not numpy.isfinite(rows).all():
         raise ProtocolError(f"inputs[0].data[{int(numpy.flatnonzero(~numpy.isfinite(rows))[0])}] overflows "
                             f"{t['datatype']}")

@@ -198,6 +198,10 @@ def _front(cfg, serving, spec, data, oracle, world):
         extra["allreduce"] = [{"bytes": b, "algorithm": select_allreduce(T, b) if cfg.algorithm == "auto" else cfg.algorithm}
                               for b in (T * oracle.rows * c * 8 for c in row_parallel_widths(spec.weights))]
     summary = summarize(front, correct, t_start, t_end, extra)
+    if http:  # bodies refused by the endpoint never reached the front; answers were not kept
+        summary["correct"] = None
+        for k in ("rejected", "refused"):
+            summary[k] += int(metrics.count(k)) - front.outcomes[k]
     if opts.keep:
         write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
                     [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])
@@ -275,8 +279,9 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     if summary is not None:
-        print(f"{summary['answered']}/{summary['requests']} answered, {summary['correct']} equal to the "
-              f"single-process prediction, {summary['rejected']} rejected, {summary['failed']} failed | "
+        check = "" if summary["correct"] is None else f", {summary['correct']} equal to the single-process prediction"
+        print(f"{summary['answered']}/{summary['requests']} answered{check}, {summary['rejected']} rejected, "
+              f"{summary['refused']} refused, {summary['failed']} failed | "
               f"p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms, "
               f"{summary['throughput_rps']} req/s | {cfg.run_dir}/summary.json", flush=True)
     return 0
