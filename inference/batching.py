@@ -61,17 +61,18 @@ class DynamicBatcher:
         q = self._queue
         return bool(q) and (force or len(q) >= self.size or now >= q[0][0] + self.max_wait_s)
 
-    def take(self, now, force=False):
+    def take(self, now, force=False, limit=None):
         """Return the next batch (list of requests) if one is due at ``now``, else an empty list.
 
         A batch is due when :attr:`size` requests wait, when the oldest has waited ``max_wait_s``,
         or with ``force`` (draining at shutdown) whenever anything waits. The caller asks only when a
         replica can take the batch, so while every replica is busy requests keep merging here.
+        ``limit`` caps the batch below :attr:`size` (filling a batch some requests left).
         """
         q = self._queue
         if not self.due(now, force):
             return []
-        return [q.popleft()[1] for _ in range(min(self.size, len(q)))]
+        return [q.popleft()[1] for _ in range(min(self.size if limit is None else limit, len(q)))]
 
     def drain(self):
         """Remove and return every waiting request."""

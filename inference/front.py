@@ -181,8 +181,9 @@ class Front:
             r = self.balancer.choose(self._room())
             if r is None:  # every replica (or the one whose turn it is) is full: requests merge here
                 break
-            batch = self.batcher.take(now, force)
-            batch = self._admit_batch(batch, now)
+            batch = self._admit_batch(self.batcher.take(now, force), now)
+            while len(batch) < self.batcher.size and len(self.batcher):  # refill what the objective refused
+                batch += self._admit_batch(self.batcher.take(now, True, self.batcher.size - len(batch)), now)
             if batch:
                 self._dispatch(r, batch, now)
             busy = True

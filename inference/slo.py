@@ -43,7 +43,7 @@ class LatencyObjective:
     Attributes
     ----------
     size : int
-        The current batch size limit.
+        The current batch size limit; it starts at ``max_batch``.
     service_s : float
         Estimated service time of a batch (seconds).
 
@@ -55,14 +55,14 @@ class LatencyObjective:
     Examples
     --------
     >>> obj = LatencyObjective(0.060, max_batch=8, service_s=0.020)
-    >>> obj.size
-    1
-    >>> for _ in range(10):
-    ...     obj.observe(0.020)          # within half the objective: one more per batch
-    >>> obj.size
+    >>> obj.size                        # starts at the largest batch
     8
     >>> obj.observe(0.040)              # over half the objective: cut by 10 %
     >>> obj.size
+    7
+    >>> obj.observe(0.045); obj.size
+    6
+    >>> obj.observe(0.020); obj.size    # within half the objective: one more per batch
     7
     >>> obj.admit(0.0, queued=3, replicas=1, busy_left=0.010) is None
     True
@@ -82,7 +82,7 @@ class LatencyObjective:
         if not 0 <= service_s < slo_s:
             raise ValueError(f"the latency objective ({slo_s * 1e3:g} ms) must exceed one batch's service time "
                              f"({service_s * 1e3:g} ms)")
-        self.slo_s, self.max_batch, self.size = float(slo_s), int(max_batch), 1
+        self.slo_s, self.max_batch, self.size = float(slo_s), int(max_batch), int(max_batch)
         self.service_s, self.increase, self.decrease, self.smoothing = float(service_s), int(increase), decrease, smoothing
 
     def observe(self, service_s):
