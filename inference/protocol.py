@@ -189,12 +189,28 @@ def _outputs(spec):
 
 
 def dumps(obj):
-    """Return ``obj`` as JSON bytes; ``ValueError`` rather than a NaN or Infinity token (RFC 8259)."""
+    """Return ``obj`` as JSON bytes; ``ValueError`` rather than a NaN or Infinity token (RFC 8259).
+
+    Examples
+    --------
+    >>> dumps({"a": [1.5]})
+    b'{"a":[1.5]}'
+    >>> dumps({"a": float("nan")})
+    Traceback (most recent call last):
+    ...
+    ValueError: Out of range float values are not JSON compliant
+    """
     return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode()
 
 
 def error_body(message):
-    """Return the protocol's error body ``{"error": message}`` as bytes."""
+    """Return the protocol's error body ``{"error": message}`` as bytes.
+
+    Examples
+    --------
+    >>> error_body("bad shape")
+    b'{"error":"bad shape"}'
+    """
     return dumps({"error": str(message)})
 
 
@@ -233,7 +249,13 @@ def infer_response(model, rid, logits, outputs=OUTPUTS):
 
 
 def model_metadata(model, n_features, n_classes):
-    """Return ``GET /v2/models/{name}``'s body as a dict (name, versions, platform, inputs, outputs)."""
+    """Return ``GET /v2/models/{name}``'s body as a dict (name, versions, platform, inputs, outputs).
+
+    Examples
+    --------
+    >>> model_metadata("m", 64, 10)["inputs"]
+    [{'name': 'features', 'datatype': 'FP64', 'shape': [-1, 64]}]
+    """
     return {"name": model, "versions": ["1"], "platform": "commlab_mlp",
             "inputs": [{"name": "features", "datatype": "FP64", "shape": [-1, int(n_features)]}],
             "outputs": [{"name": "logits", "datatype": "FP64", "shape": [-1, int(n_classes)]},
@@ -241,5 +263,11 @@ def model_metadata(model, n_features, n_classes):
 
 
 def server_metadata(version):
-    """Return ``GET /v2``'s body as a dict (name, version, extensions)."""
+    """Return ``GET /v2``'s body as a dict (name, version, extensions).
+
+    Examples
+    --------
+    >>> server_metadata("0.1.0")
+    {'name': 'commlab', 'version': '0.1.0', 'extensions': []}
+    """
     return {"name": "commlab", "version": str(version), "extensions": []}
