@@ -112,7 +112,7 @@ class HttpEndpoint:
         for base in (m, m + "/versions/{version}"):
             routes += [Route(base, self._model_meta), Route(base + "/ready", self._model_ready),
                        Route(base + "/infer", self._infer, methods=["POST"])]
-        app = Starlette(routes=routes)
+        app = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
         cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="h11",
                              limit_concurrency=options.max_connections, timeout_keep_alive=5, backlog=2048)
         self._server = uvicorn.Server(cfg)
@@ -150,6 +150,9 @@ class HttpEndpoint:
     # ----------------------------------------------------------------------------- the routes
     def _is_ready(self):
         return not self.closing and self.replicas_alive > 0
+
+    async def _no_route(self, request, exc):
+        return _error(exc.status_code, f"no route {request.method} {request.url.path[:100]}")
 
     async def _server_meta(self, request):
         return _json(200, server_metadata("0.1.0"))

@@ -134,6 +134,11 @@ def test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and
         assert meta["inputs"][0]["shape"] == [-1, F] and meta["outputs"][0]["shape"] == [-1, 10]
         with pytest.raises(tritonclient.InferenceServerException, match="unknown model"):
             client.get_model_metadata("other")
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/v2/health/live")
+        r = c.getresponse()
+        assert r.status == 405 and "no route POST /v2/health/live" in json.loads(r.read())["error"]
+        c.close()
         x = data.x_test[:8].astype(np.float64)
         res = _infer(client, x, rid="req-7")
         assert res.get_response()["id"] == "req-7"
