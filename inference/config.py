@@ -69,7 +69,16 @@ class ServeConfig:
     fail_replica: str = ""            # replicas that stop answering "REPLICA:BATCHES[,...]"
     replica_timeout: float = 2.0      # remove a busy replica silent this long (s)
     algorithm: str = "auto"           # tensor-parallel all-reduce algorithm (collectives.ALGORITHMS)
+    inflight: int = 1                 # batches a replica holds at once; the rest wait and merge at the front
+    slo_ms: float = 0.0               # latency objective (ms): AIMD batch size, early refusal (0: none)
+    max_queue: int = 1024             # requests that may wait at the front; more are refused (HTTP 503)
+    fail_front: int = -1              # raise on the front after this many batches (fault injection; -1: never)
     http: int = -1                    # HTTP port on the front rank (0: any free port; -1: load test)
+    host: str = "127.0.0.1"           # address the HTTP server binds
+    model_name: str = "model"         # the model's name in the Open Inference Protocol's routes
+    max_body_bytes: int = 1 << 20     # largest request body (bytes); larger ones get 413
+    read_timeout: float = 5.0         # seconds a request body may take to arrive; slower ones get 408
+    max_connections: int = 1024       # concurrent HTTP connections; more are answered 503
     seed: int = 0                     # seed of arrivals, test rows and power-of-two draws
     run_dir: str = "runs/serve"       # output directory (summary.json, requests.jsonl, config.json)
 
@@ -91,7 +100,8 @@ class ServeConfig:
                 raise ValueError(f"{f.name} must be a finite number, got {v!r}")
         if not self.checkpoint:
             raise ValueError("checkpoint must name a training run directory or checkpoint file (--checkpoint)")
-        for name in ("replicas", "tensor_parallel", "requests", "max_batch"):
+        for name in ("replicas", "tensor_parallel", "requests", "max_batch", "inflight", "max_queue",
+                     "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.balance not in POLICIES:
@@ -102,6 +112,14 @@ class ServeConfig:
             raise ValueError(f"rate must be > 0 requests/s for the open loop, got {self.rate!r}")
         if self.max_wait_ms < 0 or self.service_ms < 0 or not self.replica_timeout > 0:
             raise ValueError("max_wait_ms and service_ms must be >= 0 and replica_timeout > 0")
+        if self.slo_ms < 0 or (self.slo_ms and self.slo_ms <= self.service_ms * max(
+                parse_pairs(self.straggler, "straggler", float).values(), default=1.0)):
+            raise ValueError(f"slo_ms must be 0 (none) or exceed one batch's service time (--service-ms "
+                             f"{self.service_ms:g} x the slowest straggler factor), got {self.slo_ms!r}")
+        if not self.read_timeout > 0:
+            raise ValueError(f"read_timeout must be > 0 seconds, got {self.read_timeout!r}")
+        if not self.model_name or not self.model_name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ValueError(f"model_name must be letters, digits, '_', '-' or '.', got {self.model_name!r}")
         if self.http < -1 or self.http > 65535:
             raise ValueError(f"http must be a TCP port (0: any free one) or -1, got {self.http!r}")
         for name, kind in (("straggler", float), ("fail_replica", int)):

@@ -1,7 +1,9 @@
 """The front rank: accepts requests, batches them, dispatches batches to replicas, collects answers.
 
 All traffic with the replicas is nonblocking point-to-point (``Isend``/``Irecv``, tested in one
-loop) on the serving communicator. Each replica always has one reply receive posted. A replica with
+loop) on the serving communicator. Each replica always has one reply receive posted, and holds at
+most ``inflight`` batches: a batch leaves the front only when a replica has room for it, so while
+the replicas are busy requests wait in the batcher and merge into full batches. A replica with
 work outstanding that sends nothing for ``replica_timeout`` seconds is removed: its in-flight
 requests go back to the head of the batcher queue and are retried on another replica, exactly once;
 a request whose second replica also fails, or that finds no replica left, is answered with an error.
@@ -18,11 +20,47 @@ from mpi4py import MPI
 from inference.replica import BATCH, HEAD_REPLY, HEAD_WORK, STOP, TAG_REPLY, TAG_WORK
 from inference.request import parse_features
 
-__all__ = ["Front"]
+__all__ = ["Front", "FrontOptions"]
+
+
+class FrontOptions:
+    """How the front batches, admits and records requests.
+
+    Parameters
+    ----------
+    replica_timeout : float
+        Seconds without any reply from a replica that has work outstanding before it is removed.
+    inflight : int
+        Batches a replica may hold at once (>= 1); the front keeps the rest, so they merge.
+    max_queue : int
+        Requests that may wait at the front (>= 1); more are refused ("queue full").
+    objective : inference.slo.LatencyObjective or None
+        Latency objective: AIMD batch size and admission control.
+    keep : bool
+        Keep every request in :attr:`Front.requests` (the load test's records); False keeps only
+        what unanswered requests need (a long-running HTTP server).
+    metrics : inference.exporter.ServingMetrics or None
+    fail_after : int or None
+        Raise on the front after this many batches (fault injection).
+    poll_s : float
+        Sleep of an idle loop iteration (seconds).
+    """
+
+    __slots__ = ("replica_timeout", "inflight", "max_queue", "objective", "keep", "metrics", "fail_after", "poll_s")
+
+    def __init__(self, replica_timeout=2.0, inflight=1, max_queue=1 << 20, objective=None, keep=True, metrics=None,
+                 fail_after=None, poll_s=1e-4):
+        if not replica_timeout > 0:
+            raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
+        if inflight < 1 or max_queue < 1:
+            raise ValueError(f"inflight and max_queue must be >= 1, got {inflight!r}, {max_queue!r}")
+        self.replica_timeout, self.inflight, self.max_queue = float(replica_timeout), int(inflight), int(max_queue)
+        self.objective, self.keep, self.metrics, self.fail_after = objective, keep, metrics, fail_after
+        self.poll_s = float(poll_s)
 
 
 class Front:
-    """Batching, balancing and failure handling on the front rank.
+    """Batching, balancing, admission and failure handling on the front rank.
 
     Parameters
     ----------
@@ -33,17 +71,20 @@ class Front:
     n_features, n_classes : int
     batcher : inference.batching.DynamicBatcher
     balancer : inference.balance.Balancer
-    replica_timeout : float
-        Seconds without any reply from a replica that has work outstanding before it is removed.
-    poll_s : float
-        Sleep of an idle loop iteration (seconds).
+    options : FrontOptions
 
     Attributes
     ----------
     requests : list of inference.request.Request
-        Every request submitted, in order.
+        Every request submitted, in order (only with ``options.keep``).
     batches : list of (int, int, float)
-        (replica, batch size, dispatch time) of every batch sent.
+        (replica, batch size, dispatch time) of every batch sent (only with ``options.keep``).
+    outcomes : dict of str -> int
+        Requests answered per status (``ok``, ``rejected``, ``refused``, ``failed``).
+    batch_sizes : ndarray, shape (max_batch + 1,), int64
+        Batches sent per size.
+    replica_batches, replica_sent : ndarray, shape (R,), int64
+        Batches and requests sent to each replica.
     removed : dict of int -> float
         Removed replicas and when (seconds, front clock).
     late_replies : int
@@ -53,38 +94,73 @@ class Front:
         had already been answered (must stay 0).
     """
 
-    def __init__(self, comm, leaders, n_features, n_classes, batcher, balancer, replica_timeout, poll_s=1e-4):
-        if not replica_timeout > 0:
-            raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
+    def __init__(self, comm, leaders, n_features, n_classes, batcher, balancer, options=None):
         self.comm, self.leaders = comm, list(leaders)
         self.F, self.C = int(n_features), int(n_classes)
         self.batcher, self.balancer = batcher, balancer
-        self.replica_timeout, self.poll_s = float(replica_timeout), float(poll_s)
+        self.options = opt = options or FrontOptions()
+        self.replica_timeout, self.poll_s = opt.replica_timeout, opt.poll_s
         self.requests, self.batches, self.removed, self.late_replies = [], [], {}, 0
         self.answers = self.duplicates = 0
+        self.outcomes = dict.fromkeys(("ok", "rejected", "refused", "failed"), 0)
         R = len(self.leaders)
+        self.batch_sizes = numpy.zeros(batcher.max_batch + 1, numpy.int64)
+        self.replica_batches, self.replica_sent = numpy.zeros(R, numpy.int64), numpy.zeros(R, numpy.int64)
+        if opt.objective is not None:
+            batcher.size = opt.objective.size
         self._bufs = [numpy.empty(HEAD_REPLY + batcher.max_batch * self.C) for _ in range(R)]
         self._recvs = [comm.Irecv(self._bufs[r], source=self.leaders[r], tag=TAG_REPLY) for r in range(R)]
         self._fin = [False] * R
-        self._inflight = {}  # batch id -> (replica, [requests])
+        self._inflight = {}  # batch id -> (replica, [requests], dispatch time)
+        self._held = numpy.zeros(R, numpy.int64)  # batches each replica holds
         self._sends = []  # (request, buffer) until complete
         self._last = numpy.zeros(R)  # last sign of life while busy (seconds)
         self._next_id = 0
 
     # ----------------------------------------------------------------------------------- input
     def submit(self, req, now):
-        """Accept ``req`` (queue it) or answer it at once with an error when its payload is bad."""
-        self.requests.append(req)
+        """Accept ``req`` (queue it), or answer it at once: 'rejected' when its payload is bad, 'refused'
+        when the queue is full or it cannot meet the latency objective. The payload is not kept."""
+        if self.options.keep:
+            self.requests.append(req)
         try:
             req.x = parse_features(req.payload, self.F)
         except ValueError as e:
+            req.payload = None
             self._finish(req, now, "rejected", str(e))
             return
-        self.batcher.add(req, now)
+        req.payload = None  # the parsed row is all it needs from now on
+        why = None
+        if len(self.batcher) >= self.options.max_queue:
+            why = f"queue full: {len(self.batcher)} requests wait (--max-queue {self.options.max_queue})"
+        elif self.options.objective is not None:
+            why = self.options.objective.admit(now, len(self.batcher), self._slots(), self._busy_left(now))
+        if why:
+            self._finish(req, now, "refused", why)
+        else:
+            self.batcher.add(req, now)
+
+    def _slots(self):
+        return int(self.balancer.alive.sum()) * self.options.inflight
+
+    def _busy_left(self, now):
+        """Seconds until the first replica has room (0 when one has room now), from the service estimate."""
+        room = self._room()
+        if room.any() or not self._inflight:
+            return 0.0
+        est = self.options.objective.service_s
+        return max(0.0, min(t for _, _, t in self._inflight.values()) + est - now)
+
+    def _room(self):
+        return self.balancer.alive & (self._held < self.options.inflight)
 
     def pending(self):
         """Return how many requests wait in the batcher or are in flight."""
         return len(self.batcher) + sum(len(b[1]) for b in self._inflight.values())
+
+    def in_flight(self):
+        """Return how many requests are at replicas, not yet answered."""
+        return sum(len(b[1]) for b in self._inflight.values())
 
     # ------------------------------------------------------------------------------- the loop
     def step(self, now, force=False):
@@ -96,23 +172,48 @@ class Front:
                 self._remove(int(r), now)
                 busy = True
         while True:
-            batch = self.batcher.take(now, force)
-            if not batch:
+            if not self.balancer.any_alive():  # nothing can serve: what waits fails now
+                for req in self.batcher.drain():
+                    self._finish(req, now, "failed", "no replica left")
                 break
-            self._dispatch(batch, now)
+            if not self.batcher.due(now, force):
+                break
+            r = self.balancer.choose(self._room())
+            if r is None:  # every replica (or the one whose turn it is) is full: requests merge here
+                break
+            batch = self._admit_batch(self.batcher.take(now, force), now)
+            while len(batch) < self.batcher.size and len(self.batcher):  # refill what the objective refused
+                batch += self._admit_batch(self.batcher.take(now, True, self.batcher.size - len(batch)), now)
+            if batch:
+                self._dispatch(r, batch, now)
             busy = True
+        if self.options.metrics is not None:
+            self.options.metrics.gauges(len(self.batcher), self.in_flight(), int(self.balancer.alive.sum()),
+                                        self.batcher.size)
         return busy
+
+    def _admit_batch(self, batch, now):
+        """Refuse the requests of ``batch`` that can no longer meet the latency objective; return the rest."""
+        obj = self.options.objective
+        if obj is None:
+            return batch
+        keep = []
+        for req in batch:
+            why = obj.expired(now, req.arrival)
+            if why:
+                self._finish(req, now, "refused", why)
+            else:
+                keep.append(req)
+        return keep
 
     def next_event(self):
         """Return when the oldest waiting request's batch wait ends (seconds), or None."""
         return self.batcher.deadline()
 
-    def _dispatch(self, batch, now):
-        if not self.balancer.any_alive():
-            for req in batch:
-                self._finish(req, now, "failed", "no replica left")
-            return
-        r = self.balancer.choose()
+    def _dispatch(self, r, batch, now):
+        fail = self.options.fail_after
+        if fail is not None and self._next_id >= fail:
+            raise RuntimeError(f"front fault injected after {fail} batches (--fail-front)")
         if self.balancer.outstanding[r] == 0:
             self._last[r] = now
         bid, n = self._next_id, len(batch)
@@ -126,9 +227,16 @@ class Front:
             req.attempts += 1
             req.dispatched = now
         self._sends.append((self.comm.Isend(msg, dest=self.leaders[r], tag=TAG_WORK), msg))
-        self._inflight[bid] = (r, batch)
+        self._inflight[bid] = (r, batch, now)
+        self._held[r] += 1
         self.balancer.sent(r, n)
-        self.batches.append((r, n, now))
+        if self.options.keep:
+            self.batches.append((r, n, now))
+        self.batch_sizes[n] += 1
+        self.replica_batches[r] += 1
+        self.replica_sent[r] += n
+        if self.options.metrics is not None:
+            self.options.metrics.batch(n)
 
     def _collect(self, now):
         got, status = False, MPI.Status()
@@ -146,6 +254,10 @@ class Front:
                     self.late_replies += 1
                 else:
                     del self._inflight[bid]
+                    self._held[r] -= 1
+                    if self.options.objective is not None:
+                        self.options.objective.observe(now - entry[2])
+                        self.batcher.size = self.options.objective.size
                     self._answer(r, entry[1], buf, now)
                 req = self._recvs[r] = self.comm.Irecv(buf, source=self.leaders[r], tag=TAG_REPLY)
         return got
@@ -156,18 +268,23 @@ class Front:
         self._last[r] = now
         compute, comm_s, busy = buf[2], buf[3], buf[4]
         logits = buf[HEAD_REPLY:HEAD_REPLY + n * self.C].reshape(n, self.C)
+        finite = numpy.isfinite(logits).all(axis=1)
         for i, req in enumerate(batch):
             req.replica, req.batch_size = r, n
             req.compute_s, req.comm_s, req.busy_s = compute, comm_s, busy
-            req.logits = logits[i].copy()
-            self._finish(req, now, "ok", "")
+            if finite[i]:
+                req.logits = logits[i].copy()
+                self._finish(req, now, "ok", "")
+            else:  # an answer must be numbers (RFC 8259 has no NaN or Infinity)
+                self._finish(req, now, "rejected", "the model's logits overflow float64 for these features")
 
     def _remove(self, r, now):
         self.balancer.remove(r)
         self.removed[r] = now
-        back = [bid for bid, (rr, _) in self._inflight.items() if rr == r]
+        back = [bid for bid, (rr, _, _) in self._inflight.items() if rr == r]
+        self._held[r] = 0
         for bid in back:
-            _, batch = self._inflight.pop(bid)
+            _, batch, _ = self._inflight.pop(bid)
             self.balancer.done(r, len(batch))
             for req in reversed(batch):  # head of the queue, in their original order
                 if req.attempts >= 2:
@@ -180,7 +297,12 @@ class Front:
             self.duplicates += 1
             return
         self.answers += 1
+        self.outcomes[status] += 1
         req.status, req.error, req.answered = status, error, now
+        if not self.options.keep:
+            req.x = None  # the row is not needed once answered
+        if self.options.metrics is not None:
+            self.options.metrics.request(status, now - req.arrival)
         if req.done is not None:
             req.done(req)
 

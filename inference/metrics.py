@@ -57,19 +57,20 @@ def summarize(front, correct, t0, t_end, extra=None):
     Returns
     -------
     dict
-        ``requests``, ``answered`` (status ok), ``correct``, ``rejected``, ``failed``, ``retried``,
-        latency percentiles (ms) of answered requests, their mean breakdown, ``throughput_rps``
-        (answered / (t_end - t0)), the batch-size histogram, per-replica load and removals.
+        ``requests``, ``answered`` (status ok), ``correct``, ``rejected`` (bad input), ``refused``
+        (full queue or latency objective), ``failed``, ``retried``, latency percentiles (ms) of
+        answered requests, their mean breakdown, ``throughput_rps`` (answered / (t_end - t0)), the
+        batch-size histogram and mean, per-replica load and removals; under a latency objective
+        also ``slo_ms``, ``goodput_rps`` (answers within it per second) and the final batch size.
     """
     reqs = front.requests
     ok = [r for r in reqs if r.status == "ok"]
     lat = percentiles([r.latency for r in ok])
     wall = max(t_end - t0, 1e-9)
-    sizes = numpy.array([b[1] for b in front.batches], numpy.int64)
-    hist = numpy.bincount(sizes, minlength=front.batcher.max_batch + 1)[1:] if sizes.size else []
+    sizes = front.batch_sizes
+    nb = int(sizes.sum())
     R = len(front.leaders)
-    per = [{"replica": r, "batches": int(sum(1 for b in front.batches if b[0] == r)),
-            "requests_sent": int(sum(b[1] for b in front.batches if b[0] == r)),
+    per = [{"replica": r, "batches": int(front.replica_batches[r]), "requests_sent": int(front.replica_sent[r]),
             "answered": int(sum(1 for q in ok if q.replica == r)),
             "removed_at_s": (round(front.removed[r] - t0, 4) if r in front.removed else None)} for r in range(R)]
 
@@ -77,20 +78,28 @@ def summarize(front, correct, t0, t_end, extra=None):
         v = [x for x in vals if not math.isnan(x)]
         return round(float(numpy.mean(v)) * 1e3, 4) if v else None
 
+    n_ok = front.outcomes["ok"]
     out = {
-        "requests": len(reqs), "answered": len(ok), "correct": int(sum(bool(c) for c in correct)),
-        "rejected": sum(r.status == "rejected" for r in reqs), "failed": sum(r.status == "failed" for r in reqs),
-        "pending": sum(r.status == "pending" for r in reqs), "retried": sum(r.attempts > 1 for r in reqs),
+        "requests": sum(front.outcomes.values()) + front.pending(), "answered": n_ok,
+        "correct": int(sum(bool(c) for c in correct)), "rejected": front.outcomes["rejected"],
+        "refused": front.outcomes["refused"], "failed": front.outcomes["failed"],
+        "pending": front.pending(), "retried": sum(r.attempts > 1 for r in reqs),
         "latency_p50_ms": _ms(lat[50]), "latency_p95_ms": _ms(lat[95]), "latency_p99_ms": _ms(lat[99]),
         "latency_mean_ms": mean_ms([r.latency for r in ok]),
         "batch_wait_mean_ms": mean_ms([r.batch_wait for r in ok]),
         "queue_mean_ms": mean_ms([r.latency - r.batch_wait - r.busy_s for r in ok]),
         "compute_mean_ms": mean_ms([r.compute_s for r in ok]), "comm_mean_ms": mean_ms([r.comm_s for r in ok]),
-        "throughput_rps": round(len(ok) / wall, 3), "wall_s": round(wall, 4),
-        "batch_size_histogram": [int(h) for h in hist], "mean_batch_size": round(float(sizes.mean()), 3) if sizes.size else 0.0,
+        "throughput_rps": round(n_ok / wall, 3), "wall_s": round(wall, 4),
+        "batch_size_histogram": [int(h) for h in sizes[1:]] if nb else [],
+        "mean_batch_size": round(float(numpy.arange(sizes.size) @ sizes) / nb, 3) if nb else 0.0,
         "replicas": per, "late_replies_dropped": front.late_replies,
         "answer_events": front.answers, "duplicate_answers": front.duplicates,
     }
+    slo = front.options.objective
+    if slo is not None:  # answers within the objective per second
+        out["slo_ms"] = slo.slo_s * 1e3
+        out["goodput_rps"] = round(sum(r.latency <= slo.slo_s for r in ok) / wall, 3)
+        out["batch_size_final"] = slo.size
     out.update(extra or {})
     return out
 

@@ -4,7 +4,7 @@ A BLAS matrix product picks its kernels by matrix shape, so row ``i`` of ``X @ W
 last bits between a batch of 1 and a batch of 7, or between positions of the same batch. A server
 that batches requests dynamically would then give a request an answer that depends on which other
 requests rode with it. :class:`Predictor` therefore runs every batch padded to one fixed number of
-rows (``pad_rows``) and checks once, on a seeded probe, that a row's result is the same at every
+rows (``pad_rows``, larger batches in several calls) and checks once, on a seeded probe, that a row's result is the same at every
 position of that padded batch; where it is not (some BLAS kernels treat edge rows apart) it computes
 row by row. Either way a request's logits are a function of its features alone, bitwise, and equal
 the single-process prediction of the same checkpoint.
@@ -20,7 +20,23 @@ from training.data import load_dataset
 from training.nn import Linear, build_mlp
 from training.model_parallel.sharded import dense_params, find_sharded, read_pieces
 
-__all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor"]
+__all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor", "PAD_ROWS_MAX", "forward_rows"]
+
+#: Most rows of one forward call by default: a larger batch runs as several calls of this many rows,
+#: so the start-up probe (``rows`` forwards of ``rows`` rows) does not grow with ``max_batch``.
+PAD_ROWS_MAX = 32
+
+
+def forward_rows(max_batch):
+    """Return the rows of every forward call for batches of up to ``max_batch``: ``max_batch``
+    rounded up to a multiple of 8, at most :data:`PAD_ROWS_MAX`.
+
+    Examples
+    --------
+    >>> [forward_rows(b) for b in (1, 8, 9, 100)]
+    [8, 8, 16, 32]
+    """
+    return min(-(-int(max_batch) // 8) * 8, PAD_ROWS_MAX)
 
 
 class ModelSpec:
@@ -148,7 +164,8 @@ class Predictor:
     max_batch : int
         Largest batch (rows) :meth:`predict` accepts.
     pad_rows : int, optional
-        Rows of every forward call; default ``max_batch`` rounded up to a multiple of 8.
+        Rows of every forward call; default :func:`forward_rows` (``max_batch`` rounded up to a multiple
+        of 8, at most :data:`PAD_ROWS_MAX`; a larger batch runs as several calls).
     probe : bool
         Check position invariance on a seeded probe and fall back to one row per call when it fails.
         Every process serving or checking answers must make the same choice; the probe is
@@ -165,9 +182,9 @@ class Predictor:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.forward, self.n_features, self.n_classes = forward, int(n_features), int(n_classes)
         self.max_batch = int(max_batch)
-        self.rows = int(pad_rows or -(-max_batch // 8) * 8)
-        if self.rows < self.max_batch:
-            raise ValueError(f"pad_rows ({pad_rows}) must be >= max_batch ({max_batch})")
+        self.rows = int(pad_rows or forward_rows(max_batch))
+        if self.rows < 1:
+            raise ValueError(f"pad_rows must be >= 1, got {pad_rows}")
         self._x = numpy.zeros((self.rows, self.n_features))
         if probe and self.rows > 1 and not self._invariant():
             self.rows = 1

@@ -16,18 +16,21 @@ import time
 import numpy
 from mpi4py import MPI
 
+from collectives.engine.policy import abort
 from collectives.model.auto import select_allreduce
 
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig, parse_pairs
-from inference.endpoint import HttpEndpoint
-from inference.front import Front
+from inference.endpoint import EndpointOptions, HttpEndpoint
+from inference.exporter import ServingMetrics
+from inference.front import Front, FrontOptions
 from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
 from inference.metrics import request_record, summarize, write_jsonl
 from inference.model import Predictor, dense_forward, load_spec
 from inference.replica import ReplicaOptions, serve_replica
 from inference.request import Request
+from inference.slo import LatencyObjective
 from inference.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
 from training.checkpoint import CheckpointError, root_bytes
 from training.metrics import run_info
@@ -51,8 +54,19 @@ _HELP = {
     "fail_replica": "replicas that stop answering after some batches, REPLICA:BATCHES[,...]",
     "replica_timeout": "seconds a busy replica may stay silent before it is removed",
     "algorithm": "all-reduce algorithm of the tensor-parallel forward (collectives.ALGORITHMS)",
-    "http": "serve HTTP on this port of the front rank (0: any free port, written to DIR/endpoint.json) "
-            "instead of running the load generator; POST /shutdown ends the job",
+    "inflight": "batches a replica holds at once; the others wait at the front and merge into fuller batches",
+    "slo_ms": "latency objective (ms): the batch size adapts (AIMD) and requests that cannot meet it are "
+              "refused at once (HTTP 429); 0: none",
+    "max_queue": "requests that may wait at the front; more are refused (HTTP 503)",
+    "fail_front": "raise an error on the front after this many batches (fault injection; -1: never)",
+    "http": "serve the Open Inference Protocol over HTTP on this port of the front rank (0: any free port, "
+            "written to DIR/endpoint.json) instead of running the load generator; SIGTERM or SIGINT drains "
+            "and ends the job",
+    "host": "address the HTTP server binds",
+    "model_name": "the model's name in the protocol's routes (/v2/models/NAME)",
+    "max_body_bytes": "largest request body (bytes); larger ones are answered 413",
+    "read_timeout": "seconds a request body may take to arrive; slower ones are answered 408",
+    "max_connections": "concurrent HTTP connections; more are answered 503",
     "seed": "seed of arrivals, test rows and power-of-two draws",
     "run_dir": "output directory",
 }
@@ -60,7 +74,8 @@ _HELP = {
 
 _METAVAR = {"checkpoint": "RUN", "rate": "RPS", "max_wait_ms": "MS", "straggler": "R:FACTOR", "service_ms": "MS",
             "fail_replica": "R:BATCHES", "replica_timeout": "SECONDS", "algorithm": "NAME", "http": "PORT",
-            "run_dir": "DIR"}
+            "run_dir": "DIR", "slo_ms": "MS", "host": "ADDRESS", "model_name": "NAME", "max_body_bytes": "BYTES",
+            "read_timeout": "SECONDS"}
 
 
 def parse_args(argv=None):
@@ -131,11 +146,17 @@ def run(cfg, comm=None):
             slow, fail = parse_pairs(cfg.straggler, "straggler", float), parse_pairs(cfg.fail_replica, "fail_replica", int)
             opts = ReplicaOptions(straggler=slow.get(replica, 1.0), service_s=cfg.service_ms / 1e3,
                                   fail_after=fail.get(replica))
-            serve_replica(serving, group, predictor, forward, opts, front=0)
+            try:
+                serve_replica(serving, group, predictor, forward, opts, front=0)
+            except Exception as e:  # noqa: BLE001 -- any failure ends the whole job, with its reason
+                abort(f"replica {replica}: {type(e).__name__}: {e}")
             return None
         oracle = Predictor(emulate_forward(spec.weights, spec.activation, T) if T > 1
                            else dense_forward(spec.weights, spec.activation), F, C, cfg.max_batch)
-        return _front(cfg, serving, spec, data, oracle, comm)
+        try:
+            return _front(cfg, serving, spec, data, oracle, comm)
+        except Exception as e:  # noqa: BLE001 -- the replicas wait for the front: end every rank, with the reason
+            abort(f"front: {type(e).__name__}: {e}")
     finally:
         if group != MPI.COMM_NULL:
             group.Free()
@@ -144,16 +165,20 @@ def run(cfg, comm=None):
 
 def _front(cfg, serving, spec, data, oracle, world):
     """Run the front rank's part; ``oracle`` is the single-process reference whose bits count as correct."""
-    T = cfg.tensor_parallel
+    T, http = cfg.tensor_parallel, cfg.http >= 0
+    metrics = ServingMetrics(cfg.max_batch) if http else None
+    objective = (LatencyObjective(cfg.slo_ms / 1e3, cfg.max_batch, cfg.service_ms / 1e3) if cfg.slo_ms else None)
+    opts = FrontOptions(cfg.replica_timeout, cfg.inflight, cfg.max_queue, objective, keep=not http, metrics=metrics,
+                        fail_after=cfg.fail_front if cfg.fail_front >= 0 else None)
     front = Front(serving, [1 + r * T for r in range(cfg.replicas)], spec.n_features, spec.n_classes,
                   DynamicBatcher(cfg.max_batch, cfg.max_wait_ms / 1e3), Balancer(cfg.balance, cfg.replicas, cfg.seed),
-                  cfg.replica_timeout)
+                  opts)
     t0 = time.perf_counter()
-    if cfg.http >= 0:
-        _serve_http(cfg, front)
+    if http:
+        _serve_http(cfg, front, metrics)
     else:
         _load_test(cfg, front, data, t0)
-    t_end = max([r.answered for r in front.requests] or [t0])
+    t_end = max([r.answered for r in front.requests] or [time.perf_counter() if http else t0])
     missing = front.shutdown(fin_timeout=max(10.0, 2 * cfg.replica_timeout))
     correct = [r.status == "ok" and numpy.array_equal(r.logits, oracle.predict(r.x[None])[0])
                for r in front.requests]
@@ -173,8 +198,13 @@ def _front(cfg, serving, spec, data, oracle, world):
         extra["allreduce"] = [{"bytes": b, "algorithm": select_allreduce(T, b) if cfg.algorithm == "auto" else cfg.algorithm}
                               for b in (T * oracle.rows * c * 8 for c in row_parallel_widths(spec.weights))]
     summary = summarize(front, correct, t_start, t_end, extra)
-    write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
-                [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])
+    if http:  # bodies refused by the endpoint never reached the front; answers were not kept
+        summary["correct"] = None
+        for k in ("rejected", "refused"):
+            summary[k] += int(metrics.count(k)) - front.outcomes[k]
+    if opts.keep:
+        write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
+                    [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])
     with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump({"config": cfg.to_dict(), **run_info(world)}, f, indent=1)
     with open(os.path.join(cfg.run_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -211,20 +241,24 @@ def _idle(front, gen, t0):
         time.sleep(min(left, 0.002))
 
 
-def _serve_http(cfg, front):
-    ep = HttpEndpoint(port=cfg.http)
+def _serve_http(cfg, front, metrics):
+    opts = EndpointOptions(cfg.host, cfg.http, cfg.model_name, cfg.max_body_bytes, cfg.read_timeout,
+                           cfg.max_connections, cfg.max_queue)
+    ep = HttpEndpoint(opts, front.F, front.C, metrics)
     path = os.path.join(cfg.run_dir, "endpoint.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump({"host": ep.host, "port": ep.port, "pid": os.getpid()}, f)
     os.replace(path + ".tmp", path)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: ep.close())
-    print(f"serving on http://{ep.host}:{ep.port} (POST /predict, GET /health, POST /shutdown)", flush=True)
+    print(f"serving the Open Inference Protocol on http://{ep.host}:{ep.port}/v2/models/{cfg.model_name} "
+          f"(SIGTERM drains and stops)", flush=True)
     try:
         while True:
             now = time.perf_counter()
             for req in ep.take():
                 front.submit(req, now)
+            ep.replicas_alive = int(front.balancer.alive.sum())
             # once shutdown began no request can join a batch: dispatch what waits without its max wait
             if not front.step(time.perf_counter(), force=ep.closing):
                 if ep.idle() and not front.pending():
@@ -245,8 +279,9 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     if summary is not None:
-        print(f"{summary['answered']}/{summary['requests']} answered, {summary['correct']} equal to the "
-              f"single-process prediction, {summary['rejected']} rejected, {summary['failed']} failed | "
+        check = "" if summary["correct"] is None else f", {summary['correct']} equal to the single-process prediction"
+        print(f"{summary['answered']}/{summary['requests']} answered{check}, {summary['rejected']} rejected, "
+              f"{summary['refused']} refused, {summary['failed']} failed | "
               f"p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms, "
               f"{summary['throughput_rps']} req/s | {cfg.run_dir}/summary.json", flush=True)
     return 0

@@ -1,6 +1,8 @@
 """Draw the serving study: p50/p99 latency against offered load per balancing policy (the "hockey
 stick"), replicated against tensor-parallel replicas, all-reduce time per algorithm and size, and a
-tensor-parallel replica's latency per all-reduce algorithm.
+tensor-parallel replica's latency per all-reduce algorithm; and, in a second figure (``*_load.png``),
+one replica's throughput, batch size, latency and goodput against offered load with and without a
+latency objective.
 
     python -m plots.serving results/serving/serving_study.json [--out FILE.png]
 
@@ -18,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-__all__ = ["draw", "main"]
+__all__ = ["draw", "draw_load", "main"]
 
 _COLORS = {"round-robin": "tab:red", "least-outstanding": "tab:blue", "power-of-two": "tab:green"}
 
@@ -145,6 +147,53 @@ def draw(doc, path):
     plt.close(fig)
 
 
+def _series(pts, key):
+    fr = sorted({p["fraction"] for p in pts})
+    vals = [[p[key] for p in pts if p["fraction"] == f and p[key] is not None] for f in fr]
+    keep = [(f, v) for f, v in zip(fr, vals) if v]
+    med = [statistics.median(v) for _, v in keep]
+    return ([f for f, _ in keep], med, [[m - min(v) for m, (_, v) in zip(med, keep)],
+                                        [max(v) - m for m, (_, v) in zip(med, keep)]])
+
+
+def draw_load(doc, path):
+    """Draw part E of the study ``doc``: throughput, mean batch, p50/p99 and goodput against offered load."""
+    pts = [p for p in doc["points"] if p["part"] == "load"]
+    cap = doc.get("load_capacity_rps") or pts[0]["capacity_rps"]
+    slo = max(p["slo_ms"] for p in pts)
+    fig, axes = plt.subplots(1, 4, figsize=(20, 5))
+    for s, color in ((0.0, "tab:red"), (slo, "tab:blue")):
+        g = [p for p in pts if p["slo_ms"] == s]
+        name = f"slo {slo:g} ms" if s else "no objective"
+        for ax, key in zip(axes[[0, 1, 3]], ("throughput_rps", "mean_batch_size", "goodput_rps")):
+            x, y, err = _series(g, key)
+            ax.errorbar(x, y, yerr=err, fmt="-o", color=color, capsize=3, markersize=4, label=name)
+        for key, style in (("latency_p99_ms", "-o"), ("latency_p50_ms", "--.")):
+            x, y, err = _series(g, key)
+            axes[2].errorbar(x, y, yerr=err, fmt=style, color=color, capsize=3, markersize=4,
+                             label=f"{name} {'p99' if '99' in key else 'p50'}")
+    fr = sorted({p["fraction"] for p in pts})
+    axes[0].plot(fr, [min(f, 1.0) * cap for f in fr], ":", color="0.4", label="min(offered, capacity)")
+    axes[3].plot(fr, [min(f, 1.0) * cap for f in fr], ":", color="0.4", label="min(offered, capacity)")
+    axes[1].axhline(doc.get("study", {}).get("load_max_batch", 8), color="0.4", ls=":", label="largest batch")
+    axes[2].axhline(slo, color="0.4", ls=":", label="objective")
+    axes[2].set_yscale("log")
+    titles = ("throughput (req/s)", "mean batch size (requests)", "latency (ms, log scale)",
+              f"goodput: answers within {slo:g} ms per s")
+    for ax, title in zip(axes, titles):
+        ax.set_xlabel("offered load (x capacity)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    st, run = doc.get("study", {}), doc.get("run", {})
+    fig.suptitle(f"One replica, {st.get('load_service_ms', '?')} ms per batch of up to {st.get('load_max_batch', '?')}: "
+                 f"capacity {cap:.0f} req/s -- host {run.get('host', '?')}, {st.get('repeats', '?')} repeats "
+                 f"(medians, bars: range)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.serving", description=__doc__.split("\n\n")[0])
@@ -163,6 +212,10 @@ def main(argv=None):
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "serving.png")
     draw(doc, out)
     print(f"wrote {out}")
+    if any(p["part"] == "load" for p in doc["points"]):
+        load = out[:-4] + "_load.png" if out.endswith(".png") else out + "_load.png"
+        draw_load(doc, load)
+        print(f"wrote {load}")
     return 0
 
 

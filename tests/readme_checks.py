@@ -171,6 +171,14 @@ CHECKS = {
         Help("tests/test_inference.py::test_replicated_serving_answers_equal_the_single_process_prediction"),
     "mpiexec -n 5 python -m inference.serve --checkpoint runs/served --replicas 2 --tensor-parallel 2 ...":
         Help("tests/test_inference.py::test_tensor_parallel_replica_answers"),
+    "mpiexec -n 3 python -m inference.serve --checkpoint runs/served --replicas 2 --http 8000":
+        Help("tests/test_inference_http.py::test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and_drains"),
+    "mpiexec -n 2 python -m inference.serve --checkpoint runs/served --replicas 1 --service-ms 20 --max-batch 8 "
+    "--rate 600 --requests 1200 --run-dir results/serve-600":
+        Help("tests/test_inference.py::test_batches_fill_while_the_replica_is_busy_and_throughput_follows_the_offered_load"),
+    "mpiexec -n 2 python -m inference.serve --checkpoint runs/served --replicas 1 --service-ms 20 --max-batch 8 "
+    "--rate 1200 --requests 2400 --slo-ms 60 --run-dir results/serve-slo":
+        Help("tests/test_inference.py::test_a_latency_objective_refuses_early_and_holds_p99"),
     # Parameter server
     "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
         Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),

@@ -3,12 +3,6 @@ serving jobs under mpiexec checked against single-process predictions of the sam
 import json
 import math
 import os
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -23,7 +17,7 @@ from inference.metrics import percentiles
 from inference.model import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.tensor import emulate_forward
-from tests.mpirun import ROOT, launcher_args, launcher_env, mpiexec_path, run_mpi
+from tests.mpirun import run_mpi
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.config import Config
 from training.data import load_dataset
@@ -45,6 +39,21 @@ def test_batcher_releases_full_batches_at_once_and_partial_ones_after_the_wait()
     assert b.take(2.0, force=True) == ["retry", "late"]
     with pytest.raises(ValueError, match="max_batch"):
         DynamicBatcher(0, 0.0)
+
+
+def test_batches_wait_at_the_front_until_a_replica_has_room():
+    b = DynamicBatcher(max_batch=4, max_wait_s=0.0)
+    for i in range(6):
+        b.add(i, now=0.0)
+    assert b.due(0.0) and b.take(0.0) == [0, 1, 2, 3]
+    b.size = 1  # a latency objective cut the batch size
+    assert b.take(0.0) == [4]
+    rr = Balancer("round-robin", 2)
+    assert rr.choose(np.array([False, True])) is None  # replica 0's turn: the batch waits for it
+    assert rr.choose(np.array([True, True])) == 0 and rr.choose(np.array([True, True])) == 1
+    lo = Balancer("least-outstanding", 3)
+    lo.sent(1, 1)
+    assert lo.choose(np.array([False, True, True])) == 2 and lo.choose(np.zeros(3, bool)) is None
 
 
 def test_balancers_follow_their_rules():
@@ -141,7 +150,10 @@ def test_config_is_checked_before_anything_runs():
     for kw, msg in [({"replicas": 0}, "replicas"), ({"balance": "x"}, "balance"), ({"rate": 0.0}, "rate"),
                     ({"straggler": "5:4"}, "replica 5"), ({"straggler": "0:0.5"}, "factor"),
                     ({"fail_replica": "1"}, "REPLICA:INT"), ({"fail_replica": "1:3,1:4"}, "twice"), ({"algorithm": "x"}, "algorithm"),
-                    ({"max_wait_ms": math.nan}, "finite")]:
+                    ({"max_wait_ms": math.nan}, "finite"), ({"slo_ms": 5.0, "service_ms": 5.0}, "exceed one batch"),
+                    ({"slo_ms": 30.0, "service_ms": 10.0, "straggler": "1:4"}, "slowest straggler"),
+                    ({"inflight": 0}, "inflight"), ({"read_timeout": 0.0}, "read_timeout"),
+                    ({"model_name": "a/b"}, "model_name")]:
         with pytest.raises(ValueError, match=msg):
             ServeConfig(**{**ok.to_dict(), **kw}).validate(5)
     with pytest.raises(ValueError, match="needs 1 \\+ 2 \\* 2 = 5 ranks, the job has 4"):
@@ -283,73 +295,30 @@ def test_a_tensor_parallel_training_run_is_served_resharded(tmp_path):
     _check_answers(_records(out), data, ref, dense)
 
 
-def _health(url):
-    with urllib.request.urlopen(url + "/health", timeout=10) as r:
-        return json.loads(r.read())
+def _load(ckpt, out, rate, *flags):
+    run_mpi(2, "inference.serve", "--checkpoint", ckpt, "--replicas", 1, "--service-ms", 20, "--max-batch", 8,
+            "--rate", rate, "--requests", int(rate * 1.5), "--run-dir", out, *flags, timeout=60)
+    return json.load(open(os.path.join(out, "summary.json")))
 
 
-def _post(url, body, timeout=20):
-    req = urllib.request.Request(url, data=body if isinstance(body, bytes) else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+def test_batches_fill_while_the_replica_is_busy_and_throughput_follows_the_offered_load(ckpt, tmp_path):
+    """One replica, 20 ms per batch of up to 8: capacity 8 / 20 ms = 400 req/s."""
+    over = _load(ckpt, str(tmp_path / "600"), 600)
+    assert over["mean_batch_size"] >= 0.8 * 8 and over["throughput_rps"] >= 0.9 * 400, over
+    under = _load(ckpt, str(tmp_path / "300"), 300)
+    assert under["throughput_rps"] >= 0.9 * 300 and under["answered"] == under["correct"] == 450, under
+    assert under["mean_batch_size"] < over["mean_batch_size"]
 
 
-def test_http_endpoint_answers_rejects_bad_input_and_drains_on_shutdown(ckpt, tmp_path):
-    out = str(tmp_path / "http")
-    cmd = [mpiexec_path(), *launcher_args(), "-n", "3", sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
-           "--replicas", "2", "--http", "0", "--max-batch", "16", "--max-wait-ms", "20000", "--service-ms", "300",
-           "--run-dir", out]
-    env = {**launcher_env(), "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        ep = os.path.join(out, "endpoint.json")
-        deadline = time.time() + 30
-        while not os.path.exists(ep):
-            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() is not None else "no endpoint"
-            time.sleep(0.1)
-        url = "http://127.0.0.1:%d" % json.load(open(ep))["port"]
-        assert _health(url) == {"status": "serving", "in_flight": 0, "accepted": 0}
-        data, ref, _ = _reference(ckpt, 8)
-        row = data.x_test[0].tolist()
-        bads = [b"{not json", {"x": 1}, {"features": row[:-1]}, {"features": row[:5] + ["a"] + row[6:]},
-                b'{"features": [' + b", ".join([b"NaN"] + [b"1"] * (len(row) - 1)) + b"]}"]
-        for bad in bads:  # rejected at once, never batched
-            code, ans = _post(url + "/predict", bad)
-            assert code == 400 and ans["error"], bad
-        results, base = {}, _health(url)["accepted"]
-
-        def client(i):
-            results[i] = _post(url + "/predict", {"features": data.x_test[i].tolist()}, timeout=60)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
-        for t in threads:
-            t.start()
-        # a batch of 16 with a 20 s wait: the 12 stay queued until shutdown makes the drain dispatch them
-        while _health(url)["accepted"] < base + 12:
-            assert time.time() < deadline + 60
-            time.sleep(0.01)
-        assert _health(url)["in_flight"] == 12
-        assert _post(url + "/shutdown", b"{}")[0] == 202
-        code, ans = _post(url + "/predict", {"features": row})  # arrives while draining
-        assert code == 503 and "shutting down" in ans["error"]
-        for t in threads:
-            t.join(60)
-        assert sorted(results) == list(range(12))
-        for i, (code, ans) in results.items():  # the drain answered every accepted request
-            assert code == 200 and np.array_equal(np.array(ans["logits"]), ref(data.x_test[i]))
-        text = proc.communicate(timeout=30)[0]
-        assert proc.returncode == 0, text
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    s = json.load(open(os.path.join(out, "summary.json")))
-    assert s["rejected"] == 3 and s["pending"] == 0 and s["duplicate_answers"] == 0  # 2 bad bodies never reach the front
+def test_a_latency_objective_refuses_early_and_holds_p99(ckpt, tmp_path):
+    """At 3x capacity without an objective the queue grows for the whole run; with --slo-ms 60 the
+    requests that cannot meet it are refused at once and the answered ones meet it."""
+    s = _load(ckpt, str(tmp_path / "slo"), 1200, "--slo-ms", 60)
+    assert s["refused"] > 0 and s["answered"] + s["refused"] == s["requests"] == 1800 and s["pending"] == 0
+    assert s["latency_p99_ms"] <= 1.2 * 60 and s["goodput_rps"] >= 0.8 * 400, s
+    assert s["answered"] == s["correct"]
+    refused = [r for r in _records(str(tmp_path / "slo")) if r["status"] == "refused"]
+    assert all("latency objective of 60 ms" in r["error"] for r in refused)
 
 
 def test_wrong_rank_count_fails_on_every_rank_with_one_message(ckpt, tmp_path):

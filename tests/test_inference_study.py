@@ -51,3 +51,23 @@ def test_row_parallel_widths_follow_the_split_rule():
     w = [(np.zeros((a, b)), np.zeros(b)) for a, b in zip([64, 32, 16, 8], [32, 16, 8, 10])]
     assert row_parallel_widths(w) == [16, 10]  # layers 1 and 3 (odd)
     assert row_parallel_widths(w[:3]) == [16, 8]  # layer 1, and the even last layer
+
+
+def test_load_sweep_table_and_figure_report_medians_of_both_arms(tmp_path):
+    from experiments.studies.load_sweep import load_table
+    from plots.serving import draw_load
+
+    rng = np.random.default_rng(1)
+    pts = [{"part": "load", "fraction": f, "offered_rps": 400 * f, "capacity_rps": 400.0, "slo_ms": s, "repeat": r,
+            "throughput_rps": float(rng.uniform(100, 400)), "mean_batch_size": float(rng.uniform(1, 8)),
+            "latency_p50_ms": float(rng.uniform(20, 60)), "latency_p99_ms": float(rng.uniform(40, 900)),
+            "goodput_rps": float(rng.uniform(0, 400)), "refused": int(rng.integers(0, 50))}
+           for r in range(3) for f in (0.5, 2.0) for s in (0.0, 60.0)]
+    rows = _rows(load_table(pts))
+    g = [p for p in pts if p["fraction"] == 2.0 and p["slo_ms"] == 60.0]
+    assert rows[1][:2] == ["2.0", "800"] and rows[1][7] == f"{np.median([p['throughput_rps'] for p in g]):.0f}"
+    assert rows[1][9] == (f"{np.median([p['latency_p50_ms'] for p in g]):.1f} / "
+                          f"{np.median([p['latency_p99_ms'] for p in g]):.1f}")
+    assert load_table([]) == ""
+    draw_load({"points": pts, "load_capacity_rps": 400.0, "study": {"load_max_batch": 8}}, str(tmp_path / "l.png"))
+    assert (tmp_path / "l.png").stat().st_size > 10000

@@ -2,7 +2,7 @@
 replicated against tensor-parallel replicas at equal rank count, the tensor-parallel all-reduce's
 time per algorithm at the sizes the forward sends, and serving latency per all-reduce algorithm.
 
-    mpiexec -n 4 python -m experiments.studies.serving_study [--out results/serving] [--repeats 3] [--parts ABCD]
+    mpiexec -n 4 python -m experiments.studies.serving_study [--out results/serving] [--repeats 3] [--parts ABCDE]
     python -m plots.serving results/serving/serving_study.json
 
 Without ``--checkpoint`` the study first trains its model (digits, 64-1024-10, 5 epochs) into
@@ -25,6 +25,9 @@ D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) und
    closed-loop clients (default 1: each request alone, so latency is service time without queueing),
    for each of ``--tp-algorithms`` (interleaved in every repeat): latency p50/p99 and all-reduce
    time per request; median and range over repeats.
+E. Front + one replica (ranks 0-1): throughput, mean batch size, p50/p99 and goodput against offered
+   load from 0.2x to 3x the replica's capacity, with and without a latency objective
+   (:mod:`experiments.studies.load_sweep`).
 
 Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point, the
 ``provenance`` of :mod:`experiments.results`) and prints the tables as markdown. On a busy machine the
@@ -46,9 +49,11 @@ import collectives
 from collectives.model.auto import select_allreduce
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
+from experiments.studies.load_sweep import add_options as add_load_options
+from experiments.studies.load_sweep import capacity, load_sweep, load_table
 from inference.balance import POLICIES
 from inference.config import ServeConfig
-from inference.model import load_spec
+from inference.model import forward_rows, load_spec
 from inference.tensor import row_parallel_widths
 from inference.serve import run as serve
 from training.checkpoint import root_bytes
@@ -132,7 +137,7 @@ def allreduce_sizes(args, comm, widths):
     sends at T = P) and ``rows * c`` (a plain all-reduce of the partial), ``rows`` the padded batch
     of :class:`inference.model.Predictor` (``--max-batch`` rounded up to 8).
     """
-    rows_per_forward = -(-args.max_batch // 8) * 8
+    rows_per_forward = forward_rows(args.max_batch)
     slotted = {comm.size * rows_per_forward * c for c in widths}
     sizes = sorted(slotted | {rows_per_forward * c for c in widths})
     rows = []
@@ -199,8 +204,8 @@ def _algorithms(text):
 
 
 def _parts(text):
-    if not text or set(text) - set("ABCD"):
-        raise argparse.ArgumentTypeError(f"expected letters of ABCD, got {text!r}")
+    if not text or set(text) - set("ABCDE"):
+        raise argparse.ArgumentTypeError(f"expected letters of ABCDE, got {text!r}")
     return text
 
 
@@ -209,7 +214,7 @@ def _parser():
     p = argparse.ArgumentParser(prog="mpiexec -n 4 python -m experiments.studies.serving_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/serving", help="results folder")
     p.add_argument("--checkpoint", default="", help="training run to serve (default: train OUT/model first)")
-    p.add_argument("--parts", type=_parts, default="ABCD", help="parts to run (letters of ABCD)")
+    p.add_argument("--parts", type=_parts, default="ABCDE", help="parts to run (letters of ABCDE)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every point")
     p.add_argument("--fractions", type=lambda s: [float(v) for v in s.split(",")],
                    default=[0.2, 0.4, 0.6, 0.7, 0.8, 0.9], help="offered load as fractions of capacity")
@@ -226,6 +231,7 @@ def _parser():
     p.add_argument("--tp-requests", type=int, default=300, help="part D: requests per point")
     p.add_argument("--tp-clients", type=int, default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
+    add_load_options(p)
     prov.add_options(p)
     return p
 
@@ -280,9 +286,15 @@ def main(argv=None):
         tp += tp_algorithms(args, ckpt, three, args.out) if three != MPI.COMM_NULL else []
         _idle(world)
         tp += tp_algorithms(args, ckpt, world, args.out)
+    load = []
+    if "E" in args.parts:
+        _idle(world)
+        two = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+        load = load_sweep(args, ckpt, two, args.out) if two != MPI.COMM_NULL else []
+        _idle(world)
     if world.rank == 0:
         doc = {"study": vars(args), "checkpoint": ckpt, "run": run_info(world), "capacities_rps": caps,
-               "points": points + tp, "allreduce": ar, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "load_capacity_rps": capacity(args), "points": points + tp + load, "allreduce": ar, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         doc["ratios_at_80"] = ratios(points, 0.8)
         prov.stamp(doc, watch, P=world.size, command=command_line("experiments.studies.serving_study", argv))
         with open(results, "w", encoding="utf-8") as f:
@@ -358,6 +370,9 @@ def markdown(doc):
                                   f"{sum(p['answered'] for p in g)}"])
         tables.append(_table(cells, ["replica", "all-reduce", "p50 ms", "p99 ms", "all-reduce ms/request",
                                      "correct/answered"]))
+    load = load_table(pts)
+    if load:
+        tables.append(load)
     return "\n\n".join(tables)
 
 
