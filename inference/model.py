@@ -14,7 +14,7 @@ import os
 
 import numpy
 
-from training.checkpoint import CheckpointError, find_checkpoint, read_npz, root_bytes
+from training.checkpoint import CheckpointError, check_origin, find_checkpoint, read_npz, root_bytes
 from training.config import Config
 from training.data import load_dataset
 from training.nn import Linear, build_mlp
@@ -74,6 +74,7 @@ def _read_on_root(path, box):
     else:
         name = find_checkpoint(path)
         arrays = read_npz(name)
+        check_origin(name, arrays)  # the trainer's own check: a file of another run, or renamed, is refused
         saved = arrays.get("meta/config")
     if saved is None:
         raise CheckpointError(f"checkpoint {name} holds no meta/config: not a training run's")

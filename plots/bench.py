@@ -122,6 +122,23 @@ def markdown(results, stat="mean"):
     return "\n".join(lines)
 
 
+def small_calls_table(results):
+    """Return the repeated small calls' ratios of a sweep of 8 B-4 KiB as Markdown: commlab's ``auto``
+    reduce-scatter, all-gather and all-reduce and its persistent plan against MPI's calls made
+    directly, median [min-max] over the passes (the rows a sweep with ``--max-bytes 4096`` holds)."""
+    reps, s = results["summary_repeats"], results["summary_median"]
+    small = _span(s["sizes"], "bytes", 8, 4 * _KIB) or "no size"
+    keys = ("auto_vs_iraw_geomean_8_4K", "iraw_vs_raw_geomean_8_4K", "persistent_vs_raw_geomean_8_4K",
+            "mpi_init_vs_raw_geomean_8_4K", "reduce_scatter_auto_vs_iraw_geomean_8_4K",
+            "allgather_auto_vs_iraw_geomean_8_4K", "reduce_scatter_auto_vs_raw_geomean", "allgather_auto_vs_raw_geomean")
+    labels = dict(_TARGETS)
+    cells = [[labels[k].format(small=small, all=small, big=""), f"{reps[k]['median']:.2f}x",
+              f"{reps[k]['min']:.2f}-{reps[k]['max']:.2f}x"] for k in keys if k in reps]
+    n = max(v["passes"] for v in reps.values())
+    return (f"**P = {results['P']}**, float32, median [min-max] over {n} passes of the sweep:\n\n"
+            + _table(cells, ("figure", "median", "range"), numbers_from=1))
+
+
 #: Summary figures printed with their range over passes: (aggregate key, label). ``{big}``, ``{small}``
 #: and ``{all}`` become the sizes the sweep measured within 64 KiB-64 MiB, within 8 B-4 KiB, and at all.
 _TARGETS = (

@@ -176,6 +176,14 @@ def _trainer_table(rel):
     return head + "\n\n" + trainer_table(results["cells"]) + "\n\n" + source_line(prov, rel)
 
 
+def _small_calls(rel):
+    from plots.bench import small_calls_table
+
+    results = _load(rel)
+    prov = check_quiet(results, rel)
+    return small_calls_table(results) + "\n\n" + source_line(prov, rel)
+
+
 def _breakdown_table(rel):
     from plots.tables import breakdown_table
 
@@ -251,6 +259,9 @@ ITEMS = {
     "model-parallel-p4": ("model_parallel/p4.json", _model_parallel_table,
                           _figure("model_parallel", "model_parallel_p4.png")),
     "bench-breakdown-p2": ("bench/breakdown_p2.json", _breakdown_table, None),
+    "bench-breakdown-p4": ("bench/breakdown_p4.json", _breakdown_table, None),
+    "bench-small-p2": ("bench/small_calls_p2.json", _small_calls, None),
+    "bench-small-p4": ("bench/small_calls_p4.json", _small_calls, None),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),

@@ -98,6 +98,10 @@ CHECKS = {
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p2.json": "bench_p2.json"}),
     "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --max-bytes 1M --iters 50":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce,reduce_scatter,allgather --max-bytes 4096 "
+    "--algorithms auto,mpi,MPI_Allreduce,MPI_Iallreduce,MPI_Allreduce_init,persistent,MPI_Reduce_scatter,"
+    "MPI_Ireduce_scatter_block,MPI_Allgather,MPI_Iallgather --out results/bench_small_p2":
+        Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
     "mpiexec -n 2 python -m experiments.bench.breakdown --out results/bench_breakdown_p2.json":
         Help("tests/test_bench_calls.py::test_breakdown_times_every_step_of_the_repeated_call"),
     "python -m plots.bench results/bench_p4.json --markdown --out results":

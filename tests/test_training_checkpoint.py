@@ -24,7 +24,7 @@ def test_checkpoint_roundtrip_is_exact_and_atomic(tmp_path):
     save_checkpoint(path, arrays, SELF)
     assert os.listdir(tmp_path) == ["ckpt-epoch0001.npz"]  # no temporary file left behind
     name, back = load_checkpoint(str(tmp_path), SELF)
-    assert name == path and set(back) == set(arrays)
+    assert name == path and set(back) == set(arrays) | {"meta/epoch"} and back["meta/epoch"].tolist() == [1]
     for k, v in arrays.items():
         assert back[k].dtype == v.dtype and np.array_equal(back[k], v)
     with zipfile.ZipFile(path) as z:
@@ -146,3 +146,57 @@ def test_plots_draw_pngs_from_run_latest(tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert "training_curves.png" in capsys.readouterr().out
     assert main([str(tmp_path / "nothing")]) == 1
+
+
+def _run_dir(path, run_id):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"config": {}, "run": {"run_id": run_id}}, f)
+    return str(path)
+
+
+def test_a_checkpoint_of_another_run_or_epoch_is_refused_unless_asked_for(tmp_path):
+    """A checkpoint carries its run's id and its epoch; copied into another run, or renamed to another
+    epoch, it is refused naming the file (the copy is accepted with foreign_ok, the flag
+    --allow-foreign-checkpoint); a run directory without an id accepts what it holds."""
+    import shutil
+
+    mine, other = _run_dir(tmp_path / "a", "aaaa"), _run_dir(tmp_path / "b", "bbbb")
+    path = os.path.join(mine, "ckpt-epoch0002.npz")
+    save_checkpoint(path, {"model/params": np.ones(4)}, SELF)
+    _, back = load_checkpoint(mine, SELF)
+    assert bytes(back["meta/run_id"]).decode() == "aaaa" and back["meta/epoch"].tolist() == [2]
+    copied = os.path.join(other, "ckpt-epoch0002.npz")
+    shutil.copy(path, copied)
+    with pytest.raises(CheckpointError, match=r"ckpt-epoch0002.npz was written by run aaaa, not by the run of .*b "
+                                              r"\(bbbb\).*--allow-foreign-checkpoint"):
+        load_checkpoint(other, SELF)
+    assert load_checkpoint(other, SELF, foreign_ok=True)[1]["model/params"].tolist() == [1.0] * 4
+    renamed = os.path.join(mine, "ckpt-epoch0005.npz")
+    os.rename(path, renamed)
+    for ok in (False, True):
+        with pytest.raises(CheckpointError, match="ckpt-epoch0005.npz holds epoch 2, its name says epoch 5"):
+            load_checkpoint(renamed, SELF, foreign_ok=ok)
+    bare = tmp_path / "c"
+    bare.mkdir()
+    shutil.copy(renamed, bare / "ckpt-epoch0002.npz")  # no config.json: nothing to compare with
+    assert load_checkpoint(str(bare), SELF)[1]["meta/epoch"].tolist() == [2]
+
+
+@pytest.mark.parametrize("entry,value,why", [
+    ("model/params", np.array([1.0, np.nan, 2.0]), "2 values that are not finite|1 values that are not finite"),
+    ("model/params", np.array([1, 2, 3], np.int64), "int64 values, not floating-point"),
+    ("optim/steps", np.array(-3, np.int64), "not a step count >= 0"),
+    ("optim/velocity", np.array([np.inf, 0.0, 0.0]), "not finite"),
+])
+def test_values_that_make_no_sense_are_refused_naming_the_entry(entry, value, why):
+    """Values that pass the checksum (a file rewritten with its checksum recomputed) but make no sense."""
+    from types import SimpleNamespace
+
+    from training.state import restore
+
+    model = SimpleNamespace(params=np.zeros(3, np.float32), size=3, dtype=np.float32)
+    arrays = {"model/params": np.zeros(3), "optim/steps": np.array(1, np.int64), entry: value}
+    with pytest.raises(CheckpointError, match=f"ckpt-epoch0001.npz does not fit this run: entry {entry}.*({why})"):
+        restore("ckpt-epoch0001.npz", arrays, model, None, None, None)
+    assert model.params.tolist() == [0.0] * 3  # nothing written before the check

@@ -168,3 +168,26 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs2"), "parse", timeout=60, check=False)
     assert "error: rank 2: python -m training.train: error: argument --lr: invalid float value: 'abc'" in res.stdout
     assert "the command line fails on rank(s) 2 only" in res.stdout and res.stdout.count("status 2 made False") == 3
+
+
+def test_kills_before_the_configuration_and_foreign_checkpoints(tmp_path, capsys):
+    """A run killed before it wrote config.json (its directory empty, or holding a temporary file)
+    starts again by --resume and by the same --name; a checkpoint copied in from another run is
+    refused naming --allow-foreign-checkpoint, which then starts from it."""
+    import shutil
+
+    for how in ("resume", "name"):
+        run = tmp_path / how
+        run.mkdir()
+        (run / "config.json.tmp.4242").write_text('{"conf')  # a writer killed mid-write
+        argv = ["--resume", str(run)] if how == "resume" else ["--run-dir", str(tmp_path), "--name", how]
+        code, out, err = _run(capsys, *TINY, *argv, "--epochs", "1")
+        assert code == 0 and "after 1 epoch |" in out, (how, out, err)
+        assert not list(run.glob("*.tmp*")) and json.loads((run / "config.json").read_text())["run"]["run_id"]
+    assert _run(capsys, *TINY, "--run-dir", str(tmp_path), "--name", "other", "--epochs", "1")[0] == 0
+    shutil.copy(tmp_path / "name" / "ckpt-epoch0001.npz", tmp_path / "other" / "ckpt-epoch0001.npz")
+    code, out, err = _run(capsys, "--resume", str(tmp_path / "other"), "--epochs", "2", "--no-progress")
+    assert code != 0 and "ckpt-epoch0001.npz was written by run" in out + err and "--allow-foreign-checkpoint" in out + err
+    code, out, err = _run(capsys, "--resume", str(tmp_path / "other"), "--epochs", "2", "--no-progress",
+                          "--allow-foreign-checkpoint")
+    assert code == 0 and "after 2 epochs |" in out, (out, err)

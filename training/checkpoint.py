@@ -12,7 +12,6 @@ import contextlib
 import glob
 import json
 import os
-import re
 import time
 import zipfile
 
@@ -24,15 +23,15 @@ from collectives.log import get_logger
 from collectives.engine.waiting import wait_within
 from ps.server import server_checkpoint_path
 from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
+from training.origin import _NAME, check_origin, checkpoint_origin, never_configured, run_id_of
 
 _log = get_logger("training.checkpoint")
 
-__all__ = ["nothing_to_do", "CheckpointError", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
+__all__ = ["nothing_to_do", "CheckpointError", "run_id_of", "check_origin", "never_configured", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host", "saved_epochs", "epochs_note"]
 
-_NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 _RECORDS = ("metrics.jsonl", "epochs.jsonl", "staleness.json")  # a run's records, written as it goes
 
 
@@ -113,6 +112,10 @@ def make_run_dir(cfg, comm):
             path = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
             if not os.path.isdir(path):
                 raise OSError(f"--resume {cfg.resume}: no such run directory or checkpoint")
+            if never_configured(path):  # killed before its configuration: an interrupted write's leftovers go
+                for name in os.listdir(path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(path, name))
         else:
             grid = cfg.tensor_parallel * cfg.pipeline_parallel > 1  # a model-parallel grid names itself
             kind = f"tp{cfg.tensor_parallel}-pp{cfg.pipeline_parallel}" if grid else cfg.mode
@@ -131,7 +134,8 @@ def make_run_dir(cfg, comm):
                     if cfg.name and unfinished_without_checkpoint(path):
                         _log.info("reusing run directory %s: the run there ended before its first "
                                   "checkpoint, so it starts again from the beginning", path)
-                        for name in _RECORDS:  # the ended run's records would mix with the new ones
+                        leftovers = [n for n in os.listdir(path) if ".tmp" in n]  # an interrupted write's
+                        for name in (*_RECORDS, *leftovers):  # the ended run's records would mix with the new ones
                             with contextlib.suppress(FileNotFoundError):
                                 os.remove(os.path.join(path, name))
                         break
@@ -163,7 +167,7 @@ def unfinished_without_checkpoint(run_dir):
     -------
     bool
     """
-    return (os.path.isfile(os.path.join(run_dir, "config.json"))
+    return ((os.path.isfile(os.path.join(run_dir, "config.json")) or never_configured(run_dir))
             and not os.path.exists(os.path.join(run_dir, "summary.json"))
             and not epoch_checkpoints(run_dir)
             and not glob.glob(server_checkpoint_path(os.path.join(glob.escape(run_dir), "ps"), "*")))
@@ -241,14 +245,14 @@ def save_checkpoint(path, arrays, comm, timeout=None):
             raise TypeError(f"checkpoint entry {k!r} is an object array")
 
     def write():
-        write_npz(path, arrays)
+        write_npz(path, {**arrays, **checkpoint_origin(path)})
         return b""
 
     root_bytes(comm, write, error=CheckpointError, timeout=timeout)
     return path
 
 
-def load_checkpoint(path, comm, missing_ok=False, timeout=None):
+def load_checkpoint(path, comm, missing_ok=False, timeout=None, foreign_ok=False):
     """Read and verify a checkpoint on rank 0 and return its arrays on every rank.
 
     Parameters
@@ -261,6 +265,8 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
         return ``(None, None)`` on every rank instead of raising.
     timeout : float, optional
         Seconds the other ranks wait for rank 0's file (None: no limit).
+    foreign_ok : bool
+        Accept a checkpoint written by another run (:func:`check_origin`).
 
     Returns
     -------
@@ -270,7 +276,8 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
     Raises
     ------
     CheckpointError
-        On every rank, naming the file, when it is missing, unreadable, corrupt or truncated.
+        On every rank, naming the file, when it is missing, unreadable, corrupt or truncated, or
+        written by another run or under another epoch's name (:func:`check_origin`).
     """
     def read():
         if missing_ok and os.path.isdir(path) and unfinished_without_checkpoint(path):
@@ -278,7 +285,7 @@ def load_checkpoint(path, comm, missing_ok=False, timeout=None):
         f = find_checkpoint(path)
         with open(f, "rb") as fh:
             data = fh.read()
-        parse_npz(data, f)  # verify on rank 0 before anything is broadcast
+        check_origin(f, parse_npz(data, f), foreign_ok)  # verify on rank 0 before anything is broadcast
         return f.encode() + b"\0" + data
 
     msg = root_bytes(comm, read, error=CheckpointError, timeout=timeout)

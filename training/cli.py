@@ -16,6 +16,7 @@ import numpy
 
 from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
+from training.checkpoint import never_configured
 from training.config import CHOICES, Config
 
 __all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg", "parse_on_every_rank"]
@@ -133,6 +134,8 @@ HELP = {
               "base, flags given here override it (except --stop-after, which is not inherited). With "
               "--epochs unchanged the result is bitwise identical to an uninterrupted run; a different "
               "--epochs recomputes the cosine learning-rate schedule for the new length",
+    "allow_foreign_checkpoint": "with --resume: accept a checkpoint that another run wrote (copied into this "
+                                "run's directory, or given as a file of another run); refused by default",
     "eval_batch": "evaluation batch per rank in samples",
     "threads": "BLAS threads per rank; 0: cores on the node / ranks on the node",
     "progress": "show a progress bar on rank 0: redrawn in place when the output (or mpiexec's) is a "
@@ -302,6 +305,7 @@ def parse_args(argv=None):
         base.pop("resume", None)
         base.pop("stop_after", None)  # a stop applies to the job that asked for it
         base.pop("trace", None)  # so does a trace file: a resume must not overwrite the first job's
+        base.pop("allow_foreign_checkpoint", None)  # so does accepting another run's checkpoint
         if "compression_args" in given:
             base.pop("compression_args", None)
     base.update(given)
@@ -319,6 +323,8 @@ def _saved_config(path):
     else:
         raise SystemExit(f"error: --resume {path}: no such run directory or checkpoint")
     cfg_path = os.path.join(run, "config.json")
+    if never_configured(run):  # killed before it wrote its configuration: it starts again with the flags given
+        return {}  # (training.train says so: the run ended before its first checkpoint)
     try:
         with open(cfg_path, encoding="utf-8") as f:
             saved = dict(json.load(f)["config"])

@@ -104,6 +104,7 @@ class Config:
     checkpoint_every: int = 1         # save a checkpoint every this many epochs (0: only the last)
     keep_checkpoints: int = 2         # checkpoints kept in the run directory (most recent)
     resume: str = ""                  # run directory or checkpoint file to continue from
+    allow_foreign_checkpoint: bool = False  # --resume: accept a checkpoint written by another run
     eval_batch: int = 1024            # evaluation batch per rank (samples)
     threads: int = 0                  # BLAS threads per rank (0: cores / ranks on the node)
     progress: bool = True             # show a tqdm progress bar on rank 0

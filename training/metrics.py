@@ -32,6 +32,7 @@ import platform
 import socket
 import sys
 import time
+import uuid
 
 import mpi4py
 import numpy
@@ -90,9 +91,11 @@ def run_info(comm):
     dict
         MPI library version (first line, runs of whitespace collapsed), MPI standard version,
         mpi4py and NumPy versions, P, host, Python version, argv, the start time (ISO 8601,
-        local), the core count and the 1-minute load average at the start.
+        local), the core count, the 1-minute load average at the start, and ``run_id``: a random
+        identifier (128 bits, hex) that the first job of a run keeps in ``config.json`` and writes into
+        every checkpoint, so that a checkpoint copied from another run is recognised.
     """
-    return {"mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
+    return {"run_id": uuid.uuid4().hex, "mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
             "python": platform.python_version(), "argv": sys.argv[1:],
@@ -127,7 +130,7 @@ def write_config(run_dir, config, info, resumed_from=None):
         prev = old.get("config") if isinstance(old.get("config"), dict) else {}
         changed = {k: [prev.get(k), v] for k, v in config.items() if k != "resume" and prev.get(k) != v}
         resumes = old.get("resumes") if isinstance(old.get("resumes"), list) else []
-        record = {**old, "config": config, "run": old.get("run", {}),
+        record = {**old, "config": config, "run": old.get("run") or info,  # (a first job killed before it wrote one)
                   "resumes": resumes + [{**info, "resumed_from": resumed_from, "changed": changed}]}
     write_json(path, record)
 

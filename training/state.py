@@ -79,6 +79,23 @@ def checkpoint_arrays(cfg, model, opt, hook, state):
     return d
 
 
+def _check_values(arrays):
+    """Raise ``ValueError`` naming the entry when the parameters or the optimizer's state make no sense:
+    parameters and optimizer arrays that are not finite floating-point numbers, a step count that is
+    not a whole number >= 0 (a tampered or foreign file whose checksum was recomputed)."""
+    for key, v in arrays.items():
+        if not (key == "model/params" or key.startswith("optim/")):
+            continue
+        v = numpy.asarray(v)
+        if key == "optim/steps":
+            if v.size != 1 or v.dtype.kind not in "iu" or int(v.reshape(-1)[0]) < 0:
+                raise ValueError(f"entry {key} = {v.tolist()!r} is not a step count >= 0")
+        elif v.dtype.kind != "f":
+            raise ValueError(f"entry {key} holds {v.dtype} values, not floating-point numbers")
+        elif not numpy.isfinite(v).all():
+            raise ValueError(f"entry {key} holds {int((~numpy.isfinite(v)).sum())} values that are not finite")
+
+
 def restore(path, arrays, model, opt, hook, state):
     """Load :func:`checkpoint_arrays` output into model, optimizer, hook and counters in place.
 
@@ -105,6 +122,7 @@ def restore(path, arrays, model, opt, hook, state):
         if arrays["model/params"].shape != model.params.shape:
             raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
                              f"{model.size} (same --hidden and data?)")
+        _check_values(arrays)
         xp = get_array_module(model.params)
         model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
         opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})

@@ -101,7 +101,8 @@ def build_trainer(cfg, comm):
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     if cfg.resume:
-        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout)
+        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout,
+                                       foreign_ok=cfg.allow_foreign_checkpoint)
         if path is None and comm.rank == 0:
             _log.info("--resume %s: the run ended before its first checkpoint; starting it again from the "
                       "beginning", cfg.resume)

@@ -20,7 +20,9 @@ from mpi4py import MPI
 
 from collectives.backend import accumulation_dtype, get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
-from collectives.library.call import run_library
+from collectives.errors import CollectiveMismatch
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code, settings_token
+from collectives.library.call import _STATUSES, _reason, mismatch, run_library
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["ScatterPlan"]
@@ -42,7 +44,7 @@ class ScatterPlan:
     """
 
     __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
-                 "got", "isnan", "xp", "_pair")
+                 "got", "isnan", "xp", "_pair", "_lean")
 
     def __init__(self, ctx, x, op, key):
         size, rank, n = ctx.size, ctx.rank, x.size
@@ -58,6 +60,14 @@ class ScatterPlan:
         if op in ("min", "max") and self.acc.kind == "f":
             self.isnan = xp.empty(n, bool)
             self.mask, self.got = self.isnan.view(numpy.uint8), xp.empty(self.chunk, numpy.uint8)
+        # a host plan without a NaN mask, under the checks settings in force now: what :func:`call` works
+        # out at every call (the fingerprint's code, the statistics), worked out once (:meth:`_run_lean`)
+        self._lean = None
+        if xp is numpy and self.isnan is None and checks_enabled() and not debug_enabled():
+            acc = self.acc
+            self._lean = (settings_token(), key_code(key), getattr(ctx.comm, self.method),
+                          ("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
+                          self.elements * acc.itemsize)
 
     def _args(self, send, recv, op):
         return (send, recv, op) if self.method == "Ireduce_scatter_block" else (send, recv, self.counts, op)
@@ -86,6 +96,46 @@ class ScatterPlan:
                       and not (xp is numpy and numpy.may_share_memory(out, send)))  # (MPI: no receive inside the send)
             self._pair = (out, x, direct) if send is not self.send else (None, None, False)
         mine = out.reshape(-1) if direct else xp.empty(self.chunk, self.acc)  # the library writes it
+        lean = self._lean
+        if lean is not None and timeout is None and not ctx.active and lean[0] is settings_token():
+            self._run_lean(ctx, send, mine, lean)
+        else:
+            self._run_library(ctx, xp, send, mine, timeout)
+        if self.op == "avg":
+            finish(mine, mine, "avg", self.size, xp, True)  # the division, in place
+        if out is not None:
+            if not direct:
+                xp.copyto(out, mine.reshape(out.shape), casting="unsafe")
+            return out
+        return mine if x.dtype == self.acc else mine.astype(x.dtype)
+
+    def _run_lean(self, ctx, send, mine, lean):
+        """The library call of a repeated host call without a deadline: the 2-element fingerprint
+        all-reduce and the reduce-scatter, posted and waited, as :func:`collectives.library.call.call`
+        posts them, with the call's code and statistics made once."""
+        _, code, method, last, nbytes = lean
+        ctx._seq += 1  # (Context.advance: no exchange outside debug mode for a reduce-scatter)
+        fp = ctx.fp
+        fp[0], fp[1] = code, -code
+        comm = ctx.comm
+        reqs = [comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX), method(*self._args(send, mine, self.mpi_op))]
+        try:
+            MPI.Request.Waitall(reqs, _STATUSES)
+        except MPI.Exception as exc:
+            ctx.fail(f"reduce_scatter: {exc}")
+            raise CollectiveMismatch("reduce_scatter", "count", f"the MPI library reported '{_reason(exc, _STATUSES)}' "
+                                     f"in this rank's {describe(self.key)}: the ranks' calls differ") from None
+        if int(fp[0]) != code or int(fp[1]) != -code:
+            err = mismatch(self.key)
+            ctx.fail(f"reduce_scatter: {err}")
+            raise err
+        ctx.last = last
+        ctx.calls += 1
+        ctx.bytes_sent += nbytes
+
+    def _run_library(self, ctx, xp, send, mine, timeout):
+        """Post the library call through :func:`collectives.library.call.run_library` (device arrays,
+        deadlines, the NaN mask, debug mode); restore NaN and record the statistics."""
         more = ()
         if self.isnan is not None:
             xp.isnan(send, out=self.isnan)
@@ -93,11 +143,4 @@ class ScatterPlan:
         run_library(ctx, self.key, xp, self.method, self._args(send, mine, self.mpi_op), timeout, more)
         if self.got is not None and self.got.any():
             mine[self.got.view(bool)] = numpy.nan
-        if self.op == "avg":
-            finish(mine, mine, "avg", self.size, xp, True)  # the division, in place
-        ctx.record("reduce_scatter", "mpi", x.size, self.acc, elements=self.elements, estimated=True)
-        if out is not None:
-            if not direct:
-                xp.copyto(out, mine.reshape(out.shape), casting="unsafe")
-            return out
-        return mine if x.dtype == self.acc else mine.astype(x.dtype)
+        ctx.record("reduce_scatter", "mpi", send.size, self.acc, elements=self.elements, estimated=True)

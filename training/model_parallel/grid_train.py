@@ -91,7 +91,7 @@ def build_hybrid(cfg, comm):
     state, resumed = TrainState(), None
     if cfg.resume:
         resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
-        pieces, common = read_pieces(resumed, sizes)
+        pieces, common = read_pieces(resumed, sizes, cfg.allow_foreign_checkpoint)
         load_sharded(pieces, common, model, ks, opt)
         load_hook_state(resumed, grid, hook)
         state.load_state_dict(common)

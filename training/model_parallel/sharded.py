@@ -27,7 +27,7 @@ import numpy
 
 import collectives
 from collectives.log import get_logger
-from training.checkpoint import CheckpointError, read_npz, write_npz
+from training.checkpoint import CheckpointError, check_origin, read_npz, run_id_of, write_npz
 from training.model_parallel.grid import placement
 from training.nn import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
@@ -105,7 +105,7 @@ def save_sharded(run_dir, epoch, grid, trainer, extra, comm, *, timeout=None, ho
     if comm.Get_rank() == 0:
         names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
         with open(os.path.join(path, "manifest.json.tmp"), "w", encoding="utf-8") as f:
-            json.dump({"epoch": epoch, "grid": {"D": grid.D, "T": grid.T, "Q": grid.Q},
+            json.dump({"epoch": epoch, "run_id": run_id_of(run_dir), "grid": {"D": grid.D, "T": grid.T, "Q": grid.Q},
                        "files": {n: _sha256(os.path.join(path, n)) for n in names}}, f)
         os.replace(os.path.join(path, "manifest.json.tmp"), os.path.join(path, "manifest.json"))
     return path
@@ -119,14 +119,15 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _checked_files(path):
+def _checked_files(path, foreign_ok=False):
     """Return the shard files of checkpoint directory ``path`` after checking them against its manifest.
 
     Raises
     ------
     CheckpointError
         Naming the file: a listed file missing or with another checksum, a shard file the manifest
-        does not list (left by another run or copied in), or a manifest that is not one.
+        does not list (left by another run or copied in), a manifest that is not one, or (unless
+        ``foreign_ok``) a manifest whose run id is not that of the run directory holding it.
     """
     mpath = os.path.join(path, "manifest.json")
     try:
@@ -137,6 +138,11 @@ def _checked_files(path):
             raise TypeError("files is not a mapping of file name to checksum")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{mpath}: not a readable manifest ({e})") from None
+    here, held = run_id_of(os.path.dirname(os.path.abspath(path))), manifest.get("run_id")
+    if here is not None and held != here and not foreign_ok:
+        raise CheckpointError(f"{mpath}: written by run {held or '(no run id)'}, not by the run of "
+                              f"{os.path.dirname(os.path.abspath(path))} ({here}): copied from another run. To "
+                              "start from it on purpose, pass --allow-foreign-checkpoint")
     for name, digest in listed.items():
         file = os.path.join(path, name)
         if not os.path.isfile(file):
@@ -186,7 +192,7 @@ def find_sharded(path):
     return found[-1] if found else None
 
 
-def read_pieces(path, sizes=None):
+def read_pieces(path, sizes=None, foreign_ok=False):
     """Read every shard of checkpoint ``path`` (a shards directory, or a data-parallel ``.npz``).
 
     ``sizes`` (the MLP's widths, input first) is needed to cut a data-parallel checkpoint's flat
@@ -201,10 +207,12 @@ def read_pieces(path, sizes=None):
     Raises
     ------
     CheckpointError
-        Naming the file, when one is missing, corrupt or truncated.
+        Naming the file, when one is missing, corrupt or truncated, or (unless ``foreign_ok``)
+        written by another run than the one whose directory holds it
+        (:func:`training.checkpoint.check_origin`).
     """
     if os.path.isdir(path):
-        files, epoch = _checked_files(path)
+        files, epoch = _checked_files(path, foreign_ok)
         if not files:
             raise CheckpointError(f"checkpoint {path} holds no shard files")
         shards = [read_npz(f) for f in files]
@@ -213,7 +221,9 @@ def read_pieces(path, sizes=None):
             if saved is not None and int(saved) != epoch:
                 raise CheckpointError(f"{f}: a shard of epoch {int(saved)} in the checkpoint of epoch {epoch}")
     else:
-        shards = [_dense_as_shard(read_npz(path), path, sizes)]
+        dense = read_npz(path)
+        check_origin(path, dense, foreign_ok)
+        shards = [_dense_as_shard(dense, path, sizes)]
     pieces, common = {}, {}
     for arrays in shards:
         for key, arr in arrays.items():

@@ -1,0 +1,101 @@
+"""Where a checkpoint comes from: the run id every run keeps in its ``config.json`` (``run.run_id``, made
+by :func:`training.metrics.run_info`), the origin entries each checkpoint carries (``meta/run_id``,
+``meta/epoch``), the check that a checkpoint was written by the run whose directory holds it, and the
+run directory of a job killed before it wrote its configuration.
+
+Imports: :mod:`ps.store` (the checkpoint error) only.
+"""
+import json
+import os
+import re
+
+import numpy
+
+from ps.store import CheckpointError
+
+__all__ = ["run_id_of", "checkpoint_origin", "check_origin", "never_configured"]
+
+#: A data-parallel checkpoint's file name, ``ckpt-epochNNNN.npz`` (the epoch after which it was taken).
+_NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
+
+
+def run_id_of(run_dir):
+    """Return the run id of ``run_dir`` (``config.json``'s first ``run`` record), or None when it has none."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            run = json.load(f).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    rid = run.get("run_id") if isinstance(run, dict) else None
+    return rid if isinstance(rid, str) and rid else None
+
+
+def checkpoint_origin(path):
+    """Return the origin entries of checkpoint ``path``: ``meta/run_id`` (its run's id, UTF-8 bytes) and
+    ``meta/epoch`` (from its name ``ckpt-epochN.npz``), each only when known."""
+    out = {}
+    rid = run_id_of(os.path.dirname(path) or ".")
+    if rid:
+        out["meta/run_id"] = numpy.frombuffer(rid.encode(), numpy.uint8)
+    m = _NAME.match(os.path.basename(path))
+    if m:
+        out["meta/epoch"] = numpy.array([int(m.group(1))], numpy.int64)
+    return out
+
+
+def check_origin(f, arrays, foreign_ok=False):
+    """Raise :class:`CheckpointError` unless checkpoint file ``f`` was written by the run whose directory holds it.
+
+    The checkpoint's ``meta/run_id`` must be the run id of its directory's ``config.json`` and its
+    ``meta/epoch`` the epoch its name gives: a file copied in from another run, or renamed to another
+    epoch, is refused. ``foreign_ok`` (``--allow-foreign-checkpoint``) accepts a file of another run
+    (the user starts from it on purpose); the epoch must still agree with the name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> arrays = {"meta/epoch": np.array([3])}
+    >>> check_origin("run/ckpt-epoch0002.npz", arrays, foreign_ok=True)
+    Traceback (most recent call last):
+    ...
+    ps.store.CheckpointError: checkpoint run/ckpt-epoch0002.npz holds epoch 3, its name says epoch 2: it was renamed; ...
+    """
+    m = _NAME.match(os.path.basename(f))
+    if m and "meta/epoch" in arrays:
+        held = int(numpy.asarray(arrays["meta/epoch"]).reshape(-1)[0])
+        if held != int(m.group(1)):
+            raise CheckpointError(f"checkpoint {f} holds epoch {held}, its name says epoch {int(m.group(1))}: it was "
+                                  "renamed; give it its own name, or resume from the file of that epoch")
+    if foreign_ok:
+        return
+    here = run_id_of(os.path.dirname(f) or ".")
+    held = bytes(numpy.asarray(arrays.get("meta/run_id", numpy.zeros(0, numpy.uint8)), numpy.uint8)).decode("utf-8", "replace")
+    if here is not None and held != here:
+        whose = f"run {held}" if held else "a run that recorded no run id"
+        raise CheckpointError(f"checkpoint {f} was written by {whose}, not by the run of {os.path.dirname(f) or '.'} "
+                              f"({here}): it was copied from another run. To start from it on purpose, pass "
+                              "--allow-foreign-checkpoint")
+
+
+def never_configured(run_dir):
+    """Return True when ``run_dir`` is a run directory whose job was killed before it wrote ``config.json``:
+    it holds nothing, or only the temporary files of an interrupted write (``*.tmp*``).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> never_configured(d)
+    True
+    >>> open(os.path.join(d, "config.json.tmp.123"), "w").close()
+    >>> never_configured(d)
+    True
+    >>> open(os.path.join(d, "metrics.jsonl"), "w").close()
+    >>> never_configured(d)
+    False
+    """
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return False
+    return not os.path.exists(os.path.join(run_dir, "config.json")) and all(".tmp" in n for n in names)
