@@ -184,6 +184,26 @@ def _small_calls(rel):
     return small_calls_table(results) + "\n\n" + source_line(prov, rel)
 
 
+def _serving_load_table(rel):
+    from plots.serving import load_table
+
+    doc = _load(rel)
+    prov = check_quiet(doc, rel)
+    reps = doc["study"]["repeats"]
+    return (f"Medians over {reps} repeats; p50 / p99 in ms; goodput: answers within the objective per second.\n\n"
+            + load_table(doc["points"]) + "\n\n" + source_line(prov, rel))
+
+
+def _serving_load_figure(rel):
+    from plots.serving import draw_load
+
+    doc = _load(rel)
+    check_quiet(doc, rel)
+    out = os.path.join(FIGURES, "serving_load.png")
+    draw_load(doc, out)
+    return [out]
+
+
 def _breakdown_table(rel):
     from plots.tables import breakdown_table
 
@@ -237,8 +257,13 @@ def _non_iid_results(rel):
 def _non_iid_table(rel):
     from plots.non_iid import markdown
 
+    import datetime
+
     results, provs, rels = _non_iid_results(rel)
-    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
+    took = sum((datetime.datetime.fromisoformat(r["finished"]) - datetime.datetime.fromisoformat(r["started"])
+                ).total_seconds() for r in results)
+    return (markdown(results) + f"\n\nRun time of the {len(results)} launches: {took / 60:.1f} min.\n\n"
+            + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels)))
 
 
 def _non_iid_figures(rel):
@@ -261,6 +286,7 @@ ITEMS = {
     "bench-breakdown-p2": ("bench/breakdown_p2.json", _breakdown_table, None),
     "bench-breakdown-p4": ("bench/breakdown_p4.json", _breakdown_table, None),
     "bench-small-p2": ("bench/small_calls_p2.json", _small_calls, None),
+    "serving-load": ("serving/load_sweep.json", _serving_load_table, _serving_load_figure),
     "bench-small-p4": ("bench/small_calls_p4.json", _small_calls, None),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),

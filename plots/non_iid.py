@@ -34,8 +34,8 @@ def rows_by_workers(results):
     ...        "time_to_target_s": None, "bytes_per_sample": 1205.0}
     >>> rows_by_workers({"workers": 4, "skews": ["iid"], "table": [row]})[4][0]
     ['iid']
-    >>> print(markdown({"workers": 4, "skews": ["iid"], "table": [row]}).splitlines()[2])
-    |   4 | bsp      | iid         |          90.0 (89.0-92.0) |                never |             1205 |
+    >>> print(markdown({"workers": 4, "skews": ["iid"], "table": [row]}).splitlines()[4])
+    | bsp      | 90.0 (89.0-92.0), never |             1205 |
     """
     out = {}
     for res in ([results] if isinstance(results, dict) else results):
@@ -84,21 +84,29 @@ def draw(results, out):
 
 
 def markdown(results):
-    """Return the study's table as Markdown: per worker count, method and skew, accuracy, time to target, bytes."""
-    cells = []
+    """Return the study's tables as Markdown, one per worker count: a row per method, a column per
+    partition holding the test accuracy % (median, min-max over seeds) and the time to the target
+    accuracy (s, median; "never" when a seed did not reach it), and the bytes each rank sent per sample."""
+    parts = []
     for W, (skews, methods) in rows_by_workers(results).items():
+        cells = []
         for name, by_skew in methods.items():
+            row = [name]
             for s in skews:
                 r = by_skew.get(s)
                 if r is None:
+                    row.append("")
                     continue
-                ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
-                sent = "" if r["bytes_per_sample"] is None else f"{r['bytes_per_sample']:.0f}"
-                cells.append((W, name, s, f"{100 * r['accuracy']:.1f} ({100 * r['accuracy_min']:.1f}-"
-                              f"{100 * r['accuracy_max']:.1f})", ttt, sent))
-    head = ("W", "method", "partition", "test accuracy % (range)", "time to target (s)", "bytes / sample")
-    return tabulate(cells, head, tablefmt="pipe", disable_numparse=True,
-                    colalign=("right", "left", "left", "right", "right", "right"))
+                ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f} s"
+                row.append(f"{100 * r['accuracy']:.1f} ({100 * r['accuracy_min']:.1f}-{100 * r['accuracy_max']:.1f}), "
+                           f"{ttt}")
+            sent = [r["bytes_per_sample"] for r in by_skew.values() if r.get("bytes_per_sample") is not None]
+            row.append(f"{max(sent):.0f}" if sent else "")
+            cells.append(row)
+        parts.append(f"W = {W} workers: test accuracy % (range over seeds), time to target\n\n"
+                     + tabulate(cells, ["method", *skews, "bytes / sample"], tablefmt="pipe", disable_numparse=True,
+                                colalign=("left", *["right"] * (len(skews) + 1))))
+    return "\n\n".join(parts)
 
 
 def main(argv=None):

@@ -19,8 +19,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+from tabulate import tabulate  # noqa: E402
 
-__all__ = ["draw", "draw_load", "main"]
+__all__ = ["draw", "draw_load", "load_table", "main"]
 
 _COLORS = {"round-robin": "tab:red", "least-outstanding": "tab:blue", "power-of-two": "tab:green"}
 
@@ -145,6 +146,32 @@ def draw(doc, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _med(vals, fmt=".0f"):
+    vals = [v for v in vals if v is not None]
+    return f"{statistics.median(vals):{fmt}}" if vals else ""
+
+
+def load_table(points):
+    """Return part E's markdown table (medians over repeats), or "" when it was not run."""
+    pts = [p for p in points if p["part"] == "load"]
+    if not pts:
+        return ""
+    slo = max(p["slo_ms"] for p in pts)
+    cells = []
+    for f in sorted({p["fraction"] for p in pts}):
+        row = [f"{f:.1f}", _med([p["offered_rps"] for p in pts if p["fraction"] == f])]
+        for s in (0.0, slo):
+            g = [p for p in pts if p["fraction"] == f and p["slo_ms"] == s]
+            row += [_med([p["throughput_rps"] for p in g]), _med([p["mean_batch_size"] for p in g], ".2f"),
+                    f"{_med([p['latency_p50_ms'] for p in g], '.1f')} / {_med([p['latency_p99_ms'] for p in g], '.1f')}",
+                    _med([p["goodput_rps"] for p in g]), _med([p["refused"] for p in g])]
+        cells.append(row)
+    head = ["load (x capacity)", "offered req/s"]
+    for name in ("", f" (slo {slo:g} ms)"):
+        head += [f"req/s{name}", f"batch{name}", f"p50 / p99 ms{name}", f"goodput{name}", f"refused{name}"]
+    return tabulate(cells, head, tablefmt="pipe", disable_numparse=True, colalign=("left",) + ("right",) * (len(head) - 1))
 
 
 def _series(pts, key):

@@ -77,6 +77,10 @@ def test_run_dir_names_and_latest_pointer(tmp_path):
     assert os.path.realpath(tmp_path / "latest") == os.path.realpath(b)
     named = make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
     assert named == str(tmp_path / "mine")
+    # still empty (a job killed before it wrote config.json): the same name starts it again
+    assert make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF) == named
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    (tmp_path / "mine" / "summary.json").write_text("{}")  # a finished run is never reused
     with pytest.raises(RunDirError, match="exists"):
         make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
 
