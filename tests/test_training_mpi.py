@@ -31,6 +31,8 @@ def test_cli_user_errors_print_once_from_rank_0(tmp_path):
     """A taken --name (found by rank 0 alone) and a missing run to resume (found by every rank
     while parsing) each give one error line and status 1, no traceback, no hang."""
     (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.json").write_text("{}")
+    (tmp_path / "a" / "summary.json").write_text("{}")  # a finished run: its name is taken
     res = run_mpi(2, "training.train", "--run-dir", str(tmp_path), "--name", "a", "--hidden", "4",
                   "--no-progress", timeout=60, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stdout, res.stdout

@@ -260,18 +260,26 @@ def _final_params(run_dir):
     return read_npz(find_checkpoint(run_dir))["model/params"]
 
 
-def run_kill_resume(trials, limit, seed=0):
-    """Kill a 2-rank training job at a random moment (SIGKILL to the whole job), resume it, compare.
+#: The small job of :func:`run_kill_resume` with ``small=True`` (the test suite's trials): a second or two.
+_SMALL = ("--data", "synthetic", "--samples", "400", "--features", "8", "--classes", "3", "--hidden", "16",
+          "--batch-size", "32", "--epochs", "4", "--dtype", "float64", "--checkpoint-every", "1", "--no-progress")
 
-    The oracle is an uninterrupted run of the same configuration: the resumed run's final parameters
+
+def run_kill_resume(trials, limit, seed=0, small=False):
+    """Kill a 2-rank training job at a random moment (SIGKILL to the whole job), restart it as documented, compare.
+
+    The oracle is an uninterrupted run of the same configuration: the restarted run's final parameters
     must be bitwise equal (a resume restores model, optimizer, sampler and counters exactly). A trial
-    whose resume fails or ends with other parameters counts as *data lost*. Kills land anywhere: before
-    the first checkpoint (the run then starts again), during a checkpoint write, between epochs.
+    whose restart fails or ends with other parameters counts as *data lost*. Kills land anywhere: before
+    the run directory or its ``config.json`` exists (the same ``--name`` then starts it again, leftovers
+    of an interrupted write included), during a checkpoint write, between epochs. ``small``: the
+    seconds-long job of the test suite's trials instead of the full part's.
     """
     import numpy
 
     rng = numpy.random.default_rng(seed)
-    flags = [*_TRAIN, "--samples", "30000", "--hidden", "64", "--epochs", "8", "--checkpoint-every", "1"]
+    flags = list(_SMALL) if small else [*_TRAIN, "--samples", "30000", "--hidden", "64", "--epochs", "8",
+                                        "--checkpoint-every", "1"]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         code, total, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", "ref"], {}, limit)
@@ -284,8 +292,7 @@ def run_kill_resume(trials, limit, seed=0):
             _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, delay)  # killed at delay
             run = os.path.join(tmp, name)
             at_kill = len(glob.glob(os.path.join(run, "ckpt-epoch*.npz")))
-            if not os.path.exists(os.path.join(run, "config.json")):  # killed before the run wrote anything
-                shutil.rmtree(run, ignore_errors=True)
+            if not os.path.exists(os.path.join(run, "config.json")):  # killed before the run wrote its configuration
                 code, _, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, limit)
             else:
                 code, _, out = _launch(2, "training.train", ["--resume", run, "--no-progress"], {}, limit)
