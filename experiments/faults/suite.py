@@ -11,7 +11,9 @@
 * ``detail-no-timeout`` (full part): debug mode with no timeout at all, where only what the
   fingerprint exchange catches may end a case;
 
-then (full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
+then the damaged checkpoints (:mod:`experiments.faults.checkpoints`: every way a data-parallel
+checkpoint is damaged, copied from another run or renamed, loaded by the trainer's own path), then
+(full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
 -disable-auto-cleanup``; the survivors must end the job through :func:`collectives.engine.policy.abort_on_failure`
 within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
 under BSP and SSP, a PS server) and the kill-and-resume trials (:func:`run_kill_resume`). It runs
@@ -37,6 +39,7 @@ import tempfile
 import time
 
 from experiments.cluster.launch import OPENMPI_ENV, flavour
+from experiments.faults.checkpoints import run_checkpoint_cases
 from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "main"]
@@ -318,8 +321,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m experiments.faults.suite",
                                  description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
     ap.add_argument("--part", choices=("quick", "full"), default="quick",
-                    help="quick: P=3, default and strict modes (about 15 s); full: P=3 and 4, every mode, "
-                         "dead ranks, training crashes, kill-and-resume trials")
+                    help="quick: P=3, default and strict modes, damaged checkpoints (about 15 s); full: P=3 and 4, "
+                         "every mode, dead ranks, damaged checkpoints, training crashes, kill-and-resume trials")
     ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call in seconds "
                     "(default 2; 0.2 in the quick part's default mode, where about 60 cases end only by "
                     "their timeout)")
@@ -346,6 +349,7 @@ def main(argv=None):
             part(f"mismatch matrix P={P} {mode}", run_matrix(P, mode, timeouts[mode], limit))
         if not quick:
             part(f"dead rank P={P}", run_dead(P, timeout, timeout + 30))
+    part("damaged checkpoints", run_checkpoint_cases())
     if not quick:
         part("training crashes", run_crashes(60))
         part("kill and resume", run_kill_resume(args.trials, 120))
