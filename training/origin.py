@@ -20,7 +20,19 @@ _NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 
 
 def run_id_of(run_dir):
-    """Return the run id of ``run_dir`` (``config.json``'s first ``run`` record), or None when it has none."""
+    """Return the run id of ``run_dir`` (``config.json``'s first ``run`` record), or None when it has none.
+
+    Examples
+    --------
+    >>> import json, os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> run_id_of(d) is None
+    True
+    >>> with open(os.path.join(d, "config.json"), "w") as f:
+    ...     json.dump({"config": {}, "run": {"run_id": "5f2a"}}, f)
+    >>> run_id_of(d)
+    '5f2a'
+    """
     try:
         with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
             run = json.load(f).get("run")
@@ -32,7 +44,13 @@ def run_id_of(run_dir):
 
 def checkpoint_origin(path):
     """Return the origin entries of checkpoint ``path``: ``meta/run_id`` (its run's id, UTF-8 bytes) and
-    ``meta/epoch`` (from its name ``ckpt-epochN.npz``), each only when known."""
+    ``meta/epoch`` (from its name ``ckpt-epochN.npz``), each only when known.
+
+    Examples
+    --------
+    >>> checkpoint_origin("no-such-run/ckpt-epoch0003.npz")  # no config.json there: no run id
+    {'meta/epoch': array([3])}
+    """
     out = {}
     rid = run_id_of(os.path.dirname(path) or ".")
     if rid:

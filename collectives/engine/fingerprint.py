@@ -94,6 +94,15 @@ def settings_token():
 
     A repeated call cached under one checks setting and debug mode stays valid while this object is
     the same one: one identity comparison instead of asking for both settings at every call.
+
+    Examples
+    --------
+    >>> before = settings_token()
+    >>> settings_token() is before
+    True
+    >>> set_checks(True)  # any change of the settings, even to the same value, makes a new token
+    >>> settings_token() is before
+    False
     """
     return _SETTINGS[0]
 
