@@ -22,6 +22,7 @@ from collectives.model.auto import select_allreduce
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig, parse_pairs
+from training.preflight import agree
 from inference.endpoint import EndpointOptions, HttpEndpoint
 from inference.exporter import ServingMetrics
 from inference.front import Front, FrontOptions
@@ -35,7 +36,11 @@ from inference.tensor import TensorParallelForward, emulate_forward, row_paralle
 from training.checkpoint import CheckpointError, root_bytes
 from training.metrics import run_info
 
-__all__ = ["run", "main", "parse_args"]
+__all__ = ["run", "main", "parse_args", "PER_RANK"]
+
+#: Serving settings that may differ between ranks: where the front writes (the run directory), and
+#: the fault injection of the front rank; every other setting must be the same on every rank.
+PER_RANK = frozenset(("run_dir", "fail_front"))
 
 _HELP = {
     "checkpoint": "training run directory (its newest checkpoint: data-parallel .npz or sharded), a "
@@ -119,6 +124,7 @@ def run(cfg, comm=None):
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     cfg.validate(comm.size)
+    agree(cfg, comm, PER_RANK)  # one job, agreed by every rank (front, replicas, tensor-parallel groups)
     _threads_one()
 
     def make_dir():

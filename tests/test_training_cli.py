@@ -168,6 +168,10 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs2"), "parse", timeout=60, check=False)
     assert "error: rank 2: python -m training.train: error: argument --lr: invalid float value: 'abc'" in res.stdout
     assert "the command line fails on rank(s) 2 only" in res.stdout and res.stdout.count("status 2 made False") == 3
+    # serving: a replica started with another --max-batch; one line names the setting and the ranks
+    res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "serve"), "serve", timeout=60)
+    assert res.stdout.count("error: the ranks were started with different settings") == 1, res.stdout
+    assert "--max-batch: ranks 0,1: 8; rank 2: 4" in res.stdout and res.stdout.count("status 2") == 3, res.stdout
 
 
 def test_kills_before_the_configuration_and_foreign_checkpoints(tmp_path, capsys):

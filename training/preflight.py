@@ -6,6 +6,7 @@ a bad run fails with one message before its run directory exists.
 
 Imports: :mod:`training.job`, :mod:`training.ps_mode` (its own checks) and :mod:`collectives`.
 """
+import dataclasses
 import json
 import os
 import zlib
@@ -27,12 +28,14 @@ PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype"
 _SHOWN = 60  # characters of a value shown in the message
 
 
-def agree(cfg, comm):
+def agree(cfg, comm, per_rank=PER_RANK):
     """Raise on every rank unless every rank of ``comm`` resolved the same configuration.
 
-    Each rank hashes every setting (CRC-32 of its JSON form) but those of :data:`PER_RANK`; one
-    all-gather of the hashes finds the settings that differ, and a second of their values names them
-    (as PyTorch's DDP verifies that every rank holds the same model at construction).
+    Each rank hashes every setting (CRC-32 of its JSON form) but those of ``per_rank`` (default
+    :data:`PER_RANK`); one all-gather of the hashes finds the settings that differ, and a second of
+    their values names them (as PyTorch's DDP verifies that every rank holds the same model at
+    construction). ``cfg`` is a training :class:`~training.config.Config` or any dataclass (serving's
+    configuration).
 
     Raises
     ------
@@ -47,8 +50,8 @@ def agree(cfg, comm):
     """
     if comm.Get_size() == 1:
         return
-    items = sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in cfg.to_dict().items()
-                   if k not in PER_RANK)
+    fields = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    items = sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in fields.items() if k not in per_rank)
     mine = numpy.array([zlib.crc32(v.encode()) for _, v in items], numpy.int64)
     every = numpy.empty((comm.Get_size(), mine.size), numpy.int64)
     comm.Allgather(mine, every)
