@@ -10,7 +10,7 @@ another shape or dtype, a timeout that is not a positive float) gives None.
 import numpy
 
 from collectives.engine.context import existing_context
-from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
+from collectives.engine.fingerprint import settings_token
 from collectives.model.auto import table_token
 
 __all__ = ["repeated_plan", "known_plan", "cached_plan"]
@@ -83,22 +83,7 @@ def known_plan(x, comm, op, algorithm, out, timeout):
     mode, a change of the checks setting, a broken communicator, a plan still running -- gives None,
     and the full checks run (and raise where they must).
     """
-    ctx = existing_context(comm)
-    if ctx is None:
-        return None
-    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
-    if entry is None:
-        return None
-    plan, table, settings = entry
-    if table is not None and table is not table_token():
-        return None
-    if ctx.broken is not None or plan.active:
-        return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
-                            or not out.flags.writeable):
-        return None
-    if timeout is not None and (type(timeout) is not float or not 0.0 < timeout < float("inf")):
-        return None
-    if settings is not settings_token() or debug_enabled() or plan.checked is not checks_enabled():
+    plan = repeated_plan(x, comm, op, algorithm, out)
+    if plan is None or (timeout is not None and (type(timeout) is not float or not 0.0 < timeout < float("inf"))):
         return None
     return plan

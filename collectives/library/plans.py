@@ -140,10 +140,7 @@ class LibraryPlan:
             self._failed(str(exc))
             raise
         except MPI.Exception as exc:
-            err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in this "
-                                     f"rank's {describe(self.key)}: the ranks' calls differ")
-            self._failed(str(err))
-            raise err from None
+            raise self._library_error(exc) from None
         self.active = False
         if self.tail is not None:
             if self.tail.tobytes() != self.want:
@@ -192,10 +189,7 @@ class LibraryPlan:
             try:
                 iallreduce(*args).Wait()
             except MPI.Exception as exc:
-                err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in "
-                                         f"this rank's {describe(self.key)}: the ranks' calls differ")
-                self._failed(str(err))
-                raise err from None
+                raise self._library_error(exc) from None
             self.active = False
             if tail.tobytes() != want:
                 self._failed(str(mismatch(self.key)))
@@ -212,6 +206,13 @@ class LibraryPlan:
             return out
 
         return run
+
+    def _library_error(self, exc):
+        """Mark the plan failed after the MPI library reported ``exc``; return the :class:`CollectiveMismatch` to raise."""
+        err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in this "
+                                 f"rank's {describe(self.key)}: the ranks' calls differ")
+        self._failed(str(err))
+        return err
 
     def _failed(self, message):
         self.ctx.fail(f"allreduce: {message}")
