@@ -79,8 +79,8 @@ def _resolve(ctx, algorithm, x, grid, timeout, accumulate="float32", op="sum"):
             nodes, per = ctx.nodes()
             if grid in ("node", "topology") and not nodes:
                 raise ValueError(f"grid={grid!r} needs the same number of ranks on every node")
-            if algorithm == "torus":  # the job's levels: nodes x ranks per node (a flat ring on one node)
-                levels = tuple(d for d in (nodes, per) if d > 1) if nodes else ()
+            if algorithm == "torus":  # the job's levels: racks x nodes per rack x ranks per node (a flat ring on one node)
+                levels = tuple(d for d in ctx.levels() if d > 1) if nodes else ()
                 grid = levels or (ctx.size,)
             else:
                 grid = (nodes, per) if (grid == "node" or 1 < nodes < ctx.size) else square_grid(ctx.size)
@@ -128,7 +128,8 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
         ``Split_type(COMM_TYPE_SHARED)`` (the hierarchical all-reduce). Default: nodes when the
         ranks span several equal nodes, else the factorization of P closest to square. For
         ``torus``: any number of dimensions ``(a, b, c, ...)`` multiplying to P; ``"topology"`` (and
-        the default) takes the job's levels, nodes x ranks per node (a flat ring on one node).
+        the default) takes the job's levels, racks x nodes per rack x ranks per node (racks from
+        ``COMMLAB_RACKS``, see :meth:`collectives.engine.context.Context.levels`; a flat ring on one node).
     accumulate : {"float32", "native"}
         float16 only: ``"float32"`` (default) promotes the whole collective to float32, so partial
         sums travel as float32; ``"native"`` keeps float16 on the wire (each addition is computed in

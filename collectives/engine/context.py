@@ -4,6 +4,8 @@ The first collective called on a communicator duplicates it (``Comm.Dup``, itsel
 commlab's messages never match the user's. Schedules are cached by (collective, algorithm, P, count,
 ...), scratch buffers by dtype, and every call records what it sent in :func:`last_stats`.
 """
+import os
+
 import numpy
 from mpi4py import MPI
 
@@ -163,6 +165,30 @@ class Context:
     def nodes(self):
         """Return (number of nodes, ranks per node or 0 when uneven), found when the context was made."""
         return self._nodes
+
+    def levels(self):
+        """Return the job's three levels: (racks, nodes per rack, ranks per node).
+
+        Nodes and ranks per node are :meth:`nodes`; racks come from ``COMMLAB_RACKS`` (set by the
+        emulated cluster's ``--racks``, or by a user who knows the machine room), 1 without it.
+        ``(0, 0, 0)`` when the nodes hold different numbers of ranks.
+
+        Raises
+        ------
+        ValueError
+            ``COMMLAB_RACKS`` is not a positive integer that divides the number of nodes (the same
+            environment on every rank: raised on every rank alike).
+        """
+        nodes, per = self._nodes
+        text = os.environ.get("COMMLAB_RACKS", "1").strip() or "1"
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"COMMLAB_RACKS={text!r}: expected a positive number of racks")
+        if not nodes:
+            return (0, 0, 0)
+        racks = int(text)
+        if nodes % racks:
+            raise ValueError(f"COMMLAB_RACKS={racks} does not divide the job's {nodes} nodes")
+        return racks, nodes // racks, per
 
     def _find_nodes(self, timeout):
         """Count the nodes with ``Split_type(COMM_TYPE_SHARED)`` right after the duplication.

@@ -1,6 +1,7 @@
 """An emulated cluster on one machine: N nodes joined by rate-limited links, MPI launched across them.
 
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
+    python -m experiments.cluster.emulate --racks R --nodes N --ranks-per-node K --link RATE --uplink RATE -- COMMAND ARGS...
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
         [--max-load L] [--allow-noisy]
 
@@ -13,7 +14,9 @@ the target node's namespaces instead of logging in (:mod:`experiments.cluster.ne
 Ranks of one node share memory and one launcher daemon, so ``Split_type(COMM_TYPE_SHARED)`` finds
 the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
 or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
-kernel TCP stack's own.
+kernel TCP stack's own. With ``--racks R`` there are R racks of N nodes, each rack behind one uplink
+of ``--uplink`` RATE (:func:`experiments.cluster.net.build`), and every rank's environment carries
+``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce).
 
 The command first re-executes itself under ``unshare --net --mount --uts --pid --fork`` (adding
 ``--user --map-root-user`` when not root), so the bridge, the veth pairs and the node namespaces are
@@ -49,7 +52,9 @@ GRACE = 5.0
 class ClusterConfig:
     """Configuration of one emulated-cluster run."""
 
-    nodes: int = 2                  # number of nodes (network namespaces)
+    nodes: int = 2                  # number of nodes (network namespaces) per rack
+    racks: int = 1                  # racks, each a bridge of its own behind one uplink (1: one switch)
+    uplink: str = "unlimited"       # rate of each rack's uplink per direction, tc units
     ranks_per_node: int = 1         # MPI ranks per node (they share memory)
     link: str = "1gbit"             # rate of each node's link per direction, tc units, or 'unlimited'
     mtu: int = 1500                 # MTU of every link, bytes
@@ -72,7 +77,11 @@ def parse_args(argv=None):
     """
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.emulate", description=__doc__.split("\n")[0],
                                 usage="%(prog)s --nodes N --ranks-per-node K --link RATE [options] -- COMMAND ARGS...")
-    p.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
+    p.add_argument("--nodes", type=int, default=2, help="number of nodes, per rack with --racks (default 2)")
+    p.add_argument("--racks", type=int, default=1, help="racks of --nodes nodes each, joined to a core bridge "
+                   "by one uplink each (default 1: every node on one switch)")
+    p.add_argument("--uplink", default="unlimited", help="rate per direction of each rack's uplink, tc units "
+                   "(default unlimited); its ratio to the rack's node links is the oversubscription")
     p.add_argument("--ranks-per-node", type=int, default=1, help="MPI ranks per node (default 1)")
     p.add_argument("--link", default="1gbit", help="rate per direction of every node's link, tc units: "
                    "10mbit, 100mbit, 1gbit, or unlimited (default 1gbit)")
@@ -92,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    cfg = ClusterConfig(a.nodes, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
+    cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
                         a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy)
     try:
         _check(cfg)
@@ -110,8 +119,13 @@ def _check(cfg):
     """``ValueError`` naming the first bad argument or missing tool."""
     if cfg.nodes < 1:
         raise ValueError(f"--nodes must be at least 1, not {cfg.nodes}")
-    if cfg.nodes > 1000:
-        raise ValueError(f"--nodes must be at most 1000, not {cfg.nodes}")
+    if cfg.racks < 1:
+        raise ValueError(f"--racks must be at least 1, not {cfg.racks}")
+    if cfg.nodes * cfg.racks > 1000:
+        raise ValueError(f"--nodes x --racks must be at most 1000, not {cfg.nodes * cfg.racks}")
+    if cfg.racks == 1 and parse_rate(cfg.uplink):
+        raise ValueError("--uplink is the uplink of each rack: give --racks 2 or more")
+    parse_rate(cfg.uplink)
     if cfg.ranks_per_node < 1:
         raise ValueError(f"--ranks-per-node must be at least 1, not {cfg.ranks_per_node}")
     if not 576 <= cfg.mtu <= 65535:
@@ -166,7 +180,9 @@ def mpiexec_command(cfg, launcher):
         command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
         command += ["--max-load", repr(cfg.max_load)] if cfg.max_load is not None else []
         command += ["--allow-noisy"] if cfg.allow_noisy else []
-    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes, cfg.ranks_per_node, command)
+    if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
+        command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
+    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command)
 
 
 def _fail(message):
@@ -220,10 +236,12 @@ def _inner(cfg):
     proc, nodes = None, []
     try:
         socket.sethostname(HEAD)
-        nodes, launcher = build(cfg.nodes, parse_rate(cfg.link), cfg.mtu)
+        nodes, launcher = build(cfg.nodes * cfg.racks, parse_rate(cfg.link), cfg.mtu, cfg.racks, parse_rate(cfg.uplink))
         shaping = f"{cfg.link} each way (tbf)" if parse_rate(cfg.link) else "unshaped"
-        print(f"emulated cluster: {cfg.nodes} nodes x {cfg.ranks_per_node} ranks per node, links {shaping}, MTU {cfg.mtu}",
-              file=sys.stderr, flush=True)
+        racks = f"{cfg.racks} racks x " if cfg.racks > 1 else ""
+        uplinks = f", uplinks {cfg.uplink}" if cfg.racks > 1 else ""
+        print(f"emulated cluster: {racks}{cfg.nodes} nodes x {cfg.ranks_per_node} ranks per node, links {shaping}"
+              f"{uplinks}, MTU {cfg.mtu}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(mpiexec_command(cfg, launcher), env=launch_env(cfg.mpiexec), start_new_session=True)
         return proc.wait(timeout=cfg.timeout or None)
     except subprocess.TimeoutExpired:

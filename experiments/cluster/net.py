@@ -7,6 +7,9 @@ creates with ``unshare`` (it never touches the host's network). The picture, for
     eth0: bridge, 10.77.0.254  "head"   --+-- n0 ==veth== eth0 10.77.0.1  "node0"
                                           +-- n1 ==veth== eth0 10.77.0.2  "node1"  ...
 
+With racks (:func:`build`'s ``racks``), each rack's node ports sit on a rack bridge ``rJ`` that reaches
+the head's bridge through one shaped uplink pair ``uJ ==veth== cJ``.
+
 Every node is a process holding its own network and UTS namespace (hostname ``nodeI``); the node's
 ``eth0`` is one end of a veth pair whose other end, ``nI``, is a port of the bridge. A token-bucket
 filter (``tc qdisc ... tbf``, Linux ``sch_tbf``) shapes the egress of *both* ends of the pair, so
@@ -159,21 +162,31 @@ exec nsenter --net=/proc/$pid/ns/net --uts=/proc/$pid/ns/uts -- /bin/sh -c "$*"
 """
 
 
-def build(n_nodes, bits_per_s, mtu=1500):
+def build(n_nodes, bits_per_s, mtu=1500, racks=1, uplink_bps=0.0):
     """Create the cluster's network in the current (private) namespaces.
 
     Mounts a tmpfs on ``/run``, brings up ``lo`` and the bridge, starts one :class:`Node` per node,
     joins each to the bridge with a veth pair shaped in both directions (no shaping when
     ``bits_per_s`` is 0), bind-mounts the private ``/etc/hosts`` and writes the launcher script.
 
+    With ``racks`` > 1 the nodes are split into that many racks of equal size (node ``i`` in rack
+    ``i // (n_nodes / racks)``): each rack has a bridge of its own (``rJ``), joined to the core bridge
+    by one veth pair (``uJ`` on the rack's side, ``cJ`` on the core's), shaped in both directions at
+    ``uplink_bps``, so that the rack's nodes share one uplink: its rate divided by the rack's node
+    links is the oversubscription (a 1 Gbit/s uplink over two 1 Gbit/s node links: 2:1).
+
     Parameters
     ----------
     n_nodes : int
-        Number of nodes.
+        Number of nodes (all racks together).
     bits_per_s : float
         Link rate per direction, bits per second; 0 leaves the links unshaped.
     mtu : int
         MTU of every link, bytes.
+    racks : int
+        Number of racks; it divides ``n_nodes``.
+    uplink_bps : float
+        Rate of each rack's uplink per direction, bits per second; 0 leaves the uplinks unshaped.
 
     Returns
     -------
@@ -192,6 +205,18 @@ def build(n_nodes, bits_per_s, mtu=1500):
     _run("ip", "link", "add", IFACE, "type", "bridge")
     _run("ip", "addr", "add", f"{_SUBNET}.255.254/16", "dev", IFACE)
     _run("ip", "link", "set", IFACE, "mtu", str(mtu), "up")
+    if racks < 1 or n_nodes % racks:
+        raise RuntimeError(f"{racks} racks do not divide {n_nodes} nodes")
+    per_rack = n_nodes // racks
+    for j in range(racks if racks > 1 else 0):  # rack bridges, each behind one shaped uplink to the core
+        _run("ip", "link", "add", f"r{j}", "type", "bridge")
+        _run("ip", "link", "set", f"r{j}", "mtu", str(mtu), "up")
+        _run("ip", "link", "add", f"u{j}", "mtu", str(mtu), "type", "veth", "peer", "name", f"c{j}")
+        _run("ip", "link", "set", f"u{j}", "master", f"r{j}", "up")
+        _run("ip", "link", "set", f"c{j}", "master", IFACE, "up")
+        if uplink_bps:
+            for end in (f"u{j}", f"c{j}"):
+                _run("tc", "qdisc", "add", "dev", end, "root", *tbf_args(uplink_bps, mtu))
     nodes = []
     try:
         for i in range(n_nodes):
@@ -200,7 +225,7 @@ def build(n_nodes, bits_per_s, mtu=1500):
             port = f"n{i}"
             _run("ip", "link", "add", port, "mtu", str(mtu), "type", "veth", "peer", "name", IFACE,
                  "netns", str(node.proc.pid))
-            _run("ip", "link", "set", port, "master", IFACE, "up")
+            _run("ip", "link", "set", port, "master", f"r{i // per_rack}" if racks > 1 else IFACE, "up")
             node.run("ip", "link", "set", "lo", "up")
             node.run("ip", "addr", "add", f"{node.address}/16", "dev", IFACE)
             node.run("ip", "link", "set", IFACE, "up")
