@@ -21,9 +21,9 @@ def test_straggler_rule_names_the_injected_rank_after_n_intervals_and_no_one_on_
     clean, slow = StragglerRule(4, 2.0, 3), StragglerRule(4, 2.0, 3)
     named = {"clean": [], "slow": []}
     for i in range(200):
-        times = 0.01 * rng.uniform(0.7, 1.3, 4)  # +-30 % noise: never 2 x the median
+        times = 0.01 * rng.uniform(0.8, 1.2, 4)  # +-20 % noise: never 2 x the median
         named["clean"] += clean.update(times)
-        times[3] *= 2.5 if i >= 50 else 1.0      # rank 3 slowed 2.5 x from interval 50 on
+        times[3] *= 4.0 if i >= 50 else 1.0      # rank 3 slowed 4 x from interval 50 on: above 2 x at once
         named["slow"] += [(i, r) for r in slow.update(times)]
     assert named["clean"] == []
     assert named["slow"] == [(52, 3)]  # the third interval in a row, once

@@ -7,6 +7,7 @@ them while the job runs. tensorboardX writes the event files without a deep-lear
 (the ``monitor`` extra).
 """
 import os
+import sys
 
 __all__ = ["Board", "check_logdir"]
 
@@ -58,11 +59,17 @@ class Board:
     """
 
     def __init__(self, logdir, flush_s=2.0):
+        hide = "torch" not in sys.modules  # tensorboardX imports PyTorch where installed, for its tensors only:
+        if hide:                           # seconds of start-up for nothing, the scalars here are floats
+            sys.modules["torch"] = None
         try:
             from tensorboardX import SummaryWriter
         except ImportError as e:
             raise ImportError(f"--tensorboard needs tensorboardX ({e}); install the monitor extra: "
                               "pip install -e '.[monitor]'") from None
+        finally:
+            if hide:
+                del sys.modules["torch"]
         self.writer = SummaryWriter(logdir, flush_secs=max(1, int(round(flush_s))))
 
     def add(self, step, scalars):

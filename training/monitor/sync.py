@@ -3,7 +3,8 @@
 Each rank adds up its steps' figures (:data:`FIELDS`: step, compute, arrival, gradient-sync, wait
 and compression seconds, bytes sent, skipped steps, and the monitor's own seconds); every
 ``--metrics-every`` steps one ``MPI_Igather`` of these sums (a few float64 per rank, on a
-communicator of its own) brings them to rank 0, which turns them into per-step means per rank and
+communicator of its own) brings them to rank 0 -- posted at one gather and completed at the next, by
+when it has long arrived, so no rank waits for it. Rank 0 turns them into per-step means per rank and
 
 * sets the Prometheus metrics (:class:`training.monitor.exporter.Exporter`, ``--metrics-port``),
 * writes them as TensorBoard scalars (:class:`training.monitor.board.Board`, ``--tensorboard``),
@@ -96,6 +97,8 @@ class SyncMonitor:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.every, self.timeout, self.cfg = cfg.metrics_every, cfg.timeout, cfg
         self.sums = numpy.zeros(1 + len(FIELDS))
+        self._sent, self._req = numpy.zeros_like(self.sums), None  # the interval in flight to rank 0
+        self._table = numpy.empty((self.size, self.sums.size)) if self.rank == 0 else None
         self.step_no, self.pending = 0, 0.0  # heartbeats sent; own seconds not yet in the sums
         self.own = numpy.zeros(self.size)    # rank 0: monitor seconds per rank, whole run
         self.busy = numpy.zeros(self.size)   # rank 0: step seconds per rank, whole run
@@ -143,13 +146,21 @@ class SyncMonitor:
         self.pending += time.perf_counter() - t
 
     def _gather(self):
+        """Post this interval's ``MPI_Igather``; complete (and publish) the previous one, long done by now."""
         self.sums[_AT["monitor_s"]] += self.pending
         self.pending = 0.0
-        table = numpy.empty((self.size, self.sums.size)) if self.rank == 0 else None
-        wait_within(self.comm.Igather(self.sums, table, root=0), self.timeout, "monitor", "gather")
+        self._complete()
+        self._sent[...] = self.sums
         self.sums[1:] = 0.0
+        self._req = self.comm.Igather(self._sent, self._table, root=0)
+
+    def _complete(self):
+        if self._req is None:
+            return
+        wait_within(self._req, self.timeout, "monitor", "gather")
+        self._req = None
         if self.rank == 0:
-            self._publish(table)
+            self._publish(self._table)
 
     def _publish(self, table):
         """Rank 0: per-step means per rank -> metrics, TensorBoard, straggler rule."""
@@ -216,6 +227,7 @@ class SyncMonitor:
         """
         if self.sums[_AT["steps"]]:  # the same on every rank: each took the same steps
             self._gather()
+        self._complete()
         self.heart.close(self.timeout)
         self.comm.Free()
         if self.rank != 0:
