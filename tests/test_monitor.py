@@ -1,6 +1,7 @@
 """Live monitoring (training/monitor/): the straggler and stall rules, the exposition, TensorBoard files,
 the options, and the multi-rank cases of ``tests/mpi_monitor.py`` (3 ranks, one launch)."""
 import os
+import re
 import socket
 import urllib.request
 
@@ -121,3 +122,10 @@ def test_monitoring_on_three_ranks(tmp_path):
     out = run_mpi(3, "tests.mpi_monitor", tmp_path, timeout=150).stdout
     for case in ("port", "clean", "straggler", "stall", "ps", "grid"):
         assert f"case_{case}: ok" in out, out
+
+
+def test_the_guide_shows_the_shipped_alerting_rules_as_they_are():
+    with open(GUIDE, encoding="utf-8") as f:
+        blocks = re.findall(r"^```yaml\n(.*?)^```", f.read(), flags=re.M | re.S)
+    with open(os.path.join(ROOT, "training", "monitor", "alerts.yml"), encoding="utf-8") as f:
+        assert f.read() in blocks

@@ -1,7 +1,8 @@
 """A real Prometheus server scrapes a short training job (tests/test_monitor_scrape.py).
 
 The server is Debian's ``prometheus`` package, which the test set-up installs where it can
-(``make prometheus``, called by ``make test``); without the binary the test is skipped, saying why.
+(the Makefile's ``.venv/.prometheus``, part of the test set-up that ``make test`` runs); without the binary
+the test is skipped, saying why.
 It runs on 127.0.0.1 with a generated configuration that scrapes the job's ``--metrics-port`` every
 0.2 s and loads the shipped alerting rules (``training/monitor/alerts.yml``, its ``for`` shortened
 from 1 minute to 1 s). A 3-rank data-parallel job with an injected straggler (``--straggler 2:6``)
@@ -44,7 +45,7 @@ def _query(port, expr):
         return None
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: `make prometheus` installs Debian's "
+@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: `make .venv/.prometheus` installs Debian's "
                     "package with apt-get, which needs root and the package registry")
 def test_prometheus_scrapes_the_sync_time_and_the_straggler_alert_fires(tmp_path):
     job, prom = _port(), _port()
@@ -120,7 +121,7 @@ tests:
 """
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (Debian's prometheus package): `make prometheus`")
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (Debian's prometheus package): `make .venv/.prometheus`")
 def test_alert_rules_are_valid_and_the_straggler_rule_fires_for_the_slow_rank_only(tmp_path):
     """promtool's rule unit test: 4 ranks, rank 2's arrival rises from 0.012 s to 0.040 s at 45 s, above
     2 x the median (0.015 s); rank 3 at 0.019 s, above the median but not 2 x, never fires. The alert
