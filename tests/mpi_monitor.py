@@ -1,7 +1,7 @@
 """Rank-side body of the live-monitoring tests: ``python -m tests.mpi_monitor DIR [CASE...]`` on 3 ranks.
 
 Every case trains a small synthetic model through :func:`training.train.run` with monitoring on; rank 0
-reads its own endpoint (``http://127.0.0.1:PORT/metrics``) every 0.1 s while the job runs and keeps
+reads its own endpoint (``http://127.0.0.1:PORT/metrics``) every 0.3 s while the job runs and keeps
 the last page. Cases:
 
 clean       no rank slowed: nobody is named (straggler or stall); the page parses with
@@ -10,7 +10,8 @@ clean       no rank slowed: nobody is named (straggler or stall); the page parse
             TensorBoard's own reader) equal those of ``metrics.jsonl`` (oracle), and the TensorBoard
             compute time of rank 0 equals the mean of its steps' ``compute_s`` (rtol 1e-5, float32);
             the monitoring's own share of the step time is reported.
-straggler   ``--straggler 2:6``: rank 2, and only it, is named, in the summary and ``events.jsonl``.
+straggler   ``--straggler 2:6``: rank 2, and only it, is named, in the summary, ``events.jsonl`` and the
+            metric (its TensorBoard scalar at every gather).
 stall       rank 1 sleeps 1.2 s before one step's collective: with ``--stall-seconds 0.4`` it is
             named stalled while the others wait, 0.4-1.2 s late; the job finishes.
 port        rank 0's port is taken: every rank raises the same ValueError before the run directory
@@ -18,7 +19,8 @@ port        rank 0's port is taken: every rank raises the same ValueError before
 ps          ``--mode ps`` (1 server, 2 workers, ASP) with ``--straggler 2:6``: the page holds the
             servers' pushes per second, queue depth and staleness and the workers' sync time; worker
             rank 2, and only it, is named.
-grid        the pipeline grid (3 stages) runs with monitoring: nobody named, every rank's series.
+grid        the pipeline grid (3 stages) runs with monitoring: nobody named, every rank's sync time at
+            every gather (TensorBoard).
 """
 import json
 import os
@@ -36,7 +38,7 @@ from training.config import Config
 from training.metrics import read_jsonl
 import training.train
 
-BASE = dict(data="synthetic", samples=2400, features=256, classes=10, hidden=(512,), batch_size=96, epochs=2,
+BASE = dict(data="synthetic", samples=2400, features=512, classes=10, hidden=(1024,), batch_size=96, epochs=2,
             progress=False, checkpoint_every=0, threads=1, timeout=60.0, metrics_every=4, straggler_intervals=3)
 SYNC_METRICS = ("commlab_step", "commlab_step_seconds", "commlab_compute_seconds", "commlab_arrival_seconds",
                 "commlab_sync_seconds", "commlab_wait_seconds", "commlab_compression_seconds",
@@ -54,7 +56,7 @@ def _free_port(comm):
 
 
 class _Scraper:
-    """Rank 0: fetch ``http://127.0.0.1:PORT/metrics`` every 0.1 s; keep the last page."""
+    """Rank 0: fetch ``http://127.0.0.1:PORT/metrics`` every 0.3 s; keep the pages."""
 
     def __init__(self, comm, port):
         self.pages, self.port, self.stop = [""], port, threading.Event()
@@ -63,7 +65,7 @@ class _Scraper:
             self.thread.start()
 
     def _run(self):
-        while not self.stop.wait(0.1):
+        while not self.stop.wait(0.3):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
                     page = r.read().decode()
@@ -133,15 +135,22 @@ def case_clean(comm, base):
 
 def case_straggler(comm, base):
     root = shared_dir(comm, base, "runs")
-    summary, pages, run = _train(comm, root, "straggler", straggler="2:6")
+    board = os.path.join(root, "tb-straggler")
+    summary, pages, run = _train(comm, root, "straggler", straggler="2:6", tensorboard=board)
     if comm.rank:
         return
     assert summary["stragglers"] == [2] and summary["stalls"] == [], summary
     events = read_jsonl(os.path.join(run, "events.jsonl"))
     assert events and {e["rank"] for e in events} == {2} and events[0]["event"] == "straggler", events
     assert events[0]["arrival_s"] > 2 * events[0]["median_s"], events
-    flags = [{s.labels["rank"]: s.value for s in _families(p)["commlab_straggler"].samples} for p in pages[1:]]
-    assert {"0": 0.0, "1": 0.0, "2": 1.0} in flags and all(f["0"] == f["1"] == 0.0 for f in flags), flags
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(board)  # the metric's value at every gather (a scrape sees only some)
+    acc.Reload()
+    flags = {r: [p.value for p in acc.Scalars(f"straggler/rank{r}")] for r in range(3)}
+    assert 1.0 in flags[2] and set(flags[0]) == set(flags[1]) == {0.0}, flags
+    fams = _families(pages[-1])  # served: one series per rank
+    assert sorted(s.labels["rank"] for s in fams["commlab_straggler"].samples) == ["0", "1", "2"], pages[-1]
 
 
 def case_stall(comm, base):
@@ -208,12 +217,18 @@ def case_ps(comm, base):
 
 def case_grid(comm, base):
     root = shared_dir(comm, base, "runs")
-    summary, pages, _ = _train(comm, root, "grid", pipeline_parallel=3, hidden=(48, 48), epochs=1)
+    board = os.path.join(root, "tb-grid")
+    summary, _, _ = _train(comm, root, "grid", pipeline_parallel=3, hidden=(48, 48), epochs=1, tensorboard=board)
     if comm.rank:
         return
     assert summary["stragglers"] == [] and summary["stalls"] == [], summary
-    fams = _families(pages[-1])
-    assert sorted(s.labels["rank"] for s in fams["commlab_sync_seconds"].samples) == ["0", "1", "2"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(board)
+    acc.Reload()
+    for r in range(3):
+        points = acc.Scalars(f"sync_seconds/rank{r}")
+        assert [p.step for p in points] == [4, 8, 12, 16, 20] and all(p.value >= 0 for p in points), points
 
 
 CASES = [case_port, case_clean, case_straggler, case_stall, case_ps, case_grid]
