@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from collectives.log import get_logger
 from training.monitor.board import Board
-from training.monitor.detect import StragglerRule
+from training.monitor.detect import StragglerRule, median
 from training.monitor.exporter import Exporter
 from training.monitor.sync import Events
 
@@ -191,12 +191,12 @@ class PSMonitor:
         return row[_W["compute_s"]] + row[_W["delay_s"]] + row[_W["sync_s"]]
 
     def _straggler(self, w, own):
-        median = float(numpy.median(own))
+        mid = median(own)
         _log.warning("straggler: worker rank %d takes %.4f s per step (compute and delay), %.1f x the workers' "
                      "median %.4f s, for %d report intervals of %g s (--straggler-factor %g)", self.S + w, own[w],
-                     own[w] / max(median, 1e-12), median, self.rule.intervals, self.interval, self.rule.factor)
+                     own[w] / max(mid, 1e-12), mid, self.rule.intervals, self.interval, self.rule.factor)
         self.events.add("straggler", rank=self.S + w, clock=int(self.workers[w, _W["clock"]]),
-                        step_s=float(own[w]), median_s=median)
+                        step_s=float(own[w]), median_s=mid)
         if self.exporter is not None:
             self.exporter.inc("commlab_straggler_events", {self.S + w: 1})
 

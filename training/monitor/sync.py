@@ -25,7 +25,7 @@ import numpy
 from collectives.engine.waiting import wait_within
 from collectives.log import get_logger
 from training.monitor.board import Board
-from training.monitor.detect import StragglerRule
+from training.monitor.detect import StragglerRule, median
 from training.monitor.exporter import Exporter
 from training.monitor.heartbeat import Heartbeat
 
@@ -190,15 +190,15 @@ class SyncMonitor:
             self.board.add(int(table[0, 0]), scalars)
 
     def _straggler(self, r, step, means):
-        arrival, median = means["arrival_seconds"], float(numpy.median(means["arrival_seconds"]))
+        arrival, mid = means["arrival_seconds"], median(means["arrival_seconds"])
         wait = means["wait_seconds"]
-        others = float(numpy.median(numpy.delete(wait, r))) if self.size > 1 else 0.0
+        others = median(numpy.delete(wait, r)) if self.size > 1 else 0.0
         _log.warning("straggler: rank %d takes %.4f s per step to reach the step's collective, %.1f x the median "
                      "%.4f s, for %d intervals of %d steps (--straggler-factor %g, --straggler-intervals %d); its "
                      "peers wait for it %.4f s per step, it waits %.4f s", r, arrival[r],
-                     arrival[r] / max(median, 1e-12), median, self.rule.intervals, self.every,
+                     arrival[r] / max(mid, 1e-12), mid, self.rule.intervals, self.every,
                      self.rule.factor, self.rule.intervals, others, wait[r])
-        self.events.add("straggler", rank=r, step=step, arrival_s=float(arrival[r]), median_s=median,
+        self.events.add("straggler", rank=r, step=step, arrival_s=float(arrival[r]), median_s=mid,
                         peers_wait_s=others, wait_s=float(wait[r]))
         if self.exporter is not None:
             self.exporter.inc("commlab_straggler_events", {r: 1})
