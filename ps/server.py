@@ -1,23 +1,22 @@
 """The server loop: serve pushes and pulls as they arrive under BSP, ASP or SSP.
 
 One server owns one shard of the flat parameter vector (:mod:`ps.sharding`) and its optimizer state
-(:class:`ps.state.ServerOptimizer`, running the optimizer that the caller's factory builds). It
-probes for any message from any worker, handles it, and re-examines the deferred pulls whenever a
-push is folded in or a worker leaves (:mod:`ps.consistency` decides which pull may go, and why
-BSP and SSP apply one update per clock while ASP applies every push). Nothing assumes an arrival
-order: a pull that overtakes its reader's own push waits for it where the model requires that push
-(BSP, ASP), and the clock buckets of BSP and SSP are keyed by clock and summed in worker order.
+(:class:`ps.state.ServerOptimizer`, running the caller's optimizer). It probes for any message from
+any worker, handles it, and re-examines the deferred pulls whenever a push is folded in or a worker
+leaves (:mod:`ps.consistency` decides which pull may go, and why BSP and SSP apply one update per
+clock while ASP applies every push). Nothing assumes an arrival order: a pull that overtakes its
+reader's own push waits for it where the model requires it (BSP, ASP), and the clock buckets of BSP
+and SSP are keyed by clock and summed in worker order.
 
-Versions: ``version`` counts the updates applied to the shard (one per ASP push, one per BSP/SSP
-clock); PARAMS carry it, a PUSH its base. Under ``conflict="cas"`` a push more than ``conflict_lag``
-versions behind is refused and the worker's next pull answered at once with REFUSED and the current
-shard. Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT naming the
-reason (:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
+Versions: ``version`` counts the updates applied to the shard (one per ASP push, one per BSP/SSP clock);
+PARAMS carry it, a PUSH its base. Under ``conflict="cas"`` a push more than ``conflict_lag`` versions
+behind is refused and the worker's next pull answered at once with REFUSED and the current shard.
+Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT naming the reason
+(:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
 
-Faults: a live worker that has no pull waiting here and has sent nothing for ``ps_timeout`` seconds
-is dropped. ASP and SSP carry on without it; BSP enters the error state, answers every pull with
-ERROR, and ends once every worker has aborted or been dropped. The loop ends when every worker is
-done, aborted or dropped, so no rank is left waiting (the explicit shutdown protocol).
+Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and
+SSP carry on without it; BSP enters the error state, answers every pull with ERROR, and ends once every
+worker has aborted or been dropped. The loop ends when every worker is done, aborted or dropped.
 """
 import os
 import time
@@ -26,12 +25,11 @@ import numpy as np
 
 from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
-from ps.sharding import shard_offsets
+from ps.sharding import proportional, shard_offsets
 from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send,
                          wait_all)
 from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
-from ps.sharding import proportional
 from ps.store import read_npz, server_checkpoint_path, write_npz
 
 __all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS",
@@ -86,7 +84,7 @@ class Server:
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
         self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at,
                                    staleness_lr=opts.staleness_lr or opts.conflict == "scale")
-        self.on_push = on_push
+        self.on_push, self.on_tick = on_push, None         # on_tick(self): every _SILENCE_CHECK s (a monitor)
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> (clock, request id) of its deferred pull
         self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
@@ -142,6 +140,8 @@ class Server:
                 self._sends = [s for s in self._sends if not s[0].Test()]
                 self._check_silence(now)
                 next_check = now + _SILENCE_CHECK
+                if self.on_tick is not None:
+                    self.on_tick(self)
             if msg is None:
                 backoff.sleep()
         # a dropped worker may be dead: its replies would never complete, so only the others are awaited

@@ -1,6 +1,7 @@
 """The table of every command the README and the docs show, and how :mod:`tests.test_readme` checks it:
 :class:`Run` (run as written, in a quick mode), :class:`Help` (flags checked against ``--help``,
 outputs taken from committed reference results) or :class:`Covered` (another test runs it)."""
+import socket
 from dataclasses import dataclass, field
 
 __all__ = ["Run", "Help", "Covered", "CHECKS"]
@@ -32,6 +33,16 @@ class Covered:
 
 
 _QUICK_TRAIN = ("--epochs", "1", "--no-progress")
+
+
+def _free_port():
+    """Return a TCP port of 127.0.0.1 free now (for a documented ``--metrics-port`` run as written)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+_FREE_PORT = _free_port()
 
 #: README command (as written, comments dropped, one space between words) -> how it is checked.
 CHECKS = {
@@ -183,6 +194,13 @@ CHECKS = {
     "mpiexec -n 2 python -m inference.serve --checkpoint runs/served --replicas 1 --service-ms 20 --max-batch 8 "
     "--rate 1200 --requests 2400 --slo-ms 60 --run-dir results/serve-slo":
         Help("tests/test_inference.py::test_a_latency_objective_refuses_early_and_holds_p99"),
+    # Live monitoring (docs/guide/monitoring.md)
+    "mpiexec -n 4 python -m training.train --metrics-port 9100 --tensorboard runs/tb":
+        Run(_QUICK_TRAIN + ("--metrics-port", _FREE_PORT)),  # 9100 may be taken where the tests run
+    "mpiexec -n 4 python -m training.train --mode ps --consistency asp --metrics-port 9100 --metrics-interval 0.5":
+        Help("tests/test_monitor.py::test_monitoring_on_three_ranks"),
+    "mpiexec -n 4 python -m experiments.bench.metrics_overhead --repeats 5":
+        Help("tests/test_monitor.py::test_monitoring_on_three_ranks"),
     # Parameter server
     "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
         Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),

@@ -33,7 +33,9 @@ _METAVARS = {
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
     "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
     "log_level": "LEVEL", "partition": "SPEC", "shared_fraction": "FRACTION", "local_steps": "H",
-    "post_local_epoch": "EPOCH",
+    "post_local_epoch": "EPOCH", "metrics_port": "PORT", "metrics_host": "ADDRESS", "tensorboard": "DIR",
+    "metrics_every": "STEPS", "metrics_interval": "SECONDS", "straggler_factor": "K", "straggler_intervals": "N",
+    "stall_seconds": "SECONDS",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -98,7 +100,8 @@ HELP = {
     "consistency": "parameter server consistency model",
     "staleness": "parameter server SSP staleness bound in clocks",
     "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
-    "straggler": "parameter server: slow worker as RANK:FACTOR (it sleeps FACTOR-1 times its compute time each step)",
+    "straggler": "slow rank (data-parallel) or worker (parameter server) as RANK:FACTOR: it sleeps FACTOR-1 "
+                 "times its compute time each step (fault injection)",
     "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
     "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
     "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
@@ -126,6 +129,21 @@ HELP = {
                         "with --local-steps; 0: local from the start",
     "average_optimizer": "local SGD: average the optimizer state (SGD velocity, Adam moments) with the model",
     "weighted_average": "local SGD: weight each rank's model by its shard's samples (FedAvg) instead of equally",
+    "monitor": "gather every rank's step, compute, sync, wait and compression times and bytes to rank 0 while "
+               "the job runs, and name stragglers and stalls (log warning, metric, events.jsonl); implied by "
+               "--metrics-port and --tensorboard (docs/guide/monitoring.md)",
+    "metrics_port": "serve the live metrics in Prometheus' text format on this TCP port of rank 0 "
+                    "(http://HOST:PORT/metrics); 0: no endpoint. A port in use stops the job before training",
+    "metrics_host": "address the metrics endpoint binds (0.0.0.0: every interface)",
+    "tensorboard": "write the live metrics as TensorBoard scalars into DIR (rank 0; tensorboard --logdir DIR)",
+    "metrics_every": "steps between two gathers of the metrics to rank 0 (data-parallel and the grid)",
+    "metrics_interval": "seconds between two reports of a worker or server to server 0 (--mode ps)",
+    "straggler_factor": "K: a rank whose time to reach the step's collective (its compute) is above K x the "
+                        "median over the ranks...",
+    "straggler_intervals": "...for N gathers (or PS report rounds) in a row is named a straggler",
+    "stall_seconds": "name a rank that has not reached a step's collective this many seconds after the first rank "
+                     "did (a PS worker: that has sent no report); keep it below --timeout so the warning comes "
+                     "before the job ends; 0: never",
     "run_dir": "parent directory of run directories",
     "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",

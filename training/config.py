@@ -82,7 +82,7 @@ class Config:
     consistency: str = "bsp"          # bsp, asp or ssp
     staleness: int = 2                # SSP staleness bound (clocks)
     staleness_lr: bool = False        # divide the step by max(1, staleness in clocks)
-    straggler: str = ""               # slow worker "RANK:FACTOR" (step time multiplier)
+    straggler: str = ""               # slow rank or worker "RANK:FACTOR" (step time multiplier)
     jitter: float = 0.0               # extra delay per step, uniform in [0, jitter] (seconds)
     ps_timeout: float = 30.0          # drop a worker silent this long (seconds)
     ps_conflict: str = "accept"       # ASP/SSP conflict policy: accept, cas or scale
@@ -98,6 +98,16 @@ class Config:
     post_local_epoch: int = 0         # post-local SGD: epochs trained data-parallel before the local steps
     average_optimizer: bool = False   # local SGD: average the optimizer state with the model
     weighted_average: bool = False    # local SGD: weight each worker's model by its shard's samples
+    # --- live monitoring (docs/guide/monitoring.md)
+    monitor: bool = False             # gather per-rank metrics, watch for stragglers and stalls (implied by the next two)
+    metrics_port: int = 0             # TCP port of rank 0's Prometheus endpoint (0: none)
+    metrics_host: str = "127.0.0.1"   # address the Prometheus endpoint binds
+    tensorboard: str = ""             # TensorBoard log directory written by rank 0 ("": none)
+    metrics_every: int = 10           # steps between two gathers of the metrics (synchronous modes)
+    metrics_interval: float = 1.0     # seconds between two reports of a parameter-server rank
+    straggler_factor: float = 2.0     # k: a rank whose step time before the collective is above k x the median...
+    straggler_intervals: int = 3      # ...for this many gathers (or PS report rounds) in a row is a straggler
+    stall_seconds: float = 60.0       # name a rank this late at a step's collective (seconds; 0: never)
     # --- run directory, checkpoints, output
     run_dir: str = "runs"             # parent directory of run directories
     name: str = ""                    # run directory name ("" : timestamp-mode-data-P, mode tpT-ppQ on a grid)
@@ -180,6 +190,7 @@ class Config:
         self._check_ranges()
         self._check_skew()
         self._check_inputs()
+        self._check_monitor()
         self._check_registries()
 
     def _check_choices(self):
@@ -267,6 +278,21 @@ class Config:
                                  f"is not writable")
         if self.name and ("/" in self.name or self.name in (".", "..", "latest")):
             raise ValueError(f"name must be a plain directory name, got {self.name!r}")
+
+    def _check_monitor(self):
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a TCP port in 1..65535, or 0 for none, got {self.metrics_port!r}")
+        if self.metrics_every < 1 or self.straggler_intervals < 1:
+            raise ValueError(f"metrics_every and straggler_intervals must be >= 1, got {self.metrics_every!r}, "
+                             f"{self.straggler_intervals!r}")
+        if not self.metrics_interval > 0 or self.stall_seconds < 0:
+            raise ValueError(f"metrics_interval must be > 0 and stall_seconds >= 0 seconds, got "
+                             f"{self.metrics_interval!r}, {self.stall_seconds!r}")
+        if not self.straggler_factor > 1:
+            raise ValueError(f"straggler_factor must be > 1, got {self.straggler_factor!r}")
+        if self.straggler and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
+            raise ValueError("straggler slows a data-parallel rank or a parameter-server worker, not the "
+                             "model-parallel grid")
 
     def _check_registries(self):
         from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config

@@ -9,7 +9,8 @@ Files in a run directory (all written by rank 0 alone):
 ``metrics.jsonl``
     One line per step: ``step``, ``epoch``, ``loss`` (rank 0's batch), ``lr``, ``compute_s``,
     ``comm_s``, ``wait_s``, ``transfer_s``, ``compress_s``, ``decompress_s`` (seconds),
-    ``bytes_sent`` (bytes, rank 0), ``skipped`` (0/1), ``wall_s`` (seconds since the run started).
+    ``bytes_sent`` (bytes, rank 0), ``skipped`` (0/1), ``arrival_s`` (seconds from the step's start to
+    its first collective), ``wall_s`` (seconds since the run started).
 ``epochs.jsonl``
     One line per epoch: the epoch table's values (means over ranks) plus ``wall_s``.
 ``summary.json``

@@ -16,15 +16,17 @@ import numpy
 from training.data import load_dataset
 from training.job import array_module
 from training.ps_mode.worker import check_ps
+from training.monitor.setup import check_monitor
 from training.skew import check_skew, uses_shards
 
 __all__ = ["check_run", "agree", "PER_RANK"]
 
 #: Settings left out of :func:`agree`: those that may differ between ranks by design (where rank 0
-#: writes: run directory and name, trace file; how much a rank logs), and the model's layout
+#: writes: run directory and name, trace file; how much a rank logs; the address the metrics endpoint of
+#: rank 0 binds), and the model's layout
 #: (``hidden``, ``dtype``), which :func:`training.layout.verify_param_layout` compares once the model is
 #: built, naming the layers and parameter counts that differ.
-PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype"))
+PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype", "metrics_host"))
 _SHOWN = 60  # characters of a value shown in the message
 
 
@@ -94,9 +96,10 @@ def check_run(cfg, comm):
         parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
         ``--data-dir`` is not a directory, the ``--partition`` cannot be drawn
         (:func:`training.skew.check_skew`), or ``algorithm="auto"`` cannot read its tuning table
-        (``COMMLAB_TUNING``).
+        (``COMMLAB_TUNING``), or the monitoring cannot start
+        (:func:`training.monitor.setup.check_monitor`: the metrics port is taken, ...).
     ImportError
-        When ``--device gpu`` is asked for without CuPy.
+        When ``--device gpu`` is asked for without CuPy, or a monitoring option without its library.
     """
     agree(cfg, comm)
     P = comm.Get_size()
@@ -113,4 +116,5 @@ def check_run(cfg, comm):
         from collectives.model.auto import select_allreduce
 
         select_allreduce(P, 8)  # loads the tuning table (COMMLAB_TUNING) now, not mid-run
+    check_monitor(cfg, comm)  # libraries, TensorBoard directory, the metrics port on rank 0
     return array_module(cfg, comm)

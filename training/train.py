@@ -32,6 +32,7 @@ from training.data import load_dataset
 from training.job import all_failed, set_threads
 from training.preflight import check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
+from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer, schedule_lr
 from training.layout import verify_param_layout
@@ -148,7 +149,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         return _summary(t, comm, run_dir, data, cfg.eval_batch, timeout=cfg.timeout)
     _write_config(cfg, comm, run_dir, t.resumed_from)
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
-    table = EpochTable()
+    table, monitor = EpochTable(), open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
     bar = _start_display(t, cfg, comm, run_dir, table, (last - state.epoch) * per_epoch) if rank == 0 else None
     if cfg.trace:
         trace.start(comm)  # collective: aligns the ranks' clocks
@@ -157,7 +158,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        loop = _Loop(per_epoch, writer, bar, t_start)
+        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrival(monitor, slow_factor(cfg, rank)))
         sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, loop)
         with trace.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
@@ -169,6 +170,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == last:
             _checkpoint(t, cfg, comm, run_dir, epoch)
     writer.close()
+    found = monitor.close()  # rank 0: stragglers and stalls named, the monitoring's own share of the step time
     if bar is not None:
         bar.close()
     if cfg.trace:
@@ -176,7 +178,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     summary = _summary(t, comm, run_dir, data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
     if rank == 0:
         summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"),
-                       load_average_end=round(os.getloadavg()[0], 2))
+                       load_average_end=round(os.getloadavg()[0], 2), **found)
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {summary['final_test_acc']:.2%} after {state.epoch} "
               f"epoch{'' if state.epoch == 1 else 's'} | wall {state.wall_s:.1f} s | "
@@ -207,7 +209,7 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
 
 #: What every step and epoch of a data-parallel run reports to: steps per epoch, the step-record
 #: writer, the progress bar (rank 0) and the run's start (``time.perf_counter()``, seconds).
-_Loop = namedtuple("_Loop", "per_epoch writer bar t_start")
+_Loop = namedtuple("_Loop", "per_epoch writer bar t_start monitor arrive")
 
 
 def _train_epoch(t, cfg, comm, batches, data, loop):
@@ -220,7 +222,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         steps that were not skipped).
     """
     state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
-    per_epoch, writer, bar, t_start = loop
+    per_epoch, writer, bar, t_start, monitor, arrive = loop
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
     local = None if t.local is None or t.local.data_parallel(state.epoch + 1) else t.local
     if local is not None:
@@ -229,7 +231,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
         if local is None:
-            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch])
+            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive)
         else:
             r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch))
         state.step += 1
@@ -241,6 +243,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
             sums[key] += r[key]
         writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": opt.lr, **r,
                      "wall_s": time.perf_counter() - t_start})
+        monitor.step(state.step, r)
         if bar is not None:
             bar.update()
     return sums
@@ -343,18 +346,15 @@ def main(argv=None):
     """Command-line entry point.
 
     Sets up the log output first (:func:`collectives.log.setup_logging`: ``[rank R] LEVEL: message``
-    on stderr at ``--log-level``, else ``$COMMLAB_LOG_LEVEL``, else INFO): the run's opening line,
-    notes on a resume and ``nothing to do`` come from rank 0 that way; the epoch table and the result
-    line stay on stdout.
-
-    User errors print one ``error: ...`` line (from rank 0 when every rank failed alike) and
-    return 1, as does a parameter-server run that cannot continue (``ps.protocol.PSError``: BSP
-    lost a worker). In ``--mode ps`` the ranks then check that all of them reached the end
-    (:func:`training.ps_mode.worker.finish_ps`): when a rank died, rank 0 names it and aborts the job
-    ``--ps-timeout`` seconds later instead of leaving everyone in ``MPI_Finalize``; a rank whose
-    server never answered (``ps.protocol.PSTimeout``) reports it and aborts at once. A failed
-    collective (``collectives.CollectiveError``: a peer silent for ``--timeout`` seconds, whose rank
-    the line names) and any other failure with P > 1 abort the job so nothing hangs.
+    on stderr at ``--log-level``, else ``$COMMLAB_LOG_LEVEL``, else INFO); the epoch table and the
+    result line stay on stdout. User errors print one ``error: ...`` line (from rank 0 when every
+    rank failed alike) and return 1, as does a parameter-server run that cannot continue
+    (``ps.protocol.PSError``: BSP lost a worker). In ``--mode ps`` the ranks then check that all of
+    them reached the end (:func:`training.ps_mode.worker.finish_ps`): when a rank died, rank 0 names
+    it and aborts the job ``--ps-timeout`` seconds later instead of leaving everyone in
+    ``MPI_Finalize``; a rank whose server never answered (``ps.protocol.PSTimeout``) reports it and
+    aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
+    ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the job.
     """
     world = MPI.COMM_WORLD
     cfg = parse_on_every_rank(parse_args, argv, world.rank)  # one copy of --help and of flag errors

@@ -93,7 +93,7 @@ def any_rank(flag, comm, timeout=None):
     return bool(buf[0])
 
 
-def train_step(model, loss_fn, optimizer, hook, comm, x, y):
+def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None):
     """Take one data-parallel step; skip it on every rank if any rank sees a non-finite value.
 
     Steps: zero the flat gradient, forward/backward into it; a non-finite flag (loss or gradient) is
@@ -109,6 +109,10 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     comm : mpi4py.MPI.Comm
     x : ndarray, shape (B / P, F); y : ndarray, shape (B / P,), int64
         This rank's share of the global batch.
+    arrive : callable, optional
+        Called as ``arrive(compute_s)`` with the step's seconds so far as this rank reaches the step's
+        first collective: :func:`training.monitor.setup.arrival` (the delay ``--straggler`` injects, the
+        live monitor's heartbeat). Its time counts as compute.
 
     Returns
     -------
@@ -120,7 +124,9 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
         ``wait_s`` is the time in the non-finite flag's all-reduce, the step's first exchange, which
         returns once the last rank has arrived (skew: waiting for slower ranks, plus one small
         message's latency); ``transfer_s`` is the gradient exchange that follows, the ranks then
-        in step, without compression and decompression.
+        in step, without compression and decompression; ``arrival_s``, the seconds from the step's
+        start to this rank's arrival at that first exchange (its forward and backward, and overlap's
+        bucket starts).
 
     Notes
     -----
@@ -145,6 +151,8 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
     else:
         step.flush()
         bad = not (numpy.isfinite(loss) and step.finite)
+    if arrive is not None:
+        arrive(time.perf_counter() - t0)
     t1 = time.perf_counter()
     skip = any_rank(bad, comm, getattr(hook, "timeout", None))
     t2 = time.perf_counter()
@@ -170,7 +178,8 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y):
             "comm_s": (t2 - t1) + (t3 - t2) - local, "wait_s": t2 - t1, "transfer_s": (t3 - t2) - local,
             "compress_s": info["compress_s"],
             "decompress_s": info["decompress_s"], "bytes_sent": int(info["bytes_sent"]),
-            "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip)}
+            "wire_bytes": int(info.get("wire_bytes", info["bytes_sent"])), "skipped": int(skip),
+            "arrival_s": t1 - t0}
 
 
 def _trace_step(t0, t1, t2, t3, t4, info, skip):

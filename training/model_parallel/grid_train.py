@@ -29,6 +29,7 @@ from training.model_parallel.grid import Grid, build_stage, check_grid
 from training.model_parallel.report import gather_ranks, summarize
 from training.job import array_module
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
+from training.monitor.setup import OFF, check_monitor, open_monitor
 from training.nn import SoftmaxCrossEntropy, get_array_module
 from training.optim import make_optimizer
 from training.dp.data_parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
@@ -49,7 +50,7 @@ class HybridTrainer:
     """What one rank of a hybrid run holds: its grid place, stage model, optimizer and counters."""
 
     __slots__ = ("xp", "ds", "sizes", "grid", "model", "ks", "stage", "opt", "hook", "state", "axes",
-                 "resumed_from", "replicated")
+                 "resumed_from", "replicated", "monitor")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -73,6 +74,7 @@ def build_hybrid(cfg, comm):
     sizes = [ds.n_features, *cfg.hidden, ds.n_classes]
     check_grid(comm.Get_size(), cfg.tensor_parallel, cfg.pipeline_parallel, sizes, cfg.batch_size,
                cfg.micro_batches)
+    check_monitor(cfg, comm)  # libraries, TensorBoard directory, the metrics port on rank 0
     if cfg.algorithm == "auto":
         from collectives.model.auto import select_allreduce
 
@@ -101,7 +103,7 @@ def build_hybrid(cfg, comm):
                   for pg in ([(layer.b, layer.db)] if isinstance(layer, RowParallelLinear) else
                              [] if isinstance(layer, ColumnParallelLinear) else layer.parameters())]
     return HybridTrainer(xp=xp, ds=ds, sizes=sizes, grid=grid, model=model, ks=ks, stage=stage, opt=opt,
-                         hook=hook, state=state, axes=axes, resumed_from=resumed, replicated=replicated)
+                         hook=hook, state=state, axes=axes, resumed_from=resumed, replicated=replicated, monitor=OFF)
 
 
 def _sync_replicated(t, timeout):
@@ -145,11 +147,16 @@ def hybrid_step(t, cfg, comm, x, y):
     -------
     dict
         ``loss`` (NaN off the last stage), ``skipped``, and per-axis ``tensor_bytes``,
-        ``pipeline_bytes``, ``data_bytes`` sent by this rank, ``wait_s``, ``wall_s``, ``comm_s``.
+        ``pipeline_bytes``, ``data_bytes`` sent by this rank, ``wait_s``, ``wall_s``, ``comm_s``, and
+        ``arrival_s`` (from the step's start to the first collective) and ``sync_s`` (the data-parallel
+        gradient average), in seconds.
     """
     t0, tb0 = time.perf_counter(), _tensor_bytes(t.model)
     info = t.stage.step(x, y, min(cfg.micro_batches, len(y)), cfg.schedule)
     bad = not is_finite(0.0 if numpy.isnan(info["loss"]) else info["loss"], t.model.grads)
+    t_arrive = time.perf_counter()
+    if t.monitor.arrive is not None:
+        t.monitor.arrive()  # heartbeat: this rank reached the step's first collective
     skip = any_rank(bad, comm, cfg.timeout)
     t1 = time.perf_counter()
     sent = tensor_sync = 0
@@ -167,7 +174,8 @@ def hybrid_step(t, cfg, comm, x, y):
     return {"loss": info["loss"], "skipped": int(skip), "tensor_bytes": _tensor_bytes(t.model) - tb0 + tensor_sync,
             "pipeline_bytes": info["bytes_sent"], "data_bytes": sent, "wait_s": info["wait_s"],
             "wall_s": time.perf_counter() - t0, "comm_s": info["wait_s"] + (t2 - t1),
-            "activation_bytes": info["activation_bytes"], "bubble": info["bubble"]}
+            "activation_bytes": info["activation_bytes"], "bubble": info["bubble"], "arrival_s": t_arrive - t0,
+            "sync_s": t2 - t1}
 
 
 def evaluate_pipeline(t, x, y, batch, comm, timeout=None):
@@ -215,6 +223,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     local_b, per_epoch = cfg.batch_size // g.D, sampler.num_batches(cfg.batch_size // g.D)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
+    t.monitor = open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
     _open_run(cfg, comm, run_dir, t, table)
     t_start = time.perf_counter() - state.wall_s
     accs = (None, None)
@@ -233,7 +242,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
             if rank == 0:
                 _prune(run_dir, cfg.keep_checkpoints)
     writer.close()
-    return _close_run(cfg, comm, run_dir, t, data, accs)
+    return _close_run(cfg, comm, run_dir, t, data, accs, t.monitor.close())
 
 
 #: What each rank sums over an epoch's steps; all-reduced as one float64 vector in this order. The loss
@@ -274,7 +283,8 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
             sums["losses"] += 1
         sums["compute_s"] += r["wall_s"] - r["comm_s"]
         sums["comm_s"] += r["comm_s"]
-        sums["bytes_sent"] += r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
+        sent = r["tensor_bytes"] + r["pipeline_bytes"] + r["data_bytes"]
+        sums["bytes_sent"] += sent
         sums["wait_s"] += r["wait_s"]
         for k in ("tensor_bytes", "pipeline_bytes", "data_bytes", "wait_s", "wall_s"):
             t.axes[k] += r[k]
@@ -282,6 +292,9 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
         t.axes["activation_bytes"] = r["activation_bytes"]
         writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": t.opt.lr,
                      **{k: v for k, v in r.items() if k != "loss"}})
+        t.monitor.step(state.step, {"step_s": r["wall_s"], "compute_s": r["wall_s"] - r["comm_s"],
+                                    "arrival_s": r["arrival_s"], "sync_s": r["sync_s"], "wait_s": r["wait_s"],
+                                    "bytes_sent": sent, "skipped": r["skipped"]})
     return sums
 
 
@@ -306,7 +319,7 @@ def _end_epoch(t, cfg, comm, sums, accs, skipped, per_epoch, t_start):
             "wall_s": state.wall_s}
 
 
-def _close_run(cfg, comm, run_dir, t, data, accs):
+def _close_run(cfg, comm, run_dir, t, data, accs, found):
     """Evaluate when no epoch ran, gather the per-rank table and write ``summary.json``; return the summary."""
     train_acc, test_acc = accs
     if test_acc is None:
@@ -314,6 +327,7 @@ def _close_run(cfg, comm, run_dir, t, data, accs):
         test_acc, _ = evaluate_pipeline(t, data[2], data[3], cfg.eval_batch, comm, cfg.timeout)
     g, state, ranks = t.grid, t.state, gather_ranks(t, comm)
     summary = summarize(cfg, t, comm, run_dir, ranks, train_acc, test_acc, replicas_identical(t, comm, cfg.timeout))
+    summary.update(found)  # the live monitor's findings (rank 0)
     if comm.Get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         print(f"test accuracy {test_acc:.2%} after {state.epoch} epochs | wall {state.wall_s:.1f} s | grid "

@@ -125,7 +125,8 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     run_dir : str
     result : ps.runtime.RunResult
     evals : dict
-        From :func:`evaluate_snapshots`.
+        From :func:`evaluate_snapshots`; its ``monitor`` entry, when present, is the live monitor's
+        findings (:func:`training.monitor.setup.close_monitor`), added to the summary.
     opts : ps.options.PSOptions
     n_params : int
         Model size (parameters).
@@ -163,7 +164,7 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
         "wasted_compute_s": sum(s["wasted_compute_s"] for s in done),
         "resends": sum(s["resends"] for s in done),
         "curve": [{k: p[k] for k in ("pushes", "wall_s", "test_acc")} for p in evals["curve"]],
-        "run": run_info(comm), "run_dir": run_dir,
+        "run": run_info(comm), "run_dir": run_dir, **evals.get("monitor", {}),
     }
     writer = MetricsWriter(run_dir, True)
     for point in evals["curve"]:

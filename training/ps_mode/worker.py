@@ -2,16 +2,14 @@
 
 ``run_ps`` maps the training configuration onto :class:`ps.options.PSOptions`, builds the model and
 the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
-:func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the
-servers apply the trainer's own optimizer (:mod:`training.optim`: SGD with momentum, or Adam,
-built by :func:`training.optim.optimizer_factory`) to their shards. Rank 0 then evaluates the
-snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.report`).
+:func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the servers
+apply the trainer's own optimizer (:func:`training.optim.optimizer_factory`) to their shards. Rank 0
+then evaluates the snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.report`).
 
 Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
-``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples
-data-parallel training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel
-training. With ``--balance`` a worker instead reads its sampler's order as a stream, taking as many
-samples per clock as its current batch.
+``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples data-parallel
+training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel training. With
+``--balance`` a worker reads its sampler's order as a stream, as many samples per clock as its batch.
 """
 import dataclasses
 import os
@@ -33,6 +31,7 @@ from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import lr_rule, optimizer_factory
 from training.dp.data_parallel import compute_gradient, is_finite
+from training.monitor.setup import close_monitor, open_ps_monitor
 from training.progress import progress_bar, write_trace
 from training.ps_mode.report import evaluate_snapshots, write_records
 
@@ -42,11 +41,9 @@ __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "Batc
            "finish_together", "finish_ps", "PS_EXTRA"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
-
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
-#: Settings a caller may give beyond the training configuration (``extra`` of :func:`ps_options`):
-#: the transient delays and the balancing interval (:class:`PSOptions` fields) and the resolution
-#: of a study's curves.
+#: Settings beyond the training configuration (``extra`` of :func:`ps_options`): the transient delays
+#: and the balancing interval (:class:`PSOptions` fields) and the resolution of a study's curves.
 PS_EXTRA = ("delay_prob", "delay_s", "balance_every", "snapshots_per_epoch", "retry_s", "drop_replies",
             "late_replies", "late_s")
 
@@ -277,6 +274,7 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
     make_optimizer = optimizer_factory(cfg)
+    monitor = open_ps_monitor(cfg, comm, run_dir)  # live metrics (training.monitor), or None
     if cfg.trace:
         trace.start(comm, cfg.ps_timeout)  # collective: aligns the ranks' clocks
     if rank in workers:
@@ -292,12 +290,14 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
                 skipped[0] += 1
             return to_host(model.grads), int(idx.shape[0])
 
-        stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer)
+        stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer, monitor=monitor)
+        close_monitor(monitor)
         if cfg.trace:
             write_trace(cfg.trace, comm, cfg.ps_timeout)
         return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
     if rank != 0:
-        run(comm, opts, init, make_optimizer=make_optimizer)
+        run(comm, opts, init, make_optimizer=make_optimizer, monitor=monitor)
+        close_monitor(monitor)
         if cfg.trace:
             write_trace(cfg.trace, comm, cfg.ps_timeout)
         return {"role": "server"}
@@ -309,13 +309,13 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
         last[0] = pushes
 
     try:
-        result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer)
+        result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer, monitor=monitor)
     finally:
         bar.close()
     if cfg.trace:
         write_trace(cfg.trace, comm, cfg.ps_timeout)
-    evals = evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,
-                               W * stream.per_epoch)
+    evals = dict(evaluate_snapshots(result, model, loss_fn, to_device(ds, model.dtype), cfg.eval_batch,
+                                    W * stream.per_epoch), monitor=close_monitor(monitor))
     return write_records(cfg, comm, run_dir, result, evals, opts, model.size, stream.per_epoch)
 
 

@@ -1,0 +1,163 @@
+"""Cost of the live monitoring on the trainer's step time: the same training with and without it.
+
+``mpiexec -n P python -m experiments.bench.metrics_overhead [--repeats 5] [--epochs 3] [--metrics-every 10]``
+
+Each repeat trains the same data-parallel run three times on the ranks: without monitoring (``off``),
+with ``--monitor`` (``watch``: the gathers, heartbeats and straggler and stall detection, nothing
+served) and with ``--metrics-port`` (``serve``: the same plus the Prometheus endpoint of rank 0,
+scraped by rank 0 itself every 0.5 s as a Prometheus server would be). The order rotates between
+repeats, so a drift in the machine's load hits every variant alike. A run's step time is the median
+of its steps' durations on rank 0 (consecutive ``wall_s`` of ``metrics.jsonl``). Printed: the median
+step time of each variant, the ratio to ``off`` per repeat with its median and range (the target:
+within the spread of the ``off`` runs themselves, and the monitoring's own time <= 2 % of the step),
+and the internal figure (``monitor_overhead`` of the runs' summaries: the monitoring code's own time
+over the step time, largest rank). Results go to ``results/bench_metrics_overhead.json`` with the
+configuration and the ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark
+refuses to start unless ``--allow-noisy`` marks its file noisy).
+"""
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import urllib.request
+
+from mpi4py import MPI
+
+from experiments import results as prov
+from experiments.outputs import command_line
+from training.config import Config
+from training.metrics import read_jsonl, run_info, write_json
+from training.train import run
+
+__all__ = ["main", "VARIANTS"]
+
+#: The variants, in the order of the first repeat.
+VARIANTS = ("off", "watch", "serve")
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.metrics_overhead",
+                                description="Step time with live monitoring against without, same run, repeated.")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of the three runs (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per run (default: %(default)s)")
+    p.add_argument("--metrics-every", type=int, default=10, help="steps between gathers (default: %(default)s)")
+    p.add_argument("--out", default="results/bench_metrics_overhead.json", help="results file (default: %(default)s)")
+    prov.add_options(p)
+    return p
+
+
+def _step_times(path):
+    """Return the step durations (seconds) of a run from its ``metrics.jsonl`` (an epoch's first step left out)."""
+    rows = read_jsonl(path)
+    return [b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:]) if a["epoch"] == b["epoch"]]
+
+
+def _scrape(port, stop):
+    """Fetch ``http://127.0.0.1:PORT/metrics`` every 0.5 s until ``stop`` is set (a Prometheus server's load)."""
+    while not stop.wait(0.5):
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                r.read()
+
+
+def _free_port(comm):
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    return comm.bcast(port, root=0)
+
+
+def _one(base, mode, name, comm):
+    """Train one run of variant ``mode``; return (rank 0's median step seconds, its monitor_overhead)."""
+    port = _free_port(comm) if mode == "serve" else 0
+    cfg = base.replace(name=name, monitor=mode == "watch", metrics_port=port)
+    stop, scraper = threading.Event(), None
+    if port and comm.Get_rank() == 0:
+        scraper = threading.Thread(target=_scrape, args=(port, stop), daemon=True)
+        scraper.start()
+    summary = run(cfg, comm)
+    stop.set()
+    if scraper is not None:
+        scraper.join()
+    if comm.Get_rank() != 0:
+        return None, None
+    return statistics.median(_step_times(os.path.join(base.run_dir, name, "metrics.jsonl"))), \
+        summary.get("monitor_overhead")
+
+
+def _runs(base, repeats, comm):
+    """Train the three variants per repeat, order rotating; return {variant: [step seconds]} and the internal figures."""
+    times, internal = {m: [] for m in VARIANTS}, {m: [] for m in VARIANTS[1:]}
+    run(base.replace(name="warmup", epochs=1), comm)
+    for i in range(repeats):
+        order = VARIANTS[i % 3:] + VARIANTS[:i % 3]
+        for mode in order:
+            step, own = _one(base, mode, f"{mode}{i}", comm)
+            if comm.Get_rank() == 0:
+                times[mode].append(step)
+                if mode != "off":
+                    internal[mode].append(own)
+    return times, internal
+
+
+def main(argv=None):
+    """Run the benchmark; rank 0 prints the ratios and writes the results file.
+
+    Returns 0; 2 after one error line on a bad argument or a busy machine (:func:`experiments.results.guard`),
+    before any measurement.
+    """
+    args = _parser().parse_args(argv)
+    if args.repeats < 1 or args.epochs < 1 or args.metrics_every < 1:
+        print("error: --repeats, --epochs and --metrics-every must be >= 1", file=sys.stderr)
+        return 2
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    watch = prov.guard_or_say(args, comm, "error")  # rank 0's verdict on every rank
+    if watch is None:
+        return 2
+    tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_metrics-") if rank == 0 else None, root=0)
+    base = Config(epochs=args.epochs, run_dir=tmp, progress=False, checkpoint_every=0, keep_checkpoints=1,
+                  lr_schedule="constant", metrics_every=args.metrics_every)
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):  # the runs' tables
+            times, internal = _runs(base, args.repeats, comm)
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if rank != 0:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
+        return 0
+    off = times["off"]
+    spread = (max(off) - min(off)) / statistics.median(off)
+    print(f"P={comm.Get_size()}, {base.data}, hidden {list(base.hidden)}, {base.dtype}, batch {base.batch_size}, "
+          f"{args.epochs} epochs per run, gather every {args.metrics_every} steps, {args.repeats} repeats")
+    result = {"config": {**base.to_dict(), "repeats": args.repeats}, "run": run_info(comm), "step_s": times,
+              "off_spread": spread}
+    print(f"off: median step {statistics.median(off) * 1e3:.3f} ms, range {min(off) * 1e3:.3f}-{max(off) * 1e3:.3f} ms "
+          f"(spread {spread:.1%} of the median)")
+    for mode in VARIANTS[1:]:
+        ratios = [t / o for t, o in zip(times[mode], off)]
+        med, own = statistics.median(ratios), statistics.median(internal[mode])
+        within = min(off) <= statistics.median(times[mode]) <= max(off)
+        print(f"{mode}: median step {statistics.median(times[mode]) * 1e3:.3f} ms; ratio to off per repeat: median "
+              f"{med:.3f}, range {min(ratios):.3f}-{max(ratios):.3f} ({'within' if within else 'outside'} the off "
+              f"runs' spread); monitoring's own time {own:.2%} of the step (target <= 2 %)")
+        result[mode] = {"ratios": ratios, "ratio_median": med, "ratio_min": min(ratios), "ratio_max": max(ratios),
+                        "within_off_spread": within, "monitor_overhead": internal[mode]}
+    prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.bench.metrics_overhead", argv))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    write_json(args.out, result)
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

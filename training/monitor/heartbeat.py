@@ -1,0 +1,130 @@
+"""Per-step heartbeats on a communicator of their own, and rank 0's stall check over them.
+
+Every rank sends rank 0 one 8-byte message (the step's number) as it arrives at the step's first
+collective (:meth:`Heartbeat.beat`; non-blocking, eager). On rank 0 a watchdog thread receives them
+and, every ``poll`` seconds, applies :func:`training.monitor.detect.stalled`: a rank that has not
+reached the collective of the newest step ``threshold`` seconds after the first rank did is named,
+once per step, through ``on_stall(rank, step, late_s)`` -- while the others still wait for it, and
+so before the collective's deadline (``--timeout``) ends the job, as Horovod's stall check and
+NCCL's watchdog name the rank a collective waits on. ``on_clear(rank)`` is called when a named
+rank's next heartbeat arrives.
+
+The thread makes MPI calls beside the training loop's: the library must give
+``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; MPICH and Open MPI give it). Where it does not, the
+check runs at rank 0's own heartbeats instead, which names a late rank only once rank 0 is itself
+between steps.
+"""
+import threading
+import time
+
+import numpy
+from mpi4py import MPI
+
+from collectives.engine.waiting import wait_within
+from training.monitor.detect import stalled
+
+__all__ = ["Heartbeat"]
+
+_TAG = 0x4EA7  # tag of the heartbeat messages
+
+
+class Heartbeat:
+    """Send this rank's heartbeats; on rank 0, watch everyone's.
+
+    Collective over ``comm`` (duplicated here, so heartbeats never meet other messages).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+    threshold : float
+        Seconds after which a rank behind is named; 0 sends no heartbeat at all.
+    on_stall : callable
+        Rank 0: ``on_stall(rank, step, late_s)``, from the watchdog thread.
+    on_clear : callable, optional
+        Rank 0: ``on_clear(rank)`` when a named rank's heartbeat arrives.
+    poll : float
+        Seconds between two checks of the watchdog.
+    """
+
+    def __init__(self, comm, threshold, on_stall, on_clear=None, poll=0.05):
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.threshold, self.poll = float(threshold), float(poll)
+        self.on_stall, self.on_clear = on_stall, on_clear
+        self.on = self.threshold > 0 and self.size > 1
+        self.steps = numpy.full(self.size, -1, numpy.int64)  # rank 0: last heartbeat of each rank
+        self.since = time.monotonic()                        # when max(steps) was first reached
+        self.named = {}                                      # rank -> step it was named stalled at
+        self._buf, self._req, self._recv = numpy.zeros(1, numpy.int64), None, numpy.zeros(1, numpy.int64)
+        self._stop, self._thread, self._lock = threading.Event(), None, threading.Lock()
+        if self.on and self.rank == 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self._thread = threading.Thread(target=self._watch, name="commlab-heartbeat", daemon=True)
+            self._thread.start()
+
+    def beat(self, step):
+        """Say that this rank has reached the collective of ``step`` (int)."""
+        if not self.on:
+            return
+        if self.rank == 0:
+            with self._lock:
+                self._record(0, step)
+                if self._thread is None:
+                    self._drain()
+                    self._check()
+            return
+        if self._req is not None:
+            self._req.Wait()  # 8 bytes go eagerly: the previous send completed long ago
+        self._buf[0] = step
+        self._req = self.comm.Isend(self._buf, dest=0, tag=_TAG)
+
+    def _record(self, rank, step):
+        if step > self.steps.max():
+            self.since = time.monotonic()
+        self.steps[rank] = max(self.steps[rank], step)
+        if rank in self.named and self.steps[rank] >= self.named[rank]:
+            del self.named[rank]
+            if self.on_clear is not None:
+                self.on_clear(rank)
+
+    def _drain(self):
+        status = MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
+            self.comm.Recv(self._recv, source=status.Get_source(), tag=_TAG)
+            self._record(status.Get_source(), int(self._recv[0]))
+
+    def _check(self):
+        top = int(self.steps.max())
+        late = time.monotonic() - self.since
+        for r in stalled(self.steps, self.since, time.monotonic(), self.threshold):
+            if self.named.get(r) != top:
+                self.named[r] = top
+                self.on_stall(r, top, late)
+
+    def _watch(self):
+        while not self._stop.wait(self.poll):
+            with self._lock:
+                self._drain()
+                self._check()
+
+    def close(self, timeout=None):
+        """Stop the watchdog, receive what is left and free the communicator (collective).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds the closing barrier may wait for a peer (None: no limit).
+
+        Raises
+        ------
+        collectives.CollectiveTimeout
+            When a peer does not reach the closing barrier within ``timeout``.
+        """
+        if self._req is not None:
+            self._req.Wait()
+        wait_within(self.comm.Ibarrier(), timeout, "heartbeat", "close")
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        if self.on and self.rank == 0:
+            self._drain()
+        self.comm.Free()
