@@ -88,6 +88,7 @@ class Config:
     ps_conflict: str = "accept"       # ASP/SSP conflict policy: accept, cas or scale
     ps_conflict_lag: int = 0          # cas: largest accepted lag of a push's base version (versions)
     ps_retries: int = 0               # resends of an unanswered push/pull, applied once by the servers
+    ps_replicas: int = 1              # server ranks holding each shard (a chain; --servers / this = shards)
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
     balance: bool = False             # faster workers get larger batches (global batch unchanged)
     # --- skewed data across workers (data-parallel and parameter server; docs/guide/non_iid.md)
