@@ -245,7 +245,16 @@ class Client:
         """The ``(request, buffer)`` pairs of ``sends`` to replicas not given up (a dead one's never complete)."""
         return [(r, b) for r, b, rank in sends if rank not in self.chains.gone]
 
-    def _moved(self, sources):
+    def _fail_over(self, rank, sources, replies):
+        """Give up on primary ``rank``: take the next replica of its shard, or stop when none is left."""
+        try:
+            self.chains.fail_over(rank, worker=self.worker, timeout=self.reply_timeout)
+        except PSError:
+            self.finish(Msg.ABORT)  # the other shards' primaries learn it at once
+            raise
+        self._moved(sources, replies)
+
+    def _moved(self, sources, replies):
         """After a change of primary: resend the old primary's unanswered requests to the new one."""
         _, _, old, new = self.chains.failovers[-1]
         self._outbox[new], self._outbox[old] = self._outbox[old], []
@@ -254,6 +263,8 @@ class Client:
         if old in sources:
             sources.discard(old)
             sources.add(new)
+        if old in replies:  # answered before the takeover: the answer stands
+            replies[new] = replies.pop(old)
 
     def _request(self, mtype, clock, out, ranks):
         self._rid += 1
@@ -294,12 +305,7 @@ class Client:
                     resend_at = now + wait if tries < self.retries else float("inf")
                 if now > deadline and self.replicas > 1:  # fail over: the next replica of each silent primary
                     for rank in sorted(sources - set(replies)):
-                        try:
-                            self.chains.fail_over(rank, worker=self.worker, timeout=self.reply_timeout)
-                        except PSError:
-                            self.finish(Msg.ABORT)  # the other shards' primaries learn it at once
-                            raise
-                        self._moved(sources)
+                        self._fail_over(rank, sources, replies)
                     deadline = now + self.reply_timeout
                 elif now > deadline:
                     missing = sorted(sources - set(replies))
@@ -308,10 +314,18 @@ class Client:
                 backoff.sleep()
                 continue
             source, mtype = msg
-            header, data = receive(self.comm, source, mtype, deadline)
+            try:
+                header, data = receive(self.comm, source, mtype, deadline)
+            except PSTimeout:  # the header came, its payload never will: the sender died in between
+                if self.replicas == 1 or source not in self.chains.shard_of:
+                    raise
+                if not self.chains.stale(source):
+                    self._fail_over(source, sources, replies)
+                    deadline = time.monotonic() + self.reply_timeout
+                continue
             if mtype == Msg.EPOCH:  # a replica took over its shard: turn to it now
                 if self.chains.newer(source) is not None:
-                    self._moved(sources)
+                    self._moved(sources, replies)
                 continue
             if self.chains.stale(source):
                 self.stale_replies += 1  # from a replica given up: fenced

@@ -12,8 +12,9 @@ The tail answers ACK, passed back up hop by hop. The primary holds every reply t
 which acknowledges the pushes before it, STOP, ERROR, the DONE handshake) until the chain has
 acknowledged every update it applied so far: an acknowledged push is on every live replica.
 
-A replica whose successor leaves a forward unacknowledged for its timeout (``ps_timeout`` at the
-primary, less down the chain, so that the replica next to a dead one notices first) cuts it off: it
+A replica whose successor leaves a forward unacknowledged for its timeout (three quarters of
+``ps_timeout`` at the primary, less down the chain, so that the replica next to a dead one notices
+first, and the primary's held replies go out before the workers give up on it) cuts it off: it
 sends it FENCED (a replica cut off never becomes primary with updates missing), resends what was not
 acknowledged to the next replica, or, being the tail now, acknowledges itself.
 
@@ -43,6 +44,9 @@ FAILOVER_MARGIN = 0.5
 #: requests refused as fenced, successors cut off, takeovers, replies held until acknowledged.
 REPLICA_COUNTERS = ("forwarded", "applied_forwards", "acks", "fenced", "refused_requests", "cut", "takeovers",
                     "held_replies")
+#: The primary cuts off a successor silent for this share of ``ps_timeout`` (less down the chain), so
+#: that its held replies go out before a worker's failover timeout (``ps_timeout + FAILOVER_MARGIN``).
+_SUCCESSOR_SHARE = 0.75
 _PUSH, _DONE, _ABORT, _DROP = 1, 2, 3, 4  # kinds of a forwarded update (aux = kind + 16 x staleness)
 
 
@@ -109,7 +113,7 @@ class ReplicatedServer(Server):
         self.took_over = self.last_reply = self.first_update = -1.0
         self.acked_folded = self.table.folded.copy()
         span = max(1, len(self.chain) - 1)
-        self.successor_timeout = opts.ps_timeout * (len(self.chain) - 1 - self.pos) / span
+        self.successor_timeout = _SUCCESSOR_SHARE * opts.ps_timeout * (len(self.chain) - 1 - self.pos) / span
         self._peer_sends, self._header = [], None
 
     # ------------------------------------------------------------------------------------------
@@ -124,7 +128,7 @@ class ReplicatedServer(Server):
         try:
             super().serve(start_time)
         finally:
-            deadline = time.monotonic() + min(1.0, self.opts.ps_timeout)
+            deadline = time.monotonic() + min(0.2, self.opts.ps_timeout)
             while self._peer_sends and time.monotonic() < deadline:  # a dead peer's never complete: no wait
                 self._peer_sends = [s for s in self._peer_sends if not s[0].Test()]
                 time.sleep(1e-3)

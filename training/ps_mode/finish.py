@@ -92,8 +92,8 @@ def finish_together(comm, grace, short=(), root=0, gone=()):
     token[0] = 1 if gone else 0
     for r in others:
         comm.Send(token, dest=r, tag=_END_TAG)
-    for r in gone:  # in case one still runs (its report was late); never waited for
-        comm.Isend(token, dest=r, tag=_END_TAG)
+    for r in gone if os.environ.get("PRTE_LAUNCHED") != "1" else ():  # one may still run (its report was
+        comm.Isend(token, dest=r, tag=_END_TAG)                       # late); never waited for
     return [], bool(gone)
 
 

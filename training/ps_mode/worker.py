@@ -181,7 +181,8 @@ def check_ps(cfg, size):
     optimizer_factory(cfg)
     if cfg.resume:
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
-        check_server_checkpoints(os.path.join(run_dir, "ps"), S, unfinished_without_checkpoint(run_dir))
+        check_server_checkpoints(os.path.join(run_dir, "ps"), S // max(1, cfg.ps_replicas),
+                                 unfinished_without_checkpoint(run_dir))  # one file per shard
 
 
 def check_server_checkpoints(ckpt, servers, missing_ok=False):
