@@ -92,8 +92,9 @@ def finish_together(comm, grace, short=(), root=0, gone=()):
     token[0] = 1 if gone else 0
     for r in others:
         comm.Send(token, dest=r, tag=_END_TAG)
-    for r in gone if os.environ.get("PRTE_LAUNCHED") != "1" else ():  # one may still run (its report was
-        comm.Isend(token, dest=r, tag=_END_TAG)                       # late); never waited for
+    if os.environ.get("PRTE_LAUNCHED") != "1":  # MPICH: one of them may still run (its report came late)
+        for r in gone:
+            comm.Isend(token, dest=r, tag=_END_TAG)  # never waited for
     return [], bool(gone)
 
 
