@@ -33,7 +33,8 @@ import time
 from mpi4py import MPI
 
 from ps.consistency import DONE, DROPPED, LIVE
-from ps.protocol import H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, header_tag, receive, send
+from ps.protocol import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, header_tag,
+                         receive, send)
 from ps.server import EVENT_ABORTED, EVENT_DROPPED, Server
 
 __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
@@ -94,6 +95,10 @@ class ReplicatedServer(Server):
         a reply (-1: never).
     first_update : float
         ``time.time()`` of the first update this replica applied after taking over (-1: none).
+    acked_version, took_over_version : int
+        The newest shard version a reply of this replica acknowledged, and the version it held when it
+        took over (-1: none): an old primary's ``acked_version`` never exceeds its successor's
+        ``took_over_version`` (fencing).
     acked_folded : ndarray, shape (W,), int64
         Per worker, the clocks folded in when this replica last acknowledged that worker (released a
         reply): every one of them was on every live replica then.
@@ -108,13 +113,19 @@ class ReplicatedServer(Server):
         self.upstream = self.chain[self.pos - 1] if self.pos else None
         self.seq = self.acked = 0                   # last update applied here / acknowledged below
         self.unacked = []                           # (seq, sent at, fields, data) forwarded, not acknowledged
-        self.held = []                              # (seq needed, folded clocks, reply) until acknowledged
+        self.replies_held = []                      # (seq needed, folded clocks, reply) until acknowledged
         self.counters = dict.fromkeys(REPLICA_COUNTERS, 0)
         self.took_over = self.last_reply = self.first_update = -1.0
+        self.acked_version = self.took_over_version = -1     # see the Attributes
         self.acked_folded = self.table.folded.copy()
         span = max(1, len(self.chain) - 1)
         self.successor_timeout = _SUCCESSOR_SHARE * opts.ps_timeout * (len(self.chain) - 1 - self.pos) / span
-        self._peer_sends, self._header = [], None
+        self._peer_sends, self._header, self._looked = [], None, time.monotonic()
+
+    @property
+    def held(self):
+        """True while replies wait for the chain's ACK or forwards for the successor's (the loop goes on)."""
+        return bool(self.replies_held or self.unacked)
 
     # ------------------------------------------------------------------------------------------
     def serve(self, start_time=None):
@@ -127,6 +138,9 @@ class ReplicatedServer(Server):
         """
         try:
             super().serve(start_time)
+        except PSError:
+            if not self.deposed:  # a fenced-off replica's own verdicts (drops) never counted
+                raise
         finally:
             deadline = time.monotonic() + min(0.2, self.opts.ps_timeout)
             while self._peer_sends and time.monotonic() < deadline:  # a dead peer's never complete: no wait
@@ -178,7 +192,7 @@ class ReplicatedServer(Server):
             return  # fenced off: it acknowledges nothing
         reply = (w, mtype, clock, data, worker, rid, self.version if version is None else version)
         if self.acked < self.seq:
-            self.held.append((self.seq, int(self.table.folded[w]), reply))
+            self.replies_held.append((self.seq, int(self.table.folded[w]), reply))
             self.counters["held_replies"] += 1
             return
         self._release(int(self.table.folded[w]), reply)
@@ -187,15 +201,22 @@ class ReplicatedServer(Server):
         w = reply[0]
         self.acked_folded[w] = max(int(self.acked_folded[w]), folded)
         self.last_reply, self.acked_clocks = self.elapsed(), folded  # the reply's aux: clocks on every replica
+        self.acked_version = max(self.acked_version, int(reply[6]))
         super()._reply(*reply)
 
     def _check_silence(self, now):
         self._peer_sends = [s for s in self._peer_sends if not s[0].Test()]
-        if self.unacked and self.live and now - self.unacked[0][1] > self.successor_timeout:
+        if now - self._looked > 0.5 * self.successor_timeout:  # this replica itself stalled: its clock of the
+            self.unacked = [(seq, now, f, d) for seq, _, f, d in self.unacked]  # successor's silence restarts
+        self._looked = now
+        if self.unacked and self.live and now - self.unacked[0][1] > self.successor_timeout \
+                and not self.comm.Iprobe(source=self.live[0], tag=MPI.ANY_TAG):  # a message waits: it lives
             self._cut(now)
+        if self.head:
+            self._poll_fenced()  # taken over while this replica was not looking: drop no one
         if not self.head or self.deposed:
             return  # a backup hears the workers through its primary: its drops come down the chain
-        for _, _, reply in self.held:
+        for _, _, reply in self.replies_held:
             self._last_heard[reply[0]] = now  # waiting for this replica's answer: not silent
         super()._check_silence(now)
 
@@ -265,8 +286,9 @@ class ReplicatedServer(Server):
             if self.upstream is not None and not self.deposed:
                 self._peer(self.upstream, Msg.ACK, extra=(None, seq, 0))
             return
-        while self.held and self.held[0][0] <= self.acked:
-            _, folded, reply = self.held.pop(0)
+        self._poll_fenced()  # replaced meanwhile: release nothing
+        while self.replies_held and self.replies_held[0][0] <= self.acked:
+            _, folded, reply = self.replies_held.pop(0)
             self._release(folded, reply)
 
     def _cut(self, now):
@@ -284,21 +306,21 @@ class ReplicatedServer(Server):
     def _take_over(self):
         """Become the primary at this replica's epoch: fence the replicas before it, tell the workers."""
         self.epoch, self.head, self.upstream = self.pos, True, None
-        self.took_over = self.elapsed()
+        self.took_over, self.took_over_version = self.elapsed(), self.version
         self.counters["takeovers"] += 1
         for r in self.chain[:self.pos]:
             self._peer(r, Msg.FENCED)
         for w in self.table.live():
             self._peer(self.worker_ranks[w], Msg.EPOCH, int(w), meta=(0, self.version, self.index))
         self._last_heard[:] = time.monotonic()  # the workers come over now: none is silent yet
-        while self.held and self.held[0][0] <= self.acked:
-            _, folded, reply = self.held.pop(0)
+        while self.replies_held and self.replies_held[0][0] <= self.acked:
+            _, folded, reply = self.replies_held.pop(0)
             self._release(folded, reply)
 
     def _depose(self):
         """Fenced off: serve nothing more and leave the loop (the chain's other replicas carry on)."""
         self.deposed, self.head = True, False
-        self.held, self.pending, self.unacked, self._sends = [], {}, [], []  # nothing more to wait for
+        self.replies_held, self.pending, self.unacked, self._sends = [], {}, [], []  # nothing more to wait for
         self.table.status[self.table.status == LIVE] = DONE
 
     def _poll_fenced(self):

@@ -30,7 +30,7 @@ __all__ = ["serve_replica", "collect", "RECORD_FIELDS"]
 #: per-worker acknowledged clocks and its per-worker folded clocks.
 RECORD_FIELDS = ("rank", "shard", "position", "head", "deposed", "epoch", "took_over_s", "last_reply_s",
                  "first_update_time", "version", "pushes", "seq", "acked", "elapsed_s", "resumed_pushes",
-                 "resumed_s", "upstream")
+                 "resumed_s", "upstream", "acked_version", "took_over_version")
 _SERVER_GRACE = 2.0  # seconds beyond ps_timeout the collector waits for the servers' reports
 _DEPOSED_WAIT = 600.0  # seconds a replica that is not the primary at the end waits for the collector
 
@@ -72,7 +72,7 @@ def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
     record = [pscomm.Get_rank(), index, server.pos, server.head, server.deposed, server.epoch, server.took_over,
               server.last_reply, server.first_update, server.version, server.pushes, server.seq, server.acked,
               server.elapsed(), server.resumed_pushes, server.resumed_seconds,
-              -1 if server.upstream is None else server.upstream]
+              -1 if server.upstream is None else server.upstream, server.acked_version, server.took_over_version]
     record += [server.counters[k] for k in REPLICA_COUNTERS] + server.acked_folded.tolist()
     record += server.table.folded.tolist()
     reqs = send(repcomm, workers[0], Msg.FINAL, 0, index, _pack(_report(server)))
