@@ -326,6 +326,7 @@ class Client:
             if mtype == Msg.EPOCH:  # a replica took over its shard: turn to it now
                 if self.chains.newer(source) is not None:
                     self._moved(sources, replies)
+                    deadline = time.monotonic() + self.reply_timeout  # the new primary's full allowance
                 continue
             if self.chains.stale(source):
                 self.stale_replies += 1  # from a replica given up: fenced

@@ -79,6 +79,7 @@ def test_training_survives_the_primarys_crash(tmp_path):
     crash = _crash_time(res.stdout)
     runs = {}
     for name in ("clean", "crash"):
+        assert (tmp_path / name / "summary.json").exists(), res.stdout
         with open(tmp_path / name / "summary.json") as f:
             runs[name] = json.load(f)
         with np.load(tmp_path / name / "ps_model.npz", allow_pickle=False) as z:
