@@ -33,8 +33,8 @@ import time
 from mpi4py import MPI
 
 from ps.consistency import DONE, DROPPED, LIVE
-from ps.protocol import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, header_tag,
-                         receive, send)
+from ps.protocol import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, PSTimeout,
+                         header_tag, receive, send)
 from ps.server import EVENT_ABORTED, EVENT_DROPPED, Server
 
 __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
@@ -42,9 +42,10 @@ __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
 #: Seconds a worker waits beyond ``ps_timeout`` before it takes the next replica of a shard.
 FAILOVER_MARGIN = 0.5
 #: A replica's own counters: updates forwarded and applied from upstream, ACKs received, FORWARDs and
-#: requests refused as fenced, successors cut off, takeovers, replies held until acknowledged.
+#: requests refused as fenced, successors cut off, takeovers, replies held until acknowledged, chain
+#: messages whose payload never came (the sender died in between).
 REPLICA_COUNTERS = ("forwarded", "applied_forwards", "acks", "fenced", "refused_requests", "cut", "takeovers",
-                    "held_replies")
+                    "held_replies", "lost_payloads")
 #: The primary cuts off a successor silent for this share of ``ps_timeout`` (less down the chain), so
 #: that its held replies go out before a worker's failover timeout (``ps_timeout + FAILOVER_MARGIN``).
 _SUCCESSOR_SHARE = 0.75
@@ -153,6 +154,15 @@ class ReplicatedServer(Server):
             super().checkpoint()
 
     # ------------------------------------------------------------------------------------------
+    def _handle(self, source, mtype):
+        try:
+            super()._handle(source, mtype)
+        except PSTimeout:
+            if source not in self.chain:
+                raise
+            self.counters["lost_payloads"] += 1  # a replica died between a header and its payload: never
+            #                                      acknowledged, so resent by the workers if it was theirs
+
     def _dispatch(self, source, mtype, header, data):
         if mtype in (Msg.FORWARD, Msg.ACK, Msg.FENCED):
             self._chain_message(source, mtype, header, data)
