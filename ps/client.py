@@ -19,7 +19,9 @@ carry its epoch; when a primary does not answer within ``reply_timeout`` the wor
 replica of the chain (:class:`ps.failover.Chains`), resends what was not answered there (the new
 primary applies a push once), and goes on; an EPOCH message from a newer primary moves it at once.
 Replies from a replica that is no longer the primary are dropped, and so are the pending sends to it.
-DONE is then always a handshake, so that the worker leaves only once the chain has its DONE.
+DONE is then always a handshake, so that the worker leaves only once the chain has its DONE. While a
+worker waits longer than a third of ``reply_timeout``, it sends a HEARTBEAT to the primaries it is
+not waiting on, so that a failover of one shard does not make the others drop it for silence.
 """
 import time
 
@@ -292,10 +294,16 @@ class Client:
         start = time.monotonic()
         deadline, tries, wait = start + self.reply_timeout, 0, self.retry_s
         resend_at = start + wait if self.retries and not acks else float("inf")
+        ping_at = start + self.reply_timeout / 3 if self.replicas > 1 else float("inf")
         while len(replies) < len(sources):
             msg = probe(self.comm)
             if msg is None:
                 now = time.monotonic()
+                if now > ping_at:  # tell the primaries not waited on that this worker lives (heartbeat)
+                    for s, rank in enumerate(self.server_ranks):
+                        if rank not in sources or rank in replies:
+                            self._pushes += self._send(rank, (Msg.HEARTBEAT, 0, None, 0, 0, s))
+                    ping_at = now + self.reply_timeout / 3
                 if now > resend_at:
                     tries, wait = tries + 1, 2 * wait
                     for rank in sorted(sources - set(replies)):

@@ -41,6 +41,7 @@ FORWARD   replica -> next   a worker's PUSH, DONE or ABORT, or a drop, as the pr
 ACK       replica -> prev   every forwarded update up to ``seq`` is applied down the chain
 FENCED    replica -> other  the sender took over at ``epoch``: the receiver's epoch is over
 EPOCH     primary -> worker the sender is the shard's primary from ``epoch`` on
+HEARTBEAT worker -> primary  the worker is alive (it waits on another shard's failover)
 ========  ================  ==================================================================
 """
 import enum
@@ -90,6 +91,7 @@ class Msg(enum.IntEnum):
     ACK = 16
     FENCED = 17
     EPOCH = 18
+    HEARTBEAT = 19
 
 
 class PSError(CommlabError, RuntimeError):

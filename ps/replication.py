@@ -167,6 +167,10 @@ class ReplicatedServer(Server):
         if mtype in (Msg.FORWARD, Msg.ACK, Msg.FENCED):
             self._chain_message(source, mtype, header, data)
             return
+        if mtype == Msg.HEARTBEAT:  # a worker waiting out another shard's failover is not silent
+            if self.head and source in self.rank_to_worker:
+                self._last_heard[self.rank_to_worker[source]] = time.monotonic()
+            return
         if not self.deposed and int(header[H_EPOCH]) == self.pos and not self.head:
             self._take_over()
         if self.head:

@@ -67,14 +67,16 @@ def test_every_replica_of_a_shard_dead_stops_every_worker(tmp_path):
 COMMON = ["--data", "digits", "--hidden", "16", "--epochs", "1", "--batch-size", "48", "--no-progress",
           "--threads", "1", "--mode", "ps", "--servers", "2", "--ps-replicas", "2", "--ps-timeout", str(TIMEOUT),
           "--optimizer", "sgd", "--momentum", "0.9"]
+TWO_SHARDS = [*COMMON, "--servers", "4"]  # ranks 0-1 hold shard 0, ranks 2-3 shard 1; two workers
 
 
 def test_training_survives_the_primarys_crash(tmp_path):
-    """``--servers 2 --ps-replicas 2``: the primary exits at its 60th message; the run ends with the
-    fault-free run's parameters (bitwise) and test accuracy, its records written by a worker, and
-    the next update applied within the failover timeout + 1 s of the crash."""
-    run_mpi(5, "training.train", *COMMON, "--run-dir", str(tmp_path), "--name", "clean", timeout=90)
-    res = run_mpi(5, "experiments.faults.crash", "ps", 0, 60, *COMMON, "--run-dir", str(tmp_path), "--name",
+    """``--servers 4 --ps-replicas 2`` (two shards): the primary of shard 1 (rank 2) exits at its 40th
+    message; the run ends with the fault-free run's parameters (bitwise) and test accuracy, its
+    records written by a worker, and the next update applied within the failover timeout + 1 s of the
+    crash. The workers waiting out shard 1's failover stay alive to shard 0 (heartbeats)."""
+    run_mpi(6, "training.train", *TWO_SHARDS, "--run-dir", str(tmp_path), "--name", "clean", timeout=90)
+    res = run_mpi(6, "experiments.faults.crash", "ps", 2, 40, *TWO_SHARDS, "--run-dir", str(tmp_path), "--name",
                   "crash", timeout=90, check=False, mpiexec_args=CRASH)
     crash = _crash_time(res.stdout)
     runs = {}
@@ -86,12 +88,12 @@ def test_training_survives_the_primarys_crash(tmp_path):
             runs[name]["params"] = z["params"]
     clean, crashed = runs["clean"], runs["crash"]
     assert np.array_equal(clean["params"], crashed["params"]), res.stdout
-    assert crashed["final_test_acc"] == clean["final_test_acc"] and crashed["worker_status"] == ["done"] * 3
-    assert crashed["servers_lost"] == [0] and crashed["lost_acknowledged"] == 0, crashed
-    backup = crashed["replica_records"][1]
-    assert backup["took_over_s"] > 0 and crashed["failovers"] == 3, crashed
+    assert crashed["final_test_acc"] == clean["final_test_acc"] and crashed["worker_status"] == ["done"] * 2
+    assert crashed["servers_lost"] == [2] and crashed["lost_acknowledged"] == 0, crashed
+    backup = crashed["replica_records"][3]
+    assert backup["took_over_s"] > 0 and crashed["failovers"] == 2, crashed
     assert backup["first_update_time"] - crash <= TIMEOUT + 0.5 + 1.0 + SLACK, (backup, crash)
-    assert "server rank 1 took over shard 0" in res.stdout and "Traceback" not in res.stdout, res.stdout
+    assert "server rank 3 took over shard 1" in res.stdout and "Traceback" not in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("replicas, servers, needle", [
