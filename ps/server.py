@@ -153,7 +153,8 @@ class Server:
             self.checkpoint()
 
     def elapsed(self):
-        return time.monotonic() - self._t0  # seconds of training so far, resumed runs included
+        """Return the seconds of training so far, resumed runs included."""
+        return time.monotonic() - self._t0
 
     def error_message(self):
         """Return the text of the BSP error (which worker was lost and why)."""
@@ -266,8 +267,7 @@ class Server:
         self._after_fold(1)
 
     def _horizon(self):
-        """Pushes over which the learning-rate schedule runs (the budget unless set)."""
-        return self.opts.horizon or self.opts.budget
+        return self.opts.horizon or self.opts.budget  # pushes over which the schedule runs (the budget unless set)
 
     def _progress_clocks(self):
         """Apply every complete clock bucket (BSP, SSP), oldest first: one optimizer step each.
