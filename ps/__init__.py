@@ -8,7 +8,9 @@ parameter server is the trainer's ``--mode ps`` (:mod:`training.ps_mode.worker`)
 Modules: ``options`` (settings), ``runtime`` (the job: roles, worker loop, reports), ``server``
 (the server loop), ``client`` (a worker's push/pull), ``consistency`` (BSP/ASP/SSP rules),
 ``protocol`` (messages), ``sharding`` (the split of the flat vector), ``state`` (a shard's
-optimizer and step size), ``store`` (atomic, checksummed ``.npz`` checkpoints).
+optimizer and step size), ``store`` (atomic, checksummed ``.npz`` checkpoints), ``replication``
+(a shard's chain of replicas, fencing), ``failover`` (a worker's view of the chains),
+``survivors`` (a replicated run's report, gathered on a worker).
 """
 from ps.consistency import CONSISTENCY
 from ps.options import PSOptions

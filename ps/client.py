@@ -13,13 +13,23 @@ follows, which the server applies once. A reply to an earlier request (a late or
 resend was answered) is received and dropped. Under ``cas`` a pull answered with REFUSED by some
 servers returns ``"refused"``: the worker recomputes on the values it just received and pushes again
 to those servers only (:attr:`Client.refused_shards`).
+
+Replicated shards (``replicas`` > 1, :mod:`ps.replication`): requests go to each shard's primary and
+carry its epoch; when a primary does not answer within ``reply_timeout`` the worker takes the next
+replica of the chain (:class:`ps.failover.Chains`), resends what was not answered there (the new
+primary applies a push once), and goes on; an EPOCH message from a newer primary moves it at once.
+Replies from a replica that is no longer the primary are dropped, and so are the pending sends to it.
+DONE is then always a handshake, so that the worker leaves only once the chain has its DONE. While a
+worker waits longer than a third of ``reply_timeout``, it sends a HEARTBEAT to the primaries it is
+not waiting on, so that a failover of one shard does not make the others drop it for silence.
 """
 import time
 
 import numpy as np
 
 from collectives.engine import trace
-from ps.protocol import (H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, Backoff, Msg, PSError,
+from ps.failover import Chains
+from ps.protocol import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, Backoff, Msg, PSError,
                          PSTimeout, probe, receive, send, wait_all)
 from ps.sharding import shard_offsets
 
@@ -35,8 +45,11 @@ class Client:
         The run's duplicated communicator.
     worker : int
         This worker's index ``0 .. W - 1``.
-    server_ranks, worker_ranks : sequence of int
-        Ranks of the servers (in shard order) and of the workers (in worker-index order).
+    server_ranks : sequence of int, or sequence of sequence of int
+        Ranks of the servers in shard order, or (replicated shards) every shard's chain, primary first
+        (:func:`ps.replication.chains`).
+    worker_ranks : sequence of int
+        Ranks of the workers (in worker-index order).
     n_params : int
         Length of the flat parameter vector (elements).
     dtype : numpy.dtype
@@ -53,7 +66,13 @@ class Client:
     versions : ndarray, shape (S,), int64
         The version of each shard in the last reply from its server.
     resends, stale_replies : int
-        Requests sent again, and replies to earlier requests (or repeats) received and dropped.
+        Requests sent again, and replies to earlier requests (or repeats, or from a replica that is no
+        longer the primary) received and dropped.
+    chains : ps.failover.Chains
+        Each shard's primary and epoch, and the failovers made.
+    acked_clocks : ndarray, shape (shards,), int64
+        Replicated shards: the most clocks of this worker a primary said were on every live replica
+        of its shard when it answered (the acknowledged pushes; the reply's ``aux``).
 
     Raises
     ------
@@ -67,7 +86,9 @@ class Client:
         if not reply_timeout > 0:
             raise ValueError(f"reply_timeout must be > 0 seconds, got {reply_timeout}")
         self.comm, self.worker = comm, int(worker)
-        self.server_ranks, self.worker_ranks = list(server_ranks), list(worker_ranks)
+        self.chains = Chains(server_ranks)
+        self.replicas = max(len(c) for c in self.chains.chains)
+        self.server_ranks, self.worker_ranks = self.chains.heads, list(worker_ranks)  # the current primaries
         self.dtype, self.reply_timeout = np.dtype(dtype), float(reply_timeout)
         self.offsets = shard_offsets(int(n_params), len(self.server_ranks))
         self.wait_seconds = 0.0      # time spent waiting for pull answers (seconds)
@@ -76,9 +97,10 @@ class Client:
         self.versions = np.zeros(len(self.server_ranks), np.int64)
         self.refused_shards = []     # shards whose server refused the last push (cas)
         self.resends = self.stale_replies = 0
+        self.acked_clocks = np.zeros(len(self.server_ranks), np.int64)  # per shard: clocks acknowledged
         self._rid = 0
-        self._outbox = {r: [] for r in self.server_ranks}  # rank -> unanswered requests (to resend)
-        self._pushes = []
+        self._outbox = {r: [] for r in self.chains.shard_of}  # rank -> unanswered requests (to resend)
+        self._pushes = []            # (request, buffer, rank) of sends not yet complete
 
     def join(self):
         """Fetch the current parameters and the clock to start (or resume) from.
@@ -158,7 +180,7 @@ class Client:
         ranks = self.server_ranks if shards is None else [self.server_ranks[s] for s in shards]
         with trace.span("pull", "ps", {"clock": int(clock)}):  # the wait for the servers' answers included
             replies = self._request(Msg.PULL, clock, out, ranks)
-            wait_all(self._pushes, time.monotonic() + self.reply_timeout, "push sends")
+            wait_all(self._live(self._pushes), time.monotonic() + self.reply_timeout, "push sends")
         self._pushes = []
         kinds = {Msg(int(h[H_TYPE])) for h, _ in replies.values()}
         if Msg.ERROR in kinds:
@@ -205,17 +227,46 @@ class Client:
         (late replies), then acknowledges, so that nothing sent to this worker is left in flight.
         """
         reqs = []
-        for rank in self.server_ranks:
-            reqs += send(self.comm, rank, mtype, self.worker, 0)
-        if mtype == Msg.DONE and self.retries:
+        for s, rank in enumerate(self.server_ranks):
+            request = (mtype, 0, None, 0, 0, s)
+            self._outbox[rank] = [request] if self.replicas > 1 else []  # resent to a new primary
+            reqs += self._send(rank, request)
+        if mtype == Msg.DONE and (self.retries or self.replicas > 1):
             self._await(set(self.server_ranks), None, 0, acks=True)
-        wait_all(reqs + self._pushes, time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
+        wait_all(self._live(reqs + self._pushes), time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         self._pushes = []
 
     # ------------------------------------------------------------------------------------------
     def _send(self, rank, request):
         mtype, clock, data, rid, version, shard = request
-        return send(self.comm, rank, mtype, self.worker, clock, data, (rid, version, shard))
+        epoch = (self.chains.epochs[shard], 0, 0)
+        return [(r, b, rank) for r, b in send(self.comm, rank, mtype, self.worker, clock, data, (rid, version, shard),
+                                              epoch)]
+
+    def _live(self, sends):
+        """The ``(request, buffer)`` pairs of ``sends`` to replicas not given up (a dead one's never complete)."""
+        return [(r, b) for r, b, rank in sends if rank not in self.chains.gone]
+
+    def _fail_over(self, rank, sources, replies):
+        """Give up on primary ``rank``: take the next replica of its shard, or stop when none is left."""
+        try:
+            self.chains.fail_over(rank, worker=self.worker, timeout=self.reply_timeout)
+        except PSError:
+            self.finish(Msg.ABORT)  # the other shards' primaries learn it at once
+            raise
+        self._moved(sources, replies)
+
+    def _moved(self, sources, replies):
+        """After a change of primary: resend the old primary's unanswered requests to the new one."""
+        _, _, old, new = self.chains.failovers[-1]
+        self._outbox[new], self._outbox[old] = self._outbox[old], []
+        for request in self._outbox[new]:
+            self._pushes += self._send(new, request)
+        if old in sources:
+            sources.discard(old)
+            sources.add(new)
+        if old in replies:  # answered before the takeover: the answer stands
+            replies[new] = replies.pop(old)
 
     def _request(self, mtype, clock, out, ranks):
         self._rid += 1
@@ -227,7 +278,7 @@ class Client:
         t0 = time.monotonic()
         replies = self._await(set(ranks), out, self._rid)
         self.wait_seconds += time.monotonic() - t0
-        wait_all(reqs, time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
+        wait_all(self._live(reqs), time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         return replies
 
     def _await(self, sources, out, rid=None, acks=False, want=None):
@@ -243,10 +294,16 @@ class Client:
         start = time.monotonic()
         deadline, tries, wait = start + self.reply_timeout, 0, self.retry_s
         resend_at = start + wait if self.retries and not acks else float("inf")
+        ping_at = start + self.reply_timeout / 3 if self.replicas > 1 else float("inf")
         while len(replies) < len(sources):
             msg = probe(self.comm)
             if msg is None:
                 now = time.monotonic()
+                if now > ping_at:  # tell the primaries not waited on that this worker lives (heartbeat)
+                    for s, rank in enumerate(self.server_ranks):
+                        if rank not in sources or rank in replies:
+                            self._pushes += self._send(rank, (Msg.HEARTBEAT, 0, None, 0, 0, s))
+                    ping_at = now + self.reply_timeout / 3
                 if now > resend_at:
                     tries, wait = tries + 1, 2 * wait
                     for rank in sorted(sources - set(replies)):
@@ -254,14 +311,37 @@ class Client:
                             self.resends += 1
                             self._pushes += self._send(rank, request)
                     resend_at = now + wait if tries < self.retries else float("inf")
-                if now > deadline:
+                if now > deadline and self.replicas > 1:  # fail over: the next replica of each silent primary
+                    for rank in sorted(sources - set(replies)):
+                        self._fail_over(rank, sources, replies)
+                    deadline = now + self.reply_timeout
+                elif now > deadline:
                     missing = sorted(sources - set(replies))
                     raise PSTimeout(f"worker {self.worker}: no answer from server rank(s) {missing} "
                                     f"within {self.reply_timeout:g} s" + (f" ({tries} resends)" if tries else ""))
                 backoff.sleep()
                 continue
             source, mtype = msg
-            header, data = receive(self.comm, source, mtype, deadline)
+            try:
+                header, data = receive(self.comm, source, mtype, deadline)
+            except PSTimeout:  # the header came, its payload never will: the sender died in between
+                if self.replicas == 1 or source not in self.chains.shard_of:
+                    raise
+                if not self.chains.stale(source):
+                    self._fail_over(source, sources, replies)
+                    deadline = time.monotonic() + self.reply_timeout
+                continue
+            if mtype == Msg.EPOCH:  # a replica took over its shard: turn to it now
+                if self.chains.newer(source) is not None:
+                    self._moved(sources, replies)
+                    deadline = time.monotonic() + self.reply_timeout  # the new primary's full allowance
+                continue
+            if self.chains.stale(source):
+                self.stale_replies += 1  # from a replica given up: fenced
+                continue
+            if source in self.chains.shard_of and header[H_AUX]:  # clocks this primary acknowledged
+                s = self.chains.shard_of[source]
+                self.acked_clocks[s] = max(int(self.acked_clocks[s]), int(header[H_AUX]))
             if source not in sources:
                 if source in self.server_ranks and int(header[H_RID]) and int(header[H_RID]) != rid:
                     self.stale_replies += 1  # a late reply to an earlier request, from a server not asked now

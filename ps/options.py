@@ -33,6 +33,8 @@ class PSOptions:
     Traceback (most recent call last):
     ...
     ValueError: servers must be in [1, 1] so that at least one worker remains on 2 ranks, got 2
+    >>> PSOptions(servers=2, replicas=2).shards  # one shard on a chain of two server ranks
+    1
     """
 
     servers: int = 1                # number of server ranks S (the first S ranks of the communicator)
@@ -67,6 +69,12 @@ class PSOptions:
     drop_replies: float = 0.0       # fault injection: fraction of pull replies a server drops once
     late_replies: float = 0.0       # fault injection: fraction of pull replies sent late_s late
     late_s: float = 0.0             # fault injection: delay of a late reply (seconds)
+    replicas: int = 1               # server ranks holding each shard (a chain: primary, then backups)
+
+    @property
+    def shards(self):
+        """Number of shards: ``servers / replicas`` (each held by ``replicas`` consecutive server ranks)."""
+        return self.servers // max(1, self.replicas)
 
     def validate(self, size):
         """Check every field against a communicator of ``size`` ranks.
@@ -84,6 +92,7 @@ class PSOptions:
         if not 1 <= self.servers < size:
             raise ValueError(f"servers must be in [1, {size - 1}] so that at least one worker remains "
                              f"on {size} ranks, got {self.servers}")
+        self._check_replicas()
         if self.consistency not in CONSISTENCY:
             raise ValueError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
         if self.conflict not in CONFLICTS:
@@ -132,6 +141,19 @@ class PSOptions:
                     raise ValueError(f"straggler factor must be a finite number >= 1, got {value}")
                 if name == "fail_worker" and value < 0:
                     raise ValueError(f"fail_worker step must be >= 0, got {value}")
+
+    def _check_replicas(self):
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas (--ps-replicas) must be an integer >= 1, got {self.replicas!r}")
+        if self.replicas > self.servers:
+            raise ValueError(f"replicas (--ps-replicas) {self.replicas} is larger than the servers "
+                             f"(--servers) {self.servers}: each shard needs that many server ranks")
+        if self.servers % self.replicas:
+            raise ValueError(f"replicas (--ps-replicas) {self.replicas} must divide the servers (--servers) "
+                             f"{self.servers}: each shard is held by that many consecutive server ranks")
+        if self.replicas > 1 and (self.balance or self.conflict == "cas"):
+            raise ValueError("replicas (--ps-replicas) > 1 works without --balance and --ps-conflict cas: "
+                             "the primary alone would hold their state")
 
 
 def parse_rank_spec(spec, name, kind):

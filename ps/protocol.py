@@ -1,7 +1,7 @@
 """Wire protocol of the parameter server: typed messages on buffer-based point-to-point calls.
 
 Every message is a header, an ``int64`` array ``[type, worker, clock, length, rid, version, shard,
-dtype]`` (indices ``H_TYPE`` .. ``H_DTYPE``), sent with the tag of its type; when ``length > 0`` the
+dtype, epoch, seq, aux]`` (indices ``H_TYPE`` .. ``H_AUX``), sent with the tag of its type; when ``length > 0`` the
 payload (``length`` elements of the dtype the header names: 1 float32, 2 float64) follows on the
 type's data tag. Headers and payloads travel with ``Isend`` and are matched with ``Iprobe`` /
 ``Irecv``, so a receiver serves whatever has arrived, in any order. MPI's non-overtaking rule
@@ -13,6 +13,10 @@ keeps its id, so a server applies a push once and answers a repeated pull from t
 (ps-lite's resend and de-duplication; Li et al., OSDI 2014, section 4.3). ``version`` is a shard's
 version, the count of updates applied to it: a PARAMS reply says which version it carries, a PUSH
 which version its gradient was computed from. ``shard`` is the server index a PUSH is meant for.
+``epoch``, ``seq`` and ``aux`` serve replicated shards (:mod:`ps.replication`): ``epoch`` is the
+position in its chain of the replica a worker takes for the shard's primary (requests and replies
+of an older epoch are refused: fencing), ``seq`` numbers the updates a primary forwards down its
+chain, ``aux`` carries a forwarded update's kind and staleness.
 
 Header fields by message type (``worker`` is the worker index ``0 .. W - 1``, not the MPI rank):
 
@@ -33,6 +37,11 @@ SPEED     worker -> server  load balancing: payload ``[seconds per sample]`` at 
 BATCH     server -> worker  load balancing: payload ``[batch of every worker]``
 STATS     worker -> rank 0  payload: the worker's statistics vector (see ``ps.runtime``)
 FINAL     server -> rank 0  payload: final shard, then snapshots and staleness counts
+FORWARD   replica -> next   a worker's PUSH, DONE or ABORT, or a drop, as the primary applied it
+ACK       replica -> prev   every forwarded update up to ``seq`` is applied down the chain
+FENCED    replica -> other  the sender took over at ``epoch``: the receiver's epoch is over
+EPOCH     primary -> worker the sender is the shard's primary from ``epoch`` on
+HEARTBEAT worker -> primary  the worker is alive (it waits on another shard's failover)
 ========  ================  ==================================================================
 """
 import enum
@@ -45,11 +54,11 @@ from mpi4py import MPI
 from collectives.errors import CommlabError, Timeout
 
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
-           "H_VERSION", "H_SHARD", "H_DTYPE", "REJECT_REASONS", "header_tag", "data_tag", "send", "probe",
-           "receive", "wait_all", "Backoff"]
+           "H_VERSION", "H_SHARD", "H_DTYPE", "H_EPOCH", "H_SEQ", "H_AUX", "REJECT_REASONS", "header_tag",
+           "data_tag", "send", "probe", "receive", "wait_all", "Backoff"]
 
-HEADER_LEN = 8  # [type, worker, clock, length, rid, version, shard, dtype]
-H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE = range(HEADER_LEN)
+HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
+H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
 _DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
 _CODES = {v: k for k, v in _DTYPES.items()}
 #: Codes of a REJECT reply (its ``clock`` field) and what they mean.
@@ -78,6 +87,11 @@ class Msg(enum.IntEnum):
     FINAL = 12
     REFUSED = 13
     REJECT = 14
+    FORWARD = 15
+    ACK = 16
+    FENCED = 17
+    EPOCH = 18
+    HEARTBEAT = 19
 
 
 class PSError(CommlabError, RuntimeError):
@@ -137,7 +151,7 @@ class Backoff:
         self.delay = min(2 * self.delay, self.cap)
 
 
-def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0)):
+def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=(0, 0, 0)):
     """Post one message (header and optional payload) without blocking.
 
     Parameters
@@ -154,6 +168,8 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0)):
         Contiguous host payload; it must stay unchanged until the requests complete.
     meta : tuple of int
         ``(rid, version, shard)``: request id, shard version and shard index (see the module docstring).
+    extra : tuple of int
+        ``(epoch, seq, aux)`` of replicated shards (see the module docstring).
 
     Returns
     -------
@@ -163,8 +179,8 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0)):
     length = 0 if data is None else int(data.shape[0])
     code = 0 if data is None else _CODES.get(data.dtype, 0)
     rid, version, shard = meta
-    header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code],
-                      dtype=np.int64)
+    header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code,
+                       *(int(x) for x in extra)], dtype=np.int64)
     reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
     if length:
         assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64"

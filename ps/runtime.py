@@ -15,6 +15,10 @@ every consistency model meets the same delays), ``fail_worker`` makes a worker s
 communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
 faster workers larger batches in proportion to their measured samples per second, with the total
 kept at ``W x worker_batch``.
+
+Replicated shards (``replicas`` > 1): each shard's chain of server ranks runs
+:class:`ps.replication.ReplicatedServer`, and the run's report is gathered by the first worker rank,
+not by a server, so that it survives any one server's death (:mod:`ps.survivors`).
 """
 import time
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from ps.client import Client
 from ps.consistency import DONE, DROPPED
 from ps.options import parse_rank_spec
 from ps.protocol import HEADER_LEN, Backoff, Msg, PSError, data_tag, header_tag, send, wait_all
+from ps.replication import FAILOVER_MARGIN, chains
 from ps.server import COUNTERS, EVENT_ABORTED, Server
 from ps.sharding import join_shards, shard_offsets
 
@@ -39,9 +44,9 @@ _ABORTED = 3  # status code of an aborted worker in a server's report (beside LI
 #: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
 STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
                "dropped", "mean_staleness", "max_staleness", "refused", "wasted_compute_s", "resends",
-               "stale_replies")
+               "stale_replies", "failovers")
 _INT_STATS = frozenset(("worker", "clock", "pushes", "samples", "batch", "max_staleness", "refused", "resends",
-                        "stale_replies"))  # counts
+                        "stale_replies", "failovers"))  # counts
 
 
 @dataclass
@@ -61,6 +66,9 @@ class RunResult:
     versions: list = field(default_factory=list)    # per server: its shard's final version (updates applied)
     counts: dict = field(default_factory=dict)      # server counters (ps.server.COUNTERS), summed over servers
     rejected: dict = field(default_factory=dict)    # REJECT reason code -> count, summed over servers
+    replicas: list = field(default_factory=list)    # replicated runs: per server rank, its record (or None)
+    servers_lost: list = field(default_factory=list)  # replicated runs: server ranks that sent no report
+    lost_acknowledged: int = 0                      # replicated runs: acknowledged clocks not in the result
 
 
 def roles(comm, servers):
@@ -83,7 +91,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         Workers only: ``grad_fn(params, clock, batch) -> (grad, samples)`` with ``params`` and
         ``grad`` host arrays of shape (n,) and the same dtype (``grad`` the mean over the batch).
     on_push : callable, optional
-        Rank 0 only: called as ``on_push(pushes)`` after every folded push (progress display).
+        Rank 0 only (with replicas, the first worker rank): called as ``on_push(pushes)`` after every
+        folded push, or every clock of the first worker (progress display).
     make_optimizer : callable
         The servers' update rule, given on every rank: ``make_optimizer(params, grads) ->
         optimizer`` over a shard's flat buffers, with the interface of :mod:`training.optim`
@@ -121,9 +130,14 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
     pscomm, repcomm = comm.Dup(), comm.Dup()
     try:
         rank, n = comm.Get_rank(), init_params.shape[0]
-        offsets = shard_offsets(n, opts.servers)
+        offsets = shard_offsets(n, opts.shards)
         pscomm.Barrier()
         t0 = time.monotonic()
+        if rank < opts.servers and opts.replicas > 1:
+            from ps import survivors  # it builds on this module's reports
+            g = rank // opts.replicas
+            shard = init_params[offsets[g]:offsets[g + 1]].copy()
+            return survivors.serve_replica((pscomm, repcomm), opts, g, shard, n, make_optimizer, t0)
         if rank < opts.servers:
             shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
             server = Server(pscomm, rank, workers, shard, n, opts, make_optimizer,
@@ -135,17 +149,21 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
                 _send_final(repcomm, server, opts)
                 return None
             return _collect(repcomm, server, opts, workers, wall)
-        return _work(pscomm, repcomm, opts, servers, workers, init_params, grad_fn, monitor)
+        return _work((pscomm, repcomm), opts, rank, init_params, grad_fn, (on_push, monitor))
     finally:
         pscomm.Free()
         repcomm.Free()
 
 
-def _work(comm, repcomm, opts, servers, workers, init_params, grad_fn, monitor=None):
-    rank = comm.Get_rank()  # the same in the duplicate as in the caller's communicator
+def _work(comms, opts, rank, init_params, grad_fn, hooks):
+    comm, repcomm = comms
+    on_push, monitor = hooks  # (the replicated run's progress collector, the live monitor)
+    servers, workers = roles(comm, opts.servers)
     w = workers.index(rank)
-    client = Client(comm, w, servers, workers, init_params.shape[0], init_params.dtype,
-                    opts.ps_timeout + _REPLY_MARGIN, (opts.retries, opts.retry_s))
+    replicated = opts.replicas > 1
+    margin = FAILOVER_MARGIN if replicated else _REPLY_MARGIN
+    client = Client(comm, w, chains(servers, opts.replicas) if replicated else servers, workers,
+                    init_params.shape[0], init_params.dtype, opts.ps_timeout + margin, (opts.retries, opts.retry_s))
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
@@ -195,14 +213,20 @@ def _work(comm, repcomm, opts, servers, workers, init_params, grad_fn, monitor=N
             stale += client.last_staleness
         if monitor is not None:
             monitor.worker_tick(clock, stats, time.perf_counter() - t_sync, client.wait_seconds, push_buf.nbytes)
+        if on_push is not None:
+            on_push(clock * len(workers))  # the collector of a replicated run: pushes of every worker so far
     client.finish(Msg.DONE)
     stats.update(worker=w, clock=clock, batch=batch, wait_s=client.wait_seconds, resends=client.resends,
-                 stale_replies=client.stale_replies,
+                 stale_replies=client.stale_replies, failovers=len(client.chains.failovers),
                  dropped=float(result == "dropped"),
                  mean_staleness=float(np.mean(stale)) if stale else 0.0,
                  max_staleness=float(max(stale)) if stale else 0.0)
-    vec = np.array([stats[k] for k in STAT_FIELDS], dtype=np.float64)
-    wait_all(send(repcomm, 0, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
+    vec = np.array([stats[k] for k in STAT_FIELDS] + client.acked_clocks.tolist(), dtype=np.float64)
+    if replicated and w == 0:
+        from ps import survivors
+        return survivors.collect(repcomm, opts, init_params.dtype, _typed_stats(vec), client.acked_clocks.copy())
+    collector = workers[0] if replicated else 0
+    wait_all(send(repcomm, collector, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
     return _typed_stats(vec)
 
 

@@ -16,7 +16,8 @@ Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT n
 
 Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and
 SSP carry on without it; BSP enters the error state, answers every pull with ERROR, and ends once every
-worker has aborted or been dropped. The loop ends when every worker is done, aborted or dropped.
+worker has aborted or been dropped. The loop ends when every worker is done, aborted or dropped
+(replicated shards: :mod:`ps.replication`).
 """
 import os
 import time
@@ -35,8 +36,7 @@ from ps.store import read_npz, server_checkpoint_path, write_npz
 __all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS",
            "COUNTERS"]
 
-EVENT_DROPPED, EVENT_ABORTED = 1, 2  # codes of Server.events
-_SILENCE_CHECK = 0.01  # seconds between silence checks
+EVENT_DROPPED, EVENT_ABORTED, _SILENCE_CHECK = 1, 2, 0.01  # codes of Server.events; seconds between checks
 #: The server's counters (in :class:`ps.runtime.RunResult`): distinct and resent pushes, pulls answered
 #: from a kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
 COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
@@ -72,6 +72,7 @@ class Server:
     ValueError
         When a checkpoint to resume from does not match this shard.
     """
+    epoch, held, acked_clocks = 0, (), 0  # replicated shards (ps.replication): reply epoch and aux, held replies
 
     def __init__(self, comm, index, worker_ranks, shard, total, opts, make_optimizer, *, on_push=None):
         self.comm, self.index, self.opts = comm, int(index), opts
@@ -79,7 +80,7 @@ class Server:
         self.rank_to_worker = {r: w for w, r in enumerate(self.worker_ranks)}
         self.n_workers = len(self.worker_ranks)
         self.params, self.total = shard, int(total)
-        self.offset = int(shard_offsets(self.total, opts.servers)[self.index])
+        self.offset = int(shard_offsets(self.total, opts.shards)[self.index])
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
         self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at,
@@ -128,7 +129,7 @@ class Server:
         self._t0 = (time.monotonic() if start_time is None else start_time) - self.resumed_seconds
         self._last_heard[:] = time.monotonic()
         backoff, next_check = Backoff(), 0.0
-        while (self.table.status == LIVE).any():
+        while (self.table.status == LIVE).any() or self.held:
             msg = probe(self.comm)
             if msg is not None:
                 self._handle(*msg)
@@ -148,10 +149,10 @@ class Server:
         wait_all([(req, buf) for req, buf, w in self._sends if self.table.status[w] != DROPPED],
                  time.monotonic() + self.opts.ps_timeout, "replies to the workers")
         self._sends = []
-        if self.opts.checkpoint_dir and self.error_worker < 0:
-            self.checkpoint()
         if self.error_worker >= 0:
             raise PSError(self.error_message())
+        if self.opts.checkpoint_dir:
+            self.checkpoint()
 
     def elapsed(self):
         """Return the seconds of training so far, resumed runs included."""
@@ -163,9 +164,10 @@ class Server:
         return (f"BSP cannot continue: worker rank {rank} stopped answering (silent for more than "
                 f"--ps-timeout {self.opts.ps_timeout:g} s, or aborted); every rank stops")
 
-    # ------------------------------------------------------------------------------------------
     def _handle(self, source, mtype):
-        header, data = receive(self.comm, source, mtype, time.monotonic() + self.opts.ps_timeout)
+        self._dispatch(source, mtype, *receive(self.comm, source, mtype, time.monotonic() + self.opts.ps_timeout))
+
+    def _dispatch(self, source, mtype, header, data):
         w = self.rank_to_worker.get(source)
         if w is None:
             raise PSError(f"server {self.index} got {mtype.name} from rank {source}, which is not a worker")
@@ -210,7 +212,7 @@ class Server:
                 if mtype == Msg.ABORT:
                     self.aborted.add(w)
                     self._lost(w, EVENT_ABORTED)
-            if mtype == Msg.DONE and self.opts.retries:  # leave nothing in flight to it, then acknowledge
+            if mtype == Msg.DONE and (self.opts.retries or self.opts.replicas > 1):  # nothing left in flight
                 self._send_late(float("inf"), only=w)
                 self._reply(w, Msg.DONE, clock)
         elif mtype == Msg.SPEED:
@@ -266,8 +268,7 @@ class Server:
         self._after_fold(1)
 
     def _horizon(self):
-        """Pushes over which the learning-rate schedule runs (the budget unless set)."""
-        return self.opts.horizon or self.opts.budget
+        return self.opts.horizon or self.opts.budget  # pushes over which the schedule runs (the budget unless set)
 
     def _progress_clocks(self):
         """Apply every complete clock bucket (BSP, SSP), oldest first: one optimizer step each.
@@ -351,9 +352,9 @@ class Server:
             self.error_worker = w
 
     def _reply(self, w, mtype, clock, data=None, worker=None, rid=0, version=None):
-        meta = (rid, self.version if version is None else version, self.index)
+        meta, extra = (rid, self.version if version is None else version, self.index), (self.epoch, 0, self.acked_clocks)
         self._sends += [(req, buf, w) for req, buf in send(
-            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta)]
+            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta, extra)]
 
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):
         """Reply to pull ``rid`` of worker ``w``, keep the reply for a resend, and inject the set faults."""

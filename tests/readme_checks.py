@@ -57,6 +57,18 @@ CHECKS = {
     "--ps-retries 3": Run(_QUICK_TRAIN),
     "mpiexec -n 5 python -m experiments.studies.ps_study --parts conflict,retries --repeats 3 --out "
     "results/ps_conflict": Help("tests/test_ps_versions.py::test_versions_conflicts_retries_and_bad_requests_on_four_ranks"),
+    # Replicated shards (docs/guide/ps_replication.md)
+    "mpiexec -n 5 python -m training.train --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
+        Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
+                "the same run (with one epoch), fault-free, is that test's oracle"),
+    "mpiexec -disable-auto-cleanup -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
+    "--ps-replicas 2 --ps-timeout 1": Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
+                                              "the same crash under MPICH's mpiexec"),
+    "mpiexec --enable-recovery -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
+    "--ps-replicas 2 --ps-timeout 1": Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
+                                              "the same test under Open MPI (make test MPI=openmpi)"),
+    "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
+        Help("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash"),
     # Skewed data across workers (docs/guide/non_iid.md)
     "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),

@@ -28,7 +28,7 @@ _METAVARS = {
     "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
     "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
     "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
-    "ps_conflict_lag": "K", "ps_retries": "N",
+    "ps_conflict_lag": "K", "ps_retries": "N", "ps_replicas": "R",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
     "keep_checkpoints": "N", "resume": "PATH", "eval_batch": "SAMPLES", "threads": "N",
     "tensor_parallel": "T", "pipeline_parallel": "Q", "micro_batches": "M", "trace": "FILE",
@@ -113,6 +113,9 @@ HELP = {
                        "(versions: updates applied to the shard since the worker read it)",
     "ps_retries": "parameter server: resend a push/pull that gets no answer within 1 s (then 2, 4, ... s) up to N "
                   "times; the servers apply a resent push once and answer a resent pull from the reply they kept",
+    "ps_replicas": "parameter server: server ranks holding each shard, a chain of a primary and R-1 backups "
+                   "(R divides --servers; --servers/R shards); a push is acknowledged once every live replica "
+                   "applied it, and the workers fail over to the next replica when a primary stays silent",
     "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
                "(global batch unchanged)",
     "partition": "how the training samples are split over the workers (data-parallel ranks or PS workers): iid; "

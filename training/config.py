@@ -88,6 +88,7 @@ class Config:
     ps_conflict: str = "accept"       # ASP/SSP conflict policy: accept, cas or scale
     ps_conflict_lag: int = 0          # cas: largest accepted lag of a push's base version (versions)
     ps_retries: int = 0               # resends of an unanswered push/pull, applied once by the servers
+    ps_replicas: int = 1              # server ranks holding each shard (a chain; --servers / this = shards)
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
     balance: bool = False             # faster workers get larger batches (global batch unchanged)
     # --- skewed data across workers (data-parallel and parameter server; docs/guide/non_iid.md)
@@ -293,6 +294,10 @@ class Config:
         if self.straggler and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("straggler slows a data-parallel rank or a parameter-server worker, not the "
                              "model-parallel grid")
+        if self.ps_replicas > 1 and (self.monitor or self.metrics_port or self.tensorboard):
+            raise ValueError("live monitoring (--monitor, --metrics-port, --tensorboard) watches an unreplicated "
+                             "parameter server: its reports go to server 0, which a replicated run may lose; "
+                             "drop --ps-replicas or the monitoring options")
 
     def _check_registries(self):
         from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config

@@ -42,7 +42,7 @@ from experiments.cluster.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases
 from experiments.job_stop import job_processes, marked_env, stop_job
 
-__all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "main"]
+__all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: Cases no fingerprint of the call's fields can tell apart (one rank makes an extra call of the same
@@ -133,6 +133,9 @@ def _launch(P, module, args, env, limit, extra=(), progress=None):
                     return None, now - start, out
                 return 0, alone - start, out + f"\n[launcher still running {LAUNCHER_ALONE_S:g} s after the " \
                     "job's last rank ended: stopped]\n"
+
+
+launch = _launch  # public: other studies launch their crash jobs the same way
 
 
 def _read(out_dir, P):

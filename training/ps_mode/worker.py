@@ -13,11 +13,9 @@ training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel tr
 """
 import dataclasses
 import os
-import time
 
 import numpy
 
-import collectives.engine.policy
 from collectives.engine import trace
 from collectives.backend import to_host
 from collectives.log import get_logger
@@ -33,14 +31,14 @@ from training.optim import lr_rule, optimizer_factory
 from training.dp.data_parallel import compute_gradient, is_finite
 from training.monitor.setup import close_monitor, open_ps_monitor
 from training.progress import progress_bar, write_trace
+from training.ps_mode.finish import finish_ps, finish_together, reporter_rank
 from training.ps_mode.report import evaluate_snapshots, write_records
 
 _log = get_logger("training.ps_mode.worker")
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
-           "finish_together", "finish_ps", "PS_EXTRA"]
+           "finish_together", "finish_ps", "reporter_rank", "PS_EXTRA"]
 
-_END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 #: Settings beyond the training configuration (``extra`` of :func:`ps_options`): the transient delays
 #: and the balancing interval (:class:`PSOptions` fields) and the resolution of a study's curves.
@@ -141,7 +139,8 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
         resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
-        seed=cfg.seed, conflict=cfg.ps_conflict, conflict_lag=cfg.ps_conflict_lag, retries=cfg.ps_retries)
+        seed=cfg.seed, conflict=cfg.ps_conflict, conflict_lag=cfg.ps_conflict_lag, retries=cfg.ps_retries,
+        replicas=cfg.ps_replicas)
     opts = dataclasses.replace(opts, **extra)
     opts.validate(size)
     return opts
@@ -180,7 +179,8 @@ def check_ps(cfg, size):
     optimizer_factory(cfg)
     if cfg.resume:
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
-        check_server_checkpoints(os.path.join(run_dir, "ps"), S, unfinished_without_checkpoint(run_dir))
+        check_server_checkpoints(os.path.join(run_dir, "ps"), S // max(1, cfg.ps_replicas),
+                                 unfinished_without_checkpoint(run_dir))  # one file per shard
 
 
 def check_server_checkpoints(ckpt, servers, missing_ok=False):
@@ -277,9 +277,9 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     monitor = open_ps_monitor(cfg, comm, run_dir)  # live metrics (training.monitor), or None
     if cfg.trace:
         trace.start(comm, cfg.ps_timeout)  # collective: aligns the ranks' clocks
+    grad_fn, skipped = None, [0]
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)
-        skipped = [0]
 
         def grad_fn(params, clock, batch):
             model.params[...] = xp.asarray(params)
@@ -290,26 +290,23 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
                 skipped[0] += 1
             return to_host(model.grads), int(idx.shape[0])
 
+    if rank != reporter_rank(cfg):
         stats = run(comm, opts, init, grad_fn, make_optimizer=make_optimizer, monitor=monitor)
         close_monitor(monitor)
         if cfg.trace:
             write_trace(cfg.trace, comm, cfg.ps_timeout)
-        return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
-    if rank != 0:
-        run(comm, opts, init, make_optimizer=make_optimizer, monitor=monitor)
-        close_monitor(monitor)
-        if cfg.trace:
-            write_trace(cfg.trace, comm, cfg.ps_timeout)
+        if rank in workers:
+            return {"role": "worker", "failed": stats is None, "skipped_steps": skipped[0], "stats": stats}
         return {"role": "server"}
     bar = _progress_bar(cfg, ds, model, S, W, run_dir, opts)
     last = [0]
 
     def on_push(pushes):
-        bar.update(pushes - last[0])
-        last[0] = pushes
+        bar.update(min(pushes, opts.budget) - last[0])
+        last[0] = min(pushes, opts.budget)
 
     try:
-        result = run(comm, opts, init, on_push=on_push, make_optimizer=make_optimizer, monitor=monitor)
+        result = run(comm, opts, init, grad_fn, on_push=on_push, make_optimizer=make_optimizer, monitor=monitor)
     finally:
         bar.close()
     if cfg.trace:
@@ -326,75 +323,3 @@ def _progress_bar(cfg, ds, model, S, W, run_dir, opts):
               "global batch %d, %s lr %g -> %s", cfg.data, len(ds.y_train), len(ds.y_test), model.size, cfg.dtype,
               S, W, cfg.consistency.upper(), s, cfg.batch_size, cfg.optimizer, cfg.lr, run_dir)  # as data-parallel's
     return bar
-
-
-def finish_together(comm, grace, short=()):
-    """Check that every rank reached the end of the run; return the ranks that did not (rank 0).
-
-    A parameter-server run can end with a rank gone: a dropped worker may have died instead of
-    falling silent, and ``MPI_Finalize`` would then wait for it forever. Every rank other than 0
-    sends rank 0 a one-byte message once its part of the run is over and waits for rank 0's answer;
-    rank 0 waits up to ``grace`` seconds for all of them and answers each only when all arrived. The
-    caller of rank 0 ends the job (``MPI_Abort``) when ranks are missing; the other ranks wait for the
-    answer without a limit, since rank 0 either answers or ends the job.
-
-    Parameters
-    ----------
-    comm : mpi4py.MPI.Comm
-        Communicator of all ranks of the run (point-to-point messages only, never a collective,
-        so a dead rank cannot block it).
-    grace : float
-        Seconds rank 0 waits for the others (they finish before it: it collects their reports).
-    short : sequence of int
-        Ranks rank 0 waits for one second at most (workers the servers dropped for silence).
-
-    Returns
-    -------
-    list of int
-        On rank 0, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere ``[]``.
-    """
-    rank, size = comm.Get_rank(), comm.Get_size()
-    token = numpy.zeros(1, numpy.int8)
-    if rank != 0:
-        comm.Send(token, dest=0, tag=_END_TAG)  # one byte: sent eagerly, even to a dead rank 0
-        comm.Recv(token, source=0, tag=_END_TAG)
-        return []
-    bufs = {r: numpy.zeros(1, numpy.int8) for r in range(1, size)}
-    reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
-    start, pending = time.monotonic(), set(reqs)
-    deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
-    while pending:
-        pending = {r for r in pending if not reqs[r].Test()}
-        now = time.monotonic()
-        if all(now > deadline[r] for r in pending):
-            break
-        time.sleep(0.01)
-    if pending:
-        return sorted(pending)
-    for r in range(1, size):
-        comm.Send(token, dest=r, tag=_END_TAG)
-    return []
-
-
-def finish_ps(world, cfg, summary=None):
-    """End a parameter-server run: return when every rank got here, else abort naming the missing.
-
-    Workers that the servers dropped (``summary["worker_status"]``, known on rank 0) are given one
-    second at most instead of ``--ps-timeout``: they were silent that long already.
-
-    Parameters
-    ----------
-    world : mpi4py.MPI.Comm
-        Every rank of the job.
-    cfg : training.config.Config
-    summary : dict, optional
-        :func:`run_ps`'s summary (used on rank 0).
-    """
-    status = (summary or {}).get("worker_status") or [] if world.rank == 0 else []
-    dropped = [cfg.servers + w for w, st in enumerate(status) if st == "dropped"]
-    missing = finish_together(world, cfg.ps_timeout, short=dropped)
-    if missing:
-        collectives.engine.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
-                                 f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
-                                 f"lost peer may have died); "
-                                 "ending the job so that no rank waits for them in MPI_Finalize")

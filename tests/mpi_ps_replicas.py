@@ -1,0 +1,175 @@
+"""Rank-side bodies of the replicated-shard tests: ``python -m tests.mpi_ps_replicas CASE [DIR]``.
+
+The workload: least squares on fixed per-worker data, SGD with momentum 0.9 on the servers (so the
+optimizer state must survive a failover too), float64, BSP, ``--ps-timeout`` 1 s. The oracle of every
+case is the fault-free run of the same workers with unreplicated shards (``replicas = 1``): under BSP
+each clock's update is the worker-ordered mean, so the final parameters must be equal bit for bit.
+
+``chain``   no fault. R = 2 on S = 2 (one chain) and R = 3 on S = 3: bitwise equal to the oracle;
+            every replica applied the primary's forwards in chain order (each backup's upstream is
+            its predecessor, every one applied as many as the primary forwarded, the tail sends no
+            ACK down and receives none), the primary held replies until acknowledged, and no
+            acknowledged update was lost.
+``fence``   the primary stalls for 3 s (three times the timeout) in the middle of the run: the workers
+            fail over to the backup, which takes over; the old primary, resuming, finds itself fenced
+            off and serves nothing more. Every version it acknowledged was on the new primary when
+            that took over, the run ends bitwise equal to the oracle, nothing acknowledged is lost.
+``backup``  (crash) the backup exits (``experiments.faults.dead.vanish``) at its 40th message; the
+            primary cuts it off after the timeout and carries on. The collector writes ``DIR/result.json``.
+``all``     (crash) both replicas of the only shard exit: every worker writes its error and its time
+            to ``DIR/worker-R.json`` (the pytest side checks the message and the delay).
+``head``    (crash) the primary exits at its 60th message: the workers fail over to the backup.
+
+A crash case cannot end with a collective (a rank is dead): every survivor writes its records,
+then leaves without ``MPI_Finalize`` (``os._exit(0)``); the pytest side reads the records.
+"""
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from experiments.faults.dead import vanish
+from ps.options import PSOptions
+from ps.protocol import PSError
+from ps.runtime import run
+from ps.server import Server
+from tests.mpicases import check, report
+from training.optim import SGD
+
+COMM = MPI.COMM_WORLD
+MOMENTUM = functools.partial(SGD, momentum=0.9)
+N, ROWS, CLOCKS, TIMEOUT = 12, 8, 60, 1.0
+
+
+def _run(S, R, clocks=CLOCKS):
+    """Run the workload; return the RunResult on the rank that collects it, else None."""
+    W = COMM.Get_size() - S
+    opts = PSOptions(servers=S, replicas=R, consistency="bsp", budget=clocks * W, lr=0.05, ps_timeout=TIMEOUT)
+    rng = np.random.default_rng(7)
+    A, b = rng.normal(size=(W, ROWS, N)), rng.normal(size=(W, ROWS))
+
+    def grad_fn(params, clock, batch):
+        w = COMM.Get_rank() - S
+        time.sleep(0.003)
+        return A[w].T @ (A[w] @ params - b[w]) / ROWS, batch
+
+    res = run(COMM, opts, np.zeros(N), grad_fn, make_optimizer=MOMENTUM)
+    return res if hasattr(res, "params") else None
+
+
+def _collector(S, R):
+    return S if R > 1 else 0
+
+
+def _oracle(S):
+    """The fault-free unreplicated run's parameters, on every rank."""
+    res = _run(S, 1)
+    return COMM.bcast(None if res is None else res.params, root=0)
+
+
+def _inject(rank, at, action):
+    """Make ``rank`` call ``action()`` before its ``at``-th handled message (``Server._handle``)."""
+    real, count = Server._handle, [0]
+
+    def wrapped(self, *args):
+        if COMM.Get_rank() == rank:
+            count[0] += 1
+            if count[0] == at:
+                action()
+        return real(self, *args)
+
+    Server._handle = wrapped
+    return lambda: setattr(Server, "_handle", real)
+
+
+def _gather_result(S, R):
+    res = _run(S, R)
+    return COMM.bcast(res, root=_collector(S, R))
+
+
+def case_chain():
+    for S, R in ((2, 2), (3, 3)):
+        want = _oracle(S)
+        res = _gather_result(S, R)
+        name = f"S={S} R={R}"
+        check(np.array_equal(res.params, want), f"{name}: final parameters differ from the unreplicated run's")
+        recs = res.replicas
+        check(all(r is not None for r in recs) and res.servers_lost == [], f"{name}: a replica sent no record")
+        check(res.lost_acknowledged == 0, f"{name}: {res.lost_acknowledged} acknowledged clocks lost")
+        head = recs[0]
+        check(head["head"] == 1 and head["forwarded"] > 0 and head["held_replies"] > 0,
+              f"{name}: the primary forwarded {head['forwarded']}, held {head['held_replies']} replies")
+        for pos in range(1, R):
+            rec = recs[pos]
+            check(rec["upstream"] == pos - 1 and rec["applied_forwards"] == head["forwarded"],
+                  f"{name}: replica {pos} applied {rec['applied_forwards']} of {head['forwarded']} forwards "
+                  f"from rank {rec['upstream']}, want all from rank {pos - 1}")
+            check(rec["version"] == head["version"] and rec["seq"] == head["seq"],
+                  f"{name}: replica {pos} at version {rec['version']}, seq {rec['seq']}; primary "
+                  f"{head['version']}, {head['seq']}")
+            check((rec["acks"] > 0) == (pos < R - 1), f"{name}: replica {pos} received {rec['acks']} ACKs")
+        check(head["acks"] > 0 and all(r["took_over_s"] < 0 for r in recs), f"{name}: {recs}")
+
+
+def case_fence():
+    want = _oracle(2)
+    undo = _inject(0, 80, lambda: time.sleep(3 * TIMEOUT))
+    res = _gather_result(2, 2)
+    undo()
+    check(np.array_equal(res.params, want), "fence: final parameters differ from the fault-free run's")
+    old, new = res.replicas
+    check(old["deposed"] == 1 and new["head"] == 1 and new["took_over_s"] > 0, f"fence: records {old} {new}")
+    check(old["acked_version"] <= new["took_over_version"],
+          f"fence: the old primary acknowledged version {old['acked_version']}, the new one took over at "
+          f"version {new['took_over_version']}")
+    check(res.lost_acknowledged == 0 and res.servers_lost == [], f"fence: lost {res.lost_acknowledged}")
+    fails = sum(st["failovers"] for st in res.workers)
+    check(fails == COMM.Get_size() - 2, f"fence: {fails} failovers, want one per worker")
+
+
+def _crash_case(directory, dead, at):
+    """Run the oracle, then the run with ``dead`` ranks exiting; the collector writes the result."""
+    want = _oracle(2)
+    for rank in dead:
+        _inject(rank, at, functools.partial(vanish, rank))
+    try:
+        res = _run(2, 2)
+    except PSError as e:  # every replica of the shard is gone: each worker says so
+        _write(directory, f"worker-{COMM.Get_rank()}.json", {"error": str(e), "time": time.time()})
+        _leave()
+    if res is not None:
+        _write(directory, "result.json", {
+            "equal": bool(np.array_equal(res.params, want)), "lost_acknowledged": res.lost_acknowledged,
+            "servers_lost": res.servers_lost, "replicas": res.replicas, "status": res.status,
+            "failovers": [st["failovers"] for st in res.workers], "events": res.events})
+    _leave()
+
+
+def _write(directory, name, obj):
+    tmp = os.path.join(directory, name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def _leave():
+    sys.stdout.flush()
+    os._exit(0)  # a peer is dead: MPI_Finalize would wait for it
+
+
+def main():
+    case = sys.argv[1]
+    if case in ("chain", "fence"):
+        globals()[f"case_{case}"]()
+        return report(COMM, f"mpi_ps_replicas {case}")
+    dead = {"head": (0,), "backup": (1,), "all": (0, 1)}[case]
+    _crash_case(sys.argv[2], dead, 60 if case == "head" else 40)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The end of a ``--mode ps`` run: every rank checks in with the reporter before ``MPI_Finalize``.
+
+A parameter-server run can end with a rank gone: a dropped worker may have died instead of falling
+silent, or (replicated shards, ``--ps-replicas``) a server died and its shard's backup took over.
+``MPI_Finalize`` would then wait for the dead rank forever (MPICH), so every rank first checks in
+with the reporter (:func:`reporter_rank`: rank 0, or the first worker rank with replicas), which
+answers once all arrived. When a rank is missing that nobody knew was gone, the reporter ends the
+job (``MPI_Abort``) naming it. When the ranks that are missing are exactly the servers the report
+counted lost (their shards failed over), the survivors have written their records: they leave without
+``MPI_Finalize`` and with status 0 (MPICH's ``mpiexec -disable-auto-cleanup`` then exits non-zero for
+the dead rank: success is read from the records); under Open MPI's ``--enable-recovery`` launcher
+(``PRTE_LAUNCHED=1``) they finalize as usual.
+"""
+import os
+import sys
+import time
+
+import numpy
+
+import collectives.engine.policy
+
+__all__ = ["reporter_rank", "finish_together", "finish_ps"]
+
+_END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
+
+
+def reporter_rank(cfg):
+    """Return the rank that gathers a ``--mode ps`` run's report and writes its records.
+
+    Rank 0, a server; with ``--ps-replicas`` > 1 the first worker rank (``--servers``), so that the
+    records survive any one server's death.
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> reporter_rank(Config(mode="ps", servers=2, ps_replicas=2)), reporter_rank(Config(mode="ps", servers=2))
+    (2, 0)
+    """
+    return cfg.servers if cfg.ps_replicas > 1 else 0
+
+
+def finish_together(comm, grace, short=(), root=0, gone=()):
+    """Check that every rank reached the end of the run; return the ranks that did not (on ``root``).
+
+    Every rank other than ``root`` sends it a one-byte message once its part of the run is over and
+    waits for the answer; ``root`` waits up to ``grace`` seconds for all of them (not for ``gone``)
+    and answers each only when all arrived. The caller of ``root`` ends the job (``MPI_Abort``) when
+    ranks are missing; the other ranks wait for the answer without a limit, since ``root`` either
+    answers or ends the job.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator of all ranks of the run (point-to-point messages only, never a collective,
+        so a dead rank cannot block it).
+    grace : float
+        Seconds ``root`` waits for the others (they finish before it: it collects their reports).
+    short : sequence of int
+        Ranks ``root`` waits for one second at most (workers the servers dropped for silence).
+    root : int
+        The rank that checks (the reporter).
+    gone : sequence of int
+        Ranks known dead (servers whose shard failed over): not waited for; the answer then tells
+        every rank that a peer is gone.
+
+    Returns
+    -------
+    missing : list of int
+        On ``root``, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere ``[]``.
+    peer_gone : bool
+        True when ``gone`` was not empty on ``root`` (every rank learns it from the answer).
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    token = numpy.zeros(1, numpy.int8)
+    if rank != root:
+        comm.Send(token, dest=root, tag=_END_TAG)  # one byte: sent eagerly, even to a dead root
+        comm.Recv(token, source=root, tag=_END_TAG)
+        return [], bool(token[0])
+    others = [r for r in range(size) if r != root and r not in set(gone)]
+    bufs = {r: numpy.zeros(1, numpy.int8) for r in others}
+    reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
+    start, pending = time.monotonic(), set(reqs)
+    deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
+    while pending:
+        pending = {r for r in pending if not reqs[r].Test()}
+        now = time.monotonic()
+        if all(now > deadline[r] for r in pending):
+            break
+        time.sleep(0.01)
+    if pending:
+        return sorted(pending), bool(gone)
+    token[0] = 1 if gone else 0
+    for r in others:
+        comm.Send(token, dest=r, tag=_END_TAG)
+    if os.environ.get("PRTE_LAUNCHED") != "1":  # MPICH: one of them may still run (its report came late)
+        for r in gone:
+            comm.Isend(token, dest=r, tag=_END_TAG)  # never waited for
+    return [], bool(gone)
+
+
+def finish_ps(world, cfg, summary=None):
+    """End a parameter-server run: return when every rank got here, else abort naming the missing.
+
+    Workers that the servers dropped (``summary["worker_status"]``, known on the reporter) are given
+    one second at most instead of ``--ps-timeout``: they were silent that long already. Servers the
+    report counted lost (``summary["servers_lost"]``) are not waited for; the survivors then leave
+    without ``MPI_Finalize`` (see the module docstring).
+
+    Parameters
+    ----------
+    world : mpi4py.MPI.Comm
+        Every rank of the job.
+    cfg : training.config.Config
+    summary : dict, optional
+        :func:`training.ps_mode.worker.run_ps`'s summary (used on the reporter).
+    """
+    root = reporter_rank(cfg)
+    mine = (summary or {}) if world.rank == root else {}
+    dropped = [cfg.servers + w for w, st in enumerate(mine.get("worker_status") or []) if st == "dropped"]
+    missing, peer_gone = finish_together(world, cfg.ps_timeout, short=dropped, root=root,
+                                         gone=mine.get("servers_lost") or [])
+    if missing:
+        collectives.engine.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
+                                        f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
+                                        f"lost peer may have died); "
+                                        "ending the job so that no rank waits for them in MPI_Finalize")
+    if peer_gone and os.environ.get("PRTE_LAUNCHED") != "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # a dead peer: MPICH's MPI_Finalize would wait for it forever
