@@ -267,12 +267,18 @@ def wait_all(requests, deadline, what):
     Raises
     ------
     PSTimeout
-        When some request is still pending at ``deadline``.
+        When some request is still pending at ``deadline``, or the MPI library failed it because
+        the peer died during the transfer (MPICH's shared-memory copy of a large message from a
+        process that is gone): either way the peer is lost, and the callers' failover handles both.
     """
     pending = [r for r, _ in requests]
     backoff = Backoff()
     while pending:
-        pending = [r for r in pending if not r.Test()]
+        try:
+            pending = [r for r in pending if not r.Test()]
+        except MPI.Exception as exc:
+            raise PSTimeout(f"the transfer of {what} failed ({exc.Get_error_string().strip().splitlines()[0]}): "
+                            "the peer is gone") from None
         if not pending:
             return
         if time.monotonic() > deadline:
