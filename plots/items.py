@@ -51,8 +51,9 @@ def check_quiet(record, rel):
     return prov
 
 
-def source_line(prov, rel):
-    """Return the one-line provenance that follows every published table."""
+def source_line(prov, rel, launches_itself=False):
+    """Return the one-line provenance that follows every published table (``launches_itself``: the
+    command runs with plain ``python`` and starts its jobs itself, so no ``mpiexec`` is shown)."""
     v = prov["versions"]
     lib = v.get("mpi_library") or "no MPI library"
     load = prov.get("load")
@@ -60,7 +61,7 @@ def source_line(prov, rel):
              f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
              f"{load['during_max']:.2f} at most during")
     command = prov["command"]
-    if prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec"):
+    if prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec") and not launches_itself:
         command = f"mpiexec -n {prov['P']} {command}"
     return (f"*From `plots/reference/{rel}`: `{command}`, {where}, {lib}, Python {v['python']}, "
             f"NumPy {v['numpy']}, {prov['date'][:10]}.*")
@@ -204,6 +205,47 @@ def _serving_load_figure(rel):
     return [out]
 
 
+def _replicas_table(rel):
+    from tabulate import tabulate
+
+    r = _load(rel)
+    prov = check_quiet(r, rel)
+    st, cost, ratio = r["settings"], r["cost"], r["ratio_R2_over_R1"]
+    crashes = tabulate([[st["crashes"], r["lost_acknowledged"], f"{r['bitwise_equal']} of {st['crashes']}",
+                         f"{r['recovery_median_s']:.2f} s", f"{r['recovery_max_s']:.2f} s", f"{r['recovery_bound_s']:g} s"]],
+                       ["crashes of a primary", "acknowledged clocks lost", "final parameters bitwise equal",
+                        "crash to next update (median)", "(max)", "bound (--ps-timeout + 1 s)"],
+                       tablefmt="pipe", disable_numparse=True)
+    rows = [[f"R = {k[1]}", f"{cost[k]['samples_per_s']:.0f}", f"{cost[k]['bytes_per_clock'] / 1024:.1f}"] for k in ("R1", "R2")]
+    rows.append(["R = 2 / R = 1", f"{ratio['samples_per_s']:.2f}x", f"{ratio['bytes_per_clock']:.2f}x"])
+    costs = tabulate(rows, ["fault-free, median of " + str(st["repeats"]), "samples / s", "payload KiB / clock"],
+                     tablefmt="pipe", disable_numparse=True, colalign=("left", "right", "right"))
+    return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, {st['epochs']} epochs, --ps-timeout "
+            f"{st['ps_timeout']:g} s.\n\n" + crashes + "\n\n" + costs + "\n\n" + source_line(prov, rel, True))
+
+
+def _metrics_overhead_table(rel):
+    import statistics
+
+    from tabulate import tabulate
+
+    r = _load(rel)
+    prov = check_quiet(r, rel)
+    off = r["step_s"]["off"]
+    rows = [["off", f"{1e3 * statistics.median(off):.3f} ({1e3 * min(off):.3f}-{1e3 * max(off):.3f})", "", ""]]
+    for arm, label in (("watch", "--monitor"), ("serve", "--metrics-port (scraped)")):
+        a, t = r[arm], r["step_s"][arm]
+        rows.append([label, f"{1e3 * statistics.median(t):.3f} ({1e3 * min(t):.3f}-{1e3 * max(t):.3f})",
+                     f"{a['ratio_median']:.3f} ({a['ratio_min']:.3f}-{a['ratio_max']:.3f})",
+                     f"{100 * statistics.median(a['monitor_overhead']):.2f} %"])
+    c = r["config"]
+    return (f"P = {prov['P']}, {c['data']}, hidden {c['hidden']}, batch {c['batch_size']}, {c['epochs']} epochs per run, "
+            f"{len(off)} interleaved repeats; the off runs' own spread is {100 * r['off_spread']:.0f} % of their median.\n\n"
+            + tabulate(rows, ["run", "step ms, median (range)", "step / off, median (range)", "monitoring's own time"],
+                       tablefmt="pipe", disable_numparse=True, colalign=("left", "right", "right", "right"))
+            + "\n\n" + source_line(prov, rel))
+
+
 def _breakdown_table(rel):
     from plots.tables import breakdown_table
 
@@ -287,6 +329,8 @@ ITEMS = {
     "bench-breakdown-p4": ("bench/breakdown_p4.json", _breakdown_table, None),
     "bench-small-p2": ("bench/small_calls_p2.json", _small_calls, None),
     "serving-load": ("serving/load_sweep.json", _serving_load_table, _serving_load_figure),
+    "ps-replicas": ("ps/replicas.json", _replicas_table, None),
+    "metrics-overhead": ("bench/metrics_overhead_p4.json", _metrics_overhead_table, None),
     "bench-small-p4": ("bench/small_calls_p4.json", _small_calls, None),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
