@@ -63,7 +63,7 @@ def test_prometheus_scrapes_the_sync_time_and_the_straggler_alert_fires(tmp_path
     env, mark = marked_env(launcher_env())
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [mpiexec_path(), *launcher_args(), "-n", "3", sys.executable, "-m", "training.train", "--data", "synthetic",
-           "--samples", "2400", "--features", "256", "--hidden", "512", "--batch-size", "96", "--epochs", "40",
+           "--samples", "2400", "--features", "256", "--hidden", "512", "--batch-size", "96", "--epochs", "400",
            "--no-progress", "--threads", "1", "--checkpoint-every", "0", "--run-dir", str(tmp_path),
            "--metrics-port", str(job), "--metrics-every", "4", "--straggler", "2:6"]
     train = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
