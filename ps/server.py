@@ -33,12 +33,11 @@ from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
 from ps.store import read_npz, server_checkpoint_path, write_npz
 
-__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS",
-           "COUNTERS"]
+__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS", "COUNTERS"]
 
 EVENT_DROPPED, EVENT_ABORTED, _SILENCE_CHECK = 1, 2, 0.01  # codes of Server.events; seconds between checks
-#: The server's counters (in :class:`ps.runtime.RunResult`): distinct and resent pushes, pulls answered
-#: from a kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
+#: The server's counters (in :class:`ps.reports.RunResult`): distinct and resent pushes, pulls answered from a
+#: kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
 COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
             "late_replies")
 

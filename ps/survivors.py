@@ -20,7 +20,7 @@ import numpy as np
 from ps.consistency import DONE, DROPPED
 from ps.protocol import Msg, PSError, PSTimeout, header_tag, send, wait_all
 from ps.replication import REPLICA_COUNTERS, ReplicatedServer, chains
-from ps.runtime import _ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats, _unpack, roles
+from ps.reports import _ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats, _unpack, roles
 from ps.server import COUNTERS, EVENT_ABORTED
 from ps.sharding import join_shards
 
@@ -100,7 +100,7 @@ def collect(repcomm, opts, dtype, own_stats, own_acked):
 
     Returns
     -------
-    ps.runtime.RunResult
+    ps.reports.RunResult
         With ``replicas`` (every server rank's record, None for one that sent none), ``servers_lost``
         and ``lost_acknowledged`` filled in.
 

@@ -39,7 +39,7 @@ def evaluate_snapshots(result, model, loss_fn, data, eval_batch, pushes_per_epoc
 
     Parameters
     ----------
-    result : ps.runtime.RunResult
+    result : ps.reports.RunResult
         Rank 0's result.
     model : training.nn.Sequential
         A host model whose flat ``params`` are overwritten with each snapshot.
@@ -123,7 +123,7 @@ def write_records(cfg, comm, run_dir, result, evals, opts, n_params, per_epoch):
     comm : MPI.Comm
         The job's communicator (for P).
     run_dir : str
-    result : ps.runtime.RunResult
+    result : ps.reports.RunResult
     evals : dict
         From :func:`evaluate_snapshots`; its ``monitor`` entry, when present, is the live monitor's
         findings (:func:`training.monitor.setup.close_monitor`), added to the summary.

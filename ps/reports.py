@@ -1,0 +1,107 @@
+"""What the parameter-server ranks report at the end of a run: the run's result, every worker's
+statistics and every server's counters, packed into plain arrays for the report messages; shared by
+:mod:`ps.runtime` (one server per shard) and :mod:`ps.survivors` (replicated shards).
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ps.protocol import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all
+from ps.server import COUNTERS
+
+__all__ = ["RunResult", "STAT_FIELDS", "roles"]
+
+_ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
+#: Fields of a worker's statistics vector (the STATS payload, float64 on the wire), in order; the
+#: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
+STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
+               "dropped", "mean_staleness", "max_staleness", "refused", "wasted_compute_s", "resends",
+               "stale_replies", "failovers")
+_INT_STATS = frozenset(("worker", "clock", "pushes", "samples", "batch", "max_staleness", "refused", "resends",
+                        "stale_replies", "failovers"))  # counts
+
+
+@dataclass
+class RunResult:
+    """What rank 0 knows at the end of a run (other ranks get ``None``, workers their stats)."""
+
+    params: np.ndarray                   # final flat parameters, shape (n,)
+    pushes: int                          # worker gradients folded in (server 0)
+    wall: float                          # seconds from the start barrier to server 0's last message
+    staleness_histogram: dict            # staleness (clocks) -> served shard pulls, all servers
+    start_pushes: int = 0                # pushes already folded in when this job started (resume)
+    start_wall: float = 0.0              # seconds of training before this job started (resume)
+    snapshots: list = field(default_factory=list)   # (pushes, seconds, flat params)
+    workers: list = field(default_factory=list)     # per worker: dict of STAT_FIELDS, or None
+    status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
+    events: list = field(default_factory=list)      # (seconds, text), sorted by time
+    versions: list = field(default_factory=list)    # per server: its shard's final version (updates applied)
+    counts: dict = field(default_factory=dict)      # server counters (ps.server.COUNTERS), summed over servers
+    rejected: dict = field(default_factory=dict)    # REJECT reason code -> count, summed over servers
+    replicas: list = field(default_factory=list)    # replicated runs: per server rank, its record (or None)
+    servers_lost: list = field(default_factory=list)  # replicated runs: server ranks that sent no report
+    lost_acknowledged: int = 0                      # replicated runs: acknowledged clocks not in the result
+
+
+def roles(comm, servers):
+    """Return ``(server_ranks, worker_ranks)`` for a communicator with ``servers`` server ranks."""
+    return list(range(servers)), list(range(servers, comm.Get_size()))
+
+
+def _typed_stats(vec):
+    """Return a worker's STATS vector as a dict: counts as int, ``dropped`` as bool, times as float.
+
+    The vector travels as float64 (one typed buffer); the counts in it are exact integers below 2**53.
+    """
+    return {k: (int(v) if k in _INT_STATS else bool(v) if k == "dropped" else float(v))
+            for k, v in zip(STAT_FIELDS, vec.tolist())}
+
+
+def _report(server):
+    """Return this server's final report: shard, snapshots, staleness counts, worker status, events."""
+    hist = np.zeros(max(server.staleness_histogram, default=-1) + 1)
+    for k, v in server.staleness_histogram.items():
+        hist[k] = v
+    status = server.table.status.astype(np.float64)
+    status[sorted(server.aborted)] = _ABORTED
+    events = np.array(server.events, dtype=np.float64).reshape(-1, 3)  # (time, worker, code)
+    counts = np.array([server.counts[k] for k in COUNTERS] + [server.version]
+                      + [server.rejected.get(c, 0) for c in range(1, 6)], np.float64)
+    return dict(shard=server.params, snaps=list(server.snapshots), hist=hist, pushes=server.pushes,
+                status=status, events=events, counts=counts)
+
+
+def _pack(rep):
+    """Flatten a report into one float64 vector (counts first) for the FINAL message."""
+    snaps = rep["snaps"]
+    counts = [rep["shard"].shape[0], len(snaps), rep["hist"].shape[0], rep["pushes"], rep["events"].shape[0]]
+    parts = [np.array(counts, np.float64), rep["shard"].astype(np.float64),
+             np.array([p for p, _, _ in snaps], np.float64), np.array([t for _, t, _ in snaps], np.float64)]
+    parts += [x.astype(np.float64) for _, _, x in snaps]
+    return np.concatenate(parts + [rep["hist"], rep["status"], rep["events"].ravel(), rep["counts"]])
+
+
+def _unpack(vec, n_workers, dtype):
+    """Invert :func:`_pack` (shards back in the model dtype)."""
+    n, n_snap, n_hist, pushes, n_ev = (int(v) for v in vec[:5])
+    sizes = [n, n_snap, n_snap] + [n] * n_snap + [n_hist, n_workers, 3 * n_ev, len(COUNTERS) + 6]
+    parts = np.split(vec[5:5 + sum(sizes)], np.cumsum(sizes)[:-1])
+    snaps = [(int(p), float(t), x.astype(dtype)) for p, t, x in zip(parts[1], parts[2], parts[3:3 + n_snap])]
+    return dict(shard=parts[0].astype(dtype), snaps=snaps, hist=parts[-4], pushes=pushes,
+                status=parts[-3], events=parts[-2].reshape(-1, 3), counts=parts[-1])
+
+
+def _receive_from(comm, source, mtype, deadline):
+    """Receive one report (header and float64 payload) from ``source`` on the report communicator."""
+    backoff = Backoff()
+    while not comm.Iprobe(source=source, tag=header_tag(mtype)):
+        if time.monotonic() > deadline:
+            raise PSError(f"rank 0: no {mtype.name} report from rank {source}")
+        backoff.sleep()
+    header = np.empty(HEADER_LEN, np.int64)
+    comm.Recv(header, source=source, tag=header_tag(mtype))
+    data = np.empty(int(header[3]), np.float64)
+    req = comm.Irecv(data, source=source, tag=data_tag(mtype))
+    wait_all([(req, data)], deadline, f"{mtype.name} payload from rank {source}")
+    return data
