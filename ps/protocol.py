@@ -277,8 +277,8 @@ def wait_all(requests, deadline, what):
         try:
             pending = [r for r in pending if not r.Test()]
         except MPI.Exception as exc:
-            raise PSTimeout(f"the transfer of {what} failed ({exc.Get_error_string().strip().splitlines()[0]}): "
-                            "the peer is gone") from None
+            raise PSTimeout(f"the peer died while waiting for {what} (the MPI library failed the transfer: "
+                            f"{MPI.Get_error_string(exc.Get_error_class()).strip()})") from None
         if not pending:
             return
         if time.monotonic() > deadline:
