@@ -162,7 +162,10 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
             batch = int(client.report_speed(clock, window[0] / max(1, window[1]))[w])
             window = [0.0, 0]
         result = client.pull(clock, params)
-        while result == "refused":  # cas: recompute on the new values, push to the refusing shards only
+        stopping = result == "stop"
+        # cas: recompute on the new values, push to the refusing shards only; also when another server said
+        # STOP at the same pull, or the push would stay applied on some shards and not on others
+        while client.refused_shards and result in ("refused", "stop"):
             shards = client.refused_shards
             stats["refused"] += len(shards)
             stats["wasted_compute_s"] += compute
@@ -173,6 +176,8 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
             np.multiply(grad, batch / opts.worker_batch, out=push_buf)
             client.push(clock - 1, push_buf, shards)
             result = client.pull(clock, params, shards)
+        if stopping and result != "dropped":
+            result = "stop"
         if result == "params":  # a pull ended by STOP from some server is not used: not counted
             stale += client.last_staleness
         if monitor is not None:

@@ -55,6 +55,15 @@ def sum_grad(S):
     return lambda params, clock, batch: (np.full_like(params, -(RANK - S + 1.0)), batch)
 
 
+def slow(grad_fn, seconds=0.001):
+    """``grad_fn`` taking ``seconds`` of (sleeping) compute, so that the random delays, not the machine's
+    load, decide the order in which the workers' pushes land."""
+    def timed(params, clock, batch):
+        time.sleep(seconds)
+        return grad_fn(params, clock, batch)
+    return timed
+
+
 def case_retries():
     S = 2
     base = PSOptions(servers=S, consistency="bsp", budget=40, lr=0.05, ps_timeout=20.0)
@@ -96,9 +105,13 @@ def case_retries():
 def case_cas():
     S = 2
     for cons in ("asp", "ssp"):
+        # ASP: a 3x straggler; SSP(1): workers of one speed with random delays, since a steady straggler
+        # never conflicts there (the fast worker reads only once the slow one's clock is folded)
+        speed = dict(straggler="3:3") if cons == "asp" else dict(jitter=0.003)
         opts = PSOptions(servers=S, consistency=cons, staleness=1, budget=60, lr=2.0, ps_timeout=20.0,
-                         straggler="3:3", conflict="cas", conflict_lag=0)
-        res = run(COMM, opts, np.zeros(5), sum_grad(S), make_optimizer=PLAIN_SGD)
+                         conflict="cas", conflict_lag=0, **speed)
+        res = run(COMM, opts, np.zeros(5), sum_grad(S) if cons == "asp" else slow(sum_grad(S)),
+                  make_optimizer=PLAIN_SGD)
         if RANK != 0:
             continue
         pushes = [int(st["pushes"]) for st in res.workers]
