@@ -13,7 +13,10 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
   second of traffic at the configured rate (64 KiB to 64 MiB; 64 MiB unshaped); bandwidth =
   2 S / RTT per repetition, reported as median and range, in bits per second to compare with ``tc``.
 
-Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory).
+Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory). With
+racks (``COMMLAB_RACKS=R``, set by the emulator's ``--racks``; nodes ``i * N // R`` onward form rack i) a
+pair of nodes in different racks is an ``inter-rack`` row (node link, uplink, node link), one in the same
+rack an ``inter-node`` row, and the summary gives each level's median latency and bandwidth.
 Rank 0 prints one row per pair against the configured rate and, with ``--out``, writes the rows, the
 configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`) to a
 JSON file. On a busy machine the calibration refuses to start unless ``--allow-noisy`` (which
@@ -21,6 +24,7 @@ JSON file. On a busy machine the calibration refuses to start unless ``--allow-n
 """
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -140,11 +144,14 @@ def main(argv=None):
     leaders = [int(np.flatnonzero(nodes == i)[0]) for i in range(n_nodes)]
     size = link_size(rate)
     rows = []
+    racks = int(os.environ.get("COMMLAB_RACKS", "1") or 1)
+    per_rack = n_nodes // racks if racks >= 1 and n_nodes % racks == 0 else n_nodes
     for i in range(n_nodes):
         for j in range(i + 1, n_nodes):
             row = _measure(comm, leaders[i], leaders[j], size, args)
             if row is not None:
-                rows.append(dict(row, pair=f"node{i}-node{j}", kind="inter-node"))
+                kind = "inter-node" if i // per_rack == j // per_rack else "inter-rack"
+                rows.append(dict(row, pair=f"node{i}-node{j}", kind=kind))
     same = np.flatnonzero(nodes == 0)
     if len(same) >= 2:
         row = _measure(comm, int(same[0]), int(same[1]), 64 << 20, args)
@@ -161,18 +168,20 @@ def _report(rows, args, rate, n_nodes, size, watch, command):
     """Print the table and the summary; write the JSON file, stamped with ``watch`` and ``command``."""
     configured = f"{rate / 1e6:g} Mbit/s" if rate else "unshaped"
     print(f"link calibration: {n_nodes} nodes, {size} ranks, configured {args.link} ({configured}) each way")
-    print(f"{'pair':<16}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}")
+    print(f"{'pair':<16}{'level':<12}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}")
     for r in rows:
-        ratio = r["bandwidth_bps"] / rate if rate and r["kind"] == "inter-node" else None
+        ratio = r["bandwidth_bps"] / rate if rate and r["kind"] != "intra-node" else None
         r["ratio"] = ratio
         span = f"{r['bandwidth_min_bps'] / 1e6:.1f}-{r['bandwidth_max_bps'] / 1e6:.1f}"
-        print(f"{r['pair']:<16}{r['latency_us']:>12.1f}{r['bandwidth_bps'] / 1e6:>18.1f}{span:>20}"
+        print(f"{r['pair']:<16}{r['kind']:<12}{r['latency_us']:>12.1f}{r['bandwidth_bps'] / 1e6:>18.1f}{span:>20}"
               f"{'' if ratio is None else f'{ratio:.3f}':>14}")
-    inter = [r["bandwidth_bps"] for r in rows if r["kind"] == "inter-node"]
-    summary = {}
+    inter = [r["bandwidth_bps"] for r in rows if r["kind"] != "intra-node"]
+    summary = {"levels": {kind: {"latency_us": float(np.median([r["latency_us"] for r in rows if r["kind"] == kind])),
+                                 "bandwidth_bps": float(np.median([r["bandwidth_bps"] for r in rows if r["kind"] == kind]))}
+                          for kind in ("intra-node", "inter-node", "inter-rack") if any(r["kind"] == kind for r in rows)}}
     if inter:
         med = float(np.median(inter))
-        summary = {"inter_bandwidth_bps": med, "inter_min_bps": min(inter), "inter_max_bps": max(inter)}
+        summary.update(inter_bandwidth_bps=med, inter_min_bps=min(inter), inter_max_bps=max(inter))
         line = f"inter-node bandwidth {med / 1e6:.1f} Mbit/s (pairs {min(inter) / 1e6:.1f}-{max(inter) / 1e6:.1f})"
         if rate:
             ok = all(abs(b / rate - 1) <= TOLERANCE for b in inter)
