@@ -35,6 +35,7 @@ import platform
 import shlex
 import sys
 import threading
+import time
 
 from training.metrics import LOAD_PER_CORE, default_max_load, is_quiet
 
@@ -46,6 +47,9 @@ def add_options(parser):
     parser.add_argument("--max-load", type=float, default=None, metavar="L",
                         help="refuse to start when the 1-minute load average is above L "
                              f"(default {LOAD_PER_CORE:g} x cores = {default_max_load():g} here)")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="S",
+                        help="wait up to S seconds for the load average to fall below --max-load before "
+                             "deciding (the job's own start-up lifts it; default 0: decide at once)")
     parser.add_argument("--allow-noisy", action="store_true",
                         help="run on a busy machine anyway and mark the results file noisy "
                              "(never published)")
@@ -95,7 +99,8 @@ def guard(args, comm=None, interval=5.0):
     Parameters
     ----------
     args : argparse.Namespace
-        Parsed options of :func:`add_options` (``max_load``, ``allow_noisy``).
+        Parsed options of :func:`add_options` (``max_load``, ``allow_noisy``, ``settle``: seconds rank 0
+        may wait for the load average to fall below the threshold first, the other ranks sleeping).
     comm : mpi4py.MPI.Comm, optional
         With a communicator rank 0 reads the load and broadcasts its verdict, so every rank refuses
         alike (one error on every rank before any measurement).
@@ -113,6 +118,16 @@ def guard(args, comm=None, interval=5.0):
         When the load average is above the threshold and ``--allow-noisy`` was not given.
     """
     limit = args.max_load if args.max_load is not None else default_max_load()
+    settle = getattr(args, "settle", 0.0) or 0.0
+    if settle > 0:  # rank 0 waits for its own job's start-up to leave the load average; the others sleep
+        if comm is None or comm.Get_rank() == 0:
+            deadline = time.monotonic() + settle
+            while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+                time.sleep(2.0)
+        if comm is not None:
+            req = comm.Ibarrier()
+            while not req.Test():
+                time.sleep(0.05)
     watch = LoadWatch(limit, interval)
     busy = watch.before > limit
     if comm is not None:

@@ -316,6 +316,14 @@ def _non_iid_figures(rel):
     return [out]
 
 
+def _levels_table(rel):
+    from plots.levels import markdown
+
+    study = _load(rel)
+    prov = check_quiet(study, rel)
+    return markdown(study) + "\n\n" + source_line(prov, rel, launches_itself=True)
+
+
 #: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None);
 #: an item whose reference is not committed yet draws nothing, and a block naming it fails the check.
 ITEMS = {
@@ -335,4 +343,5 @@ ITEMS = {
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
+    "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
 }

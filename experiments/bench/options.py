@@ -61,6 +61,7 @@ class BenchConfig:
     out: str = "results/bench_collectives"    # path prefix of PREFIX.csv and PREFIX.json
     max_load: float = None                    # refuse to start above this load average (None: 0.25 x cores)
     allow_noisy: bool = False                 # start on a busy machine anyway, the results marked noisy
+    settle: float = 0.0                       # seconds rank 0 may wait for the load to fall below max_load
 
 
 def _names(text):
@@ -104,7 +105,8 @@ def parse_args(argv=None, size=1):
                       dtype=a.dtype, redop=a.redop, iters_small=a.iters_small, iters_large=a.iters_large,
                       warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
-                      format=a.format, max_load=a.max_load, allow_noisy=a.allow_noisy)
+                      format=a.format, max_load=a.max_load, allow_noisy=a.allow_noisy,
+                      settle=a.settle)
     if not _plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
