@@ -187,3 +187,52 @@ def test_command_line_bad_files_and_a_prediction(tmp_path, capsys):
 def test_docstring_examples(module):
     res = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0
+
+
+def test_scale_study_on_small_p_and_its_figure(tmp_path):
+    from experiments.predict import scale
+    from plots.predict import draw
+
+    m = scale.EXAMPLE_MODEL
+    prof = scale.synthetic_codecs(profile.synthetic(m["sizes"], m["rows"], m["flops_per_s"]), m["flops_per_s"])
+    rows, best = scale.run(prof, [64, 256], ("25GbE",), say=lambda *_: None)
+    assert len(best) == 2 and all(b["best_s"] <= b["second_s"] for b in best)
+    assert {r["config"] for r in rows} >= {"torus", "ring b=25MiB overlap", "fp16", "ps S=8", "ring b=25MiB T8xQ1m1"}
+    # oracle: the fastest and second-fastest rows of each P, sorted independently
+    for b in best:
+        times = sorted(r["step_s"] for r in rows if r["P"] == b["P"])
+        assert (b["best_s"], b["second_s"]) == (times[0], times[1])
+    draw({"best": best}, str(tmp_path / "scale.png"))
+    assert (tmp_path / "scale.png").stat().st_size > 0
+    assert "| 25GbE | 64 |" in scale.table(best)
+
+
+def test_validation_harness_on_a_tiny_plan(capsys):
+    from training.cli import build_parser
+    from experiments.predict import validate
+
+    entries = validate.plan()
+    assert len(entries) >= 24
+    cfgs = [e["config"] for e in entries]
+    assert {c.get("algorithm") for c in cfgs} >= {"ring", "2d", "torus", "rabenseifner"}
+    assert {c.get("compression") for c in cfgs} >= {"fp16", "topk", "powersgd"}
+    assert {c.get("servers") for c in cfgs if c.get("mode") == "ps"} == {1, 2}
+    assert any(c.get("tensor_parallel") for c in cfgs) and any(c.get("pipeline_parallel") for c in cfgs)
+    assert {e["layout"]["racks"] for e in entries} == {1, 2} and {e["layout"]["link"] for e in entries} == {"1gbit", "100mbit"}
+    assert {c.get("bucket_bytes", 0) > 0 for c in cfgs} == {True, False} and any(c.get("overlap") for c in cfgs)
+    cmds = validate.commands("out/v", 3, entries)
+    parser = build_parser()
+    for e, r in zip(entries, cmds["runs"]):  # every run's flags are the trainer's own
+        parser.parse_args(r["command"][r["command"].index("training.train") + 1:])
+        config.parse(e["config"])
+    assert validate.main(["--dry-run", "--only", "0,25", "--out", "out/v"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 2 + 2 and "--calibrate" in lines[1] and "experiments.cluster.emulate" in lines[-1]
+    rows = [{"name": "a", "measured": [1.0, 1.02], "predicted_s": 1.1, "comm_s": 0.9},
+            {"name": "b", "measured": [3.0, 3.1], "predicted_s": 2.0, "comm_s": 0.1},
+            {"name": "c", "measured": [1.01, 1.03], "predicted_s": 3.0, "comm_s": 0.1}]
+    got = validate.compare(rows)
+    # a within 15 % (and heavy), b -33 %, c +191 %; pairs a-b and b-c qualify (a-c within range):
+    # a-b concordant, b-c discordant -> tau 0
+    assert got["within15_comm_heavy"] == 1.0 and got["within25_all"] == pytest.approx(1 / 3)
+    assert got["pairs"] == 2 and got["kendall_tau"] == 0.0 and got["misses"] == ["b", "c"]
