@@ -131,7 +131,8 @@ def test_trace_file_of_a_data_parallel_run_and_wait_split(tmp_path):
     prof = profile.load(str(tmp_path / "profile.json"))
     assert [(layer["kind"], layer["params"]) for layer in prof.layers] == [
         ("Linear", 72), ("ReLU", 0), ("Linear", 72), ("ReLU", 0), ("Linear", 27)]
-    assert prof.slices() == slices and all(layer["backward_s"] > 0 for layer in prof.layers)
+    assert [s[1:] for s in prof.slices()] == [s[1:] for s in slices]
+    assert all(layer["backward_s"] > 0 for layer in prof.layers)
     assert prof.codecs["fp16"]["payload_bytes"] == [off * 2] and prof.optimizer_s > 0
     summary = json.loads((tmp_path / "runs" / "dp" / "summary.json").read_text())
     assert summary["comm_s"] == pytest.approx(summary["wait_s"] + summary["transfer_s"], rel=1e-9)

@@ -43,6 +43,7 @@ __all__ = ["predict", "FLAG_ALGORITHM"]
 FLAG_ALGORITHM = "recursive_doubling"
 _DEFAULT_GAMMA = 1 / 4e9
 
+
 def _flag(net):
     return comm.allreduce_clocks(FLAG_ALGORITHM, 4, net)
 
@@ -83,10 +84,12 @@ def _overlap(led, cfg, profile, net, buckets, ready, tests, itemsize, end_backwa
                 if posted[k] is None and ready[k] <= t:
                     posted[k] = t
                 elif posted[k] is not None and done[k] < rounds[k] and posted[k] + step[k] <= t:
-                    done[k] += 1
+                    done[k] += 1  # its round is over: the next one is posted now (none after the last)
                     posted[k] = t
         end = end_backward + float(_flag(net).max())
         for k in range(len(buckets)):
+            if done[k] == rounds[k]:
+                continue
             if posted[k] is None:
                 posted[k] = end_backward
             left = rounds[k] - done[k]
