@@ -63,7 +63,7 @@ def _ready_times(profile, buckets, start, bwd):
     return [r if r is not None else t for r in ready], ends
 
 
-def _overlap(led, cfg, profile, net, buckets, ready, tests, itemsize, end_backward):
+def _overlap(led, cfg, net, buckets, ready, tests, itemsize, end_backward):
     """Bucketed all-reduce started during the backward pass; returns when the last bucket is done."""
     P = net.size
     clocks = [comm.allreduce_clocks(cfg.algorithm, (hi - lo) * itemsize, net, cfg.grid, itemsize)
@@ -133,7 +133,7 @@ def _dp_step(profile, topo, net, cfg):
     elif cfg.overlap:
         buckets = bucket_bounds(profile.slices(), itemsize, cfg.bucket_bytes)
         ready, tests = _ready_times(profile, buckets, start_bwd, bwd)
-        _overlap(led, cfg, profile, net, buckets, ready, tests, itemsize, led.t)
+        _overlap(led, cfg, net, buckets, ready, tests, itemsize, led.t)
     else:
         led.collective(_flag(net))
         for lo, hi in bucket_bounds(profile.slices(), itemsize, cfg.bucket_bytes):
