@@ -95,8 +95,8 @@ def parse(doc):
     --------
     >>> t = parse({"racks": 1, "nodes_per_rack": 2, "ranks_per_node": 4,
     ...            "levels": {"inter-node": {"latency_us": 50, "bandwidth_bps": 1e9}}})
-    >>> t.net.size, t.net.alpha_node, t.net.beta_node
-    (8, 5e-05, 8e-09)
+    >>> t.net.size, round(t.net.alpha_node * 1e6, 6), t.net.beta_node  # 50 us, 8 ns per byte
+    (8, 50.0, 8e-09)
     >>> parse({"racks": 1, "nodes_per_rack": 2, "ranks_per_node": 0})
     Traceback (most recent call last):
     ...
