@@ -18,7 +18,7 @@ import numpy
 
 from collectives.backend import get_array_module
 from collectives.engine import trace
-from training import layer_trace
+import training.layer_trace as layer_trace
 
 __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential", "build_mlp",
            "get_array_module"]
