@@ -40,9 +40,9 @@ __all__ = ["CLUSTERS", "EXAMPLE_MODEL", "cluster_topology", "candidates", "synth
 
 #: name -> (node link bit/s, one-way latency us, intra-node bit/s, intra-node latency us)
 CLUSTERS = {"10GbE": (10e9, 20.0, 200e9, 3.0), "25GbE": (25e9, 5.0, 2.4e12, 2.0), "100GbE": (100e9, 3.0, 2.4e12, 2.0)}
-#: The example job: an MLP of 12 layers of width 2048 (50 M parameters), 256 rows per rank, on a
+#: The example job: an MLP of 12 layers of width 2048 (50 M parameters), 4,096 rows per rank, on a
 #: device sustaining 50 TFLOP/s (about a third of an A100's dense bf16 peak).
-EXAMPLE_MODEL = {"sizes": [2048] * 13, "rows": 256, "flops_per_s": 50e12}
+EXAMPLE_MODEL = {"sizes": [2048] * 13, "rows": 4096, "flops_per_s": 50e12}
 RANKS_PER_NODE, NODES_PER_RACK, OVERSUBSCRIPTION = 8, 16, 2.0
 
 
