@@ -69,6 +69,22 @@ CHECKS = {
                                               "the same test under Open MPI (make test MPI=openmpi)"),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
         Help("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash"),
+    # Predicting a job at scale (docs/guide/predict.md)
+    "mpiexec -n 1 python -m training.train --data synthetic --hidden 1024,1024 --epochs 2 --threads 1 --trace "
+    "prof.trace.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",
+                               "a traced run whose per-layer events that test reads into a profile"),
+    "python -m experiments.predict.profile --trace prof.trace.json --codec fp16 --codec topk:ratio=0.01 --out "
+    "profile.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",
+                            "the same command on that test's trace"),
+    "python -m experiments.predict --profile profile.json --topology topo.json --config algorithm=torus "
+    "grid=topology bucket_bytes=1048576 overlap=true": Covered(
+        "tests/test_predict.py::test_command_line_bad_files_and_a_prediction", "the command on a hand-made profile"),
+    "python -m experiments.predict.scale --out results/predict/scale": Covered(
+        "tests/test_predict.py::test_scale_study_on_small_p_and_its_figure", "the study's run() at P = 64 and 256"),
+    "python -m plots.predict results/predict/scale.json": Covered(
+        "tests/test_predict.py::test_scale_study_on_small_p_and_its_figure", "draw() on that run's answer"),
+    "python -m experiments.predict.validate --out results/predict/validation": Covered(
+        "tests/test_predict.py::test_validation_harness_on_a_tiny_plan", "its plan, commands, --dry-run and figures"),
     # Skewed data across workers (docs/guide/non_iid.md)
     "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),

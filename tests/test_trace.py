@@ -124,6 +124,16 @@ def test_trace_file_of_a_data_parallel_run_and_wait_split(tmp_path):
             assert list(parts) and sorted(parts, key=lambda n: parts[n]["ts"]) == [
                 "forward", "backward", "wait", "exchange", "optimizer"], (rank, sorted(parts))
         assert len([e for e in mine if e["name"] == "evaluate"]) == 2
+    from experiments.predict import profile  # the per-layer events make a job profile (oracle: the MLP's sizes)
+
+    assert profile.main(["--trace", str(tmp_path / "dp.json"), "--codec", "fp16", "--codec", "topk:ratio=0.01",
+                         "--out", str(tmp_path / "profile.json")]) == 0
+    prof = profile.load(str(tmp_path / "profile.json"))
+    assert [(layer["kind"], layer["params"]) for layer in prof.layers] == [
+        ("Linear", 72), ("ReLU", 0), ("Linear", 72), ("ReLU", 0), ("Linear", 27)]
+    assert [s[1:] for s in prof.slices()] == [s[1:] for s in slices]
+    assert all(layer["backward_s"] > 0 for layer in prof.layers)
+    assert prof.codecs["fp16"]["payload_bytes"] == [off * 2] and prof.optimizer_s > 0
     summary = json.loads((tmp_path / "runs" / "dp" / "summary.json").read_text())
     assert summary["comm_s"] == pytest.approx(summary["wait_s"] + summary["transfer_s"], rel=1e-9)
     for rec in map(json.loads, (tmp_path / "runs" / "dp" / "epochs.jsonl").read_text().splitlines()):

@@ -32,7 +32,7 @@ from collectives.model.simulate import replay
 from collectives.schedules.registry import build_allreduce_schedule
 from collectives.schedules.torus import square_grid
 
-__all__ = ["Network", "allreduce_time", "default_grid"]
+__all__ = ["Network", "allreduce_time", "schedules_time", "default_grid"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,38 @@ def allreduce_time(algorithm, nbytes, net, grid=None, itemsize=4, shared=True):
     P, count = net.size, int(nbytes) // itemsize
     grid = grid if grid is not None else default_grid(algorithm, net)
     scheds = [build_allreduce_schedule(algorithm, r, P, count, grid) for r in range(P)]
+    return max(schedules_time(scheds, net, itemsize, shared))
+
+
+def schedules_time(scheds, net, itemsize=4, shared=True):
+    """Replay any schedules (one per rank of ``net``) with the shared-link costs; return every rank's clock.
+
+    The pricing of :func:`allreduce_time`, for schedules it does not build itself: an all-gather, a
+    parameter server's push and pull, a pipeline's activations.
+
+    Parameters
+    ----------
+    scheds : list of Schedule
+        ``scheds[r]`` is rank r's, ``len(scheds) == net.size``.
+    net : Network
+    itemsize : int
+        Bytes per element.
+    shared : bool
+        As for :func:`allreduce_time`.
+
+    Returns
+    -------
+    list of float
+        Each rank's finish time in seconds.
+
+    Examples
+    --------
+    >>> from collectives.schedules.registry import build_allreduce_schedule
+    >>> net = Network(racks=1, nodes_per_rack=2, ranks_per_node=1, alpha_node=1e-3, beta_node=0.0, gamma=0.0)
+    >>> schedules_time([build_allreduce_schedule("ring", r, 2, 8) for r in range(2)], net)
+    [0.002, 0.002]
+    """
+    P = net.size
     factors = _share_factors(net, scheds) if shared else None
     o = net.oversubscription
     calls = [0] * P
@@ -220,5 +252,4 @@ def allreduce_time(algorithm, nbytes, net, grid=None, itemsize=4, shared=True):
                                                           net.cpu * o)
         return t, t
 
-    out = replay(scheds, cost=link, reduce_cost=lambda n: n * itemsize * net.gamma * o)
-    return max(out["clock"])
+    return replay(scheds, cost=link, reduce_cost=lambda n: n * itemsize * net.gamma * o)["clock"]

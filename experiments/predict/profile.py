@@ -1,0 +1,272 @@
+"""A job's compute profile from one traced run: per-layer forward and backward, optimizer, codecs.
+
+    python -m experiments.predict.profile --trace FILE [--rank R] [--skip N] [--codec NAME[:K=V,...]]... --out FILE
+
+reads a Chrome trace written by ``python -m training.train --trace FILE`` (one rank is enough; with
+several, ``--rank`` picks one), keeps the steps after the first ``--skip``, and takes the median over
+steps of every ``layer`` event (:mod:`training.layer_trace`: one per layer and direction), of the
+forward and backward passes' time outside the layers (the loss), and of the ``optimizer`` event.
+``--codec`` runs each named compressor on a gradient of the model's size on this machine and records
+its compress and decompress seconds and the bytes of every payload it sends
+(:func:`measure_codecs`); the reduction speed of the host (``numpy.add``) is recorded too. This is
+Daydream's idea (Zhu et al., USENIX ATC 2020, section 4): one run's kernel timeline is enough to
+replay the step under another configuration.
+
+Format (JSON): ``rows`` (batch rows per rank in the run), ``itemsize`` (bytes per gradient element),
+``layers`` (list, first layer first, of ``{"kind", "params", "offset", "n_in", "n_out",
+"forward_s", "backward_s"}``), ``extra_forward_s``, ``extra_backward_s``, ``optimizer_s`` (seconds),
+``reduce_s_per_byte``, ``codecs`` (name -> ``{"args", "transport", "payload_bytes": [...],
+"compress_s", "decompress_s"}``) and ``source``.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy
+
+__all__ = ["Profile", "from_trace", "synthetic", "measure_codecs", "load", "main"]
+
+
+@dataclass
+class Profile:
+    """One rank's compute profile (seconds at ``rows`` batch rows per rank; see the module's format)."""
+
+    rows: int                       # batch rows per rank of the profiled run
+    itemsize: int                   # bytes per gradient element
+    layers: list                    # per layer: kind, params, offset, n_in, n_out, forward_s, backward_s
+    optimizer_s: float = 0.0        # one optimizer step on the whole flat parameter vector (seconds)
+    extra_forward_s: float = 0.0    # forward time outside the layers: the loss (seconds)
+    extra_backward_s: float = 0.0   # backward time outside the layers (seconds)
+    reduce_s_per_byte: float = 0.0  # host reduction speed, numpy.add (seconds per byte)
+    codecs: dict = field(default_factory=dict)  # compressor name -> args, transport, payload_bytes, seconds
+    source: str = ""                # where the numbers came from
+
+    @property
+    def elements(self):
+        """Gradient elements (the model's parameter count)."""
+        return sum(int(layer["params"]) for layer in self.layers)
+
+    def slices(self):
+        """Return ``(name, offset, size)`` per parameter, as ``Sequential.slices`` (W then b of a Linear)."""
+        out = []
+        for i, layer in enumerate(self.layers):
+            n, off = int(layer["params"]), layer.get("offset")
+            if not n:
+                continue
+            if layer.get("n_in") and layer.get("n_out") and n == layer["n_in"] * layer["n_out"] + layer["n_out"]:
+                w = layer["n_in"] * layer["n_out"]
+                out += [(f"{i}.W", off, w), (f"{i}.b", off + w, layer["n_out"])]
+            else:
+                out.append((f"{i}.p", off, n))
+        return out
+
+    def to_dict(self):
+        """Return the profile as the JSON-ready dict of the module's format."""
+        return asdict(self)
+
+
+def load(path):
+    """Read a profile JSON file written by :func:`main` (or :meth:`Profile.to_dict`).
+
+    Raises
+    ------
+    ValueError
+        A missing or malformed field, named.
+    """
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    for key in ("rows", "itemsize", "layers"):
+        if key not in d:
+            raise ValueError(f"{path}: profile field {key!r} is missing")
+    return Profile(**d)
+
+
+def _median(xs):
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def from_trace(path, rank=None, skip=1):
+    """Derive a :class:`Profile` from a Chrome trace of ``training.train --trace``.
+
+    Parameters
+    ----------
+    path : str
+        The trace file.
+    rank : int, optional
+        The rank (``pid``) to read; default the lowest one with ``layer`` events.
+    skip : int
+        Steps at the start left out (warm-up).
+
+    Returns
+    -------
+    Profile
+
+    Raises
+    ------
+    ValueError
+        The file holds no ``layer`` events (a trace from before per-layer events, or of a grid
+        run), or no step after ``skip``.
+    """
+    with open(path, encoding="utf-8") as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    pids = sorted({e["pid"] for e in events if e["name"] == "layer"})
+    if not pids:
+        raise ValueError(f"{path}: no 'layer' events; trace a data-parallel run of training.train (--trace)")
+    pid = pids[0] if rank is None else rank
+    mine = sorted((e for e in events if e["pid"] == pid), key=lambda e: e["ts"])
+    steps = [e for e in mine if e["name"] == "step" and not (e.get("args") or {}).get("skipped")][skip:]
+    if not steps:
+        raise ValueError(f"{path}: rank {pid} has no step after the first {skip}")
+    per = {}  # name or (layer, direction) -> list of per-step seconds
+    meta = {}
+    for st in steps:
+        lo, hi = st["ts"], st["ts"] + st["dur"]
+        inside = [e for e in mine if lo <= e["ts"] <= hi and e is not st]
+        sums = {}
+        for e in inside:
+            a = e.get("args") or {}
+            key = (a["layer"], a["direction"]) if e["name"] == "layer" else e["name"]
+            sums[key] = sums.get(key, 0.0) + e["dur"] * 1e-6
+            if e["name"] == "layer":
+                meta[a["layer"]] = a
+        for key, v in sums.items():
+            per.setdefault(key, []).append(v)
+    n_layers = max(meta) + 1
+    layers, rows, itemsize = [], meta[0]["rows"], meta[0]["itemsize"]
+    for i in range(n_layers):
+        a = meta.get(i, {})
+        layers.append({"kind": a.get("kind", "?"), "params": a.get("params", 0), "offset": a.get("offset"),
+                       "n_in": a.get("n_in"), "n_out": a.get("n_out"),
+                       "forward_s": _median(per.get((i, "forward"), [])),
+                       "backward_s": _median(per.get((i, "backward"), []))})
+    fwd = sum(layer["forward_s"] for layer in layers)
+    bwd = sum(layer["backward_s"] for layer in layers)
+    codecs = {}
+    if per.get("compress") or per.get("decompress"):
+        codecs["traced"] = {"compress_s": _median(per.get("compress", [])),
+                            "decompress_s": _median(per.get("decompress", []))}
+    return Profile(rows=int(rows), itemsize=int(itemsize), layers=layers, optimizer_s=_median(per.get("optimizer", [])),
+                   extra_forward_s=max(0.0, _median(per.get("forward", [])) - fwd),
+                   extra_backward_s=max(0.0, _median(per.get("backward", [])) - bwd), codecs=codecs,
+                   source=f"{path} rank {pid}, median of {len(steps)} steps")
+
+
+def synthetic(sizes, rows, flops_per_s, itemsize=4, optimizer_bytes_per_s=None):
+    """Return the profile of an MLP over widths ``sizes`` on a device of ``flops_per_s``, from FLOP counts.
+
+    A ``Linear(n_in, n_out)`` on ``rows`` rows costs ``2 rows n_in n_out`` FLOPs forward and twice that
+    backward (Kaplan et al., "Scaling laws for neural language models", 2020, section 2.1); the
+    optimizer streams the parameters, gradients and two moments at ``optimizer_bytes_per_s``
+    (default 100 x ``flops_per_s`` / 1e3 bytes per second). Used by the at-scale study and the tests.
+
+    Examples
+    --------
+    >>> p = synthetic([4, 8, 2], rows=10, flops_per_s=1e6)
+    >>> [layer["forward_s"] for layer in p.layers], p.elements
+    ([0.00064, 0.00032], 58)
+    """
+    layers, off = [], 0
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        fl = 2.0 * rows * a * b
+        n = a * b + b
+        layers.append({"kind": "Linear", "params": n, "offset": off, "n_in": a, "n_out": b,
+                       "forward_s": fl / flops_per_s, "backward_s": 2 * fl / flops_per_s})
+        off += n
+    rate = optimizer_bytes_per_s or flops_per_s / 10.0
+    return Profile(rows=int(rows), itemsize=itemsize, layers=layers, optimizer_s=4 * off * itemsize / rate,
+                   source=f"synthetic MLP {list(sizes)}, {rows} rows, {flops_per_s:g} FLOP/s")
+
+
+def _shapes(profile):
+    out = []
+    for layer in profile.layers:
+        if layer.get("n_in") and layer.get("n_out"):
+            out += [(layer["n_in"], layer["n_out"]), (layer["n_out"],)]
+        elif layer["params"]:
+            out.append((layer["params"],))
+    return out
+
+
+def measure_codecs(profile, specs, repeats=3, seed=0):
+    """Time each compressor on a random gradient of the profile's size; add them to ``profile.codecs``.
+
+    Parameters
+    ----------
+    profile : Profile
+    specs : list of (str, dict)
+        Compressor names (keys of ``collectives.compression.COMPRESSORS``) and their arguments.
+    repeats : int
+        Runs per compressor; the median is kept (the first, which builds state, is left out).
+
+    Returns
+    -------
+    Profile
+        ``profile``, its ``codecs`` and ``reduce_s_per_byte`` filled in.
+    """
+    from collectives.compression.base import payload_nbytes
+    from collectives.compression.registry import make_compressor
+    rng = numpy.random.default_rng(seed)
+    dtype = numpy.float32 if profile.itemsize == 4 else numpy.float64
+    x = rng.standard_normal(profile.elements).astype(dtype)
+    for name, args in specs:
+        kw = dict(args)
+        if name == "powersgd":
+            kw.setdefault("shapes", _shapes(profile))
+        comp = make_compressor(name, **kw)
+        comp_t, dec_t, sizes = [], [], []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            payloads, ctx = comp.compress(x, "grad")
+            t1 = time.perf_counter()
+            comp.decompress(payloads, ctx)
+            comp_t.append(t1 - t0)
+            dec_t.append(time.perf_counter() - t1)
+            sizes = [payload_nbytes([p]) for p in payloads]
+        profile.codecs[name] = {"args": args, "transport": getattr(comp, "transport", "allreduce"),
+                                "payload_bytes": sizes, "compress_s": _median(comp_t[1:]),
+                                "decompress_s": _median(dec_t[1:])}
+    a = numpy.ones(1 << 21, numpy.float32)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        numpy.add(a, a, out=a)
+        ts.append(time.perf_counter() - t0)
+    profile.reduce_s_per_byte = _median(ts) / a.nbytes
+    return profile
+
+
+def parse_codec(text):
+    """Read ``NAME`` or ``NAME:K=V,K=V`` into ``(name, {K: V})`` (values as command-line literals)."""
+    from collectives.compression.registry import parse_literal
+    name, _, rest = text.partition(":")
+    args = {}
+    for item in filter(None, rest.split(",")):
+        k, _, v = item.partition("=")
+        args[k.strip()] = parse_literal(v.strip())
+    return name.strip(), args
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.predict.profile", description=__doc__.split("\n")[0])
+    p.add_argument("--trace", required=True, help="Chrome trace of training.train --trace")
+    p.add_argument("--rank", type=int, default=None, help="rank whose events are read (default the first)")
+    p.add_argument("--skip", type=int, default=1, help="steps left out at the start (default 1)")
+    p.add_argument("--codec", action="append", default=[], help="compressor to time, NAME[:K=V,...] (repeatable)")
+    p.add_argument("--out", required=True, help="profile JSON file to write")
+    args = p.parse_args(argv)
+    try:
+        prof = measure_codecs(from_trace(args.trace, args.rank, args.skip), [parse_codec(c) for c in args.codec])
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(prof.to_dict(), f, indent=1)
+    print(f"profile: {len(prof.layers)} layers, {prof.elements} parameters, {prof.rows} rows; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

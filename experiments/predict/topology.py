@@ -1,0 +1,207 @@
+"""Topology files: a cluster's three levels, read into :class:`collectives.model.network.Network`.
+
+Format (JSON; every field but the layout has a default)::
+
+    {"name": "25 GbE, 8 GPUs per node",
+     "racks": 8, "nodes_per_rack": 16, "ranks_per_node": 8,
+     "levels": {"intra-node": {"latency_us": 2.0, "bandwidth_bps": 2.4e12},
+                "inter-node": {"latency_us": 5.0, "bandwidth_bps": 25e9},
+                "inter-rack": {"latency_us": 7.0, "bandwidth_bps": 100e9}},
+     "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "cores": 0, "ranks_per_host": 0,
+     "compute_scale": 1.0}
+
+``levels`` are the emulator's ``--calibrate`` summary names: ``latency_us`` is one message's one-way
+latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
+the uplink's; the node link's rate still bounds a flow that crosses racks). ``reduce_bps`` is the
+reduction speed in bits per second (default: the profile's measured one). ``cores`` and
+``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
+:attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
+multiplies the profile's compute times (a faster device: < 1). A bad field is one
+:class:`ValueError` line naming it.
+
+    python -m experiments.predict.topology --calibration CAL.json --racks R --nodes N --ranks-per-node K \\
+        [--cores C] --out TOPO.json
+
+writes the topology of an emulated cluster from its ``--calibrate`` file (the latency of a level
+above the node's is its extra: ``alpha_rack`` = inter-rack minus inter-node latency).
+"""
+import argparse
+import json
+import os
+import sys
+
+from collectives.model.network import Network
+
+__all__ = ["Topology", "parse", "load", "from_calibration", "main"]
+
+LEVELS = ("intra-node", "inter-node", "inter-rack")
+_DEFAULTS = {"intra-node": (1.0, 80e9), "inter-node": (30.0, 1e9), "inter-rack": (30.0, 1e9)}
+_KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "cores",
+         "ranks_per_host", "compute_scale", "source")
+
+
+class Topology:
+    """A parsed topology file: the :class:`Network` and what the step simulator adds to it.
+
+    Attributes
+    ----------
+    name : str
+    net : Network
+        Its ``gamma`` is 0 when the file gives no ``reduce_bps`` (the profile's is used then).
+    compute_scale : float
+        Factor on the profile's compute times.
+    reduce_given : bool
+        Whether the file set the reduction speed.
+    """
+
+    __slots__ = ("name", "net", "compute_scale", "reduce_given", "doc")
+
+    def __init__(self, name, net, compute_scale, reduce_given, doc):
+        self.name, self.net, self.compute_scale = name, net, compute_scale
+        self.reduce_given, self.doc = reduce_given, doc
+
+    def with_gamma(self, gamma):
+        """Return the Network with ``gamma`` (seconds per byte) unless the file gave its own."""
+        if self.reduce_given:
+            return self.net
+        return Network(**{**_net_fields(self.net), "gamma": gamma})
+
+
+def _net_fields(net):
+    return {k: getattr(net, k) for k in net.__dataclass_fields__}
+
+
+def _number(doc, key, where, positive=False, integer=False, default=None):
+    v = doc.get(key, default)
+    label = f"{where}{key}"
+    if v is None:
+        raise ValueError(f"topology field {label!r} is missing")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and int(v) != v):
+        raise ValueError(f"topology field {label!r} must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if v < 0 or (positive and v == 0):
+        raise ValueError(f"topology field {label!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def parse(doc):
+    """Check a topology document (dict) and return its :class:`Topology`.
+
+    Raises
+    ------
+    ValueError
+        One line naming the first bad field (unknown, missing, wrong type or out of range).
+
+    Examples
+    --------
+    >>> t = parse({"racks": 1, "nodes_per_rack": 2, "ranks_per_node": 4,
+    ...            "levels": {"inter-node": {"latency_us": 50, "bandwidth_bps": 1e9}}})
+    >>> t.net.size, round(t.net.alpha_node * 1e6, 6), t.net.beta_node  # 50 us, 8 ns per byte
+    (8, 50.0, 8e-09)
+    >>> parse({"racks": 1, "nodes_per_rack": 2, "ranks_per_node": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: topology field 'ranks_per_node' must be > 0, got 0
+    """
+    if not isinstance(doc, dict):
+        raise ValueError(f"a topology file holds one JSON object, got {type(doc).__name__}")
+    for key in doc:
+        if key not in _KEYS:
+            raise ValueError(f"topology field {key!r} is unknown; accepted: {', '.join(_KEYS)}")
+    racks = _number(doc, "racks", "", True, True, 1)
+    npr = _number(doc, "nodes_per_rack", "", True, True)
+    rpn = _number(doc, "ranks_per_node", "", True, True)
+    levels = doc.get("levels", {})
+    if not isinstance(levels, dict):
+        raise ValueError(f"topology field 'levels' must be an object of {', '.join(LEVELS)}, got {levels!r}")
+    got = {}
+    for name in levels:
+        if name not in LEVELS:
+            raise ValueError(f"topology field 'levels.{name}' is unknown; accepted: {', '.join(LEVELS)}")
+    for name in LEVELS:
+        lv = levels.get(name, {})
+        if not isinstance(lv, dict):
+            raise ValueError(f"topology field 'levels.{name}' must be an object, got {lv!r}")
+        for k in lv:
+            if k not in ("latency_us", "bandwidth_bps"):
+                raise ValueError(f"topology field 'levels.{name}.{k}' is unknown; accepted: latency_us, bandwidth_bps")
+        lat = _number(lv, "latency_us", f"levels.{name}.", default=_DEFAULTS[name][0])
+        bw = _number(lv, "bandwidth_bps", f"levels.{name}.", positive=True, default=_DEFAULTS[name][1])
+        got[name] = (lat * 1e-6, 8.0 / bw)
+    reduce_bps = doc.get("reduce_bps")
+    gamma = 8.0 / _number(doc, "reduce_bps", "", positive=True) if reduce_bps is not None else 0.0
+    net = Network(racks=racks, nodes_per_rack=npr, ranks_per_node=rpn,
+                  alpha_intra=got["intra-node"][0], beta_intra=got["intra-node"][1],
+                  alpha_node=got["inter-node"][0], beta_node=got["inter-node"][1],
+                  alpha_rack=max(0.0, got["inter-rack"][0] - got["inter-node"][0]), beta_rack=got["inter-rack"][1],
+                  gamma=gamma, cpu=_number(doc, "cpu_s_per_byte", "", default=0.0),
+                  cores=_number(doc, "cores", "", integer=True, default=0),
+                  ranks_per_host=_number(doc, "ranks_per_host", "", integer=True, default=0))
+    scale = _number(doc, "compute_scale", "", positive=True, default=1.0)
+    name = doc.get("name", f"{racks}x{npr}x{rpn}")
+    if not isinstance(name, str):
+        raise ValueError(f"topology field 'name' must be a string, got {name!r}")
+    return Topology(name, net, scale, reduce_bps is not None, doc)
+
+
+def load(path):
+    """Read and check a topology file (see :func:`parse`); a bad file is one line naming the path and field."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    try:
+        return parse(doc)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None):
+    """Return a topology document for an emulated cluster from its ``--calibrate`` result (a dict).
+
+    Every rank of the emulated cluster runs on this one host, so ``ranks_per_host`` is the whole job
+    and ``cores`` the host's (default ``os.cpu_count()``).
+
+    Raises
+    ------
+    ValueError
+        The calibration has no ``summary.levels``.
+    """
+    levels = (cal.get("summary") or {}).get("levels")
+    if not levels:
+        raise ValueError("calibration file has no summary.levels: run the emulator's --calibrate")
+    out = {k: {"latency_us": float(v["latency_us"]), "bandwidth_bps": float(v["bandwidth_bps"])}
+           for k, v in levels.items() if k in LEVELS}
+    if "inter-rack" not in out and "inter-node" in out:
+        out["inter-rack"] = dict(out["inter-node"])
+    P = racks * nodes_per_rack * ranks_per_node
+    return {"name": f"emulated {racks}x{nodes_per_rack}x{ranks_per_node}, {cal.get('config', {}).get('link', '?')}",
+            "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
+            "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "source": "emulator --calibrate"}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.predict.topology",
+                                description="write a topology file from an emulated cluster's --calibrate JSON")
+    p.add_argument("--calibration", required=True)
+    p.add_argument("--racks", type=int, default=1)
+    p.add_argument("--nodes", type=int, required=True, help="nodes per rack")
+    p.add_argument("--ranks-per-node", type=int, required=True)
+    p.add_argument("--cores", type=int, default=None, help="cores of the host (default this machine's)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    try:
+        with open(a.calibration, encoding="utf-8") as f:
+            doc = from_calibration(json.load(f), a.racks, a.nodes, a.ranks_per_node, a.cores)
+        parse(doc)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

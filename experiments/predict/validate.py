@@ -1,0 +1,223 @@
+"""Validate the predictor on the emulated cluster: measured against predicted step time, 26 configurations.
+
+    python -m experiments.predict.validate --out results/predict/validation [--epochs 3] [--only K,...]
+        [--dry-run]
+
+1. profiles the job once on this machine, one rank, one BLAS thread (``training.train --trace``,
+   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs);
+2. calibrates each layout of :func:`plan` once (``experiments.cluster.emulate --calibrate``) and turns
+   it into a topology (:func:`experiments.predict.topology.from_calibration`: every rank on this
+   host, so the host's oversubscription scales compute and copies);
+3. runs each configuration on the emulated cluster (``training.train`` under
+   ``experiments.cluster.emulate``) and takes its step time per epoch
+   (:func:`experiments.cluster.compression.epoch_times`; a parameter server's from its workers'
+   ``push`` events): median and range over the epochs after the first;
+4. predicts each from the one profile and its layout's calibration, and reports
+   (:func:`compare`): the share within 15 % among the configurations whose predicted exposed
+   communication is at least half the step (target >= 90 %), within 25 % over all (>= 75 %), and
+   Kendall's tau over the pairs whose measured medians differ by more than both ranges (>= 0.8).
+
+Writes OUT.json (every row, the commands, the targets) and OUT.md (the table). ``--dry-run`` prints
+the commands and runs nothing. Run it on a quiet machine: the measured numbers are step times.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from experiments.predict import config as cfgmod
+from experiments.predict import profile as profmod
+from experiments.predict import topology as topomod
+from experiments.predict.step import predict
+
+__all__ = ["JOB", "plan", "train_flags", "compare", "run", "main"]
+
+#: The job: a 256-1024-1024-10 MLP on synthetic data (1.3 M parameters, 5.3 MB of gradient).
+JOB = ["--data", "synthetic", "--samples", "6144", "--features", "256", "--hidden", "1024,1024",
+       "--batch-size", "512", "--checkpoint-every", "0", "--lr-schedule", "constant"]
+_L3 = {"racks": 2, "nodes": 2, "ranks_per_node": 2}
+_L2 = {"racks": 1, "nodes": 4, "ranks_per_node": 2}
+MiB = 1 << 20
+
+
+def plan():
+    """Return the validation's ``[{"layout": {...}, "config": {...}}]``: 26 configurations, 4 layouts."""
+    c = {
+        "ring": {"algorithm": "ring"}, "2d": {"algorithm": "2d"}, "rab": {"algorithm": "rabenseifner"},
+        "torus": {"algorithm": "torus", "grid": "topology"},
+        "ring-b": {"algorithm": "ring", "bucket_bytes": MiB},
+        "ring-b-ov": {"algorithm": "ring", "bucket_bytes": MiB, "overlap": True},
+        "torus-b-ov": {"algorithm": "torus", "grid": "topology", "bucket_bytes": MiB, "overlap": True},
+        "fp16": {"algorithm": "ring", "compression": "fp16"},
+        "topk": {"algorithm": "ring", "compression": "topk", "compression_args": {"ratio": 0.01}},
+        "powersgd": {"algorithm": "ring", "compression": "powersgd", "compression_args": {"matrix_rank": 4}},
+        "ps1": {"mode": "ps", "servers": 1}, "ps2": {"mode": "ps", "servers": 2},
+        "tp2": {"algorithm": "ring", "tensor_parallel": 2},
+        "pp2": {"algorithm": "ring", "pipeline_parallel": 2, "micro_batches": 4},
+    }
+    sets = [(_L3, "1gbit", list(c)), (_L3, "100mbit", ["ring", "torus", "ring-b-ov", "fp16", "ps2"]),
+            (_L2, "1gbit", ["ring", "2d", "torus", "ps1"]), (_L2, "100mbit", ["ring", "torus", "topk"])]
+    out = []
+    for layout, link, names in sets:
+        for n in names:
+            out.append({"layout": {**layout, "link": link, "uplink": link if layout["racks"] > 1 else "unlimited"},
+                        "name": n, "config": dict(c[n], name=n)})
+    return out
+
+
+def train_flags(cfg):
+    """Return ``training.train`` flags for a configuration dict (the fields the predictor reads)."""
+    f = ["--mode", cfg.get("mode", "dp")]
+    if cfg.get("mode") == "ps":
+        return f + ["--servers", str(cfg["servers"])]
+    f += ["--algorithm", cfg.get("algorithm", "ring"), "--bucket-bytes", str(cfg.get("bucket_bytes", 0))]
+    if cfg.get("overlap"):
+        f.append("--overlap")
+    if cfg.get("compression", "none") != "none":
+        f += ["--compression", cfg["compression"]]
+        for k, v in cfg.get("compression_args", {}).items():
+            f += ["--compression-arg", f"{k}={v}"]
+    for key, flag in (("tensor_parallel", "--tensor-parallel"), ("pipeline_parallel", "--pipeline-parallel"),
+                      ("micro_batches", "--micro-batches")):
+        if key in cfg:
+            f += [flag, str(cfg[key])]
+    return f
+
+
+def _emulate(layout):
+    e = [sys.executable, "-m", "experiments.cluster.emulate", "--racks", str(layout["racks"]), "--nodes",
+         str(layout["nodes"]), "--ranks-per-node", str(layout["ranks_per_node"]), "--link", layout["link"]]
+    return e + (["--uplink", layout["uplink"]] if layout["racks"] > 1 else [])
+
+
+def _key(layout):
+    return f"{layout['racks']}x{layout['nodes']}x{layout['ranks_per_node']}-{layout['link']}"
+
+
+def commands(out, epochs, entries):
+    """Return the commands of a validation: ``{"profile": [...], "calibrate": {key: [...]}, "runs": [...]}``."""
+    d = out + "_runs"
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    prof = [mpiexec, "-n", "1", sys.executable, "-m", "training.train", *JOB, "--threads", "1", "--epochs", "2",
+            "--run-dir", d, "--name", "profile", "--trace", os.path.join(d, "profile.trace.json")]
+    cal = {_key(e["layout"]): _emulate(e["layout"]) + ["--calibrate", "--out", os.path.join(d, f"cal-{_key(e['layout'])}.json")]
+           for e in entries}
+    runs = []
+    for e in entries:
+        name = f"{_key(e['layout'])}-{e['name']}"
+        cmd = _emulate(e["layout"]) + ["--", sys.executable, "-m", "training.train", *JOB, *train_flags(e["config"]),
+                                       "--threads", "1", "--epochs", str(epochs), "--run-dir", d, "--name", name]
+        if e["config"].get("mode") == "ps":
+            cmd += ["--trace", os.path.join(d, name + ".trace.json")]
+        runs.append({"name": name, "command": cmd, "run_dir": os.path.join(d, name)})
+    return {"profile": prof, "calibrate": cal, "runs": runs}
+
+
+def _measured(run):
+    """Per-epoch step seconds of a finished run (the first epoch left out)."""
+    trace = run["command"][run["command"].index("--trace") + 1] if "--trace" in run["command"] else None
+    if trace:
+        with open(trace, encoding="utf-8") as f:
+            ev = [e for e in json.load(f)["traceEvents"] if e.get("name") == "push"]
+        per = {}
+        for e in sorted(ev, key=lambda e: e["ts"]):
+            per.setdefault(e["pid"], []).append(e["ts"] * 1e-6)
+        gaps = [b - a for ts in per.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:])]
+        return [statistics.median(gaps[i::3]) for i in range(3) if gaps[i::3]]
+    from experiments.cluster.compression import epoch_times
+    return [s for s, _, _ in epoch_times(run["run_dir"])][1:]
+
+
+def compare(rows):
+    """Return the validation's figures from rows with ``measured`` (list of s), ``predicted_s``, ``comm_s``.
+
+    Returns
+    -------
+    dict
+        ``within15_comm_heavy`` and ``within25_all`` (fractions), ``kendall_tau`` (over the pairs whose
+        measured medians differ by more than both runs' ranges, None without such pairs), ``pairs``,
+        ``comm_heavy`` (count) and ``misses`` (names beyond 25 %).
+
+    Examples
+    --------
+    >>> rows = [{"name": "a", "measured": [1.0, 1.1], "predicted_s": 1.0, "comm_s": 0.8},
+    ...         {"name": "b", "measured": [2.0, 2.1], "predicted_s": 2.6, "comm_s": 0.1}]
+    >>> r = compare(rows)
+    >>> r["within15_comm_heavy"], r["within25_all"], r["kendall_tau"], r["misses"]
+    (1.0, 0.5, 1.0, ['b'])
+    """
+    for r in rows:
+        r["measured_s"] = statistics.median(r["measured"])
+        r["range_s"] = max(r["measured"]) - min(r["measured"])
+        r["error"] = r["predicted_s"] / r["measured_s"] - 1
+    heavy = [r for r in rows if r["comm_s"] >= 0.5 * r["predicted_s"]]
+    conc = disc = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if abs(a["measured_s"] - b["measured_s"]) <= max(a["range_s"], b["range_s"]):
+                continue
+            s = (a["measured_s"] - b["measured_s"]) * (a["predicted_s"] - b["predicted_s"])
+            conc, disc = conc + (s > 0), disc + (s < 0)
+    return {"within15_comm_heavy": sum(abs(r["error"]) <= 0.15 for r in heavy) / len(heavy) if heavy else None,
+            "within25_all": sum(abs(r["error"]) <= 0.25 for r in rows) / len(rows),
+            "kendall_tau": (conc - disc) / (conc + disc) if conc + disc else None, "pairs": conc + disc,
+            "comm_heavy": len(heavy), "misses": [r["name"] for r in rows if abs(r["error"]) > 0.25]}
+
+
+def run(out, epochs, entries, execute=subprocess.run):
+    """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures."""
+    cmds = commands(out, epochs, entries)
+    d = out + "_runs"
+    os.makedirs(d, exist_ok=True)
+    execute(cmds["profile"], check=True)
+    prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")),
+                                  [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank": 4})])
+    topos = {}
+    for key, cmd in cmds["calibrate"].items():
+        execute(cmd, check=True)
+        e = next(x for x in entries if _key(x["layout"]) == key)["layout"]
+        with open(cmd[-1], encoding="utf-8") as f:
+            topos[key] = topomod.parse(topomod.from_calibration(json.load(f), e["racks"], e["nodes"], e["ranks_per_node"]))
+    rows = []
+    for e, r in zip(entries, cmds["runs"]):
+        execute(r["command"], check=True)
+        cfg = cfgmod.parse({**e["config"], "batch_size": 512})
+        p = predict(prof, topos[_key(e["layout"])], cfg)
+        rows.append({"name": r["name"], "measured": _measured(r), "predicted_s": p["step_s"],
+                     "comm_s": p["breakdown"]["comm"], "breakdown": p["breakdown"], "command": r["command"]})
+    return rows, compare(rows)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.predict.validate", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="results/predict/validation", help="prefix of OUT.json and OUT.md")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per measured run (default 3; the first is left out)")
+    p.add_argument("--only", default="", help="indices of plan() entries to run, comma-separated (default all)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    a = p.parse_args(argv)
+    entries = plan()
+    if a.only:
+        entries = [entries[int(i)] for i in a.only.split(",")]
+    if a.dry_run:
+        cmds = commands(a.out, a.epochs, entries)
+        for line in [cmds["profile"], *cmds["calibrate"].values(), *(r["command"] for r in cmds["runs"])]:
+            print(" ".join(line))
+        return 0
+    rows, figures = run(a.out, a.epochs, entries)
+    with open(a.out + ".json", "w", encoding="utf-8") as f:
+        json.dump({"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
+                                                                 "kendall_tau": 0.8}}, f, indent=1)
+    lines = ["| configuration | measured ms | range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
+              f"{r['error']:+.0%} |" for r in rows]
+    with open(a.out + ".md", "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
