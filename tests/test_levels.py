@@ -26,7 +26,11 @@ def test_one_rack_is_the_two_level_model(alg, K):
     assert math.isclose(allreduce_time(alg, n, net, shared=False), cost.simulate(alg, P, n, topo, grid=grid),
                         rel_tol=1e-9)
     grid = (P // K, K) if alg == "2d" else None  # the two-level simulator's 2d grid, also with K = 1
-    assert math.isclose(allreduce_time(alg, n, net, grid), two_level.simulate(alg, P, n, topo, True), rel_tol=1e-9)
+    mine, theirs = allreduce_time(alg, n, net, grid), two_level.simulate(alg, P, n, topo, True)
+    if alg == "tree":  # a parent receiving from two children across nodes: two flows into its link here
+        assert mine >= theirs * (1 - 1e-9)
+    else:
+        assert math.isclose(mine, theirs, rel_tol=1e-9)
 
 
 def test_hand_computed_times():

@@ -131,8 +131,9 @@ def default_grid(algorithm, net):
 def _share_factors(net, scheds):
     """Per rank, per send in posting order: (flows on the busier node link, flows on the busier uplink).
 
-    A flow is a rank sending across the link in a round (or receiving across it, on the far side);
-    one rank's own messages of a round are sent one after another, so they count once.
+    A flow is a rank sending across the link in a round, counted on its own node's link out and on
+    the receiver's node's link in (two ranks sending to one rank are two flows into its node); one
+    rank's own messages of a round are sent one after another, so they count once.
     """
     out_node, in_node = defaultdict(set), defaultdict(set)
     out_rack, in_rack = defaultdict(set), defaultdict(set)
@@ -142,10 +143,10 @@ def _share_factors(net, scheds):
                 if b <= a or net.node(p) == net.node(r):
                     continue
                 out_node[(net.node(r), k)].add(r)
-                in_node[(net.node(p), k)].add(p)
+                in_node[(net.node(p), k)].add(r)
                 if net.rack(p) != net.rack(r):
                     out_rack[(net.rack(r), k)].add(r)
-                    in_rack[(net.rack(p), k)].add(p)
+                    in_rack[(net.rack(p), k)].add(r)
     factors = []
     for r, s in enumerate(scheds):
         f = []
