@@ -40,7 +40,18 @@ _METAVARS = {
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
 HELP = {
-    "mode": "dp: data-parallel all-reduce; ps: parameter server",
+    "mode": "dp: data-parallel all-reduce; ps: parameter server; hybrid (--model ctr): embeddings on the "
+            "parameter server, the dense layers all-reduced among the workers",
+    "model": "mlp: the MLP on --data; ctr: embedding tables and an MLP on synthetic click data (docs/guide/ctr.md)",
+    "ctr_rows": "ctr: embedding rows in all tables together",
+    "ctr_tables": "ctr: categorical features, one embedding table each",
+    "ctr_dim": "ctr: embedding dimension",
+    "ctr_bag": "ctr: ids per feature and sample, mean-pooled",
+    "ctr_train": "ctr: synthetic training samples",
+    "ctr_test": "ctr: synthetic test samples (AUC and log loss)",
+    "ctr_sharding": "ctr: rows over the servers by hash of the row id, or by key range",
+    "ctr_hot": "ctr: the hottest rows (counted on the training ids) split column-wise over all servers",
+    "memory_gb": "ctr: GiB a rank may use (0: what the node has free); a larger model is refused before allocating",
     "data": "data set: digits (scikit-learn's embedded 8x8 digits), mnist (IDX files in --data-dir), "
             "synthetic (Gaussian classes, size set by --samples/--features/--classes)",
     "data_dir": "directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
@@ -59,7 +70,7 @@ HELP = {
                   "again); with --epochs unchanged the result is bitwise identical to an "
                   "uninterrupted run",
     "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
-    "optimizer": "adam, or sgd with momentum",
+    "optimizer": "adam, sgd with momentum, or adagrad",
     "lr": "learning rate (dimensionless step size)",
     "lr_schedule": "constant, or cosine decay from --lr to 0 over --epochs",
     "momentum": "SGD momentum coefficient (0 disables)",
