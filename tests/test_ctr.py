@@ -105,3 +105,20 @@ def test_hot_key_remedy_balances_the_servers_at_four():
 
 def test_sparse_push_pull_and_three_modes_match_their_oracles_on_four_ranks():
     run_mpi(4, "tests.mpi_ctr", "all", timeout=150)
+
+
+def test_study_commands_and_report_at_tiny_sizes(tmp_path):
+    from experiments.cluster.ctr import commands, report
+    from plots.ctr import draw
+
+    cmds = commands(str(tmp_path), repeats=3)
+    assert len(cmds) == 2 * 3 * 3 * 3 and all("--model ctr" in c and "--nodes" in c for c in cmds)
+    tiny = ["--model", "ctr", "--ctr-rows", "300", "--ctr-tables", "3", "--ctr-train", "512", "--ctr-test", "256",
+            "--batch-size", "64", "--epochs", "1", "--hidden", "8", "--optimizer", "adagrad", "--lr", "0.05",
+            "--no-progress", "--run-dir", str(tmp_path)]
+    run_mpi(2, "training.train", *tiny, "--name", "dp-100mbit-n300-r1", timeout=60)
+    run_mpi(3, "training.train", *tiny, "--mode", "hybrid", "--servers", "1", "--name", "hybrid-100mbit-n300-r1",
+            timeout=60)
+    rec = report(str(tmp_path), str(tmp_path / "ctr_study.json"))
+    assert {p["mode"] for p in rec["points"]} == {"dp", "hybrid"} and rec["predicted_crossing_rows"] > 0
+    assert draw(rec, str(tmp_path / "ctr.png")).endswith(".png")
