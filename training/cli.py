@@ -159,7 +159,7 @@ HELP = {
                      "did (a PS worker: that has sent no report); keep it below --timeout so the warning comes "
                      "before the job ends; 0: never",
     "run_dir": "parent directory of run directories",
-    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
+    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP (DATA is ctr for --model ctr)",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
     "keep_checkpoints": "number of most recent checkpoints kept",
     "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
