@@ -22,6 +22,7 @@ import numpy as np
 from ps.protocol import Msg
 from ps.sparse import SparseClient
 from training.ctr.model import unique_rows
+from training.ctr.resume import checkpoint_due, load_rank, save_rank
 from training.dp.hooks import make_grad_hook
 from training.optim import optimizer_factory, schedule_lr
 
@@ -56,12 +57,17 @@ def dense_rows(n, dim):
     return -(-n // dim)
 
 
-def dp_loop(cfg, comm, data, model, table0, steps):
-    """Train data-parallel on ``comm`` for global steps ``steps``; return ``(table, dense, records)``.
+def dp_loop(cfg, comm, data, model, table0, run):
+    """Train data-parallel on ``comm``; return ``(table, dense, records)``.
 
-    ``records``: ``bytes_sent`` (this rank's all-reduce bytes), ``loss`` (sum), ``steps``.
+    ``run``: ``(start, stop, total, ckpt)``: the global steps ``start .. stop - 1`` of a run of ``total``
+    (the learning-rate schedule's horizon), and the checkpoint directory ("" for none;
+    :mod:`training.ctr.resume`), from whose file of clock ``start`` a resumed rank loads its state.
+    ``records``: ``bytes_sent`` (this rank's all-reduce bytes), ``loss`` (sum), ``steps``, ``wall_s``
+    (the steps' seconds, the last checkpoint not counted).
     """
-    n_table, mlp = table0.size, model.mlp
+    start, stop, total, ckpt = run
+    n_table, mlp, every = table0.size, model.mlp, cfg.ctr_train // cfg.batch_size * cfg.checkpoint_every
     flat = np.concatenate([table0.ravel(), mlp.params])
     grads = np.zeros_like(flat)
     table, tgrad = flat[:n_table].reshape(table0.shape), grads[:n_table].reshape(table0.shape)
@@ -69,8 +75,11 @@ def dp_loop(cfg, comm, data, model, table0, steps):
     hook = make_grad_hook(cfg, comm, FlatView(n_table, mlp, flat, grads))
     b, r, cache = cfg.batch_size // comm.Get_size(), comm.Get_rank(), {}
     rec = {"bytes_sent": 0, "loss": 0.0, "steps": 0}
+    if start:
+        load_rank(ckpt, r, start, flat, opt, hook)
+    t0 = time.perf_counter()
     try:
-        for step in steps:
+        for step in range(start, stop):
             idx = global_batch(cfg, step, cache)[r * b:(r + 1) * b]
             rows, inv = unique_rows(data.train_ids[idx])
             mlp.params[...] = flat[n_table:]
@@ -81,11 +90,16 @@ def dp_loop(cfg, comm, data, model, table0, steps):
             avg, info = hook(grads)
             if avg is not grads:
                 grads[...] = avg
-            opt.lr = schedule_lr(cfg.lr_schedule, cfg.lr, step, steps.stop)
+            opt.lr = schedule_lr(cfg.lr_schedule, cfg.lr, step, total)
             opt.step()
             rec["bytes_sent"] += int(info["bytes_sent"])
             rec["loss"] += loss
             rec["steps"] += 1
+            if ckpt and step + 1 < stop and checkpoint_due(step + 1, stop, every):
+                save_rank(ckpt, r, step + 1, flat, opt, hook)
+        rec["wall_s"] = time.perf_counter() - t0
+        if ckpt and stop > start:
+            save_rank(ckpt, r, stop, flat, opt, hook)
     finally:
         hook.close()
     mlp.params[...] = flat[n_table:]
@@ -105,8 +119,12 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
     model : training.ctr.model.CTRModel
     data : training.ctr.data.CTRData
     sharding : ps.rows.RowSharding
-    run : (int, float)
-        ``(total global steps, seconds a server may stay silent)``.
+    run : (int, int, float, str)
+        ``(stop, total, timeout, ckpt)``: run the clocks up to ``stop`` of a run of ``total`` (the learning-rate
+        schedule's horizon), a server may stay silent ``timeout`` seconds; ``ckpt`` is the checkpoint
+        directory ("" for none): in ``hybrid`` the worker writes its MLP, optimizer and hook state there
+        at the servers' checkpoint clocks and loads the file of the clock it resumes at
+        (:mod:`training.ctr.resume`).
     hybrid : bool
 
     Returns
@@ -115,7 +133,7 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
         ``pull_bytes``, ``push_bytes`` (PS payload bytes), ``allreduce_bytes``, ``loss``, ``steps``, ``wall_s``.
     """
     pscomm, wcomm, servers, workers = comms
-    total, timeout = run
+    stop, total, timeout, ckpt = run
     mlp, W, n_emb = model.mlp, len(workers), sharding.n_rows - (0 if hybrid else dense_rows(model.mlp.size, model.dim))
     client = SparseClient(pscomm, w, servers, workers, sharding, mlp.dtype, timeout, (cfg.ps_retries, 1.0))
     hook = make_grad_hook(cfg, wcomm, mlp) if hybrid else None
@@ -123,10 +141,13 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
     extra = np.arange(n_emb, sharding.n_rows, dtype=np.int64)  # ps: the MLP's rows, pulled every step
     b, cache = cfg.batch_size // W, {}
     rec = {"allreduce_bytes": 0, "loss": 0.0, "steps": 0}
+    every, rank = cfg.ctr_train // cfg.batch_size * cfg.checkpoint_every, pscomm.Get_rank()
     clock, stopped = client.join_rows()
-    t0 = time.perf_counter()
+    if hybrid and clock:
+        load_rank(ckpt, rank, clock, mlp.params, opt, hook)
+    start, t0 = clock, time.perf_counter()
     try:
-        while not stopped and clock < total:
+        while not stopped and clock < stop:
             idx = global_batch(cfg, clock, cache)[w * b:(w + 1) * b]
             rows, inv = unique_rows(data.train_ids[idx])
             status, values = client.pull_rows(clock, np.concatenate([rows, extra]))
@@ -151,10 +172,14 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
             clock += 1
             rec["loss"] += loss
             rec["steps"] += 1
+            if hybrid and ckpt and clock < stop and checkpoint_due(clock, stop, every):
+                save_rank(ckpt, rank, clock, mlp.params, opt, hook)
+        rec["wall_s"] = time.perf_counter() - t0
+        if hybrid and ckpt and clock > start:
+            save_rank(ckpt, rank, clock, mlp.params, opt, hook)
         client.finish(Msg.DONE)
     finally:
         if hook is not None:
             hook.close()
-    rec.update(wall_s=time.perf_counter() - t0, pull_bytes=client.received_bytes, push_bytes=client.sent_bytes,
-               clock=clock)
+    rec.update(pull_bytes=client.received_bytes, push_bytes=client.sent_bytes, clock=clock)
     return rec

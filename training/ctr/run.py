@@ -26,6 +26,7 @@ from ps.store import server_checkpoint_path
 from training.ctr.data import check_ids, check_memory, make_ctr_data
 from training.ctr.model import CTRModel, auc_logloss, init_table
 from training.ctr.modes import dense_rows, dp_loop, ps_loop
+from training.ctr.resume import resume_clock
 from training.ctr.sparse_optim import make_sparse_optimizer
 from training.optim import lr_rule
 
@@ -68,7 +69,8 @@ def train_ctr(cfg, comm, run_dir=""):
         ``model == "ctr"``.
     comm : MPI.Comm
     run_dir : str
-        Run directory (server checkpoints go to ``run_dir/ps``); "" for none.
+        Run directory (the servers' and the ranks' checkpoints go to ``run_dir/ps``,
+        :mod:`training.ctr.resume`); "" for none. With ``cfg.resume`` the run continues from them.
 
     Returns
     -------
@@ -79,7 +81,8 @@ def train_ctr(cfg, comm, run_dir=""):
     Raises
     ------
     ValueError
-        A configuration the job cannot run, or an id out of range (every rank, before any message).
+        A configuration the job cannot run, an id out of range, or checkpoints to resume from that are
+        missing or of different generations (every rank, before any message).
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     S, W = check_ctr_job(cfg, size)
@@ -95,10 +98,12 @@ def train_ctr(cfg, comm, run_dir=""):
     per_epoch = cfg.ctr_train // cfg.batch_size
     total = per_epoch * cfg.epochs
     stop = per_epoch * min(cfg.epochs, cfg.stop_after or cfg.epochs)
-    t0 = time.perf_counter()
+    clocks = resume_clock(cfg, run_dir, S, W) if run_dir else None  # every rank, before any message
     if S == 0:
-        table, dense, rec = dp_loop(cfg, comm, data, model, table0, range(0, stop))
-        wall = time.perf_counter() - t0
+        start = clocks[rank] if clocks else 0
+        table, dense, rec = dp_loop(cfg, comm, data, model, table0,
+                                    (start, stop, total, os.path.join(run_dir, "ps") if run_dir else ""))
+        wall = rec["wall_s"]
         out = np.array([rec["bytes_sent"], rec["loss"], rec["steps"]], np.float64)
         comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
         if rank != 0:
@@ -143,8 +148,8 @@ def _train_ps(cfg, comm, data, model, table0, counts, run_dir):
             endcomm.Send(server.rows_table, dest=workers[0], tag=_TAG + 1)
             return {"role": "server"}
         w = workers.index(rank)
-        rec = ps_loop(cfg, (pscomm, wcomm, servers, workers), w, model, data, sharding, (stop, cfg.ps_timeout + 2.0),
-                      hybrid)
+        rec = ps_loop(cfg, (pscomm, wcomm, servers, workers), w, model, data, sharding,
+                      (stop, total, cfg.ps_timeout + 2.0, ckpt), hybrid)
         vec = np.array([rec["pull_bytes"], rec["push_bytes"], rec["allreduce_bytes"], rec["loss"], rec["steps"],
                         rec["wall_s"]], np.float64)
         wcomm.Allreduce(MPI.IN_PLACE, vec, op=MPI.SUM)
