@@ -7,7 +7,13 @@
             equal the oracle's. Bad ids (negative, out of range, repeated) raise ValueError before any message.
 ``modes``   ``dp`` (P = 4), ``ps`` (2 + 2), ``hybrid`` (2 + 2; hash, range, and hash with hot rows split)
             with SGD and Adagrad under BSP in float64 [one process, ``dp`` on COMM_SELF: within 1e-12].
+``async``   ``ps`` and ``hybrid`` under ASP and SSP (staleness 1): with 3 servers and one worker [one process,
+            within 1e-12]; with 2 + 2 every clock runs, rows no sample touches keep their initial values.
+``resume``  (``python -m tests.mpi_ctr resume DIR``) ``hybrid`` (top-k with error feedback on the MLP), ``ps``
+            and ``dp`` (top-k) stopped after epoch 1 of 2 and resumed [the uninterrupted run: bitwise];
+            a resume whose worker checkpoint is gone is a ValueError on every rank.
 """
+import os
 import sys
 
 import numpy as np
@@ -18,6 +24,9 @@ from ps.rows import RowSharding
 from ps.sparse import SparseClient, SparseServer
 from tests.mpicases import check, report
 from training.config import Config
+from training.ctr.data import make_ctr_data
+from training.ctr.model import init_table
+from training.ctr.resume import rank_checkpoint_path
 from training.ctr.run import train_ctr
 from training.ctr.sparse_optim import SparseSGD
 
@@ -99,9 +108,61 @@ def case_modes():
                 check(out["steps"] == ref["steps"] == 8, f"{opt} {mode}: {out['steps']} steps")
 
 
-CASES = {"sparse": case_sparse, "modes": case_modes}
+def case_async():
+    touched = np.zeros(BASE["ctr_rows"], bool)
+    for opt in ("sgd", "adagrad"):
+        base = Config(**BASE, optimizer=opt, momentum=0.0)
+        ref = train_ctr(base.replace(mode="dp"), MPI.COMM_SELF)
+        touched[np.unique(make_ctr_data(base).train_ids)] = True  # one epoch: every training sample
+        init = init_table(base.ctr_rows, base.ctr_dim, base.dtype, base.seed)
+        for mode in ("ps", "hybrid"):
+            for consistency, staleness in (("asp", 0), ("ssp", 1)):
+                for servers in (3, 2):  # one worker: the rule is BSP's; two: pushes of other clocks interleave
+                    cfg = base.replace(mode=mode, servers=servers, consistency=consistency, staleness=staleness)
+                    out = train_ctr(cfg, COMM)
+                    if "table" not in out:
+                        continue
+                    what = f"{opt} {mode} {consistency} with {4 - servers} worker(s)"
+                    check(out["steps"] == 8 and out["consistency"] == consistency, f"{what}: {out['steps']} steps")
+                    if servers == 3:
+                        err = max(np.abs(out["table"] - ref["table"]).max(), np.abs(out["dense"] - ref["dense"]).max())
+                        check(err <= 1e-12, f"{what}: off the one-process run by {err:.3g}")
+                    else:
+                        check(np.isfinite(out["dense"]).all() and np.isfinite(out["test_logloss"]), f"{what}: not finite")
+                        check(np.array_equal(out["table"][~touched], init[~touched]), f"{what}: untouched rows moved")
+                        check(not np.array_equal(out["table"][touched], init[touched]), f"{what}: nothing learned")
+
+
+def case_resume(base_dir):
+    runs = [("hybrid", dict(compression="topk", compression_args={"ratio": 0.3})), ("ps", {}),
+            ("dp", dict(compression="topk", compression_args={"ratio": 0.3}))]
+    for mode, extra in runs:
+        cfg = Config(**BASE, optimizer="adagrad").replace(mode=mode, epochs=2, checkpoint_every=1, **extra)
+        full, part = (shared_dir(COMM, base_dir, f"{mode}-{name}") for name in ("full", "part"))
+        a = train_ctr(cfg, COMM, full)
+        train_ctr(cfg.replace(stop_after=1), COMM, part)
+        b = train_ctr(cfg.replace(resume=part), COMM, part)  # clocks 8 .. 15 from the checkpoints of clock 8
+        if "table" in a:
+            check(b["steps"] == 8, f"resumed {mode}: {b['steps']} steps, want 8")
+            for key in ("table", "dense"):
+                check(np.array_equal(a[key], b[key]), f"resumed {mode}: {key} off the uninterrupted run by "
+                      f"{np.abs(a[key] - b[key]).max():.3g}")
+    worker = rank_checkpoint_path(os.path.join(base_dir, "hybrid-part", "ps"), 2, 16)
+    check(os.path.exists(worker), f"no {worker}")
+    COMM.Barrier()
+    if RANK == 0:
+        os.remove(worker)
+    COMM.Barrier()
+    try:
+        train_ctr(cfg.replace(mode="hybrid", resume="x"), COMM, os.path.join(base_dir, "hybrid-part"))
+        check(False, "a resume without a worker's checkpoint was accepted")
+    except ValueError as e:
+        check("is missing" in str(e), f"resume without a worker's checkpoint: {e}")
+
+
+CASES = {"sparse": case_sparse, "modes": case_modes, "async": case_async, "resume": case_resume}
 
 if __name__ == "__main__":
     for name in (CASES if sys.argv[1] == "all" else [sys.argv[1]]):
-        CASES[name]()
+        CASES[name](*([sys.argv[2]] if name == "resume" else []))
     sys.exit(report(COMM, f"mpi_ctr {sys.argv[1]}"))

@@ -103,8 +103,8 @@ def test_hot_key_remedy_balances_the_servers_at_four():
     assert hash_load["max_over_mean"] >= 1.0
 
 
-def test_sparse_push_pull_and_three_modes_match_their_oracles_on_four_ranks():
-    run_mpi(4, "tests.mpi_ctr", "all", timeout=150)
+def test_sparse_push_pull_three_modes_async_and_resume_match_their_oracles_on_four_ranks(tmp_path):
+    run_mpi(4, "tests.mpi_ctr", "all", str(tmp_path), timeout=150)
 
 
 def test_study_commands_and_report_at_tiny_sizes(tmp_path):
