@@ -20,9 +20,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ps.options import PSOptions
+from ps.protocol import Msg
 from ps.rows import RowSharding
 from ps.sparse import SparseClient, SparseServer
-from tests.mpicases import check, report
+from tests.mpicases import check, report, shared_dir
 from training.config import Config
 from training.ctr.data import make_ctr_data
 from training.ctr.model import init_table
@@ -57,7 +58,7 @@ def case_sparse():
         server = SparseServer(comm, RANK, [2, 3], sharding.shard(init, RANK), init.size, opts,
                               lambda table: SparseSGD(table, lr))
         server.serve()
-        shards = comm.gather(server.rows_table, root=0)
+        shards = comm.gather(server.rows_table, root=S)  # to the first worker, which holds the oracle
     else:
         w = RANK - S
         client = SparseClient(comm, w, [0, 1], [2, 3], sharding, np.float64, 20.0)
@@ -67,6 +68,7 @@ def case_sparse():
                 check(False, f"pull_rows({bad.tolist()}) was accepted")
             except ValueError:
                 pass
+        check(client._rid == 0 and not client._pushes, "a refused pull_rows sent a message")
         clock, _ = client.join_rows()
         for c in range(clock, clocks):
             rows = _rows(w, c)
@@ -78,10 +80,9 @@ def case_sparse():
                 r = _rows(v, c)
                 mean[r] += _grad(v, c, r)
             oracle -= (mean / 2) * lr
-        from ps.protocol import Msg
         client.finish(Msg.DONE)
-        shards = comm.gather(None, root=0)
-    if RANK == 0:
+        shards = comm.gather(None, root=S)
+    if RANK == S:
         got = sharding.assemble(shards[:S])
         check(np.allclose(got, oracle, rtol=0, atol=1e-13), f"sparse table off the dense oracle by "
               f"{np.abs(got - oracle).max():.3g}")

@@ -79,9 +79,9 @@ def test_bad_ids_and_configurations_are_refused_with_their_reason():
     with pytest.raises(ValueError, match="multiple of the 3 worker"):
         check_ctr_job(Config(model="ctr", mode="hybrid", servers=1, batch_size=64), 4)
     with pytest.raises(ValueError, match="sgd or adagrad"):
-        Config(model="ctr", mode="ps", optimizer="adam")
+        Config(model="ctr", mode="ps", optimizer="adam").validate()
     with pytest.raises(ValueError, match="needs model 'ctr'"):
-        Config(mode="hybrid")
+        Config(mode="hybrid").validate()
 
 
 def test_hot_rows_are_split_over_every_server():
