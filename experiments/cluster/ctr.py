@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 from statistics import median
 
@@ -27,6 +28,7 @@ __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
 ROWS = (10 ** 4, 10 ** 5, 10 ** 6)
 LINKS = ("100mbit", "1gbit")
+_NAME = re.compile(r"^(dp|ps|hybrid)-(\w+)-n(\d+)-r\d+$")  # the run names of :func:`commands`
 #: The model and run every command shares (AUC after ctr_train samples, one epoch).
 COMMON = ("--model ctr --ctr-tables 8 --ctr-dim 16 --ctr-bag 2 --ctr-train 65536 --ctr-test 200000 "
           "--batch-size 1024 --epochs 1 --hidden 64,32 --optimizer adagrad --lr 0.05 --lr-schedule constant "
@@ -95,9 +97,12 @@ def report(run_dir, out):
     groups = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "*", "summary.json"))):
         name = os.path.basename(os.path.dirname(path))
-        mode, link, n, _ = name.split("-")
+        match = _NAME.match(name)
+        if not match or os.path.islink(os.path.dirname(path)):  # the trainer's ``latest`` link, other runs
+            continue
+        mode, link, n = match.groups()
         with open(path) as f:
-            groups.setdefault((mode, link, int(n[1:])), []).append(json.load(f))
+            groups.setdefault((mode, link, int(n)), []).append(json.load(f))
     points, uniques = [], []
     for (mode, link, n), runs in sorted(groups.items()):
         rate = [r["samples_per_s"] for r in runs]
