@@ -186,21 +186,27 @@ class Adagrad(Optimizer):
     """Adagrad (Duchi, Hazan and Singer, JMLR 2011, section 1; PyTorch's form, no initial accumulator).
 
     ``g = grad + wd * w;  a = a + g^2;  w = w - lr * g / (sqrt(a) + eps)``. Every operation is per
-    element, so an element whose gradient is zero keeps its weight and accumulator: the update of the
-    rows a batch touches (``training.ctr.sparse_optim.SparseAdagrad``) is the same update.
+    element, so an element whose gradient is zero keeps its weight and accumulator (``0 / eps``, hence
+    ``eps > 0``): the update of the rows a batch touches (``training.ctr.sparse_optim.SparseAdagrad``)
+    is the same update.
+
+    Raises
+    ------
+    ValueError
+        When ``eps`` is not positive (an element never touched would become ``0 / 0``).
 
     Examples
     --------
     >>> params, grads = numpy.array([1.0, 2.0]), numpy.array([3.0, 0.0])
-    >>> opt = Adagrad(params, grads, lr=0.5, eps=0.0)
-    >>> opt.step(); params  # a = 9: w - 0.5 * 3 / 3
+    >>> opt = Adagrad(params, grads, lr=0.5)
+    >>> opt.step(); params  # a = 9: w - 0.5 * 3 / (3 + eps); the zero gradient leaves 2.0
     array([0.5, 2. ])
     """
 
     def __init__(self, params, grads, lr=0.01, eps=1e-10, weight_decay=0.0):
         super().__init__(params, grads, lr, weight_decay)
-        if not eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
         self.eps = float(eps)
         self.accum = get_array_module(params).zeros_like(params)
 

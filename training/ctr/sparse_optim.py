@@ -93,14 +93,16 @@ class SparseAdagrad(_Sparse):
     Examples
     --------
     >>> table = np.ones((2, 1))
-    >>> opt = SparseAdagrad(table, lr=0.5, eps=0.0)
+    >>> opt = SparseAdagrad(table, lr=0.5)
     >>> opt.sparse_step(np.array([1]), np.array([[3.0]]))
-    >>> table.ravel().tolist(), opt.accum.ravel().tolist()
+    >>> table.ravel().round(6).tolist(), opt.accum.ravel().tolist()
     ([1.0, 0.5], [0.0, 9.0])
     """
 
     def __init__(self, table, lr=0.01, eps=1e-10):
         super().__init__(table, lr)
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0 (a touched row's element with a zero gradient: 0 / eps), got {eps!r}")
         self.eps = float(eps)
         self.accum = np.zeros_like(table)
 
