@@ -35,7 +35,8 @@ _METAVARS = {
     "log_level": "LEVEL", "partition": "SPEC", "shared_fraction": "FRACTION", "local_steps": "H",
     "post_local_epoch": "EPOCH", "metrics_port": "PORT", "metrics_host": "ADDRESS", "tensorboard": "DIR",
     "metrics_every": "STEPS", "metrics_interval": "SECONDS", "straggler_factor": "K", "straggler_intervals": "N",
-    "stall_seconds": "SECONDS",
+    "stall_seconds": "SECONDS", "ctr_rows": "ROWS", "ctr_tables": "F", "ctr_dim": "D", "ctr_bag": "IDS",
+    "ctr_train": "SAMPLES", "ctr_test": "SAMPLES", "ctr_hot": "ROWS", "memory_gb": "GIB",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.

@@ -15,7 +15,8 @@ from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["CTRData", "make_ctr_data", "table_sizes", "check_ctr_config", "memory_need", "ZIPF_EXPONENT"]
+__all__ = ["CTRData", "make_ctr_data", "table_sizes", "check_ctr_config", "memory_need", "check_memory",
+           "available_bytes", "check_ids", "ZIPF_EXPONENT"]
 
 ZIPF_EXPONENT = 1.1   # exponent of the bounded Zipf law of the ids
 _HIDDEN = 4           # width of the hidden embeddings of the planted truth
@@ -133,8 +134,16 @@ def _available():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_memory(cfg, size, local_ranks):
+def available_bytes():
+    """Return the bytes this node has free now (``MemAvailable`` of ``/proc/meminfo``, else the free pages)."""
+    return _available()
+
+
+def check_memory(cfg, size, local_ranks, available=None):
     """Refuse ``cfg`` when ``local_ranks`` ranks of a ``size``-rank job would not fit the memory, with the figure.
+
+    ``available``: the node's free bytes (default :func:`available_bytes`; a job passes the smallest its
+    nodes report, so that every rank decides alike).
 
     Raises
     ------
@@ -142,7 +151,8 @@ def check_memory(cfg, size, local_ranks):
         Naming the bytes needed per rank and the bytes available (``--memory-gb``, else MemAvailable).
     """
     need = memory_need(cfg, size)
-    budget = cfg.memory_gb * 2 ** 30 if cfg.memory_gb else _available() / max(1, local_ranks)
+    free = available_bytes() if available is None else available
+    budget = cfg.memory_gb * 2 ** 30 if cfg.memory_gb else free / max(1, local_ranks)
     if need > budget:
         raise ValueError(f"--model ctr with --ctr-rows {cfg.ctr_rows} needs {need / 2 ** 30:.2f} GiB per rank "
                          f"(tables, gradients, optimizer state and data, --mode {cfg.mode}), more than the "

@@ -7,7 +7,8 @@
 first worker its counters and its shard, and that worker assembles the table and reports.
 
 Everything a bad configuration can fail on (rank counts, batch split, memory, ids) is checked on every rank
-before the first message. The report (``summary.json`` in the run directory) holds the test AUC and log
+before the first message of training, each rank deciding alike (the memory on the smallest free memory per
+rank that any node reports). The report (``summary.json`` in the run directory) holds the test AUC and log
 loss beside the planted truth's (``best_auc``), samples per second, bytes per step, and each server's load.
 """
 import json
@@ -23,7 +24,7 @@ from ps.reports import roles
 from ps.rows import RowSharding
 from ps.sparse import SparseServer
 from ps.store import server_checkpoint_path
-from training.ctr.data import check_ids, check_memory, make_ctr_data
+from training.ctr.data import available_bytes, check_ids, check_memory, make_ctr_data
 from training.ctr.model import CTRModel, auc_logloss, init_table
 from training.ctr.modes import dense_rows, dp_loop, ps_loop
 from training.ctr.resume import resume_clock
@@ -82,14 +83,16 @@ def train_ctr(cfg, comm, run_dir=""):
     ------
     ValueError
         A configuration the job cannot run, an id out of range, or checkpoints to resume from that are
-        missing or of different generations (every rank, before any message).
+        missing or of different generations (every rank alike, before any message but the ranks'
+        agreement on the free memory).
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     S, W = check_ctr_job(cfg, size)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_ranks = local.Get_size()
     local.Free()
-    check_memory(cfg, size, local_ranks)
+    per_rank = comm.allreduce(available_bytes() / local_ranks, op=MPI.MIN)  # the tightest node: every rank alike
+    check_memory(cfg, size, 1, per_rank)
     data = make_ctr_data(cfg)
     check_ids(data.train_ids, cfg.ctr_rows)
     check_ids(data.test_ids, cfg.ctr_rows)
