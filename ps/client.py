@@ -272,7 +272,8 @@ class Client:
         self._rid += 1
         reqs = []
         for rank in ranks:
-            request = (mtype, int(clock), None, self._rid, 0, self.server_ranks.index(rank))
+            s = self.server_ranks.index(rank)
+            request = (mtype, int(clock), self._pull_payload(s), self._rid, 0, s)
             self._outbox[rank].append(request)
             reqs += self._send(rank, request)
         t0 = time.monotonic()
@@ -280,6 +281,9 @@ class Client:
         self.wait_seconds += time.monotonic() - t0
         wait_all(self._live(reqs), time.monotonic() + self.reply_timeout, f"{mtype.name} sends")
         return replies
+
+    def _pull_payload(self, shard):
+        return None  # what a PULL to ``shard`` carries (ps.sparse.SparseClient: the row ids)
 
     def _await(self, sources, out, rid=None, acks=False, want=None):
         """Receive one reply to request ``rid`` (None: any) from each rank in ``sources``.

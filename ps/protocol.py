@@ -2,7 +2,7 @@
 
 Every message is a header, an ``int64`` array ``[type, worker, clock, length, rid, version, shard,
 dtype, epoch, seq, aux]`` (indices ``H_TYPE`` .. ``H_AUX``), sent with the tag of its type; when ``length > 0`` the
-payload (``length`` elements of the dtype the header names: 1 float32, 2 float64) follows on the
+payload (``length`` elements of the dtype the header names: 1 float32, 2 float64, 3 int64) follows on the
 type's data tag. Headers and payloads travel with ``Isend`` and are matched with ``Iprobe`` /
 ``Irecv``, so a receiver serves whatever has arrived, in any order. MPI's non-overtaking rule
 (messages from one sender with one tag are received in sending order) pairs each header with its
@@ -59,12 +59,12 @@ __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
-_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int64)}  # int64: row ids (ps.sparse)
 _CODES = {v: k for k, v in _DTYPES.items()}
 #: Codes of a REJECT reply (its ``clock`` field) and what they mean.
 REJECT_REASONS = {1: "the gradient's length differs from the shard's", 2: "the gradient's dtype differs from the shard's",
                   3: "the push names another shard than this server's", 4: "the push's base version is from the future",
-                  5: "the request id was used before with other data"}
+                  5: "the request id was used before with other data", 6: "a row id is outside the shard"}
 SPIN_SECONDS = float(os.environ.get("COMMLAB_PS_SPIN", "1e-4"))  # busy-poll window (seconds)
 _HEADER_BASE = 700
 _DATA_BASE = 800
@@ -183,7 +183,7 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=
                        *(int(x) for x in extra)], dtype=np.int64)
     reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
     if length:
-        assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64"
+        assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64/int64"
         reqs.append((comm.Isend(data, dest=dest, tag=data_tag(mtype)), data))
     return reqs
 

@@ -14,10 +14,9 @@ behind is refused and the worker's next pull answered at once with REFUSED and t
 Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT naming the reason
 (:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
 
-Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and
-SSP carry on without it; BSP enters the error state, answers every pull with ERROR, and ends once every
-worker has aborted or been dropped. The loop ends when every worker is done, aborted or dropped
-(replicated shards: :mod:`ps.replication`).
+Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and SSP carry
+on without it; BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
+or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replication`).
 """
 import os
 import time
@@ -27,8 +26,7 @@ import numpy as np
 from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.sharding import proportional, shard_offsets
-from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send,
-                         wait_all)
+from ps.protocol import H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
 from ps.store import read_npz, server_checkpoint_path, write_npz
@@ -82,8 +80,8 @@ class Server:
         self.offset = int(shard_offsets(self.total, opts.shards)[self.index])
         self.table = ClockTable(self.n_workers, opts.consistency, opts.staleness)
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
-        self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at,
-                                   staleness_lr=opts.staleness_lr or opts.conflict == "scale")
+        self.staleness_lr = opts.staleness_lr or opts.conflict == "scale"
+        self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at, staleness_lr=self.staleness_lr)
         self.on_push, self.on_tick = on_push, None         # on_tick(self): every _SILENCE_CHECK s (a monitor)
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> (clock, request id) of its deferred pull
@@ -104,7 +102,6 @@ class Server:
         self.refused = {}                                  # worker -> clock of its refused push
         self.faults = ReplyFaults(opts.drop_replies, opts.late_replies, opts.late_s,
                                   self.index * 104_729 + opts.seed)  # injected into first replies
-        self.staleness_lr = opts.staleness_lr or opts.conflict == "scale"
         self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
@@ -145,8 +142,8 @@ class Server:
             if msg is None:
                 backoff.sleep()
         # a dropped worker may be dead: its replies would never complete, so only the others are awaited
-        wait_all([(req, buf) for req, buf, w in self._sends if self.table.status[w] != DROPPED],
-                 time.monotonic() + self.opts.ps_timeout, "replies to the workers")
+        live = [(req, buf) for req, buf, w in self._sends if self.table.status[w] != DROPPED]
+        wait_all(live, time.monotonic() + self.opts.ps_timeout, "replies to the workers")
         self._sends = []
         if self.error_worker >= 0:
             raise PSError(self.error_message())
@@ -196,7 +193,7 @@ class Server:
                 if self.pushes >= self.opts.budget:
                     self._answer(w, rid, Msg.STOP, int(self.table.folded[w]))
                 else:
-                    self._answer(w, rid, Msg.PARAMS, int(self.table.folded[w]), self.params.copy())
+                    self._answer(w, rid, Msg.PARAMS, int(self.table.folded[w]), self._payload(w, rid))
             elif status == DROPPED:
                 self._answer(w, rid, Msg.DROPPED, clock)
             elif w in self.refused:
@@ -313,7 +310,7 @@ class Server:
                 stale = self.table.staleness_of(w, clock)
                 self.read_staleness[w] = stale
                 self.read_version[w] = self.pushes
-                self._answer(w, rid, Msg.PARAMS, stale, self.params.copy())
+                self._answer(w, rid, Msg.PARAMS, stale, self._payload(w, rid))
             else:
                 continue
             del self.pending[w]
@@ -354,6 +351,9 @@ class Server:
         meta, extra = (rid, self.version if version is None else version, self.index), (self.epoch, 0, self.acked_clocks)
         self._sends += [(req, buf, w) for req, buf in send(
             self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta, extra)]
+
+    def _payload(self, w, rid):  # what a PARAMS reply carries (ps.sparse.SparseServer: the rows asked for)
+        return self.params.copy()
 
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):
         """Reply to pull ``rid`` of worker ``w``, keep the reply for a resend, and inject the set faults."""

@@ -57,6 +57,16 @@ CHECKS = {
     "--ps-retries 3": Run(_QUICK_TRAIN),
     "mpiexec -n 5 python -m experiments.studies.ps_study --parts conflict,retries --repeats 3 --out "
     "results/ps_conflict": Help("tests/test_ps_versions.py::test_versions_conflicts_retries_and_bad_requests_on_four_ranks"),
+    # Embedding tables (docs/guide/ctr.md)
+    "mpiexec -n 4 python -m training.train --model ctr --mode hybrid --servers 2 --optimizer adagrad --lr 0.05 "
+    "--lr-schedule constant --batch-size 1024 --epochs 1": Run(("--ctr-rows", "4000", "--ctr-train", "4096",
+                                                               "--ctr-test", "2048", "--no-progress")),
+    "python -m experiments.cluster.ctr commands --out results/cluster/ctr":
+        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "the study's commands"),
+    "python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json":
+        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "run on tiny runs"),
+    "python -m plots.ctr results/cluster/ctr_study.json":
+        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
     # Replicated shards (docs/guide/ps_replication.md)
     "mpiexec -n 5 python -m training.train --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
         Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",

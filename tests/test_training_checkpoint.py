@@ -74,6 +74,8 @@ def test_run_dir_names_and_latest_pointer(tmp_path):
     assert os.path.basename(a).endswith("-dp-digits-p1")
     grid = make_run_dir(Config(run_dir=str(tmp_path / "g"), name="", tensor_parallel=2, pipeline_parallel=2), SELF)
     assert os.path.basename(grid).endswith("-tp2-pp2-digits-p1")  # a model-parallel run is not called dp
+    ctr = make_run_dir(Config(run_dir=str(tmp_path / "c"), name="", model="ctr", mode="hybrid"), SELF)
+    assert os.path.basename(ctr).endswith("-hybrid-ctr-p1")  # the ctr model, not the unused --data
     assert os.path.realpath(tmp_path / "latest") == os.path.realpath(b)
     named = make_run_dir(Config(run_dir=str(tmp_path), name="mine"), SELF)
     assert named == str(tmp_path / "mine")

@@ -92,8 +92,8 @@ def _bcast(comm, buf, timeout, phase):
 def make_run_dir(cfg, comm):
     """Create the run directory on rank 0 and return its path on every rank.
 
-    The name is ``cfg.name`` or ``TIMESTAMP-MODE-DATA-pP``, MODE ``tpT-ppQ`` on a model-parallel grid
-    (with ``-2``, ``-3``... when taken);
+    The name is ``cfg.name`` or ``TIMESTAMP-MODE-DATA-pP``, MODE ``tpT-ppQ`` on a model-parallel grid,
+    DATA ``ctr`` for the ctr model (its synthetic click data) (with ``-2``, ``-3``... when taken);
     with ``cfg.resume`` it is the directory being resumed. Rank 0 also points ``RUN_DIR/latest``
     at it (a symbolic link, or a text file holding the path where links are not possible).
 
@@ -119,7 +119,8 @@ def make_run_dir(cfg, comm):
         else:
             grid = cfg.tensor_parallel * cfg.pipeline_parallel > 1  # a model-parallel grid names itself
             kind = f"tp{cfg.tensor_parallel}-pp{cfg.pipeline_parallel}" if grid else cfg.mode
-            base = cfg.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-{cfg.data}-p{comm.size}"
+            data = "ctr" if cfg.model == "ctr" else cfg.data
+            base = cfg.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-{data}-p{comm.size}"
             path, k = os.path.join(cfg.run_dir, base), 1
             try:
                 os.makedirs(cfg.run_dir, exist_ok=True)

@@ -35,12 +35,24 @@ _METAVARS = {
     "log_level": "LEVEL", "partition": "SPEC", "shared_fraction": "FRACTION", "local_steps": "H",
     "post_local_epoch": "EPOCH", "metrics_port": "PORT", "metrics_host": "ADDRESS", "tensorboard": "DIR",
     "metrics_every": "STEPS", "metrics_interval": "SECONDS", "straggler_factor": "K", "straggler_intervals": "N",
-    "stall_seconds": "SECONDS",
+    "stall_seconds": "SECONDS", "ctr_rows": "ROWS", "ctr_tables": "F", "ctr_dim": "D", "ctr_bag": "IDS",
+    "ctr_train": "SAMPLES", "ctr_test": "SAMPLES", "ctr_hot": "ROWS", "memory_gb": "GIB",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
 HELP = {
-    "mode": "dp: data-parallel all-reduce; ps: parameter server",
+    "mode": "dp: data-parallel all-reduce; ps: parameter server; hybrid (--model ctr): embeddings on the "
+            "parameter server, the dense layers all-reduced among the workers",
+    "model": "mlp: the MLP on --data; ctr: embedding tables and an MLP on synthetic click data (docs/guide/ctr.md)",
+    "ctr_rows": "ctr: embedding rows in all tables together",
+    "ctr_tables": "ctr: categorical features, one embedding table each",
+    "ctr_dim": "ctr: embedding dimension",
+    "ctr_bag": "ctr: ids per feature and sample, mean-pooled",
+    "ctr_train": "ctr: synthetic training samples",
+    "ctr_test": "ctr: synthetic test samples (AUC and log loss)",
+    "ctr_sharding": "ctr: rows over the servers by hash of the row id, or by key range",
+    "ctr_hot": "ctr: the hottest rows (counted on the training ids) split column-wise over all servers",
+    "memory_gb": "ctr: GiB a rank may use (0: what the node has free); a larger model is refused before allocating",
     "data": "data set: digits (scikit-learn's embedded 8x8 digits), mnist (IDX files in --data-dir), "
             "synthetic (Gaussian classes, size set by --samples/--features/--classes)",
     "data_dir": "directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
@@ -59,7 +71,7 @@ HELP = {
                   "again); with --epochs unchanged the result is bitwise identical to an "
                   "uninterrupted run",
     "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
-    "optimizer": "adam, or sgd with momentum",
+    "optimizer": "adam, sgd with momentum, or adagrad",
     "lr": "learning rate (dimensionless step size)",
     "lr_schedule": "constant, or cosine decay from --lr to 0 over --epochs",
     "momentum": "SGD momentum coefficient (0 disables)",
@@ -148,7 +160,7 @@ HELP = {
                      "did (a PS worker: that has sent no report); keep it below --timeout so the warning comes "
                      "before the job ends; 0: never",
     "run_dir": "parent directory of run directories",
-    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP",
+    "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP (DATA is ctr for --model ctr)",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
     "keep_checkpoints": "number of most recent checkpoints kept",
     "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "

@@ -13,12 +13,14 @@ __all__ = ["Config", "CHOICES"]
 
 #: Allowed values of the fields that take a name.
 CHOICES = {
-    "mode": ("dp", "ps"),
+    "mode": ("dp", "ps", "hybrid"),
+    "model": ("mlp", "ctr"),
+    "ctr_sharding": ("hash", "range"),
     "data": ("digits", "mnist", "synthetic"),
     "activation": ("relu", "tanh"),
     "dtype": ("float32", "float64"),
     "device": ("cpu", "gpu"),
-    "optimizer": ("adam", "sgd"),
+    "optimizer": ("adam", "sgd", "adagrad"),
     "lr_schedule": ("constant", "cosine"),
     "consistency": ("bsp", "asp", "ssp"),
     "schedule": ("1f1b", "gpipe"),
@@ -37,7 +39,8 @@ class Config:
     """
 
     # --- what runs
-    mode: str = "dp"                  # "dp" (data-parallel all-reduce) or "ps" (parameter server)
+    mode: str = "dp"                  # "dp" (data-parallel all-reduce), "ps" (parameter server), "hybrid" (ctr)
+    model: str = "mlp"                # mlp (dense features) or ctr (embedding tables + MLP, docs/guide/ctr.md)
     # --- data
     data: str = "digits"              # data set: digits (embedded), mnist (IDX files), synthetic
     data_dir: str = ""                # directory holding the MNIST IDX files (gz or raw)
@@ -72,6 +75,16 @@ class Config:
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
     compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
     timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)
+    # --- the ctr model (training.ctr; docs/guide/ctr.md)
+    ctr_rows: int = 100000            # embedding rows in all tables together (rows)
+    ctr_tables: int = 8               # categorical features, one embedding table each
+    ctr_dim: int = 16                 # embedding dimension (elements per row)
+    ctr_bag: int = 2                  # ids per feature and sample, mean-pooled (ids)
+    ctr_train: int = 400000           # synthetic training samples
+    ctr_test: int = 200000            # synthetic test samples
+    ctr_sharding: str = "hash"        # rows over the servers: hash or range (key ranges)
+    ctr_hot: int = 0                  # hottest rows split column-wise over all servers (rows; 0: none)
+    memory_gb: float = 0.0            # memory a rank may use for the ctr model (GiB; 0: what the node has free)
     # --- model parallelism (mode "dp" with tensor_parallel * pipeline_parallel > 1)
     tensor_parallel: int = 1          # T: ranks sharing each layer (Megatron column/row split)
     pipeline_parallel: int = 1        # Q: pipeline stages (consecutive layers per stage)
@@ -217,6 +230,12 @@ class Config:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     def _check_modes(self):
+        if self.model == "ctr":
+            from training.ctr.data import check_ctr_config  # pure NumPy
+
+            check_ctr_config(self)
+        elif self.mode == "hybrid":
+            raise ValueError("mode 'hybrid' needs model 'ctr' (embeddings on the servers, the MLP all-reduced)")
         if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("tensor_parallel, pipeline_parallel and micro_batches need mode 'dp' (the "
                              "parameter server holds whole-model shards)")

@@ -12,7 +12,7 @@ import numpy
 
 from training.nn import get_array_module
 
-__all__ = ["Optimizer", "SGD", "Adam", "optimizer_factory", "make_optimizer", "SCHEDULES", "schedule_lr", "lr_rule"]
+__all__ = ["Optimizer", "SGD", "Adam", "Adagrad", "optimizer_factory", "make_optimizer", "SCHEDULES", "schedule_lr", "lr_rule"]
 
 SCHEDULES = ("constant", "cosine")  #: learning-rate schedules of :func:`schedule_lr`
 
@@ -182,6 +182,52 @@ class Adam(Optimizer):
         return {"m": self.m, "v": self.v}
 
 
+class Adagrad(Optimizer):
+    """Adagrad (Duchi, Hazan and Singer, JMLR 2011, section 1; PyTorch's form, no initial accumulator).
+
+    ``g = grad + wd * w;  a = a + g^2;  w = w - lr * g / (sqrt(a) + eps)``. Every operation is per
+    element, so an element whose gradient is zero keeps its weight and accumulator (``0 / eps``, hence
+    ``eps > 0``): the update of the rows a batch touches (``training.ctr.sparse_optim.SparseAdagrad``)
+    is the same update.
+
+    Raises
+    ------
+    ValueError
+        When ``eps`` is not positive (an element never touched would become ``0 / 0``).
+
+    Examples
+    --------
+    >>> params, grads = numpy.array([1.0, 2.0]), numpy.array([3.0, 0.0])
+    >>> opt = Adagrad(params, grads, lr=0.5)
+    >>> opt.step(); params  # a = 9: w - 0.5 * 3 / (3 + eps); the zero gradient leaves 2.0
+    array([0.5, 2. ])
+    """
+
+    def __init__(self, params, grads, lr=0.01, eps=1e-10, weight_decay=0.0):
+        super().__init__(params, grads, lr, weight_decay)
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.eps = float(eps)
+        self.accum = get_array_module(params).zeros_like(params)
+
+    def _update(self, lo, hi, tmp, tmp2):
+        xp = get_array_module(tmp)
+        p, g, a = self.params[lo:hi], self.grads[lo:hi], self.accum[lo:hi]
+        if self.weight_decay:
+            xp.multiply(p, self.weight_decay, out=tmp2)
+            g = xp.add(g, tmp2, out=tmp2)
+        xp.multiply(g, g, out=tmp)
+        a += tmp
+        xp.sqrt(a, out=tmp)
+        tmp += self.eps
+        xp.divide(g, tmp, out=tmp)
+        tmp *= self.lr
+        p -= tmp
+
+    def _state_arrays(self):
+        return {"accum": self.accum}
+
+
 def optimizer_factory(cfg):
     """Return the constructor of the optimizer ``cfg`` names, its hyper-parameters bound.
 
@@ -203,14 +249,16 @@ def optimizer_factory(cfg):
     Raises
     ------
     ValueError
-        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
+        When ``cfg.optimizer`` is not ``"sgd"``, ``"adam"`` or ``"adagrad"``.
     """
     if cfg.optimizer == "sgd":
         return functools.partial(SGD, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":
         return functools.partial(Adam, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
                                  weight_decay=cfg.weight_decay)
-    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {cfg.optimizer!r}")
+    if cfg.optimizer == "adagrad":
+        return functools.partial(Adagrad, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adagrad', got {cfg.optimizer!r}")
 
 
 def make_optimizer(cfg, model):
@@ -228,7 +276,7 @@ def make_optimizer(cfg, model):
     Raises
     ------
     ValueError
-        When ``cfg.optimizer`` is neither ``"sgd"`` nor ``"adam"``.
+        When ``cfg.optimizer`` is not ``"sgd"``, ``"adam"`` or ``"adagrad"``.
 
     Examples
     --------

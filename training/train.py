@@ -151,8 +151,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
     table, monitor = EpochTable(), open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
     bar = _start_display(t, cfg, comm, run_dir, table, (last - state.epoch) * per_epoch) if rank == 0 else None
-    if cfg.trace:
-        trace.start(comm)  # collective: aligns the ranks' clocks
+    trace.start(comm) if cfg.trace else None  # collective: aligns the ranks' clocks
     t_start = time.perf_counter() - state.wall_s
     train_acc = test_acc = None
     while state.epoch < last:
@@ -171,10 +170,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
             _checkpoint(t, cfg, comm, run_dir, epoch)
     writer.close()
     found = monitor.close()  # rank 0: stragglers and stalls named, the monitoring's own share of the step time
-    if bar is not None:
-        bar.close()
-    if cfg.trace:
-        write_trace(cfg.trace, comm, cfg.timeout)
+    bar.close() if bar is not None else None
+    write_trace(cfg.trace, comm, cfg.timeout) if cfg.trace else None
     summary = _summary(t, comm, run_dir, data, cfg.eval_batch, (train_acc, test_acc), cfg.timeout)
     if rank == 0:
         summary.update(wait_s=writer.total("wait_s"), transfer_s=writer.total("transfer_s"),
@@ -244,8 +241,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": opt.lr, **r,
                      "wall_s": time.perf_counter() - t_start})
         monitor.step(state.step, r)
-        if bar is not None:
-            bar.update()
+        bar.update() if bar is not None else None
     return sums
 
 
@@ -319,6 +315,10 @@ def run(cfg, comm=None):
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
         set_threads(cfg, comm)
+        if cfg.model == "ctr":  # embedding tables: dp, ps or hybrid (training.ctr)
+            from training.ctr.run import run_ctr
+
+            return run_ctr(cfg, comm, make_run_dir, _write_config)
         if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
             from training.model_parallel.grid_train import run_hybrid  # data x tensor x pipeline grid
 

@@ -1,0 +1,149 @@
+"""The ctr model's three modes on emulated links: bytes per link per step, samples/s, AUC, and where hybrid overtakes dp.
+
+Print the study's commands (4 workers + 2 servers, one rank per node; ``dp`` on the 4 workers' nodes)::
+
+    python -m experiments.cluster.ctr commands --out results/cluster/ctr
+
+and run them on a quiet machine (each is one ``python -m experiments.cluster.emulate ... -- python -m
+training.train --model ctr ...`` run writing ``results/cluster/ctr/NAME/summary.json``), then::
+
+    python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json
+    python -m plots.ctr results/cluster/ctr_study.json
+
+Bytes per worker link per step, each direction, for ``n`` rows of ``d`` float32 elements, an MLP of ``m``
+parameters, ``u`` distinct rows in a worker's batch and W workers: ``dp`` runs a ring all-reduce of the whole
+flat vector, ``2 (W - 1) / W x 4 (n d + m)``, growing with the table; ``hybrid`` pulls and pushes the batch's
+rows, ``4 u d`` each way plus ``8 u`` of ids, and all-reduces the MLP, ``2 (W - 1) / W x 4 m``; ``ps`` moves
+the MLP through the servers as well, ``4 m`` each way. :func:`predict` solves ``dp = hybrid`` for ``n``.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+from statistics import median
+
+__all__ = ["commands", "predict", "link_bytes", "report", "main"]
+
+ROWS = (10 ** 4, 10 ** 5, 10 ** 6)
+LINKS = ("100mbit", "1gbit")
+_NAME = re.compile(r"^(dp|ps|hybrid)-(\w+)-n(\d+)-r\d+$")  # the run names of :func:`commands`
+#: The model and run every command shares (AUC after ctr_train samples, one epoch).
+COMMON = ("--model ctr --ctr-tables 8 --ctr-dim 16 --ctr-bag 2 --ctr-train 65536 --ctr-test 200000 "
+          "--batch-size 1024 --epochs 1 --hidden 64,32 --optimizer adagrad --lr 0.05 --lr-schedule constant "
+          "--no-progress")
+DP_TRAIN_AT_1E6 = 8192  # dp at 10^6 rows is timed over 8 steps only (its all-reduce is 64 MB a step)
+
+
+def commands(out, repeats=3, rows=ROWS, links=LINKS):
+    """Return the study's shell commands (one per run), in the order to run them.
+
+    Examples
+    --------
+    >>> cmd = commands("results/cluster/ctr", repeats=1, rows=(10000,), links=("100mbit",))
+    >>> len(cmd), "--mode hybrid" in cmd[2]
+    (3, True)
+    """
+    out_cmds = []
+    for link in links:
+        for n in rows:
+            for r in range(1, repeats + 1):
+                for mode in ("dp", "ps", "hybrid"):
+                    nodes, servers = (4, "") if mode == "dp" else (6, " --servers 2")
+                    train = f" --ctr-train {DP_TRAIN_AT_1E6}" if mode == "dp" and n >= 10 ** 6 else ""
+                    name = f"{mode}-{link}-n{n}-r{r}"
+                    out_cmds.append(f"python -m experiments.cluster.emulate --nodes {nodes} --ranks-per-node 1 "
+                                    f"--link {link} -- python -m training.train {COMMON}{train} --mode {mode}{servers} "
+                                    f"--ctr-rows {n} --run-dir {out} --name {name}")
+    return out_cmds
+
+
+def link_bytes(mode, n, unique, dim=16, mlp=8 * 16 * 64 + 64 + 64 * 32 + 32 + 33, workers=4):
+    """Return the predicted bytes per worker link per step, each direction (see the module docstring).
+
+    Examples
+    --------
+    >>> round(link_bytes("dp", 10 ** 6, 3000) / 1e6, 1)  # MB
+    96.0
+    """
+    ring = 2 * (workers - 1) / workers
+    if mode == "dp":
+        return ring * 4 * (n * dim + mlp)
+    rows = 4 * unique * dim + 8 * unique
+    return rows + (4 * mlp if mode == "ps" else ring * 4 * mlp)
+
+
+def predict(unique, dim=16, workers=4):
+    """Return the table rows ``n`` above which ``hybrid`` moves fewer bytes per worker link than ``dp``.
+
+    Examples
+    --------
+    >>> 3000 < predict(3000) < 6000
+    True
+    """
+    return (4 * unique * dim + 8 * unique) / (2 * (workers - 1) / workers * 4 * dim)
+
+
+def report(run_dir, out):
+    """Gather every ``NAME/summary.json`` under ``run_dir`` into ``out``: median and range per (mode, link, rows).
+
+    Returns
+    -------
+    dict
+        ``{"rows": [...], "points": [{"mode", "link", "rows", "samples_per_s": [median, lo, hi], "test_auc",
+        "bytes_per_step", "predicted_bytes", "load_max_over_mean"}], "predicted_crossing_rows": ...}``.
+    """
+    groups = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "*", "summary.json"))):
+        name = os.path.basename(os.path.dirname(path))
+        match = _NAME.match(name)
+        if not match or os.path.islink(os.path.dirname(path)):  # the trainer's ``latest`` link, other runs
+            continue
+        mode, link, n = match.groups()
+        with open(path) as f:
+            groups.setdefault((mode, link, int(n)), []).append(json.load(f))
+    points, uniques = [], []
+    for (mode, link, n), runs in sorted(groups.items()):
+        rate = [r["samples_per_s"] for r in runs]
+        per_step = [r.get("allreduce_bytes_per_step", 0) + r.get("pull_bytes_per_step", 0) for r in runs]
+        if mode == "hybrid":  # the values pulled: 4 bytes x 16 per distinct row
+            uniques += [r["pull_bytes_per_step"] / (4 * 16) for r in runs]
+        points.append({"mode": mode, "link": link, "rows": n, "runs": len(runs),
+                       "samples_per_s": [median(rate), min(rate), max(rate)],
+                       "test_auc": median(r["test_auc"] for r in runs), "best_auc": runs[0]["best_auc"],
+                       "bytes_per_step": median(per_step),
+                       "load_max_over_mean": median(r.get("load_max_over_mean", 1.0) for r in runs)})
+    unique = median(uniques) if uniques else 0.0
+    for p in points:
+        p["predicted_bytes"] = link_bytes(p["mode"], p["rows"], unique)
+    record = {"rows": sorted({p["rows"] for p in points}), "points": points, "unique_rows_per_step": unique,
+              "predicted_crossing_rows": predict(unique) if unique else None, "command": " ".join(sys.argv)}
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(record, f, indent=1)
+    return record
+
+
+def main(argv=None):
+    """``commands --out DIR [--repeats R]`` prints the runs; ``report DIR --out FILE`` gathers them."""
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("commands")
+    c.add_argument("--out", default="results/cluster/ctr")
+    c.add_argument("--repeats", type=int, default=3)
+    r = sub.add_parser("report")
+    r.add_argument("run_dir")
+    r.add_argument("--out", default="results/cluster/ctr_study.json")
+    args = p.parse_args(argv)
+    if args.what == "commands":
+        print("\n".join(commands(args.out, args.repeats)))
+    else:
+        rec = report(args.run_dir, args.out)
+        print(f"{len(rec['points'])} points -> {args.out}; predicted crossing at {rec['predicted_crossing_rows']} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

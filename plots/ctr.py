@@ -1,0 +1,62 @@
+"""Draw the ctr study: bytes per worker link per step and samples/s of dp, ps and hybrid against the table's rows.
+
+    python -m plots.ctr results/cluster/ctr_study.json [--out FILE.png]
+
+Reads the file :mod:`experiments.cluster.ctr` writes (``report``). Left: measured bytes per step (markers)
+and the bytes the protocols predict (lines), with the predicted crossing of hybrid and dp; right: samples
+per second, median of the runs with their range as error bars, one line per mode and link.
+"""
+import argparse
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+
+__all__ = ["draw", "main"]
+
+
+def draw(record, out):
+    """Draw ``record`` (the study's JSON) into the PNG file ``out``; return ``out``."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in ("dp", "ps", "hybrid"):
+        for link in sorted({p["link"] for p in record["points"]}):
+            pts = sorted((p for p in record["points"] if p["mode"] == mode and p["link"] == link),
+                         key=lambda p: p["rows"])
+            if not pts:
+                continue
+            x = [p["rows"] for p in pts]
+            a.plot(x, [p["bytes_per_step"] for p in pts], "o", label=f"{mode} measured" if link == pts[0]["link"] else None)
+            a.plot(x, [p["predicted_bytes"] for p in pts], "-", alpha=0.5)
+            med = [p["samples_per_s"][0] for p in pts]
+            err = [[m - p["samples_per_s"][1] for m, p in zip(med, pts)], [p["samples_per_s"][2] - m for m, p in zip(med, pts)]]
+            b.errorbar(x, med, yerr=err, marker="o", capsize=3, label=f"{mode}, {link}")
+    if record.get("predicted_crossing_rows"):
+        a.axvline(record["predicted_crossing_rows"], color="grey", ls=":", label="predicted crossing")
+    for ax, title in ((a, "bytes per worker link per step"), (b, "samples/s (median, range)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("embedding rows (all tables)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m plots.ctr", description=__doc__.splitlines()[0])
+    p.add_argument("results")
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    with open(args.results) as f:
+        record = json.load(f)
+    print(draw(record, args.out or args.results.rsplit(".", 1)[0] + ".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
