@@ -108,7 +108,6 @@ class Server:
         if opts.resume_dir:
             self._resume(server_checkpoint_path(opts.resume_dir, self.index))
 
-    # ------------------------------------------------------------------------------------------
     def serve(self, start_time=None):
         """Run the loop until every worker is done, aborted or dropped.
 
@@ -232,10 +231,11 @@ class Server:
             return self._reject(w, rid, 1)
         if data.dtype != self.params.dtype:
             return self._reject(w, rid, 2)
-        if int(header[H_SHARD]) != self.index:
-            return self._reject(w, rid, 3)
-        if int(header[H_VERSION]) > self.version:
-            return self._reject(w, rid, 4)
+        return self._accept_addressed(w, rid, header, data)
+
+    def _accept_addressed(self, w, rid, header, data):  # dense and sparse pushes: shard, version, remember
+        if int(header[H_SHARD]) != self.index or int(header[H_VERSION]) > self.version:  # another shard's; unseen version
+            return self._reject(w, rid, 3 if int(header[H_SHARD]) != self.index else 4)
         self.log.remember(w, rid, data)
         self.counts["pushes_received"] += 1
         return True
@@ -374,7 +374,6 @@ class Server:
             if only is not None or self.table.status[w] == LIVE:
                 self._reply(w, *reply)
 
-    # ------------------------------------------------------------------------------------------
     def checkpoint(self):
         """Write this server's shard, optimizer state and clocks to its checkpoint file (atomic)."""
         os.makedirs(self.opts.checkpoint_dir, exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from collectives.engine import trace
 from ps.client import Client
-from ps.protocol import H_CLOCK, H_RID, H_SHARD, H_VERSION, Msg
+from ps.protocol import H_CLOCK, H_RID, Msg
 from ps.rows import SparseRows
 from ps.server import Server
 from ps.state import ServerOptimizer
@@ -103,13 +103,7 @@ class SparseServer(Server):
             return self._reject(w, rid, 1)
         if data is not None and data.dtype != self.params.dtype:
             return self._reject(w, rid, 2)
-        if int(header[H_SHARD]) != self.index:
-            return self._reject(w, rid, 3)
-        if int(header[H_VERSION]) > self.version:
-            return self._reject(w, rid, 4)
-        self.log.remember(w, rid, data)
-        self.counts["pushes_received"] += 1
-        return True
+        return self._accept_addressed(w, rid, header, data)
 
     def _push(self, w, clock, grad, stale):
         ids = self.clock_ids.pop((w, clock))
