@@ -4,7 +4,12 @@ Print the study's commands (4 workers + 2 servers, one rank per node; ``dp`` on 
 
     python -m experiments.cluster.ctr commands --out results/cluster/ctr
 
-and run them on a quiet machine (each is one ``python -m experiments.cluster.emulate ... -- python -m
+and run them on a quiet machine, or let the study run them all and gather them (the load average is
+checked before the first and recorded while they run)::
+
+    python -m experiments.cluster.ctr run --out results/cluster/ctr --study results/cluster/ctr_study.json
+
+Each command is one ``python -m experiments.cluster.emulate ... -- python -m
 training.train --model ctr ...`` run writing ``results/cluster/ctr/NAME/summary.json``), then::
 
     python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json
@@ -21,8 +26,13 @@ import glob
 import json
 import os
 import re
+import shlex
+import subprocess
 import sys
+import time
 from statistics import median
+
+from experiments import results
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
@@ -126,8 +136,21 @@ def report(run_dir, out):
     return record
 
 
+def run_all(cmds, pause=3.0):
+    """Run the study's commands one after another with this interpreter; return the names that failed."""
+    failed = []
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        argv = [sys.executable if a == "python" else a for a in argv]
+        time.sleep(pause)  # the previous job's ranks leave the cores
+        print(f"[ctr study] {cmd}", flush=True)
+        if subprocess.run(argv).returncode != 0:
+            failed.append(argv[argv.index("--name") + 1])
+    return failed
+
+
 def main(argv=None):
-    """``commands --out DIR [--repeats R]`` prints the runs; ``report DIR --out FILE`` gathers them."""
+    """``commands`` prints the runs; ``run`` runs them and gathers them; ``report DIR`` gathers finished runs."""
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("commands")
@@ -136,9 +159,28 @@ def main(argv=None):
     r = sub.add_parser("report")
     r.add_argument("run_dir")
     r.add_argument("--out", default="results/cluster/ctr_study.json")
+    g = sub.add_parser("run")
+    g.add_argument("--out", default="results/cluster/ctr", help="the runs' directory")
+    g.add_argument("--study", default="results/cluster/ctr_study.json", help="the gathered results file")
+    g.add_argument("--repeats", type=int, default=3)
+    results.add_options(g)
     args = p.parse_args(argv)
     if args.what == "commands":
         print("\n".join(commands(args.out, args.repeats)))
+    elif args.what == "run":
+        try:
+            watch = results.guard(args)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        failed = run_all(commands(args.out, args.repeats))
+        rec = report(args.out, None)
+        rec["failed"] = failed
+        results.stamp(rec, watch, P=6)  # each run's own 4-6 ranks are allowed for
+        os.makedirs(os.path.dirname(args.study) or ".", exist_ok=True)
+        with open(args.study, "w") as f:
+            json.dump(rec, f, indent=1)
+        print(f"{len(rec['points'])} points -> {args.study}; failed: {failed or 'none'}")
     else:
         rec = report(args.run_dir, args.out)
         print(f"{len(rec['points'])} points -> {args.out}; predicted crossing at {rec['predicted_crossing_rows']} rows")
