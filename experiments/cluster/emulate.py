@@ -65,6 +65,7 @@ class ClusterConfig:
     command: list = field(default_factory=list)  # the command every rank runs
     max_load: float = None          # with --calibrate: its --max-load (None: its default)
     allow_noisy: bool = False       # with --calibrate: its --allow-noisy
+    settle: float = 0.0             # with --calibrate: its --settle (seconds)
 
 
 def parse_args(argv=None):
@@ -95,6 +96,9 @@ def parse_args(argv=None):
                         "(experiments.cluster.calibrate's --max-load; a COMMAND takes its own flags)")
     p.add_argument("--allow-noisy", action="store_true",
                    help="with --calibrate: measure on a busy machine anyway and mark the results noisy")
+    p.add_argument("--settle", type=float, default=0.0, metavar="S",
+                   help="with --calibrate: wait up to S seconds for the job's own start-up to leave the load "
+                        "average before the quiet check (experiments.cluster.calibrate's --settle)")
     p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
                    "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -102,7 +106,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
-                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy)
+                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle)
     try:
         _check(cfg)
     except ValueError as e:
@@ -139,8 +143,8 @@ def _check(cfg):
         raise ValueError("no COMMAND: give it after --, e.g. -- python -m training.train")
     if cfg.out and not cfg.calibrate:
         raise ValueError("--out is for --calibrate")
-    if (cfg.max_load is not None or cfg.allow_noisy) and not cfg.calibrate:
-        raise ValueError("--max-load and --allow-noisy are for --calibrate (give a COMMAND its own, after --)")
+    if (cfg.max_load is not None or cfg.allow_noisy or cfg.settle) and not cfg.calibrate:
+        raise ValueError("--max-load, --settle and --allow-noisy are for --calibrate (give a COMMAND its own, after --)")
     if shutil.which(cfg.mpiexec) is None:
         raise ValueError(f"mpiexec not found ({cfg.mpiexec}): install the 'mpich' extra or give --mpiexec")
     flavour(cfg.mpiexec)  # MPICH's or Open MPI's, else a ValueError naming it
@@ -172,7 +176,7 @@ def mpiexec_command(cfg, launcher):
     list of str
         As :func:`experiments.cluster.launch.launch_command` writes it for ``cfg.mpiexec``; with
         ``cfg.calibrate`` the command is :mod:`experiments.cluster.calibrate` with ``--link``, and
-        ``--out``, ``--max-load`` and ``--allow-noisy`` when given.
+        ``--out``, ``--max-load``, ``--settle`` and ``--allow-noisy`` when given.
     """
     command = cfg.command
     if cfg.calibrate:
@@ -180,6 +184,7 @@ def mpiexec_command(cfg, launcher):
         command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
         command += ["--max-load", repr(cfg.max_load)] if cfg.max_load is not None else []
         command += ["--allow-noisy"] if cfg.allow_noisy else []
+        command += ["--settle", repr(cfg.settle)] if cfg.settle else []
     if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
         command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
     return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command)

@@ -26,6 +26,9 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+
+from experiments import results
 
 from experiments.predict import config as cfgmod
 from experiments.predict import profile as profmod
@@ -102,7 +105,8 @@ def commands(out, epochs, entries):
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     prof = [mpiexec, "-n", "1", sys.executable, "-m", "training.train", *JOB, "--threads", "1", "--epochs", "2",
             "--run-dir", d, "--name", "profile", "--trace", os.path.join(d, "profile.trace.json")]
-    cal = {_key(e["layout"]): _emulate(e["layout"]) + ["--calibrate", "--out", os.path.join(d, f"cal-{_key(e['layout'])}.json")]
+    cal = {_key(e["layout"]): _emulate(e["layout"]) + ["--calibrate", "--settle", "120", "--out",
+                                                   os.path.join(d, f"cal-{_key(e['layout'])}.json")]
            for e in entries}
     runs = []
     for e in entries:
@@ -166,7 +170,14 @@ def compare(rows):
             "comm_heavy": len(heavy), "misses": [r["name"] for r in rows if abs(r["error"]) > 0.25]}
 
 
-def run(out, epochs, entries, execute=subprocess.run):
+def _wait_quiet(limit, pause, most=600.0):
+    """Wait (at most ``most`` s) for the 1-minute load average to fall below ``limit``; no wait when ``pause`` is 0."""
+    end = time.monotonic() + (most if pause else 0.0)
+    while os.getloadavg()[0] > limit and time.monotonic() < end:
+        time.sleep(5.0)
+
+
+def run(out, epochs, entries, execute=subprocess.run, pause=0.0):
     """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures."""
     cmds = commands(out, epochs, entries)
     d = out + "_runs"
@@ -176,18 +187,22 @@ def run(out, epochs, entries, execute=subprocess.run):
                                   [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank": 4})])
     topos = {}
     for key, cmd in cmds["calibrate"].items():
+        _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
         execute(cmd, check=True)
         e = next(x for x in entries if _key(x["layout"]) == key)["layout"]
         with open(cmd[-1], encoding="utf-8") as f:
             topos[key] = topomod.parse(topomod.from_calibration(json.load(f), e["racks"], e["nodes"], e["ranks_per_node"]))
-    rows = []
+    rows, failed = [], []
     for e, r in zip(entries, cmds["runs"]):
-        execute(r["command"], check=True)
+        time.sleep(pause)  # the previous job's ranks leave the cores
+        if execute(r["command"]).returncode != 0:  # reported, not fatal: the other configurations still run
+            failed.append(r["name"])
+            continue
         cfg = cfgmod.parse({**e["config"], "batch_size": 512})
         p = predict(prof, topos[_key(e["layout"])], cfg)
         rows.append({"name": r["name"], "measured": _measured(r), "predicted_s": p["step_s"],
                      "comm_s": p["breakdown"]["comm"], "breakdown": p["breakdown"], "command": r["command"]})
-    return rows, compare(rows)
+    return rows, {**compare(rows), "failed": failed}
 
 
 def main(argv=None):
@@ -196,6 +211,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="epochs per measured run (default 3; the first is left out)")
     p.add_argument("--only", default="", help="indices of plan() entries to run, comma-separated (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    results.add_options(p)
     a = p.parse_args(argv)
     entries = plan()
     if a.only:
@@ -205,10 +221,13 @@ def main(argv=None):
         for line in [cmds["profile"], *cmds["calibrate"].values(), *(r["command"] for r in cmds["runs"])]:
             print(" ".join(line))
         return 0
-    rows, figures = run(a.out, a.epochs, entries)
+    watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
+    rows, figures = run(a.out, a.epochs, entries, pause=5.0)
+    record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
+                                                            "kendall_tau": 0.8}}
+    results.stamp(record, watch, P=8)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
-                                                                 "kendall_tau": 0.8}}, f, indent=1)
+        json.dump(record, f, indent=1)
     lines = ["| configuration | measured ms | range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
               f"{r['error']:+.0%} |" for r in rows]
