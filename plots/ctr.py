@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
-__all__ = ["draw", "main"]
+__all__ = ["draw", "markdown", "main"]
 
 
 def draw(record, out):
@@ -45,6 +45,44 @@ def draw(record, out):
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _crossing(points, link, key):
+    """The smallest row count at which hybrid beats dp on ``key`` (fewer bytes, more samples/s), or None."""
+    by = {(p["mode"], p["rows"]): p for p in points if p["link"] == link}
+    for n in sorted({p["rows"] for p in points}):
+        dp, hy = by.get(("dp", n)), by.get(("hybrid", n))
+        if dp and hy and (hy["bytes_per_step"] < dp["bytes_per_step"] if key == "bytes"
+                          else hy["samples_per_s"][0] > dp["samples_per_s"][0]):
+            return n
+    return None
+
+
+def markdown(record):
+    """Return the study's markdown: per link, rows and mode, samples/s (median, range), measured and
+    predicted megabytes per worker link per step, and test AUC; then the predicted and measured crossings."""
+    from tabulate import tabulate
+
+    cells = []
+    for p in sorted(record["points"], key=lambda p: (p["link"], p["rows"], ("dp", "ps", "hybrid").index(p["mode"]))):
+        med, lo, hi = p["samples_per_s"]
+        cells.append([p["link"], f"{p['rows']:,}", p["mode"], f"{med:,.0f} ({lo:,.0f}-{hi:,.0f})",
+                      f"{p['bytes_per_step'] / 1e6:.3f}", f"{p['predicted_bytes'] / 1e6:.3f}", f"{p['test_auc']:.4f}"])
+    table = tabulate(cells, headers=("link", "rows", "mode", "samples/s", "MB/step measured", "MB/step predicted",
+                                     "test AUC"), tablefmt="pipe", disable_numparse=True,
+                     colalign=("left", "right", "left", "right", "right", "right", "right"))
+    links = sorted({p["link"] for p in record["points"]})
+    said = []
+    for link in links:
+        b, r = _crossing(record["points"], link, "bytes"), _crossing(record["points"], link, "rate")
+        said.append(f"{link}: hybrid moves fewer bytes than dp from {f'{b:,}' if b else 'none of the'} rows "
+                    f"measured and is faster from {f'{r:,}' if r else 'none of the'} rows")
+    pred = record.get("predicted_crossing_rows")
+    head = (f"Predicted crossing (bytes): {pred:,.0f} rows ({record['unique_rows_per_step']:,.0f} distinct rows "
+            f"per worker batch). Measured: " + "; ".join(said) + ". Runs per point: "
+            f"{min(p['runs'] for p in record['points'])}-{max(p['runs'] for p in record['points'])}; best AUC of "
+            f"the planted truth {record['points'][0]['best_auc']:.4f}.")
+    return head + "\n\n" + table
 
 
 def main(argv=None):

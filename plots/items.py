@@ -153,15 +153,15 @@ def _scaling_table(rel):
     return table + "\n\n" + source_line(prov, rel)
 
 
-def _figure(module, name):
-    """Return an item's figure drawer: ``plots.MODULE.draw(result, out)`` into ``plots/figures/NAME``."""
+def _figure(module, name, func="draw"):
+    """Return an item's figure drawer: ``plots.MODULE.FUNC(result, out)`` into ``plots/figures/NAME``."""
     def draw_figure(rel):
         import importlib
 
         result = _load(rel)
         check_quiet(result, rel)
         out = os.path.join(FIGURES, name)
-        importlib.import_module(f"plots.{module}").draw(result, out)
+        getattr(importlib.import_module(f"plots.{module}"), func)(result, out)
         return [out]
     return draw_figure
 
@@ -324,6 +324,18 @@ def _levels_table(rel):
     return markdown(study) + "\n\n" + source_line(prov, rel, launches_itself=True)
 
 
+def _module_table(module, func, launches_itself=True):
+    """Return an item's table renderer: ``plots.MODULE.FUNC(result)`` followed by the file's provenance."""
+    def table(rel):
+        import importlib
+
+        result = _load(rel)
+        prov = check_quiet(result, rel)
+        return getattr(importlib.import_module(f"plots.{module}"), func)(result) + "\n\n" + source_line(
+            prov, rel, launches_itself)
+    return table
+
+
 #: name -> (reference file or folder under plots/reference/, table renderer or None, figure drawer or None);
 #: an item whose reference is not committed yet draws nothing, and a block naming it fails the check.
 ITEMS = {
@@ -344,4 +356,9 @@ ITEMS = {
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
+    "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
+                           _figure("predict", "predict_validation.png", "draw_validation")),
+    "predict-scale": ("predict/scale.json", _module_table("predict", "scale_markdown"),
+                      _figure("predict", "predict_scale.png")),
+    "ctr-study": ("cluster/ctr_study.json", _module_table("ctr", "markdown"), _figure("ctr", "ctr_study.png")),
 }

@@ -1,6 +1,9 @@
-"""Draw the at-scale answer of ``experiments.predict.scale``: best and second-best step time against P.
+"""Draw and tabulate the predictor's results: the at-scale answer of ``experiments.predict.scale`` (best
+and second-best step time against P) and the validation of ``experiments.predict.validate`` (predicted
+against measured step time).
 
-Run: ``python -m plots.predict results/predict/scale.json [--out results/predict/scale.png]``.
+Run: ``python -m plots.predict results/predict/scale.json [--out results/predict/scale.png]`` (a validation
+file draws the validation figure).
 """
 import argparse
 import json
@@ -10,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["draw", "main"]
+__all__ = ["draw", "scale_table", "scale_markdown", "draw_validation", "validation_table", "main"]
 
 
 def draw(result, out):
@@ -41,15 +44,82 @@ def draw(result, out):
     plt.close(fig)
 
 
+def scale_table(best):
+    """Return the markdown table of the best and second-best configuration per cluster and P."""
+    lines = ["| cluster | P | best configuration | step ms | second best | step ms | second / best |",
+             "|---|---:|---|---:|---|---:|---:|"]
+    for b in best:
+        lines.append(f"| {b['cluster']} | {b['P']} | {b['best']} | {b['best_s'] * 1e3:.2f} | {b['second']} | "
+                     f"{b['second_s'] * 1e3:.2f} | {b['ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def scale_markdown(record):
+    """Return the at-scale answer as markdown: :func:`scale_table` of ``record["best"]`` and how many
+    configurations each point compared."""
+    n = sorted({b["configs"] for b in record["best"]})
+    return (f"Configurations compared per cluster and P: {n[0]}-{n[-1]} (those that fit the P). Predicted, not "
+            "measured.\n\n" + scale_table(record["best"]).rstrip("\n"))
+
+
+def validation_table(record):
+    """Return the validation's markdown: every configuration (measured median and range over epochs,
+    predicted, error, predicted communication share) and the three figures against their targets."""
+    lines = ["| configuration | measured ms | range ms | predicted ms | error | communication |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in record["rows"]:
+        lines.append(f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | "
+                     f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} | {r['comm_s'] / r['predicted_s']:.0%} |")
+    f, t = record["figures"], record["targets"]
+    heavy = "none" if f["within15_comm_heavy"] is None else f"{f['within15_comm_heavy']:.0%}"
+    tau = "no pair" if f["kendall_tau"] is None else f"{f['kendall_tau']:.2f} over {f['pairs']} pairs"
+    head = (f"Within 15 % among the {f['comm_heavy']} configurations whose predicted communication is at least "
+            f"half the step: **{heavy}** (target {t['within15_comm_heavy']:.0%}); within 25 % over all "
+            f"{len(record['rows'])}: **{f['within25_all']:.0%}** (target {t['within25_all']:.0%}); Kendall's tau: "
+            f"**{tau}** (target {t['kendall_tau']:g}). Beyond 25 %: {', '.join(f['misses']) or 'none'}.")
+    if f.get("failed"):
+        head += f" Failed to run: {', '.join(f['failed'])}."
+    return head + "\n\n" + "\n".join(lines)
+
+
+def draw_validation(record, out):
+    """Write predicted against measured step time (ms, log-log; measured range as error bars) with the
+    15 % and 25 % bands to ``out``, one colour per layout and link."""
+    fig, ax = plt.subplots(figsize=(6.4, 5.6), constrained_layout=True)
+    layouts = list(dict.fromkeys(r["name"].rsplit("-", 1)[0] if r["name"].count("-") >= 2 else r["name"]
+                                 for r in record["rows"]))
+    for i, lay in enumerate(layouts):
+        rows = [r for r in record["rows"] if r["name"].startswith(lay + "-")]
+        x = [r["measured_s"] * 1e3 for r in rows]
+        lo = [(r["measured_s"] - min(r["measured"])) * 1e3 for r in rows]
+        hi = [(max(r["measured"]) - r["measured_s"]) * 1e3 for r in rows]
+        ax.errorbar(x, [r["predicted_s"] * 1e3 for r in rows], xerr=[lo, hi], fmt="o", color=f"C{i}",
+                    capsize=2, label=lay)
+    every = [r["measured_s"] * 1e3 for r in record["rows"]] + [r["predicted_s"] * 1e3 for r in record["rows"]]
+    line = [min(every) * 0.8, max(every) * 1.25]
+    ax.plot(line, line, "k-", lw=0.8, label="predicted = measured")
+    for k, style in ((0.15, "--"), (0.25, ":")):
+        ax.plot(line, [v * (1 + k) for v in line], "k" + style, lw=0.6, label=f"+/- {k:.0%}")
+        ax.plot(line, [v * (1 - k) for v in line], "k" + style, lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms, median over epochs)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title("predictor against the emulated cluster")
+    ax.legend(fontsize=7)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m plots.predict", description=__doc__.split("\n")[0])
-    p.add_argument("result", help="OUT.json of experiments.predict.scale")
+    p.add_argument("result", help="OUT.json of experiments.predict.scale or experiments.predict.validate")
     p.add_argument("--out", default="", help="PNG path (default: the result's path with .png)")
     a = p.parse_args(argv)
     with open(a.result, encoding="utf-8") as f:
         result = json.load(f)
     out = a.out or a.result.rsplit(".", 1)[0] + ".png"
-    draw(result, out)
+    (draw_validation if "figures" in result else draw)(result, out)
     print(f"wrote {out}")
     return 0
 

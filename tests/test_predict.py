@@ -12,6 +12,7 @@ from experiments.predict import comm, config, grid, pipeline, profile, step, top
 from experiments.predict.__main__ import main
 from experiments.predict.profile import Profile
 from experiments.predict.step import predict
+from plots.predict import scale_table
 
 MS = 1e-3
 
@@ -204,7 +205,7 @@ def test_scale_study_on_small_p_and_its_figure(tmp_path):
         assert (b["best_s"], b["second_s"]) == (times[0], times[1])
     draw({"best": best}, str(tmp_path / "scale.png"))
     assert (tmp_path / "scale.png").stat().st_size > 0
-    assert "| 25GbE | 64 |" in scale.table(best)
+    assert "| 25GbE | 64 |" in scale_table(best)
 
 
 def test_validation_harness_on_a_tiny_plan(capsys):

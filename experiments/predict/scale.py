@@ -31,10 +31,12 @@ import os
 import sys
 import time
 
+from experiments import results
 from experiments.predict import config as cfgmod
 from experiments.predict import profile as profmod
 from experiments.predict import topology as topomod
 from experiments.predict.step import predict
+from plots.predict import scale_table
 
 __all__ = ["CLUSTERS", "EXAMPLE_MODEL", "cluster_topology", "candidates", "synthetic_codecs", "run", "main"]
 
@@ -135,16 +137,6 @@ def run(prof, ps, clusters=tuple(CLUSTERS), flops_per_s=EXAMPLE_MODEL["flops_per
     return rows, best
 
 
-def table(best):
-    """Return the markdown table of the best and second-best configurations."""
-    lines = ["| cluster | P | best configuration | step ms | second best | step ms | second / best |",
-             "|---|---:|---|---:|---|---:|---:|"]
-    for b in best:
-        lines.append(f"| {b['cluster']} | {b['P']} | {b['best']} | {b['best_s'] * 1e3:.2f} | {b['second']} | "
-                     f"{b['second_s'] * 1e3:.2f} | {b['ratio']:.2f} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.predict.scale", description=__doc__.split("\n")[0])
     p.add_argument("--profile", help="job profile JSON (default: the example model)")
@@ -175,12 +167,13 @@ def main(argv=None):
     rows, best = run(prof, ps, clusters)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"command": "python -m experiments.predict.scale " + " ".join(argv or sys.argv[1:]),
+        command = "python -m experiments.predict.scale " + " ".join(argv or sys.argv[1:])
+        json.dump({"command": command, "provenance": {**results.provenance(None, command.strip()), "noisy": False},
                    "profile": prof.source, "clusters": {c: cluster_topology(c, max(ps)).doc for c in clusters},
                    "rows": rows, "best": best, "seconds": time.perf_counter() - t0}, f, indent=1)
     with open(a.out + ".md", "w", encoding="utf-8") as f:
-        f.write(table(best))
-    print(table(best))
+        f.write(scale_table(best))
+    print(scale_table(best))
     print(f"wrote {a.out}.json and {a.out}.md in {time.perf_counter() - t0:.0f} s; figure: "
           f"python -m plots.predict {a.out}.json")
     return 0
