@@ -43,6 +43,7 @@ JOB = ["--data", "synthetic", "--samples", "6144", "--features", "256", "--hidde
 _L3 = {"racks": 2, "nodes": 2, "ranks_per_node": 2}
 _L2 = {"racks": 1, "nodes": 4, "ranks_per_node": 2}
 MiB = 1 << 20
+PS_BATCH = 504  # a parameter server's runs: a multiple of 6 and of 7 workers (8 ranks less 2 or 1 servers)
 
 
 def plan():
@@ -74,7 +75,7 @@ def train_flags(cfg):
     """Return ``training.train`` flags for a configuration dict (the fields the predictor reads)."""
     f = ["--mode", cfg.get("mode", "dp")]
     if cfg.get("mode") == "ps":
-        return f + ["--servers", str(cfg["servers"])]
+        return f + ["--servers", str(cfg["servers"]), "--batch-size", str(PS_BATCH)]
     f += ["--algorithm", cfg.get("algorithm", "ring"), "--bucket-bytes", str(cfg.get("bucket_bytes", 0))]
     if cfg.get("overlap"):
         f.append("--overlap")
@@ -115,7 +116,8 @@ def commands(out, epochs, entries):
                                        "--threads", "1", "--epochs", str(epochs), "--run-dir", d, "--name", name]
         if e["config"].get("mode") == "ps":
             cmd += ["--trace", os.path.join(d, name + ".trace.json")]
-        runs.append({"name": name, "command": cmd, "run_dir": os.path.join(d, name)})
+        grid = "tensor_parallel" in e["config"] or "pipeline_parallel" in e["config"]
+        runs.append({"name": name, "command": cmd, "run_dir": os.path.join(d, name), "grid": grid})
     return {"profile": prof, "calibrate": cal, "runs": runs}
 
 
@@ -130,6 +132,13 @@ def _measured(run):
             per.setdefault(e["pid"], []).append(e["ts"] * 1e-6)
         gaps = [b - a for ts in per.values() for a, b in zip(ts[len(ts) // 4:], ts[len(ts) // 4 + 1:])]
         return [statistics.median(gaps[i::3]) for i in range(3) if gaps[i::3]]
+    if run.get("grid"):  # a model-parallel run records each step's own wall seconds
+        per = {}
+        with open(os.path.join(run["run_dir"], "metrics.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                rec = json.loads(line)
+                per.setdefault(rec["epoch"], []).append(rec["wall_s"])
+        return [statistics.median(per[e]) for e in sorted(per)][1:]
     from experiments.cluster.compression import epoch_times
     return [s for s, _, _ in epoch_times(run["run_dir"])][1:]
 
@@ -177,32 +186,41 @@ def _wait_quiet(limit, pause, most=600.0):
         time.sleep(5.0)
 
 
-def run(out, epochs, entries, execute=subprocess.run, pause=0.0):
-    """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures."""
+def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False):
+    """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures.
+
+    With ``reuse`` a profile, calibration or run whose output exists under ``OUT_runs`` is not run again
+    (a validation whose configurations partly failed measures only those).
+    """
     cmds = commands(out, epochs, entries)
     d = out + "_runs"
     os.makedirs(d, exist_ok=True)
-    execute(cmds["profile"], check=True)
+    reused = []
+    if not (reuse and os.path.exists(os.path.join(d, "profile.trace.json"))):
+        execute(cmds["profile"], check=True)
     prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")),
                                   [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank": 4})])
     topos = {}
     for key, cmd in cmds["calibrate"].items():
-        _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
-        execute(cmd, check=True)
+        if not (reuse and os.path.exists(cmd[-1])):
+            _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
+            execute(cmd, check=True)
         e = next(x for x in entries if _key(x["layout"]) == key)["layout"]
         with open(cmd[-1], encoding="utf-8") as f:
             topos[key] = topomod.parse(topomod.from_calibration(json.load(f), e["racks"], e["nodes"], e["ranks_per_node"]))
     rows, failed = [], []
     for e, r in zip(entries, cmds["runs"]):
-        time.sleep(pause)  # the previous job's ranks leave the cores
-        if execute(r["command"]).returncode != 0:  # reported, not fatal: the other configurations still run
+        if reuse and os.path.exists(os.path.join(r["run_dir"], "summary.json")):
+            reused.append(r["name"])
+        elif time.sleep(pause) or execute(r["command"]).returncode != 0:  # sleep: the last job's ranks leave  # reported, not fatal: the other configurations still run
             failed.append(r["name"])
             continue
-        cfg = cfgmod.parse({**e["config"], "batch_size": 512})
+        batch = PS_BATCH if e["config"].get("mode") == "ps" else 512
+        cfg = cfgmod.parse({**e["config"], "batch_size": batch})
         p = predict(prof, topos[_key(e["layout"])], cfg)
         rows.append({"name": r["name"], "measured": _measured(r), "predicted_s": p["step_s"],
                      "comm_s": p["breakdown"]["comm"], "breakdown": p["breakdown"], "command": r["command"]})
-    return rows, {**compare(rows), "failed": failed}
+    return rows, {**compare(rows), "failed": failed, "reused": reused}
 
 
 def main(argv=None):
@@ -211,6 +229,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="epochs per measured run (default 3; the first is left out)")
     p.add_argument("--only", default="", help="indices of plan() entries to run, comma-separated (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--reuse", action="store_true", help="keep the profile, calibrations and runs already under "
+                   "OUT_runs (measure only the missing ones)")
     results.add_options(p)
     a = p.parse_args(argv)
     entries = plan()
@@ -221,11 +241,18 @@ def main(argv=None):
         for line in [cmds["profile"], *cmds["calibrate"].values(), *(r["command"] for r in cmds["runs"])]:
             print(" ".join(line))
         return 0
+    earlier = None
+    if a.reuse and os.path.exists(a.out + ".json"):  # the reused runs were measured under this provenance
+        with open(a.out + ".json", encoding="utf-8") as f:
+            earlier = json.load(f).get("provenance")
     watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
-    rows, figures = run(a.out, a.epochs, entries, pause=5.0)
+    rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse)
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
     results.stamp(record, watch, P=8)
+    if earlier is not None:
+        record["provenance_of_reused_runs"] = earlier
+        record["provenance"]["noisy"] = record["provenance"]["noisy"] or earlier.get("noisy", True)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     lines = ["| configuration | measured ms | range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
