@@ -61,10 +61,8 @@ CHECKS = {
     "mpiexec -n 4 python -m training.train --model ctr --mode hybrid --servers 2 --optimizer adagrad --lr 0.05 "
     "--lr-schedule constant --batch-size 1024 --epochs 1": Run(("--ctr-rows", "4000", "--ctr-train", "4096",
                                                                "--ctr-test", "2048", "--no-progress")),
-    "python -m experiments.cluster.ctr commands --out results/cluster/ctr":
-        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "the study's commands"),
-    "python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json":
-        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "run on tiny runs"),
+    "python -m experiments.cluster.ctr run --out results/cluster/ctr --study results/cluster/ctr_study.json":
+        Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "its commands and report at tiny sizes"),
     "python -m plots.ctr results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
     # Replicated shards (docs/guide/ps_replication.md)

@@ -15,11 +15,15 @@ training.train --model ctr ...`` run writing ``results/cluster/ctr/NAME/summary.
     python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json
     python -m plots.ctr results/cluster/ctr_study.json
 
-Bytes per worker link per step, each direction, for ``n`` rows of ``d`` float32 elements, an MLP of ``m``
-parameters, ``u`` distinct rows in a worker's batch and W workers: ``dp`` runs a ring all-reduce of the whole
-flat vector, ``2 (W - 1) / W x 4 (n d + m)``, growing with the table; ``hybrid`` pulls and pushes the batch's
-rows, ``4 u d`` each way plus ``8 u`` of ids, and all-reduces the MLP, ``2 (W - 1) / W x 4 m``; ``ps`` moves
-the MLP through the servers as well, ``4 m`` each way. :func:`predict` solves ``dp = hybrid`` for ``n``.
+Bytes per step, each direction, for ``n`` rows of ``d`` float32 elements, an MLP of ``m`` parameters, ``u(n)``
+distinct rows in a worker's batch (counted from the data, :func:`unique_rows`), W workers and S servers:
+``dp`` runs a ring all-reduce of the whole flat vector, ``2 (W - 1) / W x 4 (n d + m)`` on every worker link,
+growing with the table; ``hybrid`` pulls and pushes the batch's rows, ``4 u d + 8 u`` per worker link (values
+and ids), ``W / S`` times that on each server's link, and all-reduces the MLP among the workers,
+``2 (W - 1) / W x 4 m``; ``ps`` moves the MLP through the servers as well. The step is bounded by its busiest
+link (:func:`busiest_link_bytes`): a server's under ``hybrid``, every worker's under ``dp``. Since ``u(n) <= n``
+and a batch touches nearly every row of a small table, ``dp`` moves fewer bytes on its busiest link only
+below a table size :func:`predict` solves for; above it ``hybrid`` does.
 """
 import argparse
 import glob
@@ -36,14 +40,15 @@ from experiments import results
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
-ROWS = (10 ** 4, 10 ** 5, 10 ** 6)
+ROWS = (10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6)
 LINKS = ("100mbit", "1gbit")
 _NAME = re.compile(r"^(dp|ps|hybrid)-(\w+)-n(\d+)-r\d+$")  # the run names of :func:`commands`
 #: The model and run every command shares (AUC after ctr_train samples, one epoch).
 COMMON = ("--model ctr --ctr-tables 8 --ctr-dim 16 --ctr-bag 2 --ctr-train 65536 --ctr-test 200000 "
           "--batch-size 1024 --epochs 1 --hidden 64,32 --optimizer adagrad --lr 0.05 --lr-schedule constant "
           "--no-progress")
-DP_TRAIN_AT_1E6 = 8192  # dp at 10^6 rows is timed over 8 steps only (its all-reduce is 64 MB a step)
+DP_TRAIN_AT_1E6 = 4096  # dp at 10^6 rows is timed over 4 steps only (its all-reduce is 64 MB a step)
+MLP = 8 * 16 * 64 + 64 + 64 * 32 + 32 + 33  # the study's MLP parameters (--hidden 64,32 over 8 pooled tables)
 
 
 def commands(out, repeats=3, rows=ROWS, links=LINKS):
@@ -69,7 +74,26 @@ def commands(out, repeats=3, rows=ROWS, links=LINKS):
     return out_cmds
 
 
-def link_bytes(mode, n, unique, dim=16, mlp=8 * 16 * 64 + 64 + 64 * 32 + 32 + 33, workers=4):
+def unique_rows(n, workers=4, steps=8, seed=0):
+    """Return the mean distinct rows in one worker's batch of the study's model with ``n`` rows in all tables.
+
+    Counted from the synthetic training ids (:func:`training.ctr.hotkeys.server_load`, no training).
+
+    Examples
+    --------
+    >>> 0 < unique_rows(400, steps=1) <= 400
+    True
+    """
+    from training.config import Config
+    from training.ctr.data import make_ctr_data
+    from training.ctr.hotkeys import server_load
+
+    cfg = Config(model="ctr", ctr_rows=n, ctr_tables=8, ctr_dim=16, ctr_bag=2, ctr_train=1024 * steps,
+                 ctr_test=64, batch_size=1024, seed=seed)
+    return sum(server_load(cfg, make_ctr_data(cfg), 1, workers, "hash", steps=steps)["rows_per_step"]) / workers
+
+
+def link_bytes(mode, n, unique, dim=16, mlp=MLP, workers=4):
     """Return the predicted bytes per worker link per step, each direction (see the module docstring).
 
     Examples
@@ -84,15 +108,58 @@ def link_bytes(mode, n, unique, dim=16, mlp=8 * 16 * 64 + 64 + 64 * 32 + 32 + 33
     return rows + (4 * mlp if mode == "ps" else ring * 4 * mlp)
 
 
-def predict(unique, dim=16, workers=4):
-    """Return the table rows ``n`` above which ``hybrid`` moves fewer bytes per worker link than ``dp``.
+def busiest_link_bytes(mode, n, unique, dim=16, mlp=MLP, workers=4, servers=2):
+    """Return the predicted bytes per step on the busiest link, each direction: every worker link under
+    ``dp``, a server's link (``workers / servers`` workers' rows) or a worker's under ``ps`` and ``hybrid``.
 
     Examples
     --------
-    >>> 3000 < predict(3000) < 6000
+    >>> busiest_link_bytes("hybrid", 10 ** 6, 1000) == 2 * (4 * 1000 * 16 + 8 * 1000)
     True
     """
-    return (4 * unique * dim + 8 * unique) / (2 * (workers - 1) / workers * 4 * dim)
+    worker = link_bytes(mode, n, unique, dim, mlp, workers)
+    if mode == "dp":
+        return worker
+    server = workers / servers * (4 * unique * dim + 8 * unique + (4 * mlp if mode == "ps" else 0))
+    return max(worker, server)
+
+
+def predict(curve, dim=16, mlp=MLP, workers=4, servers=2):
+    """Return the table size at which ``hybrid``'s busiest link carries as many bytes as ``dp``'s.
+
+    Parameters
+    ----------
+    curve : dict
+        ``{n: u(n)}``, distinct rows per worker batch for each table size (:func:`unique_rows`).
+
+    Returns
+    -------
+    float or None
+        Interpolated (log-linear) between the two sizes where the order changes; None if it never does.
+
+    Examples
+    --------
+    >>> predict({100: 100, 10 ** 6: 1500}) is None  # the MLP's all-reduce is common to both, and u <= n
+    True
+    >>> round(predict({100: 100, 1000: 900, 10 ** 4: 1300}, mlp=0))  # without an MLP small tables favour dp
+    1101
+    """
+    import math
+
+    def gap(n):  # > 0 where dp's busiest link carries more than hybrid's
+        return (busiest_link_bytes("dp", n, curve[n], dim, mlp, workers)
+                - busiest_link_bytes("hybrid", n, curve[n], dim, mlp, workers, servers))
+
+    ns = sorted(curve)
+    for a, b in zip(ns, ns[1:]):
+        ga, gb = gap(a), gap(b)
+        if ga <= 0 < gb:
+            t = -ga / (gb - ga)
+            return math.exp(math.log(a) + t * (math.log(b) - math.log(a)))
+    return None
+
+
+CURVE = tuple(int(round(10 ** (k / 4))) for k in range(8, 25))  # 100 .. 10^6 rows, four per decade
 
 
 def report(run_dir, out):
@@ -102,7 +169,9 @@ def report(run_dir, out):
     -------
     dict
         ``{"rows": [...], "points": [{"mode", "link", "rows", "samples_per_s": [median, lo, hi], "test_auc",
-        "bytes_per_step", "predicted_bytes", "load_max_over_mean"}], "predicted_crossing_rows": ...}``.
+        "bytes_per_step", "predicted_bytes", "busiest_bytes", "load_max_over_mean"}], "curve": {n: u(n)},
+        "predicted_crossing_rows": ... (None when hybrid's busiest link never carries more than dp's),
+        "busiest_ratio_dp_over_hybrid": {n: ...}}``.
     """
     groups = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "*", "summary.json"))):
@@ -124,11 +193,16 @@ def report(run_dir, out):
                        "test_auc": median(r["test_auc"] for r in runs), "best_auc": runs[0]["best_auc"],
                        "bytes_per_step": median(per_step),
                        "load_max_over_mean": median(r.get("load_max_over_mean", 1.0) for r in runs)})
-    unique = median(uniques) if uniques else 0.0
+    curve = {n: unique_rows(n) for n in sorted(set(CURVE) | {p["rows"] for p in points})}
     for p in points:
-        p["predicted_bytes"] = link_bytes(p["mode"], p["rows"], unique)
-    record = {"rows": sorted({p["rows"] for p in points}), "points": points, "unique_rows_per_step": unique,
-              "predicted_crossing_rows": predict(unique) if unique else None, "command": " ".join(sys.argv)}
+        p["predicted_bytes"] = link_bytes(p["mode"], p["rows"], curve[p["rows"]])
+        p["busiest_bytes"] = busiest_link_bytes(p["mode"], p["rows"], curve[p["rows"]])
+    record = {"rows": sorted({p["rows"] for p in points}), "points": points,
+              "unique_rows_per_step": median(uniques) if uniques else 0.0, "curve": curve,
+              "predicted_crossing_rows": predict(curve),
+              "busiest_ratio_dp_over_hybrid": {n: busiest_link_bytes("dp", n, u) / busiest_link_bytes("hybrid", n, u)
+                                               for n, u in curve.items()},
+              "command": " ".join(sys.argv)}
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:
