@@ -34,6 +34,11 @@ def test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws(tmp_path):
     bsp = next(r for r in dp["table"] if r["method"] == "bsp")
     assert 3 < bsp["bytes_per_sample"] / local["bytes_per_sample"] <= 4  # H = 4, one average at each epoch's end
     assert "provenance" in dp
+    with open(files[1], encoding="utf-8") as f:
+        ps = json.load(f)
+    for run in dp["runs"] + ps["runs"]:  # each run keeps the default target and the epochs to its first crossing
+        assert run["target"] == 0.95 and (run["time_to_target_s"] is None) == (run["epochs_to_target"] is None)
+        assert run["epochs_to_target"] is None or 0 < run["epochs_to_target"] <= 2, run
     assert non_iid.main([*files, "--out", str(tmp_path / "f.png")]) == 0
     assert (tmp_path / "f.png").stat().st_size > 10000
 
