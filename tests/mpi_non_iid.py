@@ -160,15 +160,15 @@ def case_average_optimizer(comm, base):
             assert apart, f"{optimizer}: the ranks' states agree before the average: the test shows nothing"
             local.average(model.params, opt)
             err = max(float(np.abs(state[k] - want[k]).max()) for k in keys)
-            same = comm.allgather([np.array(state[k]) for k in keys])
-            identical = all(np.array_equal(a, c) for other in same for a, c in zip(other, same[0]))
+            first = comm.bcast([np.array(state[k]) for k in keys])  # rank 0's state after the average
+            spread = comm.allreduce(max(float(np.abs(state[k] - f).max()) for k, f in zip(keys, first)), op=MPI.MAX)
             if on:
-                assert err <= TOL and identical, f"{optimizer}: state {keys} not averaged ({err:.1e}, {identical})"
+                assert err <= TOL and spread <= TOL, f"{optimizer}: state {keys} not averaged ({err:.1e}, {spread:.1e})"
             else:
-                assert not identical, f"{optimizer}: state {keys} averaged without --average-optimizer"
+                assert spread > 1e-6, f"{optimizer}: state {keys} averaged without --average-optimizer ({spread:.1e})"
             if comm.rank == 0:
                 print(f"average_optimizer {optimizer} {'on' if on else 'off'}: max |state - mean of the ranks'| "
-                      f"= {err:.1e}, identical on every rank: {identical}")
+                      f"= {err:.1e}, largest difference between ranks {spread:.1e}")
 
 
 def case_runs(comm, base):
