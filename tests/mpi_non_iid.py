@@ -18,8 +18,8 @@ average_optimizer
             v equal the mean of the ranks' states before it (the oracle: MPI's allgather and NumPy's
             mean, 1e-12) on every rank; without the option they stay apart.
 runs        the trainer with a skewed partition (also with --weighted-average at H = 1), resampling, a
-            shared subset and local SGD (H = 4, post-local after epoch 1): replicas identical, partition.json records every sample once,
-            bytes per epoch fall by H; local SGD through top-k keeps one model; --mode ps reads the
+            shared subset and local SGD (H = 4, post-local after epoch 1): replicas identical,
+            partition.json records every sample once, bytes per epoch fall by H; local SGD through top-k keeps one model; --mode ps reads the
             same shards.
 errors      a partition that leaves a class on no worker, one that cannot give every worker a batch,
             and ranks started with different partitions fail on every rank before the run directory
