@@ -4,7 +4,8 @@ seeds), one panel per worker count; and its table (accuracy, time to target, byt
     python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json [--out FILE.png]
 
 Several results files (data-parallel and parameter-server launches, several worker counts) are drawn
-together; the skews keep the order the studies ran them in, from IID to the strongest skew.
+together; the partitions keep the order the studies ran them in (which is not an order of skew:
+``classes:k=5`` comes after ``dirichlet:alpha=0.1``).
 """
 import argparse
 import os
@@ -72,7 +73,7 @@ def draw(results, out):
             base, _, remedy = name.partition("+")
             ax.errorbar(x, med, yerr=err, marker=_MARKS.get(remedy, "o"), ms=4, capsize=3,
                         ls=_LINES.get(remedy, "-."), color=plt.get_cmap("tab10")(bases.index(base) % 10), label=name)
-        ax.set(xticks=list(xs), xticklabels=[s.replace(":", "\n") for s in skews], xlabel="partition (skew grows right)",
+        ax.set(xticks=list(xs), xticklabels=[s.replace(":", "\n") for s in skews], xlabel="partition",
                ylabel="test accuracy after a fixed number of samples (%)", title=f"W = {W} workers")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
@@ -86,8 +87,13 @@ def draw(results, out):
 def markdown(results):
     """Return the study's tables as Markdown, one per worker count: a row per method, a column per
     partition holding the test accuracy % (median, min-max over seeds) and the time to the target
-    accuracy (s, median; "never" when a seed did not reach it), and the bytes each rank sent per sample."""
+    accuracy (s, median; "never" when a seed did not reach it) with the epochs trained by then (median;
+    files that record them), and the bytes each rank sent per sample. The heading names the target of
+    the files that record it (``--target``)."""
     parts = []
+    files = [results] if isinstance(results, dict) else results
+    targets = sorted({res["study"]["target"] for res in files if "target" in res.get("study", {})})
+    target = " / ".join(f"{100 * t:g} %" for t in targets) or "target"
     for W, (skews, methods) in rows_by_workers(results).items():
         cells = []
         for name, by_skew in methods.items():
@@ -98,12 +104,14 @@ def markdown(results):
                     row.append("")
                     continue
                 ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f} s"
+                if r.get("epochs_to_target") is not None:
+                    ttt += f" (epoch {r['epochs_to_target']:g})"
                 row.append(f"{100 * r['accuracy']:.1f} ({100 * r['accuracy_min']:.1f}-{100 * r['accuracy_max']:.1f}), "
                            f"{ttt}")
             sent = [r["bytes_per_sample"] for r in by_skew.values() if r.get("bytes_per_sample") is not None]
             row.append(f"{max(sent):.0f}" if sent else "")
             cells.append(row)
-        parts.append(f"W = {W} workers: test accuracy % (range over seeds), time to target\n\n"
+        parts.append(f"W = {W} workers: test accuracy % (range over seeds), time to {target}\n\n"
                      + tabulate(cells, ["method", *skews, "bytes / sample"], tablefmt="pipe", disable_numparse=True,
                                 colalign=("left", *["right"] * (len(skews) + 1))))
     return "\n\n".join(parts)

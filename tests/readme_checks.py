@@ -99,9 +99,13 @@ CHECKS = {
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --optimizer sgd --lr 0.05 --local-steps 16 "
     "--post-local-epoch 2": Run(_QUICK_TRAIN),
     "mpiexec -n 5 python -m training.train --mode ps --consistency ssp --partition dirichlet:alpha=1": Run(_QUICK_TRAIN),
-    "mpiexec -n 4 python -m experiments.studies.non_iid_study --workers 4 --seeds 3": Run(("--quick", "--allow-noisy")),
+    "mpiexec -n 4 python -m experiments.studies.non_iid_study --workers 4 --seeds 3":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws",
+             {"results/non_iid/non_iid_w4_dp.json": "non_iid/non_iid_w4_dp.json"}),
     "mpiexec -n 5 python -m experiments.studies.non_iid_study --workers 4 --seeds 3 --methods "
-    "asp,ssp2,ssp2+resample,ssp2+shared": Run(("--quick", "--allow-noisy")),
+    "asp,ssp2,ssp2+resample,ssp2+shared":
+        Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws",
+             {"results/non_iid/non_iid_w4_ps.json": "non_iid/non_iid_w4_ps.json"}),
     "python -m plots.non_iid results/non_iid/non_iid_w4_dp.json results/non_iid/non_iid_w4_ps.json": Run(),
     "mpiexec -n 8 python -m experiments.studies.non_iid_study --workers 8 --seeds 3":
         Help("tests/test_non_iid.py::test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws"),

@@ -1,12 +1,14 @@
 """Skewed data across ranks (one mpiexec launch at P = 3, a non-power of two): the sample-weighted
-average equals the full-batch gradient, H = 1 local SGD equals data-parallel SGD, the trainer's
-partitions, remedies and local SGD end to end in both modes, and bad partitions fail before training."""
+average equals the full-batch gradient, and so does the expected step of --weighted-average at H = 1;
+H = 1 local SGD equals data-parallel SGD; --average-optimizer averages the optimizer state; the
+trainer's partitions, remedies and local SGD end to end in both modes; bad partitions fail before
+training."""
 from tests.mpirun import run_mpi
 
 
 def test_non_iid_on_three_ranks(tmp_path):
     out = run_mpi(3, "tests.mpi_non_iid", str(tmp_path), timeout=120).stdout
-    for case in ("weighted", "local_h1", "runs", "errors"):
+    for case in ("weighted", "weighted_step", "local_h1", "average_optimizer", "runs", "errors"):
         assert f"case_{case}: ok" in out, out
 
 
@@ -32,6 +34,11 @@ def test_the_study_runs_end_to_end_in_quick_mode_and_its_figure_draws(tmp_path):
     bsp = next(r for r in dp["table"] if r["method"] == "bsp")
     assert 3 < bsp["bytes_per_sample"] / local["bytes_per_sample"] <= 4  # H = 4, one average at each epoch's end
     assert "provenance" in dp
+    with open(files[1], encoding="utf-8") as f:
+        ps = json.load(f)
+    for run in dp["runs"] + ps["runs"]:  # each run keeps the default target and the epochs to its first crossing
+        assert run["target"] == 0.95 and (run["time_to_target_s"] is None) == (run["epochs_to_target"] is None)
+        assert run["epochs_to_target"] is None or 0 < run["epochs_to_target"] <= 2, run
     assert non_iid.main([*files, "--out", str(tmp_path / "f.png")]) == 0
     assert (tmp_path / "f.png").stat().st_size > 10000
 

@@ -119,6 +119,9 @@ def test_classes_k_beyond_the_classes_or_leaving_a_class_out_is_refused():
     ({"post_local_epoch": 2}, "need local_steps > 1"),
     ({"local_steps": 4, "mode": "ps"}, "needs mode 'dp'"),
     ({"local_steps": 4, "weighted_average": True, "compression": "topk"}, "needs compression 'none'"),
+    ({"weighted_average": True, "compression": "topk"}, "needs compression 'none'"),
+    ({"weighted_average": True, "mode": "ps"}, "weighted_average needs mode 'dp'"),
+    ({"average_optimizer": True}, "need local_steps > 1"),
     ({"partition": "classes:k=3", "tensor_parallel": 2}, "not the model-parallel grid"),
 ])
 def test_bad_skew_settings_are_refused(changes, message):

@@ -143,7 +143,9 @@ HELP = {
     "post_local_epoch": "post-local SGD: train data-parallel up to and including this epoch, then local SGD "
                         "with --local-steps; 0: local from the start",
     "average_optimizer": "local SGD: average the optimizer state (SGD velocity, Adam moments) with the model",
-    "weighted_average": "local SGD: weight each rank's model by its shard's samples (FedAvg) instead of equally",
+    "weighted_average": "weight each rank by its shard's samples n_w instead of equally (data-parallel only): "
+                        "every step scales the rank's gradient by W n_w / sum n before the all-reduce; local SGD "
+                        "weights the models alike (FedAvg); needs --compression none",
     "monitor": "gather every rank's step, compute, sync, wait and compression times and bytes to rank 0 while "
                "the job runs, and name stragglers and stalls (log warning, metric, events.jsonl); implied by "
                "--metrics-port and --tensorboard (docs/guide/monitoring.md)",

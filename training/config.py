@@ -111,7 +111,7 @@ class Config:
     local_steps: int = 1              # local SGD: optimizer steps between model averages (1: data-parallel)
     post_local_epoch: int = 0         # post-local SGD: epochs trained data-parallel before the local steps
     average_optimizer: bool = False   # local SGD: average the optimizer state with the model
-    weighted_average: bool = False    # local SGD: weight each worker's model by its shard's samples
+    weighted_average: bool = False    # weight each worker's gradient (H = 1) or model (local SGD) by its shard's samples
     # --- live monitoring (docs/guide/monitoring.md)
     monitor: bool = False             # gather per-rank metrics, watch for stragglers and stalls (implied by the next two)
     metrics_port: int = 0             # TCP port of rank 0's Prometheus endpoint (0: none)
@@ -272,16 +272,18 @@ class Config:
         if not 0.0 <= self.shared_fraction < 1.0:
             raise ValueError(f"shared_fraction must be in [0, 1), got {self.shared_fraction!r}")
         local = self.local_steps > 1
-        if not local and (self.post_local_epoch or self.average_optimizer or self.weighted_average):
-            raise ValueError("post_local_epoch, average_optimizer and weighted_average need local_steps > 1")
+        if not local and (self.post_local_epoch or self.average_optimizer):
+            raise ValueError("post_local_epoch and average_optimizer need local_steps > 1")
         if local and self.mode != "dp":
             raise ValueError("local_steps > 1 (local SGD) needs mode 'dp'")
+        if self.weighted_average and self.mode != "dp":
+            raise ValueError("weighted_average needs mode 'dp' (the parameter server weights every worker's push alike)")
         if self.weighted_average and self.compression != "none":
             raise ValueError("weighted_average averages over the plain all-reduce: it needs compression 'none'")
-        skewed = self.partition != "iid" or self.resample or self.shared_fraction > 0 or local
+        skewed = self.partition != "iid" or self.resample or self.shared_fraction > 0 or local or self.weighted_average
         if skewed and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
-            raise ValueError("partition, resample, shared_fraction and local_steps apply to data-parallel and "
-                             "parameter-server runs, not the model-parallel grid")
+            raise ValueError("partition, resample, shared_fraction, local_steps and weighted_average apply to "
+                             "data-parallel and parameter-server runs, not the model-parallel grid")
 
     def _check_inputs(self):
         if not isinstance(self.compression_args, dict):

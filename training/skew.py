@@ -8,11 +8,13 @@ cannot be drawn fails on every rank with one message.
 import json
 import os
 
+import numpy
+
 from collectives.log import get_logger
 from training.partition import draw_partition, label_histogram, parse_partition
 from training.shard_sampler import ShardSampler, shared_subset
 
-__all__ = ["uses_shards", "check_skew", "shard_sampler", "skew_record", "RECORD"]
+__all__ = ["uses_shards", "check_skew", "shard_sampler", "skew_record", "gradient_scale", "RECORD"]
 
 RECORD = "partition.json"  #: file name of the partition's record in the run directory
 
@@ -118,3 +120,37 @@ def shard_sampler(cfg, labels, n_classes, rank, workers, record_dir=None):
         with open(os.path.join(record_dir, RECORD), "w", encoding="utf-8") as f:
             json.dump(rec, f, indent=1)
     return ShardSampler(part.shards[rank], labels, rank, workers, cfg.batch_size, cfg.seed, shared, cfg.resample)
+
+
+def gradient_scale(cfg, labels, rank, workers):
+    """Return worker ``rank``'s weight ``W n_w / sum_v n_v`` in the sample-weighted average of gradients.
+
+    ``n_w`` is the number of samples worker ``w`` draws its batches from: its shard of ``cfg``'s
+    partition (``labels``, the training labels, of classes ``0 .. labels.max()`` as
+    :func:`training.build.make_sampler` takes them), with the shared subset when there is one. Every rank draws the same partition from
+    the seed, so every rank knows every ``n_w`` without a message. A data-parallel step that scales
+    each worker's mean gradient ``g_w`` by this weight before the plain average
+    ((1/W) sum_w, the all-reduce with ``op="avg"``) takes sum_w n_w g_w / sum_v n_v: each ``g_w`` is
+    unbiased for its shard's mean gradient, so the step is unbiased for the full-batch gradient
+    (FedAvg's n_k / n weights, McMahan et al., AISTATS 2017, Algorithm 1, applied to gradients). An
+    IID run's shards are equal: 1.0.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> cfg = Config(partition="quantity:alpha=1", batch_size=8, seed=0)
+    >>> labels = numpy.arange(400) % 4
+    >>> w = [gradient_scale(cfg, labels, r, 4) for r in range(4)]
+    >>> round(sum(w), 12), gradient_scale(Config(), labels, 0, 4)
+    (4.0, 1.0)
+    """
+    if not uses_shards(cfg):
+        return 1.0
+    part = _draw(cfg, labels, int(labels.max()) + 1, workers)
+    shared = shared_subset(len(labels), cfg.shared_fraction, cfg.seed)
+    n = numpy.array([numpy.union1d(s, shared).size for s in part.shards], numpy.float64)
+    return float(workers * n[rank] / n.sum())

@@ -41,6 +41,7 @@ from training.dp.local_sgd import LocalSGD, local_step
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
+from training.skew import gradient_scale
 from training.state import TrainState, checkpoint_arrays, restore
 
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
@@ -134,11 +135,11 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         already at its last epoch trains nothing, writes nothing and says so on one line.
     """
     t = trainer or build_trainer(cfg, comm)
-    P, rank = comm.size, comm.rank
-    state = t.state
+    P, rank, state = comm.size, comm.rank, t.state
     sampler = make_sampler(cfg, len(t.ds.y_train), rank, P, t.ds.y_train, run_dir if rank == 0 else None)
+    scale = gradient_scale(cfg, t.ds.y_train, rank, P) if cfg.weighted_average else 1.0
     if t.local is not None and cfg.weighted_average:
-        t.local.weight = float(sampler.shard.size if hasattr(sampler, "shard") else len(sampler))
+        t.local.weight = scale  # the models' average takes the gradients' weights, W n_w / sum n
     data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
     local_b = cfg.batch_size // P
     per_epoch = sampler.num_batches(local_b)
@@ -157,7 +158,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrival(monitor, slow_factor(cfg, rank)))
+        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrival(monitor, slow_factor(cfg, rank)), scale)
         sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, loop)
         with trace.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
@@ -204,9 +205,9 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
     return bar
 
 
-#: What every step and epoch of a data-parallel run reports to: steps per epoch, the step-record
-#: writer, the progress bar (rank 0) and the run's start (``time.perf_counter()``, seconds).
-_Loop = namedtuple("_Loop", "per_epoch writer bar t_start monitor arrive")
+#: What every step and epoch of a data-parallel run reports to: steps per epoch, the step-record writer, the progress
+#: bar (rank 0), the run's start (``time.perf_counter()``, s), monitor, arrival, gradient weight (``train_step``'s scale).
+_Loop = namedtuple("_Loop", "per_epoch writer bar t_start monitor arrive scale")
 
 
 def _train_epoch(t, cfg, comm, batches, data, loop):
@@ -219,7 +220,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         steps that were not skipped).
     """
     state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
-    per_epoch, writer, bar, t_start, monitor, arrive = loop
+    per_epoch, writer, bar, t_start, monitor, arrive, scale = loop
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
     local = None if t.local is None or t.local.data_parallel(state.epoch + 1) else t.local
     if local is not None:
@@ -228,7 +229,7 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
         if local is None:
-            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive)
+            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive, scale=scale)
         else:
             r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch))
         state.step += 1

@@ -175,8 +175,8 @@ def check_ctr_config(cfg):
         raise ValueError(f"ctr_rows ({cfg.ctr_rows}) must be at least 2 per table ({cfg.ctr_tables} tables)")
     if cfg.ctr_hot < 0 or cfg.ctr_hot > cfg.ctr_rows or cfg.memory_gb < 0:
         raise ValueError(f"ctr_hot must be in [0, ctr_rows] and memory_gb >= 0, got {cfg.ctr_hot}, {cfg.memory_gb}")
-    if cfg.tensor_parallel * cfg.pipeline_parallel * cfg.micro_batches > 1 or cfg.local_steps > 1:
-        raise ValueError("--model ctr runs --mode dp, ps or hybrid, not model parallelism or local SGD")
+    if cfg.tensor_parallel * cfg.pipeline_parallel * cfg.micro_batches > 1 or cfg.local_steps > 1 or cfg.weighted_average:
+        raise ValueError("--model ctr runs --mode dp, ps or hybrid, not model parallelism, local SGD or --weighted-average")
     if cfg.ps_replicas > 1 or cfg.ps_conflict == "cas" or cfg.weight_decay or cfg.device != "cpu":
         raise ValueError("--model ctr supports neither --ps-replicas, --ps-conflict cas, --weight-decay "
                          "(a sparse update would skip the rows not touched) nor --device gpu")
