@@ -35,6 +35,7 @@ def draw(result, out):
                         ha="center", fontsize=6, color="C1")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.margins(x=0.18, y=0.12)  # room for the labels of the first and last points
         ax.set_xticks(ps, [str(p) for p in ps])
         ax.set_xlabel("ranks P")
         ax.set_ylabel("predicted step time (ms)")
