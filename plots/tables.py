@@ -101,9 +101,9 @@ _BREAKDOWN_TAIL = (("rest", "derived: the rest (the call less every timed step)"
 def breakdown_table(record):
     """Return the per-step table and the ratios of ``experiments.bench.breakdown`` as Markdown.
 
-    Microseconds per call, median (min-max) over the passes, one column per message size; derived
-    rows (the part of a call no row times alone) leave out the passes the record lists under
-    ``dropped``, which a line under the table names. The ratios are geometric means over the sizes,
+    Microseconds per call, median (min-max) over the passes, one column per message size; a derived
+    row (a part of the call no row times alone) leaves out the passes the record lists for it under
+    ``dropped``, which a line under the table names, and shows ``-`` where none is left. The ratios are geometric means over the sizes,
     median (min-max) over the passes.
     """
     sizes, op = list(record["sizes"]), record.get("op", "allreduce")
@@ -116,9 +116,10 @@ def breakdown_table(record):
              for row, label in rows]
     table = tabulate(cells, headers=["us per call"] + [f"{n} B" for n in sizes], tablefmt="pipe",
                      disable_numparse=True, colalign=["left"] + ["right"] * len(sizes))
-    dropped = [f"{n} B: {', '.join(str(i + 1) for i in d)}" for n, d in record.get("dropped", {}).items() if d]
+    dropped = [f"{row} at {n} B: {', '.join(str(i + 1) for i in d)}" for n, rows in record.get("dropped", {}).items()
+               for row, d in rows.items()]
     if dropped:
-        table += ("\n\nDerived rows leave out the passes whose timed parts took longer than the whole call "
+        table += ("\n\nA derived row leaves out the passes in which its timed parts took longer than the whole "
                   f"(one of their loops was disturbed), numbered from 1: {'; '.join(dropped)}.")
     ratios = tabulate([[k, f"{m:.2f}x ({lo:.2f}-{hi:.2f})"] for k, (m, lo, hi) in record["ratios"].items()],
                       headers=["ratio, geometric mean over the sizes", "median (min-max)"], tablefmt="pipe",

@@ -56,8 +56,8 @@ def test_breakdown_times_every_step_of_the_repeated_call(tmp_path, capsys):
     derived = {"public entry", "in the plan", "rest", "keyword-only call", "call and its tests"}
     assert set(rec["derived"]) == derived
     for n, size in rec["sizes"].items():
-        kept = 3 - len(rec["dropped"][n])
-        assert set(size) == set(breakdown.STEPS) | (derived if kept else set())
+        gone = {row for row, passes in rec["dropped"][n].items() if len(passes) == 3}
+        assert set(size) == set(breakdown.STEPS) | (derived - gone)
         for step in breakdown.STEPS:
             med, lo, hi = size[step]
             assert 0 < lo <= med <= hi, (step, size[step])
@@ -84,28 +84,33 @@ def test_breakdown_of_a_repeated_reduce_scatter(tmp_path, capsys):
              "loop", "empty call", "call and tests"}
     for n, size in rec["sizes"].items():
         assert timed <= set(size) and all(0 < size[k][1] <= size[k][0] <= size[k][2] for k in timed), n
-        assert (set(size) - timed == set(rec["derived"])) == (len(rec["dropped"][n]) < 3)
+        gone = {row for row, passes in rec["dropped"][n].items() if len(passes) == 3}
+        assert set(size) - timed == set(rec["derived"]) - gone, n
     assert "auto / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
     assert "both library calls / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
     assert "lean call" in capsys.readouterr().out
 
 
 def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():
-    """A pass whose timed parts add up to more than the whole call leaves every derived row (no
-    negative range); the table renders the recorded pass count and names the dropped pass."""
+    """A pass whose timed parts add up to more than the whole call leaves that derived row (no
+    negative range); the table names the dropped pass and shows ``-`` for a row with none left."""
     from experiments.bench.breakdown import summarize
     from plots.tables import breakdown_table
 
     times = {"auto": [4.0, 4.0, 4.0], "look-up": [0.4, 0.4, 0.4], "plan.run": [3.0, 3.0, 3.0],
-             "library call": [2.0, 9.0, 2.1], "loop": [0.05, 0.05, 0.05]}
-    table, dropped = summarize(times, {"rest": ("auto", ["look-up", "library call"]),
-                                       "public entry": ("auto", ["look-up", "plan.run"])})
-    assert dropped == [1]
+             "library call": [2.0, 9.0, 2.1], "statistics": [0.1, 0.1, 0.1], "loop": [0.05, 0.05, 0.05]}
+    derived = {"rest": ("auto", ["look-up", "library call"]), "public entry": ("auto", ["look-up", "plan.run"])}
+    table, dropped = summarize(times, derived)
+    assert dropped == {"rest": [1]}
     assert [round(v, 9) for v in table["rest"]] == [1.6, 1.55, 1.65]  # 4 - 0.4 - 2.0/2.1 + 0.05, pass 2 left out
+    assert [round(v, 9) for v in table["public entry"]] == [0.65] * 3  # every pass kept
     assert table["library call"] == (2.1, 2.0, 9.0)  # the timed rows keep every pass
-    record = {"P": 2, "op": "allreduce", "sizes": {"8": {k: list(v) for k, v in table.items()}},
-              "dropped": {"8": dropped}, "ratios": {"auto / MPI_Iallreduce+Wait": [1.5, 1.4, 1.6]}}
+    late, gone = summarize({**times, "auto": [1.0, 1.0, 1.0]}, derived)
+    assert gone == {"rest": [0, 1, 2], "public entry": [0, 1, 2]} and "rest" not in late
+    record = {"P": 2, "op": "allreduce", "sizes": {"8": {k: list(v) for k, v in table.items()},
+                                                   "64": {k: list(v) for k, v in late.items()}},
+              "dropped": {"8": dropped, "64": gone}, "ratios": {"auto / MPI_Iallreduce+Wait": [1.5, 1.4, 1.6]}}
     text = breakdown_table(record)
-    assert "derived: the rest" in text and "8 B: 2." in text and "(-" not in text
-    table, all_dropped = summarize({**times, "auto": [1.0, 1.0, 1.0]}, {"rest": ("auto", ["look-up", "library call"])})
-    assert all_dropped == [0, 1, 2] and "rest" not in table
+    assert "derived: the rest" in text and "rest at 8 B: 2;" in text and "rest at 64 B: 1, 2, 3" in text
+    rest = next(line for line in text.splitlines() if line.startswith("| derived: the rest"))
+    assert "(-" not in text and rest.rstrip(" |").endswith("-")  # no negative range; 64 B has none left

@@ -34,9 +34,9 @@ calibration rows less ``loop``, each per pass as ``whole - sum(parts) + (len(par
 The rows of one pass take turns (interleaved, the order reversed every other pass), ``--passes``
 passes are made, and each figure is the median over passes with its range. Microseconds per call
 on rank 0 (every loop starts after a barrier). A pass in which a derived row comes out negative
-(its parts took longer than the whole: one of its loops was disturbed) is inconsistent: it is left
-out of every derived row of that size, and the record lists it under ``dropped``; the timed rows and
-the ratios keep every pass. Ratios, geometric means over the sizes per pass: ``auto`` /
+(its parts took longer than the whole: one of their loops was disturbed) is inconsistent for that
+row: it is left out of that row's median and range, and the record lists it under ``dropped``
+({size: {row: [pass index from 0]}}); the timed rows and the ratios keep every pass. Ratios, geometric means over the sizes per pass: ``auto`` /
 ``MPI_Iallreduce``+``Wait`` (target <= 1.5x) and persistent plan / ``MPI_Allreduce`` (target <= 1.0x);
 reduce-scatter ``auto`` / ``MPI_Ireduce_scatter_block``+``Wait`` (target <= 2.2x) and both library
 calls over the same (the floor). The results file records ``op``, ``passes`` and ``calls`` and
@@ -93,20 +93,24 @@ def measure(comm, nbytes, passes, calls, algorithm="auto", op="allreduce"):
 
 
 def summarize(times, derived):
-    """Return ({row: (median, min, max)}, dropped passes) with the ``derived`` rows added.
+    """Return ({row: (median, min, max)}, {derived row: dropped passes}) with the ``derived`` rows added.
 
     ``derived`` is {name: (whole row, part rows)}; per pass each is
-    ``whole - sum(parts) + (len(parts) - 1) * loop``. A pass in which any derived row is negative is
-    left out of all of them (its index is in the list returned); with every pass dropped, the derived
-    rows are left out.
+    ``whole - sum(parts) + (len(parts) - 1) * loop``. A pass in which a derived row is negative is
+    left out of that row (its index is listed); a row negative in every pass is left out.
     """
     n = len(times["loop"])
-    per = {name: [times[w][i] - sum(times[p][i] for p in parts) + (len(parts) - 1) * times["loop"][i]
-                  for i in range(n)] for name, (w, parts) in derived.items()}
-    dropped = [i for i in range(n) if any(v[i] < 0 for v in per.values())]
-    kept = {name: [x for i, x in enumerate(v) if i not in dropped] for name, v in per.items()}
-    merged = {**times, **(kept if len(dropped) < n else {})}
-    return {k: (statistics.median(v), min(v), max(v)) for k, v in merged.items()}, dropped
+    table = {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
+    dropped = {}
+    for name, (whole, parts) in derived.items():
+        per = [times[whole][i] - sum(times[p][i] for p in parts) + (len(parts) - 1) * times["loop"][i]
+               for i in range(n)]
+        kept = [v for v in per if v >= 0]
+        if len(kept) < n:
+            dropped[name] = [i for i, v in enumerate(per) if v < 0]
+        if kept:
+            table[name] = (statistics.median(kept), min(kept), max(kept))
+    return table, dropped
 
 
 def _ratios(per_size, ratios):
@@ -128,8 +132,8 @@ def _print(P, op, per_size, dropped, ratios):
                         for n in sizes for m, lo, hi in [per_size[n].get(k, (0, 0, 0))])
         print(f"{k:<32}{cells}")
     for n in sizes:
-        if dropped[n]:
-            print(f"{n} B: derived rows leave out inconsistent pass(es) {', '.join(map(str, dropped[n]))}")
+        for row, passes in dropped[n].items():
+            print(f"{n} B, {row}: left out pass(es) {', '.join(str(i + 1) for i in passes)} (negative)")
     print("geometric mean over the sizes, median [min-max] over passes:")
     for k, (m, lo, hi) in ratios.items():
         print(f"  {k:<56} {m:.2f}x [{lo:.2f}-{hi:.2f}]")
