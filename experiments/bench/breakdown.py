@@ -125,12 +125,12 @@ def _ratios(per_size, ratios):
 
 def _print(P, op, per_size, dropped, ratios):
     sizes = list(per_size)
+    cell = {(n, k): f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for n in sizes for k, (m, lo, hi) in per_size[n].items()}
+    w = max(map(len, cell.values())) + 2
     print(f"{op}, P = {P}, float32, microseconds per call: median [min-max] over passes")
-    print(f"{'row':<32}" + "".join(f"{f'{n} B':>22}" for n in sizes))
+    print(f"{'row':<32}" + "".join(f"{f'{n} B':>{w}}" for n in sizes))
     for k in dict.fromkeys(k for n in sizes for k in per_size[n]):
-        cells = "".join(f"{f'{m:.2f} [{lo:.2f}-{hi:.2f}]':>22}" if k in per_size[n] else f"{'-':>22}"
-                        for n in sizes for m, lo, hi in [per_size[n].get(k, (0, 0, 0))])
-        print(f"{k:<32}{cells}")
+        print(f"{k:<32}" + "".join(f"{cell.get((n, k), '-'):>{w}}" for n in sizes))
     for n in sizes:
         for row, passes in dropped[n].items():
             print(f"{n} B, {row}: left out pass(es) {', '.join(str(i + 1) for i in passes)} (negative)")
