@@ -246,14 +246,27 @@ def _metrics_overhead_table(rel):
             + "\n\n" + source_line(prov, rel))
 
 
+def _breakdown_passes(record, prov):
+    """Return the passes of a breakdown record: recorded, else its command's ``--passes``, else the
+    benchmark's default (7; files written before the record carried the count)."""
+    import shlex
+
+    if "passes" in record:
+        return record["passes"]
+    words = shlex.split(prov["command"])
+    return int(words[words.index("--passes") + 1]) if "--passes" in words[:-1] else 7
+
+
 def _breakdown_table(rel):
     from plots.tables import breakdown_table
 
     record = _load(rel)
     prov = check_quiet(record, rel)
-    head = (f"P = {record['P']}, float32, {len(next(iter(record['sizes'].values()))['auto'])} interleaved passes, "
+    calls = f" of {record['calls']} calls" if "calls" in record else ""
+    what = "reduce-scatter, " if record.get("op") == "reduce_scatter" else ""
+    head = (f"{what}P = {record['P']}, float32, {_breakdown_passes(record, prov)} interleaved passes{calls}, "
             f"algorithm `{record.get('algorithm', 'auto')}`.")
-    return head + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
+    return head[0].upper() + head[1:] + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
 
 
 def _model_parallel_table(rel):
@@ -347,6 +360,7 @@ ITEMS = {
                           _figure("model_parallel", "model_parallel_p4.png")),
     "bench-breakdown-p2": ("bench/breakdown_p2.json", _breakdown_table, None),
     "bench-breakdown-p4": ("bench/breakdown_p4.json", _breakdown_table, None),
+    "bench-breakdown-rs-p2": ("bench/breakdown_rs_p2.json", _breakdown_table, None),
     "bench-small-p2": ("bench/small_calls_p2.json", _small_calls, None),
     "serving-load": ("serving/load_sweep.json", _serving_load_table, _serving_load_figure),
     "ps-replicas": ("ps/replicas.json", _replicas_table, None),

@@ -61,8 +61,10 @@ def fill(text, tables):
 
 
 def render_tables(names=None):
-    """Return {item name: generated text} for the items that publish a table."""
-    return {n: render(ref) for n, (ref, render, _) in ITEMS.items() if render and (names is None or n in names)}
+    """Return {item name: generated text} for the items that publish a table: those in ``names``, or
+    (``names`` None) every item whose reference file is committed."""
+    return {n: render(ref) for n, (ref, render, _) in ITEMS.items()
+            if render and (n in names if names is not None else os.path.exists(os.path.join(REFERENCE, ref)))}
 
 
 def draw_figures():

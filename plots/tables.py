@@ -65,27 +65,62 @@ def bubble_table(results):
                     colalign=("left", "right", "right", "right", "right"))
 
 
-#: The rows of :func:`breakdown_table`, in order: (row of the results file, label).
-_BREAKDOWN_ROWS = (("MPI_Allreduce", "`MPI_Allreduce`"), ("MPI_Iallreduce+Wait", "`MPI_Iallreduce` + `MPI_Wait`"),
-                   ("MPI_Allreduce_init", "`MPI_Allreduce_init`: `MPI_Start` + `MPI_Wait`"),
-                   ("persistent plan", "commlab persistent plan (`allreduce_init`)"),
-                   ("auto", "commlab `allreduce` (repeated)"), ("look-up", "step: signature look-up"),
-                   ("copy in", "step: copy into the send buffer"), ("library call", "step: `MPI_Iallreduce` + `MPI_Wait`"),
-                   ("check", "step: check elements compared"), ("copy out", "step: copy out"),
-                   ("rest", "the rest (Python frames, statistics)"))
+#: The rows of :func:`breakdown_table` per collective, in order: (row of the results file, label); rows
+#: a file does not hold are left out.
+_BREAKDOWN_ROWS = {
+    "allreduce": (
+        ("MPI_Allreduce", "`MPI_Allreduce`"), ("MPI_Iallreduce+Wait", "`MPI_Iallreduce` + `MPI_Wait`"),
+        ("MPI_Allreduce_init", "`MPI_Allreduce_init`: `MPI_Start` + `MPI_Wait`"),
+        ("persistent plan", "commlab persistent plan (`allreduce_init`)"),
+        ("auto", "commlab `allreduce` (repeated)"), ("look-up", "step: signature look-up"),
+        ("plan.run", "part: `plan.run(x, None)`, the call less entry and look-up"),
+        ("copy in", "step: copy into the send buffer"), ("library call", "step: `MPI_Iallreduce` + `MPI_Wait`"),
+        ("check", "step: check elements compared"), ("copy out", "step: copy out"),
+        ("statistics", "step: sequence number and statistics"),
+        ("public entry", "derived: `allreduce`'s frame and tests (call less look-up, `plan.run`)"),
+        ("in the plan", "derived: `plan.run`'s frame, flags, `try` (less its steps)")),
+    "reduce_scatter": (
+        ("MPI_Reduce_scatter", "`MPI_Reduce_scatter`"),
+        ("MPI_Ireduce_scatter_block+Wait", "`MPI_Ireduce_scatter_block` + `MPI_Wait`"),
+        ("MPI_Iallreduce 16 B+Wait", "fingerprint alone: 16-byte `MPI_Iallreduce` + `MPI_Wait`"),
+        ("both library calls", "both library calls posted together, `MPI_Waitall` (the floor)"),
+        ("auto", "commlab `reduce_scatter(x, out=...)` (repeated)"), ("look-up", "step: signature look-up"),
+        ("plan.run", "part: `plan.run`, the call less entry and look-up"),
+        ("lean call", "part: the plan's library call (`_run_lean`)"),
+        ("check", "step: fingerprint compared"), ("statistics", "step: sequence number, fingerprint, statistics"),
+        ("public entry", "derived: `reduce_scatter`'s frame and tests (call less look-up, `plan.run`)"),
+        ("plan set-up", "derived: `plan.run`'s buffer tests (less the library call)"),
+        ("in the lean call", "derived: the library call's frame, list, `try` (less its steps)"))}
+#: Rows after the collective's own, for every collective.
+_BREAKDOWN_TAIL = (("rest", "derived: the rest (the call less every timed step)"),
+                   ("loop", "calibration: the timing loop's empty call"),
+                   ("keyword-only call", "calibration: an empty function of the same signature"),
+                   ("call and its tests", "calibration: the same with the call's first tests"))
 
 
 def breakdown_table(record):
-    """Return the per-step table and the target ratios of ``experiments.bench.breakdown`` as Markdown.
+    """Return the per-step table and the ratios of ``experiments.bench.breakdown`` as Markdown.
 
-    Microseconds per call, median (min-max) over the passes, one column per message size; the ratios
-    are geometric means over the sizes, median (min-max) over the passes.
+    Microseconds per call, median (min-max) over the passes, one column per message size; a derived
+    row (a part of the call no row times alone) leaves out the passes the record lists for it under
+    ``dropped``, which a line under the table names, and shows ``-`` where none is left. The ratios are geometric means over the sizes,
+    median (min-max) over the passes.
     """
-    sizes = list(record["sizes"])
+    sizes, op = list(record["sizes"]), record.get("op", "allreduce")
+    held = record["sizes"][sizes[0]]
+    rows = [(row, label) for row, label in _BREAKDOWN_ROWS[op] + _BREAKDOWN_TAIL if row in held]
+    if "statistics" not in held:  # (a file without the statistics step: its rest holds them)
+        rows = [(row, "the rest (Python frames, statistics)" if row == "rest" else label) for row, label in rows]
     cells = [[label] + [f"{record['sizes'][n][row][0]:.2f} ({record['sizes'][n][row][1]:.2f}-"
-                        f"{record['sizes'][n][row][2]:.2f})" for n in sizes] for row, label in _BREAKDOWN_ROWS]
+                        f"{record['sizes'][n][row][2]:.2f})" if row in record["sizes"][n] else "-" for n in sizes]
+             for row, label in rows]
     table = tabulate(cells, headers=["us per call"] + [f"{n} B" for n in sizes], tablefmt="pipe",
                      disable_numparse=True, colalign=["left"] + ["right"] * len(sizes))
+    dropped = [f"{row} at {n} B: {', '.join(str(i + 1) for i in d)}" for n, rows in record.get("dropped", {}).items()
+               for row, d in rows.items()]
+    if dropped:
+        table += ("\n\nA derived row leaves out the passes in which its timed parts took longer than the whole "
+                  f"(one of their loops was disturbed), numbered from 1: {'; '.join(dropped)}.")
     ratios = tabulate([[k, f"{m:.2f}x ({lo:.2f}-{hi:.2f})"] for k, (m, lo, hi) in record["ratios"].items()],
                       headers=["ratio, geometric mean over the sizes", "median (min-max)"], tablefmt="pipe",
                       disable_numparse=True, colalign=("left", "right"))

@@ -3,7 +3,9 @@
 Oracle: MPI's own ``MPI_Allreduce`` on the same data (in float64 for float16 input, with NumPy's
 division for ``avg``). Cases: plans of ``mpi`` and of a hand-made algorithm, started many times with
 new contents; the blocking path's cached plans (taken, as ``Context.fast`` shows) under every op and
-dtype; a count and an op mismatch on the cached path (every rank raises); a tuning table naming
+dtype; a count and an op mismatch on the cached path (every rank raises); persistent plans that
+differ across ranks (made in another order, or one more on one rank: every rank's ``wait`` raises
+a ``CollectiveError`` by its timeout); a tuning table naming
 ``mpi`` for ``auto`` and its replacement (the cached choice follows the table); plan misuse. Exits 0
 on success, else prints the failures and exits 1.
 """
@@ -124,6 +126,33 @@ def mismatch():
             pass
 
 
+def differ():
+    """Ranks whose persistent plans differ -- made in another order, or one plan more on rank 0 --
+    start what they think is the same plan; MPI matches persistent collectives by the order the ranks
+    made them, so the started requests never meet, and ``wait(timeout=1.5)`` ends every rank in a
+    CollectiveError (never a hang; the test's own timeout would catch one)."""
+    for kind in ("order", "extra"):
+        sub = comm.Dup()
+        get_context(sub)  # the context (its duplicate communicator) made on every rank first
+        a, b = np.ones(8, np.float32), np.ones(24, np.float32)
+        if kind == "order":
+            made = [("b", b), ("a", a)] if rank == 0 else [("a", a), ("b", b)]
+        else:
+            made = ([("b", b)] if rank == 0 else []) + [("a", a)]
+        plans = {name: C.allreduce_init(x, comm=sub, algorithm="mpi") for name, x in made}
+        try:
+            plans["a"].start()
+            got = plans["a"].wait(timeout=1.5)
+            check(False, f"persistent plans made in another {kind}: wait returned {got[:3]}")
+        except C.CollectiveError as exc:
+            check("allreduce" in str(exc), f"{kind}: the error does not name the call: {exc}")
+        try:
+            C.allreduce(np.ones(8, np.float32), comm=sub, algorithm="mpi")
+            check(False, f"{kind}: the communicator was still usable after the plans' timeout")
+        except RuntimeError:
+            pass
+
+
 def table():
     sub = comm.Dup()
     path = os.path.join(tempfile.gettempdir(), f"commlab-persistent-{os.getpid()}.json")
@@ -148,7 +177,7 @@ def table():
 
 
 def main():
-    cases = sys.argv[1:] or ["plans", "cached", "mismatch", "table"]
+    cases = sys.argv[1:] or ["plans", "cached", "mismatch", "differ", "table"]
     for name in cases:
         globals()[name]()
     sys.exit(report(comm, "mpi_persistent " + " ".join(cases)))

@@ -155,6 +155,8 @@ CHECKS = {
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks"),
     "mpiexec -n 2 python -m experiments.bench.breakdown --out results/bench_breakdown_p2.json":
         Help("tests/test_bench_calls.py::test_breakdown_times_every_step_of_the_repeated_call"),
+    "mpiexec -n 2 python -m experiments.bench.breakdown --op reduce_scatter --out results/bench_breakdown_rs_p2.json":
+        Help("tests/test_bench_calls.py::test_breakdown_of_a_repeated_reduce_scatter"),
     "python -m plots.bench results/bench_p4.json --markdown --out results":
         Help("tests/test_bench.py::test_tune_and_plot_on_a_real_sweep"),
     "python -m experiments.bench.tune results/bench_p2.json results/bench_p4.json --out results/tuning.json --tolerance 0.15":

@@ -41,8 +41,9 @@ def test_mpi_baseline_combines_rounds_into_per_size_ratios_and_a_geomean():
 
 
 def test_breakdown_times_every_step_of_the_repeated_call(tmp_path, capsys):
-    """P = 1 in this process: every row timed in every pass, ``rest`` the call less its steps, the
-    ratios from the same passes, and the results file stamped with its provenance."""
+    """P = 1 in this process: every row timed in every pass, the derived rows (``rest`` and the parts
+    no row times alone) from the same passes, passes and calls recorded, the ratios, and the results
+    file stamped with its provenance."""
     from experiments.bench import breakdown
 
     out = tmp_path / "bd.json"
@@ -51,12 +52,65 @@ def test_breakdown_times_every_step_of_the_repeated_call(tmp_path, capsys):
     text = capsys.readouterr().out
     rec = json.loads(out.read_text())
     assert rec["P"] == 1 and rec["provenance"]["command"] and set(rec["sizes"]) == {"8", "4096"}
-    for size in rec["sizes"].values():
-        assert set(size) == set(breakdown.STEPS) | {"rest"}
+    assert (rec["op"], rec["passes"], rec["calls"]) == ("allreduce", 3, 20)
+    derived = {"public entry", "in the plan", "rest", "keyword-only call", "call and its tests"}
+    assert set(rec["derived"]) == derived
+    for n, size in rec["sizes"].items():
+        gone = {row for row, passes in rec["dropped"][n].items() if len(passes) == 3}
+        assert set(size) == set(breakdown.STEPS) | (derived - gone)
         for step in breakdown.STEPS:
             med, lo, hi = size[step]
             assert 0 < lo <= med <= hi, (step, size[step])
+        for row in derived & set(size):
+            assert 0 <= size[row][1] <= size[row][0] <= size[row][2], (row, size[row])  # never negative
     assert set(rec["ratios"]) >= {"auto / MPI_Iallreduce+Wait", "persistent plan / MPI_Allreduce"}
-    assert "look-up" in text and "library call" in text and "geometric mean" in text
+    assert "look-up" in text and "plan.run" in text and "geometric mean" in text
     with pytest.raises(SystemExit):  # above the cached path's limit: a usage error before any measurement
         breakdown.main(["--sizes", "9000", "--allow-noisy", "--out", str(out)])
+
+
+def test_breakdown_of_a_repeated_reduce_scatter(tmp_path, capsys):
+    """``--op reduce_scatter`` at P = 1: the references, both library calls, the plan's parts and
+    steps, each row in every pass, and the reduce-scatter ratios."""
+    from experiments.bench import breakdown
+
+    out = tmp_path / "rs.json"
+    assert breakdown.main(["--op", "reduce_scatter", "--sizes", "8,512", "--passes", "3", "--calls", "20",
+                           "--allow-noisy", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert (rec["op"], rec["passes"], rec["calls"], rec["algorithm"]) == ("reduce_scatter", 3, 20, "auto")
+    timed = {"MPI_Reduce_scatter", "MPI_Ireduce_scatter_block+Wait", "MPI_Iallreduce 16 B+Wait",
+             "both library calls", "auto", "look-up", "plan.run", "lean call", "check", "statistics",
+             "loop", "empty call", "call and tests"}
+    for n, size in rec["sizes"].items():
+        assert timed <= set(size) and all(0 < size[k][1] <= size[k][0] <= size[k][2] for k in timed), n
+        gone = {row for row, passes in rec["dropped"][n].items() if len(passes) == 3}
+        assert set(size) - timed == set(rec["derived"]) - gone, n
+    assert "auto / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
+    assert "both library calls / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
+    assert "lean call" in capsys.readouterr().out
+
+
+def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():
+    """A pass whose timed parts add up to more than the whole call leaves that derived row (no
+    negative range); the table names the dropped pass and shows ``-`` for a row with none left."""
+    from experiments.bench.breakdown import summarize
+    from plots.tables import breakdown_table
+
+    times = {"auto": [4.0, 4.0, 4.0], "look-up": [0.4, 0.4, 0.4], "plan.run": [3.0, 3.0, 3.0],
+             "library call": [2.0, 9.0, 2.1], "statistics": [0.1, 0.1, 0.1], "loop": [0.05, 0.05, 0.05]}
+    derived = {"rest": ("auto", ["look-up", "library call"]), "public entry": ("auto", ["look-up", "plan.run"])}
+    table, dropped = summarize(times, derived)
+    assert dropped == {"rest": [1]}
+    assert [round(v, 9) for v in table["rest"]] == [1.6, 1.55, 1.65]  # 4 - 0.4 - 2.0/2.1 + 0.05, pass 2 left out
+    assert [round(v, 9) for v in table["public entry"]] == [0.65] * 3  # every pass kept
+    assert table["library call"] == (2.1, 2.0, 9.0)  # the timed rows keep every pass
+    late, gone = summarize({**times, "auto": [1.0, 1.0, 1.0]}, derived)
+    assert gone == {"rest": [0, 1, 2], "public entry": [0, 1, 2]} and "rest" not in late
+    record = {"P": 2, "op": "allreduce", "sizes": {"8": {k: list(v) for k, v in table.items()},
+                                                   "64": {k: list(v) for k, v in late.items()}},
+              "dropped": {"8": dropped, "64": gone}, "ratios": {"auto / MPI_Iallreduce+Wait": [1.5, 1.4, 1.6]}}
+    text = breakdown_table(record)
+    assert "derived: the rest" in text and "rest at 8 B: 2;" in text and "rest at 64 B: 1, 2, 3" in text
+    rest = next(line for line in text.splitlines() if line.startswith("| derived: the rest"))
+    assert "(-" not in text and rest.rstrip(" |").endswith("-")  # no negative range; 64 B has none left

@@ -1,6 +1,6 @@
 """Tensor-parallel serving forward: the rank-order summation rule, checked bitwise against its
 single-process reference (:func:`inference.tensor.emulate_forward`) at T = 2, 3 and 4 and for every
-all-reduce algorithm.
+all-reduce algorithm, and with a timeout (persistent plans, as serving runs it) for ``mpi`` and ``ring``.
 
 The multi-rank part runs this file as a body: ``mpiexec -n 4 python -m tests.test_inference_tp``
 (every rank checks; rank 0 prints the failures and their count, :mod:`tests.mpicases`).
@@ -115,6 +115,14 @@ def _body():
                 check(np.allclose(y, dense_forward(w, act)(x), rtol=1e-11, atol=1e-11), f"T={T} {alg}: not the model")
                 if alg in ("ring", "recursive_doubling", "mpi"):
                     differs += not np.array_equal(_own_order(w, act, group, x, alg), ref)
+                if alg in ("mpi", "ring"):  # with a timeout: a persistent plan per row-parallel layer (serving's form)
+                    timed = TensorParallelForward(w, act, group, alg, timeout=30.0)
+                    for step in range(2):  # the second forward starts the plans the first one made
+                        check(np.array_equal(timed(x), ref), f"T={T} model {m} {alg} timeout=30, forward {step}: "
+                              "not bitwise the reference")
+                    plans = [plan for _, plan in timed._slots.values()]
+                    check(0 < len(plans) <= rows and all(p is not None for p in plans),
+                          f"T={T} {alg} timeout=30: {len(plans)} slots, plans {plans}")
         if T > 2 and world.rank == 0 and differs:
             print(f"own order differs at T={T} ({differs} of {3 * len(MODELS)} forwards)", flush=True)
         group.Free()

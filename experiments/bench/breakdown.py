@@ -1,22 +1,46 @@
-"""What a repeated small all-reduce costs, step by step, beside MPI's own calls made directly.
+"""What a repeated small all-reduce or reduce-scatter costs, step by step, beside MPI's own calls made directly.
 
-``mpiexec -n P python -m experiments.bench.breakdown [--sizes 8,512,4096] [--passes 7] [--out FILE]``
+``mpiexec -n P python -m experiments.bench.breakdown [--op allreduce|reduce_scatter] [--sizes 8,512,4096]
+[--passes 7] [--calls 2000] [--out FILE]``
 
-A repeated blocking :func:`collectives.allreduce` (``auto``, no timeout) of at most 2,048 elements
-runs the cached plan of its call signature (:class:`collectives.library.plans.LibraryPlan`): it looks
-the signature up, copies ``x`` in front of the 16 check elements, posts one ``MPI_Iallreduce`` and
-waits, compares the reduced check elements, and copies the result out. This benchmark times each of
-those steps alone, in loops of the same length on every rank, and the whole call, next to three
-references called directly through mpi4py on the same data: ``MPI_Allreduce``, ``MPI_Iallreduce`` +
-``MPI_Wait`` (the library call commlab posts) and ``MPI_Allreduce_init`` (started and waited), and
-commlab's persistent plan (:func:`collectives.allreduce_init`). ``rest`` is the whole call less its
-timed steps: the Python frames, the argument tests of the look-up and the statistics.
+``--op allreduce`` (default): a repeated blocking :func:`collectives.allreduce` (``auto``, no
+timeout) of at most 2,048 elements runs the cached plan of its call signature
+(:class:`collectives.library.plans.LibraryPlan`): the public function tests its arguments, looks the
+signature up and calls ``plan.run``, which copies ``x`` in front of the 16 check elements, posts one
+``MPI_Iallreduce`` and waits, compares the reduced check elements, copies the result out and records
+the statistics. References called directly through mpi4py on the same data: ``MPI_Allreduce``,
+``MPI_Iallreduce`` + ``MPI_Wait`` (the library call commlab posts) and ``MPI_Allreduce_init``
+(started and waited), and commlab's persistent plan (:func:`collectives.allreduce_init`).
 
-The rows of one pass take turns (interleaved), ``--passes`` passes are made, and each figure is the
-median over passes with its range. Microseconds per call on rank 0 (every loop starts after a
-barrier). Ratios: ``auto`` / ``MPI_Iallreduce``+``Wait`` (target <= 1.5x, geometric mean over the
-sizes) and persistent plan / ``MPI_Allreduce`` (target <= 1.0x). The results file carries the
-quiet-machine provenance (:mod:`experiments.results`).
+``--op reduce_scatter``: a repeated blocking :func:`collectives.reduce_scatter` into ``out=`` (as the
+sweep calls it) runs its :class:`~collectives.library.scatter_plan.ScatterPlan`: the public function's
+tests, the look-up, the plan's buffer tests, then two library calls posted together -- the 16-byte
+fingerprint ``MPI_Iallreduce`` and ``MPI_Ireduce_scatter_block`` -- the fingerprint's check and the
+statistics. References: ``MPI_Reduce_scatter``, ``MPI_Ireduce_scatter_block`` + ``MPI_Wait``, the
+fingerprint's ``MPI_Iallreduce`` + ``MPI_Wait`` alone, and both library calls (the floor of a call
+that checks its fingerprint).
+
+Each row is timed alone, in loops of ``--calls`` calls of the same length on every rank
+(:mod:`experiments.bench.breakdown_rows`): the whole call, entry points into it (``plan.run``, the
+plan's lean library call), its steps, and calibration rows -- ``loop`` (a call that does nothing:
+what the loop adds to every row), ``empty call`` (an empty function with the collective's
+keyword-only signature, called as the benchmark calls the collective) and ``call and tests`` (the
+same with the collective's first argument tests). The derived rows are what no row times alone:
+``public entry`` (the call less its look-up and ``plan.run``: the collective's frame and tests),
+``in the plan`` / ``plan set-up`` / ``in the lean call`` (an entry point less its timed steps: frames,
+``try``, flags), ``rest`` (the call less all its timed steps; the sum of the ones before) and the
+calibration rows less ``loop``, each per pass as ``whole - sum(parts) + (len(parts) - 1) * loop``.
+
+The rows of one pass take turns (interleaved, the order reversed every other pass), ``--passes``
+passes are made, and each figure is the median over passes with its range. Microseconds per call
+on rank 0 (every loop starts after a barrier). A pass in which a derived row comes out negative
+(its parts took longer than the whole: one of their loops was disturbed) is inconsistent for that
+row: it is left out of that row's median and range, and the record lists it under ``dropped``
+({size: {row: [pass index from 0]}}); the timed rows and the ratios keep every pass. Ratios, geometric means over the sizes per pass: ``auto`` /
+``MPI_Iallreduce``+``Wait`` (target <= 1.5x) and persistent plan / ``MPI_Allreduce`` (target <= 1.0x);
+reduce-scatter ``auto`` / ``MPI_Ireduce_scatter_block``+``Wait`` (target <= 2.2x) and both library
+calls over the same (the floor). The results file records ``op``, ``passes`` and ``calls`` and
+carries the quiet-machine provenance (:mod:`experiments.results`).
 """
 import argparse
 import json
@@ -27,50 +51,16 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import collectives as C
-from collectives.calls.signatures import cached_plan
 from experiments import results as prov
+from experiments.bench.breakdown_rows import OPS
 from experiments.outputs import unwritable
 
-__all__ = ["STEPS", "main"]
+__all__ = ["STEPS", "measure", "summarize", "main"]
 
-#: The timed rows: references first, then the call and its steps.
+#: The timed rows of ``--op allreduce``: references first, then the call, its entry points, its steps, calibration.
 STEPS = ("MPI_Allreduce", "MPI_Iallreduce+Wait", "MPI_Allreduce_init", "persistent plan", "auto",
-         "look-up", "copy in", "library call", "check", "copy out")
-
-
-def _rows(comm, x, algorithm):
-    """Return {row: zero-argument call} for ``x`` on ``comm`` (the plan of ``algorithm`` made and cached first)."""
-    out = np.empty_like(x)
-    for _ in range(3):
-        C.allreduce(x, comm=comm, algorithm=algorithm)
-    plan = cached_plan(x, comm=comm, algorithm=algorithm)
-    if plan is None:
-        raise ValueError(f"a {x.nbytes}-byte {algorithm} all-reduce on {comm.Get_size()} ranks has no cached "
-                         "library plan (auto does not choose mpi at this size here, or debug mode is on)")
-    dup = plan.ctx.comm
-    init = dup.Allreduce_init(x, out, MPI.SUM)
-    persistent = C.allreduce_init(x, comm=comm, algorithm=algorithm, out=out)
-    work, recv, tail, want, shaped, result = plan.work, plan.recv, plan.tail, plan.want, plan.shaped, plan.shaped_result
-
-    def pers():
-        persistent.start()
-        persistent.wait()
-
-    def start_wait():
-        init.Start()
-        init.Wait()
-
-    rows = {"MPI_Allreduce": lambda: dup.Allreduce(x, out, MPI.SUM),
-            "MPI_Iallreduce+Wait": lambda: dup.Iallreduce(x, out, MPI.SUM).Wait(),
-            "MPI_Allreduce_init": start_wait, "persistent plan": pers,
-            "auto": lambda: C.allreduce(x, comm=comm, algorithm=algorithm),
-            "look-up": lambda: cached_plan(x, comm=comm, algorithm=algorithm),
-            "copy in": lambda: shaped.__setitem__(Ellipsis, x),
-            "library call": lambda: dup.Iallreduce(work, recv, MPI.SUM).Wait(),
-            "check": lambda: tail.tobytes() != want,
-            "copy out": lambda: result.astype(x.dtype)}
-    return rows, (init, persistent)
+         "look-up", "plan.run", "copy in", "library call", "check", "copy out", "statistics",
+         "loop", "empty call", "call and tests")
 
 
 def _loop(comm, call, n):
@@ -81,13 +71,15 @@ def _loop(comm, call, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def measure(comm, nbytes, passes, calls, algorithm="auto"):
-    """Return {row: [microseconds per call, one per pass]} for a float32 all-reduce of ``nbytes``.
+def measure(comm, nbytes, passes, calls, algorithm="auto", op="allreduce"):
+    """Return ({row: [microseconds per call, one per pass]}, :class:`~experiments.bench.breakdown_rows.Rows`)
+    for a float32 ``op`` of ``nbytes``.
 
-    Row ``auto`` is the all-reduce called with ``algorithm`` (``auto``, or ``mpi`` where ``auto``
-    does not choose the library, as on one rank)."""
+    Row ``auto`` is the collective called with ``algorithm`` (``auto``, or ``mpi`` where ``auto``
+    does not choose the library, as the all-reduce on one rank)."""
     x = np.arange(max(nbytes // 4, 1), dtype=np.float32)
-    rows, keep = _rows(comm, x, algorithm)
+    spec = OPS[op](comm, x, algorithm)
+    rows = spec.rows
     for call in rows.values():  # warm every row
         for _ in range(200):
             call()
@@ -96,54 +88,69 @@ def measure(comm, nbytes, passes, calls, algorithm="auto"):
         names = list(rows) if p % 2 == 0 else list(reversed(rows))
         for k in names:
             times[k].append(comm.bcast(_loop(comm, rows[k], calls), 0))
-    keep[0].Free()
-    keep[1].free()
-    return times
+    spec.free()
+    return times, spec
 
 
-def summarize(times):
-    """Return {row: (median, min, max)} and the row ``rest``: the whole call less its timed steps."""
-    steps = ("look-up", "copy in", "library call", "check", "copy out")
-    rest = [a - sum(times[s][i] for s in steps) for i, a in enumerate(times["auto"])]
-    table = {k: (statistics.median(v), min(v), max(v)) for k, v in {**times, "rest": rest}.items()}
-    return table
+def summarize(times, derived):
+    """Return ({row: (median, min, max)}, {derived row: dropped passes}) with the ``derived`` rows added.
+
+    ``derived`` is {name: (whole row, part rows)}; per pass each is
+    ``whole - sum(parts) + (len(parts) - 1) * loop``. A pass in which a derived row is negative is
+    left out of that row (its index is listed); a row negative in every pass is left out.
+    """
+    n = len(times["loop"])
+    table = {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
+    dropped = {}
+    for name, (whole, parts) in derived.items():
+        per = [times[whole][i] - sum(times[p][i] for p in parts) + (len(parts) - 1) * times["loop"][i]
+               for i in range(n)]
+        kept = [v for v in per if v >= 0]
+        if len(kept) < n:
+            dropped[name] = [i for i, v in enumerate(per) if v < 0]
+        if kept:
+            table[name] = (statistics.median(kept), min(kept), max(kept))
+    return table, dropped
 
 
-def _ratios(per_size):
-    """Return the geometric means over sizes of the target ratios, per pass, as (median, min, max)."""
+def _ratios(per_size, ratios):
+    """Return the geometric means over sizes of ``ratios`` ({name: (row, row)}), per pass, as (median, min, max)."""
     def geo(num, den):
         n = len(next(iter(per_size.values()))[num])
         vals = [statistics.geometric_mean([t[num][i] / t[den][i] for t in per_size.values()]) for i in range(n)]
         return statistics.median(vals), min(vals), max(vals)
 
-    return {"auto / MPI_Iallreduce+Wait": geo("auto", "MPI_Iallreduce+Wait"),
-            "persistent plan / MPI_Allreduce": geo("persistent plan", "MPI_Allreduce"),
-            "MPI_Iallreduce+Wait / MPI_Allreduce": geo("MPI_Iallreduce+Wait", "MPI_Allreduce"),
-            "MPI_Allreduce_init / MPI_Allreduce": geo("MPI_Allreduce_init", "MPI_Allreduce")}
+    return {name: geo(num, den) for name, (num, den) in ratios.items()}
 
 
-def _print(P, per_size, ratios):
+def _print(P, op, per_size, dropped, ratios):
     sizes = list(per_size)
-    print(f"P = {P}, float32, microseconds per call: median [min-max] over passes")
-    print(f"{'step':<22}" + "".join(f"{f'{n} B':>22}" for n in sizes))
-    for k in STEPS[:5] + ("look-up", "copy in", "library call", "check", "copy out", "rest"):
-        cells = "".join(f"{f'{m:.2f} [{lo:.2f}-{hi:.2f}]':>22}" for m, lo, hi in (per_size[n][k] for n in sizes))
-        print(f"{k:<22}{cells}")
+    cell = {(n, k): f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for n in sizes for k, (m, lo, hi) in per_size[n].items()}
+    w = max(map(len, cell.values())) + 2
+    print(f"{op}, P = {P}, float32, microseconds per call: median [min-max] over passes")
+    print(f"{'row':<32}" + "".join(f"{f'{n} B':>{w}}" for n in sizes))
+    for k in dict.fromkeys(k for n in sizes for k in per_size[n]):
+        print(f"{k:<32}" + "".join(f"{cell.get((n, k), '-'):>{w}}" for n in sizes))
+    for n in sizes:
+        for row, passes in dropped[n].items():
+            print(f"{n} B, {row}: left out pass(es) {', '.join(str(i + 1) for i in passes)} (negative)")
     print("geometric mean over the sizes, median [min-max] over passes:")
     for k, (m, lo, hi) in ratios.items():
-        print(f"  {k:<38} {m:.2f}x [{lo:.2f}-{hi:.2f}]")
+        print(f"  {k:<56} {m:.2f}x [{lo:.2f}-{hi:.2f}]")
 
 
 def main(argv=None):
     """Run the benchmark on ``COMM_WORLD``; return the exit status (2: bad arguments or a busy machine)."""
     ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.breakdown",
-                                 description="The steps of a repeated small all-reduce beside MPI's own calls.")
+                                 description="The steps of a repeated small all-reduce or reduce-scatter beside "
+                                 "MPI's own calls.")
+    ap.add_argument("--op", default="allreduce", choices=tuple(OPS), help="the collective (default allreduce)")
     ap.add_argument("--sizes", default="8,64,512,4096", help="message sizes in bytes, float32, comma-separated "
                     "(at most 8192: the cached path's limit)")
     ap.add_argument("--passes", type=int, default=7, help="interleaved passes (median and range; at least 3)")
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
     ap.add_argument("--algorithm", default="auto", choices=("auto", "mpi"),
-                    help="the all-reduce's algorithm (default auto; its row keeps the name auto)")
+                    help="the collective's algorithm (default auto; its row keeps the name auto)")
     ap.add_argument("--out", default="results/bench_breakdown.json", help="results file (JSON)")
     prov.add_options(ap)
     args = ap.parse_args(argv)
@@ -165,15 +172,23 @@ def main(argv=None):
     if watch is None:
         return 2
     try:
-        times = {n: measure(comm, n, args.passes, args.calls, args.algorithm) for n in sizes}
+        measured = {n: measure(comm, n, args.passes, args.calls, args.algorithm, args.op) for n in sizes}
     except ValueError as exc:
         if rank0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     if rank0:
-        per_size, ratios = {n: summarize(t) for n, t in times.items()}, _ratios(times)
-        _print(comm.Get_size(), per_size, ratios)
-        record = {"P": comm.Get_size(), "algorithm": args.algorithm, "sizes": {str(n): {k: list(v) for k, v in t.items()} for n, t in per_size.items()},
+        spec = next(iter(measured.values()))[1]
+        times = {n: t for n, (t, _) in measured.items()}
+        summary = {n: summarize(t, spec.derived) for n, t in times.items()}
+        per_size, dropped = {n: s[0] for n, s in summary.items()}, {n: s[1] for n, s in summary.items()}
+        ratios = _ratios(times, spec.ratios)
+        _print(comm.Get_size(), args.op, per_size, dropped, ratios)
+        record = {"P": comm.Get_size(), "op": args.op, "algorithm": args.algorithm, "passes": args.passes,
+                  "calls": args.calls,
+                  "sizes": {str(n): {k: list(v) for k, v in t.items()} for n, t in per_size.items()},
+                  "dropped": {str(n): d for n, d in dropped.items()},
+                  "derived": {k: [w, list(parts)] for k, (w, parts) in spec.derived.items()},
                   "ratios": {k: list(v) for k, v in ratios.items()}}
         record = prov.stamp(record, watch, P=comm.Get_size())
         with open(args.out, "w", encoding="utf-8") as f:
