@@ -1,9 +1,9 @@
 """A Prometheus-like scraper in a process of its own: fetch a metrics page at a fixed interval.
 
-``python -m experiments.bench.scrape --port PORT [--every 0.5] [--host 127.0.0.1]``
+``python -m experiments.bench.scrape --port PORT [--every 0.5] [--host 127.0.0.1] [--count N]``
 
-It reads ``http://HOST:PORT/metrics`` every ``--every`` seconds until it gets SIGTERM or SIGINT,
-then prints one line, ``scrapes N failed M`` (M: refused or failed fetches, e.g. before the job's
+It reads ``http://HOST:PORT/metrics`` every ``--every`` seconds until it gets SIGTERM or SIGINT
+(or has read ``--count`` pages), then prints one line, ``scrapes N failed M`` (M: refused or failed fetches, e.g. before the job's
 endpoint is up), and exits 0. :mod:`experiments.bench.metrics_overhead` runs it beside a served
 run, so that the scrapes load the served rank's HTTP thread as a Prometheus server does, from
 another process, and not the rank's own interpreter. It imports neither MPI nor NumPy.
@@ -17,7 +17,7 @@ import urllib.request
 __all__ = ["main", "scrape"]
 
 
-def scrape(url, every, stop):
+def scrape(url, every, stop, count=0):
     """Fetch ``url`` every ``every`` seconds until ``stop`` is set; return (pages read, fetches failed).
 
     Parameters
@@ -28,6 +28,8 @@ def scrape(url, every, stop):
         Seconds between the starts of two fetches' waits.
     stop : threading.Event
         Set to end the loop.
+    count : int
+        Pages after which the loop ends by itself; 0: none.
 
     Returns
     -------
@@ -47,6 +49,8 @@ def scrape(url, every, stop):
             done += 1
         except OSError:
             failed += 1
+        if done == count:
+            break
     return done, failed
 
 
@@ -56,11 +60,12 @@ def main(argv=None):
     p.add_argument("--port", type=int, required=True, help="the metrics endpoint's TCP port")
     p.add_argument("--host", default="127.0.0.1", help="its address (default: %(default)s)")
     p.add_argument("--every", type=float, default=0.5, help="seconds between scrapes (default: %(default)s)")
+    p.add_argument("--count", type=int, default=0, help="stop after this many pages; 0: at the signal (default)")
     args = p.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    done, failed = scrape(f"http://{args.host}:{args.port}/metrics", args.every, stop)
+    done, failed = scrape(f"http://{args.host}:{args.port}/metrics", args.every, stop, args.count)
     print(f"scrapes {done} failed {failed}", flush=True)
     return 0
 
