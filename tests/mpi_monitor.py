@@ -23,7 +23,7 @@ ps          ``--mode ps`` (1 server, 2 workers, ASP) with ``--straggler 2:6 --ba
             worker rank 2, and only it, is named, and balancing gave it the smaller batch.
 ps_clean    the same run without ``--straggler`` nor ``--balance`` (same length, same thresholds):
             nobody is named, nothing in ``events.jsonl``.
-ps_stall    worker rank 2 held back 2 s in one step, ``--stall-seconds 0.5``: it is named stalled (the
+ps_stall    worker rank 2 held back 3 s in one step, ``--stall-seconds 1``: it is named stalled (the
             log warning, ``commlab_stalled{rank="2"} 1`` in a page, ``events.jsonl``), and not a
             straggler; the job finishes.
 grid        the pipeline grid (3 stages) runs with monitoring: nobody named, every rank's sync time at
@@ -297,14 +297,14 @@ def case_ps_stall(comm, base):
         def compute_gradient(*args, **kw):
             calls[0] += 1
             if comm.rank == 2 and calls[0] == 20:
-                time.sleep(2.0)  # worker rank 2 sends no report for 2 s
+                time.sleep(3.0)  # worker rank 2 sends no report for 3 s
             return real(*args, **kw)
         return compute_gradient
 
     real = _patched(training.ps_mode.worker, "compute_gradient", hold)
     try:
         with _Warnings() as warned:
-            summary, pages, run = _train(comm, root, "ps-stall", **{**PS, "epochs": 3, "stall_seconds": 0.5,
+            summary, pages, run = _train(comm, root, "ps-stall", **{**PS, "epochs": 3, "stall_seconds": 1.0,
                                                                    "straggler_intervals": 3})
     finally:
         training.ps_mode.worker.compute_gradient = real
@@ -313,11 +313,11 @@ def case_ps_stall(comm, base):
     assert summary["stalls"] == [2] and summary["stragglers"] == [], summary
     assert len(warned.lines) == 1 and warned.lines[0].startswith("stall: worker rank 2 has sent no report for "), \
         warned.lines
-    assert "(--stall-seconds 0.5;" in warned.lines[0], warned.lines
+    assert "(--stall-seconds 1;" in warned.lines[0], warned.lines
     flagged = [_samples(_families(p), "commlab_stalled").get("2") for p in pages[1:]]
     assert 1.0 in flagged, flagged  # named while silent
     stalls = read_jsonl(os.path.join(run, "events.jsonl"))
-    assert [(e["event"], e["rank"]) for e in stalls] == [("stall", 2)] and stalls[0]["late_s"] >= 0.5, stalls
+    assert [(e["event"], e["rank"]) for e in stalls] == [("stall", 2)] and stalls[0]["late_s"] >= 1.0, stalls
 
 
 def case_grid(comm, base):
