@@ -32,7 +32,7 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q -e '.[$(MPI),data]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed $(VENV)/.prometheus
+$(VENV)/.installed-test: $(VENV)/.installed | $(VENV)/.prometheus
 	$(PY) -m pip install -q -e '.[$(MPI),data,test,torch,docs]'
 	touch $@
 
@@ -41,13 +41,15 @@ $(VENV)/.installed-docs: $(VENV)/.installed
 	touch $@
 
 # the Prometheus server of the scrape test (tests/test_monitor_scrape.py): Debian's package, installed
-# once per venv where apt-get can (as root); where it cannot, that test is skipped and says why
+# where apt-get can (as root); stamped only once the binary is there, so a failed install is tried
+# again at the next `make test` (an order-only need: it never reinstalls the Python packages); where
+# it cannot be installed, that test is skipped and says why
 $(VENV)/.prometheus: $(VENV)/.installed
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq \
 	  --no-install-recommends prometheus >/dev/null 2>&1; } || \
 	  echo "prometheus could not be installed: tests/test_monitor_scrape.py will be skipped"
-	touch $@
+	@if command -v prometheus >/dev/null; then touch $@; fi
 
 run: $(VENV)/.installed
 	$(MPIEXEC) $(MPIEXEC_ARGS) -n $(NP) $(PY) -m training.train

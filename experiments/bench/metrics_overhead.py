@@ -5,15 +5,18 @@
 Each repeat trains the same data-parallel run three times on the ranks: without monitoring (``off``),
 with ``--monitor`` (``watch``: the gathers, heartbeats and straggler and stall detection, nothing
 served) and with ``--metrics-port`` (``serve``: the same plus the Prometheus endpoint of rank 0,
-scraped by rank 0 itself every 0.5 s as a Prometheus server would be). The order rotates between
-repeats, so a drift in the machine's load hits every variant alike. A run's step time is the median
-of its steps' durations on rank 0 (consecutive ``wall_s`` of ``metrics.jsonl``). Printed: the median
-step time of each variant, the ratio to ``off`` per repeat with its median and range (the target:
-within the spread of the ``off`` runs themselves, and the monitoring's own time <= 2 % of the step),
-and the internal figure (``monitor_overhead`` of the runs' summaries: the monitoring code's own time
-over the step time, largest rank). Results go to ``results/bench_metrics_overhead.json`` with the
-configuration and the ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark
-refuses to start unless ``--allow-noisy`` marks its file noisy).
+scraped every ``--scrape-every`` seconds (0.5) by a process of its own, :mod:`experiments.bench.scrape`,
+as a Prometheus server would be). The order rotates between repeats, so a drift in the machine's
+load hits every variant alike. A run's step time is the median of its steps' durations on rank 0
+(consecutive ``wall_s`` of ``metrics.jsonl``). Printed: the median step time of each variant, the
+ratio to ``off`` per repeat with its median and range (the target: within the spread of the ``off``
+runs themselves, and the monitoring's own time <= 2 % of the step), and the internal figures of the
+runs' summaries: ``monitor_overhead`` (the monitoring code's own time over the step time, largest
+rank), each rank's (``monitor_overhead_ranks``), and ``export_overhead`` (rank 0's time setting the
+exporter's metrics, a part of rank 0's own time). Results go to
+``results/bench_metrics_overhead.json`` with the configuration, the scrapes each served run got,
+and the ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start
+unless ``--allow-noisy`` marks its file noisy).
 """
 import argparse
 import contextlib
@@ -21,10 +24,9 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
-import urllib.request
 
 from mpi4py import MPI
 
@@ -46,6 +48,8 @@ def _parser():
     p.add_argument("--repeats", type=int, default=5, help="rounds of the three runs (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (default: %(default)s)")
     p.add_argument("--metrics-every", type=int, default=10, help="steps between gathers (default: %(default)s)")
+    p.add_argument("--scrape-every", type=float, default=0.5,
+                   help="seconds between the scrapes of a served run (default: %(default)s)")
     p.add_argument("--out", default="results/bench_metrics_overhead.json", help="results file (default: %(default)s)")
     prov.add_options(p)
     return p
@@ -57,12 +61,22 @@ def _step_times(path):
     return [b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:]) if a["epoch"] == b["epoch"]]
 
 
-def _scrape(port, stop):
-    """Fetch ``http://127.0.0.1:PORT/metrics`` every 0.5 s until ``stop`` is set (a Prometheus server's load)."""
-    while not stop.wait(0.5):
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                r.read()
+#: The repository root: the scraper's working directory, where ``python -m experiments...`` finds the package.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _start_scraper(port, every):
+    """Start :mod:`experiments.bench.scrape` on ``port`` in a process of its own (rank 0 only)."""
+    return subprocess.Popen([sys.executable, "-m", "experiments.bench.scrape", "--port", str(port),
+                             "--every", str(every)], cwd=_ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def _stop_scraper(proc):
+    """Stop the scraper; return how many pages it read."""
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    words = out.split()
+    return int(words[1]) if len(words) >= 2 and words[0] == "scrapes" else 0
 
 
 def _free_port(comm):
@@ -74,37 +88,43 @@ def _free_port(comm):
     return comm.bcast(port, root=0)
 
 
-def _one(base, mode, name, comm):
-    """Train one run of variant ``mode``; return (rank 0's median step seconds, its monitor_overhead)."""
+def _one(base, mode, name, comm, every):
+    """Train one run of variant ``mode``; return rank 0's (median step seconds, summary, pages scraped)."""
     port = _free_port(comm) if mode == "serve" else 0
     cfg = base.replace(name=name, monitor=mode == "watch", metrics_port=port)
-    stop, scraper = threading.Event(), None
-    if port and comm.Get_rank() == 0:
-        scraper = threading.Thread(target=_scrape, args=(port, stop), daemon=True)
-        scraper.start()
-    summary = run(cfg, comm)
-    stop.set()
-    if scraper is not None:
-        scraper.join()
+    scraper = _start_scraper(port, every) if port and comm.Get_rank() == 0 else None
+    try:
+        summary = run(cfg, comm)
+    finally:
+        scraped = _stop_scraper(scraper) if scraper is not None else 0
     if comm.Get_rank() != 0:
-        return None, None
-    return statistics.median(_step_times(os.path.join(base.run_dir, name, "metrics.jsonl"))), \
-        summary.get("monitor_overhead")
+        return None, None, 0
+    return statistics.median(_step_times(os.path.join(base.run_dir, name, "metrics.jsonl"))), summary, scraped
 
 
-def _runs(base, repeats, comm):
-    """Train the three variants per repeat, order rotating; return {variant: [step seconds]} and the internal figures."""
-    times, internal = {m: [] for m in VARIANTS}, {m: [] for m in VARIANTS[1:]}
+#: The internal figures kept from each monitored run's summary (training.monitor.sync.SyncMonitor.close).
+INTERNAL = ("monitor_overhead", "monitor_overhead_ranks", "export_overhead")
+
+
+def _runs(base, repeats, comm, every):
+    """Train the three variants per repeat, order rotating; return {variant: [step seconds]}, the internal
+    figures ({variant: {figure: [per repeat]}}) and the pages each served run's scraper read."""
+    times = {m: [] for m in VARIANTS}
+    internal = {m: {k: [] for k in INTERNAL} for m in VARIANTS[1:]}
+    scraped = []
     run(base.replace(name="warmup", epochs=1), comm)
     for i in range(repeats):
         order = VARIANTS[i % 3:] + VARIANTS[:i % 3]
         for mode in order:
-            step, own = _one(base, mode, f"{mode}{i}", comm)
+            step, summary, pages = _one(base, mode, f"{mode}{i}", comm, every)
             if comm.Get_rank() == 0:
                 times[mode].append(step)
                 if mode != "off":
-                    internal[mode].append(own)
-    return times, internal
+                    for k in INTERNAL:
+                        internal[mode][k].append(summary.get(k))
+                if mode == "serve":
+                    scraped.append(pages)
+    return times, internal, scraped
 
 
 def main(argv=None):
@@ -114,8 +134,9 @@ def main(argv=None):
     before any measurement.
     """
     args = _parser().parse_args(argv)
-    if args.repeats < 1 or args.epochs < 1 or args.metrics_every < 1:
-        print("error: --repeats, --epochs and --metrics-every must be >= 1", file=sys.stderr)
+    if args.repeats < 1 or args.epochs < 1 or args.metrics_every < 1 or not args.scrape_every > 0:
+        print("error: --repeats, --epochs and --metrics-every must be >= 1 and --scrape-every > 0 seconds",
+              file=sys.stderr)
         return 2
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -127,7 +148,7 @@ def main(argv=None):
                   lr_schedule="constant", metrics_every=args.metrics_every)
     try:
         with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):  # the runs' tables
-            times, internal = _runs(base, args.repeats, comm)
+            times, internal, scraped = _runs(base, args.repeats, comm, args.scrape_every)
     finally:
         comm.Barrier()
         if rank == 0:
@@ -139,19 +160,26 @@ def main(argv=None):
     spread = (max(off) - min(off)) / statistics.median(off)
     print(f"P={comm.Get_size()}, {base.data}, hidden {list(base.hidden)}, {base.dtype}, batch {base.batch_size}, "
           f"{args.epochs} epochs per run, gather every {args.metrics_every} steps, {args.repeats} repeats")
-    result = {"config": {**base.to_dict(), "repeats": args.repeats}, "run": run_info(comm), "step_s": times,
-              "off_spread": spread}
+    result = {"config": {**base.to_dict(), "repeats": args.repeats, "scrape_every": args.scrape_every},
+              "run": run_info(comm), "step_s": times, "off_spread": spread, "scrapes": scraped}
     print(f"off: median step {statistics.median(off) * 1e3:.3f} ms, range {min(off) * 1e3:.3f}-{max(off) * 1e3:.3f} ms "
           f"(spread {spread:.1%} of the median)")
     for mode in VARIANTS[1:]:
         ratios = [t / o for t, o in zip(times[mode], off)]
-        med, own = statistics.median(ratios), statistics.median(internal[mode])
+        figures = internal[mode]
+        med, own = statistics.median(ratios), statistics.median(figures["monitor_overhead"])
+        rank0 = statistics.median(r[0] for r in figures["monitor_overhead_ranks"])
+        export = statistics.median(figures["export_overhead"])
         within = min(off) <= statistics.median(times[mode]) <= max(off)
         print(f"{mode}: median step {statistics.median(times[mode]) * 1e3:.3f} ms; ratio to off per repeat: median "
               f"{med:.3f}, range {min(ratios):.3f}-{max(ratios):.3f} ({'within' if within else 'outside'} the off "
-              f"runs' spread); monitoring's own time {own:.2%} of the step (target <= 2 %)")
+              f"runs' spread); monitoring's own time {own:.2%} of the step (target <= 2 %), rank 0's {rank0:.2%}, "
+              f"of which the exporter's updates {export:.2%}")
         result[mode] = {"ratios": ratios, "ratio_median": med, "ratio_min": min(ratios), "ratio_max": max(ratios),
-                        "within_off_spread": within, "monitor_overhead": internal[mode]}
+                        "within_off_spread": within, **figures}
+    if scraped:
+        print(f"served runs scraped every {args.scrape_every:g} s from another process: {min(scraped)}-{max(scraped)} "
+              f"pages per run")
     prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.bench.metrics_overhead", argv))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_json(args.out, result)

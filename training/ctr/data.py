@@ -180,6 +180,9 @@ def check_ctr_config(cfg):
     if cfg.ps_replicas > 1 or cfg.ps_conflict == "cas" or cfg.weight_decay or cfg.device != "cpu":
         raise ValueError("--model ctr supports neither --ps-replicas, --ps-conflict cas, --weight-decay "
                          "(a sparse update would skip the rows not touched) nor --device gpu")
+    if cfg.monitor or cfg.metrics_port or cfg.tensorboard:
+        raise ValueError("--model ctr runs are not watched by live monitoring: drop --monitor, --metrics-port and "
+                         "--tensorboard (docs/guide/monitoring.md lists the runs it watches)")
     if cfg.mode != "dp" and cfg.optimizer == "adam":
         raise ValueError("--model ctr with --mode ps or hybrid needs --optimizer sgd or adagrad (sparse updates "
                          "on the servers)")

@@ -122,7 +122,7 @@ class Exporter:
         if hasattr(prometheus_client, "disable_created_metrics"):
             prometheus_client.disable_created_metrics()  # no _created series beside every counter
         self.registry = CollectorRegistry(auto_describe=True)
-        self.metrics = {}
+        self.metrics, self._children = {}, {}  # name -> metric; (name, label value) -> its labelled series
         for name, kind, label, text in METRICS:
             cls = Counter if kind == "counter" else Gauge
             self.metrics[name] = cls(name, text, [label] if label else [], registry=self.registry)
@@ -131,23 +131,31 @@ class Exporter:
             served = prometheus_client.start_http_server(self.port, addr=host, registry=self.registry)
             self._httpd = served[0] if isinstance(served, tuple) else None
 
+    def _series(self, name, key):
+        """Return the series of ``name`` labelled ``key``, made at its first use and kept.
+
+        ``metric.labels(...)`` looks the series up under the metric's lock and checks the label on
+        every call; a gather sets every metric of every rank, so the series are looked up once.
+        """
+        series = self._children.get((name, key))
+        if series is None:
+            series = self._children[(name, key)] = self.metrics[name].labels(str(key))
+        return series
+
     def set(self, name, values):
         """Set gauge ``name`` to ``values`` ({label value: float}, or a float for a metric without label)."""
-        metric = self.metrics[name]
         if not isinstance(values, dict):
-            metric.set(float(values))
+            self.metrics[name].set(float(values))
             return
         for key, v in values.items():
-            metric.labels(str(key)).set(float(v))
+            self._series(name, key).set(float(v))
 
     def inc(self, name, deltas):
         """Add ``deltas`` ({label value: non-negative number}) to counter ``name``."""
-        metric = self.metrics[name]
         for key, v in deltas.items():
+            series = self._series(name, key)  # the series exists from the first report, at 0
             if v > 0:
-                metric.labels(str(key)).inc(float(v))
-            else:
-                metric.labels(str(key))  # the series exists from the first report, at 0
+                series.inc(float(v))
 
     def text(self):
         """Return the exposition of every metric (what a scrape reads), as text."""

@@ -2,18 +2,20 @@
 
 Servers and workers share no step, so nothing here is collective once the run has started: every
 ``--metrics-interval`` seconds each worker sends server 0 (rank 0) its running totals
-(:data:`WORKER_FIELDS`: clock, steps, compute, injected delay, push-and-pull and pull-wait seconds,
-bytes pushed) and each other server its own (:data:`SERVER_FIELDS`: pushes folded, pulls waiting,
-staleness of the pulls served), each as one ``MPI_Isend`` of a few float64 on a communicator of its
-own, sent only when the previous one has completed. Server 0 receives them between two messages of
-its serving loop (:attr:`ps.server.Server.on_tick`), takes differences of the totals and sets the
-metrics: per worker as in synchronous runs (``commlab_compute_seconds{rank}``, ...), per server
-``commlab_ps_pushes_per_second``, ``commlab_ps_staleness_clocks`` and ``commlab_ps_queue_depth``.
+(:data:`WORKER_FIELDS`: clock, steps, samples, compute, injected delay, push-and-pull and pull-wait
+seconds, bytes pushed, steps skipped) and each other server its own (:data:`SERVER_FIELDS`: pushes
+folded, pulls waiting, staleness of the pulls served), each as one ``MPI_Isend`` of a few float64 on
+a communicator of its own, sent only when the previous one has completed. Server 0 receives them
+between two messages of its serving loop (:attr:`ps.server.Server.on_tick`), takes differences of
+the totals and sets the metrics: per worker as in synchronous runs (``commlab_compute_seconds{rank}``,
+...), per server ``commlab_ps_pushes_per_second``, ``commlab_ps_staleness_clocks`` and
+``commlab_ps_queue_depth``.
 
 Stragglers: the rule of :class:`training.monitor.detect.StragglerRule` over the workers' own time
-per step (compute and injected delay), one interval per report round. Stalls: a live worker whose
-last report is older than ``--stall-seconds`` is named (the servers drop it after
-``--ps-timeout``).
+per sample (compute and injected delay), one interval per report round: the figure ``--balance``
+sizes the workers' batches by, so a worker that balancing has given a smaller batch (and a step
+time near the others') is still named. Stalls: a live worker whose last report is older than
+``--stall-seconds`` is named (the servers drop it after ``--ps-timeout``).
 """
 import time
 
@@ -32,7 +34,8 @@ _log = get_logger("training.monitor")
 _WORKER_TAG, _SERVER_TAG = 0x3E71, 0x3E72
 
 #: A worker's report: running totals since its start (seconds, bytes, counts).
-WORKER_FIELDS = ("clock", "steps", "compute_s", "delay_s", "sync_s", "wait_s", "bytes_sent", "monitor_s")
+WORKER_FIELDS = ("clock", "steps", "samples", "compute_s", "delay_s", "sync_s", "wait_s", "bytes_sent", "skipped",
+                 "monitor_s")
 #: A server's report: running totals, but ``queue`` (pulls waiting now).
 SERVER_FIELDS = ("pushes", "queue", "staleness_sum", "served", "monitor_s")
 _W = {name: i for i, name in enumerate(WORKER_FIELDS)}
@@ -64,6 +67,7 @@ class PSMonitor:
         self.W, self.cfg = self.comm.Get_size() - cfg.servers, cfg
         self.interval, self.next = cfg.metrics_interval, time.monotonic() + cfg.metrics_interval
         self.own, self.sync, self.sent = 0.0, 0.0, 0.0
+        self.skipped = 0  # a worker's steps skipped for a non-finite loss or gradient (its gradient code counts)
         self._out, self._req = None, None
         self.exporter = self.board = self.events = None
         if self.rank == 0:
@@ -93,7 +97,7 @@ class PSMonitor:
         clock : int
             The worker's clock after the step.
         stats : dict
-            The worker's running totals (``steps`` or ``pushes``, ``compute_s``, ``delay_s``).
+            The worker's running totals (``pushes``, ``samples``, ``compute_s``, ``delay_s``).
         sync_s : float
             This step's push and pull seconds.
         wait_s : float
@@ -106,8 +110,8 @@ class PSMonitor:
         self.sent += nbytes
         if time.monotonic() >= self.next:
             self.next = time.monotonic() + self.interval
-            self._send(numpy.array([clock, stats["pushes"], stats["compute_s"], stats["delay_s"], self.sync,
-                                    wait_s, self.sent, self.own], numpy.float64), _WORKER_TAG)
+            self._send(numpy.array([clock, stats["pushes"], stats["samples"], stats["compute_s"], stats["delay_s"],
+                                    self.sync, wait_s, self.sent, self.skipped, self.own], numpy.float64), _WORKER_TAG)
         self.own += time.perf_counter() - t
 
     def server_tick(self, server):
@@ -149,9 +153,10 @@ class PSMonitor:
         means = {"compute_seconds": own, "arrival_seconds": own, "sync_seconds": d[:, _W["sync_s"]] / per,
                  "wait_seconds": d[:, _W["wait_s"]] / per,
                  "step_seconds": own + d[:, _W["sync_s"]] / per}
-        if fresh.sum() >= 2:
-            for w in self.rule.update(own, live=fresh):
-                self._straggler(w, own)
+        if fresh.sum() >= 2:  # the rule on seconds per sample: per step, balanced batches would hide a straggler
+            per_sample = (d[:, _W["compute_s"]] + d[:, _W["delay_s"]]) / numpy.maximum(d[:, _W["samples"]], 1)
+            for w in self.rule.update(per_sample, live=fresh):
+                self._straggler(w, own, per_sample)
         live = server.table.status == 0  # ps.consistency.LIVE
         for w in numpy.flatnonzero(live & (now - self.heard > self.cfg.stall_seconds)).tolist():
             if self.cfg.stall_seconds > 0 and w not in self.stalled:
@@ -172,6 +177,7 @@ class PSMonitor:
             ex.set("commlab_straggler", {ranks[w]: float(self.rule.slow[w]) for w in range(self.W)})
             ex.set("commlab_stalled", {ranks[w]: float(w in self.stalled) for w in range(self.W)})
             ex.inc("commlab_sent_bytes", {ranks[w]: d[w, _W["bytes_sent"]] for w in range(self.W)})
+            ex.inc("commlab_skipped_steps", {ranks[w]: d[w, _W["skipped"]] for w in range(self.W)})
             ex.inc("commlab_straggler_events", dict.fromkeys(ranks, 0))
             ex.set("commlab_ps_pushes_per_second", {s: ds[s, _S["pushes"]] / dt for s in range(self.S)})
             ex.set("commlab_ps_staleness_clocks", {s: ds[s, _S["staleness_sum"]] / ds[s, _S["served"]]
@@ -190,13 +196,14 @@ class PSMonitor:
         row = self.workers[w]
         return row[_W["compute_s"]] + row[_W["delay_s"]] + row[_W["sync_s"]]
 
-    def _straggler(self, w, own):
-        mid = median(own)
-        _log.warning("straggler: worker rank %d takes %.4f s per step (compute and delay), %.1f x the workers' "
-                     "median %.4f s, for %d report intervals of %g s (--straggler-factor %g)", self.S + w, own[w],
-                     own[w] / max(mid, 1e-12), mid, self.rule.intervals, self.interval, self.rule.factor)
+    def _straggler(self, w, own, per_sample):
+        mid = median(per_sample)
+        _log.warning("straggler: worker rank %d takes %.3g s per sample (compute and delay; %.4f s per step), %.1f x "
+                     "the workers' median %.3g s, for %d report intervals of %g s (--straggler-factor %g)", self.S + w,
+                     per_sample[w], own[w], per_sample[w] / max(mid, 1e-12), mid, self.rule.intervals, self.interval,
+                     self.rule.factor)
         self.events.add("straggler", rank=self.S + w, clock=int(self.workers[w, _W["clock"]]),
-                        step_s=float(own[w]), median_s=mid)
+                        sample_s=float(per_sample[w]), median_s=mid, step_s=float(own[w]))
         if self.exporter is not None:
             self.exporter.inc("commlab_straggler_events", {self.S + w: 1})
 

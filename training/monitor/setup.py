@@ -85,7 +85,8 @@ def check_monitor(cfg, comm):
     text = bytes(reason).rstrip(b"\0").decode(errors="replace")
     if text:
         raise ValueError(f"--metrics-port {cfg.metrics_port}: cannot serve the metrics on "
-                         f"{cfg.metrics_host}:{cfg.metrics_port} ({text}); choose a free port, or --metrics-port 0")
+                         f"{cfg.metrics_host}:{cfg.metrics_port} ({text}); choose a free port, or --monitor "
+                         f"without an endpoint")
 
 
 class _Off:

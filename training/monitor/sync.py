@@ -102,6 +102,7 @@ class SyncMonitor:
         self.step_no, self.pending = 0, 0.0  # heartbeats sent; own seconds not yet in the sums
         self.own = numpy.zeros(self.size)    # rank 0: monitor seconds per rank, whole run
         self.busy = numpy.zeros(self.size)   # rank 0: step seconds per rank, whole run
+        self.export_s = 0.0                  # rank 0: seconds of its own spent setting the exporter's metrics
         self.exporter = self.board = self.events = None
         if self.rank == 0:
             self.events = Events(run_dir)
@@ -172,7 +173,7 @@ class SyncMonitor:
         for r in self.rule.update(means["arrival_seconds"]):
             self._straggler(r, int(table[r, 0]), means)
         if self.exporter is not None:
-            ex = self.exporter
+            t, ex = time.perf_counter(), self.exporter
             for name, values in means.items():
                 ex.set("commlab_" + name, dict(enumerate(values)))
             ex.set("commlab_step", dict(enumerate(table[:, 0])))
@@ -182,6 +183,7 @@ class SyncMonitor:
             ex.inc("commlab_sent_bytes", dict(enumerate(table[:, _AT["bytes_sent"]])))
             ex.inc("commlab_skipped_steps", dict(enumerate(table[:, _AT["skipped"]])))
             ex.inc("commlab_straggler_events", dict.fromkeys(range(self.size), 0))
+            self.export_s += time.perf_counter() - t
         if self.board is not None:
             scalars = {name: {f"rank{r}": v for r, v in enumerate(values)} for name, values in means.items()}
             scalars["sent_bytes_per_step"] = {f"rank{r}": v for r, v in
@@ -223,8 +225,12 @@ class SyncMonitor:
         -------
         dict
             Rank 0: ``monitor_overhead`` (the largest rank's monitoring seconds over its step
-            seconds, whole run), ``stragglers`` and ``stalls`` (the ranks named); else ``{}``.
+            seconds, whole run), ``monitor_overhead_ranks`` (each rank's), ``export_overhead``
+            (rank 0's seconds setting the exporter's metrics over its step seconds: a part of its
+            monitoring seconds; 0 without ``--metrics-port``), ``stragglers`` and ``stalls`` (the
+            ranks named); else ``{}``.
         """
+        export_s = self.export_s  # the updates the own time holds: not those of the gathers completed here
         if self.sums[_AT["steps"]]:  # the same on every rank: each took the same steps
             self._gather()
         self._complete()
@@ -237,6 +243,9 @@ class SyncMonitor:
                 part.close()
         ratio = self.own / numpy.maximum(self.busy, 1e-12)
         rows = self.events.rows
-        return {"monitor_overhead": float(ratio.max()) if self.busy.any() else 0.0,
+        busy = self.busy.any()
+        return {"monitor_overhead": float(ratio.max()) if busy else 0.0,
+                "monitor_overhead_ranks": [float(v) for v in ratio] if busy else [0.0] * self.size,
+                "export_overhead": float(export_s / self.busy[0]) if self.busy[0] > 0 else 0.0,
                 "stragglers": sorted({e["rank"] for e in rows if e["event"] == "straggler"}),
                 "stalls": sorted({e["rank"] for e in rows if e["event"] == "stall"})}

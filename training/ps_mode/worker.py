@@ -288,6 +288,8 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
             if not is_finite(loss, model.grads):
                 model.grads.fill(0)  # a non-finite step contributes nothing
                 skipped[0] += 1
+                if monitor is not None:
+                    monitor.skipped += 1  # commlab_skipped_steps_total, with the worker's next report
             return to_host(model.grads), int(idx.shape[0])
 
     if rank != reporter_rank(cfg):
