@@ -8,6 +8,12 @@ with a :class:`~training.checkpoint.CheckpointError` naming the file; ``silent-w
 accepted (damaged values would be trained on); ``fail`` for any other exception (a crash that does
 not say what is wrong). The control case (an undamaged file) must load, and ``foreign-allowed`` (a
 copy from another run with ``--allow-foreign-checkpoint``) must load too.
+
+The parameter-server cases (:data:`PS_KINDS`) do the same with the two shards' files of a
+``--mode ps`` run (``ps/ps_server0.npz``, ``ps/ps_server1.npz``, written by real servers), loaded as a
+``--mode ps --resume`` loads them: the trainer's check on every rank
+(:func:`training.ps_mode.worker.check_server_checkpoints`), then each server's own
+(:func:`ps.store_checkpoint.restore_server`).
 """
 import json
 import os
@@ -18,7 +24,7 @@ import zipfile
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["KINDS", "run_checkpoint_cases"]
+__all__ = ["KINDS", "PS_KINDS", "run_checkpoint_cases", "run_ps_checkpoint_cases"]
 
 _SELF = MPI.COMM_SELF
 
@@ -146,4 +152,113 @@ def run_checkpoint_cases():
             except Exception as exc:  # any other exception: a crash that says nothing useful
                 verdict, detail = "fail", f"{type(exc).__name__}: {exc}"[:200]
         results.append({"case": f"checkpoint/{kind}", "P": 1, "mode": "default", "verdict": verdict, "detail": detail})
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+_PS_TOTAL, _PS_SHARDS = 12, 2  # a vector of 12 parameters in two shards, one worker (rank 2)
+
+
+def _ps_server(g, run, **opts):
+    """Server ``g`` of a two-shard job over ``run/ps`` (built on COMM_SELF: its constructor sends nothing)."""
+    from ps.options import PSOptions
+    from ps.server import Server
+    from ps.sharding import shard_offsets
+    from training.optim import SGD
+
+    off = shard_offsets(_PS_TOTAL, _PS_SHARDS)
+    options = PSOptions(servers=_PS_SHARDS, checkpoint_dir=os.path.join(run, "ps"), **opts)
+    shard = np.linspace(-1, 1, _PS_TOTAL)[off[g]:off[g + 1]].copy()
+    return Server(_SELF, g, [_PS_SHARDS], shard, _PS_TOTAL, options,
+                  lambda p, gr: SGD(p, gr, lr=0.1, momentum=0.9))
+
+
+def _ps_good(run, run_id, pushes=(8, 8)):
+    """Write both shards' checkpoints of run ``run_id`` into ``run/ps`` (after ``pushes`` each); return the dir."""
+    for g in range(_PS_SHARDS):
+        srv = _ps_server(g, run, run_id=run_id)
+        srv.pushes, srv.version = pushes[g], pushes[g]
+        srv.table.folded[:] = pushes[g]
+        srv.checkpoint()
+    return os.path.join(run, "ps")
+
+
+def _ps_file(ckpt, g=0):
+    return os.path.join(ckpt, f"ps_server{g}.npz")
+
+
+def _ps_foreign(ckpt, tmp):
+    other = _run_dir(os.path.join(tmp, "other"), "1111")
+    for g in range(_PS_SHARDS):
+        shutil.copy(_ps_file(_ps_good(other, "1111"), g), _ps_file(ckpt, g))
+
+
+def _ps_edit(key, value):
+    return lambda ckpt, tmp: _rewrite(_ps_file(ckpt), lambda e: e.__setitem__(key, value))
+
+
+def _ps_flip(ckpt, tmp):
+    with zipfile.ZipFile(_ps_file(ckpt)) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    raw = bytearray(entries["params.npy"])
+    raw[-3] ^= 0xFF
+    entries["params.npy"] = bytes(raw)
+    with zipfile.ZipFile(_ps_file(ckpt), "w") as z:
+        for n, b in entries.items():
+            z.writestr(n, b)
+
+
+#: kind -> damage(ps_dir, tmp) of the two shards' files (server 0's unless the kind says otherwise).
+PS_KINDS = {
+    "control": lambda c, t: None,
+    "truncated": lambda c, t: _truncate(_ps_file(c), t),
+    "flipped-byte": _ps_flip,
+    "empty-file": lambda c, t: open(_ps_file(c), "wb").close(),
+    "foreign-run": _ps_foreign,
+    "other-server": lambda c, t: shutil.copy(_ps_file(c, 1), _ps_file(c, 0)),
+    "other-generation": lambda c, t: _rewrite(_ps_file(c, 1), lambda e: e.update(pushes=np.array(4),
+                                                                             version=np.array(4))),
+    "nan-params": lambda c, t: _rewrite(_ps_file(c), lambda e: e["params"].__setitem__(2, np.nan)),
+    "integer-params": _ps_edit("params", np.arange(6)),
+    "negative-pushes": _ps_edit("pushes", np.array(-8)),
+    "updates-above-pushes": _ps_edit("version", np.array(9)),
+    "negative-clock": _ps_edit("folded", np.array([-1])),
+    "negative-optimizer-steps": _ps_edit("optim/steps", np.array(-1, np.int64)),
+    "params-of-another-model": _ps_edit("params", np.zeros(7)),
+    "other-worker-count": _ps_edit("folded", np.array([8, 8, 8])),
+    "foreign-allowed": _ps_foreign,
+}
+
+
+def _ps_load(run, foreign_ok):
+    """Load ``run/ps`` as ``--mode ps --resume`` does; return the joined shards."""
+    from training.origin import run_id_of
+    from training.ps_mode.worker import check_server_checkpoints
+
+    ckpt, rid = os.path.join(run, "ps"), run_id_of(run) or ""
+    check_server_checkpoints(ckpt, _PS_SHARDS, run_id=rid, allow_foreign=foreign_ok, job=(_PS_SHARDS, 1))
+    return np.concatenate([_ps_server(g, run, run_id=rid, allow_foreign=foreign_ok, resume_dir=ckpt).params
+                           for g in range(_PS_SHARDS)])
+
+
+def run_ps_checkpoint_cases():
+    """Run every kind of :data:`PS_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
+    from training.checkpoint import CheckpointError
+
+    results = []
+    for kind, damage in PS_KINDS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            run = _run_dir(os.path.join(tmp, "run"), "0000")
+            damage(_ps_good(run, "0000"), tmp)
+            try:
+                params = _ps_load(run, foreign_ok=kind == "foreign-allowed")
+                ok = kind in _MUST_LOAD and np.array_equal(params, np.linspace(-1, 1, _PS_TOTAL))
+                verdict, detail = ("pass", "") if ok else ("silent-wrong", "accepted")
+            except CheckpointError as exc:
+                verdict = "pass" if kind not in _MUST_LOAD and "ps_server" in str(exc) else "fail"
+                detail = str(exc)[:200]
+            except Exception as exc:  # any other exception: a crash that says nothing useful
+                verdict, detail = "fail", f"{type(exc).__name__}: {exc}"[:200]
+        results.append({"case": f"ps_checkpoint/{kind}", "P": 1, "mode": "default", "verdict": verdict,
+                        "detail": detail})
     return results
