@@ -30,7 +30,7 @@ from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, 
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
 from training.job import all_failed, set_threads
-from training.preflight import check_run
+from training.preflight import agree_grid, check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.nn import SoftmaxCrossEntropy
@@ -322,6 +322,7 @@ def run(cfg, comm=None):
         if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
             from training.model_parallel.grid_train import run_hybrid  # data x tensor x pipeline grid
 
+            agree_grid(cfg, comm)  # one job, the stages' widths included, before the first stage is built
             return run_hybrid(cfg, comm, lr_at)
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
