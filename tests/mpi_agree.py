@@ -50,7 +50,10 @@ def _main(job, run_dir, extra):
     except SystemExit as exc:
         code = exc.code
     made = os.path.isdir(run_dir) and os.listdir(run_dir)
-    print(f"{job} rank {MPI.COMM_WORLD.Get_rank()} status {code} made {bool(made)}", flush=True)
+    # one write of the whole line: the launcher forwards each rank's output as it reads it, and a line
+    # written in two pieces can be joined to another rank's line
+    sys.stdout.write(f"{job} rank {MPI.COMM_WORLD.Get_rank()} status {code} made {bool(made)}\n")
+    sys.stdout.flush()
     return code in (1, 2) and not made
 
 
