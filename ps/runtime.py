@@ -33,7 +33,7 @@ from ps.reports import (_ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, 
                         _unpack, roles)
 from ps.server import COUNTERS, EVENT_ABORTED, Server
 from ps.sharding import join_shards, shard_offsets
-from ps.store_checkpoint import check_resume
+from ps.store_checkpoint import Expected, check_resume
 
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
 
@@ -98,8 +98,9 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
     opts.validate(comm.Get_size())
     servers, workers = roles(comm, opts.servers)
     if opts.resume_dir:  # every rank reads every shard's file: a refused one ends every rank here, not a server
-        check_resume(opts.resume_dir, opts.shards, run_id=opts.run_id, allow_foreign=opts.allow_foreign,
-                     servers=opts.servers, workers=len(workers), total=init_params.shape[0])
+        check_resume(opts.resume_dir, opts.shards, Expected(run_id=opts.run_id, allow_foreign=opts.allow_foreign,
+                                                            servers=opts.servers, workers=len(workers),
+                                                            total=init_params.shape[0]))
     pscomm, repcomm = comm.Dup(), comm.Dup()
     try:
         rank, n = comm.Get_rank(), init_params.shape[0]

@@ -25,6 +25,7 @@ negative counts, more updates than pushes).
 
 Imports: :mod:`ps.store` and :mod:`ps.sharding` only.
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -32,8 +33,8 @@ import numpy as np
 from ps.sharding import shard_offsets
 from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
 
-__all__ = ["RUN_ID", "run_id_entry", "held_run_id", "server_arrays", "save_server", "check_server_checkpoint",
-           "read_server_checkpoint", "check_resume", "restore_server"]
+__all__ = ["RUN_ID", "Expected", "run_id_entry", "held_run_id", "server_arrays", "save_server",
+           "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server"]
 
 RUN_ID = "meta/run_id"  # the origin entry of every checkpoint: its run's id, UTF-8 bytes as uint8
 _COUNTS = ("offset", "total", "servers", "pushes", "version")  # one whole number >= 0 each
@@ -134,18 +135,12 @@ def _check_values(path, arrays):
                                   "that are not finite")
 
 
-def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=False, servers=None, workers=None,
-                            total=None, shards=None):
-    """Raise :class:`CheckpointError`, naming ``path``, unless server ``index`` may resume from ``arrays``.
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What the resuming job expects of a server checkpoint (:func:`check_server_checkpoint`).
 
-    Parameters
+    Attributes
     ----------
-    path : str
-        The file (``ps_serverN.npz``), named in every error.
-    arrays : dict of str -> ndarray
-        Its verified entries (:func:`ps.store.read_npz`).
-    index : int
-        The server index that resumes from it (N of its name).
     run_id : str
         The resuming run's id; ``""`` skips the origin check (a caller that keeps no run id).
     allow_foreign : bool
@@ -156,6 +151,35 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
     total, shards : int, optional
         The flat vector's length and the number of shards, when known: the file must hold shard
         ``index`` of that split (:func:`ps.sharding.shard_offsets`).
+
+    Examples
+    --------
+    >>> Expected(run_id="5f2a", servers=2, workers=3)
+    Expected(run_id='5f2a', allow_foreign=False, servers=2, workers=3, total=None, shards=None)
+    """
+
+    run_id: str = ""
+    allow_foreign: bool = False
+    servers: int | None = None
+    workers: int | None = None
+    total: int | None = None
+    shards: int | None = None
+
+
+def check_server_checkpoint(path, arrays, index, expected=Expected()):
+    """Raise :class:`CheckpointError`, naming ``path``, unless server ``index`` may resume from ``arrays``.
+
+    Parameters
+    ----------
+    path : str
+        The file (``ps_serverN.npz``), named in every error.
+    arrays : dict of str -> ndarray
+        Its verified entries (:func:`ps.store.read_npz`).
+    index : int
+        The server index that resumes from it (N of its name).
+    expected : Expected
+        The resuming run's id, whether another run's file is accepted, and the job's shape and split
+        where known (``None`` fields are not checked).
 
     Raises
     ------
@@ -170,8 +194,8 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
     ...         "pushes": np.array(8), "version": np.array(4), "elapsed": np.array(0.5),
     ...         "folded": np.array([4, 4]), "status": np.array([0, 0]), "meta/server": np.array([0]),
     ...         **run_id_entry("5f2a")}
-    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, run_id="5f2a", servers=1, workers=2)
-    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, run_id="77aa")
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="5f2a", servers=1, workers=2))
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="77aa"))
     Traceback (most recent call last):
     ...
     ps.store.CheckpointError: checkpoint ps/ps_server0.npz was written by run 5f2a, not by run 77aa: ...
@@ -181,12 +205,14 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
     ps.store.CheckpointError: checkpoint ps/ps_server1.npz holds the shard of server 0, not of server 1: ...
     """
     _check_values(path, arrays)
+    run_id, servers, workers, total, shards = (expected.run_id, expected.servers, expected.workers, expected.total,
+                                               expected.shards)
     if "meta/server" in arrays:
         held = _one_count(path, "meta/server", arrays["meta/server"])
         if held != int(index):
             raise CheckpointError(f"checkpoint {path} holds the shard of server {held}, not of server {index}: it "
                                   f"was copied under another server's name; restore ps_server{held}.npz there")
-    if run_id and not allow_foreign:
+    if run_id and not expected.allow_foreign:
         held = held_run_id(arrays)
         if held != run_id:
             whose = f"run {held}" if held else "a run that recorded no run id"
@@ -209,10 +235,10 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
                                   f"{want[1]} of {want[2]}): resume with the same servers and model")
 
 
-def read_server_checkpoint(path, index, **expect):
+def read_server_checkpoint(path, index, expected=Expected()):
     """Read ``path`` (verified, :func:`ps.store.read_npz`) and check it for server ``index``; return its arrays.
 
-    ``expect`` are the keyword arguments of :func:`check_server_checkpoint`.
+    ``expected`` is what :func:`check_server_checkpoint` checks (:class:`Expected`).
 
     Raises
     ------
@@ -220,15 +246,15 @@ def read_server_checkpoint(path, index, **expect):
         Naming ``path``: missing, corrupt, or refused by :func:`check_server_checkpoint`.
     """
     arrays = read_npz(path)
-    check_server_checkpoint(path, arrays, index, **expect)
+    check_server_checkpoint(path, arrays, index, expected)
     return arrays
 
 
-def check_resume(directory, shards, **expect):
+def check_resume(directory, shards, expected=Expected()):
     """Check, on any rank, the checkpoint of every shard in ``directory`` before a run resumes from them.
 
-    Each file is read and checked as its server will (:func:`read_server_checkpoint`, ``expect`` its
-    keyword arguments), and the files must be of one generation: each server writes its own file when
+    Each file is read and checked as its server will (:func:`read_server_checkpoint`, ``expected``
+    what it checks, :class:`Expected`, with ``shards`` set here), and the files must be of one generation: each server writes its own file when
     its count of folded pushes crosses a multiple of the interval, so a job killed between two
     servers' writes leaves shards of different generations, which together would be two models.
 
@@ -259,7 +285,8 @@ def check_resume(directory, shards, **expect):
     ps.store.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
     """
     paths = [server_checkpoint_path(directory, g) for g in range(shards)]
-    pushes = [int(read_server_checkpoint(p, g, shards=shards, **expect)["pushes"]) for g, p in enumerate(paths)]
+    expected = dataclasses.replace(expected, shards=shards)
+    pushes = [int(read_server_checkpoint(p, g, expected)["pushes"]) for g, p in enumerate(paths)]
     for g in range(1, shards):
         if pushes[g] != pushes[0]:
             raise CheckpointError(f"the server checkpoints are of different generations: {paths[0]} holds "
@@ -279,9 +306,9 @@ def restore_server(server, path):
         When the optimizer state does not fit this shard's optimizer.
     """
     opts = server.opts
-    state = read_server_checkpoint(path, server.index, run_id=opts.run_id, allow_foreign=opts.allow_foreign,
-                                   servers=opts.servers, workers=server.n_workers, total=server.total,
-                                   shards=opts.shards)
+    state = read_server_checkpoint(path, server.index, Expected(
+        run_id=opts.run_id, allow_foreign=opts.allow_foreign, servers=opts.servers, workers=server.n_workers,
+        total=server.total, shards=opts.shards))
     server.params[:] = state["params"]
     server.opt.load_state_dict(state)
     server.table.load_state_dict(state)

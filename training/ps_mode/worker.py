@@ -22,7 +22,7 @@ from collectives.log import get_logger
 from ps.options import PSOptions
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
-from ps.store_checkpoint import check_resume
+from ps.store_checkpoint import Expected, check_resume
 from training.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
@@ -237,7 +237,7 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
         raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
                          f"--mode ps run with --servers {servers}?)")
     S, W = job if job is not None else (None, None)
-    check_resume(ckpt, servers, run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W)
+    check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W))
     return True
 
 
