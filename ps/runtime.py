@@ -27,7 +27,7 @@ import numpy as np
 from ps.client import Client
 from ps.consistency import DONE, DROPPED
 from ps.options import parse_rank_spec
-from ps.protocol import Msg, PSError, send, wait_all
+from ps.protocol import Msg, send, wait_all
 from ps.replication import FAILOVER_MARGIN, chains
 from ps.reports import (_ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats,  # noqa: F401
                         _unpack, roles)
@@ -122,10 +122,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
             if rank != 0:
                 _send_final(repcomm, server, opts)
                 return None
-            result = _collect(repcomm, server, opts, workers, wall)
-            if opts.checkpoint_dir:
-                _say_written(repcomm, opts, workers, result.status)
-            return result
+            return _collect(repcomm, server, opts, workers, wall)
         return _work((pscomm, repcomm), opts, rank, init_params, grad_fn, (on_push, monitor))
     finally:
         pscomm.Free()
@@ -209,33 +206,7 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
         return survivors.collect(repcomm, opts, init_params.dtype, _typed_stats(vec), client.acked_clocks.copy())
     collector = workers[0] if replicated else 0
     wait_all(send(repcomm, collector, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
-    if opts.checkpoint_dir and result != "dropped":
-        _await_written(repcomm, opts)
     return _typed_stats(vec)
-
-
-def _say_written(repcomm, opts, workers, status):
-    """Rank 0: tell every finished worker that every server's checkpoint is written.
-
-    The servers write their final checkpoint after the last worker has left, and a server's FINAL
-    report (received by :func:`_collect`) follows its write; without this notice a worker would
-    return from :func:`run` before the files exist, and a next run resuming from them on that rank
-    would find none.
-    """
-    one = np.ones(1, np.float64)
-    reqs = [req for w, r in enumerate(workers) if status[w] == "done" for req in send(repcomm, r, Msg.ACK, w, 0, one)]
-    wait_all(reqs, time.monotonic() + opts.ps_timeout, "checkpoint notices")
-
-
-def _await_written(repcomm, opts):
-    """A finished worker: wait for rank 0's notice that the servers' checkpoints are written.
-
-    A worker that rank 0 counted as dropped gets no notice: after the deadline it returns anyway.
-    """
-    try:
-        _receive_from(repcomm, 0, Msg.ACK, time.monotonic() + 2 * opts.ps_timeout + 10.0)
-    except PSError:
-        pass
 
 
 def _mine(spec, name, kind, rank, default):
