@@ -202,6 +202,7 @@ def case_oracle(S):
 
 def case_resume(S, directory):
     first = _lsq_run(S, 10, ckpt=directory, run_id="aa")
+    COMM.Barrier()  # as a new job would: the servers write their files after the workers have returned
     try:  # a run of another id refuses the shards on every rank, before any message, naming the file
         _lsq_run(S, 25, ckpt=directory, resume=directory, run_id="bb")
         said = "no error"
