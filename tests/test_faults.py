@@ -132,3 +132,27 @@ def test_jobs_killed_at_random_moments_restart_to_the_uninterrupted_result():
 
     results = run_kill_resume(3, 60, seed=3, small=True)
     assert [r["verdict"] for r in results] == ["pass"] * 3, results
+
+
+@pytest.mark.parametrize("error_class, lost", [("ERR_OTHER", True), ("ERR_INTERN", True), ("ERR_TRUNCATE", False),
+                                               ("ERR_COUNT", False)])
+def test_a_failed_transfer_is_a_lost_peer_and_a_truncated_message_a_mismatch(error_class, lost):
+    """The MPI library's error, as the hand-made path (a round's peer named) and the library path
+    (no peer of its own) read it: only a message that did not fit says the ranks' calls differ."""
+    from mpi4py import MPI
+
+    from collectives.engine.executor import Run
+    from collectives.errors import CollectiveMismatch, PeerLost
+    from collectives.schedules.ring import ring_allreduce
+
+    exc = MPI.Exception(getattr(MPI, error_class))
+    run = Run(ring_allreduce(0, 2, 4), MPI.COMM_SELF, np.zeros(4), scratch=np.zeros(4), ufunc=np.add, name="allreduce")
+    mine = run.failed(0, exc)
+    key = ("allreduce", "mpi", 4, np.dtype("float32"), "sum", None, None)
+    theirs = library.library_error(key, exc, (), "MPI_Iallreduce")
+    if lost:
+        assert type(mine) is PeerLost and mine.peer == 1 and "allreduce lost rank 1 in round 0" in str(mine), mine
+        assert type(theirs) is PeerLost and "lost a peer (inside the MPI library)" in str(theirs), theirs
+    else:
+        assert type(mine) is CollectiveMismatch and "with rank 1" in str(mine), mine
+        assert type(theirs) is CollectiveMismatch and "calls differ" in str(theirs), theirs

@@ -205,14 +205,19 @@ def _classify(name, recs, P, mode):
 
 
 def run_dead(P, timeout, limit):
-    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s of the death."""
+    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s of the death.
+
+    The ``large`` case: it dies in the middle of a 4 MiB ring all-reduce, and a survivor's receive
+    fails inside the MPI library; the line must name it as lost (``PeerLost``), without a traceback.
+    """
     results = []
-    for alg in ("ring", "mpi", "auto"):
+    for alg in ("ring", "mpi", "auto", "ring/large"):
         launched = time.time()
-        code, secs, out = _launch(P, "experiments.faults.dead", [alg, str(timeout)], {}, limit,
-                                  extra=("-disable-auto-cleanup",))
+        code, secs, out = _launch(P, "experiments.faults.dead", [alg.split("/")[0], str(timeout), *alg.split("/")[1:]],
+                                  {}, limit, extra=("-disable-auto-cleanup",))
         seconds = _crash_seconds(out, launched + secs)
-        ok = _failed(code, out) and seconds is not None and seconds <= timeout + 5 and "CollectiveTimeout" in out
+        named = "PeerLost" in out and "Traceback" not in out if alg.endswith("large") else "CollectiveTimeout" in out
+        ok = _failed(code, out) and seconds is not None and seconds <= timeout + 5 and named
         results.append({"case": f"dead_rank/{alg}", "P": P, "mode": "default", "seconds": seconds,
                         "verdict": "pass" if ok else ("hang" if code is None else "fail"), "detail": out[-300:]})
     return results
