@@ -23,9 +23,10 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
     assert totals["silent_wrong"] == 0 and totals["hangs"] == 0 and totals["other"] == 0, proc.stdout
     assert totals["passed"] + totals["expected_silent"] == totals["cases"], proc.stdout
     results = json.loads(out.read_text())["results"]
-    from experiments.faults.checkpoints import KINDS, PS_KINDS
+    from experiments.faults.checkpoints import KINDS, PS_KINDS, SHARDED_KINDS
 
-    for prefix, kinds in (("checkpoint/", KINDS), ("ps_checkpoint/", PS_KINDS)):  # both checkpoint formats
+    for prefix, kinds in (("checkpoint/", KINDS), ("ps_checkpoint/", PS_KINDS),  # the three checkpoint formats
+                          ("sharded_checkpoint/", SHARDED_KINDS)):
         damaged = [r for r in results if r["case"].startswith(prefix)]
         assert len(damaged) == len(kinds) and all(r["verdict"] == "pass" for r in damaged), damaged
     strict = [r for r in results if r["mode"] == "strict" and r["case"].startswith("extra_call/")]

@@ -14,6 +14,11 @@ The parameter-server cases (:data:`PS_KINDS`) do the same with the two shards' f
 ``--mode ps --resume`` loads them: the trainer's check on every rank
 (:func:`training.ps_mode.worker.check_server_checkpoints`), then each server's own
 (:func:`ps.store_checkpoint.restore_server`).
+
+The sharded cases (:data:`SHARDED_KINDS`) damage a tensor-parallel run's ``shards-epochNNNN``
+directory (two shard files and the manifest listing their checksums, epoch and run id) and read it
+as a model-parallel ``--resume`` does: :func:`training.model_parallel.sharded.read_pieces`, every
+tensor assembled from its parts, the step count checked; a refusal must name the checkpoint.
 """
 import json
 import os
@@ -24,7 +29,8 @@ import zipfile
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["KINDS", "PS_KINDS", "run_checkpoint_cases", "run_ps_checkpoint_cases"]
+__all__ = ["KINDS", "PS_KINDS", "SHARDED_KINDS", "run_checkpoint_cases", "run_ps_checkpoint_cases",
+           "run_sharded_checkpoint_cases"]
 
 _SELF = MPI.COMM_SELF
 
@@ -260,5 +266,131 @@ def run_ps_checkpoint_cases():
             except Exception as exc:  # any other exception: a crash that says nothing useful
                 verdict, detail = "fail", f"{type(exc).__name__}: {exc}"[:200]
         results.append({"case": f"ps_checkpoint/{kind}", "P": 1, "mode": "default", "verdict": verdict,
+                        "detail": detail})
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+#: The sharded cases' model: a 4-6-3 MLP on a tensor-parallel grid of T = 2 (two shard files): L0's
+#: columns and L1's rows split in halves, L1's bias held whole by both shards.
+_SIZES = {"L0.W": (4, 6), "L0.b": (6,), "L1.W": (6, 3), "L1.b": (3,)}
+_AXES = {"L0.W": 1, "L0.b": 0, "L1.W": 0, "L1.b": -1}
+
+
+def _full(name):
+    shape = _SIZES[name]
+    return np.linspace(-1, 1, int(np.prod(shape))).reshape(shape)
+
+
+def _sharded_good(run, run_id, epoch=2):
+    """Write the two shard files and the manifest of ``run/shards-epochNNNN`` as save_sharded does; return the dir."""
+    from ps.store import write_npz
+
+    path = os.path.join(run, f"shards-epoch{epoch:04d}")
+    os.makedirs(path)
+    for t in range(2):
+        arrays = {"optim/steps": np.array(6, np.int64), "train/epoch": np.array(epoch, np.int64)}
+        for name, shape in _SIZES.items():
+            axis, full = _AXES[name], _full(name)
+            lo = 0 if axis < 0 else t * shape[axis] // 2
+            part = full if axis < 0 else np.take(full, range(lo, lo + shape[axis] // 2), axis=axis)
+            arrays[f"place/{name}"] = np.array([axis, lo, len(shape), *shape, *([1] * (2 - len(shape)))], np.int64)
+            arrays[f"model/{name}"], arrays[f"optim/velocity/{name}"] = part, np.zeros_like(part)
+        write_npz(os.path.join(path, f"shard-t{t}-q0.npz"), arrays)
+    _relist(path, run_id, epoch)
+    return path
+
+
+def _relist(path, run_id, epoch=2):
+    """Write ``path``'s manifest listing the shard files as they are now (a deliberate edit passes it)."""
+    import hashlib
+
+    names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+    files = {n: hashlib.sha256(open(os.path.join(path, n), "rb").read()).hexdigest() for n in names}
+    with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump({"epoch": epoch, "run_id": run_id, "grid": {"D": 1, "T": 2, "Q": 1}, "files": files}, f)
+
+
+def _shard(ckpt, t=0):
+    return os.path.join(ckpt, f"shard-t{t}-q0.npz")
+
+
+def _sharded_edit(change, t=0):
+    """Rewrite shard ``t`` with ``change(entries)`` and list its new checksum (it passes the manifest)."""
+    def damage(ckpt, tmp):
+        _rewrite(_shard(ckpt, t), change)
+        _relist(ckpt, "0000")
+    return damage
+
+
+def _sharded_foreign(ckpt, tmp):
+    other = _sharded_good(_run_dir(os.path.join(tmp, "other"), "1111"), "1111")
+    for t in range(2):
+        shutil.copy(_shard(other, t), _shard(ckpt, t))
+    shutil.copy(os.path.join(other, "manifest.json"), os.path.join(ckpt, "manifest.json"))
+
+
+def _swap(ckpt, tmp):
+    os.rename(_shard(ckpt, 0), _shard(ckpt, 9))
+    os.rename(_shard(ckpt, 1), _shard(ckpt, 0))
+    os.rename(_shard(ckpt, 9), _shard(ckpt, 1))
+
+
+def _sharded_other_epoch(ckpt, tmp):
+    shutil.copy(_shard(_sharded_good(os.path.dirname(ckpt), "0000", epoch=1), 1), _shard(ckpt, 1))
+
+
+#: kind -> damage(shards_dir, tmp) of a sharded checkpoint (shard 0's unless the kind says otherwise).
+SHARDED_KINDS = {
+    "control": lambda c, t: None,
+    "missing-shard": lambda c, t: os.remove(_shard(c, 1)),
+    "truncated": lambda c, t: _truncate(_shard(c), t),
+    "unlisted-shard": lambda c, t: shutil.copy(_shard(c, 1), _shard(c, 7)),
+    "swapped-coordinates": _swap,
+    "shard-of-another-epoch": _sharded_other_epoch,
+    "relisted-shard-of-another-epoch": _sharded_edit(lambda e: e.__setitem__("train/epoch", np.array(1))),
+    "foreign-manifest": _sharded_foreign,
+    "nan-part": _sharded_edit(lambda e: e["model/L0.W"].__setitem__((1, 1), np.nan), t=1),
+    "integer-part": _sharded_edit(lambda e: e.__setitem__("model/L1.W", np.ones((3, 3), np.int64))),
+    "negative-steps": _sharded_edit(lambda e: e.__setitem__("optim/steps", np.array(-1, np.int64))),
+    "coverage-gap": _sharded_edit(lambda e: e["place/L0.W"].__setitem__(1, 1), t=1),
+    "foreign-allowed": _sharded_foreign,
+}
+
+
+def _sharded_load(ckpt, foreign_ok):
+    """Read ``ckpt`` as ``load_sharded`` does (read_pieces, every tensor assembled, the step count checked)."""
+    from training.checkpoint import CheckpointError
+    from training.model_parallel.sharded import assemble, read_pieces
+    from training.state import check_values
+
+    pieces, common = read_pieces(ckpt, foreign_ok=foreign_ok)
+    try:
+        full = {k: assemble(pieces, k) for k in pieces}
+        check_values({k: v for k, v in common.items() if k.startswith("optim/")})
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {ckpt} does not fit this run: {e}") from None
+    return full
+
+
+def run_sharded_checkpoint_cases():
+    """Run every kind of :data:`SHARDED_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
+    from training.checkpoint import CheckpointError
+
+    results = []
+    for kind, damage in SHARDED_KINDS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = _sharded_good(_run_dir(os.path.join(tmp, "run"), "0000"), "0000")
+            damage(ckpt, tmp)
+            try:
+                full = _sharded_load(ckpt, foreign_ok=kind == "foreign-allowed")
+                ok = kind in _MUST_LOAD and all(np.array_equal(full[f"model/{n}"], _full(n)) for n in _SIZES)
+                verdict, detail = ("pass", "") if ok else ("silent-wrong", "accepted")
+            except CheckpointError as exc:
+                verdict = "pass" if kind not in _MUST_LOAD and os.path.basename(ckpt) in str(exc) else "fail"
+                detail = str(exc)[:200]
+            except Exception as exc:  # any other exception: a crash that says nothing useful
+                verdict, detail = "fail", f"{type(exc).__name__}: {exc}"[:200]
+        results.append({"case": f"sharded_checkpoint/{kind}", "P": 1, "mode": "default", "verdict": verdict,
                         "detail": detail})
     return results

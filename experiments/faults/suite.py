@@ -12,8 +12,8 @@
   fingerprint exchange catches may end a case;
 
 then the damaged checkpoints (:mod:`experiments.faults.checkpoints`: every way a data-parallel
-checkpoint or a parameter server's shard file is damaged, copied from another run, another server or
-renamed, loaded by the trainer's own path), then
+checkpoint, a parameter server's shard file or a model-parallel run's sharded checkpoint is damaged,
+copied from another run, another server or epoch, or renamed, loaded by the trainer's own path), then
 (full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
 -disable-auto-cleanup``; the survivors must end the job through :func:`collectives.engine.policy.abort_on_failure`
 within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
@@ -40,7 +40,7 @@ import tempfile
 import time
 
 from experiments.cluster.launch import OPENMPI_ENV, flavour
-from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases
+from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
@@ -358,7 +358,7 @@ def main(argv=None):
             part(f"mismatch matrix P={P} {mode}", run_matrix(P, mode, timeouts[mode], limit))
         if not quick:
             part(f"dead rank P={P}", run_dead(P, timeout, timeout + 30))
-    part("damaged checkpoints", run_checkpoint_cases() + run_ps_checkpoint_cases())
+    part("damaged checkpoints", run_checkpoint_cases() + run_ps_checkpoint_cases() + run_sharded_checkpoint_cases())
     if not quick:
         part("training crashes", run_crashes(60))
         part("kill and resume", run_kill_resume(args.trials, 120))

@@ -94,7 +94,7 @@ def build_hybrid(cfg, comm):
     if cfg.resume:
         resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
         pieces, common = read_pieces(resumed, sizes, cfg.allow_foreign_checkpoint)
-        load_sharded(pieces, common, model, ks, opt)
+        load_sharded(pieces, common, model, ks, opt, path=resumed)
         load_hook_state(resumed, grid, hook)
         state.load_state_dict(common)
     axes = {"tensor_bytes": 0, "pipeline_bytes": 0, "data_bytes": 0, "steps": 0, "wait_s": 0.0,

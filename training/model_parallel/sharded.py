@@ -295,8 +295,10 @@ def assemble(pieces, key):
     return out
 
 
-def load_sharded(pieces, common, model, ks, opt):
+def load_sharded(pieces, common, model, ks, opt, path=None):
     """Load this rank's parts of parameters and optimizer state, re-sharded for its layers.
+
+    ``path`` (the checkpoint read by :func:`read_pieces`) is named in errors.
 
     Raises
     ------
@@ -327,7 +329,8 @@ def load_sharded(pieces, common, model, ks, opt):
         check_values({f"optim/{k}": v for k, v in scal.items()})  # a step count >= 0
         opt.load_state_dict({**scal, **flat})  # the flat arrays were filled in place above
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"sharded checkpoint does not fit this run: {e}") from None
+        raise CheckpointError(f"{'checkpoint ' + path if path else 'sharded checkpoint'} does not fit this run: "
+                              f"{e}") from None
 
 
 def _same_place(model, arr, view):
