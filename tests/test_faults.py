@@ -126,13 +126,15 @@ def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkey
 
 
 def test_jobs_killed_at_random_moments_restart_to_the_uninterrupted_result():
-    """Three kills (SIGKILL to launcher and ranks) of a small 2-rank job at random moments, each restarted
-    as documented (--resume, or the same --name when the job died before its configuration): every
-    restarted run ends with the uninterrupted run's parameters, bit for bit (the full part runs more)."""
+    """Three kills (SIGKILL to launcher and ranks) of a small 2-rank job at random moments, the second
+    aimed at a checkpoint write, each restarted as documented (--resume, or the same --name when the
+    job died before its configuration): every restarted run ends with the uninterrupted run's
+    parameters, bit for bit (the full part runs more)."""
     from experiments.faults.suite import run_kill_resume
 
     results = run_kill_resume(3, 60, seed=3, small=True)
     assert [r["verdict"] for r in results] == ["pass"] * 3, results
+    assert [r["aimed_at_save"] for r in results] == [False, True, False], results
 
 
 @pytest.mark.parametrize("error_class, lost", [("ERR_OTHER", True), ("ERR_INTERN", True), ("ERR_TRUNCATE", False),

@@ -284,8 +284,10 @@ def run_kill_resume(trials, limit, seed=0, small=False):
     must be bitwise equal (a resume restores model, optimizer, sampler and counters exactly). A trial
     whose restart fails or ends with other parameters counts as *data lost*. Kills land anywhere: before
     the run directory or its ``config.json`` exists (the same ``--name`` then starts it again, leftovers
-    of an interrupted write included), during a checkpoint write, between epochs. ``small``: the
-    seconds-long job of the test suite's trials instead of the full part's.
+    of an interrupted write included), during a checkpoint write, between epochs. Every second trial is
+    aimed at a checkpoint write: its delay is a moment the uninterrupted run finished writing a
+    checkpoint (the file's time since that launch) less up to 50 ms. ``small``: the seconds-long job
+    of the test suite's trials instead of the full part's.
     """
     import numpy
 
@@ -294,13 +296,18 @@ def run_kill_resume(trials, limit, seed=0, small=False):
                                         "--checkpoint-every", "1"]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        launched = time.time()
         code, total, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", "ref"], {}, limit)
         if code != 0:
             return [{"case": "kill_resume/reference", "P": 2, "mode": "default", "verdict": "fail",
                      "detail": out[-300:]}]
         reference = _final_params(os.path.join(tmp, "ref"))
+        saves = [os.path.getmtime(f) - launched for f in glob.glob(os.path.join(tmp, "ref", "ckpt-epoch*.npz"))]
         for t in range(trials):
-            name, delay = f"t{t}", float(rng.uniform(0.3, total))
+            delay = float(rng.uniform(0.3, total))
+            if t % 2 and saves:  # aimed at a checkpoint write
+                delay = max(0.3, float(rng.choice(saves)) - float(rng.uniform(0.0, 0.05)))
+            name = f"t{t}"
             _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, delay)  # killed at delay
             run = os.path.join(tmp, name)
             at_kill = len(glob.glob(os.path.join(run, "ckpt-epoch*.npz")))
@@ -309,7 +316,8 @@ def run_kill_resume(trials, limit, seed=0, small=False):
             else:
                 code, _, out = _launch(2, "training.train", ["--resume", run, "--no-progress"], {}, limit)
             lost = code != 0 or not numpy.array_equal(_final_params(run), reference)
-            results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 2),
+            results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 3),
+                            "aimed_at_save": bool(t % 2 and saves),
                             "checkpoints_at_kill": at_kill,
                             "verdict": "data-lost" if lost else "pass", "detail": out[-300:] if lost else ""})
     return results
