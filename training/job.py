@@ -16,7 +16,6 @@ from collectives.engine.policy import abort, failure_line
 from collectives.engine.waiting import library_failure
 from collectives.errors import CollectiveError
 from collectives.log import get_logger
-from training.checkpoint import restart_hint
 
 __all__ = ["array_module", "set_threads", "limit_threads", "all_failed", "end_lost"]
 
@@ -116,17 +115,16 @@ def all_failed(comm, seconds=5.0):
     return True
 
 
-def end_lost(exc, cfg, rank):
+def end_lost(exc, hint, rank):
     """End the job (``MPI_Abort``) after ``exc`` showed that a peer may be dead: ``MPI_Finalize`` would wait for it.
 
     One ``error: rank R: ...`` line says what failed (a collective's error names its peer and round;
     a parameter-server timeout, ``ps.protocol.PSTimeout``; a transfer the MPI library failed, an
-    ``MPI.Exception``), that the peer may have died or hung and where to read why, and how to
-    restart (:func:`training.checkpoint.restart_hint`). After a parameter-server timeout the rank
+    ``MPI.Exception``), that the peer may have died or hung and where to read why, and ``hint``, how
+    to restart (:func:`training.checkpoint.restart_hint`). After a parameter-server timeout the rank
     waits ``1.5 * min(rank, 3)`` seconds first, so that the lowest such rank reports and its abort
     ends the others.
     """
-    hint = restart_hint(cfg)
     if isinstance(exc, CollectiveError):
         abort(failure_line(exc, hint))
     if isinstance(exc, MPI.Exception):

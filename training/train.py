@@ -376,7 +376,7 @@ def main(argv=None):
             collectives.engine.policy.abort(None, world)
         return 1
     except (PSTimeout, collectives.CollectiveError, MPI.Exception) as e:  # a peer may be dead: MPI_Finalize would wait
-        end_lost(e, cfg, world.rank)
+        end_lost(e, restart_hint(cfg), world.rank)
     except PSError as e:
         # the run cannot continue (BSP lost a worker): the servers and the workers still running
         # have all stopped the protocol; rank 0, a server, states why once, another rank only
