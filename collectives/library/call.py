@@ -181,6 +181,16 @@ def library_error(key, exc, statuses=(), phase=""):
     A :class:`CollectiveMismatch` when the library's error says the ranks' calls differ (a truncated
     message), else :class:`PeerLost`: the transfer failed, and the library's peers are not commlab's
     to name (:func:`collectives.engine.waiting.library_failure`).
+
+    Examples
+    --------
+    >>> import numpy
+    >>> from mpi4py import MPI
+    >>> key = ("allreduce", "mpi", 4, numpy.dtype("float32"), "sum", None, None)
+    >>> type(library_error(key, MPI.Exception(MPI.ERR_TRUNCATE))).__name__
+    'CollectiveMismatch'
+    >>> str(library_error(key, MPI.Exception(MPI.ERR_OTHER))).startswith("allreduce lost a peer (inside the MPI")
+    True
     """
     text, _, differ = library_failure(exc, statuses)
     if differ:
