@@ -31,6 +31,10 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
         assert len(damaged) == len(kinds) and all(r["verdict"] == "pass" for r in damaged), damaged
     strict = [r for r in results if r["mode"] == "strict" and r["case"].startswith("extra_call/")]
     assert strict and all(r["verdict"] == "pass" for r in strict)  # the call site catches the extra call
+    # the library path: a dtype of another element size is a mismatch on every rank (the check follows
+    # the call there; docs/guide/collectives.md), not a timeout or a lost peer
+    dtype = [r for r in results if r["case"] == "dtype/mpi"]
+    assert len(dtype) == 2 and all(e.startswith("CollectiveMismatch") for r in dtype for e in r["errors"]), dtype
     count = [r for r in results if r["mode"] == "strict" and r["case"] == "count/ring"][0]
     assert any("count" in e and "rank 0: count=10" in e for e in count["errors"]), count
     # all-gather into out=: blocks of 6 elements shaped (2, 3) on rank 0 and (3, 2) elsewhere must raise
