@@ -9,7 +9,9 @@
 The errors a collective raises at run time, after its arguments passed the local checks:
 
 * :class:`CollectiveTimeout`: a peer did not answer within ``timeout`` (MPI's own analogue is a
-  process failure, ``MPI_ERR_PROC_FAILED`` in ULFM; NCCL's is its watchdog timeout).
+  process failure, ``MPI_ERR_PROC_FAILED`` in ULFM; NCCL's is its watchdog timeout);
+* :class:`PeerLost`: a :class:`CollectiveTimeout` that did not wait for its timeout: the MPI library
+  failed a transfer of the call (a peer that died in the middle of a large message);
 * :class:`CollectiveMismatch`: the ranks disagree about the call (collective, algorithm, count,
   dtype, op, root, grid, or the order of calls), detected by the call fingerprint
   (:mod:`collectives.engine.fingerprint`) or by a received message whose size differs from the schedule's.
@@ -19,7 +21,7 @@ flight); the safe policy is to end the job, which :func:`collectives.engine.poli
 """
 
 __all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
-           "ScheduleDeadlock"]
+           "PeerLost", "ScheduleDeadlock"]
 
 
 class CommlabError(Exception):
@@ -117,6 +119,45 @@ class CollectiveTimeout(CollectiveError, Timeout):
 
     def __reduce__(self):
         return type(self), (self.collective, self.peer, self.round, self.timeout, self.phase, self.pending)
+
+
+class PeerLost(CollectiveTimeout):
+    """The MPI library failed a transfer of the call with a peer: the peer has most likely died.
+
+    A peer that dies while a large message moves between it and this rank (MPICH's shared-memory copy
+    of a process that is gone: ``process_vm_readv: no such process``) makes the library fail the
+    transfer at once instead of leaving it pending until ``timeout``. The error is a
+    :class:`CollectiveTimeout` (the peer will never answer), so whatever handles a silent peer handles
+    this one too.
+
+    Attributes
+    ----------
+    collective, peer, round, phase
+        As for :class:`CollectiveTimeout`; ``peer`` is None when the transfer was inside the MPI
+        library's own collective (``algorithm="mpi"``), whose peers commlab does not see.
+    reason : str
+        The MPI library's error text.
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveTimeout, PeerLost
+    >>> exc = PeerLost("allreduce", 1, 0, "Other MPI error", phase="reduce-scatter")
+    >>> print(exc)
+    allreduce lost rank 1 in round 0 (reduce-scatter): the MPI library failed the transfer ('Other MPI error')
+    >>> isinstance(exc, CollectiveTimeout), exc.peer
+    (True, 1)
+    """
+
+    def __init__(self, collective, peer, round, reason, phase=""):
+        self.collective, self.peer, self.round, self.timeout, self.phase = collective, peer, round, None, phase
+        self.pending, self.reason = "", reason
+        where = f"round {round}" + (f" ({phase})" if phase else "")
+        who = f"rank {peer}" if peer is not None else "a peer (inside the MPI library)"
+        CollectiveError.__init__(self, f"{collective} lost {who} in {where}: the MPI library failed the transfer "
+                                       f"('{reason}')")
+
+    def __reduce__(self):
+        return type(self), (self.collective, self.peer, self.round, self.reason, self.phase)
 
 
 class CollectiveMismatch(CollectiveError):

@@ -18,6 +18,7 @@ from training.checkpoint import CheckpointError, check_origin, find_checkpoint, 
 from training.config import Config
 from training.data import load_dataset
 from training.nn import Linear, build_mlp
+from training.state import check_values
 from training.model_parallel.sharded import dense_params, find_sharded, read_pieces
 
 __all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor", "PAD_ROWS_MAX", "forward_rows"]
@@ -84,11 +85,18 @@ def _read_on_root(path, box):
         raise CheckpointError(f"checkpoint {name}: its configuration cannot be read ({e})") from None
     data = box["data"] = load_dataset(cfg)
     sizes = [data.n_features, *cfg.hidden, data.n_classes]
-    flat = dense_params(sharded, sizes) if sharded else arrays.get("model/params")
+    try:
+        flat = dense_params(sharded, sizes) if sharded else arrays.get("model/params")
+    except CheckpointError as e:  # parts that do not cover a tensor, or hold values that make no sense
+        raise CheckpointError(f"checkpoint {name}: {e}") from None
     n = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
     if flat is None or flat.size != n:
         raise CheckpointError(f"checkpoint {name} holds {0 if flat is None else flat.size} parameters; "
                               f"a {'-'.join(map(str, sizes))} MLP has {n}")
+    try:
+        check_values({"model/params": flat})  # the trainer's check: NaN or integer weights are not served
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {name}: {e}") from None
     head = json.dumps({"file": name, "config": cfg.to_dict(), "sizes": sizes}).encode()
     return numpy.array([len(head)], numpy.int64).tobytes() + head + flat.astype(numpy.float64).tobytes()
 
@@ -118,7 +126,8 @@ def load_spec(path, comm):
     Raises
     ------
     CheckpointError
-        On every rank, when the file is missing, corrupt, holds no configuration or does not fit.
+        On every rank, when the file is missing, corrupt, holds no configuration, does not fit, or
+        holds weights that are not finite floating-point numbers.
     """
     box = {}
     msg = root_bytes(comm, lambda: _read_on_root(path, box), error=CheckpointError)

@@ -9,7 +9,6 @@ table. Points with (almost) the same byte count are drawn side by side, and the 
 where they cover no other label, marker or error bar.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -22,6 +21,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
+
+from plots.inputs import read_results  # noqa: E402
 
 __all__ = ["short_label", "figure", "draw", "main"]
 
@@ -298,14 +299,15 @@ def main(argv=None):
     p.add_argument("results", help="compression_sweep.json written by experiments.studies.compression_sweep")
     p.add_argument("--out", help="output PNG (default: compression.png beside RESULTS)")
     args = p.parse_args(argv)
+    results = read_results(p, args.results)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "compression.png")
     try:
-        with open(args.results, encoding="utf-8") as f:
-            results = json.load(f)
-        out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "compression.png")
         draw(results, out)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except OSError as e:
+        p.error(f"--out {out}: cannot write it ({e.strerror or e})")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        p.error(f"{args.results}: not a compression_sweep results file ({e!r})" if not isinstance(e, ValueError)
+                else f"{args.results}: {e}")
     print(out)
     return 0
 

@@ -10,7 +10,6 @@ Drawing only: every number comes from the study's results file (medians over its
 from the smallest to the largest repeat).
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -20,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from tabulate import tabulate  # noqa: E402
+
+from plots.inputs import read_results  # noqa: E402
 
 __all__ = ["draw", "draw_load", "load_table", "main"]
 
@@ -227,22 +228,21 @@ def main(argv=None):
     p.add_argument("results", help="serving_study.json written by experiments.studies.serving_study")
     p.add_argument("--out", default="", help="PNG to write (default: serving.png beside the results)")
     args = p.parse_args(argv)
-    try:
-        with open(args.results, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"error: {args.results}: {e}", file=sys.stderr)
-        return 2
-    if "points" not in doc:
-        print(f"error: {args.results} is not a serving study result", file=sys.stderr)
-        return 2
+    doc = read_results(p, args.results)
+    if not isinstance(doc.get("points"), list):
+        p.error(f"{args.results}: not a serving study result (no list of points)")
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "serving.png")
-    draw(doc, out)
-    print(f"wrote {out}")
-    if any(p["part"] == "load" for p in doc["points"]):
-        load = out[:-4] + "_load.png" if out.endswith(".png") else out + "_load.png"
-        draw_load(doc, load)
-        print(f"wrote {load}")
+    try:
+        draw(doc, out)
+        print(f"wrote {out}")
+        if any(p["part"] == "load" for p in doc["points"]):
+            load = out[:-4] + "_load.png" if out.endswith(".png") else out + "_load.png"
+            draw_load(doc, load)
+            print(f"wrote {load}")
+    except OSError as e:
+        p.error(f"--out {out}: cannot write it ({e.strerror or e})")
+    except (KeyError, TypeError, ValueError) as e:
+        p.error(f"{args.results}: not a serving study result ({e!r})")
     return 0
 
 

@@ -254,13 +254,15 @@ def main(argv=None):
     try:
         runs = [load_run(r) for r in args.runs]
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        p.error(str(e))
     out = args.out or resolve_run(args.runs[0])
-    os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, "training_curves.png"), os.path.join(out, "training_time.png")]
-    plot_curves(runs, paths[0])
-    plot_time(runs, paths[1])
+    try:
+        os.makedirs(out, exist_ok=True)
+        plot_curves(runs, paths[0])
+        plot_time(runs, paths[1])
+    except OSError as e:
+        p.error(f"--out {out}: cannot write there ({e.strerror or e})")
     for path in paths:
         print(path)
     return 0

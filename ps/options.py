@@ -61,6 +61,9 @@ class PSOptions:
     checkpoint_dir: str = ""        # directory of the server checkpoints ("" : none)
     checkpoint_every_pushes: int = 0  # checkpoint every this many pushes (0: at the end only)
     resume_dir: str = ""            # directory of server checkpoints to resume from ("" : fresh)
+    run_id: str = ""                # the run's id: written into every server checkpoint, and required
+                                    # of the checkpoint resumed from ("" : none, not checked)
+    allow_foreign: bool = False     # resume from a checkpoint that another run wrote
     seed: int = 0                   # seed of the jitter draws (seconds of delay)
     conflict: str = "accept"        # ASP/SSP conflict policy: "accept", "cas" or "scale" (CONFLICTS)
     conflict_lag: int = 0           # cas: largest accepted lag of a push's base version (versions)
@@ -93,6 +96,8 @@ class PSOptions:
             raise ValueError(f"servers must be in [1, {size - 1}] so that at least one worker remains "
                              f"on {size} ranks, got {self.servers}")
         self._check_replicas()
+        if not isinstance(self.run_id, str):
+            raise ValueError(f"run_id must be a str, got {self.run_id!r}")
         if self.consistency not in CONSISTENCY:
             raise ValueError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
         if self.conflict not in CONFLICTS:

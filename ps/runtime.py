@@ -33,6 +33,7 @@ from ps.reports import (_ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, 
                         _unpack, roles)
 from ps.server import COUNTERS, EVENT_ABORTED, Server
 from ps.sharding import join_shards, shard_offsets
+from ps.store_checkpoint import Expected, check_resume
 
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
 
@@ -80,6 +81,11 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         callable.
     ValueError
         When an option is out of range (on every rank, before any message).
+    ps.store.CheckpointError
+        With ``opts.resume_dir``, on every rank before any message, naming the file, when a shard's
+        checkpoint is missing, corrupt, of another run (:attr:`~ps.options.PSOptions.run_id`, unless
+        ``allow_foreign``), another server, layout or generation, or holds values that make no sense
+        (:func:`ps.store_checkpoint.check_resume`).
     PSError
         On every rank still running when BSP loses a worker.
     """
@@ -91,6 +97,10 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         raise TypeError(f"make_optimizer must be callable, got {type(make_optimizer).__name__}")
     opts.validate(comm.Get_size())
     servers, workers = roles(comm, opts.servers)
+    if opts.resume_dir:  # every rank reads every shard's file: a refused one ends every rank here, not a server
+        check_resume(opts.resume_dir, opts.shards, Expected(run_id=opts.run_id, allow_foreign=opts.allow_foreign,
+                                                            servers=opts.servers, workers=len(workers),
+                                                            total=init_params.shape[0]))
     pscomm, repcomm = comm.Dup(), comm.Dup()
     try:
         rank, n = comm.Get_rank(), init_params.shape[0]

@@ -18,7 +18,6 @@ Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` secon
 on without it; BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
 or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replication`).
 """
-import os
 import time
 
 import numpy as np
@@ -29,7 +28,8 @@ from ps.sharding import proportional, shard_offsets
 from ps.protocol import H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send, wait_all
 from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
-from ps.store import read_npz, server_checkpoint_path, write_npz
+from ps.store import server_checkpoint_path
+from ps.store_checkpoint import restore_server, save_server
 
 __all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS", "COUNTERS"]
 
@@ -66,6 +66,9 @@ class Server:
 
     Raises
     ------
+    ps.store.CheckpointError
+        When the checkpoint to resume from is of another run, another server or makes no sense
+        (:func:`ps.store_checkpoint.check_server_checkpoint`).
     ValueError
         When a checkpoint to resume from does not match this shard.
     """
@@ -375,25 +378,8 @@ class Server:
                 self._reply(w, *reply)
 
     def checkpoint(self):
-        """Write this server's shard, optimizer state and clocks to its checkpoint file (atomic)."""
-        os.makedirs(self.opts.checkpoint_dir, exist_ok=True)
-        state = {"params": self.params, "offset": self.offset, "total": self.total,
-                 "pushes": self.pushes, "servers": self.opts.servers, "elapsed": self.elapsed(),
-                 "version": self.version}
-        state.update(self.opt.state_dict())
-        state.update(self.table.state_dict())
-        write_npz(server_checkpoint_path(self.opts.checkpoint_dir, self.index), state)
+        """Write this server's shard, optimizer state, clocks and origin to its checkpoint file (atomic)."""
+        save_server(self)
 
     def _resume(self, path):
-        state = read_npz(path)
-        if (int(state["servers"]), int(state["offset"]), int(state["total"]), state["params"].shape) != \
-                (self.opts.servers, self.offset, self.total, self.params.shape):
-            raise ValueError(f"checkpoint {path} holds a shard of another layout "
-                             f"(servers {int(state['servers'])}, offset {int(state['offset'])}, "
-                             f"total {int(state['total'])}); resume with the same servers and model")
-        self.params[:] = state["params"]
-        self.opt.load_state_dict(state)
-        self.table.load_state_dict(state)
-        self.pushes = self.resumed_pushes = int(state["pushes"])
-        self.version = int(state["version"]) if "version" in state else self.pushes
-        self.resumed_seconds = float(state["elapsed"])
+        restore_server(self, path)  # ps.store_checkpoint: refuses another run's, another server's, nonsense

@@ -2,7 +2,8 @@
 
 CASE is ``device`` (staged and direct paths with a host-memory device array type, compared with
 MPI's own all-reduce), ``badinput`` (every rank raises the documented error before any message:
-no communicator context is even created) or ``timeout`` (2+ ranks; only rank 0 joins a ring all-reduce and gets a
+no communicator context is even created; at P >= 2, ranks that disagree about a broadcast's or a
+reduce's root raise ``CollectiveMismatch`` on every rank, hand-made and library paths) or ``timeout`` (2+ ranks; only rank 0 joins a ring all-reduce and gets a
 ``CollectiveTimeout`` naming its left neighbour P - 1 and round 0). Exits 0 on success.
 """
 import os
@@ -141,6 +142,20 @@ def badinput():
            lambda: C.allgather(np.ones((2, 3 if rank else 4), np.float32), comm=fresh))
     # The communicator still works afterwards.
     check(np.all(C.allreduce(x, comm=fresh) == P), "collective after bad calls")
+    # Ranks that disagree about a broadcast's or a reduce's root raise on every rank, on both paths
+    # (each rank taking itself for the root would only send: no message would reveal it)
+    for alg in ("tree", "mpi"):
+        for name in ("broadcast", "reduce"):
+            own = comm.Dup()  # a mismatch leaves its communicator unusable
+            if name == "broadcast":
+                def call():
+                    return C.broadcast(np.full(8, rank + 1.0, np.float32), root=rank, comm=own, algorithm=alg,
+                                       timeout=30)
+            else:
+                def call():
+                    return C.reduce(x, root=0 if rank == 0 else 1, comm=own, algorithm=alg, timeout=30)
+            expect(C.CollectiveMismatch, ["disagree about the call's root"], call)
+            own.Free()
 
 
 def timeout():

@@ -20,7 +20,8 @@ Cases (each runs on every rank; the first ``S`` ranks serve):
                      shuffling the arrival order: both serve the same reads and apply one step on
                      the same worker-ordered mean per clock.
 ``resume S DIR``     BSP for K1 clocks with a checkpoint, then a second job resumed from it to K2
-                     clocks: equal to the NumPy oracle at K2 (relative tolerance 1e-12).
+                     clocks: equal to the NumPy oracle at K2 (relative tolerance 1e-12); a resume
+                     under another run id is refused on every rank, naming the file.
 ``balance S``        BSP with a 4x straggler and balancing: the straggler ends with the smallest batch
                      (at most half the nominal one) and the batches sum to W x batch.
 ``fail S CONS...``   the last rank stops communicating at step 5: under ASP/SSP the run finishes
@@ -41,6 +42,7 @@ from mpi4py import MPI
 from ps.options import PSOptions
 from ps.protocol import PSError
 from ps.runtime import run
+from ps.store import CheckpointError
 from tests.mpicases import check, report
 from training.optim import SGD
 
@@ -172,10 +174,10 @@ def _oracle(W, d, clocks, lr, mu):
     return p
 
 
-def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9, consistency="bsp", straggler=""):
+def _lsq_run(S, clocks, ckpt="", resume="", d=11, lr=0.05, mu=0.9, consistency="bsp", straggler="", run_id=""):
     opts = PSOptions(servers=S, consistency=consistency, staleness=0, budget=clocks * _workers(S), lr=lr,
                      ps_timeout=20.0, checkpoint_dir=ckpt, resume_dir=resume, straggler=straggler,
-                     jitter=0.002 if straggler else 0.0)
+                     jitter=0.002 if straggler else 0.0, run_id=run_id)
     w = COMM.Get_rank() - S
     return run(COMM, opts, np.linspace(-1, 1, d), lambda p, c, b: (_lsq_grad(p, w, c), b),
                make_optimizer=functools.partial(SGD, momentum=mu))
@@ -199,8 +201,15 @@ def case_oracle(S):
 
 
 def case_resume(S, directory):
-    first = _lsq_run(S, 10, ckpt=directory)
-    second = _lsq_run(S, 25, ckpt=directory, resume=directory)
+    first = _lsq_run(S, 10, ckpt=directory, run_id="aa")
+    COMM.Barrier()  # as a new job would: the servers write their files after the workers have returned
+    try:  # a run of another id refuses the shards on every rank, before any message, naming the file
+        _lsq_run(S, 25, ckpt=directory, resume=directory, run_id="bb")
+        said = "no error"
+    except CheckpointError as e:
+        said = str(e)
+    check("ps_server0.npz was written by run aa, not by run bb" in said, f"resume by another run: {said}")
+    second = _lsq_run(S, 25, ckpt=directory, resume=directory, run_id="aa")
     if COMM.Get_rank() == 0:
         W = _workers(S)
         check(_close(first.params, _oracle(W, 11, 10, 0.05, 0.9)), "first run != oracle at 10 clocks")

@@ -198,7 +198,7 @@ def _collect(proc, timeout, what, mark):
     return "".join(lines)
 
 
-def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=()):
+def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_args=(), more=()):
     """Run ``mpiexec -n nprocs python -m module args...`` and return the CompletedProcess.
 
     Parameters
@@ -219,6 +219,9 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     mpiexec_args : sequence of str
         Extra options for ``mpiexec`` itself, placed before ``-n`` after ``MPIEXEC_ARGS``
         (see :func:`launcher_args`).
+    more : sequence of (int, sequence of str)
+        Further programs of an MPMD launch, ``(n, args)`` each: ``mpiexec -n nprocs python -m module
+        args : -n n python -m module args' ...`` (ranks numbered in that order).
 
     Notes
     -----
@@ -242,6 +245,8 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
     """
     cmd = [mpiexec_path(), *launcher_args(mpiexec_args), "-n", str(nprocs), sys.executable, "-m", module,
            *map(str, args)]
+    for n, extra in more:
+        cmd += [":", "-n", str(n), sys.executable, "-m", module, *map(str, extra)]
     full_env = launcher_env()
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")

@@ -108,3 +108,47 @@ def test_error_printed_once_under_mpiexec(tmp_path, module, argv, needle):
     proc = run_mpi(2, module, *argv, *out, timeout=60, check=False)
     assert proc.returncode == 2 and proc.stdout.count(": error: ") == 1 and needle in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout and not list(tmp_path.iterdir())
+
+
+#: Every study and plot command, with an input it needs that does not exist (None: it reads none;
+#: no MISSING: its required flags only).
+_COMMANDS = [
+    ("experiments.studies.compression_sweep", None), ("experiments.studies.model_parallel_study", None),
+    ("experiments.studies.non_iid_study", ["--workers", "2"]), ("experiments.studies.ps_study", None),
+    ("experiments.studies.replica_study", None), ("experiments.studies.staleness_sweep", None),
+    ("experiments.studies.scale_sim", ["--fit", "MISSING"]),
+    ("experiments.studies.serving_study", ["--checkpoint", "MISSING"]),
+    ("plots.bench", ["MISSING"]), ("plots.cluster", ["MISSING"]), ("plots.compression", ["MISSING"]),
+    ("plots.model_parallel", ["MISSING"]), ("plots.non_iid", ["MISSING"]), ("plots.publish", None),
+    ("plots.scaling", ["MISSING"]), ("plots.serving", ["MISSING"]), ("plots.staleness", ["MISSING"]),
+    ("plots.training", ["MISSING"])]
+
+
+def _one_line(capsys, main, argv):
+    """Run ``main(argv)`` (exiting or returning); return (status, the one error line of stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as info:
+        code = info.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error: " in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return code, lines[0]
+
+
+@pytest.mark.parametrize("module, missing", _COMMANDS, ids=[m for m, _ in _COMMANDS])
+def test_every_study_and_plot_answers_a_bad_flag_and_a_missing_file_with_one_line(capsys, tmp_path, module,
+                                                                                   missing):
+    """A flag no command has, then (where the command reads a file) a path that does not exist:
+    status 2 and one error line naming the flag or the path, before any measurement or drawing."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    code, line = _one_line(capsys, main, ["--no-such-flag", *(missing or [])])
+    assert code == 2 and "--no-such-flag" in line, line
+    if missing is not None and "MISSING" in missing:
+        path = str(tmp_path / "no-such-file.json")
+        code, line = _one_line(capsys, main, [path if a == "MISSING" else a for a in missing]
+                               + ["--out", str(tmp_path / "out")])
+        assert code == 2 and path in line, line
+    assert not (tmp_path / "out").exists()

@@ -48,3 +48,51 @@ def test_a_hand_edited_published_number_fails_the_check():
     assert len(problems) == 1 and "docs/results.md (from the committed result files)" in problems[0], problems
     missing = publish.check({"x.md": "![a figure](plots/figures/not_drawn.png)\n"})
     assert missing == ["x.md shows plots/figures/not_drawn.png, which no published item draws"]
+
+
+#: Phrases that tell the history of the code or of earlier measurements rather than what the software does
+#: (issue 32's list): none may stand in the README, the docs, or a docstring or comment of the project.
+HISTORY = (r"\bthis round\b", r"\blast round\b", r"\bprevious round\b", r"\blatest round\b", r"\bsince taken out\b",
+           r"(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )(?<!\bbeing )\bused to\b", r"\btargets? met\b",
+           r"\btargets? missed\b", r"\bwas being changed\b", r"\bearlier measurements?\b", r"\bpreviously\b")
+
+
+_KEYS = ("this round", "last round", "previous round", "latest round", "since taken out", "used to", "target",
+         "was being changed", "earlier measurement", "previously")  # a cheap test before the regular expression
+
+
+def _history_hits(rel, text):
+    import re
+
+    lower = text.lower()
+    if not any(key in lower for key in _KEYS):
+        return []
+    found = re.compile("|".join(HISTORY), re.IGNORECASE)
+    return [f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}" for m in found.finditer(text)]
+
+
+def test_documentation_tells_no_history():
+    """Oracle: the phrase list. The README, the docs, and the docstrings and comments of every module are
+    searched (a string a program prints is not documentation: a module with a hit is searched again in its
+    comments and docstrings only)."""
+    import ast
+    import glob
+
+    hits = []
+    docs = ["README.md", *glob.glob("docs/**/*.md", root_dir=ROOT, recursive=True),
+            *glob.glob("docs/**/*.rst", root_dir=ROOT, recursive=True)]
+    for rel in docs:
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            hits += _history_hits(rel, f.read())
+    for package in ("collectives", "ps", "training", "inference", "experiments", "plots", "tests"):
+        for rel in glob.glob(f"{package}/**/*.py", root_dir=ROOT, recursive=True):
+            with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+                source = f.read()
+            if rel == "tests/test_docs.py" or not _history_hits(rel, source):
+                continue
+            comments = "\n".join(line.split("#", 1)[1] for line in source.splitlines() if "#" in line)
+            strings = [ast.get_docstring(node) or "" for node in ast.walk(ast.parse(source))
+                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+            hits += _history_hits(rel + " (comments, docstrings)", "\n".join([comments, *strings]))
+    assert hits == [], "\n".join(hits)
+    assert _history_hits("x.md", "The ring used to be slower.") and not _history_hits("x.md", "It is used to sum.")

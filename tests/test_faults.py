@@ -23,8 +23,18 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
     assert totals["silent_wrong"] == 0 and totals["hangs"] == 0 and totals["other"] == 0, proc.stdout
     assert totals["passed"] + totals["expected_silent"] == totals["cases"], proc.stdout
     results = json.loads(out.read_text())["results"]
+    from experiments.faults.checkpoints import KINDS, PS_KINDS, SHARDED_KINDS
+
+    for prefix, kinds in (("checkpoint/", KINDS), ("ps_checkpoint/", PS_KINDS),  # the three checkpoint formats
+                          ("sharded_checkpoint/", SHARDED_KINDS)):
+        damaged = [r for r in results if r["case"].startswith(prefix)]
+        assert len(damaged) == len(kinds) and all(r["verdict"] == "pass" for r in damaged), damaged
     strict = [r for r in results if r["mode"] == "strict" and r["case"].startswith("extra_call/")]
     assert strict and all(r["verdict"] == "pass" for r in strict)  # the call site catches the extra call
+    # the library path: a dtype of another element size is a mismatch on every rank (the check follows
+    # the call there; docs/guide/collectives.md), not a timeout or a lost peer
+    dtype = [r for r in results if r["case"] == "dtype/mpi"]
+    assert len(dtype) == 2 and all(e.startswith("CollectiveMismatch") for r in dtype for e in r["errors"]), dtype
     count = [r for r in results if r["mode"] == "strict" and r["case"] == "count/ring"][0]
     assert any("count" in e and "rank 0: count=10" in e for e in count["errors"]), count
     # all-gather into out=: blocks of 6 elements shaped (2, 3) on rank 0 and (3, 2) elsewhere must raise
@@ -120,10 +130,36 @@ def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkey
 
 
 def test_jobs_killed_at_random_moments_restart_to_the_uninterrupted_result():
-    """Three kills (SIGKILL to launcher and ranks) of a small 2-rank job at random moments, each restarted
-    as documented (--resume, or the same --name when the job died before its configuration): every
-    restarted run ends with the uninterrupted run's parameters, bit for bit (the full part runs more)."""
+    """Three kills (SIGKILL to launcher and ranks) of a small 2-rank job at random moments, the second
+    aimed at a checkpoint write, each restarted as documented (--resume, or the same --name when the
+    job died before its configuration): every restarted run ends with the uninterrupted run's
+    parameters, bit for bit (the full part runs more)."""
     from experiments.faults.suite import run_kill_resume
 
     results = run_kill_resume(3, 60, seed=3, small=True)
     assert [r["verdict"] for r in results] == ["pass"] * 3, results
+    assert [r["aimed_at_save"] for r in results] == [False, True, False], results
+
+
+@pytest.mark.parametrize("error_class, lost", [("ERR_OTHER", True), ("ERR_INTERN", True), ("ERR_TRUNCATE", False),
+                                               ("ERR_COUNT", False)])
+def test_a_failed_transfer_is_a_lost_peer_and_a_truncated_message_a_mismatch(error_class, lost):
+    """The MPI library's error, as the hand-made path (a round's peer named) and the library path
+    (no peer of its own) read it: only a message that did not fit says the ranks' calls differ."""
+    from mpi4py import MPI
+
+    from collectives.engine.executor import Run
+    from collectives.errors import CollectiveMismatch, PeerLost
+    from collectives.schedules.ring import ring_allreduce
+
+    exc = MPI.Exception(getattr(MPI, error_class))
+    run = Run(ring_allreduce(0, 2, 4), MPI.COMM_SELF, np.zeros(4), scratch=np.zeros(4), ufunc=np.add, name="allreduce")
+    mine = run.failed(0, exc)
+    key = ("allreduce", "mpi", 4, np.dtype("float32"), "sum", None, None)
+    theirs = library.library_error(key, exc, (), "MPI_Iallreduce")
+    if lost:
+        assert type(mine) is PeerLost and mine.peer == 1 and "allreduce lost rank 1 in round 0" in str(mine), mine
+        assert type(theirs) is PeerLost and "lost a peer (inside the MPI library)" in str(theirs), theirs
+    else:
+        assert type(mine) is CollectiveMismatch and "with rank 1" in str(mine), mine
+        assert type(theirs) is CollectiveMismatch and "calls differ" in str(theirs), theirs

@@ -160,8 +160,38 @@ def _check_manifest(run):
             shutil.copy(copy / shard, copy / "shard-t7-q7.npz")
         with pytest.raises(CheckpointError, match=words):
             read_pieces(str(copy))
+    _check_served_values(run, ckpt, shard)
     split = [k for k, parts in pieces.items() if len(parts) > 1][0]
     with pytest.raises(CheckpointError, match="cover"):
         assemble({split: pieces[split][:-1]}, split)  # one part missing: never uninitialised memory
     with pytest.raises(CheckpointError, match="cover"):
         assemble({split: pieces[split] + pieces[split][:1]}, split)  # one part twice
+
+
+def _check_served_values(run, ckpt, shard):
+    """A shard rewritten with a valid checksum (manifest updated) but NaN or integer weights: the
+    serving loader, which assembles the parts, refuses it naming the entry (oracle: the untouched
+    checkpoint loads)."""
+    import hashlib
+    import shutil
+
+    from mpi4py import MPI
+
+    from inference.model import load_spec
+    from ps.store import read_npz, write_npz
+    from training.checkpoint import CheckpointError
+
+    assert load_spec(ckpt, MPI.COMM_SELF)[0].weights[0][0].shape == (16, 24)
+    for damage, words in (("nan", "not finite"), ("int", "int64 values, not floating-point")):
+        copy = run / f"copy-{damage}"
+        shutil.copytree(ckpt, copy)
+        arrays = read_npz(str(copy / shard))
+        W = arrays["model/L0.W"]
+        arrays["model/L0.W"] = W.astype(np.int64) if damage == "int" else np.where(W == W.flat[0], np.nan, W)
+        os.remove(copy / shard)
+        write_npz(str(copy / shard), arrays)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["files"][shard] = hashlib.sha256((copy / shard).read_bytes()).hexdigest()
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=f"{copy.name}: entry model/L0.W holds .*{words}"):
+            load_spec(str(copy), MPI.COMM_SELF)

@@ -2,7 +2,8 @@
 before its first checkpoint starts again (by ``--resume`` or the same ``--name``) and ends exactly as
 an uninterrupted run; a full disk or a file size limit is an error naming the file and leaves no
 temporary behind; temporaries of killed writers are removed by the next write; a tampered counter is
-an error naming the file; server checkpoints of different generations are refused, naming both."""
+an error naming the file; server checkpoints of different generations are refused, naming both, and those of another run or job
+shape naming the file."""
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from ps.server import server_checkpoint_path as server_checkpoint
 from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
+from ps.store_checkpoint import run_id_entry
 from training.checkpoint import find_checkpoint
 from training.ps_mode.worker import check_server_checkpoints
 from training.train import main
@@ -129,16 +131,32 @@ def test_temporaries_of_killed_writers_are_removed(tmp_path):
     assert remove_stale_temporaries(str(tmp_path)) == []
 
 
+def _shard_file(ckpt, index, pushes, run_id="5f2a"):
+    """Write server ``index``'s checkpoint of a two-shard job (8 parameters, one worker) as a server writes it."""
+    write_npz(server_checkpoint(ckpt, index), {
+        "params": np.zeros(4), "offset": np.array(4 * index), "total": np.array(8), "servers": np.array(2),
+        "pushes": np.array(pushes), "version": np.array(pushes), "elapsed": np.array(1.5),
+        "folded": np.array([pushes]), "status": np.array([0]), "optim/steps": np.array(pushes),
+        "meta/server": np.array([index]), **run_id_entry(run_id)})
+
+
 def test_server_checkpoints_of_different_generations_are_refused(tmp_path):
     ckpt = str(tmp_path)
     for index, pushes in ((0, 184), (1, 92)):
-        write_npz(server_checkpoint(ckpt, index), {"pushes": np.array(pushes), "params": np.zeros(4)})
+        _shard_file(ckpt, index, pushes)
     with pytest.raises(ValueError, match="different generations") as err:
         check_server_checkpoints(ckpt, 2)
     assert server_checkpoint(ckpt, 0) in str(err.value) and server_checkpoint(ckpt, 1) in str(err.value)
     assert "184" in str(err.value) and "92" in str(err.value)
-    write_npz(server_checkpoint(ckpt, 1), {"pushes": np.array(184), "params": np.zeros(4)})
-    assert check_server_checkpoints(ckpt, 2) is True
+    _shard_file(ckpt, 1, 184)
+    assert check_server_checkpoints(ckpt, 2, run_id="5f2a", job=(2, 1)) is True
     assert check_server_checkpoints(str(tmp_path / "none"), 2, missing_ok=True) is False
     with pytest.raises(ValueError, match="no parameter-server checkpoint"):
         check_server_checkpoints(str(tmp_path / "none"), 2)
+    # another run's files: refused naming the file and the way to accept them, which then works
+    with pytest.raises(CheckpointError, match="ps_server0.npz was written by run 5f2a, not by run 77aa") as err:
+        check_server_checkpoints(ckpt, 2, run_id="77aa")
+    assert "--allow-foreign-checkpoint" in str(err.value)
+    assert check_server_checkpoints(ckpt, 2, run_id="77aa", allow_foreign=True) is True
+    with pytest.raises(CheckpointError, match="ps_server0.npz was written by a job of 1 worker"):
+        check_server_checkpoints(ckpt, 2, job=(2, 3))

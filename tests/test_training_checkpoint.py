@@ -151,7 +151,9 @@ def test_plots_draw_pngs_from_run_latest(tmp_path, capsys):
         data = (run / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert "training_curves.png" in capsys.readouterr().out
-    assert main([str(tmp_path / "nothing")]) == 1
+    with pytest.raises(SystemExit) as info:  # a usage error, as every plot command's
+        main([str(tmp_path / "nothing")])
+    assert info.value.code == 2 and "not a training run directory" in capsys.readouterr().err
 
 
 def _run_dir(path, run_id):

@@ -155,15 +155,31 @@ def test_help_explains_modes_grid_and_resume():
 
 
 def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
-    """Oracle: the settings each rank was given; the per-rank --log-level is not compared."""
+    """Oracle: the settings each rank was given; the per-rank --log-level is not compared. One MPMD launch
+    runs four jobs: data-parallel ranks with other options, and a pipeline whose stages differ in width,
+    in options, or in whether they were started on the grid at all; every rank ends with status 1."""
     from tests.mpirun import run_mpi
 
-    res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs"), timeout=60)
+    runs = str(tmp_path / "runs")  # MPMD: three programs, each its own command line
+    res = run_mpi(1, "tests.mpi_agree", runs, "base", more=[(1, [runs, "lr"]), (1, [runs, "seed"])], timeout=90)
     line = "error: the ranks were started with different settings"
-    assert res.stdout.count(line) == 1, res.stdout
-    assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" in res.stdout and "--seed: ranks 0,1: 0; rank 2: 3" in res.stdout
-    assert "log-level" not in res.stdout.split(line)[1].splitlines()[0], res.stdout
-    assert res.stdout.count("status 1 made False") == 3, res.stdout
+    said = {job: [t for t in res.stdout.splitlines() if t.startswith(line) and f"--{key}:" in t]
+            for job, key in (("options", "seed"), ("widths", "hidden"), ("stage-options", "micro-batches"),
+                             ("driver", "pipeline-parallel"))}
+    assert res.stdout.count(line) == 4 and all(len(v) == 1 for v in said.values()), res.stdout
+    assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" in said["options"][0], res.stdout
+    assert "--seed: ranks 0,1: 0; rank 2: 3" in said["options"][0] and "log-level" not in said["options"][0]
+    # a pipeline: the stages' widths (no layout check of whole models can compare them), the stages'
+    # options, and a rank started without the grid, which takes another driver
+    assert "--hidden: ranks 0,1: [16, 16]; rank 2: [16, 8]" in said["widths"][0], res.stdout
+    assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" not in said["stage-options"][0], res.stdout
+    assert "--lr: ranks 0,2: 0.001; rank 1: 0.01" in said["stage-options"][0], res.stdout
+    assert "--micro-batches: ranks 0,1: 1; rank 2: 2" in said["stage-options"][0], res.stdout
+    assert "--pipeline-parallel: ranks 0,1: 3; rank 2: 1" in said["driver"][0], res.stdout
+    for job in said:  # lines that start with the job's name: "options rank" is also inside "stage-options rank"
+        ends = [t for t in res.stdout.splitlines() if t.startswith(f"{job} rank ")]
+        assert len(ends) == 3 and all(t.endswith("status 1 made False") for t in ends), res.stdout
+    assert "Traceback" not in res.stdout, res.stdout
     # a command line that fails to parse on one rank only: every rank ends (status 2), none waits
     res = run_mpi(3, "tests.mpi_agree", str(tmp_path / "runs2"), "parse", timeout=60, check=False)
     assert "error: rank 2: python -m training.train: error: argument --lr: invalid float value: 'abc'" in res.stdout

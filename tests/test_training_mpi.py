@@ -90,6 +90,20 @@ def test_crashed_rank_ends_the_job_within_the_timeout(tmp_path):
     assert out.count("error: rank 0: CollectiveTimeout") == 1, out
     assert out.count("no answer from rank 1") == 1 and out.count("error:") == 1, out
     assert "Traceback" not in out, out
+    # what to do: read the dead rank's output, then resume the run's own directory
+    assert f"rank 1 may have died or hung (its own output says why); then restart with --resume {tmp_path}/" in out
+
+
+def test_a_peer_lost_in_a_large_transfer_is_named_on_one_line():
+    """Rank 1 dies with the first messages of a 4 MiB ring all-reduce posted; rank 0's receive of
+    them fails inside the MPI library (before the 20 s timeout): one PeerLost line naming rank 1
+    and what to do, no traceback."""
+    res = run_mpi(2, "experiments.faults.dead", "ring", 20, "large", timeout=60, check=False,
+                  mpiexec_args=("-disable-auto-cleanup",))
+    out = res.stdout
+    assert job_failed(res) and _since_crash(out) < 20, (res.returncode, out)
+    assert out.count("error: rank 0: PeerLost: allreduce lost rank 1 in round 0") == 1, out
+    assert "rank 1 may have died or hung" in out and "Traceback" not in out, out
 
 
 def test_crashed_rank_ends_a_compressed_run_within_the_timeout(tmp_path):

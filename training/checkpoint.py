@@ -27,7 +27,7 @@ from training.origin import _NAME, check_origin, checkpoint_origin, never_config
 
 _log = get_logger("training.checkpoint")
 
-__all__ = ["nothing_to_do", "CheckpointError", "run_id_of", "check_origin", "never_configured", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
+__all__ = ["restart_hint", "nothing_to_do", "CheckpointError", "run_id_of", "check_origin", "never_configured", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
            "unfinished_without_checkpoint", "write_npz", "read_npz",
            "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host", "saved_epochs", "epochs_note"]
@@ -151,6 +151,22 @@ def make_run_dir(cfg, comm):
         return path.encode()
 
     return root_bytes(comm, create, error=RunDirError, timeout=cfg.timeout).decode()
+
+
+def restart_hint(cfg, run_dir=None):
+    """Return how to restart ``cfg``'s run after its job ended early: ``restart with --resume RUN_DIR``.
+
+    ``run_dir`` is the run's directory once :func:`make_run_dir` made it; before, the one ``cfg``
+    names (``--resume``, ``--name``), else the ``latest`` link that rank 0 points at it.
+
+    Examples
+    --------
+    >>> from training.config import Config
+    >>> restart_hint(Config(run_dir="runs", name="a"))
+    'restart with --resume runs/a'
+    """
+    path = run_dir or cfg.resume or os.path.join(cfg.run_dir, cfg.name or "latest")
+    return f"restart with --resume {path}"
 
 
 def unfinished_without_checkpoint(run_dir):

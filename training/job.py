@@ -2,8 +2,9 @@
 
 :func:`array_module` picks NumPy or CuPy (one GPU per rank on the node), :func:`set_threads` caps
 BLAS threads per rank (:func:`limit_threads`), and :func:`all_failed` tells whether an error was
-raised on every rank alike (one message) or on some only (abort the job). The checks of a whole
-run's configuration against the job are :func:`training.preflight.check_run`'s.
+raised on every rank alike (one message) or on some only (abort the job); :func:`end_lost` ends a
+job whose peer may be dead with one line saying what failed and how to restart. The checks of a
+whole run's configuration against the job are :func:`training.preflight.check_run`'s.
 """
 import os
 import time
@@ -11,9 +12,12 @@ import time
 import numpy
 from mpi4py import MPI
 
+from collectives.engine.policy import abort, failure_line
+from collectives.engine.waiting import library_failure
+from collectives.errors import CollectiveError
 from collectives.log import get_logger
 
-__all__ = ["array_module", "set_threads", "limit_threads", "all_failed"]
+__all__ = ["array_module", "set_threads", "limit_threads", "all_failed", "end_lost"]
 
 _log = get_logger("training.job")
 
@@ -109,3 +113,22 @@ def all_failed(comm, seconds=5.0):
             return False
         time.sleep(0.01)
     return True
+
+
+def end_lost(exc, hint, rank):
+    """End the job (``MPI_Abort``) after ``exc`` showed that a peer may be dead: ``MPI_Finalize`` would wait for it.
+
+    One ``error: rank R: ...`` line says what failed (a collective's error names its peer and round;
+    a parameter-server timeout, ``ps.protocol.PSTimeout``; a transfer the MPI library failed, an
+    ``MPI.Exception``), that the peer may have died or hung and where to read why, and ``hint``, how
+    to restart (:func:`training.checkpoint.restart_hint`). After a parameter-server timeout the rank
+    waits ``1.5 * min(rank, 3)`` seconds first, so that the lowest such rank reports and its abort
+    ends the others.
+    """
+    if isinstance(exc, CollectiveError):
+        abort(failure_line(exc, hint))
+    if isinstance(exc, MPI.Exception):
+        exc = f"the MPI library failed a transfer ('{library_failure(exc)[0]}')"
+    else:
+        time.sleep(1.5 * min(rank, 3))
+    abort(f"{exc}; ending the job: that peer may have died or hung (its own output says why); then {hint}")

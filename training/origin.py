@@ -3,7 +3,10 @@ by :func:`training.metrics.run_info`), the origin entries each checkpoint carrie
 ``meta/epoch``), the check that a checkpoint was written by the run whose directory holds it, and the
 run directory of a job killed before it wrote its configuration.
 
-Imports: :mod:`ps.store` (the checkpoint error) only.
+The entry ``meta/run_id`` is the parameter servers' own (:mod:`ps.store_checkpoint`), so a run's trainer and
+server checkpoints name it alike.
+
+Imports: :mod:`ps.store` (the checkpoint error) and :mod:`ps.store_checkpoint` (the run id entry) only.
 """
 import json
 import os
@@ -12,6 +15,7 @@ import re
 import numpy
 
 from ps.store import CheckpointError
+from ps.store_checkpoint import held_run_id, run_id_entry
 
 __all__ = ["run_id_of", "checkpoint_origin", "check_origin", "never_configured"]
 
@@ -51,10 +55,7 @@ def checkpoint_origin(path):
     >>> checkpoint_origin("no-such-run/ckpt-epoch0003.npz")  # no config.json there: no run id
     {'meta/epoch': array([3])}
     """
-    out = {}
-    rid = run_id_of(os.path.dirname(path) or ".")
-    if rid:
-        out["meta/run_id"] = numpy.frombuffer(rid.encode(), numpy.uint8)
+    out = run_id_entry(run_id_of(os.path.dirname(path) or ".") or "")
     m = _NAME.match(os.path.basename(path))
     if m:
         out["meta/epoch"] = numpy.array([int(m.group(1))], numpy.int64)
@@ -87,7 +88,7 @@ def check_origin(f, arrays, foreign_ok=False):
     if foreign_ok:
         return
     here = run_id_of(os.path.dirname(f) or ".")
-    held = bytes(numpy.asarray(arrays.get("meta/run_id", numpy.zeros(0, numpy.uint8)), numpy.uint8)).decode("utf-8", "replace")
+    held = held_run_id(arrays)
     if here is not None and held != here:
         whose = f"run {held}" if held else "a run that recorded no run id"
         raise CheckpointError(f"checkpoint {f} was written by {whose}, not by the run of {os.path.dirname(f) or '.'} "

@@ -19,7 +19,7 @@ from training.ps_mode.worker import check_ps
 from training.monitor.setup import check_monitor
 from training.skew import check_skew, uses_shards
 
-__all__ = ["check_run", "agree", "PER_RANK"]
+__all__ = ["check_run", "agree", "agree_grid", "PER_RANK", "LAYOUT"]
 
 #: Settings left out of :func:`agree`: those that may differ between ranks by design (where rank 0
 #: writes: run directory and name, trace file; how much a rank logs; the address the metrics endpoint of
@@ -27,6 +27,9 @@ __all__ = ["check_run", "agree", "PER_RANK"]
 #: (``hidden``, ``dtype``), which :func:`training.layout.verify_param_layout` compares once the model is
 #: built, naming the layers and parameter counts that differ.
 PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype", "metrics_host"))
+#: The model's layout among :data:`PER_RANK`: compared by :func:`agree_grid` on a model-parallel grid, whose
+#: stages hold different layers by design, so that no layout check of whole models can compare them.
+LAYOUT = frozenset(("hidden", "dtype"))
 _SHOWN = 60  # characters of a value shown in the message
 
 
@@ -78,6 +81,29 @@ def agree(cfg, comm, per_rank=PER_RANK):
             f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in held.values()))
     raise ValueError("the ranks were started with different settings (every rank must run the same job): "
                      + " | ".join(parts))
+
+
+def agree_grid(cfg, comm):
+    """Raise on every rank unless every rank of a model-parallel job resolved the same configuration,
+    the model's layout included (:data:`LAYOUT`: the stages' widths and the dtype).
+
+    The first comparison is :func:`agree`'s, the one every job makes first (a rank launched without the
+    grid, which takes another driver, makes it too, so the ranks meet in the same call); once it passes
+    every rank is on the grid, and a second comparison adds the layout.
+
+    Raises
+    ------
+    ValueError
+        Naming each differing setting with the ranks that hold each value, on every rank.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from training.config import Config
+    >>> agree_grid(Config(pipeline_parallel=2), MPI.COMM_WORLD)  # one rank: nothing to compare
+    """
+    agree(cfg, comm)
+    agree(cfg, comm, PER_RANK - LAYOUT)
 
 
 def check_run(cfg, comm):

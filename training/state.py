@@ -13,7 +13,7 @@ import numpy
 from training.checkpoint import CheckpointError
 from training.nn import get_array_module
 
-__all__ = ["TrainState", "checkpoint_arrays", "restore"]
+__all__ = ["TrainState", "checkpoint_arrays", "restore", "check_values"]
 
 
 class TrainState:
@@ -79,12 +79,25 @@ def checkpoint_arrays(cfg, model, opt, hook, state):
     return d
 
 
-def _check_values(arrays):
-    """Raise ``ValueError`` naming the entry when the parameters or the optimizer's state make no sense:
-    parameters and optimizer arrays that are not finite floating-point numbers, a step count that is
-    not a whole number >= 0 (a tampered or foreign file whose checksum was recomputed)."""
+def check_values(arrays):
+    """Raise ``ValueError`` naming the entry when the parameters or the optimizer's state make no sense.
+
+    Checked: every ``model/...`` and ``optim/...`` entry (a data-parallel checkpoint's flat
+    ``model/params``, or a tensor a sharded checkpoint's parts were assembled into, ``model/L0.W``)
+    must hold finite floating-point numbers, and ``optim/steps`` a whole number >= 0. A tampered or
+    foreign file whose checksum was recomputed passes the checksum, not this.
+
+    Examples
+    --------
+    >>> import numpy
+    >>> check_values({"model/params": numpy.ones(3), "optim/steps": numpy.array(2)})
+    >>> check_values({"model/L0.W": numpy.array([[1.0, numpy.nan]])})
+    Traceback (most recent call last):
+    ...
+    ValueError: entry model/L0.W holds 1 values that are not finite
+    """
     for key, v in arrays.items():
-        if not (key == "model/params" or key.startswith("optim/")):
+        if not (key.startswith("model/") or key.startswith("optim/")):
             continue
         v = numpy.asarray(v)
         if key == "optim/steps":
@@ -122,7 +135,7 @@ def restore(path, arrays, model, opt, hook, state):
         if arrays["model/params"].shape != model.params.shape:
             raise ValueError(f"it holds {arrays['model/params'].size} parameters, the model has "
                              f"{model.size} (same --hidden and data?)")
-        _check_values(arrays)
+        check_values(arrays)
         xp = get_array_module(model.params)
         model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
         opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})

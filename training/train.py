@@ -26,11 +26,11 @@ from collectives.log import get_logger, setup_logging
 from ps.protocol import PSError, PSTimeout
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, load_checkpoint, make_run_dir,
-                                 nothing_to_do, prune_checkpoints, save_checkpoint, saved_epochs)
+                                 nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.data import load_dataset
-from training.job import all_failed, set_threads
-from training.preflight import check_run
+from training.job import all_failed, end_lost, set_threads
+from training.preflight import agree_grid, check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.nn import SoftmaxCrossEntropy
@@ -323,6 +323,7 @@ def run(cfg, comm=None):
         if cfg.tensor_parallel * cfg.pipeline_parallel > 1 or cfg.micro_batches > 1:
             from training.model_parallel.grid_train import run_hybrid  # data x tensor x pipeline grid
 
+            agree_grid(cfg, comm)  # one job, the stages' widths included, before the first stage is built
             return run_hybrid(cfg, comm, lr_at)
         if cfg.mode == "ps":
             xp = check_run(cfg, comm)
@@ -334,7 +335,9 @@ def run(cfg, comm=None):
         trainer = build_trainer(cfg, comm)
         try:
             with collectives.engine.policy.abort_on_failure():
-                return train_dp(cfg, comm, make_run_dir(cfg, comm), trainer)
+                run_dir = make_run_dir(cfg, comm)
+            with collectives.engine.policy.abort_on_failure(hint=restart_hint(cfg, run_dir)):
+                return train_dp(cfg, comm, run_dir, trainer)
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
     finally:
@@ -355,7 +358,8 @@ def main(argv=None):
     it and aborts the job ``--ps-timeout`` seconds later instead of leaving everyone in
     ``MPI_Finalize``; a rank whose server never answered (``ps.protocol.PSTimeout``) reports it and
     aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
-    ``--timeout`` seconds, whose rank the line names) and any other failure with P > 1 abort the job.
+    ``--timeout`` seconds or lost, whose rank the line names, with how to restart) and any other
+    failure with P > 1 abort the job.
     """
     world = MPI.COMM_WORLD
     cfg = parse_on_every_rank(parse_args, argv, world.rank)  # one copy of --help and of flag errors
@@ -372,9 +376,8 @@ def main(argv=None):
         if not everyone:
             collectives.engine.policy.abort(None, world)
         return 1
-    except PSTimeout as e:  # a peer never answered: it may be dead, and MPI_Finalize would wait for it
-        time.sleep(1.5 * min(world.rank, 3))  # the lowest such rank reports; its abort ends the others
-        collectives.engine.policy.abort(f"{e}; ending the job")
+    except (PSTimeout, collectives.CollectiveError, MPI.Exception) as e:  # a peer may be dead: MPI_Finalize would wait
+        end_lost(e, restart_hint(cfg), world.rank)
     except PSError as e:
         # the run cannot continue (BSP lost a worker): the servers and the workers still running
         # have all stopped the protocol; rank 0, a server, states why once, another rank only
@@ -384,8 +387,6 @@ def main(argv=None):
             print(f"error: {where}{e}", file=sys.stderr, flush=True)
         finish_ps(world, cfg)
         return 1
-    except collectives.CollectiveError as e:  # the peers may be dead: MPI_Finalize would hang
-        collectives.engine.policy.abort(f"{type(e).__name__}: {e}; ending the job")
     except Exception:  # noqa: BLE001 - any other failure: report and abort the whole job
         traceback.print_exc()
         if world.size > 1:

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from collectives.calls.forms import keyword_form, positional
-from collectives.library.call import key_code, mismatch
+from collectives.library.call import key_code, library_error, mismatch
 from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
 from collectives.engine.context import check_comm, get_context
@@ -267,7 +267,7 @@ def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=N
             restore_nan(work, mask)
             return finish(out, work, op, size, xp, direct)
 
-        return _MPIRequest(reqs, done, ctx)
+        return _MPIRequest(reqs, done, ctx, key)
     sched = ctx.schedule(("allreduce", algorithm, x.size, grid),
                          lambda: segmented(build_allreduce_schedule(algorithm, ctx.rank, size, x.size, grid)))
     scratch = xp.empty(max(sched.scratch, 1), dtype=acc)
@@ -280,10 +280,18 @@ def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=N
 class _MPIRequest:
     """Adapter giving an ``MPI_Iallreduce`` request the :class:`Request` interface."""
 
-    __slots__ = ("_req", "_finish", "_ctx", "_failed", "result", "done")
+    __slots__ = ("_req", "_finish", "_ctx", "_key", "_failed", "result", "done")
 
-    def __init__(self, req, finish, ctx):
-        self._req, self._finish, self._ctx, self._failed, self.result, self.done = req, finish, ctx, None, None, False
+    def __init__(self, req, finish, ctx, key):
+        self._req, self._finish, self._ctx, self._key = req, finish, ctx, key
+        self._failed, self.result, self.done = None, None, False
+
+    def _lost(self, exc):
+        """Mark the request failed after the MPI library reported ``exc``; return the error to raise."""
+        err = library_error(self._key, exc, (), "MPI_Iallreduce")
+        self._failed = str(err)
+        self._ctx.fail(f"allreduce: {err}")
+        return err
 
     def _check(self):
         if self._failed is not None:
@@ -301,7 +309,11 @@ class _MPIRequest:
     def test(self):
         """Return True once the library's all-reduce has completed (finishing it then)."""
         self._check()
-        if not self.done and MPI.Request.Testall(self._req):
+        try:
+            complete = not self.done and MPI.Request.Testall(self._req)
+        except MPI.Exception as exc:
+            raise self._lost(exc) from None
+        if complete:
             self._complete()
         elif not self.done:
             self._ctx.progress()
@@ -318,5 +330,7 @@ class _MPIRequest:
                 self._failed = str(exc)
                 self._ctx.fail(f"allreduce: {exc}")
                 raise
+            except MPI.Exception as exc:
+                raise self._lost(exc) from None
             self._complete()
         return self.result

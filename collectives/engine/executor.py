@@ -14,14 +14,17 @@ handed to complete a round (as mpi4py's ``util/pkl5.py`` passes the primitive in
 Every round then ends in :meth:`Run.finish`, the one receive -> check -> combine sequence: each
 received message's size is checked against the schedule (``MPI_Get_count``), so a result never
 holds bytes no message wrote; staged device receives are copied back; reducing receives are combined.
+A round the MPI library fails (``MPI.Exception``) raises :class:`~collectives.errors.PeerLost` naming
+the round's peer, or :class:`~collectives.errors.CollectiveMismatch` when the library says the
+message did not fit (:meth:`Run.failed`).
 """
 import time
 
 from mpi4py import MPI
 
-from collectives.errors import CollectiveMismatch, CollectiveTimeout
+from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.fingerprint import checks_enabled, pending
-from collectives.engine.waiting import Where, wait_all
+from collectives.engine.waiting import Where, library_failure, wait_all
 
 __all__ = ["Run", "execute", "run_schedule", "blocking", "testing", "Timed", "explain"]
 
@@ -98,7 +101,10 @@ class Run:
         """
         prog = self.prog
         while self.index < len(prog):
-            statuses = complete(self, self.index)
+            try:
+                statuses = complete(self, self.index)
+            except MPI.Exception as exc:
+                raise self.failed(self.index, exc) from None
             if statuses is None:
                 return False
             landing = self.posted[2]
@@ -161,6 +167,24 @@ class Run:
                 else:
                     ufunc(mine, dev, out=target)
 
+    def failed(self, index, exc):
+        """Return the error to raise after the MPI library failed round ``index`` with ``exc``.
+
+        The peer is the one of the failed request (``MPI_ERR_IN_STATUS``), else the round's first
+        receive's (else its first send's): :class:`~collectives.errors.PeerLost` naming it, or
+        :class:`~collectives.errors.CollectiveMismatch` when the library reports a truncated message.
+        """
+        sends, recvs = self.prog[index]
+        peers = [r[0] for r in recvs] + [s[0] for s in sends]
+        if self.posted is not None and self.posted[1] is not None:
+            peers = [p if p >= 0 else -1 - p for p in self.posted[1]]  # the posted order, requests' statuses
+        text, at, differ = library_failure(exc, self.statuses[:len(peers)])
+        peer = peers[at] if at is not None and at < len(peers) else (peers[0] if peers else None)
+        if differ:
+            return CollectiveMismatch(self.name, "message size", f"the MPI library reported '{text}' in round {index} "
+                                      f"with rank {peer}: the ranks disagree about the count, dtype or algorithm")
+        return PeerLost(self.name, peer, index, text, self.schedule.rounds[index].phase)
+
     def where(self, index, timeout):
         """Return the :class:`~collectives.engine.waiting.Where` of round ``index`` for a timeout's error."""
         return Where(self.name, index, self.schedule.rounds[index].phase, timeout)
@@ -222,7 +246,10 @@ def check_received(status, buf, peer, name):
 
 
 def explain(exc, comm, tag):
-    """Return ``exc`` (a :class:`CollectiveTimeout`) with what the silent peer sent instead, when it sent anything."""
+    """Return ``exc`` (a :class:`CollectiveTimeout`) with what the silent peer sent instead, when it sent anything
+    (a :class:`~collectives.errors.PeerLost` as it is: that peer is gone)."""
+    if isinstance(exc, PeerLost):
+        return exc
     why = pending(comm, exc.peer, tag)
     if not why:
         return exc

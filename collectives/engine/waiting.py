@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from collectives.errors import CollectiveTimeout
 
-__all__ = ["Where", "wait_all", "wait_within", "deadline_of"]
+__all__ = ["Where", "wait_all", "wait_within", "deadline_of", "library_failure"]
 
 #: Seconds a wait spins on ``MPI_Testall`` (yielding the core every 64 tests, as MPICH's own waits
 #: yield after a number of polls) before it sleeps 50 us between tests. Sleeping after 200 tests, as
@@ -37,6 +37,41 @@ def _oversubscribed():
 #: A waiting rank whose peers share its cores gives the core away at every test, not every 64th:
 #: spinning would keep the peer it waits for from running.
 _YIELD_EVERY_TEST = _oversubscribed()
+
+
+#: MPI error classes that say the ranks' calls differ (a message longer than its receive, ...): any
+#: other error of a transfer between matching calls is the transport's, a peer that is gone.
+_CALLS_DIFFER = (MPI.ERR_TRUNCATE, MPI.ERR_COUNT, MPI.ERR_TYPE, MPI.ERR_OP, MPI.ERR_BUFFER, MPI.ERR_ROOT)
+
+
+def library_failure(exc, statuses=()):
+    """Read an ``MPI.Exception`` of a transfer: return ``(text, index, calls_differ)``.
+
+    ``text`` is the MPI library's error text (one line), ``index`` the position in ``statuses`` of
+    the request that failed (``MPI_ERR_IN_STATUS``; None when the exception names no request), and
+    ``calls_differ`` True when the error says the ranks' calls differ (a truncated message: a count,
+    dtype or algorithm mismatch), False when the transfer itself failed (a peer that died).
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> library_failure(MPI.Exception(MPI.ERR_TRUNCATE))[1:]
+    (None, True)
+    >>> library_failure(MPI.Exception(MPI.ERR_OTHER))[1:]
+    (None, False)
+    """
+    code, index = exc.Get_error_code(), None
+    if exc.Get_error_class() == MPI.ERR_IN_STATUS:
+        for i, st in enumerate(statuses):
+            if st.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                code, index = st.Get_error(), i
+                break
+    lines = [line.strip() for line in MPI.Get_error_string(code).splitlines() if line.strip()]
+    differ = MPI.Get_error_class(code) in _CALLS_DIFFER or any("truncat" in line.lower() for line in lines)
+    if not lines:
+        return f"MPI error {code}", index, differ
+    text = lines[0].rstrip(":").removesuffix(", error stack")  # MPICH: the class, then the stack, innermost last
+    return (f"{text}: {lines[-1]}" if len(lines) > 1 else text), index, differ
 
 
 def deadline_of(timeout):

@@ -26,17 +26,27 @@ the library itself:
   of ``(crc, -crc)``: one small extra message, negligible beside a large transfer.
 
 A rank whose check fails raises :class:`~collectives.errors.CollectiveMismatch`; an error the MPI
-library reports (a truncated message when counts differ) becomes one too.
+library reports becomes one too when it says the calls differ (a truncated message when counts
+differ), and :class:`~collectives.errors.PeerLost` when the transfer itself failed (a peer that died).
+
+The check follows the call: MPI sees the library call of every rank before any rank knows that they
+differ. Ranks whose element sizes differ (``float32`` on one rank, ``float64`` on another) pass
+messages of other sizes, and MPICH may then pick another algorithm on each rank (it chooses by bytes);
+with ``timeout=`` the call still ends in :class:`~collectives.errors.CollectiveMismatch` or
+:class:`~collectives.errors.CollectiveTimeout`. Only the debug mode (``COMMLAB_DEBUG=detail``)
+compares the fingerprints before the library call, at the cost of one all-gather per call: an
+exchange before every call would double the cost of the small all-reduce, and one made only on a
+rank's first call of a signature would make ranks whose caches differ post different library calls.
 """
 import numpy
 from mpi4py import MPI
 
-from collectives.errors import CollectiveMismatch, CollectiveTimeout
+from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.fingerprint import checks_enabled, describe, key_code
-from collectives.engine.waiting import Where, deadline_of, wait_all
+from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "call", "run_library", "key_code"]
+           "library_error", "call", "run_library", "key_code"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
@@ -153,9 +163,9 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         ctx.fail(f"{name}: {exc}")
         raise
     except MPI.Exception as exc:
-        ctx.fail(f"{name}: {exc}")
-        raise CollectiveMismatch(name, "count", f"the MPI library reported '{_reason(exc, statuses[:len(reqs)])}' in "
-                                 f"this rank's {describe(key)}: the ranks' calls differ") from None
+        err = library_error(key, exc, statuses[:len(reqs)], f"MPI_{method[1:]}")
+        ctx.fail(f"{name}: {err}")
+        raise err from None
     if fp is not None and (int(fp[0]) != code or int(fp[1]) != -code):
         err = mismatch(key)
         ctx.fail(f"{name}: {err}")
@@ -163,13 +173,30 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
 
 
 _STATUSES = [MPI.Status() for _ in range(4)]  # reused by every call (statuses matter only when one fails)
-def _reason(exc, statuses):
-    """Return the MPI error text of ``exc``, looking into the statuses for ``MPI_ERR_IN_STATUS``."""
-    if exc.Get_error_class() == MPI.ERR_IN_STATUS:
-        codes = [st.Get_error() for st in statuses if st.Get_error() not in (MPI.SUCCESS, MPI.ERR_PENDING)]
-        if codes:
-            return MPI.Get_error_string(codes[0]).strip()
-    return exc.Get_error_string().strip()
+
+
+def library_error(key, exc, statuses=(), phase=""):
+    """Return the error to raise after the MPI library failed call ``key`` with ``exc`` (an ``MPI.Exception``).
+
+    A :class:`CollectiveMismatch` when the library's error says the ranks' calls differ (a truncated
+    message), else :class:`PeerLost`: the transfer failed, and the library's peers are not commlab's
+    to name (:func:`collectives.engine.waiting.library_failure`).
+
+    Examples
+    --------
+    >>> import numpy
+    >>> from mpi4py import MPI
+    >>> key = ("allreduce", "mpi", 4, numpy.dtype("float32"), "sum", None, None)
+    >>> type(library_error(key, MPI.Exception(MPI.ERR_TRUNCATE))).__name__
+    'CollectiveMismatch'
+    >>> str(library_error(key, MPI.Exception(MPI.ERR_OTHER))).startswith("allreduce lost a peer (inside the MPI")
+    True
+    """
+    text, _, differ = library_failure(exc, statuses)
+    if differ:
+        return CollectiveMismatch(key[0], "count", f"the MPI library reported '{text}' in this rank's {describe(key)}: "
+                                  "the ranks' calls differ")
+    return PeerLost(key[0], None, 0, text, phase)
 
 
 def run_library(ctx, key, xp, method, args, timeout, extra=(), check=True):

@@ -27,9 +27,9 @@ import numpy
 from mpi4py import MPI
 
 from collectives.engine.buffers import ACC, MPI_OPS
-from collectives.errors import CollectiveMismatch, CollectiveTimeout
-from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code
-from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, _reason, check_values, mismatch
+from collectives.errors import CollectiveTimeout
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, key_code
+from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, check_values, library_error, mismatch
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["LibraryPlan", "library_plan"]
@@ -208,9 +208,9 @@ class LibraryPlan:
         return run
 
     def _library_error(self, exc):
-        """Mark the plan failed after the MPI library reported ``exc``; return the :class:`CollectiveMismatch` to raise."""
-        err = CollectiveMismatch("allreduce", "count", f"the MPI library reported '{_reason(exc, [])}' in this "
-                                 f"rank's {describe(self.key)}: the ranks' calls differ")
+        """Mark the plan failed after the MPI library reported ``exc``; return the error to raise
+        (:func:`~collectives.library.call.library_error`)."""
+        err = library_error(self.key, exc, (), "MPI_Allreduce")
         self._failed(str(err))
         return err
 

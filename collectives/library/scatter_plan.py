@@ -20,9 +20,8 @@ from mpi4py import MPI
 
 from collectives.backend import accumulation_dtype, get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
-from collectives.errors import CollectiveMismatch
-from collectives.engine.fingerprint import checks_enabled, debug_enabled, describe, key_code, settings_token
-from collectives.library.call import _STATUSES, _reason, mismatch, run_library
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, key_code, settings_token
+from collectives.library.call import _STATUSES, library_error, mismatch, run_library
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["ScatterPlan"]
@@ -122,9 +121,9 @@ class ScatterPlan:
         try:
             MPI.Request.Waitall(reqs, _STATUSES)
         except MPI.Exception as exc:
-            ctx.fail(f"reduce_scatter: {exc}")
-            raise CollectiveMismatch("reduce_scatter", "count", f"the MPI library reported '{_reason(exc, _STATUSES)}' "
-                                     f"in this rank's {describe(self.key)}: the ranks' calls differ") from None
+            err = library_error(self.key, exc, _STATUSES, f"MPI_{self.method[1:]}")
+            ctx.fail(f"reduce_scatter: {err}")
+            raise err from None
         if int(fp[0]) != code or int(fp[1]) != -code:
             err = mismatch(self.key)
             ctx.fail(f"reduce_scatter: {err}")

@@ -12,7 +12,8 @@
   fingerprint exchange catches may end a case;
 
 then the damaged checkpoints (:mod:`experiments.faults.checkpoints`: every way a data-parallel
-checkpoint is damaged, copied from another run or renamed, loaded by the trainer's own path), then
+checkpoint, a parameter server's shard file or a model-parallel run's sharded checkpoint is damaged,
+copied from another run, another server or epoch, or renamed, loaded by the trainer's own path), then
 (full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
 -disable-auto-cleanup``; the survivors must end the job through :func:`collectives.engine.policy.abort_on_failure`
 within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
@@ -39,7 +40,7 @@ import tempfile
 import time
 
 from experiments.cluster.launch import OPENMPI_ENV, flavour
-from experiments.faults.checkpoints import run_checkpoint_cases
+from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
@@ -204,14 +205,19 @@ def _classify(name, recs, P, mode):
 
 
 def run_dead(P, timeout, limit):
-    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s of the death."""
+    """A rank dies before an all-reduce: the job must end (non-zero) within ``timeout`` + 5 s of the death.
+
+    The ``large`` case: it dies in the middle of a 4 MiB ring all-reduce, and a survivor's receive
+    fails inside the MPI library; the line must name it as lost (``PeerLost``), without a traceback.
+    """
     results = []
-    for alg in ("ring", "mpi", "auto"):
+    for alg in ("ring", "mpi", "auto", "ring/large"):
         launched = time.time()
-        code, secs, out = _launch(P, "experiments.faults.dead", [alg, str(timeout)], {}, limit,
-                                  extra=("-disable-auto-cleanup",))
+        code, secs, out = _launch(P, "experiments.faults.dead", [alg.split("/")[0], str(timeout), *alg.split("/")[1:]],
+                                  {}, limit, extra=("-disable-auto-cleanup",))
         seconds = _crash_seconds(out, launched + secs)
-        ok = _failed(code, out) and seconds is not None and seconds <= timeout + 5 and "CollectiveTimeout" in out
+        named = "PeerLost" in out and "Traceback" not in out if alg.endswith("large") else "CollectiveTimeout" in out
+        ok = _failed(code, out) and seconds is not None and seconds <= timeout + 5 and named
         results.append({"case": f"dead_rank/{alg}", "P": P, "mode": "default", "seconds": seconds,
                         "verdict": "pass" if ok else ("hang" if code is None else "fail"), "detail": out[-300:]})
     return results
@@ -278,8 +284,10 @@ def run_kill_resume(trials, limit, seed=0, small=False):
     must be bitwise equal (a resume restores model, optimizer, sampler and counters exactly). A trial
     whose restart fails or ends with other parameters counts as *data lost*. Kills land anywhere: before
     the run directory or its ``config.json`` exists (the same ``--name`` then starts it again, leftovers
-    of an interrupted write included), during a checkpoint write, between epochs. ``small``: the
-    seconds-long job of the test suite's trials instead of the full part's.
+    of an interrupted write included), during a checkpoint write, between epochs. Every second trial is
+    aimed at a checkpoint write: its delay is a moment the uninterrupted run finished writing a
+    checkpoint (the file's time since that launch) less up to 50 ms. ``small``: the seconds-long job
+    of the test suite's trials instead of the full part's.
     """
     import numpy
 
@@ -288,13 +296,18 @@ def run_kill_resume(trials, limit, seed=0, small=False):
                                         "--checkpoint-every", "1"]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        launched = time.time()
         code, total, out = _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", "ref"], {}, limit)
         if code != 0:
             return [{"case": "kill_resume/reference", "P": 2, "mode": "default", "verdict": "fail",
                      "detail": out[-300:]}]
         reference = _final_params(os.path.join(tmp, "ref"))
+        saves = [os.path.getmtime(f) - launched for f in glob.glob(os.path.join(tmp, "ref", "ckpt-epoch*.npz"))]
         for t in range(trials):
-            name, delay = f"t{t}", float(rng.uniform(0.3, total))
+            delay = float(rng.uniform(0.3, total))
+            if t % 2 and saves:  # aimed at a checkpoint write
+                delay = max(0.3, float(rng.choice(saves)) - float(rng.uniform(0.0, 0.05)))
+            name = f"t{t}"
             _launch(2, "training.train", [*flags, "--run-dir", tmp, "--name", name], {}, delay)  # killed at delay
             run = os.path.join(tmp, name)
             at_kill = len(glob.glob(os.path.join(run, "ckpt-epoch*.npz")))
@@ -303,7 +316,8 @@ def run_kill_resume(trials, limit, seed=0, small=False):
             else:
                 code, _, out = _launch(2, "training.train", ["--resume", run, "--no-progress"], {}, limit)
             lost = code != 0 or not numpy.array_equal(_final_params(run), reference)
-            results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 2),
+            results.append({"case": f"kill_resume/{t}", "P": 2, "mode": "default", "kill_after_s": round(delay, 3),
+                            "aimed_at_save": bool(t % 2 and saves),
                             "checkpoints_at_kill": at_kill,
                             "verdict": "data-lost" if lost else "pass", "detail": out[-300:] if lost else ""})
     return results
@@ -352,7 +366,7 @@ def main(argv=None):
             part(f"mismatch matrix P={P} {mode}", run_matrix(P, mode, timeouts[mode], limit))
         if not quick:
             part(f"dead rank P={P}", run_dead(P, timeout, timeout + 30))
-    part("damaged checkpoints", run_checkpoint_cases())
+    part("damaged checkpoints", run_checkpoint_cases() + run_ps_checkpoint_cases() + run_sharded_checkpoint_cases())
     if not quick:
         part("training crashes", run_crashes(60))
         part("kill and resume", run_kill_resume(args.trials, 120))

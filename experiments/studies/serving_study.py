@@ -239,15 +239,12 @@ def _parser():
 def main(argv=None):
     """Run the study on 4 ranks; return the exit status.
 
-    0, or 2 after one error line (rank 0) before anything runs: not 4 ranks, an unwritable results
+    0, or 2 after one error line (rank 0) before anything runs: a ``--checkpoint`` that is missing
+    or unusable (:func:`inference.model.load_spec`'s checks), not 4 ranks, an unwritable results
     file, or a busy machine (:func:`experiments.results.guard`).
     """
     args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD
-    if world.size != 4:
-        if world.rank == 0:
-            print("error: the serving study runs on 4 ranks (mpiexec -n 4)", file=sys.stderr)
-        return 2
     results = os.path.join(args.out, "serving_study.json")
 
     def check():
@@ -256,15 +253,17 @@ def main(argv=None):
             raise OSError(why)
         return b""
 
-    try:
+    try:  # CheckpointError is a ValueError; root_bytes raises rank 0's OSError as a RuntimeError
+        try:
+            if args.checkpoint:
+                load_spec(args.checkpoint, world)  # read and checked once, before hours of measurement
+        except ValueError as e:
+            raise ValueError(f"--checkpoint: {e}") from None
+        if world.size != 4:
+            raise ValueError("the serving study runs on 4 ranks (mpiexec -n 4)")
         root_bytes(world, check)
-    except RuntimeError as e:
-        if world.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
         watch = prov.guard(args, world)  # rank 0's verdict on every rank, before the model is trained
-    except ValueError as e:
+    except (RuntimeError, ValueError) as e:
         if world.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2

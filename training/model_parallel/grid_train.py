@@ -23,7 +23,7 @@ import collectives.engine.context
 import collectives.engine.policy
 from collectives.log import get_logger
 from training.build import make_sampler, to_device
-from training.checkpoint import CheckpointError, find_checkpoint, make_run_dir
+from training.checkpoint import CheckpointError, find_checkpoint, make_run_dir, restart_hint
 from training.data import eval_shard, load_dataset
 from training.model_parallel.grid import Grid, build_stage, check_grid
 from training.model_parallel.report import gather_ranks, summarize
@@ -94,7 +94,7 @@ def build_hybrid(cfg, comm):
     if cfg.resume:
         resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
         pieces, common = read_pieces(resumed, sizes, cfg.allow_foreign_checkpoint)
-        load_sharded(pieces, common, model, ks, opt)
+        load_sharded(pieces, common, model, ks, opt, path=resumed)
         load_hook_state(resumed, grid, hook)
         state.load_state_dict(common)
     axes = {"tensor_bytes": 0, "pipeline_bytes": 0, "data_bytes": 0, "steps": 0, "wait_s": 0.0,
@@ -356,7 +356,7 @@ def run_hybrid(cfg, comm, lr_at):
     t = build_hybrid(cfg, comm)
     try:
         run_dir = make_run_dir(cfg, comm)
-        with collectives.engine.policy.abort_on_failure():
+        with collectives.engine.policy.abort_on_failure(hint=restart_hint(cfg, run_dir)):
             return train_hybrid(cfg, comm, run_dir, t, lr_at)
     finally:
         close = getattr(t.hook, "close", None)

@@ -31,6 +31,7 @@ from training.checkpoint import CheckpointError, check_origin, read_npz, run_id_
 from training.model_parallel.grid import placement
 from training.nn import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
+from training.state import check_values
 
 __all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "read_pieces", "assemble", "load_sharded",
            "load_hook_state", "dense_params"]
@@ -265,9 +266,16 @@ def assemble(pieces, key):
     Raises
     ------
     CheckpointError
-        When the parts do not cover the tensor exactly once (nothing is left uninitialised).
+        When the parts do not cover the tensor exactly once (nothing is left uninitialised), or a
+        part's values make no sense (:func:`training.state.check_values`: not finite floating-point
+        numbers; checked part by part, as an integer part would be widened by its neighbours).
     """
     parts = pieces[key]
+    try:
+        for part in parts:
+            check_values({key: part[3]})
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     axis, _, full, first = parts[0]
     if axis < 0:
         return first
@@ -287,13 +295,17 @@ def assemble(pieces, key):
     return out
 
 
-def load_sharded(pieces, common, model, ks, opt):
+def load_sharded(pieces, common, model, ks, opt, path=None):
     """Load this rank's parts of parameters and optimizer state, re-sharded for its layers.
+
+    ``path`` (the checkpoint read by :func:`read_pieces`) is named in errors.
 
     Raises
     ------
     CheckpointError
-        When a tensor is missing or has another shape (another model or optimizer).
+        When a tensor is missing or has another shape (another model or optimizer), or its values
+        make no sense (:func:`training.state.check_values`: not finite floating-point numbers, a
+        negative step count).
     """
     flat = {k: v for k, v in opt.state_dict().items() if getattr(v, "shape", None) == model.params.shape}
     try:
@@ -314,9 +326,11 @@ def load_sharded(pieces, common, model, ks, opt):
                 dst_w[...] = xp.asarray(w_part)
                 dst_b[...] = xp.asarray(b_part)
         scal = {k[6:]: v for k, v in common.items() if k.startswith("optim/") and k.count("/") == 1}
+        check_values({f"optim/{k}": v for k, v in scal.items()})  # a step count >= 0
         opt.load_state_dict({**scal, **flat})  # the flat arrays were filled in place above
     except (KeyError, ValueError) as e:
-        raise CheckpointError(f"sharded checkpoint does not fit this run: {e}") from None
+        raise CheckpointError(f"{'checkpoint ' + path if path else 'sharded checkpoint'} does not fit this run: "
+                              f"{e}") from None
 
 
 def _same_place(model, arr, view):

@@ -22,8 +22,8 @@ from collectives.log import get_logger
 from ps.options import PSOptions
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
-from ps.store import read_npz
-from training.checkpoint import unfinished_without_checkpoint
+from ps.store_checkpoint import Expected, check_resume
+from training.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
@@ -140,7 +140,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
         resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
         seed=cfg.seed, conflict=cfg.ps_conflict, conflict_lag=cfg.ps_conflict_lag, retries=cfg.ps_retries,
-        replicas=cfg.ps_replicas)
+        replicas=cfg.ps_replicas, allow_foreign=cfg.allow_foreign_checkpoint)
     opts = dataclasses.replace(opts, **extra)
     opts.validate(size)
     return opts
@@ -180,11 +180,13 @@ def check_ps(cfg, size):
     if cfg.resume:
         run_dir = cfg.resume if os.path.isdir(cfg.resume) else (os.path.dirname(cfg.resume) or ".")
         check_server_checkpoints(os.path.join(run_dir, "ps"), S // max(1, cfg.ps_replicas),
-                                 unfinished_without_checkpoint(run_dir))  # one file per shard
+                                 unfinished_without_checkpoint(run_dir), run_id=run_id_of(run_dir) or "",
+                                 allow_foreign=cfg.allow_foreign_checkpoint, job=(S, W))  # one file per shard
 
 
-def check_server_checkpoints(ckpt, servers, missing_ok=False):
-    """Check that the servers' checkpoints in ``ckpt`` exist and belong to one generation.
+def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allow_foreign=False, job=None):
+    """Check that the servers' checkpoints in ``ckpt`` exist, belong to one generation of this run, and
+    each holds its own server's shard with values that make sense.
 
     Each server writes its own shard's file when its count of folded pushes crosses a multiple of
     the checkpoint interval, so a job killed between two servers' writes leaves shards of different
@@ -200,6 +202,12 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False):
     missing_ok : bool
         Accept a directory with no server checkpoint at all (a run that ended before its first):
         the run then starts from the beginning.
+    run_id : str
+        The run's id (``config.json``): every file must carry it (``""``: not checked).
+    allow_foreign : bool
+        Accept files that another run wrote (``--allow-foreign-checkpoint``).
+    job : tuple of (int, int), optional
+        The job's server ranks and workers ``(S, W)``: the files must come from a job of that shape.
 
     Returns
     -------
@@ -209,7 +217,17 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False):
     Raises
     ------
     ValueError
-        When a server's file is missing (some present), unreadable, or of another generation.
+        When a server's file is missing (some present).
+    CheckpointError
+        Naming the file, when it is unreadable, of another run (unless ``allow_foreign``), holds
+        another server's shard, comes from a job of another shape or generation, or holds values
+        that make no sense (:func:`ps.store_checkpoint.check_resume`).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> check_server_checkpoints(tempfile.mkdtemp(), 2, missing_ok=True)  # a run ended before its first
+    False
     """
     paths = [server_checkpoint_path(ckpt, r) for r in range(servers)]
     missing = [p for p in paths if not os.path.exists(p)]
@@ -218,12 +236,8 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False):
     if missing:
         raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
                          f"--mode ps run with --servers {servers}?)")
-    pushes = [int(read_npz(p)["pushes"]) for p in paths]
-    for r in range(1, servers):
-        if pushes[r] != pushes[0]:
-            raise ValueError(f"resume: the server checkpoints are of different generations: {paths[0]} "
-                             f"holds {pushes[0]} pushes, {paths[r]} holds {pushes[r]} (the job ended "
-                             f"between the servers' writes); resuming would mix two models")
+    S, W = job if job is not None else (None, None)
+    check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W))
     return True
 
 
@@ -269,7 +283,8 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     w = workers.index(rank) if rank in workers else 0
     stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W, ds.y_train, run_dir if rank == 0 else None),
                          cfg.batch_size // W, cfg.balance)  # rank 0, a server, records the partition
-    opts = ps_options(cfg, comm, stream.per_epoch, run_dir, extra)
+    run_id = root_bytes(comm, lambda: (run_id_of(run_dir) or "").encode(), timeout=cfg.timeout).decode()
+    opts = dataclasses.replace(ps_options(cfg, comm, stream.per_epoch, run_dir, extra), run_id=run_id)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()

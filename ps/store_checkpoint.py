@@ -1,0 +1,317 @@
+"""A parameter server's checkpoint: what its shard's file holds, whose it is, and the checks made before
+a server resumes from it.
+
+Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`) with
+:func:`ps.store.write_npz` (atomic, SHA-256 inside). The file holds:
+
+============================  ==================================================================
+``params``                    the shard, shape (n_r,), float32 or float64
+``offset``, ``total``         where the shard lies in the flat vector (elements)
+``servers``                   the run's server ranks S
+``pushes``, ``version``       pushes folded into the shard, optimizer updates applied (counts)
+``elapsed``                   seconds of training when it was written
+``optim/*``                   the optimizer's state (:class:`ps.state.ServerOptimizer`)
+``folded``, ``status``        the clock table (:class:`ps.consistency.ClockTable`), one per worker
+``meta/run_id``               the run's id (:attr:`ps.options.PSOptions.run_id`), UTF-8 bytes as uint8
+``meta/server``               N, the shard's index
+============================  ==================================================================
+
+``meta/run_id`` is the entry the trainer's own checkpoints carry (:mod:`training.origin`), so one run's
+files, whatever wrote them, name the same run. Before a server resumes, :func:`check_server_checkpoint`
+refuses, naming the file: a file of another run (unless the caller accepts one, ``allow_foreign``), a
+shard of another server index (a file copied under another server's name), another layout (servers,
+workers), and values that pass the checksum but make no sense (integer or non-finite parameters,
+negative counts, more updates than pushes).
+
+Imports: :mod:`ps.store` and :mod:`ps.sharding` only.
+"""
+import dataclasses
+import os
+
+import numpy as np
+
+from ps.sharding import shard_offsets
+from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
+
+__all__ = ["RUN_ID", "Expected", "run_id_entry", "held_run_id", "server_arrays", "save_server",
+           "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server"]
+
+RUN_ID = "meta/run_id"  # the origin entry of every checkpoint: its run's id, UTF-8 bytes as uint8
+_COUNTS = ("offset", "total", "servers", "pushes", "version")  # one whole number >= 0 each
+_FOREIGN_HINT = ("to start from it on purpose, accept another run's checkpoint (the trainer's "
+                 "--allow-foreign-checkpoint)")
+
+
+def run_id_entry(run_id):
+    """Return the origin entry ``{"meta/run_id": uint8 bytes}`` of ``run_id`` (``{}`` when it is empty).
+
+    Examples
+    --------
+    >>> run_id_entry("5f2a")
+    {'meta/run_id': array([ 53, 102,  50,  97], dtype=uint8)}
+    >>> run_id_entry("")
+    {}
+    """
+    return {RUN_ID: np.frombuffer(run_id.encode(), np.uint8).copy()} if run_id else {}
+
+
+def held_run_id(arrays):
+    """Return the run id a checkpoint's ``arrays`` hold (``""`` when none).
+
+    Examples
+    --------
+    >>> held_run_id(run_id_entry("5f2a")), held_run_id({})
+    ('5f2a', '')
+    """
+    held = np.asarray(arrays.get(RUN_ID, np.zeros(0, np.uint8)))
+    if held.dtype != np.uint8:
+        return "?"
+    return bytes(held.reshape(-1)).decode("utf-8", "replace")
+
+
+def server_arrays(server):
+    """Return the checkpoint entries of ``server`` (a :class:`ps.server.Server`): the table above."""
+    state = {"params": server.params, "offset": server.offset, "total": server.total,
+             "pushes": server.pushes, "servers": server.opts.servers, "elapsed": server.elapsed(),
+             "version": server.version, "meta/server": np.array([server.index], np.int64)}
+    state.update(server.opt.state_dict())
+    state.update(server.table.state_dict())
+    state.update(run_id_entry(server.opts.run_id))
+    return state
+
+
+def save_server(server):
+    """Write ``server``'s checkpoint into ``server.opts.checkpoint_dir`` (atomic); return its path."""
+    os.makedirs(server.opts.checkpoint_dir, exist_ok=True)
+    path = server_checkpoint_path(server.opts.checkpoint_dir, server.index)
+    write_npz(path, server_arrays(server))
+    return path
+
+
+def _one_count(path, key, v):
+    v = np.asarray(v)
+    if v.size != 1 or v.dtype.kind not in "iu" or int(v.reshape(-1)[0]) < 0:
+        raise CheckpointError(f"checkpoint {path}: entry {key} = {v.tolist()!r} is not a whole number >= 0")
+    return int(v.reshape(-1)[0])
+
+
+def _check_values(path, arrays):
+    """Raise :class:`CheckpointError` naming ``path`` and the entry when a value makes no sense."""
+    missing = [k for k in ("params", "offset", "total", "servers", "pushes", "elapsed", "folded", "status")
+               if k not in arrays]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}: it is not a parameter server's checkpoint")
+    counts = {k: _one_count(path, k, arrays[k]) for k in _COUNTS if k in arrays}
+    params = np.asarray(arrays["params"])
+    if params.ndim != 1 or params.dtype.kind != "f":
+        raise CheckpointError(f"checkpoint {path}: entry params holds {params.dtype} values of shape {params.shape}, "
+                              "not a vector of floating-point numbers")
+    if not np.isfinite(params).all():
+        raise CheckpointError(f"checkpoint {path}: entry params holds {int((~np.isfinite(params)).sum())} "
+                              "values that are not finite")
+    if counts["servers"] < 1 or counts["offset"] + params.size > counts["total"]:
+        raise CheckpointError(f"checkpoint {path}: a shard of {params.size} at offset {counts['offset']} does not "
+                              f"fit a vector of {counts['total']} on {counts['servers']} server(s)")
+    if counts.get("version", 0) > counts["pushes"]:
+        raise CheckpointError(f"checkpoint {path}: {counts['version']} updates applied from {counts['pushes']} "
+                              "pushes (an update needs at least one push): the counts contradict each other")
+    elapsed = np.asarray(arrays["elapsed"])
+    if elapsed.size != 1 or elapsed.dtype.kind not in "iuf" or not np.isfinite(elapsed).all() or elapsed.item() < 0:
+        raise CheckpointError(f"checkpoint {path}: entry elapsed = {elapsed.tolist()!r} is not seconds >= 0")
+    for key in ("folded", "status"):
+        v = np.asarray(arrays[key])
+        if v.ndim != 1 or v.dtype.kind not in "iu" or (v < 0).any():
+            raise CheckpointError(f"checkpoint {path}: entry {key} holds {v.tolist()!r}, not one count >= 0 per worker")
+    for key, v in arrays.items():
+        if not key.startswith(("optim/", "opt_")):
+            continue
+        v = np.asarray(v)
+        if v.dtype.kind in "iu" and (v < 0).any():
+            raise CheckpointError(f"checkpoint {path}: entry {key} holds a negative count")
+        if v.dtype.kind not in "iuf":
+            raise CheckpointError(f"checkpoint {path}: entry {key} holds {v.dtype} values, not numbers")
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            raise CheckpointError(f"checkpoint {path}: entry {key} holds {int((~np.isfinite(v)).sum())} values "
+                                  "that are not finite")
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What the resuming job expects of a server checkpoint (:func:`check_server_checkpoint`).
+
+    Attributes
+    ----------
+    run_id : str
+        The resuming run's id; ``""`` skips the origin check (a caller that keeps no run id).
+    allow_foreign : bool
+        Accept a file that another run wrote (its run id differs, or it holds none).
+    servers, workers : int, optional
+        The job's server ranks S and workers W, when known: the file must have been written by a job
+        of the same shape.
+    total, shards : int, optional
+        The flat vector's length and the number of shards, when known: the file must hold shard
+        ``index`` of that split (:func:`ps.sharding.shard_offsets`).
+
+    Examples
+    --------
+    >>> Expected(run_id="5f2a", servers=2, workers=3)
+    Expected(run_id='5f2a', allow_foreign=False, servers=2, workers=3, total=None, shards=None)
+    """
+
+    run_id: str = ""
+    allow_foreign: bool = False
+    servers: int | None = None
+    workers: int | None = None
+    total: int | None = None
+    shards: int | None = None
+
+
+def check_server_checkpoint(path, arrays, index, expected=Expected()):
+    """Raise :class:`CheckpointError`, naming ``path``, unless server ``index`` may resume from ``arrays``.
+
+    Parameters
+    ----------
+    path : str
+        The file (``ps_serverN.npz``), named in every error.
+    arrays : dict of str -> ndarray
+        Its verified entries (:func:`ps.store.read_npz`).
+    index : int
+        The server index that resumes from it (N of its name).
+    expected : Expected
+        The resuming run's id, whether another run's file is accepted, and the job's shape and split
+        where known (``None`` fields are not checked).
+
+    Raises
+    ------
+    CheckpointError
+        When the file belongs to another run, another server index or another job shape, or a value
+        makes no sense (the module docstring lists them).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> good = {"params": np.zeros(3), "offset": np.array(0), "total": np.array(3), "servers": np.array(1),
+    ...         "pushes": np.array(8), "version": np.array(4), "elapsed": np.array(0.5),
+    ...         "folded": np.array([4, 4]), "status": np.array([0, 0]), "meta/server": np.array([0]),
+    ...         **run_id_entry("5f2a")}
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="5f2a", servers=1, workers=2))
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="77aa"))
+    Traceback (most recent call last):
+    ...
+    ps.store.CheckpointError: checkpoint ps/ps_server0.npz was written by run 5f2a, not by run 77aa: ...
+    >>> check_server_checkpoint("ps/ps_server1.npz", good, 1)
+    Traceback (most recent call last):
+    ...
+    ps.store.CheckpointError: checkpoint ps/ps_server1.npz holds the shard of server 0, not of server 1: ...
+    """
+    _check_values(path, arrays)
+    run_id, servers, workers, total, shards = (expected.run_id, expected.servers, expected.workers, expected.total,
+                                               expected.shards)
+    if "meta/server" in arrays:
+        held = _one_count(path, "meta/server", arrays["meta/server"])
+        if held != int(index):
+            raise CheckpointError(f"checkpoint {path} holds the shard of server {held}, not of server {index}: it "
+                                  f"was copied under another server's name; restore ps_server{held}.npz there")
+    if run_id and not expected.allow_foreign:
+        held = held_run_id(arrays)
+        if held != run_id:
+            whose = f"run {held}" if held else "a run that recorded no run id"
+            raise CheckpointError(f"checkpoint {path} was written by {whose}, not by run {run_id}: it was copied "
+                                  f"from another run; {_FOREIGN_HINT}")
+    if servers is not None and int(np.asarray(arrays["servers"]).reshape(-1)[0]) != servers:
+        raise CheckpointError(f"checkpoint {path} was written by a job of {int(np.asarray(arrays['servers']).item())} "
+                              f"server(s), this job has {servers}: resume with the same servers")
+    if workers is not None and np.asarray(arrays["folded"]).shape != (workers,):
+        raise CheckpointError(f"checkpoint {path} was written by a job of {np.asarray(arrays['folded']).size} "
+                              f"worker(s), this job has {workers}: resume with the same number of ranks")
+    if total is not None and shards is not None:
+        offsets = shard_offsets(total, shards)
+        want = (int(offsets[index]), int(offsets[index + 1] - offsets[index]), int(total))
+        held = (int(np.asarray(arrays["offset"]).item()), int(np.asarray(arrays["params"]).size),
+                int(np.asarray(arrays["total"]).item()))
+        if held != want:
+            raise CheckpointError(f"checkpoint {path} holds a shard of another layout (offset {held[0]}, "
+                                  f"{held[1]} of {held[2]} parameters; this job's shard {index}: offset {want[0]}, "
+                                  f"{want[1]} of {want[2]}): resume with the same servers and model")
+
+
+def read_server_checkpoint(path, index, expected=Expected()):
+    """Read ``path`` (verified, :func:`ps.store.read_npz`) and check it for server ``index``; return its arrays.
+
+    ``expected`` is what :func:`check_server_checkpoint` checks (:class:`Expected`).
+
+    Raises
+    ------
+    CheckpointError
+        Naming ``path``: missing, corrupt, or refused by :func:`check_server_checkpoint`.
+    """
+    arrays = read_npz(path)
+    check_server_checkpoint(path, arrays, index, expected)
+    return arrays
+
+
+def check_resume(directory, shards, expected=Expected()):
+    """Check, on any rank, the checkpoint of every shard in ``directory`` before a run resumes from them.
+
+    Each file is read and checked as its server will (:func:`read_server_checkpoint`, ``expected``
+    what it checks, :class:`Expected`, with ``shards`` set here), and the files must be of one generation: each server writes its own file when
+    its count of folded pushes crosses a multiple of the interval, so a job killed between two
+    servers' writes leaves shards of different generations, which together would be two models.
+
+    Parameters
+    ----------
+    directory : str
+        The servers' checkpoint directory (files ``ps_server0.npz`` ... ``ps_server{shards-1}.npz``).
+    shards : int
+        Number of shards (one file each).
+
+    Returns
+    -------
+    int
+        The pushes the checkpoints hold (where the run resumes).
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file: missing, corrupt, refused by :func:`check_server_checkpoint`, or of
+        another generation than ``ps_server0.npz``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> check_resume(tempfile.mkdtemp(), 1)
+    Traceback (most recent call last):
+    ...
+    ps.store.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
+    """
+    paths = [server_checkpoint_path(directory, g) for g in range(shards)]
+    expected = dataclasses.replace(expected, shards=shards)
+    pushes = [int(read_server_checkpoint(p, g, expected)["pushes"]) for g, p in enumerate(paths)]
+    for g in range(1, shards):
+        if pushes[g] != pushes[0]:
+            raise CheckpointError(f"the server checkpoints are of different generations: {paths[0]} holds "
+                                  f"{pushes[0]} pushes, {paths[g]} holds {pushes[g]} (the job ended between the "
+                                  "servers' writes); resuming would mix two models")
+    return pushes[0]
+
+
+def restore_server(server, path):
+    """Load checkpoint ``path`` into ``server`` (shard, optimizer state, clocks, counts) after the checks.
+
+    Raises
+    ------
+    CheckpointError
+        From :func:`read_server_checkpoint` (run id ``server.opts.run_id`` unless ``opts.allow_foreign``).
+    ValueError
+        When the optimizer state does not fit this shard's optimizer.
+    """
+    opts = server.opts
+    state = read_server_checkpoint(path, server.index, Expected(
+        run_id=opts.run_id, allow_foreign=opts.allow_foreign, servers=opts.servers, workers=server.n_workers,
+        total=server.total, shards=opts.shards))
+    server.params[:] = state["params"]
+    server.opt.load_state_dict(state)
+    server.table.load_state_dict(state)
+    server.pushes = server.resumed_pushes = int(state["pushes"])
+    server.version = int(state["version"]) if "version" in state else server.pushes
+    server.resumed_seconds = float(state["elapsed"])
