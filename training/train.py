@@ -379,9 +379,8 @@ def main(argv=None):
     except (PSTimeout, collectives.CollectiveError, MPI.Exception) as e:  # a peer may be dead: MPI_Finalize would wait
         end_lost(e, restart_hint(cfg), world.rank)
     except PSError as e:
-        # the run cannot continue (BSP lost a worker): the servers and the workers still running
-        # have all stopped the protocol; rank 0, a server, states why once, another rank only
-        # what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
+        # BSP lost a worker: every rank has stopped the protocol; rank 0 (a server) says why once, another
+        # rank only what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
         if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
             where = f"rank {world.rank}: " if world.rank else ""
             print(f"error: {where}{e}", file=sys.stderr, flush=True)
