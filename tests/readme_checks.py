@@ -231,7 +231,7 @@ CHECKS = {
         Help("tests/test_inference.py::test_batches_fill_while_the_replica_is_busy_and_throughput_follows_the_offered_load"),
     "mpiexec -n 2 python -m inference.serve --checkpoint runs/served --replicas 1 --service-ms 20 --max-batch 8 "
     "--rate 1200 --requests 2400 --slo-ms 60 --run-dir results/serve-slo":
-        Help("tests/test_inference.py::test_a_latency_objective_refuses_early_and_holds_p99"),
+        Help("tests/test_inference.py::test_a_latency_objective_refuses_early_with_its_reason"),
     # Live monitoring (docs/guide/monitoring.md)
     "mpiexec -n 4 python -m training.train --metrics-port 9100 --tensorboard runs/tb":
         Run(_QUICK_TRAIN + ("--metrics-port", _FREE_PORT)),  # 9100 may be taken where the tests run

@@ -313,12 +313,14 @@ def test_batches_fill_while_the_replica_is_busy_and_throughput_follows_the_offer
     assert under["mean_batch_size"] <= over["mean_batch_size"]
 
 
-def test_a_latency_objective_refuses_early_and_holds_p99(ckpt, tmp_path):
-    """At 3x capacity without an objective the queue grows for the whole run; with --slo-ms 60 the
-    requests that cannot meet it are refused at once and the answered ones meet it."""
+def test_a_latency_objective_refuses_early_with_its_reason(ckpt, tmp_path):
+    """At 3x capacity with --slo-ms 60 the requests that cannot meet the objective are refused, each
+    with the objective named, and every other one is answered bitwise right; nothing is left pending.
+    Whether the answered ones meet the objective is a timing, measured by the load sweep
+    (experiments/studies/load_sweep.py) on a quiet machine, not asserted here."""
     s = _load(ckpt, str(tmp_path / "slo"), 1200, "--slo-ms", 60)
     assert s["refused"] > 0 and s["answered"] + s["refused"] == s["requests"] == 1800 and s["pending"] == 0
-    assert s["answered"] == s["correct"] and s["answered"] > 0, s  # (p99 and goodput: the load sweep's figures)
+    assert s["answered"] == s["correct"] and s["answered"] > 0, s
     refused = [r for r in _records(str(tmp_path / "slo")) if r["status"] == "refused"]
     assert all("latency objective of 60 ms" in r["error"] for r in refused)
 
