@@ -77,8 +77,8 @@ class ServeConfig:
     host: str = "127.0.0.1"           # address the HTTP server binds
     model_name: str = "model"         # the model's name in the Open Inference Protocol's routes
     max_body_bytes: int = 1 << 20     # largest request body (bytes); larger ones get 413
-    read_timeout: float = 5.0         # seconds a request body may take to arrive; slower ones get 408
-    max_connections: int = 1024       # concurrent HTTP connections; more are answered 503
+    read_timeout: float = 5.0         # seconds a request body may take to arrive (else 408), and a request head
+    max_connections: int = 1024       # HTTP connections served at once; a request on one more gets 503
     seed: int = 0                     # seed of arrivals, test rows and power-of-two draws
     run_dir: str = "runs/serve"       # output directory (summary.json, requests.jsonl, config.json)
 

@@ -9,16 +9,20 @@ Routes (:mod:`inference.protocol` for the bodies):
 - ``POST /v2/models/{name}/infer`` (also under ``/versions/1``): 200 with the outputs; 400 for a bad
   body or input, and for features whose logits overflow; 413 for a body over ``max_body_bytes``;
   408 for a body not complete within ``read_timeout`` seconds; 429 when the latency objective
-  refuses it; 503 when the queue is full, no replica can answer, or the server is draining;
+  refuses it; 503 when the queue is full, more than ``max_connections`` connections are open, no
+  replica can answer, or the server is draining;
 - ``GET /metrics``: Prometheus text format (:mod:`inference.exporter`).
 
 Every error body is ``{"error": "..."}``. uvicorn runs in a thread with its own event loop; it never
 calls MPI: a request's rows are handed to the front loop (the main thread) through a queue, and the
 front's answer comes back to the event loop with ``call_soon_threadsafe``. What a client can make
 the server hold is bounded: a body by ``max_body_bytes`` (read in chunks, stopped at the limit),
-its arrival by ``read_timeout``, connections by ``max_connections`` (uvicorn answers 503 beyond),
-headers by h11's limit, and accepted requests by ``max_queue``. No route shuts the server down: the
-job ends on SIGTERM or SIGINT, which drain (:func:`inference.serve.run`).
+its arrival by ``read_timeout``, a request head's arrival by ``read_timeout`` too (the connection is
+closed), the connections served at once by ``max_connections`` (a request on a connection beyond
+them is answered 503 and its connection closed; :mod:`inference.connections`), headers by h11's
+limit, and accepted requests by ``max_queue``. No route shuts the server down: the job ends on
+SIGTERM or SIGINT, which drain (:func:`inference.serve.run`). The server's thread is watched: when
+it ends before :meth:`HttpEndpoint.stop`, :meth:`HttpEndpoint.check` raises on the front loop.
 """
 import asyncio
 import queue
@@ -33,6 +37,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
+from inference.connections import bounded_protocol
 from inference.exporter import CONTENT_TYPE
 from inference.protocol import (ProtocolError, dumps, error_body, infer_response, model_metadata, parse_infer,
                                 server_metadata)
@@ -102,9 +107,14 @@ class HttpEndpoint:
         self.closing, self.replicas_alive, self.heartbeat = False, 1, time.monotonic()
         self._inbox, self._lock, self._held, self._count = queue.SimpleQueue(), threading.Lock(), 0, 0
         self._sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((options.host, options.port))
-        self._sock.listen(2048)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((options.host, options.port))
+            self._sock.listen(2048)
+        except OSError as e:
+            self._sock.close()
+            raise OSError(f"cannot listen on {options.host} port {options.port} (--host, --http): "
+                          f"{e.strerror or e}") from None
         self.host, self.port = options.host, self._sock.getsockname()[1]
         m = "/v2/models/{name}"
         routes = [Route("/v2", self._server_meta), Route("/v2/health/live", self._live),
@@ -113,13 +123,21 @@ class HttpEndpoint:
             routes += [Route(base, self._model_meta), Route(base + "/ready", self._model_ready),
                        Route(base + "/infer", self._infer, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
-        cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="h11",
-                             limit_concurrency=options.max_connections, timeout_keep_alive=5, backlog=2048)
-        self._server = uvicorn.Server(cfg)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        http = bounded_protocol(options.read_timeout, options.max_connections, self._busy)
+        cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=http,
+                             timeout_keep_alive=5, backlog=2048)
+        self._server, self._stopping, self._failure = uvicorn.Server(cfg), False, None
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         while not self._server.started and self._thread.is_alive():
             time.sleep(0.01)
+        self.check()
+
+    def _run(self):  # the server's thread
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as e:  # noqa: BLE001 -- SystemExit too (uvicorn's failed start-up): check() reports it
+            self._failure = e
 
     # -------------------------------------------------------------------------- the front loop
     def take(self):
@@ -132,6 +150,13 @@ class HttpEndpoint:
             except queue.Empty:
                 return out
 
+    def check(self):
+        """Raise RuntimeError when the server's thread has ended before :meth:`stop` (nobody can reach the server)."""
+        if not self._stopping and not self._thread.is_alive():
+            e = self._failure
+            why = f"{type(e).__name__}: {e}" if e is not None else "uvicorn's Server.run returned"
+            raise RuntimeError(f"the HTTP server's thread ended ({why})")
+
     def close(self):
         """Stop accepting requests (those already accepted are still answered); readiness turns false."""
         self.closing = True
@@ -143,13 +168,22 @@ class HttpEndpoint:
 
     def stop(self):
         """Shut the HTTP server down (after the front has drained)."""
-        self._server.should_exit = True
+        self._stopping = self._server.should_exit = True
         self._thread.join(10)
         self._sock.close()
 
     # ----------------------------------------------------------------------------- the routes
     def _is_ready(self):
         return not self.closing and self.replicas_alive > 0
+
+    async def _busy(self, scope, receive, send):  # ASGI: a request over --max-connections
+        if scope["path"].endswith("/infer"):
+            self.metrics.request("refused", 0.0)
+        body = error_body(f"server busy: more than {self.opt.max_connections} connections open (--max-connections)")
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _no_route(self, request, exc):
         return _error(exc.status_code, f"no route {request.method} {request.url.path[:100]}")

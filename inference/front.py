@@ -8,9 +8,12 @@ work outstanding that sends nothing for ``replica_timeout`` seconds is removed: 
 requests go back to the head of the batcher queue and are retried on another replica, exactly once;
 a request whose second replica also fails, or that finds no replica left, is answered with an error.
 Replies that arrive from a removed replica are counted and dropped, so no request is answered
-twice. Shutdown drains: every waiting and in-flight request is answered first, then each replica
-gets STOP and answers FIN after its last reply (messages between two ranks do not overtake each
-other, so nothing of a replica is still on the wire after its FIN).
+twice. A replica whose process is gone is removed the same way: by its silence, or at once when
+the MPI library fails a transfer with it (``MPI.Exception``, under Open MPI's ``--enable-recovery``
+for instance); only that replica's messages are given up. Shutdown drains: every waiting and
+in-flight request is answered first, then each replica gets STOP and answers FIN after its last
+reply (messages between two ranks do not overtake each other, so nothing of a replica is still on
+the wire after its FIN).
 """
 import time
 
@@ -87,6 +90,8 @@ class Front:
         Batches and requests sent to each replica.
     removed : dict of int -> float
         Removed replicas and when (seconds, front clock).
+    lost : dict of int -> str
+        Replicas with which the MPI library failed a transfer, and its error (they get no more messages).
     late_replies : int
         Replies dropped because their replica had been removed.
     answers, duplicates : int
@@ -100,7 +105,7 @@ class Front:
         self.batcher, self.balancer = batcher, balancer
         self.options = opt = options or FrontOptions()
         self.replica_timeout, self.poll_s = opt.replica_timeout, opt.poll_s
-        self.requests, self.batches, self.removed, self.late_replies = [], [], {}, 0
+        self.requests, self.batches, self.removed, self.lost, self.late_replies = [], [], {}, {}, 0
         self.answers = self.duplicates = 0
         self.outcomes = dict.fromkeys(("ok", "rejected", "refused", "failed"), 0)
         R = len(self.leaders)
@@ -113,7 +118,7 @@ class Front:
         self._fin = [False] * R
         self._inflight = {}  # batch id -> (replica, [requests], dispatch time)
         self._held = numpy.zeros(R, numpy.int64)  # batches each replica holds
-        self._sends = []  # (request, buffer) until complete
+        self._sends = []  # (request, buffer, replica) until complete
         self._last = numpy.zeros(R)  # last sign of life while busy (seconds)
         self._next_id = 0
 
@@ -166,7 +171,7 @@ class Front:
     def step(self, now, force=False):
         """Collect replies, detect failed replicas and dispatch due batches; return True if any work was done."""
         busy = self._collect(now)
-        self._sends = [s for s in self._sends if not s[0].Test()]
+        self._sends = [s for s in self._sends if not self._sent(s, now)]
         for r in numpy.flatnonzero(self.balancer.alive):
             if self.balancer.outstanding[r] > 0 and now - self._last[r] > self.replica_timeout:
                 self._remove(int(r), now)
@@ -221,12 +226,19 @@ class Front:
         msg = numpy.empty(HEAD_WORK + n * self.F)
         msg[:HEAD_WORK] = (BATCH, bid, n)
         msg[HEAD_WORK:].reshape(n, self.F)[...] = [req.x for req in batch]
+        try:
+            send = self.comm.Isend(msg, dest=self.leaders[r], tag=TAG_WORK)
+        except MPI.Exception as e:  # the replica is gone: the batch goes back to the head of the queue
+            self._lose(r, now, e)
+            for req in reversed(batch):
+                self.batcher.add(req, now, front=True)
+            return
         for req in batch:
             if req.attempts == 0:
                 req.batch_wait = now - req.arrival
             req.attempts += 1
             req.dispatched = now
-        self._sends.append((self.comm.Isend(msg, dest=self.leaders[r], tag=TAG_WORK), msg))
+        self._sends.append((send, msg, r))
         self._inflight[bid] = (r, batch, now)
         self._held[r] += 1
         self.balancer.sent(r, n)
@@ -240,26 +252,50 @@ class Front:
 
     def _collect(self, now):
         got, status = False, MPI.Status()
-        for r, req in enumerate(self._recvs):
-            while req is not None and req.Test(status):
+        for r in range(len(self._recvs)):
+            try:
+                got = self._collect_from(r, now, status) or got
+            except MPI.Exception as e:
+                self._lose(r, now, e)
                 got = True
-                buf = self._bufs[r]
-                bid = int(buf[0])
-                if bid < 0:  # FIN: the replica has stopped
-                    self._fin[r], req = True, None
-                    self._recvs[r] = None
-                    break
-                entry = self._inflight.get(bid)
-                if entry is None or entry[0] != r or not self.balancer.alive[r]:
-                    self.late_replies += 1
-                else:
-                    del self._inflight[bid]
-                    self._held[r] -= 1
-                    if self.options.objective is not None:
-                        self.options.objective.observe(now - entry[2])
-                        self.batcher.size = self.options.objective.size
-                    self._answer(r, entry[1], buf, now)
-                req = self._recvs[r] = self.comm.Irecv(buf, source=self.leaders[r], tag=TAG_REPLY)
+        return got
+
+    def _sent(self, send, now):
+        """Test one (request, buffer, replica) send; True once complete, or given up with its replica."""
+        try:
+            return send[2] in self.lost or send[0].Test()
+        except MPI.Exception as e:
+            self._lose(send[2], now, e)
+            return True
+
+    def _lose(self, r, now, exc):
+        """The MPI library failed a transfer with replica ``r``: remove it, and send it nothing more."""
+        self.lost.setdefault(r, MPI.Get_error_string(exc.Get_error_class()).strip())
+        self._recvs[r] = None  # not cancelled: the library failed it
+        if self.balancer.alive[r]:
+            self._remove(r, now)
+
+    def _collect_from(self, r, now, status):
+        """Take every reply of replica ``r`` that has arrived; return True if any did."""
+        got, req = False, self._recvs[r]
+        while req is not None and req.Test(status):
+            got = True
+            buf = self._bufs[r]
+            bid = int(buf[0])
+            if bid < 0:  # FIN: the replica has stopped
+                self._fin[r], self._recvs[r] = True, None
+                break
+            entry = self._inflight.get(bid)
+            if entry is None or entry[0] != r or not self.balancer.alive[r]:
+                self.late_replies += 1
+            else:
+                del self._inflight[bid]
+                self._held[r] -= 1
+                if self.options.objective is not None:
+                    self.options.objective.observe(now - entry[2])
+                    self.batcher.size = self.options.objective.size
+                self._answer(r, entry[1], buf, now)
+            req = self._recvs[r] = self.comm.Irecv(buf, source=self.leaders[r], tag=TAG_REPLY)
         return got
 
     def _answer(self, r, batch, buf, now):
@@ -313,8 +349,10 @@ class Front:
         Parameters
         ----------
         fin_timeout : float
-            Seconds to wait for the FIN of all replicas after STOP (a replica that never sends
-            it is reported, its receive cancelled).
+            Seconds to wait for the FIN of all replicas after STOP; a removed replica, silent for
+            ``replica_timeout`` already, gets ``max(replica_timeout, 2)`` seconds at most. A replica
+            whose FIN never comes is reported, its receive cancelled, and its sends not waited for
+            (its process may be gone); a lost replica (:attr:`lost`) gets no STOP.
 
         Returns
         -------
@@ -326,17 +364,30 @@ class Front:
                 time.sleep(self.poll_s)
         stop = numpy.zeros(HEAD_WORK)
         stop[0] = STOP
-        sends = [self.comm.Isend(stop, dest=d, tag=TAG_WORK) for d in self.leaders]
-        deadline = time.perf_counter() + fin_timeout
-        while not all(self._fin) and time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for r, dest in enumerate(self.leaders):
+            if r not in self.lost:
+                try:
+                    self._sends.append((self.comm.Isend(stop, dest=dest, tag=TAG_WORK), stop, r))
+                except MPI.Exception as e:
+                    self._lose(r, start, e)
+        wait = [fin_timeout if self.balancer.alive[r] else min(fin_timeout, max(self.replica_timeout, 2.0))
+                for r in range(len(self.leaders))]
+        while any(not self._fin[r] and r not in self.lost and time.perf_counter() - start < wait[r]
+                  for r in range(len(self.leaders))):
             if not self._collect(time.perf_counter()):
                 time.sleep(self.poll_s)
         missing = [r for r, f in enumerate(self._fin) if not f]
         for r in missing:
-            self._recvs[r].Cancel()
-            self._recvs[r].Wait()
-        while not (MPI.Request.Testall(sends) and all(s[0].Test() for s in self._sends)):
-            if time.perf_counter() > deadline:
-                break
+            if self._recvs[r] is not None:
+                try:
+                    self._recvs[r].Cancel()
+                    self._recvs[r].Wait()
+                except MPI.Exception as e:
+                    self.lost.setdefault(r, MPI.Get_error_string(e.Get_error_class()).strip())
+                self._recvs[r] = None
+        sends = [s for s in self._sends if s[2] not in missing]  # a replica that sent FIN received them all
+        while sends and time.perf_counter() - start < fin_timeout:
+            sends = [s for s in sends if not self._sent(s, time.perf_counter())]
             time.sleep(self.poll_s)
         return missing

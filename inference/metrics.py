@@ -60,7 +60,7 @@ def summarize(front, correct, t0, t_end, extra=None):
         ``requests``, ``answered`` (status ok), ``correct``, ``rejected`` (bad input), ``refused``
         (full queue or latency objective), ``failed``, ``retried``, latency percentiles (ms) of
         answered requests, their mean breakdown, ``throughput_rps`` (answered / (t_end - t0)), the
-        batch-size histogram and mean, per-replica load and removals; under a latency objective
+        batch-size histogram and mean, per-replica load, removals and lost links (the MPI library's error); under a latency objective
         also ``slo_ms``, ``goodput_rps`` (answers within it per second) and the final batch size.
     """
     reqs = front.requests
@@ -72,7 +72,8 @@ def summarize(front, correct, t0, t_end, extra=None):
     R = len(front.leaders)
     per = [{"replica": r, "batches": int(front.replica_batches[r]), "requests_sent": int(front.replica_sent[r]),
             "answered": int(sum(1 for q in ok if q.replica == r)),
-            "removed_at_s": (round(front.removed[r] - t0, 4) if r in front.removed else None)} for r in range(R)]
+            "removed_at_s": (round(front.removed[r] - t0, 4) if r in front.removed else None),
+            "lost": front.lost.get(r)} for r in range(R)]
 
     def mean_ms(vals):
         v = [x for x in vals if not math.isnan(x)]

@@ -70,8 +70,10 @@ _HELP = {
     "host": "address the HTTP server binds",
     "model_name": "the model's name in the protocol's routes (/v2/models/NAME)",
     "max_body_bytes": "largest request body (bytes); larger ones are answered 413",
-    "read_timeout": "seconds a request body may take to arrive; slower ones are answered 408",
-    "max_connections": "concurrent HTTP connections; more are answered 503",
+    "read_timeout": "seconds a request body may take to arrive (slower ones are answered 408), and a request head "
+                    "(a connection whose head is slower is closed)",
+    "max_connections": "HTTP connections served at once; a request on a further connection is answered 503 and "
+                       "its connection closed",
     "seed": "seed of arrivals, test rows and power-of-two draws",
     "run_dir": "output directory",
 }
@@ -261,6 +263,7 @@ def _serve_http(cfg, front, metrics):
           f"(SIGTERM drains and stops)", flush=True)
     try:
         while True:
+            ep.check()  # the HTTP server's thread died: raise, and the job ends (run's MPI_Abort)
             now = time.perf_counter()
             for req in ep.take():
                 front.submit(req, now)

@@ -17,7 +17,7 @@ from inference.metrics import percentiles
 from inference.model import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.tensor import emulate_forward
-from tests.mpirun import run_mpi
+from tests.mpirun import launcher, run_mpi
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.config import Config
 from training.data import load_dataset
@@ -237,6 +237,38 @@ def test_a_replica_failing_midway_loses_no_request_and_answers_none_twice(ckpt, 
     _check_answers(recs, data, ref, dense)
 
 
+def _open_mpi():
+    try:
+        return launcher() == "openmpi"
+    except RuntimeError:  # no mpiexec at all: every multi-rank test fails and says so
+        return False
+
+
+@pytest.mark.skipif(not _open_mpi(), reason="under MPICH's launcher a rank killed by a signal ends the "
+                    "whole job (docs/guide/serving.md); run under Open MPI: make test MPI=openmpi")
+def test_a_replica_killed_under_open_mpi_recovery_loses_no_request_and_answers_none_twice(ckpt, tmp_path):
+    """Open MPI's ``mpiexec --enable-recovery``: replica 1 of 3 (rank 2) is killed (SIGKILL,
+    experiments.faults.crash serve) at the forward of its 25th batch. The front removes it and the
+    service goes on: every request answered once, bitwise right, the retried ones on the survivors.
+    Read from the front's records, not from the launcher's exit status."""
+    out = str(tmp_path / "kill")
+    res = run_mpi(4, "experiments.faults.crash", "serve", 2, 25, "--checkpoint", ckpt, "--replicas", 3, "--balance",
+                  "round-robin", "--requests", 1000, "--rate", 1500, "--replica-timeout", 1.0, "--run-dir", out,
+                  timeout=90, check=False, mpiexec_args=("-disable-auto-cleanup",))
+    assert "rank 2: exiting (injected crash at" in res.stdout and "error: rank" not in res.stdout, res.stdout
+    s = json.load(open(os.path.join(out, "summary.json")))
+    recs = _records(out)
+    assert sorted(r["id"] for r in recs) == list(range(1000))
+    assert (s["answered"], s["correct"], s["failed"], s["pending"]) == (1000, 1000, 0, 0), s
+    assert (s["answer_events"], s["duplicate_answers"]) == (1000, 0)
+    assert s["replicas"][1]["removed_at_s"] is not None and s["replicas_without_fin"] == [1], s
+    retried = [r for r in recs if r["attempts"] == 2]
+    assert s["retried"] == len(retried) > 0 and all(r["replica"] != 1 for r in retried)
+    assert sum(1 for r in recs if r["replica"] == 1) == s["replicas"][1]["answered"] > 0  # its 24 batches before it died
+    data, ref, dense = _reference(ckpt, 8)
+    _check_answers(recs, data, ref, dense)
+
+
 def test_least_outstanding_sends_less_to_a_slow_replica_than_round_robin(ckpt, tmp_path):
     sent = {}
     for pol in ("round-robin", "least-outstanding"):
@@ -313,12 +345,14 @@ def test_batches_fill_while_the_replica_is_busy_and_throughput_follows_the_offer
     assert under["mean_batch_size"] <= over["mean_batch_size"]
 
 
-def test_a_latency_objective_refuses_early_and_holds_p99(ckpt, tmp_path):
-    """At 3x capacity without an objective the queue grows for the whole run; with --slo-ms 60 the
-    requests that cannot meet it are refused at once and the answered ones meet it."""
+def test_a_latency_objective_refuses_early_with_its_reason(ckpt, tmp_path):
+    """At 3x capacity with --slo-ms 60 the requests that cannot meet the objective are refused, each
+    with the objective named, and every other one is answered bitwise right; nothing is left pending.
+    Whether the answered ones meet the objective is a timing, measured by the load sweep
+    (experiments/studies/load_sweep.py) on a quiet machine, not asserted here."""
     s = _load(ckpt, str(tmp_path / "slo"), 1200, "--slo-ms", 60)
     assert s["refused"] > 0 and s["answered"] + s["refused"] == s["requests"] == 1800 and s["pending"] == 0
-    assert s["answered"] == s["correct"] and s["answered"] > 0, s  # (p99 and goodput: the load sweep's figures)
+    assert s["answered"] == s["correct"] and s["answered"] > 0, s
     refused = [r for r in _records(str(tmp_path / "slo")) if r["status"] == "refused"]
     assert all("latency objective of 60 ms" in r["error"] for r in refused)
 

@@ -17,8 +17,10 @@ import time
 import numpy as np
 import pytest
 
+from inference.endpoint import EndpointOptions, HttpEndpoint
+from inference.exporter import ServingMetrics
 from inference.protocol import ProtocolError, parse_infer
-from tests.mpirun import ROOT, launcher_args, launcher_env, mpiexec_path, run_mpi
+from tests.mpirun import ROOT, job_failed, launcher_args, launcher_env, mpiexec_path, run_mpi
 from tests.test_inference import _reference, ckpt  # noqa: F401 -- the module's checkpoint fixture
 
 tritonclient = pytest.importorskip("tritonclient.http")
@@ -96,8 +98,9 @@ def _infer(client, x, rid=None):
     return client.infer("model", [inp], outputs=out, request_id=rid or "")
 
 
-async def _burst(port, bodies):
-    """Open every connection first, then send every request: return the status codes."""
+async def _burst(port, bodies, answers=False):
+    """Open every connection first, then send every request: return the status codes (with ``answers``,
+    (status, parsed JSON body) pairs)."""
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in bodies]
     for (_, w), b in zip(conns, bodies):
         w.write(b"POST /v2/models/model/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -105,9 +108,10 @@ async def _burst(port, bodies):
 
     async def status(r, w):
         line = await asyncio.wait_for(r.readline(), 60)
-        await r.read()
+        rest = await r.read()
         w.close()
-        return int(line.split()[1]) if line else 0
+        code = int(line.split()[1]) if line else 0
+        return (code, json.loads(rest.partition(b"\r\n\r\n")[2] or b"null")) if answers else code
 
     return await asyncio.gather(*(status(r, w) for r, w in conns))
 
@@ -125,7 +129,7 @@ def test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and
     out = str(tmp_path / "v2")
     # batches of exactly 8: a partial batch waits (20 s) until SIGTERM makes the drain send it
     proc, port = _start(ckpt, out, "--replicas", 2, "--max-batch", 8, "--max-wait-ms", 20000, "--service-ms", 20,
-                        "--read-timeout", 1, "--max-body-bytes", 65536)
+                        "--read-timeout", 3, "--max-body-bytes", 65536)
     try:
         data, ref, _ = _reference(ckpt, 8)
         client = tritonclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -166,12 +170,13 @@ def test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and
             if not more:
                 break
             reply += more
-        assert reply.startswith(b"HTTP/1.1 408") and b"read-timeout" in reply and 0.8 < time.time() - t0 < 10
+        assert reply.startswith(b"HTTP/1.1 408") and b"read-timeout" in reply and 2.8 < time.time() - t0 < 10
         s.close()
         s = socket.create_connection(("127.0.0.1", port))
         s.sendall(b"POST /v2/models/model/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         s.close()
-        # several hundred simultaneous connections: every one answered, every answer bitwise right
+        # several hundred simultaneous connections: every one answered, every answer bitwise right (each
+        # connection's request head is due within --read-timeout of its opening, 3 s for all 296 to open)
         n = 296  # 37 full batches
         bodies = [_body([data.x_test[i % len(data.x_test)].tolist()]) for i in range(n)]
         assert asyncio.run(_burst(port, bodies)) == [200] * n
@@ -228,3 +233,71 @@ def test_readiness_follows_the_replicas_and_a_failed_front_ends_every_rank(ckpt,
                 "--fail-front", 3, "--run-dir", str(tmp_path / "ff"), check=False, timeout=60)
     assert r.returncode != 0 and time.time() - t0 < 30
     assert "error: rank 0: front: RuntimeError: front fault injected after 3 batches" in r.stdout, r.stdout
+
+
+OK, REFUSED = 'commlab_serving_requests_total{"outcome": "ok"}', 'commlab_serving_requests_total{"outcome": "refused"}'
+
+
+def test_an_objective_answers_429_over_http_and_connections_are_bounded(ckpt, tmp_path):  # noqa: F811
+    """One replica, 20 ms per batch of up to 8, ``--slo-ms 60``: four simultaneous requests of 32 rows
+    each (128 rows at once) are each answered 429 naming the objective; every row is counted, ok or
+    refused. ``--max-connections 4``: while four connections that never complete a request head are
+    open, a fifth connection's request is answered 503 (JSON) and counted refused; the four are
+    closed by the server after ``--read-timeout``, and then a request is answered."""
+    proc, port = _start(ckpt, str(tmp_path / "slo"), "--replicas", 1, "--service-ms", 20, "--max-batch", 8,
+                        "--slo-ms", 60, "--max-connections", 4, "--read-timeout", 2, n=2)
+    try:
+        data, ref, _ = _reference(ckpt, 8)
+        got = asyncio.run(_burst(port, [_body(data.x_test[:32].tolist(), shape=(32, F))] * 4, answers=True))
+        assert [code for code, _ in got] == [429] * 4, got  # at most 3 batches of 8 fit in 60 ms: rows refused
+        assert all("latency objective of 60 ms" in ans["error"] for _, ans in got), got
+        m = _metrics(port)
+        assert m[REFUSED] > 0 and m[OK] + m[REFUSED] == 4 * 32, m
+        t_open = time.time()
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        idle[2].sendall(b"POST /v2/models/model/infer HTTP/1.1\r\nHo")  # heads that never complete
+        idle[3].sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        time.sleep(0.3)  # let the server accept them (order, not a timed check)
+        code, ans = _raw(port, _body([data.x_test[0].tolist()]))
+        assert code == 503 and "more than 4 connections open (--max-connections)" in ans["error"], ans
+        for s in idle:
+            s.settimeout(30)
+            assert s.recv(100) == b"", "the server closes a connection without a request head, answering nothing"
+            s.close()
+        assert time.time() - t_open > 1.9  # not before --read-timeout (a lower bound only)
+        client = tritonclient.InferenceServerClient(f"127.0.0.1:{port}")
+        assert np.array_equal(_infer(client, data.x_test[:1]).as_numpy("logits")[0], ref(data.x_test[0]))
+        m2 = _metrics(port)
+        assert (m2[OK], m2[REFUSED]) == (m[OK] + 1, m[REFUSED] + 1), (m, m2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        _kill(proc)
+
+
+def test_a_port_in_use_ends_the_job_with_one_line(ckpt, tmp_path):  # noqa: F811
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        r = run_mpi(2, "inference.serve", "--checkpoint", ckpt, "--replicas", 1, "--http", port, "--run-dir",
+                    str(tmp_path / "busy"), check=False, timeout=30)
+    finally:
+        holder.close()
+    assert job_failed(r), r.stdout
+    errors = [line for line in r.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: rank 0: front: OSError: cannot listen on 127.0.0.1 port {port} (--host, --http): "
+                      "Address already in use"], r.stdout
+
+
+def test_the_front_notices_a_dead_server_thread():
+    ep = HttpEndpoint(EndpointOptions(port=0), 4, 3, ServingMetrics(8))
+    try:
+        ep.check()  # serving
+        ep._server.should_exit = True  # the server's thread ends on its own, as if uvicorn had died
+        ep._thread.join(10)
+        with pytest.raises(RuntimeError, match="the HTTP server's thread ended"):
+            ep.check()  # the front loop calls this every turn: the job ends (MPI_Abort) with the reason
+    finally:
+        ep.stop()

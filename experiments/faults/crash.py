@@ -1,6 +1,7 @@
-"""A rank of a training job dies mid-run: ``python -m experiments.faults.crash KIND RANK AT [FLAGS...]``.
+"""A rank of a training or serving job dies mid-run: ``python -m experiments.faults.crash KIND RANK AT [FLAGS...]``.
 
-Runs ``training.train.main(FLAGS)`` with one change: rank RANK leaves the job
+Runs ``training.train.main(FLAGS)`` (``inference.serve.main(FLAGS)`` for ``KIND = serve``) with one
+change: rank RANK leaves the job
 (:func:`experiments.faults.dead.vanish`: no ``MPI_Finalize``, no message to its peers, as a killed
 process) at its AT-th (1-based) step:
 
@@ -8,13 +9,16 @@ process) at its AT-th (1-based) step:
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
   AT-th message it handles (``ps.client.Client.push``, ``ps.server.Server._handle``);
 * ``KIND = setup``: the run's set-up (``training.checkpoint.make_run_dir`` as ``training.train`` calls
-  it: the run directory that rank 0 makes and broadcasts), before any training step.
+  it: the run directory that rank 0 makes and broadcasts), before any training step;
+* ``KIND = serve``: a serving job's replica rank at the forward of its AT-th batch
+  (``inference.model.Predictor.predict``), so that batch is in flight when it dies.
 
 The line it prints before dying (:func:`~experiments.faults.dead.vanish`) carries the wall-clock
 time, so that the caller can measure how long the survivors take to end the job. Launched under
 ``mpiexec -disable-auto-cleanup`` by :mod:`experiments.faults.suite` and the tests, so that MPICH does
 not end the survivors itself (Open MPI's ``--enable-recovery`` the same): the trainer's watchdog
-(``--timeout``, ``--ps-timeout``) must.
+(``--timeout``, ``--ps-timeout``) must, or the serving front (``--replica-timeout``; only under Open
+MPI's launcher does a serving job outlive a replica, see ``docs/guide/serving.md``).
 """
 import sys
 
@@ -35,21 +39,26 @@ def _exit_at(rank, at, counter):
 
 
 def inject(kind, rank, at):
-    """Make rank ``rank`` exit at its ``at``-th step of ``kind`` (``"dp"``, ``"ps"`` or ``"setup"``).
+    """Make rank ``rank`` exit at its ``at``-th step of ``kind`` (``"dp"``, ``"ps"``, ``"setup"`` or ``"serve"``).
 
     Raises
     ------
     ValueError
-        When ``kind`` is neither, or ``at < 1``.
+        When ``kind`` is none of them, or ``at < 1``.
     """
-    if kind not in ("dp", "ps", "setup") or at < 1:
-        raise ValueError(f"fault_crash: KIND must be dp, ps or setup and AT >= 1, got {kind!r} {at}")
+    if kind not in ("dp", "ps", "setup", "serve") or at < 1:
+        raise ValueError(f"fault_crash: KIND must be dp, ps, setup or serve and AT >= 1, got {kind!r} {at}")
     counter = [0]
-    targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
-               "ps": [(ps.client.Client, "push"), (ps.server.Server, "_handle")]}[kind]
+    if kind == "serve":
+        import inference.model  # here: a training job's crash does not load the serving stack
+
+        targets = [(inference.model.Predictor, "predict")]
+    else:
+        targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
+                   "ps": [(ps.client.Client, "push"), (ps.server.Server, "_handle")]}[kind]
     for owner, name in targets:
         real = getattr(owner, name)
-        if kind != "ps":
+        if not isinstance(owner, type):
             def wrapped(*args, _real=real, **kwargs):
                 _exit_at(rank, at, counter)
                 return _real(*args, **kwargs)
@@ -61,15 +70,19 @@ def inject(kind, rank, at):
 
 
 def main(argv=None):
-    """Inject the crash and run the trainer; return its exit status."""
+    """Inject the crash and run the trainer (or the server); return its exit status."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         kind, rank, call = argv[0], int(argv[1]), int(argv[2])
     except (IndexError, ValueError):
-        print("usage: mpiexec -n P python -m experiments.faults.crash KIND RANK CALL [TRAINER FLAGS...] "
+        print("usage: mpiexec -n P python -m experiments.faults.crash KIND RANK CALL [TRAINER OR SERVER FLAGS...] "
               "(run by experiments.faults.suite and the crash tests)", file=sys.stderr)
         return 2
     inject(kind, rank, call)
+    if kind == "serve":
+        import inference.serve
+
+        return inference.serve.main(argv[3:])
     return training.train.main(argv[3:])
 
 

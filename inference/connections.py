@@ -1,0 +1,105 @@
+"""uvicorn's HTTP/1.1 protocol (h11) with the front's two bounds on connections.
+
+- **A deadline for the request head.** A connection whose next request head (request line and
+  headers) has not fully arrived ``read_timeout`` seconds after the connection was made, or after
+  the previous answer, is closed. uvicorn alone times out only an idle connection after an answer
+  (``timeout_keep_alive``), and any byte that arrives cancels that: a client that connects and sends
+  nothing, or sends a head a byte at a time, would hold its connection, and a place under the
+  connection limit, for ever. Once the head is in, the body has its own deadline (the endpoint's
+  408, also ``read_timeout``).
+- **A limit on connections.** A request whose head arrives while more than ``max_connections``
+  connections are open (its own included), or while ``max_connections`` requests are running, is
+  answered by ``busy`` (the endpoint's 503 with a JSON error body and ``Connection: close``)
+  instead of the application. uvicorn's own ``limit_concurrency`` check is switched off: it answers
+  a plain-text 503, and already when exactly ``limit`` connections are open.
+
+A connection over the limit is still accepted by the kernel and by asyncio; it costs a protocol
+object until its request is answered 503 or its head deadline passes.
+"""
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["bounded_protocol"]
+
+
+def bounded_protocol(read_timeout, max_connections, busy):
+    """Return a protocol class for ``uvicorn.Config(http=...)`` with these bounds.
+
+    Parameters
+    ----------
+    read_timeout : float
+        Seconds a request head may take to arrive, counted from the connection or the previous answer.
+    max_connections : int
+        Open connections (and running requests) served at once, >= 1.
+    busy : callable
+        ASGI application that answers a request over the limit.
+
+    Returns
+    -------
+    type
+        A subclass of uvicorn's ``H11Protocol``.
+
+    Raises
+    ------
+    ValueError
+        When ``read_timeout`` is not > 0 or ``max_connections`` < 1.
+
+    Examples
+    --------
+    >>> cls = bounded_protocol(2.0, 4, None)
+    >>> cls.read_timeout, cls.max_connections, issubclass(cls, H11Protocol)
+    (2.0, 4, True)
+    """
+    if not read_timeout > 0 or max_connections < 1:
+        raise ValueError(f"read_timeout must be > 0 s and max_connections >= 1, got {read_timeout!r}, "
+                         f"{max_connections!r}")
+    return type("BoundedH11Protocol", (_Bounded,), {"read_timeout": float(read_timeout),
+                                                    "max_connections": int(max_connections),
+                                                    "busy": staticmethod(busy)})
+
+
+class _Bounded(H11Protocol):
+    read_timeout, max_connections, busy = 5.0, 1024, None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limit_concurrency = None  # checked in handle_events, answered by busy
+        self._app, self._head_timer = self.app, None
+
+    def _arm(self):
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.read_timeout, self._head_late)
+
+    def _disarm(self):
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self):
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc):
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data):
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle:  # a request head arrived (a new request-response cycle began)
+            self._disarm()
+
+    def handle_events(self):
+        full = len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections
+        self.app = self.busy if full else self._app
+        super().handle_events()
+
+    def on_response_complete(self):
+        cycle = self.cycle
+        super().on_response_complete()
+        if self.cycle is cycle and not self.transport.is_closing():  # no pipelined request began
+            self._arm()
