@@ -14,11 +14,16 @@ each clock's update is the worker-ordered mean, so the final parameters must be 
             fail over to the backup, which takes over; the old primary, resuming, finds itself fenced
             off and serves nothing more. Every version it acknowledged was on the new primary when
             that took over, the run ends bitwise equal to the oracle, nothing acknowledged is lost.
-``backup``  (crash) the backup exits (``experiments.faults.dead.vanish``) at its 40th message; the
-            primary cuts it off after the timeout and carries on. The collector writes ``DIR/result.json``.
-``all``     (crash) both replicas of the only shard exit: every worker writes its error and its time
-            to ``DIR/worker-R.json`` (the pytest side checks the message and the delay).
-``head``    (crash) the primary exits at its 60th message: the workers fail over to the backup.
+``all``     (crash) both replicas of the only shard exit (``experiments.faults.dead.vanish``): every
+            worker writes its error and its time to ``DIR/worker-R.json`` (the pytest side checks
+            the message and the delay).
+``head``    (crash, checkpoints; 6 ranks) the crash run uses ranks 0-4 for 30 clocks with server
+            checkpoints every 10 clocks in ``DIR/ckpt``; the primary (rank 0) exits at its 60th
+            message, the workers fail over to the backup (rank 1), which writes the later
+            checkpoints. Then ranks 1 and 5 serve (a chain of two, rank 5 a fresh replica) and ranks
+            2-4 work again, resumed from those checkpoints to 60 clocks (both communicators are made
+            before the crash). The resumed run must end bitwise equal to the uninterrupted oracle; the
+            collector writes both runs' records and the checkpoint's to ``DIR/result.json``.
 
 A crash case cannot end with a collective (a rank is dead): every survivor writes its records,
 then leaves without ``MPI_Finalize`` (``os._exit(0)``); the pytest side reads the records.
@@ -37,6 +42,7 @@ from ps.options import PSOptions
 from ps.protocol import PSError
 from ps.runtime import run
 from ps.server import Server
+from ps.store import read_npz, server_checkpoint_path
 from tests.mpicases import check, report
 from training.optim import SGD
 
@@ -45,19 +51,21 @@ MOMENTUM = functools.partial(SGD, momentum=0.9)
 N, ROWS, CLOCKS, TIMEOUT = 12, 8, 60, 1.0
 
 
-def _run(S, R, clocks=CLOCKS):
-    """Run the workload; return the RunResult on the rank that collects it, else None."""
-    W = COMM.Get_size() - S
-    opts = PSOptions(servers=S, replicas=R, consistency="bsp", budget=clocks * W, lr=0.05, ps_timeout=TIMEOUT)
+def _run(S, R, clocks=CLOCKS, comm=COMM, **settings):
+    """Run the workload on ``comm`` (``settings``: more PSOptions fields, e.g. checkpoints); return the
+    RunResult on the rank that collects it, else None."""
+    W = comm.Get_size() - S
+    opts = PSOptions(servers=S, replicas=R, consistency="bsp", budget=clocks * W, lr=0.05, ps_timeout=TIMEOUT,
+                     **settings)
     rng = np.random.default_rng(7)
     A, b = rng.normal(size=(W, ROWS, N)), rng.normal(size=(W, ROWS))
 
     def grad_fn(params, clock, batch):
-        w = COMM.Get_rank() - S
+        w = comm.Get_rank() - S
         time.sleep(0.003)
         return A[w].T @ (A[w] @ params - b[w]) / ROWS, batch
 
-    res = run(COMM, opts, np.zeros(N), grad_fn, make_optimizer=MOMENTUM)
+    res = run(comm, opts, np.zeros(N), grad_fn, make_optimizer=MOMENTUM)
     return res if hasattr(res, "params") else None
 
 
@@ -65,10 +73,10 @@ def _collector(S, R):
     return S if R > 1 else 0
 
 
-def _oracle(S):
-    """The fault-free unreplicated run's parameters, on every rank."""
-    res = _run(S, 1)
-    return COMM.bcast(None if res is None else res.params, root=0)
+def _oracle(S, comm=COMM):
+    """The fault-free unreplicated run's parameters, on every rank of ``comm``."""
+    res = _run(S, 1, comm=comm)
+    return comm.bcast(None if res is None else res.params, root=0)
 
 
 def _inject(rank, at, action):
@@ -131,22 +139,47 @@ def case_fence():
     check(fails == COMM.Get_size() - 2, f"fence: {fails} failovers, want one per worker")
 
 
-def _crash_case(directory, dead, at):
-    """Run the oracle, then the run with ``dead`` ranks exiting; the collector writes the result."""
-    want = _oracle(2)
-    for rank in dead:
-        _inject(rank, at, functools.partial(vanish, rank))
+def case_all(directory):
+    """Both replicas of the only shard exit at their 40th message; each worker writes its error."""
+    for rank in (0, 1):
+        _inject(rank, 40, functools.partial(vanish, rank))
     try:
-        res = _run(2, 2)
+        _run(2, 2)
     except PSError as e:  # every replica of the shard is gone: each worker says so
         _write(directory, f"worker-{COMM.Get_rank()}.json", {"error": str(e), "time": time.time()})
-        _leave()
-    if res is not None:
-        _write(directory, "result.json", {
-            "equal": bool(np.array_equal(res.params, want)), "lost_acknowledged": res.lost_acknowledged,
-            "servers_lost": res.servers_lost, "replicas": res.replicas, "status": res.status,
-            "failovers": [st["failovers"] for st in res.workers], "events": res.events})
     _leave()
+
+
+def case_head(directory):
+    """The primary's crash in a run that writes checkpoints, then a run resumed from them (6 ranks)."""
+    rank, W, ckpt = COMM.Get_rank(), 3, os.path.join(directory, "ckpt")
+    first = COMM.Split(0 if rank < 5 else MPI.UNDEFINED, rank)  # ranks 0-4: oracle and crash run
+    order = [1, 5, 2, 3, 4]  # the resumed run: servers 1 and 5, the same workers in the same order
+    second = COMM.Split(0 if rank in order else MPI.UNDEFINED, order.index(rank) if rank in order else 0)
+    crashed = want = None
+    if first != MPI.COMM_NULL:
+        want = _oracle(2, first)
+        _inject(0, 60, functools.partial(vanish, 0))
+        crashed = _run(2, 2, CLOCKS // 2, first, checkpoint_dir=ckpt, checkpoint_every_pushes=10 * W)
+    if second == MPI.COMM_NULL:
+        _leave()  # rank 0 lived through its 60th message: the pytest side finds no crash
+    done = second.Ibarrier()  # every rank left the crash run: its checkpoints are written
+    while not done.Test():
+        time.sleep(0.01)
+    saved = read_npz(server_checkpoint_path(ckpt, 0)) if crashed is not None else None
+    resumed = _run(2, 2, CLOCKS, second, resume_dir=ckpt)
+    if resumed is not None:  # the collector of both runs (rank 2)
+        _write(directory, "result.json", {
+            "equal": bool(np.array_equal(resumed.params, want)), "workers": W,
+            "crash": _records(crashed), "resumed": _records(resumed),
+            "checkpoint": {"pushes": int(saved["pushes"]), "elapsed_s": float(saved["elapsed"])}})
+    _leave()
+
+
+def _records(res):
+    return {"lost_acknowledged": res.lost_acknowledged, "servers_lost": res.servers_lost, "replicas": res.replicas,
+            "status": res.status, "failovers": [st and st["failovers"] for st in res.workers], "pushes": res.pushes,
+            "start_pushes": res.start_pushes}
 
 
 def _write(directory, name, obj):
@@ -166,8 +199,7 @@ def main():
     if case in ("chain", "fence"):
         globals()[f"case_{case}"]()
         return report(COMM, f"mpi_ps_replicas {case}")
-    dead = {"head": (0,), "backup": (1,), "all": (0, 1)}[case]
-    _crash_case(sys.argv[2], dead, 60 if case == "head" else 40)
+    {"all": case_all, "head": case_head}[case](sys.argv[2])
     return 0
 
 

@@ -67,16 +67,20 @@ CHECKS = {
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
     # Replicated shards (docs/guide/ps_replication.md)
     "mpiexec -n 5 python -m training.train --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
-        Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
-                "the same run (with one epoch), fault-free, is that test's oracle"),
+        Covered("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
+                "its fault-free oracle: these options with two shards (-n 6 --servers 4) and one epoch"),
     "mpiexec -disable-auto-cleanup -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
-                                              "the same crash under MPICH's mpiexec"),
+    "--ps-replicas 2 --ps-timeout 1": Covered(
+        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
+        "this module under MPICH's mpiexec -disable-auto-cleanup with two shards (-n 6 --servers 4): the primary "
+        "of shard 1 (rank 2) and the backup of shard 0 die at their 40th message; the crash of rank 0 of this "
+        "layout at its 60th message is tests/mpi_ps_replicas.py's head case"),
     "mpiexec --enable-recovery -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Covered("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash",
-                                              "the same test under Open MPI (make test MPI=openmpi)"),
+    "--ps-replicas 2 --ps-timeout 1": Covered(
+        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
+        "that test under Open MPI's mpiexec --enable-recovery (make test MPI=openmpi)"),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
-        Help("tests/test_ps_replicas.py::test_training_survives_the_primarys_crash"),
+        Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
     # Predicting a job at scale (docs/guide/predict.md)
     "mpiexec -n 1 python -m training.train --data synthetic --hidden 1024,1024 --epochs 2 --threads 1 --trace "
     "prof.trace.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",

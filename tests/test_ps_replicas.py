@@ -25,26 +25,29 @@ SLACK = 2.0    # seconds of slack on a loaded 2-core machine
 CRASH = ("-disable-auto-cleanup",)  # MPICH keeps the survivors of a non-zero exit running
 
 
-def _crash_time(out):
-    times = [float(t) for t in re.findall(r"injected crash at ([0-9.]+)", out)]
-    assert times, out
-    return min(times)
-
-
 @pytest.mark.parametrize("case", ["chain", "fence"])
 def test_replication_without_a_crash(case):
     """Chain order and equality with the unreplicated run; a delayed old primary is fenced off."""
     run_mpi(5, "tests.mpi_ps_replicas", case, timeout=90)
 
 
-def test_a_backups_death_loses_nothing(tmp_path):
-    res = run_mpi(5, "tests.mpi_ps_replicas", "backup", str(tmp_path), timeout=60, check=False, mpiexec_args=CRASH)
-    _crash_time(res.stdout)
+def test_checkpoints_written_after_a_primarys_crash_resume_to_the_uninterrupted_result(tmp_path):
+    """A run with server checkpoints whose primary (rank 0) exits at its 60th message: the backup takes
+    over and writes the later checkpoints; a run resumed from them on the survivors and a fresh replica
+    ends with the uninterrupted run's parameters, bit for bit (one launch, 6 ranks)."""
+    res = run_mpi(6, "tests.mpi_ps_replicas", "head", str(tmp_path), timeout=60, check=False, mpiexec_args=CRASH)
+    assert re.findall(r"rank (\d+): exiting \(injected crash", res.stdout) == ["0"], res.stdout
     with open(tmp_path / "result.json") as f:
         got = json.load(f)
-    assert got["equal"] and got["lost_acknowledged"] == 0 and got["servers_lost"] == [1], (got, res.stdout)
-    assert got["replicas"][0]["cut"] == 1 and got["status"] == ["done"] * 3, got
-    assert got["failovers"] == [0, 0, 0], got  # the primary never stopped answering
+    crash, resumed, W = got["crash"], got["resumed"], got["workers"]
+    assert crash["servers_lost"] == [0] and crash["lost_acknowledged"] == 0, (crash, res.stdout)
+    took_over = crash["replicas"][1]["took_over_s"]
+    assert took_over > 0 and crash["failovers"] == [1] * W and crash["pushes"] == 30 * W, crash
+    assert got["checkpoint"] == {"pushes": 30 * W, "elapsed_s": got["checkpoint"]["elapsed_s"]}, got
+    assert got["checkpoint"]["elapsed_s"] > took_over, got  # the last checkpoint came from the new primary
+    assert resumed["start_pushes"] == 30 * W and resumed["pushes"] == 60 * W, resumed
+    assert resumed["servers_lost"] == [] and resumed["lost_acknowledged"] == 0, resumed
+    assert resumed["status"] == ["done"] * W and got["equal"], (got, res.stdout)
 
 
 def test_every_replica_of_a_shard_dead_stops_every_worker(tmp_path):
@@ -70,15 +73,18 @@ COMMON = ["--data", "digits", "--hidden", "16", "--epochs", "1", "--batch-size",
 TWO_SHARDS = [*COMMON, "--servers", "4"]  # ranks 0-1 hold shard 0, ranks 2-3 shard 1; two workers
 
 
-def test_training_survives_the_primarys_crash(tmp_path):
-    """``--servers 4 --ps-replicas 2`` (two shards): the primary of shard 1 (rank 2) exits at its 40th
-    message; the run ends with the fault-free run's parameters (bitwise) and test accuracy, its
-    records written by a worker, and the next update applied within the failover timeout + 1 s of the
-    crash. The workers waiting out shard 1's failover stay alive to shard 0 (heartbeats)."""
+def test_training_survives_a_primarys_and_a_backups_crash(tmp_path):
+    """``--servers 4 --ps-replicas 2`` (two shards): the primary of shard 1 (rank 2) and the backup of
+    shard 0 (rank 1) each exit at their 40th message (the primary early in the epoch, the backup
+    later). The run ends with the fault-free run's parameters (bitwise) and test accuracy, its records
+    written by a worker: shard 1 failed over once per worker, its next update applied within the
+    failover timeout + 1 s of the crash; shard 0's primary cut its backup off and answered on, with
+    no failover. The workers waiting out shard 1's failover stay alive to shard 0 (heartbeats)."""
     run_mpi(6, "training.train", *TWO_SHARDS, "--run-dir", str(tmp_path), "--name", "clean", timeout=90)
-    res = run_mpi(6, "experiments.faults.crash", "ps", 2, 40, *TWO_SHARDS, "--run-dir", str(tmp_path), "--name",
+    res = run_mpi(6, "experiments.faults.crash", "ps", "1,2", 40, *TWO_SHARDS, "--run-dir", str(tmp_path), "--name",
                   "crash", timeout=90, check=False, mpiexec_args=CRASH)
-    crash = _crash_time(res.stdout)
+    crashes = dict(re.findall(r"rank (\d+): exiting \(injected crash at ([0-9.]+)", res.stdout))
+    assert sorted(crashes) == ["1", "2"], res.stdout
     runs = {}
     for name in ("clean", "crash"):
         assert (tmp_path / name / "summary.json").exists(), res.stdout
@@ -89,10 +95,12 @@ def test_training_survives_the_primarys_crash(tmp_path):
     clean, crashed = runs["clean"], runs["crash"]
     assert np.array_equal(clean["params"], crashed["params"]), res.stdout
     assert crashed["final_test_acc"] == clean["final_test_acc"] and crashed["worker_status"] == ["done"] * 2
-    assert crashed["servers_lost"] == [2] and crashed["lost_acknowledged"] == 0, crashed
-    backup = crashed["replica_records"][3]
-    assert backup["took_over_s"] > 0 and crashed["failovers"] == 2, crashed
-    assert backup["first_update_time"] - crash <= TIMEOUT + 0.5 + 1.0 + SLACK, (backup, crash)
+    assert crashed["servers_lost"] == [1, 2] and crashed["lost_acknowledged"] == 0, crashed
+    records = crashed["replica_records"]
+    assert records[0]["cut"] == 1 and records[0]["head"] == 1 and records[0]["took_over_s"] < 0, records[0]
+    backup = records[3]
+    assert backup["took_over_s"] > 0 and crashed["failovers"] == 2, crashed  # shard 1 only, once per worker
+    assert backup["first_update_time"] - float(crashes["2"]) <= TIMEOUT + 0.5 + 1.0 + SLACK, (backup, crashes)
     assert "server rank 3 took over shard 1" in res.stdout and "Traceback" not in res.stdout, res.stdout
 
 

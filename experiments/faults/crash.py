@@ -3,7 +3,8 @@
 Runs ``training.train.main(FLAGS)`` (``inference.serve.main(FLAGS)`` for ``KIND = serve``) with one
 change: rank RANK leaves the job
 (:func:`experiments.faults.dead.vanish`: no ``MPI_Finalize``, no message to its peers, as a killed
-process) at its AT-th (1-based) step:
+process) at its AT-th (1-based) step. RANK may list several ranks, comma-separated (``1,2``): each
+leaves at its own AT-th step.
 
 * ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
@@ -32,14 +33,21 @@ from experiments.faults.dead import vanish
 __all__ = ["inject", "main"]
 
 
-def _exit_at(rank, at, counter):
+def _exit_at(ranks, at, counter):
     counter[0] += 1
-    if MPI.COMM_WORLD.rank == rank and counter[0] == at:
-        vanish(rank)
+    if MPI.COMM_WORLD.rank in ranks and counter[0] == at:
+        vanish(MPI.COMM_WORLD.rank)
 
 
 def inject(kind, rank, at):
     """Make rank ``rank`` exit at its ``at``-th step of ``kind`` (``"dp"``, ``"ps"``, ``"setup"`` or ``"serve"``).
+
+    Parameters
+    ----------
+    kind : str
+    rank : int or sequence of int
+        The rank, or the ranks, that exit (each at its own ``at``-th step).
+    at : int
 
     Raises
     ------
@@ -48,6 +56,7 @@ def inject(kind, rank, at):
     """
     if kind not in ("dp", "ps", "setup", "serve") or at < 1:
         raise ValueError(f"fault_crash: KIND must be dp, ps, setup or serve and AT >= 1, got {kind!r} {at}")
+    ranks = {int(rank)} if isinstance(rank, int) else {int(r) for r in rank}
     counter = [0]
     if kind == "serve":
         import inference.model  # here: a training job's crash does not load the serving stack
@@ -60,11 +69,11 @@ def inject(kind, rank, at):
         real = getattr(owner, name)
         if not isinstance(owner, type):
             def wrapped(*args, _real=real, **kwargs):
-                _exit_at(rank, at, counter)
+                _exit_at(ranks, at, counter)
                 return _real(*args, **kwargs)
         else:
             def wrapped(self, *args, _real=real, **kwargs):
-                _exit_at(rank, at, counter)
+                _exit_at(ranks, at, counter)
                 return _real(self, *args, **kwargs)
         setattr(owner, name, wrapped)
 
@@ -73,12 +82,12 @@ def main(argv=None):
     """Inject the crash and run the trainer (or the server); return its exit status."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        kind, rank, call = argv[0], int(argv[1]), int(argv[2])
+        kind, ranks, call = argv[0], [int(r) for r in argv[1].split(",")], int(argv[2])
     except (IndexError, ValueError):
-        print("usage: mpiexec -n P python -m experiments.faults.crash KIND RANK CALL [TRAINER OR SERVER FLAGS...] "
-              "(run by experiments.faults.suite and the crash tests)", file=sys.stderr)
+        print("usage: mpiexec -n P python -m experiments.faults.crash KIND RANK[,RANK...] CALL [TRAINER OR SERVER "
+              "FLAGS...] (run by experiments.faults.suite and the crash tests)", file=sys.stderr)
         return 2
-    inject(kind, rank, call)
+    inject(kind, ranks, call)
     if kind == "serve":
         import inference.serve
 
