@@ -211,17 +211,23 @@ def _replicas_table(rel):
     r = _load(rel)
     prov = check_quiet(r, rel)
     st, cost, ratio = r["settings"], r["cost"], r["ratio_R2_over_R1"]
+    recov = [c["recovery_s"] for c in r["crashes"] if c.get("recovery_s") is not None]
+    early = sum(s < st["ps_timeout"] for s in recov)
     crashes = tabulate([[st["crashes"], r["lost_acknowledged"], f"{r['bitwise_equal']} of {st['crashes']}",
-                         f"{r['recovery_median_s']:.2f} s", f"{r['recovery_max_s']:.2f} s", f"{r['recovery_bound_s']:g} s"]],
+                         f"{r['recovery_median_s']:.2f} s", f"{min(recov):.3f} s" if recov else "-", f"{r['recovery_max_s']:.2f} s",
+                         f"{early} of {len(recov)}", f"{r['recovery_bound_s']:g} s"]],
                        ["crashes of a primary", "acknowledged clocks lost", "final parameters bitwise equal",
-                        "crash to next update (median)", "(max)", "bound (--ps-timeout + 1 s)"],
+                        "crash to next update (median)", "(min)", "(max)", "(below --ps-timeout)",
+                        "bound (--ps-timeout + 1 s)"],
                        tablefmt="pipe", disable_numparse=True)
     rows = [[f"R = {k[1]}", f"{cost[k]['samples_per_s']:.0f}", f"{cost[k]['bytes_per_clock'] / 1024:.1f}"] for k in ("R1", "R2")]
     rows.append(["R = 2 / R = 1", f"{ratio['samples_per_s']:.2f}x", f"{ratio['bytes_per_clock']:.2f}x"])
     costs = tabulate(rows, ["fault-free, median of " + str(st["repeats"]), "samples / s", "payload KiB / clock"],
                      tablefmt="pipe", disable_numparse=True, colalign=("left", "right", "right"))
+    deaths = sorted({c["death"] for c in r["crashes"] if c.get("death")})  # as the dying rank printed it
+    how = f"; the primary died by {' and '.join(deaths)}" if deaths else ""
     return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, {st['epochs']} epochs, --ps-timeout "
-            f"{st['ps_timeout']:g} s.\n\n" + crashes + "\n\n" + costs + "\n\n" + source_line(prov, rel, True))
+            f"{st['ps_timeout']:g} s{how}.\n\n" + crashes + "\n\n" + costs + "\n\n" + source_line(prov, rel, True))
 
 
 def _metrics_overhead_table(rel):
@@ -377,6 +383,7 @@ ITEMS = {
     "bench-small-p2": ("bench/small_calls_p2.json", _small_calls, None),
     "serving-load": ("serving/load_sweep.json", _serving_load_table, _serving_load_figure),
     "ps-replicas": ("ps/replicas.json", _replicas_table, None),
+    "ps-replicas-openmpi": ("ps/replicas_openmpi.json", _replicas_table, None),
     "metrics-overhead": ("bench/metrics_overhead_p4.json", _metrics_overhead_table, None),
     "bench-small-p4": ("bench/small_calls_p4.json", _small_calls, None),
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),

@@ -26,16 +26,19 @@ __all__ = ["vanish", "main"]
 def vanish(rank):
     """Leave the job at once, without ``MPI_Finalize`` or a word to the peers, as a crashed process does.
 
-    First it prints ``rank R: exiting (injected crash at T)``, ``T`` the wall-clock time
-    (``time.time()``), from which the caller measures how long the survivors take to end the job.
+    First it prints ``rank R: exiting (injected crash at T, HOW)``, ``T`` the wall-clock time
+    (``time.time()``), from which the caller measures how long the survivors take to end the job, and
+    ``HOW`` ``SIGKILL`` or ``exit status 3``, as below.
 
     The two launchers keep the survivors running after different deaths: MPICH's
     ``-disable-auto-cleanup`` after a non-zero exit (a rank killed by a signal still ends the job),
     Open MPI's ``--enable-recovery`` after a signal (a non-zero exit ends the job at once). So the
     rank exits with status 3, or under Open MPI's launcher (``PRTE_LAUNCHED=1``) sends itself ``SIGKILL``.
     """
-    print(f"rank {rank}: exiting (injected crash at {time.time():.3f})", flush=True)
-    if os.environ.get("PRTE_LAUNCHED") == "1":
+    kill = os.environ.get("PRTE_LAUNCHED") == "1"
+    print(f"rank {rank}: exiting (injected crash at {time.time():.3f}, {'SIGKILL' if kill else 'exit status 3'})",
+          flush=True)
+    if kill:
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(3)
 

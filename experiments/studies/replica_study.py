@@ -17,8 +17,9 @@ Run it with plain ``python``: it launches every job under ``mpiexec`` itself, ea
     random moment: before its K-th handled message, K drawn uniformly (``--seed``) from the messages
     of the second clock to those of the third-to-last. Under MPICH the rank exits with status 3
     (``mpiexec -disable-auto-cleanup`` keeps the others running), under Open MPI it is killed with
-    SIGKILL (``--enable-recovery``) (:func:`experiments.faults.dead.vanish`). Each crash run is read
-    from its records (``summary.json``, ``ps_model.npz``), never from the launcher's status: the
+    SIGKILL (``--enable-recovery``) (:func:`experiments.faults.dead.vanish`; each row's ``death`` is
+    what the dying rank printed it would do). Each crash run is read from its records
+    (``summary.json``, ``ps_model.npz``), never from the launcher's status: the
     acknowledged clocks lost (``lost_acknowledged``), whether the final parameters equal the
     fault-free R = 1 run's bit for bit, the seconds from the crash (the time the dying rank printed)
     to the first update the backup applied as the new primary, and the test accuracy.
@@ -80,8 +81,9 @@ def crash_run(args, run_dir, name, at):
     P = 2 + args.workers
     code, secs, out = launch(P, "experiments.faults.crash", ["ps", "0", str(at), *trainer_flags(args, 2, run_dir, name)],
                              {}, _LIMIT, extra=("-disable-auto-cleanup",))
-    crash = re.search(r"injected crash at ([0-9.]+)", out)
-    row = {"name": name, "at": at, "exit": code, "seconds": round(secs, 2), "crashed": crash is not None}
+    crash = re.search(r"injected crash at ([0-9.]+)(?:, ([^)]+))?\)", out)
+    row = {"name": name, "at": at, "exit": code, "seconds": round(secs, 2), "crashed": crash is not None,
+           "death": crash.group(2) if crash else None}  # "SIGKILL" or "exit status 3", as the rank printed it
     try:
         summary = _read(run_dir, name)
     except OSError as e:
