@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from plots import publish
 from tests.mpirun import ROOT, run_mpi
 
@@ -96,3 +98,13 @@ def test_documentation_tells_no_history():
             hits += _history_hits(rel + " (comments, docstrings)", "\n".join([comments, *strings]))
     assert hits == [], "\n".join(hits)
     assert _history_hits("x.md", "The ring used to be slower.") and not _history_hits("x.md", "It is used to sum.")
+
+
+def test_an_item_whose_reference_is_not_committed_renders_nothing(monkeypatch):
+    """``make results`` renders the items whose reference file is committed; one still waiting for its
+    measurement is left out, and a document block naming it is an unknown item."""
+    monkeypatch.setitem(publish.ITEMS, "not-measured", ("ps/not_measured.json", publish.ITEMS["ps-replicas"][1], None))
+    tables = publish.render_tables()
+    assert "not-measured" not in tables and "ps-replicas" in tables
+    with pytest.raises(KeyError, match="not-measured"):
+        publish.fill("<!-- results:not-measured -->\n<!-- /results:not-measured -->\n", tables)
