@@ -43,7 +43,7 @@ def test_checkpoints_written_after_a_primarys_crash_resume_to_the_uninterrupted_
     assert crash["servers_lost"] == [0] and crash["lost_acknowledged"] == 0, (crash, res.stdout)
     took_over = crash["replicas"][1]["took_over_s"]
     assert took_over > 0 and crash["failovers"] == [1] * W and crash["pushes"] == 30 * W, crash
-    assert got["checkpoint"] == {"pushes": 30 * W, "elapsed_s": got["checkpoint"]["elapsed_s"]}, got
+    assert got["checkpoint"]["pushes"] == 30 * W, got
     assert got["checkpoint"]["elapsed_s"] > took_over, got  # the last checkpoint came from the new primary
     assert resumed["start_pushes"] == 30 * W and resumed["pushes"] == 60 * W, resumed
     assert resumed["servers_lost"] == [] and resumed["lost_acknowledged"] == 0, resumed
