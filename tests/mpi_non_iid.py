@@ -97,7 +97,9 @@ def case_weighted_step(comm, base):
     params0, steps = model.params.copy(), {}
     for name, s in (("weighted", scale), ("plain", 1.0)):  # one step on the whole shard: SGD, lr 1, no momentum
         opt = SGD(model.params, model.grads, lr=1.0, momentum=0.0)
-        train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine], scale=s)
+        loss_fn.scale = s
+        train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine])
+        loss_fn.scale = 1.0
         steps[name] = params0 - model.params
         model.params[...] = params0
     err = float(np.abs(expected - full).max())

@@ -205,8 +205,7 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
     return bar
 
 
-#: What every step and epoch of a data-parallel run reports to: steps per epoch, the step-record writer, the progress
-#: bar (rank 0), the run's start (``time.perf_counter()``, s), monitor, arrival, gradient weight (``train_step``'s scale).
+#: Steps per epoch, step-record writer, bar (rank 0), start (perf_counter, s), monitor, arrival, this rank's weight.
 _Loop = namedtuple("_Loop", "per_epoch writer bar t_start monitor arrive scale")
 
 
@@ -228,8 +227,9 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
     for i, batch in enumerate(batches):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
+        t.loss_fn.scale = scale if local is None else 1.0  # this rank's weight; local SGD weights the models instead
         if local is None:
-            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive, scale=scale)
+            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive)
         else:
             r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch))
         state.step += 1
