@@ -306,9 +306,14 @@ def restore_server(server, path):
         When the optimizer state does not fit this shard's optimizer.
     """
     opts = server.opts
+    even = shard_offsets(server.total, opts.shards)  # a row-sharded (sparse) server's shard is not the even split
+    regular = server.params.size == int(even[server.index + 1] - even[server.index])
     state = read_server_checkpoint(path, server.index, Expected(
         run_id=opts.run_id, allow_foreign=opts.allow_foreign, servers=opts.servers, workers=server.n_workers,
-        total=server.total, shards=opts.shards))
+        total=server.total if regular else None, shards=opts.shards if regular else None))
+    if state["params"].size != server.params.size:
+        raise CheckpointError(f"checkpoint {path} holds {state['params'].size} parameters, this job's shard "
+                              f"{server.index} {server.params.size}: resume with the same servers and model")
     server.params[:] = state["params"]
     server.opt.load_state_dict(state)
     server.table.load_state_dict(state)
