@@ -65,6 +65,10 @@ CHECKS = {
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "its commands and report at tiny sizes"),
     "python -m plots.ctr results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
+    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 3 --link 1gbit --survive-crashes -- python -m "
+    "experiments.faults.crash ps 0 60 --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
+        Covered("tests/test_cluster.py::test_a_replicated_servers_primary_dies_across_emulated_nodes",
+                "the same crash across two emulated nodes, with the digits model"),
     # Replicated shards (docs/guide/ps_replication.md)
     "mpiexec -n 5 python -m training.train --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
         Covered("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",

@@ -313,3 +313,21 @@ def test_compression_report_reads_epoch_times(tmp_path):
     assert rows["topk:ratio=0.01"]["speedup"] == pytest.approx(4.0)
     assert rows["none"]["time_to_target_s"] == pytest.approx(1.8)  # end of epoch 2, evaluations included
     assert rows["topk:ratio=0.01"]["acc_cost_points"] == 0
+
+
+@needs_namespaces
+def test_a_replicated_servers_primary_dies_across_emulated_nodes(tmp_path):
+    """2 nodes x 3 ranks, launched with --survive-crashes: the primary of the only shard (rank 0, node0)
+    exits at its 60th message; the workers, on both nodes, fail over to its backup (rank 1) across the
+    emulated links, and the run's records (written by a worker) show the lost server and no lost update."""
+    train = ["--data", "digits", "--hidden", "16", "--epochs", "1", "--batch-size", "48", "--no-progress",
+             "--threads", "1", "--mode", "ps", "--servers", "2", "--ps-replicas", "2", "--ps-timeout", "1",
+             "--run-dir", str(tmp_path), "--name", "crash"]
+    rc, out, err = _finish(_cluster("--nodes", 2, "--ranks-per-node", 3, "--link", "1gbit", "--survive-crashes",
+                                    "--timeout", 100, "--", sys.executable, "-m", "experiments.faults.crash", "ps", 0,
+                                    60, *train), timeout=120)
+    assert "rank 0: exiting (injected crash" in out + err, out + err
+    with open(tmp_path / "crash" / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["servers_lost"] == [0] and summary["lost_acknowledged"] == 0, (summary, out + err)
+    assert summary["failovers"] == 4 and summary["worker_status"] == ["done"] * 4, summary

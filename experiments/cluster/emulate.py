@@ -66,6 +66,7 @@ class ClusterConfig:
     max_load: float = None          # with --calibrate: its --max-load (None: its default)
     allow_noisy: bool = False       # with --calibrate: its --allow-noisy
     settle: float = 0.0             # with --calibrate: its --settle (seconds)
+    survive: bool = False           # the launcher keeps the other ranks running when one dies
 
 
 def parse_args(argv=None):
@@ -99,6 +100,9 @@ def parse_args(argv=None):
     p.add_argument("--settle", type=float, default=0.0, metavar="S",
                    help="with --calibrate: wait up to S seconds for the job's own start-up to leave the load "
                         "average before the quiet check (experiments.cluster.calibrate's --settle)")
+    p.add_argument("--survive-crashes", action="store_true",
+                   help="launch with MPICH's -disable-auto-cleanup or Open MPI's --enable-recovery, so that the "
+                        "other ranks run on when one dies (replicated parameter servers, serving)")
     p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
                    "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -106,7 +110,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
-                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle)
+                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle,
+                        a.survive_crashes)
     try:
         _check(cfg)
     except ValueError as e:
@@ -187,7 +192,8 @@ def mpiexec_command(cfg, launcher):
         command += ["--settle", repr(cfg.settle)] if cfg.settle else []
     if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
         command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
-    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command)
+    return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command,
+                          cfg.survive)
 
 
 def _fail(message):

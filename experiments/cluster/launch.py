@@ -55,7 +55,7 @@ def flavour(mpiexec):
                      f"({(text.strip().splitlines() or ['no --version output'])[0]})")
 
 
-def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command):
+def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command, survive=False):
     """Return the launcher's command line that runs ``command`` on ``per_node`` ranks of every node.
 
     Parameters
@@ -74,6 +74,9 @@ def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command):
         Ranks per node.
     command : list of str
         What every rank runs.
+    survive : bool
+        Keep the other ranks running when one dies: MPICH's ``-disable-auto-cleanup`` (a rank that
+        exits with a non-zero status), Open MPI's ``--enable-recovery`` (a rank killed by a signal).
 
     Returns
     -------
@@ -82,11 +85,12 @@ def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command):
     hosts = ",".join(f"node{i}:{per_node}" for i in range(nodes))
     n = str(nodes * per_node)
     if flavour(mpiexec) == "openmpi":
-        return [mpiexec, "--prtemca", "plm_ssh_agent", rsh, "--host", hosts, "--map-by", "slot",
+        return [mpiexec, *(["--enable-recovery"] if survive else []), "--prtemca", "plm_ssh_agent", rsh, "--host", hosts,
+                "--map-by", "slot",
                 "--bind-to", "none", "--prtemca", "oob_tcp_if_include", iface, "--mca", "pml", "ob1",
                 "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", iface, "-n", n, *command]
-    return [mpiexec, "-launcher", "ssh", "-launcher-exec", rsh, "-localhost", head, "-iface", iface,
-            "-hosts", hosts, "-ppn", str(per_node), "-n", n, *command]
+    return [mpiexec, *(["-disable-auto-cleanup"] if survive else []), "-launcher", "ssh", "-launcher-exec", rsh,
+            "-localhost", head, "-iface", iface, "-hosts", hosts, "-ppn", str(per_node), "-n", n, *command]
 
 
 def launch_env(mpiexec, base=None):
