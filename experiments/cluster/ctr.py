@@ -250,7 +250,9 @@ def main(argv=None):
         failed = run_all(commands(args.out, args.repeats))
         rec = report(args.out, None)
         rec["failed"] = failed
-        results.stamp(rec, watch, P=6)  # each run's own 4-6 ranks are allowed for
+        # each run's own 4-6 ranks and one unit more: the emulator's launch proxies and the kernel's work
+        # on the shaped links (a study alone on the machine lifted the 1-minute load to 6.56, mean 5.19)
+        results.stamp(rec, watch, P=7)
         os.makedirs(os.path.dirname(args.study) or ".", exist_ok=True)
         with open(args.study, "w") as f:
             json.dump(rec, f, indent=1)
