@@ -22,15 +22,18 @@ __all__ = ["draw", "markdown", "main"]
 def draw(record, out):
     """Draw ``record`` (the study's JSON) into the PNG file ``out``; return ``out``."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in ("dp", "ps", "hybrid"):
-        for link in sorted({p["link"] for p in record["points"]}):
+    links = sorted({p["link"] for p in record["points"]})
+    for m, mode in enumerate(("dp", "ps", "hybrid")):
+        for link in links:
             pts = sorted((p for p in record["points"] if p["mode"] == mode and p["link"] == link),
                          key=lambda p: p["rows"])
             if not pts:
                 continue
             x = [p["rows"] for p in pts]
-            a.plot(x, [p["bytes_per_step"] for p in pts], "o", label=f"{mode} measured" if link == pts[0]["link"] else None)
-            a.plot(x, [p["predicted_bytes"] for p in pts], "-", alpha=0.5)
+            if link == links[0]:  # bytes do not depend on the link: one series per mode
+                a.plot(x, [p["bytes_per_step"] for p in pts], "o", color=f"C{m}", label=f"{mode} measured")
+                a.plot(x, [p["predicted_bytes"] for p in pts], "-", color=f"C{m}", alpha=0.5,
+                       label=f"{mode} predicted")
             med = [p["samples_per_s"][0] for p in pts]
             err = [[m - p["samples_per_s"][1] for m, p in zip(med, pts)], [p["samples_per_s"][2] - m for m, p in zip(med, pts)]]
             b.errorbar(x, med, yerr=err, marker="o", capsize=3, label=f"{mode}, {link}")

@@ -87,8 +87,7 @@ def draw_validation(record, out):
     """Write predicted against measured step time (ms, log-log; measured range as error bars) with the
     15 % and 25 % bands to ``out``, one colour per layout and link."""
     fig, ax = plt.subplots(figsize=(6.4, 5.6), constrained_layout=True)
-    layouts = list(dict.fromkeys(r["name"].rsplit("-", 1)[0] if r["name"].count("-") >= 2 else r["name"]
-                                 for r in record["rows"]))
+    layouts = list(dict.fromkeys("-".join(r["name"].split("-")[:2]) for r in record["rows"]))  # "2x2x2-1gbit"
     for i, lay in enumerate(layouts):
         rows = [r for r in record["rows"] if r["name"].startswith(lay + "-")]
         x = [r["measured_s"] * 1e3 for r in rows]
