@@ -225,7 +225,11 @@ def run_all(cmds, pause=3.0):
 
 def main(argv=None):
     """``commands`` prints the runs; ``run`` runs them and gathers them; ``report DIR`` gathers finished runs."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0],
+                                epilog="run --out DIR --study FILE [--repeats R] [--max-load L] [--settle S] "
+                                       "[--allow-noisy]: run the study and gather it; commands --out DIR "
+                                       "[--repeats R]: print its runs; report RUN_DIR --out FILE: gather finished "
+                                       "runs. 'SUBCOMMAND --help' for each.")
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("commands")
     c.add_argument("--out", default="results/cluster/ctr")
