@@ -221,15 +221,22 @@ class Server:
         self._progress_clocks()
         self._serve_pending()
 
-    def _accept_push(self, w, header, data):
-        """Return True for a push to apply; answer a malformed one with REJECT, skip a resent one."""
-        rid = int(header[H_RID])
+    def _logged(self, w, rid, data):
+        """None for a new push; False for a resend (skipped); REJECT's answer for an id reused with other data."""
         seen = self.log.push(w, rid, data)
         if seen == "reused":
             return self._reject(w, rid, 5)
         if seen == "repeat":
             self.counts["duplicate_pushes"] += 1
             return False
+        return None
+
+    def _accept_push(self, w, header, data):
+        """Return True for a push to apply; answer a malformed one with REJECT, skip a resent one."""
+        rid = int(header[H_RID])
+        done = self._logged(w, rid, data)
+        if done is not None:
+            return done
         if data is None or data.shape != self.params.shape:
             return self._reject(w, rid, 1)
         if data.dtype != self.params.dtype:

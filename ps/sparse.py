@@ -91,12 +91,9 @@ class SparseServer(Server):
 
     def _accept_push(self, w, header, data):
         rid, clock = int(header[H_RID]), int(header[H_CLOCK])
-        seen = self.log.push(w, rid, data)
-        if seen == "reused":
-            return self._reject(w, rid, 5)
-        if seen == "repeat":
-            self.counts["duplicate_pushes"] += 1
-            return False
+        done = self._logged(w, rid, data)
+        if done is not None:
+            return done
         ids = self.clock_ids.get((w, clock))
         n = 0 if data is None else data.shape[0]
         if ids is None or n != ids.size * self.width:
