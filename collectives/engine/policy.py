@@ -10,6 +10,7 @@ to do (:func:`failure_line`): after a silent or lost peer, read that rank's own 
 stopped, then restart (a trainer adds how: ``--resume RUN_DIR``).
 """
 import contextlib
+import os
 import sys
 import time
 
@@ -40,6 +41,11 @@ def abort(message=None, comm=None, code=1):
         Communicator passed to ``MPI_Abort`` (default ``COMM_WORLD``: the whole job).
     code : int
         Exit status of the job.
+
+    Notes
+    -----
+    Never returns: should ``MPI_Abort`` come back (MPICH's can, when its launcher is already ending
+    the job), the process exits with ``code`` at once rather than run on past the failure.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     if message is not None:
@@ -48,6 +54,7 @@ def abort(message=None, comm=None, code=1):
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     comm.Abort(code)
+    os._exit(code)  # MPI_Abort can return while the launcher already ends the job: never run on past it
 
 
 def failure_line(exc, hint=None):
