@@ -7,9 +7,11 @@ with the reporter (:func:`reporter_rank`: rank 0, or the first worker rank with 
 answers once all arrived. When a rank is missing that nobody knew was gone, the reporter ends the
 job (``MPI_Abort``) naming it. When the ranks that are missing are exactly the servers the report
 counted lost (their shards failed over), the survivors have written their records: they leave without
-``MPI_Finalize`` and with status 0 (MPICH's ``mpiexec -disable-auto-cleanup`` then exits non-zero for
-the dead rank: success is read from the records); under Open MPI's ``--enable-recovery`` launcher
-(``PRTE_LAUNCHED=1``) they finalize as usual.
+``MPI_Finalize`` and with status 0, under either launcher. MPICH's ``MPI_Finalize`` waits for the
+dead rank forever, and Open MPI's (``--enable-recovery``) can wait forever in its closing fence when
+the rank died shortly before it (the survivors' stacks then end in ``ompi_mpi_finalize``). Without
+it ``mpiexec --enable-recovery`` still exits 0, while MPICH's ``mpiexec -disable-auto-cleanup`` exits
+non-zero for the dead rank: success is read from the records.
 """
 import os
 import sys
@@ -124,7 +126,7 @@ def finish_ps(world, cfg, summary=None):
                                         f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "
                                         f"lost peer may have died); "
                                         "ending the job so that no rank waits for them in MPI_Finalize")
-    if peer_gone and os.environ.get("PRTE_LAUNCHED") != "1":
+    if peer_gone:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # a dead peer: MPICH's MPI_Finalize would wait for it forever
+        os._exit(0)  # a dead peer: MPI_Finalize may wait for it forever (see the module docstring)
