@@ -78,6 +78,23 @@ class Client:
     ------
     ValueError
         When ``worker`` is out of range or ``reply_timeout`` is not positive.
+
+    Examples
+    --------
+    Worker 0 of two, with servers at ranks 1 and 2 each holding half of 10 float32 parameters
+    (:func:`ps.sharding.shard_offsets`); :func:`ps.runtime.run` makes one per worker and drives
+    :meth:`join`, :meth:`push`, :meth:`pull` and :meth:`finish` (the user guide's ``ps_example.py``
+    runs a whole job). Building one sends nothing:
+
+    >>> import numpy as np
+    >>> from mpi4py import MPI
+    >>> client = Client(MPI.COMM_WORLD, 0, [1, 2], [3, 4], 10, np.float32, reply_timeout=5.0)
+    >>> client.offsets.tolist(), client.server_ranks, client.versions.tolist()
+    ([0, 5, 10], [1, 2], [0, 0])
+    >>> Client(MPI.COMM_WORLD, 2, [1, 2], [3, 4], 10, np.float32, reply_timeout=5.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: worker must be in [0, 2), got 2
     """
 
     def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0)):

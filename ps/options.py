@@ -92,6 +92,8 @@ class PSOptions:
         ValueError
             Naming the first field that is out of range.
         """
+        if size < 2:
+            raise ValueError(f"a parameter-server job needs at least 2 ranks (a server and a worker), got {size}")
         if not 1 <= self.servers < size:
             raise ValueError(f"servers must be in [1, {size - 1}] so that at least one worker remains "
                              f"on {size} ranks, got {self.servers}")

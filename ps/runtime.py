@@ -88,6 +88,22 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         (:func:`ps.store_checkpoint.check_resume`).
     PSError
         On every rank still running when BSP loses a worker.
+
+    Examples
+    --------
+    A whole job needs a server and a worker, so at least two ranks: the user guide's
+    ``ps_example.py`` (docs/guide/parameter_server.md) runs one on three ranks and checks it against
+    NumPy. On one rank every check is made before any message:
+
+    >>> import functools
+    >>> import numpy as np
+    >>> from mpi4py import MPI
+    >>> from ps.options import PSOptions
+    >>> from training.optim import SGD
+    >>> run(MPI.COMM_SELF, PSOptions(servers=1), np.zeros(4), make_optimizer=functools.partial(SGD, momentum=0.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: a parameter-server job needs at least 2 ranks (a server and a worker), got 1
     """
     if not isinstance(init_params, np.ndarray) or init_params.dtype not in (np.float32, np.float64):
         raise TypeError("init_params must be a float32 or float64 NumPy array")

@@ -26,6 +26,10 @@ Cases (each runs on every rank; the first ``S`` ranks serve):
                      (at most half the nominal one) and the batches sum to W x batch.
 ``fail S CONS...``   the last rank stops communicating at step 5: under ASP/SSP the run finishes
                      with it dropped; under BSP every other rank stops with the error naming it.
+``finish``           the end-of-run check (:func:`training.ps_mode.finish.finish_together`), rank 2
+                     the reporter: when it never answers, ranks 0 and 1 report it missing within
+                     2 grace + slack seconds instead of waiting forever; when every rank takes part,
+                     none is missing.
 
 Checks go through the shared harness (:mod:`tests.mpicases`): rank 0 prints every failed check with
 its rank and one count line, and every rank exits 1 when any check failed, else 0. An unexpected
@@ -259,8 +263,26 @@ def case_fail(S, *models):
             check(res.pushes >= opts.budget, f"{cons}: {res.pushes} pushes < budget {opts.budget}")
 
 
+def case_finish():
+    from training.ps_mode.finish import finish_together
+
+    rank, token = COMM.Get_rank(), np.zeros(1, np.int8)
+    start = time.monotonic()
+    if rank != 2:  # the reporter (rank 2) is busy elsewhere and never answers
+        missing, gone = finish_together(COMM, 0.1, root=2, slack=0.3)
+        check(missing == [2] and not gone, f"rank {rank}: unanswered check gave {missing}, {gone}")
+        check(time.monotonic() - start < 5.0, f"rank {rank}: waited {time.monotonic() - start:.1f} s")
+    else:
+        time.sleep(1.0)
+        for source in (0, 1):  # the two check-ins that were never answered
+            COMM.Recv(token, source=source, tag=0x5E1D)
+    COMM.Barrier()
+    missing, gone = finish_together(COMM, 5.0, root=2, slack=0.3)
+    check(missing == [] and not gone, f"rank {rank}: all present, got {missing}, {gone}")
+
+
 CASES = {"sum": case_sum, "staleness": case_staleness, "oracle": case_oracle, "resume": case_resume,
-         "balance": case_balance, "fail": case_fail}
+         "balance": case_balance, "fail": case_fail, "finish": case_finish}
 
 
 def main(argv):

@@ -150,6 +150,8 @@ CHECKS = {
                 "needs JAX (not a dependency); skipped without it"),
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
+    # Parameter server from one's own script (docs/guide/parameter_server.md)
+    "mpiexec -n 3 python ps_example.py": Run(),
     # Benchmarks
     "mpiexec -n 4 python -m experiments.bench.collectives --out results/bench_p4":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p4.json": "bench_p4.json"}),

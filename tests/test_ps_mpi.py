@@ -27,6 +27,10 @@ def test_resume_from_server_checkpoints(tmp_path):
     run_mpi(5, "tests.mpi_ps", "resume", 2, str(tmp_path), timeout=60)
 
 
+def test_end_of_run_check_never_waits_forever_for_the_reporter():
+    run_mpi(3, "tests.mpi_ps", "finish", timeout=60)
+
+
 def test_balance_gives_the_straggler_a_smaller_batch():
     run_mpi(5, "tests.mpi_ps", "balance", 1, timeout=60)
 

@@ -24,25 +24,23 @@ import collectives.engine.policy
 from collectives.engine import trace
 from collectives.log import get_logger, setup_logging
 from ps.protocol import PSError, PSTimeout
-from training.build import build_model, make_sampler, to_device
-from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, load_checkpoint, make_run_dir,
+from training.build import make_sampler, to_device
+from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
                                  nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
-from training.data import load_dataset
 from training.job import all_failed, end_lost, set_threads
 from training.preflight import agree_grid, check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import arrival, open_monitor, slow_factor
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer, schedule_lr
-from training.layout import verify_param_layout
+from training.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
-from training.dp.local_sgd import LocalSGD, local_step
+from training.dp.local_sgd import local_step
+from training.dp.trainer import Trainer, build_trainer
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
 from training.skew import gradient_scale
-from training.state import TrainState, checkpoint_arrays, restore
+from training.state import checkpoint_arrays
 
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
 
@@ -58,62 +56,9 @@ def lr_at(cfg, step, total_steps):
     return schedule_lr(cfg.lr_schedule, cfg.lr, step, total_steps)
 
 
-class Trainer:
-    """Everything a data-parallel run holds: data, model, optimizer, loss, gradient hook, counters."""
-
-    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local")
-
-    def __init__(self, **parts):
-        for k in self.__slots__:
-            setattr(self, k, parts.get(k))
-
-
 def _write_config(cfg, comm, run_dir, resumed_from=None):
     if comm.rank == 0:
         write_config(run_dir, cfg.to_dict(), run_info(comm), resumed_from)
-
-
-def build_trainer(cfg, comm):
-    """Load the data and build model, optimizer, loss and gradient hook (restored with ``--resume``).
-
-    Everything that can fail on a bad configuration happens here, on every rank alike, before a
-    run directory is created.
-
-    Returns
-    -------
-    Trainer
-
-    Raises
-    ------
-    ValueError
-        From :func:`check_run`, when a part rejects its arguments, or when the ranks' models
-        differ (``training.layout.verify_param_layout``).
-    ImportError
-        From :func:`check_run` (``--device gpu`` without CuPy).
-    CheckpointError
-        When the checkpoint to resume from is unusable (on every rank, naming the file).
-    """
-    xp = check_run(cfg, comm)
-    ds = load_dataset(cfg)
-    model = build_model(cfg, ds.n_features, ds.n_classes, xp)
-    verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
-    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
-    hook = make_grad_hook(cfg, comm, model)
-    if hook.owns_momentum and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
-    state, path, saved = TrainState(), None, None
-    if cfg.resume:
-        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout,
-                                       foreign_ok=cfg.allow_foreign_checkpoint)
-        if path is None and comm.rank == 0:
-            _log.info("--resume %s: the run ended before its first checkpoint; starting it again from the "
-                      "beginning", cfg.resume)
-        elif path is not None:
-            saved = restore(path, arrays, model, opt, hook, state)
-    local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer) \
-        if cfg.local_steps > 1 else None  # local SGD (training.dp.local_sgd)
-    return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
-                   resumed_from=path, saved_config=saved, local=local)
 
 
 def train_dp(cfg, comm, run_dir, trainer=None):
@@ -133,6 +78,18 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     dict
         The summary (also written to ``summary.json`` on rank 0), on every rank. A resumed run
         already at its last epoch trains nothing, writes nothing and says so on one line.
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> from mpi4py import MPI
+    >>> from training.checkpoint import make_run_dir
+    >>> from training.cli import parse_args
+    >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+    ...     cfg = parse_args(["--hidden", "16", "--epochs", "2", "--no-progress", "--run-dir", d])
+    ...     summary = train_dp(cfg, MPI.COMM_WORLD, make_run_dir(cfg, MPI.COMM_WORLD))
+    >>> summary["epochs"], summary["steps"], summary["replicas_identical"]   # 1,438 samples / 64 a step
+    (2, 46, True)
     """
     t = trainer or build_trainer(cfg, comm)
     P, rank, state = comm.size, comm.rank, t.state
@@ -312,6 +269,15 @@ def run(cfg, comm=None):
     -------
     dict
         The run summary (``train_dp``'s, or whatever :func:`training.ps_mode.worker.run_ps` returns).
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> from training.cli import parse_args
+    >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+    ...     summary = run(parse_args(["--hidden", "16", "--epochs", "1", "--no-progress", "--run-dir", d]))
+    >>> summary["epochs"], summary["P"], summary["parameters"]
+    (1, 1, 1210)
     """
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
@@ -360,6 +326,20 @@ def main(argv=None):
     aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
     ``--timeout`` seconds or lost, whose rank the line names, with how to restart) and any other
     failure with P > 1 abort the job.
+
+    Returns
+    -------
+    int
+        0 after a finished run, 1 after a user error or a parameter-server run that cannot continue.
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> out = io.StringIO()
+    >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out):
+    ...     status = main(["--hidden", "16", "--epochs", "1", "--no-progress", "--run-dir", d])
+    >>> status, "test accuracy" in out.getvalue()
+    (0, True)
     """
     world = MPI.COMM_WORLD
     cfg = parse_on_every_rank(parse_args, argv, world.rank)  # one copy of --help and of flag errors

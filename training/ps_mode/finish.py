@@ -21,9 +21,12 @@ import numpy
 
 import collectives.engine.policy
 
-__all__ = ["reporter_rank", "finish_together", "finish_ps"]
+__all__ = ["reporter_rank", "finish_together", "finish_ps", "ROOT_SLACK_S"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
+#: Seconds a rank waits for the reporter's answer beyond twice the grace (the reporter gathers the
+#: run's report before it checks in, within its own deadlines).
+ROOT_SLACK_S = 30.0
 
 
 def reporter_rank(cfg):
@@ -41,14 +44,15 @@ def reporter_rank(cfg):
     return cfg.servers if cfg.ps_replicas > 1 else 0
 
 
-def finish_together(comm, grace, short=(), root=0, gone=()):
+def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     """Check that every rank reached the end of the run; return the ranks that did not (on ``root``).
 
     Every rank other than ``root`` sends it a one-byte message once its part of the run is over and
     waits for the answer; ``root`` waits up to ``grace`` seconds for all of them (not for ``gone``)
     and answers each only when all arrived. The caller of ``root`` ends the job (``MPI_Abort``) when
-    ranks are missing; the other ranks wait for the answer without a limit, since ``root`` either
-    answers or ends the job.
+    ranks are missing. The other ranks wait for the answer up to ``2 grace + slack`` seconds: ``root`` answers or ends the job, but Open MPI's
+    ``--enable-recovery`` launcher lets the others run on after a rank's ``MPI_Abort``, and ``root``
+    may itself have died; a rank that hears nothing then reports ``root`` missing.
 
     Parameters
     ----------
@@ -64,11 +68,15 @@ def finish_together(comm, grace, short=(), root=0, gone=()):
     gone : sequence of int
         Ranks known dead (servers whose shard failed over): not waited for; the answer then tells
         every rank that a peer is gone.
+    slack : float
+        Seconds the other ranks wait for ``root``'s answer beyond ``2 grace`` (default
+        :data:`ROOT_SLACK_S`).
 
     Returns
     -------
     missing : list of int
-        On ``root``, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere ``[]``.
+        On ``root``, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere
+        ``[root]`` when its answer did not come in time, else ``[]``.
     peer_gone : bool
         True when ``gone`` was not empty on ``root`` (every rank learns it from the answer).
     """
@@ -76,7 +84,11 @@ def finish_together(comm, grace, short=(), root=0, gone=()):
     token = numpy.zeros(1, numpy.int8)
     if rank != root:
         comm.Send(token, dest=root, tag=_END_TAG)  # one byte: sent eagerly, even to a dead root
-        comm.Recv(token, source=root, tag=_END_TAG)
+        answer, deadline = comm.Irecv(token, source=root, tag=_END_TAG), time.monotonic() + 2 * grace + slack
+        while not answer.Test():
+            if time.monotonic() > deadline:
+                return [root], False  # root died, or ended the job and the launcher left this rank running
+            time.sleep(0.01)
         return [], bool(token[0])
     others = [r for r in range(size) if r != root and r not in set(gone)]
     bufs = {r: numpy.zeros(1, numpy.int8) for r in others}
@@ -121,6 +133,10 @@ def finish_ps(world, cfg, summary=None):
     dropped = [cfg.servers + w for w, st in enumerate(mine.get("worker_status") or []) if st == "dropped"]
     missing, peer_gone = finish_together(world, cfg.ps_timeout, short=dropped, root=root,
                                          gone=mine.get("servers_lost") or [])
+    if missing == [root] and world.rank != root:
+        collectives.engine.policy.abort(f"the reporting rank {root} did not answer at the end of the run within "
+                                        f"{2 * cfg.ps_timeout + ROOT_SLACK_S:g} s (it ended the job or died: its "
+                                        "own output says why); ending this rank")
     if missing:
         collectives.engine.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
                                         f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "

@@ -1,0 +1,105 @@
+"""A data-parallel run's parts, built and checked before any run directory exists.
+
+:func:`build_trainer` loads the data and builds the model, optimizer, loss and gradient hook (restored
+from a checkpoint with ``--resume``); :func:`training.train.train_dp` trains with them.
+"""
+from collectives.log import get_logger
+from training.build import build_model
+from training.checkpoint import load_checkpoint
+from training.data import load_dataset
+from training.dp.data_parallel import make_grad_hook
+from training.dp.local_sgd import LocalSGD
+from training.layout import verify_param_layout
+from training.nn import SoftmaxCrossEntropy
+from training.optim import make_optimizer
+from training.preflight import check_run
+from training.state import TrainState, restore
+
+__all__ = ["Trainer", "build_trainer"]
+
+_log = get_logger("training.train")
+
+
+class Trainer:
+    """Everything a data-parallel run holds: data, model, optimizer, loss, gradient hook, counters.
+
+    Attributes
+    ----------
+    xp : module
+        The array module (NumPy, or CuPy with ``--device gpu``).
+    ds : training.data.Dataset
+        The run's data (every rank holds all of it; each trains on its own part of a batch).
+    model, opt, loss_fn, hook
+        The model, its optimizer, the loss and the gradient hook (all-reduce or compressor).
+    state : training.state.TrainState
+        Counters: epoch, step, seconds, bytes.
+    resumed_from : str or None
+        The checkpoint restored, if any; ``saved_config`` its run's configuration.
+    local : training.dp.local_sgd.LocalSGD or None
+        Local SGD's model averaging (``--local-steps`` > 1).
+    """
+
+    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local")
+
+    def __init__(self, **parts):
+        for k in self.__slots__:
+            setattr(self, k, parts.get(k))
+
+
+def build_trainer(cfg, comm):
+    """Load the data and build model, optimizer, loss and gradient hook (restored with ``--resume``).
+
+    Everything that can fail on a bad configuration happens here, on every rank alike, before a
+    run directory is created.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The run's settings (:func:`training.cli.parse_args`).
+    comm : mpi4py.MPI.Comm
+        The run's communicator; every rank calls this.
+
+    Returns
+    -------
+    Trainer
+
+    Raises
+    ------
+    ValueError
+        From :func:`check_run`, when a part rejects its arguments, or when the ranks' models
+        differ (``training.layout.verify_param_layout``).
+    ImportError
+        From :func:`check_run` (``--device gpu`` without CuPy).
+    CheckpointError
+        When the checkpoint to resume from is unusable (on every rank, naming the file).
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from training.cli import parse_args
+    >>> t = build_trainer(parse_args(["--hidden", "16"]), MPI.COMM_WORLD)
+    >>> t.model.size, t.ds.n_classes, type(t.hook).__name__   # 64 x 16 + 16, 16 x 10 + 10 parameters
+    (1210, 10, 'AllreduceHook')
+    >>> t.hook.close()
+    """
+    xp = check_run(cfg, comm)
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds.n_features, ds.n_classes, xp)
+    verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
+    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
+    hook = make_grad_hook(cfg, comm, model)
+    if hook.owns_momentum and cfg.optimizer == "sgd":
+        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
+    state, path, saved = TrainState(), None, None
+    if cfg.resume:
+        path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout,
+                                       foreign_ok=cfg.allow_foreign_checkpoint)
+        if path is None and comm.rank == 0:
+            _log.info("--resume %s: the run ended before its first checkpoint; starting it again from the "
+                      "beginning", cfg.resume)
+        elif path is not None:
+            saved = restore(path, arrays, model, opt, hook, state)
+    local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer) \
+        if cfg.local_steps > 1 else None  # local SGD (training.dp.local_sgd)
+    return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
+                   resumed_from=path, saved_config=saved, local=local)
