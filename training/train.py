@@ -35,7 +35,7 @@ from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.dp.local_sgd import local_step
-from training.dp.trainer import Trainer, build_trainer
+from training.trainer import Trainer, build_trainer
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
