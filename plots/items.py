@@ -69,4 +69,10 @@ ITEMS = {
     "predict-scale": ("predict/scale.json", _module_table("predict", "scale_markdown"),
                       _figure("predict", "predict_scale.png")),
     "ctr-study": ("cluster/ctr_study.json", _module_table("ctr", "markdown"), _figure("ctr", "ctr_study.png")),
+    "cluster-compression": ("cluster/compression_study.json", _module_table("cluster_tables", "compression_markdown"),
+                            _figure("cluster", "cluster_compression.png", "draw_compression")),
+    "cluster-ps": ("cluster/ps_study.json", _module_table("cluster_tables", "ps_markdown"),
+                   _figure("cluster", "cluster_ps.png", "draw_ps")),
+    "cluster-collectives": ("cluster/collectives_study.json", _module_table("cluster_tables", "collectives_markdown"),
+                            _figure("cluster", "cluster_collectives.png")),
 }

@@ -8,7 +8,7 @@ Examples
 >>> prov = {"command": "python -m experiments.cluster.ps run", "P": 9, "cores": 2, "date": "2026-12-03T17:00:00",
 ...         "load": {"before": 0.1, "during_max": 5.0}, "versions": {"python": "3.11.7", "numpy": "2.4.6"}}
 >>> source_line(prov, "cluster/ps_study.json", launches_itself=True)[:60]
-'*From `plots/reference/cluster/ps_study.json`: `python -m exp'
+'*From `plots/reference/cluster/ps_study.json`: `python -m ex'
 """
 import json
 import os
