@@ -54,7 +54,7 @@ def compression_markdown(study):
     if settings:
         text = (f"{settings['nodes']} nodes x {settings['ranks_per_node']} rank on the emulated links, "
                 f"{settings['ranks_per_node'] * settings['nodes']} ranks in shared memory; {settings['epochs']} "
-                f"epochs, seed {settings['seeds']}.\n\n" + text)
+                f"epoch{'s' if settings['epochs'] != 1 else ''}, seed {settings['seeds']}.\n\n" + text)
     return text + "\n\n" + compression_findings(study)
 
 
@@ -86,8 +86,8 @@ def ps_markdown(study):
     configuration with samples/s (median and range of the repeats), the ratio to the ring all-reduce, the
     bytes per step each direction on the busiest link and on a worker's (from the protocols), the
     busiest link's time on the wire at the link rate and the test accuracy; then which configuration
-    is fastest, the bytes the ring all-reduce counted against the protocol's and its communication's
-    share of the step time."""
+    is fastest, the bytes the ring all-reduce counted against the protocol's, and a step's computation
+    against its gradient's time on the wire."""
     parts = []
     for name, model in study["models"].items():
         rows = [r for r in study["rows"] if r.get("model", name) == name]
@@ -106,8 +106,10 @@ def ps_markdown(study):
         counted = ("" if not ring or not ring.get("measured_sent_per_rank_step") else
                    f" The ring all-reduce's own counter: {ring['measured_sent_per_rank_step'] / 1e3:,.1f} KB sent per "
                    f"rank per step (protocol {ring['busiest_link_bytes'] / 1e3:,.1f} KB).")
-        if ring and ring.get("comm_fraction") is not None:
-            counted += f" Communication takes {100 * ring['comm_fraction']:.0f} % of the ring's step time."
+        if ring and ring.get("compute_ms") is not None:
+            counted += (f" A step computes in {ring['compute_ms']:.1f} ms (the ring runs' own timer); its gradient "
+                        f"takes {ring['wire_ms']:.1f} ms on a ring link, "
+                        f"{'longer' if ring['wire_ms'] > ring['compute_ms'] else 'less'}.")
         parts.append(f"Model {name} (hidden {model['hidden']}, {n:,} parameters, {4 * n / 1e3:,.1f} KB of float32 "
                      f"gradient), links {study['link']}:\n\n"
                      + tabulate(cells, head, tablefmt="pipe", disable_numparse=True, colalign=("left",) + ("right",) * 7)

@@ -38,7 +38,7 @@ LINKS = ("1gbit", "100mbit")
 ALGORITHMS = "ring,rabenseifner,2d,tree,mpi"
 
 
-def commands(out, links=LINKS, load=""):
+def commands(out, links=LINKS, load="", max_bytes="16M"):
     """Return the study's sweeps (shell lines), one per link rate, into ``OUT/collectives_RATE.json``.
 
     Examples
@@ -48,7 +48,7 @@ def commands(out, links=LINKS, load=""):
     (2, True, True)
     """
     return [f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link {link} -- python -m "
-            f"experiments.bench.collectives --ops allreduce --algorithms {ALGORITHMS} --min-bytes 64K --max-bytes 16M "
+            f"experiments.bench.collectives --ops allreduce --algorithms {ALGORITHMS} --min-bytes 64K --max-bytes {max_bytes} "
             f"--iters 5 --warmup 1 --max-time 3 --repeats 3{load} --out {out}/collectives_{link}" for link in links]
 
 
@@ -137,14 +137,18 @@ def gather(files, per_node):
 def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished sweeps; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.collectives", description=__doc__.split("\n")[0],
-                                epilog="run --out DIR --study FILE [--max-load L] [--settle S] [--allow-noisy]: run "
-                                       "the study and gather it; commands --out DIR: print its sweeps; report "
+                                epilog="run [--max-bytes N] --out DIR --study FILE [--max-load L] [--settle S] "
+                                       "[--allow-noisy]: run the study and gather it; commands [--max-bytes N] --out "
+                                       "DIR: print its sweeps; report "
                                        "RATE=FILE ... [--ranks-per-node K] --study FILE: gather finished sweeps. "
                                        "'SUBCOMMAND --help' for each.")
     sub = p.add_subparsers(dest="what", required=True)
     parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
     study.add_options(parsers["run"], "results/cluster/collectives", "results/cluster/collectives_study.json")
     parsers["commands"].add_argument("--out", default="results/cluster/collectives", help="the sweeps' directory")
+    for name in ("run", "commands"):
+        parsers[name].add_argument("--max-bytes", default="16M", help="the sweeps' largest size (default 16M; "
+                                   "a smaller one tries the study out)")
     parsers["report"].add_argument("runs", nargs="+", help="RATE=FILE: a bench_collectives JSON measured at link "
                                    "RATE (tc units)")
     parsers["report"].add_argument("--ranks-per-node", type=int, default=2, help="ranks per node of those runs "
@@ -153,11 +157,11 @@ def main(argv=None):
                                    help="the results file")
     a = p.parse_args(argv)
     if a.what == "commands":
-        print("\n".join(commands(a.out)))
+        print("\n".join(commands(a.out, max_bytes=a.max_bytes)))
         return 0
     if a.what == "run":
         files = {link: os.path.join(a.out, f"collectives_{link}.json") for link in LINKS}
-        status = study.run_study(a, commands(a.out, load=study.load_flags(a, 9)), lambda: gather(files, 2), P=9,
+        status = study.run_study(a, commands(a.out, load=study.load_flags(a, 9), max_bytes=a.max_bytes), lambda: gather(files, 2), P=9,
                                  label="collectives study")
         if status == 0:
             with open(a.study, encoding="utf-8") as f:

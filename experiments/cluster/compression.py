@@ -34,10 +34,11 @@ __all__ = ["commands", "epoch_times", "report", "gather", "main"]
 NETWORKS = ("shm", "1gbit", "100mbit")  # shared memory, then the emulated links
 
 
-def commands(out, epochs=3, seeds="0", load=""):
+def commands(out, epochs=3, seeds="0", load="", compressors=()):
     """Return the study's runs (shell lines): the compression sweep per network into ``OUT/NETWORK``.
 
-    ``load`` is appended to each sweep's options (:func:`experiments.cluster.study.load_flags`).
+    ``load`` is appended to each sweep's options (:func:`experiments.cluster.study.load_flags`);
+    ``compressors`` (specs) replace the sweep's list.
 
     Examples
     --------
@@ -45,7 +46,9 @@ def commands(out, epochs=3, seeds="0", load=""):
     >>> len(cmds), cmds[0].startswith("mpiexec -n 4"), "--link 100mbit" in cmds[2]
     (3, True, True)
     """
-    sweep = f"python -m experiments.studies.compression_sweep --seeds {seeds} --epochs {epochs} --no-progress{load}"
+    chosen = "".join(f" --compressor {c}" for c in compressors)
+    sweep = (f"python -m experiments.studies.compression_sweep --seeds {seeds} --epochs {epochs}{chosen} "
+             f"--no-progress{load}")
     return [f"mpiexec -n 4 {sweep} --out {out}/shm" if net == "shm" else
             f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link {net} -- {sweep} "
             f"--out {out}/{net}" for net in NETWORKS]
@@ -110,7 +113,7 @@ def gather(sweep_dirs, target, settings=None):
 def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.compression", description=__doc__.split("\n")[0],
-                                epilog="run [--epochs E] [--seeds S] [--target T] --out DIR --study FILE [--max-load L] "
+                                epilog="run [--epochs E] [--seeds S] [--compressor SPEC ...] [--target T] --out DIR --study FILE [--max-load L] "
                                        "[--settle S] [--allow-noisy]: run the study and gather it; commands [--epochs E] "
                                        "--out DIR: print its runs; report NETWORK=DIR ... [--target T] --study FILE: "
                                        "gather finished runs. 'SUBCOMMAND --help' for each.")
@@ -123,6 +126,8 @@ def main(argv=None):
     for name in ("run", "commands"):
         parsers[name].add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
         parsers[name].add_argument("--seeds", default="0", help="training seeds, comma separated (default 0)")
+        parsers[name].add_argument("--compressor", action="append", default=[], metavar="SPEC", help="a compressor "
+                                   "spec, repeatable (default: the compression study's list)")
     for name in ("run", "report"):
         parsers[name].add_argument("--target", type=float, default=0.94, help="test accuracy of the time to "
                                    "accuracy (default 0.94)")
@@ -130,12 +135,12 @@ def main(argv=None):
     if a.what != "commands" and not 0 < a.target < 1:
         p.error(f"--target must be a fraction between 0 and 1, not {a.target}")
     if a.what == "commands":
-        print("\n".join(commands(a.out, a.epochs, a.seeds)))
+        print("\n".join(commands(a.out, a.epochs, a.seeds, compressors=a.compressor)))
         return 0
     if a.what == "run":
         settings = {"nodes": 4, "ranks_per_node": 1, "epochs": a.epochs, "seeds": a.seeds}
         dirs = {net: os.path.join(a.out, net) for net in NETWORKS}
-        status = study.run_study(a, commands(a.out, a.epochs, a.seeds, study.load_flags(a, 5)),
+        status = study.run_study(a, commands(a.out, a.epochs, a.seeds, study.load_flags(a, 5), a.compressor),
                                  lambda: gather(dirs, a.target, settings), P=5, label="compression study")
         if status == 0:
             with open(a.study, encoding="utf-8") as f:

@@ -93,7 +93,8 @@ def link_bytes(kind, n, workers, servers=0, itemsize=4):
 
 def report(root, link="1gbit"):
     """Return one row per configuration from the run directories under ``root`` (one model's), with the
-    busiest link's time on the wire per step at the ``link`` rate (``wire_ms``)."""
+    busiest link's time on the wire per step at the ``link`` rate (``wire_ms``) and, for the ring, the
+    computation's time per step (``compute_ms``: the trainer's own timer, rank 0, median of the repeats)."""
     groups = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "summary.json"))):
         m = re.fullmatch(r"(dp-ring|ps-bsp-s(\d+))-r\d+", os.path.basename(os.path.dirname(path)))
@@ -114,7 +115,7 @@ def report(root, link="1gbit"):
             rates = [r["samples_per_s"] for r in runs]
             workers, servers, kind = s0["workers"], s0["servers"], "ps"
             measured = None
-        comm = [r["comm_fraction"] for r in runs if "comm_fraction" in r]
+        compute = [r["compute_s"] / r["steps"] * 1e3 for r in runs if r.get("compute_s") and r.get("steps")]
         busiest, worker = link_bytes(kind, s0["parameters"], workers, servers)
         rows.append({"config": name, "nodes": workers + servers, "workers": workers, "servers": servers,
                      "samples_per_s": median(rates), "samples_min": min(rates), "samples_max": max(rates),
@@ -122,7 +123,7 @@ def report(root, link="1gbit"):
                      "busiest_link_bytes": busiest, "worker_link_bytes": worker,
                      "measured_sent_per_rank_step": measured, "parameters": s0["parameters"],
                      "wire_ms": busiest * 8 / parse_rate(link) * 1e3,
-                     "comm_fraction": median(comm) if comm else None})
+                     "compute_ms": median(compute) if compute else None})
     base = next((r for r in rows if r["config"] == "dp-ring"), None)
     for r in rows:
         r["vs_allreduce"] = r["samples_per_s"] / base["samples_per_s"] if base else None
