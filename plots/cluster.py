@@ -1,9 +1,9 @@
 """Draw the emulated-cluster studies.
 
-    python -m plots.cluster results/cluster/collectives.json [--out FILE.png]
-    python -m plots.cluster results/cluster/compression.json
+    python -m plots.cluster results/cluster/collectives_study.json [--out FILE.png]
+    python -m plots.cluster results/cluster/compression_study.json
     python -m plots.cluster results/cluster/model.json
-    python -m plots.cluster results/cluster/ps_vs_allreduce.json
+    python -m plots.cluster results/cluster/ps_study.json
 
 The file's ``study`` key picks the figure. Collectives (``experiments.cluster.collectives``): one row
 of panels per link rate: all-reduce time per call against size (log-log), each algorithm's speedup
@@ -12,7 +12,8 @@ inter-node busbw as a fraction of the configured link rate. Compression
 (``experiments.cluster.compression``): each compressor's step-time speedup over ``none`` and its
 time to the target accuracy, per network. Model (``experiments.cluster.model``): predicted against
 measured all-reduce time, per algorithm, with the tolerance band. Parameter server
-(``experiments.cluster.ps``): samples/s and bytes per link per step of each configuration. Drawing only: every number comes
+(``experiments.cluster.ps``): samples/s and bytes per link per step of each configuration, one row per
+model. Their tables are :mod:`plots.cluster_tables`. Drawing only: every number comes
 from the study's file.
 """
 import argparse
@@ -148,24 +149,29 @@ def draw_model(study, out):
 
 
 def draw_ps(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster.ps``) to the PNG ``out``."""
-    rows = study["rows"]
-    names = [r["config"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    y = [r["samples_per_s"] for r in rows]
-    err = [[v - r["samples_min"] for v, r in zip(y, rows)], [r["samples_max"] - v for v, r in zip(y, rows)]]
-    colors = ["tab:blue" if n == "dp-ring" else "tab:orange" for n in names]
-    axes[0].bar(names, y, yerr=err, color=colors, capsize=4)
-    axes[0].set(ylabel="samples / s (median, range of repeats)", title="throughput at 1 Gbit/s, 4 workers")
-    x = range(len(rows))
-    axes[1].bar([i - 0.2 for i in x], [r["busiest_link_bytes"] / 1e3 for r in rows], 0.4, label="busiest link")
-    axes[1].bar([i + 0.2 for i in x], [r["worker_link_bytes"] / 1e3 for r in rows], 0.4, label="a worker's link")
-    axes[1].set_xticks(list(x))
-    axes[1].set_xticklabels(names)
-    axes[1].set(ylabel="KB per step, each direction", title="bytes per link per step (protocol)")
-    axes[1].legend()
-    for ax in axes:
-        ax.grid(True, axis="y", alpha=0.3)
+    """Draw ``study`` (the JSON of ``experiments.cluster.ps``) to the PNG ``out``: one row of panels per model."""
+    models = study.get("models") or {"": {}}
+    link = study.get("link", "1gbit")
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4.5 * len(models)), squeeze=False)
+    for ax_row, name in zip(axes, models):
+        rows = [r for r in study["rows"] if r.get("model", "") == name]
+        names = [r["config"] for r in rows]
+        label = f"{name}, " if name else ""
+        y = [r["samples_per_s"] for r in rows]
+        err = [[v - r["samples_min"] for v, r in zip(y, rows)], [r["samples_max"] - v for v, r in zip(y, rows)]]
+        colors = ["tab:blue" if n == "dp-ring" else "tab:orange" for n in names]
+        ax_row[0].bar(names, y, yerr=err, color=colors, capsize=4)
+        ax_row[0].set(ylabel="samples / s (median, range of repeats)", title=f"{label}throughput at {link}, 4 workers")
+        x = range(len(rows))
+        ax_row[1].bar([i - 0.2 for i in x], [r["busiest_link_bytes"] / 1e3 for r in rows], 0.4, label="busiest link")
+        ax_row[1].bar([i + 0.2 for i in x], [r["worker_link_bytes"] / 1e3 for r in rows], 0.4,
+                      label="a worker's link")
+        ax_row[1].set_xticks(list(x))
+        ax_row[1].set_xticklabels(names)
+        ax_row[1].set(ylabel="KB per step, each direction", title=f"{label}bytes per link per step (protocol)")
+        ax_row[1].legend()
+        for ax in ax_row:
+            ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (experiments.cluster.emulate)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -175,8 +181,8 @@ def draw_ps(study, out):
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
     p = argparse.ArgumentParser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
-    p.add_argument("study", help="a results JSON of experiments.cluster.collectives, cluster_compression "
-                   "or cluster_model")
+    p.add_argument("study", help="a results JSON of experiments.cluster.collectives, .compression, .model "
+                   "or .ps")
     p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
     study = read_results(p, a.study)

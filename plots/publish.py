@@ -10,8 +10,8 @@ cores, load before and during; see :mod:`experiments.results`), redraws the figu
     <!-- /results:NAME -->
 
 ``python -m plots.publish --check`` changes nothing: it exits 1 and prints a diff when a marked block
-differs from what the committed files give, when a block names no known item, or when a figure the
-documents show is drawn by no item (the test suite runs this check, so no published number can go
+differs from what the committed files give (a block of an item whose file is not committed must be
+empty), when a block names no known item, or when a figure the documents show is drawn by no item (the test suite runs this check, so no published number can go
 stale without a failing test). A reference file measured on a busy machine (``noisy``, or without
 provenance) is refused (:func:`check_quiet`).
 
@@ -35,7 +35,9 @@ import sys
 
 __all__ = ["ITEMS", "check_quiet", "source_line", "fill", "blocks", "render_tables", "draw_figures", "main"]
 
-from plots.items import ITEMS, REFERENCE, ROOT, _bench_figures, _load, check_quiet, source_line
+from plots.items import ITEMS
+from plots.renderers import _bench_figures
+from plots.sources import REFERENCE, ROOT, check_quiet, load as _load, source_line
 
 #: The documents whose marked blocks and figures are published.
 DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
@@ -62,9 +64,14 @@ def fill(text, tables):
 
 def render_tables(names=None):
     """Return {item name: generated text} for the items that publish a table: those in ``names``, or
-    (``names`` None) every item whose reference file is committed."""
-    return {n: render(ref) for n, (ref, render, _) in ITEMS.items()
-            if render and (n in names if names is not None else os.path.exists(os.path.join(REFERENCE, ref)))}
+    (``names`` None) every item whose reference file is committed. An item of ``names`` whose reference
+    is not committed renders as empty text: its blocks stay empty until the study's file is committed."""
+    tables = {}
+    for n, (ref, render, _) in ITEMS.items():
+        committed = os.path.exists(os.path.join(REFERENCE, ref))
+        if render and (n in names if names is not None else committed):
+            tables[n] = render(ref) if committed else ""
+    return tables
 
 
 def draw_figures():
@@ -87,7 +94,8 @@ def _shown_figures(text):
 def _figure_names():
     """File names of the figures the items draw (without drawing them)."""
     names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
-             "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png"}
+             "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
+             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)
@@ -147,7 +155,7 @@ def main(argv=None):
             print(f"{len(problems)} problem(s) in the published results" if problems
                   else "every published table matches the committed result files")
             return 1 if problems else 0
-        tables = render_tables({n for n, (ref, _, _) in ITEMS.items() if os.path.exists(os.path.join(REFERENCE, ref))})
+        tables = render_tables(set(ITEMS))
         for path in _documents():
             with open(path, encoding="utf-8") as f:
                 text = f.read()

@@ -182,49 +182,33 @@ CHECKS = {
     "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
     "--out results/cluster/calibrate_100mbit.json":
         Help("tests/test_cluster.py::test_link_rate_within_tolerance"),
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 1gbit -- python -m "
-    "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,mpi --min-bytes 64K "
-    "--max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 3 --out results/cluster/collectives_1gbit":
-        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster.collectives 1gbit=results/cluster/collectives_1gbit.json "
-    "100mbit=results/cluster/collectives_100mbit.json --ranks-per-node 2 --out results/cluster/collectives":
-        Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
-                "reads the emulated cluster's sweeps (namespaces); its byte counts are tested there"),
-    "python -m plots.cluster results/cluster/collectives.json":
-        Covered("tests/test_cluster.py::test_inter_node_bytes_match_the_algorithms_formulas",
-                "draws the emulated cluster's results (namespaces)"),
+    "python -m experiments.cluster.collectives run --out results/cluster/collectives --study "
+    "results/cluster/collectives_study.json":
+        Help("tests/test_cluster_studies.py::test_collectives_study_gathers_both_links_and_names_where_2d_wins"),
+    "python -m plots.cluster results/cluster/collectives_study.json":
+        Covered("tests/test_cluster_studies.py::test_collectives_study_gathers_both_links_and_names_where_2d_wins",
+                "draws the gathered record of synthetic sweeps (the sweeps need the emulator's namespaces)"),
     # Compression across emulated nodes
-    "mpiexec -n 4 python -m experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_shm":
-        Help("tests/test_compression_study.py::test_sweep_writes_results_and_plot"),
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 100mbit -- python -m "
-    "experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_100mbit":
-        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster.compression shm=results/cluster/compression_shm "
-    "1gbit=results/cluster/compression_1gbit 100mbit=results/cluster/compression_100mbit --target 0.94 "
-    "--out results/cluster/compression":
-        Help("tests/test_cluster.py::test_compression_report_reads_epoch_times"),
-    "python -m plots.cluster results/cluster/compression.json":
-        Covered("tests/test_cluster.py::test_compression_report_reads_epoch_times",
-                "draws the emulated cluster's results (namespaces)"),
+    "python -m experiments.cluster.compression run --epochs 3 --out results/cluster/compression --study "
+    "results/cluster/compression_study.json":
+        Help("tests/test_cluster_studies.py::test_compression_study_gathers_its_sweeps_into_one_quiet_file_and_publishes_it"),
+    "python -m plots.cluster results/cluster/compression_study.json":
+        Covered("tests/test_cluster_studies.py::test_compression_study_gathers_its_sweeps_into_one_quiet_file_and_publishes_it",
+                "draws the gathered record of synthetic sweeps (the sweeps need the emulator's namespaces)"),
     # Parameter server against all-reduce across emulated nodes
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train --epochs 5 "
-    "--algorithm ring --run-dir results/cluster/ps --name dp-ring-r1 --no-progress":
-        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster.emulate --nodes 6 --ranks-per-node 1 --link 1gbit -- python -m training.train --mode ps "
-    "--servers 2 --consistency bsp --epochs 5 --run-dir results/cluster/ps --name ps-bsp-s2-r1 --no-progress":
-        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster.ps results/cluster/ps --out results/cluster/ps_vs_allreduce":
-        Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m plots.cluster results/cluster/ps_vs_allreduce.json":
-        Covered("tests/test_cluster.py::test_nodes_found_as_configured",
-                "draws the emulated cluster's results (namespaces)"),
+    "python -m experiments.cluster.ps run --epochs 3 --repeats 2 --hidden 512 --hidden 1024,1024 --out "
+    "results/cluster/ps --study results/cluster/ps_study.json":
+        Help("tests/test_cluster_studies.py::test_ps_study_gathers_both_models_with_their_wire_time"),
+    "python -m plots.cluster results/cluster/ps_study.json":
+        Covered("tests/test_cluster_studies.py::test_ps_study_gathers_both_models_with_their_wire_time",
+                "draws the gathered record of synthetic runs (the runs need the emulator's namespaces)"),
     # Calibrating the simulator (emulated cluster)
     "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
     "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,recursive_doubling "
     "--min-bytes 64K --max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 2 --out results/cluster/fit_2x2":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
     "python -m experiments.cluster.model --intra results/cluster/fit_1x4.json --fit 2=results/cluster/fit_2x2.json "
-    "--fit 1=results/cluster/fit_4x1.json --predict 2=results/cluster/collectives_1gbit.json "
+    "--fit 1=results/cluster/fit_4x1.json --predict 2=results/cluster/collectives/collectives_1gbit.json "
     "--predict 2=results/cluster/fit_4x2_rd.json --out results/cluster/model":
         Help("tests/test_cluster.py::test_model_replay_equals_the_simulator_without_sharing"),
     "python -m plots.cluster results/cluster/model.json":

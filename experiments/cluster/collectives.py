@@ -1,17 +1,16 @@
 """Collectives across emulated nodes: where the hierarchical all-reduce beats the flat ring.
 
-Measure (one ``bench_collectives`` sweep per link rate, under :mod:`experiments.cluster.emulate`)::
+Run the whole study as one command (one ``bench_collectives`` sweep per link rate on 4 nodes x 2 ranks
+under :mod:`experiments.cluster.emulate`: ring, rabenseifner, 2d, tree and mpi, 64 KiB-16 MiB, 3 passes;
+the load average checked before the first sweep and recorded while they run,
+:mod:`experiments.cluster.study`)::
 
-    python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 1gbit -- \\
-        python -m experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,mpi \\
-        --min-bytes 64K --max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 3 \\
-        --out results/cluster/collectives_1gbit
+    python -m experiments.cluster.collectives run --out results/cluster/collectives \\
+        --study results/cluster/collectives_study.json
+    python -m plots.cluster results/cluster/collectives_study.json
 
-then report (one process, no MPI launch)::
-
-    python -m experiments.cluster.collectives 1gbit=results/cluster/collectives_1gbit.json \\
-        100mbit=results/cluster/collectives_100mbit.json --ranks-per-node 2 --out results/cluster/collectives
-    python -m plots.cluster results/cluster/collectives.json
+``commands`` prints the sweeps (each writes ``DIR/collectives_RATE.json``); ``report
+1gbit=FILE 100mbit=FILE --ranks-per-node 2`` gathers finished ones, carrying each sweep's provenance.
 
 For every row, the bytes that leave the busiest node per call are counted from the algorithm's own
 schedules (:meth:`collectives.schedules.schedule.Schedule.links`; rank r on node r // K, as hydra places
@@ -20,23 +19,37 @@ bytes over the measured time, and its fraction of the configured link rate is th
 (nccl-tests' busbw, restricted to the slow level). Per-pass ratios ``time(ring) / time(alg)`` give
 each algorithm's speedup over the flat ring as median and range over the sweep's passes, measured in
 the same run. ``mpi`` has no schedule here (MPICH picks its own algorithm), so its bytes are not
-counted. Writes PREFIX.json and PREFIX.csv and prints a Markdown table.
+counted. Writes one JSON record and prints it as Markdown (:func:`plots.cluster_tables.collectives_markdown`).
 """
 import argparse
-import csv
 import json
+import os
 import sys
 from statistics import median
 
-from tabulate import tabulate
-
 from collectives.schedules.registry import build_allreduce_schedule
+from experiments.cluster import study
 from experiments.cluster.net import parse_rate
+from plots.cluster_tables import collectives_markdown
 
-__all__ = ["node_bytes", "report", "main"]
+__all__ = ["commands", "node_bytes", "report", "gather", "main"]
 
-_COLUMNS = ("link", "bytes", "algorithm", "time_s", "time_min_s", "time_max_s", "node_inter_bytes",
-            "inter_busbw_GBps", "utilization", "speedup_vs_ring", "speedup_min", "speedup_max")
+LINKS = ("1gbit", "100mbit")
+ALGORITHMS = "ring,rabenseifner,2d,tree,mpi"
+
+
+def commands(out, links=LINKS, load="", max_bytes="16M"):
+    """Return the study's sweeps (shell lines), one per link rate, into ``OUT/collectives_RATE.json``.
+
+    Examples
+    --------
+    >>> cmds = commands("results/cluster/collectives")
+    >>> len(cmds), "--max-bytes 16M" in cmds[0], cmds[1].endswith("collectives_100mbit")
+    (2, True, True)
+    """
+    return [f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link {link} -- python -m "
+            f"experiments.bench.collectives --ops allreduce --algorithms {ALGORITHMS} --min-bytes 64K --max-bytes {max_bytes} "
+            f"--iters 5 --warmup 1 --max-time 3 --repeats 3{load} --out {out}/collectives_{link}" for link in links]
 
 
 def node_bytes(algorithm, P, per_node, count, itemsize=4):
@@ -104,65 +117,73 @@ def report(runs, per_node):
     return rows, summary
 
 
-def _markdown(rows):
-    algs = sorted({r["algorithm"] for r in rows}, key=("ring", "rabenseifner", "2d", "tree", "mpi").index)
-    lines = []
-    for link in dict.fromkeys(r["link"] for r in rows):
-        lines += [f"\n{link}: time ms (speedup over ring, median [range] of passes; inter-node busbw GB/s)\n",
-                  ]
-        table = []
-        for size in sorted({r["bytes"] for r in rows if r["link"] == link}):
-            cells = []
-            for a in algs:
-                r = next((x for x in rows if x["link"] == link and x["bytes"] == size and x["algorithm"] == a), None)
-                if r is None:
-                    cells.append("-")
-                    continue
-                c = f"{r['time_s'] * 1e3:.1f}"
-                if a != "ring" and r["speedup_vs_ring"]:
-                    c += f" ({r['speedup_vs_ring']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}])"
-                if r["inter_busbw_GBps"]:
-                    c += f"; {r['inter_busbw_GBps']:.3f}"
-                cells.append(c)
-            table.append([f"{size >> 10} KiB"] + cells)
-        lines.append(tabulate(table, ["size"] + algs, tablefmt="pipe", disable_numparse=True))
-    return "\n".join(lines)
+def gather(files, per_node):
+    """Return the study's record from ``{link: bench_collectives JSON path}`` (keys ``study``,
+    ``ranks_per_node``, ``sources``: each sweep's file, date, MPI library, host, configuration and
+    provenance, ``summary`` and ``rows``: :func:`report`'s)."""
+    runs = {}
+    for link, path in files.items():
+        with open(path, encoding="utf-8") as f:
+            runs[link] = json.load(f)
+        if runs[link]["P"] % per_node:
+            raise ValueError(f"{path}: P = {runs[link]['P']} is not a multiple of --ranks-per-node {per_node}")
+    rows, summary = report(runs, per_node)
+    sources = {k: {"file": files[k], "date": v.get("date"), "mpi_library": v.get("mpi_library"), "host": v.get("host"),
+                   "config": v.get("config"), "provenance": v.get("provenance")} for k, v in runs.items()}
+    return {"study": "experiments.cluster.collectives", "ranks_per_node": per_node, "sources": sources,
+            "summary": summary, "rows": rows}
 
 
 def main(argv=None):
-    """Read the sweeps, write PREFIX.json and PREFIX.csv, print the table; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.collectives", description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help="RATE=FILE: a bench_collectives JSON measured at link RATE (tc units)")
-    p.add_argument("--ranks-per-node", type=int, default=2, help="ranks per node of those runs (default 2)")
-    p.add_argument("--out", default="results/cluster/collectives", help="path prefix of the .json and .csv")
+    """``run`` the study, print its ``commands``, or ``report`` finished sweeps; return the exit status."""
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.collectives", description=__doc__.split("\n")[0],
+                                epilog="run [--max-bytes N] --out DIR --study FILE [--max-load L] [--settle S] "
+                                       "[--allow-noisy]: run the study and gather it; commands [--max-bytes N] --out "
+                                       "DIR: print its sweeps; report "
+                                       "RATE=FILE ... [--ranks-per-node K] --study FILE: gather finished sweeps. "
+                                       "'SUBCOMMAND --help' for each.")
+    sub = p.add_subparsers(dest="what", required=True)
+    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
+    study.add_options(parsers["run"], "results/cluster/collectives", "results/cluster/collectives_study.json")
+    parsers["commands"].add_argument("--out", default="results/cluster/collectives", help="the sweeps' directory")
+    for name in ("run", "commands"):
+        parsers[name].add_argument("--max-bytes", default="16M", help="the sweeps' largest size (default 16M; "
+                                   "a smaller one tries the study out)")
+    parsers["report"].add_argument("runs", nargs="+", help="RATE=FILE: a bench_collectives JSON measured at link "
+                                   "RATE (tc units)")
+    parsers["report"].add_argument("--ranks-per-node", type=int, default=2, help="ranks per node of those runs "
+                                   "(default 2)")
+    parsers["report"].add_argument("--study", default="results/cluster/collectives_study.json",
+                                   help="the results file")
     a = p.parse_args(argv)
-    runs = {}
+    if a.what == "commands":
+        print("\n".join(commands(a.out, max_bytes=a.max_bytes)))
+        return 0
+    if a.what == "run":
+        files = {link: os.path.join(a.out, f"collectives_{link}.json") for link in LINKS}
+        status = study.run_study(a, commands(a.out, load=study.load_flags(a, 9), max_bytes=a.max_bytes), lambda: gather(files, 2), P=9,
+                                 label="collectives study")
+        if status == 0:
+            with open(a.study, encoding="utf-8") as f:
+                print(collectives_markdown(json.load(f)))
+        return status
+    files = {}
     for item in a.runs:
         link, _, path = item.partition("=")
         try:
             parse_rate(link)
-            with open(path, encoding="utf-8") as f:
-                runs[link] = json.load(f)
-        except (ValueError, OSError) as e:
+        except ValueError as e:
             p.error(f"{item}: {e}")
-        if runs[link]["P"] % a.ranks_per_node:
-            p.error(f"{item}: P = {runs[link]['P']} is not a multiple of --ranks-per-node {a.ranks_per_node}")
-    rows, summary = report(runs, a.ranks_per_node)
-    sources = {k: {"file": v.get("config", {}).get("out"), "date": v.get("date"), "mpi_library": v.get("mpi_library"),
-                   "host": v.get("host"), "load_average": v.get("load_average"), "config": v.get("config")}
-               for k, v in runs.items()}
-    with open(a.out + ".json", "w") as f:
-        json.dump({"study": "experiments.cluster.collectives", "ranks_per_node": a.ranks_per_node,
-                   "sources": sources, "summary": summary, "rows": rows}, f, indent=1)
-    with open(a.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, _COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    print(_markdown(rows))
-    for link, s in summary.items():
-        print(f"{link}: 2d faster than ring at {[b >> 10 for b in s['2d_faster_than_ring_at']]} KiB; "
-              f"from {None if s['2d_faster_from_bytes'] is None else s['2d_faster_from_bytes'] >> 10} KiB up")
-    print(f"wrote {a.out}.json and {a.out}.csv")
+        files[link] = path
+    try:
+        record = gather(files, a.ranks_per_node)
+    except (OSError, ValueError, KeyError) as e:
+        p.error(f"{e}")
+    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
+    with open(a.study, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+    print(collectives_markdown(record))
+    print(f"wrote {a.study}")
     return 0
 
 

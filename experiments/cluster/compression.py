@@ -1,17 +1,15 @@
 """Compression where it pays: step time and time to accuracy of every compressor, per network.
 
-Measure (the compression study, once per network; 4 nodes x 1 rank on the emulated links)::
+Run the whole study as one command (the compression study once per network: 4 ranks in shared memory,
+then 4 nodes x 1 rank on emulated 1 Gbit/s and 100 Mbit/s links; one seed; the load average checked
+before the first run and recorded while they run, :mod:`experiments.cluster.study`)::
 
-    mpiexec -n 4 python -m experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_shm
-    python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 100mbit -- \\
-        python -m experiments.studies.compression_sweep --seeds 0 --epochs 6 --out results/cluster/compression_100mbit
+    python -m experiments.cluster.compression run --epochs 3 --out results/cluster/compression \\
+        --study results/cluster/compression_study.json
+    python -m plots.cluster results/cluster/compression_study.json
 
-then report (one process)::
-
-    python -m experiments.cluster.compression shm=results/cluster/compression_shm \\
-        1gbit=results/cluster/compression_1gbit 100mbit=results/cluster/compression_100mbit \\
-        --target 0.95 --out results/cluster/compression
-    python -m plots.cluster results/cluster/compression.json
+``commands`` prints the runs (each writes ``DIR/NETWORK/compression_sweep.json``); ``report
+shm=DIR/shm 1gbit=DIR/1gbit ...`` gathers finished runs, carrying each sweep's provenance.
 
 From each run's logs (:func:`epoch_times`): the step time of epoch e is the time between its first
 and last step over the steps between them (evaluation excluded); a compressor's step time is the
@@ -23,18 +21,37 @@ GRACE (H. Xu et al., "GRACE: A Compressed Communication Framework for Distribute
 Learning", ICDCS 2021, section V) reports the same quantities against network bandwidth.
 """
 import argparse
-import csv
 import json
 import os
 import sys
 from statistics import median
 
-from tabulate import tabulate
+from experiments.cluster import study
+from plots.cluster_tables import compression_markdown
 
-__all__ = ["epoch_times", "report", "main"]
+__all__ = ["commands", "epoch_times", "report", "gather", "main"]
 
-_COLUMNS = ("network", "spec", "bytes_per_step", "step_ms", "step_min_ms", "step_max_ms", "speedup",
-            "speedup_min", "speedup_max", "time_to_target_s", "final_test_acc", "acc_cost_points")
+NETWORKS = ("shm", "1gbit", "100mbit")  # shared memory, then the emulated links
+
+
+def commands(out, epochs=3, seeds="0", load="", compressors=()):
+    """Return the study's runs (shell lines): the compression sweep per network into ``OUT/NETWORK``.
+
+    ``load`` is appended to each sweep's options (:func:`experiments.cluster.study.load_flags`);
+    ``compressors`` (specs) replace the sweep's list.
+
+    Examples
+    --------
+    >>> cmds = commands("results/cluster/compression")
+    >>> len(cmds), cmds[0].startswith("mpiexec -n 4"), "--link 100mbit" in cmds[2]
+    (3, True, True)
+    """
+    chosen = "".join(f" --compressor {c}" for c in compressors)
+    sweep = (f"python -m experiments.studies.compression_sweep --seeds {seeds} --epochs {epochs}{chosen} "
+             f"--no-progress{load}")
+    return [f"mpiexec -n 4 {sweep} --out {out}/shm" if net == "shm" else
+            f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link {net} -- {sweep} "
+            f"--out {out}/{net}" for net in NETWORKS]
 
 
 def epoch_times(run_dir):
@@ -80,57 +97,67 @@ def report(sweeps, target):
     return rows
 
 
-def _markdown(rows, nets, target):
-    specs = list(dict.fromkeys(r["spec"] for r in rows))
-    head = ["compressor", "bytes/step"] + [f"{n}: step ms (speedup) / to {target:.0%} s" for n in nets] + \
-           [f"acc cost, {n}" for n in nets]
-    table = []
-    for spec in specs:
-        cells = [spec, ""]
-        for n in nets:
-            r = next((x for x in rows if x["network"] == n and x["spec"] == spec), None)
-            if r is None:
-                cells.append("-")
-                continue
-            cells[1] = cells[1] or f"{r['bytes_per_step']:,.0f}"
-            sp = "" if r["speedup"] is None else f" ({r['speedup']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}])"
-            tt = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
-            cells.append(f"{r['step_ms']:.1f}{sp} / {tt}")
-        for n in nets:
-            r = next((x for x in rows if x["network"] == n and x["spec"] == spec), None)
-            cells.append("-" if r is None or r["acc_cost_points"] is None else f"{r['acc_cost_points']:+.2f}")
-        table.append(cells)
-    return tabulate(table, head, tablefmt="pipe", disable_numparse=True)
+def gather(sweep_dirs, target, settings=None):
+    """Return the study's record from ``{network: compression_sweep --out directory}`` (keys ``study``,
+    ``target``, ``networks``, ``settings``, ``sources``: each sweep's P, host, configuration and
+    provenance, ``rows``: :func:`report`'s)."""
+    sweeps = {}
+    for net, path in sweep_dirs.items():
+        with open(os.path.join(path, "compression_sweep.json"), encoding="utf-8") as f:
+            sweeps[net] = json.load(f)
+    sources = {n: {k: d.get(k) for k in ("P", "host", "mpi_library", "config", "provenance")} for n, d in sweeps.items()}
+    return {"study": "experiments.cluster.compression", "target": target, "networks": list(sweeps),
+            "settings": settings, "sources": sources, "rows": report(sweeps, target)}
 
 
 def main(argv=None):
-    """Read the sweeps, write PREFIX.json and PREFIX.csv, print the table; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.compression", description=__doc__.split("\n")[0])
-    p.add_argument("sweeps", nargs="+", help="NETWORK=DIR: a compression_sweep --out directory")
-    p.add_argument("--target", type=float, default=0.95, help="test accuracy for the time to accuracy (0.95)")
-    p.add_argument("--out", default="results/cluster/compression", help="path prefix of the .json and .csv")
+    """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.compression", description=__doc__.split("\n")[0],
+                                epilog="run [--epochs E] [--seeds S] [--compressor SPEC ...] [--target T] --out DIR --study FILE [--max-load L] "
+                                       "[--settle S] [--allow-noisy]: run the study and gather it; commands [--epochs E] "
+                                       "--out DIR: print its runs; report NETWORK=DIR ... [--target T] --study FILE: "
+                                       "gather finished runs. 'SUBCOMMAND --help' for each.")
+    sub = p.add_subparsers(dest="what", required=True)
+    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
+    study.add_options(parsers["run"], "results/cluster/compression", "results/cluster/compression_study.json")
+    parsers["commands"].add_argument("--out", default="results/cluster/compression", help="the runs' directory")
+    parsers["report"].add_argument("sweeps", nargs="+", help="NETWORK=DIR: a compression_sweep --out directory")
+    parsers["report"].add_argument("--study", default="results/cluster/compression_study.json", help="the results file")
+    for name in ("run", "commands"):
+        parsers[name].add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
+        parsers[name].add_argument("--seeds", default="0", help="training seeds, comma separated (default 0)")
+        parsers[name].add_argument("--compressor", action="append", default=[], metavar="SPEC", help="a compressor "
+                                   "spec, repeatable (default: the compression study's list)")
+    for name in ("run", "report"):
+        parsers[name].add_argument("--target", type=float, default=0.94, help="test accuracy of the time to "
+                                   "accuracy (default 0.94)")
     a = p.parse_args(argv)
-    if not 0 < a.target < 1:
+    if a.what != "commands" and not 0 < a.target < 1:
         p.error(f"--target must be a fraction between 0 and 1, not {a.target}")
-    sweeps = {}
+    if a.what == "commands":
+        print("\n".join(commands(a.out, a.epochs, a.seeds, compressors=a.compressor)))
+        return 0
+    if a.what == "run":
+        settings = {"nodes": 4, "ranks_per_node": 1, "epochs": a.epochs, "seeds": a.seeds}
+        dirs = {net: os.path.join(a.out, net) for net in NETWORKS}
+        status = study.run_study(a, commands(a.out, a.epochs, a.seeds, study.load_flags(a, 5), a.compressor),
+                                 lambda: gather(dirs, a.target, settings), P=5, label="compression study")
+        if status == 0:
+            with open(a.study, encoding="utf-8") as f:
+                print(compression_markdown(json.load(f)))
+        return status
+    dirs = {}
     for item in a.sweeps:
         net, _, path = item.partition("=")
-        try:
-            with open(os.path.join(path, "compression_sweep.json"), encoding="utf-8") as f:
-                sweeps[net] = json.load(f)
-        except (OSError, ValueError) as e:
-            p.error(f"{item}: {e} (expected NETWORK=DIR)")
-    rows = report(sweeps, a.target)
-    info = {n: {k: d.get(k) for k in ("P", "host", "mpi_library", "config", "run")} for n, d in sweeps.items()}
-    with open(a.out + ".json", "w") as f:
-        json.dump({"study": "experiments.cluster.compression", "target": a.target, "networks": list(sweeps),
-                   "sources": info, "rows": rows}, f, indent=1)
-    with open(a.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, _COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    print(_markdown(rows, list(sweeps), a.target))
-    print(f"wrote {a.out}.json and {a.out}.csv")
+        if not path or not os.path.isfile(os.path.join(path, "compression_sweep.json")):
+            p.error(f"{item}: expected NETWORK=DIR, DIR holding a compression_sweep.json")
+        dirs[net] = path
+    record = gather(dirs, a.target)
+    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
+    with open(a.study, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+    print(compression_markdown(record))
+    print(f"wrote {a.study}")
     return 0
 
 

@@ -1,15 +1,18 @@
 """Parameter server against all-reduce on emulated 1 Gbit/s links: samples/s and bytes per link per step.
 
-Measure (same model, data, global batch and epochs; one node per rank; servers on nodes of their own)::
+Run the whole study as one command (same data, global batch and epochs; 4 workers, one node per rank,
+servers on nodes of their own; a small model whose gradient's time on the wire is short against a step,
+and a large one whose gradient takes longer on the wire than a step computes; the load average checked
+before the first run and recorded while they run, :mod:`experiments.cluster.study`)::
 
-    python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train \\
-        --epochs 5 --algorithm ring --run-dir results/cluster/ps --name dp-ring-r1 --no-progress
-    python -m experiments.cluster.emulate --nodes 6 --ranks-per-node 1 --link 1gbit -- python -m training.train \\
-        --mode ps --servers 2 --consistency bsp --epochs 5 --run-dir results/cluster/ps --name ps-bsp-s2-r1 --no-progress
+    python -m experiments.cluster.ps run --epochs 3 --repeats 2 --hidden 512 --hidden 1024,1024 \\
+        --out results/cluster/ps --study results/cluster/ps_study.json
+    python -m plots.cluster results/cluster/ps_study.json
 
-(``dp-ring-rR`` and ``ps-bsp-sS-rR`` for S = 1, 2, 4 and repeats R), then::
-
-    python -m experiments.cluster.ps results/cluster/ps --out results/cluster/ps_vs_allreduce
+Each run is one ``python -m experiments.cluster.emulate --nodes 4+S --ranks-per-node 1 --link 1gbit --
+python -m training.train ...`` writing ``DIR/hWIDTHS/NAME/summary.json`` (``dp-ring-rR`` and
+``ps-bsp-sS-rR`` for S = 1, 2, 4 and repeats R, the repeats interleaved); ``commands`` prints them and
+``report DIR --hidden ...`` gathers finished runs.
 
 Bytes per link per step follow from the protocols, for n parameters of 4 bytes and W workers, each
 direction of a node's link: ring all-reduce (Patarasuk and Yuan 2009) sends 2 (W - 1) / W x 4n on
@@ -24,7 +27,6 @@ step time (:func:`experiments.cluster.compression.epoch_times`, evaluation exclu
 range over the repeats.
 """
 import argparse
-import csv
 import glob
 import json
 import os
@@ -32,11 +34,41 @@ import re
 import sys
 from statistics import median
 
-from tabulate import tabulate
-
+from experiments.cluster import study
 from experiments.cluster.compression import epoch_times
+from experiments.cluster.net import parse_rate
+from plots.cluster_tables import ps_markdown
 
-__all__ = ["link_bytes", "report", "main"]
+__all__ = ["commands", "link_bytes", "report", "gather", "main"]
+
+SERVERS = (1, 2, 4)
+HIDDEN = ("512", "1024,1024")  # 38,410 and 1,126,410 parameters on digits (154 KB and 4.5 MB of gradient)
+
+
+def _model(hidden):
+    """The run folder of a model: ``h`` and its widths joined by ``x``."""
+    return "h" + hidden.replace(",", "x")
+
+
+def commands(out, epochs=3, repeats=2, hidden=HIDDEN, link="1gbit"):
+    """Return the study's runs (shell lines), the repeats interleaved.
+
+    Examples
+    --------
+    >>> cmds = commands("results/cluster/ps", repeats=1, hidden=("512",))
+    >>> len(cmds), "--nodes 8" in cmds[-1] and "--servers 4" in cmds[-1]
+    (4, True)
+    """
+    out_cmds = []
+    for r in range(1, repeats + 1):
+        for h in hidden:
+            train = (f"python -m training.train --epochs {epochs} --hidden {h} --run-dir {out}/{_model(h)} "
+                     "--no-progress")
+            out_cmds.append(f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link {link} -- "
+                            f"{train} --algorithm ring --name dp-ring-r{r}")
+            out_cmds += [f"python -m experiments.cluster.emulate --nodes {4 + s} --ranks-per-node 1 --link {link} -- "
+                         f"{train} --mode ps --servers {s} --consistency bsp --name ps-bsp-s{s}-r{r}" for s in SERVERS]
+    return out_cmds
 
 
 def link_bytes(kind, n, workers, servers=0, itemsize=4):
@@ -59,8 +91,10 @@ def link_bytes(kind, n, workers, servers=0, itemsize=4):
     return max(n * itemsize, workers * n * itemsize / servers), n * itemsize
 
 
-def report(root):
-    """Return one row per configuration from the run directories under ``root``."""
+def report(root, link="1gbit"):
+    """Return one row per configuration from the run directories under ``root`` (one model's), with the
+    busiest link's time on the wire per step at the ``link`` rate (``wire_ms``) and, for the ring, the
+    computation's time per step (``compute_ms``: the trainer's own timer, rank 0, median of the repeats)."""
     groups = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "summary.json"))):
         m = re.fullmatch(r"(dp-ring|ps-bsp-s(\d+))-r\d+", os.path.basename(os.path.dirname(path)))
@@ -81,45 +115,82 @@ def report(root):
             rates = [r["samples_per_s"] for r in runs]
             workers, servers, kind = s0["workers"], s0["servers"], "ps"
             measured = None
+        compute = [r["compute_s"] / r["steps"] * 1e3 for r in runs if r.get("compute_s") and r.get("steps")]
         busiest, worker = link_bytes(kind, s0["parameters"], workers, servers)
         rows.append({"config": name, "nodes": workers + servers, "workers": workers, "servers": servers,
                      "samples_per_s": median(rates), "samples_min": min(rates), "samples_max": max(rates),
                      "repeats": len(runs), "final_test_acc": median(r["final_test_acc"] for r in runs),
                      "busiest_link_bytes": busiest, "worker_link_bytes": worker,
-                     "measured_sent_per_rank_step": measured})
+                     "measured_sent_per_rank_step": measured, "parameters": s0["parameters"],
+                     "wire_ms": busiest * 8 / parse_rate(link) * 1e3,
+                     "compute_ms": median(compute) if compute else None})
     base = next((r for r in rows if r["config"] == "dp-ring"), None)
     for r in rows:
         r["vs_allreduce"] = r["samples_per_s"] / base["samples_per_s"] if base else None
     return rows
 
 
+def gather(out, hidden=HIDDEN, link="1gbit", settings=None):
+    """Return the study's record from the runs under ``OUT/hWIDTHS`` (keys ``study``, ``link``, ``models``:
+    ``{name: {"hidden", "parameters"}}``, ``settings``, ``rows``: :func:`report`'s, each with its ``model``)."""
+    rows, models = [], {}
+    for h in hidden:
+        mine = report(os.path.join(out, _model(h)), link)
+        if not mine:
+            raise ValueError(f"no dp-ring-rR or ps-bsp-sS-rR runs with a summary.json under {out}/{_model(h)}")
+        models[_model(h)] = {"hidden": h, "parameters": mine[0]["parameters"]}
+        rows += [{"model": _model(h), **r} for r in mine]
+    return {"study": "experiments.cluster.ps", "link": link, "models": models, "settings": settings, "rows": rows}
+
+
 def main(argv=None):
-    """Read the runs, write PREFIX.json and PREFIX.csv, print the table; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ps", description=__doc__.split("\n")[0])
-    p.add_argument("root", help="the --run-dir of the runs (dp-ring-rR, ps-bsp-sS-rR)")
-    p.add_argument("--out", default="results/cluster/ps_vs_allreduce", help="path prefix of the .json and .csv")
+    """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
+    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ps", description=__doc__.split("\n")[0],
+                                epilog="run [--epochs E] [--repeats R] [--hidden W,W ...] --out DIR --study FILE "
+                                       "[--max-load L] [--settle S] [--allow-noisy]: run the study and gather it; "
+                                       "commands [--epochs E] [--repeats R] [--hidden W,W ...] --out DIR: print its "
+                                       "runs; report DIR [--hidden W,W ...] --study FILE: gather finished runs. "
+                                       "'SUBCOMMAND --help' for each.")
+    sub = p.add_subparsers(dest="what", required=True)
+    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
+    study.add_options(parsers["run"], "results/cluster/ps", "results/cluster/ps_study.json")
+    parsers["commands"].add_argument("--out", default="results/cluster/ps", help="the runs' directory")
+    parsers["report"].add_argument("root", help="the runs' directory (hWIDTHS/dp-ring-rR, hWIDTHS/ps-bsp-sS-rR)")
+    parsers["report"].add_argument("--study", default="results/cluster/ps_study.json", help="the results file")
+    for name, q in parsers.items():
+        q.add_argument("--hidden", action="append", metavar="W[,W...]", help="a model's hidden widths, repeatable "
+                       f"(default: {' and '.join(HIDDEN)})")
+        if name != "report":
+            q.add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
+            q.add_argument("--repeats", type=int, default=2, help="runs per configuration (default 2)")
     a = p.parse_args(argv)
-    rows = report(a.root)
-    if not rows:
-        p.error(f"no dp-ring-rR or ps-bsp-sS-rR runs with a summary.json under {a.root}")
-    with open(a.out + ".json", "w") as f:
-        json.dump({"study": "experiments.cluster.ps", "root": a.root, "rows": rows}, f, indent=1)
-    with open(a.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    head = ("configuration", "nodes", "samples/s (range)", "vs all-reduce", "busiest link KB/step",
-            "worker link KB/step", "test acc")
-    print(tabulate([(r["config"], r["nodes"],
-                     f"{r['samples_per_s']:,.0f} ({r['samples_min']:,.0f}-{r['samples_max']:,.0f})",
-                     f"{r['vs_allreduce']:.2f}x", f"{r['busiest_link_bytes'] / 1e3:.0f}",
-                     f"{r['worker_link_bytes'] / 1e3:.0f}", f"{r['final_test_acc']:.2%}") for r in rows],
-                   head, tablefmt="pipe", disable_numparse=True, colalign=("left",) + ("right",) * 6))
-    dp = next((r for r in rows if r["config"] == "dp-ring"), None)
-    if dp and dp["measured_sent_per_rank_step"]:
-        print(f"ring all-reduce: counted {dp['measured_sent_per_rank_step'] / 1e3:.1f} KB sent per rank per step, "
-              f"protocol {dp['busiest_link_bytes'] / 1e3:.1f} KB")
-    print(f"wrote {a.out}.json and {a.out}.csv")
+    hidden = tuple(a.hidden or HIDDEN)
+    bad = [h for h in hidden if not re.fullmatch(r"\d+(,\d+)*", h)]
+    if bad:
+        p.error(f"--hidden takes widths separated by commas, not {bad[0]!r}")
+    if a.what != "report" and (a.epochs < 1 or a.repeats < 1):
+        p.error("--epochs and --repeats must be at least 1")
+    if a.what == "commands":
+        print("\n".join(commands(a.out, a.epochs, a.repeats, hidden)))
+        return 0
+    if a.what == "run":
+        settings = {"workers": 4, "servers": list(SERVERS), "epochs": a.epochs, "repeats": a.repeats}
+        status = study.run_study(a, commands(a.out, a.epochs, a.repeats, hidden),
+                                 lambda: gather(a.out, hidden, settings=settings), P=4 + max(SERVERS) + 1,
+                                 label="ps study")
+        if status == 0:
+            with open(a.study, encoding="utf-8") as f:
+                print(ps_markdown(json.load(f)))
+        return status
+    try:
+        record = gather(a.root, hidden)
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
+    with open(a.study, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+    print(ps_markdown(record))
+    print(f"wrote {a.study}")
     return 0
 
 
