@@ -27,6 +27,7 @@ exceed rank 0's ``wall_s`` on a machine whose ranks share cores, while ``transfe
 messages themselves took. ``summary.json`` holds the run's totals of both (rank 0; ``null`` when a
 resumed run's earlier epochs were recorded without them).
 """
+import glob
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ from mpi4py import MPI
 
 from collectives.backend import mpi_library
 from collectives.log import get_logger
+from ps.store import remove_stale_temporaries
 from training.sizes import format_bytes
 
 __all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
@@ -137,7 +139,12 @@ def write_config(run_dir, config, info, resumed_from=None):
 
 
 def write_json(path, obj):
-    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file, then rename)."""
+    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file ``PATH.tmp.PID``, then rename).
+
+    The temporary files of ``path`` that a killed writer left (``PATH.tmp.PID`` of a process that no
+    longer runs on this host) are removed first.
+    """
+    remove_stale_temporaries(os.path.dirname(path) or ".", glob.escape(os.path.basename(path)) + ".tmp.*")
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=False)
