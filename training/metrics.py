@@ -191,6 +191,19 @@ def read_jsonl(path):
     return rows
 
 
+def _torn(path):
+    """Return True when ``path`` exists and does not end with a line end (its last line was torn)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 class MetricsWriter:
     """Append step and epoch records to ``metrics.jsonl`` and ``epochs.jsonl`` (rank 0 only).
 
@@ -202,6 +215,10 @@ class MetricsWriter:
     keep_epochs : int, optional
         When resuming, records of epochs after this one (left by an interrupted run) are
         dropped first, so the files describe one consistent history.
+
+    A file whose last line a kill tore (it has no line end) loses that line first, with
+    :func:`read_jsonl`'s warning naming the file, also without ``keep_epochs`` (a parameter-server
+    run appends its records), so that the next record starts a line of its own.
     """
 
     def __init__(self, run_dir, enabled, keep_epochs=None):
@@ -211,14 +228,16 @@ class MetricsWriter:
         if not enabled:
             return
         paths = [os.path.join(run_dir, n) for n in ("metrics.jsonl", "epochs.jsonl")]
-        if keep_epochs is not None:
-            for path in paths:
-                rows = [r for r in read_jsonl(path) if r.get("epoch", 0) <= keep_epochs]
-                tmp = path + ".tmp"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in rows)
-                os.replace(tmp, path)
-            self._kept = rows  # the epoch records of the run so far
+        for path in paths:
+            if keep_epochs is None and not _torn(path):
+                continue
+            rows = [r for r in read_jsonl(path) if keep_epochs is None or r.get("epoch", 0) <= keep_epochs]
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            os.replace(tmp, path)
+            if keep_epochs is not None:
+                self._kept = rows  # the epoch records of the run so far (epochs.jsonl's, the last path)
         self._steps = open(paths[0], "a", encoding="utf-8")
         self._epochs = open(paths[1], "a", encoding="utf-8")
 
