@@ -86,7 +86,7 @@ def write_npz(path, arrays):
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
 
 
-def remove_stale_temporaries(directory):
+def remove_stale_temporaries(directory, pattern="*.npz.tmp.*"):
     """Remove ``*.npz.tmp.PID`` files in ``directory`` whose writer no longer runs on this host.
 
     A process killed while :func:`write_npz` wrote leaves its full-size temporary file behind; the
@@ -95,6 +95,9 @@ def remove_stale_temporaries(directory):
     Parameters
     ----------
     directory : str
+    pattern : str
+        Glob pattern of the temporary files, ending in ``.tmp.*`` (the writer's process id); default:
+        those of :func:`write_npz`.
 
     Returns
     -------
@@ -102,7 +105,7 @@ def remove_stale_temporaries(directory):
         The files removed.
     """
     removed = []
-    for tmp in glob.glob(os.path.join(glob.escape(directory), "*.npz.tmp.*")):
+    for tmp in glob.glob(os.path.join(glob.escape(directory), pattern)):
         pid = tmp.rsplit(".", 1)[1]
         if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue

@@ -29,6 +29,12 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
                           ("sharded_checkpoint/", SHARDED_KINDS)):
         damaged = [r for r in results if r["case"].startswith(prefix)]
         assert len(damaged) == len(kinds) and all(r["verdict"] == "pass" for r in damaged), damaged
+    from experiments.faults import options, records
+
+    for prefix, names in (("options/", options.QUICK), ("records/", records.QUICK)):  # the trainer's own cases
+        found = [r for r in results if r["case"].startswith(prefix)]
+        assert sorted(r["case"] for r in found) == sorted(prefix + n for n in names), found
+        assert all(r["verdict"] == "pass" for r in found), found
     strict = [r for r in results if r["mode"] == "strict" and r["case"].startswith("extra_call/")]
     assert strict and all(r["verdict"] == "pass" for r in strict)  # the call site catches the extra call
     # the library path: a dtype of another element size is a mismatch on every rank (the check follows
@@ -41,6 +47,58 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
     shaped = [r for r in results if r["case"].startswith("allgather_out_shape/")]
     assert len(shaped) == 4 and all(r["verdict"] == "pass" for r in shaped), shaped
     assert all("rank 0: block shape=(2, 3)" in " ".join(r["errors"]) for r in shaped if r["mode"] == "strict")
+
+
+_LR = "error: the ranks were started with different settings (every rank must run the same job): --lr: rank 0: 0.1"
+
+
+@pytest.mark.parametrize("statuses, text, made, verdict", [
+    ([1, 1], f"{_LR}\n", False, "pass"),
+    ([1, 0], f"{_LR}\n", False, "silent-wrong"),  # a rank trained
+    ([1, 1], f"{_LR}\n{_LR}\n", False, "unclear"),  # one line, not one per rank
+    ([1, 1], "error: the model differs across ranks (same --hidden)\n", False, "unclear"),  # another option
+    ([1, 1], f"Traceback (most recent call last):\n{_LR}\n", False, "unclear"),
+    ([1, 1], f"{_LR}\n", True, "unclear"),  # a run directory was made
+    ([2], "", False, "unclear")])
+def test_a_job_of_ranks_with_different_options_passes_only_on_one_line_naming_the_option(statuses, text, made,
+                                                                                        verdict):
+    from experiments.faults.options import verdict as option_verdict
+
+    assert option_verdict("lr", 2, statuses, text, made)[0] == verdict
+
+
+def _restart(status=0, output="", same=True, epochs=(1, 2, 3), leftovers=()):
+    rec = {"status": status, "output": output}
+    return rec if status else {**rec, "same": same, "epochs": list(epochs), "leftovers": list(leftovers)}
+
+
+@pytest.mark.parametrize("kind, recs, verdict", [
+    ("torn-epochs-line", [_restart(output="WARNING: r/epochs.jsonl: dropped its torn last line 3 (x)"), _restart()],
+     "pass"),
+    ("torn-epochs-line", [_restart(), _restart()], "unclear"),  # dropped without a warning naming the file
+    ("config-temporary", [_restart(same=False), _restart()], "silent-wrong"),
+    ("config-temporary", [_restart(epochs=(1, 2, 2, 3)), _restart()], "silent-wrong"),  # an epoch twice
+    ("config-temporary", [_restart(leftovers=["config.json.tmp.7"]), _restart()], "unclear"),
+    ("config-temporary", [_restart(1, "error: cannot resume\n"), _restart(1)], "data-lost"),
+    ("truncated-config", [_restart(1, "error: --resume r: cannot read r/config.json (x)\n"), _restart(1)], "pass"),
+    ("truncated-config", [_restart(1, "Traceback (most recent call last):\nerror: r/config.json\n"),
+                          _restart(1)], "crash")])
+def test_a_restarted_run_passes_with_the_uninterrupted_result_or_an_error_naming_the_file(kind, recs, verdict):
+    from experiments.faults.records import verdict as record_verdict
+
+    assert record_verdict(kind, dict(enumerate(recs)))[0] == verdict
+
+
+def test_the_guide_counts_the_suites_option_and_record_cases():
+    import os
+
+    from experiments.faults.options import OPTIONS
+    from experiments.faults.records import QUICK, RECORD_KINDS
+
+    with open(os.path.join(ROOT, "docs", "guide", "collectives.md"), encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    assert f"{len(OPTIONS)} options" in text and f"{len(RECORD_KINDS)} torn-record kinds" in text
+    assert f"{len(QUICK)} of these {len(RECORD_KINDS)} kinds" in text
 
 
 def test_tags_of_different_calls_differ_and_fit_the_tag_range():

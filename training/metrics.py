@@ -27,6 +27,7 @@ exceed rank 0's ``wall_s`` on a machine whose ranks share cores, while ``transfe
 messages themselves took. ``summary.json`` holds the run's totals of both (rank 0; ``null`` when a
 resumed run's earlier epochs were recorded without them).
 """
+import glob
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ from mpi4py import MPI
 
 from collectives.backend import mpi_library
 from collectives.log import get_logger
+from ps.store import remove_stale_temporaries
 from training.sizes import format_bytes
 
 __all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
@@ -137,7 +139,12 @@ def write_config(run_dir, config, info, resumed_from=None):
 
 
 def write_json(path, obj):
-    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file, then rename)."""
+    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file ``PATH.tmp.PID``, then rename).
+
+    The temporary files of ``path`` that a killed writer left (``PATH.tmp.PID`` of a process that no
+    longer runs on this host) are removed first.
+    """
+    remove_stale_temporaries(os.path.dirname(path) or ".", glob.escape(os.path.basename(path)) + ".tmp.*")
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=False)
@@ -184,6 +191,19 @@ def read_jsonl(path):
     return rows
 
 
+def _torn(path):
+    """Return True when ``path`` exists and does not end with a line end (its last line was torn)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 class MetricsWriter:
     """Append step and epoch records to ``metrics.jsonl`` and ``epochs.jsonl`` (rank 0 only).
 
@@ -195,6 +215,10 @@ class MetricsWriter:
     keep_epochs : int, optional
         When resuming, records of epochs after this one (left by an interrupted run) are
         dropped first, so the files describe one consistent history.
+
+    A file whose last line a kill tore (it has no line end) loses that line first, with
+    :func:`read_jsonl`'s warning naming the file, also without ``keep_epochs`` (a parameter-server
+    run appends its records), so that the next record starts a line of its own.
     """
 
     def __init__(self, run_dir, enabled, keep_epochs=None):
@@ -204,14 +228,16 @@ class MetricsWriter:
         if not enabled:
             return
         paths = [os.path.join(run_dir, n) for n in ("metrics.jsonl", "epochs.jsonl")]
-        if keep_epochs is not None:
-            for path in paths:
-                rows = [r for r in read_jsonl(path) if r.get("epoch", 0) <= keep_epochs]
-                tmp = path + ".tmp"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in rows)
-                os.replace(tmp, path)
-            self._kept = rows  # the epoch records of the run so far
+        for path in paths:
+            if keep_epochs is None and not _torn(path):
+                continue
+            rows = [r for r in read_jsonl(path) if keep_epochs is None or r.get("epoch", 0) <= keep_epochs]
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            os.replace(tmp, path)
+            if keep_epochs is not None:
+                self._kept = rows  # the epoch records of the run so far (epochs.jsonl's, the last path)
         self._steps = open(paths[0], "a", encoding="utf-8")
         self._epochs = open(paths[1], "a", encoding="utf-8")
 

@@ -14,10 +14,12 @@
 then the damaged checkpoints (:mod:`experiments.faults.checkpoints`: every way a data-parallel
 checkpoint, a parameter server's shard file or a model-parallel run's sharded checkpoint is damaged,
 copied from another run, another server or epoch, or renamed, loaded by the trainer's own path), then
-(full part) the dead-rank cases (a rank exits before a collective, under ``mpiexec
--disable-auto-cleanup``; the survivors must end the job through :func:`collectives.engine.policy.abort_on_failure`
-within timeout + 5 s), the training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker
-under BSP and SSP, a PS server) and the kill-and-resume trials (:func:`run_kill_resume`). It runs
+the trainer's own cases (:mod:`experiments.faults.jobs`: ranks of one job started with different
+options, run directories with torn records restarted as documented), then (full part) the dead-rank
+cases (a rank exits before a collective, under ``mpiexec -disable-auto-cleanup``; the survivors must
+end the job through :func:`collectives.engine.policy.abort_on_failure` within timeout + 5 s), the
+training crashes (:func:`run_crashes`: a data-parallel rank, a PS worker under BSP and SSP, a PS
+server) and the kill-and-resume trials (:func:`run_kill_resume`). It runs
 under MPICH's or Open MPI's ``mpiexec``, whichever sits beside ``python`` (:func:`_launcher` gives
 Open MPI its options; a rank dies by ``SIGKILL`` there: :func:`experiments.faults.dead.vanish`). It
 prints one line per case that is not a pass and the totals: cases, passed, hangs, silent wrong
@@ -41,6 +43,7 @@ import time
 
 from experiments.cluster.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
+from experiments.faults.jobs import run_job_part
 from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
@@ -89,8 +92,11 @@ def _failed(code, out):
 LAUNCHER_ALONE_S = 3.0
 
 
-def _launch(P, module, args, env, limit, extra=(), progress=None):
+def _launch(P, module, args, env, limit, extra=(), progress=None, more=()):
     """Run ``mpiexec -n P python -m module args``; return (exit status or None when killed, seconds, output).
+
+    ``more``: further programs of an MPMD launch, ``(n, args)`` each (``... : -n n python -m module args``,
+    ranks numbered in that order).
 
     The job is killed when ``limit`` seconds pass; with ``progress`` (a callable returning a count
     of finished work, polled every 0.5 s) only when that count has not changed for ``limit``
@@ -106,6 +112,8 @@ def _launch(P, module, args, env, limit, extra=(), progress=None):
     watch = "-disable-auto-cleanup" in extra
     own, extra = _launcher(extra)
     cmd = [_mpiexec(), *extra, "-n", str(P), sys.executable, "-m", module, *args]
+    for n, more_args in more:
+        cmd += [":", "-n", str(n), sys.executable, "-m", module, *more_args]
     full, mark = marked_env({**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                              **own, **env})
     start = time.perf_counter()
@@ -338,8 +346,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m experiments.faults.suite",
                                  description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
     ap.add_argument("--part", choices=("quick", "full"), default="quick",
-                    help="quick: P=3, default and strict modes, damaged checkpoints (about 15 s); full: P=3 and 4, "
-                         "every mode, dead ranks, damaged checkpoints, training crashes, kill-and-resume trials")
+                    help="quick: P=3, default and strict modes, damaged checkpoints, a few different options and "
+                         "torn records; full: P=3 and 4, every mode, dead ranks, damaged checkpoints, every option "
+                         "and torn-record case, training crashes, kill-and-resume trials")
     ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call in seconds "
                     "(default 2; 0.2 in the quick part's default mode, where about 60 cases end only by "
                     "their timeout)")
@@ -367,6 +376,7 @@ def main(argv=None):
         if not quick:
             part(f"dead rank P={P}", run_dead(P, timeout, timeout + 30))
     part("damaged checkpoints", run_checkpoint_cases() + run_ps_checkpoint_cases() + run_sharded_checkpoint_cases())
+    part("different options, torn records", run_job_part(_launch, quick))
     if not quick:
         part("training crashes", run_crashes(60))
         part("kill and resume", run_kill_resume(args.trials, 120))
