@@ -56,12 +56,21 @@ def argv(cmd):
     return [{"python": sys.executable, "mpiexec": mpiexec}.get(a, a) for a in shlex.split(cmd)]
 
 
-def run_commands(cmds, label, pause=3.0):
-    """Run the shell lines ``cmds`` one after another (``pause`` seconds before each, for the previous job's
-    ranks to leave the cores); return the lines that failed."""
+def run_commands(cmds, label, pause=3.0, wait=300.0):
+    """Run the shell lines ``cmds`` one after another; return the lines that failed.
+
+    Before each, ``pause`` seconds for the previous job's ranks to leave the cores, then, for a run that
+    checks the load itself (``--max-load L``), up to ``wait`` seconds more until the 1-minute load average
+    is half a unit below ``L``: the previous run's ranks and the emulator's work decay out of the average
+    only gradually, and a run started too early would refuse to measure."""
     failed = []
     for cmd in cmds:
         time.sleep(pause)
+        words = cmd.split()
+        if "--max-load" in words and "--allow-noisy" not in words:
+            ceiling, until = float(words[words.index("--max-load") + 1]) - 0.5, time.monotonic() + wait
+            while os.getloadavg()[0] > ceiling and time.monotonic() < until:
+                time.sleep(2.0)
         print(f"[{label}] {cmd}", flush=True)
         if subprocess.run(argv(cmd)).returncode != 0:
             failed.append(cmd)
