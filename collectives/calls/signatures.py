@@ -27,17 +27,19 @@ def repeated_plan(x, comm, op, algorithm, out):
     nothing changed is a few identity comparisons. The communicator of the previous cached call and
     the two tokens are read where :func:`~collectives.engine.context.existing_context`,
     :func:`~collectives.engine.fingerprint.settings_token` and
-    :func:`~collectives.model.auto.table_token` keep them, without calling those functions (each call
-    costs about as much as the comparison it serves). ``out``, when given, must be a writable NumPy
-    array of ``x``'s shape and dtype; anything else -- another communicator type, an ``algorithm`` or
-    ``op`` that cannot be a dictionary key -- gives None and the full checks run (and raise where
-    they must).
+    :func:`~collectives.model.auto.table_token` keep them, without calling those functions (a call
+    costs about as much as the comparison it serves); every change of the settings or the table,
+    :func:`~collectives.model.auto.reset_table` included, replaces its token. ``out``, when given,
+    must be a writable NumPy array of ``x``'s shape and dtype; anything else -- another communicator
+    type, an ``algorithm`` or ``op`` that cannot be a dictionary key -- gives None and the full checks
+    run (and raise where they must).
     """
     ctx = _LAST[1] if (MPI.COMM_WORLD if comm is None else comm) is _LAST[0] else existing_context(comm)
     if ctx is None:
         return None
+    shape, dtype = x.shape, x.dtype  # each read makes or fetches an object: once for the key and for out
     try:
-        entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
+        entry = ctx.fast.get((algorithm, op, dtype, shape))
     except TypeError:  # an unhashable algorithm or op: the full checks name it
         return None
     if entry is None:
@@ -46,7 +48,7 @@ def repeated_plan(x, comm, op, algorithm, out):
     if (settings is not _SETTINGS[0] or (table is not None and table is not _STATE["cache"])
             or ctx.broken is not None or plan.active):
         return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != shape or out.dtype != dtype
                             or not out.flags.writeable):
         return None
     return plan
