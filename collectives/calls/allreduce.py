@@ -178,7 +178,7 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
             and not args):
         plan = repeated_plan(x, comm, op, algorithm, out)  # None unless this signature passed the checks before
         if plan is not None:
-            return plan.run(x, out)  # the plan's closure: no frame between it and this entry
+            return run_plan(plan, x, out, None)  # the library route, entered once (tests/test_house.py)
     if args:
         positional('allreduce', args)
     if type(x) is numpy.ndarray and (out is None or type(out) is numpy.ndarray):

@@ -20,9 +20,8 @@ __all__ = ["repeated_plan", "known_plan", "cached_plan"]
 def repeated_plan(x, comm, op, algorithm, out):
     """Return the cached plan of a repeated call without a deadline that passed the full checks before, else None.
 
-    The lean form of :func:`known_plan` for the commonest repeated call, and the only Python frame
-    between :func:`collectives.allreduce` and the plan's :attr:`~collectives.library.plans.LibraryPlan.run`:
-    the signature's entry holds the plan, the decision table of ``auto`` and the checks settings
+    The lean form of :func:`known_plan` for the commonest repeated call, in one Python frame: the
+    signature's entry holds the plan, the decision table of ``auto`` and the checks settings
     (:func:`~collectives.engine.fingerprint.settings_token`) it was made under, so checking that
     nothing changed is a few identity comparisons. The communicator of the previous cached call and
     the two tokens are read where :func:`~collectives.engine.context.existing_context`,
