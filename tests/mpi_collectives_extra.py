@@ -126,6 +126,19 @@ def badinput():
     expect(TypeError, ["broadcast(x, *, root=0", "broadcast(x, root=..., comm=...)"], lambda: C.broadcast(x, 0, fresh))
     expect(TypeError, ["reduce(x, *,"], lambda: C.reduce(x, 0, fresh))
     check(not context.has_context(fresh), "a bad call created a context (sent a message)")
+    cached = comm.Dup()  # the same bad calls once the signature's plan is cached: its look-up lets none through
+    for _ in range(3):
+        C.allreduce(x, comm=cached, algorithm="mpi")
+    seq = context.get_context(cached)._seq
+    expect(ValueError, ["unknown algorithm"], lambda: C.allreduce(x, comm=cached, algorithm=["mpi"]))
+    expect(ValueError, ["read-only"], lambda: C.allreduce(x, comm=cached, algorithm="mpi", out=ro))
+    expect(ValueError, ["out"], lambda: C.allreduce(x, comm=cached, algorithm="mpi", out=np.ones(3, np.float32)))
+    expect(TypeError, ["out"], lambda: C.allreduce(x, comm=cached, algorithm="mpi", out=np.ones(8)))
+    expect(ValueError, ["timeout"], lambda: C.allreduce(x, comm=cached, algorithm="mpi", timeout=-1))
+    expect(TypeError, ['allreduce(x, *, op="sum", comm=None'], lambda: C.allreduce(x, cached))
+    check(context.get_context(cached)._seq == seq, "a bad call after a cached one started a call")
+    check(np.all(C.allreduce(x, comm=cached, algorithm="mpi") == P), "the cached call after bad calls")
+    cached.Free()
     # all-gather checks x during its signature exchange (so one bad rank cannot hang the others)
     expect(TypeError, ["complex64"], lambda: C.allgather(x.astype(np.complex64), comm=fresh))
     expect(ValueError, ["dimensions"], lambda: C.allgather(np.float32(1), comm=fresh))

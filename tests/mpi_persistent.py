@@ -170,8 +170,7 @@ def table():
         check(last_stats(sub)["algorithm"] != "mpi", "the cached plan outlived the table that chose it")
     finally:
         os.remove(path)
-        select.clear_table()
-        select._STATE["loaded"] = False  # back to the shipped table
+        select.reset_table()  # back to the shipped table
     free_context(sub)
     sub.Free()
 

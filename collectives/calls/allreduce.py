@@ -176,9 +176,9 @@ def allreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, timeout
     """
     if (type(x) is numpy.ndarray and timeout is None and grid is None and type(op) is str and accumulate == "float32"
             and not args):
-        plan = repeated_plan(x, comm, op, algorithm, out)
+        plan = repeated_plan(x, comm, op, algorithm, out)  # None unless this signature passed the checks before
         if plan is not None:
-            return run_plan(plan, x, out, None)
+            return run_plan(plan, x, out, None)  # the library route, entered once (tests/test_house.py)
     if args:
         positional('allreduce', args)
     if type(x) is numpy.ndarray and (out is None or type(out) is numpy.ndarray):

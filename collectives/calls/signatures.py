@@ -8,10 +8,11 @@ the decision table of ``auto`` and the checks settings it was made under. Anythi
 another shape or dtype, a timeout that is not a positive float) gives None.
 """
 import numpy
+from mpi4py import MPI
 
-from collectives.engine.context import existing_context
-from collectives.engine.fingerprint import settings_token
-from collectives.model.auto import table_token
+from collectives.engine.context import _LAST, existing_context
+from collectives.engine.fingerprint import _SETTINGS
+from collectives.model.auto import _STATE
 
 __all__ = ["repeated_plan", "known_plan", "cached_plan"]
 
@@ -19,23 +20,34 @@ __all__ = ["repeated_plan", "known_plan", "cached_plan"]
 def repeated_plan(x, comm, op, algorithm, out):
     """Return the cached plan of a repeated call without a deadline that passed the full checks before, else None.
 
-    The lean form of :func:`known_plan` for the commonest repeated call: the signature's entry
-    holds the plan, the decision table of ``auto`` and the checks settings
+    The lean form of :func:`known_plan` for the commonest repeated call, in one Python frame: the
+    signature's entry holds the plan, the decision table of ``auto`` and the checks settings
     (:func:`~collectives.engine.fingerprint.settings_token`) it was made under, so checking that
-    nothing changed is a few identity comparisons. ``out``, when given, must be a writable NumPy
-    array of ``x``'s shape and dtype; anything else gives None and the full checks run.
+    nothing changed is a few identity comparisons. The communicator of the previous cached call and
+    the two tokens are read where :func:`~collectives.engine.context.existing_context`,
+    :func:`~collectives.engine.fingerprint.settings_token` and
+    :func:`~collectives.model.auto.table_token` keep them, without calling those functions (a call
+    costs about as much as the comparison it serves); every change of the settings or the table,
+    :func:`~collectives.model.auto.reset_table` included, replaces its token. ``out``, when given,
+    must be a writable NumPy array of ``x``'s shape and dtype; anything else -- another communicator
+    type, an ``algorithm`` or ``op`` that cannot be a dictionary key -- gives None and the full checks
+    run (and raise where they must).
     """
-    ctx = existing_context(comm)
+    ctx = _LAST[1] if (MPI.COMM_WORLD if comm is None else comm) is _LAST[0] else existing_context(comm)
     if ctx is None:
         return None
-    entry = ctx.fast.get((algorithm, op, x.dtype, x.shape))
+    shape, dtype = x.shape, x.dtype  # each read makes or fetches an object: once for the key and for out
+    try:
+        entry = ctx.fast.get((algorithm, op, dtype, shape))
+    except TypeError:  # an unhashable algorithm or op: the full checks name it
+        return None
     if entry is None:
         return None
     plan, table, settings = entry
-    if (settings is not settings_token() or (table is not None and table is not table_token())
+    if (settings is not _SETTINGS[0] or (table is not None and table is not _STATE["cache"])
             or ctx.broken is not None or plan.active):
         return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != x.shape or out.dtype != x.dtype
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != shape or out.dtype != dtype
                             or not out.flags.writeable):
         return None
     return plan

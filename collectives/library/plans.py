@@ -23,6 +23,8 @@ them: a rank whose call misses the cache (a new count, another op) would wait fo
 start an older plan, where the non-blocking form matches by call order and the fingerprint check
 raises on every rank.
 """
+from functools import partial
+
 import numpy
 from mpi4py import MPI
 
@@ -178,7 +180,10 @@ class LibraryPlan:
             self.tail, self.want
         iallreduce, args, avg, size, last, nbytes = ctx.comm.Iallreduce, (self.work, self.recv, self.mpi_op), \
             self.avg, self.size, self.last, self.nbytes
-        general, dtype = self._general_run, self.dtype
+        general = self._general_run
+        # a new result array in the input's dtype (float16 and bfloat16 accumulate in float32): a bound
+        # method made once, so the call pays no argument parsing
+        fresh = shaped_result.copy if self.dtype == result.dtype else partial(shaped_result.astype, self.dtype)
 
         def run(x, out):
             if ctx.active:
@@ -197,7 +202,7 @@ class LibraryPlan:
             if avg is not None:
                 avg(result, size, out=result)
             if out is None:
-                out = shaped_result.astype(dtype)  # a copy, in the input's dtype (float16 accumulates in float32)
+                out = fresh()
             else:
                 out[...] = shaped_result
             ctx.last = last
