@@ -8,7 +8,9 @@ steps of every ``layer`` event (:mod:`training.layer_trace`: one per layer and d
 forward and backward passes' time outside the layers (the loss), and of the ``optimizer`` event.
 ``--codec`` runs each named compressor on a gradient of the model's size on this machine and records
 its compress and decompress seconds and the bytes of every payload it sends
-(:func:`measure_codecs`); the reduction speed of the host (``numpy.add``) is recorded too. This is
+(:func:`measure_codecs`); the reduction speed of the host (``numpy.add`` on float32) is recorded too,
+and for a codec whose payloads ride the all-reduce, the speed of ``numpy.add`` on its payload's dtype
+(float16 adds are far slower than float32's on a CPU). This is
 Daydream's idea (Zhu et al., USENIX ATC 2020, section 4): one run's kernel timeline is enough to
 replay the step under another configuration.
 
@@ -16,7 +18,7 @@ Format (JSON): ``rows`` (batch rows per rank in the run), ``itemsize`` (bytes pe
 ``layers`` (list, first layer first, of ``{"kind", "params", "offset", "n_in", "n_out",
 "forward_s", "backward_s"}``), ``extra_forward_s``, ``extra_backward_s``, ``optimizer_s`` (seconds),
 ``reduce_s_per_byte``, ``codecs`` (name -> ``{"args", "transport", "payload_bytes": [...],
-"compress_s", "decompress_s"}``) and ``source``.
+"compress_s", "decompress_s"}``, and ``"reduce_s_per_byte"`` for an all-reduce transport) and ``source``.
 """
 import argparse
 import json
@@ -225,17 +227,25 @@ def measure_codecs(profile, specs, repeats=3, seed=0):
             comp_t.append(t1 - t0)
             dec_t.append(time.perf_counter() - t1)
             sizes = [payload_nbytes([p]) for p in payloads]
-        profile.codecs[name] = {"args": args, "transport": getattr(comp, "transport", "allreduce"),
+        transport = getattr(comp, "transport", "allreduce")
+        profile.codecs[name] = {"args": args, "transport": transport,
                                 "payload_bytes": sizes, "compress_s": _median(comp_t[1:]),
                                 "decompress_s": _median(dec_t[1:])}
-    a = numpy.ones(1 << 21, numpy.float32)
+        if transport == "allreduce" and payloads:  # the all-reduce adds the payloads in their own dtype
+            profile.codecs[name]["reduce_s_per_byte"] = _add_speed(payloads[0].dtype)
+    profile.reduce_s_per_byte = _add_speed(numpy.float32)
+    return profile
+
+
+def _add_speed(dtype, n=1 << 21):
+    """Seconds per byte of ``numpy.add(a, a, out=a)`` on ``n`` elements of ``dtype`` (median of 5)."""
+    a = numpy.full(n, 1e-3, dtype)
     ts = []
     for _ in range(5):
         t0 = time.perf_counter()
         numpy.add(a, a, out=a)
         ts.append(time.perf_counter() - t0)
-    profile.reduce_s_per_byte = _median(ts) / a.nbytes
-    return profile
+    return _median(ts) / a.nbytes
 
 
 def parse_codec(text):
