@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from experiments.predict import config, floor, topology, validate
+import numpy
+
+from experiments.predict import config, floor, profile, topology, validate
 from experiments.predict.profile import Profile
 from experiments.predict.step import predict
 
@@ -41,9 +43,10 @@ def test_round_floor_step_by_hand():
 
 def test_parameter_server_rounds_are_floored_per_rank():
     # P = 3, S = 1 (the hand case of test_predict): push 9 ms, pull 1.008 + 2 x 5 ms. A 20 ms floor:
-    # a worker's push (1 round) 20 ms, the server's pull (1 + 2 rounds) 60 ms: 30 + 20 + 6 + 60 = 116 ms
+    # a worker's push (1 round) 20 ms, the update 5 ms, the server's pull (1 + 2 rounds) 60 ms:
+    # 30 + 20 + 5 + 60 = 115 ms
     r = predict(_prof(), _topo(3, round_us=20000), config.parse({"mode": "ps", "servers": 1}))
-    assert r["step_s"] == pytest.approx(116 * MS, rel=1e-9)
+    assert r["step_s"] == pytest.approx(115 * MS, rel=1e-9)
 
 
 def test_codec_payload_is_added_in_its_own_dtype_by_hand():
@@ -117,6 +120,19 @@ def test_validation_keeps_its_profile_with_codec_times(tmp_path):
     doc["codecs"]["fp16"]["compress_s"] = 123.0  # a reused profile is read, not measured again
     (tmp_path / "profile.json").write_text(json.dumps(doc))
     assert validate._profile(str(tmp_path), reuse=True).codecs["fp16"]["compress_s"] == 123.0
+
+
+def test_gradient_rms_from_adams_second_moment_by_hand(tmp_path):
+    # beta2 = 0.9 after t = 2 steps: v / (1 - 0.81); v = 0.19 x [0, 1, 4] -> RMS [0, 1, 2]
+    cfg = numpy.frombuffer(json.dumps({"beta2": 0.9}).encode(), numpy.uint8)
+    numpy.savez(tmp_path / "ckpt-epoch0001.npz", **{"optim/v": numpy.array([0.0, 0.19, 0.76], numpy.float32),
+                                                    "optim/steps": numpy.int64(2), "meta/config": cfg})
+    assert profile.gradient_rms(str(tmp_path / "ckpt-epoch0001.npz")) == pytest.approx([0.0, 1.0, 2.0], rel=1e-6)
+    numpy.savez(tmp_path / "sgd.npz", **{"model/params": numpy.zeros(3, numpy.float32)})
+    with pytest.raises(ValueError, match="no Adam second moment"):
+        profile.gradient_rms(str(tmp_path / "sgd.npz"))
+    prof = profile.measure_codecs(_prof(), [("fp16", {})], repeats=1, scale=numpy.full(1000, 1e-6, numpy.float32))
+    assert prof.codecs["fp16"]["input"] == "gradient scale" and prof.codecs["fp16"]["reduce_s_per_byte"] > 0
 
 
 def test_bad_round_floor_is_named():

@@ -80,8 +80,8 @@ def fit(pts):
     Examples
     --------
     >>> pts = [(4e-3, 1e-3, 10), (2e-3, 0.5e-3, 5), (9e-3, 9e-3, 4)]  # the first two need 0.4 ms a round
-    >>> round(fit(pts) * 1e6)
-    400
+    >>> round(fit(pts) * 1e6, -1)  # microseconds, to the grid's 2 % steps
+    400.0
     """
     m = numpy.array([p[0] for p in pts])
     rep = numpy.array([p[1] for p in pts])

@@ -4,7 +4,8 @@
         [--dry-run]
 
 1. profiles the job once on this machine, one rank, one BLAS thread (``training.train --trace``,
-   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs);
+   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs, timed on a
+   gradient of the magnitudes of that run's, :func:`experiments.predict.profile.gradient_rms`);
 2. calibrates each layout of :func:`plan` once (``experiments.cluster.emulate --calibrate``) and turns
    it into a topology (:func:`experiments.predict.topology.from_calibration`: every rank on this
    host, so the host's oversubscription scales compute and copies), whose ``round_us`` is the least
@@ -30,6 +31,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from training.checkpoint import epoch_checkpoints
 
 from experiments import results
 
@@ -194,13 +197,16 @@ _CODECS = [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank":
 
 
 def _profile(d, reuse):
-    """The job's profile with its codec times: ``d/profile.json`` when reused and complete, else measured."""
+    """The job's profile with its codec times: ``d/profile.json`` when reused and complete, else measured
+    (on a gradient of the profile run's magnitudes when its last checkpoint holds Adam's moments)."""
     path = os.path.join(d, "profile.json")
     if reuse and os.path.exists(path):
         prof = profmod.load(path)
         if all(name in prof.codecs for name, _ in _CODECS):
             return prof
-    prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")), _CODECS)
+    ckpts = epoch_checkpoints(os.path.join(d, "profile"))
+    scale = profmod.gradient_rms(ckpts[-1]) if ckpts else None  # the profile run's gradient magnitudes
+    prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")), _CODECS, scale=scale)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(prof.to_dict(), f, indent=1)
     return prof
