@@ -22,6 +22,7 @@ Format (JSON): ``rows`` (batch rows per rank in the run), ``itemsize`` (bytes pe
 "compress_s", "decompress_s"}``, and ``"reduce_s_per_byte"`` for an all-reduce transport) and ``source``.
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -218,7 +219,7 @@ def gradient_rms(checkpoint):
     return numpy.sqrt(v / (1 - float(cfg.get("beta2", 0.999)) ** t)).astype(numpy.float32)
 
 
-def measure_codecs(profile, specs, repeats=3, seed=0, scale=None):
+def measure_codecs(profile, specs, repeats=5, seed=0, scale=None):
     """Time each compressor on a random gradient of the profile's size; add them to ``profile.codecs``.
 
     Parameters
@@ -227,7 +228,10 @@ def measure_codecs(profile, specs, repeats=3, seed=0, scale=None):
     specs : list of (str, dict)
         Compressor names (keys of ``collectives.compression.COMPRESSORS``) and their arguments.
     repeats : int
-        Runs per compressor; the median is kept (the first, which builds state, is left out).
+        Runs per compressor; the least is kept (the first run, which builds state, is left out).
+        Times are CPU seconds of this process (``time.process_time``, BLAS held to one thread where
+        threadpoolctl is installed): one rank's own work, which other processes on a busy machine
+        do not lengthen.
     scale : ndarray of shape (profile.elements,) or float, optional
         Each element's RMS (:func:`gradient_rms`): the gradient is standard normal times it, so codecs
         whose time depends on the values' magnitude (fp16's casts of values below float16's normal
@@ -245,6 +249,24 @@ def measure_codecs(profile, specs, repeats=3, seed=0, scale=None):
     x = rng.standard_normal(profile.elements).astype(dtype)
     if scale is not None:
         x *= numpy.asarray(scale, dtype)
+    with _one_thread():
+        _time_codecs(profile, specs, x, repeats, "unit normal" if scale is None else "gradient scale")
+    profile.reduce_s_per_byte = _add_speed(numpy.ones(1 << 21, numpy.float32))
+    return profile
+
+
+def _one_thread():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1)
+
+
+def _time_codecs(profile, specs, x, repeats, label):
+    from collectives.compression.base import payload_nbytes
+    from collectives.compression.registry import make_compressor
+    clock = time.process_time
     for name, args in specs:
         kw = dict(args)
         if name == "powersgd":
@@ -252,34 +274,32 @@ def measure_codecs(profile, specs, repeats=3, seed=0, scale=None):
         comp = make_compressor(name, **kw)
         comp_t, dec_t, sizes = [], [], []
         for _ in range(repeats + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             payloads, ctx = comp.compress(x, "grad")
-            t1 = time.perf_counter()
+            t1 = clock()
             comp.decompress(payloads, ctx)
             comp_t.append(t1 - t0)
-            dec_t.append(time.perf_counter() - t1)
+            dec_t.append(clock() - t1)
             sizes = [payload_nbytes([p]) for p in payloads]
         transport = getattr(comp, "transport", "allreduce")
         profile.codecs[name] = {"args": args, "transport": transport,
-                                "payload_bytes": sizes, "compress_s": _median(comp_t[1:]),
-                                "decompress_s": _median(dec_t[1:])}
-        profile.codecs[name]["input"] = "unit normal" if scale is None else "gradient scale"
+                                "payload_bytes": sizes, "compress_s": min(comp_t[1:]),
+                                "decompress_s": min(dec_t[1:])}
+        profile.codecs[name]["input"] = label
         if transport == "allreduce" and payloads:  # the all-reduce adds the payloads in their own dtype
             profile.codecs[name]["reduce_s_per_byte"] = _add_speed(payloads[0])
-    profile.reduce_s_per_byte = _add_speed(numpy.ones(1 << 21, numpy.float32))
-    return profile
 
 
 def _add_speed(b):
-    """Seconds per byte of ``numpy.add(a, b, out=a)`` with ``a`` a copy of the 1-D array ``b`` (median of 5)."""
+    """CPU seconds per byte of ``numpy.add(a, b, out=a)`` with ``a`` a copy of the 1-D array ``b`` (least of 5)."""
     a = b.copy()
     ts = []
     for _ in range(5):
         a[...] = b
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         numpy.add(a, b, out=a)
-        ts.append(time.perf_counter() - t0)
-    return _median(ts) / max(1, a.nbytes)
+        ts.append(time.process_time() - t0)
+    return min(ts) / max(1, a.nbytes)
 
 
 def parse_codec(text):
