@@ -32,8 +32,9 @@ from experiments.predict import topology as topomod
 
 __all__ = ["SWEEPS", "DEFAULT_DIR", "points", "fit", "floors", "round_s", "main"]
 
-#: The three-level study's published sweeps and calibrations.
+#: The three-level study's published sweeps and calibrations (relative to the repository).
 DEFAULT_DIR = os.path.join("plots", "reference", "cluster", "levels_sweeps")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: Sweep file stems (``{rate}`` filled in) and their layouts (racks, nodes per rack, ranks per node).
 SWEEPS = (("shm_2", (1, 1, 2)), ("shm_4", (1, 1, 4)), ("fit_1x2x2_{rate}", (1, 2, 2)),
           ("fit_2x2x1_{rate}", (2, 2, 1)), ("target_2x2x2_{rate}", (2, 2, 2)))
@@ -98,7 +99,15 @@ def floors(sweep_dir=DEFAULT_DIR, gamma=1 / 4e9):
     ------
     ValueError
         No sweep found there.
+
+    Examples
+    --------
+    >>> table = floors()  # the published sweeps: 2-core host, P = 2, 4 and 8
+    >>> sorted(table), table[1.0] < table[4.0]
+    ([1.0, 2.0, 4.0], True)
     """
+    if not os.path.isdir(sweep_dir) and not os.path.isabs(sweep_dir):  # from another directory: the repository's
+        sweep_dir = os.path.join(_ROOT, sweep_dir) if os.path.isdir(os.path.join(_ROOT, sweep_dir)) else sweep_dir
     by = {}
     for rate in RATES:
         cal_path = os.path.join(sweep_dir, f"calib_{rate}.json")
