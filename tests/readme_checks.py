@@ -104,6 +104,7 @@ CHECKS = {
         "tests/test_predict.py::test_scale_study_on_small_p_and_its_figure", "draw() on that run's answer"),
     "python -m experiments.predict.validate --out results/predict/validation": Covered(
         "tests/test_predict.py::test_validation_harness_on_a_tiny_plan", "its plan, commands, --dry-run and figures"),
+    "python -m experiments.predict.floor": Run(),
     # Skewed data across workers (docs/guide/non_iid.md)
     "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),

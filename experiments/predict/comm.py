@@ -10,7 +10,13 @@
 
 A sub-communicator (a tensor or data-parallel group of a grid) is priced on :func:`group_network`: its
 ranks' own layout, with each node link and uplink divided among the groups that use it at once.
+
+On a :class:`HostNetwork` with ``round_s`` > 0 a rank's part in a collective of R rounds lasts at least
+R ``round_s`` (:func:`floored`): the least time one round takes on its host, whatever the bytes (an
+oversubscribed host runs each rank's round only when the rank gets a core; fitted by
+:mod:`experiments.predict.floor`).
 """
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy
@@ -21,8 +27,28 @@ from collectives.schedules.registry import build_allreduce_schedule
 from collectives.schedules.ring import ring_allgather_rounds
 from collectives.schedules.schedule import Round, Schedule, chunk_bounds
 
-__all__ = ["allreduce_clocks", "allreduce_rounds", "allgather_clocks", "ps_clocks", "send_clocks",
-           "group_network", "resolve_grid"]
+__all__ = ["HostNetwork", "floored", "allreduce_clocks", "allreduce_rounds", "allgather_clocks", "ps_clocks",
+           "send_clocks", "group_network", "resolve_grid"]
+
+
+@dataclass(frozen=True)
+class HostNetwork(Network):
+    """A :class:`Network` whose hosts add a least duration ``round_s`` (seconds) to every round."""
+
+    round_s: float = 0.0
+
+
+def floored(clocks, rounds, net):
+    """Return ``max(clocks, rounds * round_s)`` per rank (``rounds``: an int or one per rank).
+
+    Examples
+    --------
+    >>> net = HostNetwork(racks=1, nodes_per_rack=2, ranks_per_node=1, round_s=1e-3)
+    >>> floored(numpy.array([0.5e-3, 5e-3]), 2, net).tolist()  # two rounds last at least 2 ms
+    [0.002, 0.005]
+    """
+    r = getattr(net, "round_s", 0.0)
+    return numpy.maximum(clocks, numpy.asarray(rounds) * r) if r else clocks
 
 
 def resolve_grid(algorithm, grid, net):
@@ -70,7 +96,8 @@ def allreduce_clocks(algorithm, nbytes, net, grid=None, itemsize=4):
     count = int(nbytes) // itemsize
     if net.size == 1 or count == 0:
         return numpy.zeros(net.size)
-    return _allreduce(algorithm, count, net, resolve_grid(algorithm, grid, net), itemsize)
+    clocks = _allreduce(algorithm, count, net, resolve_grid(algorithm, grid, net), itemsize)
+    return floored(clocks, allreduce_rounds(algorithm, net.size, nbytes, grid, itemsize, net), net)
 
 
 def allreduce_rounds(algorithm, P, nbytes, grid=None, itemsize=4, net=None):
@@ -93,11 +120,11 @@ def allgather_clocks(nbytes, net):
     if P == 1 or nbytes == 0:
         return numpy.zeros(P)
     if P >= 64:  # the same rounds, vectorized: the all-gather half of a ring all-reduce of P blocks
-        return lockstep_clocks("ring", P * nbytes, net, itemsize=1, allgather_only=True)
+        return floored(lockstep_clocks("ring", P * nbytes, net, itemsize=1, allgather_only=True), P - 1, net)
     bounds = [i * nbytes for i in range(P + 1)]
     scheds = [Schedule("allgather", r, P, P * nbytes,
                        ring_allgather_rounds(list(range(P)), r, bounds, "ring all-gather")) for r in range(P)]
-    return numpy.array(schedules_time(scheds, net, 1))
+    return floored(numpy.array(schedules_time(scheds, net, 1)), P - 1, net)
 
 
 def _fields(net):
@@ -130,7 +157,7 @@ def group_network(net, base, stride, size):
     f.update(racks=len(racks), nodes_per_rack=per_rack_nodes, ranks_per_node=per_node,
              beta_node=net.beta_node * c_node, beta_rack=net.beta_rack * c_rack,
              ranks_per_host=net.ranks_per_host or K)
-    return Network(**f)
+    return type(net)(**f)
 
 
 def ps_clocks(net, servers, nbytes, itemsize=4):
@@ -161,7 +188,10 @@ def ps_clocks(net, servers, nbytes, itemsize=4):
                                  [Round(sends=[((w + k) % S, b[(w + k) % S], b[(w + k) % S + 1])]) for k in range(S)]))
             pull.append(Schedule("pull", r, P, count, [Round(sends=[(s, 0, 1) for s in range(S)]),
                                                        Round(recvs=[(s, b[s], b[s + 1], False) for s in range(S)])]))
-    return numpy.array(schedules_time(push, net, itemsize)), numpy.array(schedules_time(pull, net, itemsize))
+    push_rounds = numpy.array([1] * S + [S] * W)
+    pull_rounds = numpy.array([1 + W] * S + [2] * W)
+    return (floored(numpy.array(schedules_time(push, net, itemsize)), push_rounds, net),
+            floored(numpy.array(schedules_time(pull, net, itemsize)), pull_rounds, net))
 
 
 def send_clocks(net, pairs, nbytes):
@@ -173,4 +203,5 @@ def send_clocks(net, pairs, nbytes):
         out[s].append((d, 0, int(nbytes)))
         into[d].append((s, 0, int(nbytes), False))
     scheds = [Schedule("send", r, P, int(nbytes), [Round(sends=out[r], recvs=into[r])]) for r in range(P)]
-    return numpy.array(schedules_time(scheds, net, 1))
+    busy = numpy.array([1 if out[r] or into[r] else 0 for r in range(P)])
+    return floored(numpy.array(schedules_time(scheds, net, 1)), busy, net)

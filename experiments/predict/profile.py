@@ -8,7 +8,10 @@ steps of every ``layer`` event (:mod:`training.layer_trace`: one per layer and d
 forward and backward passes' time outside the layers (the loss), and of the ``optimizer`` event.
 ``--codec`` runs each named compressor on a gradient of the model's size on this machine and records
 its compress and decompress seconds and the bytes of every payload it sends
-(:func:`measure_codecs`); the reduction speed of the host (``numpy.add``) is recorded too. This is
+(:func:`measure_codecs`; with ``--gradient-from CKPT`` on a gradient of the magnitudes of that run's,
+:func:`gradient_rms`); the reduction speed of the host (``numpy.add`` on float32) is recorded too,
+and for a codec whose payloads ride the all-reduce, the speed of ``numpy.add`` on its payload's dtype
+(float16 adds are far slower than float32's on a CPU). This is
 Daydream's idea (Zhu et al., USENIX ATC 2020, section 4): one run's kernel timeline is enough to
 replay the step under another configuration.
 
@@ -16,9 +19,10 @@ Format (JSON): ``rows`` (batch rows per rank in the run), ``itemsize`` (bytes pe
 ``layers`` (list, first layer first, of ``{"kind", "params", "offset", "n_in", "n_out",
 "forward_s", "backward_s"}``), ``extra_forward_s``, ``extra_backward_s``, ``optimizer_s`` (seconds),
 ``reduce_s_per_byte``, ``codecs`` (name -> ``{"args", "transport", "payload_bytes": [...],
-"compress_s", "decompress_s"}``) and ``source``.
+"compress_s", "decompress_s"}``, and ``"reduce_s_per_byte"`` for an all-reduce transport) and ``source``.
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -190,7 +194,32 @@ def _shapes(profile):
     return out
 
 
-def measure_codecs(profile, specs, repeats=3, seed=0):
+def gradient_rms(checkpoint):
+    """Return each gradient element's RMS over a run's steps, from its checkpoint's Adam second moment.
+
+    Adam keeps ``v``, the exponential average of the squared gradient (Kingma and Ba, ICLR 2015,
+    algorithm 1); ``sqrt(v / (1 - beta2 ** t))`` after ``t`` steps is the per-element RMS, with
+    ``beta2`` from the checkpoint's own configuration.
+
+    Returns
+    -------
+    ndarray, shape (parameters,), float32
+
+    Raises
+    ------
+    ValueError
+        The checkpoint holds no Adam state (``optim/v``).
+    """
+    with numpy.load(checkpoint, allow_pickle=False) as z:
+        if "optim/v" not in z.files:
+            raise ValueError(f"{checkpoint}: no Adam second moment (optim/v) to take the gradient's scale from")
+        cfg = json.loads(bytes(z["meta/config"]).decode()) if "meta/config" in z.files else {}
+        t = max(1, int(z["optim/steps"])) if "optim/steps" in z.files else 1
+        v = z["optim/v"].astype(numpy.float64)
+    return numpy.sqrt(v / (1 - float(cfg.get("beta2", 0.999)) ** t)).astype(numpy.float32)
+
+
+def measure_codecs(profile, specs, repeats=5, seed=0, scale=None):
     """Time each compressor on a random gradient of the profile's size; add them to ``profile.codecs``.
 
     Parameters
@@ -199,7 +228,14 @@ def measure_codecs(profile, specs, repeats=3, seed=0):
     specs : list of (str, dict)
         Compressor names (keys of ``collectives.compression.COMPRESSORS``) and their arguments.
     repeats : int
-        Runs per compressor; the median is kept (the first, which builds state, is left out).
+        Runs per compressor; the least is kept (the first run, which builds state, is left out).
+        Times are CPU seconds of this process (``time.process_time``, BLAS held to one thread where
+        threadpoolctl is installed): one rank's own work, which other processes on a busy machine
+        do not lengthen.
+    scale : ndarray of shape (profile.elements,) or float, optional
+        Each element's RMS (:func:`gradient_rms`): the gradient is standard normal times it, so codecs
+        whose time depends on the values' magnitude (fp16's casts of values below float16's normal
+        range) are timed on what a step hands them. Default 1.
 
     Returns
     -------
@@ -211,6 +247,26 @@ def measure_codecs(profile, specs, repeats=3, seed=0):
     rng = numpy.random.default_rng(seed)
     dtype = numpy.float32 if profile.itemsize == 4 else numpy.float64
     x = rng.standard_normal(profile.elements).astype(dtype)
+    if scale is not None:
+        x *= numpy.asarray(scale, dtype)
+    with _one_thread():
+        _time_codecs(profile, specs, x, repeats, "unit normal" if scale is None else "gradient scale")
+    profile.reduce_s_per_byte = _add_speed(numpy.ones(1 << 21, numpy.float32))
+    return profile
+
+
+def _one_thread():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1)
+
+
+def _time_codecs(profile, specs, x, repeats, label):
+    from collectives.compression.base import payload_nbytes
+    from collectives.compression.registry import make_compressor
+    clock = time.process_time
     for name, args in specs:
         kw = dict(args)
         if name == "powersgd":
@@ -218,24 +274,32 @@ def measure_codecs(profile, specs, repeats=3, seed=0):
         comp = make_compressor(name, **kw)
         comp_t, dec_t, sizes = [], [], []
         for _ in range(repeats + 1):
-            t0 = time.perf_counter()
+            t0 = clock()
             payloads, ctx = comp.compress(x, "grad")
-            t1 = time.perf_counter()
+            t1 = clock()
             comp.decompress(payloads, ctx)
             comp_t.append(t1 - t0)
-            dec_t.append(time.perf_counter() - t1)
+            dec_t.append(clock() - t1)
             sizes = [payload_nbytes([p]) for p in payloads]
-        profile.codecs[name] = {"args": args, "transport": getattr(comp, "transport", "allreduce"),
-                                "payload_bytes": sizes, "compress_s": _median(comp_t[1:]),
-                                "decompress_s": _median(dec_t[1:])}
-    a = numpy.ones(1 << 21, numpy.float32)
+        transport = getattr(comp, "transport", "allreduce")
+        profile.codecs[name] = {"args": args, "transport": transport,
+                                "payload_bytes": sizes, "compress_s": min(comp_t[1:]),
+                                "decompress_s": min(dec_t[1:])}
+        profile.codecs[name]["input"] = label
+        if transport == "allreduce" and payloads:  # the all-reduce adds the payloads in their own dtype
+            profile.codecs[name]["reduce_s_per_byte"] = _add_speed(payloads[0])
+
+
+def _add_speed(b):
+    """CPU seconds per byte of ``numpy.add(a, b, out=a)`` with ``a`` a copy of the 1-D array ``b`` (least of 5)."""
+    a = b.copy()
     ts = []
     for _ in range(5):
-        t0 = time.perf_counter()
-        numpy.add(a, a, out=a)
-        ts.append(time.perf_counter() - t0)
-    profile.reduce_s_per_byte = _median(ts) / a.nbytes
-    return profile
+        a[...] = b
+        t0 = time.process_time()
+        numpy.add(a, b, out=a)
+        ts.append(time.process_time() - t0)
+    return min(ts) / max(1, a.nbytes)
 
 
 def parse_codec(text):
@@ -255,10 +319,14 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=None, help="rank whose events are read (default the first)")
     p.add_argument("--skip", type=int, default=1, help="steps left out at the start (default 1)")
     p.add_argument("--codec", action="append", default=[], help="compressor to time, NAME[:K=V,...] (repeatable)")
+    p.add_argument("--gradient-from", default=None, help="checkpoint (ckpt-epochNNNN.npz, Adam) whose gradient "
+                   "scale the codecs are timed at (default: unit normal values)")
     p.add_argument("--out", required=True, help="profile JSON file to write")
     args = p.parse_args(argv)
     try:
-        prof = measure_codecs(from_trace(args.trace, args.rank, args.skip), [parse_codec(c) for c in args.codec])
+        scale = gradient_rms(args.gradient_from) if args.gradient_from else None
+        prof = measure_codecs(from_trace(args.trace, args.rank, args.skip), [parse_codec(c) for c in args.codec],
+                              scale=scale)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

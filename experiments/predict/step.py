@@ -12,8 +12,9 @@ Data-parallel (``mode="dp"``, T = Q = 1), as :func:`training.dp.data_parallel.tr
    its rounds, and whatever is left runs after the backward pass. With ``"continuous"`` a bucket runs
    on its own from its start, after the previous one (a progress engine's stream);
    a compressor instead compresses the whole gradient, moves its payloads by its transport (all-reduce,
-   ring all-gather, or PowerSGD's one all-reduce per payload) and decompresses (an all-gather's
-   decompression repeated for each of the P payloads);
+   adding in the payload's dtype at the profile's speed for it; ring all-gather, after the element
+   counts' all-gather for an all-gather-v; or PowerSGD's one all-reduce per payload) and decompresses
+   (an all-gather's decompression repeated for each of the P payloads);
 4. the optimizer.
 
 Parameter server (``mode="ps"``): workers compute, push their shards, the S servers add the W pushes
@@ -29,6 +30,8 @@ Per rank: ``compute`` (own work, codecs included), ``comm`` (exposed communicati
 not hidden behind compute), ``bubble`` (pipeline idle time), ``wait`` (for slower ranks); they add up
 to the step time, the same on every rank of a synchronous step.
 """
+from dataclasses import replace
+
 import numpy
 
 from training.dp.hooks import bucket_bounds
@@ -110,9 +113,13 @@ def _compressed(led, cfg, profile, net):
     cm = led.cm
     led.compute(codec["compress_s"] * cm)
     if codec["transport"] in ("allgather", "allgatherv"):
+        if codec["transport"] == "allgatherv":  # the payloads' element counts go first (int64 each)
+            led.collective(comm.allgather_clocks(8 * len(codec["payload_bytes"]), net))
         led.collective(comm.allgather_clocks(int(sum(codec["payload_bytes"])), net))
         led.compute(codec["decompress_s"] * cm * net.size)
     else:
+        if codec.get("reduce_s_per_byte") and profile.reduce_s_per_byte:  # adds in the payload's own dtype
+            net = replace(net, gamma=net.gamma * codec["reduce_s_per_byte"] / profile.reduce_s_per_byte)
         for nb in codec["payload_bytes"]:
             led.collective(comm.allreduce_clocks(cfg.algorithm, int(nb), net, cfg.grid, itemsize=1))
         led.compute(codec["decompress_s"] * cm)

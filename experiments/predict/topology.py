@@ -8,7 +8,7 @@ Format (JSON; every field but the layout has a default)::
                 "inter-node": {"latency_us": 5.0, "bandwidth_bps": 25e9},
                 "inter-rack": {"latency_us": 7.0, "bandwidth_bps": 100e9}},
      "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "cores": 0, "ranks_per_host": 0,
-     "compute_scale": 1.0}
+     "round_us": 0.0, "compute_scale": 1.0}
 
 ``levels`` are the emulator's ``--calibrate`` summary names: ``latency_us`` is one message's one-way
 latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
@@ -16,28 +16,31 @@ the uplink's; the node link's rate still bounds a flow that crosses racks). ``re
 reduction speed in bits per second (default: the profile's measured one). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
-multiplies the profile's compute times (a faster device: < 1). A bad field is one
-:class:`ValueError` line naming it.
+multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
+round of a collective takes on a host, in microseconds, whatever its bytes (0: none; an emulated
+cluster's comes from :mod:`experiments.predict.floor`, fitted at the host's ranks per core). A bad
+field is one :class:`ValueError` line naming it.
 
     python -m experiments.predict.topology --calibration CAL.json --racks R --nodes N --ranks-per-node K \\
         [--cores C] --out TOPO.json
 
 writes the topology of an emulated cluster from its ``--calibrate`` file (the latency of a level
-above the node's is its extra: ``alpha_rack`` = inter-rack minus inter-node latency).
+above the node's is its extra: ``alpha_rack`` = inter-rack minus inter-node latency); ``--round-us``
+sets its ``round_us``.
 """
 import argparse
 import json
 import os
 import sys
 
-from collectives.model.network import Network
+from experiments.predict.comm import HostNetwork
 
 __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 
 LEVELS = ("intra-node", "inter-node", "inter-rack")
 _DEFAULTS = {"intra-node": (1.0, 80e9), "inter-node": (30.0, 1e9), "inter-rack": (30.0, 1e9)}
 _KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "cores",
-         "ranks_per_host", "compute_scale", "source")
+         "ranks_per_host", "round_us", "compute_scale", "source")
 
 
 class Topology:
@@ -46,7 +49,7 @@ class Topology:
     Attributes
     ----------
     name : str
-    net : Network
+    net : experiments.predict.comm.HostNetwork
         Its ``gamma`` is 0 when the file gives no ``reduce_bps`` (the profile's is used then).
     compute_scale : float
         Factor on the profile's compute times.
@@ -64,7 +67,7 @@ class Topology:
         """Return the Network with ``gamma`` (seconds per byte) unless the file gave its own."""
         if self.reduce_given:
             return self.net
-        return Network(**{**_net_fields(self.net), "gamma": gamma})
+        return HostNetwork(**{**_net_fields(self.net), "gamma": gamma})
 
 
 def _net_fields(net):
@@ -129,13 +132,14 @@ def parse(doc):
         got[name] = (lat * 1e-6, 8.0 / bw)
     reduce_bps = doc.get("reduce_bps")
     gamma = 8.0 / _number(doc, "reduce_bps", "", positive=True) if reduce_bps is not None else 0.0
-    net = Network(racks=racks, nodes_per_rack=npr, ranks_per_node=rpn,
+    net = HostNetwork(racks=racks, nodes_per_rack=npr, ranks_per_node=rpn,
                   alpha_intra=got["intra-node"][0], beta_intra=got["intra-node"][1],
                   alpha_node=got["inter-node"][0], beta_node=got["inter-node"][1],
                   alpha_rack=max(0.0, got["inter-rack"][0] - got["inter-node"][0]), beta_rack=got["inter-rack"][1],
                   gamma=gamma, cpu=_number(doc, "cpu_s_per_byte", "", default=0.0),
                   cores=_number(doc, "cores", "", integer=True, default=0),
-                  ranks_per_host=_number(doc, "ranks_per_host", "", integer=True, default=0))
+                  ranks_per_host=_number(doc, "ranks_per_host", "", integer=True, default=0),
+                  round_s=_number(doc, "round_us", "", default=0.0) * 1e-6)
     scale = _number(doc, "compute_scale", "", positive=True, default=1.0)
     name = doc.get("name", f"{racks}x{npr}x{rpn}")
     if not isinstance(name, str):
@@ -156,11 +160,11 @@ def load(path):
         raise ValueError(f"{path}: {e}") from None
 
 
-def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None):
+def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, round_us=0.0):
     """Return a topology document for an emulated cluster from its ``--calibrate`` result (a dict).
 
     Every rank of the emulated cluster runs on this one host, so ``ranks_per_host`` is the whole job
-    and ``cores`` the host's (default ``os.cpu_count()``).
+    and ``cores`` the host's (default ``os.cpu_count()``); ``round_us`` is written as given.
 
     Raises
     ------
@@ -177,7 +181,8 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None):
     P = racks * nodes_per_rack * ranks_per_node
     return {"name": f"emulated {racks}x{nodes_per_rack}x{ranks_per_node}, {cal.get('config', {}).get('link', '?')}",
             "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
-            "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "source": "emulator --calibrate"}
+            "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
+            "source": "emulator --calibrate"}
 
 
 def main(argv=None):
@@ -188,11 +193,13 @@ def main(argv=None):
     p.add_argument("--nodes", type=int, required=True, help="nodes per rack")
     p.add_argument("--ranks-per-node", type=int, required=True)
     p.add_argument("--cores", type=int, default=None, help="cores of the host (default this machine's)")
+    p.add_argument("--round-us", type=float, default=0.0, help="a round's least microseconds on the host "
+                   "(python -m experiments.predict.floor prints it per ranks per core; default 0)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     try:
         with open(a.calibration, encoding="utf-8") as f:
-            doc = from_calibration(json.load(f), a.racks, a.nodes, a.ranks_per_node, a.cores)
+            doc = from_calibration(json.load(f), a.racks, a.nodes, a.ranks_per_node, a.cores, a.round_us)
         parse(doc)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

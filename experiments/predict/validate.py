@@ -4,10 +4,13 @@
         [--dry-run]
 
 1. profiles the job once on this machine, one rank, one BLAS thread (``training.train --trace``,
-   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs);
+   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs, timed on a
+   gradient of the magnitudes of that run's, :func:`experiments.predict.profile.gradient_rms`);
 2. calibrates each layout of :func:`plan` once (``experiments.cluster.emulate --calibrate``) and turns
    it into a topology (:func:`experiments.predict.topology.from_calibration`: every rank on this
-   host, so the host's oversubscription scales compute and copies);
+   host, so the host's oversubscription scales compute and copies), whose ``round_us`` is the least
+   duration of a round at the job's ranks per core, fitted on the three-level study's sweeps
+   (``--sweeps``, :mod:`experiments.predict.floor`; none of the validation's own runs);
 3. runs each configuration on the emulated cluster (``training.train`` under
    ``experiments.cluster.emulate``) and takes its step time per epoch
    (:func:`experiments.cluster.compression.epoch_times`; a parameter server's from its workers'
@@ -17,8 +20,9 @@
    communication is at least half the step (target >= 90 %), within 25 % over all (>= 75 %), and
    Kendall's tau over the pairs whose measured medians differ by more than both ranges (>= 0.8).
 
-Writes OUT.json (every row, the commands, the targets) and OUT.md (the table). ``--dry-run`` prints
-the commands and runs nothing. Run it on a quiet machine: the measured numbers are step times.
+Writes OUT.json (every row, the commands, the targets, the round floors) and OUT.md (the table), and
+keeps the profile with its codec times in ``OUT_runs/profile.json``, which ``--reuse`` reads again.
+``--dry-run`` prints the commands and runs nothing. Run it on a quiet machine: the measured numbers are step times.
 """
 import argparse
 import json
@@ -28,9 +32,12 @@ import subprocess
 import sys
 import time
 
+from training.checkpoint import epoch_checkpoints
+
 from experiments import results
 
 from experiments.predict import config as cfgmod
+from experiments.predict import floor as floormod
 from experiments.predict import profile as profmod
 from experiments.predict import topology as topomod
 from experiments.predict.step import predict
@@ -186,11 +193,31 @@ def _wait_quiet(limit, pause, most=600.0):
         time.sleep(5.0)
 
 
-def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False):
+_CODECS = [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank": 4})]
+
+
+def _profile(d, reuse):
+    """The job's profile with its codec times: ``d/profile.json`` when reused and complete, else measured
+    (on a gradient of the profile run's magnitudes when its last checkpoint holds Adam's moments)."""
+    path = os.path.join(d, "profile.json")
+    if reuse and os.path.exists(path):
+        prof = profmod.load(path)
+        if all(name in prof.codecs for name, _ in _CODECS):
+            return prof
+    ckpts = epoch_checkpoints(os.path.join(d, "profile"))
+    scale = profmod.gradient_rms(ckpts[-1]) if ckpts else None  # the profile run's gradient magnitudes
+    prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")), _CODECS, scale=scale)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(prof.to_dict(), f, indent=1)
+    return prof
+
+
+def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sweeps=floormod.DEFAULT_DIR):
     """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures.
 
     With ``reuse`` a profile, calibration or run whose output exists under ``OUT_runs`` is not run again
-    (a validation whose configurations partly failed measures only those).
+    (a validation whose configurations partly failed measures only those). ``sweeps``: the directory of
+    the all-reduce sweeps the round floor is fitted on (:func:`experiments.predict.floor.floors`).
     """
     cmds = commands(out, epochs, entries)
     d = out + "_runs"
@@ -198,16 +225,21 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False):
     reused = []
     if not (reuse and os.path.exists(os.path.join(d, "profile.trace.json"))):
         execute(cmds["profile"], check=True)
-    prof = profmod.measure_codecs(profmod.from_trace(os.path.join(d, "profile.trace.json")),
-                                  [("fp16", {}), ("topk", {"ratio": 0.01}), ("powersgd", {"matrix_rank": 4})])
-    topos = {}
+    prof = _profile(d, reuse)
+    table = floormod.floors(sweeps, prof.reduce_s_per_byte or 1 / 4e9)
+    topos, rounds_us = {}, {}
     for key, cmd in cmds["calibrate"].items():
         if not (reuse and os.path.exists(cmd[-1])):
             _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
             execute(cmd, check=True)
         e = next(x for x in entries if _key(x["layout"]) == key)["layout"]
+        P = e["racks"] * e["nodes"] * e["ranks_per_node"]
         with open(cmd[-1], encoding="utf-8") as f:
-            topos[key] = topomod.parse(topomod.from_calibration(json.load(f), e["racks"], e["nodes"], e["ranks_per_node"]))
+            cal = json.load(f)
+        cores = int((cal.get("provenance") or {}).get("cores") or os.cpu_count() or 1)
+        rounds_us[key] = floormod.round_s(table, max(1.0, P / cores)) * 1e6
+        topos[key] = topomod.parse(topomod.from_calibration(cal, e["racks"], e["nodes"], e["ranks_per_node"], cores,
+                                                            rounds_us[key]))
     rows, failed = [], []
     for e, r in zip(entries, cmds["runs"]):
         if reuse and os.path.exists(os.path.join(r["run_dir"], "summary.json")):
@@ -220,7 +252,9 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False):
         p = predict(prof, topos[_key(e["layout"])], cfg)
         rows.append({"name": r["name"], "measured": _measured(r), "predicted_s": p["step_s"],
                      "comm_s": p["breakdown"]["comm"], "breakdown": p["breakdown"], "command": r["command"]})
-    return rows, {**compare(rows), "failed": failed, "reused": reused}
+    floors = {"sweeps": sweeps, "by_ranks_per_core_us": {f"{o:g}": f * 1e6 for o, f in table.items()},
+              "round_us": rounds_us}
+    return rows, {**compare(rows), "failed": failed, "reused": reused, "round_floor": floors}
 
 
 def main(argv=None):
@@ -231,6 +265,8 @@ def main(argv=None):
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--reuse", action="store_true", help="keep the profile, calibrations and runs already under "
                    "OUT_runs (measure only the missing ones)")
+    p.add_argument("--sweeps", default=floormod.DEFAULT_DIR, help="all-reduce sweeps the round floor is "
+                   f"fitted on (default {floormod.DEFAULT_DIR})")
     results.add_options(p)
     a = p.parse_args(argv)
     entries = plan()
@@ -246,7 +282,7 @@ def main(argv=None):
         with open(a.out + ".json", encoding="utf-8") as f:
             earlier = json.load(f).get("provenance")
     watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
-    rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse)
+    rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse, sweeps=a.sweeps)
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
     results.stamp(record, watch, P=8)
