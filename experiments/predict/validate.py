@@ -281,7 +281,11 @@ def main(argv=None):
     if a.reuse and os.path.exists(a.out + ".json"):  # the reused runs were measured under this provenance
         with open(a.out + ".json", encoding="utf-8") as f:
             earlier = json.load(f).get("provenance")
-    watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
+    try:
+        watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse, sweeps=a.sweeps)
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
