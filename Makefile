@@ -25,26 +25,31 @@ export MPIEXEC_ARGS
 .PHONY: run test lint demo docs results clean
 
 # `make run` installs what the main job needs; `make test` adds the test tools, PyTorch (the interop
-# tests) and the documentation tools; `make docs` only the documentation tools.
-$(VENV)/.installed: setup.py
+# tests) and the documentation tools; `make docs` only the documentation tools. Each is one pip run
+# over everything it needs (one resolution, one build of the editable package), into the venv made
+# with an up-to-date pip; a larger set stamps the smaller ones it holds as installed too.
+$(VENV)/.venv:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	touch $@
+
+$(VENV)/.installed: setup.py | $(VENV)/.venv
 	$(PY) -m pip install -q -e '.[$(MPI),data]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed | $(VENV)/.prometheus
+$(VENV)/.installed-test: setup.py | $(VENV)/.venv $(VENV)/.prometheus
 	$(PY) -m pip install -q -e '.[$(MPI),data,test,torch,docs]'
-	touch $@
+	touch $@ $(VENV)/.installed $(VENV)/.installed-docs
 
-$(VENV)/.installed-docs: $(VENV)/.installed
+$(VENV)/.installed-docs: setup.py | $(VENV)/.venv
 	$(PY) -m pip install -q -e '.[$(MPI),data,docs]'
-	touch $@
+	touch $@ $(VENV)/.installed
 
 # the Prometheus server of the scrape test (tests/test_monitor_scrape.py): Debian's package, installed
 # where apt-get can (as root); stamped only once the binary is there, so a failed install is tried
 # again at the next `make test` (an order-only need: it never reinstalls the Python packages); where
 # it cannot be installed, that test is skipped and says why
-$(VENV)/.prometheus: $(VENV)/.installed
+$(VENV)/.prometheus: | $(VENV)/.venv
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq \
 	  --no-install-recommends prometheus >/dev/null 2>&1; } || \

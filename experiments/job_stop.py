@@ -67,13 +67,16 @@ def job_processes(roots=(), var=MARKER, value=None):
         Process id -> start time (clock ticks since boot), so that a reused id is never signalled.
         Zombies and this process are left out.
     """
+    roots = list(roots)
+    marked = [] if value is None else [int(n) for n in os.listdir("/proc") if n.isdigit() and _carries(n, var, value)]
+    if not roots and not marked:
+        return {}  # nothing marked and no roots: nothing to collect (the test harness's usual look, made cheap)
     table = _table()
     kids = {}
     for pid, (ppid, _, _) in table.items():
         kids.setdefault(ppid, []).append(pid)
     found, todo = set(), [kid for root in roots for kid in kids.get(root, ())]
-    if value is not None:
-        todo += [pid for pid in table if _carries(pid, var, value)]
+    todo += [pid for pid in marked if pid in table]
     while todo:
         pid = todo.pop()
         if pid not in found:

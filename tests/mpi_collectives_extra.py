@@ -1,6 +1,8 @@
-"""Rank-side body: device buffer paths, bad input, timeouts. ``python -m tests.mpi_collectives_extra CASE``.
+"""Rank-side body: device buffer paths, bad input, timeouts. ``python -m tests.mpi_collectives_extra CASE...``.
 
-CASE is ``device`` (staged and direct paths with a host-memory device array type, compared with
+The CASEs run in the order given, in one launch, each ending with its own count line
+(``mpi_collectives_extra CASE: N failures on P ranks``); ``timeout`` leaves requests behind, so it
+comes last. CASE is ``device`` (staged and direct paths with a host-memory device array type, compared with
 MPI's own all-reduce), ``badinput`` (every rank raises the documented error before any message:
 no communicator context is even created; at P >= 2, ranks that disagree about a broadcast's or a
 reduce's root raise ``CollectiveMismatch`` on every rank, hand-made and library paths) or ``timeout`` (2+ ranks; only rank 0 joins a ring all-reduce and gets a
@@ -222,8 +224,19 @@ def timeout():
 
 
 def main():
-    {"device": device, "badinput": badinput, "timeout": timeout}[sys.argv[1]]()
-    sys.exit(report(comm, f"mpi_collectives_extra {sys.argv[1]}"))
+    """Run each CASE named on the command line in turn (one launch); each reports its own count line."""
+    cases = {"device": device, "badinput": badinput, "timeout": timeout}
+    failed = 0
+    for name in sys.argv[1:]:
+        aware = os.environ.get("COMMLAB_CUDA_AWARE")
+        cases[name]()
+        if aware is None:  # device() sets the variable: the next case starts from the launch's environment
+            os.environ.pop("COMMLAB_CUDA_AWARE", None)
+        else:
+            os.environ["COMMLAB_CUDA_AWARE"] = aware
+        failed |= report(comm, f"mpi_collectives_extra {name}")
+        FAILS.clear()
+    sys.exit(failed)
 
 
 if __name__ == "__main__":

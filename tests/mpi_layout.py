@@ -1,4 +1,8 @@
-"""Rank-side body of the model-layout check tests: ``python -m tests.mpi_layout DIR FIRST ALG [CASE...]``.
+"""Rank-side body of the model-layout check tests: ``python -m tests.mpi_layout DIR CASE:FIRST:ALG...``.
+
+Each ``CASE:FIRST:ALG`` runs in turn in one launch, reported as ``case_CASE:FIRST:ALG: ok`` (its files
+in ``DIR/FIRST-ALG``); ``python -m tests.mpi_layout DIR FIRST ALG [CASE...]`` runs the cases (default
+all) with one FIRST and ALG.
 
 Ranks ``< FIRST`` train ``--hidden 8``, ranks ``>= FIRST`` ``--hidden 16`` (FIRST = P: every rank
 alike), on a small synthetic set (12 features, 5 classes) for one epoch with all-reduce algorithm
@@ -68,7 +72,25 @@ def case_match(comm, base, first, alg):
 CASES = [case_mismatch, case_cli, case_match]
 
 
+def _spec(text):
+    """Return the case of ``CASE:FIRST:ALG``, reported as ``case_CASE:FIRST:ALG``, in a folder of its own."""
+    name, first, alg = text.split(":")
+    case = {c.__name__[5:]: c for c in CASES}[name]
+
+    def one(comm, base):
+        folder = os.path.join(base, f"{first}-{alg}")
+        if comm.rank == 0:
+            os.makedirs(folder, exist_ok=True)
+        comm.Barrier()
+        case(comm, folder, int(first), alg)
+
+    one.__name__ = f"case_{text}"
+    return one
+
+
 if __name__ == "__main__":
-    base, first, alg = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    chosen = [c for c in CASES if len(sys.argv) < 5 or c.__name__[5:] in sys.argv[4:]]
-    sys.exit(1 if run_cases(MPI.COMM_WORLD, chosen, base, first, alg) else 0)
+    base, specs = sys.argv[1], sys.argv[2:]
+    if specs and ":" not in specs[0]:  # DIR FIRST ALG [CASE...]
+        first, alg, names = specs[0], specs[1], specs[2:] or [c.__name__[5:] for c in CASES]
+        specs = [f"{name}:{first}:{alg}" for name in names]
+    sys.exit(1 if run_cases(MPI.COMM_WORLD, [_spec(s) for s in specs], base) else 0)

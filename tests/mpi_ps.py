@@ -1,4 +1,8 @@
-"""Rank-side bodies of the parameter-server tests: ``python -m tests.mpi_ps CASE [ARGS]``.
+"""Rank-side bodies of the parameter-server tests: ``python -m tests.mpi_ps CASE [ARGS] [+ CASE [ARGS] ...]``.
+
+Cases joined by ``+`` run in turn in one launch, each ending with its own count line (``mpi_ps CASE:
+N failures on P ranks``); ``fail`` comes last (its runs end with a worker dropped, or with every rank
+stopped by the error).
 
 Cases (each runs on every rank; the first ``S`` ranks serve):
 
@@ -47,7 +51,7 @@ from ps.options import PSOptions
 from ps.protocol import PSError
 from ps.runtime import run
 from ps.store import CheckpointError
-from tests.mpicases import check, report
+from tests.mpicases import FAILS, check, report
 from training.optim import SGD
 
 COMM = MPI.COMM_WORLD
@@ -286,15 +290,22 @@ CASES = {"sum": case_sum, "staleness": case_staleness, "oracle": case_oracle, "r
 
 
 def main(argv):
-    name, args = argv[0], [int(a) if a.isdigit() else a for a in argv[1:]]
-    try:
-        CASES[name](*args)
-    except Exception:  # noqa: BLE001 - report, then abort every rank so nothing hangs
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        COMM.Abort(2)
-    return report(COMM, f"mpi_ps {name}")
+    """Run the cases of ``argv`` (``CASE ARGS [+ CASE ARGS ...]``) in turn; each reports its own count line."""
+    failed, groups = 0, [[]]
+    for word in argv:
+        groups.append([]) if word == "+" else groups[-1].append(word)
+    for name, *words in groups:
+        args = [int(a) if a.isdigit() else a for a in words]
+        try:
+            CASES[name](*args)
+        except Exception:  # noqa: BLE001 - report, then abort every rank so nothing hangs
+            traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            COMM.Abort(2)
+        failed |= report(COMM, f"mpi_ps {name}")
+        FAILS.clear()
+    return failed
 
 
 if __name__ == "__main__":

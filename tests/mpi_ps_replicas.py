@@ -1,4 +1,6 @@
-"""Rank-side bodies of the replicated-shard tests: ``python -m tests.mpi_ps_replicas CASE [DIR]``.
+"""Rank-side bodies of the replicated-shard tests: ``python -m tests.mpi_ps_replicas CASE [DIR]``, or
+``python -m tests.mpi_ps_replicas chain fence`` (the fault-free cases in turn, one launch, each with its
+own count line).
 
 The workload: least squares on fixed per-worker data, SGD with momentum 0.9 on the servers (so the
 optimizer state must survive a failover too), float64, BSP, ``--ps-timeout`` 1 s. The oracle of every
@@ -43,7 +45,7 @@ from ps.protocol import PSError
 from ps.runtime import run
 from ps.server import Server
 from ps.store import read_npz, server_checkpoint_path
-from tests.mpicases import check, report
+from tests.mpicases import FAILS, check, report
 from training.optim import SGD
 
 COMM = MPI.COMM_WORLD
@@ -196,9 +198,13 @@ def _leave():
 
 def main():
     case = sys.argv[1]
-    if case in ("chain", "fence"):
-        globals()[f"case_{case}"]()
-        return report(COMM, f"mpi_ps_replicas {case}")
+    if case in ("chain", "fence"):  # fault-free cases: any of them, in turn, each with its own count line
+        failed = 0
+        for name in sys.argv[1:]:
+            globals()[f"case_{name}"]()
+            failed |= report(COMM, f"mpi_ps_replicas {name}")
+            FAILS.clear()
+        return failed
     {"all": case_all, "head": case_head}[case](sys.argv[2])
     return 0
 

@@ -22,9 +22,32 @@ ZIPF_EXPONENT = 1.1   # exponent of the bounded Zipf law of the ids
 _HIDDEN = 4           # width of the hidden embeddings of the planted truth
 _SCALE = 1.2          # spread of the true logit (sets the best AUC near 0.8)
 
-#: ``train_ids``/``test_ids``: int32 (n, F, bag) global row ids; ``*_y``: float labels (0/1);
-#: ``offsets``: (F + 1,) first row of each table; ``best_auc``: AUC of the true probabilities on the test set.
-CTRData = namedtuple("CTRData", "train_ids train_y test_ids test_y offsets best_auc best_logloss")
+
+class CTRData(namedtuple("CTRData", "train_ids train_y test_ids test_y offsets test_p")):
+    """The data of a ctr run: ``train_ids``/``test_ids``: int32 (n, F, bag) global row ids; ``*_y``: float
+    labels (0/1); ``offsets``: (F + 1,) first row of each table; ``test_p``: float64 (n_test,) true click
+    probabilities of the test samples.
+
+    ``best_auc`` and ``best_logloss`` score ``test_p`` on the test labels (scikit-learn's ``roc_auc_score``
+    and ``log_loss``) when read: only the rank that reports them imports scikit-learn's metrics, seconds
+    of every rank's start on a loaded machine.
+    """
+
+    __slots__ = ()
+
+    @property
+    def best_auc(self):
+        """AUC of the true probabilities on the test set (NaN when the test labels hold one class)."""
+        from sklearn.metrics import roc_auc_score
+
+        return float(roc_auc_score(self.test_y, self.test_p)) if len(np.unique(self.test_y)) == 2 else float("nan")
+
+    @property
+    def best_logloss(self):
+        """Log loss of the true probabilities on the test set."""
+        from sklearn.metrics import log_loss
+
+        return float(log_loss(self.test_y, self.test_p, labels=[0, 1]))
 
 
 def table_sizes(rows, tables):
@@ -76,8 +99,6 @@ def make_ctr_data(cfg):
     >>> d.train_ids.shape, int(d.offsets[-1]), 0.5 < d.best_auc < 1.0
     ((50, 2, 2), 100, True)
     """
-    from sklearn.metrics import log_loss, roc_auc_score
-
     sizes = table_sizes(cfg.ctr_rows, cfg.ctr_tables)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     truth, train_rng, test_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(3))
@@ -87,9 +108,7 @@ def make_ctr_data(cfg):
     train_ids, train_y, _ = _draw(train_rng, cfg.ctr_train, sizes, offsets, cfg.ctr_bag, hidden, u, bias)
     test_ids, test_y, p = _draw(test_rng, cfg.ctr_test, sizes, offsets, cfg.ctr_bag, hidden, u, bias)
     check_ids(train_ids, cfg.ctr_rows)
-    both = len(np.unique(test_y)) == 2
-    return CTRData(train_ids, train_y, test_ids, test_y, offsets,
-                   float(roc_auc_score(test_y, p)) if both else float("nan"), float(log_loss(test_y, p, labels=[0, 1])))
+    return CTRData(train_ids, train_y, test_ids, test_y, offsets, p)
 
 
 def check_ids(ids, rows):
