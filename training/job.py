@@ -44,6 +44,9 @@ def array_module(cfg, comm):
 def set_threads(cfg, comm):
     """Limit BLAS threads per rank to ``cfg.threads`` (0: cores on the node / ranks on the node).
 
+    The node's cores are this process's CPU affinity, or ``$COMMLAB_NODE_CORES`` when set (the emulated
+    cluster's share of the host for each node, :mod:`experiments.cluster.emulate`).
+
     Returns
     -------
     int
@@ -53,6 +56,7 @@ def set_threads(cfg, comm):
     if n == 0:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = int(os.environ.get("COMMLAB_NODE_CORES") or 0) or cores  # an emulated node's share of the host
         n = max(1, (cores or 1) // local.size)
         local.Free()
     if limit_threads(n):

@@ -16,7 +16,10 @@ the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
 or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
 kernel TCP stack's own. With ``--racks R`` there are R racks of N nodes, each rack behind one uplink
 of ``--uplink`` RATE (:func:`experiments.cluster.net.build`), and every rank's environment carries
-``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce).
+``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce). Every rank's
+environment also carries ``COMMLAB_NODE_CORES``, the host's cores divided among the emulated nodes (at
+least 1): the nodes share the host's cores, so a rank that sized its BLAS thread pool by the host's
+cores (``training.job.set_threads``) would run more threads than there are cores.
 
 The command first re-executes itself under ``unshare --net --mount --uts --pid --fork`` (adding
 ``--user --map-root-user`` when not root), so the bridge, the veth pairs and the node namespaces are
@@ -190,6 +193,8 @@ def mpiexec_command(cfg, launcher):
         command += ["--max-load", repr(cfg.max_load)] if cfg.max_load is not None else []
         command += ["--allow-noisy"] if cfg.allow_noisy else []
         command += ["--settle", repr(cfg.settle)] if cfg.settle else []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    command = ["env", f"COMMLAB_NODE_CORES={max(1, cores // (cfg.nodes * cfg.racks))}", *command]
     if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
         command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
     return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command,
