@@ -87,6 +87,8 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
         answer, deadline = comm.Irecv(token, source=root, tag=_END_TAG), time.monotonic() + 2 * grace + slack
         while not answer.Test():
             if time.monotonic() > deadline:
+                answer.Cancel()  # no stale receive left to take a later answer
+                answer.Wait()
                 return [root], False  # root died, or ended the job and the launcher left this rank running
             time.sleep(0.01)
         return [], bool(token[0])
