@@ -21,7 +21,6 @@ each algorithm's speedup over the flat ring as median and range over the sweep's
 the same run. ``mpi`` has no schedule here (MPICH picks its own algorithm), so its bytes are not
 counted. Writes one JSON record and prints it as Markdown (:func:`plots.cluster_tables.collectives_markdown`).
 """
-import argparse
 import json
 import os
 import sys
@@ -134,18 +133,17 @@ def gather(files, per_node):
             "summary": summary, "rows": rows}
 
 
+#: The top-level help's summary of the subcommands.
+_EPILOG = ("run [--max-bytes N] --out DIR --study FILE [--max-load L] [--settle S] [--allow-noisy]: run "
+            "the study and gather it; commands [--max-bytes N] --out DIR: print its sweeps; report "
+            "RATE=FILE ... [--ranks-per-node K] --study FILE: gather finished sweeps. 'SUBCOMMAND --help' "
+            "for each.")
+
+
 def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished sweeps; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.collectives", description=__doc__.split("\n")[0],
-                                epilog="run [--max-bytes N] --out DIR --study FILE [--max-load L] [--settle S] "
-                                       "[--allow-noisy]: run the study and gather it; commands [--max-bytes N] --out "
-                                       "DIR: print its sweeps; report "
-                                       "RATE=FILE ... [--ranks-per-node K] --study FILE: gather finished sweeps. "
-                                       "'SUBCOMMAND --help' for each.")
-    sub = p.add_subparsers(dest="what", required=True)
-    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
-    study.add_options(parsers["run"], "results/cluster/collectives", "results/cluster/collectives_study.json")
-    parsers["commands"].add_argument("--out", default="results/cluster/collectives", help="the sweeps' directory")
+    p, parsers = study.subcommands("python -m experiments.cluster.collectives", __doc__.split("\n")[0], _EPILOG,
+                                   "results/cluster/collectives", "results/cluster/collectives_study.json")
     for name in ("run", "commands"):
         parsers[name].add_argument("--max-bytes", default="16M", help="the sweeps' largest size (default 16M; "
                                    "a smaller one tries the study out)")
@@ -153,8 +151,6 @@ def main(argv=None):
                                    "RATE (tc units)")
     parsers["report"].add_argument("--ranks-per-node", type=int, default=2, help="ranks per node of those runs "
                                    "(default 2)")
-    parsers["report"].add_argument("--study", default="results/cluster/collectives_study.json",
-                                   help="the results file")
     a = p.parse_args(argv)
     if a.what == "commands":
         print("\n".join(commands(a.out, max_bytes=a.max_bytes)))
@@ -162,10 +158,7 @@ def main(argv=None):
     if a.what == "run":
         files = {link: os.path.join(a.out, f"collectives_{link}.json") for link in LINKS}
         status = study.run_study(a, commands(a.out, load=study.load_flags(a, 9), max_bytes=a.max_bytes), lambda: gather(files, 2), P=9,
-                                 label="collectives study")
-        if status == 0:
-            with open(a.study, encoding="utf-8") as f:
-                print(collectives_markdown(json.load(f)))
+                                 label="collectives study", show=collectives_markdown)
         return status
     files = {}
     for item in a.runs:
@@ -179,10 +172,7 @@ def main(argv=None):
         record = gather(files, a.ranks_per_node)
     except (OSError, ValueError, KeyError) as e:
         p.error(f"{e}")
-    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
-    with open(a.study, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    print(collectives_markdown(record))
+    study.write_record(record, a.study, collectives_markdown)
     print(f"wrote {a.study}")
     return 0
 

@@ -20,7 +20,6 @@ quantized to epochs). The accuracy cost is the final test accuracy minus ``none`
 GRACE (H. Xu et al., "GRACE: A Compressed Communication Framework for Distributed Machine
 Learning", ICDCS 2021, section V) reports the same quantities against network bandwidth.
 """
-import argparse
 import json
 import os
 import sys
@@ -110,19 +109,18 @@ def gather(sweep_dirs, target, settings=None):
             "settings": settings, "sources": sources, "rows": report(sweeps, target)}
 
 
+#: The top-level help's summary of the subcommands.
+_EPILOG = ("run [--epochs E] [--seeds S] [--compressor SPEC ...] [--target T] --out DIR --study FILE "
+            "[--max-load L] [--settle S] [--allow-noisy]: run the study and gather it; commands [--epochs "
+            "E] --out DIR: print its runs; report NETWORK=DIR ... [--target T] --study FILE: gather "
+            "finished runs. 'SUBCOMMAND --help' for each.")
+
+
 def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.compression", description=__doc__.split("\n")[0],
-                                epilog="run [--epochs E] [--seeds S] [--compressor SPEC ...] [--target T] --out DIR --study FILE [--max-load L] "
-                                       "[--settle S] [--allow-noisy]: run the study and gather it; commands [--epochs E] "
-                                       "--out DIR: print its runs; report NETWORK=DIR ... [--target T] --study FILE: "
-                                       "gather finished runs. 'SUBCOMMAND --help' for each.")
-    sub = p.add_subparsers(dest="what", required=True)
-    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
-    study.add_options(parsers["run"], "results/cluster/compression", "results/cluster/compression_study.json")
-    parsers["commands"].add_argument("--out", default="results/cluster/compression", help="the runs' directory")
+    p, parsers = study.subcommands("python -m experiments.cluster.compression", __doc__.split("\n")[0], _EPILOG,
+                                   "results/cluster/compression", "results/cluster/compression_study.json")
     parsers["report"].add_argument("sweeps", nargs="+", help="NETWORK=DIR: a compression_sweep --out directory")
-    parsers["report"].add_argument("--study", default="results/cluster/compression_study.json", help="the results file")
     for name in ("run", "commands"):
         parsers[name].add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
         parsers[name].add_argument("--seeds", default="0", help="training seeds, comma separated (default 0)")
@@ -141,10 +139,7 @@ def main(argv=None):
         settings = {"nodes": 4, "ranks_per_node": 1, "epochs": a.epochs, "seeds": a.seeds}
         dirs = {net: os.path.join(a.out, net) for net in NETWORKS}
         status = study.run_study(a, commands(a.out, a.epochs, a.seeds, study.load_flags(a, 5), a.compressor),
-                                 lambda: gather(dirs, a.target, settings), P=5, label="compression study")
-        if status == 0:
-            with open(a.study, encoding="utf-8") as f:
-                print(compression_markdown(json.load(f)))
+                                 lambda: gather(dirs, a.target, settings), P=5, label="compression study", show=compression_markdown)
         return status
     dirs = {}
     for item in a.sweeps:
@@ -153,10 +148,7 @@ def main(argv=None):
             p.error(f"{item}: expected NETWORK=DIR, DIR holding a compression_sweep.json")
         dirs[net] = path
     record = gather(dirs, a.target)
-    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
-    with open(a.study, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    print(compression_markdown(record))
+    study.write_record(record, a.study, compression_markdown)
     print(f"wrote {a.study}")
     return 0
 

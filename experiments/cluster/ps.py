@@ -26,7 +26,6 @@ time; it evaluates snapshots afterwards), and for data parallelism the global ba
 step time (:func:`experiments.cluster.compression.epoch_times`, evaluation excluded); median and
 range over the repeats.
 """
-import argparse
 import glob
 import json
 import os
@@ -143,20 +142,18 @@ def gather(out, hidden=HIDDEN, link="1gbit", settings=None):
     return {"study": "experiments.cluster.ps", "link": link, "models": models, "settings": settings, "rows": rows}
 
 
+#: The top-level help's summary of the subcommands.
+_EPILOG = ("run [--epochs E] [--repeats R] [--hidden W,W ...] --out DIR --study FILE [--max-load L] "
+            "[--settle S] [--allow-noisy]: run the study and gather it; commands [--epochs E] [--repeats "
+            "R] [--hidden W,W ...] --out DIR: print its runs; report DIR [--hidden W,W ...] --study FILE: "
+            "gather finished runs. 'SUBCOMMAND --help' for each.")
+
+
 def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ps", description=__doc__.split("\n")[0],
-                                epilog="run [--epochs E] [--repeats R] [--hidden W,W ...] --out DIR --study FILE "
-                                       "[--max-load L] [--settle S] [--allow-noisy]: run the study and gather it; "
-                                       "commands [--epochs E] [--repeats R] [--hidden W,W ...] --out DIR: print its "
-                                       "runs; report DIR [--hidden W,W ...] --study FILE: gather finished runs. "
-                                       "'SUBCOMMAND --help' for each.")
-    sub = p.add_subparsers(dest="what", required=True)
-    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
-    study.add_options(parsers["run"], "results/cluster/ps", "results/cluster/ps_study.json")
-    parsers["commands"].add_argument("--out", default="results/cluster/ps", help="the runs' directory")
+    p, parsers = study.subcommands("python -m experiments.cluster.ps", __doc__.split("\n")[0], _EPILOG,
+                                   "results/cluster/ps", "results/cluster/ps_study.json")
     parsers["report"].add_argument("root", help="the runs' directory (hWIDTHS/dp-ring-rR, hWIDTHS/ps-bsp-sS-rR)")
-    parsers["report"].add_argument("--study", default="results/cluster/ps_study.json", help="the results file")
     for name, q in parsers.items():
         q.add_argument("--hidden", action="append", metavar="W[,W...]", help="a model's hidden widths, repeatable "
                        f"(default: {' and '.join(HIDDEN)})")
@@ -177,19 +174,13 @@ def main(argv=None):
         settings = {"workers": 4, "servers": list(SERVERS), "epochs": a.epochs, "repeats": a.repeats}
         status = study.run_study(a, commands(a.out, a.epochs, a.repeats, hidden),
                                  lambda: gather(a.out, hidden, settings=settings), P=4 + max(SERVERS) + 1,
-                                 label="ps study")
-        if status == 0:
-            with open(a.study, encoding="utf-8") as f:
-                print(ps_markdown(json.load(f)))
+                                 label="ps study", show=ps_markdown)
         return status
     try:
         record = gather(a.root, hidden)
     except (OSError, ValueError) as e:
         p.error(str(e))
-    os.makedirs(os.path.dirname(a.study) or ".", exist_ok=True)
-    with open(a.study, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    print(ps_markdown(record))
+    study.write_record(record, a.study, ps_markdown)
     print(f"wrote {a.study}")
     return 0
 

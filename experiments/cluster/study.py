@@ -22,6 +22,7 @@ Examples
 >>> study.argv("python -m experiments.cluster.emulate -- python -m training.train")[4] == study.argv("python")[0]
 True
 """
+import argparse
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ import time
 
 from experiments import results
 
-__all__ = ["add_options", "load_flags", "argv", "run_commands", "run_study"]
+__all__ = ["add_options", "subcommands", "load_flags", "argv", "run_commands", "run_study", "write_record"]
 
 
 def add_options(parser, out, study):
@@ -40,6 +41,28 @@ def add_options(parser, out, study):
     parser.add_argument("--out", default=out, help=f"the runs' directory (default {out})")
     parser.add_argument("--study", default=study, help=f"the gathered results file (default {study})")
     results.add_options(parser)
+
+
+def subcommands(prog, description, epilog, out, study):
+    """Return ``(parser, {"run": ..., "commands": ..., "report": ...})``: a study's three subcommands, ``run``
+    with :func:`add_options`, ``commands`` with ``--out``, ``report`` with ``--study`` (their own
+    arguments are the caller's to add)."""
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    sub = p.add_subparsers(dest="what", required=True)
+    parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
+    add_options(parsers["run"], out, study)
+    parsers["commands"].add_argument("--out", default=out, help="the runs' directory")
+    parsers["report"].add_argument("--study", default=study, help="the results file")
+    return p, parsers
+
+
+def write_record(record, path, show=None):
+    """Write ``record`` to ``path`` (JSON), printing ``show(record)`` (its table) first when given."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+    if show is not None:
+        print(show(record))
 
 
 def load_flags(args, P):
@@ -77,7 +100,7 @@ def run_commands(cmds, label, pause=3.0, wait=300.0):
     return failed
 
 
-def run_study(args, cmds, gather, P, label, pause=3.0):
+def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
     """Run a study as one command and write its record to ``args.study``; return the exit status.
 
     Parameters
@@ -95,6 +118,8 @@ def run_study(args, cmds, gather, P, label, pause=3.0):
         Printed before each run.
     pause : float
         Seconds before each run (:func:`run_commands`).
+    show : callable, optional
+        ``show(record) -> str``: the record's table, printed when every run succeeded.
 
     Returns
     -------
@@ -122,9 +147,7 @@ def run_study(args, cmds, gather, P, label, pause=3.0):
     if noisy:
         record["provenance"]["noisy"] = True
         record["provenance"]["noisy_runs"] = noisy
-    os.makedirs(os.path.dirname(args.study) or ".", exist_ok=True)
-    with open(args.study, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
+    write_record(record, args.study, None if failed else show)
     verdict = "noisy" if record["provenance"]["noisy"] else "quiet"
     print(f"wrote {args.study} ({verdict}); failed runs: {failed or 'none'}")
     return 1 if failed else 0
