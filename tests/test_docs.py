@@ -23,7 +23,8 @@ def test_docs_build_with_no_warning(tmp_path):
 
 def test_docstring_examples_run_at_p1_under_mpiexec():
     res = run_mpi(1, "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--doctest-modules",
-                  "collectives", "ps", "training", "inference", "plots", "experiments/results.py", timeout=120)
+                  "collectives", "ps", "training", "inference", "plots", "experiments/results.py", "experiments/cluster",
+                  timeout=120)
     import re
 
     passed = re.search(r"(\d+) passed", res.stdout)

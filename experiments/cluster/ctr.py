@@ -99,7 +99,7 @@ def link_bytes(mode, n, unique, dim=16, mlp=MLP, workers=4):
     Examples
     --------
     >>> round(link_bytes("dp", 10 ** 6, 3000) / 1e6, 1)  # MB
-    96.0
+    96.1
     """
     ring = 2 * (workers - 1) / workers
     if mode == "dp":
