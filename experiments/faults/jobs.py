@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-__all__ = ["run_jobs", "run_job_part", "main"]
+__all__ = ["run_jobs", "run_job_part", "main", "read_records"]
 
 
 class _Tee(io.TextIOBase):
@@ -71,8 +71,8 @@ def main(argv=None):
     comm.Barrier()
 
 
-def _read(out, P):
-    """Return {case: {rank: record}} of the records the ranks wrote whole."""
+def read_records(out, P):
+    """Return {case: {rank: record}} of the records the ranks wrote whole (``out/rank-R.jsonl``)."""
     recs = {}
     for r in range(P):
         path = os.path.join(out, f"rank-{r}.jsonl")
@@ -110,8 +110,8 @@ def run_jobs(launch, names, split, limit):
             os.makedirs(out)
             more = [(split[1], [out, "b", rest])] if split[1] else []
             code, _, text = launch(split[0], "experiments.faults.jobs", [out, "a", rest], {}, limit,
-                                   progress=lambda: sum(map(len, _read(out, P).values())), more=more)
-            recs, k = _read(out, P), k + 1
+                                   progress=lambda: sum(map(len, read_records(out, P).values())), more=more)
+            recs, k = read_records(out, P), k + 1
             for n in names[start:]:
                 if len(recs.get(n, {})) < P:
                     break

@@ -43,7 +43,7 @@ import time
 
 from experiments.cluster.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
-from experiments.faults.jobs import run_job_part
+from experiments.faults.jobs import read_records, run_job_part
 from experiments.job_stop import job_processes, marked_env, stop_job
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
@@ -147,18 +147,6 @@ def _launch(P, module, args, env, limit, extra=(), progress=None, more=()):
 launch = _launch  # public: other studies launch their crash jobs the same way
 
 
-def _read(out_dir, P):
-    recs = {}
-    for r in range(P):
-        path = os.path.join(out_dir, f"rank-{r}.jsonl")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    rec = json.loads(line)
-                    recs.setdefault(rec["case"], {})[rec["rank"]] = rec
-    return recs
-
-
 def run_matrix(P, mode, timeout, limit, only=None):
     """Run every mismatch case at P ranks in ``mode``; return one result dict per case.
 
@@ -185,8 +173,8 @@ def run_matrix(P, mode, timeout, limit, only=None):
         while start < len(names):
             code, secs, out = _launch(P, "experiments.faults.cases", ["--out", tmp, "--only", ",".join(names[start:]),
                                                                      *args], env, limit,
-                                      progress=lambda: sum(map(len, _read(tmp, P).values())))
-            recs = _read(tmp, P)
+                                      progress=lambda: sum(map(len, read_records(tmp, P).values())))
+            recs = read_records(tmp, P)
             done = [n for n in names[start:] if len(recs.get(n, {})) == P]
             for n in done:
                 results.append(_classify(n, recs[n], P, mode))
