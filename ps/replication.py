@@ -43,9 +43,10 @@ __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
 FAILOVER_MARGIN = 0.5
 #: A replica's own counters: updates forwarded and applied from upstream, ACKs received, FORWARDs and
 #: requests refused as fenced, successors cut off, takeovers, replies held until acknowledged, chain
-#: messages whose payload never came (the sender died in between).
+#: messages whose payload never came (the sender died in between), and FORWARDs not applied because an
+#: earlier one of their stream was lost (a gap in the sequence numbers).
 REPLICA_COUNTERS = ("forwarded", "applied_forwards", "acks", "fenced", "refused_requests", "cut", "takeovers",
-                    "held_replies", "lost_payloads")
+                    "held_replies", "lost_payloads", "skipped_forwards")
 #: The primary cuts off a successor silent for this share of ``ps_timeout`` (less down the chain), so
 #: that its held replies go out before a worker's failover timeout (``ps_timeout + FAILOVER_MARGIN``).
 _SUCCESSOR_SHARE = 0.75
@@ -122,6 +123,7 @@ class ReplicatedServer(Server):
         span = max(1, len(self.chain) - 1)
         self.successor_timeout = _SUCCESSOR_SHARE * opts.ps_timeout * (len(self.chain) - 1 - self.pos) / span
         self._peer_sends, self._header, self._looked = [], None, time.monotonic()
+        self._broken = set()                        # chain peers whose FORWARD payload never came
 
     @property
     def held(self):
@@ -155,6 +157,16 @@ class ReplicatedServer(Server):
 
     # ------------------------------------------------------------------------------------------
     def _handle(self, source, mtype):
+        if mtype == Msg.FORWARD and source in self._broken:
+            # the stream from this peer lost an update already, so none of its later FORWARDs can be
+            # applied (the sequence has a gap): take the header, leave its payload to a receive that is
+            # never waited for, and do not wait a --ps-timeout for each (a dead primary's last forwards)
+            try:
+                receive(self.comm, source, mtype, time.monotonic())
+            except PSTimeout:
+                pass
+            self.counters["skipped_forwards"] += 1
+            return
         try:
             super()._handle(source, mtype)
         except PSTimeout:
@@ -162,6 +174,8 @@ class ReplicatedServer(Server):
                 raise
             self.counters["lost_payloads"] += 1  # a replica died between a header and its payload: never
             #                                      acknowledged, so resent by the workers if it was theirs
+            if mtype == Msg.FORWARD:
+                self._broken.add(source)
 
     def _dispatch(self, source, mtype, header, data):
         if mtype in (Msg.FORWARD, Msg.ACK, Msg.FENCED):
@@ -247,6 +261,9 @@ class ReplicatedServer(Server):
         elif epoch < self.epoch or self.head or self.deposed:  # an old primary's update: refused
             self.counters["fenced"] += 1
             self._peer(source, Msg.FENCED)
+        elif int(header[H_SEQ]) > self.seq + 1:  # an update before it never came: applying this one and
+            self.counters["skipped_forwards"] += 1  # acknowledging it would acknowledge the lost one too
+            self._broken.add(source)
         else:
             self.epoch, self.upstream, seq = epoch, source, int(header[H_SEQ])
             if seq > self.seq:

@@ -129,3 +129,26 @@ def test_bad_replica_options_stop_every_rank_before_training(tmp_path):
                   "--run-dir", str(tmp_path), timeout=60, check=False)
     assert out.returncode == 1 and out.stdout.count("error:") == 1, out.stdout
     assert "--ps-replicas" in out.stdout and "Traceback" not in out.stdout, out.stdout
+
+
+def test_a_forward_after_a_lost_one_is_neither_applied_nor_acknowledged():
+    """A backup whose upstream died between a FORWARD's header and its payload must not apply (and so
+    acknowledge) a later FORWARD of that stream: the acknowledgement would cover the lost update too. The
+    later FORWARDs of a peer that lost one are taken without waiting for their payloads."""
+    from ps.protocol import H_EPOCH, H_SEQ, HEADER_LEN, Msg
+    from ps.replication import REPLICA_COUNTERS, ReplicatedServer
+
+    backup = object.__new__(ReplicatedServer)  # the chain logic alone, no communicator
+    backup.epoch, backup.head, backup.deposed, backup.seq = 0, False, False, 4
+    backup.counters, backup._broken = dict.fromkeys(REPLICA_COUNTERS, 0), set()
+    applied = []
+    backup._apply = lambda header, data: applied.append(int(header[H_SEQ]))
+    backup._send_down = lambda seq, fields, data: applied.append(("down", seq))
+    header = np.zeros(HEADER_LEN, np.int64)
+    header[H_EPOCH], header[H_SEQ] = 0, 6  # seq 5 never came
+    backup._chain_message(0, Msg.FORWARD, header, np.ones(3))
+    assert applied == [] and backup.seq == 4 and backup._broken == {0}
+    assert backup.counters["skipped_forwards"] == 1
+    header[H_SEQ] = 5  # the next in sequence, from another upstream (a resend after a cut): applied
+    backup._chain_message(2, Msg.FORWARD, header, np.ones(3))
+    assert applied == [5, ("down", 5)] and backup.seq == 5
