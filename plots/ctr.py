@@ -36,14 +36,14 @@ def draw(record, out):
                        label=f"{mode} predicted")
             med = [p["samples_per_s"][0] for p in pts]
             err = [[m - p["samples_per_s"][1] for m, p in zip(med, pts)], [p["samples_per_s"][2] - m for m, p in zip(med, pts)]]
-            b.errorbar(x, med, yerr=err, marker="o", capsize=3, label=f"{mode}, {link}")
+            b.errorbar(x, med, yerr=err, marker="os^"[m], capsize=3, color=f"C{m}", ls="-" if link == links[0] else "--",
+                       label=f"{mode}, {link}")
     if record.get("busiest_ratio_dp_over_hybrid"):  # the busiest link's bytes, from the counted distinct rows
         ratio = sorted((int(n), r) for n, r in record["busiest_ratio_dp_over_hybrid"].items())
         c = b.twinx()
         c.plot([n for n, _ in ratio], [r for _, r in ratio], "k:", lw=1, label="predicted busiest-link bytes, dp / hybrid")
         c.set_yscale("log")
         c.set_ylabel("dp / hybrid bytes on the busiest link (dotted)")
-        c.legend(fontsize=7, loc="lower right")
     if record.get("predicted_crossing_rows"):
         a.axvline(record["predicted_crossing_rows"], color="grey", ls=":", label="predicted crossing")
     for ax, title in ((a, "bytes per worker link per step"), (b, "samples/s (median, range)")):
@@ -51,9 +51,14 @@ def draw(record, out):
         ax.set_yscale("log")
         ax.set_xlabel("embedding rows (all tables)")
         ax.set_title(title)
-        ax.legend(fontsize=7)
+    a.legend(fontsize=7)
+    handles, labels = b.get_legend_handles_labels()
+    if record.get("busiest_ratio_dp_over_hybrid"):
+        more = c.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    b.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return out
 
@@ -116,3 +121,26 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def hotkeys_markdown(record):
+    """Return the hot-key study's markdown: per sharding, max / mean rows served without and with the split
+    (the servers' own counts; median and range over the seeds), the rows split, and the test AUC both ways."""
+    from tabulate import tabulate
+
+    def spread(s, fmt):
+        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+
+    cells = []
+    for kind in ("range", "hash"):
+        s = record["summary"][kind]
+        cells.append([kind, spread(s["max_over_mean"], "{:.3f}"), spread(s["hot"], "{:,.0f}"),
+                      spread(s["max_over_mean_split"], "{:.3f}"), spread(s["test_auc"], "{:.4f}"),
+                      spread(s["test_auc_split"], "{:.4f}"), spread(s["auc_difference"], "{:g}")])
+    table = tabulate(cells, headers=("sharding", "max / mean rows served", "hot rows split",
+                                     "max / mean, split", "test AUC", "test AUC, split", "AUC difference"),
+                     tablefmt="pipe", disable_numparse=True,
+                     colalign=("left", "right", "right", "right", "right", "right", "right"))
+    return (f"--mode hybrid, {record['servers']} servers, {record['workers']} workers, 10^5 rows in 8 tables, "
+            f"65,536 training samples; median (min-max) over seeds 0-{record['seeds'] - 1}; the split is the "
+            f"smallest that brings the counted max / mean to {record['target']:g} or below.\n\n" + table)

@@ -9,6 +9,7 @@ loads its file, refuses one measured on a busy machine and ends its table with t
 import os
 
 from plots.renderers import (_bench, _bench_figures, _breakdown_table, _levels_table, _metrics_overhead_table,
+                             _mpi_baseline_table,
                              _model_parallel_table, _non_iid_figures, _non_iid_table, _ps_part, _replicas_table,
                              _scaling_table, _serving_load_figure, _serving_load_table, _small_calls,
                              _trainer_table, _training_figures, _training_table)
@@ -69,6 +70,8 @@ ITEMS = {
     "predict-scale": ("predict/scale.json", _module_table("predict", "scale_markdown"),
                       _figure("predict", "predict_scale.png")),
     "ctr-study": ("cluster/ctr_study.json", _module_table("ctr", "markdown"), _figure("ctr", "ctr_study.png")),
+    "ctr-hotkeys": ("ctr/hotkeys.json", _module_table("ctr", "hotkeys_markdown"), None),
+    "bench-mpi-baseline-p2": ("bench/mpi_baseline_p2.json", _mpi_baseline_table, None),
     "cluster-compression": ("cluster/compression_study.json", _module_table("cluster_tables", "compression_markdown"),
                             _figure("cluster", "cluster_compression.png", "draw_compression")),
     "cluster-ps": ("cluster/ps_study.json", _module_table("cluster_tables", "ps_markdown"),

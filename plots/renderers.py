@@ -117,6 +117,27 @@ def _small_calls(rel):
     return small_calls_table(results) + "\n\n" + source_line(prov, rel)
 
 
+def _mpi_baseline_table(rel):
+    from tabulate import tabulate
+
+    r = _load(rel)
+    prov = check_quiet(r, rel)
+    def size(n):
+        return f"{n / 2 ** 20:g} MiB" if n >= 2 ** 20 else f"{n / 1024:g} KiB"
+
+    rows = [[size(e["bytes"]), f"{e['ratio_median']:.2f}x ({e['ratio_min']:.2f}-{e['ratio_max']:.2f})",
+             f"{e['mpi_default_ratio']:.2f}x" if e["mpi_default_ratio"] else "-", e["commlab_best"], e["mpi_best"]]
+            for e in r["sizes"]]
+    table = tabulate(rows, ["size", "best-of-MPI time / commlab's best", "default MPI_Allreduce / commlab's best",
+                            "commlab's best", "MPI's best"], tablefmt="pipe", disable_numparse=True,
+                     colalign=("right", "right", "right", "left", "left"))
+    g, (lo, hi) = r["geomean"], r["range_bytes"]
+    head = (f"P = {r['P']}, float32 sum, median (min-max) over {r['rounds']} rounds of launches; above 1 commlab's "
+            f"best algorithm is faster. Geometric mean over {size(lo)}-{size(hi)}: "
+            f"{g['median']:.2f}x ({g['min']:.2f}-{g['max']:.2f}).")
+    return head + "\n\n" + table + "\n\n" + source_line(prov, rel, True)
+
+
 def _serving_load_table(rel):
     from plots.serving import load_table
 
@@ -158,8 +179,14 @@ def _replicas_table(rel):
                      tablefmt="pipe", disable_numparse=True, colalign=("left", "right", "right"))
     deaths = sorted({c["death"] for c in r["crashes"] if c.get("death")})  # as the dying rank printed it
     how = f"; the primary died by {' and '.join(deaths)}" if deaths else ""
-    return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, {st['epochs']} epochs, --ps-timeout "
-            f"{st['ps_timeout']:g} s{how}.\n\n" + crashes + "\n\n" + costs + "\n\n" + source_line(prov, rel, True))
+    accs = [x["test_acc"] for k in ("R1", "R2") for x in cost[k]["runs"]] + [c["test_acc"] for c in r["crashes"]
+                                                                         if c.get("test_acc") is not None]
+    acc = (f"test accuracy {accs[0]:.2%} in every run" if len(set(accs)) == 1 else
+           f"test accuracy {min(accs):.2%}-{max(accs):.2%}")
+    return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, SGD with momentum 0.9"
+            + (f" and lr {st['lr']:g}" if "lr" in st else "") + ", "
+            f"{st['epochs']} epochs, --ps-timeout {st['ps_timeout']:g} s{how}; {acc}.\n\n" + crashes + "\n\n"
+            + costs + "\n\n" + source_line(prov, rel, True))
 
 
 def _metrics_overhead_table(rel):

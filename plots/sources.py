@@ -63,7 +63,8 @@ def source_line(prov, rel, launches_itself=False):
     v = prov["versions"]
     lib = v.get("mpi_library") or "no MPI library"
     load = prov.get("load")
-    where = ("a simulation (no measurement)" if load is None or prov.get("P") is None else
+    where = (f"P = {prov['P']}, counts and accuracy (nothing timed)" if prov.get("timed") is False else
+             "a simulation (no measurement)" if load is None or prov.get("P") is None else
              f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
              f"{load['during_max']:.2f} at most during")
     command = prov["command"]

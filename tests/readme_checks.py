@@ -63,6 +63,8 @@ CHECKS = {
                                                                "--ctr-test", "2048", "--no-progress")),
     "python -m experiments.cluster.ctr run --out results/cluster/ctr --study results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "its commands and report at tiny sizes"),
+    "python -m experiments.studies.hotkeys --seeds 3 --out results/ctr_hotkeys.json":
+        Help("tests/test_ctr.py::test_hot_key_remedy_balances_the_servers_at_four"),
     "python -m plots.ctr results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
     "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 3 --link 1gbit --survive-crashes -- python -m "

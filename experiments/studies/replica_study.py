@@ -3,8 +3,8 @@
     python -m experiments.studies.replica_study [--crashes 20] [--repeats 3] [--out results/ps_replicas]
 
 Run it with plain ``python``: it launches every job under ``mpiexec`` itself, each under a hard limit
-(:func:`experiments.faults.suite.launch`). The trainer's digits model, BSP, SGD with momentum 0.9,
-``--workers`` workers (default 3):
+(:func:`experiments.faults.suite.launch`). The trainer's digits model, BSP, SGD with momentum 0.9 and
+``--lr`` 0.05, ``--workers`` workers (default 3):
 
 ``cost``
     Fault-free runs with unreplicated shards (``--servers 1``, ``R = 1``) and with every shard on a
@@ -53,7 +53,7 @@ def trainer_flags(args, replicas, run_dir, name):
     return ["--data", "digits", "--hidden", str(args.hidden), "--epochs", str(args.epochs), "--batch-size",
             str(16 * args.workers), "--no-progress", "--threads", "1", "--mode", "ps", "--consistency", "bsp",
             "--servers", str(replicas), "--ps-replicas", str(replicas), "--ps-timeout", str(args.ps_timeout),
-            "--optimizer", "sgd", "--momentum", "0.9", "--run-dir", run_dir, "--name", name]
+            "--optimizer", "sgd", "--momentum", "0.9", "--lr", str(args.lr), "--run-dir", run_dir, "--name", name]
 
 
 def _read(run_dir, name):
@@ -157,6 +157,7 @@ def _parser():
     p.add_argument("--epochs", type=int, default=2, help="epochs of every run")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the digits model")
     p.add_argument("--ps-timeout", type=float, default=1.0, help="--ps-timeout of every run (seconds)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD's learning rate of every run (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of the crash moments")
     p.add_argument("--out", default="results/ps_replicas", help="directory of replicas.json")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
