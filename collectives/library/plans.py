@@ -178,8 +178,11 @@ class LibraryPlan:
         """
         ctx, shaped, result, shaped_result, tail, want = self.ctx, self.shaped, self.result, self.shaped_result, \
             self.tail, self.want
-        iallreduce, args, avg, size, last, nbytes = ctx.comm.Iallreduce, (self.work, self.recv, self.mpi_op), \
-            self.avg, self.size, self.last, self.nbytes
+        # the buffers as mpi4py message specifications made once ([buffer, count, datatype]): mpi4py
+        # then skips reading each array's buffer protocol and format string at every call
+        kind = MPI.Datatype.fromcode(self.work.dtype.char)  # the type mpi4py would read from the array
+        args = ([MPI.buffer(self.work), self.work.size, kind], [MPI.buffer(self.recv), self.recv.size, kind], self.mpi_op)
+        iallreduce, avg, size, last, nbytes = ctx.comm.Iallreduce, self.avg, self.size, self.last, self.nbytes
         general = self._general_run
         # a new result array in the input's dtype (float16 and bfloat16 accumulate in float32): a bound
         # method made once, so the call pays no argument parsing
