@@ -68,7 +68,7 @@ def _repeated_scatter(x, comm, op, algorithm, timeout, out):
     if out is not None and (type(out) is not numpy.ndarray or out.shape != (plan.chunk,) or out.dtype != x.dtype
                             or not out.flags.writeable):
         return None
-    return plan.run(ctx, x, check_timeout(timeout), out)
+    return plan.run(ctx, x, None if timeout is None else check_timeout(timeout), out)
 
 
 @keyword_form

@@ -63,8 +63,12 @@ class ScatterPlan:
         # out at every call (the fingerprint's code, the statistics), worked out once (:meth:`_run_lean`)
         self._lean = None
         if xp is numpy and self.isnan is None and checks_enabled() and not debug_enabled():
-            acc = self.acc
-            self._lean = (settings_token(), key_code(key), getattr(ctx.comm, self.method),
+            acc, code = self.acc, key_code(key)
+            # the plan's own fingerprint pair, written once: MAX in place leaves it as it is when every
+            # rank's code is the same, so only a mismatch (which fails the communicator) changes it
+            fp = numpy.array([code, -code], numpy.int64)
+            self._lean = (settings_token(), (fp, fp.tobytes(), [MPI.buffer(fp), 2, MPI.INT64_T]),
+                          getattr(ctx.comm, self.method), MPI.Datatype.fromcode(acc.char),
                           ("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
                           self.elements * acc.itemsize)
 
@@ -112,19 +116,19 @@ class ScatterPlan:
         """The library call of a repeated host call without a deadline: the 2-element fingerprint
         all-reduce and the reduce-scatter, posted and waited, as :func:`collectives.library.call.call`
         posts them, with the call's code and statistics made once."""
-        _, code, method, last, nbytes = lean
+        _, (fp, want, fp_spec), method, kind, last, nbytes = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for a reduce-scatter)
-        fp = ctx.fp
-        fp[0], fp[1] = code, -code
-        comm = ctx.comm
-        reqs = [comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX), method(*self._args(send, mine, self.mpi_op))]
+        # the buffers with their MPI datatype given: mpi4py does not read each array's format
+        reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX),
+                method(*self._args([send, kind], [mine, kind], self.mpi_op))]
         try:
             MPI.Request.Waitall(reqs, _STATUSES)
         except MPI.Exception as exc:
             err = library_error(self.key, exc, _STATUSES, f"MPI_{self.method[1:]}")
             ctx.fail(f"reduce_scatter: {err}")
             raise err from None
-        if int(fp[0]) != code or int(fp[1]) != -code:
+        if fp.tobytes() != want:
+            fp[:] = numpy.frombuffer(want, numpy.int64)  # (the communicator has failed: for form's sake)
             err = mismatch(self.key)
             ctx.fail(f"reduce_scatter: {err}")
             raise err

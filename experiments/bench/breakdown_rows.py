@@ -14,7 +14,6 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives.backend import check_timeout
 from collectives.calls.signatures import cached_plan, repeated_plan
 from collectives.engine.context import existing_context
 from collectives.engine.fingerprint import checks_enabled
@@ -138,7 +137,7 @@ def scatter_rows(comm, x, algorithm):
     up to the plan), ``plan.run`` (:meth:`collectives.library.scatter_plan.ScatterPlan.run`: the buffer
     tests) and its lean library call (``_run_lean``), whose steps are both library calls (the 16-byte
     fingerprint ``MPI_Iallreduce`` and ``MPI_Ireduce_scatter_block``, posted together and waited),
-    the fingerprint's check and the statistics (sequence number, the fingerprint written, ``last_stats``).
+    the fingerprint's check and the statistics (sequence number, ``last_stats``).
     Row ``MPI_Ireduce_scatter_block+Wait`` is the library call commlab posts: the block form when the
     chunks are equal, ``MPI_Ireduce_scatter`` with the counts otherwise (2 elements on 4 ranks).
     """
@@ -154,14 +153,15 @@ def scatter_rows(comm, x, algorithm):
         raise ValueError(f"a {x.nbytes}-byte {algorithm} reduce-scatter on {P} ranks has no cached lean library "
                          "plan (auto does not choose mpi at this size here, or debug mode is on)")
     lean, send, mine = plan._lean, x.reshape(-1), out.reshape(-1)
-    _, code, method, last, nbytes = lean
+    _, (pfp, want, _), method, kind, last, nbytes = lean
     dup, counts, mop = ctx.comm, plan.counts, plan.mpi_op
-    args = plan._args(send, mine, mop)
-    fp = np.array([code, -code], np.int64)  # a private pair: the references leave the context's alone
-    cfp = ctx.fp
+    args = plan._args(send, mine, mop)  # the reference rows: the arrays as a direct mpi4py call passes them
+    posted = plan._args([send, kind], [mine, kind], mop)  # as the plan posts them, datatypes given
+    fp = np.frombuffer(want, np.int64).copy()  # a private pair: the references leave the plan's alone
+    fp_spec = [MPI.buffer(fp), 2, MPI.INT64_T]
 
     def both():
-        MPI.Request.Waitall([dup.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX), method(*args)], _STATUSES)
+        MPI.Request.Waitall([dup.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), method(*posted)], _STATUSES)
 
     def look_up():  # _repeated_scatter's statements up to plan.run
         c = existing_context(comm)
@@ -173,15 +173,14 @@ def scatter_rows(comm, x, algorithm):
         if out is not None and (type(out) is not np.ndarray or out.shape != (p.chunk,) or out.dtype != x.dtype
                                 or not out.flags.writeable):
             return None
-        return check_timeout(None)
+        return None
 
     def check():
-        if int(cfp[0]) != code or int(cfp[1]) != -code:
+        if pfp.tobytes() != want:
             raise RuntimeError("fingerprint differs")
 
     def statistics():  # every rank runs it as often, so the sequence stays in step
         ctx._seq += 1
-        cfp[0], cfp[1] = code, -code
         ctx.last = last
         ctx.calls += 1
         ctx.bytes_sent += nbytes
