@@ -89,12 +89,13 @@ def _allreduce(comm, x, names, cfg, P, in_place):
     calls = {a: _SPECIAL[a](comm, x, out, redop) if a in _SPECIAL else
              (lambda a=a: collectives.allreduce(x, comm=comm, op=redop, algorithm=a, out=out)) for a in names}
 
+    # the reference rows are the bare library calls: avg's division only where the op needs it
     def direct():
         comm.Allreduce(x, out, mop)
-        return finish(out, out, redop, P)
+        return finish(out, out, redop, P) if redop == "avg" else out
     def nonblocking():
         comm.Iallreduce(x, out, mop).Wait()
-        return finish(out, out, redop, P)
+        return finish(out, out, redop, P) if redop == "avg" else out
     calls.update({a: direct for a in names if a == "MPI_Allreduce"})
     calls.update({a: nonblocking for a in names if a == "MPI_Iallreduce"})
     c = Case(x.size, ref, calls, out, x)
@@ -116,16 +117,20 @@ def _reduce_scatter(comm, x, names, cfg, P, r):
     ref, out = oracle_allreduce(comm, x, cfg.redop)[b[r]:b[r + 1]], np.empty(b[r + 1] - b[r], x.dtype)
     calls = {a: (lambda a=a: collectives.reduce_scatter(x, comm=comm, op=cfg.redop, algorithm=a, out=out)) for a in names}
 
-    def direct():
-        comm.Reduce_scatter(x, out, counts, MPI_OPS[cfg.redop])
-        return finish(out, out, cfg.redop, P)
+    mop, avg = MPI_OPS[cfg.redop], cfg.redop == "avg"  # the reference rows: the bare library calls
 
-    def nonblocking():  # the block form where the chunks are equal (commlab's library call), else the v form
-        if x.size % P:
-            comm.Ireduce_scatter(x, out, counts, MPI_OPS[cfg.redop]).Wait()
-        else:
-            comm.Ireduce_scatter_block(x, out, MPI_OPS[cfg.redop]).Wait()
-        return finish(out, out, cfg.redop, P)
+    def direct():
+        comm.Reduce_scatter(x, out, counts, mop)
+        return finish(out, out, cfg.redop, P) if avg else out
+
+    if x.size % P:  # the block form where the chunks are equal (commlab's library call), else the v form
+        def nonblocking():
+            comm.Ireduce_scatter(x, out, counts, mop).Wait()
+            return finish(out, out, cfg.redop, P) if avg else out
+    else:
+        def nonblocking():
+            comm.Ireduce_scatter_block(x, out, mop).Wait()
+            return finish(out, out, cfg.redop, P) if avg else out
     calls.update({a: direct for a in names if a == "MPI_Reduce_scatter"})
     calls.update({a: nonblocking for a in names if a == "MPI_Ireduce_scatter_block"})
     return Case(x.size, ref, calls, out, x)
