@@ -102,8 +102,9 @@ def markdown(record):
         bytes_said = (f"By bytes hybrid's busiest link never carries more than dp's: dp / hybrid from {lo[1]:.2f}x at "
                       f"{lo[0]:,} rows to {hi[1]:,.0f}x at {hi[0]:,} rows (distinct rows per worker batch counted "
                       f"from the data).")
-    head = (bytes_said + " Measured: " + "; ".join(said) + ". Runs per point: "
-            f"{min(p['runs'] for p in record['points'])}-{max(p['runs'] for p in record['points'])}; the planted "
+    runs = sorted({p["runs"] for p in record["points"]})
+    head = (bytes_said + " Measured: " + "; ".join(said) + f". Runs per point: {'-'.join(map(str, runs[::len(runs) - 1 or 1]))}; "
+            "the planted "
             "truth's AUC is the best any model reaches on each table size's data.")
     return head + "\n\n" + table
 
@@ -119,10 +120,6 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def hotkeys_markdown(record):
     """Return the hot-key study's markdown: per sharding, max / mean rows served without and with the split
     (the servers' own counts; median and range over the seeds), the rows split, and the test AUC both ways."""
@@ -134,9 +131,11 @@ def hotkeys_markdown(record):
     cells = []
     for kind in ("range", "hash"):
         s = record["summary"][kind]
-        cells.append([kind, spread(s["max_over_mean"], "{:.3f}"), spread(s["hot"], "{:,.0f}"),
-                      spread(s["max_over_mean_split"], "{:.3f}"), spread(s["test_auc"], "{:.4f}"),
-                      spread(s["test_auc_split"], "{:.4f}"), spread(s["auc_difference"], "{:g}")])
+        split = s["hot"]["max"] > 0  # else balanced without a split: one run per seed, nothing to compare
+        cells.append([kind, spread(s["max_over_mean"], "{:.3f}"), spread(s["hot"], "{:,.0f}") if split else "none needed",
+                      spread(s["max_over_mean_split"], "{:.3f}") if split else "-", spread(s["test_auc"], "{:.4f}"),
+                      spread(s["test_auc_split"], "{:.4f}") if split else "-",
+                      spread(s["auc_difference"], "{:g}") if split else "-"])
     table = tabulate(cells, headers=("sharding", "max / mean rows served", "hot rows split",
                                      "max / mean, split", "test AUC", "test AUC, split", "AUC difference"),
                      tablefmt="pipe", disable_numparse=True,
@@ -144,3 +143,8 @@ def hotkeys_markdown(record):
     return (f"--mode hybrid, {record['servers']} servers, {record['workers']} workers, 10^5 rows in 8 tables, "
             f"65,536 training samples; median (min-max) over seeds 0-{record['seeds'] - 1}; the split is the "
             f"smallest that brings the counted max / mean to {record['target']:g} or below.\n\n" + table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
