@@ -24,7 +24,7 @@ from collectives.engine.context import check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import block_code, checks_enabled, debug_enabled, key_code, settings_token
 from collectives.calls.forms import keyword_form, positional
-from collectives.library.call import _STATUSES, call, library_error, mismatch, run_library
+from collectives.library.call import call, finish_lean, lean_pair, mismatch, run_library
 from collectives.schedules.ring import ring_allgather
 from collectives.schedules.schedule import segmented
 
@@ -281,12 +281,10 @@ class _EqualPlan:
         # agree), both calls' MPI datatypes and the statistics, worked out once (:meth:`_run_lean`)
         self.lean = None
         if algorithm == "mpi" and checks_enabled() and not debug_enabled():
-            code, bits = key_code(self.key), self.block[3]
-            fp = numpy.array([code, -code], numpy.int64)
+            fp, want, fp_spec = lean_pair(self.key)
             nbytes = x.size * (size - 1) * x.dtype.itemsize
-            self.lean = (settings_token(), fp, fp.tobytes(), [MPI.buffer(fp), 2, MPI.INT64_T],
-                         MPI.Datatype.fromcode(bits.char),
-                         ("allgather", "mpi", size * x.size, x.dtype, nbytes, None, None, True), nbytes)
+            self.lean = (settings_token(), (fp, want), fp_spec, MPI.Datatype.fromcode(self.block[3].char),
+                         (("allgather", "mpi", size * x.size, x.dtype, nbytes, None, None, True), nbytes))
 
     def run(self, ctx, x, out, timeout):
         """Gather ``x`` (the plan's shape and dtype) from every rank into ``out``; return ``out``.
@@ -319,24 +317,11 @@ class _EqualPlan:
         """The library calls of a repeated host call without a deadline, as :func:`call` posts them:
         the 2-element fingerprint all-reduce and ``MPI_Iallgather`` in place, waited together, with
         the buffers' MPI datatypes given (mpi4py reads no array format) and the statistics made once."""
-        _, fp, want, fp_spec, kind, last, nbytes = lean
+        _, pair, fp_spec, kind, stats = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for an all-gather)
         comm = ctx.comm
         reqs = [comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), comm.Iallgather(MPI.IN_PLACE, [flat, kind])]
-        try:
-            MPI.Request.Waitall(reqs, _STATUSES)
-        except MPI.Exception as exc:
-            err = library_error(self.key, exc, _STATUSES, "MPI_Allgather")
-            ctx.fail(f"allgather: {err}")
-            raise err from None
-        if fp.tobytes() != want:
-            fp[:] = numpy.frombuffer(want, numpy.int64)  # (the communicator has failed: for form's sake)
-            err = mismatch(self.key)
-            ctx.fail(f"allgather: {err}")
-            raise err
-        ctx.last = last
-        ctx.calls += 1
-        ctx.bytes_sent += nbytes
+        finish_lean(ctx, self.key, reqs, pair, stats, "MPI_Allgather")
         return out
 
 

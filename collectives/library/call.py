@@ -46,7 +46,7 @@ from collectives.engine.fingerprint import checks_enabled, describe, key_code
 from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "library_error", "call", "run_library", "key_code"]
+           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
@@ -173,6 +173,56 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
 
 
 _STATUSES = [MPI.Status() for _ in range(4)]  # reused by every call (statuses matter only when one fails)
+
+
+def lean_pair(key):
+    """Return a repeated call's own fingerprint pair: ``(pair, its bytes, its mpi4py message)``.
+
+    Written once: ``MPI_MAX`` in place leaves the pair as it is when every rank's code is the same, so
+    only a mismatch (which fails the communicator) changes it; the message gives mpi4py the buffer,
+    count and datatype, so it reads no array format at each call.
+    """
+    code = key_code(key)
+    pair = numpy.array([code, -code], numpy.int64)
+    return pair, pair.tobytes(), [MPI.buffer(pair), 2, MPI.INT64_T]
+
+
+def finish_lean(ctx, key, reqs, pair, stats, phase):
+    """Wait for a repeated call's fingerprint all-reduce and data call ``reqs``, check the pair, record ``stats``.
+
+    Parameters
+    ----------
+    ctx : Context
+    key : tuple
+        The call key; ``key[0]`` names the collective in errors.
+    reqs : list of MPI.Request
+    pair : (ndarray, bytes)
+        The call's fingerprint pair (:func:`lean_pair`) and the bytes it must still hold.
+    stats : (tuple, int)
+        The context's ``last`` record and the bytes sent.
+    phase : str
+        The library call named when the library reports an error (``"MPI_Allgather"``).
+
+    Raises
+    ------
+    CollectiveMismatch
+        The ranks' fingerprints differ, or the library reported an error; the context is failed.
+    """
+    try:
+        MPI.Request.Waitall(reqs, _STATUSES)
+    except MPI.Exception as exc:
+        err = library_error(key, exc, _STATUSES, phase)
+        ctx.fail(f"{key[0]}: {err}")
+        raise err from None
+    fp, want = pair
+    if fp.tobytes() != want:
+        fp[:] = numpy.frombuffer(want, numpy.int64)  # (the communicator has failed: for form's sake)
+        err = mismatch(key)
+        ctx.fail(f"{key[0]}: {err}")
+        raise err
+    ctx.last, nbytes = stats
+    ctx.calls += 1
+    ctx.bytes_sent += nbytes
 
 
 def library_error(key, exc, statuses=(), phase=""):

@@ -20,8 +20,8 @@ from mpi4py import MPI
 
 from collectives.backend import accumulation_dtype, get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
-from collectives.engine.fingerprint import checks_enabled, debug_enabled, key_code, settings_token
-from collectives.library.call import _STATUSES, library_error, mismatch, run_library
+from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
+from collectives.library.call import finish_lean, lean_pair, run_library
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["ScatterPlan"]
@@ -63,14 +63,12 @@ class ScatterPlan:
         # out at every call (the fingerprint's code, the statistics), worked out once (:meth:`_run_lean`)
         self._lean = None
         if xp is numpy and self.isnan is None and checks_enabled() and not debug_enabled():
-            acc, code = self.acc, key_code(key)
-            # the plan's own fingerprint pair, written once: MAX in place leaves it as it is when every
-            # rank's code is the same, so only a mismatch (which fails the communicator) changes it
-            fp = numpy.array([code, -code], numpy.int64)
-            self._lean = (settings_token(), (fp, fp.tobytes(), [MPI.buffer(fp), 2, MPI.INT64_T]),
-                          getattr(ctx.comm, self.method), MPI.Datatype.fromcode(acc.char),
-                          ("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
-                          self.elements * acc.itemsize)
+            acc = self.acc
+            fp, want, fp_spec = lean_pair(key)  # the plan's own fingerprint pair
+            self._lean = (settings_token(), (fp, want), fp_spec,
+                          (getattr(ctx.comm, self.method), f"MPI_{self.method[1:]}"), MPI.Datatype.fromcode(acc.char),
+                          (("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
+                           self.elements * acc.itemsize))
 
     def _args(self, send, recv, op):
         return (send, recv, op) if self.method == "Ireduce_scatter_block" else (send, recv, self.counts, op)
@@ -116,25 +114,12 @@ class ScatterPlan:
         """The library call of a repeated host call without a deadline: the 2-element fingerprint
         all-reduce and the reduce-scatter, posted and waited, as :func:`collectives.library.call.call`
         posts them, with the call's code and statistics made once."""
-        _, (fp, want, fp_spec), method, kind, last, nbytes = lean
+        _, pair, fp_spec, (method, phase), kind, stats = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for a reduce-scatter)
         # the buffers with their MPI datatype given: mpi4py does not read each array's format
         reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX),
                 method(*self._args([send, kind], [mine, kind], self.mpi_op))]
-        try:
-            MPI.Request.Waitall(reqs, _STATUSES)
-        except MPI.Exception as exc:
-            err = library_error(self.key, exc, _STATUSES, f"MPI_{self.method[1:]}")
-            ctx.fail(f"reduce_scatter: {err}")
-            raise err from None
-        if fp.tobytes() != want:
-            fp[:] = numpy.frombuffer(want, numpy.int64)  # (the communicator has failed: for form's sake)
-            err = mismatch(self.key)
-            ctx.fail(f"reduce_scatter: {err}")
-            raise err
-        ctx.last = last
-        ctx.calls += 1
-        ctx.bytes_sent += nbytes
+        finish_lean(ctx, self.key, reqs, pair, stats, phase)
 
     def _run_library(self, ctx, xp, send, mine, timeout):
         """Post the library call through :func:`collectives.library.call.run_library` (device arrays,

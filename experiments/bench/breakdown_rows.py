@@ -153,7 +153,7 @@ def scatter_rows(comm, x, algorithm):
         raise ValueError(f"a {x.nbytes}-byte {algorithm} reduce-scatter on {P} ranks has no cached lean library "
                          "plan (auto does not choose mpi at this size here, or debug mode is on)")
     lean, send, mine = plan._lean, x.reshape(-1), out.reshape(-1)
-    _, (pfp, want, _), method, kind, last, nbytes = lean
+    _, (pfp, want), _, (method, _), kind, (last, nbytes) = lean
     dup, counts, mop = ctx.comm, plan.counts, plan.mpi_op
     args = plan._args(send, mine, mop)  # the reference rows: the arrays as a direct mpi4py call passes them
     posted = plan._args([send, kind], [mine, kind], mop)  # as the plan posts them, datatypes given

@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from experiments import results as prov
+from experiments.cluster.study import write_record
 from experiments.faults.suite import launch
 
 __all__ = ["main", "run_flags", "study"]
@@ -129,9 +130,7 @@ def main(argv=None):
         result = study(args, run_dir)
     # nothing here is timed: the machine's load changes no figure, so the file is never noisy
     result["provenance"] = {**prov.provenance(args.servers + args.workers), "timed": False, "noisy": False}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    write_record(result, args.out)
     print(f"wrote {args.out}")
     return 0
 
