@@ -312,7 +312,6 @@ class _EqualPlan:
         ctx.record("allgather", "mpi", flat.size, x.dtype, elements=x.size * (ctx.size - 1), estimated=True)
         return out
 
-
     def _run_lean(self, ctx, flat, out, lean):
         """The library calls of a repeated host call without a deadline, as :func:`call` posts them:
         the 2-element fingerprint all-reduce and ``MPI_Iallgather`` in place, waited together, with

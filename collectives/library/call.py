@@ -181,6 +181,12 @@ def lean_pair(key):
     Written once: ``MPI_MAX`` in place leaves the pair as it is when every rank's code is the same, so
     only a mismatch (which fails the communicator) changes it; the message gives mpi4py the buffer,
     count and datatype, so it reads no array format at each call.
+
+    Examples
+    --------
+    >>> pair, want, message = lean_pair(("allgather", "mpi", 8, numpy.dtype("float32"), None, None, None))
+    >>> int(pair[0]) == -int(pair[1]), pair.tobytes() == want, message[1]
+    (True, True, 2)
     """
     code = key_code(key)
     pair = numpy.array([code, -code], numpy.int64)
