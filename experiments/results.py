@@ -136,8 +136,8 @@ def guard(args, comm=None, interval=5.0):
         watch.summary()
         raise ValueError(f"the 1-minute load average is {watch.before:.2f}, above {limit:g} "
                          f"(--max-load; default {LOAD_PER_CORE:g} x {os.cpu_count()} cores): a measurement "
-                         "now would measure the other jobs. Wait for a quiet machine, or pass --allow-noisy "
-                         "to mark the results file noisy")
+                         "now would measure the other jobs. Wait for a quiet machine (--settle S waits up to S "
+                         "seconds for it), or pass --allow-noisy to mark the results file noisy")
     return watch
 
 

@@ -131,7 +131,7 @@ def hotkeys_markdown(record):
     cells = []
     for kind in ("range", "hash"):
         s = record["summary"][kind]
-        split = s["hot"]["max"] > 0  # else balanced without a split: one run per seed, nothing to compare
+        split = s["max_over_mean_split"] is not None  # else balanced without a split: one run per seed
         cells.append([kind, spread(s["max_over_mean"], "{:.3f}"), spread(s["hot"], "{:,.0f}") if split else "none needed",
                       spread(s["max_over_mean_split"], "{:.3f}") if split else "-", spread(s["test_auc"], "{:.4f}"),
                       spread(s["test_auc_split"], "{:.4f}") if split else "-",

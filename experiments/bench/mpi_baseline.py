@@ -31,7 +31,7 @@ import tempfile
 
 from experiments import results as prov
 from experiments.job_stop import marked_env, stop_job
-from experiments.outputs import command_line
+from experiments.outputs import command_line, unwritable
 from training.sizes import parse_bytes
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
@@ -185,7 +185,9 @@ def main(argv=None):
     except ValueError as exc:
         p.error(f"--min-bytes / --max-bytes: {exc}")
     out = args.out or f"results/mpi_baseline_p{args.n}"
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    why = unwritable(out + ".json")
+    if why:
+        p.error(f"--out: {why}")
     try:
         watch = prov.guard(args)  # comm None: this driver runs alone, its launches are the measurement
     except ValueError as exc:

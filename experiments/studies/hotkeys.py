@@ -8,7 +8,8 @@ hard limit (:func:`experiments.faults.suite.launch`). For every seed and each of
 busiest server's rows to at most ``--target`` times the mean (:func:`training.ctr.hotkeys.hot_for_balance`,
 counted from the training ids without running anything), then trains the hybrid model
 (``--mode hybrid``, BSP, Adagrad) twice, without and with that split, on ``--servers`` servers and
-``--workers`` workers (once when the sharding is balanced without a split: ``K`` = 0). Each run's load is the servers' own count of rows served per step
+``--workers`` workers (once when the sharding is balanced without a split: ``K`` = 0, and the split's
+figures of that sharding are None). Each run's load is the servers' own count of rows served per step
 (``server_rows_per_step`` in its ``summary.json``: max / mean over the servers), and its quality the
 test AUC. Under SGD and Adagrad an element's update depends on that element alone, so the split moves
 load between servers without changing the trajectory: the AUC with and without it agree to the last bit
@@ -26,6 +27,7 @@ import tempfile
 
 from experiments import results as prov
 from experiments.cluster.study import write_record
+from experiments.outputs import unwritable
 from experiments.faults.suite import launch
 
 __all__ = ["main", "run_flags", "study"]
@@ -91,25 +93,30 @@ def study(args, run_dir):
         for sharding in ("range", "hash"):
             hot, counted, counted_split = _counted(args, seed, sharding)
             plain = _train(args, seed, sharding, 0, run_dir)
-            split = _train(args, seed, sharding, hot, run_dir) if hot else dict(plain)  # balanced already: no split
-            plain["counted_max_over_mean"], split["counted_max_over_mean"] = counted, counted_split
-            plain["split"], split["split"] = False, True
-            pair = [plain, split]
-            runs += pair
-            print(f"seed {seed} {sharding}: max/mean rows served {pair[0]['max_over_mean']:.3f} -> "
-                  f"{pair[1]['max_over_mean']:.3f} with {hot} hot rows split; AUC {pair[0]['test_auc']:.6f} -> "
-                  f"{pair[1]['test_auc']:.6f}", flush=True)
+            plain.update(counted_max_over_mean=counted, split=False, balancing_split=hot)
+            runs.append(plain)
+            if not hot:  # balanced without a split: nothing to compare
+                print(f"seed {seed} {sharding}: max/mean rows served {plain['max_over_mean']:.3f}, no split needed; "
+                      f"AUC {plain['test_auc']:.6f}", flush=True)
+                continue
+            split = _train(args, seed, sharding, hot, run_dir)
+            split.update(counted_max_over_mean=counted_split, split=True)
+            runs.append(split)
+            print(f"seed {seed} {sharding}: max/mean rows served {plain['max_over_mean']:.3f} -> "
+                  f"{split['max_over_mean']:.3f} with {hot} hot rows split; AUC {plain['test_auc']:.6f} -> "
+                  f"{split['test_auc']:.6f}", flush=True)
     summary = {}
     for sharding in ("range", "hash"):
         plain = [r for r in runs if r["sharding"] == sharding and not r["split"]]
-        split = [r for r in runs if r["sharding"] == sharding and r["split"]]
-        summary[sharding] = {
+        split = {r["seed"]: r for r in runs if r["sharding"] == sharding and r["split"]}
+        pairs = [(r, split[r["seed"]]) for r in plain if r["seed"] in split]
+        summary[sharding] = {  # the split's figures over the seeds that needed one (None: none did)
             "max_over_mean": _spread([r["max_over_mean"] for r in plain]),
-            "max_over_mean_split": _spread([r["max_over_mean"] for r in split]),
-            "hot": _spread([r["hot"] for r in split]),
+            "hot": _spread([r["balancing_split"] for r in plain]),
             "test_auc": _spread([r["test_auc"] for r in plain]),
-            "test_auc_split": _spread([r["test_auc"] for r in split]),
-            "auc_difference": _spread([b["test_auc"] - a["test_auc"] for a, b in zip(plain, split)]),
+            "max_over_mean_split": _spread([b["max_over_mean"] for _, b in pairs]) if pairs else None,
+            "test_auc_split": _spread([b["test_auc"] for _, b in pairs]) if pairs else None,
+            "auc_difference": _spread([b["test_auc"] - a["test_auc"] for a, b in pairs]) if pairs else None,
         }
     return {"servers": args.servers, "workers": args.workers, "target": args.target, "seeds": args.seeds,
             "summary": summary, "runs": runs}
@@ -124,8 +131,13 @@ def main(argv=None):
     p.add_argument("--target", type=float, default=1.2, help="max / mean rows served the split aims at (default 1.2)")
     p.add_argument("--out", default="results/ctr_hotkeys.json", help="result file (default results/ctr_hotkeys.json)")
     args = p.parse_args(argv)
-    if args.seeds < 1 or args.servers < 2 or args.workers < 1 or args.target < 1.0:
-        p.error("--seeds and --workers must be at least 1, --servers at least 2, --target at least 1.0")
+    for flag, value, least in (("--seeds", args.seeds, 1), ("--servers", args.servers, 2),
+                               ("--workers", args.workers, 1), ("--target", args.target, 1.0)):
+        if value < least:
+            p.error(f"{flag} must be at least {least:g}, got {value:g}")
+    why = unwritable(args.out)  # before any run: a bad path would lose the study at its end
+    if why:
+        p.error(f"--out: {why}")
     with tempfile.TemporaryDirectory(prefix="commlab-hotkeys-") as run_dir:
         result = study(args, run_dir)
     # nothing here is timed: the machine's load changes no figure, so the file is never noisy

@@ -42,6 +42,7 @@ import numpy as np
 
 from experiments import results as prov
 from experiments.faults.suite import launch
+from experiments.outputs import unwritable
 
 __all__ = ["main", "trainer_flags", "crash_run"]
 
@@ -128,7 +129,8 @@ def study(args, run_dir):
         row["equal"] = bool("params" in row and np.array_equal(row.pop("params"), want))
         crashes.append(row)
         print(f"crash {i + 1}/{args.crashes} at message {at}: lost {row.get('lost_acknowledged')}, equal "
-              f"{row['equal']}, recovery {row.get('recovery_s')} s", flush=True)
+              f"{row['equal']}, recovery " + (f"{row['recovery_s']:.3f} s" if row.get("recovery_s") is not None
+                                              else "not seen"), flush=True)
     bound = args.ps_timeout + 1.0
     recov = [r["recovery_s"] for r in crashes if r.get("recovery_s") is not None]
     met = (all(r.get("lost_acknowledged") == 0 for r in crashes) and all(r["equal"] for r in crashes)
@@ -151,15 +153,15 @@ def study(args, run_dir):
 
 def _parser():
     p = argparse.ArgumentParser(prog="python -m experiments.studies.replica_study", description=__doc__.split("\n")[0])
-    p.add_argument("--crashes", type=int, default=20, help="crashes of the primary (runs)")
-    p.add_argument("--repeats", type=int, default=3, help="fault-free runs of each R (cost part)")
-    p.add_argument("--workers", type=int, default=3, help="worker ranks (the batch is 16 samples per worker)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of every run")
-    p.add_argument("--hidden", type=int, default=64, help="hidden units of the digits model")
-    p.add_argument("--ps-timeout", type=float, default=1.0, help="--ps-timeout of every run (seconds)")
+    p.add_argument("--crashes", type=int, default=20, help="crashes of the primary (runs; default 20)")
+    p.add_argument("--repeats", type=int, default=3, help="fault-free runs of each R (cost part; default 3)")
+    p.add_argument("--workers", type=int, default=3, help="worker ranks (the batch is 16 samples per worker; default 3)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of every run (default 2)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the digits model (default 64)")
+    p.add_argument("--ps-timeout", type=float, default=1.0, help="--ps-timeout of every run (seconds; default 1)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD's learning rate of every run (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the crash moments")
-    p.add_argument("--out", default="results/ps_replicas", help="directory of replicas.json")
+    p.add_argument("--seed", type=int, default=0, help="seed of the crash moments (default 0)")
+    p.add_argument("--out", default="results/ps_replicas", help="directory of replicas.json (default results/ps_replicas)")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
     prov.add_options(p)
     return p
@@ -172,6 +174,10 @@ def main(argv=None):
         args.repeats, args.crashes, args.epochs = 1, min(args.crashes, 2), 1
     if args.crashes < 1 or args.repeats < 1 or args.workers < 1 or not args.ps_timeout > 0:
         print("error: --crashes, --repeats and --workers must be >= 1 and --ps-timeout > 0", file=sys.stderr)
+        return 2
+    why = unwritable(os.path.join(args.out, "replicas.json"))  # before any run, not after all of them
+    if why:
+        print(f"error: --out: {why}", file=sys.stderr)
         return 2
     watch = prov.guard_or_say(args, None)
     if watch is None:
@@ -186,7 +192,7 @@ def main(argv=None):
         json.dump(summary, f, indent=1, default=float)
     r = summary["ratio_R2_over_R1"]
     print(f"crashes {len(summary['crashes'])}: acknowledged clocks lost {summary['lost_acknowledged']}, bitwise "
-          f"equal {summary['bitwise_equal']}, recovery max {summary['recovery_max_s']} s (bound "
+          f"equal {summary['bitwise_equal']}, recovery max {summary['recovery_max_s'] or 0:.3f} s (bound "
           f"{summary['recovery_bound_s']:g} s) | R=2/R=1: samples/s x{r['samples_per_s']:.3f}, bytes/clock "
           f"x{r['bytes_per_clock']:.3f} | {'every bound held' if met else 'A BOUND WAS NOT HELD'} | {path}", flush=True)
     return 0 if met else 1
