@@ -122,6 +122,7 @@ def _mpi_baseline_table(rel):
 
     r = _load(rel)
     prov = check_quiet(r, rel)
+
     def size(n):
         return f"{n / 2 ** 20:g} MiB" if n >= 2 ** 20 else f"{n / 1024:g} KiB"
 
@@ -183,8 +184,7 @@ def _replicas_table(rel):
                                                                          if c.get("test_acc") is not None]
     acc = (f"test accuracy {accs[0]:.2%} in every run" if len(set(accs)) == 1 else
            f"test accuracy {min(accs):.2%}-{max(accs):.2%}")
-    return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, SGD with momentum 0.9"
-            + (f" and lr {st['lr']:g}" if "lr" in st else "") + ", "
+    return (f"{st['workers']} workers, digits MLP 64-{st['hidden']}-10, SGD with momentum 0.9 and lr {st['lr']:g}, "
             f"{st['epochs']} epochs, --ps-timeout {st['ps_timeout']:g} s{how}; {acc}.\n\n" + crashes + "\n\n"
             + costs + "\n\n" + source_line(prov, rel, True))
 
