@@ -85,12 +85,10 @@ _BREAKDOWN_ROWS = {
         ("MPI_Iallreduce 16 B+Wait", "fingerprint alone: 16-byte `MPI_Iallreduce` + `MPI_Wait`"),
         ("both library calls", "both library calls posted together, `MPI_Waitall` (the floor)"),
         ("auto", "commlab `reduce_scatter(x, out=...)` (repeated)"), ("look-up", "step: signature look-up"),
-        ("plan.run", "part: `plan.run`, the call less entry and look-up"),
-        ("lean call", "part: the plan's library call (`_run_lean`)"),
+        ("fast form", "part: the plan's one-frame form (`plan.fast`), the call less entry and look-up"),
         ("check", "step: fingerprint compared"), ("statistics", "step: sequence number, fingerprint, statistics"),
-        ("public entry", "derived: `reduce_scatter`'s frame and tests (call less look-up, `plan.run`)"),
-        ("plan set-up", "derived: `plan.run`'s buffer tests (less the library call)"),
-        ("in the lean call", "derived: the library call's frame, list, `try` (less its steps)"))}
+        ("public entry", "derived: `reduce_scatter`'s frame and tests (call less look-up, `plan.fast`)"),
+        ("in the fast form", "derived: its frame, buffer tests, list, `try` (less its steps)"))}
 #: Rows after the collective's own, for every collective.
 _BREAKDOWN_TAIL = (("rest", "derived: the rest (the call less every timed step)"),
                    ("loop", "calibration: the timing loop's empty call"),

@@ -169,6 +169,30 @@ def case_library_plans():
         sub.Free()
 
 
+def case_fast_reduce_scatter():
+    """Repeated library reduce-scatters into ``out=`` without a deadline (the plan's one-frame form):
+    even and uneven chunks, a 2-D input, one rank whose input is a strided view (it copies, the others
+    do not), then ops that differ after both were cached: an error on every rank, never a value."""
+    for n, shape in ((4 * P, (4 * P,)), (3 * P + 1, (3 * P + 1,)), (6 * P, (2, 3 * P))):
+        base = ((np.arange(2 * n) + rank) % 5).astype(np.float32)
+        x = base[::2].reshape(shape) if rank == 0 else np.ascontiguousarray(base[::2]).reshape(shape)
+        every = np.stack(comm.allgather(x.reshape(-1)))
+        want = np.array_split(every.sum(axis=0), P)[rank]
+        out = np.full(want.shape, -1, np.float32)
+        for call in range(3):
+            got = C.reduce_scatter(x, algorithm="mpi", out=out)
+            check(got is out and np.array_equal(out, want), f"reduce_scatter fast n={n} {shape} call {call}")
+    if P > 1:
+        sub = comm.Dup()
+        x, out = np.ones(2 * P, np.float32), np.empty(2, np.float32)
+        for op in ("sum", "max", "sum", "max"):
+            C.reduce_scatter(x, comm=sub, op=op, algorithm="mpi", out=out)
+        expect_on_every_rank(C.CollectiveMismatch,
+                             lambda: C.reduce_scatter(x, comm=sub, op="max" if rank == 0 else "sum", algorithm="mpi",
+                                                      out=out), "reduce_scatter out= op mismatch, no deadline")
+        sub.Free()
+
+
 def case_mismatch_across_forms():
     """Mismatches that once made ranks post different library collectives, which MPICH paired with
     each other and returned values on some ranks: counts on both sides of 2,048 elements, and a
@@ -282,7 +306,7 @@ def case_trainer_plans():
 
 
 def main():
-    for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_library_plans,
+    for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_fast_reduce_scatter, case_library_plans,
                  case_mismatch_across_forms):
         try:
             case()

@@ -80,7 +80,7 @@ def test_breakdown_of_a_repeated_reduce_scatter(tmp_path, capsys):
     rec = json.loads(out.read_text())
     assert (rec["op"], rec["passes"], rec["calls"], rec["algorithm"]) == ("reduce_scatter", 3, 20, "auto")
     timed = {"MPI_Reduce_scatter", "MPI_Ireduce_scatter_block+Wait", "MPI_Iallreduce 16 B+Wait",
-             "both library calls", "auto", "look-up", "plan.run", "lean call", "check", "statistics",
+             "both library calls", "auto", "look-up", "fast form", "check", "statistics",
              "loop", "empty call", "call and tests"}
     for n, size in rec["sizes"].items():
         assert timed <= set(size) and all(0 < size[k][1] <= size[k][0] <= size[k][2] for k in timed), n
@@ -88,7 +88,7 @@ def test_breakdown_of_a_repeated_reduce_scatter(tmp_path, capsys):
         assert set(size) - timed == set(rec["derived"]) - gone, n
     assert "auto / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
     assert "both library calls / MPI_Ireduce_scatter_block+Wait" in rec["ratios"]
-    assert "lean call" in capsys.readouterr().out
+    assert "fast form" in capsys.readouterr().out
 
 
 def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():

@@ -125,7 +125,9 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
     check : bool
         Post the 2-element fingerprint all-reduce alongside (False when the check rides in the data).
     extra : sequence of (str, tuple)
-        More non-blocking library calls posted after the data call (a NaN mask), waited together.
+        More non-blocking library calls (a NaN mask), posted once the fingerprint and the data call are
+        done and the fingerprint matched: a rank whose call differs posts none, so no rank waits for
+        a call another never posts.
 
     The non-blocking form is always used -- MPI never matches a blocking collective with a
     non-blocking one, and whether a rank passes a timeout or has requests in flight is its own
@@ -139,36 +141,57 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         The fingerprint check failed, or the library reported an error (such as truncation).
     """
     name = key[0]
-    reqs, fp, statuses, code = [], None, _STATUSES, 0
+    reqs, fp, code = [], None, 0
     comm = ctx.comm
+    deadline = None if timeout is None else deadline_of(timeout)
+    if check and checks_enabled():
+        code = key_code(key)
+        fp = ctx.fp  # the context's pair: the call is blocking, so one is in use at a time
+        fp[0], fp[1] = code, -code
     try:
-        if check and checks_enabled():
-            code = key_code(key)
-            fp = ctx.fp  # the context's pair: the call is blocking, so one is in use at a time
-            fp[0], fp[1] = code, -code
+        if fp is not None:
             reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
         reqs.append(getattr(comm, method)(*args))
-        for m, a in extra:
-            reqs.append(getattr(comm, m)(*a))
-        if len(reqs) > len(statuses):
-            statuses = [MPI.Status() for _ in reqs]
+        if extra and fp is not None:  # the fingerprint first: a rank whose call differs posts no more
+            _wait(ctx, key, reqs, timeout, deadline, method)
+            _check_pair(ctx, key, fp, code)
+            reqs = []
+        reqs.extend(getattr(comm, m)(*a) for m, a in extra)
+    except MPI.Exception as exc:  # the library refused a call as it was posted
+        err = library_error(key, exc, (), f"MPI_{method[1:]}")
+        ctx.fail(f"{key[0]}: {err}")
+        raise err from None
+    _wait(ctx, key, reqs, timeout, deadline, method)
+    if fp is not None and not extra:
+        _check_pair(ctx, key, fp, code)
+
+
+def _wait(ctx, key, reqs, timeout, deadline, method):
+    """Wait for ``reqs`` of :func:`call` (until ``deadline`` when a timeout is given); fail the context on an error."""
+    statuses = _STATUSES if len(reqs) <= len(_STATUSES) else [MPI.Status() for _ in reqs]
+    try:
         if timeout is None and not ctx.active:
             if len(reqs) == 1:  # (MPI_Wait: a third of MPI_Waitall's cost through mpi4py on one request)
                 reqs[0].Wait(statuses[0])
             else:
                 MPI.Request.Waitall(reqs, statuses)
         else:
-            wait_all(reqs, [None] * len(reqs), deadline_of(timeout), Where(name, 0, f"MPI_{method[1:]}", timeout), progress=ctx.progress if ctx.active else None, statuses=statuses)
+            wait_all(reqs, [None] * len(reqs), deadline, Where(key[0], 0, f"MPI_{method[1:]}", timeout),
+                     progress=ctx.progress if ctx.active else None, statuses=statuses)
     except CollectiveTimeout as exc:
-        ctx.fail(f"{name}: {exc}")
+        ctx.fail(f"{key[0]}: {exc}")
         raise
     except MPI.Exception as exc:
         err = library_error(key, exc, statuses[:len(reqs)], f"MPI_{method[1:]}")
-        ctx.fail(f"{name}: {err}")
+        ctx.fail(f"{key[0]}: {err}")
         raise err from None
-    if fp is not None and (int(fp[0]) != code or int(fp[1]) != -code):
+
+
+def _check_pair(ctx, key, fp, code):
+    """Raise the mismatch of ``key`` (the context failed) unless the reduced pair ``fp`` is ``(code, -code)``."""
+    if int(fp[0]) != code or int(fp[1]) != -code:
         err = mismatch(key)
-        ctx.fail(f"{name}: {err}")
+        ctx.fail(f"{key[0]}: {err}")
         raise err
 
 

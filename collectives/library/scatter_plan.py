@@ -9,7 +9,8 @@ arrays go to the library directly when MPI is CUDA-aware and are refused otherwi
 
 Every call posts the 2-element fingerprint all-reduce (:func:`collectives.library.call.call`) and then
 the data, whatever the op and count, so ranks whose calls differ in any field still post library
-calls of the same kinds in the same order, and the fingerprint raises on every rank. The
+calls of the same kinds in the same order, and the fingerprint raises on every rank; the NaN mask's
+reduce-scatter is posted only after the fingerprint matched. The
 fingerprint does not ride in the data here, as it does in the small all-reduce: a reduce-scatter
 that carries it and one that does not (another count, or an all-gather on another rank) would post
 different library collectives, and MPICH then paired one rank's reduce-scatter with another's
@@ -43,7 +44,7 @@ class ScatterPlan:
     """
 
     __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
-                 "got", "isnan", "xp", "_pair", "_lean")
+                 "got", "isnan", "xp", "_pair", "_lean", "fast")
 
     def __init__(self, ctx, x, op, key):
         size, rank, n = ctx.size, ctx.rank, x.size
@@ -61,7 +62,7 @@ class ScatterPlan:
             self.mask, self.got = self.isnan.view(numpy.uint8), xp.empty(self.chunk, numpy.uint8)
         # a host plan without a NaN mask, under the checks settings in force now: what :func:`call` works
         # out at every call (the fingerprint's code, the statistics), worked out once (:meth:`_run_lean`)
-        self._lean = None
+        self._lean = self.fast = None
         if xp is numpy and self.isnan is None and checks_enabled() and not debug_enabled():
             acc = self.acc
             fp, want, fp_spec = lean_pair(key)  # the plan's own fingerprint pair
@@ -69,6 +70,7 @@ class ScatterPlan:
                           (getattr(ctx.comm, self.method), f"MPI_{self.method[1:]}"), MPI.Datatype.fromcode(acc.char),
                           (("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
                            self.elements * acc.itemsize))
+            self.fast = self._fast_run(ctx, x.dtype)
 
     def _args(self, send, recv, op):
         return (send, recv, op) if self.method == "Ireduce_scatter_block" else (send, recv, self.counts, op)
@@ -120,6 +122,40 @@ class ScatterPlan:
         reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX),
                 method(*self._args([send, kind], [mine, kind], self.mpi_op))]
         finish_lean(ctx, self.key, reqs, pair, stats, phase)
+
+    def _fast_run(self, ctx, dtype):
+        """Return :attr:`fast`: the repeated call into ``out`` in one Python frame, or None when ``x`` is
+        cast on the way (float16) or ``op`` is ``avg``.
+
+        ``fast(x, out)`` takes what :func:`collectives.calls.reduce_scatter._repeated_scatter` has
+        checked (``x`` of the plan's shape and dtype, ``out`` a writable array of the chunk's shape and
+        dtype, no deadline, nothing in flight, the settings unchanged) and runs the steps of
+        :meth:`run` and :meth:`_run_lean` with what they read bound once: both library calls posted
+        with their datatypes given, waited, the fingerprint pair compared, the statistics recorded.
+        It returns None, having sent nothing, when ``x`` is not contiguous or ``out`` overlaps it;
+        :meth:`run` then copies.
+        """
+        if dtype != self.acc or self.op == "avg":
+            return None
+        _, pair, fp_spec, (method, phase), kind, stats = self._lean
+        iallreduce, waitall, in_place, mpi_max = ctx.comm.Iallreduce, MPI.Request.Waitall, MPI.IN_PLACE, MPI.MAX
+        n, chunk, mpi_op, key = self.elements + self.chunk, self.chunk, self.mpi_op, self.key
+        counts = None if self.method == "Ireduce_scatter_block" else self.counts
+        apart = [None, None]  # the last (out, x) found contiguous and apart: a repeated pair is not tested again
+
+        def fast(x, out):
+            if out is not apart[0] or x is not apart[1]:
+                if not (x.flags.c_contiguous and out.flags.c_contiguous) or numpy.may_share_memory(out, x):
+                    return None
+                apart[0], apart[1] = out, x
+            ctx._seq += 1
+            check = iallreduce(in_place, fp_spec, mpi_max)  # first, as every other path posts it
+            data = (method([x, chunk, kind], [out, chunk, kind], mpi_op) if counts is None  # (a block's count)
+                    else method([x, n, kind], [out, chunk, kind], counts, mpi_op))
+            finish_lean(ctx, key, [check, data], pair, stats, phase)
+            return out
+
+        return fast
 
     def _run_library(self, ctx, xp, send, mine, timeout):
         """Post the library call through :func:`collectives.library.call.run_library` (device arrays,

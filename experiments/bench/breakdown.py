@@ -13,21 +13,21 @@ the statistics. References called directly through mpi4py on the same data: ``MP
 (started and waited), and commlab's persistent plan (:func:`collectives.allreduce_init`).
 
 ``--op reduce_scatter``: a repeated blocking :func:`collectives.reduce_scatter` into ``out=`` (as the
-sweep calls it) runs its :class:`~collectives.library.scatter_plan.ScatterPlan`: the public function's
-tests, the look-up, the plan's buffer tests, then two library calls posted together -- the 16-byte
+sweep calls it) runs its :class:`~collectives.library.scatter_plan.ScatterPlan`'s one-frame form: the
+public function's tests, the look-up, then two library calls posted together -- the 16-byte
 fingerprint ``MPI_Iallreduce`` and ``MPI_Ireduce_scatter_block`` -- the fingerprint's check and the
 statistics. References: ``MPI_Reduce_scatter``, ``MPI_Ireduce_scatter_block`` + ``MPI_Wait``, the
 fingerprint's ``MPI_Iallreduce`` + ``MPI_Wait`` alone, and both library calls (the floor of a call
 that checks its fingerprint).
 
 Each row is timed alone, in loops of ``--calls`` calls of the same length on every rank
-(:mod:`experiments.bench.breakdown_rows`): the whole call, entry points into it (``plan.run``, the
-plan's lean library call), its steps, and calibration rows -- ``loop`` (a call that does nothing:
+(:mod:`experiments.bench.breakdown_rows`): the whole call, entry points into it (``plan.run``; for
+the reduce-scatter the plan's one-frame form, ``fast form``), its steps, and calibration rows -- ``loop`` (a call that does nothing:
 what the loop adds to every row), ``empty call`` (an empty function with the collective's
 keyword-only signature, called as the benchmark calls the collective) and ``call and tests`` (the
 same with the collective's first argument tests). The derived rows are what no row times alone:
 ``public entry`` (the call less its look-up and ``plan.run``: the collective's frame and tests),
-``in the plan`` / ``plan set-up`` / ``in the lean call`` (an entry point less its timed steps: frames,
+``in the plan`` / ``in the fast form`` (an entry point less its timed steps: frames,
 ``try``, flags), ``rest`` (the call less all its timed steps; the sum of the ones before) and the
 calibration rows less ``loop``, each per pass as ``whole - sum(parts) + (len(parts) - 1) * loop``.
 

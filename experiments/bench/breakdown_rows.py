@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 import collectives as C
 from collectives.calls.signatures import cached_plan, repeated_plan
-from collectives.engine.context import existing_context
-from collectives.engine.fingerprint import checks_enabled
+from collectives.engine.context import _LAST, existing_context
+from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled
 from collectives.library.call import _STATUSES
 
 __all__ = ["Rows", "allreduce_rows", "scatter_rows", "OPS"]
@@ -134,10 +134,10 @@ def scatter_rows(comm, x, algorithm):
 
     The call is ``reduce_scatter(x, comm=comm, op="sum", algorithm=algorithm, out=out)``, as the sweep
     makes it: the public function's tests, the look-up (:func:`collectives.calls.reduce_scatter._repeated_scatter`
-    up to the plan), ``plan.run`` (:meth:`collectives.library.scatter_plan.ScatterPlan.run`: the buffer
-    tests) and its lean library call (``_run_lean``), whose steps are both library calls (the 16-byte
-    fingerprint ``MPI_Iallreduce`` and ``MPI_Ireduce_scatter_block``, posted together and waited),
-    the fingerprint's check and the statistics (sequence number, ``last_stats``).
+    up to the plan's one-frame form) and that form (``plan.fast``,
+    :meth:`collectives.library.scatter_plan.ScatterPlan._fast_run`), whose steps are both library calls
+    (the 16-byte fingerprint ``MPI_Iallreduce`` and ``MPI_Ireduce_scatter_block``, posted together and
+    waited), the fingerprint's check and the statistics (sequence number, ``last_stats``).
     Row ``MPI_Ireduce_scatter_block+Wait`` is the library call commlab posts: the block form when the
     chunks are equal, ``MPI_Ireduce_scatter`` with the counts otherwise (2 elements on 4 ranks).
     """
@@ -149,12 +149,12 @@ def scatter_rows(comm, x, algorithm):
     ctx = existing_context(comm)
     signature = ("reduce_scatter", algorithm, "sum", x.dtype, x.shape, checks_enabled())
     plan = None if ctx is None else ctx.fast.get(signature)
-    if plan is None or plan._lean is None:
-        raise ValueError(f"a {x.nbytes}-byte {algorithm} reduce-scatter on {P} ranks has no cached lean library "
+    if plan is None or plan.fast is None:
+        raise ValueError(f"a {x.nbytes}-byte {algorithm} reduce-scatter on {P} ranks has no cached one-frame library "
                          "plan (auto does not choose mpi at this size here, or debug mode is on)")
-    lean, send, mine = plan._lean, x.reshape(-1), out.reshape(-1)
-    _, (pfp, want), _, (method, _), kind, (last, nbytes) = lean
-    dup, counts, mop = ctx.comm, plan.counts, plan.mpi_op
+    send, mine = x.reshape(-1), out.reshape(-1)
+    _, (pfp, want), _, (method, _), kind, (last, nbytes) = plan._lean
+    dup, counts, mop, fast = ctx.comm, plan.counts, plan.mpi_op, plan.fast
     args = plan._args(send, mine, mop)  # the reference rows: the arrays as a direct mpi4py call passes them
     posted = plan._args([send, kind], [mine, kind], mop)  # as the plan posts them, datatypes given
     fp = np.frombuffer(want, np.int64).copy()  # a private pair: the references leave the plan's alone
@@ -163,15 +163,18 @@ def scatter_rows(comm, x, algorithm):
     def both():
         MPI.Request.Waitall([dup.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), method(*posted)], _STATUSES)
 
-    def look_up():  # _repeated_scatter's statements up to plan.run
-        c = existing_context(comm)
+    def look_up():  # _repeated_scatter's statements up to plan.fast
+        c = _LAST[1] if (MPI.COMM_WORLD if comm is None else comm) is _LAST[0] else existing_context(comm)
         if c is None:
             return None
-        p = c.fast.get(("reduce_scatter", algorithm, "sum", x.dtype, x.shape, checks_enabled()))
+        p = c.fast.get(("reduce_scatter", algorithm, "sum", x.dtype, x.shape, _CHECKS[0]))
         if p is None:
             return None
         if out is not None and (type(out) is not np.ndarray or out.shape != (p.chunk,) or out.dtype != x.dtype
                                 or not out.flags.writeable):
+            return None
+        f = p.fast
+        if f is not None and out is not None and c.broken is None and not c.active and p._lean[0] is _SETTINGS[0]:
             return None
         return None
 
@@ -190,14 +193,13 @@ def scatter_rows(comm, x, algorithm):
             "MPI_Iallreduce 16 B+Wait": lambda: dup.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX).Wait(),
             "both library calls": both,
             "auto": lambda: C.reduce_scatter(x, comm=comm, op="sum", algorithm=algorithm, out=out),
-            "look-up": look_up, "plan.run": lambda: plan.run(ctx, x, None, out),
-            "lean call": lambda: plan._run_lean(ctx, send, mine, lean),
+            "look-up": look_up, "fast form": lambda: fast(x, out),
             "check": check, "statistics": statistics, "loop": _nothing,
             "empty call": lambda: _scatter_empty(x, comm=comm, op="sum", algorithm=algorithm, out=out),
             "call and tests": lambda: _scatter_tests(x, comm=comm, op="sum", algorithm=algorithm, out=out)}
     steps = ["both library calls", "check", "statistics"]
-    derived = {"public entry": ("auto", ["look-up", "plan.run"]), "plan set-up": ("plan.run", ["lean call"]),
-               "in the lean call": ("lean call", steps), "rest": ("auto", ["look-up"] + steps),
+    derived = {"public entry": ("auto", ["look-up", "fast form"]), "in the fast form": ("fast form", steps),
+               "rest": ("auto", ["look-up"] + steps),
                "keyword-only call": ("empty call", []), "call and its tests": ("call and tests", [])}
     den = "MPI_Ireduce_scatter_block+Wait"
     ratios = {f"auto / {den}": ("auto", den), f"both library calls / {den}": ("both library calls", den),
