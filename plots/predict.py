@@ -64,9 +64,9 @@ def scale_markdown(record):
 
 
 def validation_table(record):
-    """Return the validation's markdown: every configuration (measured median and range over epochs,
+    """Return the validation's markdown: every configuration (measured median and range over its runs,
     predicted, error, predicted communication share) and the three figures against their targets."""
-    lines = ["| configuration | measured ms | range ms | predicted ms | error | communication |",
+    lines = ["| configuration | measured ms | run-to-run range ms | predicted ms | error | communication |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in record["rows"]:
         lines.append(f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | "

@@ -226,9 +226,11 @@ def test_validation_harness_on_a_tiny_plan(capsys):
     for e, r in zip(entries, cmds["runs"]):  # every run's flags are the trainer's own
         parser.parse_args(r["command"][r["command"].index("training.train") + 1:])
         config.parse(e["config"])
-    assert validate.main(["--dry-run", "--only", "0,25", "--out", "out/v"]) == 0
+    assert validate.main(["--dry-run", "--only", "0,25", "--repeats", "1", "--out", "out/v"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 + 2 + 2 and "--calibrate" in lines[1] and "experiments.cluster.emulate" in lines[-1]
+    runs = validate.commands("out/v", 3, entries[:2], repeats=2)["runs"]  # in turns, each in its own directory
+    assert [r["entry"] for r in runs] == [0, 1, 0, 1] and len({r["run_dir"] for r in runs}) == 4
     rows = [{"name": "a", "measured": [1.0, 1.02], "predicted_s": 1.1, "comm_s": 0.9},
             {"name": "b", "measured": [3.0, 3.1], "predicted_s": 2.0, "comm_s": 0.1},
             {"name": "c", "measured": [1.01, 1.03], "predicted_s": 3.0, "comm_s": 0.1}]

@@ -1,7 +1,7 @@
 """Validate the predictor on the emulated cluster: measured against predicted step time, 26 configurations.
 
-    python -m experiments.predict.validate --out results/predict/validation [--epochs 3] [--only K,...]
-        [--dry-run]
+    python -m experiments.predict.validate --out results/predict/validation [--epochs 3] [--repeats 3]
+        [--only K,...] [--dry-run]
 
 1. profiles the job once on this machine, one rank, one BLAS thread (``training.train --trace``,
    then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs, timed on a
@@ -12,9 +12,11 @@
    duration of a round at the job's ranks per core, fitted on the three-level study's sweeps
    (``--sweeps``, :mod:`experiments.predict.floor`; none of the validation's own runs);
 3. runs each configuration on the emulated cluster (``training.train`` under
-   ``experiments.cluster.emulate``) and takes its step time per epoch
-   (:func:`experiments.cluster.compression.epoch_times`; a parameter server's from its workers'
-   ``push`` events): median and range over the epochs after the first;
+   ``experiments.cluster.emulate``) ``--repeats`` times, the configurations taking turns (every
+   configuration once, then again), and takes each run's step time: the median over its epochs after
+   the first (:func:`experiments.cluster.compression.epoch_times`; a parameter server's from its
+   workers' ``push`` events); a configuration's measured time is the median over its runs and its
+   range the run-to-run range (the host's speed drifts between runs by more than between epochs);
 4. predicts each from the one profile and its layout's calibration, and reports
    (:func:`compare`): the share within 15 % among the configurations whose predicted exposed
    communication is at least half the step (target >= 90 %), within 25 % over all (>= 75 %), and
@@ -107,8 +109,12 @@ def _key(layout):
     return f"{layout['racks']}x{layout['nodes']}x{layout['ranks_per_node']}-{layout['link']}"
 
 
-def commands(out, epochs, entries):
-    """Return the commands of a validation: ``{"profile": [...], "calibrate": {key: [...]}, "runs": [...]}``."""
+def commands(out, epochs, entries, repeats=1):
+    """Return the commands of a validation: ``{"profile": [...], "calibrate": {key: [...]}, "runs": [...]}``.
+
+    ``runs`` holds ``repeats`` runs of every entry, in turns (all entries, then all again); each run
+    names its entry (``entry``, the index in ``entries``) and, with repeats, its own run directory
+    (``NAME-rK``)."""
     d = out + "_runs"
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     prof = [mpiexec, "-n", "1", sys.executable, "-m", "training.train", *JOB, "--threads", "1", "--epochs", "2",
@@ -117,14 +123,14 @@ def commands(out, epochs, entries):
                                                    os.path.join(d, f"cal-{_key(e['layout'])}.json")]
            for e in entries}
     runs = []
-    for e in entries:
-        name = f"{_key(e['layout'])}-{e['name']}"
+    for k, (i, e) in ((k, ie) for k in range(repeats) for ie in enumerate(entries)):
+        name = f"{_key(e['layout'])}-{e['name']}" + (f"-r{k + 1}" if repeats > 1 else "")
         cmd = _emulate(e["layout"]) + ["--", sys.executable, "-m", "training.train", *JOB, *train_flags(e["config"]),
                                        "--threads", "1", "--epochs", str(epochs), "--run-dir", d, "--name", name]
         if e["config"].get("mode") == "ps":
             cmd += ["--trace", os.path.join(d, name + ".trace.json")]
         grid = "tensor_parallel" in e["config"] or "pipeline_parallel" in e["config"]
-        runs.append({"name": name, "command": cmd, "run_dir": os.path.join(d, name), "grid": grid})
+        runs.append({"name": name, "entry": i, "command": cmd, "run_dir": os.path.join(d, name), "grid": grid})
     return {"profile": prof, "calibrate": cal, "runs": runs}
 
 
@@ -212,14 +218,14 @@ def _profile(d, reuse):
     return prof
 
 
-def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sweeps=floormod.DEFAULT_DIR):
+def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sweeps=floormod.DEFAULT_DIR, repeats=1):
     """Profile, calibrate, measure and predict ``entries``; return the rows and :func:`compare`'s figures.
 
     With ``reuse`` a profile, calibration or run whose output exists under ``OUT_runs`` is not run again
     (a validation whose configurations partly failed measures only those). ``sweeps``: the directory of
     the all-reduce sweeps the round floor is fitted on (:func:`experiments.predict.floor.floors`).
     """
-    cmds = commands(out, epochs, entries)
+    cmds = commands(out, epochs, entries, repeats)
     d = out + "_runs"
     os.makedirs(d, exist_ok=True)
     reused = []
@@ -240,18 +246,24 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
         rounds_us[key] = floormod.round_s(table, max(1.0, P / cores)) * 1e6
         topos[key] = topomod.parse(topomod.from_calibration(cal, e["racks"], e["nodes"], e["ranks_per_node"], cores,
                                                             rounds_us[key]))
-    rows, failed = [], []
-    for e, r in zip(entries, cmds["runs"]):
+    runs, failed = {}, []
+    for r in cmds["runs"]:  # in turns: every configuration once, then again
         if reuse and os.path.exists(os.path.join(r["run_dir"], "summary.json")):
             reused.append(r["name"])
         elif time.sleep(pause) or execute(r["command"]).returncode != 0:  # sleep: the last job's ranks leave  # reported, not fatal: the other configurations still run
             failed.append(r["name"])
             continue
+        runs.setdefault(r["entry"], []).append(r)
+    rows = []
+    for i, done in sorted(runs.items()):
+        e = entries[i]
         batch = PS_BATCH if e["config"].get("mode") == "ps" else 512
         cfg = cfgmod.parse({**e["config"], "batch_size": batch})
         p = predict(prof, topos[_key(e["layout"])], cfg)
-        rows.append({"name": r["name"], "measured": _measured(r), "predicted_s": p["step_s"],
-                     "comm_s": p["breakdown"]["comm"], "breakdown": p["breakdown"], "command": r["command"]})
+        epochs_s = [_measured(r) for r in done]
+        rows.append({"name": f"{_key(e['layout'])}-{e['name']}", "measured": [statistics.median(m) for m in epochs_s],
+                     "epochs": epochs_s, "predicted_s": p["step_s"], "comm_s": p["breakdown"]["comm"],
+                     "breakdown": p["breakdown"], "command": done[0]["command"]})
     floors = {"sweeps": sweeps, "by_ranks_per_core_us": {f"{o:g}": f * 1e6 for o, f in table.items()},
               "round_us": rounds_us}
     return rows, {**compare(rows), "failed": failed, "reused": reused, "round_floor": floors}
@@ -261,6 +273,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.predict.validate", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="results/predict/validation", help="prefix of OUT.json and OUT.md")
     p.add_argument("--epochs", type=int, default=3, help="epochs per measured run (default 3; the first is left out)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every configuration, in turns (default 3): "
+                   "its measured time is their median, its range theirs")
     p.add_argument("--only", default="", help="indices of plan() entries to run, comma-separated (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--reuse", action="store_true", help="keep the profile, calibrations and runs already under "
@@ -269,11 +283,14 @@ def main(argv=None):
                    f"fitted on (default {floormod.DEFAULT_DIR})")
     results.add_options(p)
     a = p.parse_args(argv)
+    if a.repeats < 1 or a.epochs < 2:
+        p.error(f"--repeats must be at least 1 and --epochs at least 2 (the first is left out); got "
+                f"{a.repeats} and {a.epochs}")
     entries = plan()
     if a.only:
         entries = [entries[int(i)] for i in a.only.split(",")]
     if a.dry_run:
-        cmds = commands(a.out, a.epochs, entries)
+        cmds = commands(a.out, a.epochs, entries, a.repeats)
         for line in [cmds["profile"], *cmds["calibrate"].values(), *(r["command"] for r in cmds["runs"])]:
             print(" ".join(line))
         return 0
@@ -286,7 +303,7 @@ def main(argv=None):
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse, sweeps=a.sweeps)
+    rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse, sweeps=a.sweeps, repeats=a.repeats)
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
     results.stamp(record, watch, P=8)
@@ -295,7 +312,7 @@ def main(argv=None):
         record["provenance"]["noisy"] = record["provenance"]["noisy"] or earlier.get("noisy", True)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
-    lines = ["| configuration | measured ms | range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
+    lines = ["| configuration | measured ms | run-to-run range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
               f"{r['error']:+.0%} |" for r in rows]
     with open(a.out + ".md", "w", encoding="utf-8") as f:
