@@ -84,7 +84,7 @@ def validation_table(record):
 
 
 def draw_validation(record, out):
-    """Write predicted against measured step time (ms, log-log; measured range as error bars) with the
+    """Write predicted against measured step time (ms, log-log; run-to-run range as error bars) with the
     15 % and 25 % bands to ``out``, one colour per layout and link."""
     fig, ax = plt.subplots(figsize=(6.4, 5.6), constrained_layout=True)
     layouts = list(dict.fromkeys("-".join(r["name"].split("-")[:2]) for r in record["rows"]))  # "2x2x2-1gbit"
@@ -103,7 +103,7 @@ def draw_validation(record, out):
         ax.plot(line, [v * (1 - k) for v in line], "k" + style, lw=0.6)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("measured step time (ms, median over epochs)")
+    ax.set_xlabel("measured step time (ms, median over runs; bars: run-to-run range)")
     ax.set_ylabel("predicted step time (ms)")
     ax.set_title("predictor against the emulated cluster")
     ax.legend(fontsize=7)

@@ -138,7 +138,7 @@ class ScatterPlan:
         if dtype != self.acc or self.op == "avg":
             return None
         _, pair, fp_spec, (method, phase), kind, stats = self._lean
-        iallreduce, waitall, in_place, mpi_max = ctx.comm.Iallreduce, MPI.Request.Waitall, MPI.IN_PLACE, MPI.MAX
+        iallreduce, in_place, mpi_max = ctx.comm.Iallreduce, MPI.IN_PLACE, MPI.MAX
         n, chunk, mpi_op, key = self.elements + self.chunk, self.chunk, self.mpi_op, self.key
         counts = None if self.method == "Ireduce_scatter_block" else self.counts
         apart = [None, None]  # the last (out, x) found contiguous and apart: a repeated pair is not tested again
