@@ -193,6 +193,30 @@ def case_fast_reduce_scatter():
         sub.Free()
 
 
+def case_mask_mismatch():
+    """Float max on one rank against sum on the others, without a deadline: the max rank's NaN mask is
+    posted only once its check passed, so every rank raises (before, the max rank waited forever for a
+    mask call the others never posted): the small all-reduce (check in the data) on its first call and
+    from its cached plan, the large one (fingerprint beside the data) and the reduce-scatter."""
+    if P < 2:
+        return
+    op = "max" if rank == 0 else "sum"
+    for n, cached in ((16, False), (16, True), (4096, False)):
+        sub = comm.Dup()
+        x = np.ones(n, np.float32)
+        if cached:
+            for each in ("max", "sum", "max", "sum"):
+                C.allreduce(x, comm=sub, op=each, algorithm="mpi")
+        expect_on_every_rank(C.CollectiveMismatch, lambda: C.allreduce(x, comm=sub, op=op, algorithm="mpi"),
+                             f"allreduce mpi {n} elements, max against sum, cached {cached}")
+        sub.Free()
+    sub = comm.Dup()
+    expect_on_every_rank(C.CollectiveMismatch, lambda: C.reduce_scatter(np.ones(4 * P, np.float32), comm=sub, op=op,
+                                                                        algorithm="mpi"),
+                         "reduce_scatter mpi, max against sum")
+    sub.Free()
+
+
 def case_mismatch_across_forms():
     """Mismatches that once made ranks post different library collectives, which MPICH paired with
     each other and returned values on some ranks: counts on both sides of 2,048 elements, and a
@@ -306,7 +330,7 @@ def case_trainer_plans():
 
 
 def main():
-    for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_fast_reduce_scatter, case_library_plans,
+    for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_fast_reduce_scatter, case_mask_mismatch, case_library_plans,
                  case_mismatch_across_forms):
         try:
             case()

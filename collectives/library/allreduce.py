@@ -87,8 +87,10 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
             buf = transport.to_host(work, "mpi")
     mask = nan_mask(buf, op)
     more = [("Iallreduce", (MPI.IN_PLACE, mask, MPI.MAX))] if mask is not None else []
-    call(ctx, key, "Iallreduce", (MPI.IN_PLACE, buf, MPI_OPS[op]), timeout, check=not inline, extra=more)
-    if inline:
+    verify = (lambda: verify_check(buf[x.size:], key, ctx.size)) if inline and more else None
+    call(ctx, key, "Iallreduce", (MPI.IN_PLACE, buf, MPI_OPS[op]), timeout, check=not inline, extra=more,
+         verify=verify)
+    if inline and verify is None:
         try:
             verify_check(buf[x.size:], key, ctx.size)
         except CollectiveError as exc:

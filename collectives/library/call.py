@@ -46,7 +46,7 @@ from collectives.engine.fingerprint import checks_enabled, describe, key_code
 from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean"]
+           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean", "post_failed"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
@@ -108,7 +108,7 @@ def mismatch(key):
                               "COMMLAB_DEBUG=detail to name the field and the ranks")
 
 
-def call(ctx, key, method, args, timeout, check=True, extra=()):
+def call(ctx, key, method, args, timeout, check=True, extra=(), verify=None):
     """Run the MPI library's non-blocking collective ``method`` on the library's communicator.
 
     Parameters
@@ -126,8 +126,11 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         Post the 2-element fingerprint all-reduce alongside (False when the check rides in the data).
     extra : sequence of (str, tuple)
         More non-blocking library calls (a NaN mask), posted once the fingerprint and the data call are
-        done and the fingerprint matched: a rank whose call differs posts none, so no rank waits for
-        a call another never posts.
+        done and the fingerprint (or ``verify``) matched: a rank whose call differs posts none, so no
+        rank waits for a call another never posts.
+    verify : callable, optional
+        The check that rides in the data (``check=False``), run before ``extra`` is posted; it raises
+        :class:`CollectiveMismatch`, and the context is failed.
 
     The non-blocking form is always used -- MPI never matches a blocking collective with a
     non-blocking one, and whether a rank passes a timeout or has requests in flight is its own
@@ -140,7 +143,6 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
     CollectiveMismatch
         The fingerprint check failed, or the library reported an error (such as truncation).
     """
-    name = key[0]
     reqs, fp, code = [], None, 0
     comm = ctx.comm
     deadline = None if timeout is None else deadline_of(timeout)
@@ -152,15 +154,16 @@ def call(ctx, key, method, args, timeout, check=True, extra=()):
         if fp is not None:
             reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
         reqs.append(getattr(comm, method)(*args))
-        if extra and fp is not None:  # the fingerprint first: a rank whose call differs posts no more
+        if extra and (fp is not None or verify is not None):  # the check first: a rank whose call differs posts no more
             _wait(ctx, key, reqs, timeout, deadline, method)
-            _check_pair(ctx, key, fp, code)
+            if fp is not None:
+                _check_pair(ctx, key, fp, code)
+            else:
+                _verified(ctx, key, verify)
             reqs = []
         reqs.extend(getattr(comm, m)(*a) for m, a in extra)
     except MPI.Exception as exc:  # the library refused a call as it was posted
-        err = library_error(key, exc, (), f"MPI_{method[1:]}")
-        ctx.fail(f"{key[0]}: {err}")
-        raise err from None
+        raise post_failed(ctx, key, exc, f"MPI_{method[1:]}") from None
     _wait(ctx, key, reqs, timeout, deadline, method)
     if fp is not None and not extra:
         _check_pair(ctx, key, fp, code)
@@ -185,6 +188,22 @@ def _wait(ctx, key, reqs, timeout, deadline, method):
         err = library_error(key, exc, statuses[:len(reqs)], f"MPI_{method[1:]}")
         ctx.fail(f"{key[0]}: {err}")
         raise err from None
+
+
+def post_failed(ctx, key, exc, phase):
+    """Fail ``ctx`` after the library refused to post a call of ``key`` (``exc``); return the error to raise."""
+    err = library_error(key, exc, (), phase)
+    ctx.fail(f"{key[0]}: {err}")
+    return err
+
+
+def _verified(ctx, key, verify):
+    """Run the in-data check ``verify``; on a mismatch fail the context and raise it."""
+    try:
+        verify()
+    except CollectiveMismatch as exc:
+        ctx.fail(f"{key[0]}: {exc}")
+        raise
 
 
 def _check_pair(ctx, key, fp, code):

@@ -65,7 +65,7 @@ class LibraryPlan:
 
     __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "recv", "result", "shaped_result", "tail", "want",
                  "reqs", "fp", "code", "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent",
-                 "calls", "checked", "lean", "mpi_op", "run", "dtype")
+                 "calls", "checked", "lean", "mpi_op", "run", "dtype", "mask_call")
 
     def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
         self.ctx, self.key, self.size, self.dtype = ctx, key, ctx.size, numpy.dtype(dtype)
@@ -92,6 +92,9 @@ class LibraryPlan:
             self.mask = numpy.zeros(n, numpy.uint8)
             self.isnan = self.mask.view(bool)
             calls.append((MPI.IN_PLACE, self.mask, MPI.MAX))
+        # started with the data when persistent (a persistent plan's requests are made once); otherwise
+        # posted by wait() once the check passed, so a rank whose call differs posts no mask to wait for
+        self.mask_call = calls.pop() if self.mask is not None and not persistent else None
         self.avg = None if op != "avg" or ctx.size == 1 else (numpy.true_divide if acc.kind == "f"
                                                               else numpy.floor_divide)
         p = ctx.size
@@ -151,6 +154,8 @@ class LibraryPlan:
         elif self.fp is not None and (int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code):
             self._failed(str(mismatch(self.key)))
             raise mismatch(self.key)
+        if self.mask_call is not None:
+            self._reduce_mask(timeout)
         if self.isnan is not None and self.mask.any():
             self.result[self.isnan] = numpy.nan
         if self.avg is not None:
@@ -214,6 +219,22 @@ class LibraryPlan:
             return out
 
         return run
+
+    def _reduce_mask(self, timeout):
+        """All-reduce the NaN mask (``MPI_MAX``) after the check passed, under ``timeout`` seconds."""
+        ctx = self.ctx
+        try:
+            req = ctx.comm.Iallreduce(*self.mask_call)
+            if timeout is None and not ctx.active:
+                req.Wait()
+            else:
+                wait_all([req], [None], deadline_of(timeout), Where("allreduce", 0, "MPI_Allreduce", timeout),
+                         progress=ctx.progress if ctx.active else None)
+        except CollectiveTimeout as exc:
+            self._failed(str(exc))
+            raise
+        except MPI.Exception as exc:
+            raise self._library_error(exc) from None
 
     def _library_error(self, exc):
         """Mark the plan failed after the MPI library reported ``exc``; return the error to raise

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from collectives.backend import accumulation_dtype, get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
-from collectives.library.call import finish_lean, lean_pair, run_library
+from collectives.library.call import finish_lean, lean_pair, post_failed, run_library
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["ScatterPlan"]
@@ -119,8 +119,11 @@ class ScatterPlan:
         _, pair, fp_spec, (method, phase), kind, stats = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for a reduce-scatter)
         # the buffers with their MPI datatype given: mpi4py does not read each array's format
-        reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX),
-                method(*self._args([send, kind], [mine, kind], self.mpi_op))]
+        try:
+            reqs = [ctx.comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX),
+                    method(*self._args([send, kind], [mine, kind], self.mpi_op))]
+        except MPI.Exception as exc:  # the library refused a call as it was posted
+            raise post_failed(ctx, self.key, exc, phase) from None
         finish_lean(ctx, self.key, reqs, pair, stats, phase)
 
     def _fast_run(self, ctx, dtype):
@@ -149,9 +152,12 @@ class ScatterPlan:
                     return None
                 apart[0], apart[1] = out, x
             ctx._seq += 1
-            check = iallreduce(in_place, fp_spec, mpi_max)  # first, as every other path posts it
-            data = (method([x, chunk, kind], [out, chunk, kind], mpi_op) if counts is None  # (a block's count)
-                    else method([x, n, kind], [out, chunk, kind], counts, mpi_op))
+            try:
+                check = iallreduce(in_place, fp_spec, mpi_max)  # first, as every other path posts it
+                data = (method([x, chunk, kind], [out, chunk, kind], mpi_op) if counts is None  # (a block's count)
+                        else method([x, n, kind], [out, chunk, kind], counts, mpi_op))
+            except MPI.Exception as exc:  # the library refused a call as it was posted
+                raise post_failed(ctx, key, exc, phase) from None
             finish_lean(ctx, key, [check, data], pair, stats, phase)
             return out
 
