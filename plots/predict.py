@@ -69,7 +69,8 @@ def validation_table(record):
     lines = ["| configuration | measured ms | run-to-run range ms | predicted ms | error | communication |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in record["rows"]:
-        lines.append(f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | "
+        rng = "-" if r["range_s"] is None else f"{r['range_s'] * 1e3:.1f}"  # one run: no range
+        lines.append(f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {rng} | "
                      f"{r['predicted_s'] * 1e3:.1f} | {r['error']:+.0%} | {r['comm_s'] / r['predicted_s']:.0%} |")
     f, t = record["figures"], record["targets"]
     heavy = "none" if f["within15_comm_heavy"] is None else f"{f['within15_comm_heavy']:.0%}"

@@ -239,3 +239,5 @@ def test_validation_harness_on_a_tiny_plan(capsys):
     # a-b concordant, b-c discordant -> tau 0
     assert got["within15_comm_heavy"] == 1.0 and got["within25_all"] == pytest.approx(1 / 3)
     assert got["pairs"] == 2 and got["kendall_tau"] == 0.0 and got["misses"] == ["b", "c"]
+    once = validate.compare(rows + [{"name": "d", "measured": [9.0], "predicted_s": 9.0, "comm_s": 0.1}])
+    assert once["pairs"] == 2 and rows[0]["range_s"] > 0  # measured once: no range, in no pair

@@ -26,7 +26,8 @@ the reduce-scatter the plan's one-frame form, ``fast form``), its steps, and cal
 what the loop adds to every row), ``empty call`` (an empty function with the collective's
 keyword-only signature, called as the benchmark calls the collective) and ``call and tests`` (the
 same with the collective's first argument tests). The derived rows are what no row times alone:
-``public entry`` (the call less its look-up and ``plan.run``: the collective's frame and tests),
+``public entry`` (the call less its look-up and ``plan.run``, for the reduce-scatter ``fast form``:
+the collective's frame and tests),
 ``in the plan`` / ``in the fast form`` (an entry point less its timed steps: frames,
 ``try``, flags), ``rest`` (the call less all its timed steps; the sum of the ones before) and the
 calibration rows less ``loop``, each per pass as ``whole - sum(parts) + (len(parts) - 1) * loop``.

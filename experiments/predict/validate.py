@@ -113,8 +113,7 @@ def commands(out, epochs, entries, repeats=1):
     """Return the commands of a validation: ``{"profile": [...], "calibrate": {key: [...]}, "runs": [...]}``.
 
     ``runs`` holds ``repeats`` runs of every entry, in turns (all entries, then all again); each run
-    names its entry (``entry``, the index in ``entries``) and, with repeats, its own run directory
-    (``NAME-rK``)."""
+    names its entry (``entry``, the index in ``entries``) and has its own run directory (``NAME-rK``)."""
     d = out + "_runs"
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     prof = [mpiexec, "-n", "1", sys.executable, "-m", "training.train", *JOB, "--threads", "1", "--epochs", "2",
@@ -124,7 +123,7 @@ def commands(out, epochs, entries, repeats=1):
            for e in entries}
     runs = []
     for k, (i, e) in ((k, ie) for k in range(repeats) for ie in enumerate(entries)):
-        name = f"{_key(e['layout'])}-{e['name']}" + (f"-r{k + 1}" if repeats > 1 else "")
+        name = f"{_key(e['layout'])}-{e['name']}-r{k + 1}"
         cmd = _emulate(e["layout"]) + ["--", sys.executable, "-m", "training.train", *JOB, *train_flags(e["config"]),
                                        "--threads", "1", "--epochs", str(epochs), "--run-dir", d, "--name", name]
         if e["config"].get("mode") == "ps":
@@ -163,7 +162,8 @@ def compare(rows):
     -------
     dict
         ``within15_comm_heavy`` and ``within25_all`` (fractions), ``kendall_tau`` (over the pairs whose
-        measured medians differ by more than both runs' ranges, None without such pairs), ``pairs``,
+        measured medians differ by more than both rows' run-to-run ranges, rows with one run left out;
+        None without such pairs), ``pairs``,
         ``comm_heavy`` (count) and ``misses`` (names beyond 25 %).
 
     Examples
@@ -176,12 +176,13 @@ def compare(rows):
     """
     for r in rows:
         r["measured_s"] = statistics.median(r["measured"])
-        r["range_s"] = max(r["measured"]) - min(r["measured"])
+        r["range_s"] = max(r["measured"]) - min(r["measured"]) if len(r["measured"]) > 1 else None
         r["error"] = r["predicted_s"] / r["measured_s"] - 1
     heavy = [r for r in rows if r["comm_s"] >= 0.5 * r["predicted_s"]]
     conc = disc = 0
-    for i, a in enumerate(rows):
-        for b in rows[i + 1:]:
+    ranged = [r for r in rows if r["range_s"] is not None]  # a configuration measured once has no range
+    for i, a in enumerate(ranged):
+        for b in ranged[i + 1:]:
             if abs(a["measured_s"] - b["measured_s"]) <= max(a["range_s"], b["range_s"]):
                 continue
             s = (a["measured_s"] - b["measured_s"]) * (a["predicted_s"] - b["predicted_s"])
@@ -261,12 +262,17 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
         cfg = cfgmod.parse({**e["config"], "batch_size": batch})
         p = predict(prof, topos[_key(e["layout"])], cfg)
         epochs_s = [_measured(r) for r in done]
+        # per run what _measured gives: its epochs' step times (a parameter server's: three medians of push gaps)
         rows.append({"name": f"{_key(e['layout'])}-{e['name']}", "measured": [statistics.median(m) for m in epochs_s],
-                     "epochs": epochs_s, "predicted_s": p["step_s"], "comm_s": p["breakdown"]["comm"],
+                     "per_run": epochs_s, "runs": len(done), "predicted_s": p["step_s"], "comm_s": p["breakdown"]["comm"],
                      "breakdown": p["breakdown"], "command": done[0]["command"]})
     floors = {"sweeps": sweeps, "by_ranks_per_core_us": {f"{o:g}": f * 1e6 for o, f in table.items()},
               "round_us": rounds_us}
     return rows, {**compare(rows), "failed": failed, "reused": reused, "round_floor": floors}
+
+
+def _ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 def main(argv=None):
@@ -307,13 +313,13 @@ def main(argv=None):
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
     results.stamp(record, watch, P=8)
-    if earlier is not None:
+    if earlier is not None and figures["reused"]:
         record["provenance_of_reused_runs"] = earlier
         record["provenance"]["noisy"] = record["provenance"]["noisy"] or earlier.get("noisy", True)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     lines = ["| configuration | measured ms | run-to-run range ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {r['range_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
+    lines += [f"| {r['name']} | {r['measured_s'] * 1e3:.1f} | {_ms(r['range_s'])} | {r['predicted_s'] * 1e3:.1f} | "
               f"{r['error']:+.0%} |" for r in rows]
     with open(a.out + ".md", "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
