@@ -171,6 +171,8 @@ def test_link_rate_within_tolerance(tmp_path):
     assert len(inter) == 1 and result["P"] == 4
     for r in inter:
         assert 0.8 * 50e6 <= r["bandwidth_bps"] <= 1.2 * 50e6, out
+        assert 0.8 * 50e6 <= r["bidirectional_bps"] <= 1.2 * 50e6, out  # each direction, both busy
+    assert 0.8 <= result["summary"]["duplex"] <= 1.2, out
     intra = [r for r in result["rows"] if r["kind"] == "intra-node"]
     assert len(intra) == 1 and intra[0]["bandwidth_bps"] > 2 * 50e6, out  # shared memory is not shaped
 

@@ -90,12 +90,26 @@ def test_parameter_server_push_pull_by_hand():
 @pytest.mark.parametrize("shape,alg,grid_", [((2, 2, 2), "torus", None), ((1, 3, 2), "2d", None),
                                              ((2, 2, 2), "ring", None), ((1, 4, 3), "torus", (3, 2, 2)),
                                              ((3, 1, 2), "2d", (2, 3))])
-def test_lockstep_replay_equals_the_event_replay(shape, alg, grid_):
+@pytest.mark.parametrize("duplex", [1.0, 0.8])
+def test_lockstep_replay_equals_the_event_replay(shape, alg, grid_, duplex):
     racks, nodes, rpn = shape
-    net = Network(racks=racks, nodes_per_rack=nodes, ranks_per_node=rpn, beta_rack=16 / 1e9, cpu=1e-9, cores=1)
+    net = Network(racks=racks, nodes_per_rack=nodes, ranks_per_node=rpn, beta_rack=16 / 1e9, cpu=1e-9, cores=1,
+                  duplex=duplex)
     for nbytes in (4 * net.size, 1001 * 4, 1 << 20):
         assert lockstep_clocks(alg, nbytes, net, grid_).max() == pytest.approx(
             allreduce_time(alg, nbytes, net, grid_), rel=1e-12)
+
+
+def test_duplex_prices_only_links_busy_both_ways_by_hand():
+    # two nodes of one rank, 1 ms and 8 ns a byte: a ring of 8000 bytes sends 4000 bytes each way in
+    # each of its 2 rounds (both directions busy): 2 x (1 ms + 4000 x 8 ns / 0.8) = 2 x 1.04 ms; a send
+    # of 4000 bytes from rank 1 to rank 0 goes one way only: 1 ms + 32 us whatever the duplex
+    net = Network(racks=1, nodes_per_rack=2, ranks_per_node=1, alpha_node=1e-3, beta_node=8e-9, gamma=0.0,
+                  duplex=0.8)
+    assert allreduce_time("ring", 8000, net, itemsize=1) == pytest.approx(2 * 1.04e-3, rel=1e-12)
+    assert max(comm.send_clocks(net, [(1, 0)], 4000)) == pytest.approx(1.032e-3, rel=1e-12)
+    with pytest.raises(ValueError, match="duplex=0 must be in"):
+        Network(duplex=0)
 
 
 def test_allgather_lockstep_equals_its_schedules():
@@ -135,10 +149,19 @@ def test_profile_from_a_trace(tmp_path):
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "levels": {"inter-pod": {}}}, "'levels.inter-pod' is unknown"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "link": "1gbit"}, "'link' is unknown"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "reduce_bps": "fast"}, "'reduce_bps' must be a number"),
+    ({"nodes_per_rack": 2, "ranks_per_node": 1, "duplex": 1.5}, "'duplex' must be <= 1"),
+    ({"nodes_per_rack": 2, "ranks_per_node": 1, "duplex": 0}, "'duplex' must be > 0"),
 ])
 def test_bad_topology_is_one_line_naming_the_field(doc, field):
     with pytest.raises(ValueError, match=field):
         topology.parse(doc)
+
+
+def test_topology_from_a_calibration_takes_its_duplex():
+    levels = {"inter-node": {"latency_us": 20.0, "bandwidth_bps": 96e6}}
+    with_bibw = topology.from_calibration({"summary": {"levels": levels, "duplex": 0.96}}, 1, 2, 2, cores=2)
+    assert topology.parse(with_bibw).net.duplex == 0.96
+    assert topology.parse(topology.from_calibration({"summary": {"levels": levels}}, 1, 2, 2, cores=2)).net.duplex == 1
 
 
 @pytest.mark.parametrize("doc,field", [

@@ -10,9 +10,10 @@ of one phase keep their peers. With every chunk non-empty (``count >= P``) the e
 ``T[r] <- max(T[r] + c(r -> right), T[left] + c(left -> r)) + reduce(r)``
 
 with ``c`` the three-level, shared-link price of :mod:`collectives.model.network` (the flows sharing a
-node link or an uplink are counted once per phase, since its rounds keep their peers). The block
-sizes are the executor's own (``chunk_bounds``, the ``numpy.array_split`` rule), so the result equals
-the event replay; the tests check it against :func:`collectives.model.network.allreduce_time`.
+node link or an uplink, and whether it carries flows both ways, are counted once per phase, since its
+rounds keep their peers). The block sizes are the executor's own (``chunk_bounds``, the
+``numpy.array_split`` rule), so the result equals the event replay; the tests check it against
+:func:`collectives.model.network.allreduce_time`.
 """
 import numpy
 
@@ -66,9 +67,12 @@ def _prices(net, src, dst, itemsize):
     in_r = numpy.bincount(rack_d[off_rack], minlength=racks)
     s_node = numpy.maximum(numpy.maximum(out_n[node_s], in_n[node_d]), 1)
     s_rack = numpy.maximum(numpy.maximum(out_r[rack_s], in_r[rack_d]), 1)
+    two_n, two_r = (out_n > 0) & (in_n > 0), (out_r > 0) & (in_r > 0)  # links carrying flows both ways
+    d_node = numpy.where(two_n[node_s] | two_n[node_d], net.duplex, 1.0)
+    d_rack = numpy.where(two_r[rack_s] | two_r[rack_d], net.duplex, 1.0)
     o = net.oversubscription
-    per_node = numpy.maximum(net.beta_node * s_node, net.cpu * o)
-    per_rack = numpy.maximum(per_node, net.beta_rack * s_rack)
+    per_node = numpy.maximum(net.beta_node * s_node / d_node, net.cpu * o)
+    per_rack = numpy.maximum(per_node, net.beta_rack * s_rack / d_rack)
     alpha = numpy.where(~off_node, net.alpha_intra, numpy.where(off_rack, net.alpha_node + net.alpha_rack,
                                                                   net.alpha_node))
     per_byte = numpy.where(~off_node, net.beta_intra * o, numpy.where(off_rack, per_rack, per_node))

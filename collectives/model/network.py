@@ -7,15 +7,20 @@ hierarchical models of BlueConnect, Cho et al., SysML 2019, section 3, and ASTRA
 topologies, Rashidi et al., ISPASS 2020):
 
 - inside a node (shared memory): ``alpha_intra + n beta_intra o``;
-- between two nodes of one rack: ``alpha_node + n max(beta_node s_node, cpu o)``;
-- between racks: ``alpha_node + alpha_rack + n max(beta_node s_node, beta_rack s_rack, cpu o)``;
+- between two nodes of one rack: ``alpha_node + n max(beta_node s_node / d_node, cpu o)``;
+- between racks: ``alpha_node + alpha_rack + n max(beta_node s_node / d_node, beta_rack s_rack / d_rack, cpu o)``;
 - reducing ``n`` bytes: ``n gamma o``.
 
 ``s_node`` is the number of flows that share the busier of the two node links in that round: the
 ranks of the sender's node sending off the node, or of the receiver's node receiving from off the
 node, in the same round of their schedules (the larger); ``s_rack`` counts the flows through the
 sender's rack's uplink out, or the receiver's rack's uplink in, the same way (the bandwidth bound of
-Patarasuk and Yuan, JPDC 69(2), 2009, applied per link and round). ``o = max(1, ranks_per_host /
+Patarasuk and Yuan, JPDC 69(2), 2009, applied per link and round). ``d_node`` is ``duplex`` when
+either of those node links also carries flows the other way in that round (a ring's every link) and 1
+otherwise, ``d_rack`` the same for the uplinks: ``duplex`` is one direction's rate while the other
+direction is busy, as a fraction of its one-way rate (the acknowledgements of the opposite flow share
+the direction; the emulator's calibration measures it with the bidirectional test of the OSU
+Micro-Benchmarks, ``osu_bibw``, Panda et al.; 1 is a full-duplex link). ``o = max(1, ranks_per_host /
 cores)`` is the oversubscription of a host: with more ranks than cores every byte a rank copies,
 reduces or hands to the network stack waits for a core, and ``cpu`` (seconds per byte) is the stack's
 own cost of a byte sent between nodes, which bounds a flow's rate once the host is busy. ``cpu`` and
@@ -65,6 +70,7 @@ class Network:
     beta_rack: float = 8 / 1e9
     gamma: float = 1 / 4e9
     cpu: float = 0.0
+    duplex: float = 1.0  # one direction's rate while the other is busy / its one-way rate, in (0, 1]
     cores: int = 0  # cores of one host; 0: a core per rank
     ranks_per_host: int = 0  # ranks sharing one host's cores; 0: ranks_per_node
 
@@ -75,6 +81,8 @@ class Network:
         for f in fields(self):
             if f.name not in ("racks", "nodes_per_rack", "ranks_per_node") and getattr(self, f.name) < 0:
                 raise ValueError(f"{f.name}={getattr(self, f.name)} must be >= 0")
+        if not 0 < self.duplex <= 1:
+            raise ValueError(f"duplex={self.duplex} must be in (0, 1]")
 
     @property
     def size(self):
@@ -129,11 +137,13 @@ def default_grid(algorithm, net):
 
 
 def _share_factors(net, scheds):
-    """Per rank, per send in posting order: (flows on the busier node link, flows on the busier uplink).
+    """Per rank, per send in posting order: (flows on the busier node link, flows on the busier uplink,
+    the node links' duplex factor, the uplinks').
 
     A flow is a rank sending across the link in a round, counted on its own node's link out and on
     the receiver's node's link in (two ranks sending to one rank are two flows into its node); one
-    rank's own messages of a round are sent one after another, so they count once.
+    rank's own messages of a round are sent one after another, so they count once. A duplex factor is
+    ``net.duplex`` when the sender's link or the receiver's carries flows both ways in the round.
     """
     out_node, in_node = defaultdict(set), defaultdict(set)
     out_rack, in_rack = defaultdict(set), defaultdict(set)
@@ -152,10 +162,18 @@ def _share_factors(net, scheds):
         f = []
         for k, rd in enumerate(s.rounds):
             for p, _, _ in rd.sends:
-                f.append((max(len(out_node[(net.node(r), k)]), len(in_node[(net.node(p), k)]), 1),
-                          max(len(out_rack[(net.rack(r), k)]), len(in_rack[(net.rack(p), k)]), 1)))
+                n, m, a, b = net.node(r), net.node(p), net.rack(r), net.rack(p)
+                f.append((max(len(out_node[(n, k)]), len(in_node[(m, k)]), 1),
+                          max(len(out_rack[(a, k)]), len(in_rack[(b, k)]), 1),
+                          _duplex(net, out_node, in_node, n, m, k), _duplex(net, out_rack, in_rack, a, b, k)))
         factors.append(f)
     return factors
+
+
+def _duplex(net, out, into, a, b, k):
+    """``net.duplex`` when link ``a`` (out) or ``b`` (in) carries flows both ways in round ``k``, else 1."""
+    two_way = (out.get((a, k)) and into.get((a, k))) or (out.get((b, k)) and into.get((b, k)))
+    return net.duplex if two_way else 1.0
 
 
 def allreduce_time(algorithm, nbytes, net, grid=None, itemsize=4, shared=True):
@@ -240,17 +258,17 @@ def schedules_time(scheds, net, itemsize=4, shared=True):
     calls = [0] * P
 
     def link(src, dst, n):
-        share = factors[src][calls[src]] if shared else (1, 1)
+        share = factors[src][calls[src]] if shared else (1, 1, 1.0, 1.0)
         calls[src] += 1
         nb = n * itemsize
         level = net.level(src, dst)
         if level == "intra":
             t = net.alpha_intra + nb * net.beta_intra * o
         elif level == "node":
-            t = net.alpha_node + nb * max(net.beta_node * share[0], net.cpu * o)
+            t = net.alpha_node + nb * max(net.beta_node * share[0] / share[2], net.cpu * o)
         else:
-            t = net.alpha_node + net.alpha_rack + nb * max(net.beta_node * share[0], net.beta_rack * share[1],
-                                                          net.cpu * o)
+            t = net.alpha_node + net.alpha_rack + nb * max(net.beta_node * share[0] / share[2],
+                                                          net.beta_rack * share[1] / share[3], net.cpu * o)
         return t, t
 
     return replay(scheds, cost=link, reduce_cost=lambda n: n * itemsize * net.gamma * o)["clock"]

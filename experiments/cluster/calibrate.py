@@ -11,7 +11,12 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
 - latency: ``--lat-iters`` round trips of 8 bytes after 10 uncounted ones; latency = median RTT / 2;
 - bandwidth: ``--reps`` round trips of S bytes each way after one uncounted one, S = a quarter
   second of traffic at the configured rate (64 KiB to 64 MiB; 64 MiB unshaped); bandwidth =
-  2 S / RTT per repetition, reported as median and range, in bits per second to compare with ``tc``.
+  2 S / RTT per repetition, reported as median and range, in bits per second to compare with ``tc``;
+- bidirectional bandwidth (``osu_bibw``'s test): ``--reps`` exchanges in which both leaders send S
+  bytes to each other at once (``Isend``/``Irecv``, ``Waitall``) after one uncounted one; one
+  direction's rate = S / time. Its ratio to the one-way bandwidth is the link's ``duplex`` (the
+  acknowledgements of the opposite flow travel the same direction), which the cost model
+  (:class:`collectives.model.network.Network`) applies to a link busy both ways.
 
 Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory). With
 racks (``COMMLAB_RACKS=R``, set by the emulator's ``--racks``; nodes ``i * N // R`` onward form rack i) a
@@ -37,7 +42,7 @@ from experiments import results as prov
 from experiments.cluster.net import parse_rate
 from experiments.outputs import command_line
 
-__all__ = ["find_nodes", "pingpong", "link_size", "main"]
+__all__ = ["find_nodes", "pingpong", "exchange", "link_size", "main"]
 
 #: Tolerance of the calibration target: measured bandwidth within 20 % of the configured rate.
 TOLERANCE = 0.20
@@ -91,6 +96,29 @@ def pingpong(comm, a, b, nbytes, iters, warmup):
     return np.array(times)
 
 
+def exchange(comm, a, b, nbytes, iters, warmup):
+    """Time ``iters`` exchanges in which ranks ``a`` and ``b`` of ``comm`` send each other ``nbytes`` at once.
+
+    Returns
+    -------
+    ndarray, shape (iters,), float64
+        Seconds per exchange on rank ``a``; empty on every other rank.
+    """
+    out, into = np.zeros(max(nbytes, 1), np.uint8)[:nbytes], np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+    token, back = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+    times = []
+    if comm.rank not in (a, b):
+        return np.array(times)
+    peer = b if comm.rank == a else a
+    for i in range(warmup + iters):
+        comm.Sendrecv(token, dest=peer, sendtag=9, recvbuf=back, source=peer, recvtag=9)  # start together
+        t = time.perf_counter()
+        MPI.Request.Waitall([comm.Irecv(into, source=peer, tag=7), comm.Isend(out, dest=peer, tag=7)])
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return np.array(times) if comm.rank == a else np.array([])
+
+
 def _quiet_barrier(comm):
     """Barrier that sleeps instead of spinning, so idle ranks leave the cores to the measured pair."""
     req = comm.Ibarrier()
@@ -103,16 +131,18 @@ def _measure(comm, a, b, size, args):
     _quiet_barrier(comm)
     lat = pingpong(comm, a, b, 8, args.lat_iters, 10)
     bw = 2 * size * 8 / pingpong(comm, a, b, size, args.reps, 1)  # bits/s per repetition
-    stats = np.zeros(4)  # latency s, median, min, max bandwidth bits/s
+    bi = size * 8 / exchange(comm, a, b, size, args.reps, 1)  # one direction's bits/s, both ways busy
+    stats = np.zeros(5)  # latency s, median, min, max bandwidth bits/s, median bidirectional bits/s
     if comm.rank == a:
-        stats[:] = np.median(lat) / 2, np.median(bw), bw.min(), bw.max()
+        stats[:] = np.median(lat) / 2, np.median(bw), bw.min(), bw.max(), np.median(bi)
         if a != 0:
             comm.Send(stats, dest=0, tag=8)
     elif comm.rank == 0:
         comm.Recv(stats, source=a, tag=8)
     _quiet_barrier(comm)
     row = {"latency_us": float(stats[0] * 1e6), "bytes": size, "bandwidth_bps": float(stats[1]),
-           "bandwidth_min_bps": float(stats[2]), "bandwidth_max_bps": float(stats[3])}
+           "bandwidth_min_bps": float(stats[2]), "bandwidth_max_bps": float(stats[3]),
+           "bidirectional_bps": float(stats[4]), "duplex": float(stats[4] / stats[1]) if stats[1] else 0.0}
     return row if comm.rank == 0 else None
 
 
@@ -168,13 +198,14 @@ def _report(rows, args, rate, n_nodes, size, watch, command):
     """Print the table and the summary; write the JSON file, stamped with ``watch`` and ``command``."""
     configured = f"{rate / 1e6:g} Mbit/s" if rate else "unshaped"
     print(f"link calibration: {n_nodes} nodes, {size} ranks, configured {args.link} ({configured}) each way")
-    print(f"{'pair':<16}{'level':<12}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}")
+    print(f"{'pair':<16}{'level':<12}{'latency us':>12}{'bandwidth Mbit/s':>18}{'range':>20}{'/ configured':>14}"
+          f"{'both ways':>11}")
     for r in rows:
         ratio = r["bandwidth_bps"] / rate if rate and r["kind"] != "intra-node" else None
         r["ratio"] = ratio
         span = f"{r['bandwidth_min_bps'] / 1e6:.1f}-{r['bandwidth_max_bps'] / 1e6:.1f}"
         print(f"{r['pair']:<16}{r['kind']:<12}{r['latency_us']:>12.1f}{r['bandwidth_bps'] / 1e6:>18.1f}{span:>20}"
-              f"{'' if ratio is None else f'{ratio:.3f}':>14}")
+              f"{'' if ratio is None else f'{ratio:.3f}':>14}{r['duplex']:>11.3f}")
     inter = [r["bandwidth_bps"] for r in rows if r["kind"] != "intra-node"]
     summary = {"levels": {kind: {"latency_us": float(np.median([r["latency_us"] for r in rows if r["kind"] == kind])),
                                  "bandwidth_bps": float(np.median([r["bandwidth_bps"] for r in rows if r["kind"] == kind]))}
@@ -182,12 +213,14 @@ def _report(rows, args, rate, n_nodes, size, watch, command):
     if inter:
         med = float(np.median(inter))
         summary.update(inter_bandwidth_bps=med, inter_min_bps=min(inter), inter_max_bps=max(inter))
+        summary["duplex"] = float(np.median([r["duplex"] for r in rows if r["kind"] != "intra-node"]))
         line = f"inter-node bandwidth {med / 1e6:.1f} Mbit/s (pairs {min(inter) / 1e6:.1f}-{max(inter) / 1e6:.1f})"
         if rate:
             ok = all(abs(b / rate - 1) <= TOLERANCE for b in inter)
             summary.update(ratio=med / rate, within_tolerance=ok)
             line += f" = {med / rate:.3f} of configured; every pair within {TOLERANCE:.0%}: {'yes' if ok else 'NO'}"
         print(line)
+        print(f"both ways at once: {summary['duplex']:.3f} of the one-way bandwidth a direction (median over pairs)")
     if args.out:
         result = {"config": {"link": args.link, "link_bps": rate, "nodes": n_nodes, "reps": args.reps,
                              "lat_iters": args.lat_iters, "tolerance": TOLERANCE},

@@ -7,13 +7,15 @@ Format (JSON; every field but the layout has a default)::
      "levels": {"intra-node": {"latency_us": 2.0, "bandwidth_bps": 2.4e12},
                 "inter-node": {"latency_us": 5.0, "bandwidth_bps": 25e9},
                 "inter-rack": {"latency_us": 7.0, "bandwidth_bps": 100e9}},
-     "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "cores": 0, "ranks_per_host": 0,
+     "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "duplex": 1.0, "cores": 0, "ranks_per_host": 0,
      "round_us": 0.0, "compute_scale": 1.0}
 
 ``levels`` are the emulator's ``--calibrate`` summary names: ``latency_us`` is one message's one-way
 latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
 the uplink's; the node link's rate still bounds a flow that crosses racks). ``reduce_bps`` is the
-reduction speed in bits per second (default: the profile's measured one). ``cores`` and
+reduction speed in bits per second (default: the profile's measured one). ``duplex`` is a link's rate
+in one direction while its other direction also carries data, as a fraction of its one-way rate (0 to
+1; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
 multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
@@ -39,8 +41,8 @@ __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 
 LEVELS = ("intra-node", "inter-node", "inter-rack")
 _DEFAULTS = {"intra-node": (1.0, 80e9), "inter-node": (30.0, 1e9), "inter-rack": (30.0, 1e9)}
-_KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "cores",
-         "ranks_per_host", "round_us", "compute_scale", "source")
+_KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "duplex",
+         "cores", "ranks_per_host", "round_us", "compute_scale", "source")
 
 
 class Topology:
@@ -136,7 +138,7 @@ def parse(doc):
                   alpha_intra=got["intra-node"][0], beta_intra=got["intra-node"][1],
                   alpha_node=got["inter-node"][0], beta_node=got["inter-node"][1],
                   alpha_rack=max(0.0, got["inter-rack"][0] - got["inter-node"][0]), beta_rack=got["inter-rack"][1],
-                  gamma=gamma, cpu=_number(doc, "cpu_s_per_byte", "", default=0.0),
+                  gamma=gamma, cpu=_number(doc, "cpu_s_per_byte", "", default=0.0), duplex=_duplex(doc),
                   cores=_number(doc, "cores", "", integer=True, default=0),
                   ranks_per_host=_number(doc, "ranks_per_host", "", integer=True, default=0),
                   round_s=_number(doc, "round_us", "", default=0.0) * 1e-6)
@@ -145,6 +147,13 @@ def parse(doc):
     if not isinstance(name, str):
         raise ValueError(f"topology field 'name' must be a string, got {name!r}")
     return Topology(name, net, scale, reduce_bps is not None, doc)
+
+
+def _duplex(doc):
+    d = _number(doc, "duplex", "", positive=True, default=1.0)
+    if d > 1:
+        raise ValueError(f"topology field 'duplex' must be <= 1 (a fraction of the one-way rate), got {d!r}")
+    return d
 
 
 def load(path):
@@ -164,7 +173,8 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
     """Return a topology document for an emulated cluster from its ``--calibrate`` result (a dict).
 
     Every rank of the emulated cluster runs on this one host, so ``ranks_per_host`` is the whole job
-    and ``cores`` the host's (default ``os.cpu_count()``); ``round_us`` is written as given.
+    and ``cores`` the host's (default ``os.cpu_count()``); ``round_us`` is written as given, ``duplex``
+    from the calibration's bidirectional test (``summary.duplex``; 1 when it has none).
 
     Raises
     ------
@@ -182,6 +192,7 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
     return {"name": f"emulated {racks}x{nodes_per_rack}x{ranks_per_node}, {cal.get('config', {}).get('link', '?')}",
             "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
             "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
+            "duplex": min(1.0, float((cal.get("summary") or {}).get("duplex", 1.0))),
             "source": "emulator --calibrate"}
 
 

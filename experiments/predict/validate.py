@@ -234,7 +234,7 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
         execute(cmds["profile"], check=True)
     prof = _profile(d, reuse)
     table = floormod.floors(sweeps, prof.reduce_s_per_byte or 1 / 4e9)
-    topos, rounds_us = {}, {}
+    topos, rounds_us, cals = {}, {}, {}
     for key, cmd in cmds["calibrate"].items():
         if not (reuse and os.path.exists(cmd[-1])):
             _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
@@ -247,6 +247,7 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
         rounds_us[key] = floormod.round_s(table, max(1.0, P / cores)) * 1e6
         topos[key] = topomod.parse(topomod.from_calibration(cal, e["racks"], e["nodes"], e["ranks_per_node"], cores,
                                                             rounds_us[key]))
+        cals[key] = {"date": (cal.get("provenance") or {}).get("date"), "duplex": topos[key].net.duplex}
     runs, failed = {}, []
     for r in cmds["runs"]:  # in turns: every configuration once, then again
         if reuse and os.path.exists(os.path.join(r["run_dir"], "summary.json")):
@@ -268,7 +269,7 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
                      "breakdown": p["breakdown"], "command": done[0]["command"]})
     floors = {"sweeps": sweeps, "by_ranks_per_core_us": {f"{o:g}": f * 1e6 for o, f in table.items()},
               "round_us": rounds_us}
-    return rows, {**compare(rows), "failed": failed, "reused": reused, "round_floor": floors}
+    return rows, {**compare(rows), "failed": failed, "reused": reused, "round_floor": floors, "calibrations": cals}
 
 
 def _ms(seconds):
