@@ -81,6 +81,14 @@ def validation_table(record):
             f"**{tau}** (target {t['kendall_tau']:g}). Beyond 25 %: {', '.join(f['misses']) or 'none'}.")
     if f.get("failed"):
         head += f" Failed to run: {', '.join(f['failed'])}."
+    runs, cals = record.get("provenance_of_reused_runs"), f.get("calibrations") or {}
+    if runs:  # predicted again from kept runs: say when those were measured, and the calibrations
+        load = runs.get("load") or {}
+        dates = sorted({(c.get("date") or "?")[:10] for c in cals.values()})
+        lines += ["", f"The runs were measured by `{runs['command']}` on {runs['date'][:10]} (load average "
+                      f"{load.get('before', float('nan')):.2f} before and {load.get('during_max', float('nan')):.2f} "
+                      f"at most during: the runs' own 8 ranks)"
+                      + (f"; the four layouts' calibrations on {', '.join(dates)}." if dates else ".")]
     return head + "\n\n" + "\n".join(lines)
 
 

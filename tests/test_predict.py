@@ -108,8 +108,20 @@ def test_duplex_prices_only_links_busy_both_ways_by_hand():
                   duplex=0.8)
     assert allreduce_time("ring", 8000, net, itemsize=1) == pytest.approx(2 * 1.04e-3, rel=1e-12)
     assert max(comm.send_clocks(net, [(1, 0)], 4000)) == pytest.approx(1.032e-3, rel=1e-12)
-    with pytest.raises(ValueError, match="duplex=0 must be in"):
-        Network(duplex=0)
+    # three nodes, 0 -> 1 and 1 -> 2 at once: node 1's link is busy both ways, so both flows (one ending
+    # there, one starting there) take 1 ms + 40 us; alone, 0 -> 1 takes 1.032 ms
+    three = Network(racks=1, nodes_per_rack=3, ranks_per_node=1, alpha_node=1e-3, beta_node=8e-9, duplex=0.8)
+    assert list(comm.send_clocks(three, [(0, 1), (1, 2)], 4000)) == pytest.approx([1.04e-3, 1.04e-3, 1.04e-3])
+    # two racks of two one-rank nodes, 0 -> 2 and 3 -> 1: every node link carries one direction only and
+    # each uplink both; the uplink (16 ns a byte) is the slower: 1 ms + 2 ms + 4000 x 16 ns / 0.8 = 3.08 ms
+    racks = Network(racks=2, nodes_per_rack=2, ranks_per_node=1, alpha_node=1e-3, alpha_rack=2e-3, beta_node=8e-9,
+                    beta_rack=16e-9, duplex=0.8)
+    assert max(comm.send_clocks(racks, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.08e-3, rel=1e-12)
+    racks_one_way = Network(**{**{k: getattr(racks, k) for k in racks.__dataclass_fields__}, "duplex": 1.0})
+    assert max(comm.send_clocks(racks_one_way, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.064e-3, rel=1e-12)
+    for bad in (0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=f"duplex={bad} must be in"):
+            Network(duplex=bad)
 
 
 def test_allgather_lockstep_equals_its_schedules():

@@ -18,9 +18,9 @@ sender's rack's uplink out, or the receiver's rack's uplink in, the same way (th
 Patarasuk and Yuan, JPDC 69(2), 2009, applied per link and round). ``d_node`` is ``duplex`` when
 either of those node links also carries flows the other way in that round (a ring's every link) and 1
 otherwise, ``d_rack`` the same for the uplinks: ``duplex`` is one direction's rate while the other
-direction is busy, as a fraction of its one-way rate (the acknowledgements of the opposite flow share
-the direction; the emulator's calibration measures it with the bidirectional test of the OSU
-Micro-Benchmarks, ``osu_bibw``, Panda et al.; 1 is a full-duplex link). ``o = max(1, ranks_per_host /
+direction is busy, as a fraction of its one-way rate (the emulator's calibration measures it with an
+exchange after the OSU Micro-Benchmarks' ``osu_bibw``, Panda et al., one message each way, per
+direction; 1 is a full-duplex link). ``o = max(1, ranks_per_host /
 cores)`` is the oversubscription of a host: with more ranks than cores every byte a rank copies,
 reduces or hands to the network stack waits for a core, and ``cpu`` (seconds per byte) is the stack's
 own cost of a byte sent between nodes, which bounds a flow's rate once the host is busy. ``cpu`` and
@@ -79,7 +79,7 @@ class Network:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for f in fields(self):
-            if f.name not in ("racks", "nodes_per_rack", "ranks_per_node") and getattr(self, f.name) < 0:
+            if f.name not in ("racks", "nodes_per_rack", "ranks_per_node", "duplex") and getattr(self, f.name) < 0:
                 raise ValueError(f"{f.name}={getattr(self, f.name)} must be >= 0")
         if not 0 < self.duplex <= 1:
             raise ValueError(f"duplex={self.duplex} must be in (0, 1]")

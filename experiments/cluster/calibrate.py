@@ -12,16 +12,17 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
 - bandwidth: ``--reps`` round trips of S bytes each way after one uncounted one, S = a quarter
   second of traffic at the configured rate (64 KiB to 64 MiB; 64 MiB unshaped); bandwidth =
   2 S / RTT per repetition, reported as median and range, in bits per second to compare with ``tc``;
-- bidirectional bandwidth (``osu_bibw``'s test): ``--reps`` exchanges in which both leaders send S
-  bytes to each other at once (``Isend``/``Irecv``, ``Waitall``) after one uncounted one; one
-  direction's rate = S / time. Its ratio to the one-way bandwidth is the link's ``duplex`` (the
-  acknowledgements of the opposite flow travel the same direction), which the cost model
-  (:class:`collectives.model.network.Network`) applies to a link busy both ways.
+- bidirectional bandwidth (after ``osu_bibw``, with one message each way): ``--reps`` exchanges in
+  which both leaders send S bytes to each other at once (``Isend``/``Irecv``, ``Waitall``) after one
+  uncounted one; one direction's rate = S / time. Its ratio to the ping-pong bandwidth is the link's
+  ``duplex``, which the cost model (:class:`collectives.model.network.Network`) applies to a link
+  busy both ways.
 
 Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory). With
 racks (``COMMLAB_RACKS=R``, set by the emulator's ``--racks``; nodes ``i * N // R`` onward form rack i) a
 pair of nodes in different racks is an ``inter-rack`` row (node link, uplink, node link), one in the same
-rack an ``inter-node`` row, and the summary gives each level's median latency and bandwidth.
+rack an ``inter-node`` row, and the summary gives each level's median latency and bandwidth, and
+``duplex``, the median over the pairs of nodes (the shared-memory pair left out).
 Rank 0 prints one row per pair against the configured rate and, with ``--out``, writes the rows, the
 configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`) to a
 JSON file. On a busy machine the calibration refuses to start unless ``--allow-noisy`` (which
@@ -220,7 +221,8 @@ def _report(rows, args, rate, n_nodes, size, watch, command):
             summary.update(ratio=med / rate, within_tolerance=ok)
             line += f" = {med / rate:.3f} of configured; every pair within {TOLERANCE:.0%}: {'yes' if ok else 'NO'}"
         print(line)
-        print(f"both ways at once: {summary['duplex']:.3f} of the one-way bandwidth a direction (median over pairs)")
+        print(f"both ways busy: each direction at {summary['duplex']:.3f} of the ping-pong bandwidth "
+              "(median over the pairs of nodes)")
     if args.out:
         result = {"config": {"link": args.link, "link_bps": rate, "nodes": n_nodes, "reps": args.reps,
                              "lat_iters": args.lat_iters, "tolerance": TOLERANCE},

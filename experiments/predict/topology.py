@@ -14,8 +14,8 @@ Format (JSON; every field but the layout has a default)::
 latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
 the uplink's; the node link's rate still bounds a flow that crosses racks). ``reduce_bps`` is the
 reduction speed in bits per second (default: the profile's measured one). ``duplex`` is a link's rate
-in one direction while its other direction also carries data, as a fraction of its one-way rate (0 to
-1; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``cores`` and
+in one direction while its other direction also carries data, as a fraction of its one-way rate (in
+(0, 1]; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
 multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
@@ -151,7 +151,7 @@ def parse(doc):
 
 def _duplex(doc):
     d = _number(doc, "duplex", "", positive=True, default=1.0)
-    if d > 1:
+    if not d <= 1:  # NaN too
         raise ValueError(f"topology field 'duplex' must be <= 1 (a fraction of the one-way rate), got {d!r}")
     return d
 
@@ -174,7 +174,7 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
 
     Every rank of the emulated cluster runs on this one host, so ``ranks_per_host`` is the whole job
     and ``cores`` the host's (default ``os.cpu_count()``); ``round_us`` is written as given, ``duplex``
-    from the calibration's bidirectional test (``summary.duplex``; 1 when it has none).
+    from the calibration's bidirectional test (``summary.duplex``, at most 1; 1 when it has none).
 
     Raises
     ------

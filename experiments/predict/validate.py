@@ -304,7 +304,8 @@ def main(argv=None):
     earlier = None
     if a.reuse and os.path.exists(a.out + ".json"):  # the reused runs were measured under this provenance
         with open(a.out + ".json", encoding="utf-8") as f:
-            earlier = json.load(f).get("provenance")
+            old = json.load(f)
+        earlier = old.get("provenance_of_reused_runs") or old.get("provenance")  # a re-prediction keeps the runs'
     try:
         watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
     except ValueError as e:
