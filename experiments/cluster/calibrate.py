@@ -1,4 +1,4 @@
-"""Measure the emulated cluster's links: ping-pong latency and bandwidth, every node pair and within a node.
+"""Measure the emulated cluster's links: latency, bandwidth one way and both ways, per node pair and within a node.
 
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
 
@@ -155,7 +155,8 @@ def main(argv=None):
     """
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--link", default="unlimited", help="the configured rate, tc units (for the comparison)")
-    p.add_argument("--reps", type=int, default=5, help="bandwidth round trips per pair (default 5)")
+    p.add_argument("--reps", type=int, default=5,
+                   help="bandwidth round trips, and exchanges both ways, per pair (default 5)")
     p.add_argument("--lat-iters", type=int, default=200, help="latency round trips per pair (default 200)")
     p.add_argument("--out", default="", help="write the measurements to this JSON file")
     prov.add_options(p)
