@@ -171,8 +171,15 @@ def test_link_rate_within_tolerance(tmp_path):
     assert len(inter) == 1 and result["P"] == 4
     for r in inter:
         assert 0.8 * 50e6 <= r["bandwidth_bps"] <= 1.2 * 50e6, out
-        assert 0.8 * 50e6 <= r["bidirectional_bps"] <= 1.2 * 50e6, out  # each direction, both busy
-    assert 0.8 <= result["summary"]["duplex"] <= 1.2, out
+        # each direction, both busy: well above the half a link shared by its two directions would give
+        # (TCP's acknowledgements ride the other direction's shaped queue: 0.80-0.99 measured)
+        assert 0.65 * 50e6 <= r["bidirectional_bps"] <= 1.2 * 50e6, out
+    assert 0.65 <= result["summary"]["duplex"] <= 1.2, out
+    fan = result["summary"]["fanout"]  # node 0 to node 1's two ranks at once: a quarter second in all, then each
+    assert [(f["bytes"], f["messages"]) for f in fan] == [(781250, 2), (1562500, 2)], out
+    for f in fan:  # the link carries the bytes at its rate: the first of two ends after half the last, at the least
+        first, last = f["fractions"]
+        assert last == 1.0 and 0.5 * 0.8 <= first <= 1.0, out
     intra = [r for r in result["rows"] if r["kind"] == "intra-node"]
     assert len(intra) == 1 and intra[0]["bandwidth_bps"] > 2 * 50e6, out  # shared memory is not shaped
 

@@ -77,16 +77,6 @@ def test_pipeline_of_two_stages_by_hand():
     assert s0["compute"] == pytest.approx(32.5 * MS) and s1["wait"] == pytest.approx(11.08 * MS)
 
 
-def test_parameter_server_push_pull_by_hand():
-    # P = 3, S = 1: two workers push 4000 bytes into the server's one link (1 ms + 8 ms), the update
-    # (6 ms) at 30 + 9 + 6 = 45; pull: requests 1.008 ms, then 5 ms per worker, one after another: 56.008
-    prof = _prof([(1000, 10 * MS, 20 * MS, None)], optimizer_s=6 * MS)
-    r = predict(prof, _topo(3), config.parse({"mode": "ps", "servers": 1}))
-    assert r["step_s"] == pytest.approx(56.008 * MS, rel=1e-9)
-    server = r["ranks"][0]
-    assert server["ranks"] == "0" and server["compute"] == pytest.approx(6 * MS)
-
-
 @pytest.mark.parametrize("shape,alg,grid_", [((2, 2, 2), "torus", None), ((1, 3, 2), "2d", None),
                                              ((2, 2, 2), "ring", None), ((1, 4, 3), "torus", (3, 2, 2)),
                                              ((3, 1, 2), "2d", (2, 3))])

@@ -17,6 +17,13 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
   uncounted one; one direction's rate = S / time. Its ratio to the ping-pong bandwidth is the link's
   ``duplex``, which the cost model (:class:`collectives.model.network.Network`) applies to a link
   busy both ways.
+- fan-out: node 0's first rank sends one message to every rank on the other nodes at once (``Isend``
+  each, then ``Waitall``; the receivers poll with ``Test`` and short sleeps, as a waiting rank does),
+  after one uncounted one, at two sizes: S / n bytes each (a quarter second in all, n the receivers;
+  2 ``--reps`` + 1 times) and S each (``--reps`` times). Each receiver's end is timed from a common
+  ``Barrier``; per size, the sorted ends as fractions of the last, median over the repetitions, are
+  ``summary.fanout``: how the node's link divides among messages sent at once
+  (:mod:`experiments.predict.ps_step` replays a parameter server's replies with it).
 
 Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory). With
 racks (``COMMLAB_RACKS=R``, set by the emulator's ``--racks``; nodes ``i * N // R`` onward form rack i) a
@@ -43,7 +50,7 @@ from experiments import results as prov
 from experiments.cluster.net import parse_rate
 from experiments.outputs import command_line
 
-__all__ = ["find_nodes", "pingpong", "exchange", "link_size", "main"]
+__all__ = ["find_nodes", "pingpong", "exchange", "fanout", "link_size", "main"]
 
 #: Tolerance of the calibration target: measured bandwidth within 20 % of the configured rate.
 TOLERANCE = 0.20
@@ -120,6 +127,43 @@ def exchange(comm, a, b, nbytes, iters, warmup):
     return np.array(times) if comm.rank == a else np.array([])
 
 
+def fanout(comm, root, targets, nbytes, iters, warmup):
+    """Time ``iters`` fan-outs in which rank ``root`` sends ``nbytes`` to every rank of ``targets`` at once.
+
+    Every rank of ``comm`` takes part (the others only in the barrier and the gather).
+
+    Returns
+    -------
+    ndarray, shape (iters, len(targets)), float64
+        On ``root``: per fan-out, the receivers' ends (seconds from the barrier) sorted, as fractions of
+        the last one's; empty on every other rank.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> fanout(MPI.COMM_SELF, 0, [], 8, 1, 0).shape  # one rank: nobody to send to
+    (1, 0)
+    """
+    buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
+    ends, rows = np.zeros(1), []
+    every = np.zeros(comm.size) if comm.rank == root else None
+    for i in range(warmup + iters):
+        comm.Barrier()
+        t = time.perf_counter()
+        if comm.rank == root:
+            MPI.Request.Waitall([comm.Isend(buf, dest=d, tag=11) for d in targets])
+        elif comm.rank in targets:
+            req = comm.Irecv(buf, source=root, tag=11)
+            while not req.Test():
+                time.sleep(1e-4)
+        ends[0] = time.perf_counter() - t
+        comm.Gather(ends, every, root=root)
+        if comm.rank == root and i >= warmup:
+            got = np.sort(every[list(targets)])
+            rows.append(got / got[-1] if len(got) else got)
+    return np.array(rows).reshape(iters, len(targets)) if comm.rank == root else np.array([])
+
+
 def _quiet_barrier(comm):
     """Barrier that sleeps instead of spinning, so idle ranks leave the cores to the measured pair."""
     req = comm.Ibarrier()
@@ -156,7 +200,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--link", default="unlimited", help="the configured rate, tc units (for the comparison)")
     p.add_argument("--reps", type=int, default=5,
-                   help="bandwidth round trips, and exchanges both ways, per pair (default 5)")
+                   help="bandwidth round trips and exchanges both ways per pair, and fan-outs of S bytes each "
+                   "(2 REPS + 1 of S / n bytes each) (default 5)")
     p.add_argument("--lat-iters", type=int, default=200, help="latency round trips per pair (default 200)")
     p.add_argument("--out", default="", help="write the measurements to this JSON file")
     prov.add_options(p)
@@ -189,14 +234,22 @@ def main(argv=None):
         row = _measure(comm, int(same[0]), int(same[1]), 64 << 20, args)
         if row is not None:
             rows.append(dict(row, pair="within node0", kind="intra-node"))
+    far = [r for r in range(comm.size) if nodes[r] != 0]
+    fan = []
+    for nbytes, reps in (((size // len(far), 2 * args.reps + 1), (size, args.reps)) if far else ()):
+        _quiet_barrier(comm)  # a quarter second in all, then each
+        got = fanout(comm, 0, far, nbytes, reps, 1)
+        fan.append({"bytes": nbytes, "messages": len(far), "reps": reps,
+                    "fractions": np.median(got, axis=0).tolist() if comm.rank == 0 else []})
     if comm.rank == 0:
-        _report(rows, args, rate, n_nodes, comm.size, watch, command_line("experiments.cluster.calibrate", argv))
+        _report(rows, args, rate, n_nodes, comm.size, watch, command_line("experiments.cluster.calibrate", argv),
+                fan)
     else:
         watch.summary()  # stops this rank's sampling: rank 0 alone writes
     return 0
 
 
-def _report(rows, args, rate, n_nodes, size, watch, command):
+def _report(rows, args, rate, n_nodes, size, watch, command, fan=()):
     """Print the table and the summary; write the JSON file, stamped with ``watch`` and ``command``."""
     configured = f"{rate / 1e6:g} Mbit/s" if rate else "unshaped"
     print(f"link calibration: {n_nodes} nodes, {size} ranks, configured {args.link} ({configured}) each way")
@@ -224,6 +277,10 @@ def _report(rows, args, rate, n_nodes, size, watch, command):
         print(line)
         print(f"both ways busy: each direction at {summary['duplex']:.3f} of the ping-pong bandwidth "
               "(median over the pairs of nodes)")
+    for f in fan:
+        summary.setdefault("fanout", []).append(f)
+        print(f"fan-out of {f['messages']} x {f['bytes']} bytes from node 0: ends at "
+              f"{' '.join(f'{x:.2f}' for x in f['fractions'])} of the last (median of {f['reps']})")
     if args.out:
         result = {"config": {"link": args.link, "link_bps": rate, "nodes": n_nodes, "reps": args.reps,
                              "lat_iters": args.lat_iters, "tolerance": TOLERANCE},

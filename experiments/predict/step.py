@@ -17,8 +17,10 @@ Data-parallel (``mode="dp"``, T = Q = 1), as :func:`training.dp.data_parallel.tr
    (an all-gather's decompression repeated for each of the P payloads);
 4. the optimizer.
 
-Parameter server (``mode="ps"``): workers compute, push their shards, the S servers add the W pushes
-and update their shard (the optimizer's time over S), the workers pull.
+Parameter server (``mode="ps"``, :mod:`experiments.predict.ps_step`): from one update's end, the
+servers' replies (ending by the topology's measured fan-out), each worker's compute from its own
+reply (workers on one host sharing its cores), the pushes taken one at a time as they come, the
+update (the optimizer's time over S).
 
 Grid (T x Q > 1, rank ``(q D + d) T + t`` as :mod:`training.model_parallel.grid`): layers split over
 the T ranks of a tensor group (column/row pairs, compute / T, an all-reduce of the activations
@@ -39,6 +41,7 @@ from training.dp.hooks import bucket_bounds
 from experiments.predict import comm
 from experiments.predict.grid import grid_step
 from experiments.predict.ledger import Ledger, scaled
+from experiments.predict.ps_step import ps_step
 
 __all__ = ["predict", "FLAG_ALGORITHM"]
 
@@ -153,24 +156,13 @@ def _ps_step(profile, topo, net, cfg):
     P, S = net.size, cfg.servers
     if S >= P:
         raise ValueError(f"config field 'servers': {S} servers leave no worker among P={P} ranks")
-    W = P - S
-    rows = cfg.batch_size / W if cfg.batch_size else profile.rows
-    fwd, bwd, xf, xb, cm = scaled(profile, topo, net, rows)
-    nbytes = profile.elements * profile.itemsize
-    push, pull = comm.ps_clocks(net, S, nbytes, profile.itemsize)
-    work = float(fwd.sum() + bwd.sum()) + xf + xb
-    update = profile.optimizer_s * cm / S
-    t_push = work + float(push[S:].max())  # the last worker's push has arrived
-    ready = work + push[:S] + update  # each server's shard updated
-    t_pull = float(ready.max())
-    step = t_pull + float(pull.max())
+    rows = cfg.batch_size / (P - S) if cfg.batch_size else profile.rows
+    fwd, bwd, xf, xb, _ = scaled(profile, topo, net, rows)
+    work = (float(fwd.sum() + bwd.sum()) + xf + xb) / net.oversubscription  # at a whole core
+    step, parts = ps_step(profile, topo, net, cfg, work)
     led = Ledger(P)
     led.t = step
-    c, x = led.parts["compute"], led.parts["comm"]
-    c[S:], x[S:] = work, push[S:] + pull[S:]
-    c[:S], x[:S] = update, pull[:S] + (t_push - work)
-    x[:S] = numpy.minimum(x[:S], step - update)
-    led.parts["wait"] = step - c - x
+    led.parts.update(parts)
     return led
 
 

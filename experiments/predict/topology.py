@@ -8,14 +8,20 @@ Format (JSON; every field but the layout has a default)::
                 "inter-node": {"latency_us": 5.0, "bandwidth_bps": 25e9},
                 "inter-rack": {"latency_us": 7.0, "bandwidth_bps": 100e9}},
      "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "duplex": 1.0, "cores": 0, "ranks_per_host": 0,
-     "round_us": 0.0, "compute_scale": 1.0}
+     "round_us": 0.0, "compute_scale": 1.0,
+     "fanout": [{"bytes": 5242880, "fractions": [0.7, 0.84, 0.95, 0.98, 0.99, 1.0]}]}
 
 ``levels`` are the emulator's ``--calibrate`` summary names: ``latency_us`` is one message's one-way
 latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
 the uplink's; the node link's rate still bounds a flow that crosses racks). ``reduce_bps`` is the
 reduction speed in bits per second (default: the profile's measured one). ``duplex`` is a link's rate
 in one direction while its other direction also carries data, as a fraction of its one-way rate (in
-(0, 1]; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``cores`` and
+(0, 1]; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``fanout``
+says how a node link divides among messages it sends at once to other nodes: per message size
+(``bytes``), the sorted ends of that many messages as fractions of the last one's end, each in (0, 1],
+non-decreasing, the last 1 (measured by the emulator's calibration; none, the default: they share the
+link evenly and end together; :mod:`experiments.predict.ps_step` applies it to a parameter server's
+replies). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
 multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
@@ -42,7 +48,7 @@ __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 LEVELS = ("intra-node", "inter-node", "inter-rack")
 _DEFAULTS = {"intra-node": (1.0, 80e9), "inter-node": (30.0, 1e9), "inter-rack": (30.0, 1e9)}
 _KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "duplex",
-         "cores", "ranks_per_host", "round_us", "compute_scale", "source")
+         "cores", "ranks_per_host", "round_us", "compute_scale", "fanout", "source")
 
 
 class Topology:
@@ -57,13 +63,15 @@ class Topology:
         Factor on the profile's compute times.
     reduce_given : bool
         Whether the file set the reduction speed.
+    fanout : list of dict or None
+        The checked ``fanout`` (``[{"bytes": int, "fractions": [float, ...]}]``), None without one.
     """
 
-    __slots__ = ("name", "net", "compute_scale", "reduce_given", "doc")
+    __slots__ = ("name", "net", "compute_scale", "reduce_given", "doc", "fanout")
 
-    def __init__(self, name, net, compute_scale, reduce_given, doc):
+    def __init__(self, name, net, compute_scale, reduce_given, doc, fanout=None):
         self.name, self.net, self.compute_scale = name, net, compute_scale
-        self.reduce_given, self.doc = reduce_given, doc
+        self.reduce_given, self.doc, self.fanout = reduce_given, doc, fanout
 
     def with_gamma(self, gamma):
         """Return the Network with ``gamma`` (seconds per byte) unless the file gave its own."""
@@ -146,7 +154,31 @@ def parse(doc):
     name = doc.get("name", f"{racks}x{npr}x{rpn}")
     if not isinstance(name, str):
         raise ValueError(f"topology field 'name' must be a string, got {name!r}")
-    return Topology(name, net, scale, reduce_bps is not None, doc)
+    return Topology(name, net, scale, reduce_bps is not None, doc, _fanout(doc))
+
+
+def _fanout(doc):
+    fo = doc.get("fanout")
+    if fo is None:
+        return None
+    if not isinstance(fo, list) or not fo:
+        raise ValueError(f"topology field 'fanout' must be a non-empty list of {{bytes, fractions}}, got {fo!r}")
+    out, count = [], None
+    for i, e in enumerate(fo):
+        where = f"fanout[{i}]."
+        if not isinstance(e, dict) or set(e) != {"bytes", "fractions"}:
+            raise ValueError(f"topology field 'fanout[{i}]' must be an object with bytes and fractions, got {e!r}")
+        nbytes = _number(e, "bytes", where, positive=True)
+        fr = e["fractions"]
+        if not isinstance(fr, list) or not fr or (count is not None and len(fr) != count):
+            raise ValueError(f"topology field '{where}fractions' must be a non-empty list"
+                             f"{'' if count is None else f' of {count} (as fanout[0])'}, got {fr!r}")
+        count = len(fr)
+        vals = [_number({f"fractions[{j}]": v}, f"fractions[{j}]", where, positive=True) for j, v in enumerate(fr)]
+        if any(b < a for a, b in zip(vals, vals[1:])) or vals[-1] != 1.0:
+            raise ValueError(f"topology field '{where}fractions' must be non-decreasing and end at 1, got {fr!r}")
+        out.append({"bytes": nbytes, "fractions": vals})
+    return out
 
 
 def _duplex(doc):
@@ -174,7 +206,8 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
 
     Every rank of the emulated cluster runs on this one host, so ``ranks_per_host`` is the whole job
     and ``cores`` the host's (default ``os.cpu_count()``); ``round_us`` is written as given, ``duplex``
-    from the calibration's bidirectional test (``summary.duplex``, at most 1; 1 when it has none).
+    from the calibration's bidirectional test (``summary.duplex``, at most 1; 1 when it has none) and
+    ``fanout`` from its fan-out test (``summary.fanout``; left out when it has none).
 
     Raises
     ------
@@ -193,6 +226,8 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
             "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
             "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
             "duplex": min(1.0, float((cal.get("summary") or {}).get("duplex", 1.0))),
+            **({"fanout": [{"bytes": int(f["bytes"]), "fractions": [min(1.0, float(x)) for x in f["fractions"]]}
+                           for f in fan]} if (fan := (cal.get("summary") or {}).get("fanout")) else {}),
             "source": "emulator --calibrate"}
 
 

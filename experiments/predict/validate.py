@@ -247,7 +247,8 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
         rounds_us[key] = floormod.round_s(table, max(1.0, P / cores)) * 1e6
         topos[key] = topomod.parse(topomod.from_calibration(cal, e["racks"], e["nodes"], e["ranks_per_node"], cores,
                                                             rounds_us[key]))
-        cals[key] = {"date": (cal.get("provenance") or {}).get("date"), "duplex": topos[key].net.duplex}
+        cals[key] = {"date": (cal.get("provenance") or {}).get("date"), "duplex": topos[key].net.duplex,
+                     "fanout": topos[key].fanout}
     runs, failed = {}, []
     for r in cmds["runs"]:  # in turns: every configuration once, then again
         if reuse and os.path.exists(os.path.join(r["run_dir"], "summary.json")):

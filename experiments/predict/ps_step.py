@@ -1,0 +1,162 @@
+"""One parameter-server step (BSP), from the end of the servers' update to the end of the next.
+
+As :mod:`ps.server` and :mod:`ps.client` run it (ranks ``0 .. S-1`` serve, the W = P - S others work):
+
+1. **replies.** The servers answer the waiting pulls at once (``Isend`` to every worker). The replay
+   (:func:`experiments.predict.comm.ps_clocks`, requests included) gives each worker's end as if
+   each server sent its replies one after another at the full rate, and the last one's end T: a
+   link carries the same bytes whatever order it sends them in. Replies that share a link do not end
+   one after another but together, more or less: the topology's ``fanout`` (measured by the
+   emulator's calibration, :func:`experiments.cluster.calibrate.fanout`) gives when the k-th of n
+   messages a node sends at once ends, as a fraction ``f(k / n)`` of when the last ends; the k-th
+   of the n workers a link serves (in the replay's order) gets its reply at
+   ``max(its replay end, f(q) T)``, ``q = (k / n) ** (1 / S')``: a worker's reply is the last of its
+   pieces from the S' servers on other nodes, each server ordering its replies on its own (the
+   expected k-th of n maxima of S' uniform places). Without ``fanout`` ``f = 1``: the replies share
+   the link evenly and end together. A worker whose servers are all on its own node (shared memory)
+   keeps its replay end.
+2. **compute.** Each worker starts its forward and backward pass at its own reply. Workers computing
+   at the same time on one host share its ``cores`` (each at ``min(1, cores / busy)`` of a core);
+   the servers and the waiting workers sleep (:class:`ps.protocol.Backoff`) and take none.
+3. **pushes.** Each worker posts its push once computed. A server takes one push at a time, in the
+   order they come (probe, then the payload), so each server node's link receives the pushes that
+   cross it one after another, first come first served, each for the replay's time of all of them at
+   once (``ps_clocks``'s push) divided by their number; a push over shared memory arrives after its
+   own replay time.
+4. **update.** Once a server node's pushes are in, its servers update their shard (the optimizer's
+   time over S); the step is the last server's.
+"""
+import numpy
+
+from experiments.predict import comm
+
+__all__ = ["ps_step", "fanout_fractions", "share_cores"]
+
+
+def fanout_fractions(fanout, nbytes, positions):
+    """Return ``f(q)`` at each position q in (0, 1]: when the message at that place in the order of ends
+    of messages of ``nbytes`` sent at once ends, as a fraction of the last one's end (ones without ``fanout``).
+
+    ``fanout`` is a topology's list of ``{"bytes", "fractions"}`` (the sorted ends of ``m`` messages sent
+    at once as fractions of the last, at positions ``k / m``); between the measured sizes the fractions
+    are interpolated in log bytes, beyond them the nearest size's are taken, and between positions
+    linearly (before the first, the first).
+
+    Examples
+    --------
+    >>> fanout_fractions([{"bytes": 1000, "fractions": [0.5, 1.0]}], 1000, [0.25, 0.5, 0.75, 1.0]).tolist()
+    [0.5, 0.5, 0.75, 1.0]
+    >>> fanout_fractions(None, 1000, [0.5, 1.0]).tolist()
+    [1.0, 1.0]
+    """
+    positions = numpy.asarray(positions, dtype=float)
+    if not fanout:
+        return numpy.ones(len(positions))
+    sizes = numpy.log([float(e["bytes"]) for e in fanout])
+    fr = numpy.array([e["fractions"] for e in fanout], dtype=float)  # (sizes, m)
+    order = numpy.argsort(sizes)
+    sizes, fr = sizes[order], fr[order]
+    x = numpy.log(max(float(nbytes), 1.0))
+    curve = numpy.array([numpy.interp(x, sizes, fr[:, i]) for i in range(fr.shape[1])])
+    m = len(curve)
+    return numpy.interp(positions, numpy.arange(1, m + 1) / m, curve)
+
+
+def share_cores(starts, work, hosts, cores):
+    """Return each task's end when tasks on one host share its ``cores`` (processor sharing).
+
+    Parameters
+    ----------
+    starts, work : array_like, shape (n,)
+        Start (s) and length at a whole core (s) of each task.
+    hosts : array_like, shape (n,), int
+        The host of each task.
+    cores : int
+        Cores per host; 0: a core per task (each ends at ``start + work``).
+
+    Examples
+    --------
+    >>> share_cores([0.0, 0.0], [1.0, 1.0], [0, 0], 1).tolist()  # two on one core: both end at 2 s
+    [2.0, 2.0]
+    >>> share_cores([0.0, 1.0], [2.0, 1.0], [0, 0], 1).tolist()  # alone 1 s, then halves
+    [3.0, 3.0]
+    """
+    starts, left = numpy.asarray(starts, float), numpy.array(work, dtype=float)
+    hosts = numpy.asarray(hosts)
+    end = starts + left
+    if not cores or len(starts) == 0:
+        return end
+    end = numpy.full(len(starts), numpy.inf)
+    end[left <= 0] = starts[left <= 0]
+    t = float(starts.min())
+    while numpy.isinf(end).any():
+        run = (starts <= t) & numpy.isinf(end)
+        rate = numpy.zeros(len(starts))
+        for h in numpy.unique(hosts[run]):
+            on = run & (hosts == h)
+            rate[on] = min(1.0, cores / on.sum())
+        waiting = numpy.isinf(end) & (starts > t)
+        nxt = starts[waiting].min() if waiting.any() else numpy.inf
+        with numpy.errstate(divide="ignore"):
+            fin = numpy.where(run, t + left / numpy.where(rate > 0, rate, 1.0), numpy.inf)
+        t_next = min(nxt, fin.min())
+        left[run] -= rate[run] * (t_next - t)
+        done = run & (fin <= t_next + 1e-15)
+        end[done] = t_next
+        left[done] = 0.0
+        t = t_next
+    return end
+
+
+def _node(net, r):
+    return r // net.ranks_per_node
+
+
+def ps_step(profile, topo, net, cfg, work):
+    """Replay one BSP step of ``cfg.servers`` servers; return ``(step_s, parts)`` (per-rank arrays).
+
+    ``work`` is a worker's forward and backward seconds at a whole core (the profile's, scaled to its
+    rows and the topology's ``compute_scale``). ``parts``: ``compute``, ``comm``, ``wait`` (shape (P,)).
+    """
+    P, S = net.size, cfg.servers
+    workers = numpy.arange(S, P)
+    nbytes = profile.elements * profile.itemsize
+    push, pull = comm.ps_clocks(net, S, nbytes, profile.itemsize)
+    server_nodes = sorted({_node(net, s) for s in range(S)})
+    remote = numpy.array([any(_node(net, s) != _node(net, int(w)) for s in range(S)) for w in workers])
+    reply = pull[S:].copy()
+    if remote.any():  # replies over a link end by the measured fan-out, in the replay's order
+        idx = numpy.flatnonzero(remote)
+        order = idx[numpy.argsort(reply[idx], kind="stable")]
+        last = max(float(reply[order].max()), float(pull[:S].max()))  # ... or when the servers are done sending
+        far = max(1, sum(_node(net, s) != _node(net, int(workers[order[-1]])) for s in range(S)))
+        q = (numpy.arange(1, len(order) + 1) / len(order)) ** (1.0 / far)  # the last of `far` pieces
+        f = fanout_fractions(getattr(topo, "fanout", None), nbytes / S, q)
+        reply[order] = numpy.maximum(reply[order], f * last)
+    hosts = workers // (net.ranks_per_host or net.ranks_per_node)
+    posted = share_cores(reply, numpy.full(len(workers), work), hosts, net.cores if net.oversubscription > 1 else 0)
+    arrive = numpy.zeros(P)  # when each server's pushes are all in
+    done = posted + push[S:]  # when each worker's pushes are in; over shared memory: its own replay time
+    for n in server_nodes:
+        mine = [s for s in range(S) if _node(net, s) == n]
+        over = numpy.array([_node(net, int(w)) != n for w in workers])
+        t_in = float(done[~over].max()) if (~over).any() else 0.0
+        if over.any():
+            idx = numpy.flatnonzero(over)
+            each = float(push[mine].max()) / len(idx)  # the node link's time per push: all at once / count
+            t = 0.0
+            for k in idx[numpy.argsort(posted[idx], kind="stable")]:  # first come, first served
+                t = max(t, posted[k]) + each
+                done[k] = t if len(server_nodes) == 1 else max(done[k], t)
+            t_in = max(t_in, t)
+        arrive[mine] = t_in
+    busy = min(S, net.ranks_per_host or net.ranks_per_node)  # the servers updating at once on a host
+    update = profile.optimizer_s * topo.compute_scale * (max(1.0, busy / net.cores) if net.cores else 1.0) / S
+    step = float(arrive[:S].max()) + update
+    parts = {k: numpy.zeros(P) for k in ("compute", "comm", "wait")}
+    parts["compute"][S:] = posted - reply
+    parts["comm"][S:] = reply + done - posted
+    parts["compute"][:S] = update
+    parts["comm"][:S] = numpy.minimum(pull[:S] + numpy.maximum(0.0, arrive[:S] - posted.min()), step - update)
+    parts["wait"] = step - parts["compute"] - parts["comm"]
+    return step, parts
