@@ -8,20 +8,19 @@ Format (JSON; every field but the layout has a default)::
                 "inter-node": {"latency_us": 5.0, "bandwidth_bps": 25e9},
                 "inter-rack": {"latency_us": 7.0, "bandwidth_bps": 100e9}},
      "reduce_bps": 8e12, "cpu_s_per_byte": 0.0, "duplex": 1.0, "cores": 0, "ranks_per_host": 0,
-     "round_us": 0.0, "compute_scale": 1.0,
-     "fanout": [{"bytes": 5242880, "fractions": [0.7, 0.84, 0.95, 0.98, 0.99, 1.0]}]}
+     "round_us": 0.0, "compute_scale": 1.0}
 
 ``levels`` are the emulator's ``--calibrate`` summary names: ``latency_us`` is one message's one-way
 latency at that level and ``bandwidth_bps`` one flow's rate in bits per second (for ``inter-rack``,
 the uplink's; the node link's rate still bounds a flow that crosses racks). ``reduce_bps`` is the
 reduction speed in bits per second (default: the profile's measured one). ``duplex`` is a link's rate
 in one direction while its other direction also carries data, as a fraction of its one-way rate (in
-(0, 1]; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`). ``fanout``
-says how a node link divides among messages it sends at once to other nodes: per message size
-(``bytes``), the sorted ends of that many messages as fractions of the last one's end, each in (0, 1],
-non-decreasing, the last 1 (measured by the emulator's calibration; none, the default: they share the
-link evenly and end together; :mod:`experiments.predict.ps_step` applies it to a parameter server's
-replies). ``cores`` and
+(0, 1]; 1, the default, is a full-duplex link; :class:`collectives.model.network.Network`).
+``fanout`` (optional, ``[{"bytes": B, "fractions": [f1, ..., 1.0]}, ...]``) says how a node link
+divides among messages it sends at once to other nodes: per message size B, the sorted ends of that
+many messages as fractions of the last one's end, each in (0, 1], non-decreasing, the last 1
+(measured by the emulator's calibration; without it they share the link evenly and end together;
+:mod:`experiments.predict.ps_step` applies it to a parameter server's replies). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
 multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
