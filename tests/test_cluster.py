@@ -81,13 +81,13 @@ def _marked(mark):
 
 
 def _host_state():
-    """What the emulator must leave as it found: links, named namespaces, mounts, /run."""
+    """What the emulator must leave as it found: links, named namespaces, mounts, /run, /dev/shm."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     with open("/proc/self/mountinfo") as f:
         mounts = sorted(" ".join(line.split()[3:5]) for line in f)
     return {"links": sorted(l.split(":")[1].split("@")[0].strip() for l in links.splitlines()),
-            "netns": netns, "mounts": mounts, "run": sorted(os.listdir("/run"))}
+            "netns": netns, "mounts": mounts, "run": sorted(os.listdir("/run")), "shm": sorted(os.listdir("/dev/shm"))}
 
 
 def _assert_clean(before, mark):

@@ -165,7 +165,7 @@ exec nsenter --net=/proc/$pid/ns/net --uts=/proc/$pid/ns/uts -- /bin/sh -c "$*"
 def build(n_nodes, bits_per_s, mtu=1500, racks=1, uplink_bps=0.0):
     """Create the cluster's network in the current (private) namespaces.
 
-    Mounts a tmpfs on ``/run``, brings up ``lo`` and the bridge, starts one :class:`Node` per node,
+    Mounts a tmpfs on ``/run`` and one on ``/dev/shm``, brings up ``lo`` and the bridge, starts one :class:`Node` per node,
     joins each to the bridge with a veth pair shaped in both directions (no shaping when
     ``bits_per_s`` is 0), bind-mounts the private ``/etc/hosts`` and writes the launcher script.
 
@@ -199,6 +199,9 @@ def build(n_nodes, bits_per_s, mtu=1500, racks=1, uplink_bps=0.0):
         When a setup command fails (its output is in the message).
     """
     _run("mount", "-n", "-t", "tmpfs", "-o", "mode=755,size=1m", "commlab", "/run")
+    # the job's own /dev/shm: a killed rank's shared-memory segments go with the namespace, and a
+    # later job (the same PIDs in a new PID namespace, so the same segment names) finds none of them
+    _run("mount", "-n", "-t", "tmpfs", "-o", "mode=1777", "commlab-shm", "/dev/shm")
     os.makedirs(_RUN)
     os.symlink("/dev/shm", "/run/shm")
     _run("ip", "link", "set", "lo", "up")
