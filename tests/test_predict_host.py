@@ -44,7 +44,8 @@ def test_round_floor_step_by_hand():
 def test_parameter_server_rounds_are_floored_per_rank():
     # P = 3, S = 1 (the hand case of test_predict_ps): replies 1.008 + 2 x 5 ms, pushes 9 ms. A 20 ms
     # floor: the server's replies (1 + 2 rounds) end at 60 ms, so both workers' replies too; compute 30;
-    # the server's pushes (1 round) 20 ms, 10 per push one at a time: 100, 110; the update 5: 115 ms
+    # the server's pushes (1 round) 20 ms: one latency (1 ms), then (20 - 1) / 2 = 9.5 ms per push one at
+    # a time: 100.5, 110; the update 5: 115 ms
     r = predict(_prof(), _topo(3, round_us=20000), config.parse({"mode": "ps", "servers": 1}))
     assert r["step_s"] == pytest.approx(115 * MS, rel=1e-9)
 

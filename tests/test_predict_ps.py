@@ -2,6 +2,7 @@
 comment): replies ending by a measured fan-out, workers sharing a host's cores, pushes taken one at a
 time as they come; and the topology's ``fanout`` field."""
 import doctest
+import re
 
 import numpy
 import pytest
@@ -42,52 +43,74 @@ def test_replies_end_together_without_a_fanout():
 
 def test_a_measured_fanout_starts_the_first_worker_early():
     # the first reply at max(6.008, 0.5 x 11.008) = 6.008, the second at 11.008; pushes posted at 36.008
-    # and 41.008: 40.508, then max(40.508, 41.008) + 4.5 = 45.508; the update: 51.508 ms
+    # and 41.008; a push's bytes take (9 - 1) / 2 = 4 ms after one latency (1 ms): the first arrives at
+    # 36.008 + 1 + 4 = 41.008, the second at max(41.008, 42.008) + 4 = 46.008; the update: 52.008 ms
     r = predict(_prof(), _topo(3, HALF), PS1)
-    assert r["step_s"] == pytest.approx(51.508 * MS, rel=1e-9)
+    assert r["step_s"] == pytest.approx(52.008 * MS, rel=1e-9)
     w1, w2 = r["ranks"][1:]
-    assert w1["compute"] == pytest.approx(30 * MS) and w1["comm"] == pytest.approx(6.008 * MS + 4.5 * MS)
-    assert w2["comm"] == pytest.approx(11.008 * MS + 4.5 * MS)
+    assert w1["compute"] == pytest.approx(30 * MS) and w1["comm"] == pytest.approx((6.008 + 5) * MS)
+    assert w2["comm"] == pytest.approx((11.008 + 5) * MS)
 
 
 def test_a_fanout_never_ends_a_reply_before_the_link_could():
-    # fractions of 0.1: the first reply still ends at its replay time 6.008 (the link's own rate)
+    # fractions of 0.1: the first reply still ends at its replay time 6.008 (the link's own rate), not 1.1
     r = predict(_prof(), _topo(3, [{"bytes": 4000, "fractions": [0.1, 1.0]}]), PS1)
-    assert r["step_s"] == pytest.approx(51.508 * MS, rel=1e-9)
+    assert r["step_s"] == pytest.approx(52.008 * MS, rel=1e-9)
+    assert r["ranks"][1]["comm"] == pytest.approx((6.008 + 5) * MS)
 
 
 def test_workers_share_the_hosts_cores():
     # every rank on one host of 1 core: both replies at 11.008, both compute on the one core, 60 ms:
-    # 71.008; pushes 75.508, 80.008; the update (one server on the core) 6: 86.008 ms
+    # 71.008; pushes 71.008 + 1 + 4 = 76.008, 80.008; the update (one server on the core) 6: 86.008 ms
     assert predict(_prof(), _topo(3, cores=1, per_host=3), PS1)["step_s"] == pytest.approx(86.008 * MS, rel=1e-9)
     # with the fan-out: worker 1 alone from 6.008 to 11.008 (5 of its 30 ms), then both at half a core:
-    # worker 1 ends at 11.008 + 50 = 61.008, worker 2 (5 ms left) at 66.008; pushes 65.508, 70.508;
-    # the update: 76.508 ms
+    # worker 1 ends at 11.008 + 50 = 61.008, worker 2 (5 ms left) at 66.008; pushes 66.008, 71.008;
+    # the update: 77.008 ms
     r = predict(_prof(), _topo(3, HALF, cores=1, per_host=3), PS1)
-    assert r["step_s"] == pytest.approx(76.508 * MS, rel=1e-9)
+    assert r["step_s"] == pytest.approx(77.008 * MS, rel=1e-9)
 
 
 def test_a_worker_beside_its_server_pushes_over_shared_memory():
     # P = 4 on 2 nodes of 2, S = 1: worker 1 shares node 0 with the server, workers 2 and 3 are remote.
-    # The remote pushes queue at node 0's link; worker 1's arrives after its own replay time, so the
-    # step is the remote workers' as if worker 1 were not there, plus nothing
+    # The remote pushes queue at node 0's link (one latency, then (all at once - latency) / 2 each);
+    # worker 1's arrives after its own replay time, long before
     topo = _topo(2, rpn=2)
     net = topo.with_gamma(1e-30)
     push, pull = comm.ps_clocks(net, 1, 4000)
     last = float(max(pull[2:].max(), pull[0]))
-    posted = numpy.full(2, last + 30 * MS)  # no fan-out: both remote replies end with the last
-    each = float(push[0]) / 2
-    expect = max(posted[0] + each, posted[1]) + each + 6 * MS
+    posted = last + 30 * MS  # no fan-out: both remote replies end with the last
+    expect = posted + 1 * MS + 2 * (float(push[0]) - 1 * MS) / 2 + 6 * MS
     assert predict(_prof(), topo, PS1)["step_s"] == pytest.approx(expect, rel=1e-9)
     assert pull[1] < 0.2 * last  # worker 1's reply over shared memory ends long before
 
 
 def test_two_servers_reply_in_pieces():
-    # S = 2: a worker's reply is the last of two pieces, so the k-th of n gets the fan-out at (k / n) ** 0.5
-    f = ps_step.fanout_fractions(HALF, 2000, (numpy.arange(1, 3) / 2) ** 0.5)
-    assert f.tolist() == pytest.approx([0.5 + 0.5 * (0.5 ** 0.5 - 0.5) / 0.5, 1.0])
-    two = config.parse({"mode": "ps", "servers": 2})
-    assert predict(_prof(), _topo(4, HALF), two)["step_s"] <= predict(_prof(), _topo(4), two)["step_s"]
+    # P = 8 on 4 nodes of 2, S = 2 (both on node 0): each of the 6 workers gets two pieces, so the k-th
+    # reply in the replay's order ends at max(its replay end, f(sqrt(k / 6)) x last), f(q) = max(0.5, q)
+    # for HALF: sqrt(1/6) = 0.41 -> 0.5, sqrt(2/6) = 0.58, 0.71, 0.82, 0.91, 1
+    topo = _topo(4, HALF, rpn=2)
+    net = topo.with_gamma(1e-30)
+    _, pull = comm.ps_clocks(net, 2, 4000)
+    replay = pull[2:]
+    order = numpy.argsort(replay, kind="stable")
+    last = max(replay.max(), pull[:2].max())
+    want = numpy.empty(6)
+    for k, w in enumerate(order, 1):
+        want[w] = max(replay[w], max(0.5, (k / 6) ** 0.5) * last)
+    got = ps_step.reply_ends(topo, net, 2, pull, 4000)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got[order[1]] > max(replay[order[1]], 0.5 * last)  # the pieces matter: f(2/6) would be 0.5
+
+
+@pytest.mark.parametrize("S,rpn", [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (3, 2)])
+@pytest.mark.parametrize("fanout,cores", [(None, 0), (HALF, 0), (None, 1), (HALF, 1)])
+def test_every_rank_s_parts_add_up_to_the_step(S, rpn, fanout, cores):
+    nodes = 6 // rpn  # P = 6: servers on one node or on several
+    r = predict(_prof(), _topo(nodes, fanout, cores=cores, per_host=6 if cores else 0, rpn=rpn),
+                config.parse({"mode": "ps", "servers": S}))
+    for cls in r["ranks"]:
+        assert min(cls["compute"], cls["comm"], cls["wait"]) >= -1e-12, (cls, r["step_s"])
+        assert cls["compute"] + cls["comm"] + cls["bubble"] + cls["wait"] == pytest.approx(r["step_s"], abs=1e-8)
 
 
 def test_processor_sharing_by_hand():
@@ -106,8 +129,7 @@ def test_processor_sharing_by_hand():
      "'fanout[1].fractions' must be a non-empty list of 2 (as fanout[0])"),
 ])
 def test_bad_fanout_is_one_line_naming_the_field(fanout, field):
-    with pytest.raises(ValueError, match=f"topology field {field}".replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(f"topology field {field}")):
         _topo(3, fanout)
 
 

@@ -18,7 +18,7 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
   ``duplex``, which the cost model (:class:`collectives.model.network.Network`) applies to a link
   busy both ways.
 - fan-out: node 0's first rank sends one message to every rank on the other nodes at once (``Isend``
-  each, then ``Waitall``; the receivers poll with ``Test`` and short sleeps, as a waiting rank does),
+  each; it and the receivers poll with ``Test`` and short sleeps, as a waiting rank does),
   after one uncounted one, at two sizes: S / n bytes each (a quarter second in all, n the receivers;
   2 ``--reps`` + 1 times) and S each (``--reps`` times). Each receiver's end is timed from a common
   ``Barrier``; per size, the sorted ends as fractions of the last, median over the repetitions, are
@@ -130,7 +130,9 @@ def exchange(comm, a, b, nbytes, iters, warmup):
 def fanout(comm, root, targets, nbytes, iters, warmup):
     """Time ``iters`` fan-outs in which rank ``root`` sends ``nbytes`` to every rank of ``targets`` at once.
 
-    Every rank of ``comm`` takes part (the others only in the barrier and the gather).
+    Every rank of ``comm`` takes part (the others in the barriers and the final gather). Each fan-out
+    starts at a barrier; every rank waits by polling with short sleeps, so no waiting rank takes a
+    core from the transfers; the ends are gathered once, after the last fan-out.
 
     Returns
     -------
@@ -138,37 +140,49 @@ def fanout(comm, root, targets, nbytes, iters, warmup):
         On ``root``: per fan-out, the receivers' ends (seconds from the barrier) sorted, as fractions of
         the last one's; empty on every other rank.
 
+    Raises
+    ------
+    ValueError
+        On every rank, before any message, when ``targets`` holds ``root``, a rank twice or one
+        outside ``comm``.
+
     Examples
     --------
     >>> from mpi4py import MPI
     >>> fanout(MPI.COMM_SELF, 0, [], 8, 1, 0).shape  # one rank: nobody to send to
     (1, 0)
     """
+    targets = [int(t) for t in targets]
+    if root in targets or len(set(targets)) != len(targets) or not all(0 <= t < comm.size for t in targets):
+        raise ValueError(f"fanout targets must be distinct ranks of the communicator other than the root "
+                         f"{root}, got {targets}")
     buf = np.zeros(max(nbytes, 1), np.uint8)[:nbytes]
-    ends, rows = np.zeros(1), []
-    every = np.zeros(comm.size) if comm.rank == root else None
+    ends = np.zeros(warmup + iters)
     for i in range(warmup + iters):
-        comm.Barrier()
+        _poll([comm.Ibarrier()], 1e-4)
         t = time.perf_counter()
         if comm.rank == root:
-            MPI.Request.Waitall([comm.Isend(buf, dest=d, tag=11) for d in targets])
+            _poll([comm.Isend(buf, dest=d, tag=11) for d in targets], 1e-4)
         elif comm.rank in targets:
-            req = comm.Irecv(buf, source=root, tag=11)
-            while not req.Test():
-                time.sleep(1e-4)
-        ends[0] = time.perf_counter() - t
-        comm.Gather(ends, every, root=root)
-        if comm.rank == root and i >= warmup:
-            got = np.sort(every[list(targets)])
-            rows.append(got / got[-1] if len(got) else got)
-    return np.array(rows).reshape(iters, len(targets)) if comm.rank == root else np.array([])
+            _poll([comm.Irecv(buf, source=root, tag=11)], 1e-4)
+        ends[i] = time.perf_counter() - t
+    every = np.zeros((comm.size, warmup + iters)) if comm.rank == root else None
+    comm.Gather(ends, every, root=root)
+    if comm.rank != root:
+        return np.array([])
+    got = np.sort(every[targets, warmup:].T, axis=1)  # (iters, receivers)
+    return got / got[:, -1:] if len(targets) else got
+
+
+def _poll(requests, pause):
+    """Complete ``requests``, testing them with ``pause`` seconds of sleep in between (no spinning)."""
+    while not MPI.Request.Testall(requests):
+        time.sleep(pause)
 
 
 def _quiet_barrier(comm):
     """Barrier that sleeps instead of spinning, so idle ranks leave the cores to the measured pair."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.002)
+    _poll([comm.Ibarrier()], 0.002)
 
 
 def _measure(comm, a, b, size, args):

@@ -20,17 +20,18 @@ As :mod:`ps.server` and :mod:`ps.client` run it (ranks ``0 .. S-1`` serve, the W
    the servers and the waiting workers sleep (:class:`ps.protocol.Backoff`) and take none.
 3. **pushes.** Each worker posts its push once computed. A server takes one push at a time, in the
    order they come (probe, then the payload), so each server node's link receives the pushes that
-   cross it one after another, first come first served, each for the replay's time of all of them at
-   once (``ps_clocks``'s push) divided by their number; a push over shared memory arrives after its
-   own replay time.
+   cross it one after another, first come first served: a push's bytes take the replay's time of all
+   of them at once (``ps_clocks``'s push) less one latency, divided by their number, and a push that
+   finds the link idle arrives one latency later than its bytes alone; a push over shared memory
+   arrives after its own replay time.
 4. **update.** Once a server node's pushes are in, its servers update their shard (the optimizer's
-   time over S); the step is the last server's.
+   time over S, longer on a host with fewer cores than servers); the step is the last server's.
 """
 import numpy
 
 from experiments.predict import comm
 
-__all__ = ["ps_step", "fanout_fractions", "share_cores"]
+__all__ = ["ps_step", "reply_ends", "fanout_fractions", "share_cores"]
 
 
 def fanout_fractions(fanout, nbytes, positions):
@@ -108,49 +109,70 @@ def share_cores(starts, work, hosts, cores):
     return end
 
 
-def _node(net, r):
-    return r // net.ranks_per_node
+def reply_ends(topo, net, servers, pull, nbytes):
+    """Return when each worker's reply has arrived, from the replay's pull clocks (shape (P,)) and the
+    topology's ``fanout`` (step 1 above; ``nbytes``: the whole gradient, each server's piece
+    ``nbytes / servers``).
+
+    Returns
+    -------
+    ndarray, shape (P - servers,)
+        Seconds from the update's end, workers ``servers .. P-1`` in order.
+    """
+    S = servers
+    workers = numpy.arange(S, net.size)
+    far = numpy.array([sum(net.node(s) != net.node(int(w)) for s in range(S)) for w in workers])
+    reply = pull[S:].copy()
+    idx = numpy.flatnonzero(far)
+    if len(idx):  # replies over a link end by the measured fan-out, in the replay's order
+        order = idx[numpy.argsort(reply[idx], kind="stable")]
+        last = max(float(reply[order].max()), float(pull[:S].max()))  # ... or when the servers are done sending
+        q = (numpy.arange(1, len(order) + 1) / len(order)) ** (1.0 / far[order])  # the last of its pieces
+        f = fanout_fractions(getattr(topo, "fanout", None), nbytes / S, q)
+        reply[order] = numpy.maximum(reply[order], f * last)
+    return reply
+
+
+def _pushes(net, servers, push, posted):
+    """Per server node, its link takes the pushes one at a time as they come; return ``(arrive (P,),
+    done (W,))``: when each server's pushes are all in, when each worker's pushes are."""
+    S = servers
+    workers = numpy.arange(S, net.size)
+    arrive, done = numpy.zeros(net.size), posted.copy()
+    lat = net.alpha_node + (net.alpha_rack if net.racks > 1 else 0.0)  # a message's latency between nodes
+    for n in sorted({net.node(s) for s in range(S)}):
+        mine = [s for s in range(S) if net.node(s) == n]
+        over = numpy.array([net.node(int(w)) != n for w in workers])
+        t = float((posted + push[S:])[~over].max()) if (~over).any() else 0.0  # shared memory: its replay time
+        done[~over] = numpy.maximum(done[~over], (posted + push[S:])[~over])
+        idx = numpy.flatnonzero(over)
+        if len(idx):
+            each = max(0.0, float(push[mine].max()) - lat) / len(idx)  # the link's time per push's bytes
+            q = 0.0
+            for k in idx[numpy.argsort(posted[idx], kind="stable")]:  # first come, first served
+                q = max(q, posted[k] + lat) + each
+                done[k] = max(done[k], q)
+            t = max(t, q)
+        arrive[mine] = t
+    return arrive, done
 
 
 def ps_step(profile, topo, net, cfg, work):
     """Replay one BSP step of ``cfg.servers`` servers; return ``(step_s, parts)`` (per-rank arrays).
 
     ``work`` is a worker's forward and backward seconds at a whole core (the profile's, scaled to its
-    rows and the topology's ``compute_scale``). ``parts``: ``compute``, ``comm``, ``wait`` (shape (P,)).
+    rows and the topology's ``compute_scale``). ``parts``: ``compute``, ``comm``, ``wait`` (shape (P,)),
+    adding up to the step on every rank.
     """
     P, S = net.size, cfg.servers
-    workers = numpy.arange(S, P)
     nbytes = profile.elements * profile.itemsize
     push, pull = comm.ps_clocks(net, S, nbytes, profile.itemsize)
-    server_nodes = sorted({_node(net, s) for s in range(S)})
-    remote = numpy.array([any(_node(net, s) != _node(net, int(w)) for s in range(S)) for w in workers])
-    reply = pull[S:].copy()
-    if remote.any():  # replies over a link end by the measured fan-out, in the replay's order
-        idx = numpy.flatnonzero(remote)
-        order = idx[numpy.argsort(reply[idx], kind="stable")]
-        last = max(float(reply[order].max()), float(pull[:S].max()))  # ... or when the servers are done sending
-        far = max(1, sum(_node(net, s) != _node(net, int(workers[order[-1]])) for s in range(S)))
-        q = (numpy.arange(1, len(order) + 1) / len(order)) ** (1.0 / far)  # the last of `far` pieces
-        f = fanout_fractions(getattr(topo, "fanout", None), nbytes / S, q)
-        reply[order] = numpy.maximum(reply[order], f * last)
-    hosts = workers // (net.ranks_per_host or net.ranks_per_node)
-    posted = share_cores(reply, numpy.full(len(workers), work), hosts, net.cores if net.oversubscription > 1 else 0)
-    arrive = numpy.zeros(P)  # when each server's pushes are all in
-    done = posted + push[S:]  # when each worker's pushes are in; over shared memory: its own replay time
-    for n in server_nodes:
-        mine = [s for s in range(S) if _node(net, s) == n]
-        over = numpy.array([_node(net, int(w)) != n for w in workers])
-        t_in = float(done[~over].max()) if (~over).any() else 0.0
-        if over.any():
-            idx = numpy.flatnonzero(over)
-            each = float(push[mine].max()) / len(idx)  # the node link's time per push: all at once / count
-            t = 0.0
-            for k in idx[numpy.argsort(posted[idx], kind="stable")]:  # first come, first served
-                t = max(t, posted[k]) + each
-                done[k] = t if len(server_nodes) == 1 else max(done[k], t)
-            t_in = max(t_in, t)
-        arrive[mine] = t_in
-    busy = min(S, net.ranks_per_host or net.ranks_per_node)  # the servers updating at once on a host
+    reply = reply_ends(topo, net, S, pull, nbytes)
+    per_host = net.ranks_per_host or net.ranks_per_node
+    hosts = numpy.arange(S, P) // per_host
+    posted = share_cores(reply, numpy.full(P - S, work), hosts, net.cores if net.oversubscription > 1 else 0)
+    arrive, done = _pushes(net, S, push, posted)
+    busy = min(S, per_host)  # the servers updating at once on a host
     update = profile.optimizer_s * topo.compute_scale * (max(1.0, busy / net.cores) if net.cores else 1.0) / S
     step = float(arrive[:S].max()) + update
     parts = {k: numpy.zeros(P) for k in ("compute", "comm", "wait")}
