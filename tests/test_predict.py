@@ -150,7 +150,7 @@ def test_profile_from_a_trace(tmp_path):
      "'levels.inter-node.bandwidth_bps' must be > 0"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "levels": {"inter-pod": {}}}, "'levels.inter-pod' is unknown"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "link": "1gbit"}, "'link' is unknown"),
-    ({"nodes_per_rack": 2, "ranks_per_node": 1, "reduce_bps": "fast"}, "'reduce_bps' must be a number"),
+    ({"nodes_per_rack": 2, "ranks_per_node": 1, "reduce_bps": "fast"}, "'reduce_bps' must be a finite number"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "duplex": 1.5}, "'duplex' must be <= 1"),
     ({"nodes_per_rack": 2, "ranks_per_node": 1, "duplex": 0}, "'duplex' must be > 0"),
 ])

@@ -120,7 +120,11 @@ def test_processor_sharing_by_hand():
 
 @pytest.mark.parametrize("fanout,field", [
     ("fast", "'fanout' must be a non-empty list"), ([], "'fanout' must be a non-empty list"),
-    ([{"bytes": 10}], "'fanout[0]' must be an object with bytes and fractions"),
+    ([{"bytes": 10}], "'fanout[0].fractions' is missing"), ([3], "'fanout[0]' must be an object"),
+    ([{"bytes": 10, "fractions": [1.0], "reps": 5}], "'fanout[0].reps' is unknown; accepted: bytes, fractions"),
+    ([{"bytes": 10, "fractions": [float("nan"), 1.0]}], "'fanout[0].fractions[0]' must be a finite number"),
+    ([{"bytes": float("inf"), "fractions": [1.0]}], "'fanout[0].bytes' must be a finite number"),
+    ([{"bytes": 10, "fractions": [1.0]}, {"bytes": 10, "fractions": [1.0]}], "'fanout[1].bytes' repeats"),
     ([{"bytes": 0, "fractions": [1.0]}], "'fanout[0].bytes' must be > 0"),
     ([{"bytes": 10, "fractions": [0.6, 0.5, 1.0]}], "'fanout[0].fractions' must be non-decreasing and end at 1"),
     ([{"bytes": 10, "fractions": [0.5, 0.9]}], "'fanout[0].fractions' must be non-decreasing and end at 1"),

@@ -37,6 +37,7 @@ sets its ``round_us``.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -63,7 +64,7 @@ class Topology:
     reduce_given : bool
         Whether the file set the reduction speed.
     fanout : list of dict or None
-        The checked ``fanout`` (``[{"bytes": int, "fractions": [float, ...]}]``), None without one.
+        The checked ``fanout`` (``[{"bytes": float, "fractions": [float, ...]}]``), None without one.
     """
 
     __slots__ = ("name", "net", "compute_scale", "reduce_given", "doc", "fanout")
@@ -88,8 +89,8 @@ def _number(doc, key, where, positive=False, integer=False, default=None):
     label = f"{where}{key}"
     if v is None:
         raise ValueError(f"topology field {label!r} is missing")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and int(v) != v):
-        raise ValueError(f"topology field {label!r} must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (integer and int(v) != v):
+        raise ValueError(f"topology field {label!r} must be {'an integer' if integer else 'a finite number'}, got {v!r}")
     if v < 0 or (positive and v == 0):
         raise ValueError(f"topology field {label!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
     return int(v) if integer else float(v)
@@ -165,9 +166,16 @@ def _fanout(doc):
     out, count = [], None
     for i, e in enumerate(fo):
         where = f"fanout[{i}]."
-        if not isinstance(e, dict) or set(e) != {"bytes", "fractions"}:
+        if not isinstance(e, dict):
             raise ValueError(f"topology field 'fanout[{i}]' must be an object with bytes and fractions, got {e!r}")
+        for key in e:
+            if key not in ("bytes", "fractions"):
+                raise ValueError(f"topology field '{where}{key}' is unknown; accepted: bytes, fractions")
+        if "fractions" not in e:
+            raise ValueError(f"topology field '{where}fractions' is missing")
         nbytes = _number(e, "bytes", where, positive=True)
+        if any(nbytes == o["bytes"] for o in out):
+            raise ValueError(f"topology field '{where}bytes' repeats an earlier size, {nbytes:g}")
         fr = e["fractions"]
         if not isinstance(fr, list) or not fr or (count is not None and len(fr) != count):
             raise ValueError(f"topology field '{where}fractions' must be a non-empty list"
