@@ -23,13 +23,6 @@ class Ledger:
         self.parts["wait"] += top - clocks
 
 
-def _scaled(profile, topo, net, rows):
-    f = topo.compute_scale * net.oversubscription * rows / profile.rows
-    fwd = numpy.array([layer["forward_s"] for layer in profile.layers]) * f
-    bwd = numpy.array([layer["backward_s"] for layer in profile.layers]) * f
-    return fwd, bwd, profile.extra_forward_s * f, profile.extra_backward_s * f, topo.compute_scale * net.oversubscription
-
-
 def scaled(profile, topo, net, rows):
     """Return per-layer forward and backward seconds (arrays), the extra forward and backward seconds,
     and the compute factor: the profile's times times ``rows / profile.rows``, the topology's

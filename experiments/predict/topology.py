@@ -221,7 +221,8 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
     ValueError
         The calibration has no ``summary.levels``.
     """
-    levels = (cal.get("summary") or {}).get("levels")
+    summary = cal.get("summary") or {}
+    levels = summary.get("levels")
     if not levels:
         raise ValueError("calibration file has no summary.levels: run the emulator's --calibrate")
     out = {k: {"latency_us": float(v["latency_us"]), "bandwidth_bps": float(v["bandwidth_bps"])}
@@ -229,13 +230,14 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
     if "inter-rack" not in out and "inter-node" in out:
         out["inter-rack"] = dict(out["inter-node"])
     P = racks * nodes_per_rack * ranks_per_node
-    return {"name": f"emulated {racks}x{nodes_per_rack}x{ranks_per_node}, {cal.get('config', {}).get('link', '?')}",
-            "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
-            "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
-            "duplex": min(1.0, float((cal.get("summary") or {}).get("duplex", 1.0))),
-            **({"fanout": [{"bytes": int(f["bytes"]), "fractions": [min(1.0, float(x)) for x in f["fractions"]]}
-                           for f in fan]} if (fan := (cal.get("summary") or {}).get("fanout")) else {}),
-            "source": "emulator --calibrate"}
+    doc = {"name": f"emulated {racks}x{nodes_per_rack}x{ranks_per_node}, {cal.get('config', {}).get('link', '?')}",
+           "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
+           "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
+           "duplex": min(1.0, float(summary.get("duplex", 1.0))), "source": "emulator --calibrate"}
+    if summary.get("fanout"):  # the calibration's entries also say how many messages and repetitions
+        doc["fanout"] = [{"bytes": int(f["bytes"]), "fractions": [min(1.0, float(x)) for x in f["fractions"]]}
+                         for f in summary["fanout"]]
+    return doc
 
 
 def main(argv=None):
