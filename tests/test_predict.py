@@ -8,7 +8,7 @@ import pytest
 import collectives.model.lockstep
 from collectives.model.lockstep import lockstep_clocks
 from collectives.model.network import Network, allreduce_time
-from experiments.predict import comm, config, grid, pipeline, profile, step, topology
+from experiments.predict import comm, config, files, grid, pipeline, profile, step, topology
 from experiments.predict.__main__ import main
 from experiments.predict.profile import Profile
 from experiments.predict.step import predict
@@ -209,7 +209,7 @@ def test_command_line_bad_files_and_a_prediction(tmp_path, capsys):
     assert "c.json[1]: config field 'bucket_bytes'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", [collectives.model.lockstep, comm, config, grid, pipeline, profile, step, topology])
+@pytest.mark.parametrize("module", [collectives.model.lockstep, comm, config, files, grid, pipeline, profile, step, topology])
 def test_docstring_examples(module):
     res = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0

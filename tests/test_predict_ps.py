@@ -144,6 +144,22 @@ def test_the_calibration_s_fanout_reaches_the_topology():
     assert doc["fanout"] == [{"bytes": 1000, "fractions": [0.6, 1.0]}]
     assert topology.parse(doc).fanout == [{"bytes": 1000.0, "fractions": [0.6, 1.0]}]
     assert "fanout" not in topology.from_calibration({"summary": {"levels": cal["summary"]["levels"]}}, 1, 2, 1)
+    one = dict(cal["summary"]["fanout"][0], fractions=[1.0])  # one receiver: both sizes are S, one entry kept
+    cal["summary"]["fanout"] = [one, dict(one)]
+    assert topology.parse(topology.from_calibration(cal, 1, 2, 1)).fanout == [{"bytes": 1000.0, "fractions": [1.0]}]
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"racks": 1' + "0" * 400 + ', "nodes_per_rack": 2, "ranks_per_node": 1}', "'racks' must be an integer"),
+    ("[" * 100000, "not JSON"), ("{\"racks\": 1}\xff", "not JSON")])
+def test_an_unreadable_topology_file_is_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "t.json"
+    path.write_text(text, encoding="latin-1")
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        topology.load(str(path))
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="cannot read it"):
+        topology.load(str(tmp_path))
 
 
 def test_docstring_examples():

@@ -20,7 +20,7 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
 - fan-out: node 0's first rank sends one message to every rank on the other nodes at once (``Isend``
   each; it and the receivers poll with ``Test`` and short sleeps, as a waiting rank does),
   after one uncounted one, at two sizes: S / n bytes each (a quarter second in all, n the receivers;
-  2 ``--reps`` + 1 times) and S each (``--reps`` times). Each receiver's end is timed from a common
+  2 ``--reps`` + 1 times; left out when n is 1) and S each (``--reps`` times). Each receiver's end is timed from a common
   ``Barrier``; per size, the sorted ends as fractions of the last, median over the repetitions, are
   ``summary.fanout``: how the node's link divides among messages sent at once
   (:mod:`experiments.predict.ps_step` replays a parameter server's replies with it).
@@ -250,7 +250,8 @@ def main(argv=None):
             rows.append(dict(row, pair="within node0", kind="intra-node"))
     far = [r for r in range(comm.size) if nodes[r] != 0]
     fan = []
-    for nbytes, reps in (((size // len(far), 2 * args.reps + 1), (size, args.reps)) if far else ()):
+    sizes = ((size // len(far), 2 * args.reps + 1), (size, args.reps)) if len(far) > 1 else ((size, args.reps),) * bool(far)
+    for nbytes, reps in sizes:
         _quiet_barrier(comm)  # a quarter second in all, then each
         got = fanout(comm, 0, far, nbytes, reps, 1)
         fan.append({"bytes": nbytes, "messages": len(far), "reps": reps,

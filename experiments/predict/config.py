@@ -4,11 +4,12 @@ A configuration file holds one JSON object, or a list of them (each predicted in
 command line ``--config algorithm=torus bucket_bytes=4194304 overlap=true`` sets fields directly.
 Unknown keys and bad values are one :class:`ValueError` line naming the field.
 """
-import json
 from dataclasses import asdict, dataclass, field, fields
 
 from collectives.compression.registry import COMPRESSORS, parse_literal
 from collectives.schedules.registry import REGISTRY
+
+from experiments.predict.files import read_json
 
 __all__ = ["JobConfig", "ALGORITHMS", "parse", "load", "from_pairs"]
 
@@ -124,11 +125,7 @@ def load(path):
     ValueError
         Not JSON, or a bad entry (``PATH[i]: config field ...``).
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+    doc = read_json(path)
     docs = doc if isinstance(doc, list) else [doc]
     out = []
     for i, d in enumerate(docs):

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy
 
+from experiments.predict.files import read_json
+
 __all__ = ["Profile", "from_trace", "synthetic", "measure_codecs", "load", "main"]
 
 
@@ -80,8 +82,9 @@ def load(path):
     ValueError
         A missing or malformed field, named.
     """
-    with open(path, encoding="utf-8") as f:
-        d = json.load(f)
+    d = read_json(path)
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a profile holds one JSON object, got {type(d).__name__}")
     for key in ("rows", "itemsize", "layers"):
         if key not in d:
             raise ValueError(f"{path}: profile field {key!r} is missing")

@@ -42,6 +42,7 @@ import os
 import sys
 
 from experiments.predict.comm import HostNetwork
+from experiments.predict.files import read_json
 
 __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 
@@ -89,11 +90,18 @@ def _number(doc, key, where, positive=False, integer=False, default=None):
     label = f"{where}{key}"
     if v is None:
         raise ValueError(f"topology field {label!r} is missing")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (integer and int(v) != v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or (integer and int(v) != v):
         raise ValueError(f"topology field {label!r} must be {'an integer' if integer else 'a finite number'}, got {v!r}")
     if v < 0 or (positive and v == 0):
         raise ValueError(f"topology field {label!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
     return int(v) if integer else float(v)
+
+
+def _finite(v):
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer beyond a float's range
+        return False
 
 
 def parse(doc):
@@ -197,11 +205,7 @@ def _duplex(doc):
 
 def load(path):
     """Read and check a topology file (see :func:`parse`); a bad file is one line naming the path and field."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+    doc = read_json(path)
     try:
         return parse(doc)
     except ValueError as e:
@@ -234,9 +238,11 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
            "racks": racks, "nodes_per_rack": nodes_per_rack, "ranks_per_node": ranks_per_node, "levels": out,
            "cores": int(cores or os.cpu_count() or 1), "ranks_per_host": P, "round_us": float(round_us),
            "duplex": min(1.0, float(summary.get("duplex", 1.0))), "source": "emulator --calibrate"}
-    if summary.get("fanout"):  # the calibration's entries also say how many messages and repetitions
-        doc["fanout"] = [{"bytes": int(f["bytes"]), "fractions": [min(1.0, float(x)) for x in f["fractions"]]}
-                         for f in summary["fanout"]]
+    sizes = {}  # the calibration's entries also say how many messages and repetitions; one per size
+    for f in summary.get("fanout") or ():
+        sizes.setdefault(int(f["bytes"]), [min(1.0, float(x)) for x in f["fractions"]])
+    if sizes:
+        doc["fanout"] = [{"bytes": b, "fractions": fr} for b, fr in sizes.items()]
     return doc
 
 
