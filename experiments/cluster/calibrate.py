@@ -1,4 +1,4 @@
-"""Measure the emulated cluster's links: latency, bandwidth one way and both ways, per node pair and within a node.
+"""Measure the emulated cluster's links: latency, one-way and both-ways bandwidth, and a fan-out from node 0.
 
     python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
 

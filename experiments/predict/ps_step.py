@@ -143,8 +143,9 @@ def _pushes(net, servers, push, posted):
     for n in sorted({net.node(s) for s in range(S)}):
         mine = [s for s in range(S) if net.node(s) == n]
         over = numpy.array([net.node(int(w)) != n for w in workers])
-        t = float((posted + push[S:])[~over].max()) if (~over).any() else 0.0  # shared memory: its replay time
-        done[~over] = numpy.maximum(done[~over], (posted + push[S:])[~over])
+        near = (posted + push[S:])[~over]  # over shared memory: its own replay time
+        t = float(near.max()) if len(near) else 0.0
+        done[~over] = numpy.maximum(done[~over], near)
         idx = numpy.flatnonzero(over)
         if len(idx):
             each = max(0.0, float(push[mine].max()) - lat) / len(idx)  # the link's time per push's bytes
