@@ -45,6 +45,7 @@ _PUBLIC = {
     "CollectiveError": "collectives.errors",
     "CollectiveMismatch": "collectives.errors",
     "CollectiveTimeout": "collectives.errors",
+    "ProcessFailed": "collectives.errors",
 }
 
 __all__ = list(_PUBLIC)

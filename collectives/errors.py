@@ -14,14 +14,19 @@ The errors a collective raises at run time, after its arguments passed the local
   failed a transfer of the call (a peer that died in the middle of a large message);
 * :class:`CollectiveMismatch`: the ranks disagree about the call (collective, algorithm, count,
   dtype, op, root, grid, or the order of calls), detected by the call fingerprint
-  (:mod:`collectives.engine.fingerprint`) or by a received message whose size differs from the schedule's.
+  (:mod:`collectives.engine.fingerprint`) or by a received message whose size differs from the schedule's;
+* :class:`ProcessFailed`: a :class:`PeerLost` under User-Level Failure Mitigation (ULFM: Open MPI
+  run with ``mpiexec --with-ft ulfm``): the MPI library reported a dead process
+  (``MPI_ERR_PROC_FAILED``) or a communicator revoked by a rank that saw one (``MPI_ERR_REVOKED``);
+  it names the dead ranks, and the communicator has been revoked so that every rank inside another
+  call on it learns of the death too (:mod:`collectives.engine.failures`).
 
 After either, the communicator's context is unusable (messages of the failed call may still be in
 flight); the safe policy is to end the job, which :func:`collectives.engine.policy.abort_on_failure` does.
 """
 
 __all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
-           "PeerLost", "ScheduleDeadlock"]
+           "PeerLost", "ProcessFailed", "ScheduleDeadlock"]
 
 
 class CommlabError(Exception):
@@ -158,6 +163,54 @@ class PeerLost(CollectiveTimeout):
 
     def __reduce__(self):
         return type(self), (self.collective, self.peer, self.round, self.reason, self.phase)
+
+
+class ProcessFailed(PeerLost):
+    """A process of the communicator died: the MPI library's ULFM error, on every surviving rank of the call.
+
+    Raised only under User-Level Failure Mitigation (Bland et al., "Post-failure recovery of MPI
+    communication capability", IJHPCA 27(3), 2013; Open MPI's ``mpiexec --with-ft ulfm``), when a
+    transfer of the call fails with ``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_PROC_FAILED_PENDING``, or
+    with ``MPI_ERR_REVOKED`` because another rank saw a death first and revoked the communicator
+    (:func:`collectives.engine.failures.process_failed`, which revokes it). The communicator is
+    unusable afterwards; the survivors agree on who is left and shrink it
+    (:func:`collectives.engine.failures.shrink`). It is a :class:`PeerLost` and so a
+    :class:`CollectiveTimeout`: whatever handles a silent or lost peer handles a dead one too.
+
+    Attributes
+    ----------
+    collective, round, phase
+        As for :class:`PeerLost`.
+    failed : tuple of int
+        The dead ranks (in the caller's communicator) this rank knows of, ascending; empty only
+        when the library had not yet said which one died.
+    peer : int or None
+        ``failed[0]``, or None.
+    reason : str
+        The MPI library's error text.
+
+    Examples
+    --------
+    >>> from collectives.errors import CollectiveTimeout, PeerLost, ProcessFailed
+    >>> exc = ProcessFailed("allreduce", (2, 3), "MPI_ERR_PROC_FAILED: Process Failure", round=1)
+    >>> print(exc)
+    allreduce: ranks 2, 3 died (round 1; 'MPI_ERR_PROC_FAILED: Process Failure'); the communicator is revoked
+    >>> exc.failed, isinstance(exc, PeerLost), isinstance(exc, CollectiveTimeout)
+    ((2, 3), True, True)
+    """
+
+    def __init__(self, collective, failed, reason, round=0, phase=""):
+        self.failed = tuple(sorted(int(r) for r in failed))
+        self.collective, self.peer, self.round, self.timeout, self.phase = \
+            collective, (self.failed[0] if self.failed else None), round, None, phase
+        self.pending, self.reason = "", reason
+        who = (f"rank{'s' if len(self.failed) > 1 else ''} {', '.join(map(str, self.failed))} died" if self.failed
+               else "a rank died")
+        where = f"round {round}" + (f" ({phase})" if phase else "")
+        CollectiveError.__init__(self, f"{collective}: {who} ({where}; '{reason}'); the communicator is revoked")
+
+    def __reduce__(self):
+        return type(self), (self.collective, self.failed, self.reason, self.round, self.phase)
 
 
 class CollectiveMismatch(CollectiveError):

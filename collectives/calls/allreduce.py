@@ -288,7 +288,7 @@ class _MPIRequest:
 
     def _lost(self, exc):
         """Mark the request failed after the MPI library reported ``exc``; return the error to raise."""
-        err = library_error(self._key, exc, (), "MPI_Iallreduce")
+        err = library_error(self._key, exc, (), "MPI_Iallreduce", self._ctx.comm)
         self._failed = str(err)
         self._ctx.fail(f"allreduce: {err}")
         return err

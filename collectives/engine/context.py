@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
 from collectives.backend import DeviceTransport, cuda_aware
+from collectives.engine.failures import process_failed, revoke, ulfm_enabled
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
@@ -48,13 +49,19 @@ class Context:
     """
 
     __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
-                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast", "fp")
+                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast", "fp", "parent")
 
     def __init__(self, comm, timeout=None):
         dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
         # (after a timeout the pending duplicate must not be touched, not even freed, until it completes)
-        wait_all([req], [None], deadline_of(timeout), Where("collective", 0, "duplicating the communicator", timeout))
-        self.comm = dup
+        try:
+            wait_all([req], [None], deadline_of(timeout), Where("collective", 0, "duplicating the communicator",
+                                                                  timeout))
+        except MPI.Exception as exc:  # under ULFM, a member already dead (Open MPI 5 says MPI_ERR_INTERN)
+            if ulfm_enabled():
+                raise process_failed(exc, comm, "collective", phase="duplicating the communicator") from None
+            raise
+        self.comm, self.parent = dup, comm  # the parent is revoked with the duplicate (collectives.engine.failures)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._seq = 0
         self.active = set()  # non-blocking requests in flight on this communicator
@@ -91,8 +98,15 @@ class Context:
             req._advance()
 
     def fail(self, message):
-        """Mark the context unusable after a timeout left messages in flight."""
+        """Mark the context unusable after a timeout left messages in flight.
+
+        Under ULFM, when the failure revoked the duplicate (a dead process:
+        :func:`collectives.engine.failures.process_failed`), the user's communicator is revoked too,
+        so that a rank waiting in a call of its own on it fails as well instead of waiting forever.
+        """
         self.broken = message
+        if ulfm_enabled() and self.comm.Is_revoked():
+            revoke(self.parent)
 
     def begin(self, key, timeout=None):
         """Start the next call, described by ``key``, and return the tag of its messages.

@@ -23,6 +23,7 @@ import time
 from mpi4py import MPI
 
 from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
+from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, pending
 from collectives.engine.waiting import Where, library_failure, wait_all
 
@@ -173,11 +174,17 @@ class Run:
         The peer is the one of the failed request (``MPI_ERR_IN_STATUS``), else the round's first
         receive's (else its first send's): :class:`~collectives.errors.PeerLost` naming it, or
         :class:`~collectives.errors.CollectiveMismatch` when the library reports a truncated message.
+        Under ULFM a dead process (or a communicator a peer revoked) gives
+        :class:`~collectives.errors.ProcessFailed`, after revoking the communicator
+        (:func:`collectives.engine.failures.process_failed`).
         """
         sends, recvs = self.prog[index]
         peers = [r[0] for r in recvs] + [s[0] for s in sends]
         if self.posted is not None and self.posted[1] is not None:
             peers = [p if p >= 0 else -1 - p for p in self.posted[1]]  # the posted order, requests' statuses
+        if is_process_failure(exc, self.statuses[:len(peers)]):  # ULFM: a dead process, the call revoked
+            return process_failed(exc, self.comm, self.name, self.statuses[:len(peers)], index,
+                                  self.schedule.rounds[index].phase)
         text, at, differ = library_failure(exc, self.statuses[:len(peers)])
         peer = peers[at] if at is not None and at < len(peers) else (peers[0] if peers else None)
         if differ:

@@ -42,6 +42,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
+from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, describe, key_code
 from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
@@ -185,14 +186,14 @@ def _wait(ctx, key, reqs, timeout, deadline, method):
         ctx.fail(f"{key[0]}: {exc}")
         raise
     except MPI.Exception as exc:
-        err = library_error(key, exc, statuses[:len(reqs)], f"MPI_{method[1:]}")
+        err = library_error(key, exc, statuses[:len(reqs)], f"MPI_{method[1:]}", ctx.comm)
         ctx.fail(f"{key[0]}: {err}")
         raise err from None
 
 
 def post_failed(ctx, key, exc, phase):
     """Fail ``ctx`` after the library refused to post a call of ``key`` (``exc``); return the error to raise."""
-    err = library_error(key, exc, (), phase)
+    err = library_error(key, exc, (), phase, ctx.comm)
     ctx.fail(f"{key[0]}: {err}")
     return err
 
@@ -259,7 +260,7 @@ def finish_lean(ctx, key, reqs, pair, stats, phase):
     try:
         MPI.Request.Waitall(reqs, _STATUSES)
     except MPI.Exception as exc:
-        err = library_error(key, exc, _STATUSES, phase)
+        err = library_error(key, exc, _STATUSES, phase, ctx.comm)
         ctx.fail(f"{key[0]}: {err}")
         raise err from None
     fp, want = pair
@@ -273,12 +274,14 @@ def finish_lean(ctx, key, reqs, pair, stats, phase):
     ctx.bytes_sent += nbytes
 
 
-def library_error(key, exc, statuses=(), phase=""):
+def library_error(key, exc, statuses=(), phase="", comm=None):
     """Return the error to raise after the MPI library failed call ``key`` with ``exc`` (an ``MPI.Exception``).
 
     A :class:`CollectiveMismatch` when the library's error says the ranks' calls differ (a truncated
     message), else :class:`PeerLost`: the transfer failed, and the library's peers are not commlab's
-    to name (:func:`collectives.engine.waiting.library_failure`).
+    to name (:func:`collectives.engine.waiting.library_failure`). Under ULFM, a dead process or a
+    revoked communicator gives :class:`~collectives.errors.ProcessFailed` naming the dead ranks, after
+    ``comm`` (the call's communicator) is revoked (:func:`collectives.engine.failures.process_failed`).
 
     Examples
     --------
@@ -290,6 +293,8 @@ def library_error(key, exc, statuses=(), phase=""):
     >>> str(library_error(key, MPI.Exception(MPI.ERR_OTHER))).startswith("allreduce lost a peer (inside the MPI")
     True
     """
+    if comm is not None and is_process_failure(exc, statuses, comm):
+        return process_failed(exc, comm, key[0], statuses, 0, phase)
     text, _, differ = library_failure(exc, statuses)
     if differ:
         return CollectiveMismatch(key[0], "count", f"the MPI library reported '{text}' in this rank's {describe(key)}: "

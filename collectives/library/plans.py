@@ -239,7 +239,7 @@ class LibraryPlan:
     def _library_error(self, exc):
         """Mark the plan failed after the MPI library reported ``exc``; return the error to raise
         (:func:`~collectives.library.call.library_error`)."""
-        err = library_error(self.key, exc, (), "MPI_Allreduce")
+        err = library_error(self.key, exc, (), "MPI_Allreduce", self.ctx.comm)
         self._failed(str(err))
         return err
 
