@@ -55,6 +55,9 @@ class PSOptions:
     fail_worker: str = ""           # "RANK:STEP": that worker stops communicating before step STEP
     worker_batch: int = 1           # nominal batch of one worker per clock (samples); balancing
                                     # keeps the global batch W x worker_batch
+    global_batch: int = 0           # samples per clock over all workers, split by ps.sharding.proportional
+                                    # (any W: 64 over 3 is 22/21/21); 0: W x worker_batch
+    max_batch: int = 0              # largest batch balancing gives one worker (samples: its memory bound; 0: none)
     balance: bool = False           # give faster workers larger batches (speed measured online)
     balance_every: int = 10         # clocks between speed reports when balancing (clocks)
     snapshot_every: int = 0         # keep a copy of the shards every this many pushes (0: never)
@@ -133,6 +136,9 @@ class PSOptions:
             raise ValueError(f"delay_s must be >= 0 seconds, got {self.delay_s}")
         if self.worker_batch < 1:
             raise ValueError(f"worker_batch must be >= 1, got {self.worker_batch}")
+        if self.global_batch < 0 or self.max_batch < 0:
+            raise ValueError(f"global_batch and max_batch must be >= 0 samples, got {self.global_batch}, "
+                             f"{self.max_batch}")
         if self.balance_every < 1:
             raise ValueError(f"balance_every must be >= 1, got {self.balance_every}")
         if self.snapshot_every < 0 or self.checkpoint_every_pushes < 0:

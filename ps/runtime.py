@@ -14,7 +14,10 @@ with probability ``delay_prob``; the draws depend on the seed, the worker and th
 every consistency model meets the same delays), ``fail_worker`` makes a worker stop
 communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
 faster workers larger batches in proportion to their measured samples per second, with the total
-kept at ``W x worker_batch``.
+kept at the global batch (``global_batch``, else ``W x worker_batch``), each at most ``max_batch``.
+A worker starts with its equal share of the global batch (:func:`ps.sharding.proportional`: 64 over
+3 workers is 22, 21, 21) and scales its gradient by ``W b / B`` (its batch ``b`` of the global
+``B``), so that the mean of the W pushes is the mean gradient over the global batch.
 
 Replicated shards (``replicas`` > 1): each shard's chain of server ranks runs
 :class:`ps.replication.ReplicatedServer`, and the run's report is gathered by the first worker rank,
@@ -32,7 +35,7 @@ from ps.replication import FAILOVER_MARGIN, chains
 from ps.reports import (_ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats,  # noqa: F401
                         _unpack, roles)
 from ps.server import COUNTERS, EVENT_ABORTED, Server
-from ps.sharding import join_shards, shard_offsets
+from ps.sharding import join_shards, proportional, shard_offsets
 from ps.store_checkpoint import Expected, check_resume
 
 __all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
@@ -159,7 +162,8 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
     params, clock, stopped = client.join()
     push_buf = np.empty_like(params)
-    batch, stats = opts.worker_batch, dict.fromkeys(STAT_FIELDS, 0.0)
+    total = opts.global_batch or opts.worker_batch * len(workers)  # samples per clock, all workers
+    batch, stats = int(proportional(np.ones(len(workers)), total)[w]), dict.fromkeys(STAT_FIELDS, 0.0)
     window = [0.0, 0]  # (seconds, samples) since the last speed report
     stale = []
     result = "stop" if stopped else "params"
@@ -174,7 +178,7 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
             delay += opts.delay_s
         if delay > 0:
             time.sleep(delay)
-        np.multiply(grad, batch / opts.worker_batch, out=push_buf)  # a share of W x worker_batch samples
+        np.multiply(grad, batch * len(workers) / total, out=push_buf)  # a share b of the global batch: W b / B
         t_sync = time.perf_counter()
         client.push(clock, push_buf)
         clock += 1
@@ -199,7 +203,7 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
             grad, _ = grad_fn(params, clock - 1, batch)
             compute = time.perf_counter() - t
             stats["compute_s"] += compute
-            np.multiply(grad, batch / opts.worker_batch, out=push_buf)
+            np.multiply(grad, batch * len(workers) / total, out=push_buf)
             client.push(clock - 1, push_buf, shards)
             result = client.pull(clock, params, shards)
         if stopping and result != "dropped":

@@ -200,25 +200,83 @@ def join_shards(shards, out=None):
     return out
 
 
-def proportional(rate, total):
-    """Split ``total`` samples in proportion to ``rate`` (largest remainders, each active share >= 1).
+def proportional(rate, total, cap=None):
+    """Split ``total`` samples in proportion to ``rate``: largest remainders, each active share in [1, cap].
 
-    Used by the parameter server's load balancing: ``rate`` is each worker's samples per second (0
-    for a worker that left), ``total`` the global batch.
+    The rule (Hamilton's largest-remainder method, as LB-BSP splits a batch by measured speed: Chen et
+    al., "Semi-dynamic load balancing", SoCC 2020, section 4): share ``q_i = rate_i total / sum rate``;
+    each active share starts at ``floor(q_i)`` raised to 1 and cut to ``cap``; the samples still
+    missing go one each to the shares with the largest remainders ``q_i - floor(q_i)`` (ties to the
+    lower index) that are below ``cap``, round after round; samples over ``total`` (from the raise
+    to 1) are taken back one each from the largest shares above 1 with the smallest remainders. The
+    result depends only on its inputs, so every rank that holds the same ``rate`` computes the same split.
+
+    Used by the parameter server's load balancing (``rate``: each worker's samples per second, 0 for
+    a worker that left) and by data-parallel training's batch shares (:mod:`training.dp.shares`).
+
+    Parameters
+    ----------
+    rate : ndarray, shape (W,), float
+        Speed of each worker (samples per second, or any weights); <= 0: inactive, share 0.
+    total : int
+        Samples to split (the global batch).
+    cap : int, optional
+        Largest share of one worker (samples; None: no limit).
+
+    Returns
+    -------
+    ndarray, shape (W,), int64
+        Shares summing to ``total`` (all zeros when no worker is active).
+
+    Raises
+    ------
+    ValueError
+        When ``total`` is smaller than the active workers (a share would be 0), or larger than
+        ``cap`` times them, or ``cap`` < 1.
 
     Examples
     --------
     >>> proportional(np.array([1.0, 3.0, 0.0]), 8).tolist()
     [2, 6, 0]
+    >>> proportional(np.ones(3), 64).tolist()       # equal speeds: 64 over 3 is 22/21/21
+    [22, 21, 21]
+    >>> proportional(np.array([1.0, 1.0, 1000.0]), 3).tolist()   # at least one sample each
+    [1, 1, 1]
+    >>> proportional(np.array([1.0, 4.0]), 10, cap=6).tolist()    # a memory bound of 6 samples
+    [4, 6]
     """
+    rate = np.asarray(rate, dtype=np.float64)
     out = np.zeros(rate.shape[0], dtype=np.int64)
-    active = rate > 0
-    if not active.any():
+    active = np.flatnonzero(rate > 0)
+    if active.size == 0:
         return out
-    share = rate[active] / rate[active].sum() * total
-    base = np.maximum(1, np.floor(share).astype(np.int64))
-    order = np.argsort(-(share - np.floor(share)))
-    for i in order[:max(0, total - int(base.sum()))]:
-        base[i] += 1
-    out[active] = base
+    total = int(total)
+    if cap is not None and int(cap) < 1:
+        raise ValueError(f"the largest share must be >= 1 sample, got {cap}")
+    if total < active.size:
+        raise ValueError(f"a batch of {total} samples cannot give each of {active.size} workers at least one")
+    high = total if cap is None else int(cap)
+    if total > high * active.size:
+        raise ValueError(f"a batch of {total} samples does not fit {active.size} workers of at most {high} "
+                         f"samples each")
+    r = rate[active]
+    quota = r * total / r.sum()  # (W,): exact for integer weights that divide total
+    base = np.floor(quota)
+    rest = quota - base
+    share = np.clip(base.astype(np.int64), 1, high)
+    by_rest = np.lexsort((np.arange(active.size), -rest))      # largest remainder first, ties to the lower index
+    while share.sum() < total:
+        for i in by_rest:
+            if share.sum() == total:
+                break
+            if share[i] < high:
+                share[i] += 1
+    by_fit = np.lexsort((np.arange(active.size), rest, -share))  # largest share, smallest remainder first
+    while share.sum() > total:
+        for i in by_fit:
+            if share.sum() == total:
+                break
+            if share[i] > 1:
+                share[i] -= 1
+    out[active] = share
     return out

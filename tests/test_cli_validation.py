@@ -98,7 +98,7 @@ def test_compression_sweep(capsys, tmp_path, argv, needle):
 
 @pytest.mark.parametrize("module, argv, needle", [
     ("experiments.demo", ["--mib", "nan"], "--mib"),
-    ("experiments.studies.compression_sweep", ["--set", "batch_size=3"], "multiple of the number of ranks"),
+    ("experiments.studies.compression_sweep", ["--set", "batch_size=1"], "smaller than the number of ranks"),
     ("experiments.bench.collectives", ["--ops", "allgather", "--min-bytes", "4", "--max-bytes", "4"],
      "no sizes/ops")])
 def test_error_printed_once_under_mpiexec(tmp_path, module, argv, needle):

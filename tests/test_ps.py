@@ -184,12 +184,22 @@ def test_batch_stream_matches_the_data_parallel_slices_and_streams():
     from training.ps_mode.worker import BatchStream
     from training.data import DistributedSampler
 
+    from training.sampling import deal
+
     sampler = DistributedSampler(23, 1, 2, shuffle=True, seed=3)  # 12 samples per epoch
-    fixed = BatchStream(sampler, 5)
+    fixed = BatchStream(sampler, 10)  # global batch 10: batches of 10, 10 and 3 samples per epoch
     assert fixed.per_epoch == 3
-    idx = sampler.indices(1)
-    assert np.array_equal(fixed.indices(5, 5), idx[10:15])  # clock 5 = epoch 1, last slice (2)
-    stream = BatchStream(sampler, 5, stream=True)
+    order = sampler.epoch_order(1, 10)
+    assert np.array_equal(fixed.indices(5, 5), deal(order[20:], [2, 1])[1])  # clock 5 = epoch 1, last batch (3)
+    assert fixed.weight(5, 5, 1) == 1 * 10 / (3 * 5)  # x W b / B in the push: W x 1 / 3 of the short batch
+    assert fixed.weight(4, 5, 5) == 1.0
+    for W, B in [(3, 64), (5, 64), (3, 7)]:  # every worker's share of every global batch, each sample once
+        streams = [BatchStream(DistributedSampler(100, w, W, seed=1), B) for w in range(W)]
+        for clock in range(streams[0].per_epoch):
+            got = np.concatenate([s.indices(clock, 0) for s in streams])
+            want = DistributedSampler(100, 0, W, seed=1).epoch_order(0, B)[clock * B:(clock + 1) * B]
+            assert np.array_equal(np.sort(got), np.sort(want))
+    stream = BatchStream(sampler, 10, stream=True)
     got = np.concatenate([stream.indices(c, b) for c, b in enumerate([7, 7, 7])])
     assert np.array_equal(got, np.concatenate([sampler.indices(0), sampler.indices(1)[:9]]))
 

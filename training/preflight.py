@@ -117,8 +117,8 @@ def check_run(cfg, comm):
     Raises
     ------
     ValueError
-        When the ranks resolved different settings (:func:`agree`), the global batch does not divide
-        among the ranks (workers with ``--mode ps``), a
+        When the ranks resolved different settings (:func:`agree`), the global batch is smaller
+        than the ranks (workers with ``--mode ps``: each needs a sample of every batch), a
         parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
         ``--data-dir`` is not a directory, the ``--partition`` cannot be drawn
         (:func:`training.skew.check_skew`), or ``algorithm="auto"`` cannot read its tuning table
@@ -131,8 +131,9 @@ def check_run(cfg, comm):
     P = comm.Get_size()
     if cfg.mode == "ps":
         check_ps(cfg, P)  # rank count, batch split, fault specs, server checkpoints
-    elif cfg.batch_size % P:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of ranks ({P})")
+    elif cfg.batch_size < P:
+        raise ValueError(f"the global batch ({cfg.batch_size}) is smaller than the number of ranks ({P}): every rank "
+                         "needs at least one sample of each batch (raise --batch-size or use fewer ranks)")
     if cfg.data == "mnist" and not os.path.isdir(cfg.data_dir):
         raise ValueError(f"--data-dir {cfg.data_dir}: no such directory (it must hold the MNIST IDX files)")
     if uses_shards(cfg):  # the partition's own checks need the labels: draw it now, as every rank will

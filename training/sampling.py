@@ -3,10 +3,16 @@
 :class:`DistributedSampler` has the semantics of PyTorch's ``torch.utils.data.DistributedSampler``
 (one shared permutation per epoch, padding by wrapping around); :func:`eval_shard` gives each rank a
 contiguous slice so that every sample is evaluated exactly once.
+
+Global batches of any size over any number of ranks: :meth:`DistributedSampler.global_batches` cuts
+one epoch's permutation into consecutive global batches of ``B`` samples (the same for every P),
+and :func:`deal` hands each rank its share of one, in any sizes that sum to it (equal, or in
+proportion to the ranks' speeds: :mod:`training.dp.shares`). Every sample is used once per epoch,
+whatever the shares.
 """
 import numpy
 
-__all__ = ["DistributedSampler", "eval_shard"]
+__all__ = ["DistributedSampler", "eval_shard", "deal"]
 
 
 class DistributedSampler:
@@ -74,8 +80,110 @@ class DistributedSampler:
         for lo in range(0, len(idx), batch):
             yield idx[lo:lo + batch]
 
+    def epoch_order(self, epoch, batch):
+        """Return one epoch's order of sample indices as global batches of ``batch`` samples take it.
+
+        The epoch's permutation of ``range(n)`` (the one :meth:`indices` deals round-robin), cut into
+        global batches of ``batch`` samples, the last one holding the rest. So that every rank gets
+        at least one sample of every batch, a last batch of fewer than P samples is padded by
+        wrapping around to P samples, or dropped with ``drop_last`` (which also cuts the epoch to a
+        multiple of P, as :meth:`indices` does). The order does not depend on the shares.
+
+        Parameters
+        ----------
+        epoch : int
+        batch : int
+            Global batch B (samples), >= P.
+
+        Returns
+        -------
+        ndarray, shape (T,), int64
+            ``n`` indices, plus the padding (at most P - 1) or less what ``drop_last`` cuts.
+
+        Raises
+        ------
+        ValueError
+            When ``batch`` is smaller than the number of ranks.
+
+        Examples
+        --------
+        >>> DistributedSampler(10, rank=0, size=3, shuffle=False).epoch_order(0, 4).tolist()  # 4, 4, 2 -> 3
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+        """
+        if batch < self.size:
+            raise ValueError(f"the global batch ({batch}) is smaller than the number of ranks ({self.size}): "
+                             "every rank needs at least one sample of each batch")
+        if self.shuffle:
+            order = numpy.random.default_rng(self.seed + epoch).permutation(self.n)
+        else:
+            order = numpy.arange(self.n)
+        total = (self.n // self.size) * self.size if self.drop_last else self.n
+        tail = total % batch
+        if 0 < tail < self.size:
+            total += -tail if self.drop_last else self.size - tail
+        if self.n == 0:
+            return order.astype(numpy.int64)
+        return numpy.resize(order, total).astype(numpy.int64)
+
+    def num_global_batches(self, batch):
+        """Return the global batches of ``batch`` samples per epoch (:meth:`epoch_order`, the last partial)."""
+        return -(-len(self.epoch_order(0, batch)) // batch) if self.n else 0
+
+    def global_batches(self, epoch, batch):
+        """Yield the epoch's global batches of ``batch`` samples (index arrays; the last may be shorter).
+
+        Examples
+        --------
+        >>> [b.tolist() for b in DistributedSampler(10, rank=0, size=3, shuffle=False).global_batches(0, 4)]
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0]]
+        """
+        order = self.epoch_order(epoch, batch)
+        for lo in range(0, len(order), batch):
+            yield order[lo:lo + batch]
+
     def __len__(self):
         return self.num_samples
+
+
+def deal(batch, shares):
+    """Return each rank's samples of one global batch, ``shares[r]`` of them for rank ``r``.
+
+    The batch's samples are dealt round-robin, like cards, to the ranks that still need one:
+    position 0 to rank 0, 1 to rank 1, ..., and once a rank holds its share it is skipped. With
+    equal shares of a batch that P divides, rank ``r`` gets positions ``r, r + P, r + 2P, ...``: the
+    samples :meth:`DistributedSampler.batches` gives it, so equal shares reproduce it exactly.
+
+    Parameters
+    ----------
+    batch : ndarray, shape (m,), int64
+        One global batch (:meth:`DistributedSampler.global_batches`).
+    shares : sequence of int, length P
+        Samples per rank, each >= 0, summing to m.
+
+    Returns
+    -------
+    list of ndarray, int64
+        Rank ``r``'s indices, ``shares[r]`` of them, in batch order.
+
+    Raises
+    ------
+    ValueError
+        When the shares do not sum to the batch's size or one is negative.
+
+    Examples
+    --------
+    >>> [p.tolist() for p in deal(numpy.arange(8), [2, 2, 2, 2])]
+    [[0, 4], [1, 5], [2, 6], [3, 7]]
+    >>> [p.tolist() for p in deal(numpy.arange(7), [2, 4, 1])]
+    [[0, 3], [1, 4, 5, 6], [2]]
+    """
+    shares = numpy.asarray(shares, numpy.int64)
+    if shares.ndim != 1 or (shares < 0).any() or int(shares.sum()) != len(batch):
+        raise ValueError(f"shares {shares.tolist()} must be >= 0 and sum to the batch's {len(batch)} samples")
+    rank = numpy.repeat(numpy.arange(shares.size), shares)               # (m,): the owner of each card...
+    turn = numpy.concatenate([numpy.arange(k) for k in shares]) if shares.size else rank
+    owner = rank[numpy.lexsort((rank, turn))]                            # ...in dealing order: turn, then rank
+    return [batch[owner == r] for r in range(shares.size)]
 
 
 def eval_shard(n, rank, size):

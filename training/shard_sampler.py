@@ -3,7 +3,8 @@
 :class:`ShardSampler` has the interface of :class:`training.sampling.DistributedSampler`
 (``indices``, ``num_samples``, ``num_batches``, ``batches``), so the data-parallel and
 parameter-server drivers use it unchanged. With unequal shards an epoch is ``ceil(N / B)`` steps
-(N training samples, global batch B): every worker takes B / W samples per step from its own shard,
+(N training samples, global batch B): every worker takes its B / W samples per step from its own shard
+(the equal split of B when W does not divide it),
 wrapping around it (a new seeded permutation each time round), so a small shard is seen several
 times per epoch and a large one partly.
 
@@ -17,6 +18,8 @@ Remedies (both optional):
   worker in addition to its shard and sampled with it.
 """
 import numpy
+
+from ps.sharding import proportional
 
 __all__ = ["ShardSampler", "shared_subset"]
 
@@ -49,7 +52,8 @@ class ShardSampler:
     rank, size : int
         Worker index and number of workers W.
     batch : int
-        Global batch B (samples); the local batch is B / W.
+        Global batch B (samples), >= W; the local batch is this worker's share of it, B / W when W
+        divides B, else ``ps.sharding.proportional``'s equal split (64 over 3: 22, 21, 21).
     seed : int
     shared : ndarray, int64, optional
         Indices every worker also holds (:func:`shared_subset`).
@@ -70,13 +74,14 @@ class ShardSampler:
         shard = numpy.asarray(shard, numpy.int64)
         if shard.size < 1:
             raise ValueError(f"worker {rank} holds no sample")
-        if batch < size or batch % size:
-            raise ValueError(f"batch ({batch}) must be a positive multiple of the number of workers ({size})")
+        if batch < size:
+            raise ValueError(f"the global batch ({batch}) is smaller than the number of workers ({size}): "
+                             "every worker needs at least one sample of each batch")
         if shared is not None and len(shared):
             shard = numpy.union1d(shard, numpy.asarray(shared, numpy.int64))
         self.shard, self.rank, self.size, self.seed, self.balance = shard, int(rank), int(size), int(seed), bool(balance)
         labels = numpy.asarray(labels)
-        self.local_batch = batch // size
+        self.local_batch = int(proportional(numpy.ones(size), batch)[rank])
         self.steps = -(-labels.size // batch)  # an epoch: N / B steps, rounded up
         self.num_samples = self.steps * self.local_batch
         mine = labels[shard]

@@ -5,8 +5,9 @@ from a checkpoint with ``--resume``); :func:`training.train.train_dp` trains wit
 """
 from collectives.log import get_logger
 from training.build import build_model
-from training.checkpoint import load_checkpoint
+from training.checkpoint import CheckpointError, load_checkpoint
 from training.data import load_dataset
+from training.dp.shares import BatchShares, memory_cap
 from training.dp.data_parallel import make_grad_hook
 from training.dp.local_sgd import LocalSGD
 from training.layout import verify_param_layout
@@ -37,9 +38,12 @@ class Trainer:
         The checkpoint restored, if any; ``saved_config`` its run's configuration.
     local : training.dp.local_sgd.LocalSGD or None
         Local SGD's model averaging (``--local-steps`` > 1).
+    shares : training.dp.shares.BatchShares
+        Each rank's samples of a global batch (re-split by speed with ``--balance``; restored with ``--resume``).
     """
 
-    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local")
+    __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local",
+                 "shares")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -91,6 +95,7 @@ def build_trainer(cfg, comm):
     if hook.owns_momentum and cfg.optimizer == "sgd":
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
+    shares = _batch_shares(cfg, comm, ds, model, opt)
     if cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout,
                                        foreign_ok=cfg.allow_foreign_checkpoint)
@@ -99,7 +104,31 @@ def build_trainer(cfg, comm):
                       "beginning", cfg.resume)
         elif path is not None:
             saved = restore(path, arrays, model, opt, hook, state)
+            _restore_shares(path, arrays, shares, comm.rank)
     local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer) \
         if cfg.local_steps > 1 else None  # local SGD (training.dp.local_sgd)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
-                   resumed_from=path, saved_config=saved, local=local)
+                   resumed_from=path, saved_config=saved, local=local, shares=shares)
+
+
+def _batch_shares(cfg, comm, ds, model, opt):
+    """Return the run's :class:`BatchShares`, each share within ``--memory-gb`` (on every rank alike)."""
+    cap = memory_cap(cfg, ds, model, sum(getattr(v, "nbytes", 0) for v in opt.state_dict().values()))
+    try:
+        return BatchShares(comm.Get_size(), cfg.batch_size, every=cfg.balance_every, cap=cap,
+                           gain=cfg.balance_gain, balance=cfg.balance)
+    except ValueError as e:
+        if cap is None:
+            raise
+        raise ValueError(f"{e} (--memory-gb {cfg.memory_gb:g} allows {cap} samples per rank)") from None
+
+
+def _restore_shares(path, arrays, shares, rank):
+    """Continue with the checkpoint's batch shares (the equal split when they were another job's)."""
+    try:
+        fits = shares.load_state_dict(arrays)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
+    if not fits and "balance/shares" in arrays and rank == 0:
+        _log.info("--resume: the checkpoint's batch shares %s are another job's (P, --batch-size or --memory-gb "
+                  "changed); starting from the equal split %s", arrays["balance/shares"].tolist(), shares.shares.tolist())

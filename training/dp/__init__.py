@@ -1,8 +1,9 @@
 """Data-parallel training: the gradient hooks (flat gradient -> optional compressor -> all-reduce,
 :mod:`.hooks`), the step and evaluation (:mod:`.data_parallel`), the bucketed step that overlaps
 all-reduces with the backward pass (:mod:`.overlap`), local and post-local SGD and the
-sample-weighted average (:mod:`.local_sgd`).
+sample-weighted average (:mod:`.local_sgd`), and each rank's share of every global batch, equal or
+following the ranks' measured speeds with ``--balance`` (:mod:`.shares`).
 
 Imports: the shared trainer modules of :mod:`training` (``nn``, ``optim``, ``data``, ``checkpoint``...)
-and :mod:`collectives`. Never :mod:`training.model_parallel` or :mod:`training.ps_mode`.
+and :mod:`collectives`; :mod:`ps.sharding` (the batch-splitting rule). Never :mod:`training.model_parallel` or :mod:`training.ps_mode`.
 """

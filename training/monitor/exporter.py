@@ -32,6 +32,8 @@ METRICS = (
      "Mean time per step spent waiting for other ranks (for the last rank at the step's collective, "
      "for a pipeline neighbour, or for the servers' answer to a pull) (seconds)."),
     ("commlab_compression_seconds", "gauge", "rank", "Mean compression and decompression time per step (seconds)."),
+    ("commlab_batch_share", "gauge", "rank",
+     "Mean samples per step the rank took of the global batch (its share; --balance moves it by speed)."),
     ("commlab_sent_bytes", "counter", "rank", "Gradient bytes the rank handed to the network (bytes)."),
     ("commlab_skipped_steps", "counter", "rank", "Steps skipped for a non-finite loss or gradient."),
     ("commlab_straggler", "gauge", "rank", "1 while the rank is named a straggler, else 0."),

@@ -8,7 +8,10 @@ when it has long arrived, so no rank waits for it. Rank 0 turns them into per-st
 
 * sets the Prometheus metrics (:class:`training.monitor.exporter.Exporter`, ``--metrics-port``),
 * writes them as TensorBoard scalars (:class:`training.monitor.board.Board`, ``--tensorboard``),
-* applies the straggler rule (:class:`training.monitor.detect.StragglerRule`) to the arrival times.
+* applies the straggler rule (:class:`training.monitor.detect.StragglerRule`) to the arrival times, per
+  sample of each rank's share of the global batch (``commlab_batch_share``), scaled to the mean share:
+  the time a rank would take with an equal share, so a straggler that ``--balance`` has given a
+  smaller share is still named.
 
 Each rank also sends a heartbeat as it reaches the step's first collective
 (:class:`training.monitor.heartbeat.Heartbeat`), from which rank 0 names a stalled rank. A named
@@ -36,11 +39,12 @@ _log = get_logger("training.monitor")
 #: What each rank sums over an interval, in the gathered vector's order (after the last step's number):
 #: steps, then seconds, bytes and counts summed over them.
 FIELDS = ("steps", "step_s", "compute_s", "arrival_s", "sync_s", "wait_s", "compress_s", "bytes_sent",
-          "skipped", "monitor_s")
+          "skipped", "monitor_s", "samples")
 _AT = {name: 1 + i for i, name in enumerate(FIELDS)}
 #: Metric (without ``commlab_``) -> field whose per-step mean it is.
 _MEANS = {"step_seconds": "step_s", "compute_seconds": "compute_s", "arrival_seconds": "arrival_s",
-          "sync_seconds": "sync_s", "wait_seconds": "wait_s", "compression_seconds": "compress_s"}
+          "sync_seconds": "sync_s", "wait_seconds": "wait_s", "compression_seconds": "compress_s",
+          "batch_share": "samples"}
 
 
 class Events:
@@ -127,8 +131,8 @@ class SyncMonitor:
             The run's step count after this step.
         r : dict
             ``step_s`` (or ``compute_s`` + ``comm_s``), ``compute_s``, ``arrival_s``, ``sync_s`` (or
-            ``comm_s``), ``wait_s``, ``compress_s`` + ``decompress_s``, ``bytes_sent``, ``skipped``;
-            missing ones count 0.
+            ``comm_s``), ``wait_s``, ``compress_s`` + ``decompress_s``, ``bytes_sent``, ``skipped``,
+            ``samples`` (the rank's share of the global batch: ``commlab_batch_share``); missing ones count 0.
         """
         t = time.perf_counter()
         s, get = self.sums, r.get
@@ -142,6 +146,7 @@ class SyncMonitor:
         s[_AT["compress_s"]] += get("compress_s", 0.0) + get("decompress_s", 0.0)
         s[_AT["bytes_sent"]] += get("bytes_sent", 0)
         s[_AT["skipped"]] += get("skipped", 0)
+        s[_AT["samples"]] += get("samples", 0)
         if s[_AT["steps"]] >= self.every:
             self._gather()
         self.pending += time.perf_counter() - t
@@ -170,8 +175,11 @@ class SyncMonitor:
         self.own += table[:, _AT["monitor_s"]]
         self.busy += table[:, _AT["step_s"]]
         ratio = self.own / numpy.maximum(self.busy, 1e-12)
-        for r in self.rule.update(means["arrival_seconds"]):
-            self._straggler(r, int(table[r, 0]), means)
+        ruled, share = dict(means), means["batch_share"]
+        if (share > 0).all():  # the rule on seconds per sample (at the mean share): --balance's smaller share
+            ruled["arrival_seconds"] = means["arrival_seconds"] / share * share.mean()  # would hide a straggler
+        for r in self.rule.update(ruled["arrival_seconds"]):
+            self._straggler(r, int(table[r, 0]), ruled)
         if self.exporter is not None:
             t, ex = time.perf_counter(), self.exporter
             for name, values in means.items():

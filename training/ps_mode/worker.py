@@ -6,10 +6,13 @@ the data with the trainer's own functions on every rank (so the initial paramete
 apply the trainer's own optimizer (:func:`training.optim.optimizer_factory`) to their shards. Rank 0
 then evaluates the snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.report`).
 
-Batches: with ``W`` workers each takes ``batch_size / W`` samples per clock from the trainer's
-``DistributedSampler`` (worker index as the rank, ``W`` as the size), exactly the samples data-parallel
-training on ``W`` ranks takes, so BSP with plain SGD reproduces data-parallel training. With
-``--balance`` a worker reads its sampler's order as a stream, as many samples per clock as its batch.
+Batches: with ``W`` workers, clock ``c`` takes the trainer's global batch ``c`` of the epoch
+(:meth:`training.sampling.DistributedSampler.global_batches`) and each worker its equal share of it
+(:func:`training.sampling.deal`; ``batch_size / W``, or 22/21/21 for 64 over 3), exactly the samples
+data-parallel training on ``W`` ranks takes; each worker weights its mean gradient by its share so
+that the servers' mean of the pushes is the batch's mean gradient, and BSP with plain SGD reproduces
+data-parallel training for any ``W``. With ``--balance`` a worker reads its sampler's order as a
+stream, as many samples per clock as its batch, each share at most what ``--memory-gb`` allows.
 """
 import dataclasses
 import os
@@ -20,6 +23,7 @@ from collectives.engine import trace
 from collectives.backend import to_host
 from collectives.log import get_logger
 from ps.options import PSOptions
+from ps.sharding import proportional
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
 from ps.store_checkpoint import Expected, check_resume
@@ -28,7 +32,9 @@ from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
 from training.nn import SoftmaxCrossEntropy
 from training.optim import lr_rule, optimizer_factory
+from training.dp.shares import memory_cap, steps_per_epoch
 from training.dp.data_parallel import compute_gradient, is_finite
+from training.sampling import deal
 from training.monitor.setup import close_monitor, open_ps_monitor
 from training.progress import progress_bar, write_trace
 from training.ps_mode.finish import finish_ps, finish_together, reporter_rank
@@ -51,32 +57,68 @@ class BatchStream:
 
     Parameters
     ----------
-    sampler : training.data.DistributedSampler
+    sampler : training.data.DistributedSampler or training.shard_sampler.ShardSampler
         This worker's sampler (rank = worker index, size = W).
     batch : int
-        Nominal batch per worker (samples).
+        Global batch B (samples per clock over all workers), >= W.
     stream : bool
-        False: clock ``c`` takes slice ``c % per_epoch`` of epoch ``c // per_epoch`` (the
-        data-parallel order, last slice possibly shorter). True: consecutive batches of any size
-        run through the epochs' orders back to back (load balancing).
+        False: clock ``c`` takes this worker's equal share (:func:`training.sampling.deal`) of global
+        batch ``c % per_epoch`` of epoch ``c // per_epoch`` (the data-parallel order, the epoch's
+        last batch possibly shorter; a skewed partition's sampler: its own slice). True: consecutive
+        batches of any size run through the epochs' orders back to back (load balancing).
+
+    Examples
+    --------
+    >>> from training.sampling import DistributedSampler
+    >>> s = BatchStream(DistributedSampler(10, rank=0, size=3, shuffle=False), 4)
+    >>> s.per_epoch, s.indices(0, 2).tolist(), s.indices(2, 1).tolist(), s.weight(2, 2, 1)  # batches 4, 4, 3
+    (3, [0, 3], [8], 0.6666666666666666)
     """
 
-    __slots__ = ("sampler", "batch", "stream", "per_epoch", "_epoch", "_order", "_pos")
+    __slots__ = ("sampler", "batch", "stream", "per_epoch", "shares", "_epoch", "_order", "_pos")
 
     def __init__(self, sampler, batch, stream=False):
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+        if batch < sampler.size:
+            raise ValueError(f"the global batch ({batch}) is smaller than the number of workers ({sampler.size})")
         if sampler.num_samples < 1:
             raise ValueError("the training set is empty: no samples for this worker")
         self.sampler, self.batch, self.stream = sampler, int(batch), bool(stream)
-        self.per_epoch = -(-sampler.num_samples // self.batch)  # clocks per epoch
+        self.shares = proportional(numpy.ones(sampler.size), self.batch)  # the equal split of B
+        self.per_epoch = steps_per_epoch(sampler, self.batch)  # clocks per epoch
         self._epoch, self._order, self._pos = -1, None, 0
 
+    def _global(self, clock):
+        """Return (global batch, its shares) of ``clock`` (fixed mode, a :class:`DistributedSampler`)."""
+        epoch, s = divmod(int(clock), self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self.sampler.epoch_order(epoch, self.batch)
+        batch = self._order[s * self.batch:(s + 1) * self.batch]
+        shares = self.shares if len(batch) == self.batch else proportional(self.shares.astype(float), len(batch))
+        return batch, shares
+
+    def weight(self, clock, batch, samples):
+        """Return the factor of a worker's mean gradient over ``samples`` samples of clock ``clock``.
+
+        :func:`ps.runtime.run` scales each push by ``W batch / B``; this factor makes the product
+        ``W samples / m``, with ``m`` the clock's global batch (shorter at an epoch's end), so
+        that the servers' mean of the W pushes is the global batch's mean gradient. 1.0 for a full batch.
+        """
+        if self.stream or not hasattr(self.sampler, "global_batches"):
+            return 1.0
+        m = len(self._global(clock)[0])
+        return samples * self.batch / (m * batch)
+
     def indices(self, clock, batch):
-        """Return the int64 sample indices for ``clock`` with ``batch`` samples (stream mode)."""
+        """Return the int64 sample indices for ``clock`` (stream mode: ``batch`` samples)."""
         if not self.stream:
-            epoch, s = divmod(int(clock), self.per_epoch)
-            return self._order_of(epoch)[s * self.batch:(s + 1) * self.batch]
+            if not hasattr(self.sampler, "global_batches"):  # a skewed partition: the worker's own shard
+                epoch, s = divmod(int(clock), self.per_epoch)
+                lb = self.sampler.local_batch
+                if epoch != self._epoch:
+                    self._epoch, self._order = epoch, self.sampler.indices(epoch)
+                return self._order[s * lb:(s + 1) * lb]
+            order, shares = self._global(clock)
+            return deal(order, shares)[self.sampler.rank]
         out = []
         while batch > 0:
             if self._order is None or self._pos >= len(self._order):
@@ -89,8 +131,7 @@ class BatchStream:
         return numpy.concatenate(out)
 
     def _order_of(self, epoch):
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, self.sampler.indices(epoch)
+        self._epoch, self._order = epoch, self.sampler.indices(epoch)
         return self._order
 
 
@@ -135,7 +176,8 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         staleness_lr=cfg.staleness_lr, budget=W * per_epoch * last, lr=cfg.lr,
         lr_at=lr_rule(cfg.lr_schedule, cfg.lr), horizon=W * per_epoch * cfg.epochs,
         ps_timeout=cfg.ps_timeout, straggler=cfg.straggler, jitter=cfg.jitter,
-        fail_worker=cfg.fail_worker, worker_batch=cfg.batch_size // W, balance=cfg.balance,
+        fail_worker=cfg.fail_worker, worker_batch=max(1, cfg.batch_size // W), global_batch=cfg.batch_size,
+        balance=cfg.balance, balance_every=cfg.balance_every,
         snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
         resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
@@ -172,9 +214,9 @@ def check_ps(cfg, size):
     if S < 1:
         raise ValueError(f"--servers must be >= 1, got {S}")
     W = size - S
-    if cfg.batch_size % W:
-        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
-                         f"workers ({W} = {size} ranks - {S} servers)")
+    if cfg.batch_size < W:
+        raise ValueError(f"the global batch ({cfg.batch_size}) is smaller than the number of workers ({W} = {size} "
+                         f"ranks - {S} servers): every worker needs at least one sample of each batch")
     ps_options(cfg, size, 1, cfg.run_dir)  # PSOptions.validate: straggler, jitter, fail_worker...
     optimizer_factory(cfg)
     if cfg.resume:
@@ -282,10 +324,11 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     servers, workers = roles(comm, S)
     w = workers.index(rank) if rank in workers else 0
     stream = BatchStream(make_sampler(cfg, len(ds.y_train), w, W, ds.y_train, run_dir if rank == 0 else None),
-                         cfg.batch_size // W, cfg.balance)  # rank 0, a server, records the partition
+                         cfg.batch_size, cfg.balance)  # rank 0, a server, records the partition
     run_id = root_bytes(comm, lambda: (run_id_of(run_dir) or "").encode(), timeout=cfg.timeout).decode()
     opts = dataclasses.replace(ps_options(cfg, comm, stream.per_epoch, run_dir, extra), run_id=run_id)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp if rank in workers else numpy)
+    opts = dataclasses.replace(opts, max_batch=memory_cap(cfg, ds, model) or 0)  # --memory-gb: each worker's batch
     init = numpy.ascontiguousarray(to_host(model.params))
     loss_fn = SoftmaxCrossEntropy()
     make_optimizer = optimizer_factory(cfg)
@@ -300,6 +343,9 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
             model.params[...] = xp.asarray(params)
             idx = xp.asarray(stream.indices(clock, batch))
             loss = compute_gradient(model, loss_fn, x_tr[idx], y_tr[idx])
+            factor = stream.weight(clock, batch, int(idx.shape[0]))  # the epoch's last, shorter global batch
+            if factor != 1.0:
+                model.grads *= factor
             if not is_finite(loss, model.grads):
                 model.grads.fill(0)  # a non-finite step contributes nothing
                 skipped[0] += 1

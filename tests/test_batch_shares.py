@@ -1,0 +1,187 @@
+"""Batch shares: any global batch over any number of ranks, and ``--balance`` (``training.dp.shares``).
+
+* The split rule (``ps.sharding.proportional``): sums to the batch, every share in [1, cap], largest
+  remainders, equal speeds give 64 over 3 = 22/21/21; refuses a batch that would leave a rank 0
+  samples or does not fit the bound.
+* The data order: the epoch's global batches are the same for every P, hold every sample once per
+  epoch (plus at most P - 1 of padding), and equal shares deal each rank exactly the samples of the
+  round-robin sampler.
+* The decision: a 2x slower rank gets half the speed's share; noise below the gain moves nothing; a
+  rank whose speed changes is followed at the next gather (within K steps); no share ever exceeds
+  the memory bound; checkpoint state round-trips and another job's shares are not taken.
+* Multi-rank (``tests/mpi_shares.py``, P = 3 and 5): parameters after every step equal one process's
+  on the same global batches (buckets, overlap), --balance with a straggler, no re-split without one
+  (bitwise), every default (data-parallel and --mode ps BSP) with the update of one process.
+* Bad input: one clear line each (--balance on the model-parallel grid, K < 1, a global batch
+  smaller than P, a memory bound leaving no sample or too few for the batch).
+"""
+import numpy as np
+import pytest
+
+from ps.sharding import proportional
+from tests.mpirun import run_mpi
+from training.dp.shares import BatchShares, share_cap
+from training.sampling import DistributedSampler, deal
+
+
+def test_the_split_rule_sums_bounds_and_rounds_by_largest_remainder():
+    assert proportional(np.ones(3), 64).tolist() == [22, 21, 21]
+    assert proportional(np.ones(5), 64).tolist() == [13, 13, 13, 13, 12]
+    assert proportional(np.array([2.0, 1.0]), 512).tolist() == [341, 171]  # 341.33 / 170.67: 171 has the larger rest
+    assert proportional(np.array([1.0, 1.0, 1000.0]), 3).tolist() == [1, 1, 1]  # at least one each
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        W = int(rng.integers(1, 8))
+        rate = rng.random(W) * rng.choice([1.0, 100.0], W) + 1e-9
+        total = int(rng.integers(W, 300))
+        cap = int(rng.integers(-(-total // W), total + 1)) if rng.random() < 0.5 else None
+        s = proportional(rate, total, cap)
+        assert s.sum() == total and s.min() >= 1 and (cap is None or s.max() <= cap), (rate, total, cap, s)
+        quota = rate * total / rate.sum()
+        if cap is None and quota.min() >= 1:  # nothing raised to 1 nor cut to a bound: floor or ceiling of the quota
+            assert (np.abs(s - quota) < 1).all(), (quota, s)
+    with pytest.raises(ValueError, match="cannot give each of 3 workers at least one"):
+        proportional(np.ones(3), 2)
+    with pytest.raises(ValueError, match="does not fit 2 workers of at most 4"):
+        proportional(np.ones(2), 9, cap=4)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 5, 7])
+def test_global_batches_are_one_permutation_for_every_p(P):
+    for n, B in [(600, 61), (1438, 64), (10, 4), (23, 10), (12, 12)]:
+        if B < P:
+            continue
+        one = list(DistributedSampler(n, 0, 1, seed=4).global_batches(2, B))
+        mine = list(DistributedSampler(n, 0, P, seed=4).global_batches(2, B))
+        assert all(len(b) >= P for b in mine)
+        flat = np.concatenate(mine)
+        assert np.array_equal(np.unique(flat), np.arange(n)) and len(flat) - n < P  # each once (+ padding < P)
+        if n % B >= P or n % B == 0:  # no padding needed: the very batches of one process
+            assert all(np.array_equal(a, b) for a, b in zip(one, mine)) and len(one) == len(mine)
+        for batch in mine:  # any shares deal each sample of the batch to exactly one rank
+            shares = proportional(np.arange(1, P + 1, dtype=float), len(batch))
+            parts = deal(batch, shares)
+            assert [len(p) for p in parts] == shares.tolist()
+            assert np.array_equal(np.sort(np.concatenate(parts)), np.sort(batch))
+
+
+@pytest.mark.parametrize("P, B", [(2, 64), (4, 64), (3, 60)])
+def test_equal_shares_deal_the_round_robin_samplers_batches(P, B):
+    samplers = [DistributedSampler(600, r, P, seed=1) for r in range(P)]  # P divides 600 and B: no padding
+    old = [list(s.batches(0, B // P)) for s in samplers]
+    for k, batch in enumerate(samplers[0].global_batches(0, B)):
+        parts = deal(batch, [len(batch) // P] * P)
+        assert all(np.array_equal(parts[r], old[r][k]) for r in range(P))
+
+
+def test_the_decision_follows_speed_ignores_noise_and_keeps_the_bound():
+    s = BatchShares(2, 512, balance=True)
+    assert s.decide(np.array([1e-3, 2e-3])).tolist() == [341, 171]  # one rank 2x slower: 2/3 and 1/3
+    assert s.last["ideal_s"] == pytest.approx(512 / 1500.0)
+    s.shares = s.decide(np.array([1e-3, 2e-3]))
+    assert s.decide(np.array([1.01e-3, 1.98e-3])).tolist() == [341, 171]  # 1 % noise: kept
+    assert s.decide(np.array([2e-3, 1e-3])).tolist() == [171, 341]  # the slowdown moved: followed
+    capped = BatchShares(3, 90, balance=True, cap=40)
+    for per in np.random.default_rng(1).random((200, 3)) * np.array([1.0, 10.0, 100.0]) + 1e-6:
+        got = capped.decide(per)
+        assert got.sum() == 90 and got.max() <= 40 and got.min() >= 1
+    assert capped.decide(np.array([1e-3, 1e-2, 1e-2])).tolist() == [40, 25, 25]  # the fast rank at its bound
+    assert not BatchShares(2, 8).due(10) and BatchShares(2, 8, balance=True, every=5).due(10)
+
+
+class _Gather:
+    """A communicator stand-in for BatchShares.update at P = 1 of a P-rank job: the speeds already gathered."""
+
+    def __init__(self, per):
+        self.per = per
+
+    def Get_rank(self):
+        return 0
+
+
+def test_a_speed_change_is_followed_within_k_steps(monkeypatch):
+    import training.dp.shares as shares_mod
+
+    K, B = 4, 120
+    seen = {}
+    monkeypatch.setattr(shares_mod.collectives, "allreduce",
+                        lambda buf, **kw: buf.__setitem__(slice(None), seen["per"]))
+    s = BatchShares(2, B, every=K, balance=True)
+    history = []
+    for step in range(1, 25):
+        slow = 1 if step <= 10 else 0  # rank 1 slow for steps 1-10, then rank 0
+        seen["per"] = np.array([1e-3, 1e-3]); seen["per"][slow] = 3e-3
+        s.observe(1.0, 1)
+        if s.due(step):
+            s.update(_Gather(seen["per"]))
+        history.append(s.shares.tolist())
+    assert history[3] == [90, 30]  # first gather at step 4: rank 1 at a third of rank 0's speed
+    first = next(i + 1 for i, h in enumerate(history) if h == [30, 90])
+    assert 10 < first <= 10 + K, history  # the move after step 10 is followed within K steps
+    assert s.moves == 2
+
+
+def test_shares_state_round_trips_and_another_jobs_are_not_taken():
+    s = BatchShares(3, 64, balance=True)
+    s.shares, s.moves = np.array([40, 12, 12]), 3
+    t = BatchShares(3, 64)
+    assert t.load_state_dict(s.state_dict()) and t.shares.tolist() == [40, 12, 12] and t.moves == 3
+    assert not BatchShares(4, 64).load_state_dict(s.state_dict())  # another P: the equal split
+    assert not BatchShares(3, 64, cap=30).load_state_dict(s.state_dict())  # above this run's bound
+    assert BatchShares(3, 64).load_state_dict({}) is False
+    with pytest.raises(ValueError, match="balance/shares"):
+        BatchShares(3, 64).load_state_dict({"balance/shares": np.array([64, 0, 0])})
+
+
+def test_bad_shares_arguments_are_refused():
+    with pytest.raises(ValueError, match="global batch \\(2\\) is smaller than the number of ranks \\(3\\)"):
+        BatchShares(3, 2)
+    with pytest.raises(ValueError, match="balance_every must be an integer >= 1"):
+        BatchShares(2, 8, every=0)
+    with pytest.raises(ValueError, match="does not fit 2 workers of at most 3"):
+        BatchShares(2, 8, cap=3)
+    with pytest.raises(ValueError, match="must be >= 0 and sum to the batch"):
+        deal(np.arange(5), [3, 1])
+    with pytest.raises(ValueError, match="leaves it no sample"):
+        share_cap(0.001, 2 ** 30, 100)
+    with pytest.raises(ValueError, match="smaller than the number of ranks"):
+        DistributedSampler(10, 0, 3).epoch_order(0, 2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--balance", "--tensor-parallel", "2"], "balance shares the global batch among data-parallel ranks"),
+    (["--balance", "--pipeline-parallel", "2"], "not the model-parallel grid"),
+    (["--balance-every", "0"], "balance_every must be >= 1"),
+    (["--balance-gain", "1"], "balance_gain must be in [0, 1)"),
+    (["--memory-gb", "-1"], "memory_gb must be >= 0"),
+    (["--balance", "--local-steps", "4"], "local SGD (--local-steps > 1) has none"),
+    (["--balance", "--partition", "classes:k=2"], "it needs --partition iid"),
+])
+def test_bad_balance_flags_are_one_line(tmp_path, capsys, flags, message):
+    from training.train import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--hidden", "8", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    line = [t for t in err.splitlines() if "error:" in t]
+    assert e.value.code == 2 and len(line) == 1 and message in line[0] and not any(tmp_path.iterdir()), err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "2"], "the global batch (2) is smaller than the number of ranks (3)"),
+    (["--batch-size", "1", "--mode", "ps"], "the global batch (1) is smaller than the number of workers (2"),
+    (["--memory-gb", "0.0001"], "leaves it no sample"),  # 0.1 MiB: less than the digits alone
+    (["--memory-gb", "0.0006", "--batch-size", "4096"], "does not fit 3 workers of at most"),  # ~350 each
+])
+def test_job_errors_are_one_line_from_rank_0(tmp_path, flags, message):
+    res = run_mpi(3, "training.train", "--hidden", "8", "--epochs", "1", "--no-progress", "--run-dir",
+                  str(tmp_path), *flags, timeout=90, check=False)
+    assert res.returncode == 1 and message in res.stdout and res.stdout.count("error:") == 1, res.stdout
+    assert "Traceback" not in res.stdout and not any(tmp_path.iterdir()), res.stdout
+
+
+@pytest.mark.parametrize("P", [3, 5])
+def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P):
+    out = run_mpi(P, "tests.mpi_shares", str(tmp_path), timeout=300).stdout
+    for case in ("every_step", "balance", "no_straggler", "defaults", "ps"):
+        assert f"case_{case}: ok" in out, out
