@@ -11,7 +11,7 @@ from .base import Compressor, _ctx, check_tensor, get_array_module
 __all__ = ["PowerSGD", "matrix_layout"]
 
 
-def matrix_layout(size, matrix_rank, shapes=None):
+def matrix_layout(size, matrix_rank, shapes=None, min_compression_rate=1.0):
     """Split a flat vector into the pieces PowerSGD compresses.
 
     Parameters
@@ -25,12 +25,17 @@ def matrix_layout(size, matrix_rank, shapes=None):
         dimensions ``(n, ...)`` is a matrix ``(n, prod(rest))``; a 1-D one (a bias) is sent
         uncompressed. Without ``shapes`` the whole vector is one near-square matrix
         ``(ceil(sqrt(size)), ceil(size / rows))``, zero-padded at the end.
+    min_compression_rate : float
+        A matrix is compressed only when ``r (rows + cols) * min_compression_rate < rows cols``
+        (PyTorch's ``min_compression_rate``, whose default there is 2); 1 compresses whatever saves
+        an element.
 
     Returns
     -------
     list of tuple
         ``(start, stop, rows, cols, r)`` per piece; ``r = 0`` marks a piece sent uncompressed: 1-D,
-        or a matrix where ``r (rows + cols) >= rows cols`` with ``r`` clamped to ``min(rows, cols)``.
+        or a matrix where ``r (rows + cols) * min_compression_rate >= rows cols`` with ``r`` clamped to
+        ``min(rows, cols)``.
 
     Raises
     ------
@@ -43,6 +48,8 @@ def matrix_layout(size, matrix_rank, shapes=None):
     [(0, 16, 4, 4, 1), (16, 20, 4, 1, 0)]
     >>> matrix_layout(10, 2)  # no shapes: one near-square matrix, zero-padded
     [(0, 10, 4, 3, 0)]
+    >>> matrix_layout(20, 1, shapes=[(4, 4), (4,)], min_compression_rate=2)  # 8 * 2 >= 16: raw
+    [(0, 16, 4, 4, 0), (16, 20, 4, 1, 0)]
     """
     if shapes is None:
         rows = max(1, math.isqrt(max(size - 1, 0)) + 1) if size else 0
@@ -59,7 +66,7 @@ def matrix_layout(size, matrix_rank, shapes=None):
         count = size if padded else math.prod(shape)
         rows, cols = (shape[0], math.prod(shape[1:])) if len(shape) >= 2 else (count, 1)
         r = min(matrix_rank, rows, cols) if len(shape) >= 2 else 0
-        if r * (rows + cols) >= rows * cols:
+        if r * (rows + cols) * min_compression_rate >= rows * cols:
             r = 0
         pieces.append((start, start + count, rows, cols, r))
         start += count
@@ -69,7 +76,9 @@ def matrix_layout(size, matrix_rank, shapes=None):
 class PowerSGD(Compressor):
     """Compress each matrix ``M`` (n, m) to ``P`` (n, r) and ``Q`` (m, r) with one power iteration.
 
-    Per step (Algorithm 1): ``P <- M Q``; all-reduce P; ``P_hat <- orthogonalize(P)`` (QR);
+    Steps before ``start_iter`` average the tensor with one plain all-reduce (PyTorch's
+    ``start_powerSGD_iter``: early steps are sensitive to the approximation). Then per step
+    (Algorithm 1): ``P <- M Q``; all-reduce P; ``P_hat <- orthogonalize(P)`` (QR);
     ``Q <- M^T P_hat``; all-reduce Q (mean); the result is ``P_hat Q^T``; Q is kept for the next step
     (warm start). The receivers' sum of the ranks' ``P_hat Q_i^T`` is the mean approximation, so error
     feedback (on by default) stores ``M_i - P_hat Q_i^T`` (Algorithm 2). Wire cost per matrix
@@ -88,6 +97,13 @@ class PowerSGD(Compressor):
         Reuse last step's Q; otherwise draw a fresh Q each step from the shared seed.
     seed : int
         Seed of the first Q; the same on every rank.
+    start_iter : int
+        Calls per tensor name averaged uncompressed before compression starts (>= 0; 0: compress
+        from the first call). PyTorch's DDP hook needs at least 2 with error feedback or warm start,
+        because DDP rebuilds its buckets after the first step; ``CommHookState`` applies that rule.
+    min_compression_rate : float
+        Compress a matrix only when ``r (n + m) * min_compression_rate < n m`` (> 0; PyTorch's
+        argument of the same name, default 2 there); 1 compresses whatever saves an element.
     rank : int, optional
         Deprecated name of ``matrix_rank`` (it reads like the MPI rank); gives a
         ``DeprecationWarning``.
@@ -95,7 +111,8 @@ class PowerSGD(Compressor):
     Raises
     ------
     ValueError
-        If ``matrix_rank`` is not a positive int, both names are given, or ``shapes`` is malformed.
+        If ``matrix_rank`` is not a positive int, both names are given, ``shapes`` is malformed,
+        ``start_iter`` is not an int >= 0 or ``min_compression_rate`` not a positive number.
 
     Examples
     --------
@@ -108,11 +125,12 @@ class PowerSGD(Compressor):
     True
     """
 
-    __slots__ = ("r", "shapes", "warm_start", "_qs", "_layouts")
+    __slots__ = ("r", "shapes", "warm_start", "start_iter", "min_compression_rate", "_qs", "_layouts", "_steps")
     error_feedback = True
     transport = "own"
 
-    def __init__(self, matrix_rank=4, shapes=None, warm_start=True, seed=0, rank=None):
+    def __init__(self, matrix_rank=4, shapes=None, warm_start=True, seed=0, rank=None, start_iter=0,
+                 min_compression_rate=1.0):
         super().__init__(seed)
         if rank is not None:
             if matrix_rank != 4:
@@ -126,9 +144,16 @@ class PowerSGD(Compressor):
             if any(len(s) == 0 or any(int(d) < 0 for d in s) for s in shapes):
                 raise ValueError("shapes must be a list of non-empty tuples of sizes >= 0")
             shapes = [tuple(int(d) for d in s) for s in shapes]
+        if not isinstance(start_iter, (int, np.integer)) or isinstance(start_iter, bool) or start_iter < 0:
+            raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
+        if (not isinstance(min_compression_rate, (int, float, np.integer, np.floating))
+                or isinstance(min_compression_rate, bool) or not 0 < min_compression_rate < math.inf):
+            raise ValueError(f"min_compression_rate must be a positive number, got {min_compression_rate!r}")
         self.r, self.shapes, self.warm_start = int(matrix_rank), shapes, bool(warm_start)
+        self.start_iter, self.min_compression_rate = int(start_iter), float(min_compression_rate)
         self._qs = {}  # "name/piece" -> Q (m, r), identical on every rank
         self._layouts = {}
+        self._steps = {}  # name -> calls so far (start_iter counts them)
 
     def compress(self, x, name):
         """Run PowerSGD on one rank; return ``([P_hat and raw pieces, Q], ctx)``.
@@ -152,7 +177,8 @@ class PowerSGD(Compressor):
 
     def decompress(self, payloads, ctx):
         """Return ``P_hat Q^T`` per matrix and the raw pieces, as one tensor of ``ctx["shape"]``."""
-        return self._rebuild(payloads[0], payloads[1], ctx).reshape(ctx["shape"])
+        q_part = payloads[1] if len(payloads) > 1 else payloads[0][:0]  # before start_iter: one payload
+        return self._rebuild(payloads[0], q_part, ctx).reshape(ctx["shape"])
 
     def reduce(self, x, name, allreduce_sum, size):
         """Run PowerSGD's two all-reduce rounds on this rank's ``x`` (Algorithm 1).
@@ -171,9 +197,11 @@ class PowerSGD(Compressor):
         Returns
         -------
         mean : ndarray
-            The mean approximation ``P_hat Q^T``, shape and dtype of ``x``, the same on every rank.
+            The mean approximation ``P_hat Q^T``, shape and dtype of ``x``, the same on every rank
+            (before ``start_iter``: the plain mean of ``x``).
         local : ndarray
-            This rank's share ``P_hat Q_i^T`` (what error feedback subtracts), shape of ``x``.
+            This rank's share ``P_hat Q_i^T`` (what error feedback subtracts), shape of ``x``
+            (before ``start_iter``: ``x`` itself, so error feedback stores nothing).
         payloads : list of ndarray
             The two buffers this rank sent (bytes are counted from them).
         ctx : dict
@@ -191,6 +219,14 @@ class PowerSGD(Compressor):
             raise TypeError("x must be float32 or float64 for PowerSGD (QR in half precision)")
         t0 = time.perf_counter()
         flat = x.ravel()
+        step = self._steps.get(name, 0)
+        self._steps[name] = step + 1
+        if step < self.start_iter:  # plain all-reduce; nothing is approximated, nothing is kept
+            ctx = _ctx(x, layout=[(0, flat.size, flat.size, 1, 0)])
+            total = allreduce_sum(flat)
+            t1 = time.perf_counter()
+            mean = total * flat.dtype.type(1.0 / size)
+            return mean.reshape(x.shape), x, [flat], ctx, 0.0, time.perf_counter() - t1
         ctx = _ctx(x, layout=self._layout(name, flat.size))
         mats, ps, buf_p = self._p_round(flat, name, ctx["layout"], xp)
         compress_s = time.perf_counter() - t0
@@ -213,7 +249,7 @@ class PowerSGD(Compressor):
         """Return (and cache) the piece layout of tensor ``name`` with ``n`` elements."""
         key = (name, n)
         if key not in self._layouts:
-            self._layouts[key] = matrix_layout(n, self.r, self.shapes)
+            self._layouts[key] = matrix_layout(n, self.r, self.shapes, self.min_compression_rate)
         return self._layouts[key]
 
     def _p_round(self, flat, name, layout, xp):
@@ -286,18 +322,21 @@ class PowerSGD(Compressor):
                 self._qs.pop(f"{name}/{i}", None)
 
     def state_dict(self):
-        """Return the counters and the warm-start Qs (``"q/<name>/<piece>"``)."""
+        """Return the counters, the calls per name (``"step/<name>"``) and the warm-start Qs (``"q/<name>/<piece>"``)."""
         state = super().state_dict()
+        state.update({"step/" + k: np.array(v, np.int64) for k, v in self._steps.items()})
         state.update({"q/" + k: v.copy() for k, v in self._qs.items()})
         return state
 
     def load_state_dict(self, state):
-        """Restore the counters and the warm-start Qs."""
+        """Restore the counters, the calls per name and the warm-start Qs."""
         super().load_state_dict(state)
+        self._steps = {k[5:]: int(v) for k, v in state.items() if k.startswith("step/")}
         self._qs = {k[2:]: v.copy() for k, v in state.items() if k.startswith("q/")}
 
     def __repr__(self):
-        return f"PowerSGD(matrix_rank={self.r}, warm_start={self.warm_start}, seed={self.seed})"
+        return (f"PowerSGD(matrix_rank={self.r}, warm_start={self.warm_start}, seed={self.seed}, "
+                f"start_iter={self.start_iter}, min_compression_rate={self.min_compression_rate:g})")
 
 
 def _concat(parts, dtype, xp):

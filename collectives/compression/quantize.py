@@ -76,8 +76,12 @@ class FP16Compressor(Compressor):
     """Cast to IEEE half precision (16 bits per element; summable, so it rides the all-reduce).
 
     Each element keeps 11 significant bits: the round-trip error is at most ``2**-11 * |x|`` for normal
-    values (``|x| >= 2**-14``) and 2**-25 absolutely below; values beyond 65504 overflow to Inf, as in
-    Horovod's fp16 compression. Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3.
+    values (``|x| >= 2**-14``) and 2**-25 absolutely below; values with ``|x| >= 65520`` (the midpoint
+    above float16's largest finite 65504) overflow to Inf. In ``compressed_allreduce`` each rank's
+    float16 values are divided by P before the sum, as PyTorch's ``fp16_compress_hook`` does, so the
+    average overflows only where one rank's own value does (on 2 ranks, 36,500 on each gives 36,500,
+    not Inf); at P not a power of two the rounded shares of values within a few units of 65504 can
+    still round their sum up to Inf. Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3.
 
     Examples
     --------
