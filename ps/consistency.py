@@ -176,14 +176,15 @@ class ClockBuckets:
         self.buckets = {}  # clock -> {worker: gradient shard}
 
     def add(self, worker, clock, grad):
-        """Store worker ``worker``'s gradient for ``clock`` (kept by reference: do not reuse it)."""
+        """Store worker ``worker``'s gradient for ``clock`` (kept by reference and never changed)."""
         self.buckets.setdefault(int(clock), {})[int(worker)] = grad
 
     def pop_ready(self):
         """Return ``(clock, mean gradient, workers)`` of the oldest complete bucket, or ``None``.
 
         A bucket is complete when every live worker has pushed into it; the mean divides the sum by
-        the number of contributions.
+        the number of contributions. The sum is a new array: the gradients added are left as they
+        came (a replica forwards the very gradient it applies, and a resent push is compared with it).
         """
         if not self.buckets:
             return None
@@ -193,7 +194,7 @@ class ClockBuckets:
             return None
         del self.buckets[clock]
         workers = sorted(bucket)
-        total = bucket[workers[0]]
+        total = bucket[workers[0]].copy()
         for w in workers[1:]:
             total += bucket[w]
         total /= len(workers)

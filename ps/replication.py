@@ -267,12 +267,13 @@ class ReplicatedServer(Server):
         else:
             self.epoch, self.upstream, seq = epoch, source, int(header[H_SEQ])
             if seq > self.seq:
-                self._apply(header, data)
+                self._apply(header, data)  # leaves data as it came (ps.consistency): the same bytes go down
                 self.seq = seq
                 fields = tuple(int(header[k]) for k in (H_WORKER, H_CLOCK, H_RID, H_VERSION, H_AUX))
                 self._send_down(seq, fields, data)
-            elif not self.live:
-                self._peer(source, Msg.ACK, extra=(None, seq, 0))  # a resend after a cut: already applied here
+            elif seq <= self.acked:  # a resend after a cut, applied and acknowledged below already (to the
+                self._peer(source, Msg.ACK, extra=(None, seq, 0))  # replica cut off, maybe): say so again
+            # else applied here and on its way down: the ACK from below goes up to this new upstream
 
     def _apply(self, header, data):
         """Apply a forwarded update exactly as the primary did."""

@@ -162,6 +162,10 @@ class SparseRows:
     def __init__(self, ids, rows):
         self.ids, self.rows = ids, rows
 
+    def copy(self):
+        """Return a copy that owns its ids and rows (a bucket's sum starts from one)."""
+        return SparseRows(self.ids.copy(), self.rows.copy())
+
     def __iadd__(self, other):
         ids = np.union1d(self.ids, other.ids)
         if ids.size != self.ids.size:  # new slots: widen, keeping the order of the additions

@@ -261,8 +261,8 @@ class Server:
             raise PSError(f"push from worker {w} has {0 if grad is None else grad.shape[0]} elements, "
                           f"shard has {self.params.shape[0]}")
         if self.buckets is not None:  # BSP, SSP: one update per clock on the mean gradient
-            if self.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau
-                grad /= stale
+            if self.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau (a new array:
+                grad = grad / stale                 # a received gradient is never changed, ps.replication)
             self.buckets.add(w, clock, grad)
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)

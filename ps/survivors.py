@@ -189,15 +189,28 @@ def _result(opts, reports, parsed, chosen, stats, acked):
                      staleness_histogram=dict(sorted(hist.items())), snapshots=snapshots, workers=stats,
                      status=status, events=sorted(events), versions=[int(parsed[r]["version"]) for r in chosen],
                      counts=counts, rejected={c: n for c, n in rejected.items() if n},
-                     replicas=[_public(parsed.get(r)) for r in servers], servers_lost=lost_servers,
+                     replicas=[_public(parsed.get(r), _same_shard(r, parsed, reports, chosen)) for r in servers],
+                     servers_lost=lost_servers,
                      lost_acknowledged=lost)
 
 
-def _public(record):
-    """A replica's record as plain numbers (counts as int), or None for a rank that sent none."""
+def _same_shard(r, parsed, reports, chosen):
+    """1 when replica ``r`` ended holding its shard's reported values bit for bit, else 0 (None: no report)."""
+    if r not in parsed:
+        return None
+    mine, reported = reports[r]["shard"], reports[chosen[int(parsed[r]["shard"])]]["shard"]
+    return int(mine.dtype == reported.dtype and mine.tobytes() == reported.tobytes())
+
+
+def _public(record, same_shard=None):
+    """A replica's record as plain numbers (counts as int), or None for a rank that sent none.
+
+    ``same_shard`` (1 or 0): whether the replica's shard at the end equals, bit for bit, the one the run
+    reports for its shard (every replica of a chain that was not fenced off holds the same shard).
+    """
     if record is None:
         return None
     out = {k: (float(v) if k.endswith("_s") or k.endswith("_time") else int(v)) for k, v in record.items()
            if k not in ("acked_folded", "folded")}
-    out.update(acked_folded=record["acked_folded"].tolist(), folded=record["folded"].tolist())
+    out.update(acked_folded=record["acked_folded"].tolist(), folded=record["folded"].tolist(), same_shard=same_shard)
     return out

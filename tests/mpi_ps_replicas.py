@@ -7,11 +7,11 @@ optimizer state must survive a failover too), float64, BSP, ``--ps-timeout`` 1 s
 case is the fault-free run of the same workers with unreplicated shards (``replicas = 1``): under BSP
 each clock's update is the worker-ordered mean, so the final parameters must be equal bit for bit.
 
-``chain``   no fault. R = 2 on S = 2 (one chain) and R = 3 on S = 3: bitwise equal to the oracle;
-            every replica applied the primary's forwards in chain order (each backup's upstream is
-            its predecessor, every one applied as many as the primary forwarded, the tail sends no
-            ACK down and receives none), the primary held replies until acknowledged, and no
-            acknowledged update was lost.
+``chain``   no fault. R = 2, 3 and 4, each on S = R (one chain): bitwise equal to the oracle, and every
+            replica ends with the reported shard bit for bit (``same_shard``); every replica applied
+            the primary's forwards in chain order (each backup's upstream is its predecessor, every
+            one applied as many as the primary forwarded, the tail sends no ACK down and receives
+            none), the primary held replies until acknowledged, and no acknowledged update was lost.
 ``fence``   the primary stalls for 3 s (three times the timeout) in the middle of the run: the workers
             fail over to the backup, which takes over; the old primary, resuming, finds itself fenced
             off and serves nothing more. Every version it acknowledged was on the new primary when
@@ -19,6 +19,12 @@ each clock's update is the worker-ordered mean, so the final parameters must be 
 ``all``     (crash) both replicas of the only shard exit (``experiments.faults.dead.vanish``): every
             worker writes its error and its time to ``DIR/worker-R.json`` (the pytest side checks
             the message and the delay).
+``deaths``  (crash; 6 ranks) two runs, their communicators made first: R = 4 on S = 4 whose second
+            replica (rank 1) exits at its 40th message, then R = 3 on ranks 0, 2 and 3 (workers 4, 5)
+            whose primary (rank 0) and then middle (rank 2) exit at their 60th messages. Each run
+            must end bitwise equal to its unreplicated oracle, every surviving replica holding the
+            reported shard bit for bit, nothing acknowledged lost; the collector (rank 4) writes
+            both verdicts to ``DIR/deaths.json``.
 ``head``    (crash, checkpoints; 6 ranks) the crash run uses ranks 0-4 for 30 clocks with server
             checkpoints every 10 clocks in ``DIR/ckpt``; the primary (rank 0) exits at its 60th
             message, the workers fail over to the backup (rank 1), which writes the later
@@ -102,7 +108,7 @@ def _gather_result(S, R):
 
 
 def case_chain():
-    for S, R in ((2, 2), (3, 3)):
+    for S, R in ((2, 2), (3, 3), (4, 4)):
         want = _oracle(S)
         res = _gather_result(S, R)
         name = f"S={S} R={R}"
@@ -123,6 +129,8 @@ def case_chain():
                   f"{head['version']}, {head['seq']}")
             check((rec["acks"] > 0) == (pos < R - 1), f"{name}: replica {pos} received {rec['acks']} ACKs")
         check(head["acks"] > 0 and all(r["took_over_s"] < 0 for r in recs), f"{name}: {recs}")
+        check([r["same_shard"] for r in recs] == [1] * R,
+              f"{name}: replicas holding the reported shard bit for bit: {[r['same_shard'] for r in recs]}")
 
 
 def case_fence():
@@ -150,6 +158,37 @@ def case_all(directory):
     except PSError as e:  # every replica of the shard is gone: each worker says so
         _write(directory, f"worker-{COMM.Get_rank()}.json", {"error": str(e), "time": time.time()})
     _leave()
+
+
+def case_deaths(directory):
+    """Deaths in chains of four and three: every survivor holds the fault-free shard (6 ranks)."""
+    rank = COMM.Get_rank()
+    order = [0, 2, 3, 4, 5]  # the chain of three: servers 0, 2, 3; workers 4, 5
+    second = COMM.Split(0 if rank in order else MPI.UNDEFINED, order.index(rank) if rank in order else 0)
+    want4 = _oracle(4)
+    want3 = _oracle(3, second) if second != MPI.COMM_NULL else None
+    verdicts = {}
+    undo = _inject(1, 40, functools.partial(vanish, 1))
+    res = _run(4, 4)
+    undo()
+    if res is not None:
+        verdicts["R=4"] = _verdict(res, want4, [1])
+    for r in (0, 2):
+        _inject(r, 60, functools.partial(vanish, r))
+    res = _run(3, 3, comm=second)
+    if res is not None:
+        verdicts["R=3"] = _verdict(res, want3, [0, 1])  # the second run's ranks: 0 and 1 are world ranks 0, 2
+        _write(directory, "deaths.json", verdicts)
+    _leave()
+
+
+def _verdict(res, want, lost):
+    """What a crash run must show: the oracle's parameters, every survivor on the reported shard, nothing lost."""
+    same = [r and r["same_shard"] for r in res.replicas]
+    return {"equal": bool(np.array_equal(res.params, want)),
+            "max_diff": float(np.max(np.abs(res.params - want))), "same_shard": same,
+            "servers_lost": res.servers_lost, "want_lost": lost, "lost_acknowledged": res.lost_acknowledged,
+            "status": res.status}
 
 
 def case_head(directory):
@@ -205,7 +244,7 @@ def main():
             failed |= report(COMM, f"mpi_ps_replicas {name}")
             FAILS.clear()
         return failed
-    {"all": case_all, "head": case_head}[case](sys.argv[2])
+    {"all": case_all, "head": case_head, "deaths": case_deaths}[case](sys.argv[2])
     return 0
 
 

@@ -28,15 +28,16 @@ CRASH = ("-disable-auto-cleanup",)  # MPICH keeps the survivors of a non-zero ex
 
 @functools.lru_cache(maxsize=None)
 def _fault_free():
-    """Both fault-free cases, in one launch of 5 ranks."""
-    return run_mpi(5, "tests.mpi_ps_replicas", "chain", "fence", timeout=150, check=False)
+    """Both fault-free cases, in one launch of 6 ranks (two workers beside a chain of four)."""
+    return run_mpi(6, "tests.mpi_ps_replicas", "chain", "fence", timeout=150, check=False)
 
 
 @pytest.mark.parametrize("case", ["chain", "fence"])
 def test_replication_without_a_crash(case):
-    """Chain order and equality with the unreplicated run; a delayed old primary is fenced off."""
+    """Chain order, every replica's shard and equality with the unreplicated run for R = 2, 3, 4; a delayed
+    old primary is fenced off."""
     res = _fault_free()
-    assert f"mpi_ps_replicas {case}: 0 failures on 5 ranks" in res.stdout, (res.returncode, res.stdout)
+    assert f"mpi_ps_replicas {case}: 0 failures on 6 ranks" in res.stdout, (res.returncode, res.stdout)
     other = re.search(r"mpi_ps_replicas \w+: [1-9]\d* failures", res.stdout)  # a non-zero exit: the other case failed
     assert res.returncode == 0 or other, (res.returncode, res.stdout)
 
@@ -58,6 +59,24 @@ def test_checkpoints_written_after_a_primarys_crash_resume_to_the_uninterrupted_
     assert resumed["start_pushes"] == 30 * W and resumed["pushes"] == 60 * W, resumed
     assert resumed["servers_lost"] == [] and resumed["lost_acknowledged"] == 0, resumed
     assert resumed["status"] == ["done"] * W and got["equal"], (got, res.stdout)
+
+
+def test_every_surviving_replica_holds_the_fault_free_shard_after_deaths(tmp_path):
+    """A chain of four losing its second replica, and a chain of three losing its primary and then its middle
+    replica: each run ends with the unreplicated run's parameters bit for bit, every surviving replica
+    holding them, nothing acknowledged lost (one launch, 6 ranks). A replica that forwarded a gradient
+    after applying it changed it in place first, and the tail drifted from the primary."""
+    res = run_mpi(6, "tests.mpi_ps_replicas", "deaths", str(tmp_path), timeout=120, check=False, mpiexec_args=CRASH)
+    assert sorted(re.findall(r"rank (\d+): exiting \(injected crash", res.stdout)) == ["0", "1", "2"], res.stdout
+    assert (tmp_path / "deaths.json").exists(), res.stdout
+    with open(tmp_path / "deaths.json") as f:
+        got = json.load(f)
+    assert sorted(got) == ["R=3", "R=4"], got
+    for name, v in got.items():
+        assert v["equal"] and v["lost_acknowledged"] == 0 and v["status"] == ["done"] * 2, (name, v, res.stdout)
+        assert v["servers_lost"] == v["want_lost"], (name, v)
+        assert [s for r, s in enumerate(v["same_shard"]) if r not in v["want_lost"]] == [1] * (
+            len(v["same_shard"]) - len(v["want_lost"])), (name, v)
 
 
 def test_every_replica_of_a_shard_dead_stops_every_worker(tmp_path):
