@@ -7,7 +7,8 @@ and baseline. The rules every collective shares (chunking, float16 accumulation,
 are in :mod:`collectives.calls`.
 
 This package is the public face: the collectives, their non-blocking and persistent forms,
-:class:`Request`, the persistent plan :class:`AllreducePlan`, :data:`ALGORITHMS` and the errors.
+:class:`Request`, the persistent plan :class:`AllreducePlan`, :data:`ALGORITHMS`, :func:`register_algorithm`
+(a researcher's own all-reduce, verified first) and the errors.
 Everything else is imported from its subpackage by the code that needs it.
 
 Importing ``collectives`` starts nothing: the names below are loaded on first use (PEP 562), and
@@ -40,6 +41,7 @@ _PUBLIC = {
     "allreduce_init": "collectives.calls.persistent",
     "AllreducePlan": "collectives.calls.persistent",
     "Request": "collectives.engine.request",
+    "register_algorithm": "collectives.schedules.registry",
     "CommlabError": "collectives.errors",
     "Timeout": "collectives.errors",
     "CollectiveError": "collectives.errors",

@@ -26,7 +26,7 @@ flight); the safe policy is to end the job, which :func:`collectives.engine.poli
 """
 
 __all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
-           "PeerLost", "ProcessFailed", "ScheduleDeadlock"]
+           "PeerLost", "ProcessFailed", "ScheduleDeadlock", "ScheduleViolation"]
 
 
 class CommlabError(Exception):
@@ -73,6 +73,44 @@ class ScheduleDeadlock(CommlabError, RuntimeError):
     ...
     collectives.errors.ScheduleDeadlock: ranks [0] cannot progress; rank 0 waits in round 0: ...
     """
+
+
+class ScheduleViolation(CommlabError, ValueError):
+    """An algorithm's schedules do not compute their collective (:func:`collectives.schedules.verify.verify`).
+
+    Attributes
+    ----------
+    kind : str
+        ``"missing"``, ``"doubled"``, ``"misplaced"`` (a contribution at the wrong position),
+        ``"length"`` (a receive matched by a send of another length), ``"unmatched receive"``,
+        ``"unmatched send"``, ``"read before write"``, ``"deadlock"`` or ``"build"`` (the builder
+        raised or returned something other than a schedule of this rank, P and count).
+    rank, round : int or None
+        The rank and its round (index into ``Schedule.rounds``) where the violation shows.
+    region : (int, int) or None
+        The ``[start, stop)`` element range concerned.
+    case : str
+        The collective, P, count (and root) of the failing case.
+
+    Examples
+    --------
+    >>> err = ScheduleViolation("missing", "allreduce P=2 count=4", "contributions of rank 1 missing", 0, None, (0, 4))
+    >>> print(err)
+    allreduce P=2 count=4: rank 0 after its last round, region [0, 4): contributions of rank 1 missing
+    >>> isinstance(err, ValueError), err.kind
+    (True, 'missing')
+    """
+
+    def __init__(self, kind, case, detail, rank=None, round=None, region=None):
+        if kind not in detail:
+            detail = f"{kind}: {detail}"
+        self.kind, self.case, self.detail, self.rank, self.round, self.region = kind, case, detail, rank, round, region
+        where = []
+        if rank is not None:
+            where.append(f"rank {rank}" + (" after its last round" if round is None else f" round {round}"))
+        if region is not None:
+            where.append(f"region [{region[0]}, {region[1]})")
+        super().__init__(f"{case}: {', '.join(where)}{': ' if where else ''}{detail}")
 
 
 class CollectiveError(CommlabError, RuntimeError):

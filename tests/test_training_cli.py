@@ -193,10 +193,24 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
 
 def test_kills_before_the_configuration_and_foreign_checkpoints(tmp_path, capsys):
     """A run killed before it wrote config.json (its directory empty, or holding a temporary file)
-    starts again by --resume and by the same --name; a checkpoint copied in from another run is
-    refused naming --allow-foreign-checkpoint, which then starts from it."""
+    starts again by --resume with its flags and by the same --name; by --resume with no flag that
+    says which job (the defaults would train a run nobody asked for) it is refused with one line and
+    nothing written; a checkpoint copied in from another run is refused naming
+    --allow-foreign-checkpoint, which then starts from it."""
     import shutil
 
+    for leftover in ([], ["config.json.tmp.4242"]):
+        run = tmp_path / f"bare{len(leftover)}"
+        run.mkdir()
+        for name in leftover:
+            (run / name).write_text('{"conf')
+        for extra in ([], ["--no-progress", "--timeout", "5", "--stop-after", "1"]):
+            with pytest.raises(SystemExit) as e:
+                main(["--resume", str(run), *extra])
+            assert e.value.code == (f"error: --resume {run}: the run has no configuration yet (no config.json: it "
+                                    "stopped before writing one), so there is nothing to continue; give the "
+                                    "run's flags with --resume to start it there"), e.value.code
+            assert sorted(p.name for p in run.iterdir()) == leftover
     for how in ("resume", "name"):
         run = tmp_path / how
         run.mkdir()

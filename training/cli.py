@@ -168,7 +168,8 @@ HELP = {
     "resume": "run directory or checkpoint .npz to continue from; its saved configuration is the "
               "base, flags given here override it (except --stop-after, which is not inherited). With "
               "--epochs unchanged the result is bitwise identical to an uninterrupted run; a different "
-              "--epochs recomputes the cosine learning-rate schedule for the new length",
+              "--epochs recomputes the cosine learning-rate schedule for the new length. A run stopped "
+              "before it wrote its configuration starts there with the flags given (none: refused)",
     "allow_foreign_checkpoint": "with --resume: accept a checkpoint that another run wrote (copied into this "
                                 "run's directory, or given as a file of another run); refused by default",
     "eval_batch": "evaluation batch per rank in samples",
@@ -321,7 +322,8 @@ def parse_args(argv=None):
     ------
     SystemExit
         On a malformed flag or an invalid value (argparse prints the usage and the reason, status
-        2), or when the run to resume cannot be read (the exit message is ``error: --resume
+        2), or when the run to resume cannot be read, or has no configuration yet and no flag but
+        where to write and what to show says which job to start (the exit message is ``error: --resume
         PATH: ...``, status 1).
 
     Examples
@@ -336,7 +338,7 @@ def parse_args(argv=None):
         given["compression_args"] = dict(given["compression_args"])
     base = {}
     if given.get("resume"):
-        base = _saved_config(given["resume"])
+        base = _saved_config(given["resume"], given)
         base.pop("resume", None)
         base.pop("stop_after", None)  # a stop applies to the job that asked for it
         base.pop("trace", None)  # so does a trace file: a resume must not overwrite the first job's
@@ -350,7 +352,13 @@ def parse_args(argv=None):
         parser.error(str(e))
 
 
-def _saved_config(path):
+#: Flags that do not say which job to run (where it writes, what it shows, when it stops, how many threads):
+#: a resume of a run with no configuration yet given only these has no job to start.
+_NOT_THE_JOB = frozenset(("resume", "stop_after", "trace", "log_level", "progress", "allow_foreign_checkpoint",
+                          "run_dir", "name", "threads", "metrics_host", "timeout"))
+
+
+def _saved_config(path, given):
     if os.path.isdir(path):
         run = path
     elif os.path.isfile(path):
@@ -359,6 +367,10 @@ def _saved_config(path):
         raise SystemExit(f"error: --resume {path}: no such run directory or checkpoint")
     cfg_path = os.path.join(run, "config.json")
     if never_configured(run):  # killed before it wrote its configuration: it starts again with the flags given
+        if not set(given) - _NOT_THE_JOB:  # none: the defaults would be a run nobody asked for
+            raise SystemExit(f"error: --resume {path}: the run has no configuration yet (no config.json: it "
+                             "stopped before writing one), so there is nothing to continue; give the run's "
+                             "flags with --resume to start it there")
         return {}  # (training.train says so: the run ended before its first checkpoint)
     try:
         with open(cfg_path, encoding="utf-8") as f:

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import key_code, library_error, mismatch
-from collectives.schedules.registry import build_allreduce_schedule, check_algorithm, describe
+from collectives.schedules.registry import AlgorithmTable, build_allreduce_schedule, check_algorithm
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
 from collectives.engine.context import check_comm, get_context
 from collectives.calls.signatures import known_plan, repeated_plan
@@ -37,8 +37,9 @@ from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
 
-#: All-reduce algorithms: registry name -> one-line description (from :mod:`collectives.schedules.registry`).
-ALGORITHMS = describe("allreduce")
+#: All-reduce algorithms: registry name -> one-line description (from :mod:`collectives.schedules.registry`),
+#: live: an algorithm registered later (:func:`collectives.register_algorithm`) is in it at once.
+ALGORITHMS = AlgorithmTable("allreduce")
 
 
 def _validate(x, op, algorithm, out, timeout, grid, size, accumulate="float32"):

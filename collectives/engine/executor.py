@@ -26,6 +26,7 @@ from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, pending
 from collectives.engine.waiting import Where, library_failure, wait_all
+from collectives.schedules.schedule import apply_receive
 
 __all__ = ["Run", "execute", "run_schedule", "blocking", "testing", "Timed", "explain"]
 
@@ -129,7 +130,7 @@ class Run:
         if transport is not None:
             transport.sync()  # kernels writing the send regions must finish before MPI reads them
         reqs, peers, landing = [], [], []
-        for i, (src, rsl, scr, _, _) in enumerate(recvs):
+        for i, (src, rsl, scr, _, _, _) in enumerate(recvs):
             dev = scratch[scr] if scr is not None else work[rsl]
             buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
             reqs.append(comm.Irecv(buf, src, tag))
@@ -150,23 +151,21 @@ class Run:
         return self.statuses[:n]
 
     def finish(self, index, landing, statuses):
-        """Check each received size, copy staged receives to the device and apply the reductions.
+        """Check each received size, copy staged receives to the device and apply the receives in order.
 
-        A reduction puts the lower rank's operand first, so both sides of an exchange compute bitwise
-        the same value (``min``/``max`` of +0.0 and -0.0, NaN payloads).
+        Every size is checked before any receive takes effect; then
+        :func:`~collectives.schedules.schedule.apply_receive` applies them in the round's order (the
+        one definition of a round the simulator shares). A reduction puts the lower rank's operand
+        first, so both sides of an exchange compute bitwise the same value (``min``/``max`` of +0.0
+        and -0.0, NaN payloads).
         """
-        work, inp, ufunc, staged = self.work, self.inp, self.ufunc, self.staged
-        for (src, rsl, scr, r_in, low), (buf, dev), st in zip(self.prog[index][1], landing, statuses):
-            check_received(st, buf, src, self.name)
+        work, inp, ufunc, staged, recvs = self.work, self.inp, self.ufunc, self.staged, self.prog[index][1]
+        for rv, (buf, dev), st in zip(recvs, landing, statuses):
+            check_received(st, buf, rv[0], self.name)
             if staged:
                 self.transport.to_device(buf, dev)
-            if scr is not None:
-                target = work[rsl]
-                mine = inp[rsl] if r_in else target
-                if low:
-                    ufunc(dev, mine, out=target)
-                else:
-                    ufunc(mine, dev, out=target)
+        for rv, (_, dev) in zip(recvs, landing):
+            apply_receive(rv, dev, work, inp, ufunc)
 
     def failed(self, index, exc):
         """Return the error to raise after the MPI library failed round ``index`` with ``exc``.
@@ -202,7 +201,7 @@ def blocking(run, index):
     sends, recvs = run.prog[index]
     if run.posted is None and not run.staged and len(sends) == 1 and len(recvs) == 1:
         dst, ssl, s_in = sends[0]
-        src, rsl, scr, _, _ = recvs[0]
+        src, rsl, scr, _, _, _ = recvs[0]
         buf = run.work[rsl] if scr is None else run.scratch[scr]
         statuses = run.status_list(1)
         if run.transport is not None:

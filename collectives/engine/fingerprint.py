@@ -46,7 +46,7 @@ __all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_ena
 FIELDS = ("collective", "sequence", "algorithm", "count", "dtype", "op", "root", "grid", "call site")
 
 _KINDS = COLLECTIVES + ("allgather-signature",)  # the signature exchange of allgather-v
-_ALGS = tuple(REGISTRY)
+_ALGS = tuple(REGISTRY)  # the built-in ones; a registered algorithm's code is 1000 + the CRC of its name
 _OPS = tuple(OPS)
 _CODES = {}  # key -> CRC (cached: the per-call cost is one dict lookup)
 _BY_TAG = {}  # (tag bits of the CRC) -> key, for naming a peer's pending call in errors
@@ -137,7 +137,7 @@ def _ints(key):
         rows, cols = -len(grid), zlib.crc32("x".join(map(str, grid)).encode())
     else:
         rows, cols = grid if isinstance(grid, tuple) else (0, 0)
-    return (_KINDS.index(coll), _ALGS.index(alg), int(count), dcode, _OPS.index(op) if op is not None else -1,
+    return (_KINDS.index(coll), _ALGS.index(alg) if alg in _ALGS else 1000 + zlib.crc32(alg.encode()), int(count), dcode, _OPS.index(op) if op is not None else -1,
             -1 if root is None else int(root), int(rows), int(cols))
 
 

@@ -13,19 +13,26 @@ from collections import deque
 import numpy
 
 from collectives.errors import ScheduleDeadlock
+from collectives.schedules.schedule import apply_receive
 
 __all__ = ["ScheduleDeadlock", "replay"]
 
 
-def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None):
+def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, from_input=False):
     """Run ``schedules`` (one per rank, index = rank) to completion in one process.
+
+    Each rank runs its schedule's compiled program (:meth:`~collectives.schedules.schedule.Schedule.program`),
+    the executor's own, and applies its receives with the executor's
+    :func:`~collectives.schedules.schedule.apply_receive`, so a schedule computes here what it
+    computes under MPI.
 
     Parameters
     ----------
     schedules : list of Schedule
         ``schedules[r]`` is rank r's schedule; all for the same collective and P.
     data : list of ndarray, optional
-        Rank r's flat work buffer (modified in place). Without data only the timing is replayed.
+        Rank r's flat work buffer (modified in place: it ends holding the result). Without data only
+        the timing is replayed.
     ufunc : ufunc
         Reduction applied by reducing receives.
     cost : callable, optional
@@ -33,6 +40,10 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None):
         ``send_seconds`` and the message arrives ``arrival_delay_seconds`` after the send starts.
     reduce_cost : callable, optional
         ``reduce_cost(elements) -> seconds`` added to a round for each reducing receive.
+    from_input : bool
+        Run the program the executor runs out of place: ``data[r]`` is read as a separate input and
+        the result is computed in a fresh work buffer (filled with a marker value first, so a region
+        read before anything wrote it shows), then copied into ``data[r]``.
 
     Returns
     -------
@@ -66,49 +77,73 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None):
     pos = [0] * size
     clock = [0.0] * size
     posted = [None] * size  # time the current round's sends finished, once posted
+    progs, finals, works, inputs, scratch = [], [], [], [], []
+    for r, sched in enumerate(schedules):
+        compiled = sched.program(True) if from_input and data is not None else None
+        if compiled is not None:
+            prog, final = compiled
+            inp = data[r].copy()
+            work = numpy.empty_like(inp)
+            work[...] = 77 if inp.dtype.kind in "iub" else numpy.nan
+        else:
+            prog, final, inp, work = sched.program(), [], None, data[r] if data is not None else None
+        progs.append(prog)
+        finals.append(final)
+        works.append(work)
+        inputs.append(inp)
+        scratch.append(numpy.empty(sched.scratch, work.dtype) if work is not None else None)
     progress, executed = True, 0
     while progress:
         progress = False
         for r in range(size):
-            rounds = schedules[r].rounds
-            while pos[r] < len(rounds):
-                rd = rounds[pos[r]]
+            prog, work, inp = progs[r], works[r], inputs[r]
+            while pos[r] < len(prog):
+                sends, recvs = prog[pos[r]]
                 if posted[r] is None:  # sends are posted first (non-blocking), as the executor does
                     start = clock[r]
-                    for p, a, b in rd.sends:
-                        payload = data[r][a:b].copy() if data is not None else None
-                        send_s, delay = cost(r, p, b - a) if cost else (0.0, 0.0)
-                        queues.setdefault((r, p), deque()).append((payload, b - a, start + delay))
+                    for p, sl, s_in in sends:
+                        n = sl.stop - sl.start
+                        payload = (inp if s_in else work)[sl].copy() if work is not None else None
+                        send_s, delay = cost(r, p, n) if cost else (0.0, 0.0)
+                        queues.setdefault((r, p), deque()).append((payload, n, start + delay))
                         start += send_s
                     posted[r] = start
                     progress = True
                 need = {}
-                for p, _, _, _ in rd.recvs:
-                    need[p] = need.get(p, 0) + 1
+                for rv in recvs:
+                    need[rv[0]] = need.get(rv[0], 0) + 1
                 if any(len(queues.get((p, r), ())) < n for p, n in need.items()):
                     break
                 end = posted[r]
                 posted[r] = None
-                for p, a, b, red in rd.recvs:
+                landed = []
+                for rv in recvs:
+                    p, sl, scr, red = rv[0], rv[1], rv[2], rv[5]
                     payload, n, arrival = queues[(p, r)].popleft()
-                    if n != b - a:
-                        raise ValueError(f"rank {r} round {pos[r]} expected {b - a} elements from {p}, got {n}")
+                    if n != sl.stop - sl.start:
+                        raise ValueError(f"rank {r} round {pos[r]} expected {sl.stop - sl.start} elements from {p}, "
+                                         f"got {n}")
                     end = max(end, arrival)
                     if red and reduce_cost is not None:
                         end += reduce_cost(n)
-                    if data is not None:
-                        target = data[r][a:b]
-                        if red:
-                            ufunc(target, payload, out=target)
-                        else:
-                            target[...] = payload
+                    if work is not None:
+                        landing = work[sl] if scr is None else scratch[r][scr]
+                        landing[...] = payload
+                        landed.append(landing)
+                for rv, message in zip(recvs, landed):
+                    apply_receive(rv, message, work, inp, ufunc)
                 clock[r] = end
                 pos[r] += 1
                 executed += 1
                 progress = True
-    stuck = [r for r in range(size) if pos[r] < len(schedules[r].rounds)]
+    stuck = [r for r in range(size) if pos[r] < len(progs[r])]
     if stuck:
         r = stuck[0]
         raise ScheduleDeadlock(f"ranks {stuck} cannot progress; rank {r} waits in round {pos[r]}: "
                                f"{schedules[r].rounds[pos[r]]}")
+    for r in range(size):
+        if inputs[r] is not None:
+            for sl in finals[r]:
+                works[r][sl] = inputs[r][sl]
+            data[r][...] = works[r]
     return {"clock": clock, "rounds": executed}

@@ -3,10 +3,20 @@
 Every list of algorithm names elsewhere (:data:`collectives.ALGORITHMS`,
 :data:`collectives.schedules.registry.OP_ALGORITHMS`, the candidates of ``auto`` in :mod:`collectives.model.auto`, the
 algorithms the cost model covers in :mod:`collectives.model.cost`) is derived from :data:`REGISTRY`, and
-every name is checked by :func:`check_algorithm`, with one message. Adding an algorithm is one entry
-here plus its schedule builder module.
+every name is checked by :func:`check_algorithm`, with one message. A built-in algorithm is one entry
+here plus its schedule builder module; a researcher's own all-reduce is added at any time in a job by
+:func:`register_algorithm` (from a script), by :func:`load_algorithm` (``FILE.py:FUNCTION`` or
+``package.module:FUNCTION``, as ``--algorithm`` of the trainer takes it), or from an installed
+package's entry point in the group :data:`ENTRY_POINTS`. Every rank must register the same
+algorithms; the call fingerprint carries the algorithm's name, so ranks that disagree get an error.
 """
+from collections.abc import Mapping
 from dataclasses import dataclass
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
 
 from collectives.schedules.recursive import rabenseifner_allreduce, recursive_doubling_allreduce
 from collectives.schedules.ring import ring_allreduce
@@ -14,7 +24,12 @@ from collectives.schedules.torus import square_grid, torus_allreduce, torus_nd_a
 from collectives.schedules.tree import tree_allreduce
 
 __all__ = ["OP_ALGORITHMS", "Algorithm", "REGISTRY", "COLLECTIVES", "names", "auto_candidates", "modelled", "check_algorithm",
-           "describe", "build_allreduce_schedule"]
+           "describe", "build_allreduce_schedule", "register_algorithm", "unregister_algorithm", "load_algorithm",
+           "AlgorithmTable",
+           "ENTRY_POINTS", "BUILT_IN"]
+
+#: The entry-point group an installed package names its algorithms in (``name = "pkg.module:builder"``).
+ENTRY_POINTS = "commlab.algorithms"
 
 #: The collectives commlab offers, in the order the docs list them.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
@@ -39,6 +54,9 @@ class Algorithm:
         Whether ``algorithm="auto"`` may pick it for the all-reduce.
     modelled : bool
         Whether the alpha-beta-gamma model (:mod:`collectives.model.cost`) covers its all-reduce.
+    verified : dict or None
+        For a registered algorithm, what :func:`~collectives.schedules.verify.verify` checked
+        (``cases``, ``seconds``, ``sizes``).
 
     Examples
     --------
@@ -53,6 +71,7 @@ class Algorithm:
     allreduce_builder: object = None
     auto: bool = False
     modelled: bool = False
+    verified: object = None
 
 
 _ALL = COLLECTIVES
@@ -76,6 +95,12 @@ REGISTRY = {a.name: a for a in (
 )}
 
 
+#: The algorithms commlab ships (registration may not replace them).
+BUILT_IN = tuple(REGISTRY)
+_NAMES = {}  # collective -> names, cleared when an algorithm is registered
+_LOADED = [False]  # whether the installed entry points have been looked at
+
+
 def names(collective="allreduce"):
     """Return the algorithm names that serve ``collective``, in registry order (``auto`` last).
 
@@ -93,9 +118,13 @@ def names(collective="allreduce"):
     ...
     ValueError: unknown collective 'scan': expected one of allreduce, reduce_scatter, allgather, broadcast, reduce
     """
+    known = _NAMES.get(collective)
+    if known is not None:
+        return known
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
-    return tuple(a.name for a in REGISTRY.values() if collective in a.serves)
+    known = _NAMES[collective] = tuple(a.name for a in REGISTRY.values() if collective in a.serves)
+    return known
 
 
 #: Algorithms available to each collective besides all-reduce ("auto" picks the first).
@@ -161,6 +190,9 @@ def check_algorithm(algorithm, collective="allreduce"):
     ValueError: unknown reduce_scatter algorithm 'tree': expected one of ring, mpi, auto
     """
     known = names(collective)
+    if isinstance(algorithm, str) and algorithm not in known and not _LOADED[0]:
+        _entry_points()
+        known = names(collective)
     if not isinstance(algorithm, str) or algorithm not in known:
         what = "algorithm" if collective == "allreduce" else f"{collective} algorithm"
         raise ValueError(f"unknown {what} {algorithm!r}: expected one of {', '.join(known)}")
@@ -201,6 +233,9 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
     'dim 2 reduce-scatter'
     """
     entry = REGISTRY.get(algorithm)
+    if entry is None and isinstance(algorithm, str) and not _LOADED[0]:
+        _entry_points()
+        entry = REGISTRY.get(algorithm)
     if entry is None or entry.allreduce_builder is None:
         hand = [a.name for a in REGISTRY.values() if a.allreduce_builder is not None]
         raise ValueError(f"no all-reduce schedule for {algorithm!r}: expected one of {', '.join(hand)}")
@@ -209,3 +244,235 @@ def build_allreduce_schedule(algorithm, rank, size, count, grid=None):
     if algorithm == "torus":
         return torus_nd_allreduce(rank, size, count, tuple(grid) if grid else (size,))
     return entry.allreduce_builder(rank, size, count)
+
+
+class AlgorithmTable(Mapping):
+    """The live ``{name: description}`` of one collective's algorithms (``collectives.ALGORITHMS``).
+
+    It follows the registry: an algorithm registered later in the job appears in it at once.
+
+    Examples
+    --------
+    >>> table = AlgorithmTable("broadcast")
+    >>> list(table), "tree" in table
+    (['tree', 'mpi', 'auto'], True)
+    """
+
+    __slots__ = ("collective",)
+
+    def __init__(self, collective):
+        names(collective)  # refuses an unknown collective
+        self.collective = collective
+
+    def __getitem__(self, name):
+        if name not in names(self.collective):
+            raise KeyError(name)
+        return REGISTRY[name].description
+
+    def __contains__(self, name):
+        return name in names(self.collective)
+
+    def __iter__(self):
+        return iter(names(self.collective))
+
+    def __len__(self):
+        return len(names(self.collective))
+
+    def __repr__(self):
+        return repr(dict(self))
+
+
+def register_algorithm(name, builder, *, description=None, collectives=("allreduce",), verify=True,
+                       sizes=range(1, 65), replace=False):
+    """Add an all-reduce algorithm of one's own; it then works wherever a built-in one does.
+
+    The builder is checked first by :func:`~collectives.schedules.verify.verify` (every P in
+    ``sizes``, counts 0, below P and not divisible by P) and refused with the first violation. Once
+    registered, ``name`` is accepted by :func:`collectives.allreduce` and its non-blocking and
+    persistent forms, the trainer's ``--algorithm``, the benchmark, the DDP hook, the simulator and
+    cost model (:func:`collectives.model.cost.simulate`), the job predictor and the emulated cluster.
+    Call it on every rank (the call fingerprint names the algorithm, so ranks that disagree get an
+    error, never a value), at any time in a job.
+
+    Parameters
+    ----------
+    name : str
+        The name callers pass as ``algorithm=``: letters, digits, ``_`` and ``-``, not a built-in's.
+    builder : callable
+        ``builder(rank, size, count) -> Schedule``: rank's all-reduce schedule (see
+        :mod:`collectives.schedules.schedule` for what a round means).
+    description : str, optional
+        One line: the steps and the source; default the builder's docstring's first line.
+    collectives : tuple of str
+        The collectives it serves; ``("allreduce",)`` (the others run built-in algorithms only).
+    verify : bool
+        Run the verifier first (default). False only for a builder verified elsewhere.
+    sizes : iterable of int
+        The P the verifier checks (default 1 to 64).
+    replace : bool
+        Replace an algorithm registered earlier under ``name`` (registering the same builder again
+        is always allowed and changes nothing).
+
+    Returns
+    -------
+    Algorithm
+        The registry entry.
+
+    Raises
+    ------
+    ScheduleViolation
+        The verifier refused the builder (the message names rank, round, region and what is wrong).
+    ValueError
+        ``name`` is a built-in's, is taken by another builder, or is not a plain name; ``collectives``
+        names something other than ``allreduce``.
+    TypeError
+        ``builder`` is not callable.
+
+    Examples
+    --------
+    >>> from collectives.schedules.ring import ring_allreduce
+    >>> def my_ring(rank, size, count):
+    ...     "The ring, under another name."
+    ...     return ring_allreduce(rank, size, count)
+    >>> register_algorithm("my_ring", my_ring, sizes=range(1, 9)).description
+    'The ring, under another name.'
+    >>> "my_ring" in names("allreduce")
+    True
+    >>> unregister_algorithm("my_ring")
+    >>> register_algorithm("ring", my_ring)
+    Traceback (most recent call last):
+    ...
+    ValueError: 'ring' is a built-in algorithm; choose another name
+    """
+    from collectives.schedules.verify import verify as run_verify  # the verifier imports this module's neighbours
+
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise ValueError(f"algorithm name must be letters, digits, '_' or '-', got {name!r}")
+    if name in BUILT_IN:
+        raise ValueError(f"{name!r} is a built-in algorithm; choose another name")
+    if not callable(builder):
+        raise TypeError(f"builder must be callable (rank, size, count) -> Schedule, got {type(builder).__name__}")
+    collectives = tuple(collectives)
+    if collectives != ("allreduce",):
+        raise ValueError(f"collectives={collectives!r}: a registered algorithm serves ('allreduce',); the other "
+                         "collectives run built-in algorithms")
+    old = REGISTRY.get(name)
+    if old is not None and old.allreduce_builder is builder:
+        return old
+    if old is not None and not replace:
+        raise ValueError(f"algorithm {name!r} is already registered with another builder (replace=True to replace it)")
+    if description is None:
+        doc = (getattr(builder, "__doc__", None) or "").strip()
+        description = doc.splitlines()[0] if doc else f"registered algorithm {getattr(builder, '__name__', name)}"
+    checked = None
+    if verify:
+        sizes = tuple(sizes)
+        checked = dict(run_verify(builder, "allreduce", sizes=sizes), sizes=(min(sizes), max(sizes)) if sizes else None)
+    entry = Algorithm(name, description, collectives, builder, auto=False, modelled=True, verified=checked)
+    items = [(n, a) for n, a in REGISTRY.items() if n != name]
+    at = next(i for i, (n, _) in enumerate(items) if n == "mpi")
+    items.insert(at, (name, entry))
+    REGISTRY.clear()
+    REGISTRY.update(items)
+    _NAMES.clear()
+    return entry
+
+
+def unregister_algorithm(name):
+    """Remove an algorithm :func:`register_algorithm` added (built-in ones stay).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is built in or not registered.
+
+    Examples
+    --------
+    >>> unregister_algorithm("tree")
+    Traceback (most recent call last):
+    ...
+    ValueError: 'tree' is a built-in algorithm
+    """
+    if name in BUILT_IN:
+        raise ValueError(f"{name!r} is a built-in algorithm")
+    if name not in REGISTRY:
+        raise ValueError(f"no registered algorithm {name!r}")
+    del REGISTRY[name]
+    _NAMES.clear()
+
+
+def _entry_points():
+    """Register the algorithms of installed packages (group :data:`ENTRY_POINTS`), once per process."""
+    _LOADED[0] = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        if ep.name not in REGISTRY:
+            register_algorithm(ep.name, ep.load())
+
+
+def load_algorithm(spec, *, sizes=range(1, 65)):
+    """Return the registered name of ``spec``, importing and registering it first when needed.
+
+    Parameters
+    ----------
+    spec : str
+        A registered name (built-in, registered, or an installed package's entry point), or
+        ``FILE.py:FUNCTION`` / ``package.module:FUNCTION``: the module is imported (once) and, unless
+        importing it registered ``FUNCTION`` under that name, the function is registered as the
+        all-reduce builder named ``FUNCTION`` (verified first, :func:`register_algorithm`).
+    sizes : iterable of int
+        The P the verifier checks a newly registered function for (default 1 to 64).
+
+    Returns
+    -------
+    str
+        The name to pass as ``algorithm=``.
+
+    Raises
+    ------
+    ValueError
+        The module or function cannot be found, or the name is unknown.
+    ScheduleViolation
+        The verifier refused the builder.
+
+    Examples
+    --------
+    >>> load_algorithm("ring")
+    'ring'
+    >>> load_algorithm("collectives.schedules.ring:ring_allreduce_twice")
+    Traceback (most recent call last):
+    ...
+    ValueError: collectives.schedules.ring has no function 'ring_allreduce_twice'
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"algorithm must be a name or MODULE:FUNCTION, got {spec!r}")
+    if ":" not in spec:
+        check_algorithm(spec, "allreduce")
+        return spec
+    where, _, func = spec.rpartition(":")
+    if where.endswith(".py"):
+        path = os.path.abspath(where)
+        if not os.path.isfile(path):
+            raise ValueError(f"algorithm {spec!r}: no file {where}")
+        modname = "commlab_algorithm_" + "".join(c if c.isalnum() else "_" for c in path)
+        module = sys.modules.get(modname)
+        if module is None:
+            loader = importlib.util.spec_from_file_location(modname, path)
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[modname] = module
+            try:
+                loader.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[modname]
+                raise
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise ValueError(f"algorithm {spec!r}: cannot import {where}: {exc}") from None
+    builder = getattr(module, func, None)
+    if func in REGISTRY and (builder is None or REGISTRY[func].allreduce_builder is builder):
+        return func
+    if not callable(builder):
+        raise ValueError(f"{where} has no function {func!r}")
+    register_algorithm(func, builder, sizes=sizes)
+    return func

@@ -1,20 +1,35 @@
 """The schedule representation shared by every hand-made collective (run by :mod:`collectives.engine.executor`).
 
 An algorithm is a pure function ``(rank, size, count, ...) -> Schedule``. A schedule is a list of
-rounds; in each round a rank posts its receives, posts its sends, waits for all of them, and then
-applies its reductions in order. Regions are ``[start, stop)`` element ranges of one flat *work*
-buffer (the output, in the accumulation dtype); a receive either lands directly in its region
-(``reduce=False``, a copy) or in *scratch* and is then combined into its region with the op's ufunc
-(``reduce=True``). Messages of zero elements are never scheduled: both sides derive the same sizes
+rounds. Regions are ``[start, stop)`` element ranges of one flat *work* buffer (the output, in the
+accumulation dtype). Messages of zero elements are never scheduled: both sides derive the same sizes
 from the same rule, so both skip them.
 
-The same schedule drives blocking execution (:func:`collectives.engine.executor.execute`), the non-blocking
-:class:`collectives.engine.request.Request`, byte and message accounting, and the cost simulator in
-:mod:`collectives.model.cost`.
+What a round means (the one definition; the executor in every mode and the simulator run the
+compiled form of it, :meth:`Schedule.program`, so they cannot disagree):
+
+1. every send carries the value its region holds at the start of the round;
+2. once every message of the round has arrived, the receives are applied in the order they are
+   listed: a copying receive (``reduce=False``) stores its message in its region, a reducing
+   receive (``reduce=True``) combines its message into the region's current value with the op
+   (the message first when the peer's rank is below this rank's, so both sides of an exchange
+   compute bitwise the same value).
+
+So several reducing receives into one region in one round all count, receives into overlapping
+regions apply in their listed order, and a round may send a region one of its own receives writes
+(the send carries the old value). A rank's i-th message to a peer matches that peer's i-th receive
+from it (MPI's non-overtaking rule on one communicator and tag); matched messages must have the same
+length. Regions outside the buffer and peers outside the communicator are refused when the schedule
+is built (``ValueError`` naming the rank, round and region); whether a whole algorithm computes its
+collective is checked symbolically by :func:`collectives.schedules.verify.verify`.
+
+The same schedule drives blocking execution (:func:`collectives.engine.executor.execute`), the
+non-blocking :class:`collectives.engine.request.Request`, byte and message accounting, and the
+simulator (:func:`collectives.model.simulate.replay`) behind the cost model.
 """
 import functools
 
-__all__ = ["Round", "Schedule", "chunk_bounds", "segmented", "SEGMENT_ELEMENTS"]
+__all__ = ["Round", "Schedule", "chunk_bounds", "segmented", "apply_receive", "SEGMENT_ELEMENTS"]
 
 #: Messages longer than this many elements (1 MiB of float32) are sent in segments of at most this
 #: size, each reduced as soon as it arrives (see :func:`segmented`).
@@ -54,6 +69,9 @@ def chunk_bounds(count, parts):
 
 class Round:
     """One round of a schedule: sends, receives and the reductions that follow them.
+
+    Sends carry their regions' values at the start of the round; the receives are applied after
+    every message has arrived, in the order listed (see the module's definition of a round).
 
     Parameters
     ----------
@@ -101,7 +119,15 @@ class Schedule:
     Attributes
     ----------
     scratch : int
-        Elements of scratch space needed (the largest total of reducing receives in one round).
+        Elements of scratch space needed (the largest total of the receives of one round that land
+        in scratch: reducing receives, and copying receives whose region a send or another receive
+        of the round touches).
+
+    Raises
+    ------
+    ValueError
+        A region lies outside ``[0, count)`` or a peer outside ``[0, size)``; the message names the
+        rank, the round and the region.
     elements_sent, messages : int
         Totals over all rounds, for byte accounting (multiply by the item size for bytes).
 
@@ -123,7 +149,15 @@ class Schedule:
         self.size = size
         self.count = count
         self.rounds = [r for r in rounds if r.sends or r.recvs]
-        self.scratch = max([sum(b - a for _, a, b, red in r.recvs if red) for r in self.rounds] or [0])
+        for i, r in enumerate(self.rounds):
+            for p, a, b in r.sends:
+                if not (0 <= a and b <= count and type(p) is int and 0 <= p < size):
+                    _refuse(rank, size, count, i, r.phase, "send", p, a, b)
+            for p, a, b, _ in r.recvs:
+                if not (0 <= a and b <= count and type(p) is int and 0 <= p < size):
+                    _refuse(rank, size, count, i, r.phase, "receive", p, a, b)
+        self.scratch = max([sum(b - a for (_, a, b, red), st in zip(r.recvs, _staged(r)) if red or st)
+                            for r in self.rounds] or [0])
         self.elements_sent = sum(b - a for r in self.rounds for _, a, b in r.sends)
         self.messages = sum(len(r.sends) for r in self.rounds)
         self._program = None
@@ -140,9 +174,11 @@ class Schedule:
         """Return the rounds compiled into slices (cached): the executor's input.
 
         Each round is ``(sends, recvs)`` with sends ``(peer, slice, from_input)`` and receives
-        ``(peer, slice, scratch slice or None, from_input, low)``; ``low`` (the peer's rank is below this
-        rank's) puts the received operand first, so both sides of an exchange combine in the same
-        order: ``min``/``max`` of +0.0 and -0.0 (and of two NaN payloads) then agree bitwise.
+        ``(peer, slice, scratch slice or None, from_input, low, reduce)``, applied in order by
+        :func:`apply_receive`. A receive with no scratch slice lands in its region directly (a copy
+        nothing else in its round touches); the others land in scratch. ``low`` (the peer's rank is
+        below this rank's) puts the received operand first, so both sides of an exchange combine in
+        the same order: ``min``/``max`` of +0.0 and -0.0 (and of two NaN payloads) then agree bitwise.
 
         Parameters
         ----------
@@ -150,7 +186,9 @@ class Schedule:
             Compile for a separate, read-only *input* buffer: a region the schedule has not written
             yet is sent straight from the input, and its first reduction reads the input
             (``ufunc(input, received, out=work)``), so the input never has to be copied into the work
-            buffer first. Regions still unwritten at the end are copied over (``final`` below).
+            buffer first. A region counts as written from the receive that writes it on, in the
+            round's order, so a second reducing receive into a region reads the first one's result.
+            Regions still unwritten at the end are copied over (``final`` below).
         needed : (int, int), optional
             With ``from_input``: only this element range of the result is wanted (default all).
 
@@ -193,20 +231,19 @@ class Schedule:
                 if st is None:
                     return None
                 sends.append((p, slice(a, b), st == 0))
-            recvs, off, after = [], 0, []
-            for p, a, b, red in r.recvs:
+            recvs, off = [], 0
+            for (p, a, b, red), staged in zip(r.recvs, _staged(r)):
                 scr, first = None, False
-                if red:
+                if red or staged:
                     scr = slice(off, off + b - a)
                     off += b - a
+                if red:
                     st = state(a, b)
                     if st is None:
                         return None
                     first = st == 0
-                recvs.append((p, slice(a, b), scr, first, p < self.rank))
-                after.append((a, b))
-            for a, b in after:
-                mark(a, b)
+                recvs.append((p, slice(a, b), scr, first, p < self.rank, red))
+                mark(a, b)  # applied in order: the next receive into this region reads this one's result
             prog.append((tuple(sends), tuple(recvs)))
         if not from_input:
             return prog
@@ -223,6 +260,80 @@ class Schedule:
     def __repr__(self):
         return (f"Schedule({self.algorithm!r}, rank={self.rank}, size={self.size}, count={self.count}, "
                 f"rounds={len(self.rounds)}, messages={self.messages}, elements_sent={self.elements_sent})")
+
+
+def _refuse(rank, size, count, index, phase, what, peer, a, b):
+    """Raise the ``ValueError`` naming rank, round and region of a message outside the buffer or the communicator."""
+    if not 0 <= a < b <= count:
+        raise ValueError(f"rank {rank} round {index} ({phase}): {what} region [{a}, {b}) lies outside the "
+                         f"buffer of {count} elements")
+    if type(peer) is not int or not 0 <= peer < size:
+        raise ValueError(f"rank {rank} round {index} ({phase}): {what} region [{a}, {b}) names peer {peer!r}, "
+                         f"not a rank of 0..{size - 1}")
+
+
+def _staged(rnd):
+    """Return, per receive of ``rnd``, whether a copying receive must land in scratch.
+
+    A copying receive lands in its region directly unless a send or another receive of the round
+    touches that region: the send must carry the old value, and overlapping receives must apply in
+    their listed order, which messages landing in place would not guarantee.
+    """
+    recvs = rnd.recvs
+    if len(recvs) == 1:  # the common round: one receive, touched at most by the sends
+        _, a, b, red = recvs[0]
+        return [not red and any(sa < b and a < sb for _, sa, sb in rnd.sends)]
+    out = []
+    for i, (_, a, b, red) in enumerate(recvs):
+        if red:
+            out.append(False)
+            continue
+        touched = any(sa < b and a < sb for _, sa, sb in rnd.sends) or any(
+            j != i and ra < b and a < rb for j, (_, ra, rb, _) in enumerate(rnd.recvs))
+        out.append(touched)
+    return out
+
+
+def apply_receive(recv, message, work, inp, ufunc):
+    """Apply one compiled receive of :meth:`Schedule.program` whose message has arrived.
+
+    The one place a round's receives take effect, for the executor and the simulator alike.
+
+    Parameters
+    ----------
+    recv : tuple
+        ``(peer, slice, scratch slice or None, from_input, low, reduce)`` from :meth:`Schedule.program`.
+    message : ndarray
+        The received elements (the scratch slice's view; unused when the receive landed in place).
+    work : ndarray
+        The work buffer.
+    inp : ndarray or None
+        The separate input (``from_input`` programs), read by a first reduction.
+    ufunc : ufunc or None
+        The reduction.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> s = Schedule("demo", 1, 3, 2, [Round([], [(0, 0, 2, True), (2, 0, 2, True)])])
+    >>> work, scratch = np.array([1, 1]), np.array([10, 10, 100, 100])
+    >>> for rv in s.program()[0][1]:
+    ...     apply_receive(rv, scratch[rv[2]], work, None, np.add)
+    >>> work  # both reducing receives count
+    array([111, 111])
+    """
+    _, rsl, scr, first, low, red = recv
+    if scr is None:
+        return
+    target = work[rsl]
+    if not red:
+        target[...] = message
+        return
+    mine = inp[rsl] if first else target
+    if low:
+        ufunc(message, mine, out=target)
+    else:
+        ufunc(mine, message, out=target)
 
 
 def segmented(schedule, elements=SEGMENT_ELEMENTS):
