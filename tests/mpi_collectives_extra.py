@@ -106,6 +106,18 @@ def badinput():
     expect(TypeError, ["root"], lambda: C.broadcast(x, root=0.0, comm=fresh))
     shared = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(8,), strides=(0,), writeable=True)
     expect(ValueError, ["zero stride"], lambda: C.allreduce(x, comm=fresh, out=shared))
+    # a broadcast writes into x: one memory place under several indices is refused as out= is, on every
+    # rank (the root's data would arrive whole and be read back as its first element repeated)
+    columns = np.lib.stride_tricks.as_strided(np.zeros(3, np.float32), shape=(3, 4), strides=(4, 0), writeable=True)
+    for alg in ("tree", "mpi", "auto"):
+        expect(ValueError, ["zero stride", "x"], lambda: C.broadcast(shared, comm=fresh, algorithm=alg))
+        expect(ValueError, ["zero stride"], lambda: C.broadcast(columns, comm=fresh, algorithm=alg))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:  # the tensor is read in place through DLPack
+        expect(ValueError, ["zero stride"], lambda: C.broadcast(torch.zeros(1).expand(10), comm=fresh))
     planned = comm.Dup()  # a valid plan's own communicator: no call on `fresh` may send anything
     plan = C.allreduce_init(x, comm=planned, algorithm="mpi")
     plan.start()

@@ -217,6 +217,48 @@ def case_mask_mismatch():
     sub.Free()
 
 
+def case_dtype_mismatch():
+    """float32 on one rank and float64 on the others through MPI's own all-reduce and reduce-scatter:
+    odd counts that end a message inside a float64 (MPICH aborted the job in its datatype engine
+    before any check was read), on a call's first use, from a cached plan or the one-frame form
+    into ``out=``, with and without a deadline, and at creation of a persistent plan: every rank
+    raises CollectiveMismatch. Then every rank switching types together gets MPI's own sums."""
+    if P < 2:
+        return
+    wide = np.float32 if rank == 0 else np.float64
+    for n in (1, 3, 511 * P, 1025 * P, 3001):
+        for form in ("first", "cached", "out", "timeout", "persistent"):
+            for coll in ("allreduce", "reduce_scatter"):
+                if form == "persistent" and coll == "reduce_scatter":
+                    continue
+                size = n * P if coll == "reduce_scatter" else n
+                sub = comm.Dup()
+                run = getattr(C, coll)
+                if form in ("cached", "out"):  # both signatures known on every rank first
+                    for dtype in (np.float32, np.float64, np.float32, np.float64):
+                        run(np.ones(size, dtype), comm=sub, algorithm="mpi")
+                x = np.ones(size, wide)
+                out = np.empty(size if coll == "allreduce" else n, wide)
+                if form == "persistent":
+                    call = lambda: C.allreduce_init(x, comm=sub, algorithm="mpi")
+                else:
+                    call = (lambda: run(x, comm=sub, algorithm="mpi", out=out if form == "out" else None,
+                                        timeout=30 if form == "timeout" else None))
+                expect_on_every_rank(C.CollectiveMismatch, call, f"{coll} {form} {n}: float32 against float64")
+                sub.Free()
+    sub = comm.Dup()
+    for n in (3, 2049):
+        for dtype in (np.float32, np.float64, np.float32, np.float16, np.float64):
+            x = (np.arange(n * P) % 7 + rank).astype(dtype)
+            want = np.empty(n * P)
+            comm.Allreduce(x.astype(np.float64), want, MPI.SUM)
+            got = C.allreduce(x, comm=sub, algorithm="mpi")
+            check(got.dtype == x.dtype and np.array_equal(got, want.astype(dtype)), f"allreduce {dtype} {n} after a switch")
+            got = C.reduce_scatter(x, comm=sub, algorithm="mpi", out=np.empty(n, dtype))
+            check(np.array_equal(got, np.array_split(want, P)[rank].astype(dtype)), f"reduce_scatter {dtype} {n} after a switch")
+    sub.Free()
+
+
 def case_mismatch_across_forms():
     """Mismatches that once made ranks post different library collectives, which MPICH paired with
     each other and returned values on some ranks: counts on both sides of 2,048 elements, and a
@@ -331,7 +373,7 @@ def case_trainer_plans():
 
 def main():
     for case in (case_repeated_allreduce, case_trainer_plans, case_reduce_scatter, case_allgather, case_mismatch_after_cache, case_out_buffers, case_fast_reduce_scatter, case_mask_mismatch, case_library_plans,
-                 case_mismatch_across_forms):
+                 case_mismatch_across_forms, case_dtype_mismatch):
         try:
             case()
         except Exception:  # report and keep every rank going; the hang guard is the test timeout

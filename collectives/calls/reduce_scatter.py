@@ -13,7 +13,7 @@ from mpi4py import MPI
 from collectives.backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
                       get_array_module, op_name)
 from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
-from collectives.engine.buffers import adopt, as_array, check_out, finish
+from collectives.engine.buffers import adopt, as_array, check_distinct, check_out, finish
 from collectives.engine.context import _LAST, check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled
@@ -32,6 +32,8 @@ def _common(x, op, algorithm, name, timeout, size):
         check_op(op)
     x = as_array(x)
     check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
+    if name == "broadcast":  # written in place: as out= is (collectives.engine.buffers.check_out)
+        check_distinct(x, "x")
     timeout = check_timeout(timeout)
     return x, timeout, _auto(name, x, size) if algorithm == "auto" else algorithm
 

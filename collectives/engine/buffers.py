@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from collectives.backend import BFLOAT16, DTYPES, accumulation_dtype, get_array_module
 
-__all__ = ["MPI_OPS", "ACC", "as_array", "check_out", "prepare", "finish", "nan_mask", "restore_nan", "raw",
+__all__ = ["MPI_OPS", "ACC", "as_array", "check_out", "check_distinct", "prepare", "finish", "nan_mask", "restore_nan", "raw",
            "adopt", "AdoptedRequest"]
 
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
@@ -219,9 +219,28 @@ def check_out(out, x, shape=None):
         raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
     if not getattr(getattr(out, "flags", None), "writeable", False):
         raise ValueError("out is read-only")
-    if out.size > 1 and any(st == 0 and n > 1 for st, n in zip(getattr(out, "strides", ()), out.shape)):
-        raise ValueError(f"out has a zero stride (strides {out.strides}, shape {out.shape}): its elements share "
-                         "memory, so they cannot hold different results; pass a contiguous array")
+    check_distinct(out, "out")
+
+
+def check_distinct(a, name):
+    """Raise ``ValueError`` when array ``a``, to be written, has a zero stride over more than one element.
+
+    Such an array (``numpy.broadcast_to`` made writable, ``as_strided``, ``torch.zeros(1).expand(10)``)
+    holds one memory place under several indices, so it cannot hold different values: a collective
+    writing into it would return what only one of them received.
+
+    Examples
+    --------
+    >>> from numpy.lib.stride_tricks import as_strided
+    >>> check_distinct(numpy.zeros(3), "x")
+    >>> check_distinct(as_strided(numpy.zeros(1), shape=(4,), strides=(0,)), "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: x has a zero stride (strides (0,), shape (4,)): its elements share memory, so they cannot hold different results; pass a contiguous array
+    """
+    if a.size > 1 and any(st == 0 and n > 1 for st, n in zip(getattr(a, "strides", ()) or (), a.shape)):
+        raise ValueError(f"{name} has a zero stride (strides {tuple(a.strides)}, shape {tuple(a.shape)}): its elements "
+                         "share memory, so they cannot hold different results; pass a contiguous array")
 
 
 def prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False, extra=0):

@@ -46,10 +46,13 @@ class Context:
     plans, fast : dict
         Persistent library plans of repeated small all-reduces and the call signatures that reuse
         them (see :mod:`collectives.library.plans`).
+    agreed : numpy.dtype or None
+        Element type of the last library call every rank made alike (see
+        :func:`collectives.library.call.settle`).
     """
 
     __slots__ = ("comm", "rank", "size", "_seq", "tags", "active", "_schedules", "_buffers", "_transports", "_nodes",
-                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast", "fp", "parent")
+                 "broken", "last", "calls", "bytes_sent", "messages", "plans", "fast", "fp", "agreed", "parent")
 
     def __init__(self, comm, timeout=None):
         dup, req = comm.Idup()  # non-blocking, so a first call with a timeout cannot hang here
@@ -76,6 +79,9 @@ class Context:
         self.plans = {}  # (call key, shape) -> persistent library plan (collectives.library.plans)
         self.fast = {}  # call signature as given -> (plan, tuning table in force), for repeated calls
         self.fp = numpy.zeros(2, numpy.int64)  # the fingerprint pair of a blocking library call (one at a time)
+        # element type of the last library call every rank was seen to make alike: only data of this
+        # type are posted beside their check (collectives.library.call.settle); None before the first
+        self.agreed = None
 
     def keep(self, signature, entry):
         """Cache ``entry`` (a plan) under a call ``signature`` for the repeated calls of :attr:`fast`,

@@ -15,9 +15,9 @@ from mpi4py import MPI
 
 from collectives.engine.buffers import ACC, MPI_OPS, finish, nan_mask, prepare, restore_nan
 from collectives.errors import CollectiveError
-from collectives.library.call import CHECK_ELEMENTS, call, encode_check, piggyback, verify_check
+from collectives.library.call import CHECK_ELEMENTS, call, encode_check, piggyback, settle, verify_check
 from collectives.library.plans import library_plan
-from collectives.engine.fingerprint import settings_token
+from collectives.engine.fingerprint import checks_enabled, settings_token
 from collectives.model.auto import table_token
 
 __all__ = ["library_allreduce", "run_plan"]
@@ -63,7 +63,7 @@ def run_plan(plan, x, out, timeout):
     """Start ``plan`` on ``x`` and wait for it (under ``timeout`` seconds); return ``out`` (or a new array)."""
     if timeout is None:
         return plan.run(x, out)
-    plan.start(x)
+    plan.start(x, timeout)
     return plan.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
 
 
@@ -77,6 +77,8 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
             return _mpi_out_of_place(ctx, key, x, op, res, timeout)
     extra = CHECK_ELEMENTS if inline else 0
     out, work, acc, direct, _ = prepare(x, out, ctx, xp, "work", extra=extra)
+    if checks_enabled():
+        settle(ctx, key, work.dtype, timeout, inline=inline)
     if inline:
         encode_check(work[x.size:], key, ctx.size)
     transport = ctx.transport(xp)
@@ -107,6 +109,7 @@ def _mpi_allreduce(ctx, key, x, op, out, timeout, xp):
 def _mpi_out_of_place(ctx, key, x, op, out, timeout):
     """``MPI_Iallreduce(x, out)``: the library reads ``x`` and writes ``out``, no copy of the input first."""
     send, buf = x.reshape(-1), out.reshape(-1)
+    settle(ctx, key, send.dtype, timeout)
     mask = nan_mask(send, op)  # NaN positions of this rank's input, reduced alongside
     more = [("Iallreduce", (MPI.IN_PLACE, mask, MPI.MAX))] if mask is not None else []
     call(ctx, key, "Iallreduce", (send, buf, MPI_OPS[op]), timeout, extra=more)

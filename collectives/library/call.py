@@ -30,10 +30,17 @@ library reports becomes one too when it says the calls differ (a truncated messa
 differ), and :class:`~collectives.errors.PeerLost` when the transfer itself failed (a peer that died).
 
 The check follows the call: MPI sees the library call of every rank before any rank knows that they
-differ. Ranks whose element sizes differ (``float32`` on one rank, ``float64`` on another) pass
-messages of other sizes, and MPICH may then pick another algorithm on each rank (it chooses by bytes);
-with ``timeout=`` the call still ends in :class:`~collectives.errors.CollectiveMismatch` or
-:class:`~collectives.errors.CollectiveTimeout`. Only the debug mode (``COMMLAB_DEBUG=detail``)
+differ, as long as their data are of the same element type. A message of another element type
+(``float32`` on one rank, ``float64`` on another) can end inside an element of the receiver's type,
+and MPICH then aborts the job (an assertion in its datatype engine) before any check is read. So a
+rank posts its data beside the check only in the element type of the communicator's last checked
+call (:func:`settle`; the context's ``agreed``): a call in another type is first checked alone, a
+2-element fingerprint all-reduce (or, where the check rides in the data, the 16 check elements alone
+in the agreed type), and posts its data only once every rank made the same call. Ranks that agree
+pay this extra round trip once per change of element type; a rank whose type differs posts no data,
+so every rank raises :class:`~collectives.errors.CollectiveMismatch`. Ranks that post their data
+beside the check wait for the check first, so a rank never waits for data another rank did not
+post. Only the debug mode (``COMMLAB_DEBUG=detail``)
 compares the fingerprints before the library call, at the cost of one all-gather per call: an
 exchange before every call would double the cost of the small all-reduce, and one made only on a
 rank's first call of a signature would make ranks whose caches differ post different library calls.
@@ -41,13 +48,14 @@ rank's first call of a signature would make ranks whose caches differ post diffe
 import numpy
 from mpi4py import MPI
 
+from collectives.backend import accumulation_dtype
 from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, describe, key_code
 from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean", "post_failed"]
+           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean", "post_failed", "settle"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048
@@ -109,6 +117,74 @@ def mismatch(key):
                               "COMMLAB_DEBUG=detail to name the field and the ranks")
 
 
+def settle(ctx, key, dtype, timeout, inline=False, always=False):
+    """Check call ``key`` alone, before its data, unless its element type is the communicator's agreed one.
+
+    The data of a library call travel beside (or inside) its check only in the element type of the
+    last call every rank was seen to make alike (``ctx.agreed``, None before the first); a call in
+    another type posts only its check first -- the 2-element fingerprint all-reduce, or with
+    ``inline`` the call's count of zeros and its 16 check elements in the agreed type (float64 before
+    any), the library call a rank posting its small all-reduce makes, of the same count and type --
+    and becomes the agreed type
+    once the check passed on every rank. A rank whose element type differs from the others' thus
+    never hands MPI a message of a type the receiver does not expect.
+
+    Parameters
+    ----------
+    ctx : Context
+    key : tuple
+        The call key; ``key[4]`` is the op of an inline check.
+    dtype : numpy.dtype
+        Element type of the data the library call carries (the accumulation dtype).
+    timeout : float or None
+        Seconds the check may wait.
+    inline : bool
+        The call carries its check in the data (a small all-reduce, :func:`piggyback`).
+    always : bool
+        Check even in the agreed type (every rank passes it alike: a persistent plan's creation).
+
+    Raises
+    ------
+    CollectiveMismatch
+        Another rank made another call (in another element type, say); the context is failed.
+    CollectiveTimeout
+        A rank did not join within ``timeout``; the context is failed.
+    """
+    if ctx.agreed == dtype and not always:
+        return
+    if ctx.size == 1 or not checks_enabled():  # (no peer, or the checks measured off: nothing to compare)
+        ctx.agreed = numpy.dtype(dtype)
+        return
+    comm = ctx.comm
+    deadline = None if timeout is None else deadline_of(timeout)
+    try:
+        if inline:  # the call's own count, its data zero, in the type the others may be posting
+            probe = numpy.dtype(numpy.float64) if ctx.agreed is None else ctx.agreed
+            tail, want = check_values(key, ctx.size, probe)
+            send = numpy.zeros(key[2] + CHECK_ELEMENTS, probe)
+            send[key[2]:] = tail
+            got = numpy.empty_like(send)
+            reqs = [comm.Iallreduce(send, got, _MPI_OP[key[4]])]
+        else:
+            code = key_code(key)
+            fp = numpy.array([code, -code], numpy.int64)
+            reqs = [comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX)]
+    except MPI.Exception as exc:
+        raise post_failed(ctx, key, exc, "MPI_Iallreduce") from None
+    _wait(ctx, key, reqs, timeout, deadline, "Iallreduce")
+    if inline:
+        if got[key[2]:].tobytes() != want.tobytes():
+            err = mismatch(key)
+            ctx.fail(f"{key[0]}: {err}")
+            raise err
+    else:
+        _check_pair(ctx, key, fp, code)
+    ctx.agreed = numpy.dtype(dtype)
+
+
+_MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+
 def call(ctx, key, method, args, timeout, check=True, extra=(), verify=None):
     """Run the MPI library's non-blocking collective ``method`` on the library's communicator.
 
@@ -155,19 +231,19 @@ def call(ctx, key, method, args, timeout, check=True, extra=(), verify=None):
         if fp is not None:
             reqs.append(comm.Iallreduce(MPI.IN_PLACE, fp, MPI.MAX))
         reqs.append(getattr(comm, method)(*args))
-        if extra and (fp is not None or verify is not None):  # the check first: a rank whose call differs posts no more
+        if fp is not None:  # the check first: a rank whose call differs may never post the data
+            _wait(ctx, key, reqs[:1], timeout, deadline, method)
+            _check_pair(ctx, key, fp, code)
+            reqs = reqs[1:]
+        if extra and (fp is not None or verify is not None):  # a rank whose call differs posts no more
             _wait(ctx, key, reqs, timeout, deadline, method)
-            if fp is not None:
-                _check_pair(ctx, key, fp, code)
-            else:
+            if fp is None:
                 _verified(ctx, key, verify)
             reqs = []
         reqs.extend(getattr(comm, m)(*a) for m, a in extra)
     except MPI.Exception as exc:  # the library refused a call as it was posted
         raise post_failed(ctx, key, exc, f"MPI_{method[1:]}") from None
     _wait(ctx, key, reqs, timeout, deadline, method)
-    if fp is not None and not extra:
-        _check_pair(ctx, key, fp, code)
 
 
 def _wait(ctx, key, reqs, timeout, deadline, method):
@@ -257,13 +333,15 @@ def finish_lean(ctx, key, reqs, pair, stats, phase):
     CollectiveMismatch
         The ranks' fingerprints differ, or the library reported an error; the context is failed.
     """
+    fp, want = pair
     try:
-        MPI.Request.Waitall(reqs, _STATUSES)
+        reqs[0].Wait(_STATUSES[0])  # the check first: a rank whose call differs may never post the data
+        if fp.tobytes() == want:
+            reqs[1].Wait(_STATUSES[1])
     except MPI.Exception as exc:
         err = library_error(key, exc, _STATUSES, phase, ctx.comm)
         ctx.fail(f"{key[0]}: {err}")
         raise err from None
-    fp, want = pair
     if fp.tobytes() != want:
         fp[:] = numpy.frombuffer(want, numpy.int64)  # (the communicator has failed: for form's sake)
         err = mismatch(key)
@@ -315,4 +393,6 @@ def run_library(ctx, key, xp, method, args, timeout, extra=(), check=True):
             raise ValueError("algorithm='mpi' on device arrays needs a CUDA-aware MPI; use a hand-made "
                              "algorithm, which stages through host memory")
     ctx.advance(key, timeout)
+    if check and key[0] not in ("broadcast", "reduce"):  # (a rooted call's fingerprint was exchanged already)
+        settle(ctx, key, accumulation_dtype(key[3]), timeout)
     call(ctx, key, method, args, timeout, check=check, extra=extra)

@@ -31,7 +31,7 @@ from mpi4py import MPI
 from collectives.engine.buffers import ACC, MPI_OPS
 from collectives.errors import CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, key_code
-from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, check_values, library_error, mismatch
+from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, check_values, library_error, mismatch, settle
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["LibraryPlan", "library_plan"]
@@ -105,11 +105,18 @@ class LibraryPlan:
         # one MPI_Iallreduce carries its own check
         self.lean, self.mpi_op = not persistent and self.tail is not None and self.mask is None, MPI_OPS[op]
         self.run = self._lean_run() if self.lean else self._general_run
+        if persistent and checked:  # its requests are matched once, here: the element type is checked before
+            settle(ctx, key, acc, None, inline=inline, always=True)
         self.reqs = [ctx.comm.Allreduce_init(s, r, o) for s, r, o in calls] if persistent else []
 
-    def start(self, x):
-        """Copy ``x`` (the plan's shape) into the send buffer and start the requests."""
+    def start(self, x, timeout=None):
+        """Copy ``x`` (the plan's shape) into the send buffer and start the requests.
+
+        A call in another element type than the communicator's last checked one is first checked
+        alone (:func:`~collectives.library.call.settle`, under ``timeout`` seconds)."""
         ctx = self.ctx
+        if not self.persistent and self.checked and ctx.agreed != self.work.dtype:
+            settle(ctx, self.key, self.work.dtype, timeout, inline=self.tail is not None)
         ctx._seq += 1  # the call sequence stays in step with every other path
         self.shaped[...] = x  # (setitem casts as copyto(casting="unsafe") does, at a fifth of the cost)
         if self.isnan is not None:
@@ -133,27 +140,32 @@ class LibraryPlan:
     def wait(self, out, timeout=None):
         """Wait (under ``timeout`` seconds), check the fingerprint and write the result into ``out``."""
         ctx, reqs = self.ctx, self.reqs
-        try:
-            if timeout is None and not ctx.active:
-                if len(reqs) == 1:
-                    reqs[0].Wait()
+        deadline = None if timeout is None else deadline_of(timeout)
+        # the fingerprint beside the data first: a rank whose call differs may never post the data
+        parts = [reqs[:1], reqs[1:]] if self.fp is not None and not self.persistent else [reqs]
+        for part in parts:
+            try:
+                if timeout is None and not ctx.active:
+                    if len(part) == 1:
+                        part[0].Wait()
+                    else:
+                        MPI.Request.Waitall(part)
                 else:
-                    MPI.Request.Waitall(reqs)
-            else:
-                wait_all(self.reqs, [None] * len(self.reqs), deadline_of(timeout), Where("allreduce", 0, "MPI_Allreduce", timeout), progress=ctx.progress if ctx.active else None, each=self.persistent)
-        except CollectiveTimeout as exc:
-            self._failed(str(exc))
-            raise
-        except MPI.Exception as exc:
-            raise self._library_error(exc) from None
+                    wait_all(part, [None] * len(part), deadline, Where("allreduce", 0, "MPI_Allreduce", timeout),
+                             progress=ctx.progress if ctx.active else None, each=self.persistent)
+            except CollectiveTimeout as exc:
+                self._failed(str(exc))
+                raise
+            except MPI.Exception as exc:
+                raise self._library_error(exc) from None
+            if self.fp is not None and (int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code):
+                self._failed(str(mismatch(self.key)))
+                raise mismatch(self.key)
         self.active = False
         if self.tail is not None:
             if self.tail.tobytes() != self.want:
                 self._failed(str(mismatch(self.key)))
                 raise mismatch(self.key)
-        elif self.fp is not None and (int(self.fp[0]) != self.code or int(self.fp[1]) != -self.code):
-            self._failed(str(mismatch(self.key)))
-            raise mismatch(self.key)
         if self.mask_call is not None:
             self._reduce_mask(timeout)
         if self.isnan is not None and self.mask.any():
@@ -188,13 +200,13 @@ class LibraryPlan:
         kind = MPI.Datatype.fromcode(self.work.dtype.char)  # the type mpi4py would read from the array
         args = ([MPI.buffer(self.work), self.work.size, kind], [MPI.buffer(self.recv), self.recv.size, kind], self.mpi_op)
         iallreduce, avg, size, last, nbytes = ctx.comm.Iallreduce, self.avg, self.size, self.last, self.nbytes
-        general = self._general_run
+        general, acc = self._general_run, self.work.dtype
         # a new result array in the input's dtype (float16 and bfloat16 accumulate in float32): a bound
         # method made once, so the call pays no argument parsing
         fresh = shaped_result.copy if self.dtype == result.dtype else partial(shaped_result.astype, self.dtype)
 
         def run(x, out):
-            if ctx.active:
+            if ctx.active or ctx.agreed is not acc:  # (another element type: checked alone first, in start)
                 return general(x, out)
             ctx._seq += 1
             shaped[...] = x

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from collectives.backend import accumulation_dtype, get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
-from collectives.library.call import finish_lean, lean_pair, post_failed, run_library
+from collectives.library.call import finish_lean, lean_pair, post_failed, run_library, settle
 from collectives.schedules.schedule import chunk_bounds
 
 __all__ = ["ScatterPlan"]
@@ -101,6 +101,8 @@ class ScatterPlan:
         mine = out.reshape(-1) if direct else xp.empty(self.chunk, self.acc)  # the library writes it
         lean = self._lean
         if lean is not None and timeout is None and not ctx.active and lean[0] is settings_token():
+            if ctx.agreed != self.acc:  # another element type than the last checked call's: checked alone first
+                settle(ctx, self.key, self.acc, None)
             self._run_lean(ctx, send, mine, lean)
         else:
             self._run_library(ctx, xp, send, mine, timeout)
@@ -144,9 +146,12 @@ class ScatterPlan:
         iallreduce, in_place, mpi_max = ctx.comm.Iallreduce, MPI.IN_PLACE, MPI.MAX
         n, chunk, mpi_op, key = self.elements + self.chunk, self.chunk, self.mpi_op, self.key
         counts = None if self.method == "Ireduce_scatter_block" else self.counts
+        kind_dtype = self.acc
         apart = [None, None]  # the last (out, x) found contiguous and apart: a repeated pair is not tested again
 
         def fast(x, out):
+            if ctx.agreed is not kind_dtype:  # another element type than the last checked call's: run() checks it first
+                return None
             if out is not apart[0] or x is not apart[1]:
                 if not (x.flags.c_contiguous and out.flags.c_contiguous) or numpy.may_share_memory(out, x):
                     return None
