@@ -127,10 +127,10 @@ def mismatch():
 
 
 def differ():
-    """Ranks whose persistent plans differ -- made in another order, or one plan more on rank 0 --
-    start what they think is the same plan; MPI matches persistent collectives by the order the ranks
-    made them, so the started requests never meet, and ``wait(timeout=1.5)`` ends every rank in a
-    CollectiveError (never a hang; the test's own timeout would catch one)."""
+    """Ranks whose persistent plans differ -- made in another order, or one plan more on rank 0: the
+    plans' fingerprints are compared as they are made, so every rank raises CollectiveMismatch there
+    (or, where they were made, ``wait(timeout=1.5)`` ends every rank in a CollectiveError); never a
+    hang (the test's own timeout would catch one)."""
     for kind in ("order", "extra"):
         sub = comm.Dup()
         get_context(sub)  # the context (its duplicate communicator) made on every rank first
@@ -139,8 +139,8 @@ def differ():
             made = [("b", b), ("a", a)] if rank == 0 else [("a", a), ("b", b)]
         else:
             made = ([("b", b)] if rank == 0 else []) + [("a", a)]
-        plans = {name: C.allreduce_init(x, comm=sub, algorithm="mpi") for name, x in made}
         try:
+            plans = {name: C.allreduce_init(x, comm=sub, algorithm="mpi") for name, x in made}
             plans["a"].start()
             got = plans["a"].wait(timeout=1.5)
             check(False, f"persistent plans made in another {kind}: wait returned {got[:3]}")

@@ -157,8 +157,9 @@ def test_help_explains_modes_grid_and_resume():
 
 def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     """Oracle: the settings each rank was given; the per-rank --log-level is not compared. One MPMD launch
-    runs four jobs: data-parallel ranks with other options, and a pipeline whose stages differ in width,
-    in options, or in whether they were started on the grid at all; every rank ends with status 1."""
+    runs five jobs: data-parallel ranks with other options, a pipeline whose stages differ in width,
+    in options, or in whether they were started on the grid at all, and ctr ranks with another table count,
+    mode and hot split (ctr took its own driver before the comparison); every rank ends with status 1."""
     from tests.mpirun import run_mpi
 
     runs = str(tmp_path / "runs")  # MPMD: three programs, each its own command line
@@ -166,8 +167,8 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     line = "error: the ranks were started with different settings"
     said = {job: [t for t in res.stdout.splitlines() if t.startswith(line) and f"--{key}:" in t]
             for job, key in (("options", "seed"), ("widths", "hidden"), ("stage-options", "micro-batches"),
-                             ("driver", "pipeline-parallel"))}
-    assert res.stdout.count(line) == 4 and all(len(v) == 1 for v in said.values()), res.stdout
+                             ("driver", "pipeline-parallel"), ("ctr", "ctr-hot"))}
+    assert res.stdout.count(line) == 5 and all(len(v) == 1 for v in said.values()), res.stdout
     assert "--lr: rank 0: 0.001; ranks 1,2: 0.01" in said["options"][0], res.stdout
     assert "--seed: ranks 0,1: 0; rank 2: 3" in said["options"][0] and "log-level" not in said["options"][0]
     # a pipeline: the stages' widths (no layout check of whole models can compare them), the stages'
@@ -177,6 +178,9 @@ def test_ranks_started_with_different_settings_stop_with_one_line(tmp_path):
     assert "--lr: ranks 0,2: 0.001; rank 1: 0.01" in said["stage-options"][0], res.stdout
     assert "--micro-batches: ranks 0,1: 1; rank 2: 2" in said["stage-options"][0], res.stdout
     assert "--pipeline-parallel: ranks 0,1: 3; rank 2: 1" in said["driver"][0], res.stdout
+    for setting in ("--ctr-tables: ranks 0,2: 3; rank 1: 4", '--mode: ranks 0,1: "dp"; rank 2: "ps"',
+                    "--ctr-hot: ranks 0,1: 0; rank 2: 10"):
+        assert setting in said["ctr"][0], (setting, res.stdout)
     for job in said:  # "options rank" is also inside "stage-options rank"; the launcher may join a rank's end
         ends = re.findall(rf"(?<!-){re.escape(job)} rank \d+ status (\d+) made (\w+)", res.stdout)  # to a line
         assert ends == [("1", "False")] * 3, res.stdout

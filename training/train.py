@@ -29,7 +29,7 @@ from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, 
                                  nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
 from training.cli import parse_args, parse_on_every_rank
 from training.job import all_failed, end_lost, set_threads
-from training.preflight import agree_grid, check_run
+from training.preflight import agree, agree_grid, check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.optim import schedule_lr
@@ -281,6 +281,7 @@ def run(cfg, comm=None):
     """
     comm = (comm or MPI.COMM_WORLD).Dup()
     try:
+        agree(cfg, comm)  # every model and mode: one job, or one line naming what differs, before any driver
         set_threads(cfg, comm)
         if cfg.model == "ctr":  # embedding tables: dp, ps or hybrid (training.ctr)
             from training.ctr.run import run_ctr

@@ -19,8 +19,11 @@ starts an :func:`~collectives.calls.allreduce.iallreduce` on its cached schedule
 buffers are reused; the point-to-point messages are posted anew).
 
 As in MPI, every rank makes the same plans in the same order and starts them in the same order as
-its other collectives on the communicator: MPICH matches a persistent collective by the order in
-which the ranks made it, so ranks that disagree about a plan wait for each other; give ``wait`` a
+its other collectives on the communicator. Making a library plan compares its fingerprint across the
+ranks (one 2-element all-reduce), so plans made in another order, or of another element type (whose
+messages MPICH cannot match), raise :class:`~collectives.CollectiveMismatch` on every rank as they
+are made. MPICH matches a persistent collective by the order in
+which the ranks made it, so ranks that disagree about the order of the starts wait for each other; give ``wait`` a
 ``timeout`` to turn that into :class:`~collectives.CollectiveTimeout`. The fingerprint rides in the
 data of every start, so plans that do meet but differ (op, count) raise
 :class:`~collectives.CollectiveMismatch` on every rank.

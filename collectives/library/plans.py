@@ -106,7 +106,7 @@ class LibraryPlan:
         self.lean, self.mpi_op = not persistent and self.tail is not None and self.mask is None, MPI_OPS[op]
         self.run = self._lean_run() if self.lean else self._general_run
         if persistent and checked:  # its requests are matched once, here: the element type is checked before
-            settle(ctx, key, acc, None, inline=inline, always=True)
+            settle(ctx, key, acc, None, always=True)
         self.reqs = [ctx.comm.Allreduce_init(s, r, o) for s, r, o in calls] if persistent else []
 
     def start(self, x, timeout=None):
