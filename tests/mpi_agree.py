@@ -17,6 +17,8 @@ from training.train import main
 
 _GRID = ["--pipeline-parallel", "3", "--hidden", "16,16", "--data", "synthetic", "--samples", "120",
          "--features", "12", "--classes", "5", "--batch-size", "12"]
+_CTR = ["--model", "ctr", "--ctr-rows", "300", "--ctr-tables", "3", "--ctr-train", "192", "--ctr-test", "96",
+        "--batch-size", "48", "--hidden", "8", "--optimizer", "adagrad", "--ps-timeout", "30"]
 #: job -> role -> the flags that role adds to ``--epochs 1 --no-progress``.
 JOBS = {
     # data-parallel: rank 1 another --lr, rank 2 another --seed, --lr and a log level of its own
@@ -28,6 +30,9 @@ JOBS = {
     "stage-options": {"base": _GRID, "lr": [*_GRID, "--lr", "0.01"], "seed": [*_GRID, "--micro-batches", "2"]},
     # rank 2 started without the pipeline: it takes the data-parallel driver, the others the grid's
     "driver": {"base": _GRID, "lr": _GRID, "seed": _GRID[2:]},
+    # the ctr model: rank 1 another table count, rank 2 another mode and hot split (it would serve, the others train)
+    "ctr": {"base": _CTR, "lr": [*_CTR, "--ctr-tables", "4"], "seed": [*_CTR, "--mode", "ps",
+                                                                   "--ctr-hot", "10"]},
 }
 
 
