@@ -14,7 +14,18 @@ default hook (float64, 6 steps, several buckets, max |diff| <= 1e-12), for ring,
 ``mpi``; (2) DDP with ``commlab_hook`` and ``compression="powersgd"`` reaches the test accuracy of
 PyTorch's own ``powerSGD_hook`` on the digits within 1 point (same model, data, seed and rank 2);
 (3) ``DistributedOptimizer`` in a plain loop equals a single-process full-batch run (float64, 1e-12)
-and ``broadcast_parameters`` copies root's values. Exits 0 when every case passes on every rank.
+and ``broadcast_parameters`` copies root's values.
+
+PART ``peers`` (2 ranks), PyTorch's own hooks as oracles: (1) fp16 compression equals
+``fp16_compress_hook`` bit for bit at the float16 edge (36,500 on both ranks
+stays finite; Inf exactly where one rank's own value reaches 65520); (2) DDP with ``commlab_hook`` and
+PowerSGD ends with the parameters of DDP with ``powerSGD_hook`` (float64, 1e-10; start step 2, rank
+2, ``min_compression_rate`` 2, error feedback and warm start) through DDP's bucket rebuild after step 0,
+PyTorch's first random Q computed here from its seed rule and handed to commlab's state;
+(3) ``CommHookState`` whose buckets change their parameters after compression started gives every
+parameter the result of a state whose buckets never changed (residuals and warm-start Qs follow the
+parameters), and refuses ``start_iter`` below 2 with error feedback. Exits 0 when every case passes
+on every rank.
 """
 import os
 import socket
@@ -269,10 +280,150 @@ def case_optimizer():
     opt.close()
 
 
+def case_half_edge():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from collectives.compression import make_compressor
+    from collectives.compression.comm import compressed_allreduce
+
+    # both ranks 36,500 (the sum 73,000 is beyond float16; the shares are not), 65,504 and 65,519
+    # (still float16's 65,504 each), one rank at 65,520 or 1e5 (Inf there), small and subnormal values
+    edge = np.array([36500, 65504, 65519, -65519, 65520, 1e5, 1.0, -3e-5, 6e-8, 0.0], np.float32)
+    mine = edge.copy() if rank == 0 else np.array([36500, 65504, 65519, -65519, -7, 2, 1.0, 5e-5, 6e-8, 0.0],
+                                                  np.float32)
+    own_inf = np.abs(comm.allgather(mine)).max(axis=0) >= 65520
+    theirs = default_hooks.fp16_compress_hook(None, (torch.from_numpy(mine.copy()),)).wait().numpy()
+    check(np.array_equal(np.isinf(theirs), own_inf), f"fp16_compress_hook: Inf at {np.isinf(theirs)}, want {own_inf}")
+    for alg in ("ring", "recursive_doubling", "rabenseifner", "mpi"):
+        ours, _ = compressed_allreduce(mine, "g", make_compressor("fp16"), comm=comm, algorithm=alg)
+        check(np.array_equal(ours, theirs, equal_nan=True),
+              f"fp16 {alg}: {ours.tolist()} != PyTorch's fp16_compress_hook {theirs.tolist()}")
+
+
+def _powersgd_first_qs(rng, bucket, matrix_rank, min_rate, dtype):
+    """PyTorch powerSGD_hook's first Q per compressed matrix of ``bucket`` (by position in the bucket).
+
+    Its rule: one seed per bucket, ``torch.manual_seed(rng.randint(1_000_000_000))``, then one
+    ``randn(1, m, r)`` per matrix in the order of its shape groups, each orthogonalized.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize, _should_compress
+
+    groups = {}  # (n, m) -> [(position, m, r)], in first-seen order, as the hook groups them
+    for i, t in enumerate(bucket.gradients()):
+        n, m = t.shape[0], t.numel() // t.shape[0]
+        r = min(n, m, matrix_rank)
+        if _should_compress(n, m, r, min_rate)[0]:
+            groups.setdefault((n, m), []).append((i, m, r))
+    qs = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(rng.randint(1_000_000_000))
+        for items in groups.values():
+            for i, m, r in items:
+                q = torch.randn(1, m, r, dtype=dtype)
+                _orthogonalize(q, 0)
+                qs[i] = q[0].numpy().copy()
+    return qs
+
+
+class _Seeded:
+    """commlab's hook state plus the test's copy of PyTorch's seed rule for the first Q."""
+
+    def __init__(self, state, start, matrix_rank, min_rate):
+        self.state, self.start, self.r, self.min_rate = state, start, matrix_rank, min_rate
+        self.rng = np.random.RandomState(0)  # PowerSGDState(random_seed=0).rng
+        self.step, self.seeded, self.orders = 0, set(), {}  # orders: step -> the buckets' parameter ids
+
+
+def _seeded_hook(seeded, bucket):
+    """``commlab_hook`` that, at the first compressed step, hands each bucket PyTorch's first Qs."""
+    key = bucket.index()
+    seeded.orders.setdefault(seeded.step, []).append([id(p) for p in bucket.parameters()])
+    if seeded.step == seeded.start and key not in seeded.seeded:
+        seeded.seeded.add(key)
+        qs = _powersgd_first_qs(seeded.rng, bucket, seeded.r, seeded.min_rate, bucket.buffer().dtype)
+        hook = seeded.state.hooks[key][1]  # built at step 0, rebuilt at step 1 with DDP's buckets
+        sd = hook.compressor.state_dict()
+        sd.update({f"q/{hook.name}/{i}": q for i, q in qs.items()})
+        hook.compressor.load_state_dict(sd)
+    return commlab_hook(seeded.state, bucket)
+
+
+def _train_steps(hook, state, steps, on_step=None):
+    """Train a float64 DDP MLP for ``steps`` steps (DDP rebuilds its bucket after step 0: the parameters
+    in the order their gradients became ready, the reverse of the first step's)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    xtr, ytr, _, _ = digits(torch.float64)
+    model = DDP(mlp(0, torch.float64))
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batch = 16
+    for step in range(steps):
+        if on_step is not None:
+            on_step(step)
+        lo = (step * P + rank) * batch
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xtr[lo:lo + batch]), ytr[lo:lo + batch]).backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.module.parameters()]
+
+
+def case_powersgd_equals_pytorch():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+
+    start, r, rate, steps = 2, 2, 2.0, 8
+    theirs_state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=start,
+                                          min_compression_rate=rate, use_error_feedback=True, warm_start=True,
+                                          random_seed=0)
+    theirs = _train_steps(powerSGD.powerSGD_hook, theirs_state, steps)
+    ours_state = CommHookState(algorithm="ring", compression="powersgd", matrix_rank=r, start_iter=start,
+                               min_compression_rate=rate)
+    seeded = _Seeded(ours_state, start, r, rate)
+    ours = _train_steps(_seeded_hook, seeded, steps, on_step=lambda s: setattr(seeded, "step", s))
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(theirs, ours))
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(theirs, [p.detach().numpy() for p in mlp(0).parameters()]))
+    if rank == 0:
+        print(f"PowerSGD vs PyTorch's powerSGD_hook after {steps} steps: max |diff| {diff:.3g} "
+              f"(parameters moved {moved:.3g})", flush=True)
+    check(diff <= 1e-10, f"powersgd under DDP: parameters differ from powerSGD_hook's by {diff:.3g}")
+    rebuilt = seeded.orders[0] != seeded.orders[1] and seeded.orders[1] == seeded.orders[steps - 1]
+    check(moved > 1e-2 and rebuilt, f"powersgd under DDP: moved {moved:.3g}, bucket orders {seeded.orders}")
+    ours_state.close()
+
+
+def case_rebuild_keeps_state():
+    g = np.random.default_rng([rank, 7])
+    shapes = {"a": (8, 6), "b": (6,), "c": (7, 5)}
+    grads = [{k: g.standard_normal(s) for k, s in shapes.items()} for _ in range(6)]
+    results = {}
+    for name, rebuild_at in (("fixed", None), ("rebuilt", 3)):
+        state = CommHookState(algorithm="ring", compression="powersgd", matrix_rank=2, start_iter=2)
+        got = []
+        for step, grad in enumerate(grads):
+            order = ["a", "b", "c"] if rebuild_at is None or step < rebuild_at else ["c", "a", "b"]
+            flat = np.concatenate([grad[k].ravel() for k in order])
+            state.reduce(flat, 0, [shapes[k] for k in order], order)
+            sizes = np.cumsum([0] + [int(np.prod(shapes[k])) for k in order])
+            got.append({k: flat[sizes[i]:sizes[i + 1]].copy() for i, k in enumerate(order)})
+        results[name] = got
+        state.close()
+    diff = max(float(np.abs(results["fixed"][s][k] - results["rebuilt"][s][k]).max())
+               for s in range(len(grads)) for k in shapes)
+    check(diff <= 1e-12, f"CommHookState: a bucket rebuilt after step 3 changed the result by {diff:.3g}")
+    for bad in ({"start_iter": 1}, {"start_iter": 0, "warm_start": False}):
+        try:
+            CommHookState(compression="powersgd", **bad)
+            check(False, f"CommHookState(powersgd, {bad}) accepted a start below 2")
+        except ValueError as e:
+            check("start_iter must be >= 2" in str(e), f"CommHookState(powersgd, {bad}): {e}")
+    CommHookState(compression="powersgd", start_iter=0, warm_start=False, error_feedback=False).close()
+
+
 def main():
     part = sys.argv[1]
-    cases = [case_dlpack] if part == "dlpack" else [case_ddp_equal, case_powersgd, case_optimizer]
-    if part == "torch":
+    cases = {"dlpack": [case_dlpack], "torch": [case_ddp_equal, case_powersgd, case_optimizer],
+             "peers": [case_half_edge, case_powersgd_equals_pytorch, case_rebuild_keeps_state]}[part]
+    if part in ("torch", "peers"):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
@@ -285,7 +436,7 @@ def main():
             FAILS.append(f"{case.__name__}: {traceback.format_exc()}")
         if rank == 0:
             print(f"{case.__name__}: {time.perf_counter() - t0:.1f} s", flush=True)
-    if part == "torch":
+    if part in ("torch", "peers"):
         import torch.distributed as dist
 
         dist.destroy_process_group()

@@ -27,6 +27,13 @@ def test_ddp_hook_and_distributed_optimizer_on_two_ranks():
     assert "0 failures on 2 ranks" in result.stdout
 
 
+def test_fp16_and_powersgd_equal_pytorchs_own_hooks_on_two_ranks():
+    """fp16 equals fp16_compress_hook at the float16 edge (no Inf at 36,500 on 2 ranks); PowerSGD under DDP
+    equals powerSGD_hook (float64, 1e-10) through the bucket rebuild; a rebuilt bucket keeps its state."""
+    result = run_mpi(2, "tests.mpi_interop", "peers", timeout=240)
+    assert "0 failures on 2 ranks" in result.stdout
+
+
 def test_collectives_import_does_not_import_torch():
     """``import collectives`` (and its torch_hook module) leaves PyTorch unimported."""
     code = "import sys, collectives, collectives.interop.torch_hook; print('torch' in sys.modules)"

@@ -33,6 +33,24 @@ def _bucket_shapes(bucket):
     return [tuple(p.shape) for p in bucket.parameters()]
 
 
+def _check_start_iter(compression, error_feedback, args):
+    """Apply PyTorch's rule for PowerSGD under DDP: ``start_iter`` defaults to 2, and is at least 2
+    with error feedback or warm start (DDP rebuilds its buckets after the first step)."""
+    if compression != "powersgd":
+        return args
+    from collectives.compression import parse_literal
+
+    args = dict(args)
+    args.setdefault("start_iter", 2)
+    start, warm = args["start_iter"], args.get("warm_start", True)
+    feedback = parse_literal(error_feedback) if isinstance(error_feedback, str) else error_feedback
+    warm = parse_literal(warm) if isinstance(warm, str) else warm
+    if isinstance(start, int) and not isinstance(start, bool) and start < 2 and (feedback is not False or warm):
+        raise ValueError(f"start_iter must be >= 2 with error feedback or warm start, got {start} (DDP rebuilds "
+                         "its buckets after the first step; PyTorch's start_powerSGD_iter has the same rule)")
+    return args
+
+
 class CommHookState:
     """State of :func:`commlab_hook`: communicator, algorithm, compressor and error feedback per bucket.
 
@@ -51,24 +69,36 @@ class CommHookState:
     timeout : float, optional
         Seconds any round of the all-reduce may wait for a peer (``CollectiveTimeout`` after).
     **compressor_args
-        Compressor arguments, e.g. ``rank=2`` for ``powersgd``, ``ratio=0.01`` for ``topk``.
+        Compressor arguments, e.g. ``matrix_rank=2`` for ``powersgd``, ``ratio=0.01`` for ``topk``.
+        For ``powersgd``, ``start_iter`` (steps averaged by a plain all-reduce first) defaults to 2
+        and must be at least 2 with error feedback or warm start, PyTorch's rule for
+        ``start_powerSGD_iter``; ``min_compression_rate`` is PyTorch's argument of that name.
 
     Attributes
     ----------
     iteration : int
         Buckets reduced so far, counted over all steps.
     hooks : dict
-        Bucket key -> ``(parameter shapes, CompressionHook)``: one compressor and memory per bucket
-        (PowerSGD's matrix layout follows the bucket's parameter shapes).
+        Bucket key -> ``((parameter keys, parameter shapes), CompressionHook)``: one compressor and
+        memory per bucket (PowerSGD's matrix layout follows the bucket's parameter shapes). When DDP
+        rebuilds its buckets (after the first step, in the order the gradients became ready), every
+        bucket's state (residuals, warm-start Qs, step counters) is split by parameter and handed to
+        the new buckets holding those parameters, so nothing is lost.
 
     Raises
     ------
     ValueError
-        Unknown ``algorithm`` or ``compression``, or a ``timeout`` that is not a positive number.
+        Unknown ``algorithm`` or ``compression``, a ``timeout`` that is not a positive number, or a
+        PowerSGD ``start_iter`` below 2 with error feedback or warm start.
+
+    Examples
+    --------
+    >>> state = CommHookState(compression="powersgd", matrix_rank=2)  # doctest: +SKIP
+    >>> ddp_model.register_comm_hook(state, commlab_hook)  # doctest: +SKIP
     """
 
     __slots__ = ("comm", "algorithm", "compression", "error_feedback", "compressor_args", "timeout",
-                 "iteration", "hooks")
+                 "iteration", "hooks", "_carried")
 
     def __init__(self, comm=None, algorithm="auto", compression="none", error_feedback=None, timeout=None,
                  **compressor_args):
@@ -77,6 +107,7 @@ class CommHookState:
         check_algorithm(algorithm, api.ALGORITHMS)
         check_algorithm(compression, COMPRESSORS, "compression")
         timeout = check_timeout(timeout)
+        compressor_args = _check_start_iter(compression, error_feedback, compressor_args)
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.algorithm = algorithm
         self.compression = compression
@@ -85,6 +116,7 @@ class CommHookState:
         self.timeout = timeout
         self.iteration = 0
         self.hooks = {}
+        self._carried = {}  # parameter key -> its share of a rebuilt bucket's state
         if compression != "none":  # check the compressor's arguments now, on every rank
             from collectives.compression import make_compressor
 
@@ -98,23 +130,42 @@ class CommHookState:
             args["shapes"] = shapes
         return args
 
-    def _hook(self, key, shapes):
-        """Return the ``CompressionHook`` of bucket ``key``; a new one when its shapes changed (DDP rebuilds)."""
+    def _hook(self, key, shapes, params=None):
+        """Return the ``CompressionHook`` of bucket ``key``; a new one when its parameters changed.
+
+        A change of any bucket is DDP's rebuild: every bucket's state is first split by parameter
+        (``_carry_all``), and each new bucket's hook starts from its parameters' shares.
+        """
         shapes = None if shapes is None else tuple(tuple(int(d) for d in s) for s in shapes)
+        params = None if params is None else tuple(params)
         entry = self.hooks.get(key)
-        if entry is None or entry[0] != shapes:
-            from collectives.compression import make_hook
+        if entry is not None and entry[0] == (params, shapes):
+            return entry[1]
+        if entry is not None and entry[0] == (None, shapes) and params is not None:
+            self.hooks[key] = ((params, shapes), entry[1])  # restored from a checkpoint: now named
+            return entry[1]
+        from collectives.compression import make_hook
 
-            if entry is not None:
-                entry[1].close()  # collective, like the rebuild itself
-            args = self._args(list(shapes) if shapes is not None else None)
-            args.pop("shapes", None)
-            hook = make_hook(self.compression, comm=self.comm, algorithm=self.algorithm,
-                             error_feedback=self.error_feedback, shapes=shapes, **args)
-            entry = self.hooks[key] = (shapes, hook)
-        return entry[1]
+        if entry is not None:
+            self._carry_all()  # collective, like the rebuild itself
+        args = self._args(list(shapes) if shapes is not None else None)
+        args.pop("shapes", None)
+        hook = make_hook(self.compression, comm=self.comm, algorithm=self.algorithm,
+                         error_feedback=self.error_feedback, shapes=shapes, **args)
+        if params is not None and shapes is not None and self._carried:
+            _restore(hook, params, shapes, self._carried)
+        self.hooks[key] = ((params, shapes), hook)
+        return hook
 
-    def reduce(self, flat, key=0, shapes=None):
+    def _carry_all(self):
+        """Split every bucket's state by parameter into ``_carried`` and free the buckets' hooks."""
+        for (params, shapes), hook in self.hooks.values():
+            if params is not None and shapes is not None:
+                self._carried.update(_split(hook, params, shapes))
+            hook.close()
+        self.hooks.clear()
+
+    def reduce(self, flat, key=0, shapes=None, params=None):
         """Average ``flat`` over the ranks, in place, and return it.
 
         Without compression one all-reduce; with it, the bucket's own
@@ -128,6 +179,9 @@ class CommHookState:
             The bucket's key for its compressor state (DDP's bucket index).
         shapes : list of tuple of int, optional
             Parameter shapes in the bucket, in flat order (PowerSGD's matrices).
+        params : list of hashable, optional
+            One key per parameter, in the order of ``shapes`` (DDP: the parameters' ``id``); the
+            compressor state follows these keys when a bucket's parameters change.
 
         Returns
         -------
@@ -139,7 +193,7 @@ class CommHookState:
             return api.allreduce(flat, comm=self.comm, op="avg", algorithm=self.algorithm, out=flat,
                                  timeout=self.timeout)
         view = np.from_dlpack(flat.detach() if hasattr(flat, "detach") else flat)  # zero-copy (n,)
-        avg, _ = self._hook(key, shapes)(view)
+        avg, _ = self._hook(key, shapes, params)(view)
         view[...] = avg
         return flat
 
@@ -205,11 +259,67 @@ def commlab_hook(state, bucket):
     import torch
 
     buf = bucket.buffer()
-    shapes = _bucket_shapes(bucket) if state.compression != "none" else None
-    result = state.reduce(buf, bucket.index(), shapes)
+    shapes = params = None
+    if state.compression != "none":
+        shapes = _bucket_shapes(bucket)
+        params = [id(p) for p in bucket.parameters()]  # the model's own Parameter objects
+    result = state.reduce(buf, bucket.index(), shapes, params)
     fut = torch.futures.Future()
     fut.set_result(result)
     return fut
+
+
+def _split(hook, params, shapes):
+    """Return ``{parameter key: its share of hook's state}``.
+
+    Per-element arrays of the memory (residuals, DGC's momentum: as many elements as the bucket) are
+    cut at the parameters' offsets; PowerSGD's warm-start Q of piece ``i`` belongs to parameter ``i``;
+    scalar counters go to every parameter.
+    """
+    sizes = [int(np.prod(s)) for s in shapes]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    total, qs = int(starts[-1]), f"q/{hook.name}/"
+    shares = {p: {"memory": {}, "compressor": {}, "iteration": hook.iteration} for p in params}
+    for k, v in hook.compressor.state_dict().items():
+        if k.startswith(qs):
+            shares[params[int(k[len(qs):])]]["compressor"][k] = v
+        else:
+            for share in shares.values():
+                share["compressor"][k] = v
+    if hook.memory is not None:
+        for k, v in hook.memory.state_dict().items():
+            v = np.asarray(v)
+            for i, p in enumerate(params):
+                shares[p]["memory"][k] = v.ravel()[starts[i]:starts[i + 1]] if v.size == total else v
+    return shares
+
+
+def _restore(hook, params, shapes, carried):
+    """Load the shares of ``params`` (taken out of ``carried``) into a new bucket's ``hook``."""
+    mine = [carried.pop(p, None) for p in params]
+    if not any(mine):
+        return
+    qs = f"q/{hook.name}/"
+    compressor, memory = {}, {}
+    for i, share in enumerate(mine):
+        for k, v in (share or {}).get("compressor", {}).items():
+            if k.startswith(qs):
+                compressor[f"{qs}{i}"] = v
+            elif k not in compressor or np.asarray(v).ndim == 0 and int(v) > int(compressor[k]):
+                compressor[k] = v  # counters: the furthest one (they agree under DDP)
+    hook.compressor.load_state_dict(compressor)
+    hook.iteration = max(share["iteration"] for share in mine if share)
+    if hook.memory is not None:
+        keys = sorted({k for share in mine if share for k in share["memory"]})
+        for k in keys:
+            pieces = [share["memory"].get(k) if share else None for share in mine]
+            known = next(v for v in pieces if v is not None)
+            if all(v is None or v.size == int(np.prod(s)) for v, s in zip(pieces, shapes)):  # per element
+                memory[k] = np.concatenate([v if v is not None else np.zeros(int(np.prod(s)), known.dtype)
+                                            for v, s in zip(pieces, shapes)])
+            else:
+                memory[k] = known
+        hook.memory.load_state_dict(memory)
 
 
 class DistributedOptimizer:
