@@ -69,7 +69,7 @@ class Config:
     shuffle: bool = True              # reshuffle the training set every epoch (seed + epoch)
     drop_last: bool = False           # drop the tail instead of padding to a multiple of P
     # --- communication
-    algorithm: str = "auto"           # all-reduce algorithm, one of collectives.ALGORITHMS
+    algorithm: str = "auto"           # all-reduce algorithm, one of collectives.ALGORITHMS, or FILE.py:FUNCTION
     bucket_bytes: int = 0             # gradient bucket size (bytes), 0: one fused all-reduce
     overlap: bool = False             # start each bucket's all-reduce during the backward pass (DDP)
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
@@ -325,8 +325,12 @@ class Config:
         from collectives.compression import COMPRESSORS
         from collectives.log import LEVELS
 
+        if isinstance(self.algorithm, str) and ":" in self.algorithm:  # FILE.py:FUNCTION or module:FUNCTION
+            from collectives.schedules import load_algorithm  # verified and registered, on every rank alike
+            self.algorithm = load_algorithm(self.algorithm)
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, or FILE.py:FUNCTION naming a "
+                             f"schedule builder, got {self.algorithm!r}")
         if self.compression not in COMPRESSORS:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSORS)}, got {self.compression!r}")
         if self.log_level and self.log_level.lower() not in LEVELS:

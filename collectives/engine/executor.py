@@ -25,6 +25,7 @@ from mpi4py import MPI
 from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, pending
+from collectives.engine import timeline
 from collectives.engine.waiting import Where, library_failure, wait_all
 from collectives.schedules.schedule import apply_receive
 
@@ -57,7 +58,7 @@ class Run:
     """
 
     __slots__ = ("schedule", "prog", "comm", "work", "scratch", "ufunc", "tag", "name", "transport", "staged", "inp",
-                 "final", "statuses", "index", "posted")
+                 "final", "statuses", "index", "posted", "clock")
 
     def __init__(self, schedule, comm, work, *, scratch=None, ufunc=None, tag=0, name="collective", transport=None):
         self.schedule, self.prog = schedule, schedule.program()
@@ -65,6 +66,7 @@ class Run:
         self.use(transport)
         self.inp, self.final, self.statuses = None, (), []
         self.index, self.posted = 0, None  # the next round; its posted (requests, peers, landing) or None
+        self.clock = None  # with a timeline recording (collectives.engine.timeline): [call, round start, posted]
 
     def use(self, transport):
         """Move device buffers through ``transport`` (None for host arrays): directly, or staged."""
@@ -101,8 +103,10 @@ class Run:
         ``complete`` returns the round's statuses, or None when it is not complete yet (the loop
         stops there and a later call resumes it). Returns True once the final round is finished.
         """
-        prog = self.prog
+        prog, rec = self.prog, timeline.active()
         while self.index < len(prog):
+            if rec is not None:
+                self.start_clock(rec)
             try:
                 statuses = complete(self, self.index)
             except MPI.Exception as exc:
@@ -111,12 +115,26 @@ class Run:
                 return False
             landing = self.posted[2]
             self.posted = None
-            self.finish(self.index, landing, statuses)
+            if rec is None:
+                self.finish(self.index, landing, statuses)
+            else:
+                arrived = time.perf_counter()
+                self.finish(self.index, landing, statuses)
+                rec.add(self.clock[0], self.name, self.schedule.algorithm, self.index, self.schedule.rounds[self.index],
+                        self.clock[1], self.clock[2], arrived, time.perf_counter())
+                self.clock[1] = None
             self.index += 1
         for sl in self.final:
             self.work[sl] = self.inp[sl]
         self.final = ()
         return True
+
+    def start_clock(self, rec):
+        """Note the start of the next round for the timeline recorder ``rec`` (once per round)."""
+        if self.clock is None:
+            self.clock = [rec.new_call(), None, None]
+        if self.clock[1] is None:
+            self.clock[1], self.clock[2] = time.perf_counter(), None
 
     def post(self, index):
         """Post round ``index``'s receives and sends once; return (requests, peers, landing buffers).
@@ -142,6 +160,8 @@ class Run:
             reqs.append(comm.Isend(buf, dst, tag))
             peers.append(-1 - dst)
         self.posted = (reqs, peers, landing)
+        if self.clock is not None:
+            self.clock[2] = time.perf_counter()
         return self.posted
 
     def status_list(self, n):

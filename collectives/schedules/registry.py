@@ -25,6 +25,7 @@ from collectives.schedules.tree import tree_allreduce
 
 __all__ = ["OP_ALGORITHMS", "Algorithm", "REGISTRY", "COLLECTIVES", "names", "auto_candidates", "modelled", "check_algorithm",
            "describe", "build_allreduce_schedule", "register_algorithm", "unregister_algorithm", "load_algorithm",
+           "import_builder",
            "AlgorithmTable",
            "ENTRY_POINTS", "BUILT_IN"]
 
@@ -449,6 +450,27 @@ def load_algorithm(spec, *, sizes=range(1, 65)):
         check_algorithm(spec, "allreduce")
         return spec
     where, _, func = spec.rpartition(":")
+    builder = import_builder(spec)
+    if func in REGISTRY and REGISTRY[func].allreduce_builder is builder:
+        return func
+    register_algorithm(func, builder, sizes=sizes)
+    return func
+
+
+def import_builder(spec):
+    """Return the function ``spec`` names: ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` (imported once).
+
+    Raises
+    ------
+    ValueError
+        No such file, module or function.
+
+    Examples
+    --------
+    >>> import_builder("collectives.schedules.ring:ring_allreduce").__name__
+    'ring_allreduce'
+    """
+    where, _, func = spec.rpartition(":")
     if where.endswith(".py"):
         path = os.path.abspath(where)
         if not os.path.isfile(path):
@@ -470,9 +492,6 @@ def load_algorithm(spec, *, sizes=range(1, 65)):
         except ImportError as exc:
             raise ValueError(f"algorithm {spec!r}: cannot import {where}: {exc}") from None
     builder = getattr(module, func, None)
-    if func in REGISTRY and (builder is None or REGISTRY[func].allreduce_builder is builder):
-        return func
     if not callable(builder):
         raise ValueError(f"{where} has no function {func!r}")
-    register_algorithm(func, builder, sizes=sizes)
-    return func
+    return builder

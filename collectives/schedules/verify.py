@@ -25,13 +25,15 @@ ASPLOS 2023, section 5), which verifies a program's final chunk contributions be
 
 Imports: :mod:`collectives.schedules.schedule`, :mod:`collectives.errors`. No MPI.
 """
+import argparse
 from bisect import bisect_right
+import sys
 import time
 
 from collectives.errors import ScheduleViolation
 from collectives.schedules.schedule import Schedule, chunk_bounds
 
-__all__ = ["verify", "check", "COLLECTIVE_ARGUMENTS", "default_counts"]
+__all__ = ["verify", "check", "COLLECTIVE_ARGUMENTS", "default_counts", "main"]
 
 #: What a builder of each collective is called with (``bounds`` is ``chunk_bounds(count, P)``).
 COLLECTIVE_ARGUMENTS = {
@@ -192,19 +194,44 @@ def _build(builder, case):
 def _match(schedules, case):
     """Pair every send with its receive; return ``(needs, out, into)`` or raise a violation.
 
-    ``needs[r][i]`` lists ``(peer, peer's round)`` that rank r's round i waits for; ``out`` and
-    ``into`` list its round's sends and receives with the number of the message on its link.
+    ``needs[r][i]`` lists ``(peer, peer's round)`` that rank r's round i waits for; ``out[r][i]`` and
+    ``into[r][i]`` list its round's sends and receives (in the round's order) with the number of the
+    message on its link and, for a receive, the matching send's round and region.
     """
-    sends, recvs = {}, {}  # (src, dst) -> [(round, a, b)] in order
+    sends, recvs = {}, {}  # (src, dst) -> [(round, a, b)] / [(round, a, b, reduce, position in round)]
     for r, s in enumerate(schedules):
         for i, rd in enumerate(s.rounds):
             for p, a, b in rd.sends:
-                sends.setdefault((r, p), []).append((i, a, b))
-            for p, a, b, _ in rd.recvs:
-                recvs.setdefault((p, r), []).append((i, a, b))
+                lst = sends.get((r, p))
+                if lst is None:
+                    lst = sends[(r, p)] = []
+                lst.append((i, a, b))
+            for pos, (p, a, b, red) in enumerate(rd.recvs):
+                lst = recvs.get((p, r))
+                if lst is None:
+                    lst = recvs[(p, r)] = []
+                lst.append((i, a, b, red, pos))
+    if len(sends) != len(recvs) or any(
+            len(sends.get(key, ())) != len(got) or any(sb - sa != g[2] - g[1] for (_, sa, sb), g in zip(sends[key], got))
+            for key, got in recvs.items()):
+        _mismatch(sends, recvs, case)
+    needs = [[[] for _ in s.rounds] for s in schedules]
+    out = [[[] for _ in s.rounds] for s in schedules]
+    into = [[[None] * len(rd.recvs) for rd in s.rounds] for s in schedules]
+    for (src, dst), got in recvs.items():
+        for k, ((i, sa, sb), (j, a, b, red, pos)) in enumerate(zip(sends[(src, dst)], got)):
+            needs[src][i].append((dst, j))
+            needs[dst][j].append((src, i))
+            out[src][i].append((dst, k, sa, sb))
+            into[dst][j][pos] = (src, k, a, b, red, i, sa, sb)
+    return needs, out, into
+
+
+def _mismatch(sends, recvs, case):
+    """Raise the first ``length``, ``unmatched receive`` or ``unmatched send`` violation (by receiver, round, sender)."""
     for (src, dst), got in sorted(recvs.items(), key=lambda kv: (kv[0][1], kv[1][0][0], kv[0][0])):
         sent = sends.get((src, dst), [])
-        for k, (i, a, b) in enumerate(got):
+        for k, (i, a, b, _, _) in enumerate(got):
             if k >= len(sent):
                 raise ScheduleViolation("unmatched receive", case.text, f"receive from rank {src} is its receive "
                                         f"number {k + 1} from that rank, which sends only {len(sent)} message(s) "
@@ -220,23 +247,7 @@ def _match(schedules, case):
             i, a, b = sent[n]
             raise ScheduleViolation("unmatched send", case.text, f"send to rank {dst} is its message number "
                                     f"{n + 1} to that rank, which receives only {n} from rank {src}", src, i, (a, b))
-    needs = [[[] for _ in s.rounds] for s in schedules]
-    out = [[[] for _ in s.rounds] for s in schedules]  # out[r][i]: (peer, k, a, b) of the k-th message to peer
-    into = [[[] for _ in s.rounds] for s in schedules]  # into[r][i]: (peer, k, a, b, reduce, its round, its a, b)
-    for (src, dst), sent in sends.items():
-        for k, ((i, sa, sb), (j, a, b)) in enumerate(zip(sent, recvs[(src, dst)])):
-            needs[src][i].append((dst, j))
-            needs[dst][j].append((src, i))
-            out[src][i].append((dst, k, sa, sb))
-    for r, s in enumerate(schedules):
-        nth = {}
-        for i, rd in enumerate(s.rounds):
-            for p, a, b, red in rd.recvs:
-                k = nth.get(p, 0)
-                nth[p] = k + 1
-                j, sa, sb = sends[(p, r)][k]
-                into[r][i].append((p, k, a, b, red, j, sa, sb))
-    return needs, out, into
+    raise AssertionError("_mismatch found no mismatch")
 
 
 def _read_send(bufs, r, i, p, a, b, case):
@@ -428,3 +439,34 @@ def verify(builder, collective="allreduce", *, sizes=range(1, 65), counts=None, 
                 _run(_build(builder, case), case)
                 cases += 1
     return {"cases": cases, "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None):
+    """Verify the builder named on the command line; print what was checked, or the violation and exit 1.
+
+    ``python -m collectives.schedules FILE.py:FUNCTION [--collective allreduce] [--max-size 64]``
+    """
+    from collectives.schedules.registry import import_builder  # the registry imports this module's neighbours
+
+    p = argparse.ArgumentParser(prog="python -m collectives.schedules",
+                                description="Check a schedule builder symbolically for every P up to --max-size "
+                                            "and counts 0, P - 1 and 2P + 1 (collectives.schedules.verify).")
+    p.add_argument("builder", help="FILE.py:FUNCTION or package.module:FUNCTION")
+    p.add_argument("--collective", default="allreduce", choices=list(COLLECTIVE_ARGUMENTS),
+                   help="the collective it computes (default allreduce)")
+    p.add_argument("--max-size", type=int, default=64, help="largest P checked (default 64)")
+    a = p.parse_args(argv)
+    if a.max_size < 1:
+        p.error(f"--max-size must be >= 1, got {a.max_size}")
+    try:
+        builder = import_builder(a.builder)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        out = verify(builder, a.collective, sizes=range(1, a.max_size + 1))
+    except ScheduleViolation as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
+    print(f"verified {a.builder} as {a.collective}: {out['cases']} cases (P = 1..{a.max_size}, counts 0, P - 1, "
+          f"2P + 1) in {out['seconds']:.1f} s")
+    return 0

@@ -43,6 +43,7 @@ library, P, host, date, versions, rows, and the ratio summary of :func:`experime
 the complete sweep's JSON its ``provenance`` (:mod:`experiments.results`: on a busy machine the sweep
 refuses to start unless ``--allow-noisy`` marks it noisy).
 """
+import os
 import sys
 import time
 from functools import partial
@@ -53,16 +54,18 @@ from mpi4py import MPI
 import collectives
 import collectives.backend
 import collectives.engine.context
+from collectives.engine import timeline
 import collectives.schedules.registry
 from experiments.bench.cases import case, poison
-from experiments.bench.oracle import count_wrong
+from experiments.bench.oracle import count_wrong, first_wrong
 from experiments import results as prov
 from experiments.bench.output import COLUMNS, HEAD, bus_factor, header, library, line, report, write
 from experiments.outputs import command_line, unwritable
 from experiments.bench.references import gloo_available, gloo_finish
 from training.cli import parse_on_every_rank
 
-__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main"]
+__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main",
+           "wrong_rows"]
 
 from experiments.bench.options import (FORMATS, OPS, REFERENCES, BenchConfig, _NO_TORCH, _algorithms,  # noqa: F401
                                        _plan, parse_args)
@@ -101,17 +104,34 @@ def _iterations(calls, comm, iters, max_time):
 
 
 def _check(c, comm):
-    """Return (#wrong per out-of-place call, #wrong per in-place call, resolved names), summed over ranks."""
-    wrong, resolved = np.zeros(len(c.calls) + len(c.in_place), np.int64), {}
+    """Return (#wrong per out-of-place call, #wrong per in-place call, resolved names, where wrong).
+
+    The counts are summed over ranks; ``where`` maps each call found wrong (the algorithm, or
+    ``(algorithm, "in-place")``) to ``[(rank, first wrong element, expected, got), ...]`` of the ranks
+    it was wrong on (gathered on every rank in one ``MPI_Allgather`` of numbers).
+    """
+    n = len(c.calls) + len(c.in_place)
+    wrong, resolved, first = np.zeros(n, np.int64), {}, np.full((n, 4), np.nan)  # (calls, [flag, i, want, got])
     for i, (alg, call) in enumerate(c.calls.items()):
         poison(c.poisoned)
-        wrong[i] = 0 if getattr(call, "unchecked", False) else count_wrong(call(), c.ref)
+        got = None if getattr(call, "unchecked", False) else call()
+        wrong[i] = 0 if got is None else count_wrong(got, c.ref)
+        if wrong[i]:
+            first[i] = (1, *first_wrong(got, c.ref))
         resolved[alg] = collectives.engine.context.last_stats(comm)["algorithm"] if alg == "auto" else alg
     for i, call in enumerate(c.in_place.values(), len(c.calls)):
         c.reset()
-        wrong[i] = count_wrong(call(), c.ref)
+        got = call()
+        wrong[i] = count_wrong(got, c.ref)
+        if wrong[i]:
+            first[i] = (1, *first_wrong(got, c.ref))
+    every = np.empty((comm.Get_size(), n, 4))
+    comm.Allgather(first, every)  # (P, calls, 4)
     comm.Allreduce(MPI.IN_PLACE, wrong, MPI.SUM)
-    return dict(zip(c.calls, wrong[:len(c.calls)])), dict(zip(c.in_place, wrong[len(c.calls):])), resolved
+    keys = list(c.calls) + [(alg, "in-place") for alg in c.in_place]
+    where = {key: [(r, int(every[r, i, 1]), every[r, i, 2], every[r, i, 3]) for r in range(every.shape[0])
+                   if every[r, i, 0] == 1] for i, key in enumerate(keys) if wrong[i]}
+    return dict(zip(c.calls, wrong[:len(c.calls)])), dict(zip(c.in_place, wrong[len(c.calls):])), resolved, where
 
 
 def _time(timed, cfg, comm, size):
@@ -136,6 +156,25 @@ def _time(timed, cfg, comm, size):
     return iters, every
 
 
+def _timelines(c, op, size, cfg, comm, calls=10):
+    """Record ``calls`` more calls of each algorithm of case ``c`` round by round; rank 0 prints and writes them.
+
+    Rows that run no schedule (``mpi``, the references) record no round and are passed over.
+    """
+    for alg, call in c.calls.items():
+        with timeline.record() as rec:
+            for _ in range(calls):
+                call()
+        per_rank = timeline.gather(rec, comm)
+        if comm.Get_rank() == 0 and any(per_rank):
+            path = f"{cfg.timeline}-{op}-{alg}-{size}.json"
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            timeline.write(path, per_rank)
+            print(f"# timeline of {op} {alg} at {size} B ({calls} calls), written to {path}\n"
+                  + "\n".join("# " + ln for ln in timeline.table(per_rank, np.dtype(cfg.dtype).itemsize).splitlines()),
+                  flush=True)
+
+
 def _measure(op, nbytes, cfg, comm):
     """Check and time every algorithm of ``op`` at ``nbytes``; return the rows (complete on every rank).
 
@@ -147,10 +186,12 @@ def _measure(op, nbytes, cfg, comm):
     if c is None:
         return []
     P, dt = comm.Get_size(), np.dtype(cfg.dtype)
-    wrong, wrong_in_place, resolved = _check(c, comm)
+    wrong, wrong_in_place, resolved, where = _check(c, comm)
     size = c.count * dt.itemsize
     timed = {**c.calls, **{(alg, "in-place"): call for alg, call in c.in_place.items()}}
     iters, every = _time(timed, cfg, comm, size)
+    if cfg.timeline:
+        _timelines(c, op, size, cfg, comm)
     t = {key: every[:, i, :] for i, key in enumerate(timed)}  # (P, 2) per call
     rows = []
     for alg in c.calls:
@@ -166,6 +207,10 @@ def _measure(op, nbytes, cfg, comm):
             ip = t[(alg, "in-place")][:, 0]
             row.update(inplace_time_us=ip.max() * 1e6, inplace_time_mean_us=ip.mean() * 1e6,
                        inplace_wrong=int(wrong_in_place[alg]))
+        for key, form in ((alg, "out of place"), ((alg, "in-place"), "in place")):
+            if key in where:
+                row.setdefault("wrong_at", []).extend(
+                    {"form": form, "rank": r, "element": i, "expected": e, "got": g} for r, i, e, g in where[key])
         rows.append(row)
     return rows
 
@@ -257,7 +302,41 @@ def main(argv=None):
     except ValueError as e:
         _fail(comm, str(e))
     results = run_sweep(cfg, comm, watch, command_line("experiments.bench.collectives", argv))
-    sys.exit(1 if any(r["wrong"] or r.get("inplace_wrong") for r in results["rows"]) else 0)
+    bad = [r for r in results["rows"] if r["wrong"] or r.get("inplace_wrong")]
+    if bad and comm.Get_rank() == 0:
+        print(wrong_rows(bad), file=sys.stderr, flush=True)
+    sys.exit(1 if bad else 0)
+
+
+def wrong_rows(rows, limit=4):
+    """Return the lines that say where each wrong row was wrong: rank, first wrong element, expected, got.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Result rows with ``wrong`` or ``inplace_wrong`` above 0 (and ``wrong_at``, from the check).
+    limit : int
+        Ranks named per row at most.
+
+    Examples
+    --------
+    >>> print(wrong_rows([{"op": "allreduce", "algorithm": "alltoall", "bytes": 24, "P": 3, "wrong": 6,
+    ...                    "wrong_at": [{"form": "out of place", "rank": 0, "element": 0, "expected": 300.0,
+    ...                                  "got": 200.0}]}]))
+    wrong results (6 elements in 1 row):
+      allreduce alltoall 24 B P=3 out of place: rank 0 element 0 expected 300 got 200
+    """
+    total = sum(r["wrong"] + r.get("inplace_wrong", 0) for r in rows)
+    out = [f"wrong results ({total} elements in {len(rows)} row{'s' if len(rows) != 1 else ''}):"]
+    for r in rows:
+        at = r.get("wrong_at", [])
+        head = f"  {r['op']} {r['algorithm']} {r['bytes']} B P={r['P']}"
+        for w in at[:limit]:
+            out.append(f"{head} {w['form']}: rank {w['rank']} element {w['element']} expected {w['expected']:g} "
+                       f"got {w['got']:g}")
+        if len(at) > limit:
+            out.append(f"{head}: and {len(at) - limit} more rank(s)")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import numpy as np
 
 import collectives
 import collectives.schedules.registry
+from collectives.schedules import load_algorithm
 from experiments import results as prov
 from experiments.bench.output import UNSTABLE
 from training.sizes import bytes_argument
@@ -62,6 +63,7 @@ class BenchConfig:
     max_load: float = None                    # refuse to start above this load average (None: 0.25 x cores)
     allow_noisy: bool = False                 # start on a busy machine anyway, the results marked noisy
     settle: float = 0.0                       # seconds rank 0 may wait for the load to fall below max_load
+    timeline: str = ""                        # per-round timeline of each hand-made row: PREFIX-OP-ALG-BYTES.json
 
 
 def _names(text):
@@ -96,6 +98,10 @@ def parse_args(argv=None, size=1):
     """
     p = _parser()
     a = p.parse_args(argv)
+    try:  # FILE.py:FUNCTION or module:FUNCTION: a schedule builder, verified and registered on every rank
+        a.algorithms = tuple(load_algorithm(n) if ":" in n else n for n in a.algorithms)
+    except (ValueError, ImportError) as exc:
+        p.error(f"--algorithms: {exc}")
     for name in ("iters", "warmup"):
         if getattr(a, name) is not None:
             setattr(a, f"{name}_small", getattr(a, name))
@@ -106,7 +112,7 @@ def parse_args(argv=None, size=1):
                       warmup_small=a.warmup_small, warmup_large=a.warmup_large, large_bytes=a.large_bytes,
                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
                       format=a.format, max_load=a.max_load, allow_noisy=a.allow_noisy,
-                      settle=a.settle)
+                      settle=a.settle, timeline=a.timeline)
     if not _plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
@@ -121,7 +127,8 @@ def _parser():
     p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
     p.add_argument("--algorithms", type=_names, default=d.algorithms,
                    help="comma list; each op runs the ones it has (default: all, plus the references "
-                        "MPI_<Op>, and ring-direct and ring-execute for all-reduce)")
+                        "MPI_<Op>, and ring-direct and ring-execute for all-reduce); FILE.py:FUNCTION or "
+                        "module:FUNCTION adds a schedule builder of one's own, verified first")
     p.add_argument("--min-bytes", type=bytes_argument(), default=d.min_bytes, help="smallest size (default 8)")
     p.add_argument("--max-bytes", type=bytes_argument(), default=d.max_bytes, help="largest size (default 64M)")
     p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.backend.DTYPES],
@@ -151,6 +158,10 @@ def _parser():
                         "columns: time as the mean over ranks, out-of-place and in-place groups, the "
                         "in-place calls measured too; default table)")
     p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
+    p.add_argument("--timeline", default=d.timeline, metavar="PREFIX",
+                   help="after timing each row of a hand-made algorithm, record 10 more calls round by round "
+                        "(collectives.engine.timeline): print the slowest rank's rounds and write their "
+                        "Chrome/Perfetto trace to PREFIX-OP-ALGORITHM-BYTES.json (default: none)")
     prov.add_options(p)
     return p
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 from collectives import backend
 from collectives.calls.allreduce import MPI_OPS
 
-__all__ = ["RTOL", "check_data", "count_wrong", "raw", "oracle_allreduce"]
+__all__ = ["RTOL", "check_data", "count_wrong", "first_wrong", "raw", "oracle_allreduce"]
 
 #: Relative (and absolute) tolerance per float dtype when counting wrong elements.
 RTOL = {"float16": 1e-3, "float32": 1e-5, "float64": 1e-12}
@@ -32,6 +32,34 @@ def count_wrong(result, ref):
     tol = RTOL[ref.dtype.name]
     return int(np.count_nonzero(~np.isclose(result.astype(np.float64), ref.astype(np.float64),
                                             rtol=tol, atol=tol)))
+
+
+def first_wrong(result, ref):
+    """Return ``(index, expected, got)`` of the first element of ``result`` that differs from ``ref``, or None.
+
+    The same test as :func:`count_wrong` (floats within :data:`RTOL`); a result of another shape is
+    wrong at index -1 with its size as ``got`` and the expected size as ``expected``.
+
+    Examples
+    --------
+    >>> first_wrong(np.array([300, 202, 306]), np.array([300, 303, 306]))
+    (1, 303.0, 202.0)
+    >>> first_wrong(np.zeros(2), np.zeros(2)) is None
+    True
+    """
+    result, ref = np.asarray(result), np.asarray(ref)
+    if result.shape != ref.shape:
+        return -1, float(ref.size), float(result.size)
+    if ref.dtype.kind != "f":
+        bad = np.flatnonzero(result.reshape(-1) != ref.reshape(-1))
+    else:
+        tol = RTOL[ref.dtype.name]
+        bad = np.flatnonzero(~np.isclose(result.reshape(-1).astype(np.float64), ref.reshape(-1).astype(np.float64),
+                                         rtol=tol, atol=tol))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    return i, float(ref.reshape(-1)[i]), float(result.reshape(-1)[i])
 
 
 def raw(a):

@@ -302,7 +302,8 @@ def combine(passes):
     Times (in-place ones too, when measured, with ``inplace_time_repeats_us``) are the medians over the
     passes, bandwidths those of the median time; ``time_repeats_us`` lists every pass's
     time (slowest rank's mean), ``spread`` is their max / min - 1, ``unstable`` is spread >
-    :data:`UNSTABLE`, ``wrong`` the most any pass counted.
+    :data:`UNSTABLE`, ``wrong`` the most any pass counted, ``wrong_at`` every pass's wrong ranks
+    (rank, first wrong element, expected, got).
     """
     groups = {}
     for rows in passes:
@@ -322,6 +323,9 @@ def combine(passes):
         row["spread"] = max(reps) / min(reps) - 1 if min(reps) > 0 else 0.0
         row["unstable"] = bool(row["spread"] > UNSTABLE)
         row["wrong"] = max(r["wrong"] for r in group)
+        at = [w for r in group for w in r.get("wrong_at", ())]  # where each pass found it wrong
+        if at:
+            row["wrong_at"] = at
         if "inplace_time_us" in row:  # measured with --format nccl-tests
             for k in ("inplace_time_us", "inplace_time_mean_us"):
                 row[k] = float(statistics.median(r[k] for r in group))
