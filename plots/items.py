@@ -8,7 +8,8 @@ loads its file, refuses one measured on a busy machine and ends its table with t
 """
 import os
 
-from plots.renderers import (_bench, _bench_figures, _breakdown_table, _levels_table, _metrics_overhead_table,
+from plots.renderers import (_bench, _bench_figures, _breakdown_table, _hetero_figures, _hetero_table,
+                             _levels_table, _metrics_overhead_table,
                              _mpi_baseline_table,
                              _model_parallel_table, _non_iid_figures, _non_iid_table, _ps_part, _replicas_table,
                              _scaling_table, _serving_load_figure, _serving_load_table, _small_calls,
@@ -64,6 +65,7 @@ ITEMS = {
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
+    "hetero": ("hetero", _hetero_table, _hetero_figures),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
     "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
                            _figure("predict", "predict_validation.png", "draw_validation")),

@@ -95,7 +95,7 @@ def _figure_names():
     """File names of the figures the items draw (without drawing them)."""
     names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
              "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
-             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png"}
+             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)

@@ -15,6 +15,8 @@
 * Bad input: one clear line each (--balance on the model-parallel grid, K < 1, a global batch
   smaller than P, a memory bound leaving no sample or too few for the batch).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,32 @@ def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P):
     out = run_mpi(P, "tests.mpi_shares", str(tmp_path), timeout=300).stdout
     for case in ("every_step", "balance", "no_straggler", "defaults", "ps"):
         assert f"case_{case}: ok" in out, out
+
+
+def test_the_heterogeneity_study_runs_in_quick_mode_and_draws(tmp_path):
+    """Both launches of the study (data-parallel, then the parameter server) on the quick job, and its
+    table and figure; oracle: every (method, condition) has a row, --balance gave the 2x slower rank
+    the smaller share, the ideal step is B over the summed speeds of the equal run."""
+    import json
+
+    from experiments.studies.hetero_study import ideal_step
+    from plots.hetero import draw, markdown
+
+    out = str(tmp_path / "het")
+    common = ("--workers", "2", "--quick", "--conditions", "even,slow4", "--allow-noisy", "--out", out)
+    run_mpi(2, "experiments.studies.hetero_study", *common, timeout=240)
+    run_mpi(3, "experiments.studies.hetero_study", *common, timeout=240)
+    dp = json.loads((tmp_path / "het" / "hetero_w2_dp.json").read_text())
+    ps = json.loads((tmp_path / "het" / "hetero_w2_ps.json").read_text())
+    assert dp["provenance"]["command"] and {(r["method"], r["condition"]) for r in dp["table"]} == {
+        (m, c) for m in ("equal", "balance", "local4") for c in ("even", "slow4")}
+    assert {(r["method"], r["condition"]) for r in ps["table"]} == {(m, c) for m in ("ssp2", "ps-balance")
+                                                                    for c in ("even", "slow4")}
+    bal = next(r for r in dp["runs"] if (r["method"], r["condition"]) == ("balance", "slow4"))
+    assert bal["shares"][1] < bal["shares"][0] and sum(bal["shares"]) == 60, bal["shares"]
+    t = next(r for r in dp["runs"] if (r["method"], r["condition"]) == ("equal", "even"))["seconds_per_sample"]
+    row = next(r for r in dp["table"] if (r["method"], r["condition"]) == ("equal", "slow4"))
+    assert row["ideal_s"] == pytest.approx(60 / (1 / t + 1 / (4 * t)))
+    assert row["speedup"] == 1.0 and all(r["ideal_s"] for r in ps["table"])  # the dp file's equal runs
+    assert "| ps-balance" in markdown([dp, ps]) and (tmp_path / "h.png").exists() is False
+    assert os.path.getsize(draw([dp, ps], str(tmp_path / "h.png"))) > 1000

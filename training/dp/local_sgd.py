@@ -161,10 +161,13 @@ def _sent(comm):
     return int(collectives.engine.context.last_stats(comm).get("bytes_sent", 0))
 
 
-def local_step(model, loss_fn, optimizer, local, x, y, sync):
+def local_step(model, loss_fn, optimizer, local, x, y, sync, *, arrive=None):
     """Take one local optimizer step on this rank's batch; average the replicas when ``sync``.
 
     A non-finite loss or gradient skips this rank's update only (no exchange is made to agree on it).
+    ``arrive``, as :func:`training.dp.data_parallel.train_step`'s, is called with the step's compute
+    seconds once the step's computation is done (the injected slowness of ``--straggler`` and
+    ``--jitter``, the monitor's heartbeat); its time counts as compute.
 
     Returns
     -------
@@ -191,6 +194,8 @@ def local_step(model, loss_fn, optimizer, local, x, y, sync):
     skip = not is_finite(loss, model.grads)
     if not skip:
         optimizer.step()
+    if arrive is not None:
+        arrive(time.perf_counter() - t0)
     t1 = time.perf_counter()
     info = local.average(model.params, optimizer) if sync else {"bytes_sent": 0, "compress_s": 0.0,
                                                                 "decompress_s": 0.0}

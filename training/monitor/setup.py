@@ -139,11 +139,13 @@ def close_monitor(monitor):
     return {} if monitor is None else monitor.close()
 
 
-def arrival(monitor, slow=1.0):
+def arrival(monitor, slow=1.0, jitter=0.0, rng=None):
     """Return the ``arrive`` of :func:`training.dp.data_parallel.train_step` for this rank, or None.
 
     ``arrive(compute_s)`` sleeps ``slow - 1`` times the step's compute so far (``--straggler``, from
-    :func:`slow_factor`), then sends ``monitor``'s heartbeat; None when neither applies.
+    :func:`slow_factor`) plus a uniform ``[0, jitter]`` seconds drawn from ``rng`` (``--jitter``, as
+    the parameter server's workers sleep; a generator seeded per rank, so that runs repeat), then
+    sends ``monitor``'s heartbeat; None when none applies.
 
     Examples
     --------
@@ -154,11 +156,12 @@ def arrival(monitor, slow=1.0):
     True
     """
     beat = monitor.arrive
-    if slow <= 1:
+    if slow <= 1 and not jitter:
         return None if beat is None else (lambda compute_s: beat())
+    rng = rng if rng is not None else numpy.random.default_rng()
 
     def arrive(compute_s):
-        time.sleep((slow - 1) * compute_s)
+        time.sleep(max(0.0, slow - 1) * compute_s + (rng.uniform(0.0, jitter) if jitter else 0.0))
         if beat is not None:
             beat()
 
