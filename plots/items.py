@@ -8,8 +8,8 @@ loads its file, refuses one measured on a busy machine and ends its table with t
 """
 import os
 
-from plots.renderers import (_bench, _bench_figures, _breakdown_table, _hetero_figures, _hetero_table,
-                             _levels_table, _metrics_overhead_table,
+from plots.hetero import published_figures as _hetero_figures, published_table as _hetero_table
+from plots.renderers import (_bench, _bench_figures, _breakdown_table, _levels_table, _metrics_overhead_table,
                              _mpi_baseline_table,
                              _model_parallel_table, _non_iid_figures, _non_iid_table, _ps_part, _replicas_table,
                              _scaling_table, _serving_load_figure, _serving_load_table, _small_calls,

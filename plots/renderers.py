@@ -307,31 +307,6 @@ def _non_iid_figures(rel):
     return [out]
 
 
-def _hetero_results(rel):
-    """Return the quiet results files of the heterogeneity study in ``plots/reference/REL/`` (dp first)."""
-    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "hetero_w*_*.json")))
-    if not paths:
-        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.hetero_study")
-    results = [_load(os.path.relpath(path, REFERENCE)) for path in paths]
-    provs = [check_quiet(r, os.path.relpath(path, REFERENCE)) for r, path in zip(results, paths)]
-    return results, provs, [os.path.relpath(path, REFERENCE) for path in paths]
-
-
-def _hetero_table(rel):
-    from plots.hetero import markdown
-
-    results, provs, rels = _hetero_results(rel)
-    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
-
-
-def _hetero_figures(rel):
-    from plots.hetero import draw
-
-    out = os.path.join(FIGURES, "hetero.png")
-    draw(_hetero_results(rel)[0], out)
-    return [out]
-
-
 def _levels_table(rel):
     from plots.levels import markdown
 
