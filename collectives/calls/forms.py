@@ -16,7 +16,8 @@ FORMS = {
     "iallreduce": 'iallreduce(x, *, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32")',
     "allreduce_init": 'allreduce_init(x, *, op="sum", comm=None, algorithm="auto", out=None, grid=None, '
                       'accumulate="float32")',
-    "reduce_scatter": 'reduce_scatter(x, *, op="sum", comm=None, algorithm="ring", out=None, timeout=None)',
+    "reduce_scatter": 'reduce_scatter(x, *, counts=None, op="sum", comm=None, algorithm="ring", out=None, '
+                      'timeout=None)',
     "allgather": 'allgather(x, *, comm=None, algorithm="ring", out=None, timeout=None)',
     "broadcast": 'broadcast(x, *, root=0, comm=None, algorithm="tree", timeout=None)',
     "reduce": 'reduce(x, *, op="sum", root=0, comm=None, algorithm="tree", timeout=None)',

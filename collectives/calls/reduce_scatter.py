@@ -16,9 +16,11 @@ from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
 from collectives.engine.buffers import adopt, as_array, check_distinct, check_out, finish
 from collectives.engine.context import _LAST, check_comm, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
-from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled
+from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled, counts_code
+from collectives.errors import CollectiveMismatch
 from collectives.schedules.ring import ring_reduce_scatter
 from collectives.calls.forms import keyword_form, positional
+from collectives.library.call import settle
 from collectives.library.scatter_plan import ScatterPlan
 from collectives.schedules.schedule import chunk_bounds, segmented
 
@@ -87,18 +89,57 @@ def _repeated_scatter(x, comm, op, algorithm, timeout, out):
     return plan.run(ctx, x, None if timeout is None else check_timeout(timeout), out)
 
 
+def _counts_bounds(counts, size, count):
+    """Return ``(bounds, problem)``: the chunk boundaries of ``counts`` (None: ``numpy.array_split``'s) and
+    what is wrong with ``counts`` (None when nothing is)."""
+    if counts is None:
+        return chunk_bounds(count, size), None
+    try:
+        values = [int(c) for c in counts]
+        exact = all(isinstance(c, (int, numpy.integer)) and not isinstance(c, (bool, numpy.bool_)) for c in counts)
+    except (TypeError, ValueError):
+        return None, f"counts must be a sequence of {size} ints >= 0, got {counts!r}"
+    if not exact or len(values) != size or min(values, default=0) < 0:
+        return None, f"counts must be {size} ints >= 0 (one per rank), got {list(counts)!r}"
+    if sum(values) != count:
+        return None, f"counts add up to {sum(values)}, x has {count} elements"
+    bounds = [0]
+    for c in values:
+        bounds.append(bounds[-1] + c)
+    return tuple(bounds), None
+
+
+def _agree_counts(ctx, key, acc, timeout, problem):
+    """Compare the counts of every rank before any data moves (the 2-element fingerprint all-reduce of
+    ``key``, whose last field carries them): :class:`CollectiveMismatch` on every rank when they differ;
+    ``ValueError`` on a rank whose own counts are malformed (the others then see the mismatch)."""
+    try:
+        settle(ctx, key, acc, timeout, always=True)
+    except CollectiveMismatch:
+        if problem is not None:
+            raise ValueError(problem) from None
+        raise
+    if problem is not None:
+        raise ValueError(problem)
+
+
 @keyword_form
-def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
+def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
     """Reduce ``x`` across ranks and return this rank's chunk of the flattened result.
 
     Steps (ring): P - 1 rounds; in round s rank r sends chunk (r - s - 1) mod P to r + 1 and adds
     chunk (r - s - 2) mod P from r - 1. Cost: ``(P-1) alpha + (P-1)/P n (beta + gamma)``. Source:
-    Patarasuk and Yuan 2009, section 3.
+    Patarasuk and Yuan 2009, section 3. With ``counts`` (reduce-scatter-v, MPI's
+    ``MPI_Reduce_scatter`` with ``recvcounts``) chunk r holds ``counts[r]`` elements instead.
 
     Parameters
     ----------
     x : ndarray, any shape, supported dtype
         This rank's contribution; same size and dtype everywhere. It is flattened (C order).
+    counts : sequence of int, optional
+        Elements of each rank's chunk, ``P`` ints >= 0 adding up to ``x.size`` (zeros allowed), the
+        same on every rank; default: the ``numpy.array_split`` chunks. The ranks compare their counts
+        (one 2-element all-reduce) before any data moves. ``ring`` and ``mpi`` (and ``auto``) take them.
     comm : mpi4py.MPI.Intracomm, optional
     op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
     algorithm : {"ring", "mpi", "auto"}
@@ -111,12 +152,16 @@ def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, ti
     Returns
     -------
     ndarray, shape (chunk_r,), x.dtype
-        Chunk ``r`` of the ``numpy.array_split(result, P)`` chunks (73 elements on 4 ranks: 19, 18, 18, 18).
+        Chunk ``r`` of the ``numpy.array_split(result, P)`` chunks (73 elements on 4 ranks: 19, 18, 18, 18),
+        or elements ``sum(counts[:r])`` to ``sum(counts[:r + 1])`` of the result with ``counts``.
 
     Raises
     ------
     ValueError, TypeError
-        As for :func:`collectives.allreduce`.
+        As for :func:`collectives.allreduce`; ``ValueError`` for ``counts`` that are not P ints >= 0
+        adding up to ``x.size``, or with an algorithm that does not take them.
+    CollectiveMismatch
+        On every rank, when the ranks' ``counts`` differ (before any data moves).
 
     Examples
     --------
@@ -133,33 +178,41 @@ def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, ti
     Traceback (most recent call last):
     ...
     ValueError: out has shape (3,), expected (4,)
+    >>> collectives.reduce_scatter(np.arange(3.0), counts=[3])  # reduce-scatter-v: one rank, all of it
+    array([0., 1., 2.])
     """
     if args:
         positional('reduce_scatter', args)
-    if type(x) is numpy.ndarray and type(op) is str:
+    if type(x) is numpy.ndarray and type(op) is str and counts is None:
         got = _repeated_scatter(x, comm, op, algorithm, timeout, out)  # a repeated call: its cached plan
         if got is not None:
             return got
     x, out, wrap = adopt(x, out)
     if wrap is not None:
-        return wrap(reduce_scatter(x, comm=comm, op=op, algorithm=algorithm, timeout=timeout, out=out))
+        return wrap(reduce_scatter(x, counts=counts, comm=comm, op=op, algorithm=algorithm, timeout=timeout,
+                                   out=out))
     op = op_name(op)
     given = algorithm
     comm = check_comm(comm)
     x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout, comm.Get_size())
-    chunks = chunk_bounds(x.size, comm.Get_size())
-    check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
+    if counts is not None and algorithm not in ("ring", "mpi"):
+        raise ValueError(f"counts: algorithm {algorithm!r} does not take counts; ring and mpi do")
+    chunks, problem = _counts_bounds(counts, comm.Get_size(), x.size)
+    if problem is None:
+        check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)
     count, size, rank = x.size, ctx.size, ctx.rank
-    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None)
+    key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None if counts is None else counts_code(counts))
+    if counts is not None:
+        _agree_counts(ctx, key, accumulation_dtype(x.dtype), timeout, problem)
     if algorithm == "mpi":  # planned once; host plans are run again by later calls of this signature
-        plan = ScatterPlan(ctx, x, op, key)
-        if xp is numpy:
+        plan = ScatterPlan(ctx, x, op, key, None if counts is None else chunks)
+        if xp is numpy and counts is None:
             ctx.keep(("reduce_scatter", given, op, x.dtype, x.shape, checks_enabled()), plan)
         return plan.run(ctx, x, timeout, out)
-    bounds = chunk_bounds(count, size)
+    bounds = chunks
     acc = accumulation_dtype(x.dtype)
     work = ctx.buffer(xp, acc, count, "rs-work")
     lo, hi = bounds[rank], bounds[rank + 1]
@@ -168,7 +221,8 @@ def reduce_scatter(x, *args, op="sum", comm=None, algorithm="ring", out=None, ti
         inp = x.reshape(-1)  # read in place (by the executor or the library): no copy of the whole input
     elif count:
         xp.copyto(work.reshape(x.shape), x, casting="unsafe")
-    sched = ctx.schedule(("reduce_scatter", algorithm, count), lambda: segmented(ring_reduce_scatter(rank, size, count)))
+    sched = ctx.schedule(("reduce_scatter", algorithm, count) + (() if counts is None else (bounds,)),
+                         lambda: segmented(ring_reduce_scatter(rank, size, count, None if counts is None else bounds)))
     run = Run(sched, ctx.comm, work, scratch=ctx.buffer(xp, acc, sched.scratch), ufunc=getattr(xp, OPS[op]),
               name="reduce_scatter").read_from(inp, (lo, hi))
     run_schedule(ctx, key, run, timeout=timeout, xp=xp)

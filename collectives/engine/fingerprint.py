@@ -39,7 +39,7 @@ from collectives.schedules.registry import COLLECTIVES, REGISTRY
 from collectives.errors import CollectiveMismatch
 from collectives.engine.waiting import Where, wait_all
 
-__all__ = ["FIELDS", "TagSpace", "key_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled", "settings_token",
+__all__ = ["FIELDS", "TagSpace", "key_code", "counts_code", "describe", "set_debug", "debug_enabled", "set_checks", "checks_enabled", "settings_token",
            "exchange", "pending"]
 
 #: Fields of the debug-mode fingerprint, in the order they are compared.
@@ -160,7 +160,9 @@ def describe(key):
     if root is not None:
         parts.append(f"root={root}")
     parts.append(f"algorithm={alg}")
-    if isinstance(grid, tuple):
+    if coll == "reduce_scatter" and isinstance(grid, tuple):
+        parts.append(f"counts=<{grid[0]} values, code {-2 - grid[1]}>")
+    elif isinstance(grid, tuple):
         parts.append(f"block={block_text(grid)}" if coll == "allgather" else f"grid={'x'.join(map(str, grid))}")
     return f"{coll}({', '.join(parts)})"
 
@@ -177,6 +179,24 @@ def block_code(shape):
     if len(shape) == 2:
         return (int(shape[0]), int(shape[1]))
     return (int(shape[0]), -2 - zlib.crc32(numpy.array(shape[1:], numpy.int64).tobytes()))
+
+
+def counts_code(counts):
+    """Return the ``grid`` slot of a reduce-scatter-v's key: ``(len(counts), -2 - CRC of the counts)``.
+
+    Ranks whose count vectors differ make different keys, so the fingerprint check tells them apart;
+    a vector that is not a sequence of ints gets length -1 and the CRC of its text.
+
+    Examples
+    --------
+    >>> counts_code([3, 0, 2]) == counts_code((3, 0, 2)), counts_code([3, 0, 2]) == counts_code([2, 0, 3])
+    (True, False)
+    """
+    try:
+        data, n = numpy.array([int(c) for c in counts], numpy.int64).tobytes(), len(counts)
+    except (TypeError, ValueError, OverflowError):
+        data, n = repr(counts).encode(), -1
+    return (n, -2 - zlib.crc32(data))
 
 
 def block_text(grid):

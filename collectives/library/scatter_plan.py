@@ -41,14 +41,17 @@ class ScatterPlan:
         ``sum``, ``avg``, ``prod``, ``min`` or ``max``.
     key : tuple
         The call key (:mod:`collectives.engine.fingerprint`), algorithm ``"mpi"``.
+    bounds : sequence of int, length P + 1, optional
+        Chunk boundaries of a reduce-scatter-v (``MPI_Reduce_scatter`` with their counts); default
+        ``chunk_bounds(x.size, P)``.
     """
 
     __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
                  "got", "isnan", "xp", "_pair", "_lean", "fast")
 
-    def __init__(self, ctx, x, op, key):
+    def __init__(self, ctx, x, op, key, bounds=None):
         size, rank, n = ctx.size, ctx.rank, x.size
-        bounds = chunk_bounds(n, size)
+        bounds = chunk_bounds(n, size) if bounds is None else bounds
         self.counts = [bounds[i + 1] - bounds[i] for i in range(size)]
         self.key, self.op, self.size, self.acc = key, op, size, accumulation_dtype(x.dtype)
         self.chunk, self.elements, self.mpi_op = self.counts[rank], n - self.counts[rank], MPI_OPS[op]

@@ -112,18 +112,28 @@ def ring_allreduce(rank, size, count):
     return Schedule("ring", rank, size, count, rounds)
 
 
-def ring_reduce_scatter(rank, size, count):
+def ring_reduce_scatter(rank, size, count, bounds=None):
     """Build the ring reduce-scatter schedule: rank r ends with the reduced chunk r.
 
     Cost: ``(P-1) alpha + (P-1)/P n beta + (P-1)/P n gamma``. Source: Patarasuk and Yuan 2009.
+
+    Parameters
+    ----------
+    rank, size, count : int
+        This rank, the number of ranks P and the elements of the vector.
+    bounds : sequence of int, length P + 1, optional
+        Chunk boundaries (reduce-scatter-v: chunk r is ``[bounds[r], bounds[r + 1])``, empty ones
+        allowed); default ``chunk_bounds(count, size)``.
 
     Examples
     --------
     >>> ring_reduce_scatter(0, 4, 10)
     Schedule('ring', rank=0, size=4, count=10, rounds=3, messages=3, elements_sent=7)
+    >>> ring_reduce_scatter(0, 3, 6, bounds=(0, 0, 6, 6))  # every element to rank 1
+    Schedule('ring', rank=0, size=3, count=6, rounds=2, messages=1, elements_sent=6)
     """
-    return Schedule("ring", rank, size, count,
-                    ring_reduce_scatter_rounds(list(range(size)), rank, chunk_bounds(count, size)))
+    bounds = chunk_bounds(count, size) if bounds is None else tuple(int(b) for b in bounds)
+    return Schedule("ring", rank, size, count, ring_reduce_scatter_rounds(list(range(size)), rank, bounds))
 
 
 def ring_allgather(rank, size, bounds):
