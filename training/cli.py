@@ -26,7 +26,7 @@ _METAVARS = {
     "data_dir": "DIR", "test_fraction": "FRACTION", "samples": "N", "features": "N", "classes": "N",
     "epochs": "N", "stop_after": "EPOCH", "batch_size": "SAMPLES", "lr": "LR", "momentum": "MU",
     "weight_decay": "WD", "beta1": "B1", "beta2": "B2", "eps": "EPS", "seed": "N",
-    "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N",
+    "algorithm": "NAME", "bucket_bytes": "BYTES", "compression": "NAME", "servers": "N", "elastic_min": "N",
     "staleness": "CLOCKS", "straggler": "RANK:FACTOR", "jitter": "SECONDS", "ps_timeout": "SECONDS", "timeout": "SECONDS",
     "ps_conflict_lag": "K", "ps_retries": "N", "ps_replicas": "R",
     "fail_worker": "RANK:STEP", "run_dir": "DIR", "name": "NAME", "checkpoint_every": "EPOCHS",
@@ -86,6 +86,12 @@ HELP = {
                  "the ranks on a grid chosen automatically: nodes x ranks per node when the job spans "
                  "several nodes, else the squarest factorization of P)",
     "bucket_bytes": "gradient bucket size in bytes, all-reduced last layer first; 0: one fused all-reduce",
+    "elastic": "data-parallel under ULFM (Open MPI's mpiexec --with-ft ulfm): when ranks die, the survivors "
+               "shrink the job, redo the failed step and keep training from memory; the epoch's remaining "
+               "samples are split over them, the local batch is kept and the learning rate scaled by "
+               "survivors / P (docs/guide/elastic.md)",
+    "elastic_min": "--elastic: fewest ranks that keep training; with fewer survivors the job writes a "
+                   "checkpoint and stops",
     "overlap": "data-parallel: start each gradient bucket's all-reduce (non-blocking) as soon as the "
                "backward pass has written its gradients, during the rest of the backward pass, last layer "
                "first, as PyTorch DDP does; all complete before the optimizer step, with bitwise the same "

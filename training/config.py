@@ -75,6 +75,8 @@ class Config:
     compression: str = "none"         # gradient compressor name, "none" for plain all-reduce
     compression_args: dict = field(default_factory=dict)  # compressor keyword arguments
     timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)
+    elastic: bool = False             # ULFM: the survivors of a dead rank shrink and keep training (docs/guide/elastic.md)
+    elastic_min: int = 1              # --elastic: fewest ranks that keep training; below it, checkpoint and stop (ranks)
     # --- the ctr model (training.ctr; docs/guide/ctr.md)
     ctr_rows: int = 100000            # embedding rows in all tables together (rows)
     ctr_tables: int = 8               # categorical features, one embedding table each
@@ -239,6 +241,17 @@ class Config:
         if self.mode == "ps" and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("tensor_parallel, pipeline_parallel and micro_batches need mode 'dp' (the "
                              "parameter server holds whole-model shards)")
+        if self.elastic_min < 1:
+            raise ValueError(f"elastic_min must be >= 1, got {self.elastic_min!r}")
+        if self.elastic:  # what the elastic loop re-forms (training.elastic): one data-parallel replica per rank
+            grid = self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1
+            other = ("--mode ps" if self.mode != "dp" else "a model-parallel grid (--tensor-parallel, "
+                     "--pipeline-parallel, --micro-batches)" if grid else "--model ctr" if self.model == "ctr"
+                     else "--local-steps" if self.local_steps > 1 else "--balance" if self.balance
+                     else "--weighted-average" if self.weighted_average else "")
+            if other:
+                raise ValueError(f"--elastic supports plain data-parallel training (with --bucket-bytes, "
+                                 f"--overlap and --compression), not {other}")
 
     def _check_ranges(self):
         if self.keep_checkpoints < 1:

@@ -1,9 +1,10 @@
 """Data-parallel training driver: ``mpiexec -n P python -m training.train [flags]``.
 
-Every rank holds a full model replica; each step a rank computes the gradient of its B / P
-samples, the flat gradient is averaged across ranks by the gradient hook (all-reduce with
-``op="avg"``, or a compressor), and every rank applies the same optimizer step, so replicas stay
-bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.worker.run_ps` instead.
+Every rank holds a full model replica; each step a rank computes the gradient of its share of the
+global batch B (B / P samples, the equal split when P does not divide B, or shares that follow the
+ranks' measured speeds with ``--balance``: :mod:`training.dp.shares`), weighted by its share, the
+flat gradient is averaged across ranks by the gradient hook (all-reduce with ``op="avg"``, or a
+compressor), and every rank applies the same optimizer step, so replicas stay bitwise identical. ``--mode ps`` hands the run to :func:`training.ps_mode.worker.run_ps` instead.
 
 User errors (a bad flag value, a taken ``--name``, a missing run to resume, an unusable tuning
 table or checkpoint, CuPy missing for ``--device gpu``) are found on every rank before the run
@@ -34,7 +35,9 @@ from training.metrics import EpochTable, MetricsWriter, run_info, write_config, 
 from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
+from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
+from training.elastic import ElasticStop, check_elastic, train_elastic
 from training.trainer import Trainer, build_trainer
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
@@ -98,8 +101,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     if t.local is not None and cfg.weighted_average:
         t.local.weight = scale  # the models' average takes the gradients' weights, W n_w / sum n
     data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
-    local_b = cfg.batch_size // P
-    per_epoch = sampler.num_batches(local_b)
+    per_epoch = steps_per_epoch(sampler, cfg.batch_size)  # global batches of B, any P (training.dp.shares)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     if t.resumed_from and state.epoch >= last:
         if rank == 0:
@@ -111,12 +113,14 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     bar = _start_display(t, cfg, comm, run_dir, table, (last - state.epoch) * per_epoch) if rank == 0 else None
     trace.start(comm) if cfg.trace else None  # collective: aligns the ranks' clocks
     t_start = time.perf_counter() - state.wall_s
+    jitter_rng = numpy.random.default_rng([cfg.seed, rank, state.epoch, 0x717])  # --jitter's draws: per rank, repeatable
     train_acc = test_acc = None
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrival(monitor, slow_factor(cfg, rank)), scale)
-        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, loop)
+        arrive = arrival(monitor, slow_factor(cfg, rank), cfg.jitter, jitter_rng)  # injected slowness, heartbeat
+        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive, scale)
+        sums = _train_epoch(t, cfg, comm, rank_batches(sampler, state.epoch, t.shares, rank), data, loop)
         with trace.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
             test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], comm, cfg.eval_batch, cfg.timeout)
@@ -181,15 +185,23 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
     local = None if t.local is None or t.local.data_parallel(state.epoch + 1) else t.local
     if local is not None:
         local.begin(t.model.params)  # replicas agree at an epoch's start: averaged at the end of the last
-    for i, batch in enumerate(batches):
+    for i, (batch, share) in enumerate(batches):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-        t.loss_fn.scale = scale if local is None else 1.0  # this rank's weight; local SGD weights the models instead
+        # this rank's weight: its share of the global batch (P b_r / B), times --weighted-average's; local SGD
+        # weights the models instead
+        t.loss_fn.scale = scale * share if local is None else 1.0
         if local is None:
             r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive)
         else:
-            r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch))
+            r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch),
+                           arrive=arrive)
+        r["samples"] = int(batch.shape[0])
         state.step += 1
+        if local is None:
+            t.shares.observe(r["arrival_s"], r["samples"])
+            if t.shares.due(state.step):  # --balance: every K steps, the speeds gathered and B re-split
+                t.shares.update(comm, cfg.timeout)
         state.skipped += r["skipped"]
         if not r["skipped"]:
             sums["loss"] += r["loss"]
@@ -223,14 +235,14 @@ def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, loop):
             "test_acc": accs[1], "compute_s": total["compute_s"] / P, "comm_s": total["comm_s"] / P,
             "wait_s": total["wait_s"] / P, "transfer_s": total["transfer_s"] / P,
             "bytes_sent": int(total["bytes_sent"] / P), "skipped": skipped, "steps": per_epoch,
-            "wall_s": state.wall_s}
+            "shares": t.shares.shares.tolist(), "wall_s": state.wall_s}
 
 
 def _checkpoint(t, cfg, comm, run_dir, epoch):
     """Save the epoch's checkpoint (collective) and, on rank 0, prune the old ones."""
     with trace.span("checkpoint", "step", {"epoch": epoch}):
-        save_checkpoint(checkpoint_path(run_dir, epoch), checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state),
-                        comm, cfg.timeout)
+        save_checkpoint(checkpoint_path(run_dir, epoch), {**checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state),
+                                                          **t.shares.state_dict()}, comm, cfg.timeout)
     if comm.rank == 0:
         prune_checkpoints(run_dir, cfg.keep_checkpoints)
 
@@ -252,7 +264,8 @@ def _summary(t, comm, run_dir, data, eval_batch, accs=(None, None), timeout=None
             "steps": state.step, "wall_s": state.wall_s, "compute_s": state.compute_s,
             "comm_s": state.comm_s, "comm_fraction": state.comm_s / busy if busy else 0.0,
             "bytes_sent_per_rank": state.bytes_sent, "skipped_steps": state.skipped,
-            "parameters": model.size, "P": comm.size,
+            "parameters": model.size, "P": comm.size, "shares": t.shares.shares.tolist(),
+            "share_moves": t.shares.moves,
             "replicas_identical": replicas_identical(model.params, comm, timeout), "run_dir": run_dir}
 
 
@@ -299,11 +312,15 @@ def run(cfg, comm=None):
                 _log.warning(epochs_note(cfg, saved_epochs(run_dir)))
             _write_config(cfg, comm, run_dir, cfg.resume)
             return run_ps(cfg, comm, run_dir, xp)
+        if cfg.elastic:
+            check_elastic(cfg, comm)  # no ULFM, --elastic-min above P: one line before anything starts
         trainer = build_trainer(cfg, comm)
         try:
             with collectives.engine.policy.abort_on_failure():
                 run_dir = make_run_dir(cfg, comm)
             with collectives.engine.policy.abort_on_failure(hint=restart_hint(cfg, run_dir)):
+                if cfg.elastic:
+                    return train_elastic(cfg, comm, run_dir, trainer)
                 return train_dp(cfg, comm, run_dir, trainer)
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
@@ -357,6 +374,10 @@ def main(argv=None):
         if not everyone:
             collectives.engine.policy.abort(None, world)
         return 1
+    except ElasticStop:  # --elastic: fewer than --elastic-min survivors; each printed its line, the checkpoint is written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # dead ranks in COMM_WORLD: no MPI_Finalize
     except (PSTimeout, collectives.CollectiveError, MPI.Exception) as e:  # a peer may be dead: MPI_Finalize would wait
         end_lost(e, restart_hint(cfg), world.rank)
     except PSError as e:

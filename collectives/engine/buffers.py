@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from collectives.backend import BFLOAT16, DTYPES, accumulation_dtype, get_array_module
 
-__all__ = ["MPI_OPS", "ACC", "as_array", "check_out", "check_distinct", "prepare", "finish", "nan_mask", "restore_nan", "raw",
+__all__ = ["MPI_OPS", "ACC", "as_array", "check_device", "check_out", "check_distinct", "prepare", "finish", "nan_mask", "restore_nan", "raw",
            "adopt", "AdoptedRequest"]
 
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
@@ -30,14 +30,32 @@ ACC = {d: accumulation_dtype(d) for d in DTYPES}
 
 
 def as_array(x, name="x"):
-    """Return ``x`` as an array of its own module (NumPy or device); ``TypeError`` for non-arrays."""
+    """Return ``x`` as an array of its own module (NumPy or device).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array, or it exposes ``__cuda_array_interface__`` without being a CuPy array
+        (a Numba device array, say): device memory is read through CuPy only.
+    """
     if hasattr(x, "__cuda_array_interface__"):
+        check_device(x, name)
         return x
     if isinstance(x, numpy.ndarray):  # subclasses such as numpy.matrix reshape differently: drop them
         return x if type(x) is numpy.ndarray else numpy.asarray(x)
     if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float)):
         return numpy.asarray(x)
     raise TypeError(f"{name} must be an array, not {type(x).__name__}")
+
+
+def check_device(x, name="x"):
+    """Raise ``TypeError`` unless ``x``, which exposes ``__cuda_array_interface__``, is a CuPy array (or of
+    a type registered with :func:`collectives.backend.register_device_module`)."""
+    if get_array_module(x) is numpy:
+        kind = f"{type(x).__module__}.{type(x).__qualname__}"
+        raise TypeError(f"{name} ({kind}) exposes __cuda_array_interface__ but is not a CuPy array: commlab reads "
+                        f"device memory through CuPy only; pass cupy.asarray({name}) (no copy) or a tensor that "
+                        "speaks DLPack (__dlpack__), which commlab imports through CuPy")
 
 
 _CPU_DEVICES = (1, 3)  # DLPack device types kDLCPU and kDLCUDAHost: memory NumPy can read
