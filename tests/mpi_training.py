@@ -11,6 +11,10 @@ nonfinite      a NaN batch on one rank makes every rank skip that step and count
 resume         stop after epoch 3, resume (without --stop-after: not inherited) to 6 ==
                uninterrupted 6 epochs, bitwise (float64).
 resume_compressed  the same with PowerSGD: its state is checkpointed under "compression/".
+resume_local   local SGD (every rank steps its own optimizer state between averages): SGD with
+               momentum on a skewed partition with --weighted-average and --resample, and Adam with
+               top-k compression and error feedback, each stopped after epoch 2 of 4 and resumed
+               == uninterrupted, bitwise (every rank's optimizer state included).
 corrupt        a truncated or altered checkpoint raises CheckpointError naming the file, on
                every rank.
 
@@ -178,6 +182,25 @@ def case_resume_compressed(comm, base):
         assert np.array_equal(full[key], resumed[key]), f"{key} differs after resume"
 
 
+def case_resume_local(comm, base):
+    root = shared_dir(comm, base, "resume_l")
+    common = ["--data", "digits", "--hidden", "16", "--dtype", "float64", "--epochs", "4", "--run-dir", root,
+              "--batch-size", str(_small(comm)["batch_size"]), "--no-progress", "--seed", "4", "--checkpoint-every", "1"]
+    for name, flags in (("momentum", ["--local-steps", "3", "--optimizer", "sgd", "--momentum", "0.9", "--partition",
+                                      "classes:k=4", "--weighted-average", "--resample"]),
+                        ("adam", ["--local-steps", "4", "--compression", "topk", "--compression-arg", "ratio=0.1"])):
+        quiet(run, parse_args(common + flags + ["--name", f"{name}-full"]), comm)
+        quiet(run, parse_args(common + flags + ["--name", f"{name}-part", "--stop-after", "2"]), comm)
+        quiet(run, parse_args(["--resume", os.path.join(root, f"{name}-part")]), comm)
+        _, full = load_checkpoint(os.path.join(root, f"{name}-full"), comm)
+        _, resumed = load_checkpoint(os.path.join(root, f"{name}-part"), comm)
+        assert sorted(full) == sorted(resumed), f"{name}: entries differ"
+        assert any(k.startswith("ranks/optim/") for k in full), f"{name}: no rank's own optimizer state saved"
+        for key in full:
+            if key.startswith(("model/", "optim/", "ranks/", "compression/", "train/step")):
+                assert np.array_equal(full[key], resumed[key]), f"{name}: {key} differs after resume"
+
+
 def case_corrupt(comm, base):
     root = shared_dir(comm, base, "corrupt")
     src = os.path.join(base, "resume", "full", "ckpt-epoch0006.npz")
@@ -216,7 +239,7 @@ def case_corrupt(comm, base):
         raise AssertionError("resuming from a truncated checkpoint raised nothing")
 
 
-CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_resume_compressed,
+CASES = [case_equivalence, case_buckets, case_nonfinite, case_resume, case_resume_compressed, case_resume_local,
          case_corrupt]
 
 

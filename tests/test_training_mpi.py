@@ -6,7 +6,7 @@ from tests.mpirun import job_failed, run_mpi
 
 def test_training_on_four_ranks(tmp_path):
     out = run_mpi(4, "tests.mpi_training", str(tmp_path), timeout=240).stdout
-    for case in ("equivalence", "buckets", "nonfinite", "resume", "resume_compressed", "corrupt"):
+    for case in ("equivalence", "buckets", "nonfinite", "resume", "resume_compressed", "resume_local", "corrupt"):
         assert f"case_{case}: ok" in out, out
 
 

@@ -3,14 +3,18 @@
 A checkpoint (see :mod:`training.checkpoint`) is a flat dict of numeric arrays. The trainer's
 entries are ``model/params``, ``optim/NAME`` (the optimizer's ``state_dict``), ``compression/NAME``
 (the gradient hook's, e.g. a compressor's error feedback), ``train/NAME`` (:class:`TrainState`)
-and ``meta/config`` (the resolved configuration as UTF-8 JSON bytes). Restoring all of them makes
-a resumed run bitwise identical to an uninterrupted one with the same configuration.
+and ``meta/config`` (the resolved configuration as UTF-8 JSON bytes). Local SGD (``--local-steps``
+> 1) adds ``ranks/optim/NAME``: every rank's own optimizer state, stacked (shape ``(P, ...)``, row
+``r`` from rank ``r``), since between two averages each rank steps its own momentum or moments;
+each rank resumes from its row. Restoring all of them makes a resumed run bitwise identical to an
+uninterrupted one with the same configuration.
 """
 import json
 
 import numpy
 
-from training.checkpoint import CheckpointError
+from collectives.engine.waiting import wait_within
+from training.checkpoint import CheckpointError, to_host
 from training.nn import get_array_module
 
 __all__ = ["TrainState", "checkpoint_arrays", "restore", "check_values"]
@@ -74,9 +78,25 @@ def checkpoint_arrays(cfg, model, opt, hook, state):
     d = {"model/params": model.params,
          "meta/config": numpy.frombuffer(json.dumps(cfg.to_dict()).encode(), numpy.uint8)}
     d.update({f"optim/{k}": v for k, v in opt.state_dict().items()})
+    if cfg.local_steps > 1:  # local SGD: each rank's optimizer state is its own between averages
+        d.update(_every_rank({f"optim/{k}": v for k, v in opt.state_dict().items()}, hook.comm, cfg.timeout))
     d.update({f"compression/{k}": v for k, v in hook.state_dict().items()})
     d.update(state.state_dict())
     return d
+
+
+def _every_rank(arrays, comm, timeout):
+    """Return ``{"ranks/KEY": every rank's array KEY stacked, shape (P, ...)}`` (collective, all-gathers)."""
+    out = {}
+    for key in sorted(arrays):
+        mine = numpy.array(to_host(arrays[key]), order="C")  # (a 0-d array stays 0-d)
+        stacked = numpy.empty((comm.Get_size(),) + mine.shape, mine.dtype)  # (P, ...)
+        wait_within(comm.Iallgather(mine, stacked), timeout, "allgather", "checkpoint: every rank's " + key)
+        out[_RANKS + key] = stacked
+    return out
+
+
+_RANKS = "ranks/"  # prefix of the entries that hold every rank's own state, stacked
 
 
 def check_values(arrays):
@@ -97,10 +117,13 @@ def check_values(arrays):
     ValueError: entry model/L0.W holds 1 values that are not finite
     """
     for key, v in arrays.items():
-        if not (key.startswith("model/") or key.startswith("optim/")):
+        if not key.startswith(("model/", "optim/", _RANKS + "optim/")):
             continue
         v = numpy.asarray(v)
-        if key == "optim/steps":
+        if key == _RANKS + "optim/steps":
+            if v.ndim != 1 or v.dtype.kind not in "iu" or (v < 0).any():
+                raise ValueError(f"entry {key} = {v.tolist()!r} is not one step count >= 0 per rank")
+        elif key == "optim/steps":
             if v.size != 1 or v.dtype.kind not in "iu" or int(v.reshape(-1)[0]) < 0:
                 raise ValueError(f"entry {key} = {v.tolist()!r} is not a step count >= 0")
         elif v.dtype.kind != "f":
@@ -138,10 +161,29 @@ def restore(path, arrays, model, opt, hook, state):
         check_values(arrays)
         xp = get_array_module(model.params)
         model.params[...] = xp.asarray(arrays["model/params"], dtype=model.dtype)
-        opt.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("optim/")})
+        opt.load_state_dict(_own_optimizer_state(arrays, getattr(hook, "comm", None)))
         hook.load_state_dict({k[12:]: v for k, v in arrays.items() if k.startswith("compression/")})
         state.load_state_dict(arrays)
         saved = json.loads(arrays["meta/config"].tobytes()) if "meta/config" in arrays else {}
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
     return saved if isinstance(saved, dict) else {}
+
+
+def _own_optimizer_state(arrays, comm):
+    """Return this rank's optimizer state: its row of ``ranks/optim/...`` when saved, else ``optim/...``.
+
+    Raises
+    ------
+    ValueError
+        When the checkpoint holds every rank's state for another number of ranks.
+    """
+    rows = {k[len(_RANKS) + 6:]: v for k, v in arrays.items() if k.startswith(_RANKS + "optim/")}
+    if not rows:
+        return {k[6:]: v for k, v in arrays.items() if k.startswith("optim/")}
+    rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
+    for k, v in rows.items():
+        if v.shape[0] != size:
+            raise ValueError(f"entry {_RANKS}optim/{k} holds the optimizer state of {v.shape[0]} ranks, this job "
+                             f"has {size}: local SGD resumes on as many ranks")
+    return {k: v[rank] for k, v in rows.items()}
