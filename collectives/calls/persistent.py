@@ -34,6 +34,7 @@ from collectives.calls.allreduce import _begin, iallreduce
 from collectives.backend import check_timeout
 from collectives.calls.forms import keyword_form, positional
 from collectives.library.plans import LibraryPlan
+from collectives.shm.algorithms import plan as shm_plan
 
 __all__ = ["AllreducePlan", "allreduce_init"]
 
@@ -203,4 +204,6 @@ def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, gr
     if resolved == "mpi":
         key = ("allreduce", "mpi", x.size, x.dtype, op, None, None)
         core = LibraryPlan(ctx, key, x.shape, x.dtype, op, persistent=True)
+    elif resolved == "shm":  # zero-copy when out is x and x lies in a shared buffer (collectives.shm.shared_empty)
+        core = shm_plan(ctx, ("allreduce", "shm", x.size, x.dtype, op, None, None), x, out)
     return AllreducePlan(x, out, resolved, core, (comm, op, grid, accumulate))

@@ -23,6 +23,7 @@ from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import settle
 from collectives.library.scatter_plan import ScatterPlan
 from collectives.schedules.schedule import chunk_bounds, segmented
+from collectives.shm import algorithms as shm
 
 __all__ = ["reduce_scatter"]
 
@@ -142,7 +143,8 @@ def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring",
         (one 2-element all-reduce) before any data moves. ``ring`` and ``mpi`` (and ``auto``) take them.
     comm : mpi4py.MPI.Intracomm, optional
     op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
-    algorithm : {"ring", "mpi", "auto"}
+    algorithm : {"ring", "shm", "mpi", "auto"}
+        ``shm``: through shared memory among the ranks of one node (:mod:`collectives.shm`).
     timeout : float, optional
         Seconds per round before :class:`CollectiveTimeout`.
     out : ndarray or DLPack tensor, optional
@@ -207,6 +209,8 @@ def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring",
     key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None if counts is None else counts_code(counts))
     if counts is not None:
         _agree_counts(ctx, key, accumulation_dtype(x.dtype), timeout, problem)
+    if algorithm == "shm":
+        return shm.reduce_scatter(ctx, key, x, out, timeout)
     if algorithm == "mpi":  # planned once; host plans are run again by later calls of this signature
         plan = ScatterPlan(ctx, x, op, key, None if counts is None else chunks)
         if xp is numpy and counts is None:

@@ -14,6 +14,7 @@ from collectives.engine.executor import Run, run_schedule
 from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import run_library
 from collectives.schedules.tree import tree_broadcast, tree_reduce
+from collectives.shm import algorithms as shm
 
 __all__ = ["broadcast", "reduce"]
 
@@ -31,7 +32,7 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
         The data on ``root``; a buffer of the same shape and dtype elsewhere.
     root : int
     comm : mpi4py.MPI.Intracomm, optional
-    algorithm : {"tree", "mpi", "auto"}
+    algorithm : {"tree", "shm", "mpi", "auto"}
     timeout : float, optional
 
     Returns
@@ -73,6 +74,8 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     ctx.check_usable()
     xp = get_array_module(x)
     key = ("broadcast", algorithm, x.size, x.dtype, None, int(root), None)
+    if algorithm == "shm":
+        return shm.broadcast(ctx, key, x, int(root), timeout)
     work = x.reshape(-1) if x.flags.c_contiguous else ctx.buffer(xp, x.dtype, x.size, "bcast")
     if work.size and not x.flags.c_contiguous and ctx.rank == root:
         xp.copyto(work.reshape(x.shape), x)
@@ -103,7 +106,8 @@ def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None
     root : int
     comm : mpi4py.MPI.Intracomm, optional
     op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
-    algorithm : {"tree", "mpi", "auto"}
+    algorithm : {"tree", "shm", "mpi", "auto"}
+        ``shm``: through shared memory among the ranks of one node (:mod:`collectives.shm`).
     timeout : float, optional
 
     Returns
@@ -140,6 +144,8 @@ def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None
     ctx.check_usable()
     xp = get_array_module(x)
     key = ("reduce", algorithm, x.size, x.dtype, op, int(root), None)
+    if algorithm == "shm":
+        return shm.reduce(ctx, key, x, int(root), timeout)
     out, work, acc, direct, _ = prepare(x, None, ctx, xp, "work")
     if algorithm == "mpi":
         at_root = ctx.rank == root

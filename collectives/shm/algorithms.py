@@ -1,0 +1,515 @@
+"""The ``shm`` algorithm: the five collectives among the ranks of one node, through shared memory.
+
+Every rank reads its peers' data where it lies in an MPI-3 shared window (:mod:`collectives.shm.node`)
+instead of passing messages: the approach of NCCL's intra-node rings over peer memory, Open MPI's
+XHC component (Katevenis et al., "A framework for hierarchical single-copy MPI collectives on
+multicore nodes", EuroMPI 2023) and MPICH's ``release_gather`` (Zhou et al., "MPI collectives for
+multi-core clusters", 2022), written here on ``MPI_Win_allocate_shared`` and ``MPI_Win_sync``.
+
+All-reduce of ``n`` elements on P ranks (rank ``r`` owns elements ``lo_r:hi_r`` of the
+``numpy.array_split`` chunks):
+
+1. **Copy in.** ``x`` is copied into this call's half of the rank's stage (skipped when ``x`` lies
+   in a shared buffer and the call is in place: :func:`collectives.shm.node.shared_empty`).
+2. **Arrival.** The rank posts its flag (the call's fingerprint) and waits until every rank's flag
+   shows the same call: a rank in another call raises ``CollectiveMismatch`` everywhere.
+3. **Reduce and push.** Rank ``r`` reduces ``lo_r:hi_r``, chunk by chunk (``CHUNK_BYTES``: a chunk
+   and its partial result stay in the cache), reading every rank's input in place in rank order
+   ``0, 1, ..., P-1`` (the same order every run, so results are bitwise reproducible and, each
+   element being reduced by one rank only, bitwise identical on every rank), and writes each reduced
+   chunk into every rank's stage (or shared buffer) at the same place.
+4. **Done.** Flags again: every slice has been written.
+5. **Copy out** of the rank's own stage into ``out`` (skipped in place on a shared buffer).
+
+Cost: two synchronisation points; each rank reads ``n`` elements and writes ``n`` (plus ``2n`` of
+copies in and out), where a message-passing ring moves ``2 (P-1)/P n`` through the MPI library's
+buffers, copied twice each. Up to :data:`SMALL_BYTES` the all-reduce takes one synchronisation
+point: every rank reduces the whole vector from every stage itself (in the same order, so the
+results are still bitwise identical). No exit synchronisation is needed: a rank writes its stage
+again only after every rank arrived at a later call, and one-point calls alternate between the two
+halves of the stage, so no rank overwrites what a slower one still reads.
+
+Reduce-scatter: copy in, arrival, each rank reduces its own chunk into ``out`` (one point).
+All-gather: copy in, arrival, each rank copies every block (one point; the all-gather-v form first
+publishes the blocks' lengths in the flags' spare words). Broadcast: the root copies in, arrival,
+the others copy out (one point). Reduce: as the all-reduce, pushing to the root only (one point up to
+:data:`SMALL_BYTES`, where the root reduces everything).
+
+The rules of :mod:`collectives.calls` hold: float16 and bfloat16 accumulate in float32 (each chunk's
+partial result is float32, rounded once when written), integer ``avg`` is the floor of the mean,
+integer sums wrap, NaN propagates through ``min``/``max`` (NumPy's ``minimum``/``maximum``), counts 0
+and below P work. The ranks synchronise only through the flags, so a call with ``timeout=`` raises
+:class:`~collectives.errors.CollectiveTimeout` naming a rank that did not arrive, and nothing is
+returned that no rank wrote.
+
+Non-blocking (:class:`ShmRequest`) and persistent (:class:`ShmPlan`) forms run the same steps, written
+once as generators that yield at each synchronisation point.
+
+Imports: :mod:`collectives.shm.node`, :mod:`collectives.engine`, :mod:`collectives.schedules`,
+:mod:`collectives.backend`, :mod:`collectives.errors`.
+"""
+import math
+import time
+import zlib
+
+import numpy
+
+from collectives.backend import OPS, check_timeout
+from collectives.engine.buffers import ACC
+from collectives.engine.fingerprint import block_code, key_code
+from collectives.errors import CollectiveError, CollectiveTimeout
+from collectives.schedules.schedule import chunk_bounds
+from collectives.shm.node import node_of, shared_views
+
+__all__ = ["SMALL_BYTES", "CHUNK_BYTES", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
+           "reduce", "refuse", "ShmRequest", "ShmPlan", "plan"]
+
+#: Largest all-reduce or reduce (bytes) run with one synchronisation point, each rank reading every stage.
+SMALL_BYTES = 16384
+#: Elements of one reduction step, in bytes of the accumulation dtype: a chunk and its partial result
+#: stay in a core's L2 cache while the P inputs stream through.
+CHUNK_BYTES = 131072
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.perf_counter() + timeout
+
+
+def _enter(ctx, key, timeout, collective):
+    """Return the node of ``ctx`` for a new call ``key``: made on the first call, earlier requests completed."""
+    node = node_of(ctx, key, timeout, collective)
+    while node.pending:  # calls complete in the order they began (their points are numbered in that order)
+        node.pending[0].wait(timeout)
+    ctx.advance(key, timeout)  # the call sequence, and the debug mode's fingerprint exchange
+    return node
+
+
+def _drive(gen, node, ctx, key, timeout):
+    """Run a call's steps to the end, waiting at each synchronisation point it yields."""
+    deadline = _deadline(timeout)
+    for step, (word, phase) in enumerate(gen):
+        node.wait(word, key, ctx, deadline, timeout, step, phase)
+
+
+def _fold(srcs, lo, hi, ufunc, acc, avg, dsts, node, base=0):
+    """Reduce ``srcs[p][lo:hi]`` over p in rank order, chunk by chunk; write each chunk to ``d[a-base:b-base]``."""
+    if hi <= lo:
+        return
+    step = max(CHUNK_BYTES // acc.itemsize, 1)
+    tmp = node.scratch(acc, min(step, hi - lo))
+    size = len(srcs)
+    for a in range(lo, hi, step):
+        b = min(a + step, hi)
+        t = tmp[:b - a]
+        if size == 1:
+            numpy.copyto(t, srcs[0][a:b], casting="unsafe")
+        else:
+            ufunc(srcs[0][a:b], srcs[1][a:b], out=t, dtype=acc)
+            for s in srcs[2:]:
+                ufunc(t, s[a:b], out=t, dtype=acc)
+        if avg is not None:
+            avg(t, size, out=t)
+        for d in dsts:
+            numpy.copyto(d[a - base:b - base], t, casting="unsafe")
+
+
+def _reduction(op, dtype, size):
+    """Return (ufunc, accumulation dtype, avg's divider or None) of ``op`` on ``dtype``."""
+    acc = ACC[dtype]
+    avg = None
+    if op == "avg" and size > 1:
+        avg = numpy.true_divide if acc.kind == "f" else numpy.floor_divide
+    return getattr(numpy, OPS[op]), acc, avg
+
+
+def _host(x, collective):
+    if type(x) is not numpy.ndarray:
+        raise ValueError(f"{collective} with algorithm='shm' takes host (NumPy) arrays; device arrays are not "
+                         "supported by this algorithm")
+
+
+def _code(key, shared=None):
+    """Return the 32-bit flag code of call ``key`` (and of the shared buffer region it runs on in place)."""
+    code = key_code(key)
+    if shared is not None:
+        code = zlib.crc32(numpy.array([code, shared[0], shared[1]], numpy.int64).tobytes())
+    return code
+
+
+# ------------------------------------------------------------------------------------------ all-reduce
+def _allreduce_steps(node, ctx, key, code, x, out, zero):
+    """The all-reduce's steps (module docstring); yields ``(flag word, phase)`` at each point."""
+    node.calls += 1
+    size, rank = node.size, node.rank
+    n, dtype, op = x.size, x.dtype, key[4]
+    ufunc, acc, avg = _reduction(op, dtype, size)
+    bounds = chunk_bounds(n, size)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    if zero is not None:  # in place on shared buffers: every rank's x is read and written where it lies
+        yield node.post(code), "arrival"
+        _fold(zero, lo, hi, ufunc, acc, avg, zero, node)
+        yield node.post(code), "reduced slices"
+        ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
+        return
+    nbytes = n * dtype.itemsize
+    if not node.fits(nbytes):
+        yield node.post(code), "arrival (the stage grows)"  # every rank makes this call before it allocates
+    views = node.stage(nbytes)
+    mine = views[rank].view(dtype)
+    if n:
+        numpy.copyto(mine.reshape(x.shape), x)
+    yield node.post(code), "arrival"
+    peers = [v.view(dtype) for v in views]
+    if nbytes <= SMALL_BYTES:  # one point: every rank reduces everything, in the same order
+        contiguous = out.flags.c_contiguous
+        flat = out.reshape(-1) if contiguous else numpy.empty(n, dtype)
+        _fold(peers, 0, n, ufunc, acc, avg, [flat], node)
+        if not contiguous:
+            numpy.copyto(out, flat.reshape(out.shape))
+        ctx.record("allreduce", "shm", n, dtype, elements=0, estimated=True)
+        return
+    _fold(peers, lo, hi, ufunc, acc, avg, peers, node)
+    yield node.post(code), "reduced slices"
+    numpy.copyto(out, mine.reshape(out.shape))
+    ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
+
+
+def _allreduce_call(node, ctx, key, x, out):
+    """Return ``(code, zero-copy views or None, steps)`` of an all-reduce of checked ``x`` into ``out``."""
+    zero = None
+    if out is x and x.nbytes > SMALL_BYTES:
+        shared = shared_views(node, x)
+        if shared is not None:
+            zero, shared = shared[2], shared[:2]
+    code = _code(key, shared if zero is not None else None)
+    return code, _allreduce_steps(node, ctx, key, code, x, out, zero)
+
+
+def allreduce(ctx, key, x, out, timeout):
+    """Run the all-reduce of checked ``x`` (NumPy) into ``out`` (None: a new array); return the result.
+
+    Parameters
+    ----------
+    ctx : Context
+        The communicator's library context.
+    key : tuple
+        The call key ``("allreduce", "shm", count, dtype, op, None, None)``.
+    x : ndarray, any shape, a dtype of :data:`collectives.backend.DTYPES`
+    out : ndarray or None
+        ``x`` itself reduces in place (zero-copy when ``x`` lies in a shared buffer).
+    timeout : float or None
+        Seconds the call may wait for a rank.
+
+    Raises
+    ------
+    ValueError
+        Device arrays, or a communicator spanning several nodes.
+    CollectiveMismatch, CollectiveTimeout
+        As for every algorithm.
+    """
+    _host(x, "allreduce")
+    node = _enter(ctx, key, timeout, "allreduce")
+    out = numpy.empty(x.shape, x.dtype) if out is None else out
+    _, steps = _allreduce_call(node, ctx, key, x, out)
+    _drive(steps, node, ctx, key, timeout)
+    return out
+
+
+class ShmRequest:
+    """A shared-memory call in flight: ``test()`` advances it without blocking, ``wait()`` completes it.
+
+    The request is advanced whenever this rank waits in another collective on the communicator, and
+    completed before the next shared-memory call begins (calls complete in the order they began).
+
+    Parameters
+    ----------
+    node : Node
+    ctx : Context
+    key : tuple
+        The call key (errors name it).
+    steps : generator
+        The call's steps (yielding ``(flag word, phase)`` at each synchronisation point).
+    result : object
+        What :meth:`wait` returns once the steps ended.
+    """
+
+    __slots__ = ("_node", "_ctx", "_key", "_steps", "_word", "_phase", "_step", "_busy", "_failed", "_result",
+                 "result", "done")
+
+    def __init__(self, node, ctx, key, steps, result):
+        self._node, self._ctx, self._key, self._steps, self._result = node, ctx, key, steps, result
+        self._step, self._busy, self._failed, self.result, self.done = 0, False, None, None, False
+        self._word, self._phase = next(steps)  # the call's first steps run now (copy in, arrival posted)
+        node.pending.append(self)
+        ctx.active.add(self)
+
+    def _finish(self):
+        self.done, self.result = True, self._result
+        self._node.pending.remove(self)
+        self._ctx.active.discard(self)
+
+    def _run(self, block, deadline, timeout):
+        """Advance through every point that all ranks have reached (all of them with ``block``)."""
+        node, key, ctx = self._node, self._key, self._ctx
+        self._busy = True
+        try:
+            while True:
+                if block:
+                    node.wait(self._word, key, ctx, deadline, timeout, self._step, self._phase)
+                elif node.missing(self._word, key, ctx) >= 0:
+                    return False
+                try:
+                    self._word, self._phase = next(self._steps)
+                    self._step += 1
+                except StopIteration:
+                    self._finish()
+                    return True
+        except CollectiveError as exc:
+            self._failed = exc
+            node.pending.remove(self)
+            ctx.active.discard(self)
+            raise
+        finally:
+            self._busy = False
+
+    def _advance(self):
+        """Progress made while this rank waits elsewhere: never blocks, keeps an error for :meth:`wait`."""
+        if self._busy or self.done or self._failed is not None:
+            return
+        try:
+            self._run(False, None, None)
+        except CollectiveError:
+            pass
+
+    def _check(self):
+        if self._failed is not None:
+            raise RuntimeError(f"this request failed earlier ({self._failed}); its result is lost")
+
+    def test(self):
+        """Return True once the call has completed (advancing it through every point all ranks reached)."""
+        self._check()
+        return self.done or self._run(False, None, None)
+
+    def wait(self, timeout=None):
+        """Complete the call and return its result.
+
+        Raises
+        ------
+        CollectiveTimeout
+            A rank did not arrive within ``timeout`` seconds.
+        CollectiveMismatch
+            A rank made another call.
+        """
+        timeout = check_timeout(timeout)
+        self._check()
+        if not self.done:
+            self._run(True, _deadline(timeout), timeout)
+        return self.result
+
+
+def iallreduce(ctx, key, x, out):
+    """Start the all-reduce of checked ``x`` into ``out`` (None: a new array); return its :class:`ShmRequest`.
+
+    ``x`` is copied in now (unless reduced in place on a shared buffer), so it may be reused at once.
+    """
+    _host(x, "iallreduce")
+    node = _enter(ctx, key, None, "allreduce")
+    out = numpy.empty(x.shape, x.dtype) if out is None else out
+    _, steps = _allreduce_call(node, ctx, key, x, out)
+    return ShmRequest(node, ctx, key, steps, out)
+
+
+class ShmPlan:
+    """The persistent all-reduce of :func:`collectives.allreduce_init` with ``algorithm="shm"``.
+
+    Checked once; every :meth:`start` copies ``x`` in (nothing when ``x`` is ``out`` and lies in a
+    shared buffer: the zero-copy plan) and posts the arrival, :meth:`wait` reduces and completes.
+
+    Attributes
+    ----------
+    zero_copy : bool
+        True when the plan reduces in place on shared buffers (no copy in, no copy out).
+    """
+
+    __slots__ = ("ctx", "_node", "_key", "_x", "_out", "_request", "zero_copy")
+    active = False  # (the interface of collectives.library.plans.LibraryPlan: no MPI requests to free)
+    reqs = ()
+
+    def __init__(self, ctx, key, x, out):
+        _host(x, "allreduce_init")
+        self.ctx, self._key, self._x, self._out = ctx, key, x, out
+        self._node = node_of(ctx, key, None, "allreduce_init")
+        self._request = None
+        self.zero_copy = out is x and x.nbytes > SMALL_BYTES and shared_views(self._node, x) is not None
+
+    def start(self, x):
+        """Begin one all-reduce of ``x``'s current contents."""
+        node, ctx = self._node, self.ctx
+        while node.pending:
+            node.pending[0].wait()
+        _, steps = _allreduce_call(node, ctx, self._key, x, self._out)
+        self._request = ShmRequest(node, ctx, self._key, steps, self._out)
+
+    def test(self):
+        """Advance the started all-reduce; True once it has completed."""
+        return self._request.test()
+
+    def wait(self, out, timeout):
+        """Complete the started all-reduce (under ``timeout`` seconds) and return ``out``."""
+        req, self._request = self._request, None
+        return req.wait(timeout)
+
+
+def plan(ctx, key, x, out):
+    """Return the :class:`ShmPlan` of an all-reduce of checked ``x`` into ``out`` (an array)."""
+    return ShmPlan(ctx, key, x, out)
+
+
+# ------------------------------------------------------------------------------------------ the others
+def _staged(node, code, nbytes):
+    """Yield a growth point when this call's stage does not fit the window (see :meth:`Node.stage`)."""
+    if not node.fits(nbytes):
+        yield node.post(code), "arrival (the stage grows)"  # every rank makes this call before it allocates
+
+
+def _reduce_scatter_steps(node, ctx, key, code, x, out):
+    node.calls += 1
+    size, rank = node.size, node.rank
+    n, dtype = x.size, x.dtype
+    ufunc, acc, avg = _reduction(key[4], dtype, size)
+    yield from _staged(node, code, x.nbytes)
+    views = node.stage(x.nbytes)
+    if n:
+        numpy.copyto(views[rank].view(dtype).reshape(x.shape), x)
+    yield node.post(code), "arrival"
+    bounds = chunk_bounds(n, size)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    _fold([v.view(dtype) for v in views], lo, hi, ufunc, acc, avg, [out], node, base=lo)
+    ctx.record("reduce_scatter", "shm", n, dtype, elements=0, estimated=True)
+
+
+def reduce_scatter(ctx, key, x, out, timeout):
+    """Run the reduce-scatter of checked ``x``; return this rank's chunk (``out``, or a new array).
+
+    One synchronisation point: each rank reduces its own ``numpy.array_split`` chunk from every
+    rank's stage, in rank order, straight into ``out``.
+    """
+    _host(x, "reduce_scatter")
+    node = _enter(ctx, key, timeout, "reduce_scatter")
+    bounds = chunk_bounds(x.size, node.size)
+    if out is None:
+        out = numpy.empty(bounds[node.rank + 1] - bounds[node.rank], x.dtype)
+    _drive(_reduce_scatter_steps(node, ctx, key, _code(key), x, out), node, ctx, key, timeout)
+    return out
+
+
+def _allgather_steps(node, ctx, key, code, x, box):
+    node.calls += 1
+    size, rank = node.size, node.rank
+    out = box[0]
+    if out is None:  # the all-gather-v form: the blocks' lengths first, through the flags' spare words
+        yield node.post(code, (x.shape[0],)), "block lengths"
+        rows = [int(r) for r in node.extras(1)[:, 0]]
+        inner = math.prod(x.shape[1:])
+        lengths = [r * inner * x.dtype.itemsize for r in rows]
+        views = node.stage(max(lengths))  # (every rank has just passed the point: growing is safe)
+        out = box[0] = numpy.empty((sum(rows),) + x.shape[1:], x.dtype)
+    else:
+        yield from _staged(node, code, x.nbytes)
+        views = node.stage(x.nbytes)
+        lengths = [x.nbytes] * size
+    if x.size:
+        numpy.copyto(views[rank][:x.nbytes].view(x.dtype).reshape(x.shape), x)
+    yield node.post(code), "arrival"
+    flat = out.reshape(-1).view(numpy.uint8)
+    at = 0
+    for p in range(size):
+        flat[at:at + lengths[p]] = views[p][:lengths[p]]
+        at += lengths[p]
+    ctx.record("allgather", "shm", out.size, x.dtype, elements=0, estimated=True)
+
+
+def allgather(ctx, x, out, timeout):
+    """Gather every rank's block of checked ``x`` along axis 0 into ``out`` (None: the all-gather-v form).
+
+    With ``out`` (equal blocks) one synchronisation point; without, two (the blocks' lengths, then
+    the data). The call's fingerprint holds the dtype and the block's shape (its trailing shape in
+    the all-gather-v form), so ranks whose blocks differ raise :class:`CollectiveMismatch`.
+    """
+    _host(x, "allgather")
+    if out is None:
+        key = ("allgather", "shm", 0, x.dtype, None, None, block_code((1,) + x.shape[1:]))
+    else:
+        key = ("allgather", "shm", out.size, x.dtype, None, None, block_code(x.shape))
+    node = _enter(ctx, key, timeout, "allgather")
+    box = [out]
+    _drive(_allgather_steps(node, ctx, key, _code(key), x, box), node, ctx, key, timeout)
+    return box[0]
+
+
+def refuse(ctx, timeout):
+    """Take part in an all-gather whose ``x`` on this rank cannot be gathered: every other rank raises.
+
+    Posts a flag no valid call makes (at the all-gather-v form's first point, or the equal form's
+    only one), so every rank in the call sees another call there and raises
+    :class:`CollectiveMismatch`; this rank's caller then raises its own error.
+    """
+    key = ("allgather", "shm", -1, numpy.dtype(numpy.uint8), None, None, None)
+    node = _enter(ctx, key, timeout, "allgather")
+    node.calls += 1
+    try:
+        node.wait(node.post(_code(key)), key, ctx, _deadline(timeout), timeout, 0, "block lengths")
+    except CollectiveError:
+        pass
+
+
+def _broadcast_steps(node, ctx, key, code, x, root):
+    node.calls += 1
+    yield from _staged(node, code, x.nbytes)
+    views = node.stage(x.nbytes)
+    if node.rank == root and x.size:
+        numpy.copyto(views[root].view(x.dtype).reshape(x.shape), x)
+    yield node.post(code), "arrival"
+    if node.rank != root and x.size:
+        numpy.copyto(x, views[root].view(x.dtype).reshape(x.shape))
+    ctx.record("broadcast", "shm", x.size, x.dtype, elements=0, estimated=True)
+
+
+def broadcast(ctx, key, x, root, timeout):
+    """Copy the root's ``x`` into every rank's ``x`` (one synchronisation point); return ``x``."""
+    _host(x, "broadcast")
+    node = _enter(ctx, key, timeout, "broadcast")
+    _drive(_broadcast_steps(node, ctx, key, _code(key), x, root), node, ctx, key, timeout)
+    return x
+
+
+def _reduce_steps(node, ctx, key, code, x, root, out):
+    node.calls += 1
+    size, rank = node.size, node.rank
+    n, dtype = x.size, x.dtype
+    ufunc, acc, avg = _reduction(key[4], dtype, size)
+    yield from _staged(node, code, x.nbytes)
+    views = node.stage(x.nbytes)
+    if n:
+        numpy.copyto(views[rank].view(dtype).reshape(x.shape), x)
+    yield node.post(code), "arrival"
+    peers = [v.view(dtype) for v in views]
+    if x.nbytes <= SMALL_BYTES:
+        if rank == root:
+            _fold(peers, 0, n, ufunc, acc, avg, [out.reshape(-1)], node)
+    else:
+        bounds = chunk_bounds(n, size)
+        _fold(peers, bounds[rank], bounds[rank + 1], ufunc, acc, avg, [peers[root]], node)
+        yield node.post(code), "reduced slices"
+        if rank == root and n:
+            numpy.copyto(out, peers[root].reshape(out.shape))
+    ctx.record("reduce", "shm", n, dtype, elements=0, estimated=True)
+
+
+def reduce(ctx, key, x, root, timeout):
+    """Reduce checked ``x`` onto ``root``; return the result there (a new array), None elsewhere."""
+    _host(x, "reduce")
+    node = _enter(ctx, key, timeout, "reduce")
+    out = numpy.empty(x.shape, x.dtype) if node.rank == root else None
+    _drive(_reduce_steps(node, ctx, key, _code(key), x, root, out), node, ctx, key, timeout)
+    return out
