@@ -259,6 +259,27 @@ def case_timeout_names_the_missing_rank(comm_):
     verdict()
 
 
+def case_trainer_gradient_in_shared_memory(comm_):
+    """``--algorithm shm``: the flat gradient lives in shared memory and every bucket's plan is zero-copy."""
+    from collectives.engine.context import get_context
+    from collectives.shm.node import node_of
+    from training.cli import parse_args
+    from training.trainer import build_trainer
+
+    t = build_trainer(parse_args(["--algorithm", "shm", "--hidden", "64", "--no-progress", "--timeout", "30"]), comm)
+    g = t.model.grads
+    ctx = get_context(comm)
+    expect(node_of(ctx, None, None, "allreduce").find(g) is not None, "the gradient is not in a shared buffer")
+    expect(t.opt.grads is g, "the optimizer holds another gradient array")
+    g[...] = np.arange(g.size) % 7 + rank
+    want = oracle(g.copy(), "avg")
+    avg, _ = t.hook(g)
+    expect(avg is g and np.array_equal(g, want) and agreed(g), "the hook's average")
+    expect(all(plan._core.zero_copy for plan in t.hook._plans), "a bucket's plan copies")
+    t.hook.close()
+    verdict()
+
+
 def case_bad_arguments_before_any_message(comm_):
     try:
         C.allreduce(np.ones(3), op="mean", algorithm="shm")

@@ -18,7 +18,7 @@ from collectives.compression import make_hook
 from collectives.compression.hook import GradientHook
 from training.dp.overlap import OverlapStep, layer_starts
 
-__all__ = ["AllreduceHook", "bucket_bounds", "make_grad_hook"]
+__all__ = ["AllreduceHook", "bucket_bounds", "make_grad_hook", "share_gradients"]
 
 
 def bucket_bounds(slices, itemsize, bucket_bytes):
@@ -127,9 +127,11 @@ class AllreduceHook(GradientHook):
         all-reduce) and started and waited at every step. Only with a timeout: persistent
         collectives are matched by the order in which the ranks made them, so ranks whose calls
         differ wait for each other, and the timeout turns that wait into an error. Without one,
-        or for device arrays, every step calls :func:`collectives.allreduce`.
+        or for device arrays, every step calls :func:`collectives.allreduce`. ``shm`` always plans
+        (its plans check every start's call through the flags, timeout or not): on a gradient in
+        shared memory (:func:`share_gradients`) each start copies nothing in or out.
         """
-        if self.timeout is None or type(grad) is not numpy.ndarray:
+        if (self.timeout is None and self.algorithm != "shm") or type(grad) is not numpy.ndarray:
             return None
         if self._grad is not grad:
             if self._plans is not None:
@@ -161,6 +163,58 @@ class AllreduceHook(GradientHook):
 
     def close(self):
         """Free nothing: the hook sends on the run's own communicator."""
+
+
+def share_gradients(cfg, comm, model):
+    """Move ``model.grads`` into shared memory when the plain ``shm`` all-reduce will average it.
+
+    With ``cfg.algorithm == "shm"``, no compressor, host arrays and every rank of ``comm`` on one
+    node, the flat gradient is moved into a buffer of :func:`collectives.shm.shared_empty` and every
+    layer's gradient views are bound to it, so that each step's in-place all-reduce reads and writes
+    the ranks' gradients where they lie (no copy in or out). Call it before the optimizer is made
+    (the optimizer keeps the flat gradient it is given). Collective over ``comm``.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+    comm : mpi4py.MPI.Comm
+    model : training.nn.Sequential
+
+    Returns
+    -------
+    bool
+        True when the gradient was moved.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from training.cli import parse_args
+    >>> from training.nn import Linear, Sequential
+    >>> model = Sequential([Linear(3, 2)])
+    >>> share_gradients(parse_args(["--algorithm", "shm"]), MPI.COMM_WORLD, model)
+    True
+    >>> model.grads.size, numpy.shares_memory(model.layers[0].dW, model.grads)
+    (8, True)
+    """
+    if cfg.algorithm != "shm" or cfg.compression != "none" or type(model.grads) is not numpy.ndarray:
+        return False
+    if collectives.engine.context.get_context(comm).nodes()[0] != 1:
+        return False  # (the all-reduce itself refuses such a communicator, with the reason)
+    from collectives.shm import shared_empty
+
+    grads = shared_empty(model.grads.shape, model.grads.dtype, comm=comm)
+    grads[...] = model.grads
+    off = 0
+    for layer in model.layers:
+        params, views = [], []
+        for shape in layer.param_shapes():
+            size = math.prod(shape)
+            params.append(model.params[off:off + size].reshape(shape))
+            views.append(grads[off:off + size].reshape(shape))
+            off += size
+        layer.bind(params, views)
+    model.grads = grads
+    return True
 
 
 def make_grad_hook(cfg, comm, model):
