@@ -15,11 +15,14 @@ schedules    GPipe and 1F1B give bitwise the same parameters; the activation mem
 memory       parameters + optimizer state per rank fall as 1 / (T Q) (a layer-balanced MLP).
 resume       stop after epoch 1 and resume: on the same grid bitwise equal to an uninterrupted
              run (also with top-k compression, whose per-rank error feedback is checkpointed); on
-             another grid (re-sharded on load) and from a data-parallel checkpoint within rtol 1e-12.
+             another grid (re-sharded on load) and from a data-parallel checkpoint within rtol 1e-12;
+             a grid's shards resumed by the data-parallel driver (one whole model per rank), whose
+             checkpoint, the newest, the grid then resumes: within rtol 1e-12 of the grid's run.
 errors       a grid that does not divide P, a width smaller than T, more stages than layers and
              micro-batches that do not divide the local batch raise ValueError on every rank,
              before any message.
 """
+import json
 import os
 import shutil
 import sys
@@ -194,6 +197,21 @@ def case_resume(comm, base):
     _, cfull = _hybrid(comm, root, "cfull", **C)
     _hybrid(comm, root, "cstop", stop_after=1, **C)
     _, cres = _hybrid(comm, root, "cstop", resume=os.path.join(root, "cstop"), **C)
+    # the grid's shards resumed by the data-parallel driver (TP = 1, one whole model per rank) to epoch 2,
+    # then that run's checkpoint (the newer kind now) by the grid again to epoch 3
+    _, full3 = _hybrid(comm, root, "full3", epochs=3, **A)
+    _hybrid(comm, root, "mix", epochs=3, stop_after=1, **A)
+    mix = os.path.join(root, "mix")
+    quiet(run, Config(**{**SMALL, "epochs": 3, "stop_after": 2}, run_dir=root, name="mix", resume=mix), comm)
+    dp_mid = load_checkpoint(os.path.join(mix, "ckpt-epoch0002.npz"), comm)[1]
+    summary, mixed = _hybrid(comm, root, "mix", epochs=3, resume=mix, **A)
+    if comm.rank == 0:
+        with open(os.path.join(mix, "config.json"), encoding="utf-8") as f:
+            resumes = [r["resumed_from"] for r in json.load(f)["resumes"]]
+        assert [os.path.basename(r) for r in resumes] == ["shards-epoch0001", "ckpt-epoch0002.npz"], resumes
+        assert int(dp_mid["train/epoch"]) == 2 and summary["epochs"] == 3, (int(dp_mid["train/epoch"]), summary)
+        assert np.allclose(mixed, full3, rtol=RTOL, atol=ATOL), \
+            f"grid -> data-parallel -> grid resume differs by {np.abs(mixed - full3).max():.2e}"
     if comm.rank == 0:
         assert np.array_equal(cres, cfull), f"resume with error feedback differs by {np.abs(cres - cfull).max():.2e}"
         dp_full = load_checkpoint(os.path.join(root, "dpfull"), MPI.COMM_SELF)[1]["model/params"]

@@ -7,7 +7,9 @@ dropped) and looks each command up in :data:`CHECKS`:
 
 * :class:`Run` runs the command as written, in a fresh directory (so ``results/`` and ``runs/`` start
   empty, as in a fresh clone), with the quick flags of the entry appended (``argparse`` keeps the last
-  value of a repeated flag), under a hard timeout; it must exit 0. ``mpiexec`` is the one beside the
+  value of a repeated flag), under a hard timeout; it must exit 0, or, for a run whose entry names
+  ``records`` (a crash run), leave a ``runs/latest/summary.json`` holding them. A command written for
+  one launcher's options runs where the tests' ``mpiexec`` is that launcher's. ``mpiexec`` is the one beside the
   interpreter, with ``MPIEXEC_ARGS`` (``tests.mpirun``), ``python`` is the interpreter running the tests.
 * :class:`Help` is for commands too slow even in a quick mode: every ``--flag`` of the command must
   be one its module's ``--help`` lists, and the files the command would write are taken from the
@@ -34,7 +36,7 @@ import time
 
 import pytest
 
-from tests.mpirun import launcher_args, launcher_env, mpiexec_path
+from tests.mpirun import launcher, launcher_args, launcher_env, mpiexec_path
 from tests.readme_checks import _QUICK_TRAIN, CHECKS, Covered, Help, Run  # the table of every documented command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,14 +125,14 @@ def _argv(cmd, extra=()):
     return env, argv + list(extra)
 
 
-def _run(argv, env, cwd, timeout):
+def _run(argv, env, cwd, timeout, status=True):
     start = time.monotonic()
     try:
         proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(argv)}: no exit within {timeout} s\n{e.output}")
-    assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+    assert proc.returncode == 0 or not status, f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
     print(f"{time.monotonic() - start:6.1f} s  {' '.join(argv)[:150]}")
     return proc.stdout
 
@@ -229,9 +231,23 @@ def test_readme_commands_run(tmp_path, help_texts):
                     shutil.copy(os.path.join(REF, ref), cwd / dest)
             elif isinstance(check, Run) and cmd == ["make", "run"]:
                 _make_run(cwd)
+            elif isinstance(check, Run) and check.launcher and check.launcher != launcher():
+                continue  # written for the other launcher's options: run under it (make test MPI=openmpi)
             elif isinstance(check, Run):
                 env, argv = _argv(cmd, check.extra)
-                _run(argv, env, cwd, check.timeout)
+                out = _run(argv, env, cwd, check.timeout, status=not check.records)
+                _check_records(cwd, check.records, out)
+
+
+def _check_records(cwd, records, out):
+    """Assert that the run's ``runs/latest/summary.json`` holds every ``(key, value)`` of ``records``."""
+    if not records:
+        return
+    path = cwd / "runs" / "latest" / "summary.json"
+    assert path.is_file(), f"no {path}:\n{out[-3000:]}"
+    summary = json.loads(path.read_text())
+    wrong = {k: summary.get(k) for k, v in records if summary.get(k) != v}
+    assert not wrong, f"{path}: {wrong}, the docs say {dict(records)}:\n{out[-3000:]}"
 
 
 def _make_run(cwd):

@@ -1,16 +1,21 @@
 """A data-parallel run's parts, built and checked before any run directory exists.
 
 :func:`build_trainer` loads the data and builds the model, optimizer, loss and gradient hook (restored
-from a checkpoint with ``--resume``); :func:`training.train.train_dp` trains with them.
+from a checkpoint with ``--resume``, of either kind: a model-parallel run's shards are assembled into the
+whole model); :func:`training.train.train_dp` trains with them.
 """
+import os
+
 from collectives.log import get_logger
 from training.build import build_model
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.data import load_dataset
 from training.dp.shares import BatchShares, memory_cap
 from training.dp.data_parallel import make_grad_hook
+from training.dp.hooks import share_gradients
 from training.dp.local_sgd import LocalSGD
 from training.layout import verify_param_layout
+from training.model_parallel.sharded import newest_checkpoint, restore_sharded
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.preflight import check_run
@@ -96,7 +101,10 @@ def build_trainer(cfg, comm):
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, path, saved = TrainState(), None, None
     shares = _batch_shares(cfg, comm, ds, model, opt)
-    if cfg.resume:
+    newest = newest_checkpoint(cfg.resume) if cfg.resume else None
+    if newest is not None and os.path.isdir(newest):  # a model-parallel run's shards, assembled for this model
+        path, saved = newest, restore_sharded(newest, model, opt, hook, state, comm, cfg.allow_foreign_checkpoint)
+    elif cfg.resume:
         path, arrays = load_checkpoint(cfg.resume, comm, missing_ok=True, timeout=cfg.timeout,
                                        foreign_ok=cfg.allow_foreign_checkpoint)
         if path is None and comm.rank == 0:

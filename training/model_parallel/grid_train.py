@@ -36,7 +36,8 @@ from training.dp.data_parallel import CONTROL_ALGORITHM, any_rank, is_finite, ma
 from training.dp.data_parallel import replicas_identical as replicas_same
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from training.model_parallel.pipeline import PipelineStage
-from training.model_parallel.sharded import SHARDS_DIR, find_sharded, load_hook_state, load_sharded, read_pieces, save_sharded
+from training.model_parallel.sharded import (SHARDS_DIR, load_hook_state, load_sharded, newest_checkpoint, read_pieces,
+                                             save_sharded)
 from training.sizes import format_bytes
 from training.state import TrainState
 
@@ -92,7 +93,7 @@ def build_hybrid(cfg, comm):
         opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
     state, resumed = TrainState(), None
     if cfg.resume:
-        resumed = find_sharded(cfg.resume) or _dense_checkpoint(cfg.resume)
+        resumed = newest_checkpoint(cfg.resume) or _dense_checkpoint(cfg.resume)  # either kind, the newest
         pieces, common = read_pieces(resumed, sizes, cfg.allow_foreign_checkpoint)
         load_sharded(pieces, common, model, ks, opt, path=resumed)
         load_hook_state(resumed, grid, hook)

@@ -15,26 +15,30 @@ counters and the configuration.
 Re-sharding on load (Shoeybi et al. 2019's tensor split and any pipeline cut): every rank reads
 the shards, assembles each full tensor of its own layers from the parts and takes its new part
 with the layer's own split rule, so a checkpoint written on one grid resumes exactly on another.
-A data-parallel checkpoint (``ckpt-epochNNNN.npz``, one flat vector) is read as a single shard.
+A data-parallel checkpoint (``ckpt-epochNNNN.npz``, one flat vector) is read as a single shard, and a
+sharded one resumes a data-parallel run (one whole replica per rank, :func:`restore_sharded`): a run
+resumes from the newest checkpoint of either kind (:func:`newest_checkpoint`) on any layout whose
+shapes allow it.
 """
 import glob
 import hashlib
 import json
 import os
 import re
+import types
 
 import numpy
 
 import collectives
 from collectives.log import get_logger
-from training.checkpoint import CheckpointError, check_origin, read_npz, run_id_of, write_npz
+from training.checkpoint import CheckpointError, check_origin, epoch_checkpoints, read_npz, run_id_of, write_npz
 from training.model_parallel.grid import placement
 from training.nn import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
 from training.state import check_values
 
-__all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "read_pieces", "assemble", "load_sharded",
-           "load_hook_state", "dense_params"]
+__all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "newest_checkpoint", "read_pieces", "assemble",
+           "load_sharded", "load_hook_state", "restore_sharded", "dense_params"]
 
 _log = get_logger("training.model_parallel.sharded")
 
@@ -191,6 +195,54 @@ def find_sharded(path):
         _log.warning("%s has no manifest (an interrupted write?): skipped; %s", newer[-1],
                      f"reading {found[-1]} instead" if found else "no complete sharded checkpoint left")
     return found[-1] if found else None
+
+
+def newest_checkpoint(path):
+    """Return the newest checkpoint of run directory ``path`` of either kind, a complete ``shards-epochNNNN``
+    directory or a ``ckpt-epochNNNN.npz`` file, by epoch; ``path`` itself when it names one; None when none.
+
+    A run resumed on another layout writes the other kind, so its newest state may be either.
+    """
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, "manifest.json")):
+        return path
+    if not os.path.isdir(path):
+        return None
+    sharded = find_sharded(path)
+    found = [(int(SHARDS_DIR.match(os.path.basename(sharded)).group(1)), 1, sharded)] if sharded else []
+    found += [(int(os.path.basename(p)[len("ckpt-epoch"):-len(".npz")]), 0, p) for p in epoch_checkpoints(path)]
+    return max(found)[2] if found else None
+
+
+def restore_sharded(path, model, opt, hook, state, comm, foreign_ok=False):
+    """Load sharded checkpoint ``path`` into a data-parallel run's whole model on every rank of ``comm``.
+
+    The parts of every tensor (parameters and the optimizer's per-parameter state) are assembled as on
+    any grid (:func:`load_sharded`, a data-parallel run being the grid ``P x 1 x 1``); the counters and
+    the configuration are the shards' common entries.
+
+    Returns
+    -------
+    dict
+        The configuration the checkpoint was written with (``{}`` when it holds none).
+
+    Raises
+    ------
+    CheckpointError
+        Naming the checkpoint, when it is unreadable or does not fit the model or optimizer, or holds
+        per-rank compressor state of another grid (:func:`load_hook_state`).
+    """
+    linear = [layer for layer in model.layers if hasattr(layer, "n_in")]
+    sizes = [linear[0].n_in] + [layer.n_out for layer in linear]
+    pieces, common = read_pieces(path, sizes, foreign_ok)
+    load_sharded(pieces, common, model, list(range(len(linear))), opt, path=path)
+    rank = comm.Get_rank()
+    load_hook_state(path, types.SimpleNamespace(D=comm.Get_size(), T=1, Q=1, coords=lambda: (rank, 0, 0)), hook)
+    try:
+        state.load_state_dict(common)
+        saved = json.loads(bytes(common["meta/config"])) if "meta/config" in common else {}
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
+    return saved if isinstance(saved, dict) else {}
 
 
 def read_pieces(path, sizes=None, foreign_ok=False):
