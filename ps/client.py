@@ -20,8 +20,10 @@ replica of the chain (:class:`ps.failover.Chains`), resends what was not answere
 primary applies a push once), and goes on; an EPOCH message from a newer primary moves it at once.
 Replies from a replica that is no longer the primary are dropped, and so are the pending sends to it.
 DONE is then always a handshake, so that the worker leaves only once the chain has its DONE. While a
-worker waits longer than a third of ``reply_timeout``, it sends a HEARTBEAT to the primaries it is
-not waiting on, so that a failover of one shard does not make the others drop it for silence.
+worker waits longer than ``heartbeat_s``, it sends a HEARTBEAT to the servers (primaries) it is not
+waiting on, so that a failover or a stopped server of one shard does not make the others drop it for
+silence. A worker that itself did not run for a while (stopped, descheduled) does not count that time
+against the servers it waits on.
 """
 import time
 
@@ -29,8 +31,8 @@ import numpy as np
 
 from collectives.engine import trace
 from ps.failover import Chains
-from ps.protocol import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, Backoff, Msg, PSError,
-                         PSTimeout, probe, receive, send, wait_all)
+from ps.protocol import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, STALL_S, Backoff, Msg,
+                         PSError, PSTimeout, probe, receive, send, wait_all)
 from ps.sharding import shard_offsets
 
 __all__ = ["Client"]
@@ -60,6 +62,9 @@ class Client:
         ``(retries, retry_s)``: resends of an unanswered request (0: none; the wait is then
         ``reply_timeout``) and the first wait before a resend (seconds), doubling with each; the last
         try waits until ``reply_timeout`` has passed since the request was first sent.
+    heartbeat_s : float, optional
+        Seconds between the heartbeats a waiting worker sends the servers it is not waiting on (default
+        ``reply_timeout / 3``); below the servers' silence timeout.
 
     Attributes
     ----------
@@ -97,7 +102,8 @@ class Client:
     ValueError: worker must be in [0, 2), got 2
     """
 
-    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0)):
+    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0), *,
+                 heartbeat_s=None):
         if not 0 <= worker < len(worker_ranks):
             raise ValueError(f"worker must be in [0, {len(worker_ranks)}), got {worker}")
         if not reply_timeout > 0:
@@ -107,6 +113,7 @@ class Client:
         self.replicas = max(len(c) for c in self.chains.chains)
         self.server_ranks, self.worker_ranks = self.chains.heads, list(worker_ranks)  # the current primaries
         self.dtype, self.reply_timeout = np.dtype(dtype), float(reply_timeout)
+        self.heartbeat_s = self.reply_timeout / 3 if heartbeat_s is None else float(heartbeat_s)
         self.offsets = shard_offsets(int(n_params), len(self.server_ranks))
         self.wait_seconds = 0.0      # time spent waiting for pull answers (seconds)
         self.last_staleness = []     # staleness reported by each server for the last pull (clocks)
@@ -315,8 +322,13 @@ class Client:
         start = time.monotonic()
         deadline, tries, wait = start + self.reply_timeout, 0, self.retry_s
         resend_at = start + wait if self.retries and not acks else float("inf")
-        ping_at = start + self.reply_timeout / 3 if self.replicas > 1 else float("inf")
+        ping_at = start + self.heartbeat_s
+        looked = start
         while len(replies) < len(sources):
+            now = time.monotonic()
+            if now - looked > STALL_S:  # this worker did not run (or handled a reply) meanwhile: no server's
+                deadline, resend_at = deadline + (now - looked), resend_at + (now - looked)  # silence, skipped
+            looked = now
             msg = probe(self.comm)
             if msg is None:
                 now = time.monotonic()
@@ -324,7 +336,7 @@ class Client:
                     for s, rank in enumerate(self.server_ranks):
                         if rank not in sources or rank in replies:
                             self._pushes += self._send(rank, (Msg.HEARTBEAT, 0, None, 0, 0, s))
-                    ping_at = now + self.reply_timeout / 3
+                    ping_at = now + self.heartbeat_s
                 if now > resend_at:
                     tries, wait = tries + 1, 2 * wait
                     for rank in sorted(sources - set(replies)):

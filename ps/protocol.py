@@ -41,7 +41,7 @@ FORWARD   replica -> next   a worker's PUSH, DONE or ABORT, or a drop, as the pr
 ACK       replica -> prev   every forwarded update up to ``seq`` is applied down the chain
 FENCED    replica -> other  the sender took over at ``epoch``: the receiver's epoch is over
 EPOCH     primary -> worker the sender is the shard's primary from ``epoch`` on
-HEARTBEAT worker -> primary  the worker is alive (it waits on another shard's failover)
+HEARTBEAT worker -> server   the worker is alive (it waits on another server: failover, stop)
 ========  ================  ==================================================================
 """
 import enum
@@ -55,7 +55,7 @@ from collectives.errors import CommlabError, Timeout
 
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
            "H_VERSION", "H_SHARD", "H_DTYPE", "H_EPOCH", "H_SEQ", "H_AUX", "REJECT_REASONS", "header_tag",
-           "data_tag", "send", "probe", "receive", "wait_all", "Backoff"]
+           "data_tag", "send", "probe", "receive", "wait_all", "Backoff", "STALL_S"]
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
@@ -66,6 +66,9 @@ REJECT_REASONS = {1: "the gradient's length differs from the shard's", 2: "the g
                   3: "the push names another shard than this server's", 4: "the push's base version is from the future",
                   5: "the request id was used before with other data", 6: "a row id is outside the shard"}
 SPIN_SECONDS = float(os.environ.get("COMMLAB_PS_SPIN", "1e-4"))  # busy-poll window (seconds)
+#: Seconds between two turns of a waiting loop beyond which its process itself did not run (stopped,
+#: descheduled, busy): that time is nobody else's silence, so the clocks judging a peer's silence skip it.
+STALL_S = 0.1
 _HEADER_BASE = 700
 _DATA_BASE = 800
 

@@ -15,7 +15,8 @@ Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT n
 (:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
 
 Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and SSP carry
-on without it; BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
+on without it (a worker waiting on another server sends heartbeats; the seconds in which this server itself
+did not run, and a worker whose message waits unread here, are no silence); BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
 or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replication`).
 """
 import time
@@ -25,7 +26,8 @@ import numpy as np
 from collectives.engine import trace
 from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.sharding import proportional, shard_offsets
-from ps.protocol import H_CLOCK, H_RID, H_SHARD, H_VERSION, Backoff, Msg, PSError, probe, receive, send, wait_all
+from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, probe, receive, send,
+                         wait_all)
 from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
 from ps.store import server_checkpoint_path
@@ -136,6 +138,9 @@ class Server:
             if self.faults.held:
                 self._send_late(now)
             if now >= next_check:  # also while busy: a dead worker must not wait for a lull
+                if now - checked > STALL_S:  # this server did not run meanwhile: the workers' silence clocks skip it
+                    self._last_heard = np.minimum(self._last_heard + (now - checked), now)
+                checked = now
                 self._sends = [s for s in self._sends if not s[0].Test()]
                 self._check_silence(now)
                 next_check = now + _SILENCE_CHECK
@@ -170,6 +175,8 @@ class Server:
         if w is None:
             raise PSError(f"server {self.index} got {mtype.name} from rank {source}, which is not a worker")
         self._last_heard[w] = time.monotonic()
+        if mtype == Msg.HEARTBEAT:  # a worker waiting on another server (stopped, failing over) is not silent
+            return
         clock, rid = int(header[H_CLOCK]), int(header[H_RID])
         status = self.table.status[w]
         if mtype == Msg.PUSH:
@@ -346,8 +353,8 @@ class Server:
         for w in self.table.live():
             if w in self.pending or w in self.speed_waiting or w in late:
                 continue  # waiting on this server (for a reply it holds back, too): not silent
-            if now - self._last_heard[w] > self.opts.ps_timeout:
-                self.table.status[w] = DROPPED
+            if now - self._last_heard[w] > self.opts.ps_timeout and not self.comm.Iprobe(source=self.worker_ranks[w]):
+                self.table.status[w] = DROPPED  # silent, and nothing of it waits unread here
                 self._lost(w, EVENT_DROPPED)
         self._progress_clocks()
         self._serve_pending()

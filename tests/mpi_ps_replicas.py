@@ -1,6 +1,8 @@
 """Rank-side bodies of the replicated-shard tests: ``python -m tests.mpi_ps_replicas CASE [DIR]``, or
 ``python -m tests.mpi_ps_replicas chain fence`` (the fault-free cases in turn, one launch, each with its
-own count line).
+own count line). ``stall`` runs in a launch of its own, last: a fenced primary's last messages are never
+received, and a later run of the same processes could be handed them on a communicator that reuses the
+freed one's context.
 
 The workload: least squares on fixed per-worker data, SGD with momentum 0.9 on the servers (so the
 optimizer state must survive a failover too), float64, BSP, ``--ps-timeout`` 1 s. The oracle of every
@@ -16,6 +18,11 @@ each clock's update is the worker-ordered mean, so the final parameters must be 
             fail over to the backup, which takes over; the old primary, resuming, finds itself fenced
             off and serves nothing more. Every version it acknowledged was on the new primary when
             that took over, the run ends bitwise equal to the oracle, nothing acknowledged is lost.
+``stall``   a server stopped by ``SIGSTOP`` (a helper process sends ``SIGCONT`` later) while the workers'
+            messages queue up unread: 1.3 s (past ``--ps-timeout`` 1 s, short of the failover's 1.5 s)
+            for server 0 of two unreplicated shards and for the primary of a chain of two, and 2.5 s
+            for that primary (the workers fail over). Each run ends bitwise equal to the oracle with
+            every worker done (none dropped for a silence that was the server's own stop).
 ``all``     (crash) both replicas of the only shard exit (``experiments.faults.dead.vanish``): every
             worker writes its error and its time to ``DIR/worker-R.json`` (the pytest side checks
             the message and the delay).
@@ -39,6 +46,7 @@ then leaves without ``MPI_Finalize`` (``os._exit(0)``); the pytest side reads th
 import functools
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -149,6 +157,26 @@ def case_fence():
     check(fails == COMM.Get_size() - 2, f"fence: {fails} failovers, want one per worker")
 
 
+def _stop_for(seconds):
+    """Have a helper process stop this rank (``SIGSTOP``) now and continue it ``seconds`` later."""
+    pid = os.getpid()
+    subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])
+    time.sleep(0.05)  # stopped in here, or just after
+
+
+def case_stall():
+    want = _oracle(2)
+    for R, seconds in ((1, 1.3), (2, 1.3), (2, 2.5)):
+        undo = _inject(0, 80, functools.partial(_stop_for, seconds))
+        res = _gather_result(2, R)
+        undo()
+        name = f"R={R} stopped {seconds} s"
+        check(np.array_equal(res.params, want), f"{name}: final parameters differ from the fault-free run's")
+        check(res.status == ["done"] * (COMM.Get_size() - 2), f"{name}: workers {res.status}, events {res.events}")
+        fails = sum(st["failovers"] for st in res.workers if st)
+        check(fails == (COMM.Get_size() - 2 if seconds > TIMEOUT + 0.5 else 0), f"{name}: {fails} failovers")
+
+
 def case_all(directory):
     """Both replicas of the only shard exit at their 40th message; each worker writes its error."""
     for rank in (0, 1):
@@ -237,7 +265,7 @@ def _leave():
 
 def main():
     case = sys.argv[1]
-    if case in ("chain", "fence"):  # fault-free cases: any of them, in turn, each with its own count line
+    if case in ("chain", "fence", "stall"):  # fault-free cases: any of them, in turn, each with its own count line
         failed = 0
         for name in sys.argv[1:]:
             globals()[f"case_{name}"]()

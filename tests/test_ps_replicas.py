@@ -42,6 +42,15 @@ def test_replication_without_a_crash(case):
     assert res.returncode == 0 or other, (res.returncode, res.stdout)
 
 
+def test_a_server_stopped_past_the_timeout_drops_no_worker():
+    """SIGSTOP on a server past --ps-timeout while the workers' messages queue unread: unreplicated, and a
+    primary resuming before the failover, the run ends as the fault-free one with every worker done; a
+    stop past the failover fails over. Its own launch: a fenced primary's last messages are never taken,
+    so no later run of the same processes follows it."""
+    res = run_mpi(6, "tests.mpi_ps_replicas", "stall", timeout=120, check=False)
+    assert "mpi_ps_replicas stall: 0 failures on 6 ranks" in res.stdout and res.returncode == 0, res.stdout
+
+
 def test_checkpoints_written_after_a_primarys_crash_resume_to_the_uninterrupted_result(tmp_path):
     """A run with server checkpoints whose primary (rank 0) exits at its 60th message: the backup takes
     over and writes the later checkpoints; a run resumed from them on the survivors and a fresh replica
