@@ -207,6 +207,7 @@ def test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and
         assert all(np.array_equal(r.as_numpy("logits")[0], ref(data.x_test[i])) for i, r in results.items())
         text = proc.communicate(timeout=30)[0]
         assert proc.returncode == 0, text
+        assert "None ms" not in text and "latency per request not kept over HTTP (GET /metrics" in text, text
     finally:
         _kill(proc)
     s = json.load(open(os.path.join(out, "summary.json")))
