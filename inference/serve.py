@@ -289,6 +289,12 @@ def main(argv=None):
         return 2
     if summary is not None:
         check = "" if summary["correct"] is None else f", {summary['correct']} equal to the single-process prediction"
+        if summary["latency_p50_ms"] is not None:
+            latency = f"p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms"
+        elif cfg.http >= 0:  # answers are not kept over HTTP: the latency histogram is the exporter's
+            latency = "latency per request not kept over HTTP (GET /metrics: commlab_serving_request_latency_seconds)"
+        else:
+            latency = "no latency: no request answered"
         print(f"{summary['answered']}/{summary['requests']} answered{check}, {summary['rejected']} rejected, "
               f"{summary['refused']} refused, {summary['failed']} failed | {latency}, "
               f"{summary['throughput_rps']} req/s | {cfg.run_dir}/summary.json", flush=True)
@@ -297,9 +303,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
-        if summary["latency_p50_ms"] is not None:
-            latency = f"p50 {summary['latency_p50_ms']} ms, p99 {summary['latency_p99_ms']} ms"
-        elif cfg.http >= 0:  # answers are not kept over HTTP: the latency histogram is the exporter's
-            latency = "latency per request not kept over HTTP (GET /metrics: commlab_serving_request_latency_seconds)"
-        else:
-            latency = "no latency: no request answered"
