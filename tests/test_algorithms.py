@@ -96,6 +96,17 @@ def test_verifier_accepts_every_built_in_algorithm_up_to_64_ranks(algorithm):
     assert out["cases"] == 3 * 64
 
 
+@pytest.mark.parametrize("algorithm", [a for a in BUILT_IN if REGISTRY[a].allreduce_builder is not None])
+def test_simulator_runs_every_built_in_algorithm_as_numpy_sums_it(algorithm):
+    """The executor's compiled program, in place and from a separate input, replayed for P = 1, 2, 3, 5, 8."""
+    builder = functools.partial(build_allreduce_schedule, algorithm)
+    for P in (1, 2, 3, 5, 8):
+        for count in (0, 1, P - 1, 2 * P + 1):
+            for fi in (False, True):
+                got, want = _run(builder, P, count, fi)
+                assert all(np.array_equal(g, want) for g in got), (P, count, fi)
+
+
 @pytest.mark.parametrize("builder", [alltoall_allreduce, bidirectional_ring_allreduce])
 def test_verifier_accepts_the_guide_examples_up_to_64_ranks(builder):
     verify(builder)

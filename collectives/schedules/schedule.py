@@ -28,6 +28,7 @@ non-blocking :class:`collectives.engine.request.Request`, byte and message accou
 simulator (:func:`collectives.model.simulate.replay`) behind the cost model.
 """
 import functools
+from numbers import Integral
 
 __all__ = ["Round", "Schedule", "chunk_bounds", "segmented", "apply_receive", "SEGMENT_ELEMENTS"]
 
@@ -122,14 +123,14 @@ class Schedule:
         Elements of scratch space needed (the largest total of the receives of one round that land
         in scratch: reducing receives, and copying receives whose region a send or another receive
         of the round touches).
+    elements_sent, messages : int
+        Totals over all rounds, for byte accounting (multiply by the item size for bytes).
 
     Raises
     ------
     ValueError
         A region lies outside ``[0, count)`` or a peer outside ``[0, size)``; the message names the
         rank, the round and the region.
-    elements_sent, messages : int
-        Totals over all rounds, for byte accounting (multiply by the item size for bytes).
 
     Examples
     --------
@@ -151,10 +152,10 @@ class Schedule:
         self.rounds = [r for r in rounds if r.sends or r.recvs]
         for i, r in enumerate(self.rounds):
             for p, a, b in r.sends:
-                if not (0 <= a and b <= count and type(p) is int and 0 <= p < size):
+                if not (0 <= a and b <= count and (type(p) is int or isinstance(p, Integral)) and 0 <= p < size):
                     _refuse(rank, size, count, i, r.phase, "send", p, a, b)
             for p, a, b, _ in r.recvs:
-                if not (0 <= a and b <= count and type(p) is int and 0 <= p < size):
+                if not (0 <= a and b <= count and (type(p) is int or isinstance(p, Integral)) and 0 <= p < size):
                     _refuse(rank, size, count, i, r.phase, "receive", p, a, b)
         self.scratch = max([sum(b - a for (_, a, b, red), st in zip(r.recvs, _staged(r)) if red or st)
                             for r in self.rounds] or [0])
@@ -267,7 +268,7 @@ def _refuse(rank, size, count, index, phase, what, peer, a, b):
     if not 0 <= a < b <= count:
         raise ValueError(f"rank {rank} round {index} ({phase}): {what} region [{a}, {b}) lies outside the "
                          f"buffer of {count} elements")
-    if type(peer) is not int or not 0 <= peer < size:
+    if not isinstance(peer, Integral) or not 0 <= peer < size:
         raise ValueError(f"rank {rank} round {index} ({phase}): {what} region [{a}, {b}) names peer {peer!r}, "
                          f"not a rank of 0..{size - 1}")
 

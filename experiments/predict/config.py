@@ -7,7 +7,7 @@ Unknown keys and bad values are one :class:`ValueError` line naming the field.
 from dataclasses import asdict, dataclass, field, fields
 
 from collectives.compression.registry import COMPRESSORS, parse_literal
-from collectives.schedules.registry import REGISTRY
+from collectives.schedules.registry import REGISTRY, load_algorithm
 
 from experiments.predict.files import read_json
 
@@ -23,7 +23,7 @@ class JobConfig:
 
     name: str = ""                   # a label for tables ("" : built from the fields)
     mode: str = "dp"                 # dp (all-reduce) or ps (parameter server)
-    algorithm: str = "ring"          # all-reduce algorithm with schedules (ALGORITHMS)
+    algorithm: str = "ring"          # all-reduce algorithm with schedules (ALGORITHMS, registered, FILE.py:FUNCTION)
     grid: object = None              # 2d / torus grid: list of ints, "topology", or None (the default grid)
     bucket_bytes: int = 0            # gradient bucket size (bytes), 0: one fused all-reduce
     overlap: bool = False            # start each bucket's all-reduce during the backward pass
@@ -88,8 +88,11 @@ def parse(doc):
     for key in doc:
         if key not in names:
             raise ValueError(f"config field {key!r} is unknown; accepted: {', '.join(names)}")
+    if isinstance(doc.get("algorithm"), str) and ":" in doc["algorithm"]:  # FILE.py:FUNCTION, module:FUNCTION
+        doc = dict(doc, algorithm=load_algorithm(doc["algorithm"]))  # verified and registered first
     cfg = JobConfig(**doc)
-    choices = {"mode": ("dp", "ps"), "algorithm": ALGORITHMS, "progress": ("tests", "continuous"),
+    hand_made = tuple(a.name for a in REGISTRY.values() if a.allreduce_builder is not None)  # registered ones too
+    choices = {"mode": ("dp", "ps"), "algorithm": hand_made, "progress": ("tests", "continuous"),
                "compression": tuple(COMPRESSORS), "schedule": ("1f1b", "gpipe")}
     for key, allowed in choices.items():
         if getattr(cfg, key) not in allowed:

@@ -18,9 +18,11 @@ import platform
 import time
 
 from collectives.model import cost
+from collectives.schedules import load_algorithm, registry
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
 from training.sizes import bytes_argument, format_bytes
+from training.options import INT32_MAX, Parser, integer, outpath, parsed_by, real, text
 
 __all__ = ["main", "crossovers"]
 
@@ -50,11 +52,12 @@ def _read_fit(path):
 def crossovers(rows):
     """Return ``{size: {alg: smallest P from which alg stays faster than ring, or None}}``."""
     out = {}
+    algs = [a for a in dict.fromkeys(r["algorithm"] for r in rows) if a != "ring"]
     for size in sorted({r["bytes"] for r in rows}):
         at = {(r["algorithm"], r["P"]): r["time_s"] for r in rows if r["bytes"] == size}
         ps = sorted({p for _, p in at})
         out[size] = {}
-        for a in ALGS[1:]:
+        for a in algs:
             wins = [at[(a, p)] < at[("ring", p)] for p in ps]
             out[size][a] = next((p for i, p in enumerate(ps) if all(wins[i:])), None)
     return out
@@ -62,19 +65,22 @@ def crossovers(rows):
 
 def main(argv=None):
     """Simulate every algorithm at every P and size, print a table and write the results JSON."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.studies.scale_sim", description=__doc__.split("\n\n")[0],
+    ap = Parser(prog="python -m experiments.studies.scale_sim", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--sizes", type=lambda s: [_message_size(x) for x in s.split(",")], default="1KiB,1MiB,256MiB",
+    ap.add_argument("--sizes", type=parsed_by(lambda s: [_message_size(x) for x in s.split(",")], 'message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB'), default="1KiB,1MiB,256MiB",
                     help="message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB")
-    ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two")
-    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
-    ap.add_argument("--alpha-intra", type=float, default=1e-6, help="intra-node latency, seconds")
-    ap.add_argument("--beta-intra", type=float, default=1 / 20e9, help="intra-node seconds per byte")
-    ap.add_argument("--alpha-inter", type=float, default=5e-6, help="inter-node latency, seconds")
-    ap.add_argument("--beta-inter", type=float, default=1 / 12.5e9, help="inter-node seconds per byte")
-    ap.add_argument("--gamma", type=float, default=1 / 10e9, help="reduction seconds per byte")
-    ap.add_argument("--fit", help="bench_collectives results JSON: fit alpha/beta/gamma and use them intra-node")
-    ap.add_argument("--out", default="results/scale_sim.json", help="results JSON path")
+    ap.add_argument("--max-p", type=integer(1, INT32_MAX), default=4096, help="largest P, a power of two")
+    ap.add_argument("--algorithms", type=text(), default=",".join(ALGS),
+                    help="comma list of all-reduce algorithms (ring is always added: the table compares with it); "
+                         "FILE.py:FUNCTION or module:FUNCTION adds a schedule builder of one's own, verified first")
+    ap.add_argument("--ranks-per-node", type=integer(1, INT32_MAX), default=8, help="ranks per node")
+    ap.add_argument("--alpha-intra", type=real(0, 1e15, low_open=True), default=1e-6, help="intra-node latency, seconds")
+    ap.add_argument("--beta-intra", type=real(0, 1e15, low_open=True), default=1 / 20e9, help="intra-node seconds per byte")
+    ap.add_argument("--alpha-inter", type=real(0, 1e15, low_open=True), default=5e-6, help="inter-node latency, seconds")
+    ap.add_argument("--beta-inter", type=real(0, 1e15, low_open=True), default=1 / 12.5e9, help="inter-node seconds per byte")
+    ap.add_argument("--gamma", type=real(0, 1e15, low_open=True), default=1 / 10e9, help="reduction seconds per byte")
+    ap.add_argument("--fit", type=text(), help="bench_collectives results JSON: fit alpha/beta/gamma and use them intra-node")
+    ap.add_argument("--out", type=outpath(), default="results/scale_sim.json", help="results JSON path")
     args = ap.parse_args(argv)
     if args.max_p < 8 or args.max_p & (args.max_p - 1):
         ap.error("--max-p must be a power of two >= 8")
@@ -99,15 +105,21 @@ def main(argv=None):
                              args.beta_inter, args.gamma)
     except ValueError as exc:  # a fit that gives a negative parameter
         ap.error(f"--fit {args.fit!r} gives unusable link parameters: {exc}" if args.fit else str(exc))
+    try:  # a builder of one's own is verified and registered first, then replayed like the built-in ones
+        algs = list(dict.fromkeys(["ring"] + [load_algorithm(a.strip()) for a in args.algorithms.split(",") if a.strip()]))
+    except ValueError as exc:
+        ap.error(f"--algorithms: {exc}")
+    if bad := [a for a in algs if a not in cost.MODELLED and a not in registry.names() or a in ("mpi", "auto")]:
+        ap.error(f"--algorithms: {', '.join(bad)} cannot be simulated (hand-made all-reduce algorithms only)")
     watch = prov.LoadWatch(prov.default_max_load())  # recorded in the provenance, never a reason to refuse
     ps = [1 << k for k in range(3, args.max_p.bit_length())]
     rows, t0 = [], time.perf_counter()
     for size in args.sizes:
         for P in ps:
-            for alg in ALGS:
+            for alg in algs:
                 rows.append({"algorithm": alg, "P": P, "bytes": size, "time_s": cost.simulate(alg, P, size, topo)})
         print(f"{format_bytes(size):>12}  " + "  ".join(f"{a}={r['time_s'] * 1e3:.3g}ms" for a, r in
-                                             zip(ALGS, rows[-len(ALGS):])) + f"  (P={ps[-1]})")
+                                             zip(algs, rows[-len(algs):])) + f"  (P={ps[-1]})")
     cross = crossovers(rows)
     print("\nsmallest P from which an algorithm stays faster than ring:")
     for size, c in cross.items():
