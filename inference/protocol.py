@@ -79,6 +79,25 @@ def _loads(body):
         raise ProtocolError(f"body is not valid JSON: {e}") from None
 
 
+def _echo(value, limit=40):
+    """Return ``value`` as the client wrote it, for an error message, cut to ``limit`` characters.
+
+    JSON numbers are read as floats here (:func:`_loads`), so integral ones are shown without ``.0``.
+
+    Examples
+    --------
+    >>> _echo([1.0, 3.0]), _echo([1.5, 4.0]), _echo("a")
+    ('[1, 3]', '[1.5, 4]', 'a')
+    """
+    if isinstance(value, list):
+        text = "[" + ", ".join(_echo(v, limit) for v in value[:limit // 2]) + "]"
+    elif isinstance(value, float) and value.is_integer():
+        text = str(int(value))
+    else:
+        text = str(value)
+    return text[:limit]
+
+
 def _flatten(data, shape):
     """Return the elements of ``data`` (flat, or nested to ``shape``) as a list; raise ProtocolError."""
     size = math.prod(shape)
@@ -160,7 +179,7 @@ def parse_infer(body, n_features):
     shape = t.get("shape")
     if (not isinstance(shape, list) or len(shape) != 2 or not all(type(s) is float and s.is_integer() for s in shape)
             or shape[0] < 1 or shape[1] != n_features):
-        raise ProtocolError(f"inputs[0].shape must be [n >= 1, {n_features}], got {str(shape)[:40]}")
+        raise ProtocolError(f"inputs[0].shape must be [n >= 1, {n_features}], got {_echo(shape)}")
     shape = (int(shape[0]), int(shape[1]))
     if "data" not in t:
         raise ProtocolError("inputs[0].data is missing")
