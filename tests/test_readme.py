@@ -168,6 +168,23 @@ def _test_exists(ref):
     return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
 
 
+def test_readme_names_everything_make_run_installs():
+    """The README's list of what ``make run`` installs names every ``install_requires`` entry of setup.py
+    and each package of the extras the Makefile's ``venv`` recipe installs."""
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        call = next(n for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", "") == "setup")
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        extras = re.search(r"pip install -q -e '\.\[\$\(MPI\),([a-z,]+)\]'", f.read()).group(1).split(",")
+    wanted = kw["install_requires"] + kw["extras_require"]["mpich"] + [d for e in extras for d in kw["extras_require"][e]]
+    names = [re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0] for d in wanted]
+    with open(README, encoding="utf-8") as f:
+        para = re.search(r"`make run` installs (.*?)\n\n", f.read(), flags=re.S).group(1)
+    missing = [n for n in names if n.lower().replace("_", "") not in para.lower().replace("_", "")]
+    assert not missing, f"README's list of what make run installs omits {missing}"
+
+
 def test_every_readme_command_has_an_entry_and_every_entry_a_command():
     keys = [_key(c) for block in readme_commands() for c, _ in block]
     missing = [k for k in keys if k not in CHECKS]
