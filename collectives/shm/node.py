@@ -43,7 +43,7 @@ from collectives.engine.fingerprint import describe, key_code
 from collectives.engine.waiting import Where, deadline_of, wait_all
 from collectives.errors import CollectiveMismatch, CollectiveTimeout
 
-__all__ = ["Node", "node_of", "shared_empty", "shared_views", "refuse_nodes", "LINE_WORDS", "PAGE"]
+__all__ = ["Node", "node_of", "shared_empty", "free_shared", "shared_views", "refuse_nodes", "LINE_WORDS", "PAGE"]
 
 #: 64-bit words of one rank's control line (64 bytes: one cache line, so ranks never share a line).
 LINE_WORDS = 8
@@ -88,12 +88,12 @@ class Node:
         Shared-memory calls begun here (their parity picks the stage half).
     pending : list
         Non-blocking calls started and not yet completed, oldest first (completed before a new call).
-    buffers : list of (int, int, int, list)
-        Shared buffers: (serial, first address, bytes, every rank's uint8 view).
+    buffers : list of (int, int, int, list, mpi4py.MPI.Win)
+        Shared buffers: (serial, first address, bytes, every rank's uint8 view, window).
     """
 
     __slots__ = ("comm", "rank", "size", "_cwin", "ctrl", "_flags", "_dwin", "capacity", "views", "counter",
-                 "calls", "pending", "buffers", "_bufwins", "_tmp")
+                 "calls", "pending", "buffers", "_serial", "_tmp")
 
     def __init__(self, ctx):
         self.comm = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
@@ -111,7 +111,7 @@ class Node:
         self._cwin.Sync()
         self._dwin, self.capacity, self.views = None, 0, []
         self.counter = self.calls = 0
-        self.pending, self.buffers, self._bufwins = [], [], []
+        self.pending, self.buffers, self._serial = [], [], 0
         self._tmp = {}
 
     # ---------------------------------------------------------------- synchronisation points
@@ -228,7 +228,7 @@ class Node:
         if not self.buffers or type(a) is not numpy.ndarray or not a.flags.c_contiguous:
             return None
         addr = a.__array_interface__["data"][0]
-        for serial, base, nbytes, views in self.buffers:
+        for serial, base, nbytes, views, _ in self.buffers:
             if base <= addr and addr + a.nbytes <= base + nbytes:
                 return serial, addr - base, views
         return None
@@ -238,22 +238,32 @@ class Node:
         size = max(-(-nbytes // PAGE) * PAGE, PAGE)
         win = MPI.Win.Allocate_shared(size, 1, comm=self.comm)
         views = [numpy.frombuffer(win.Shared_query(p)[0], numpy.uint8, count=size) for p in range(self.size)]
-        self._bufwins.append(win)
         base = views[self.rank].__array_interface__["data"][0]
-        self.buffers.append((len(self.buffers), base, size, views))
+        self._serial += 1
+        self.buffers.append((self._serial, base, size, views, win))
         return views[self.rank]
+
+    def release(self, a):
+        """Free the shared buffer that starts at ``a``'s first byte (collective on the node); False if none does."""
+        addr = a.__array_interface__["data"][0] if type(a) is numpy.ndarray else None
+        for i, entry in enumerate(self.buffers):
+            if entry[1] == addr:
+                del self.buffers[i]
+                entry[4].Free()
+                return True
+        return False
 
     def free(self):
         """Free every window (collective on the node: called when the context's communicator is freed)."""
         if self._dwin is not None:
             self._dwin.Unlock_all()
             self._dwin.Free()
-        for win in self._bufwins:
-            win.Free()
+        for entry in self.buffers:
+            entry[4].Free()
         self._cwin.Unlock_all()
         self._cwin.Free()
         self.comm.Free()
-        self._bufwins, self._dwin, self.views, self.buffers = [], None, [], []
+        self._dwin, self.views, self.buffers = None, [], []
 
 
 def _on_free(comm, keyval, node):
@@ -369,6 +379,34 @@ def shared_empty(shape, dtype=numpy.float32, *, comm=None):
                                  f"{dtype.name} and another rank for something else") from None
     raw = node.allocate(count * dtype.itemsize)
     return raw[:count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def free_shared(a, *, comm=None):
+    """Free the memory of an array made by :func:`shared_empty` (collective over ``comm``).
+
+    Every rank calls it for its own array of the same :func:`shared_empty` call, in the same order
+    as its other calls of these two functions. Views of ``a`` must not be used afterwards, and no
+    started plan may still run on it.
+
+    Raises
+    ------
+    ValueError
+        ``a`` is not an array returned by :func:`shared_empty` on ``comm``.
+
+    Examples
+    --------
+    >>> from collectives.shm import free_shared, shared_empty
+    >>> a = shared_empty(3)
+    >>> free_shared(a)
+    >>> free_shared(a)
+    Traceback (most recent call last):
+    ...
+    ValueError: free_shared: this array was not made by shared_empty on this communicator (or was freed)
+    """
+    ctx = get_context(comm)
+    node = ctx.comm.Get_attr(_keyval())
+    if node is None or not node.release(a):
+        raise ValueError("free_shared: this array was not made by shared_empty on this communicator (or was freed)")
 
 
 def shared_views(node, a):

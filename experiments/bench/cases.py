@@ -22,8 +22,8 @@ from mpi4py import MPI
 import collectives
 from collectives.schedules.schedule import chunk_bounds
 from experiments.bench.oracle import check_data, oracle_allreduce, raw
-from experiments.bench.references import (auto_timeout, finish, gloo, limit, mpi_persistent, persistent, ring_direct,
-                                         ring_execute)
+from experiments.bench.references import (auto_timeout, finish, gloo, limit, limit_allgather, limit_reduce_scatter,
+                                         mpi_persistent, persistent, ring_direct, ring_execute, shm_persistent)
 
 __all__ = ["Case", "MPI_OPS", "case", "poison"]
 
@@ -31,7 +31,8 @@ __all__ = ["Case", "MPI_OPS", "case", "poison"]
 MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
 _SPECIAL = {"ring-direct": ring_direct, "ring-execute": ring_execute, "gloo": gloo, "persistent": persistent,
-            "auto-timeout": auto_timeout, "MPI_Allreduce_init": mpi_persistent, "limit": limit}
+            "auto-timeout": auto_timeout, "MPI_Allreduce_init": mpi_persistent, "limit": limit,
+            "shm-persistent": shm_persistent}
 
 
 @dataclass
@@ -133,6 +134,7 @@ def _reduce_scatter(comm, x, names, cfg, P, r):
             return finish(out, out, cfg.redop, P) if avg else out
     calls.update({a: direct for a in names if a == "MPI_Reduce_scatter"})
     calls.update({a: nonblocking for a in names if a == "MPI_Ireduce_scatter_block"})
+    calls.update({a: limit_reduce_scatter(comm, x, out, cfg.redop) for a in names if a == "limit"})
     return Case(x.size, ref, calls, out, x)
 
 
@@ -150,6 +152,7 @@ def _allgather(comm, x, names, P):
         return out
     calls.update({a: direct for a in names if a == "MPI_Allgather"})
     calls.update({a: nonblocking for a in names if a == "MPI_Iallgather"})
+    calls.update({a: limit_allgather(comm, x, out) for a in names if a == "limit"})
     return Case(x.size * P, ref, calls, out, x)
 
 

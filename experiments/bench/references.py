@@ -136,6 +136,66 @@ def limit(comm, x, out, redop):
     return run
 
 
+def shm_persistent(comm, x, out, redop):
+    """Return a call running the zero-copy ``shm`` plan: an in-place persistent all-reduce on a shared buffer.
+
+    The buffer (:func:`collectives.shm.shared_empty`) holds ``x`` when the call is made, so the first
+    call (the sweep's check) returns the all-reduce of ``x``; each later call reduces the previous
+    result in place, as a trainer's step reduces the gradient its backward pass wrote where it lies
+    (nothing is copied in or out). ``free`` releases the plan and the buffer.
+    """
+    from collectives.shm import free_shared, shared_empty
+
+    buf = shared_empty(x.shape, x.dtype, comm=comm)
+    buf[...] = x
+    plan = collectives.allreduce_init(buf, comm=comm, op=redop, algorithm="shm", out=buf)
+
+    def run():
+        plan.start()
+        return plan.wait()
+
+    def free():
+        plan.free()
+        free_shared(buf, comm=comm)
+
+    run.free = free
+    return run
+
+
+def limit_reduce_scatter(comm, x, out, redop):
+    """Return a call timing the local memory work a reduce-scatter of ``x`` cannot avoid (its "limit" row).
+
+    Each rank combines P chunks of n/P elements into its own: (P-1)/P n reductions, each reading two
+    operands and writing one, on every rank at once (as :func:`limit` for the all-reduce, without
+    the result's copy: the reduced chunk is the result). Returns nothing to check.
+    """
+    P, acc = comm.Get_size(), backend.accumulation_dtype(x.dtype)
+    m = x.size * (P - 1) // P
+    a, b = np.ones(max(m, 1), acc), np.ones(max(m, 1), acc)
+    ufunc = getattr(np, backend.OPS[redop])
+
+    def run():
+        ufunc(a[:m], b[:m], out=a[:m])
+
+    run.unchecked = True
+    return run
+
+
+def limit_allgather(comm, x, out):
+    """Return a call timing the local memory work an all-gather into ``out`` cannot avoid (its "limit" row).
+
+    Each rank writes the P blocks of the result (n elements, ``out``'s size), reading them once: one
+    copy of n elements, on every rank at once. Returns nothing to check.
+    """
+    src, dst = np.ones(out.size, out.dtype), np.empty(out.size, out.dtype)
+
+    def run():
+        np.copyto(dst, src)
+
+    run.unchecked = True
+    return run
+
+
 def gloo(comm, x, out, redop):
     """Return a call to ``torch.distributed.all_reduce`` on gloo (the process group is made once)."""
     import torch.distributed as dist
