@@ -216,3 +216,27 @@ def test_the_heterogeneity_study_runs_in_quick_mode_and_draws(tmp_path):
     assert row["speedup"] == 1.0 and all(r["ideal_s"] for r in ps["table"])  # the dp file's equal runs
     assert "| ps-balance" in markdown([dp, ps]) and (tmp_path / "h.png").exists() is False
     assert os.path.getsize(draw([dp, ps], str(tmp_path / "h.png"))) > 1000
+
+
+def test_the_live_monitor_shows_each_ranks_share(tmp_path):
+    """--monitor --tensorboard with --balance and a 4x straggler on a model whose step is mostly compute:
+    TensorBoard's batch_share scalars (read back with TensorBoard's own reader) hold each rank's
+    samples per step, which sum to the global batch at every gather and end smaller for the straggler;
+    the epoch records and the summary carry the same shares."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = tmp_path / "tb"
+    run_mpi(2, "training.train", "--hidden", "512,512", "--epochs", "1", "--no-progress", "--threads", "1",
+            "--straggler", "1:4", "--balance", "--balance-every", "2", "--tensorboard", str(board),
+            "--metrics-every", "4", "--run-dir", str(tmp_path), "--name", "m", timeout=180)
+    acc = EventAccumulator(str(board))
+    acc.Reload()
+    share = {r: [p.value for p in acc.Scalars(f"batch_share/rank{r}")] for r in (0, 1)}
+    pairs = list(zip(share[0], share[1]))[:-1]  # the last gather holds the epoch's short batch (1438 = 22 x 64 + 30)
+    assert len(pairs) >= 3 and all(a + b == pytest.approx(64, abs=1e-3) for a, b in pairs), share
+    assert share[1][-2] < share[0][-2], share
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    epochs = [json.loads(t) for t in (tmp_path / "m" / "epochs.jsonl").read_text().splitlines()]
+    assert summary["shares"] == epochs[-1]["shares"] and summary["shares"][1] < summary["shares"][0], summary
