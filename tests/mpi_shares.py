@@ -17,6 +17,9 @@ balance       --balance --balance-every 2 with rank 1 measuring 4x the others' s
               above, and replicas stay identical; --resume from the epoch-1 checkpoint continues
               with its shares. Then with the host's own timing and --straggler 1:4 (shares
               whatever the load makes them): the final parameters still equal one process's.
+resume_compressed  --balance with top-k compression and error feedback, rank 1 measuring 2x: the shares
+              move, and a run stopped after epoch 1 and resumed ends bitwise equal to the uninterrupted
+              one (the shares and the error feedback from the checkpoint).
 no_straggler  --balance, ranks measuring equal speeds within 1 % (below --balance-gain 0.05): no
               re-split, and the run ends bitwise equal to the run without --balance.
 defaults      every default (digits, global batch 64, Adam, float32), 2 epochs: the final parameters
@@ -37,6 +40,7 @@ from mpi4py import MPI
 from ps.sharding import proportional
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import load_checkpoint
+from training.cli import parse_args
 from training.config import Config
 from training.data import load_dataset
 from training.dp.data_parallel import compute_gradient, make_grad_hook, train_step
@@ -145,6 +149,28 @@ def case_balance(comm, base):
     assert np.allclose(got, want, rtol=RTOL, atol=ATOL), f"differs from one process by {np.abs(got - want).max():.3e}"
 
 
+def case_resume_compressed(comm, base):
+    """--balance with top-k compression and error feedback (rank 1 measuring 2x the others' seconds per
+    sample): the shares move, replicas stay identical, and a run stopped after epoch 1 and resumed
+    ends bitwise equal to the uninterrupted one (shares and error feedback from the checkpoint)."""
+    root = shared_dir(comm, base, "resume")
+    common = ["--data", "digits", "--hidden", "24", "--dtype", "float64", "--epochs", "2", "--batch-size", "61",
+              "--run-dir", root, "--no-progress", "--seed", "2", "--compression", "topk", "--compression-arg",
+              "ratio=0.3", "--balance", "--balance-every", "3"]
+    with _measured([2.0 if r == 1 else 1.0 for r in range(comm.size)]):
+        full = quiet(run, parse_args(common + ["--name", "full"]), comm)
+        quiet(run, parse_args(common + ["--name", "part", "--stop-after", "1"]), comm)
+        again = quiet(run, parse_args(["--resume", os.path.join(root, "part")]), comm)
+    a, arrays = _final(os.path.join(root, "full"), comm)
+    b, resumed = _final(os.path.join(root, "part"), comm)
+    assert full["replicas_identical"] and full["share_moves"] >= 1 and full["shares"][1] < full["shares"][0], full
+    assert any(k.startswith("compression/") for k in arrays) and again["shares"] == full["shares"]
+    assert np.array_equal(a, b), f"resumed differs from uninterrupted by {np.abs(a - b).max():.3e}"
+    for k in arrays:
+        if k.startswith(("compression/", "balance/", "optim/")):
+            assert np.array_equal(arrays[k], resumed[k]), k
+
+
 def case_no_straggler(comm, base):
     root = shared_dir(comm, base, "still")
     cfg = Config(**SMALL)
@@ -184,7 +210,7 @@ def case_ps(comm, base):
         f"BSP on {W} workers, batch {batch}: differs from one process by {np.abs(got - want).max():.3e}"
 
 
-CASES = [case_every_step, case_balance, case_no_straggler, case_defaults, case_ps]
+CASES = [case_every_step, case_balance, case_resume_compressed, case_no_straggler, case_defaults, case_ps]
 
 
 def main():
@@ -193,7 +219,7 @@ def main():
     chosen = [c for c in CASES if len(sys.argv) < 3 or c.__name__[5:] in sys.argv[2:]]
     failed = run_cases(comm, chosen, base)
     if comm.rank == 0 and not failed:
-        for name in ("balance", "still", "defaults", "ps"):
+        for name in ("balance", "resume", "still", "defaults", "ps"):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
     sys.exit(1 if failed else 0)
 

@@ -185,7 +185,7 @@ def test_job_errors_are_one_line_from_rank_0(tmp_path, flags, message):
 @pytest.mark.parametrize("P", [3, 5])
 def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P):
     out = run_mpi(P, "tests.mpi_shares", str(tmp_path), timeout=300).stdout
-    for case in ("every_step", "balance", "no_straggler", "defaults", "ps"):
+    for case in ("every_step", "balance", "resume_compressed", "no_straggler", "defaults", "ps"):
         assert f"case_{case}: ok" in out, out
 
 
