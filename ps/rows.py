@@ -17,9 +17,11 @@ A table of ``n`` rows of ``dim`` elements is stored as *pieces*: each row is cut
 place, so the clock buckets of BSP and SSP (:class:`ps.consistency.ClockBuckets`) sum the workers' sparse
 pushes in worker order exactly as they sum dense ones.
 """
+import zlib
+
 import numpy as np
 
-__all__ = ["RowSharding", "SparseRows", "SHARDINGS"]
+__all__ = ["RowSharding", "SparseRows", "SHARDINGS", "layout_difference"]
 
 SHARDINGS = ("hash", "range")
 _KNUTH = np.uint64(2654435761)  # multiplicative hash constant (Knuth, TAOCP vol. 3, section 6.4)
@@ -133,6 +135,18 @@ class RowSharding:
             pieces[np.flatnonzero(self.server_of == s)] = part
         return out
 
+    def fingerprint(self):
+        """Return what identifies this layout in a server's checkpoint: ``[kind (0 hash, 1 range), hot rows,
+        split, n_rows, dim, CRC-32 of server_of]`` (ndarray, shape (6,), int64).
+
+        Examples
+        --------
+        >>> RowSharding(8, 4, 2, "range", hot=[0]).fingerprint()[:5].tolist()
+        [1, 1, 2, 8, 4]
+        """
+        crc = zlib.crc32(np.ascontiguousarray(self.server_of, np.int64).tobytes())
+        return np.array([SHARDINGS.index(self.kind), self.hot.size, self.split, self.n_rows, self.dim, crc], np.int64)
+
     def load(self, rows):
         """Return the pieces each server serves for a request of ``rows``, in rows (pieces / split), shape (S,)."""
         return np.bincount(self.server_of[self.keys(rows)], minlength=self.servers) / self.split
@@ -178,3 +192,31 @@ class SparseRows:
     def __itruediv__(self, k):
         self.rows /= k
         return self
+
+
+def layout_difference(saved, mine):
+    """Return what differs between two :meth:`RowSharding.fingerprint` results, naming the setting ('' if equal).
+
+    Examples
+    --------
+    >>> a, b = RowSharding(8, 4, 2, "hash").fingerprint(), RowSharding(8, 4, 2, "range").fingerprint()
+    >>> print(layout_difference(a, b))
+    rows sharded by hash, this job by range (the trainer's --ctr-sharding)
+    >>> layout_difference(a, a)
+    ''
+    """
+    saved, mine = np.asarray(saved, np.int64).reshape(-1), np.asarray(mine, np.int64).reshape(-1)
+    if saved.shape != (6,) or mine.shape != (6,):
+        return "a row layout of another form"
+    if saved[0] != mine[0]:
+        return (f"rows sharded by {SHARDINGS[int(saved[0]) % 2]}, this job by {SHARDINGS[int(mine[0]) % 2]} "
+                "(the trainer's --ctr-sharding)")
+    if saved[1] != mine[1] or saved[2] != mine[2]:
+        return f"{saved[1]} hot rows split over the servers, this job {mine[1]} (the trainer's --ctr-hot)"
+    if saved[3] != mine[3] or saved[4] != mine[4]:
+        return (f"{saved[3]} rows of {saved[4]} values, this job {mine[3]} of {mine[4]} (the trainer's --ctr-rows, "
+                "--ctr-dim, --hidden)")
+    if saved[5] != mine[5]:
+        return ("other rows on each server (other hot rows: the trainer's --ctr-hot over other training ids, "
+                "--ctr-train or --seed)")
+    return ""

@@ -51,6 +51,9 @@ class SparseServer(Server):
         Elements in all servers' tables together (recorded in the checkpoint).
     make_optimizer : callable
         ``make_optimizer(table) -> optimizer`` with ``sparse_step(ids, rows)`` (see the module docstring).
+    layout : ndarray, optional
+        The rows' layout over the servers (:meth:`ps.rows.RowSharding.fingerprint`): written into the
+        checkpoint, and a checkpoint of another layout is refused naming the setting that differs.
 
     Attributes
     ----------
@@ -58,10 +61,11 @@ class SparseServer(Server):
         Pieces and payload bytes sent in PARAMS replies (the server's load).
     """
 
-    def __init__(self, comm, index, worker_ranks, table, total, opts, make_optimizer, *, on_push=None):
+    def __init__(self, comm, index, worker_ranks, table, total, opts, make_optimizer, *, on_push=None, layout=None):
         if opts.replicas > 1 or opts.conflict == "cas" or opts.snapshot_every:
             raise ValueError("sparse shards support neither replicas, cas conflicts nor snapshots")
         self.rows_table, self.width = table, int(table.shape[1])
+        self.layout = None if layout is None else np.asarray(layout, np.int64)  # checkpointed, checked on resume
         super().__init__(comm, index, worker_ranks, table.reshape(-1), total, opts,
                          lambda params, grads: make_optimizer(table), on_push=on_push)
         self.opt.__class__ = _SparseUpdate  # same state (the optimizer built above, resumed), sparse steps

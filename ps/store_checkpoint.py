@@ -14,22 +14,26 @@ Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`)
 ``folded``, ``status``        the clock table (:class:`ps.consistency.ClockTable`), one per worker
 ``meta/run_id``               the run's id (:attr:`ps.options.PSOptions.run_id`), UTF-8 bytes as uint8
 ``meta/server``               N, the shard's index
+``meta/layout``               a row-sharded table's layout (:meth:`ps.rows.RowSharding.fingerprint`;
+                              sparse servers only: their pieces are no slice of a flat vector)
 ============================  ==================================================================
 
 ``meta/run_id`` is the entry the trainer's own checkpoints carry (:mod:`training.origin`), so one run's
 files, whatever wrote them, name the same run. Before a server resumes, :func:`check_server_checkpoint`
 refuses, naming the file: a file of another run (unless the caller accepts one, ``allow_foreign``), a
 shard of another server index (a file copied under another server's name), another layout (servers,
-workers), and values that pass the checksum but make no sense (integer or non-finite parameters,
+workers; a sparse server's rows sharded otherwise, naming the setting), and values that pass the checksum
+but make no sense (integer or non-finite parameters,
 negative counts, more updates than pushes).
 
-Imports: :mod:`ps.store` and :mod:`ps.sharding` only.
+Imports: :mod:`ps.store`, :mod:`ps.sharding` and :mod:`ps.rows` only.
 """
 import dataclasses
 import os
 
 import numpy as np
 
+from ps.rows import layout_difference
 from ps.sharding import shard_offsets
 from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
 
@@ -77,6 +81,8 @@ def server_arrays(server):
     state.update(server.opt.state_dict())
     state.update(server.table.state_dict())
     state.update(run_id_entry(server.opts.run_id))
+    if getattr(server, "layout", None) is not None:  # a sparse server's pieces of rows (ps.sparse)
+        state["meta/layout"] = np.asarray(server.layout, np.int64)
     return state
 
 
@@ -109,7 +115,7 @@ def _check_values(path, arrays):
     if not np.isfinite(params).all():
         raise CheckpointError(f"checkpoint {path}: entry params holds {int((~np.isfinite(params)).sum())} "
                               "values that are not finite")
-    if counts["servers"] < 1 or counts["offset"] + params.size > counts["total"]:
+    if counts["servers"] < 1 or counts["offset"] + params.size > counts["total"] and "meta/layout" not in arrays:
         raise CheckpointError(f"checkpoint {path}: a shard of {params.size} at offset {counts['offset']} does not "
                               f"fit a vector of {counts['total']} on {counts['servers']} server(s)")
     if counts.get("version", 0) > counts["pushes"]:
@@ -150,12 +156,15 @@ class Expected:
         of the same shape.
     total, shards : int, optional
         The flat vector's length and the number of shards, when known: the file must hold shard
-        ``index`` of that split (:func:`ps.sharding.shard_offsets`).
+        ``index`` of that split (:func:`ps.sharding.shard_offsets`), unless it holds a row layout.
+    layout : ndarray, optional
+        The job's row layout (:meth:`ps.rows.RowSharding.fingerprint`), when its servers hold pieces of
+        rows: the file must hold the same.
 
     Examples
     --------
     >>> Expected(run_id="5f2a", servers=2, workers=3)
-    Expected(run_id='5f2a', allow_foreign=False, servers=2, workers=3, total=None, shards=None)
+    Expected(run_id='5f2a', allow_foreign=False, servers=2, workers=3, total=None, shards=None, layout=None)
     """
 
     run_id: str = ""
@@ -164,6 +173,7 @@ class Expected:
     workers: int | None = None
     total: int | None = None
     shards: int | None = None
+    layout: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
 
 def check_server_checkpoint(path, arrays, index, expected=Expected()):
@@ -224,7 +234,14 @@ def check_server_checkpoint(path, arrays, index, expected=Expected()):
     if workers is not None and np.asarray(arrays["folded"]).shape != (workers,):
         raise CheckpointError(f"checkpoint {path} was written by a job of {np.asarray(arrays['folded']).size} "
                               f"worker(s), this job has {workers}: resume with the same number of ranks")
-    if total is not None and shards is not None:
+    if expected.layout is not None or "meta/layout" in arrays:
+        if expected.layout is not None and "meta/layout" not in arrays:
+            raise CheckpointError(f"checkpoint {path} holds a slice of a flat vector, this job's servers hold "
+                                  "pieces of rows: resume with the same model and mode")
+        differ = "" if expected.layout is None else layout_difference(arrays["meta/layout"], expected.layout)
+        if differ:
+            raise CheckpointError(f"checkpoint {path} holds {differ}: resume with the same settings")
+    elif total is not None and shards is not None:
         offsets = shard_offsets(total, shards)
         want = (int(offsets[index]), int(offsets[index + 1] - offsets[index]), int(total))
         held = (int(np.asarray(arrays["offset"]).item()), int(np.asarray(arrays["params"]).size),
@@ -310,7 +327,8 @@ def restore_server(server, path):
     regular = server.params.size == int(even[server.index + 1] - even[server.index])
     state = read_server_checkpoint(path, server.index, Expected(
         run_id=opts.run_id, allow_foreign=opts.allow_foreign, servers=opts.servers, workers=server.n_workers,
-        total=server.total if regular else None, shards=opts.shards if regular else None))
+        total=server.total if regular else None, shards=opts.shards if regular else None,
+        layout=getattr(server, "layout", None)))
     if state["params"].size != server.params.size:
         raise CheckpointError(f"checkpoint {path} holds {state['params'].size} parameters, this job's shard "
                               f"{server.index} {server.params.size}: resume with the same servers and model")

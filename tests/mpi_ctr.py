@@ -10,8 +10,10 @@
 ``async``   ``ps`` and ``hybrid`` under ASP and SSP (staleness 1): with 3 servers and one worker [one process,
             within 1e-12]; with 2 + 2 every clock runs, rows no sample touches keep their initial values.
 ``resume``  (``python -m tests.mpi_ctr resume DIR``) ``hybrid`` (top-k with error feedback on the MLP), ``ps``
-            and ``dp`` (top-k) stopped after epoch 1 of 2 and resumed [the uninterrupted run: bitwise];
-            a resume whose worker checkpoint is gone is a ValueError on every rank.
+            and ``dp`` (top-k), ``hybrid`` range-sharded and ``ps`` hash-sharded with hot rows split, stopped
+            after epoch 1 of 2 and resumed [the uninterrupted run: bitwise]; a resume with another
+            --ctr-sharding or --ctr-hot, or whose worker checkpoint is gone, is a ValueError on every rank
+            naming the setting or the file.
 """
 import os
 import sys
@@ -136,10 +138,12 @@ def case_async():
 
 def case_resume(base_dir):
     runs = [("hybrid", dict(compression="topk", compression_args={"ratio": 0.3})), ("ps", {}),
-            ("dp", dict(compression="topk", compression_args={"ratio": 0.3}))]
-    for mode, extra in runs:
+            ("dp", dict(compression="topk", compression_args={"ratio": 0.3})),
+            ("hybrid", dict(ctr_sharding="range", ctr_hot=6)), ("ps", dict(ctr_hot=6))]
+    for k, (mode, extra) in enumerate(runs):
         cfg = Config(**BASE, optimizer="adagrad").replace(mode=mode, epochs=2, checkpoint_every=1, **extra)
-        full, part = (shared_dir(COMM, base_dir, f"{mode}-{name}") for name in ("full", "part"))
+        name = mode if k < 3 else f"{mode}{k}"
+        full, part = (shared_dir(COMM, base_dir, f"{name}-{end}") for end in ("full", "part"))
         a = train_ctr(cfg, COMM, full)
         train_ctr(cfg.replace(stop_after=1), COMM, part)
         b = train_ctr(cfg.replace(resume=part), COMM, part)  # clocks 8 .. 15 from the checkpoints of clock 8
@@ -148,6 +152,17 @@ def case_resume(base_dir):
             for key in ("table", "dense"):
                 check(np.array_equal(a[key], b[key]), f"resumed {mode}: {key} off the uninterrupted run by "
                       f"{np.abs(a[key] - b[key]).max():.3g}")
+    # a resume with the rows laid out otherwise is refused naming the setting, before any message
+    for name, change, flag in (("ps", dict(ctr_sharding="range"), "--ctr-sharding"), ("ps4", dict(ctr_hot=0), "--ctr-hot"),
+                               ("hybrid3", dict(ctr_hot=9), "--ctr-hot")):
+        mode = name.rstrip("34")
+        extra = dict(ctr_sharding="range", ctr_hot=6) if name == "hybrid3" else dict(ctr_hot=6) if name == "ps4" else {}
+        cfg = Config(**BASE, optimizer="adagrad").replace(mode=mode, epochs=2, checkpoint_every=1, **extra)
+        try:
+            train_ctr(cfg.replace(resume="x", **change), COMM, os.path.join(base_dir, f"{name}-part"))
+            check(False, f"{name}: a resume with {change} was accepted")
+        except ValueError as e:
+            check(flag in str(e) and "ps_server0.npz" in str(e), f"{name} resumed with {change}: {e}")
     worker = rank_checkpoint_path(os.path.join(base_dir, "hybrid-part", "ps"), 2, 16)
     check(os.path.exists(worker), f"no {worker}")
     COMM.Barrier()
@@ -155,7 +170,8 @@ def case_resume(base_dir):
         os.remove(worker)
     COMM.Barrier()
     try:
-        train_ctr(cfg.replace(mode="hybrid", resume="x"), COMM, os.path.join(base_dir, "hybrid-part"))
+        cfg = Config(**BASE, optimizer="adagrad").replace(mode="hybrid", epochs=2, checkpoint_every=1, **runs[0][1])
+        train_ctr(cfg.replace(resume="x"), COMM, os.path.join(base_dir, "hybrid-part"))
         check(False, "a resume without a worker's checkpoint was accepted")
     except ValueError as e:
         check("is missing" in str(e), f"resume without a worker's checkpoint: {e}")

@@ -104,7 +104,7 @@ def test_hot_key_remedy_balances_the_servers_at_four():
 
 
 def test_sparse_push_pull_three_modes_async_and_resume_match_their_oracles_on_four_ranks(tmp_path):
-    run_mpi(4, "tests.mpi_ctr", "all", str(tmp_path), timeout=150)
+    run_mpi(4, "tests.mpi_ctr", "all", str(tmp_path), timeout=240)
 
 
 def test_study_commands_and_report_at_tiny_sizes(tmp_path):

@@ -123,7 +123,7 @@ def load_rank(ckpt_dir, rank, clock, params, opt, hook=None):
         hook.load_state_dict({k[12:]: v for k, v in state.items() if k.startswith("compression/")})
 
 
-def resume_clock(cfg, run_dir, S, W):
+def resume_clock(cfg, run_dir, S, W, layout=None):
     """Return each rank's clock to resume from (list, one per rank of the job), or None for a fresh start.
 
     Parameters
@@ -134,6 +134,9 @@ def resume_clock(cfg, run_dir, S, W):
         The run directory being resumed.
     S, W : int
         Servers and workers (``S = 0`` in ``dp``).
+    layout : ndarray, optional
+        The rows' layout over the servers (:meth:`ps.rows.RowSharding.fingerprint`): the servers' files
+        must hold the same.
 
     Returns
     -------
@@ -146,6 +149,9 @@ def resume_clock(cfg, run_dir, S, W):
     ValueError
         On every rank alike: the servers' files are of different generations, or a rank's file of the
         clock to resume from is missing.
+    ps.store.CheckpointError
+        On every rank alike, naming the file and the setting: the servers' rows were laid out otherwise
+        (``--ctr-sharding``, ``--ctr-hot``).
 
     Examples
     --------
@@ -163,7 +169,7 @@ def resume_clock(cfg, run_dir, S, W):
         return [max(common)] * W if common else None
     from training.ps_mode.worker import check_server_checkpoints
 
-    if not check_server_checkpoints(ckpt, S, missing_ok=True):
+    if not check_server_checkpoints(ckpt, S, missing_ok=True, layout=layout):
         return None
     folded = np.min([read_npz(server_checkpoint_path(ckpt, s))["folded"] for s in range(S)], axis=0)
     clocks = [0] * S + [int(c) for c in folded]

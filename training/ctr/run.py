@@ -101,7 +101,9 @@ def train_ctr(cfg, comm, run_dir=""):
     per_epoch = cfg.ctr_train // cfg.batch_size
     total = per_epoch * cfg.epochs
     stop = per_epoch * min(cfg.epochs, cfg.stop_after or cfg.epochs)
-    clocks = resume_clock(cfg, run_dir, S, W) if run_dir else None  # every rank, before any message
+    rows = _row_layout(cfg, data, model, table0, S) if S else None  # (table and dense rows, their sharding)
+    layout = rows[1].fingerprint() if rows else None
+    clocks = resume_clock(cfg, run_dir, S, W, layout) if run_dir else None  # every rank, before any message
     if S == 0:
         start = clocks[rank] if clocks else 0
         table, dense, rec = dp_loop(cfg, comm, data, model, table0,
@@ -114,21 +116,26 @@ def train_ctr(cfg, comm, run_dir=""):
         steps = rec["steps"]
         extra = {"allreduce_bytes_per_step": out[0] / size / max(1, steps), "loss": out[1] / max(1, out[2])}
         return _report(cfg, data, model, table, dense, (size, S, W, steps, wall), extra, run_dir)
-    return _train_ps(cfg, comm, data, model, table0, (S, W, total, stop), run_dir)
+    return _train_ps(cfg, comm, data, model, rows, (S, W, total, stop), run_dir)
 
 
-def _train_ps(cfg, comm, data, model, table0, counts, run_dir):
-    S, W, total, stop = counts
-    rank, hybrid = comm.Get_rank(), cfg.mode == "hybrid"
-    servers, workers = roles(comm, S)
-    n_dense = 0 if hybrid else dense_rows(model.mlp.size, cfg.ctr_dim)
+def _row_layout(cfg, data, model, table0, S):
+    """Return the servers' initial rows (the tables, in ``ps`` the MLP's rows after them) and their sharding."""
+    n_dense = 0 if cfg.mode == "hybrid" else dense_rows(model.mlp.size, cfg.ctr_dim)
     init = table0
     if n_dense:
         pad = np.zeros(n_dense * cfg.ctr_dim, table0.dtype)
         pad[:model.mlp.size] = model.mlp.params
         init = np.concatenate([table0, pad.reshape(n_dense, cfg.ctr_dim)])
-    sharding = RowSharding(init.shape[0], cfg.ctr_dim, S, cfg.ctr_sharding, hot_rows(data.train_ids, cfg.ctr_rows,
-                                                                                     cfg.ctr_hot))
+    return init, RowSharding(init.shape[0], cfg.ctr_dim, S, cfg.ctr_sharding,
+                             hot_rows(data.train_ids, cfg.ctr_rows, cfg.ctr_hot))
+
+
+def _train_ps(cfg, comm, data, model, rows, counts, run_dir):
+    S, W, total, stop = counts
+    rank, hybrid = comm.Get_rank(), cfg.mode == "hybrid"
+    servers, workers = roles(comm, S)
+    init, sharding = rows
     ckpt = os.path.join(run_dir, "ps") if run_dir else ""
     opts = PSOptions(servers=S, consistency=cfg.consistency, staleness=cfg.staleness, budget=W * stop, lr=cfg.lr,
                      lr_at=lr_rule(cfg.lr_schedule, cfg.lr), horizon=W * total, ps_timeout=cfg.ps_timeout,
@@ -144,7 +151,7 @@ def _train_ps(cfg, comm, data, model, table0, counts, run_dir):
         t0 = time.monotonic()
         if rank < S:
             server = SparseServer(pscomm, rank, workers, sharding.shard(init, rank), init.size, opts,
-                                  make_sparse_optimizer(cfg))
+                                  make_sparse_optimizer(cfg), layout=sharding.fingerprint())
             server.serve(t0)
             stats = np.array([server.served_pieces, server.served_bytes, server.version], np.float64)
             endcomm.Send(stats, dest=workers[0], tag=_TAG)

@@ -226,7 +226,8 @@ def check_ps(cfg, size):
                                  allow_foreign=cfg.allow_foreign_checkpoint, job=(S, W))  # one file per shard
 
 
-def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allow_foreign=False, job=None):
+def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allow_foreign=False, job=None,
+                             layout=None):
     """Check that the servers' checkpoints in ``ckpt`` exist, belong to one generation of this run, and
     each holds its own server's shard with values that make sense.
 
@@ -250,6 +251,9 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
         Accept files that another run wrote (``--allow-foreign-checkpoint``).
     job : tuple of (int, int), optional
         The job's server ranks and workers ``(S, W)``: the files must come from a job of that shape.
+    layout : ndarray, optional
+        The rows' layout over sparse servers (:meth:`ps.rows.RowSharding.fingerprint`): the files must
+        hold the same (a refusal names the setting that differs).
 
     Returns
     -------
@@ -279,7 +283,8 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
         raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
                          f"--mode ps run with --servers {servers}?)")
     S, W = job if job is not None else (None, None)
-    check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W))
+    check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
+                                         layout=layout))
     return True
 
 
