@@ -35,7 +35,6 @@ and ranges, the study's and the training configuration, the ``provenance`` of
 :mod:`experiments.results`). On a busy machine the study refuses to start unless ``--allow-noisy``
 marks its file noisy (never published).
 """
-import argparse
 import json
 import os
 import shutil
@@ -54,6 +53,7 @@ from training.metrics import run_info, write_json
 from training.preflight import check_run
 from training.ps_mode.report import time_to_accuracy
 from training.train import run
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["DP_METHODS", "PS_METHODS", "CONDITIONS", "method_config", "condition_config", "run_study",
            "ideal_step", "aggregate", "main"]
@@ -245,21 +245,21 @@ def aggregate(runs, reference=None, batch=None):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m experiments.studies.hetero_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, required=True, help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
-    p.add_argument("--methods", default=None, metavar="LIST",
+    p = Parser(prog="python -m experiments.studies.hetero_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=integer(1, INT32_MAX), required=True, help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
+    p.add_argument("--methods", type=text(), default=None, metavar="LIST",
                    help=f"comma-separated methods of one kind (default: {DP_METHODS} on W ranks, {PS_METHODS} on W + 1)")
-    p.add_argument("--conditions", default=CONDITIONS, metavar="LIST",
+    p.add_argument("--conditions", type=text(), default=CONDITIONS, metavar="LIST",
                    help="comma-separated conditions: even, slowF, jitterJ (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per (method, condition), interleaved (default: 3)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the job's 3)")
-    p.add_argument("--balance-every", type=int, default=10, metavar="K",
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per (method, condition), interleaved (default: 3)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's 3)")
+    p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=10, metavar="K",
                    help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s)")
-    p.add_argument("--target", type=float, default=0.9, help="target test accuracy (default: %(default)s)")
-    p.add_argument("--reference", default=None, metavar="FILE",
+    p.add_argument("--target", type=real(0, 1e15, low_open=True), default=0.9, help="target test accuracy (default: %(default)s)")
+    p.add_argument("--reference", type=text(), default=None, metavar="FILE",
                    help="a parameter-server launch: the data-parallel results file whose equal runs give the "
                         "ideal step and the speedup (default: hetero_wW_dp.json in --out)")
-    p.add_argument("--out", default="results/hetero", help="results directory (default: %(default)s)")
+    p.add_argument("--out", type=outpath(folder=True), default="results/hetero", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: a 600-sample job of 32 hidden "
                    "units, 2 epochs, one repeat")
     prov.add_options(p)
