@@ -14,7 +14,7 @@ compute, ``--straggler``) and ``jitterJ`` (every worker sleeps a uniform ``[0, J
 
 * ``equal``: data-parallel, the global batch B in equal shares; every rank waits for the slowest;
 * ``balance``: data-parallel with ``--balance`` (LB-BSP: Chen et al., SoCC 2020): shares in
-  proportion to the measured speeds, re-split every ``--balance-every`` steps;
+  proportion to the measured speeds, re-split every ``--balance-every`` steps (default 2);
 * ``ssp2``: the parameter server with SSP, staleness 2 (Ho et al., NIPS 2013);
 * ``ps-balance``: the parameter server, BSP with ``--balance``;
 * ``localH``: local SGD, H steps between model averages (equal shares).
@@ -67,7 +67,7 @@ _TRAIN = dict(data="synthetic", samples=6144, features=256, hidden=(1024, 1024),
 _QUICK = dict(samples=600, features=16, hidden=(32,), batch_size=60, epochs=2, lr=0.01)
 
 
-def method_config(name, balance_every=10):
+def method_config(name, balance_every=2):
     """Return the training-configuration changes of method ``name``.
 
     Raises
@@ -193,7 +193,7 @@ def _one(base, method, condition, repeat, runs_dir, comm, target, balance_every)
             "run_dir": folder}
 
 
-def run_study(base, methods, conditions, repeats, runs_dir, comm, target=0.9, balance_every=10, echo=print):
+def run_study(base, methods, conditions, repeats, runs_dir, comm, target=0.9, balance_every=2, echo=print):
     """Train every (method, condition, repeat), repeats outermost; return the records (rank 0)."""
     out = []
     for repeat in range(repeats):
@@ -253,8 +253,10 @@ def _parser():
                    help="comma-separated conditions: even, slowF, jitterJ (default: %(default)s)")
     p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per (method, condition), interleaved (default: 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's 3)")
-    p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=10, metavar="K",
-                   help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s)")
+    p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=2, metavar="K",
+                   help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s: the "
+                        "job's 3 epochs are 30 steps, so the training's default 10 would keep equal shares for a "
+                        "third of the run)")
     p.add_argument("--target", type=real(0, 1e15, low_open=True), default=0.9, help="target test accuracy (default: %(default)s)")
     p.add_argument("--reference", type=text(), default=None, metavar="FILE",
                    help="a parameter-server launch: the data-parallel results file whose equal runs give the "
