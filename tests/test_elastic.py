@@ -36,15 +36,21 @@ def test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_ever
 
 
 @needs_ulfm
-@pytest.mark.parametrize("variant, victim, step, where", [
-    ("plain", 3, 4, "step"), ("plain", 0, 6, "inside"), ("bucketed", 2, 9, "inside"), ("overlap", 1, 3, "inside"),
-    ("compressed", 1, 7, "inside")])
-def test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step(variant, victim, step, where):
+@pytest.mark.parametrize("variant, victim, step, where, respawn", [
+    ("plain", 3, 4, "step", ""), ("plain", 0, 6, "inside", ""), ("bucketed", 2, 9, "inside", ""),
+    ("overlap", 1, 3, "inside", ""), ("compressed", 1, 7, "inside", ""), ("plain", 2, 5, "step", "respawn"),
+    ("compressed", 1, 7, "inside", "respawn"), ("bucketed", 3, 4, "inside", "respawn-fails")])
+def test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step(variant, victim, step, where, respawn):
     """P = 4 loses rank ``victim`` after ``step`` steps (SIGKILL at the next step's start, or inside its
     gradient all-reduce): the survivors end with bitwise the parameters of the 3-rank run resumed
-    from the step's state with the same re-partition rule (tests/mpi_elastic.py)."""
-    res = run_mpi(4, "tests.mpi_elastic", variant, victim, step, where, timeout=180, mpiexec_args=ULFM, check=False)
-    assert f"elastic {variant} {where}: ok" in res.stdout and "FAIL" not in res.stdout, res.stdout
+    from the step's state with the same re-partition rule; with ``--elastic-respawn``, of the 4-rank
+    run resumed at that step with a new rank in the dead one's place; a replacement that cannot
+    start leaves the survivors' run as without it (tests/mpi_elastic.py)."""
+    extra = [respawn] if respawn else []
+    res = run_mpi(4, "tests.mpi_elastic", variant, victim, step, where, *extra, timeout=180, mpiexec_args=ULFM,
+                  check=False)
+    name = " ".join([f"elastic {variant} {where}", *extra])
+    assert f"{name}: ok" in res.stdout and "FAIL" not in res.stdout, res.stdout
 
 
 TINY = ["--data", "synthetic", "--samples", "300", "--features", "8", "--classes", "3", "--hidden", "16",
@@ -61,6 +67,17 @@ def test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when(tmp_
     assert (el["P_start"], el["P_end"], summary["P"], summary["epochs"]) == (3, 2, 2, 2), summary
     assert [(d["ranks"], d["step"]) for d in el["lost"]] == [([1], 4)] and summary["replicas_identical"], summary
     assert res.stdout.count("died (ProcessFailed)") == 1, res.stdout
+
+
+@needs_ulfm
+def test_the_last_survivor_of_a_job_trains_on_alone(tmp_path):
+    """Every rank but one killed at the same step: the one left shrinks to itself and finishes."""
+    res = run_mpi(3, "experiments.faults.kill", "1,2", "4", "inside", *TINY, "--elastic", "--run-dir", tmp_path,
+                  "--name", "c", timeout=180, mpiexec_args=ULFM, check=False)
+    assert "exit 0 0" in res.stdout, res.stdout
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert (summary["P"], summary["epochs"]) == (1, 2), summary
+    assert sorted(r for d in summary["elastic"]["lost"] for r in d["ranks"]) == [1, 2], summary
 
 
 @needs_ulfm

@@ -92,6 +92,9 @@ HELP = {
                "survivors / P (docs/guide/elastic.md)",
     "elastic_min": "--elastic: fewest ranks that keep training; with fewer survivors the job writes a "
                    "checkpoint and stops",
+    "elastic_respawn": "--elastic: start a replacement for each lost rank (MPI_Comm_spawn of the same command), "
+                       "which takes the parameters, optimizer and compressor state from rank 0; the job is back to "
+                       "P ranks at the step after the recovery, or goes on with the survivors if none starts",
     "overlap": "data-parallel: start each gradient bucket's all-reduce (non-blocking) as soon as the "
                "backward pass has written its gradients, during the rest of the backward pass, last layer "
                "first, as PyTorch DDP does; all complete before the optimizer step, with bitwise the same "

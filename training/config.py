@@ -77,6 +77,7 @@ class Config:
     timeout: float = 300.0            # a collective waiting this long on a silent peer ends the job (seconds)
     elastic: bool = False             # ULFM: the survivors of a dead rank shrink and keep training (docs/guide/elastic.md)
     elastic_min: int = 1              # --elastic: fewest ranks that keep training; below it, checkpoint and stop (ranks)
+    elastic_respawn: bool = False     # --elastic: start a replacement (MPI_Comm_spawn) for each lost rank
     # --- the ctr model (training.ctr; docs/guide/ctr.md)
     ctr_rows: int = 100000            # embedding rows in all tables together (rows)
     ctr_tables: int = 8               # categorical features, one embedding table each
@@ -243,6 +244,8 @@ class Config:
                              "parameter server holds whole-model shards)")
         if self.elastic_min < 1:
             raise ValueError(f"elastic_min must be >= 1, got {self.elastic_min!r}")
+        if self.elastic_respawn and not self.elastic:
+            raise ValueError("elastic_respawn needs elastic (--elastic --elastic-respawn)")
         if self.elastic:  # what the elastic loop re-forms (training.elastic): one data-parallel replica per rank
             grid = self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1
             other = ("--mode ps" if self.mode != "dp" else "a model-parallel grid (--tensor-parallel, "

@@ -25,7 +25,7 @@ The rules that make every sample of an epoch used once and the run reproducible:
   yet consumed, in that order, are split over the S ranks as the sampler splits a whole epoch:
   padded by wrapping around to a multiple of S (``--drop-last``: cut), rank r taking positions r,
   r + S, r + 2S, ... With no death it is the sampler's own split, so an elastic run that loses no
-  rank is bitwise the plain data-parallel run.
+  rank is bitwise the plain data-parallel run when P divides the global batch.
 * **Batch and learning rate** (Goyal et al., "Accurate, Large Minibatch SGD", 2017, section 2.1, the
   linear scaling rule): each rank keeps its local batch B / P, so the global batch becomes
   S B / P, and the learning rate is the schedule's at the step count times S / P. The schedule
@@ -39,6 +39,7 @@ the error to the recovered communicator) and ``steps_redone``.
 """
 import copy
 import dataclasses
+import io
 import os
 import sys
 import time
@@ -51,7 +52,13 @@ import collectives.engine.context
 from collectives.engine.failures import shrink, ulfm_enabled
 from collectives.errors import ProcessFailed
 from collectives.log import get_logger
-from training.build import to_device
+from training.build import build_model, to_device
+from training.checkpoint import root_bytes, to_host
+from training.data import load_dataset
+from training.nn import SoftmaxCrossEntropy
+from training.optim import make_optimizer
+from training.state import TrainState
+from training.trainer import Trainer
 from training.sampling import DistributedSampler
 from training.checkpoint import checkpoint_path, save_checkpoint
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
@@ -61,7 +68,7 @@ from training.skew import uses_shards
 from training.state import checkpoint_arrays
 
 __all__ = ["Position", "check_elastic", "epoch_order", "remaining_indices", "elastic_lr", "train_elastic",
-           "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot"]
+           "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot"]
 
 _log = get_logger("training.elastic")
 
@@ -210,9 +217,10 @@ class _Run:
 
     def __init__(self, cfg, comm, t, pos, world_ranks):
         self.cfg, self.comm, self.t, self.pos = cfg, comm, t, pos
-        self.world = list(world_ranks)  # start-communicator rank of each rank of self.comm
+        self.world = list(world_ranks)  # start-communicator rank of each rank of self.comm (replacements: P, P+1, ...)
         self.cur = self.prev = None
-        self.lost, self.redone, self.reported = [], 0, pos.epoch
+        self.lost, self.joined, self.redone, self.reported = [], [], 0, pos.epoch
+        self.run_dir, self.accs = None, (None, None)
 
     def recover(self, exc):
         """Shrink after ``exc``, agree on the last step all survivors completed, go back to it."""
@@ -242,10 +250,44 @@ class _Run:
         if new.rank == 0:
             _log.warning("ranks %s died (%s); %d survivors go on from step %d", lost, type(exc).__name__,
                          new.size, done)
+        if cfg.elastic_respawn:
+            self.respawn(len(failed))
+
+    def respawn(self, k):
+        """Start ``k`` replacements (``MPI_Comm_spawn`` of this program), merge them in and hand them the state.
+
+        Collective over the survivors, at a step boundary. A spawn that fails is logged and the job
+        goes on with the survivors.
+        """
+        t0, cfg, t, old = time.perf_counter(), self.cfg, self.t, self.comm
+        try:
+            inter = old.Spawn(sys.executable, args=sys.orig_argv[1:], maxprocs=k, root=0)
+        except MPI.Exception as exc:
+            self.joined.append({"ranks": [], "step": t.state.step, "error": str(exc).strip()})
+            if old.rank == 0:
+                _log.warning("replacements could not start (%s); %d ranks go on", str(exc).strip(), old.size)
+            return
+        merged = inter.Merge(high=False)
+        inter.Free()
+        labels = list(range(max(self.world + [r for d in self.lost for r in d["ranks"]]) + 1,
+                            max(self.world + [r for d in self.lost for r in d["ranks"]]) + 1 + k))
+        world = self.world + labels
+        root_bytes(merged, lambda: _pack(self, world), timeout=cfg.timeout)
+        own = snapshot(t, self.pos)  # this rank's error feedback stays its own
+        t.hook.close()
+        collectives.engine.context.free_context(old)
+        old.Free()
+        t.hook = make_grad_hook(cfg, merged, t.model)
+        restore_snapshot(t, own)
+        self.comm, self.world, self.cur, self.prev = merged, world, None, None
+        self.joined.append({"ranks": labels, "step": t.state.step, "size": merged.size, "unix_s": round(time.time(), 3),
+                            "join_s": round(time.perf_counter() - t0, 4)})
+        if merged.rank == 0:
+            _log.warning("replacements %s joined at step %d: %d ranks", labels, t.state.step, merged.size)
 
 
 def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on_epoch=None, on_step=None,
-                 world_ranks=None, run_dir=None):
+                 world_ranks=None, run_dir=None, reported=None):
     """Train from ``pos`` to the end of epoch ``last_epoch`` on ``comm``, recovering from deaths.
 
     Parameters
@@ -271,6 +313,8 @@ def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on
         The start communicator's rank of each rank of ``comm`` (default ``range(comm.size)``).
     run_dir : str, optional
         Where the checkpoint below ``--elastic-min`` goes (None: none is written).
+    reported : int, optional
+        The last epoch whose end (``on_epoch``) is done (default ``pos.epoch``; a replacement's from rank 0).
 
     Returns
     -------
@@ -284,6 +328,7 @@ def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on
     """
     run = _Run(cfg, comm, t, pos, range(comm.size) if world_ranks is None else world_ranks)
     run.run_dir = run_dir
+    run.reported = pos.epoch if reported is None else reported
     last = cfg.epochs if last_epoch is None else last_epoch
     x_tr, y_tr = data[0], data[1]
     n = len(y_tr)
@@ -337,6 +382,63 @@ def _check_size(run):
     raise ElasticStop(line)
 
 
+class _Records:
+    """Rank 0's run records of an elastic job (a new rank 0 takes them over) and the epoch's end, shared
+    by the job's ranks and its replacements: the same collectives in the same order on every rank."""
+
+    def __init__(self, cfg, t, data, run_dir, t_start):
+        self.cfg, self.t, self.data, self.run_dir, self.t_start = cfg, t, data, run_dir, t_start
+        self.writer = MetricsWriter(run_dir, False)
+
+    def records(self, run):
+        """Return the writer, opened once this rank is rank 0 (the first, or the successor of a dead one)."""
+        if run.comm.rank == 0 and not self.writer.enabled:
+            self.writer = MetricsWriter(self.run_dir, True)
+        return self.writer
+
+    def on_step(self, run, rec):
+        """Write one step record (``P``: the ranks now; ``unix_s``: when it completed)."""
+        t = self.t
+        self.records(run).step({"step": t.state.step, "epoch": run.pos.epoch + 1, "P": run.comm.size, "lr": t.opt.lr,
+                                **rec, "unix_s": time.time(), "wall_s": time.perf_counter() - self.t_start})
+
+    def on_epoch(self, run, epoch):
+        """Evaluate (collective), write the epoch record and, when due, the epoch's checkpoint."""
+        cfg, t, data, c = self.cfg, self.t, self.data, run.comm
+        train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], c, cfg.eval_batch, cfg.timeout)
+        test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], c, cfg.eval_batch, cfg.timeout)
+        t.state.wall_s = time.perf_counter() - self.t_start
+        self.records(run).epoch({"epoch": epoch, "train_acc": train_acc, "test_acc": test_acc, "P": c.size,
+                                 "step": t.state.step, "wall_s": t.state.wall_s})
+        run.accs = (train_acc, test_acc)
+        if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == cfg.epochs:
+            save_checkpoint(checkpoint_path(self.run_dir, epoch),
+                            checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state), c, cfg.timeout)
+
+    def finish(self, run, P0):
+        """Return the summary (collective: the replicas' digests); rank 0 writes ``summary.json`` and prints the line."""
+        cfg, t, c = self.cfg, self.t, run.comm
+        accs = getattr(run, "accs", (None, None))
+        summary = {"final_test_acc": accs[1], "final_train_acc": accs[0], "epochs": t.state.epoch, "steps": t.state.step,
+                   "wall_s": time.perf_counter() - self.t_start, "parameters": t.model.size, "P": c.size,
+                   "replicas_identical": replicas_identical(t.model.params, c, cfg.timeout), "run_dir": self.run_dir,
+                   "elastic": {"P_start": P0, "P_end": c.size, "lost": run.lost, "joined": run.joined,
+                               "steps_redone": run.redone,
+                               "batch_rule": "local batch kept (global batch = ranks x batch-size / P)",
+                               "lr_rule": "schedule's rate x ranks / P (linear scaling)"}}
+        self.writer.close()
+        if c.rank == 0:
+            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+            acc = f"{summary['final_test_acc']:.2%}" if summary["final_test_acc"] is not None else "-"
+            print(f"test accuracy {acc} after {t.state.epoch} epochs on {c.size} of {P0} ranks | "
+                  f"{len(run.lost)} recoveries, {len(run.joined)} joins, {run.redone} steps redone | {self.run_dir}",
+                  flush=True)
+        collectives.engine.context.free_context(c)
+        t.hook.close()
+        c.Free()
+        return summary
+
+
 def train_elastic(cfg, comm, run_dir, t):
     """Train data-parallel on ``comm`` with ``--elastic``; write the run records into ``run_dir``.
 
@@ -352,61 +454,106 @@ def train_elastic(cfg, comm, run_dir, t):
     -------
     dict
         The summary (``summary.json``, written by the last rank 0), with ``elastic``.
+
+    Raises
+    ------
+    ElasticStop
+        Fewer than ``--elastic-min`` ranks survived; the line is printed on every survivor first.
     """
     check_elastic(cfg, comm)
     data = to_device(t.ds, t.model.dtype, t.xp)
     if comm.rank == 0:
         write_config(run_dir, cfg.to_dict(), run_info(comm), t.resumed_from)
     own = comm.Dup()
-    writer = [MetricsWriter(run_dir, comm.rank == 0)]
-    t_start = time.perf_counter() - t.state.wall_s
-
-    def records(run):
-        if run.comm.rank == 0 and not writer[0].enabled:
-            writer[0] = MetricsWriter(run_dir, True)  # rank 0 died: its successor writes the records
-        return writer[0]
-
-    def on_epoch(run, epoch):
-        c = run.comm
-        train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], c, cfg.eval_batch, cfg.timeout)
-        test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], c, cfg.eval_batch, cfg.timeout)
-        t.state.wall_s = time.perf_counter() - t_start
-        records(run).epoch({"epoch": epoch, "train_acc": train_acc, "test_acc": test_acc, "P": c.size,
-                         "step": t.state.step, "wall_s": t.state.wall_s})
-        run.accs = (train_acc, test_acc)
-        if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or epoch == cfg.epochs:
-            save_checkpoint(checkpoint_path(run_dir, epoch), checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state),
-                            c, cfg.timeout)
-
+    rec = _Records(cfg, t, data, run_dir, time.perf_counter() - t.state.wall_s)
     kept = snapshot(t, Position(comm.size))  # (a resumed compressor's error feedback)
     t.hook.close()
     t.hook = make_grad_hook(cfg, own, t.model)
     restore_snapshot(t, kept)
-    def on_step(run, rec):
-        records(run).step({"step": t.state.step, "epoch": run.pos.epoch + 1, "P": run.comm.size, "lr": t.opt.lr,
-                        **rec, "unix_s": time.time(), "wall_s": time.perf_counter() - t_start})
-
     pos = Position(comm.size, t.state.epoch, 0)
-    run = None
     try:
-        run = elastic_loop(cfg, own, t, data, pos, on_epoch=on_epoch, on_step=on_step, run_dir=run_dir)
+        run = elastic_loop(cfg, own, t, data, pos, on_epoch=rec.on_epoch, on_step=rec.on_step, run_dir=run_dir)
     except ElasticStop as stop:
         print(f"error: {stop}", file=sys.stderr, flush=True)
         raise
-    c = run.comm
-    summary = {"final_test_acc": getattr(run, "accs", (None, None))[1], "final_train_acc":
-               getattr(run, "accs", (None, None))[0], "epochs": t.state.epoch, "steps": t.state.step,
-               "wall_s": time.perf_counter() - t_start, "parameters": t.model.size, "P": c.size,
-               "replicas_identical": replicas_identical(t.model.params, c, cfg.timeout), "run_dir": run_dir,
-               "elastic": {"P_start": pos.P0, "P_end": c.size, "lost": run.lost, "steps_redone": run.redone,
-                           "batch_rule": "local batch kept (global batch = survivors x batch-size / P)",
-                           "lr_rule": "schedule's rate x survivors / P (linear scaling)"}}
-    writer[0].close()
-    if c.rank == 0:
-        write_json(os.path.join(run_dir, "summary.json"), summary)
-        print(f"test accuracy {summary['final_test_acc']:.2%} after {t.state.epoch} epochs on {c.size} of "
-              f"{pos.P0} ranks | {len(run.lost)} recoveries, {run.redone} steps redone | {run_dir}", flush=True)
-    collectives.engine.context.free_context(c)
-    t.hook.close()
-    c.Free()
-    return summary
+    return rec.finish(run, pos.P0)
+
+
+def join_elastic(cfg, parent):
+    """Join an elastic job as the replacement of a lost rank (``--elastic-respawn``); train to its end.
+
+    Called in a process that the job's survivors started with ``MPI_Comm_spawn``
+    (:meth:`_Run.respawn`): merges with them (``MPI_Intercomm_merge``; the replacements rank after the
+    survivors), receives rank 0's parameters, optimizer state, counters, compressor state and the
+    epoch's position (its own error-feedback memory starts at zero, as a new rank's), builds its
+    gradient hook on the merged communicator and goes on in step with the others.
+
+    Parameters
+    ----------
+    cfg : training.config.Config
+        The job's configuration (the same command line).
+    parent : mpi4py.MPI.Intercomm
+        ``MPI.Comm.Get_parent()``.
+
+    Returns
+    -------
+    dict
+        The summary, as :func:`train_elastic`'s.
+    """
+    run, rec = join_loop(cfg, parent)
+    return rec.finish(run, run.pos.P0)
+
+
+def join_loop(cfg, parent, records=True):
+    """:func:`join_elastic` without the run's end: merge, take the state, train; return ``(run, records)``.
+
+    ``records`` False: no epoch ends and no records (the survivors' loop has no ``on_epoch`` either).
+    """
+    merged = parent.Merge(high=True)
+    blob = root_bytes(merged, None, timeout=cfg.timeout)
+    with numpy.load(io.BytesIO(blob), allow_pickle=False) as z:
+        got = {k: z[k] for k in z.files}
+    xp = numpy
+    ds = load_dataset(cfg)
+    model = build_model(cfg, ds.n_features, ds.n_classes, xp)
+    opt = make_optimizer(cfg, model)
+    t = Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=SoftmaxCrossEntropy(), state=TrainState())
+    t.hook = make_grad_hook(cfg, merged, model)  # (with the survivors' own, on the same communicator)
+    if t.hook.owns_momentum and cfg.optimizer == "sgd":
+        opt.velocity, opt.momentum = None, 0.0  # as training.trainer.build_trainer
+    _unpack(t, got)
+    P0, epoch, consumed = (int(v) for v in got["pos"])
+    run_dir = got["run_dir"].tobytes().decode()
+    rec = _Records(cfg, t, to_device(ds, model.dtype, xp), run_dir, time.perf_counter() - t.state.wall_s)
+    run = elastic_loop(cfg, merged, t, rec.data, Position(P0, epoch, consumed),
+                       on_epoch=rec.on_epoch if records else None, on_step=rec.on_step if records else None,
+                       world_ranks=[int(w) for w in got["world"]], run_dir=run_dir or None,
+                       reported=int(got["reported"]))
+    run.t = t
+    return run, rec
+
+
+def _pack(run, world):
+    """Return rank 0's state for the replacements as npz bytes (no pickle): what :func:`_unpack` reads."""
+    t = run.t
+    arrays = {"params": to_host(t.model.params), "pos": numpy.array([run.pos.P0, run.pos.epoch, run.pos.consumed]),
+              "reported": numpy.array(run.reported), "world": numpy.array(world, numpy.int64),
+              "run_dir": numpy.frombuffer((run.run_dir or "").encode(), numpy.uint8)}
+    arrays.update({f"optim/{k}": to_host(v) for k, v in t.opt.state_dict().items()})
+    arrays.update(t.state.state_dict())
+    if getattr(t.hook, "compressor", None) is not None:
+        arrays["hook/iteration"] = numpy.array(t.hook.iteration)
+        arrays.update({f"hook/c/{k}": to_host(v) for k, v in t.hook.compressor.state_dict().items()})
+    out = io.BytesIO()
+    numpy.savez(out, **arrays)
+    return out.getvalue()
+
+
+def _unpack(t, got):
+    """Load :func:`_pack`'s arrays into the replacement's trainer ``t``."""
+    t.model.params[...] = t.xp.asarray(got["params"])
+    t.opt.load_state_dict({k[6:]: v for k, v in got.items() if k.startswith("optim/")})
+    t.state.load_state_dict(got)
+    if "hook/iteration" in got:
+        t.hook.iteration = int(got["hook/iteration"])
+        t.hook.compressor.load_state_dict({k[7:]: v for k, v in got.items() if k.startswith("hook/c/")})

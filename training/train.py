@@ -37,7 +37,7 @@ from training.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
 from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
-from training.elastic import ElasticStop, check_elastic, train_elastic
+from training.elastic import ElasticStop, check_elastic, join_elastic, train_elastic
 from training.trainer import Trainer, build_trainer
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
@@ -364,6 +364,10 @@ def main(argv=None):
     summary = None
     try:
         setup_logging(world.rank, cfg.log_level)  # a bad $COMMLAB_LOG_LEVEL: a setup error like the others
+        if cfg.elastic_respawn and MPI.Comm.Get_parent() != MPI.COMM_NULL:  # a replacement (--elastic-respawn)
+            with collectives.engine.policy.abort_on_failure():
+                join_elastic(cfg, MPI.Comm.Get_parent())
+            return 0
         summary = run(cfg, world)
     except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
         # setup errors are raised identically on every rank: then exit cleanly with one message

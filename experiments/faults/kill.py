@@ -41,6 +41,8 @@ def inject(ranks, at, where):
     if where not in ("step", "inside") or at < 1:
         raise ValueError(f"kill: WHERE must be step or inside and STEP >= 1, got {where!r} {at}")
     me = MPI.COMM_WORLD.rank
+    if MPI.Comm.Get_parent() != MPI.COMM_NULL:
+        ranks = set()  # a replacement that --elastic-respawn started (it runs this command too): it lives
     count = [0]
 
     def die():
