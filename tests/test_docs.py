@@ -2,6 +2,7 @@
 examples run at P = 1 under mpiexec, and every published table equals what the committed result files
 give (oracle: ``plots.publish`` rendering them again)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,34 @@ def test_docs_build_with_no_warning(tmp_path):
                           "docs", str(tmp_path / "html")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "html" / "api.html").exists() and (tmp_path / "html" / "results.html").exists()
+    # every figure links to its full-size PNG (the theme shrinks it to the text column)
+    figures = unlinked = 0
+    for page in (tmp_path / "html").rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r'<img [^>]*src="([^"]*_images/[^"]+)"', text):
+            figures += 1
+            before = text[:m.start()].rstrip()
+            href = re.search(r'<a [^>]*href="([^"]+)"[^>]*>$', before)
+            if href is None or href.group(1) != m.group(1) or not (page.parent / href.group(1)).is_file():
+                unlinked += 1
+    assert figures >= 10 and unlinked == 0, f"{unlinked} of {figures} figures without a link to the full-size file"
+
+
+def test_no_code_line_hides_a_comment_off_to_the_side():
+    """In the docs' code blocks a line with a trailing comment fits the theme's code width (88
+    characters); a longer one has its comment on its own line above, where a reader sees it."""
+    long = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "docs")):
+        for name in sorted(f for f in files if f.endswith(".md") and "_build" not in dirpath):
+            path = os.path.join(dirpath, name)
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            for body in re.findall(r"^```\w+\n(.*?)^```", text, flags=re.M | re.S):
+                for line in body.splitlines():
+                    m = re.match(r"^(\s*\S.*?)\s+#\s", line)
+                    if m and len(line) > 88 and not (m.group(1).count('"') % 2 or m.group(1).count("'") % 2):
+                        long.append(f"{os.path.relpath(path, ROOT)}: {line.strip()[:60]}...")
+    assert not long, "comments off to the side of long code lines:\n" + "\n".join(long)
 
 
 def test_docstring_examples_run_at_p1_under_mpiexec():
