@@ -52,6 +52,7 @@ PAGE = 4096
 _MASK = 0xFFFFFFFF
 _SPINS = 20  # polls before each further poll yields the core (os.sched_yield)
 _KEYVAL = [None]
+_MAGIC = 0x73686D5F63616C6C  # "shm_call": the first call's check rows start with it
 
 
 def refuse_nodes(ctx, collective):
@@ -283,8 +284,10 @@ def node_of(ctx, key, timeout, collective):
     """Return the :class:`Node` of ``ctx``, making it on the first shared-memory call.
 
     The windows are allocated collectively (``MPI_Win_allocate_shared`` has no non-blocking form):
-    first a 2-element ``MPI_Iallreduce`` of the call's fingerprint, waited under ``timeout``, shows
-    that every rank makes this very call, so none is left in an allocation another never joins.
+    first an ``MPI_Iallgather`` of a 4-element row (a constant, the call's fingerprint and its
+    negation, P), waited under ``timeout``, shows that every rank makes this very call (each row is
+    compared exactly, so another rank's library call of another kind never passes for it), and
+    none is left in an allocation another never joins.
 
     Raises
     ------
@@ -297,14 +300,20 @@ def node_of(ctx, key, timeout, collective):
     node = ctx.comm.Get_attr(_keyval())
     if node is None:
         code = key_code(key)
-        pair = numpy.array([code, -code], numpy.int64)
-        req = ctx.comm.Iallreduce(MPI.IN_PLACE, pair, MPI.MAX)
+        mine = numpy.array([_MAGIC, code, -code, ctx.size], numpy.int64)
+        rows = numpy.zeros((ctx.size, mine.size), numpy.int64)
         try:
+            req = ctx.comm.Iallgather(mine, rows)
             wait_all([req], [None], deadline_of(timeout), Where(collective, 0, "first shm call's check", timeout))
         except CollectiveTimeout as exc:
             ctx.fail(f"{collective}: {exc}")
             raise
-        if int(pair[0]) != code or int(pair[1]) != -code:
+        except MPI.Exception as exc:  # another rank's library call of another size met this one
+            err = CollectiveMismatch(collective, "fingerprint", f"this rank called {describe(key)} and another rank "
+                                     f"made a different call (the MPI library reported: {exc.Get_error_string()})")
+            ctx.fail(f"{collective}: {err}")
+            raise err from None
+        if not (rows == mine).all():  # every rank's row, exactly: a call of another kind never passes
             err = CollectiveMismatch(collective, "fingerprint", f"this rank called {describe(key)} and another rank "
                                      "made a different call; rerun with COMMLAB_DEBUG=detail to name the field")
             ctx.fail(f"{collective}: {err}")
