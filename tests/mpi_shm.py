@@ -134,7 +134,7 @@ def case_nonblocking_and_persistent(comm_):
         x = data(n, "float32", "sum")
         req = C.iallreduce(x, algorithm="shm")
         want = oracle(x, "sum")
-        expect(np.array_equal(req.wait(timeout=30.0), want), "check")
+        expect(np.array_equal(req.wait(timeout=30.0), want), f"iallreduce n={n}")
         a = C.iallreduce(x, op="max", algorithm="shm")
         b = C.iallreduce(x, op="min", algorithm="shm")  # two in flight, completed in either order
         expect(np.array_equal(b.wait(), oracle(x, "min")) and np.array_equal(a.wait(), oracle(x, "max")), f"two in flight n={n}")
@@ -148,6 +148,14 @@ def case_nonblocking_and_persistent(comm_):
                 got = plan.wait(timeout=30.0 if step == 1 else None)
                 expect(got is plan.out and same(got, want), f"plan {dtype} {op} n={n} step {step}")
             plan.free()
+    for n in (5, 30000):  # another shm call between a plan's start and wait completes the plan first
+        x, z = data(n, "float64", "sum"), data(7, "int64", "max")
+        plan = C.allreduce_init(x, algorithm="shm")
+        want_x, want_z = oracle(x, "sum"), oracle(z, "max")
+        plan.start()
+        got_z = C.allreduce(z, op="max", algorithm="shm")
+        expect(same(plan.wait(), want_x) and same(got_z, want_z), f"a call between start and wait, n={n}")
+        plan.free()
     verdict()
 
 

@@ -61,7 +61,7 @@ from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.schedules.schedule import chunk_bounds
 from collectives.shm.node import node_of, shared_views
 
-__all__ = ["SMALL_BYTES", "CHUNK_BYTES", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
+__all__ = ["SMALL_BYTES", "CHUNK_BYTES", "fold", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
            "reduce", "refuse", "ShmRequest", "ShmPlan", "plan"]
 
 #: Largest all-reduce or reduce (bytes) run with one synchronisation point, each rank reading every stage.
@@ -79,7 +79,7 @@ def _enter(ctx, key, timeout, collective):
     """Return the node of ``ctx`` for a new call ``key``: made on the first call, earlier requests completed."""
     node = node_of(ctx, key, timeout, collective)
     while node.pending:  # calls complete in the order they began (their points are numbered in that order)
-        node.pending[0].wait(timeout)
+        node.pending[0].complete(timeout)
     ctx.advance(key, timeout)  # the call sequence, and the debug mode's fingerprint exchange
     return node
 
@@ -91,7 +91,7 @@ def _drive(gen, node, ctx, key, timeout):
         node.wait(word, key, ctx, deadline, timeout, step, phase)
 
 
-def _fold(srcs, lo, hi, ufunc, acc, avg, dsts, node, base=0):
+def fold(srcs, lo, hi, ufunc, acc, avg, dsts, node, base=0):
     """Reduce ``srcs[p][lo:hi]`` over p in rank order, chunk by chunk; write each chunk to ``d[a-base:b-base]``."""
     if hi <= lo:
         return
@@ -147,7 +147,7 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
     lo, hi = bounds[rank], bounds[rank + 1]
     if zero is not None:  # in place on shared buffers: every rank's x is read and written where it lies
         yield node.post(code), "arrival"
-        _fold(zero, lo, hi, ufunc, acc, avg, zero, node)
+        fold(zero, lo, hi, ufunc, acc, avg, zero, node)
         yield node.post(code), "reduced slices"
         ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
         return
@@ -163,12 +163,12 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
     if nbytes <= SMALL_BYTES:  # one point: every rank reduces everything, in the same order
         contiguous = out.flags.c_contiguous
         flat = out.reshape(-1) if contiguous else numpy.empty(n, dtype)
-        _fold(peers, 0, n, ufunc, acc, avg, [flat], node)
+        fold(peers, 0, n, ufunc, acc, avg, [flat], node)
         if not contiguous:
             numpy.copyto(out, flat.reshape(out.shape))
         ctx.record("allreduce", "shm", n, dtype, elements=0, estimated=True)
         return
-    _fold(peers, lo, hi, ufunc, acc, avg, peers, node)
+    fold(peers, lo, hi, ufunc, acc, avg, peers, node)
     yield node.post(code), "reduced slices"
     numpy.copyto(out, mine.reshape(out.shape))
     ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
@@ -285,6 +285,10 @@ class ShmRequest:
         if self._failed is not None:
             raise RuntimeError(f"this request failed earlier ({self._failed}); its result is lost")
 
+    def complete(self, timeout=None):
+        """Complete the call (before a later shared-memory call begins); as :meth:`wait`."""
+        self.wait(timeout)
+
     def test(self):
         """Return True once the call has completed (advancing it through every point all ranks reached)."""
         self._check()
@@ -323,7 +327,11 @@ class ShmPlan:
     """The persistent all-reduce of :func:`collectives.allreduce_init` with ``algorithm="shm"``.
 
     Checked once; every :meth:`start` copies ``x`` in (nothing when ``x`` is ``out`` and lies in a
-    shared buffer: the zero-copy plan) and posts the arrival, :meth:`wait` reduces and completes.
+    shared buffer above :data:`SMALL_BYTES`: the zero-copy plan) and posts the arrival, :meth:`wait`
+    reduces and completes. Up to :data:`SMALL_BYTES` the plan runs a lean form of the one-point
+    all-reduce: the stage views, the flag code, the reduction and the scratch are worked out once
+    (the stage made large enough when the plan is made, at a synchronisation point of its own), so
+    a start is one copy and a flag store, and a wait is the polling and P ufunc calls.
 
     Attributes
     ----------
@@ -331,33 +339,88 @@ class ShmPlan:
         True when the plan reduces in place on shared buffers (no copy in, no copy out).
     """
 
-    __slots__ = ("ctx", "_node", "_key", "_x", "_out", "_request", "zero_copy")
+    __slots__ = ("ctx", "_node", "_key", "_x", "_out", "_request", "zero_copy", "_lean", "_gen", "_stages", "_word",
+                 "_half", "_deadline")
     active = False  # (the interface of collectives.library.plans.LibraryPlan: no MPI requests to free)
     reqs = ()
 
     def __init__(self, ctx, key, x, out):
         _host(x, "allreduce_init")
         self.ctx, self._key, self._x, self._out = ctx, key, x, out
-        self._node = node_of(ctx, key, None, "allreduce_init")
-        self._request = None
-        self.zero_copy = out is x and x.nbytes > SMALL_BYTES and shared_views(self._node, x) is not None
+        self._node = node = node_of(ctx, key, None, "allreduce_init")
+        self._request, self._word, self._half, self._gen, self._stages = None, None, 0, -1, None
+        self.zero_copy = out is x and x.nbytes > SMALL_BYTES and shared_views(node, x) is not None
+        self._lean = None
+        if x.nbytes <= SMALL_BYTES and node.size > 1:
+            while node.pending:
+                node.pending[0].complete(None)
+            code = _code(key)
+            if not node.fits(x.nbytes):  # grown now, at a point of the plan's own (every rank makes it)
+                node.wait(node.post(code), key, ctx, None, None, 0, "plan (the stage grows)")
+                node.stage(x.nbytes)
+            ufunc, acc, avg = _reduction(key[4], x.dtype, node.size)
+            flat = out.reshape(-1) if out.flags.c_contiguous and out.size else None
+            self._lean = (code, ufunc, acc, avg, flat)
+
+    def _views(self):
+        """Work out every rank's stage, both halves, as arrays of ``x``'s dtype (again after the window grew)."""
+        node, n, dtype = self._node, self._x.size, self._x.dtype
+        off, nbytes = node.capacity // 2, self._x.nbytes
+        self._stages = [[v[h * off:h * off + nbytes].view(dtype) for v in node.views] for h in (0, 1)]
+        self._gen = node.generation
 
     def start(self, x):
         """Begin one all-reduce of ``x``'s current contents."""
-        node, ctx = self._node, self.ctx
+        node = self._node
         while node.pending:
-            node.pending[0].wait()
-        _, steps = _allreduce_call(node, ctx, self._key, x, self._out)
-        self._request = ShmRequest(node, ctx, self._key, steps, self._out)
+            node.pending[0].complete(None)
+        if self._lean is None:
+            _, steps = _allreduce_call(node, self.ctx, self._key, x, self._out)
+            self._request = ShmRequest(node, self.ctx, self._key, steps, self._out)
+            return
+        if self._gen != node.generation:
+            self._views()
+        node.calls += 1
+        self._half = h = node.calls & 1  # (the generic steps' parity: the call's number after counting it)
+        mine = self._stages[h][node.rank]
+        if mine.size:
+            numpy.copyto(mine.reshape(x.shape), x)
+        self._word = node.post(self._lean[0])
+        node.pending.append(self)
+
+    def complete(self, timeout=None):
+        """Finish the lean form's started call: wait for every rank's flag, reduce into ``out``."""
+        node, word = self._node, self._word
+        if word is None:
+            return
+        self._word = None
+        node.pending.remove(self)
+        if node.missing(word, self._key, self.ctx) >= 0:
+            node.wait(word, self._key, self.ctx, _deadline(timeout), timeout, 0, "arrival")
+        _, ufunc, acc, avg, flat = self._lean
+        peers, out = self._stages[self._half], self._out
+        dst = flat if flat is not None else numpy.empty(out.size, out.dtype)
+        fold(peers, 0, out.size, ufunc, acc, avg, [dst], node)
+        if flat is None and out.size:
+            numpy.copyto(out, dst.reshape(out.shape))
+        self.ctx.record("allreduce", "shm", out.size, out.dtype, elements=0, estimated=True)
 
     def test(self):
         """Advance the started all-reduce; True once it has completed."""
-        return self._request.test()
+        if self._lean is None:
+            return self._request.test()
+        if self._word is not None and self._node.missing(self._word, self._key, self.ctx) >= 0:
+            return False
+        self.complete(None)
+        return True
 
     def wait(self, out, timeout):
         """Complete the started all-reduce (under ``timeout`` seconds) and return ``out``."""
-        req, self._request = self._request, None
-        return req.wait(timeout)
+        if self._lean is None:
+            req, self._request = self._request, None
+            return req.wait(timeout)
+        self.complete(timeout)
+        return self._out
 
 
 def plan(ctx, key, x, out):
@@ -384,7 +447,7 @@ def _reduce_scatter_steps(node, ctx, key, code, x, out):
     yield node.post(code), "arrival"
     bounds = chunk_bounds(n, size)
     lo, hi = bounds[rank], bounds[rank + 1]
-    _fold([v.view(dtype) for v in views], lo, hi, ufunc, acc, avg, [out], node, base=lo)
+    fold([v.view(dtype) for v in views], lo, hi, ufunc, acc, avg, [out], node, base=lo)
     ctx.record("reduce_scatter", "shm", n, dtype, elements=0, estimated=True)
 
 
@@ -496,10 +559,10 @@ def _reduce_steps(node, ctx, key, code, x, root, out):
     peers = [v.view(dtype) for v in views]
     if x.nbytes <= SMALL_BYTES:
         if rank == root:
-            _fold(peers, 0, n, ufunc, acc, avg, [out.reshape(-1)], node)
+            fold(peers, 0, n, ufunc, acc, avg, [out.reshape(-1)], node)
     else:
         bounds = chunk_bounds(n, size)
-        _fold(peers, bounds[rank], bounds[rank + 1], ufunc, acc, avg, [peers[root]], node)
+        fold(peers, bounds[rank], bounds[rank + 1], ufunc, acc, avg, [peers[root]], node)
         yield node.post(code), "reduced slices"
         if rank == root and n:
             numpy.copyto(out, peers[root].reshape(out.shape))

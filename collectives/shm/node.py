@@ -88,13 +88,16 @@ class Node:
     calls : int
         Shared-memory calls begun here (their parity picks the stage half).
     pending : list
-        Non-blocking calls started and not yet completed, oldest first (completed before a new call).
+        Non-blocking calls started and not yet completed, oldest first: each has ``complete(timeout)``,
+        called before a new call begins.
+    generation : int
+        Allocations of the data window so far (a plan keeping stage views compares it).
     buffers : list of (int, int, int, list, mpi4py.MPI.Win)
         Shared buffers: (serial, first address, bytes, every rank's uint8 view, window).
     """
 
     __slots__ = ("comm", "rank", "size", "_cwin", "ctrl", "_flags", "_dwin", "capacity", "views", "counter",
-                 "calls", "pending", "buffers", "_serial", "_tmp")
+                 "calls", "pending", "buffers", "_serial", "_tmp", "generation")
 
     def __init__(self, ctx):
         self.comm = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
@@ -111,6 +114,7 @@ class Node:
         self.comm.Barrier()
         self._cwin.Sync()
         self._dwin, self.capacity, self.views = None, 0, []
+        self.generation = 0  # counts the data window's allocations (views of an older one are stale)
         self.counter = self.calls = 0
         self.pending, self.buffers, self._serial = [], [], 0
         self._tmp = {}
@@ -215,6 +219,7 @@ class Node:
         self.views = [numpy.frombuffer(self._dwin.Shared_query(p)[0], numpy.uint8, count=capacity)
                       for p in range(self.size)]
         self.capacity = capacity
+        self.generation += 1
 
     def scratch(self, dtype, n):
         """Return this rank's private scratch of ``n`` elements of ``dtype`` (a reduction's chunk)."""
