@@ -7,7 +7,6 @@ alike) and each reports the median of its runs, a barrier before each, slowest r
 ``busbw = 2 (P-1)/P * bytes / time`` as nccl-tests reports, and ``time / mpi`` below 1 means faster
 than MPI's own. For careful sweeps use ``experiments.bench.collectives``.
 """
-import argparse
 import math
 import statistics
 import time
@@ -20,6 +19,7 @@ import collectives
 import collectives.engine.context
 from collectives.backend import mpi_library
 from training.cli import parse_on_every_rank
+from training.options import INT32_MAX, Parser, integer, real
 
 __all__ = ["main"]
 
@@ -48,9 +48,9 @@ def _check(parser, argv):
 
 def main(argv=None):
     """Parse arguments, run every algorithm once for correctness and ``--iters`` times for speed."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mib", type=float, default=4.0, help="message size in MiB (default 4)")
-    parser.add_argument("--iters", type=int, default=10, help="timed repetitions per algorithm (default 10)")
+    parser = Parser(prog="python -m experiments.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=real(0, 1e15, low_open=True), default=4.0, help="message size in MiB (default 4)")
+    parser.add_argument("--iters", type=integer(1, INT32_MAX), default=10, help="timed repetitions per algorithm (default 10)")
     comm = MPI.COMM_WORLD
     args = parse_on_every_rank(partial(_check, parser), argv, comm.Get_rank())  # rank 0 alone prints
     rank, size = comm.Get_rank(), comm.Get_size()

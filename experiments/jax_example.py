@@ -8,20 +8,20 @@ compared with ``jax.grad`` of the loss over all ranks' samples together (a singl
 equal shards, so the mean of the shard means is the full mean), and the last line reports the test
 accuracy. Needs JAX (``pip install jax``), which commlab itself does not require.
 """
-import argparse
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
+from training.options import INT32_MAX, Parser, integer, real
 
 
 def parse_args(argv=None):
     """Return the command-line options (``--steps``, ``--lr``, ``--algorithm``)."""
-    p = argparse.ArgumentParser(prog="python -m experiments.jax_example", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200, help="SGD steps (default 200)")
-    p.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
+    p = Parser(prog="python -m experiments.jax_example", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=integer(1, INT32_MAX), default=200, help="SGD steps (default 200)")
+    p.add_argument("--lr", type=real(0, 1e15, low_open=True), default=0.5, help="learning rate (default 0.5)")
     p.add_argument("--algorithm", default="ring", choices=sorted(collectives.ALGORITHMS),
                    help="commlab all-reduce algorithm (default ring)")
     args = p.parse_args(argv)

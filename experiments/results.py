@@ -38,16 +38,17 @@ import threading
 import time
 
 from training.metrics import LOAD_PER_CORE, default_max_load, is_quiet
+from training.options import real
 
 __all__ = ["default_max_load", "add_options", "guard", "guard_or_say", "LoadWatch", "provenance", "stamp",
            "is_noisy"]
 
 def add_options(parser):
     """Add ``--max-load`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark."""
-    parser.add_argument("--max-load", type=float, default=None, metavar="L",
+    parser.add_argument("--max-load", type=real(0, 1e15), default=None, metavar="L",
                         help="refuse to start when the 1-minute load average is above L "
                              f"(default {LOAD_PER_CORE:g} x cores = {default_max_load():g} here)")
-    parser.add_argument("--settle", type=float, default=0.0, metavar="S",
+    parser.add_argument("--settle", type=real(0, 1e15), default=0.0, metavar="S",
                         help="wait up to S seconds for the load average to fall below --max-load before "
                              "deciding (the job's own start-up lifts it; default 0: decide at once)")
     parser.add_argument("--allow-noisy", action="store_true",

@@ -44,6 +44,10 @@ def parse_pairs(text, name, kind):
     return out
 
 
+#: Bytes the front keeps per request of a load test (its record, arrival and answer), for the memory check.
+_RECORD_BYTES = 2048
+
+
 @dataclass
 class ServeConfig:
     """Resolved configuration of one serving job.
@@ -104,6 +108,15 @@ class ServeConfig:
                      "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_queue > 2 ** 20 or self.max_batch > self.max_queue:
+            raise ValueError(f"max_batch ({self.max_batch}) must be at most max_queue ({self.max_queue}), itself at "
+                             f"most {2 ** 20}: a batch is made of requests waiting at the front, whose buffers of "
+                             "max_batch rows per replica are made before the first request")
+        from training.ctr.data import available_bytes  # pure NumPy
+
+        if self.requests * _RECORD_BYTES > available_bytes():
+            raise ValueError(f"requests ({self.requests}) would need {self.requests * _RECORD_BYTES / 2 ** 30:.1f} GiB "
+                             f"for their records ({_RECORD_BYTES} bytes each), more than this node has free")
         if self.balance not in POLICIES:
             raise ValueError(f"balance must be one of {', '.join(POLICIES)}, got {self.balance!r}")
         if self.clients < 0 or not 0 <= self.malformed <= self.requests:

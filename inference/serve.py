@@ -35,6 +35,7 @@ from inference.slo import LatencyObjective
 from inference.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
 from training.checkpoint import CheckpointError, root_bytes
 from training.metrics import run_info
+from training.options import Parser, as_flags, field_type
 
 __all__ = ["run", "main", "parse_args", "PER_RANK"]
 
@@ -87,12 +88,20 @@ _METAVAR = {"checkpoint": "RUN", "rate": "RPS", "max_wait_ms": "MS", "straggler"
 
 def parse_args(argv=None):
     """Map the command line onto a :class:`~inference.config.ServeConfig` (not yet validated)."""
-    p = argparse.ArgumentParser(prog="python -m inference.serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="python -m inference.serve", description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(ServeConfig):
-        kw = {"choices": POLICIES} if f.name == "balance" else {}
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=_HELP[f.name], metavar=None if kw else _METAVAR.get(f.name, "N"), **kw)
+        kw = {"choices": POLICIES} if f.name == "balance" else {"type": field_type(type(f.default))}
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
+                       help=_HELP[f.name], metavar=None if "choices" in kw else _METAVAR.get(f.name, "N"), **kw)
+
+    @p.check
+    def _valid(ns):  # every range but the job's rank count (known to run()), before any rank allocates
+        try:
+            ServeConfig(**vars(ns)).validate()
+        except ValueError as e:
+            raise ValueError(as_flags(e, [f.name for f in dataclasses.fields(ServeConfig)])) from None
+
     return ServeConfig(**vars(p.parse_args(argv)))
 
 

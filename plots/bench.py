@@ -11,12 +11,12 @@ own rows from ``--model-min-bytes``, is drawn dashed over the sizes it was fitte
 and stored (:func:`experiments.bench.output.summarize`); this module draws and prints, it computes no
 figure of its own.
 """
-import argparse
 import json
 import os
 
 import humanfriendly
 from tabulate import tabulate
+from training.options import INT32_MAX, Parser, infile, integer, outpath
 
 __all__ = ["markdown", "draw", "main", "row_seconds", "check_stat"]
 
@@ -236,13 +236,13 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
 
 def main(argv=None):
     """Read results files, draw their figures, optionally print their Markdown summaries."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m plots.bench")
-    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench.collectives")
-    p.add_argument("--out", help="directory for the PNG files (default: beside each results file)")
+    p = Parser(description=__doc__.split("\n\n")[0], prog="python -m plots.bench")
+    p.add_argument("results", type=infile(), nargs="+", help="JSON files written by experiments.bench.collectives")
+    p.add_argument("--out", type=outpath(folder=True, empty=True), help="directory for the PNG files (default: beside each results file)")
     p.add_argument("--markdown", action="store_true", help="print each file's ratio summary as Markdown")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="time drawn and compared: the slowest rank's mean (default) or median")
-    p.add_argument("--model-min-bytes", type=int, default=64 * _KIB,
+    p.add_argument("--model-min-bytes", type=integer(1, INT32_MAX), default=64 * _KIB,
                    help="fit the model to all-reduce rows of at least this many bytes (default 65536)")
     p.add_argument("--no-model", action="store_true", help="do not fit and draw the cost model")
     a = p.parse_args(argv)

@@ -16,7 +16,6 @@ measured all-reduce time, per algorithm, with the tolerance band. Parameter serv
 model. Their tables are :mod:`plots.cluster_tables`. Drawing only: every number comes
 from the study's file.
 """
-import argparse
 import os
 import sys
 
@@ -28,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
 
@@ -190,10 +190,10 @@ def draw_ps(study, out):
 
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
-    p.add_argument("study", help="a results JSON of experiments.cluster.collectives, .compression, .model "
+    p = Parser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
+    p.add_argument("study", type=infile(), help="a results JSON of experiments.cluster.collectives, .compression, .model "
                    "or .ps")
-    p.add_argument("--out", default="", help="PNG path (default: beside the JSON, .png)")
+    p.add_argument("--out", type=outpath(empty=True), default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)
     study = read_results(p, a.study)
     out = a.out or os.path.splitext(a.study)[0] + ".png"

@@ -8,7 +8,6 @@ colour and one marker, the same in both panels; the legend maps the labels back 
 table. Points with (almost) the same byte count are drawn side by side, and the labels are placed
 where they cover no other label, marker or error bar.
 """
-import argparse
 import math
 import os
 import sys
@@ -23,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["short_label", "figure", "draw", "main"]
 
@@ -294,10 +294,10 @@ def draw(results, path):
 
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m plots.compression",
+    p = Parser(prog="python -m plots.compression",
                                 description="Draw the compression study from its results JSON.")
-    p.add_argument("results", help="compression_sweep.json written by experiments.studies.compression_sweep")
-    p.add_argument("--out", help="output PNG (default: compression.png beside RESULTS)")
+    p.add_argument("results", type=infile(), help="compression_sweep.json written by experiments.studies.compression_sweep")
+    p.add_argument("--out", type=outpath(empty=True), help="output PNG (default: compression.png beside RESULTS)")
     args = p.parse_args(argv)
     results = read_results(p, args.results)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.results)), "compression.png")

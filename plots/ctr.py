@@ -7,14 +7,14 @@ Reads the file :mod:`experiments.cluster.ctr` writes (``report``). Left: measure
 their range as error bars, one line per mode and link, and the predicted ratio of dp's to hybrid's bytes on
 the busiest link (dotted, right axis).
 """
-import argparse
-import json
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
+from plots.inputs import read_results
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "markdown", "main"]
 
@@ -110,13 +110,16 @@ def markdown(record):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m plots.ctr", description=__doc__.splitlines()[0])
-    p.add_argument("results")
-    p.add_argument("--out", default="")
+    p = Parser(prog="python -m plots.ctr", description=__doc__.splitlines()[0])
+    p.add_argument("results", type=infile())
+    p.add_argument("--out", type=outpath(empty=True), default="")
     args = p.parse_args(argv)
-    with open(args.results) as f:
-        record = json.load(f)
-    print(draw(record, args.out or args.results.rsplit(".", 1)[0] + ".png"))
+    record = read_results(p, args.results)
+    try:
+        text = draw(record, args.out or args.results.rsplit(".", 1)[0] + ".png")
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        p.error(f"{args.results}: not a results file of experiments.cluster.ctr ({type(exc).__name__}: {exc})")
+    print(text)
     return 0
 
 

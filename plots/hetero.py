@@ -7,7 +7,6 @@ The data-parallel and parameter-server launches of one worker count are drawn an
 the ideal step and the speedups come from the data-parallel launch's ``equal`` runs
 (:mod:`experiments.studies.hetero_study`).
 """
-import argparse
 import glob
 import os
 import sys
@@ -20,6 +19,7 @@ from tabulate import tabulate  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
 from plots.sources import FIGURES, REFERENCE, check_quiet, load, source_line  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["rows", "draw", "markdown", "published_table", "published_figures", "main"]
 
@@ -116,9 +116,9 @@ def published_figures(rel):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m plots.hetero", description="Draw the heterogeneity study (results -> PNG).")
-    p.add_argument("results", nargs="+", help="results files of experiments.studies.hetero_study")
-    p.add_argument("--out", help="PNG to write (default: hetero.png beside the first results file)")
+    p = Parser(prog="python -m plots.hetero", description="Draw the heterogeneity study (results -> PNG).")
+    p.add_argument("results", type=infile(), nargs="+", help="results files of experiments.studies.hetero_study")
+    p.add_argument("--out", type=outpath(empty=True), help="PNG to write (default: hetero.png beside the first results file)")
     args = p.parse_args(argv)
     results = [read_results(p, path) for path in args.results]
     out = args.out or os.path.join(os.path.dirname(args.results[0]), "hetero.png")

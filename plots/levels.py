@@ -7,7 +7,6 @@ median of the passes, bars: their range) with the fitted model's prediction (das
 prediction over the measured time per point with the tolerance band. Drawing only: every number comes
 from the study's file.
 """
-import argparse
 import sys
 
 import matplotlib
@@ -16,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from plots.inputs import read_results  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "markdown", "main"]
 
@@ -118,9 +118,9 @@ def markdown(result):
 
 def main(argv=None):
     """Draw the figure of a study file; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m plots.levels", description=__doc__.split("\n\n")[0])
-    p.add_argument("study", help="results JSON of experiments.cluster.levels")
-    p.add_argument("--out", default="", help="PNG to write (default: beside the study, .png)")
+    p = Parser(prog="python -m plots.levels", description=__doc__.split("\n\n")[0])
+    p.add_argument("study", type=infile(), help="results JSON of experiments.cluster.levels")
+    p.add_argument("--out", type=outpath(empty=True), default="", help="PNG to write (default: beside the study, .png)")
     a = p.parse_args(argv)
     study = read_results(p, a.study)
     out = a.out or a.study.rsplit(".", 1)[0] + ".png"

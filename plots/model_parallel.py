@@ -4,7 +4,6 @@ activation memory each stage holds.
 
     python -m plots.model_parallel results/model_parallel.json [--out FILE.png]
 """
-import argparse
 import os
 import sys
 
@@ -15,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "main"]
 
@@ -133,10 +133,10 @@ def _step_time_panel(ax, grids, xs, labels):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m plots.model_parallel",
+    p = Parser(prog="python -m plots.model_parallel",
                                 description="Draw the model-parallel study (results JSON -> PNG).")
-    p.add_argument("results", help="results file of experiments.studies.model_parallel_study")
-    p.add_argument("--out", help="PNG to write (default: beside the results, .png)")
+    p.add_argument("results", type=infile(), help="results file of experiments.studies.model_parallel_study")
+    p.add_argument("--out", type=outpath(empty=True), help="PNG to write (default: beside the results, .png)")
     args = p.parse_args(argv)
     results = read_results(p, args.results)
     out = args.out or os.path.splitext(args.results)[0] + ".png"

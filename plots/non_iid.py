@@ -7,7 +7,6 @@ Several results files (data-parallel and parameter-server launches, several work
 together; the partitions keep the order the studies ran them in (which is not an order of skew:
 ``classes:k=5`` comes after ``dirichlet:alpha=0.1``).
 """
-import argparse
 import os
 import sys
 
@@ -18,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from tabulate import tabulate  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["rows_by_workers", "draw", "markdown", "main"]
 
@@ -118,9 +118,9 @@ def markdown(results):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m plots.non_iid", description="Draw the non-IID study (results -> PNG).")
-    p.add_argument("results", nargs="+", help="results files of experiments.studies.non_iid_study")
-    p.add_argument("--out", help="PNG to write (default: non_iid.png beside the first results file)")
+    p = Parser(prog="python -m plots.non_iid", description="Draw the non-IID study (results -> PNG).")
+    p.add_argument("results", type=infile(), nargs="+", help="results files of experiments.studies.non_iid_study")
+    p.add_argument("--out", type=outpath(empty=True), help="PNG to write (default: non_iid.png beside the first results file)")
     args = p.parse_args(argv)
     results = [read_results(p, path) for path in args.results]
     out = args.out or os.path.join(os.path.dirname(args.results[0]), "non_iid.png")

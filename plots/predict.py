@@ -5,13 +5,13 @@ against measured step time).
 Run: ``python -m plots.predict results/predict/scale.json [--out results/predict/scale.png]`` (a validation
 file draws the validation figure).
 """
-import argparse
-import json
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plots.inputs import read_results
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "scale_table", "scale_markdown", "draw_validation", "validation_table", "main"]
 
@@ -121,14 +121,17 @@ def draw_validation(record, out):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m plots.predict", description=__doc__.split("\n")[0])
-    p.add_argument("result", help="OUT.json of experiments.predict.scale or experiments.predict.validate")
-    p.add_argument("--out", default="", help="PNG path (default: the result's path with .png)")
+    p = Parser(prog="python -m plots.predict", description=__doc__.split("\n")[0])
+    p.add_argument("result", type=infile(), help="OUT.json of experiments.predict.scale or experiments.predict.validate")
+    p.add_argument("--out", type=outpath(empty=True), default="", help="PNG path (default: the result's path with .png)")
     a = p.parse_args(argv)
-    with open(a.result, encoding="utf-8") as f:
-        result = json.load(f)
+    result = read_results(p, a.result)
     out = a.out or a.result.rsplit(".", 1)[0] + ".png"
-    (draw_validation if "figures" in result else draw)(result, out)
+    try:
+        (draw_validation if "figures" in result else draw)(result, out)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        p.error(f"{a.result}: not a results file of experiments.predict.scale or .validate "
+                f"({type(exc).__name__}: {exc})")
     print(f"wrote {out}")
     return 0
 

@@ -26,7 +26,6 @@ new
 <!-- /results:x -->
 b
 """
-import argparse
 import difflib
 import glob
 import os
@@ -38,6 +37,7 @@ __all__ = ["ITEMS", "check_quiet", "source_line", "fill", "blocks", "render_tabl
 from plots.items import ITEMS
 from plots.renderers import _bench_figures
 from plots.sources import REFERENCE, ROOT, check_quiet, load as _load, source_line
+from training.options import Parser
 
 #: The documents whose marked blocks and figures are published.
 DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
@@ -142,7 +142,7 @@ def check(texts=None):
 
 def main(argv=None):
     """Regenerate (default) or check (``--check``) every published table and figure."""
-    p = argparse.ArgumentParser(prog="python -m plots.publish", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m plots.publish", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true",
                    help="change nothing; exit 1 with a diff when a published table differs from the committed "
                         "result files, or a shown figure has no item that draws it")

@@ -2,7 +2,6 @@
 
 Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png]``.
 """
-import argparse
 import math
 
 import humanfriendly
@@ -13,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["main", "draw"]
 
@@ -79,9 +79,9 @@ def draw(result, out):
 
 def main(argv=None):
     """Read the results JSON and write the PNG."""
-    ap = argparse.ArgumentParser(prog="python -m plots.scaling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="JSON written by experiments.studies.scale_sim")
-    ap.add_argument("--out", default="results/scaling.png", help="PNG path (default results/scaling.png)")
+    ap = Parser(prog="python -m plots.scaling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=infile(), help="JSON written by experiments.studies.scale_sim")
+    ap.add_argument("--out", type=outpath(), default="results/scaling.png", help="PNG path (default results/scaling.png)")
     args = ap.parse_args(argv)
     results = read_results(ap, args.results)
     if not isinstance(results, dict) or not isinstance(results.get("rows"), list):

@@ -9,7 +9,6 @@ latency objective.
 Drawing only: every number comes from the study's results file (medians over its repeats, bars
 from the smallest to the largest repeat).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -21,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from tabulate import tabulate  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["draw", "draw_load", "load_table", "main"]
 
@@ -224,9 +224,9 @@ def draw_load(doc, path):
 
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m plots.serving", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", help="serving_study.json written by experiments.studies.serving_study")
-    p.add_argument("--out", default="", help="PNG to write (default: serving.png beside the results)")
+    p = Parser(prog="python -m plots.serving", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=infile(), help="serving_study.json written by experiments.studies.serving_study")
+    p.add_argument("--out", type=outpath(empty=True), default="", help="PNG to write (default: serving.png beside the results)")
     args = p.parse_args(argv)
     doc = read_results(p, args.results)
     if not isinstance(doc.get("points"), list):

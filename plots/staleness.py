@@ -10,7 +10,6 @@ transient-delay part, and a second figure, ``*_throughput.png`` beside the first
 study's ratio tables: time to 95 % against BSP under transient delays, throughput under a
 persistent straggler against none, and throughput with 1, 2 and 4 servers.
 """
-import argparse
 import json
 import math
 import os
@@ -22,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["load_runs", "draw", "draw_ratios", "main"]
 
@@ -327,10 +327,10 @@ def _variant_label(part, name):
 
 def main(argv=None):
     """Command-line entry point: read the results, draw the PNG(s), print their paths."""
-    parser = argparse.ArgumentParser(prog="python -m plots.staleness", description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+",
+    parser = Parser(prog="python -m plots.staleness", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=infile(), nargs="+",
                         help="ps_study.json, staleness_sweep.json or --mode ps summary.json files")
-    parser.add_argument("--out", help="PNG file (default: staleness.png beside the first results file)")
+    parser.add_argument("--out", type=outpath(empty=True), help="PNG file (default: staleness.png beside the first results file)")
     args = parser.parse_args(argv)
     try:
         runs, meta = load_runs(args.results)

@@ -13,7 +13,6 @@ Writes two PNG files (into the first run's directory unless ``--out`` is given):
 ``runs/latest`` (a link or a text file holding a run path, as ``training.train`` writes it) is
 accepted wherever a run directory is.
 """
-import argparse
 import textwrap
 import json
 import os
@@ -24,6 +23,7 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from training.options import Parser, infile, outpath
 
 __all__ = ["resolve_run", "load_run", "describe", "plot_curves", "plot_time", "main"]
 
@@ -243,12 +243,12 @@ def plot_time(runs, path):
 
 def main(argv=None):
     """Command-line entry point: draw the PNGs and print their paths."""
-    p = argparse.ArgumentParser(prog="python -m plots.training",
+    p = Parser(prog="python -m plots.training",
                                 description="Draw loss/accuracy curves and the compute/communication "
                                             "time split of training runs as PNG files.")
-    p.add_argument("runs", nargs="+", metavar="RUN",
+    p.add_argument("runs", type=infile(folder=None), nargs="+", metavar="RUN",
                    help="run directory (runs/NAME) or runs/latest; several are overlaid")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", type=outpath(folder=True, empty=True), default=None,
                    help="directory for the PNG files (default: the first run's directory)")
     args = p.parse_args(argv)
     try:

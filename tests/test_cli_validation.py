@@ -145,11 +145,14 @@ def test_every_study_and_plot_answers_a_bad_flag_and_a_missing_file_with_one_lin
     import importlib
 
     main = importlib.import_module(module).main
-    code, line = _one_line(capsys, main, ["--no-such-flag", *(missing or [])])
+    present = tmp_path / "present.json"  # an input that exists: the unknown flag is the one error
+    present.write_text("{}")
+    code, line = _one_line(capsys, main, ["--no-such-flag", *[str(present) if a == "MISSING" else a
+                                                               for a in missing or []]])
     assert code == 2 and "--no-such-flag" in line, line
     if missing is not None and "MISSING" in missing:
         path = str(tmp_path / "no-such-file.json")
         code, line = _one_line(capsys, main, [path if a == "MISSING" else a for a in missing]
                                + ["--out", str(tmp_path / "out")])
         assert code == 2 and path in line, line
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["present.json"]

@@ -18,6 +18,7 @@ from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
 from training.checkpoint import never_configured
 from training.config import CHOICES, Config
+from training.options import INT32_MAX, Parser, as_flags, field_type, parsed_by
 
 __all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg", "parse_on_every_rank"]
 
@@ -261,9 +262,12 @@ def parse_on_every_rank(parse, argv, rank):
 def _hidden(text):
     text = text.strip()
     try:
-        return tuple(int(t) for t in text.split(",") if t.strip()) if text else ()
+        widths = tuple(int(t) for t in text.split(",") if t.strip()) if text else ()
     except ValueError:
         raise argparse.ArgumentTypeError(f"hidden must be comma-separated integers, got {text!r}")
+    if any(not 1 <= w <= INT32_MAX for w in widths):
+        raise argparse.ArgumentTypeError(f"hidden widths must be in [1, {INT32_MAX}], got {text!r}")
+    return widths
 
 
 def _kv(text):
@@ -279,7 +283,7 @@ def build_parser(prog="python -m training.train"):
     Flags not given are absent from the parsed namespace (``argparse.SUPPRESS``), so that only
     what the user wrote overrides the defaults or a resumed run's configuration.
     """
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog, argument_default=argparse.SUPPRESS,
         description="Train an MLP across the MPI ranks (launch with mpiexec -n P): data-parallel by "
                     "default (every rank holds a replica; the gradient is averaged by all-reduce, see "
@@ -295,10 +299,11 @@ def build_parser(prog="python -m training.train"):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = f"{HELP[f.name]} (default: {','.join(map(str, default)) if f.name == 'hidden' else default!r})"
         if f.name == "compression_args":
-            p.add_argument("--compression-arg", dest="compression_args", action="append", type=_kv,
-                           metavar="KEY=VALUE", help=HELP[f.name])
+            p.add_argument("--compression-arg", dest="compression_args", action="append",
+                           type=parsed_by(_kv, "KEY=VALUE", ["novalue", "=1"]), metavar="KEY=VALUE", help=HELP[f.name])
         elif f.name == "hidden":
-            p.add_argument(flag, type=_hidden, metavar="W1,W2,...", help=text)
+            p.add_argument(flag, type=parsed_by(_hidden, f"comma-separated widths in [1, {INT32_MAX}]",
+                                                ["0", "-1", "abc", "1e30", "64,x"]), metavar="W1,W2,...", help=text)
         elif f.type in (bool, "bool"):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         else:
@@ -307,7 +312,7 @@ def build_parser(prog="python -m training.train"):
             if f.name in ("algorithm", "compression"):
                 names = ALGORITHMS if f.name == "algorithm" else COMPRESSORS
                 text = f"{text[:-1]}; one of {', '.join(names)})"
-            p.add_argument(flag, type=typ, choices=choices, help=text,
+            p.add_argument(flag, type=typ if choices else field_type(typ), choices=choices, help=text,
                            metavar=None if choices else _METAVARS.get(f.name))
     return p
 
@@ -358,7 +363,7 @@ def parse_args(argv=None):
     try:
         return Config.from_dict(base)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(as_flags(e, [f.name for f in dataclasses.fields(Config)]))
 
 
 #: Flags that do not say which job to run (where it writes, what it shows, when it stops, how many threads):

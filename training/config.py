@@ -209,6 +209,7 @@ class Config:
         self._check_inputs()
         self._check_monitor()
         self._check_registries()
+        self._check_memory()
 
     def _check_choices(self):
         for name, choices in CHOICES.items():
@@ -301,9 +302,35 @@ class Config:
             raise ValueError("partition, resample, shared_fraction, local_steps and weighted_average apply to "
                              "data-parallel and parameter-server runs, not the model-parallel grid")
 
+    def _check_memory(self):
+        """Refuse a dense model or synthetic data set larger than this node's free memory, before any
+        rank allocates: parameters, gradients and up to three optimizer and reduction copies of them,
+        the synthetic samples, and an evaluation batch's activations (the ctr model has its own check)."""
+        if self.model == "ctr":
+            return
+        from training.ctr.data import available_bytes  # pure NumPy
+
+        item = 4 if self.dtype == "float32" else 8
+        features = {"digits": 64, "mnist": 784}.get(self.data, self.features)
+        classes = self.classes if self.data == "synthetic" else 10
+        widths = [features, *self.hidden, classes]
+        model = sum((a + 1) * b for a, b in zip(widths, widths[1:])) * item * 5
+        data = self.samples * (features + 1) * 8 if self.data == "synthetic" else 0
+        activations = self.eval_batch * max(widths) * item * 3
+        free = available_bytes()
+        if model + data + activations > free:
+            gib = 2 ** 30
+            what = (f"--hidden {','.join(map(str, self.hidden))} with {features} features makes a model needing "
+                    f"{model / gib:.1f} GiB (parameters, gradients, optimizer state)" if model >= data else
+                    f"--samples {self.samples} x --features {features} needs {data / gib:.1f} GiB of data")
+            raise ValueError(f"{what}, more than the {free / gib:.1f} GiB this node has free; lower it")
+
     def _check_inputs(self):
         if not isinstance(self.compression_args, dict):
             raise ValueError("compression_args must be a dict")
+        if self.compression_args and self.compression == "none":
+            raise ValueError(f"--compression-arg {', '.join(map(str, self.compression_args))}: an argument of a "
+                             "compressor, but --compression is 'none': name the compressor with --compression")
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("data_dir must name the directory of the MNIST IDX files (--data-dir)")
         if self.trace:

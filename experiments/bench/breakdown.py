@@ -43,7 +43,6 @@ reduce-scatter ``auto`` / ``MPI_Ireduce_scatter_block``+``Wait`` (target <= 2.2x
 calls over the same (the floor). The results file records ``op``, ``passes`` and ``calls`` and
 carries the quiet-machine provenance (:mod:`experiments.results`).
 """
-import argparse
 import json
 import statistics
 import sys
@@ -55,6 +54,7 @@ from mpi4py import MPI
 from experiments import results as prov
 from experiments.bench.breakdown_rows import OPS
 from experiments.outputs import unwritable
+from training.options import INT32_MAX, Parser, integer, outpath, text
 
 __all__ = ["STEPS", "measure", "summarize", "main"]
 
@@ -142,17 +142,17 @@ def _print(P, op, per_size, dropped, ratios):
 
 def main(argv=None):
     """Run the benchmark on ``COMM_WORLD``; return the exit status (2: bad arguments or a busy machine)."""
-    ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.breakdown",
+    ap = Parser(prog="mpiexec -n P python -m experiments.bench.breakdown",
                                  description="The steps of a repeated small all-reduce or reduce-scatter beside "
                                  "MPI's own calls.")
     ap.add_argument("--op", default="allreduce", choices=tuple(OPS), help="the collective (default allreduce)")
-    ap.add_argument("--sizes", default="8,64,512,4096", help="message sizes in bytes, float32, comma-separated "
+    ap.add_argument("--sizes", type=text(), default="8,64,512,4096", help="message sizes in bytes, float32, comma-separated "
                     "(at most 8192: the cached path's limit)")
-    ap.add_argument("--passes", type=int, default=7, help="interleaved passes (median and range; at least 3)")
-    ap.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
+    ap.add_argument("--passes", type=integer(1, INT32_MAX), default=7, help="interleaved passes (median and range; at least 3)")
+    ap.add_argument("--calls", type=integer(1, INT32_MAX), default=2000, help="calls per timed loop")
     ap.add_argument("--algorithm", default="auto", choices=("auto", "mpi"),
                     help="the collective's algorithm (default auto; its row keeps the name auto)")
-    ap.add_argument("--out", default="results/bench_breakdown.json", help="results file (JSON)")
+    ap.add_argument("--out", type=outpath(), default="results/bench_breakdown.json", help="results file (JSON)")
     prov.add_options(ap)
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD

@@ -10,7 +10,6 @@ alternating on/off blocks within each repeat so that the machine's drift hits bo
 per algorithm and size the median ratio on/off over the repeats and its range. Target: <= 1.05x.
 Rank 0 prints; ``--out`` writes the rows as JSON.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -22,6 +21,7 @@ from mpi4py import MPI
 import collectives as C
 from collectives.backend import mpi_library
 from collectives.engine.fingerprint import set_checks
+from training.options import INT32_MAX, Parser, integer, listof, names, outpath, real
 
 
 def _time(comm, x, alg, calls):
@@ -34,19 +34,19 @@ def _time(comm, x, alg, calls):
 
 def main(argv=None):
     """Run the study; return the exit status."""
-    ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.checks",
+    ap = Parser(prog="mpiexec -n P python -m experiments.bench.checks",
                                  description="All-reduce time with the default mismatch checks on and off.")
-    ap.add_argument("--sizes", default="8,4194304", help="comma-separated message sizes in bytes (float32)")
-    ap.add_argument("--algorithms", default="ring,recursive_doubling,mpi", help="comma-separated algorithms")
-    ap.add_argument("--repeats", type=int, default=7, help="on/off pairs per point (median and range reported)")
-    ap.add_argument("--max-time", type=float, default=0.2, help="seconds per timed block (sets the call count)")
-    ap.add_argument("--out", default=None, help="JSON file for the rows")
+    ap.add_argument("--sizes", type=listof(integer(1, 2 ** 34)), default="8,4194304", help="comma-separated message sizes in bytes (float32)")
+    ap.add_argument("--algorithms", type=names(C.ALGORITHMS), default="ring,recursive_doubling,mpi", help="comma-separated algorithms")
+    ap.add_argument("--repeats", type=integer(1, INT32_MAX), default=7, help="on/off pairs per point (median and range reported)")
+    ap.add_argument("--max-time", type=real(0, 1e15), default=0.2, help="seconds per timed block (sets the call count)")
+    ap.add_argument("--out", type=outpath(empty=True), default=None, help="JSON file for the rows")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rows = []
-    for nbytes in (int(s) for s in args.sizes.split(",")):
+    for nbytes in args.sizes:
         x = np.ones(max(nbytes // 4, 1), np.float32)
-        for alg in args.algorithms.split(","):
+        for alg in args.algorithms:
             for _ in range(20):
                 C.allreduce(x, comm=comm, algorithm=alg)  # warm: schedules, buffers, page faults
             one = comm.allreduce(_time(comm, x, alg, 3), MPI.MAX)

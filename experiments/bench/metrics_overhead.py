@@ -18,7 +18,6 @@ exporter's metrics, a part of rank 0's own time). Results go to
 and the ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start
 unless ``--allow-noisy`` marks its file noisy).
 """
-import argparse
 import contextlib
 import os
 import shutil
@@ -35,6 +34,7 @@ from experiments.outputs import command_line
 from training.config import Config
 from training.metrics import read_jsonl, run_info, write_json
 from training.train import run
+from training.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "VARIANTS"]
 
@@ -43,14 +43,14 @@ VARIANTS = ("off", "watch", "serve")
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.metrics_overhead",
+    p = Parser(prog="mpiexec -n P python -m experiments.bench.metrics_overhead",
                                 description="Step time with live monitoring against without, same run, repeated.")
-    p.add_argument("--repeats", type=int, default=5, help="rounds of the three runs (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per run (default: %(default)s)")
-    p.add_argument("--metrics-every", type=int, default=10, help="steps between gathers (default: %(default)s)")
-    p.add_argument("--scrape-every", type=float, default=0.5,
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=5, help="rounds of the three runs (default: %(default)s)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per run (default: %(default)s)")
+    p.add_argument("--metrics-every", type=integer(1, INT32_MAX), default=10, help="steps between gathers (default: %(default)s)")
+    p.add_argument("--scrape-every", type=real(0, 1e15, low_open=True), default=0.5,
                    help="seconds between the scrapes of a served run (default: %(default)s)")
-    p.add_argument("--out", default="results/bench_metrics_overhead.json", help="results file (default: %(default)s)")
+    p.add_argument("--out", type=outpath(), default="results/bench_metrics_overhead.json", help="results file (default: %(default)s)")
     prov.add_options(p)
     return p
 

@@ -21,7 +21,6 @@ with its ``provenance`` (:mod:`experiments.results`). This process checks the ma
 first launch and watches its load through all of them (the launches themselves run ``--allow-noisy``:
 the load the previous launch left in the 1-minute average must not stop the next).
 """
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ from experiments import results as prov
 from experiments.job_stop import marked_env, stop_job
 from experiments.outputs import command_line, unwritable
 from training.sizes import parse_bytes
+from training.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
 
@@ -166,16 +166,16 @@ def main(argv=None):
     0 when the geometric mean was measured, 1 when no round gave one; exits 2 with one error line on
     a bad argument or a busy machine (:func:`experiments.results.guard`), before any launch.
     """
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.mpi_baseline")
-    p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--min-bytes", default="64K", help="smallest size (default 64K)")
-    p.add_argument("--max-bytes", default="64M", help="largest size (default 64M)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of launches (median and range; default 3)")
-    p.add_argument("--max-time", type=float, default=0.1, help="seconds per timed loop (default 0.1)")
-    p.add_argument("--bind", default="", help="mpiexec -bind-to value (core, ...; default: none)")
-    p.add_argument("--only", default="", help="comma list of forced algorithms to run (default all)")
-    p.add_argument("--launch-timeout", type=float, default=900, help="seconds one launch may take (default 900)")
-    p.add_argument("--out", default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
+    p = Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.mpi_baseline")
+    p.add_argument("-n", type=integer(1, INT32_MAX), default=2, help="ranks (default 2)")
+    p.add_argument("--min-bytes", type=byte_count(1), default="64K", help="smallest size (default 64K)")
+    p.add_argument("--max-bytes", type=byte_count(1), default="64M", help="largest size (default 64M)")
+    p.add_argument("--rounds", type=integer(1, INT32_MAX), default=3, help="rounds of launches (median and range; default 3)")
+    p.add_argument("--max-time", type=real(0, 1e15), default=0.1, help="seconds per timed loop (default 0.1)")
+    p.add_argument("--bind", type=text(), default="", help="mpiexec -bind-to value (core, ...; default: none)")
+    p.add_argument("--only", type=text(), default="", help="comma list of forced algorithms to run (default all)")
+    p.add_argument("--launch-timeout", type=real(0, 1e15), default=900, help="seconds one launch may take (default 900)")
+    p.add_argument("--out", type=outpath(empty=True), default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
     prov.add_options(p)
     args = p.parse_args(argv)
     if args.n < 2 or args.rounds < 1 or args.max_time <= 0:

@@ -1,6 +1,5 @@
 """The options of the collectives sweep (:mod:`experiments.bench.collectives`): its configuration,
 command line and checks, and the plan of what a sweep measures."""
-import argparse
 import math
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ from collectives.schedules import load_algorithm
 from experiments import results as prov
 from experiments.bench.output import UNSTABLE
 from training.sizes import bytes_argument
+from training.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
 
 __all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "DESCRIPTION", "parse_args"]
 
@@ -32,9 +32,9 @@ OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
 #: loops that price the executor and ``limit``, the local memory work no all-reduce avoids
 #: (:func:`experiments.bench.references.limit`).
 REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Iallreduce", "MPI_Allreduce_init", "persistent", "auto-timeout",
-                             "ring-direct", "ring-execute", "limit"),
-              "reduce_scatter": ("MPI_Reduce_scatter", "MPI_Ireduce_scatter_block"),
-              "allgather": ("MPI_Allgather", "MPI_Iallgather"), "broadcast": ("MPI_Bcast",)}
+                             "ring-direct", "ring-execute", "limit", "shm-persistent"),
+              "reduce_scatter": ("MPI_Reduce_scatter", "MPI_Ireduce_scatter_block", "limit"),
+              "allgather": ("MPI_Allgather", "MPI_Iallgather", "limit"), "broadcast": ("MPI_Bcast",)}
 
 _NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
 
@@ -123,31 +123,31 @@ def parse_args(argv=None, size=1):
 def _parser():
     """Return the argument parser, one flag per :class:`BenchConfig` field (plus ``--iters``, ``--warmup``)."""
     d = BenchConfig()
-    p = argparse.ArgumentParser(description=DESCRIPTION, prog="python -m experiments.bench.collectives")
-    p.add_argument("--ops", type=_names, default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
-    p.add_argument("--algorithms", type=_names, default=d.algorithms,
+    p = Parser(description=DESCRIPTION, prog="python -m experiments.bench.collectives")
+    p.add_argument("--ops", type=names(OPS, least=0), default=d.ops, help=f"comma list of {', '.join(OPS)} (default all)")
+    p.add_argument("--algorithms", type=parsed_by(_names, 'a comma-separated list of algorithms'), default=d.algorithms,
                    help="comma list; each op runs the ones it has (default: all, plus the references "
                         "MPI_<Op>, and ring-direct and ring-execute for all-reduce); FILE.py:FUNCTION or "
                         "module:FUNCTION adds a schedule builder of one's own, verified first")
-    p.add_argument("--min-bytes", type=bytes_argument(), default=d.min_bytes, help="smallest size (default 8)")
-    p.add_argument("--max-bytes", type=bytes_argument(), default=d.max_bytes, help="largest size (default 64M)")
+    p.add_argument("--min-bytes", type=byte_count(), default=d.min_bytes, help="smallest size (default 8)")
+    p.add_argument("--max-bytes", type=byte_count(), default=d.max_bytes, help="largest size (default 64M)")
     p.add_argument("--dtype", default=d.dtype, choices=[t.name for t in collectives.backend.DTYPES],
                    help="element type (default float32)")
     p.add_argument("--redop", default=d.redop, choices=list(collectives.backend.OPS),
                    help="reduction of all-reduce and reduce-scatter (default sum)")
-    p.add_argument("--iters", type=int, help="timed calls at every size (sets both of the next two)")
-    p.add_argument("--iters-small", type=int, default=d.iters_small, help="timed calls up to --large-bytes (1000)")
-    p.add_argument("--iters-large", type=int, default=d.iters_large, help="timed calls above --large-bytes (100)")
-    p.add_argument("--warmup", type=int, help="uncounted calls at every size (sets both of the next two)")
-    p.add_argument("--warmup-small", type=int, default=d.warmup_small, help="uncounted calls up to --large-bytes (200)")
-    p.add_argument("--warmup-large", type=int, default=d.warmup_large, help="uncounted calls above --large-bytes (10)")
-    p.add_argument("--large-bytes", type=bytes_argument(), default=d.large_bytes,
+    p.add_argument("--iters", type=integer(1, INT32_MAX), help="timed calls at every size (sets both of the next two)")
+    p.add_argument("--iters-small", type=integer(1, INT32_MAX), default=d.iters_small, help="timed calls up to --large-bytes (1000)")
+    p.add_argument("--iters-large", type=integer(1, INT32_MAX), default=d.iters_large, help="timed calls above --large-bytes (100)")
+    p.add_argument("--warmup", type=integer(0, INT32_MAX), help="uncounted calls at every size (sets both of the next two)")
+    p.add_argument("--warmup-small", type=integer(0, INT32_MAX), default=d.warmup_small, help="uncounted calls up to --large-bytes (200)")
+    p.add_argument("--warmup-large", type=integer(0, INT32_MAX), default=d.warmup_large, help="uncounted calls above --large-bytes (10)")
+    p.add_argument("--large-bytes", type=byte_count(), default=d.large_bytes,
                    help="largest size that counts as small (default 8K)")
-    p.add_argument("--max-time", type=float, default=d.max_time,
+    p.add_argument("--max-time", type=real(0, 1e15), default=d.max_time,
                    help="seconds one timed loop may take; fewer iterations (at least 3) above it (default: no cap)")
-    p.add_argument("--rounds", type=int, default=d.rounds,
+    p.add_argument("--rounds", type=integer(1, INT32_MAX), default=d.rounds,
                    help="split each timed loop into this many segments, the algorithms taking turns (default 1)")
-    p.add_argument("--repeats", type=int, default=d.repeats,
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=d.repeats,
                    help="passes over the whole sweep, one after another; every row holds the median of the "
                         "passes, ratios their median and range, and sizes whose passes differ by more than "
                         f"{UNSTABLE:.0%}% are flagged (default {d.repeats})")
@@ -157,8 +157,8 @@ def _parser():
                         "summary) or nccl-tests (at the end, one table per op and algorithm in nccl-tests' "
                         "columns: time as the mean over ranks, out-of-place and in-place groups, the "
                         "in-place calls measured too; default table)")
-    p.add_argument("--out", default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
-    p.add_argument("--timeline", default=d.timeline, metavar="PREFIX",
+    p.add_argument("--out", type=outpath(), default=d.out, help=f"path prefix of the .csv and .json results (default {d.out})")
+    p.add_argument("--timeline", type=text(), default=d.timeline, metavar="PREFIX",
                    help="after timing each row of a hand-made algorithm, record 10 more calls round by round "
                         "(collectives.engine.timeline): print the slowest rank's rounds and write their "
                         "Chrome/Perfetto trace to PREFIX-OP-ALGORITHM-BYTES.json (default: none)")

@@ -23,7 +23,6 @@ whether both runs ended bitwise equal (they take the same steps on the same data
 ``--out`` (JSON) with the configuration, the MPI library and the ``provenance`` (:mod:`experiments.results`:
 on a busy machine the benchmark refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ from training.metrics import run_info, write_json
 from training.nn import SoftmaxCrossEntropy, build_mlp
 from training.optim import SGD
 from training.dp.data_parallel import AllreduceHook, any_rank, bucket_bounds, compute_gradient, is_finite, train_step
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["main", "MODES"]
 
@@ -51,26 +51,26 @@ MODES = ("compute", "comm", "serial", "overlap")
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.overlap",
+    p = Parser(prog="mpiexec -n P python -m experiments.bench.overlap",
                                 description="Step time with and without overlap of the gradient all-reduce "
                                             "and the backward pass, against max(compute, communication) "
                                             "measured in the same run.")
-    p.add_argument("--repeats", type=int, default=5, help="repeats of the four measurements, interleaved "
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=5, help="repeats of the four measurements, interleaved "
                    "(default: %(default)s)")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per measurement (default: %(default)s)")
-    p.add_argument("--features", type=int, default=1024, help="input features (default: %(default)s)")
-    p.add_argument("--hidden", default="2048,2048,2048,2048", help="hidden widths, comma separated "
+    p.add_argument("--steps", type=integer(1, INT32_MAX), default=8, help="timed steps per measurement (default: %(default)s)")
+    p.add_argument("--features", type=integer(1, INT32_MAX), default=1024, help="input features (default: %(default)s)")
+    p.add_argument("--hidden", type=text(), default="2048,2048,2048,2048", help="hidden widths, comma separated "
                    "(default: %(default)s)")
-    p.add_argument("--batch", type=int, default=256, help="global batch in samples, split over the P ranks "
+    p.add_argument("--batch", type=integer(1, INT32_MAX), default=256, help="global batch in samples, split over the P ranks "
                    "(default: %(default)s)")
-    p.add_argument("--bucket-bytes", type=int, default=16 << 20, help="gradient bucket size in bytes, "
+    p.add_argument("--bucket-bytes", type=integer(1, INT32_MAX), default=16 << 20, help="gradient bucket size in bytes, "
                    "last layer first (default: %(default)s, one 2048 x 2048 layer)")
-    p.add_argument("--algorithm", default="auto", help="all-reduce algorithm (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds any round may wait for a peer "
+    p.add_argument("--algorithm", type=text(), default="auto", help="all-reduce algorithm (default: %(default)s)")
+    p.add_argument("--timeout", type=real(0, 1e15), default=None, help="seconds any round may wait for a peer "
                    "(default: no limit)")
-    p.add_argument("--threads", type=int, default=0, help="BLAS threads per rank; 0: cores / ranks on the "
+    p.add_argument("--threads", type=integer(0, INT32_MAX), default=0, help="BLAS threads per rank; 0: cores / ranks on the "
                    "node (default: %(default)s)")
-    p.add_argument("--out", default="results/bench_overlap.json", help="results file (default: %(default)s)")
+    p.add_argument("--out", type=outpath(), default="results/bench_overlap.json", help="results file (default: %(default)s)")
     prov.add_options(p)
     return p
 

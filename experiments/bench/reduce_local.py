@@ -9,7 +9,6 @@ same size as the memory reference, in one process, interleaved within each repea
 median time of each and the median [range] of the per-repeat ratio MPI / NumPy. One process, no
 message: it needs no ``mpiexec``.
 """
-import argparse
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from mpi4py import MPI
 
 from collectives.backend import mpi_library
 from training.sizes import format_bytes, parse_bytes
+from training.options import INT32_MAX, Parser, integer, text
 
 __all__ = ["main", "measure"]
 
@@ -79,12 +79,12 @@ def measure(nbytes, dtype, repeats, budget=0.02):
 
 def main(argv=None):
     """Print the table; return the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.bench.reduce_local",
+    ap = Parser(prog="python -m experiments.bench.reduce_local",
                                  description="MPI_Reduce_local (the MPI library's reduction loop) against numpy.add, "
                                              "in one process.")
-    ap.add_argument("--sizes", default="64K,1M,4M,16M", help="comma-separated vector sizes (default 64K,1M,4M,16M)")
+    ap.add_argument("--sizes", type=text(), default="64K,1M,4M,16M", help="comma-separated vector sizes (default 64K,1M,4M,16M)")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="element type (default float32)")
-    ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median and range; default 7)")
+    ap.add_argument("--repeats", type=integer(1, INT32_MAX), default=7, help="interleaved repeats (median and range; default 7)")
     args = ap.parse_args(argv)
     try:
         sizes = [parse_bytes(s, minimum=1) for s in args.sizes.split(",")]

@@ -8,11 +8,11 @@ endpoint is up), and exits 0. :mod:`experiments.bench.metrics_overhead` runs it 
 run, so that the scrapes load the served rank's HTTP thread as a Prometheus server does, from
 another process, and not the rank's own interpreter. It imports neither MPI nor NumPy.
 """
-import argparse
 import signal
 import sys
 import threading
 import urllib.request
+from training.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["main", "scrape"]
 
@@ -56,11 +56,11 @@ def scrape(url, every, stop, count=0):
 
 def main(argv=None):
     """Scrape until SIGTERM or SIGINT; print ``scrapes N failed M``; return 0."""
-    p = argparse.ArgumentParser(prog="python -m experiments.bench.scrape", description=__doc__.splitlines()[0])
-    p.add_argument("--port", type=int, required=True, help="the metrics endpoint's TCP port")
-    p.add_argument("--host", default="127.0.0.1", help="its address (default: %(default)s)")
-    p.add_argument("--every", type=float, default=0.5, help="seconds between scrapes (default: %(default)s)")
-    p.add_argument("--count", type=int, default=0, help="stop after this many pages; 0: at the signal (default)")
+    p = Parser(prog="python -m experiments.bench.scrape", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=integer(0, INT32_MAX), required=True, help="the metrics endpoint's TCP port")
+    p.add_argument("--host", type=text(), default="127.0.0.1", help="its address (default: %(default)s)")
+    p.add_argument("--every", type=real(0, 1e15, low_open=True), default=0.5, help="seconds between scrapes (default: %(default)s)")
+    p.add_argument("--count", type=integer(0, INT32_MAX), default=0, help="stop after this many pages; 0: at the signal (default)")
     args = p.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

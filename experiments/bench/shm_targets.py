@@ -15,10 +15,10 @@ ratio of the two rows' times, both measured in that pass):
 
 Columns: figure, P, size, median, min, max (ratios); ``--out`` writes the same as JSON.
 """
-import argparse
 import json
 import math
 import statistics
+from training.options import Parser, infile, outpath
 
 __all__ = ["figures", "main"]
 
@@ -87,9 +87,9 @@ def _size(n):
 
 def main(argv=None):
     """Print (and with ``--out`` write) the figures of the sweeps named on the command line."""
-    p = argparse.ArgumentParser(prog="python -m experiments.bench.shm_targets", description=__doc__.split("\n")[0])
-    p.add_argument("sweeps", nargs="+", help="JSON files of experiments.bench.collectives")
-    p.add_argument("--out", help="write the figures to this JSON file")
+    p = Parser(prog="python -m experiments.bench.shm_targets", description=__doc__.split("\n")[0])
+    p.add_argument("sweeps", type=infile(), nargs="+", help="JSON files of experiments.bench.collectives")
+    p.add_argument("--out", type=outpath(empty=True), help="write the figures to this JSON file")
     a = p.parse_args(argv)
     rows = []
     for path in a.sweeps:

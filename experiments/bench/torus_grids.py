@@ -7,13 +7,13 @@ float64 (within 1e-12 of it). Prints one line per failing grid and the totals; e
 grid fails. The test suite runs the same check for P up to 8 (``tests/mpi_collectives.py``); this
 script is for larger P.
 """
-import argparse
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives as C
+from training.options import INT32_MAX, Parser, integer
 
 __all__ = ["factorizations", "main"]
 
@@ -33,8 +33,8 @@ def factorizations(n, depth):
 
 def main(argv=None):
     """Run the check on COMM_WORLD; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.bench.torus_grids", description=__doc__.split("\n\n")[0])
-    p.add_argument("--max-dims", type=int, default=4, help="largest number of grid dimensions (default 4)")
+    p = Parser(prog="python -m experiments.bench.torus_grids", description=__doc__.split("\n\n")[0])
+    p.add_argument("--max-dims", type=integer(1, INT32_MAX), default=4, help="largest number of grid dimensions (default 4)")
     args = p.parse_args(argv)
     if args.max_dims < 1:
         p.error("--max-dims must be at least 1")

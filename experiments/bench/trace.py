@@ -13,7 +13,6 @@ the recorder on and off). Results go to ``results/bench_trace.json`` with the co
 ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start unless
 ``--allow-noisy`` marks its file noisy).
 """
-import argparse
 import contextlib
 import json
 import os
@@ -31,6 +30,7 @@ from experiments.outputs import command_line
 from training.config import Config
 from training.metrics import read_jsonl, run_info, write_json
 from training.train import run
+from training.options import INT32_MAX, Parser, integer, outpath
 
 __all__ = ["main", "event_cost"]
 
@@ -58,13 +58,13 @@ def event_cost(n=200_000):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.bench.trace",
+    p = Parser(prog="mpiexec -n P python -m experiments.bench.trace",
                                 description="Step time with --trace against without, same run, repeated.")
-    p.add_argument("--repeats", type=int, default=7, help="pairs of runs (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: %(default)s)")
-    p.add_argument("--bucket-bytes", type=int, default=16384,
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=7, help="pairs of runs (default: %(default)s)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs per run (default: %(default)s)")
+    p.add_argument("--bucket-bytes", type=integer(1, INT32_MAX), default=16384,
                    help="gradient bucket size in bytes: more buckets, more events per step (default: %(default)s)")
-    p.add_argument("--out", default="results/bench_trace.json", help="results file (default: %(default)s)")
+    p.add_argument("--out", type=outpath(), default="results/bench_trace.json", help="results file (default: %(default)s)")
     prov.add_options(p)
     return p
 

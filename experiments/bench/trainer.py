@@ -28,6 +28,7 @@ from experiments import results as prov
 from experiments.outputs import command_line, unwritable
 from plots.tables import trainer_table as table
 from training.job import limit_threads
+from training.options import INT32_MAX, Parser, integer, outpath, text
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
            "table", "main"]
@@ -211,28 +212,28 @@ def bench_cell(batch, optimizer, steps, repeats, warmup=3, sizes=SIZES, with_tor
 
 def _parser():
     doc = __doc__.split("\n")
-    p = argparse.ArgumentParser(prog="python -m experiments.bench.trainer", description=doc[0],
+    p = Parser(prog="python -m experiments.bench.trainer", description=doc[0],
                                 epilog="\n".join(doc[4:]).strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, nargs="+", default=[32, 128, 512], metavar="B",
+    p.add_argument("--batch", type=integer(1, INT32_MAX), nargs="+", default=[32, 128, 512], metavar="B",
                    help="batch sizes in samples, one grid row each (default: 32 128 512)")
     p.add_argument("--optimizer", nargs="+", choices=("sgd", "adam"), default=["sgd", "adam"],
                    help="optimizers: sgd (momentum 0.9, lr 0.01) and/or adam (lr 1e-3) (default: both)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=integer(1, INT32_MAX), default=None,
                    help="steps per timed repeat (default: 40 at batch <= 32, 20 at <= 128, 8 above)")
-    p.add_argument("--repeats", type=int, default=7,
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=7,
                    help="timed repeats per framework and cell, alternating; median and range reported "
                         "(default: 7)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per framework and cell (default: 3)")
-    p.add_argument("--threads", type=int, default=1, help="BLAS / PyTorch threads (default: 1)")
-    p.add_argument("--model", default="-".join(map(str, SIZES)), metavar="W0-W1-...-WL",
+    p.add_argument("--warmup", type=integer(0, INT32_MAX), default=3, help="untimed steps per framework and cell (default: 3)")
+    p.add_argument("--threads", type=integer(0, INT32_MAX), default=1, help="BLAS / PyTorch threads (default: 1)")
+    p.add_argument("--model", type=text(), default="-".join(map(str, SIZES)), metavar="W0-W1-...-WL",
                    help="layer widths, input first, classes last (default: %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="time commlab alone, even when PyTorch is installed")
     p.add_argument("--torch-zero-grad", choices=("none", "zeros"), default="none",
                    help="PyTorch's zero_grad: none (set_to_none=True, PyTorch's default: backward hands "
                         "its gradient tensors over) or zeros (set_to_none=False: gradients zeroed, "
                         "backward adds into them) (default: none)")
-    p.add_argument("--out", default="results/bench_trainer.json", help="results file (JSON; default: %(default)s)")
+    p.add_argument("--out", type=outpath(), default="results/bench_trainer.json", help="results file (JSON; default: %(default)s)")
     prov.add_options(p)
     return p
 

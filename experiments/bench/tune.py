@@ -15,7 +15,6 @@ counts them, in the accumulation dtype (float16 sweeps count 4 bytes an element)
 carries the alpha-beta-gamma parameters fitted to the sweeps' all-reduce rows of 64 KiB and more
 (:func:`collectives.model.cost.fit`), which ``auto`` uses for the P the table lacks.
 """
-import argparse
 import datetime
 import json
 import statistics
@@ -24,6 +23,7 @@ import numpy as np
 
 import collectives
 from collectives import backend
+from training.options import INT32_MAX, Parser, infile, integer, outpath, real
 
 __all__ = ["HAND_MADE", "CHOICES", "LIBRARY_MAX_BYTES", "MODEL_MIN_BYTES", "build_table", "main"]
 
@@ -153,12 +153,12 @@ def _describe(table):
 
 def main(argv=None):
     """Read sweeps, write the decision table as JSON and print it."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.tune")
-    p.add_argument("results", nargs="+", help="JSON files written by experiments.bench.collectives")
-    p.add_argument("--out", default="results/tuning.json", help="decision table to write (default results/tuning.json)")
-    p.add_argument("--tolerance", type=float, default=0.0,
+    p = Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.tune")
+    p.add_argument("results", type=infile(), nargs="+", help="JSON files written by experiments.bench.collectives")
+    p.add_argument("--out", type=outpath(), default="results/tuning.json", help="decision table to write (default results/tuning.json)")
+    p.add_argument("--tolerance", type=real(0, 1e15), default=0.0,
                    help="keep the previous range's algorithm while within this relative slack (default 0)")
-    p.add_argument("--library-max-bytes", type=int, default=LIBRARY_MAX_BYTES,
+    p.add_argument("--library-max-bytes", type=integer(0, INT32_MAX), default=LIBRARY_MAX_BYTES,
                    help=f"largest message (bytes) at which mpi may win a range; 0: never (default {LIBRARY_MAX_BYTES})")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="time compared: the slowest rank's mean (default) or median (steadier on a shared machine)")

@@ -35,7 +35,6 @@ configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experi
 JSON file. On a busy machine the calibration refuses to start unless ``--allow-noisy`` (which
 :mod:`experiments.cluster.emulate` passes on) marks its results noisy.
 """
-import argparse
 import json
 import os
 import platform
@@ -49,6 +48,7 @@ from collectives.backend import mpi_library
 from experiments import results as prov
 from experiments.cluster.net import parse_rate
 from experiments.outputs import command_line
+from training.options import INT32_MAX, Parser, integer, link_rate, outpath
 
 __all__ = ["find_nodes", "pingpong", "exchange", "fanout", "link_size", "main"]
 
@@ -211,13 +211,13 @@ def main(argv=None):
     0; 2 after one error line (rank 0) on a bad argument or a busy machine
     (:func:`experiments.results.guard`), before any measurement.
     """
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
-    p.add_argument("--link", default="unlimited", help="the configured rate, tc units (for the comparison)")
-    p.add_argument("--reps", type=int, default=5,
+    p = Parser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("--link", type=link_rate(), default="unlimited", help="the configured rate, tc units (for the comparison)")
+    p.add_argument("--reps", type=integer(1, INT32_MAX), default=5,
                    help="bandwidth round trips and exchanges both ways per pair, and fan-outs of S bytes each "
                    "(2 REPS + 1 of S / n bytes each) (default 5)")
-    p.add_argument("--lat-iters", type=int, default=200, help="latency round trips per pair (default 200)")
-    p.add_argument("--out", default="", help="write the measurements to this JSON file")
+    p.add_argument("--lat-iters", type=integer(1, INT32_MAX), default=200, help="latency round trips per pair (default 200)")
+    p.add_argument("--out", type=outpath(empty=True), default="", help="write the measurements to this JSON file")
     prov.add_options(p)
     args = p.parse_args(argv)
     if args.reps < 1 or args.lat_iters < 1:

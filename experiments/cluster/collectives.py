@@ -30,6 +30,7 @@ from collectives.schedules.registry import build_allreduce_schedule
 from experiments.cluster import study
 from experiments.cluster.net import parse_rate
 from plots.cluster_tables import collectives_markdown
+from training.options import INT32_MAX, integer, text
 
 __all__ = ["commands", "node_bytes", "report", "gather", "main"]
 
@@ -145,11 +146,11 @@ def main(argv=None):
     p, parsers = study.subcommands("python -m experiments.cluster.collectives", __doc__.split("\n")[0], _EPILOG,
                                    "results/cluster/collectives", "results/cluster/collectives_study.json")
     for name in ("run", "commands"):
-        parsers[name].add_argument("--max-bytes", default="16M", help="the sweeps' largest size (default 16M; "
+        parsers[name].add_argument("--max-bytes", type=text(), default="16M", help="the sweeps' largest size (default 16M; "
                                    "a smaller one tries the study out)")
-    parsers["report"].add_argument("runs", nargs="+", help="RATE=FILE: a bench_collectives JSON measured at link "
+    parsers["report"].add_argument("runs", type=text(), nargs="+", help="RATE=FILE: a bench_collectives JSON measured at link "
                                    "RATE (tc units)")
-    parsers["report"].add_argument("--ranks-per-node", type=int, default=2, help="ranks per node of those runs "
+    parsers["report"].add_argument("--ranks-per-node", type=integer(0, INT32_MAX), default=2, help="ranks per node of those runs "
                                    "(default 2)")
     a = p.parse_args(argv)
     if a.what == "commands":

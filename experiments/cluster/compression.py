@@ -27,6 +27,7 @@ from statistics import median
 
 from experiments.cluster import study
 from plots.cluster_tables import compression_markdown
+from training.options import INT32_MAX, integer, real, text
 
 __all__ = ["commands", "epoch_times", "report", "gather", "main"]
 
@@ -120,14 +121,14 @@ def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
     p, parsers = study.subcommands("python -m experiments.cluster.compression", __doc__.split("\n")[0], _EPILOG,
                                    "results/cluster/compression", "results/cluster/compression_study.json")
-    parsers["report"].add_argument("sweeps", nargs="+", help="NETWORK=DIR: a compression_sweep --out directory")
+    parsers["report"].add_argument("sweeps", type=text(), nargs="+", help="NETWORK=DIR: a compression_sweep --out directory")
     for name in ("run", "commands"):
-        parsers[name].add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
-        parsers[name].add_argument("--seeds", default="0", help="training seeds, comma separated (default 0)")
-        parsers[name].add_argument("--compressor", action="append", default=[], metavar="SPEC", help="a compressor "
+        parsers[name].add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per training run (default 3)")
+        parsers[name].add_argument("--seeds", type=text(), default="0", help="training seeds, comma separated (default 0)")
+        parsers[name].add_argument("--compressor", type=text(), action="append", default=[], metavar="SPEC", help="a compressor "
                                    "spec, repeatable (default: the compression study's list)")
     for name in ("run", "report"):
-        parsers[name].add_argument("--target", type=float, default=0.94, help="test accuracy of the time to "
+        parsers[name].add_argument("--target", type=real(0, 1e15, low_open=True), default=0.94, help="test accuracy of the time to "
                                    "accuracy (default 0.94)")
     a = p.parse_args(argv)
     if a.what != "commands" and not 0 < a.target < 1:

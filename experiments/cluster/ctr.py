@@ -25,7 +25,6 @@ link (:func:`busiest_link_bytes`): a server's under ``hybrid``, every worker's u
 and a batch touches nearly every row of a small table, ``dp`` moves fewer bytes on its busiest link only
 below a table size :func:`predict` solves for; above it ``hybrid`` does.
 """
-import argparse
 import glob
 import json
 import os
@@ -37,6 +36,7 @@ import time
 from statistics import median
 
 from experiments import results
+from training.options import INT32_MAX, Parser, infile, integer, outpath, text
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
@@ -225,22 +225,22 @@ def run_all(cmds, pause=3.0):
 
 def main(argv=None):
     """``commands`` prints the runs; ``run`` runs them and gathers them; ``report DIR`` gathers finished runs."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0],
+    p = Parser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0],
                                 epilog="run --out DIR --study FILE [--repeats R] [--max-load L] [--settle S] "
                                        "[--allow-noisy]: run the study and gather it; commands --out DIR "
                                        "[--repeats R]: print its runs; report RUN_DIR --out FILE: gather finished "
                                        "runs. 'SUBCOMMAND --help' for each.")
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("commands")
-    c.add_argument("--out", default="results/cluster/ctr")
-    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--out", type=outpath(), default="results/cluster/ctr")
+    c.add_argument("--repeats", type=integer(1, INT32_MAX), default=3)
     r = sub.add_parser("report")
-    r.add_argument("run_dir")
-    r.add_argument("--out", default="results/cluster/ctr_study.json")
+    r.add_argument("run_dir", type=infile())
+    r.add_argument("--out", type=outpath(), default="results/cluster/ctr_study.json")
     g = sub.add_parser("run")
-    g.add_argument("--out", default="results/cluster/ctr", help="the runs' directory")
-    g.add_argument("--study", default="results/cluster/ctr_study.json", help="the gathered results file")
-    g.add_argument("--repeats", type=int, default=3)
+    g.add_argument("--out", type=outpath(folder=True), default="results/cluster/ctr", help="the runs' directory")
+    g.add_argument("--study", type=text(), default="results/cluster/ctr_study.json", help="the gathered results file")
+    g.add_argument("--repeats", type=integer(1, INT32_MAX), default=3)
     results.add_options(g)
     args = p.parse_args(argv)
     if args.what == "commands":

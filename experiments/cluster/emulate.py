@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from experiments.cluster.launch import flavour, launch_command, launch_env
 from experiments.cluster.net import HEAD, IFACE, build, parse_rate
+from training.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
 
 __all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
 
@@ -80,36 +81,36 @@ def parse_args(argv=None):
     (ClusterConfig, bool)
         The configuration and whether this is the inner (namespaced) process.
     """
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.emulate", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m experiments.cluster.emulate", description=__doc__.split("\n")[0],
                                 usage="%(prog)s --nodes N --ranks-per-node K --link RATE [options] -- COMMAND ARGS...")
-    p.add_argument("--nodes", type=int, default=2, help="number of nodes, per rack with --racks (default 2)")
-    p.add_argument("--racks", type=int, default=1, help="racks of --nodes nodes each, joined to a core bridge "
+    p.add_argument("--nodes", type=integer(1, INT32_MAX), default=2, help="number of nodes, per rack with --racks (default 2)")
+    p.add_argument("--racks", type=integer(1, INT32_MAX), default=1, help="racks of --nodes nodes each, joined to a core bridge "
                    "by one uplink each (default 1: every node on one switch)")
-    p.add_argument("--uplink", default="unlimited", help="rate per direction of each rack's uplink, tc units "
+    p.add_argument("--uplink", type=link_rate(), default="unlimited", help="rate per direction of each rack's uplink, tc units "
                    "(default unlimited); its ratio to the rack's node links is the oversubscription")
-    p.add_argument("--ranks-per-node", type=int, default=1, help="MPI ranks per node (default 1)")
-    p.add_argument("--link", default="1gbit", help="rate per direction of every node's link, tc units: "
+    p.add_argument("--ranks-per-node", type=integer(0, INT32_MAX), default=1, help="MPI ranks per node (default 1)")
+    p.add_argument("--link", type=link_rate(), default="1gbit", help="rate per direction of every node's link, tc units: "
                    "10mbit, 100mbit, 1gbit, or unlimited (default 1gbit)")
-    p.add_argument("--mtu", type=int, default=1500, help="MTU of the links, bytes (default 1500)")
-    p.add_argument("--timeout", type=float, default=0.0, help="end the job after this many seconds, exit 124")
+    p.add_argument("--mtu", type=integer(1, INT32_MAX), default=1500, help="MTU of the links, bytes (default 1500)")
+    p.add_argument("--timeout", type=real(0, 1e15), default=0.0, help="end the job after this many seconds, exit 124")
     p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
                    "bandwidth) and print them against --link instead of running a command")
-    p.add_argument("--out", default="", help="with --calibrate: write the measurements to this JSON file")
-    p.add_argument("--max-load", type=float, default=None, metavar="L",
+    p.add_argument("--out", type=outpath(empty=True), default="", help="with --calibrate: write the measurements to this JSON file")
+    p.add_argument("--max-load", type=real(0, 1e15), default=None, metavar="L",
                    help="with --calibrate: refuse to measure when the 1-minute load average is above L "
                         "(experiments.cluster.calibrate's --max-load; a COMMAND takes its own flags)")
     p.add_argument("--allow-noisy", action="store_true",
                    help="with --calibrate: measure on a busy machine anyway and mark the results noisy")
-    p.add_argument("--settle", type=float, default=0.0, metavar="S",
+    p.add_argument("--settle", type=real(0, 1e15), default=0.0, metavar="S",
                    help="with --calibrate: wait up to S seconds for the job's own start-up to leave the load "
                         "average before the quiet check (experiments.cluster.calibrate's --settle)")
     p.add_argument("--survive-crashes", action="store_true",
                    help="launch with MPICH's -disable-auto-cleanup or Open MPI's --enable-recovery, so that the "
                         "other ranks run on when one dies (replicated parameter servers, serving)")
-    p.add_argument("--mpiexec", default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
+    p.add_argument("--mpiexec", type=text(), default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
                    "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs, after --")
+    p.add_argument("command", type=text(longest=1 << 20, lines=True), nargs=argparse.REMAINDER, help="the command each rank runs, after --")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,

@@ -51,7 +51,6 @@ Also reported: the model from the calibration alone (every level's measured late
 fit, no CPU term), and the torus's speedup over the flat ring per size (median and range of the
 passes). Writes PREFIX.json (with the provenance of the sweeps) and PREFIX.csv and prints the tables.
 """
-import argparse
 import csv
 import json
 import math
@@ -61,6 +60,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from collectives.model.network import Network, allreduce_time
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["parse_layout", "network", "fit_intra", "fit_levels", "main"]
 
@@ -212,15 +212,15 @@ def main(argv=None):
     from experiments.outputs import command_line
     from plots.levels import markdown
 
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.levels", description=__doc__.split("\n\n")[0])
-    p.add_argument("--intra", action="append", default=[], help="bench_collectives JSON of one node (shared memory)")
-    p.add_argument("--calibration", action="append", default=[], help="RATE=FILE: the emulator's --calibrate JSON")
-    p.add_argument("--fit", action="append", default=[], help="RATE/RxNxK=FILE: a sweep to fit on")
-    p.add_argument("--predict", action="append", default=[], help="RATE/RxNxK=FILE: a sweep to predict")
-    p.add_argument("--min-bytes", type=int, default=64 << 10, help="smallest size fitted and shown (64 KiB)")
-    p.add_argument("--score-bytes", type=int, default=256 << 10, help="smallest size scored (256 KiB)")
-    p.add_argument("--tolerance", type=float, default=0.25, help="relative error counted as a hit (0.25)")
-    p.add_argument("--out", default="results/cluster3/levels", help="path prefix of the .json and .csv")
+    p = Parser(prog="python -m experiments.cluster.levels", description=__doc__.split("\n\n")[0])
+    p.add_argument("--intra", type=text(), action="append", default=[], help="bench_collectives JSON of one node (shared memory)")
+    p.add_argument("--calibration", type=text(), action="append", default=[], help="RATE=FILE: the emulator's --calibrate JSON")
+    p.add_argument("--fit", type=text(), action="append", default=[], help="RATE/RxNxK=FILE: a sweep to fit on")
+    p.add_argument("--predict", type=text(), action="append", default=[], help="RATE/RxNxK=FILE: a sweep to predict")
+    p.add_argument("--min-bytes", type=integer(1, INT32_MAX), default=64 << 10, help="smallest size fitted and shown (64 KiB)")
+    p.add_argument("--score-bytes", type=integer(1, INT32_MAX), default=256 << 10, help="smallest size scored (256 KiB)")
+    p.add_argument("--tolerance", type=real(0, 1e15, low_open=True), default=0.25, help="relative error counted as a hit (0.25)")
+    p.add_argument("--out", type=outpath(), default="results/cluster3/levels", help="path prefix of the .json and .csv")
     a = p.parse_args(argv)
     if not a.intra or not a.calibration or not a.fit or not a.predict:
         p.error("give --intra, --calibration, --fit and --predict")

@@ -26,7 +26,6 @@ of its sender's node sending across, or of its receiver's node receiving across,
 schedules, the larger; one rank's own messages of a round are already sent one after another). Writes PREFIX.json and PREFIX.csv and prints the comparison and the
 ``experiments.studies.scale_sim`` command that extrapolates the shared-link fit to 4,096 ranks.
 """
-import argparse
 import csv
 import json
 import math
@@ -39,6 +38,7 @@ from scipy.optimize import least_squares
 from collectives.model import cost
 from collectives.schedules.registry import build_allreduce_schedule
 from collectives.model.simulate import replay
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["simulate", "fit_inter", "main"]
 
@@ -138,14 +138,14 @@ def _load(items, p):
 
 def main(argv=None):
     """Fit, predict, write PREFIX.json and PREFIX.csv, print the result; return the exit status."""
-    p = argparse.ArgumentParser(prog="python -m experiments.cluster.model", description=__doc__.split("\n")[0])
-    p.add_argument("--intra", required=True, help="bench_collectives JSON of one node (shared memory)")
-    p.add_argument("--fit", action="append", default=[], help="K=FILE: sweep with K ranks per node to fit on")
-    p.add_argument("--predict", action="append", default=[], help="K=FILE: sweep with K ranks per node to predict")
-    p.add_argument("--min-bytes", type=int, default=64 << 10, help="smallest size used and scored (64 KiB)")
-    p.add_argument("--tolerance", type=float, default=0.25, help="relative error counted as a hit (0.25)")
-    p.add_argument("--link-bps", type=float, default=1e9, help="configured link rate, bits/s (start of the fit)")
-    p.add_argument("--out", default="results/cluster/model", help="path prefix of the .json and .csv")
+    p = Parser(prog="python -m experiments.cluster.model", description=__doc__.split("\n")[0])
+    p.add_argument("--intra", type=text(), required=True, help="bench_collectives JSON of one node (shared memory)")
+    p.add_argument("--fit", type=text(), action="append", default=[], help="K=FILE: sweep with K ranks per node to fit on")
+    p.add_argument("--predict", type=text(), action="append", default=[], help="K=FILE: sweep with K ranks per node to predict")
+    p.add_argument("--min-bytes", type=integer(1, INT32_MAX), default=64 << 10, help="smallest size used and scored (64 KiB)")
+    p.add_argument("--tolerance", type=real(0, 1e15, low_open=True), default=0.25, help="relative error counted as a hit (0.25)")
+    p.add_argument("--link-bps", type=real(0, 1e15, low_open=True), default=1e9, help="configured link rate, bits/s (start of the fit)")
+    p.add_argument("--out", type=outpath(), default="results/cluster/model", help="path prefix of the .json and .csv")
     a = p.parse_args(argv)
     if not a.fit or not a.predict:
         p.error("give at least one --fit and one --predict sweep")

@@ -37,6 +37,7 @@ from experiments.cluster import study
 from experiments.cluster.compression import epoch_times
 from experiments.cluster.net import parse_rate
 from plots.cluster_tables import ps_markdown
+from training.options import INT32_MAX, infile, integer, text
 
 __all__ = ["commands", "link_bytes", "report", "gather", "main"]
 
@@ -153,13 +154,13 @@ def main(argv=None):
     """``run`` the study, print its ``commands``, or ``report`` finished runs; return the exit status."""
     p, parsers = study.subcommands("python -m experiments.cluster.ps", __doc__.split("\n")[0], _EPILOG,
                                    "results/cluster/ps", "results/cluster/ps_study.json")
-    parsers["report"].add_argument("root", help="the runs' directory (hWIDTHS/dp-ring-rR, hWIDTHS/ps-bsp-sS-rR)")
+    parsers["report"].add_argument("root", type=infile(), help="the runs' directory (hWIDTHS/dp-ring-rR, hWIDTHS/ps-bsp-sS-rR)")
     for name, q in parsers.items():
-        q.add_argument("--hidden", action="append", metavar="W[,W...]", help="a model's hidden widths, repeatable "
+        q.add_argument("--hidden", type=text(), action="append", metavar="W[,W...]", help="a model's hidden widths, repeatable "
                        f"(default: {' and '.join(HIDDEN)})")
         if name != "report":
-            q.add_argument("--epochs", type=int, default=3, help="epochs per training run (default 3)")
-            q.add_argument("--repeats", type=int, default=2, help="runs per configuration (default 2)")
+            q.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per training run (default 3)")
+            q.add_argument("--repeats", type=integer(1, INT32_MAX), default=2, help="runs per configuration (default 2)")
     a = p.parse_args(argv)
     hidden = tuple(a.hidden or HIDDEN)
     bad = [h for h in hidden if not re.fullmatch(r"\d+(,\d+)*", h)]

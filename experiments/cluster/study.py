@@ -32,14 +32,15 @@ import sys
 import time
 
 from experiments import results
+from training.options import Parser, outpath, text
 
 __all__ = ["add_options", "subcommands", "load_flags", "argv", "run_commands", "run_study", "write_record"]
 
 
 def add_options(parser, out, study):
     """Add ``--out DIR`` (the runs), ``--study FILE`` (the gathered record) and the load options."""
-    parser.add_argument("--out", default=out, help=f"the runs' directory (default {out})")
-    parser.add_argument("--study", default=study, help=f"the gathered results file (default {study})")
+    parser.add_argument("--out", type=outpath(), default=out, help=f"the runs' directory (default {out})")
+    parser.add_argument("--study", type=text(), default=study, help=f"the gathered results file (default {study})")
     results.add_options(parser)
 
 
@@ -47,12 +48,12 @@ def subcommands(prog, description, epilog, out, study):
     """Return ``(parser, {"run": ..., "commands": ..., "report": ...})``: a study's three subcommands, ``run``
     with :func:`add_options`, ``commands`` with ``--out``, ``report`` with ``--study`` (their own
     arguments are the caller's to add)."""
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    p = Parser(prog=prog, description=description, epilog=epilog)
     sub = p.add_subparsers(dest="what", required=True)
     parsers = {name: sub.add_parser(name) for name in ("run", "commands", "report")}
     add_options(parsers["run"], out, study)
-    parsers["commands"].add_argument("--out", default=out, help="the runs' directory")
-    parsers["report"].add_argument("--study", default=study, help="the results file")
+    parsers["commands"].add_argument("--out", type=outpath(folder=True), default=out, help="the runs' directory")
+    parsers["report"].add_argument("--study", type=text(), default=study, help="the results file")
     return p, parsers
 
 

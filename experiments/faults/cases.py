@@ -9,7 +9,6 @@ is kept) or ``wrong`` (returned a value that is not the right one: a silent wron
 seconds the case took on that rank. Ranks meet at a barrier between cases. A case whose right value
 is undefined (the ranks' calls differ) must raise on every rank.
 """
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from mpi4py import MPI
 
 import collectives as C
 from collectives.schedules.schedule import SEGMENT_ELEMENTS
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["KINDS", "case_names", "run_case"]
 
@@ -187,12 +187,12 @@ def run_case(name, timeout):
 
 def main(argv=None):
     """Run the cases from ``--start`` on, writing one JSON line per case and rank."""
-    ap = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.faults.cases",
+    ap = Parser(prog="mpiexec -n P python -m experiments.faults.cases",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="directory for rank-R.jsonl")
-    ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call (seconds)")
-    ap.add_argument("--start", type=int, default=0, help="index of the first case to run")
-    ap.add_argument("--only", default=None, help="comma-separated KIND/ALGORITHM cases to run")
+    ap.add_argument("--out", type=outpath(folder=True, empty=True), required=True, help="directory for rank-R.jsonl")
+    ap.add_argument("--timeout", type=real(0, 1e15, low_open=True), default=None, help="timeout= of every call (seconds)")
+    ap.add_argument("--start", type=integer(0, INT32_MAX), default=0, help="index of the first case to run")
+    ap.add_argument("--only", type=text(), default=None, help="comma-separated KIND/ALGORITHM cases to run")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     names = case_names()[args.start:] if not args.only else args.only.split(",")

@@ -29,7 +29,6 @@ limit.
 Results go to ``--out`` (JSON). Exit status 1 when a target is missed: any silent wrong answer
 outside the ones no fingerprint can see (listed as expected), or any hang where a timeout was set.
 """
-import argparse
 import glob
 import json
 import os
@@ -45,6 +44,7 @@ from experiments.cluster.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.faults.jobs import read_records, run_job_part
 from experiments.job_stop import job_processes, marked_env, stop_job
+from training.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
 
@@ -331,17 +331,17 @@ def _totals(results):
 
 def main(argv=None):
     """Run the suite and print its totals; exit 1 when a target is missed."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.faults.suite",
+    ap = Parser(prog="python -m experiments.faults.suite",
                                  description="Fault-and-mismatch suite of the collectives (launches mpiexec).")
     ap.add_argument("--part", choices=("quick", "full"), default="quick",
                     help="quick: P=3, default and strict modes, damaged checkpoints, a few different options and "
                          "torn records; full: P=3 and 4, every mode, dead ranks, damaged checkpoints, every option "
                          "and torn-record case, training crashes, kill-and-resume trials")
-    ap.add_argument("--timeout", type=float, default=None, help="timeout= of every call in seconds "
+    ap.add_argument("--timeout", type=real(0, 1e15, low_open=True), default=None, help="timeout= of every call in seconds "
                     "(default 2; 0.2 in the quick part's default mode, where about 60 cases end only by "
                     "their timeout)")
-    ap.add_argument("--trials", type=int, default=8, help="kill-and-resume trials of the full part")
-    ap.add_argument("--out", default=None, help="write every case's result here (JSON)")
+    ap.add_argument("--trials", type=integer(1, INT32_MAX), default=8, help="kill-and-resume trials of the full part")
+    ap.add_argument("--out", type=outpath(empty=True), default=None, help="write every case's result here (JSON)")
     args = ap.parse_args(argv)
     quick = args.part == "quick"
     timeout = args.timeout or 2.0

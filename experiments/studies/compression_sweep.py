@@ -42,6 +42,7 @@ from training.metrics import read_jsonl, run_info, write_json
 from training.progress import progress_bar
 from training.train import run
 from experiments.studies.compression_report import check_lines, markdown_table, table, targets
+from training.options import INT32_MAX, Parser, integer, listof, outpath, text
 
 __all__ = ["SweepConfig", "STUDY", "parse_spec", "base_config", "check_study", "run_study", "main"]
 
@@ -261,20 +262,20 @@ def run_study(cfg, comm=None, watch=None, command=None):
 
 def _build_parser():
     """Return the argument parser."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m experiments.studies.compression_sweep",
         description="Train the default model with every compressor on the MPI ranks (run it as "
                     "mpiexec -n P python -m experiments.studies.compression_sweep); write compression_sweep.json "
                     "and .csv into --out (draw with python -m plots.compression).")
-    p.add_argument("--compressor", action="append", dest="compressors", metavar="NAME[:K=V,...]",
+    p.add_argument("--compressor", type=text(), action="append", dest="compressors", metavar="NAME[:K=V,...]",
                    help="compressor spec, repeatable (default: the study list: %s)" % " ".join(STUDY))
-    p.add_argument("--seeds", default="0,1,2", help="training seeds, comma separated (default: 0,1,2)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs per training run (default: 20)")
-    p.add_argument("--out", default="results/compression", help="results directory (default: %(default)s)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="train_args",
+    p.add_argument("--seeds", type=listof(integer(0, INT32_MAX)), default="0,1,2", help="training seeds, comma separated (default: 0,1,2)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20, help="epochs per training run (default: 20)")
+    p.add_argument("--out", type=outpath(folder=True), default="results/compression", help="results directory (default: %(default)s)")
+    p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE", dest="train_args",
                    help="training flag of python -m training.train as KEY=VALUE, repeatable "
                         "(e.g. optimizer=sgd, lr=0.05, hidden=64,32)")
-    p.add_argument("--bench-steps", type=int, default=10,
+    p.add_argument("--bench-steps", type=integer(1, INT32_MAX), default=10,
                    help="steps of the wire-bytes benchmark per compressor (default: 10)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
@@ -287,10 +288,7 @@ def _configure(argv, comm):
     """Return the :class:`SweepConfig` of ``argv``, checked (:func:`check_study`); exit 2 when it is bad."""
     parser = _build_parser()
     args = parser.parse_args(argv)
-    try:
-        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-    except ValueError:
-        parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+    seeds = tuple(args.seeds)
     cfg = SweepConfig(compressors=tuple(args.compressors or STUDY), seeds=seeds, epochs=args.epochs,
                       out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps,
                       progress=args.progress, max_load=args.max_load, allow_noisy=args.allow_noisy)

@@ -26,7 +26,6 @@ faster than the restart's. Results go to ``OUT`` (JSON) with the provenance of
 :mod:`experiments.results` (a busy machine: refused, or marked noisy with ``--allow-noisy``);
 ``--quick`` (2 kills, 2 epochs) checks the script.
 """
-import argparse
 import json
 import os
 import random
@@ -39,6 +38,7 @@ import time
 from experiments import results as prov
 from experiments.faults.suite import launch
 from experiments.outputs import unwritable
+from training.options import INT32_MAX, Parser, integer, outpath
 
 __all__ = ["main", "study", "job_flags", "elastic_kill", "restart_kill"]
 
@@ -145,13 +145,13 @@ def study(args, run_dir):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m experiments.studies.elastic", description=__doc__.split("\n")[0])
-    p.add_argument("--kills", type=int, default=20, help="kills, each run elastic and as a restart (default 20)")
-    p.add_argument("--ranks", type=int, default=4, help="ranks of every job, P (default 4)")
-    p.add_argument("--epochs", type=int, default=4, help="epochs of every job (default 4)")
-    p.add_argument("--samples", type=int, default=4000, help="synthetic samples, 80 %% of them for training (default 4000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the kills' ranks, steps and moments (default 0)")
-    p.add_argument("--out", default="results/elastic.json", help="results file (default results/elastic.json)")
+    p = Parser(prog="python -m experiments.studies.elastic", description=__doc__.split("\n")[0])
+    p.add_argument("--kills", type=integer(1, INT32_MAX), default=20, help="kills, each run elastic and as a restart (default 20)")
+    p.add_argument("--ranks", type=integer(2, 4096), default=4, help="ranks of every job, P (default 4)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs of every job (default 4)")
+    p.add_argument("--samples", type=integer(1, INT32_MAX), default=4000, help="synthetic samples, 80 %% of them for training (default 4000)")
+    p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the kills' ranks, steps and moments (default 0)")
+    p.add_argument("--out", type=outpath(), default="results/elastic.json", help="results file (default results/elastic.json)")
     p.add_argument("--quick", action="store_true", help="check the script: 2 kills, 2 epochs, 800 samples")
     prov.add_options(p)
     return p

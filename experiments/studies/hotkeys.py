@@ -29,6 +29,7 @@ from experiments import results as prov
 from experiments.cluster.study import write_record
 from experiments.outputs import unwritable
 from experiments.faults.suite import launch
+from training.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "run_flags", "study"]
 
@@ -124,12 +125,12 @@ def study(args, run_dir):
 
 def main(argv=None):
     """Command-line entry point: run the study and write ``--out``."""
-    p = argparse.ArgumentParser(prog="python -m experiments.studies.hotkeys", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (default 3)")
-    p.add_argument("--servers", type=int, default=4, help="server ranks (default 4)")
-    p.add_argument("--workers", type=int, default=4, help="worker ranks (default 4)")
-    p.add_argument("--target", type=float, default=1.2, help="max / mean rows served the split aims at (default 1.2)")
-    p.add_argument("--out", default="results/ctr_hotkeys.json", help="result file (default results/ctr_hotkeys.json)")
+    p = Parser(prog="python -m experiments.studies.hotkeys", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=integer(1, INT32_MAX), default=3, help="seeds 0 .. N-1 (default 3)")
+    p.add_argument("--servers", type=integer(1, INT32_MAX), default=4, help="server ranks (default 4)")
+    p.add_argument("--workers", type=integer(1, INT32_MAX), default=4, help="worker ranks (default 4)")
+    p.add_argument("--target", type=real(0, 1e15, low_open=True), default=1.2, help="max / mean rows served the split aims at (default 1.2)")
+    p.add_argument("--out", type=outpath(), default="results/ctr_hotkeys.json", help="result file (default results/ctr_hotkeys.json)")
     args = p.parse_args(argv)
     for flag, value, least in (("--seeds", args.seeds, 1), ("--servers", args.servers, 2),
                                ("--workers", args.workers, 1), ("--target", args.target, 1.0)):

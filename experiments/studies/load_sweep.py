@@ -14,6 +14,7 @@ import os
 from inference.config import ServeConfig
 from inference.serve import run as serve
 from plots.serving import load_table  # (the table lives with the figure, for the published results)
+from training.options import INT32_MAX, integer, listof, real
 
 __all__ = ["add_options", "load_sweep", "load_table", "capacity"]
 
@@ -23,13 +24,13 @@ KEEP = ("requests", "answered", "correct", "refused", "latency_p50_ms", "latency
 
 def add_options(p):
     """Add part E's options to the study's parser ``p``."""
-    p.add_argument("--load-fractions", type=lambda s: [float(v) for v in s.split(",")],
+    p.add_argument("--load-fractions", type=listof(real(0, 100, low_open=True)),
                    default=[0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0],
                    help="part E: offered load as fractions of the replica's capacity B / s(B)")
-    p.add_argument("--load-seconds", type=float, default=3.0, help="part E: seconds of arrivals per point")
-    p.add_argument("--load-service-ms", type=float, default=20.0, help="part E: emulated time per batch (ms)")
-    p.add_argument("--load-max-batch", type=int, default=8, help="part E: largest batch")
-    p.add_argument("--slo-ms", type=float, default=60.0, help="part E: latency objective of the runs with one (ms)")
+    p.add_argument("--load-seconds", type=real(0, 1e15, low_open=True), default=3.0, help="part E: seconds of arrivals per point")
+    p.add_argument("--load-service-ms", type=real(0, 1e15, low_open=True), default=20.0, help="part E: emulated time per batch (ms)")
+    p.add_argument("--load-max-batch", type=integer(1, INT32_MAX), default=8, help="part E: largest batch")
+    p.add_argument("--slo-ms", type=real(0, 1e15, low_open=True), default=60.0, help="part E: latency objective of the runs with one (ms)")
 
 
 def capacity(args):

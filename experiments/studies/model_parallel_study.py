@@ -19,7 +19,6 @@ bubble against (Q - 1) / (m + Q - 1), and the activation bytes each stage holds.
 Results carry the configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`:
 on a busy machine the study refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
-import argparse
 import json
 import statistics
 import sys
@@ -37,6 +36,7 @@ from training.model_parallel.report import rank_memory
 from training.job import limit_threads
 from training.metrics import run_info
 from training.model_parallel.pipeline import bubble_formula
+from training.options import INT32_MAX, Parser, integer, listof, outpath
 
 __all__ = ["grids", "measure", "table", "main"]
 
@@ -104,18 +104,47 @@ def _ratio_summary(values):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="mpiexec -n P python -m experiments.studies.model_parallel_study",
+    p = Parser(prog="mpiexec -n P python -m experiments.studies.model_parallel_study",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="results/model_parallel.json", help="results file (JSON)")
-    p.add_argument("--hidden", default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
-    p.add_argument("--features", type=int, default=2048, help="input features of the synthetic data")
-    p.add_argument("--batch", type=int, default=64, help="global batch (samples)")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step when Q > 1")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per grid and round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds over all grids (median and range)")
-    p.add_argument("--bubble-micro-batches", default="1,2,4,8", help="m values of the bubble part ('' skips it)")
+    p.add_argument("--out", type=outpath(), default="results/model_parallel.json", help="results file (JSON)")
+    p.add_argument("--hidden", type=listof(integer(1, 1 << 20)), default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
+    p.add_argument("--features", type=integer(1, INT32_MAX), default=2048, help="input features of the synthetic data")
+    p.add_argument("--batch", type=integer(1, INT32_MAX), default=64, help="global batch (samples)")
+    p.add_argument("--micro-batches", type=integer(1, INT32_MAX), default=4, help="micro-batches per step when Q > 1")
+    p.add_argument("--steps", type=integer(1, INT32_MAX), default=5, help="timed steps per grid and round")
+    p.add_argument("--rounds", type=integer(1, INT32_MAX), default=3, help="rounds over all grids (median and range)")
+    p.add_argument("--bubble-micro-batches", type=listof(integer(1, 4096), least=0), default="1,2,4,8", help="m values of the bubble part ('' skips it)")
     prov.add_options(p)
+
+    @p.check
+    def _every_grid(args):  # each grid the study will measure is a valid training run: checked before any runs
+        size = MPI.COMM_WORLD.Get_size()
+        if args.batch % args.micro_batches:  # (the grid D = 1, Q = P splits the whole batch, on any P > 1)
+            raise ValueError(f"--micro-batches {args.micro_batches} must divide --batch {args.batch}")
+        base = _base(args)
+        for g in grids(size, len(base.hidden) + 1):
+            try:
+                base.replace(tensor_parallel=g[1], pipeline_parallel=g[2],
+                             micro_batches=args.micro_batches if g[2] > 1 else 1)
+            except ValueError as e:
+                raise ValueError(f"grid D={g[0]} T={g[1]} Q={g[2]}: {e}") from None
+            if g[2] > 1 and (args.batch // g[0]) % args.micro_batches:
+                raise ValueError(f"--micro-batches {args.micro_batches} must divide the local batch of every grid "
+                                 f"with Q > 1: --batch {args.batch} / D={g[0]} = {args.batch // g[0]} samples")
+            if args.batch % g[0]:
+                raise ValueError(f"--batch {args.batch} must divide by every grid's data-parallel degree (D={g[0]})")
+        for m in args.bubble_micro_batches:
+            if args.batch % m:
+                raise ValueError(f"--bubble-micro-batches: {m} must divide --batch {args.batch}")
+
     return p.parse_args(argv)
+
+
+def _base(args):
+    """The study's training configuration before the grid is chosen (checked: a ValueError names the field)."""
+    return Config(data="synthetic", samples=args.batch * 20 + 256, features=args.features, classes=10,
+                  hidden=tuple(args.hidden), dtype="float32", batch_size=args.batch, progress=False, threads=1,
+                  algorithm="ring", timeout=600.0)
 
 
 def _grid_part(args, base, comm):
@@ -147,7 +176,7 @@ def _grid_part(args, base, comm):
 def _bubble_part(args, base, comm):
     """Measure GPipe and 1F1B on Q = P stages for each m of ``--bubble-micro-batches``; return the entries."""
     P, out = comm.Get_size(), []
-    for m in (int(v) for v in args.bubble_micro_batches.split(",") if v.strip()):
+    for m in args.bubble_micro_batches:
         for sched in ("gpipe", "1f1b"):
             cfg = base.replace(pipeline_parallel=P, micro_batches=m, schedule=sched)
             xs = [measure(cfg, comm, args.steps) for _ in range(args.rounds)]
@@ -186,10 +215,8 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr)
         return 2
     limit_threads(1)  # one BLAS thread per rank: the ranks share the cores
-    hidden = tuple(int(h) for h in args.hidden.split(","))
-    base = Config(data="synthetic", samples=args.batch * 20 + 256, features=args.features, classes=10,
-                  hidden=hidden, dtype="float32", batch_size=args.batch, progress=False, threads=1,
-                  algorithm="ring", timeout=600.0)
+    hidden = tuple(args.hidden)
+    base = _base(args)
     results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
                "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
     if comm.Get_rank() != 0:

@@ -23,7 +23,6 @@ of 5 % of the training set on every worker) adds a remedy. Skews: any ``--partit
 Rank 0 writes ``non_iid_wW_KIND.json`` into ``--out`` (every run, the per-(method, skew) medians and
 ranges, the study's and the training configuration, the ``provenance`` of :mod:`experiments.results`).
 """
-import argparse
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from training.partition import parse_partition
 from training.preflight import check_run
 from training.ps_mode.report import time_to_accuracy
 from training.train import run
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["METHODS", "REMEDIES", "SKEWS", "method_config", "run_study", "aggregate", "main"]
 
@@ -164,18 +164,18 @@ def aggregate(runs):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m experiments.studies.non_iid_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, required=True, help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
-    p.add_argument("--methods", default=None, metavar="LIST",
+    p = Parser(prog="python -m experiments.studies.non_iid_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=integer(1, INT32_MAX), required=True, help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
+    p.add_argument("--methods", type=text(), default=None, metavar="LIST",
                    help=f"comma-separated methods of one kind (default: {DP_METHODS} on W ranks, {PS_METHODS} on W + 1)")
-    p.add_argument("--skews", default=None, metavar="LIST",
+    p.add_argument("--skews", type=text(), default=None, metavar="LIST",
                    help="semicolon-separated partitions (default: " + "; ".join(f"W={w}: {', '.join(s)}"
                                                                            for w, s in SKEWS.items()) + ")")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per (method, skew) (default: 3)")
-    p.add_argument("--epochs", type=int, default=5, help="epochs per run: the fixed number of samples (default: 5)")
-    p.add_argument("--target", type=float, default=0.95, help="target test accuracy whose first crossing each run "
+    p.add_argument("--seeds", type=integer(1, INT32_MAX), default=3, help="seeds 0..N-1 per (method, skew) (default: 3)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=5, help="epochs per run: the fixed number of samples (default: 5)")
+    p.add_argument("--target", type=real(0, 1e15, low_open=True), default=0.95, help="target test accuracy whose first crossing each run "
                    "records, time and epochs (default: 0.95, where the methods' medians spread)")
-    p.add_argument("--out", default="results/non_iid", help="results directory (default: %(default)s)")
+    p.add_argument("--out", type=outpath(folder=True), default="results/non_iid", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: 2 epochs, one seed, "
                    "a 32-unit model, skews iid and classes:k=W's smallest")
     prov.add_options(p)

@@ -48,7 +48,6 @@ the ratio tables, the ``provenance`` of :mod:`experiments.results`) and prints t
 A rerun replaces the previous study in ``--out``. On a busy machine the study refuses to start (and
 leaves the previous study in place) unless ``--allow-noisy`` marks its results noisy.
 """
-import argparse
 import hashlib
 import os
 import shutil
@@ -70,6 +69,7 @@ from training.job import set_threads
 from training.preflight import check_run
 from training.metrics import run_info, write_config, write_json
 from training.ps_mode.worker import ps_options, run_ps
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
 
@@ -260,35 +260,35 @@ def _clean(out):
 
 
 def _parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m experiments.studies.ps_study",
         description="Parameter-server study on the trainer's digits model: SSP against BSP under transient "
                     "random delays (time to 95 % test accuracy), ASP and --balance under a persistent "
                     "straggler (throughput against no straggler), and 1, 2, 4 servers. Run it under MPI: "
                     "mpiexec -n 5 python -m experiments.studies.ps_study. A rerun replaces the previous study in --out.")
-    p.add_argument("--out", default="results/ps_study", help="results directory (default: %(default)s)")
-    p.add_argument("--parts", default=",".join(PARTS), metavar="LIST",
+    p.add_argument("--out", type=outpath(folder=True), default="results/ps_study", help="results directory (default: %(default)s)")
+    p.add_argument("--parts", type=text(), default=",".join(PARTS), metavar="LIST",
                    help="comma-separated parts: transient, straggler, servers, conflict, retries "
                         "(default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved (default: 3)")
-    p.add_argument("--epochs", type=int, default=20,
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per variant, interleaved (default: 3)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20,
                    help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
-    p.add_argument("--stop-after", type=int, default=5,
+    p.add_argument("--stop-after", type=integer(1, INT32_MAX), default=5,
                    help="epochs each run trains, 0 for all --epochs: the target is reached within the first "
                         "few, and the schedule stays the trainer's 20-epoch one (default: 5)")
-    p.add_argument("--delay-prob", type=float, default=0.3,
+    p.add_argument("--delay-prob", type=real(0, 1), default=0.3,
                    help="transient part: probability that a worker sleeps in a clock (default: 0.3)")
-    p.add_argument("--delay-s", type=float, default=0.03,
+    p.add_argument("--delay-s", type=real(0, 1e15), default=0.03,
                    help="transient part: length of one delay, seconds (default: 0.03)")
-    p.add_argument("--straggler", default="2:4",
+    p.add_argument("--straggler", type=text(), default="2:4",
                    help="straggler part: slow worker RANK:FACTOR (its step takes FACTOR x its compute time) "
                         "(default: %(default)s)")
-    p.add_argument("--snapshots", type=int, default=16,
+    p.add_argument("--snapshots", type=integer(1, INT32_MAX), default=16,
                    help="points per epoch of the accuracy-versus-time curve, which sets the resolution of "
                         "the time to 95 %% (default: 16)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting of every run (repeatable), e.g. --set hidden=64")
-    p.add_argument("--straggler-set", action="append", default=None, metavar="KEY=VALUE",
+    p.add_argument("--straggler-set", type=text(), action="append", default=None, metavar="KEY=VALUE",
                    help="training settings of the straggler part on top of --set (repeatable); the default "
                         "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
                         "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))

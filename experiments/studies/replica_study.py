@@ -29,7 +29,6 @@ equal to the fault-free run, every recovery within ``--ps-timeout`` + 1 s. Resul
 ``OUT/replicas.json`` with the provenance of :mod:`experiments.results` (a busy machine: refused, or
 marked noisy with ``--allow-noisy``). ``--quick`` (1 repeat, 2 crashes, one epoch) checks the script.
 """
-import argparse
 import json
 import os
 import random
@@ -43,6 +42,7 @@ import numpy as np
 from experiments import results as prov
 from experiments.faults.suite import launch
 from experiments.outputs import unwritable
+from training.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "trainer_flags", "crash_run"]
 
@@ -152,16 +152,16 @@ def study(args, run_dir):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m experiments.studies.replica_study", description=__doc__.split("\n")[0])
-    p.add_argument("--crashes", type=int, default=20, help="crashes of the primary (runs; default 20)")
-    p.add_argument("--repeats", type=int, default=3, help="fault-free runs of each R (cost part; default 3)")
-    p.add_argument("--workers", type=int, default=3, help="worker ranks (the batch is 16 samples per worker; default 3)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of every run (default 2)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden units of the digits model (default 64)")
-    p.add_argument("--ps-timeout", type=float, default=1.0, help="--ps-timeout of every run (seconds; default 1)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD's learning rate of every run (default 0.05)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the crash moments (default 0)")
-    p.add_argument("--out", default="results/ps_replicas", help="directory of replicas.json (default results/ps_replicas)")
+    p = Parser(prog="python -m experiments.studies.replica_study", description=__doc__.split("\n")[0])
+    p.add_argument("--crashes", type=integer(1, INT32_MAX), default=20, help="crashes of the primary (runs; default 20)")
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="fault-free runs of each R (cost part; default 3)")
+    p.add_argument("--workers", type=integer(1, INT32_MAX), default=3, help="worker ranks (the batch is 16 samples per worker; default 3)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=2, help="epochs of every run (default 2)")
+    p.add_argument("--hidden", type=integer(1, INT32_MAX), default=64, help="hidden units of the digits model (default 64)")
+    p.add_argument("--ps-timeout", type=real(0, 1e15, low_open=True), default=1.0, help="--ps-timeout of every run (seconds; default 1)")
+    p.add_argument("--lr", type=real(0, 1e15, low_open=True), default=0.05, help="SGD's learning rate of every run (default 0.05)")
+    p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the crash moments (default 0)")
+    p.add_argument("--out", type=outpath(folder=True), default="results/ps_replicas", help="directory of replicas.json (default results/ps_replicas)")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
     prov.add_options(p)
     return p

@@ -22,6 +22,7 @@ from collectives.schedules import load_algorithm, registry
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
 from training.sizes import bytes_argument, format_bytes
+from training.options import INT32_MAX, Parser, integer, outpath, parsed_by, real, text
 
 __all__ = ["main", "crossovers"]
 
@@ -64,22 +65,22 @@ def crossovers(rows):
 
 def main(argv=None):
     """Simulate every algorithm at every P and size, print a table and write the results JSON."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.studies.scale_sim", description=__doc__.split("\n\n")[0],
+    ap = Parser(prog="python -m experiments.studies.scale_sim", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--sizes", type=lambda s: [_message_size(x) for x in s.split(",")], default="1KiB,1MiB,256MiB",
+    ap.add_argument("--sizes", type=parsed_by(lambda s: [_message_size(x) for x in s.split(",")], 'message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB'), default="1KiB,1MiB,256MiB",
                     help="message sizes, comma-separated, e.g. 1KiB,1MiB,256MiB")
-    ap.add_argument("--max-p", type=int, default=4096, help="largest P, a power of two")
-    ap.add_argument("--algorithms", default=",".join(ALGS),
+    ap.add_argument("--max-p", type=integer(1, INT32_MAX), default=4096, help="largest P, a power of two")
+    ap.add_argument("--algorithms", type=text(), default=",".join(ALGS),
                     help="comma list of all-reduce algorithms (ring is always added: the table compares with it); "
                          "FILE.py:FUNCTION or module:FUNCTION adds a schedule builder of one's own, verified first")
-    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node")
-    ap.add_argument("--alpha-intra", type=float, default=1e-6, help="intra-node latency, seconds")
-    ap.add_argument("--beta-intra", type=float, default=1 / 20e9, help="intra-node seconds per byte")
-    ap.add_argument("--alpha-inter", type=float, default=5e-6, help="inter-node latency, seconds")
-    ap.add_argument("--beta-inter", type=float, default=1 / 12.5e9, help="inter-node seconds per byte")
-    ap.add_argument("--gamma", type=float, default=1 / 10e9, help="reduction seconds per byte")
-    ap.add_argument("--fit", help="bench_collectives results JSON: fit alpha/beta/gamma and use them intra-node")
-    ap.add_argument("--out", default="results/scale_sim.json", help="results JSON path")
+    ap.add_argument("--ranks-per-node", type=integer(1, INT32_MAX), default=8, help="ranks per node")
+    ap.add_argument("--alpha-intra", type=real(0, 1e15, low_open=True), default=1e-6, help="intra-node latency, seconds")
+    ap.add_argument("--beta-intra", type=real(0, 1e15, low_open=True), default=1 / 20e9, help="intra-node seconds per byte")
+    ap.add_argument("--alpha-inter", type=real(0, 1e15, low_open=True), default=5e-6, help="inter-node latency, seconds")
+    ap.add_argument("--beta-inter", type=real(0, 1e15, low_open=True), default=1 / 12.5e9, help="inter-node seconds per byte")
+    ap.add_argument("--gamma", type=real(0, 1e15, low_open=True), default=1 / 10e9, help="reduction seconds per byte")
+    ap.add_argument("--fit", type=text(), help="bench_collectives results JSON: fit alpha/beta/gamma and use them intra-node")
+    ap.add_argument("--out", type=outpath(), default="results/scale_sim.json", help="results JSON path")
     args = ap.parse_args(argv)
     if args.max_p < 8 or args.max_p & (args.max_p - 1):
         ap.error("--max-p must be a power of two >= 8")

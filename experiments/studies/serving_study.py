@@ -60,6 +60,7 @@ from training.checkpoint import root_bytes
 from training.config import Config
 from training.metrics import run_info
 from training.train import run as train
+from training.options import INT32_MAX, Parser, integer, listof, outpath, parsed_by, real, text
 
 __all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown"]
 
@@ -211,25 +212,25 @@ def _parts(text):
 
 def _parser():
     """Return the study's argument parser."""
-    p = argparse.ArgumentParser(prog="mpiexec -n 4 python -m experiments.studies.serving_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="results/serving", help="results folder")
-    p.add_argument("--checkpoint", default="", help="training run to serve (default: train OUT/model first)")
-    p.add_argument("--parts", type=_parts, default="ABCDE", help="parts to run (letters of ABCDE)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats of every point")
-    p.add_argument("--fractions", type=lambda s: [float(v) for v in s.split(",")],
+    p = Parser(prog="mpiexec -n 4 python -m experiments.studies.serving_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=outpath(folder=True), default="results/serving", help="results folder")
+    p.add_argument("--checkpoint", type=text(), default="", help="training run to serve (default: train OUT/model first)")
+    p.add_argument("--parts", type=parsed_by(_parts, 'parts to run'), default="ABCDE", help="parts to run (letters of ABCDE)")
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="repeats of every point")
+    p.add_argument("--fractions", type=listof(real(0, 100, low_open=True)),
                    default=[0.2, 0.4, 0.6, 0.7, 0.8, 0.9], help="offered load as fractions of capacity")
-    p.add_argument("--seconds", type=float, default=1.5, help="length of an open-loop point (s of arrivals)")
-    p.add_argument("--slow", type=float, default=4.0, help="service-time factor of the slow replica")
-    p.add_argument("--service-ms", type=float, default=4.0, help="emulated accelerator time per batch (ms)")
-    p.add_argument("--max-batch", type=int, default=4, help="dynamic batching: largest batch")
-    p.add_argument("--max-wait-ms", type=float, default=4.0, help="dynamic batching: longest wait (ms)")
-    p.add_argument("--light-rps", type=float, default=200.0, help="part B's light load (requests/s)")
-    p.add_argument("--algorithm", default="auto", help="part B's tensor-parallel all-reduce algorithm")
-    p.add_argument("--iterations", type=int, default=300, help="part C: all-reduce calls per timing")
-    p.add_argument("--tp-algorithms", type=_algorithms, default=["auto", "mpi", "recursive_doubling", "ring"],
+    p.add_argument("--seconds", type=real(0, 1e15, low_open=True), default=1.5, help="length of an open-loop point (s of arrivals)")
+    p.add_argument("--slow", type=real(0, 1e15, low_open=True), default=4.0, help="service-time factor of the slow replica")
+    p.add_argument("--service-ms", type=real(0, 1e15, low_open=True), default=4.0, help="emulated accelerator time per batch (ms)")
+    p.add_argument("--max-batch", type=integer(1, INT32_MAX), default=4, help="dynamic batching: largest batch")
+    p.add_argument("--max-wait-ms", type=real(0, 1e15), default=4.0, help="dynamic batching: longest wait (ms)")
+    p.add_argument("--light-rps", type=real(0, 1e15, low_open=True), default=200.0, help="part B's light load (requests/s)")
+    p.add_argument("--algorithm", type=text(), default="auto", help="part B's tensor-parallel all-reduce algorithm")
+    p.add_argument("--iterations", type=integer(1, INT32_MAX), default=300, help="part C: all-reduce calls per timing")
+    p.add_argument("--tp-algorithms", type=parsed_by(_algorithms, 'part D: all-reduce algorithms compared'), default=["auto", "mpi", "recursive_doubling", "ring"],
                    help="part D: all-reduce algorithms compared (comma-separated)")
-    p.add_argument("--tp-requests", type=int, default=300, help="part D: requests per point")
-    p.add_argument("--tp-clients", type=int, default=1,
+    p.add_argument("--tp-requests", type=integer(1, INT32_MAX), default=300, help="part D: requests per point")
+    p.add_argument("--tp-clients", type=integer(1, INT32_MAX), default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
     add_load_options(p)
     prov.add_options(p)

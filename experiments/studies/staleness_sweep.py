@@ -24,7 +24,6 @@ stops early leaves no results file of an earlier sweep behind to be plotted. On 
 sweep refuses to start (and leaves the previous sweep in place) unless ``--allow-noisy`` marks its
 results noisy.
 """
-import argparse
 import dataclasses
 import os
 import re
@@ -47,6 +46,7 @@ from training.config import Config
 from training.preflight import check_run
 from training.metrics import run_info, write_json
 from training.train import run
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["PROTOCOLS", "parse_protocol", "base_config", "clean_previous", "run_sweep", "markdown_table",
            "summary_lines", "main"]
@@ -240,7 +240,7 @@ _PERSISTENT = ("Under a persistent straggler SSP's long-run throughput is bounde
 
 
 def _parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m experiments.studies.staleness_sweep",
         description="Train the default model with a parameter server (one server, the other ranks "
                     "workers) under BSP, SSP(s) and ASP while one worker straggles; compare update "
@@ -256,19 +256,19 @@ def _parser():
                "ssp0 is BSP, e.g. ssp2. Draw the results with: python -m plots.staleness "
                "OUT/staleness_sweep.json. The study of the SSP papers' claims (transient delays, a "
                "persistent straggler, 1-4 servers) is python -m experiments.studies.ps_study.")
-    p.add_argument("--out", default="results/staleness",
+    p.add_argument("--out", type=outpath(folder=True), default="results/staleness",
                    help="results directory; its previous sweep is removed first (default: %(default)s)")
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), metavar="LIST",
+    p.add_argument("--protocols", type=text(), default=",".join(PROTOCOLS), metavar="LIST",
                    help="comma-separated protocols: bsp, asp, or sspS with S the staleness bound in clocks "
                         "(ssp2: at most 2 clocks stale) (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per protocol, interleaved (default: 1)")
-    p.add_argument("--epochs", type=int, default=20, help="epochs per run (default: 20)")
-    p.add_argument("--straggler", default="2:4",
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=1, help="runs per protocol, interleaved (default: 1)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20, help="epochs per run (default: 20)")
+    p.add_argument("--straggler", type=text(), default="2:4",
                    help="slow worker RANK:FACTOR (its step takes FACTOR x its compute time), '' for none "
                         "(default: %(default)s)")
-    p.add_argument("--jitter", type=float, default=0.0,
+    p.add_argument("--jitter", type=real(0, 1e15), default=0.0,
                    help="extra random delay per step, uniform in [0, JITTER] seconds (default: 0)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting (repeatable), e.g. --set optimizer=sgd")
     prov.add_options(p)
     return p
