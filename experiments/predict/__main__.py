@@ -11,7 +11,6 @@ Prints one table row per configuration (step time and its mean breakdown over ra
 ``--ranks``, every class of ranks with its own breakdown; ``--json`` writes everything. A bad file
 or field: one line on stderr, exit status 2.
 """
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from experiments.predict import config as cfgmod
 from experiments.predict import profile as profmod
 from experiments.predict import topology as topomod
 from experiments.predict.step import predict
+from training.options import INT32_MAX, Parser, infile, integer, text
 
 __all__ = ["main", "load_inputs"]
 
@@ -40,22 +40,22 @@ def load_inputs(trace=None, profile=None, topology=None, configs=(), skip=1):
         cfgs = [cfgmod.from_pairs(configs)]
     topo = topomod.load(topology)
     prof = profmod.from_trace(trace, skip=skip) if trace else profmod.load(profile)
-    want = {(c.compression, json.dumps(c.compression_args, sort_keys=True)): c for c in cfgs
-            if c.compression != "none" and c.compression not in prof.codecs}
+    want = {profmod.codec_key(c.compression, c.compression_args): c for c in cfgs  # each setting its own payloads
+            if c.compression != "none" and profmod.codec_key(c.compression, c.compression_args) not in prof.codecs}
     if want or (trace and not prof.reduce_s_per_byte):
         profmod.measure_codecs(prof, [(c.compression, c.compression_args) for c in want.values()])
     return prof, topo, cfgs
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict", description=__doc__.split("\n")[0])
-    p.add_argument("--trace", help="Chrome trace of one short run of training.train --trace")
-    p.add_argument("--profile", help="a profile JSON written by experiments.predict.profile (instead of --trace)")
-    p.add_argument("--skip", type=int, default=1, help="--trace: warm-up steps left out (default 1)")
-    p.add_argument("--topology", required=True, help="topology JSON file (docs/guide/predict.md)")
-    p.add_argument("--config", nargs="+", required=True, help="configuration JSON file, or KEY=VALUE fields")
+    p = Parser(prog="python -m experiments.predict", description=__doc__.split("\n")[0])
+    p.add_argument("--trace", type=infile(), help="Chrome trace of one short run of training.train --trace")
+    p.add_argument("--profile", type=infile(), help="a profile JSON written by experiments.predict.profile (instead of --trace)")
+    p.add_argument("--skip", type=integer(0, INT32_MAX), default=1, help="--trace: warm-up steps left out (default 1)")
+    p.add_argument("--topology", type=infile(), required=True, help="topology JSON file (docs/guide/predict.md)")
+    p.add_argument("--config", type=text(), nargs="+", required=True, help="configuration JSON file, or KEY=VALUE fields")
     p.add_argument("--ranks", action="store_true", help="print every class of ranks' breakdown")
-    p.add_argument("--json", default="", help="write the predictions to this JSON file")
+    p.add_argument("--json", type=text(), default="", help="write the predictions to this JSON file")
     a = p.parse_args(argv)
     try:
         for path in (a.trace, a.profile, a.topology):

@@ -130,6 +130,8 @@ def load(path):
     """
     doc = read_json(path)
     docs = doc if isinstance(doc, list) else [doc]
+    if not docs:
+        raise ValueError(f"{path}: an empty list of configurations: give at least one")
     out = []
     for i, d in enumerate(docs):
         try:

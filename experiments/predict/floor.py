@@ -19,7 +19,6 @@ the fitted ``o``, :func:`round_s` interpolates linearly; outside, it keeps the n
 Points whose replay is already longer than ``R f`` do not move the fit: it says only how long a round
 lasts at least.
 """
-import argparse
 import json
 import math
 import os
@@ -29,6 +28,7 @@ import numpy
 
 from experiments.predict import comm
 from experiments.predict import topology as topomod
+from training.options import Parser, real, text
 
 __all__ = ["SWEEPS", "DEFAULT_DIR", "points", "fit", "floors", "round_s", "main"]
 
@@ -140,9 +140,9 @@ def round_s(table, o):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict.floor", description=__doc__.split("\n")[0])
-    p.add_argument("--sweeps", default=DEFAULT_DIR, help=f"directory of the sweeps (default {DEFAULT_DIR})")
-    p.add_argument("--gamma", type=float, default=1 / 4e9, help="reduction seconds per byte (default 1/4e9)")
+    p = Parser(prog="python -m experiments.predict.floor", description=__doc__.split("\n")[0])
+    p.add_argument("--sweeps", type=text(), default=DEFAULT_DIR, help=f"directory of the sweeps (default {DEFAULT_DIR})")
+    p.add_argument("--gamma", type=real(0, 1e15, low_open=True), default=1 / 4e9, help="reduction seconds per byte (default 1/4e9)")
     a = p.parse_args(argv)
     try:
         table = floors(a.sweeps, a.gamma)

@@ -21,19 +21,20 @@ Format (JSON): ``rows`` (batch rows per rank in the run), ``itemsize`` (bytes pe
 ``reduce_s_per_byte``, ``codecs`` (name -> ``{"args", "transport", "payload_bytes": [...],
 "compress_s", "decompress_s"}``, and ``"reduce_s_per_byte"`` for an all-reduce transport) and ``source``.
 """
-import argparse
 import contextlib
 import json
+import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy
 
 from experiments.predict.files import read_json
+from training.options import INT32_MAX, Parser, integer, outpath, text
 
-__all__ = ["Profile", "from_trace", "synthetic", "measure_codecs", "load", "main"]
+__all__ = ["Profile", "from_trace", "synthetic", "measure_codecs", "load", "check", "codec_key", "find_codec", "main"]
 
 
 @dataclass
@@ -85,10 +86,175 @@ def load(path):
     d = read_json(path)
     if not isinstance(d, dict):
         raise ValueError(f"{path}: a profile holds one JSON object, got {type(d).__name__}")
+    names = [f.name for f in fields(Profile)]
+    for key in d:
+        if key not in names:
+            raise ValueError(f"{path}: profile field {key!r} is unknown; accepted: {', '.join(names)}")
     for key in ("rows", "itemsize", "layers"):
         if key not in d:
             raise ValueError(f"{path}: profile field {key!r} is missing")
-    return Profile(**d)
+    try:
+        return check(Profile(**d))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+#: Largest batch rows, gradient elements and seconds a profile may hold: beyond them a number is an error.
+_MAX_ROWS, _MAX_ELEMENTS, _MAX_SECONDS = 2 ** 31 - 1, 2 ** 40, 1e6
+#: How a codec's payloads travel (``transport`` of a compressor).
+_TRANSPORTS = ("allreduce", "allgather", "allgatherv", "own")
+
+
+def _number(where, v, low=0.0, high=_MAX_SECONDS):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+        raise ValueError(f"profile field {where} must be a number in [{low:g}, {high:g}], got {v!r}")
+    return v
+
+
+def _count(where, v, low=0, high=_MAX_ELEMENTS):
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise ValueError(f"profile field {where} must be an integer in [{low}, {high}], got {v!r}")
+    return v
+
+
+def check(profile):
+    """Check every field of ``profile``; return it.
+
+    ``rows`` >= 1; ``itemsize`` 2, 4 or 8; ``layers`` a non-empty list whose every layer has a name
+    (``kind``), ``params`` >= 0 equal to ``n_in x n_out + n_out`` where both widths are given, an
+    ``offset`` equal to the parameters before it (the flat gradient's layout), and ``forward_s`` /
+    ``backward_s`` in seconds; the other times finite and >= 0; every codec's ``args`` an object,
+    ``transport`` one of allreduce, allgather, allgatherv, ``payload_bytes`` a non-empty list of byte
+    counts and its times in seconds.
+
+    Raises
+    ------
+    ValueError
+        One line naming the first field out of its range (``layers[2].params``, ``codecs.topk.payload_bytes``).
+
+    Examples
+    --------
+    >>> check(synthetic([4, 8, 2], rows=10, flops_per_s=1e6)).elements
+    58
+    >>> p = synthetic([4, 8, 2], rows=10, flops_per_s=1e6)
+    >>> p.layers[1]["params"] = 17
+    >>> check(p)
+    Traceback (most recent call last):
+    ...
+    ValueError: profile field layers[1].params is 17, but a layer of 8 inputs and 2 outputs holds 8 x 2 + 2 = 18
+    """
+    _count("rows", profile.rows, 1, _MAX_ROWS)
+    if profile.itemsize not in (2, 4, 8) or isinstance(profile.itemsize, bool):
+        raise ValueError(f"profile field itemsize must be 2, 4 or 8 (bytes per gradient element), got {profile.itemsize!r}")
+    if not isinstance(profile.layers, list) or not profile.layers:
+        raise ValueError(f"profile field layers must be a non-empty list of layers, got {profile.layers!r}")
+    offset = 0
+    for i, layer in enumerate(profile.layers):
+        at = f"layers[{i}]"
+        if not isinstance(layer, dict):
+            raise ValueError(f"profile field {at} must be an object, got {layer!r}")
+        for key in ("params", "forward_s", "backward_s"):
+            if key not in layer:
+                raise ValueError(f"profile field {at}.{key} is missing")
+        n = _count(f"{at}.params", layer["params"])
+        if not isinstance(layer.get("kind", ""), str):
+            raise ValueError(f"profile field {at}.kind must be a name, got {layer['kind']!r}")
+        for key in ("n_in", "n_out"):
+            if layer.get(key) is not None:
+                _count(f"{at}.{key}", layer[key], 1)
+        if layer.get("n_in") and layer.get("n_out"):
+            a, b = layer["n_in"], layer["n_out"]
+            if n not in (a * b + b, a * b):
+                raise ValueError(f"profile field {at}.params is {n}, but a layer of {a} inputs and {b} outputs holds "
+                                 f"{a} x {b} + {b} = {a * b + b}")
+        if n and layer.get("offset") is not None and _count(f"{at}.offset", layer["offset"]) != offset:
+            raise ValueError(f"profile field {at}.offset is {layer['offset']}, but the layers before it hold {offset} "
+                             "parameters")
+        if n and layer.get("offset") is None:
+            raise ValueError(f"profile field {at}.offset is missing (the layer holds {n} parameters)")
+        offset += n
+        _number(f"{at}.forward_s", layer["forward_s"])
+        _number(f"{at}.backward_s", layer["backward_s"])
+    if offset < 1 or offset > _MAX_ELEMENTS:
+        raise ValueError(f"profile field layers holds {offset} parameters in all; a model needs 1 to {_MAX_ELEMENTS}")
+    for key in ("optimizer_s", "extra_forward_s", "extra_backward_s"):
+        _number(key, getattr(profile, key))
+    _number("reduce_s_per_byte", profile.reduce_s_per_byte, 0.0, 1.0)
+    if not isinstance(profile.codecs, dict):
+        raise ValueError(f"profile field codecs must be an object (codec -> its measurement), got {profile.codecs!r}")
+    for name, codec in profile.codecs.items():
+        at = f"codecs.{name}"
+        if not isinstance(codec, dict):
+            raise ValueError(f"profile field {at} must be an object, got {codec!r}")
+        for key in ("compress_s", "decompress_s"):
+            _number(f"{at}.{key}", codec.get(key))
+        if name == "traced":  # the trace's own compress/decompress times: no payload
+            continue
+        if not isinstance(codec.get("args", {}), dict):
+            raise ValueError(f"profile field {at}.args must be an object, got {codec['args']!r}")
+        if codec.get("transport") not in _TRANSPORTS:
+            raise ValueError(f"profile field {at}.transport must be one of {', '.join(_TRANSPORTS)}, "
+                             f"got {codec.get('transport')!r}")
+        sizes = codec.get("payload_bytes")
+        if not isinstance(sizes, list) or not sizes:
+            raise ValueError(f"profile field {at}.payload_bytes must be a non-empty list of byte counts, got {sizes!r}")
+        for j, nb in enumerate(sizes):
+            _count(f"{at}.payload_bytes[{j}]", nb)
+        if codec.get("reduce_s_per_byte") is not None:
+            _number(f"{at}.reduce_s_per_byte", codec["reduce_s_per_byte"], 0.0, 1.0)
+    if not isinstance(profile.source, str):
+        raise ValueError(f"profile field source must be text, got {profile.source!r}")
+    return profile
+
+
+def codec_key(name, args):
+    """Return the profile's key of compressor ``name`` with ``args``: ``name`` alone for its defaults,
+    else ``name:K=V,...`` with the arguments that differ from the defaults, sorted.
+
+    Examples
+    --------
+    >>> codec_key("topk", {"ratio": 0.5}), codec_key("topk", {}), codec_key("fp16", {})
+    ('topk:ratio=0.5', 'topk', 'fp16')
+    """
+    full = _effective(name, args)
+    defaults = _effective(name, {})
+    changed = {k: v for k, v in sorted(full.items()) if defaults.get(k, object()) != v}
+    return name if not changed else name + ":" + ",".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                                                         for k, v in changed.items())
+
+
+def _effective(name, args):
+    """Every keyword argument compressor ``name`` takes, its default or as ``args`` sets it (``shapes`` left out:
+    the profile's own)."""
+    import inspect
+
+    from collectives.compression.registry import COMPRESSORS
+
+    params = inspect.signature(COMPRESSORS[name]).parameters if name in COMPRESSORS else {}
+    out = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    out.update(args or {})
+    out.pop("shapes", None)
+    return out
+
+
+def find_codec(profile, name, args):
+    """Return the profile's measurement of compressor ``name`` with ``args`` (defaults filled in).
+
+    Raises
+    ------
+    ValueError
+        The profile holds no measurement of that compressor with those arguments (naming the ones it
+        holds and the ``--codec`` that would measure it).
+    """
+    want = _effective(name, args)
+    for key, codec in profile.codecs.items():
+        if key.partition(":")[0] == name and _effective(name, codec.get("args") or {}) == want:
+            return codec
+    held = [k for k in profile.codecs if k.partition(":")[0] == name]
+    spec = codec_key(name, args)
+    raise ValueError(f"config field 'compression': the profile has no codec {spec!r}"
+                     + (f" (it holds {', '.join(held)})" if held else "")
+                     + f"; profile it with --codec {spec}")
 
 
 def _median(xs):
@@ -117,8 +283,22 @@ def from_trace(path, rank=None, skip=1):
         The file holds no ``layer`` events (a trace from before per-layer events, or of a grid
         run), or no step after ``skip``.
     """
-    with open(path, encoding="utf-8") as f:
-        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    try:
+        return _from_trace(path, rank, skip)
+    except (KeyError, TypeError, IndexError, AttributeError) as e:  # an event without the fields the trainer writes
+        raise ValueError(f"{path}: not a trace of training.train --trace ({type(e).__name__}: {e})") from None
+
+
+def _from_trace(path, rank, skip):
+    doc = read_json(path)
+    listed = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(listed, list) or not listed:
+        raise ValueError(f"{path}: no trace events (a Chrome trace of training.train --trace: an object whose "
+                         "'traceEvents' is a non-empty list)")
+    events = [e for e in listed if isinstance(e, dict) and e.get("ph") == "X"]
+    if any(not isinstance(e.get("pid"), int) or not isinstance(e.get("ts"), (int, float)) or not isinstance(
+            e.get("dur"), (int, float)) or not isinstance(e.get("name"), str) for e in events):
+        raise ValueError(f"{path}: a complete event ('ph': 'X') lacks its name, pid, ts or dur")
     pids = sorted({e["pid"] for e in events if e["name"] == "layer"})
     if not pids:
         raise ValueError(f"{path}: no 'layer' events; trace a data-parallel run of training.train (--trace)")
@@ -155,10 +335,14 @@ def from_trace(path, rank=None, skip=1):
     if per.get("compress") or per.get("decompress"):
         codecs["traced"] = {"compress_s": _median(per.get("compress", [])),
                             "decompress_s": _median(per.get("decompress", []))}
-    return Profile(rows=int(rows), itemsize=int(itemsize), layers=layers, optimizer_s=_median(per.get("optimizer", [])),
-                   extra_forward_s=max(0.0, _median(per.get("forward", [])) - fwd),
-                   extra_backward_s=max(0.0, _median(per.get("backward", [])) - bwd), codecs=codecs,
-                   source=f"{path} rank {pid}, median of {len(steps)} steps")
+    try:
+        return check(Profile(rows=int(rows), itemsize=int(itemsize), layers=layers,
+                             optimizer_s=_median(per.get("optimizer", [])),
+                             extra_forward_s=max(0.0, _median(per.get("forward", [])) - fwd),
+                             extra_backward_s=max(0.0, _median(per.get("backward", [])) - bwd), codecs=codecs,
+                             source=f"{path} rank {pid}, median of {len(steps)} steps"))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def synthetic(sizes, rows, flops_per_s, itemsize=4, optimizer_bytes_per_s=None):
@@ -285,12 +469,13 @@ def _time_codecs(profile, specs, x, repeats, label):
             dec_t.append(clock() - t1)
             sizes = [payload_nbytes([p]) for p in payloads]
         transport = getattr(comp, "transport", "allreduce")
-        profile.codecs[name] = {"args": args, "transport": transport,
-                                "payload_bytes": sizes, "compress_s": min(comp_t[1:]),
-                                "decompress_s": min(dec_t[1:])}
-        profile.codecs[name]["input"] = label
+        key = codec_key(name, args)  # one entry per setting: topk at ratio 0.5 and at 0.01 both kept
+        profile.codecs[key] = {"args": args, "transport": transport,
+                               "payload_bytes": sizes, "compress_s": min(comp_t[1:]),
+                               "decompress_s": min(dec_t[1:])}
+        profile.codecs[key]["input"] = label
         if transport == "allreduce" and payloads:  # the all-reduce adds the payloads in their own dtype
-            profile.codecs[name]["reduce_s_per_byte"] = _add_speed(payloads[0])
+            profile.codecs[key]["reduce_s_per_byte"] = _add_speed(payloads[0])
 
 
 def _add_speed(b):
@@ -317,14 +502,14 @@ def parse_codec(text):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict.profile", description=__doc__.split("\n")[0])
-    p.add_argument("--trace", required=True, help="Chrome trace of training.train --trace")
-    p.add_argument("--rank", type=int, default=None, help="rank whose events are read (default the first)")
-    p.add_argument("--skip", type=int, default=1, help="steps left out at the start (default 1)")
-    p.add_argument("--codec", action="append", default=[], help="compressor to time, NAME[:K=V,...] (repeatable)")
-    p.add_argument("--gradient-from", default=None, help="checkpoint (ckpt-epochNNNN.npz, Adam) whose gradient "
+    p = Parser(prog="python -m experiments.predict.profile", description=__doc__.split("\n")[0])
+    p.add_argument("--trace", type=text(), required=True, help="Chrome trace of training.train --trace")
+    p.add_argument("--rank", type=integer(0, INT32_MAX), default=None, help="rank whose events are read (default the first)")
+    p.add_argument("--skip", type=integer(0, INT32_MAX), default=1, help="steps left out at the start (default 1)")
+    p.add_argument("--codec", type=text(), action="append", default=[], help="compressor to time, NAME[:K=V,...] (repeatable)")
+    p.add_argument("--gradient-from", type=text(), default=None, help="checkpoint (ckpt-epochNNNN.npz, Adam) whose gradient "
                    "scale the codecs are timed at (default: unit normal values)")
-    p.add_argument("--out", required=True, help="profile JSON file to write")
+    p.add_argument("--out", type=outpath(empty=True), required=True, help="profile JSON file to write")
     args = p.parse_args(argv)
     try:
         scale = gradient_rms(args.gradient_from) if args.gradient_from else None

@@ -25,7 +25,6 @@ reductions run at 1.5 TB/s (A100 HBM2e bandwidth). P = 4,096 is fast because rin
 replay) and every replay is cached by (algorithm, bytes, network); the others go through the event
 replay.
 """
-import argparse
 import json
 import os
 import sys
@@ -37,6 +36,7 @@ from experiments.predict import profile as profmod
 from experiments.predict import topology as topomod
 from experiments.predict.step import predict
 from plots.predict import scale_table
+from training.options import Parser, outpath, text
 
 __all__ = ["CLUSTERS", "EXAMPLE_MODEL", "cluster_topology", "candidates", "synthetic_codecs", "run", "main"]
 
@@ -138,12 +138,12 @@ def run(prof, ps, clusters=tuple(CLUSTERS), flops_per_s=EXAMPLE_MODEL["flops_per
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict.scale", description=__doc__.split("\n")[0])
-    p.add_argument("--profile", help="job profile JSON (default: the example model)")
-    p.add_argument("--trace", help="Chrome trace of training.train to profile instead")
-    p.add_argument("--ps", default="64,256,1024,4096", help="rank counts, comma-separated")
-    p.add_argument("--clusters", default=",".join(CLUSTERS), help=f"among {', '.join(CLUSTERS)}")
-    p.add_argument("--out", default="results/predict/scale", help="prefix of OUT.json and OUT.md")
+    p = Parser(prog="python -m experiments.predict.scale", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", type=text(), help="job profile JSON (default: the example model)")
+    p.add_argument("--trace", type=text(), help="Chrome trace of training.train to profile instead")
+    p.add_argument("--ps", type=text(), default="64,256,1024,4096", help="rank counts, comma-separated")
+    p.add_argument("--clusters", type=text(), default=",".join(CLUSTERS), help=f"among {', '.join(CLUSTERS)}")
+    p.add_argument("--out", type=outpath(), default="results/predict/scale", help="prefix of OUT.json and OUT.md")
     a = p.parse_args(argv)
     try:
         ps = [int(x) for x in a.ps.split(",")]

@@ -41,6 +41,7 @@ from training.dp.hooks import bucket_bounds
 from experiments.predict import comm
 from experiments.predict.grid import grid_step
 from experiments.predict.ledger import Ledger, scaled
+from experiments.predict.profile import find_codec
 from experiments.predict.ps_step import ps_step
 
 __all__ = ["predict", "FLAG_ALGORITHM"]
@@ -109,10 +110,7 @@ def _overlap(led, cfg, net, buckets, ready, tests, itemsize, end_backward):
 
 
 def _compressed(led, cfg, profile, net):
-    codec = profile.codecs.get(cfg.compression)
-    if codec is None:
-        raise ValueError(f"config field 'compression': the profile has no codec {cfg.compression!r} "
-                         f"(profile it with --codec {cfg.compression})")
+    codec = find_codec(profile, cfg.compression, cfg.compression_args)  # this setting's payloads, not the name's
     cm = led.cm
     led.compute(codec["compress_s"] * cm)
     if codec["transport"] in ("allgather", "allgatherv"):

@@ -35,7 +35,6 @@ writes the topology of an emulated cluster from its ``--calibrate`` file (the la
 above the node's is its extra: ``alpha_rack`` = inter-rack minus inter-node latency); ``--round-us``
 sets its ``round_us``.
 """
-import argparse
 import json
 import math
 import os
@@ -43,11 +42,15 @@ import sys
 
 from experiments.predict.comm import HostNetwork
 from experiments.predict.files import read_json
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 
 LEVELS = ("intra-node", "inter-node", "inter-rack")
 _DEFAULTS = {"intra-node": (1.0, 80e9), "inter-node": (30.0, 1e9), "inter-rack": (30.0, 1e9)}
+#: Most ranks a topology may hold: the replay keeps a clock per rank and a schedule's rounds per rank.
+MAX_RANKS = 2 ** 20
+
 _KEYS = ("name", "racks", "nodes_per_rack", "ranks_per_node", "levels", "reduce_bps", "cpu_s_per_byte", "duplex",
          "cores", "ranks_per_host", "round_us", "compute_scale", "fanout", "source")
 
@@ -131,6 +134,9 @@ def parse(doc):
     racks = _number(doc, "racks", "", True, True, 1)
     npr = _number(doc, "nodes_per_rack", "", True, True)
     rpn = _number(doc, "ranks_per_node", "", True, True)
+    if racks * npr * rpn > MAX_RANKS:
+        raise ValueError(f"topology fields racks x nodes_per_rack x ranks_per_node make {racks * npr * rpn:,} ranks; "
+                         f"the predictor replays at most {MAX_RANKS:,} (each rank's clock is kept)")
     levels = doc.get("levels", {})
     if not isinstance(levels, dict):
         raise ValueError(f"topology field 'levels' must be an object of {', '.join(LEVELS)}, got {levels!r}")
@@ -247,16 +253,16 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict.topology",
+    p = Parser(prog="python -m experiments.predict.topology",
                                 description="write a topology file from an emulated cluster's --calibrate JSON")
-    p.add_argument("--calibration", required=True)
-    p.add_argument("--racks", type=int, default=1)
-    p.add_argument("--nodes", type=int, required=True, help="nodes per rack")
-    p.add_argument("--ranks-per-node", type=int, required=True)
-    p.add_argument("--cores", type=int, default=None, help="cores of the host (default this machine's)")
-    p.add_argument("--round-us", type=float, default=0.0, help="a round's least microseconds on the host "
+    p.add_argument("--calibration", type=text(), required=True)
+    p.add_argument("--racks", type=integer(1, INT32_MAX), default=1)
+    p.add_argument("--nodes", type=integer(1, INT32_MAX), required=True, help="nodes per rack")
+    p.add_argument("--ranks-per-node", type=integer(0, INT32_MAX), required=True)
+    p.add_argument("--cores", type=integer(1, INT32_MAX), default=None, help="cores of the host (default this machine's)")
+    p.add_argument("--round-us", type=real(0, 1e15), default=0.0, help="a round's least microseconds on the host "
                    "(python -m experiments.predict.floor prints it per ranks per core; default 0)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", type=outpath(empty=True), required=True)
     a = p.parse_args(argv)
     try:
         with open(a.calibration, encoding="utf-8") as f:

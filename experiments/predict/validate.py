@@ -26,7 +26,6 @@ Writes OUT.json (every row, the commands, the targets, the round floors) and OUT
 keeps the profile with its codec times in ``OUT_runs/profile.json``, which ``--reuse`` reads again.
 ``--dry-run`` prints the commands and runs nothing. Run it on a quiet machine: the measured numbers are step times.
 """
-import argparse
 import json
 import os
 import statistics
@@ -43,6 +42,7 @@ from experiments.predict import floor as floormod
 from experiments.predict import profile as profmod
 from experiments.predict import topology as topomod
 from experiments.predict.step import predict
+from training.options import INT32_MAX, Parser, integer, outpath, text
 
 __all__ = ["JOB", "plan", "train_flags", "compare", "run", "main"]
 
@@ -209,7 +209,7 @@ def _profile(d, reuse):
     path = os.path.join(d, "profile.json")
     if reuse and os.path.exists(path):
         prof = profmod.load(path)
-        if all(name in prof.codecs for name, _ in _CODECS):
+        if all(profmod.codec_key(name, args) in prof.codecs for name, args in _CODECS):
             return prof
     ckpts = epoch_checkpoints(os.path.join(d, "profile"))
     scale = profmod.gradient_rms(ckpts[-1]) if ckpts else None  # the profile run's gradient magnitudes
@@ -278,16 +278,16 @@ def _ms(seconds):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.predict.validate", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="results/predict/validation", help="prefix of OUT.json and OUT.md")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per measured run (default 3; the first is left out)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of every configuration, in turns (default 3): "
+    p = Parser(prog="python -m experiments.predict.validate", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=outpath(), default="results/predict/validation", help="prefix of OUT.json and OUT.md")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per measured run (default 3; the first is left out)")
+    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs of every configuration, in turns (default 3): "
                    "its measured time is their median, its range theirs")
-    p.add_argument("--only", default="", help="indices of plan() entries to run, comma-separated (default all)")
+    p.add_argument("--only", type=text(), default="", help="indices of plan() entries to run, comma-separated (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--reuse", action="store_true", help="keep the profile, calibrations and runs already under "
                    "OUT_runs (measure only the missing ones)")
-    p.add_argument("--sweeps", default=floormod.DEFAULT_DIR, help="all-reduce sweeps the round floor is "
+    p.add_argument("--sweeps", type=text(), default=floormod.DEFAULT_DIR, help="all-reduce sweeps the round floor is "
                    f"fitted on (default {floormod.DEFAULT_DIR})")
     results.add_options(p)
     a = p.parse_args(argv)
