@@ -126,7 +126,13 @@ class DistributedSampler:
         return numpy.resize(order, total).astype(numpy.int64)
 
     def num_global_batches(self, batch):
-        """Return the global batches of ``batch`` samples per epoch (:meth:`epoch_order`, the last partial)."""
+        """Return the global batches of ``batch`` samples per epoch (:meth:`epoch_order`, the last partial).
+
+        Examples
+        --------
+        >>> DistributedSampler(10, rank=0, size=3).num_global_batches(4)
+        3
+        """
         return -(-len(self.epoch_order(0, batch)) // batch) if self.n else 0
 
     def global_batches(self, epoch, batch):

@@ -108,6 +108,16 @@ def memory_cap(cfg, ds, model, state_bytes=0):
     ------
     ValueError
         When the bound leaves less than one sample.
+
+    Examples
+    --------
+    >>> from training.build import build_model
+    >>> from training.config import Config
+    >>> from training.data import load_dataset
+    >>> cfg = Config(hidden=(16,), memory_gb=0.01)   # 10 MiB less the data and model, over 632 bytes a sample
+    >>> ds = load_dataset(cfg)
+    >>> memory_cap(cfg, ds, build_model(cfg, ds.n_features, ds.n_classes))
+    16246
     """
     item = model.params.dtype.itemsize
     fixed = model.params.nbytes + model.grads.nbytes + (ds.x_train.size + ds.x_test.size) * item + int(state_bytes)
@@ -119,6 +129,12 @@ def steps_per_epoch(sampler, batch):
 
     :class:`training.sampling.DistributedSampler`: its global batches; a skewed partition's
     :class:`training.shard_sampler.ShardSampler`: its own steps.
+
+    Examples
+    --------
+    >>> from training.sampling import DistributedSampler
+    >>> steps_per_epoch(DistributedSampler(1438, 0, 3), 64)   # 22 batches of 64, one of 30
+    23
     """
     if hasattr(sampler, "global_batches"):
         return sampler.num_global_batches(batch)
