@@ -38,6 +38,7 @@ _METAVARS = {
     "metrics_every": "STEPS", "metrics_interval": "SECONDS", "straggler_factor": "K", "straggler_intervals": "N",
     "stall_seconds": "SECONDS", "ctr_rows": "ROWS", "ctr_tables": "F", "ctr_dim": "D", "ctr_bag": "IDS",
     "ctr_train": "SAMPLES", "ctr_test": "SAMPLES", "ctr_hot": "ROWS", "memory_gb": "GIB",
+    "balance_every": "K", "balance_gain": "FRACTION",
 }
 
 #: Flag help text, with units; defaults are appended from :class:`Config`.
@@ -53,7 +54,8 @@ HELP = {
     "ctr_test": "ctr: synthetic test samples (AUC and log loss)",
     "ctr_sharding": "ctr: rows over the servers by hash of the row id, or by key range",
     "ctr_hot": "ctr: the hottest rows (counted on the training ids) split column-wise over all servers",
-    "memory_gb": "ctr: GiB a rank may use (0: what the node has free); a larger model is refused before allocating",
+    "memory_gb": "GiB a rank may use. ctr: 0 is what the node has free, a larger model is refused before "
+                 "allocating; data-parallel: bounds each rank's batch share (0: no bound)",
     "data": "data set: digits (scikit-learn's embedded 8x8 digits), mnist (IDX files in --data-dir), "
             "synthetic (Gaussian classes, size set by --samples/--features/--classes)",
     "data_dir": "directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
@@ -124,7 +126,8 @@ HELP = {
     "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
     "straggler": "slow rank (data-parallel) or worker (parameter server) as RANK:FACTOR: it sleeps FACTOR-1 "
                  "times its compute time each step (fault injection)",
-    "jitter": "parameter server: extra delay per step, uniform in [0, JITTER] seconds",
+    "jitter": "extra delay per step of every data-parallel rank or parameter-server worker, uniform in "
+              "[0, JITTER] seconds (fault injection)",
     "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
     "fail_worker": "parameter server: worker RANK stops communicating before step STEP (fault injection), as RANK:STEP",
     "ps_conflict": "parameter server, asp/ssp: what a server does with a push computed from an old version of its "
@@ -138,8 +141,13 @@ HELP = {
     "ps_replicas": "parameter server: server ranks holding each shard, a chain of a primary and R-1 backups "
                    "(R divides --servers; --servers/R shards); a push is acknowledged once every live replica "
                    "applied it, and the workers fail over to the next replica when a primary stays silent",
-    "balance": "parameter server: give faster workers larger batches in proportion to their measured speed "
-               "(global batch unchanged)",
+    "balance": "give faster ranks (data-parallel) or workers (parameter server) larger shares of each global "
+               "batch in proportion to their measured speed, at least one sample each and at most what "
+               "--memory-gb allows; the gradient stays the global batch's mean (docs/guide/heterogeneity.md)",
+    "balance_every": "--balance: steps (parameter server: clocks) between two gathers of the ranks' measured "
+                     "seconds per sample; a rank whose speed changes is followed within this many steps",
+    "balance_gain": "--balance, data-parallel: re-split only when the new shares shorten the predicted step by "
+                    "at least this fraction (noise between ranks of equal speed moves nothing)",
     "partition": "how the training samples are split over the workers (data-parallel ranks or PS workers): iid; "
                  "dirichlet:alpha=A (each class spread by Dirichlet(A) proportions, A > 0); classes:k=K (each "
                  "worker holds K classes); quantity:alpha=A (IID labels, Dirichlet(A) shard sizes). Seeded by "

@@ -56,7 +56,7 @@ class Config:
     # --- optimization
     epochs: int = 40                  # passes over the training set
     stop_after: int = 0               # stop after this epoch (0: run all epochs); resume later
-    batch_size: int = 64              # global batch (samples), split evenly across the P ranks
+    batch_size: int = 64              # global batch (samples), split across the P ranks (equal shares; --balance: by speed)
     optimizer: str = "adam"           # adam or sgd (with momentum)
     lr: float = 1e-3                  # learning rate (step size, dimensionless)
     lr_schedule: str = "cosine"       # constant, or cosine decay to 0 over all epochs
@@ -87,7 +87,7 @@ class Config:
     ctr_test: int = 200000            # synthetic test samples
     ctr_sharding: str = "hash"        # rows over the servers: hash or range (key ranges)
     ctr_hot: int = 0                  # hottest rows split column-wise over all servers (rows; 0: none)
-    memory_gb: float = 0.0            # memory a rank may use for the ctr model (GiB; 0: what the node has free)
+    memory_gb: float = 0.0            # memory a rank may use (GiB): ctr model (0: what the node has free); dp/ps batch shares (0: no bound)
     # --- model parallelism (mode "dp" with tensor_parallel * pipeline_parallel > 1)
     tensor_parallel: int = 1          # T: ranks sharing each layer (Megatron column/row split)
     pipeline_parallel: int = 1        # Q: pipeline stages (consecutive layers per stage)
@@ -106,7 +106,9 @@ class Config:
     ps_retries: int = 0               # resends of an unanswered push/pull, applied once by the servers
     ps_replicas: int = 1              # server ranks holding each shard (a chain; --servers / this = shards)
     fail_worker: str = ""             # worker that stops communicating "RANK:STEP"
-    balance: bool = False             # faster workers get larger batches (global batch unchanged)
+    balance: bool = False             # faster ranks/workers get larger batch shares (global batch unchanged)
+    balance_every: int = 10           # --balance: steps (PS: clocks) between two gathers of the measured speeds
+    balance_gain: float = 0.05        # --balance (data-parallel): smallest predicted step-time saving (fraction) that re-splits
     # --- skewed data across workers (data-parallel and parameter server; docs/guide/non_iid.md)
     partition: str = "iid"            # samples over workers: iid, dirichlet:alpha=A, classes:k=K, quantity:alpha=A
     resample: bool = False            # class-balanced batches on every worker (each class b/m times per batch)
@@ -293,6 +295,7 @@ class Config:
             raise ValueError("post_local_epoch and average_optimizer need local_steps > 1")
         if local and self.mode != "dp":
             raise ValueError("local_steps > 1 (local SGD) needs mode 'dp'")
+        self._check_balance()
         if self.weighted_average and self.mode != "dp":
             raise ValueError("weighted_average needs mode 'dp' (the parameter server weights every worker's push alike)")
         if self.weighted_average and self.compression != "none":
@@ -301,6 +304,28 @@ class Config:
         if skewed and self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("partition, resample, shared_fraction, local_steps and weighted_average apply to "
                              "data-parallel and parameter-server runs, not the model-parallel grid")
+
+    def _check_balance(self):
+        if self.balance_every < 1:
+            raise ValueError(f"balance_every must be >= 1 (steps between two gathers of the speeds), got "
+                             f"{self.balance_every!r}")
+        if not 0 <= self.balance_gain < 1:
+            raise ValueError(f"balance_gain must be in [0, 1) (a fraction of the step time), got {self.balance_gain!r}")
+        if self.memory_gb < 0:
+            raise ValueError(f"memory_gb must be >= 0 GiB (0: no bound), got {self.memory_gb!r}")
+        if not self.balance or self.mode != "dp" or self.model == "ctr":
+            return
+        if self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
+            raise ValueError("balance shares the global batch among data-parallel ranks that each hold the whole "
+                             "model (--mode dp without --tensor-parallel, --pipeline-parallel, --micro-batches) or "
+                             "parameter-server workers (--mode ps), not the model-parallel grid")
+        if self.local_steps > 1:
+            raise ValueError("balance re-splits each step's global batch; local SGD (--local-steps > 1) has none: "
+                             "drop one of them")
+        if self.partition != "iid" or self.resample or self.shared_fraction > 0:
+            raise ValueError("balance moves samples of each global batch between ranks, which a skewed "
+                             "--partition, --resample or --shared-fraction (each rank its own shard) rules out; "
+                             "it needs --partition iid")
 
     def _check_memory(self):
         """Refuse a dense model or synthetic data set larger than this node's free memory, before any
