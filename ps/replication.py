@@ -151,8 +151,9 @@ class ReplicatedServer(Server):
                 time.sleep(1e-3)
 
     def checkpoint(self):
-        """Write the shard's checkpoint when this replica is the primary (the others hold the same)."""
-        if self.head and not self.deposed:
+        """Write the shard's checkpoint unless fenced off: every replica writes each generation (the same shard),
+        so a backup that takes over has written the one its primary died writing."""
+        if not self.deposed:
             super().checkpoint()
 
     # ------------------------------------------------------------------------------------------

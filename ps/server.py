@@ -31,7 +31,7 @@ from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, M
 from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
 from ps.state import ServerOptimizer
 from ps.store import server_checkpoint_path
-from ps.store_checkpoint import restore_server, save_server
+from ps.store_checkpoint import newest_generation, restore_server, save_server
 
 __all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS", "COUNTERS"]
 
@@ -110,8 +110,9 @@ class Server:
         self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
-        if opts.resume_dir:
-            self._resume(server_checkpoint_path(opts.resume_dir, self.index))
+        if opts.resume_dir:  # the newest generation every shard holds (ps.store_checkpoint)
+            paths = newest_generation(opts.resume_dir, opts.shards)
+            self._resume(paths[self.index] if paths else server_checkpoint_path(opts.resume_dir, self.index))
 
     def serve(self, start_time=None):
         """Run the loop until every worker is done, aborted or dropped.
@@ -128,7 +129,7 @@ class Server:
         """
         self._t0 = (time.monotonic() if start_time is None else start_time) - self.resumed_seconds
         self._last_heard[:] = time.monotonic()
-        backoff, next_check = Backoff(), 0.0
+        backoff, next_check, checked = Backoff(), 0.0, time.monotonic()
         while (self.table.status == LIVE).any() or self.held:
             msg = probe(self.comm)
             if msg is not None:

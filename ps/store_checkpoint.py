@@ -18,6 +18,14 @@ Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`)
                               sparse servers only: their pieces are no slice of a flat vector)
 ============================  ==================================================================
 
+Generations: a server writes its file each time its folded pushes cross a multiple of the interval (and
+when its loop ends), and before it replaces the file it keeps the one there as ``ps_serverN.prev.npz``
+when that holds fewer pushes (a hard link: the bytes are not copied). Every replica of a shard writes
+(the same bytes but the time), so a backup that takes over has the generation its dead primary missed.
+A job killed between two servers' writes, or inside one, thus leaves every shard's previous generation
+beside the newer ones: :func:`newest_generation` picks the newest generation every shard holds, and a
+directory where no generation is complete (a job killed inside its first write) holds no checkpoint yet.
+
 ``meta/run_id`` is the entry the trainer's own checkpoints carry (:mod:`training.origin`), so one run's
 files, whatever wrote them, name the same run. Before a server resumes, :func:`check_server_checkpoint`
 refuses, naming the file: a file of another run (unless the caller accepts one, ``allow_foreign``), a
@@ -30,6 +38,7 @@ Imports: :mod:`ps.store`, :mod:`ps.sharding` and :mod:`ps.rows` only.
 """
 import dataclasses
 import os
+import zipfile
 
 import numpy as np
 
@@ -38,7 +47,8 @@ from ps.sharding import shard_offsets
 from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
 
 __all__ = ["RUN_ID", "Expected", "run_id_entry", "held_run_id", "server_arrays", "save_server",
-           "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server"]
+           "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server",
+           "previous_checkpoint_path", "newest_generation"]
 
 RUN_ID = "meta/run_id"  # the origin entry of every checkpoint: its run's id, UTF-8 bytes as uint8
 _COUNTS = ("offset", "total", "servers", "pushes", "version")  # one whole number >= 0 each
@@ -87,11 +97,85 @@ def server_arrays(server):
 
 
 def save_server(server):
-    """Write ``server``'s checkpoint into ``server.opts.checkpoint_dir`` (atomic); return its path."""
+    """Write ``server``'s checkpoint into ``server.opts.checkpoint_dir`` (atomic), keeping the previous
+    generation (the module docstring); return its path."""
     os.makedirs(server.opts.checkpoint_dir, exist_ok=True)
     path = server_checkpoint_path(server.opts.checkpoint_dir, server.index)
+    _keep_previous(path, server.pushes)
     write_npz(path, server_arrays(server))
     return path
+
+
+def previous_checkpoint_path(path):
+    """Return where the generation before ``path``'s is kept.
+
+    Examples
+    --------
+    >>> previous_checkpoint_path("runs/a/ps/ps_server1.npz")
+    'runs/a/ps/ps_server1.prev.npz'
+    """
+    return path[:-len(".npz")] + ".prev.npz"
+
+
+def _keep_previous(path, pushes):
+    """Before ``path`` is replaced by a generation of ``pushes``, keep the file there as the previous one when it
+    holds fewer pushes (a replica writing the same generation finds it already replaced: it keeps nothing)."""
+    prev = previous_checkpoint_path(path)
+    tmp = f"{prev}.tmp.{os.getpid()}"
+    try:
+        os.link(path, tmp)  # the file as it is now, whoever replaces it meanwhile
+    except FileNotFoundError:
+        return
+    held = _pushes_of(tmp)
+    if held is not None and held < pushes:
+        os.replace(tmp, prev)
+    else:
+        os.remove(tmp)
+
+
+def _pushes_of(path):
+    """Return the pushes a server checkpoint holds, or None when it is missing or unreadable (read unverified:
+    :func:`read_server_checkpoint` verifies the file chosen)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return int(np.asarray(z["pushes"]).reshape(-1)[0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError, zipfile.BadZipFile, EOFError):
+        return None
+
+
+def newest_generation(directory, shards):
+    """Return the files, one per shard, of the newest generation that every shard's checkpoint holds, or None.
+
+    Each shard has its file ``ps_serverN.npz`` and maybe the previous generation's (:func:`previous_checkpoint_path`);
+    a generation is the number of pushes a file holds. None when no generation is complete: no shard has
+    written yet, or a job was killed inside its first write.
+
+    Parameters
+    ----------
+    directory : str
+        The servers' checkpoint directory.
+    shards : int
+        Number of shards.
+
+    Returns
+    -------
+    list of str or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> newest_generation(tempfile.mkdtemp(), 2) is None
+    True
+    """
+    have = {}  # pushes -> {shard: file}
+    for g in range(shards):
+        current = server_checkpoint_path(directory, g)
+        for path in (previous_checkpoint_path(current), current):
+            n = _pushes_of(path)
+            if n is not None:
+                have.setdefault(n, {})[g] = path
+    complete = [n for n, files in have.items() if len(files) == shards]
+    return [have[max(complete)][g] for g in range(shards)] if complete else None
 
 
 def _one_count(path, key, v):
@@ -270,10 +354,10 @@ def read_server_checkpoint(path, index, expected=Expected()):
 def check_resume(directory, shards, expected=Expected()):
     """Check, on any rank, the checkpoint of every shard in ``directory`` before a run resumes from them.
 
-    Each file is read and checked as its server will (:func:`read_server_checkpoint`, ``expected``
-    what it checks, :class:`Expected`, with ``shards`` set here), and the files must be of one generation: each server writes its own file when
-    its count of folded pushes crosses a multiple of the interval, so a job killed between two
-    servers' writes leaves shards of different generations, which together would be two models.
+    The files of the newest generation every shard holds (:func:`newest_generation`), else every shard's
+    current file, are read and checked as their servers will (:func:`read_server_checkpoint`, ``expected``
+    what it checks, :class:`Expected`, with ``shards`` set here), and they must be of one generation:
+    shards of different generations together would be two models.
 
     Parameters
     ----------
@@ -301,7 +385,7 @@ def check_resume(directory, shards, expected=Expected()):
     ...
     ps.store.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
     """
-    paths = [server_checkpoint_path(directory, g) for g in range(shards)]
+    paths = newest_generation(directory, shards) or [server_checkpoint_path(directory, g) for g in range(shards)]
     expected = dataclasses.replace(expected, shards=shards)
     pushes = [int(read_server_checkpoint(p, g, expected)["pushes"]) for g, p in enumerate(paths)]
     for g in range(1, shards):

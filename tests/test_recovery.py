@@ -140,6 +140,52 @@ def _shard_file(ckpt, index, pushes, run_id="5f2a"):
         "meta/server": np.array([index]), **run_id_entry(run_id)})
 
 
+def test_a_job_killed_inside_or_between_server_writes_resumes_from_the_newest_complete_generation(tmp_path):
+    """Oracle: the states the servers wrote. A first generation only one shard wrote (a job killed inside
+    it) is no checkpoint yet, not a refusal naming --servers (unless the file is of another job); a shard
+    whose next write was never made leaves the others' previous generation beside their newer one, and
+    resume takes the newest generation every shard holds; a replica writing a generation again keeps the
+    previous one."""
+    from mpi4py import MPI
+
+    from ps.options import PSOptions
+    from ps.server import Server
+    from training.optim import SGD
+
+    ckpt, init = str(tmp_path / "ps"), np.linspace(-1.0, 1.0, 8)
+
+    def server(g, pushes=0, **opts):
+        srv = Server(MPI.COMM_SELF, g, [2], init[4 * g:4 * g + 4].copy(), 8,
+                     PSOptions(servers=2, checkpoint_dir=ckpt, run_id="5f2a", **opts),
+                     lambda p, gr: SGD(p, gr, lr=0.1, momentum=0.9))
+        if pushes:
+            srv.pushes = srv.version = pushes
+            srv.table.folded[:] = pushes
+            srv.params += pushes  # a state of its own per generation
+            srv.checkpoint()
+        return srv
+
+    server(0, 8)  # the first generation: shard 1 never wrote it
+    assert check_server_checkpoints(ckpt, 2, run_id="5f2a", job=(2, 1)) is False
+    with pytest.raises(CheckpointError, match="written by a job of 2 server.*this job has 3: resume with the same servers"):
+        check_server_checkpoints(ckpt, 3, run_id="5f2a", job=(3, 1))
+    from ps.store_checkpoint import newest_generation, previous_checkpoint_path
+
+    assert newest_generation(ckpt, 2) is None
+    server(1, 8)
+    server(0, 16)  # shard 1 is killed before its write of 16
+    first, second = server_checkpoint(ckpt, 0), server_checkpoint(ckpt, 1)
+    assert newest_generation(ckpt, 2) == [previous_checkpoint_path(first), second]
+    assert check_server_checkpoints(ckpt, 2, run_id="5f2a", job=(2, 1)) is True
+    for g in (0, 1):
+        resumed = server(g, resume_dir=ckpt)
+        assert resumed.pushes == 8 and np.array_equal(resumed.params, init[4 * g:4 * g + 4] + 8), (g, resumed.params)
+    server(1, 16)
+    assert newest_generation(ckpt, 2) == [first, second] and server(0, resume_dir=ckpt).pushes == 16
+    server(0, 16)  # another replica of shard 0 writes generation 16 again: generation 8 stays
+    assert int(read_npz(previous_checkpoint_path(first))["pushes"]) == 8
+
+
 def test_server_checkpoints_of_different_generations_are_refused(tmp_path):
     ckpt = str(tmp_path)
     for index, pushes in ((0, 184), (1, 92)):

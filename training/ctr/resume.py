@@ -22,7 +22,8 @@ import re
 
 import numpy as np
 
-from ps.store import read_npz, server_checkpoint_path, write_npz
+from ps.store import read_npz, write_npz
+from ps.store_checkpoint import newest_generation
 
 __all__ = ["rank_checkpoint_path", "save_rank", "load_rank", "resume_clock", "checkpoint_due"]
 
@@ -171,7 +172,7 @@ def resume_clock(cfg, run_dir, S, W, layout=None):
 
     if not check_server_checkpoints(ckpt, S, missing_ok=True, layout=layout):
         return None
-    folded = np.min([read_npz(server_checkpoint_path(ckpt, s))["folded"] for s in range(S)], axis=0)
+    folded = np.min([read_npz(p)["folded"] for p in newest_generation(ckpt, S)], axis=0)
     clocks = [0] * S + [int(c) for c in folded]
     if cfg.mode == "hybrid":
         if len(set(clocks[S:])) > 1:

@@ -23,7 +23,7 @@ from ps.options import PSOptions
 from ps.reports import roles
 from ps.rows import RowSharding
 from ps.sparse import SparseServer
-from ps.store import server_checkpoint_path
+from ps.store_checkpoint import newest_generation
 from training.ctr.data import available_bytes, check_ids, check_memory, make_ctr_data
 from training.ctr.model import CTRModel, auc_logloss, init_table
 from training.ctr.modes import dense_rows, dp_loop, ps_loop
@@ -141,7 +141,7 @@ def _train_ps(cfg, comm, data, model, rows, counts, run_dir):
                      lr_at=lr_rule(cfg.lr_schedule, cfg.lr), horizon=W * total, ps_timeout=cfg.ps_timeout,
                      worker_batch=cfg.batch_size // W, checkpoint_dir=ckpt,
                      checkpoint_every_pushes=W * (cfg.ctr_train // cfg.batch_size) * cfg.checkpoint_every,
-                     resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
+                     resume_dir=ckpt if cfg.resume and newest_generation(ckpt, S) else "",
                      seed=cfg.seed, retries=cfg.ps_retries)
     opts.validate(comm.Get_size())
     pscomm, endcomm = comm.Dup(), comm.Dup()

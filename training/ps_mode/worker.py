@@ -26,7 +26,7 @@ from ps.options import PSOptions
 from ps.sharding import proportional
 from ps.runtime import roles, run
 from ps.server import server_checkpoint_path
-from ps.store_checkpoint import Expected, check_resume
+from ps.store_checkpoint import Expected, check_resume, newest_generation, read_server_checkpoint
 from training.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
 from training.build import build_model, make_sampler, to_device
 from training.data import load_dataset
@@ -180,7 +180,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
         balance=cfg.balance, balance_every=cfg.balance_every,
         snapshot_every=max(1, W * per_epoch // per_snapshot), checkpoint_dir=ckpt,
         checkpoint_every_pushes=W * per_epoch * cfg.checkpoint_every,
-        resume_dir=ckpt if cfg.resume and os.path.exists(server_checkpoint_path(ckpt, 0)) else "",
+        resume_dir=ckpt if cfg.resume and newest_generation(ckpt, cfg.servers // max(1, cfg.ps_replicas)) else "",
         seed=cfg.seed, conflict=cfg.ps_conflict, conflict_lag=cfg.ps_conflict_lag, retries=cfg.ps_retries,
         replicas=cfg.ps_replicas, allow_foreign=cfg.allow_foreign_checkpoint)
     opts = dataclasses.replace(opts, **extra)
@@ -258,7 +258,9 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
     Returns
     -------
     bool
-        True when there are checkpoints to resume from.
+        True when there are checkpoints to resume from; False when none (``missing_ok``), or when some
+        shards have none and those present are of this job: a job killed inside its first write has no
+        checkpoint yet.
 
     Raises
     ------
@@ -279,10 +281,16 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
     missing = [p for p in paths if not os.path.exists(p)]
     if missing_ok and len(missing) == servers:
         return False
+    S, W = job if job is not None else (None, None)
+    if missing and len(missing) < servers:  # no complete generation: killed inside its first write, so nothing to
+        for g, p in enumerate(paths):        # resume from, unless the files there are of another job
+            if p not in missing:
+                read_server_checkpoint(p, g, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
+                                                      layout=layout))
+        return False
     if missing:
         raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
                          f"--mode ps run with --servers {servers}?)")
-    S, W = job if job is not None else (None, None)
     check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
                                          layout=layout))
     return True
