@@ -2,7 +2,8 @@
 
 Model, optimizers, data and configuration are re-exported here; the MPI-facing modules are
 imported by name: ``training.dp.data_parallel`` (gradient hook, step, evaluation), ``training.checkpoint``,
-``training.metrics`` and ``training.train`` (``mpiexec -n P python -m training.train``).
+``training.metrics``, ``training.elastic`` (``--elastic``: survivors of a dead rank keep training under ULFM)
+and ``training.train`` (``mpiexec -n P python -m training.train``).
 
 Subpackages: :mod:`training.dp` (data parallelism), :mod:`training.model_parallel` (tensor and
 pipeline parallelism, the data x tensor x pipeline grid) and :mod:`training.ps_mode`

@@ -32,8 +32,8 @@ __all__ = ["ulfm_enabled", "is_process_failure", "failed_ranks", "process_failed
 
 #: Seconds a rank that learned of a death only from a revoked communicator waits for the library's
 #: failure detector to say which process died (the names in its error); found within about 50 ms
-#: on one machine.
-NAME_WAIT_S = 2.0
+#: on one machine, allowed far more for a loaded one.
+NAME_WAIT_S = 5.0
 
 
 def _failure_classes():
