@@ -172,8 +172,6 @@ def test_bad_balance_flags_are_one_line(tmp_path, capsys, flags, message):
 @pytest.mark.parametrize("flags, message", [
     (["--batch-size", "2"], "the global batch (2) is smaller than the number of ranks (3)"),
     (["--batch-size", "1", "--mode", "ps"], "the global batch (1) is smaller than the number of workers (2"),
-    (["--memory-gb", "0.0001"], "leaves it no sample"),  # 0.1 MiB: less than the digits alone
-    (["--memory-gb", "0.0006", "--batch-size", "4096"], "does not fit 3 workers of at most"),  # ~350 each
 ])
 def test_job_errors_are_one_line_from_rank_0(tmp_path, flags, message):
     res = run_mpi(3, "training.train", "--hidden", "8", "--epochs", "1", "--no-progress", "--run-dir",
@@ -182,10 +180,26 @@ def test_job_errors_are_one_line_from_rank_0(tmp_path, flags, message):
     assert "Traceback" not in res.stdout and not any(tmp_path.iterdir()), res.stdout
 
 
-@pytest.mark.parametrize("P", [3, 5])
-def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P):
-    out = run_mpi(P, "tests.mpi_shares", str(tmp_path), timeout=300).stdout
-    for case in ("every_step", "balance", "resume_compressed", "no_straggler", "defaults", "ps"):
+@pytest.mark.parametrize("flags, message", [
+    (["--memory-gb", "0.0001"], "leaves it no sample"),  # 0.1 MiB: less than the digits alone
+    (["--memory-gb", "0.0006", "--batch-size", "4096"], "does not fit 1 workers of at most"),  # ~350 samples
+])
+def test_a_memory_bound_that_cannot_hold_the_batch_is_one_line(tmp_path, capsys, flags, message):
+    from training.train import main
+
+    status = main(["--hidden", "8", "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path), *flags])
+    out = capsys.readouterr()
+    line = [t for t in (out.out + out.err).splitlines() if "error:" in t]
+    assert status == 1 and len(line) == 1 and message in line[0] and "--memory-gb" in line[0], out
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("P, cases", [(3, ("every_step", "balance", "resume_compressed", "no_straggler", "defaults",
+                                           "ps")),
+                                      (5, ("every_step", "defaults", "ps"))])
+def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P, cases):
+    out = run_mpi(P, "tests.mpi_shares", str(tmp_path), *cases, timeout=300).stdout
+    for case in cases:
         assert f"case_{case}: ok" in out, out
 
 
