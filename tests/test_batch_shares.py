@@ -9,9 +9,10 @@
 * The decision: a 2x slower rank gets half the speed's share; noise below the gain moves nothing; a
   rank whose speed changes is followed at the next gather (within K steps); no share ever exceeds
   the memory bound; checkpoint state round-trips and another job's shares are not taken.
-* Multi-rank (``tests/mpi_shares.py``, P = 3 and 5): parameters after every step equal one process's
-  on the same global batches (buckets, overlap), --balance with a straggler, no re-split without one
-  (bitwise), every default (data-parallel and --mode ps BSP) with the update of one process.
+* Multi-rank (``tests/mpi_shares.py``): at P = 3 and 5, parameters after every step equal one process's
+  on the same global batches (buckets, overlap) and every default (data-parallel and --mode ps BSP)
+  updates as one process; at P = 3, --balance with a straggler (and with compression, error feedback
+  and a bitwise resume), no re-split without one (bitwise).
 * Bad input: one clear line each (--balance on the model-parallel grid, K < 1, a global batch
   smaller than P, a memory bound leaving no sample or too few for the batch).
 """
