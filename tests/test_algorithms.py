@@ -328,3 +328,24 @@ def test_examples_equal_mpi_allreduce_bitwise_for_2_to_8_ranks():
     for P in range(2, 9):
         out = run_mpi(P, "tests.mpi_algorithms", timeout=180).stdout
         assert f"algorithms P={P}: 0 failures" in out, out
+
+
+def test_an_installed_packages_entry_point_registers_when_its_name_is_asked_for(monkeypatch):
+    from collectives.schedules import registry
+
+    class EntryPoint:
+        name = "a2a_installed"
+
+        def load(self):
+            return alltoall_allreduce
+
+    asked = []
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points",
+                        lambda group: asked.append(group) or [EntryPoint()])
+    monkeypatch.setattr(registry, "_LOADED", [False])
+    try:
+        registry.check_algorithm("a2a_installed")
+        assert asked == [registry.ENTRY_POINTS] and "a2a_installed" in names()
+        assert build_allreduce_schedule("a2a_installed", 0, 3, 6).rounds[0].phase == "reduce-scatter"
+    finally:
+        unregister_algorithm("a2a_installed")

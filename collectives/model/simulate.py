@@ -21,10 +21,11 @@ __all__ = ["ScheduleDeadlock", "replay"]
 def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, from_input=False):
     """Run ``schedules`` (one per rank, index = rank) to completion in one process.
 
-    Each rank runs its schedule's compiled program (:meth:`~collectives.schedules.schedule.Schedule.program`),
-    the executor's own, and applies its receives with the executor's
-    :func:`~collectives.schedules.schedule.apply_receive`, so a schedule computes here what it
-    computes under MPI.
+    With ``data``, each rank runs its schedule's compiled program
+    (:meth:`~collectives.schedules.schedule.Schedule.program`), the executor's own, and applies its
+    receives with the executor's :func:`~collectives.schedules.schedule.apply_receive`, so a schedule
+    computes here what it computes under MPI. Timing alone reads the rounds' peers and lengths, which
+    the program carries unchanged (and saves compiling thousands of ranks' programs).
 
     Parameters
     ----------
@@ -85,8 +86,10 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, f
             inp = data[r].copy()
             work = numpy.empty_like(inp)
             work[...] = 77 if inp.dtype.kind in "iub" else numpy.nan
-        else:
-            prog, final, inp, work = sched.program(), [], None, data[r] if data is not None else None
+        elif data is not None:
+            prog, final, inp, work = sched.program(), [], None, data[r]
+        else:  # timing only: the rounds' peers and lengths, all the compiled program adds being slices
+            prog, final, inp, work = [(rd.sends, rd.recvs) for rd in sched.rounds], [], None, None
         progs.append(prog)
         finals.append(final)
         works.append(work)
@@ -101,9 +104,12 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, f
                 sends, recvs = prog[pos[r]]
                 if posted[r] is None:  # sends are posted first (non-blocking), as the executor does
                     start = clock[r]
-                    for p, sl, s_in in sends:
-                        n = sl.stop - sl.start
-                        payload = (inp if s_in else work)[sl].copy() if work is not None else None
+                    for snd in sends:
+                        if work is None:
+                            p, n, payload = snd[0], snd[2] - snd[1], None
+                        else:
+                            p, sl, s_in = snd
+                            n, payload = sl.stop - sl.start, (inp if s_in else work)[sl].copy()
                         send_s, delay = cost(r, p, n) if cost else (0.0, 0.0)
                         queues.setdefault((r, p), deque()).append((payload, n, start + delay))
                         start += send_s
@@ -118,11 +124,14 @@ def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, f
                 posted[r] = None
                 landed = []
                 for rv in recvs:
-                    p, sl, scr, red = rv[0], rv[1], rv[2], rv[5]
+                    if work is None:
+                        p, want, red = rv[0], rv[2] - rv[1], rv[3]
+                    else:
+                        p, sl, scr, red = rv[0], rv[1], rv[2], rv[5]
+                        want = sl.stop - sl.start
                     payload, n, arrival = queues[(p, r)].popleft()
-                    if n != sl.stop - sl.start:
-                        raise ValueError(f"rank {r} round {pos[r]} expected {sl.stop - sl.start} elements from {p}, "
-                                         f"got {n}")
+                    if n != want:
+                        raise ValueError(f"rank {r} round {pos[r]} expected {want} elements from {p}, got {n}")
                     end = max(end, arrival)
                     if red and reduce_cost is not None:
                         end += reduce_cost(n)

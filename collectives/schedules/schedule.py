@@ -141,7 +141,7 @@ class Schedule:
     (2, {(0, 1): 2})
     """
 
-    __slots__ = ("algorithm", "rank", "size", "count", "rounds", "scratch", "elements_sent",
+    __slots__ = ("algorithm", "rank", "size", "count", "rounds", "_scratch", "elements_sent",
                  "messages", "_program")
 
     def __init__(self, algorithm, rank, size, count, rounds):
@@ -157,11 +157,18 @@ class Schedule:
             for p, a, b, _ in r.recvs:
                 if not (0 <= a and b <= count and (type(p) is int or isinstance(p, Integral)) and 0 <= p < size):
                     _refuse(rank, size, count, i, r.phase, "receive", p, a, b)
-        self.scratch = max([sum(b - a for (_, a, b, red), st in zip(r.recvs, _staged(r)) if red or st)
-                            for r in self.rounds] or [0])
+        self._scratch = None  # computed when first asked for (the simulator at P = 4096 never asks)
         self.elements_sent = sum(b - a for r in self.rounds for _, a, b in r.sends)
         self.messages = sum(len(r.sends) for r in self.rounds)
         self._program = None
+
+    @property
+    def scratch(self):
+        """Elements of scratch space the executor needs for this schedule (see the class's Attributes)."""
+        if self._scratch is None:
+            self._scratch = max([sum(b - a for (_, a, b, red), st in zip(r.recvs, _staged(r)) if red or st)
+                                 for r in self.rounds] or [0])
+        return self._scratch
 
     def links(self):
         """Return ``{(src, dst): elements}`` summed over this rank's sends."""
