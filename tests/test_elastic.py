@@ -106,10 +106,11 @@ def test_elastic_without_ulfm_is_one_line_before_training(tmp_path):
 
 @pytest.mark.parametrize("flags, text", [
     (["--mode", "ps"], "not --mode ps"), (["--tensor-parallel", "2"], "not a model-parallel grid"),
-    (["--local-steps", "4"], "not --local-steps"), (["--elastic-min", "0"], "elastic_min must be >= 1")])
+    (["--local-steps", "4"], "not --local-steps"), (["--trace", "t.json"], "not --trace"),
+    (["--elastic-min", "0"], "elastic_min must be >= 1"), (["--elastic-respawn", "--no-elastic"], "needs elastic")])
 def test_elastic_refuses_what_it_does_not_support(flags, text):
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
-        parse_args(["--elastic", *flags])
+        parse_args(["--elastic", *flags])  # (--no-elastic after it turns it off again)
     assert text in err.getvalue(), err.getvalue()
 
 

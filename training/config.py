@@ -254,7 +254,9 @@ class Config:
             other = ("--mode ps" if self.mode != "dp" else "a model-parallel grid (--tensor-parallel, "
                      "--pipeline-parallel, --micro-batches)" if grid else "--model ctr" if self.model == "ctr"
                      else "--local-steps" if self.local_steps > 1 else "--balance" if self.balance
-                     else "--weighted-average" if self.weighted_average else "")
+                     else "--weighted-average" if self.weighted_average else "--trace" if self.trace
+                     else "--metrics-port" if self.metrics_port else "--tensorboard" if self.tensorboard
+                     else "--straggler or --jitter" if self.straggler or self.jitter else "")
             if other:
                 raise ValueError(f"--elastic supports plain data-parallel training (with --bucket-bytes, "
                                  f"--overlap and --compression), not {other}")

@@ -472,7 +472,8 @@ def train_elastic(cfg, comm, run_dir, t):
     restore_snapshot(t, kept)
     pos = Position(comm.size, t.state.epoch, 0)
     try:
-        run = elastic_loop(cfg, own, t, data, pos, on_epoch=rec.on_epoch, on_step=rec.on_step, run_dir=run_dir)
+        run = elastic_loop(cfg, own, t, data, pos, last_epoch=min(cfg.epochs, cfg.stop_after or cfg.epochs),
+                           on_epoch=rec.on_epoch, on_step=rec.on_step, run_dir=run_dir)
     except ElasticStop as stop:
         print(f"error: {stop}", file=sys.stderr, flush=True)
         raise
@@ -526,6 +527,7 @@ def join_loop(cfg, parent, records=True):
     run_dir = got["run_dir"].tobytes().decode()
     rec = _Records(cfg, t, to_device(ds, model.dtype, xp), run_dir, time.perf_counter() - t.state.wall_s)
     run = elastic_loop(cfg, merged, t, rec.data, Position(P0, epoch, consumed),
+                       last_epoch=min(cfg.epochs, cfg.stop_after or cfg.epochs),
                        on_epoch=rec.on_epoch if records else None, on_step=rec.on_step if records else None,
                        world_ranks=[int(w) for w in got["world"]], run_dir=run_dir or None,
                        reported=int(got["reported"]))
