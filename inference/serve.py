@@ -240,7 +240,10 @@ def _load_test(cfg, front, data, t0):
             arrival = t0 + float(gen.times[k]) if cfg.clients == 0 else now  # open loop: scheduled time
             front.submit(Request(k, payloads[k], arrival, int(rows[k]), done), now)
             k += 1
-        if not front.step(time.perf_counter()):
+        # no request can come before those waiting are answered (every request sent, or every closed-loop
+        # client waiting with nothing at a replica): what waits goes now, whatever its max wait
+        last = gen.next_time() is None and (gen.finished() or front.in_flight() == 0)
+        if not front.step(time.perf_counter(), force=last):
             _idle(front, gen, t0)
 
 

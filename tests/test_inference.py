@@ -370,3 +370,16 @@ def test_missing_or_corrupt_checkpoints_are_named(ckpt, tmp_path):
     bad.write_bytes(open(os.path.join(ckpt, "ckpt-epoch0001.npz"), "rb").read()[:-100])
     with pytest.raises(CheckpointError, match="ckpt-epoch0001.npz"):
         load_spec(str(tmp_path), MPI.COMM_SELF)
+
+
+def test_the_last_partial_batch_goes_when_no_request_can_come(ckpt, tmp_path):
+    """--max-wait-ms 1e9 (a batch waits until it is full): once the open loop has sent every request, or
+    every closed-loop client waits with nothing at a replica, what waits is dispatched at once (the job
+    waited for ever for requests that could not come). Oracle: every request answered, equal to the
+    single-process prediction, well inside the launch's timeout."""
+    for name, flags in (("open", ["--rate", 2000, "--requests", 5]), ("closed", ["--clients", 3, "--requests", 9])):
+        out = str(tmp_path / name)
+        run_mpi(2, "inference.serve", "--checkpoint", ckpt, "--replicas", 1, "--max-batch", 8, "--max-wait-ms", "1e9",
+                *flags, "--run-dir", out, timeout=60)
+        s = json.load(open(os.path.join(out, "summary.json")))
+        assert s["answered"] == s["requests"] == s["correct"], s
