@@ -43,7 +43,7 @@ class SparseServer(Server):
 
     Parameters
     ----------
-    comm, index, worker_ranks, opts, on_push
+    comm, index, worker_ranks, opts
         As :class:`ps.server.Server`.
     table : ndarray, shape (slots, width), float32 or float64
         This server's pieces (:meth:`ps.rows.RowSharding.shard`), updated in place.
@@ -61,13 +61,13 @@ class SparseServer(Server):
         Pieces and payload bytes sent in PARAMS replies (the server's load).
     """
 
-    def __init__(self, comm, index, worker_ranks, table, total, opts, make_optimizer, *, on_push=None, layout=None):
+    def __init__(self, comm, index, worker_ranks, table, total, opts, make_optimizer, *, layout=None):
         if opts.replicas > 1 or opts.conflict == "cas" or opts.snapshot_every:
             raise ValueError("sparse shards support neither replicas, cas conflicts nor snapshots")
         self.rows_table, self.width = table, int(table.shape[1])
         self.layout = None if layout is None else np.asarray(layout, np.int64)  # checkpointed, checked on resume
         super().__init__(comm, index, worker_ranks, table.reshape(-1), total, opts,
-                         lambda params, grads: make_optimizer(table), on_push=on_push)
+                         lambda params, grads: make_optimizer(table))
         self.opt.__class__ = _SparseUpdate  # same state (the optimizer built above, resumed), sparse steps
         self.pull_ids = {}            # (worker, request id) -> slots of a pull not yet answered
         self.clock_ids = {}           # (worker, clock) -> slots of its pull, for the push of that clock
