@@ -344,7 +344,10 @@ class Server:
         mean = self.speeds[known].mean() if known.any() else 1.0
         rate = 1.0 / np.where(known, self.speeds, mean)      # samples per second
         rate[self.table.status != LIVE] = 0.0
-        batches = proportional(rate, self.opts.worker_batch * int((rate > 0).sum()))
+        nominal = proportional(np.ones(self.n_workers), self.opts.global_batch or self.opts.worker_batch * self.n_workers)
+        total = int(nominal[rate > 0].sum())  # the live workers' part of the global batch
+        cap = max(self.opts.max_batch, -(-total // max(1, int((rate > 0).sum())))) if self.opts.max_batch else None
+        batches = proportional(rate, total, cap)  # within each worker's memory bound while the live ones fit it
         for w, clock in self.speed_waiting.items():
             self._reply(w, Msg.BATCH, clock, batches.astype(self.params.dtype))
         self.speed_waiting.clear()
