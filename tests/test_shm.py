@@ -30,11 +30,13 @@ def test_shm_refuses_a_communicator_spanning_nodes():
         refuse_nodes(_Spread(), "allreduce")
 
 
-def test_shm_refuses_device_arrays_and_bad_arguments_before_any_message():
+def test_shm_stages_device_arrays_and_refuses_bad_arguments_before_any_message():
     from tests.fakedevice import to_device
 
+    y = C.allreduce(to_device(np.arange(3.0)), algorithm="shm")  # staged through host memory
+    assert type(y).__name__ == "HostDeviceArray" and np.array_equal(np.asarray(y), np.arange(3.0))
     with pytest.raises(ValueError, match="host .NumPy. arrays"):
-        C.allreduce(to_device(np.ones(3)), algorithm="shm")
+        C.iallreduce(to_device(np.ones(3)), algorithm="shm")
     with pytest.raises(ValueError, match="op"):
         C.allreduce(np.ones(3), op="mean", algorithm="shm")
     with pytest.raises(ValueError, match="unknown reduce_scatter algorithm"):

@@ -35,6 +35,9 @@ publishes the blocks' lengths in the flags' spare words). Broadcast: the root co
 the others copy out (one point). Reduce: as the all-reduce, pushing to the root only (one point up to
 :data:`SMALL_BYTES`, where the root reduces everything).
 
+:func:`collectives.engine.context.last_stats` counts, as ``bytes_sent`` (``estimated``), the bytes a
+rank reads from or writes into the other ranks' memory (no message is sent).
+
 The rules of :mod:`collectives.calls` hold: float16 and bfloat16 accumulate in float32 (each chunk's
 partial result is float32, rounded once when written), integer ``avg`` is the floor of the mean,
 integer sums wrap, NaN propagates through ``min``/``max`` (NumPy's ``minimum``/``maximum``), counts 0
@@ -54,7 +57,7 @@ import zlib
 
 import numpy
 
-from collectives.backend import OPS, check_timeout
+from collectives.backend import OPS, check_timeout, get_array_module
 from collectives.engine.buffers import ACC
 from collectives.engine.fingerprint import block_code, key_code
 from collectives.errors import CollectiveError, CollectiveTimeout
@@ -124,8 +127,50 @@ def _reduction(op, dtype, size):
 
 def _host(x, collective):
     if type(x) is not numpy.ndarray:
-        raise ValueError(f"{collective} with algorithm='shm' takes host (NumPy) arrays; device arrays are not "
-                         "supported by this algorithm")
+        raise ValueError(f"{collective} with algorithm='shm' takes host (NumPy) arrays here; the blocking "
+                         "collectives stage device arrays through host memory")
+
+
+def _staged_device(ctx, x):
+    """Return ``(host copy of device array x, its transport)``, or ``(x, None)`` for a host array.
+
+    Device arrays (CuPy, or a module registered with :func:`collectives.backend.register_device_module`)
+    are staged through host memory, as the hand-made algorithms do without a CUDA-aware MPI: the
+    stream is synchronised, ``x`` copied to a (pinned) host buffer, the collective run there, and
+    the result copied back (:func:`_to_device`). Peers' device memory is not mapped (no CUDA IPC).
+    """
+    xp = get_array_module(x)
+    if xp is numpy:
+        return x, None
+    t = ctx.transport(xp)
+    t.sync()
+    if not x.flags.c_contiguous:
+        dense = xp.empty(x.shape, x.dtype)
+        xp.copyto(dense, x)
+        x = dense
+    host = numpy.empty(x.shape, x.dtype)  # (the algorithm's own copy in, not MPI's staging: not counted there)
+    if x.size:
+        if hasattr(x, "get"):
+            x.get(out=host)
+        else:
+            numpy.copyto(host, numpy.asarray(x))
+    return host, t
+
+
+def _to_device(t, host, out):
+    """Copy the host result ``host`` into device array ``out`` (None: a new one of the transport's module); return it."""
+    xp = t.xp
+    if out is None:
+        out = xp.empty(host.shape, host.dtype)
+    dense = out if out.flags.c_contiguous else xp.empty(host.shape, host.dtype)
+    if host.size:
+        if hasattr(dense, "set"):
+            dense.set(host)
+        else:
+            numpy.copyto(numpy.asarray(dense), host)
+    if dense is not out:
+        xp.copyto(out, dense)
+    return out
 
 
 def _code(key, shared=None):
@@ -149,7 +194,7 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
         yield node.post(code), "arrival"
         fold(zero, lo, hi, ufunc, acc, avg, zero, node)
         yield node.post(code), "reduced slices"
-        ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
+        ctx.record("allreduce", "shm", n, dtype, elements=2 * (n - (hi - lo)), estimated=True)
         return
     nbytes = n * dtype.itemsize
     if not node.fits(nbytes):
@@ -166,12 +211,12 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
         fold(peers, 0, n, ufunc, acc, avg, [flat], node)
         if not contiguous:
             numpy.copyto(out, flat.reshape(out.shape))
-        ctx.record("allreduce", "shm", n, dtype, elements=0, estimated=True)
+        ctx.record("allreduce", "shm", n, dtype, elements=(size - 1) * n, estimated=True)
         return
     fold(peers, lo, hi, ufunc, acc, avg, peers, node)
     yield node.post(code), "reduced slices"
     numpy.copyto(out, mine.reshape(out.shape))
-    ctx.record("allreduce", "shm", n, dtype, elements=n - (hi - lo), estimated=True)
+    ctx.record("allreduce", "shm", n, dtype, elements=2 * (n - (hi - lo)), estimated=True)
 
 
 def _allreduce_call(node, ctx, key, x, out):
@@ -207,7 +252,9 @@ def allreduce(ctx, key, x, out, timeout):
     CollectiveMismatch, CollectiveTimeout
         As for every algorithm.
     """
-    _host(x, "allreduce")
+    x, t = _staged_device(ctx, x)
+    if t is not None:
+        return _to_device(t, allreduce(ctx, key, x, None, timeout), out)
     node = _enter(ctx, key, timeout, "allreduce")
     out = numpy.empty(x.shape, x.dtype) if out is None else out
     _, steps = _allreduce_call(node, ctx, key, x, out)
@@ -403,7 +450,7 @@ class ShmPlan:
         fold(peers, 0, out.size, ufunc, acc, avg, [dst], node)
         if flat is None and out.size:
             numpy.copyto(out, dst.reshape(out.shape))
-        self.ctx.record("allreduce", "shm", out.size, out.dtype, elements=0, estimated=True)
+        self.ctx.record("allreduce", "shm", out.size, out.dtype, elements=(node.size - 1) * out.size, estimated=True)
 
     def test(self):
         """Advance the started all-reduce; True once it has completed."""
@@ -448,7 +495,7 @@ def _reduce_scatter_steps(node, ctx, key, code, x, out):
     bounds = chunk_bounds(n, size)
     lo, hi = bounds[rank], bounds[rank + 1]
     fold([v.view(dtype) for v in views], lo, hi, ufunc, acc, avg, [out], node, base=lo)
-    ctx.record("reduce_scatter", "shm", n, dtype, elements=0, estimated=True)
+    ctx.record("reduce_scatter", "shm", n, dtype, elements=(size - 1) * (hi - lo), estimated=True)
 
 
 def reduce_scatter(ctx, key, x, out, timeout):
@@ -457,7 +504,9 @@ def reduce_scatter(ctx, key, x, out, timeout):
     One synchronisation point: each rank reduces its own ``numpy.array_split`` chunk from every
     rank's stage, in rank order, straight into ``out``.
     """
-    _host(x, "reduce_scatter")
+    x, t = _staged_device(ctx, x)
+    if t is not None:
+        return _to_device(t, reduce_scatter(ctx, key, x, None, timeout), out)
     node = _enter(ctx, key, timeout, "reduce_scatter")
     bounds = chunk_bounds(x.size, node.size)
     if out is None:
@@ -489,7 +538,7 @@ def _allgather_steps(node, ctx, key, code, x, box):
     for p in range(size):
         flat[at:at + lengths[p]] = views[p][:lengths[p]]
         at += lengths[p]
-    ctx.record("allgather", "shm", out.size, x.dtype, elements=0, estimated=True)
+    ctx.record("allgather", "shm", out.size, x.dtype, elements=out.size - x.size, estimated=True)
 
 
 def allgather(ctx, x, out, timeout):
@@ -499,7 +548,9 @@ def allgather(ctx, x, out, timeout):
     the data). The call's fingerprint holds the dtype and the block's shape (its trailing shape in
     the all-gather-v form), so ranks whose blocks differ raise :class:`CollectiveMismatch`.
     """
-    _host(x, "allgather")
+    x, t = _staged_device(ctx, x)
+    if t is not None:
+        return _to_device(t, allgather(ctx, x, None if out is None else numpy.empty(out.shape, out.dtype), timeout), out)
     if out is None:
         key = ("allgather", "shm", 0, x.dtype, None, None, block_code((1,) + x.shape[1:]))
     else:
@@ -535,12 +586,15 @@ def _broadcast_steps(node, ctx, key, code, x, root):
     yield node.post(code), "arrival"
     if node.rank != root and x.size:
         numpy.copyto(x, views[root].view(x.dtype).reshape(x.shape))
-    ctx.record("broadcast", "shm", x.size, x.dtype, elements=0, estimated=True)
+    ctx.record("broadcast", "shm", x.size, x.dtype, elements=0 if node.rank == root else x.size, estimated=True)
 
 
 def broadcast(ctx, key, x, root, timeout):
     """Copy the root's ``x`` into every rank's ``x`` (one synchronisation point); return ``x``."""
-    _host(x, "broadcast")
+    host, t = _staged_device(ctx, x)
+    if t is not None:
+        _to_device(t, broadcast(ctx, key, host, root, timeout), x)
+        return x
     node = _enter(ctx, key, timeout, "broadcast")
     _drive(_broadcast_steps(node, ctx, key, _code(key), x, root), node, ctx, key, timeout)
     return x
@@ -566,12 +620,15 @@ def _reduce_steps(node, ctx, key, code, x, root, out):
         yield node.post(code), "reduced slices"
         if rank == root and n:
             numpy.copyto(out, peers[root].reshape(out.shape))
-    ctx.record("reduce", "shm", n, dtype, elements=0, estimated=True)
+    ctx.record("reduce", "shm", n, dtype, elements=(size - 1) * n if rank == root else 0, estimated=True)
 
 
 def reduce(ctx, key, x, root, timeout):
     """Reduce checked ``x`` onto ``root``; return the result there (a new array), None elsewhere."""
-    _host(x, "reduce")
+    x, t = _staged_device(ctx, x)
+    if t is not None:
+        got = reduce(ctx, key, x, root, timeout)
+        return None if got is None else _to_device(t, got, None)
     node = _enter(ctx, key, timeout, "reduce")
     out = numpy.empty(x.shape, x.dtype) if node.rank == root else None
     _drive(_reduce_steps(node, ctx, key, _code(key), x, root, out), node, ctx, key, timeout)
