@@ -13,12 +13,23 @@
   instead of the application. uvicorn's own ``limit_concurrency`` check is switched off: it answers
   a plain-text 503, and already when exactly ``limit`` connections are open.
 
+- **A bound on the request head.** A head (request line and headers, up to the blank line) of more
+  than :data:`HEAD_BYTES` bytes or :data:`HEAD_LINES` lines is answered 431 (``Request Header Fields
+  Too Large``) and its connection closed, however it arrives: h11's own limit (16 KiB) holds only
+  while a head is incomplete, so a head that arrived in one read passed at any size.
+
 A connection over the limit is still accepted by the kernel and by asyncio; it costs a protocol
 object until its request is answered 503 or its head deadline passes.
 """
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["bounded_protocol"]
+__all__ = ["bounded_protocol", "HEAD_BYTES", "HEAD_LINES"]
+
+#: Largest request head (request line and headers, the blank line left out), bytes and lines.
+HEAD_BYTES, HEAD_LINES = 16384, 100
+
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
 def bounded_protocol(read_timeout, max_connections, busy):
@@ -63,10 +74,11 @@ class _Bounded(H11Protocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.limit_concurrency = None  # checked in handle_events, answered by busy
-        self._app, self._head_timer = self.app, None
+        self._app, self._head_timer, self._head = self.app, None, bytearray()
 
     def _arm(self):
         self._disarm()
+        self._head = bytearray()
         self._head_timer = self.loop.call_later(self.read_timeout, self._head_late)
 
     def _disarm(self):
@@ -88,10 +100,27 @@ class _Bounded(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data):
+        if self._head_timer is not None and self._head_over(data):  # a head is awaited: bounded here
+            return
         cycle = self.cycle
         super().data_received(data)
         if self.cycle is not cycle:  # a request head arrived (a new request-response cycle began)
             self._disarm()
+
+    def _head_over(self, data):
+        """Add ``data`` to the awaited head; answer 431 and close when it passes a bound. True then."""
+        self._head += data[:HEAD_BYTES + 4 - len(self._head)]  # (no more is kept than the bound needs)
+        end = self._head.find(b"\r\n\r\n")
+        head = self._head if end < 0 else self._head[:end]
+        if len(head) <= HEAD_BYTES and head.count(b"\n") < HEAD_LINES:
+            return False
+        self._disarm()
+        body = (b'{"error":"request head over %d bytes or %d lines (request line and headers)"}'
+                % (HEAD_BYTES, HEAD_LINES))
+        if not self.transport.is_closing():
+            self.transport.write(_TOO_LARGE % (len(body), body))
+            self.transport.close()
+        return True
 
     def handle_events(self):
         full = len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections

@@ -46,6 +46,25 @@ from inference.request import Request
 __all__ = ["HttpEndpoint", "EndpointOptions"]
 
 
+def _plain_paths(app):
+    """Wrap ASGI ``app``: a path holding an encoded '/' (``%2F``) is answered 400 before routing.
+
+    The server decodes the path before the routes see it, so ``/v2/models/model%2Fready`` was the
+    ready route and ``/v2/models/a%2Fb`` a model of another route's shape; model names and versions
+    hold no '/', so no such path names anything.
+    """
+    async def plain(scope, receive, send):
+        if scope["type"] == "http" and b"%2f" in scope.get("raw_path", b"").lower():
+            body = error_body("an encoded '/' (%2F) in the path: model names and versions hold no '/'")
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return plain
+
+
 class EndpointOptions:
     """Limits and names of the HTTP server (the ``ServeConfig`` fields of the same names)."""
 
@@ -122,7 +141,7 @@ class HttpEndpoint:
         for base in (m, m + "/versions/{version}"):
             routes += [Route(base, self._model_meta), Route(base + "/ready", self._model_ready),
                        Route(base + "/infer", self._infer, methods=["POST"])]
-        app = Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route})
+        app = _plain_paths(Starlette(routes=routes, exception_handlers={404: self._no_route, 405: self._no_route}))
         http = bounded_protocol(options.read_timeout, options.max_connections, self._busy)
         cfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http=http,
                              timeout_keep_alive=5, backlog=2048)
