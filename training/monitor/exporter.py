@@ -3,9 +3,13 @@
 One :class:`Exporter` lives on the rank that gathers the others' figures (rank 0: the first rank
 of a synchronous run, server 0 of a parameter-server run). It holds the metrics of
 :data:`METRICS` in a registry of its own (``prometheus_client.CollectorRegistry``: no process or
-garbage-collector series beside them) and, given a port, serves them over HTTP with
-``prometheus_client.start_http_server`` on ``host:port`` (127.0.0.1 unless told otherwise), in a
-thread of its own, so a scrape never waits for the training loop nor the loop for a scrape.
+garbage-collector series beside them) and, given a port, serves them over HTTP
+(``prometheus_client.make_wsgi_app`` on a threading server) on ``host:port`` (127.0.0.1 unless told
+otherwise), in threads of their own, so a scrape never waits for the training loop nor the loop for
+a scrape. The endpoint's threads are bounded as the serving front bounds its connections: at most
+:data:`MAX_SCRAPES` connections are served at once (one more is answered 503 and closed), and a
+connection is closed :data:`SCRAPE_SECONDS` seconds after it opened, whatever it has sent, so idle
+or slow connections cannot hold the threads.
 
 Names start with ``commlab_`` and are in base units (seconds, bytes); per-rank values carry a
 ``rank`` label and the parameter servers' a ``server`` label, so a job has at most P series of
@@ -14,8 +18,12 @@ each metric.
 import errno
 import os
 import socket
+import time
 
-__all__ = ["METRICS", "Exporter", "check_endpoint"]
+__all__ = ["METRICS", "Exporter", "check_endpoint", "MAX_SCRAPES", "SCRAPE_SECONDS"]
+
+#: Connections the metrics endpoint serves at once, and the seconds a connection may stay open.
+MAX_SCRAPES, SCRAPE_SECONDS = 8, 5.0
 
 #: (name, kind, label, help) of every metric. ``kind`` is ``gauge`` or ``counter`` (exposed with the
 #: ``_total`` suffix); ``label`` is ``rank``, ``server`` or ``""`` (one series per job).
@@ -130,8 +138,7 @@ class Exporter:
             self.metrics[name] = cls(name, text, [label] if label else [], registry=self.registry)
         self.port, self.host, self._httpd = int(port), host, None
         if self.port:
-            served = prometheus_client.start_http_server(self.port, addr=host, registry=self.registry)
-            self._httpd = served[0] if isinstance(served, tuple) else None
+            self._httpd = _bounded_server(host, self.port, prometheus_client.make_wsgi_app(self.registry))
 
     def _series(self, name, key):
         """Return the series of ``name`` labelled ``key``, made at its first use and kept.
@@ -166,8 +173,86 @@ class Exporter:
         return generate_latest(self.registry).decode()
 
     def close(self):
-        """Stop the HTTP endpoint (a scrape in flight finishes)."""
+        """Stop the HTTP endpoint (a scrape in flight finishes, within :data:`SCRAPE_SECONDS`)."""
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+
+def _bounded_server(host, port, app):
+    """Serve WSGI ``app`` on ``host:port`` from a daemon thread, its connections bounded; return the server.
+
+    Each connection gets a thread, at most :data:`MAX_SCRAPES` at once (one more is answered 503 and
+    closed at once), and is shut down :data:`SCRAPE_SECONDS` seconds after it opened.
+    """
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+    slots = threading.BoundedSemaphore(MAX_SCRAPES)
+    open_until, lock = {}, threading.Lock()  # connection -> when it is shut down (time.monotonic())
+
+    class Handler(WSGIRequestHandler):
+        def setup(self):
+            super().setup()
+            self.connection.settimeout(SCRAPE_SECONDS)
+            with lock:
+                open_until[self.connection] = time.monotonic() + SCRAPE_SECONDS
+
+        def finish(self):
+            with lock:
+                open_until.pop(self.connection, None)
+            try:
+                super().finish()
+            except OSError:  # shut down by its deadline
+                pass
+
+        def log_message(self, *args):  # no line per scrape on stderr
+            pass
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        def process_request(self, request, client_address):
+            if not slots.acquire(blocking=False):  # every slot taken: refused now, no thread
+                try:
+                    request.sendall(b"HTTP/1.0 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                except OSError:
+                    pass
+                self.shutdown_request(request)
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+        def handle_error(self, request, client_address):  # a connection cut by its deadline: nothing to say
+            pass
+
+    def reap():  # one thread shuts every connection past its deadline (a slow one never times out a read)
+        while True:
+            time.sleep(0.1)
+            now = time.monotonic()
+            with lock:
+                late = [c for c, t in open_until.items() if t <= now]
+            for c in late:
+                _shut(c)
+
+    httpd = Server((host, port), Handler)
+    httpd.set_app(app)
+    threading.Thread(target=httpd.serve_forever, name="commlab-metrics", daemon=True).start()
+    threading.Thread(target=reap, name="commlab-metrics-deadlines", daemon=True).start()
+    return httpd
+
+
+def _shut(sock):
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
