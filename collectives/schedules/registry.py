@@ -271,7 +271,12 @@ class AlgorithmTable(Mapping):
         return REGISTRY[name].description
 
     def __contains__(self, name):
-        return name in names(self.collective)
+        if name in names(self.collective):
+            return True
+        if isinstance(name, str) and not _LOADED[0]:  # an installed package's algorithm, asked for by name
+            _entry_points()
+            return name in names(self.collective)
+        return False
 
     def __iter__(self):
         return iter(names(self.collective))
