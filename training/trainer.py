@@ -95,6 +95,7 @@ def build_trainer(cfg, comm):
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
     verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
+    share_gradients(cfg, comm, model)  # algorithm "shm": the flat gradient in shared memory, before the optimizer
     opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
     if hook.owns_momentum and cfg.optimizer == "sgd":

@@ -11,7 +11,7 @@ Examples
 
 >>> from collectives.calls.allreduce import ALGORITHMS
 >>> list(ALGORITHMS)
-['ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'torus', 'mpi', 'auto']
+['ring', 'tree', 'recursive_doubling', 'rabenseifner', '2d', 'torus', 'shm', 'mpi', 'auto']
 >>> ALGORITHMS["mpi"]
 "the MPI library's own collective (the oracle and baseline)"
 """
@@ -31,6 +31,7 @@ from collectives.engine.executor import Run
 from collectives.library.allreduce import library_allreduce, run_plan
 from collectives.engine.request import Request
 from collectives.schedules.schedule import segmented
+from collectives.shm import algorithms as shm
 from collectives.model.auto import model_choice, select_allreduce
 from collectives.schedules.torus import check_dims, check_grid, square_grid
 from collectives.engine.waiting import Where, deadline_of, wait_all
@@ -207,6 +208,8 @@ def _allreduce(x, op, comm, algorithm, out, timeout, grid, accumulate):
     given = algorithm
     x, timeout, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, timeout, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
+    if algorithm == "shm":
+        return shm.allreduce(ctx, key, x, out, timeout)
     if algorithm == "mpi":
         cacheable = xp is numpy and grid is None and accumulate == "float32"
         return library_allreduce(ctx, key, x, out, timeout, xp, given=given if cacheable else None)
@@ -248,6 +251,8 @@ def iallreduce(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=N
         op = op_name(op)
     x, _, grid, ctx, xp, algorithm = _begin(x, comm, op, algorithm, out, None, grid, accumulate)
     key = ("allreduce", algorithm, x.size, x.dtype, op, None, grid if isinstance(grid, tuple) else None)
+    if algorithm == "shm":
+        return shm.iallreduce(ctx, key, x, out)
     out, work, acc, direct, _ = prepare(x, out, ctx, xp, None, "float32" if algorithm == "mpi" else accumulate)
     tag = ctx.begin(key)
     size = ctx.size

@@ -90,6 +90,9 @@ REGISTRY = {a.name: a for a in (
               ("allreduce",), torus_allreduce, auto=True, modelled=True),
     Algorithm("torus", "reduce-scatter along each dimension of grid=(a, b, c, ...) in turn, then all-gather back "
               "(Ying et al. 2018, 3.3; Cho et al. 2019)", ("allreduce",), torus_nd_allreduce, modelled=True),
+    Algorithm("shm", "one node's ranks read each other's inputs in MPI-3 shared windows, each reducing its own slice "
+              "and writing it into every rank's buffer, synchronised by flags (no messages; Katevenis et al. 2023)",
+              _ALL),
     Algorithm("mpi", "the MPI library's own collective (the oracle and baseline)", _ALL, modelled=True),
     Algorithm("auto", "tuned (P, size) table from measured sweeps, else the alpha-beta-gamma model's fastest; "
               "the first hand-made algorithm for the other collectives", _ALL),
@@ -113,7 +116,7 @@ def names(collective="allreduce"):
     Examples
     --------
     >>> names("broadcast")
-    ('tree', 'mpi', 'auto')
+    ('tree', 'shm', 'mpi', 'auto')
     >>> names("scan")
     Traceback (most recent call last):
     ...
@@ -160,7 +163,7 @@ def describe(collective="allreduce"):
     Examples
     --------
     >>> list(describe("reduce_scatter"))
-    ['ring', 'mpi', 'auto']
+    ['ring', 'shm', 'mpi', 'auto']
     >>> describe()["tree"]
     'binomial-tree reduce to rank 0 then binomial-tree broadcast (Thakur et al. 2005)'
     """
@@ -188,7 +191,7 @@ def check_algorithm(algorithm, collective="allreduce"):
     >>> check_algorithm("tree", "reduce_scatter")
     Traceback (most recent call last):
     ...
-    ValueError: unknown reduce_scatter algorithm 'tree': expected one of ring, mpi, auto
+    ValueError: unknown reduce_scatter algorithm 'tree': expected one of ring, shm, mpi, auto
     """
     known = names(collective)
     if isinstance(algorithm, str) and algorithm not in known and not _LOADED[0]:
@@ -256,7 +259,7 @@ class AlgorithmTable(Mapping):
     --------
     >>> table = AlgorithmTable("broadcast")
     >>> list(table), "tree" in table
-    (['tree', 'mpi', 'auto'], True)
+    (['tree', 'shm', 'mpi', 'auto'], True)
     """
 
     __slots__ = ("collective",)

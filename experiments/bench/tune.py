@@ -27,8 +27,9 @@ from training.options import INT32_MAX, Parser, infile, integer, outpath, real
 
 __all__ = ["HAND_MADE", "CHOICES", "LIBRARY_MAX_BYTES", "MODEL_MIN_BYTES", "build_table", "main"]
 
-#: commlab's own all-reduce algorithms.
-HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto"))
+#: commlab's own all-reduce algorithms that a table may name (``shm`` is not among ``auto``'s candidates:
+#: a table's (P, size) key does not say whether the ranks share one node).
+HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto", "shm"))
 #: Algorithms a tuned table may choose (``mpi`` only up to the library limit of :func:`build_table`).
 CHOICES = HAND_MADE + ("mpi",)
 #: Default largest message (bytes, accumulation dtype) for which ``mpi`` may win a range.
