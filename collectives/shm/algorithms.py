@@ -94,10 +94,28 @@ def _drive(gen, node, ctx, key, timeout):
         node.wait(word, key, ctx, deadline, timeout, step, phase)
 
 
-def fold(srcs, lo, hi, ufunc, acc, avg, dsts, node, base=0):
-    """Reduce ``srcs[p][lo:hi]`` over p in rank order, chunk by chunk; write each chunk to ``d[a-base:b-base]``."""
+def fold(srcs, lo, hi, reduction, dsts, node, base=0):
+    """Reduce ``srcs[p][lo:hi]`` over the ranks p in rank order, chunk by chunk, into every array of ``dsts``.
+
+    Parameters
+    ----------
+    srcs : list of ndarray, shape (n,)
+        Every rank's input (rank order), read in place.
+    lo, hi : int
+        The elements reduced.
+    reduction : (ufunc, dtype, callable or None)
+        The op's ufunc, the accumulation dtype, and ``avg``'s divider (:func:`_reduction`).
+    dsts : list of ndarray
+        Each written at ``[a - base:b - base]`` for the elements ``a:b`` of each chunk (cast to its dtype,
+        rounded once), after the chunk was read from every rank.
+    node : Node
+        Gives the chunk's scratch (:data:`CHUNK_BYTES` of the accumulation dtype).
+    base : int
+        Offset of the destinations' first element (``lo`` for a reduce-scatter's own chunk).
+    """
     if hi <= lo:
         return
+    ufunc, acc, avg = reduction
     step = max(CHUNK_BYTES // acc.itemsize, 1)
     tmp = node.scratch(acc, min(step, hi - lo))
     size = len(srcs)
@@ -187,12 +205,12 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype, op = x.size, x.dtype, key[4]
-    ufunc, acc, avg = _reduction(op, dtype, size)
+    red = _reduction(op, dtype, size)
     bounds = chunk_bounds(n, size)
     lo, hi = bounds[rank], bounds[rank + 1]
     if zero is not None:  # in place on shared buffers: every rank's x is read and written where it lies
         yield node.post(code), "arrival"
-        fold(zero, lo, hi, ufunc, acc, avg, zero, node)
+        fold(zero, lo, hi, red, zero, node)
         yield node.post(code), "reduced slices"
         ctx.record("allreduce", "shm", n, dtype, elements=2 * (n - (hi - lo)), estimated=True)
         return
@@ -208,12 +226,12 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
     if nbytes <= SMALL_BYTES:  # one point: every rank reduces everything, in the same order
         contiguous = out.flags.c_contiguous
         flat = out.reshape(-1) if contiguous else numpy.empty(n, dtype)
-        fold(peers, 0, n, ufunc, acc, avg, [flat], node)
+        fold(peers, 0, n, red, [flat], node)
         if not contiguous:
             numpy.copyto(out, flat.reshape(out.shape))
         ctx.record("allreduce", "shm", n, dtype, elements=(size - 1) * n, estimated=True)
         return
-    fold(peers, lo, hi, ufunc, acc, avg, peers, node)
+    fold(peers, lo, hi, red, peers, node)
     yield node.post(code), "reduced slices"
     numpy.copyto(out, mine.reshape(out.shape))
     ctx.record("allreduce", "shm", n, dtype, elements=2 * (n - (hi - lo)), estimated=True)
@@ -405,9 +423,8 @@ class ShmPlan:
             if not node.fits(x.nbytes):  # grown now, at a point of the plan's own (every rank makes it)
                 node.wait(node.post(code), key, ctx, None, None, 0, "plan (the stage grows)")
                 node.stage(x.nbytes)
-            ufunc, acc, avg = _reduction(key[4], x.dtype, node.size)
             flat = out.reshape(-1) if out.flags.c_contiguous and out.size else None
-            self._lean = (code, ufunc, acc, avg, flat)
+            self._lean = (code, _reduction(key[4], x.dtype, node.size), flat)
 
     def _views(self):
         """Work out every rank's stage, both halves, as arrays of ``x``'s dtype (again after the window grew)."""
@@ -444,10 +461,10 @@ class ShmPlan:
         node.pending.remove(self)
         if node.missing(word, self._key, self.ctx) >= 0:
             node.wait(word, self._key, self.ctx, _deadline(timeout), timeout, 0, "arrival")
-        _, ufunc, acc, avg, flat = self._lean
+        _, red, flat = self._lean
         peers, out = self._stages[self._half], self._out
         dst = flat if flat is not None else numpy.empty(out.size, out.dtype)
-        fold(peers, 0, out.size, ufunc, acc, avg, [dst], node)
+        fold(peers, 0, out.size, red, [dst], node)
         if flat is None and out.size:
             numpy.copyto(out, dst.reshape(out.shape))
         self.ctx.record("allreduce", "shm", out.size, out.dtype, elements=(node.size - 1) * out.size, estimated=True)
@@ -486,7 +503,7 @@ def _reduce_scatter_steps(node, ctx, key, code, x, out):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype = x.size, x.dtype
-    ufunc, acc, avg = _reduction(key[4], dtype, size)
+    red = _reduction(key[4], dtype, size)
     yield from _staged(node, code, x.nbytes)
     views = node.stage(x.nbytes)
     if n:
@@ -494,7 +511,7 @@ def _reduce_scatter_steps(node, ctx, key, code, x, out):
     yield node.post(code), "arrival"
     bounds = chunk_bounds(n, size)
     lo, hi = bounds[rank], bounds[rank + 1]
-    fold([v.view(dtype) for v in views], lo, hi, ufunc, acc, avg, [out], node, base=lo)
+    fold([v.view(dtype) for v in views], lo, hi, red, [out], node, base=lo)
     ctx.record("reduce_scatter", "shm", n, dtype, elements=(size - 1) * (hi - lo), estimated=True)
 
 
@@ -604,7 +621,7 @@ def _reduce_steps(node, ctx, key, code, x, root, out):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype = x.size, x.dtype
-    ufunc, acc, avg = _reduction(key[4], dtype, size)
+    red = _reduction(key[4], dtype, size)
     yield from _staged(node, code, x.nbytes)
     views = node.stage(x.nbytes)
     if n:
@@ -613,10 +630,10 @@ def _reduce_steps(node, ctx, key, code, x, root, out):
     peers = [v.view(dtype) for v in views]
     if x.nbytes <= SMALL_BYTES:
         if rank == root:
-            fold(peers, 0, n, ufunc, acc, avg, [out.reshape(-1)], node)
+            fold(peers, 0, n, red, [out.reshape(-1)], node)
     else:
         bounds = chunk_bounds(n, size)
-        fold(peers, bounds[rank], bounds[rank + 1], ufunc, acc, avg, [peers[root]], node)
+        fold(peers, bounds[rank], bounds[rank + 1], red, [peers[root]], node)
         yield node.post(code), "reduced slices"
         if rank == root and n:
             numpy.copyto(out, peers[root].reshape(out.shape))

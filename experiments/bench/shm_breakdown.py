@@ -87,7 +87,7 @@ def _steps(comm, n):
         saved = shm.CHUNK_BYTES
         shm.CHUNK_BYTES = chunk
         try:
-            shm.fold(peers, lo, hi, np.add, np.dtype(np.float32), None, peers, node)
+            shm.fold(peers, lo, hi, (np.add, np.dtype(np.float32), None), peers, node)
         finally:
             shm.CHUNK_BYTES = saved
 
