@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+import collectives.engine.context
 from collectives.schedules.schedule import chunk_bounds
 from experiments.bench.oracle import check_data, oracle_allreduce, raw
 from experiments.bench.references import (auto_timeout, finish, gloo, limit, limit_allgather, limit_reduce_scatter,
@@ -190,6 +191,8 @@ def case(op, nbytes, cfg, comm, algorithms, in_place=False):
     if count == 0:
         return None
     names = _names(op, dt, cfg, algorithms)
+    if not cfg.algorithms and collectives.engine.context.get_context(comm).nodes()[0] != 1:
+        names = [a for a in names if a not in ("shm", "shm-persistent")]  # (by default: shm serves one node only)
     x = check_data(0 if op == "broadcast" else r, count // P if op == "allgather" else count, dt, cfg.redop)
     if op == "allreduce":
         return _allreduce(comm, x, names, cfg, P, in_place)
