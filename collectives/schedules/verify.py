@@ -345,11 +345,22 @@ def _run(schedules, case):
             for p, k, a, b, red, _, _, _ in into[r][pos[r]]:
                 sa, pieces = msgs.pop((p, r, k))
                 moved = [(pa - sa + a, pb - sa + a, (v[0], v[1], v[2] + sa - a)) for pa, pb, v in pieces]
+                buf = bufs[r]
+                if len(moved) == 1:  # the common case: one value arriving over one whole segment
+                    i = bisect_right(buf.bp, a) - 1
+                    if buf.bp[i] == a and buf.bp[i + 1] == b:
+                        mine, theirs = buf.vals[i], moved[0][2]
+                        if not red:
+                            buf.vals[i] = theirs
+                            continue
+                        if mine is not None and mine[2] == theirs[2]:
+                            buf.vals[i] = (mine[0] | theirs[0], mine[1] | theirs[1] | (mine[0] & theirs[0]), mine[2])
+                            continue
                 if not red:
-                    bufs[r].write(a, b, moved)
+                    buf.write(a, b, moved)
                     continue
                 merged = []
-                for pa, pb, mine, theirs in _overlay(bufs[r].read(a, b), moved):
+                for pa, pb, mine, theirs in _overlay(buf.read(a, b), moved):
                     if mine is None:
                         raise ScheduleViolation("read before write", case.text, f"reduces into [{pa}, {pb}), which "
                                                 "neither its input nor a message wrote", r, pos[r], (a, b))
@@ -359,7 +370,7 @@ def _run(schedules, case):
                                                 f"{mine[2]}", r, pos[r], (a, b))
                     merged.append((pa, pb, (mine[0] | theirs[0], mine[1] | theirs[1] | (mine[0] & theirs[0]),
                                             mine[2])))
-                bufs[r].write(a, b, merged)
+                buf.write(a, b, merged)
         for r in ready:
             pos[r] += 1
         live = [r for r in live if pos[r] < len(schedules[r].rounds)]
