@@ -310,6 +310,11 @@ def main(argv=None):
         print(f"{summary['answered']}/{summary['requests']} answered{check}, {summary['rejected']} rejected, "
               f"{summary['refused']} refused, {summary['failed']} failed | {latency}, "
               f"{summary['throughput_rps']} req/s | {cfg.run_dir}/summary.json", flush=True)
+        if summary["replicas_without_fin"]:  # stopped (SIGSTOP) or gone: MPI_Finalize would wait for them for ever
+            print(f"replica(s) {', '.join(map(str, summary['replicas_without_fin']))} never answered the stop: the job "
+                  "ends here with status 0, its summary written (MPI_Abort(0) ends the ranks left)", flush=True)
+            sys.stderr.flush()
+            comm.Abort(0)
     return 0
 
 

@@ -383,3 +383,17 @@ def test_the_last_partial_batch_goes_when_no_request_can_come(ckpt, tmp_path):
                 *flags, "--run-dir", out, timeout=60)
         s = json.load(open(os.path.join(out, "summary.json")))
         assert s["answered"] == s["requests"] == s["correct"], s
+
+
+def test_a_stopped_replica_does_not_keep_the_job_from_ending(ckpt, tmp_path):
+    """A replica stopped with SIGSTOP under load is removed after --replica-timeout; the job answers the
+    rest on the other replica, writes its summary and ends with status 0 (the front waited for ever in
+    MPI_Finalize for the stopped process). Oracle: every request accounted for, the stopped replica
+    named, the launch inside its timeout."""
+    out = str(tmp_path / "stopped")
+    res = run_mpi(3, "tests.mpi_serve_stop", "--checkpoint", ckpt, "--replicas", 2, "--balance", "round-robin",
+                  "--rate", 200, "--requests", 300, "--service-ms", 2, "--replica-timeout", 0.5, "--run-dir", out,
+                  timeout=90)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert s["answered"] + s["failed"] == s["requests"] == 300 and s["replicas_without_fin"] == [0], s
+    assert "replica(s) 0 never answered the stop" in res.stdout, res.stdout
