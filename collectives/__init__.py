@@ -23,7 +23,8 @@ Subpackages, bottom to top (each may import only those below it)::
     engine | model            side by side, neither imports the other: the executor, requests,
                               deadlines, fingerprints, contexts, buffers, trace | the cost model,
                               simulator, ``auto`` and its tables (no MPI)
-    library                   the ``mpi`` path: MPI's own collectives and their cached plans
+    library | shm             the ``mpi`` path: MPI's own collectives and their cached plans | the ``shm``
+                              algorithm: one node's ranks through MPI-3 shared windows, shared buffers
     calls                     the public collectives: argument checks, then library or schedule
     compression               compressors (pure) and compressed all-reduce / hook (MPI)
     interop                   PyTorch adapters (DDP hook, distributed optimizer)
