@@ -364,3 +364,23 @@ def test_nccl_tests_bandwidth_columns():
             busbw.append(n / tt / 1e3 * 1.5)
     assert [f[5] for f in lines] == ["5.00", "100.0", "12345"]  # nccl-tests' decimals by magnitude
     assert avg == pytest.approx(statistics.fmean(busbw), rel=1e-5)
+
+
+def test_wrong_rows_name_rank_element_expected_and_got(monkeypatch):
+    """A wrong row says where: the rank, the first wrong element, what MPI's call gave and what the algorithm gave."""
+    real = bench._case
+
+    def off_by_one(op, nbytes, cfg, comm):
+        c = real(op, nbytes, cfg, comm)
+        c.calls["off"] = lambda: np.concatenate([c.ref[:3], c.ref[3:] + 1])  # right up to element 3
+        return c
+
+    monkeypatch.setattr(bench, "_case", off_by_one)
+    cfg = bench.BenchConfig(algorithms=("mpi",), iters_small=1, warmup_small=0)
+    rows = {r["algorithm"]: r for r in bench._measure("allreduce", 64, cfg, MPI.COMM_SELF)}
+    assert "wrong_at" not in rows["mpi"]
+    (at,) = rows["off"]["wrong_at"]
+    assert (at["form"], at["rank"], at["element"]) == ("out of place", 0, 3)
+    assert at["got"] == at["expected"] + 1
+    text = bench.wrong_rows([rows["off"]])
+    assert f"allreduce off 64 B P=1 out of place: rank 0 element 3 expected {at['expected']:g} got {at['got']:g}" in text
