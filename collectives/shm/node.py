@@ -260,16 +260,25 @@ class Node:
         return False
 
     def free(self):
-        """Free every window (collective on the node: called when the context's communicator is freed)."""
-        if self._dwin is not None:
-            self._dwin.Unlock_all()
-            self._dwin.Free()
-        for entry in self.buffers:
-            entry[4].Free()
-        self._cwin.Unlock_all()
-        self._cwin.Free()
-        self.comm.Free()
+        """Free every window (collective on the node: called when the context's communicator is freed).
+
+        A window the MPI library refuses to free (a peer has died: ULFM's ``MPI_ERR_PROC_FAILED``) is
+        left to the end of the job rather than raising inside the communicator's delete callback.
+        """
+        locked = ([self._dwin] if self._dwin is not None else []) + [self._cwin]  # (in a Lock_all epoch)
+        wins = [(w, True) for w in locked] + [(e[4], False) for e in self.buffers]
         self._dwin, self.views, self.buffers = None, [], []
+        for win, epoch in wins:
+            try:
+                if epoch:
+                    win.Unlock_all()
+                win.Free()
+            except MPI.Exception:
+                pass
+        try:
+            self.comm.Free()
+        except MPI.Exception:
+            pass
 
 
 def _on_free(comm, keyval, node):

@@ -168,8 +168,8 @@ class AllreduceHook(GradientHook):
 def share_gradients(cfg, comm, model):
     """Move ``model.grads`` into shared memory when the plain ``shm`` all-reduce will average it.
 
-    With ``cfg.algorithm == "shm"``, no compressor, host arrays and every rank of ``comm`` on one
-    node, the flat gradient is moved into a buffer of :func:`collectives.shm.shared_empty` and every
+    With ``cfg.algorithm == "shm"``, no compressor, host arrays, no ``--elastic`` and every rank of
+    ``comm`` on one node, the flat gradient is moved into a buffer of :func:`collectives.shm.shared_empty` and every
     layer's gradient views are bound to it, so that each step's in-place all-reduce reads and writes
     the ranks' gradients where they lie (no copy in or out). Call it before the optimizer is made
     (the optimizer keeps the flat gradient it is given). Collective over ``comm``.
@@ -196,8 +196,8 @@ def share_gradients(cfg, comm, model):
     >>> model.grads.size, numpy.shares_memory(model.layers[0].dW, model.grads)
     (8, True)
     """
-    if cfg.algorithm != "shm" or cfg.compression != "none" or type(model.grads) is not numpy.ndarray:
-        return False
+    if cfg.algorithm != "shm" or cfg.compression != "none" or type(model.grads) is not numpy.ndarray or cfg.elastic:
+        return False  # (--elastic frees a shrunk communicator's memory: the gradient stays the model's own)
     if collectives.engine.context.get_context(comm).nodes()[0] != 1:
         return False  # (the all-reduce itself refuses such a communicator, with the reason)
     from collectives.shm import shared_empty
