@@ -45,7 +45,7 @@ __all__ = ["default_max_load", "add_options", "guard", "guard_or_say", "LoadWatc
 
 def add_options(parser):
     """Add ``--max-load`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark."""
-    parser.add_argument("--max-load", type=real(0, 1e15), default=None, metavar="L",
+    parser.add_argument("--max-load", type=real(-1e15, 1e15), default=None, metavar="L",
                         help="refuse to start when the 1-minute load average is above L "
                              f"(default {LOAD_PER_CORE:g} x cores = {default_max_load():g} here)")
     parser.add_argument("--settle", type=real(0, 1e15), default=0.0, metavar="S",

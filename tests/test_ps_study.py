@@ -43,13 +43,14 @@ def test_staleness_sweep_reruns_over_a_previous_sweep_and_plots(tmp_path):
 
 
 def test_staleness_sweep_error_is_one_message(tmp_path):
-    """An --out that cannot hold run directories: one error line from rank 0, exit 1, no traceback."""
+    """An --out that cannot hold run directories: one error line from rank 0 naming it, exit 2 (refused
+    as the command line is parsed), no traceback."""
     blocked = tmp_path / "file"
     blocked.write_text("")
     proc = run_mpi(2, "experiments.studies.staleness_sweep", "--out", str(blocked), "--straggler", "", "--allow-noisy",
                    timeout=60, check=False)
-    assert proc.returncode == 1, proc.stdout
-    assert proc.stdout.count("error: OSError") == 1 and "Traceback" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.count("error:") == 1 and "--out" in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
 
 
 def test_staleness_sweep_help(capsys):

@@ -96,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
                    "bandwidth) and print them against --link instead of running a command")
     p.add_argument("--out", type=outpath(empty=True), default="", help="with --calibrate: write the measurements to this JSON file")
-    p.add_argument("--max-load", type=real(0, 1e15), default=None, metavar="L",
+    p.add_argument("--max-load", type=real(-1e15, 1e15), default=None, metavar="L",
                    help="with --calibrate: refuse to measure when the 1-minute load average is above L "
                         "(experiments.cluster.calibrate's --max-load; a COMMAND takes its own flags)")
     p.add_argument("--allow-noisy", action="store_true",

@@ -273,7 +273,7 @@ def _parser():
     p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per variant, interleaved (default: 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20,
                    help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
-    p.add_argument("--stop-after", type=integer(1, INT32_MAX), default=5,
+    p.add_argument("--stop-after", type=integer(0, INT32_MAX), default=5,
                    help="epochs each run trains, 0 for all --epochs: the target is reached within the first "
                         "few, and the schedule stays the trainer's 20-epoch one (default: 5)")
     p.add_argument("--delay-prob", type=real(0, 1), default=0.3,
