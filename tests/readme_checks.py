@@ -110,6 +110,16 @@ CHECKS = {
     "python -m experiments.predict.validate --out results/predict/validation": Covered(
         "tests/test_predict.py::test_validation_harness_on_a_tiny_plan", "its plan, commands, --dry-run and figures"),
     "python -m experiments.predict.floor": Run(),
+    # Unequal workers: batch shares (docs/guide/heterogeneity.md)
+    "mpiexec -n 2 python -m training.train --straggler 1:2 --balance --balance-every 10": Run(_QUICK_TRAIN),
+    "mpiexec -n 3 python -m training.train": Run(_QUICK_TRAIN),
+    "mpiexec -n 4 python -m training.train --mode ps --balance --memory-gb 1": Run(_QUICK_TRAIN),
+    "mpiexec -n 2 python -m experiments.studies.hetero_study --workers 2 --repeats 3":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
+    "mpiexec -n 3 python -m experiments.studies.hetero_study --workers 2 --repeats 3":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
+    "python -m plots.hetero results/hetero/hetero_w2_dp.json results/hetero/hetero_w2_ps.json":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     # Skewed data across workers (docs/guide/non_iid.md)
     "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),
@@ -178,6 +188,23 @@ CHECKS = {
         Run(("--max-p", "64")),
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
+    # Shared memory within a node (docs/guide/shm.md): the sweeps at their smallest sizes, one pass
+    "mpiexec -n 4 python shm_example.py": Run(timeout=240),
+    "mpiexec -n 4 python -m training.train --algorithm shm --name shm": Run(_QUICK_TRAIN, timeout=240),
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --min-bytes 256K --max-bytes 64M "
+    "--algorithms shm,shm-persistent,limit,MPI_Allreduce --out results/bench_shm_p2":
+        Run(("--max-bytes", "256K", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=240),
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops allreduce --max-bytes 4K "
+    "--algorithms shm-persistent,MPI_Allreduce --out results/bench_shm_small_p2":
+        Run(("--max-bytes", "16", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=240),
+    "mpiexec -n 2 python -m experiments.bench.collectives --ops reduce_scatter,allgather --min-bytes 1M --max-bytes 64M "
+    "--algorithms shm,limit --out results/bench_shm_rsag_p2":
+        Run(("--max-bytes", "1M", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=240),
+    "python -m experiments.bench.shm_targets results/bench_shm_p2.json results/bench_shm_small_p2.json "
+    "results/bench_shm_rsag_p2.json": Run(),
+    "mpiexec -n 2 python -m experiments.bench.shm_breakdown --sizes 256K,4M,64M "
+    "--out results/bench_shm_breakdown_p2.json":
+        Run(("--sizes", "64K", "--passes", "1", "--calls", "2", "--allow-noisy"), timeout=240),
     # Parameter server from one's own script (docs/guide/parameter_server.md)
     "mpiexec -n 3 python ps_example.py": Run(),
     # Benchmarks
