@@ -259,12 +259,24 @@ class _Rate(Declared):
 
 
 def integer(low=0, high=INT32_MAX):
-    """Declare an integer option in ``[low, high]`` (an integral float such as ``1e6`` is taken)."""
+    """Declare an integer option in ``[low, high]`` (an integral float such as ``1e6`` is taken).
+
+    Examples
+    --------
+    >>> integer(1, 10**9)("1e6"), integer(0)("0")
+    (1000000, 0)
+    """
     return _Integer(int(low), int(high))
 
 
 def real(low=-math.inf, high=math.inf, *, low_open=False, high_open=False):
-    """Declare a finite number in ``[low, high]`` (``low_open``/``high_open``: the end excluded)."""
+    """Declare a finite number in ``[low, high]`` (``low_open``/``high_open``: the end excluded).
+
+    Examples
+    --------
+    >>> real(0, 1)("0.5"), real(0, low_open=True).what
+    (0.5, 'a number in (0, inf]')
+    """
     return _Real(float(low), float(high), low_open, high_open)
 
 
@@ -275,12 +287,24 @@ def text(empty=True, longest=255, lines=False):
 
 
 def names(allowed, least=1):
-    """Declare a comma-separated list of names from ``allowed`` (at least ``least``); gives a tuple."""
+    """Declare a comma-separated list of names from ``allowed`` (at least ``least``); gives a tuple.
+
+    Examples
+    --------
+    >>> names(("ring", "tree"))("ring,tree")
+    ('ring', 'tree')
+    """
     return _Names(allowed, least)
 
 
 def listof(item, least=1, most=4096):
-    """Declare a comma-separated list of ``least`` to ``most`` values, each of the declared ``item``."""
+    """Declare a comma-separated list of ``least`` to ``most`` values, each of the declared ``item``.
+
+    Examples
+    --------
+    >>> listof(integer(1, 100))("8,64")
+    [8, 64]
+    """
     return _List(item, least, most)
 
 
@@ -303,7 +327,17 @@ def byte_count(low=0, high=2 ** 40):
 
 def link_rate():
     """Declare a link rate in ``tc``'s units, in bits (``1gbit``) or ``unlimited``; ``bps`` (bytes per
-    second to ``tc``: ``1gbps`` is 8 Gbit/s) and bare numbers are refused with the rate in bits."""
+    second to ``tc``: ``1gbps`` is 8 Gbit/s) and bare numbers are refused with the rate in bits.
+
+    Examples
+    --------
+    >>> link_rate()("1gbit")
+    '1gbit'
+    >>> link_rate()("1gbps")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: tc reads '1gbps' as bytes per second (8gbit); write the rate in bits: 8gbit, or 1gbit for 1 Gbit/s
+    """
     return _Rate()
 
 
