@@ -185,7 +185,7 @@ CHECKS = {
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
     "python -m experiments.studies.scale_sim --algorithms docs.examples.bidirectional_ring:bidirectional_ring_allreduce,"
     "docs.examples.alltoall:alltoall_allreduce --max-p 1024 --sizes 1MiB --out results/scale_algorithms.json":
-        Run(("--max-p", "64")),
+        Run(("--max-p", "64"), timeout=240),
     # Collectives
     "mpiexec -n 4 python example.py": Run(),
     # Shared memory within a node (docs/guide/shm.md): the sweeps at their smallest sizes, one pass
