@@ -96,7 +96,7 @@ class ScheduleViolation(CommlabError, ValueError):
     --------
     >>> err = ScheduleViolation("missing", "allreduce P=2 count=4", "contributions of rank 1 missing", 0, None, (0, 4))
     >>> print(err)
-    allreduce P=2 count=4: rank 0 after its last round, region [0, 4): contributions of rank 1 missing
+    allreduce P=2 count=4: rank 0 after its final round, region [0, 4): contributions of rank 1 missing
     >>> isinstance(err, ValueError), err.kind
     (True, 'missing')
     """
@@ -107,7 +107,7 @@ class ScheduleViolation(CommlabError, ValueError):
         self.kind, self.case, self.detail, self.rank, self.round, self.region = kind, case, detail, rank, round, region
         where = []
         if rank is not None:
-            where.append(f"rank {rank}" + (" after its last round" if round is None else f" round {round}"))
+            where.append(f"rank {rank}" + (" after its final round" if round is None else f" round {round}"))
         if region is not None:
             where.append(f"region [{region[0]}, {region[1]})")
         super().__init__(f"{case}: {', '.join(where)}{': ' if where else ''}{detail}")

@@ -173,7 +173,7 @@ def _deadlock(s):  # ranks 0 and 1 each receive first, then send: each waits for
 
 
 CORPUS = [
-    ("missing", lambda: _ring(3, 6, _drop_message), r"rank 0 after its last round, region \[4, 6\): contributions of rank\(s\) 0 missing"),
+    ("missing", lambda: _ring(3, 6, _drop_message), r"rank 0 after its final round, region \[4, 6\): contributions of rank\(s\) 0 missing"),
     ("doubled", lambda: _ring(3, 6, _double), r"contributions of rank\(s\) 0 counted more than once"),
     ("length", lambda: _ring(3, 6, _short), r"rank 1 round 0, region \[4, 5\): length: receives 1 elements from rank 0, whose matching send .* has 2"),
     ("unmatched receive", lambda: _ring(3, 6, _unmatched), r"rank 1 round 0, region \[0, 1\): unmatched receive: receive from rank 2"),
@@ -288,7 +288,7 @@ def test_register_verifies_first_and_refuses_a_wrong_algorithm():
         """Only the reduce-scatter half."""
         from collectives.schedules.ring import ring_reduce_scatter
         return Schedule("half", rank, size, count, ring_reduce_scatter(rank, size, count).rounds)
-    with pytest.raises(ScheduleViolation, match=r"allreduce P=2 count=1: rank 1 after its last round, region \[0, 1\): contributions of rank\(s\) 0"):
+    with pytest.raises(ScheduleViolation, match=r"allreduce P=2 count=1: rank 1 after its final round, region \[0, 1\): contributions of rank\(s\) 0"):
         register_algorithm("half", half, sizes=range(1, 9))
     assert "half" not in names("allreduce")
 

@@ -309,7 +309,7 @@ def check(schedules, collective="allreduce", root=None, bounds=None):
     >>> check(s)
     Traceback (most recent call last):
     ...
-    collectives.errors.ScheduleViolation: allreduce P=3 count=7: rank 0 after its last round, region [5, 7): contributions of rank(s) 1 missing
+    collectives.errors.ScheduleViolation: allreduce P=3 count=7: rank 0 after its final round, region [5, 7): contributions of rank(s) 1 missing
     """
     size = len(schedules)
     count = schedules[0].count if schedules else 0
@@ -434,7 +434,7 @@ def verify(builder, collective="allreduce", *, sizes=range(1, 65), counts=None, 
     >>> verify(ring_reduce_scatter, "allreduce", sizes=[3], counts=[6])
     Traceback (most recent call last):
     ...
-    collectives.errors.ScheduleViolation: allreduce P=3 count=6: rank 0 after its last round, region [2, 4): contributions of rank(s) 1 missing
+    collectives.errors.ScheduleViolation: allreduce P=3 count=6: rank 0 after its final round, region [2, 4): contributions of rank(s) 1 missing
     """
     if collective not in COLLECTIVE_ARGUMENTS:
         raise ValueError(f"unknown collective {collective!r}: expected one of {', '.join(COLLECTIVE_ARGUMENTS)}")
