@@ -255,6 +255,29 @@ def case_mismatch_raises_on_every_rank(comm_):
     verdict()
 
 
+def case_free_shared_that_differs_raises_on_every_rank(comm_):
+    """free_shared of different buffers, or of a non-shared array on one rank: an error everywhere, no hang."""
+    if P == 1:
+        return
+    from collectives.shm import free_shared
+    for wrong in ("another buffer", "not a shared buffer"):
+        sub = comm.Dup()
+        a, b = shared_empty(8, comm=sub), shared_empty(8, comm=sub)
+        mine = a if rank else (b if wrong == "another buffer" else np.ones(8, np.float32))
+        kind = ValueError if (rank == 0 and wrong == "not a shared buffer") else CollectiveMismatch
+        exc = _raises(lambda: free_shared(mine, comm=sub), kind)
+        expect(exc is not None, f"free_shared of {wrong} on rank 0: no {kind.__name__} on rank {rank}")
+        free_context(sub)
+        sub.Free()
+    sub = comm.Dup()
+    a = shared_empty(8, comm=sub)
+    free_shared(a, comm=sub)  # alike on every rank: freed, and the communicator stays usable
+    expect(C.allreduce(np.ones(3), comm=sub, algorithm="shm")[0] == P, "a call after free_shared")
+    free_context(sub)
+    sub.Free()
+    verdict()
+
+
 def case_timeout_names_the_missing_rank(comm_):
     if P == 1:
         return

@@ -249,6 +249,14 @@ class Node:
         self.buffers.append((self._serial, base, size, views, win))
         return views[self.rank]
 
+    def serial_of(self, a):
+        """Return the serial of the live shared buffer that starts at ``a``'s first byte, or -1 if none does."""
+        addr = a.__array_interface__["data"][0] if type(a) is numpy.ndarray else None
+        for serial, base, _, _, _ in self.buffers:
+            if base == addr:
+                return serial
+        return -1
+
     def release(self, a):
         """Free the shared buffer that starts at ``a``'s first byte (collective on the node); False if none does."""
         addr = a.__array_interface__["data"][0] if type(a) is numpy.ndarray else None
@@ -409,12 +417,17 @@ def free_shared(a, *, comm=None):
 
     Every rank calls it for its own array of the same :func:`shared_empty` call, in the same order
     as its other calls of these two functions. Views of ``a`` must not be used afterwards, and no
-    started plan may still run on it.
+    started plan may still run on it. The ranks first meet at a synchronisation point whose flag
+    names the buffer (its allocation's serial), so the collective ``MPI_Win_free`` is entered only
+    when every rank frees the same buffer.
 
     Raises
     ------
     ValueError
-        ``a`` is not an array returned by :func:`shared_empty` on ``comm``.
+        ``a`` is not an array returned by :func:`shared_empty` on ``comm`` (the other ranks, when they
+        free a buffer meanwhile, raise ``CollectiveMismatch``; nothing is freed).
+    CollectiveMismatch
+        On every rank, when the ranks free different buffers (nothing is freed).
 
     Examples
     --------
@@ -428,8 +441,26 @@ def free_shared(a, *, comm=None):
     """
     ctx = get_context(comm)
     node = ctx.comm.Get_attr(_keyval())
-    if node is None or not node.release(a):
-        raise ValueError("free_shared: this array was not made by shared_empty on this communicator (or was freed)")
+    problem = "free_shared: this array was not made by shared_empty on this communicator (or was freed)"
+    if node is None:  # no shared_empty ever ran here on this rank (it is collective: nor on the others)
+        raise ValueError(problem)
+    ctx.check_usable()
+    while node.pending:  # earlier calls complete first: their points come before this one
+        node.pending[0].complete(None)
+    serial = node.serial_of(a)
+    # the count field names the buffer (below -2: no collective's count, nor all-gather's refusal's -1); a
+    # rank without such a buffer posts -2, a flag no freeing rank posts, so the others all raise
+    key = ("allgather", "shm", -3 - serial, numpy.dtype(numpy.uint8), None, None, None)
+    try:
+        node.wait(node.post(key_code(key)), key, ctx, None, None, 0, "shared buffer release")
+    except CollectiveMismatch:
+        if serial < 0:
+            raise ValueError(problem) from None
+        raise CollectiveMismatch("free_shared", "buffer", "this rank frees another shared buffer than another rank "
+                                 "(every rank frees the same shared_empty's array, in the same order)") from None
+    if serial < 0:
+        raise ValueError(problem)
+    node.release(a)
 
 
 def shared_views(node, a):
