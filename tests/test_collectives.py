@@ -12,7 +12,7 @@ import pytest
 
 from collectives import ALGORITHMS
 
-from collectives.schedules.registry import build_allreduce_schedule
+from collectives.schedules.registry import REGISTRY, build_allreduce_schedule
 
 from collectives.schedules.schedule import chunk_bounds
 from collectives.schedules.ring import ring_allgather, ring_reduce_scatter
@@ -21,7 +21,8 @@ from collectives.schedules.torus import check_grid, square_grid
 from collectives.schedules.tree import tree_broadcast, tree_reduce
 from tests.mpirun import run_mpi
 
-HAND_MADE = [a for a in ALGORITHMS if a not in ("mpi", "auto")]
+#: the algorithms with a hand-made all-reduce schedule (not mpi, auto, or shm, which reads shared memory)
+HAND_MADE = [a for a in ALGORITHMS if REGISTRY[a].allreduce_builder is not None]
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 4, 5, 8])
