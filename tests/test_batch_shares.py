@@ -204,6 +204,15 @@ def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P, cases):
         assert f"case_{case}: ok" in out, out
 
 
+def test_the_batch_size_help_states_the_rule_the_run_applies():
+    """Any global batch of at least P samples runs (docs/guide/heterogeneity.md); ``--help`` says so
+    and asks for no divisibility."""
+    from training.cli import HELP
+
+    text = " ".join(HELP["batch_size"].split())
+    assert "must divide" not in text and "at least P" in text, text
+
+
 def test_the_heterogeneity_study_runs_in_quick_mode_and_draws(tmp_path):
     """Both launches of the study (data-parallel, then the parameter server) on the quick job, and its
     table and figure; oracle: every (method, condition) has a row, the shares split the batch, the

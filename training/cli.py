@@ -73,7 +73,8 @@ HELP = {
                   "runs on to --epochs (--stop-after is not inherited; give it again to stop early "
                   "again); with --epochs unchanged the result is bitwise identical to an "
                   "uninterrupted run",
-    "batch_size": "global batch in samples, split evenly across the P ranks (must divide by P)",
+    "batch_size": "global batch in samples, shared among the P ranks: any size of at least P (equal "
+                  "shares by the largest remainder, 64 over 3 ranks is 22, 21, 21; by speed with --balance)",
     "optimizer": "adam, sgd with momentum, or adagrad",
     "lr": "learning rate (dimensionless step size)",
     "lr_schedule": "constant, or cosine decay from --lr to 0 over --epochs",
