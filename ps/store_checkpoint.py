@@ -129,7 +129,7 @@ def _keep_previous(path, pushes):
     held = _pushes_of(tmp)
     if held is not None and held < pushes:
         os.replace(tmp, prev)
-    else:
+    if os.path.lexists(tmp):  # not kept, or rename() did nothing: another replica's link made prev this file
         os.remove(tmp)
 
 

@@ -206,3 +206,25 @@ def test_server_checkpoints_of_different_generations_are_refused(tmp_path):
     assert check_server_checkpoints(ckpt, 2, run_id="77aa", allow_foreign=True) is True
     with pytest.raises(CheckpointError, match="ps_server0.npz was written by a job of 1 worker"):
         check_server_checkpoints(ckpt, 2, job=(2, 3))
+
+
+def test_replicas_keeping_the_same_previous_generation_leave_no_temporary(tmp_path, monkeypatch):
+    """Two replicas of a shard both link the file there before either replaces it: the second's rename onto
+    the previous generation, which is already the same file, does nothing and must not leave its temporary
+    behind, or that replica's next checkpoint fails on it (``File exists``; a fault-free 5-rank run with
+    ``--ps-replicas 2`` stopped so). Oracle: the directory listing and the generations' pushes."""
+    from ps.store_checkpoint import _keep_previous, previous_checkpoint_path
+
+    path = str(tmp_path / "ps_server0.npz")
+    write_npz(path, {"pushes": np.array([8], np.int64)})
+    for pid in (101, 202):  # both replicas, before either writes generation 16
+        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+        _keep_previous(path, 16)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ps_server0.npz", "ps_server0.prev.npz"]
+    write_npz(path, {"pushes": np.array([16], np.int64)})
+    monkeypatch.setattr(os, "getpid", lambda: 202)
+    _keep_previous(path, 24)  # the second replica's next generation
+    monkeypatch.undo()
+    assert int(read_npz(previous_checkpoint_path(path))["pushes"][0]) == 16
+    assert sorted(os.listdir(tmp_path)) == ["ps_server0.npz", "ps_server0.prev.npz"]
