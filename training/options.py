@@ -280,7 +280,7 @@ def real(low=-math.inf, high=math.inf, *, low_open=False, high_open=False):
     return _Real(float(low), float(high), low_open, high_open)
 
 
-def text(empty=True, longest=255, lines=False):
+def text(empty=True, longest=1 << 16, lines=False):
     """Declare one line of text (no newline or NUL), at most ``longest`` characters, ``''`` if ``empty``;
     with ``lines``, newlines allowed (a command's program text)."""
     return _Text(empty, longest, lines)
