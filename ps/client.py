@@ -20,7 +20,7 @@ replica of the chain (:class:`ps.failover.Chains`), resends what was not answere
 primary applies a push once), and goes on; an EPOCH message from a newer primary moves it at once.
 Replies from a replica that is no longer the primary are dropped, and so are the pending sends to it.
 DONE is then always a handshake, so that the worker leaves only once the chain has its DONE. While a
-worker waits longer than ``heartbeat_s`` (``retry``), it sends a HEARTBEAT to the servers (primaries) it is not
+worker waits longer than ``heartbeat_s``, it sends a HEARTBEAT to the servers (primaries) it is not
 waiting on, so that a failover or a stopped server of one shard does not make the others drop it for
 silence. A worker that itself did not run for a while (stopped, descheduled) does not count that time
 against the servers it waits on.
@@ -58,12 +58,13 @@ class Client:
         Parameter dtype on the wire (float32 or float64).
     reply_timeout : float
         Longest wait for a server's answer (seconds).
-    retry : (int, float) or (int, float, float)
-        ``(retries, retry_s[, heartbeat_s])``: resends of an unanswered request (0: none; the wait is then
+    retry : (int, float)
+        ``(retries, retry_s)``: resends of an unanswered request (0: none; the wait is then
         ``reply_timeout``) and the first wait before a resend (seconds), doubling with each; the last
-        try waits until ``reply_timeout`` has passed since the request was first sent. ``heartbeat_s``:
-        seconds between the heartbeats a waiting worker sends the servers it is not waiting on (default
-        ``reply_timeout / 3``), below the servers' silence timeout.
+        try waits until ``reply_timeout`` has passed since the request was first sent.
+    heartbeat_s : float, optional
+        Seconds between the heartbeats a waiting worker sends the servers it is not waiting on (default
+        ``reply_timeout / 3``); below the servers' silence timeout.
 
     Attributes
     ----------
@@ -101,7 +102,8 @@ class Client:
     ValueError: worker must be in [0, 2), got 2
     """
 
-    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0)):
+    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0), *,
+                 heartbeat_s=None):
         if not 0 <= worker < len(worker_ranks):
             raise ValueError(f"worker must be in [0, {len(worker_ranks)}), got {worker}")
         if not reply_timeout > 0:
@@ -111,7 +113,7 @@ class Client:
         self.replicas = max(len(c) for c in self.chains.chains)
         self.server_ranks, self.worker_ranks = self.chains.heads, list(worker_ranks)  # the current primaries
         self.dtype, self.reply_timeout = np.dtype(dtype), float(reply_timeout)
-        self.heartbeat_s = float(retry[2]) if len(retry) > 2 else self.reply_timeout / 3
+        self.heartbeat_s = self.reply_timeout / 3 if heartbeat_s is None else float(heartbeat_s)
         self.offsets = shard_offsets(int(n_params), len(self.server_ranks))
         self.wait_seconds = 0.0      # time spent waiting for pull answers (seconds)
         self.last_staleness = []     # staleness reported by each server for the last pull (clocks)

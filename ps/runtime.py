@@ -156,8 +156,8 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
     replicated = opts.replicas > 1
     margin = FAILOVER_MARGIN if replicated else _REPLY_MARGIN
     client = Client(comm, w, chains(servers, opts.replicas) if replicated else servers, workers,
-                    init_params.shape[0], init_params.dtype, opts.ps_timeout + margin,
-                    (opts.retries, opts.retry_s, opts.ps_timeout / 3))  # heartbeats within the servers' timeout
+                    init_params.shape[0], init_params.dtype, opts.ps_timeout + margin, (opts.retries, opts.retry_s),
+                    heartbeat_s=opts.ps_timeout / 3)
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))
