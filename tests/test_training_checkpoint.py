@@ -153,6 +153,10 @@ def test_plots_draw_pngs_from_run_latest(tmp_path, capsys):
     assert "training_curves.png" in capsys.readouterr().out
     with pytest.raises(SystemExit) as info:  # a usage error, as every plot command's
         main([str(tmp_path / "nothing")])
+    assert info.value.code == 2 and "no such file or folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as info:  # a folder that holds no run
+        main([str(tmp_path / "empty")])
     assert info.value.code == 2 and "not a training run directory" in capsys.readouterr().err
 
 
