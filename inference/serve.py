@@ -314,6 +314,9 @@ def main(argv=None):
             print(f"replica(s) {', '.join(map(str, summary['replicas_without_fin']))} never answered the stop: the job "
                   "ends here with status 0, its summary written (MPI_Abort(0) ends the ranks left)", flush=True)
             sys.stderr.flush()
+            # the launcher forwards a rank's output from a pipe: MPI_Abort tears the job down at once and
+            # what it had not read yet (both lines above) is lost, so give it a moment to read them
+            time.sleep(1.0)
             comm.Abort(0)
     return 0
 
