@@ -23,6 +23,7 @@ Traceback (most recent call last):
 ...
 argparse.ArgumentTypeError: must be an integer in [1, 1000], got '0'
 """
+from abc import ABC, abstractmethod
 import argparse
 import math
 import os
@@ -42,7 +43,7 @@ _NO_VALUE = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._St
              argparse.BooleanOptionalAction)
 
 
-class Declared:
+class Declared(ABC):
     """The values one option accepts: called on the option's text, returns the value or raises
     ``argparse.ArgumentTypeError`` saying what the option accepts.
 
@@ -60,8 +61,9 @@ class Declared:
             raise argparse.ArgumentTypeError(reason if reason.startswith(("must", "no such", "cannot", "tc "))
                                              else f"must be {self.what}, got {text!r}") from None
 
+    @abstractmethod
     def convert(self, text):
-        raise NotImplementedError
+        """Return the value ``text`` stands for; raise ``ValueError`` or ``TypeError`` when it is outside."""
 
     def edges(self):
         """Return texts this option must refuse (below, above, not a number, ...)."""
