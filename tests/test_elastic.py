@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -86,7 +87,12 @@ def test_below_elastic_min_every_survivor_checkpoints_and_stops_with_one_line(tm
                   "--name", "b", timeout=180, mpiexec_args=ULFM, check=False)
     lines = [line for line in res.stdout.splitlines() if "fewer than --elastic-min 3" in line]
     assert len(lines) == 2 and "Traceback" not in res.stdout, res.stdout
-    assert (tmp_path / "b" / "ckpt-elastic-step000002.npz").exists(), res.stdout
+    # Killed after posting step 3's first round: whether the survivors completed step 3 depends on
+    # whether rank 2's messages had left it (they agree on the last step all of them completed).
+    went_on = re.findall(r"survivors go on from step (\d+)", res.stdout)
+    assert len(went_on) == 1 and went_on[0] in ("2", "3"), res.stdout
+    ckpt = tmp_path / "b" / f"ckpt-elastic-step{int(went_on[0]):06d}.npz"
+    assert ckpt.exists() and all(str(ckpt) in line for line in lines), res.stdout
 
 
 @needs_ulfm
