@@ -277,7 +277,7 @@ def draw_ratios(tables, meta, path):
     Parameters
     ----------
     tables : dict
-        ``{part: rows}`` as :func:`experiments.studies.ps_study.ratio_table` computed them.
+        ``{part: rows}`` as :func:`plots.ps_tables.ratio_table` computed them.
     meta : dict
         From :func:`load_runs` (``run``: MPI library, P, host).
     path : str

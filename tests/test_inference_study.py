@@ -54,7 +54,7 @@ def test_row_parallel_widths_follow_the_split_rule():
 
 
 def test_load_sweep_table_and_figure_report_medians_of_both_arms(tmp_path):
-    from experiments.studies.load_sweep import load_table
+    from plots.serving import load_table
     from plots.serving import draw_load
 
     rng = np.random.default_rng(1)

@@ -26,12 +26,12 @@ import numpy
 
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
-from plots.tables import trainer_table as table
+from plots.tables import trainer_table
 from training.job import limit_threads
 from training.options import INT32_MAX, Parser, integer, outpath, text
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
-           "table", "main"]
+           "main"]
 
 SIZES = (784, 1024, 1024, 10)  # layer widths (units)
 SPREAD_FLAG = 0.20  # a cell whose ratios' (max - min) / median exceeds this is flagged unstable
@@ -300,7 +300,7 @@ def main(argv=None):
           f"optimizer step; median [range] of {args.repeats} alternating repeats"
           + ("" if torch is None else f"; PyTorch {torch.__version__}, zero_grad set_to_none="
                                          f"{args.torch_zero_grad == 'none'}"))
-    print(table(cells))
+    print(trainer_table(cells))
     if torch is None:
         print("PyTorch not measured (not installed, or --no-torch): no ratio")
     else:

@@ -13,10 +13,9 @@ import os
 
 from inference.config import ServeConfig
 from inference.serve import run as serve
-from plots.serving import load_table  # (the table lives with the figure, for the published results)
 from training.options import INT32_MAX, integer, listof, real
 
-__all__ = ["add_options", "load_sweep", "load_table", "capacity"]
+__all__ = ["add_options", "load_sweep", "capacity"]
 
 KEEP = ("requests", "answered", "correct", "refused", "latency_p50_ms", "latency_p99_ms", "throughput_rps",
         "mean_batch_size")

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
-from plots.tables import model_parallel_table as table
+from plots.tables import model_parallel_table
 from training.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
 from training.model_parallel.report import rank_memory
@@ -38,7 +38,7 @@ from training.metrics import run_info
 from training.model_parallel.pipeline import bubble_formula
 from training.options import INT32_MAX, Parser, integer, listof, outpath
 
-__all__ = ["grids", "measure", "table", "main"]
+__all__ = ["grids", "measure", "main"]
 
 
 def _reduce(comm, value, op):
@@ -226,7 +226,7 @@ def main(argv=None):
                    command=command_line("experiments.studies.model_parallel_study", argv))
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
-        print(table(results))
+        print(model_parallel_table(results))
         print(f"wrote {args.out}")
     return 0
 

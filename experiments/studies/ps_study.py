@@ -71,7 +71,7 @@ from training.metrics import run_info, write_config, write_json
 from training.ps_mode.worker import ps_options, run_ps
 from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
-__all__ = ["PARTS", "variants", "train_ps", "run_study", "ratio_table", "markdown", "main"]
+__all__ = ["PARTS", "variants", "train_ps", "run_study", "main"]
 
 PARTS = ("transient", "straggler", "servers", "conflict", "retries")
 #: Faults of the retries part: PSOptions fields given as the run's extra settings.

@@ -50,7 +50,8 @@ from collectives.model.auto import select_allreduce
 from experiments import results as prov
 from experiments.outputs import command_line, unwritable
 from experiments.studies.load_sweep import add_options as add_load_options
-from experiments.studies.load_sweep import capacity, load_sweep, load_table
+from experiments.studies.load_sweep import capacity, load_sweep
+from plots.serving import load_table
 from inference.balance import POLICIES
 from inference.config import ServeConfig
 from inference.model import forward_rows, load_spec
