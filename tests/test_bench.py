@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from collectives.model import auto as select
 from experiments.bench import collectives as bench
+from experiments.bench import options as bench_options
 from experiments.bench import output as bench_output
 from experiments.bench import tune
 from plots import bench as plot
@@ -46,7 +47,7 @@ def sweep_p2(tmp_path_factory):
 
 def _check_sweep(P, results, header, csv_rows):
     rows = results["rows"]
-    assert header == list(bench.COLUMNS)
+    assert header == list(bench_output.COLUMNS)
     assert len(csv_rows) == len(rows) > 0
     assert results["P"] == P and results["complete"] is True
     assert results["mpi_library"] and results["numpy"] == np.__version__ and results["host"] and results["date"]
@@ -55,7 +56,7 @@ def _check_sweep(P, results, header, csv_rows):
     assert (prov["P"], prov["cores"], prov["versions"]["numpy"]) == (P, os.cpu_count(), np.__version__), prov
     assert "experiments.bench.collectives" in prov["command"] and "--allow-noisy" in prov["command"], prov
     for op in OPS.split(","):
-        expected = set(bench._algorithms(op))
+        expected = set(bench_options.default_algorithms(op))
         for nbytes in (64, 128):
             count = nbytes // 4 - (nbytes // 4) % P if op == "allgather" else nbytes // 4
             got = {r["algorithm"] for r in rows if r["op"] == op and r["count"] == count}
@@ -155,24 +156,24 @@ def test_unwritten_output_is_counted_wrong(monkeypatch):
         return c
 
     monkeypatch.setattr(bench, "_case", with_broken)
-    cfg = bench.BenchConfig(algorithms=("mpi", "ring"), iters_small=1, warmup_small=0, format="nccl-tests")
+    cfg = bench_options.BenchConfig(algorithms=("mpi", "ring"), iters_small=1, warmup_small=0, format="nccl-tests")
     rows = bench._measure("allreduce", 64, cfg, MPI.COMM_SELF)
     wrong = {r["algorithm"]: (r["wrong"], r["inplace_wrong"]) for r in rows}
     assert wrong == {"mpi": (0, 0), "ring": (0, 0), "broken": (16, 16)}
 
 
 def test_bus_factor_and_arguments():
-    assert bench.bus_factor("allreduce", 4) == 1.5 and bench.bus_factor("allreduce", 1) == 0.0
-    assert bench.bus_factor("reduce_scatter", 4) == 0.75 == bench.bus_factor("allgather", 4)
-    assert bench.bus_factor("broadcast", 7) == 1.0
-    cfg = bench.parse_args(["--max-bytes", "4M", "--min-bytes", "1K", "--iters", "7", "--ops", "allgather",
+    assert bench_output.bus_factor("allreduce", 4) == 1.5 and bench_output.bus_factor("allreduce", 1) == 0.0
+    assert bench_output.bus_factor("reduce_scatter", 4) == 0.75 == bench_output.bus_factor("allgather", 4)
+    assert bench_output.bus_factor("broadcast", 7) == 1.0
+    cfg = bench_options.parse_args(["--max-bytes", "4M", "--min-bytes", "1K", "--iters", "7", "--ops", "allgather",
                             "--algorithms", "ring"])
     assert (cfg.min_bytes, cfg.max_bytes, cfg.iters_small, cfg.iters_large) == (1024, 4 << 20, 7, 7)
     assert cfg.ops == ("allgather",) and cfg.algorithms == ("ring",)
     for bad in (["--min-bytes", "0"], ["--min-bytes", "2K", "--max-bytes", "1K"], ["--ops", "gather"],
                 ["--algorithms", "ring-direct", "--ops", "allgather"], ["--iters", "0"], ["--max-bytes", "lots"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
+            bench_options.parse_args(bad)
 
 
 def _row(P, alg, nbytes, t, wrong=0):
@@ -274,11 +275,11 @@ def test_summary_ratios():
 @pytest.mark.parametrize("dtype,redop", [("float16", "avg"), ("int32", "avg"), ("float64", "max")])
 def test_dtypes_and_ops_in_one_process(dtype, redop):
     """P = 1 through every code path of a size: float16 has no MPI_* reference rows (MPI lacks it)."""
-    cfg = bench.BenchConfig(dtype=dtype, redop=redop, iters_small=1, warmup_small=0)
-    for op in bench.OPS:
+    cfg = bench_options.BenchConfig(dtype=dtype, redop=redop, iters_small=1, warmup_small=0)
+    for op in bench_options.OPS:
         rows = bench._measure(op, 64, cfg, MPI.COMM_SELF)
         names = {r["algorithm"] for r in rows}
-        expected = {a for a in bench._algorithms(op) if not (dtype == "float16" and a.startswith("MPI_"))}
+        expected = {a for a in bench_options.default_algorithms(op) if not (dtype == "float16" and a.startswith("MPI_"))}
         assert names == expected and all(r["wrong"] == 0 and r["type"] == dtype for r in rows), (op, rows)
 
 
@@ -323,7 +324,7 @@ def test_nccl_tests_format_p2(tmp_path):
         rows = sorted((r for r in results["rows"] if names[r["op"]] == op and r["algorithm"] == alg),
                       key=lambda r: r["bytes"])
         assert [int(f[0]) for f in lines] == [r["bytes"] for r in rows], (op, alg)
-        factor = bench.bus_factor(rows[0]["op"], 2)
+        factor = bench_output.bus_factor(rows[0]["op"], 2)
         bus = []
         for f, r in zip(lines, rows):
             assert len(f) == 13 and f[2] == "float" and f[4] == ("0" if op == "broadcast" else "-1"), f
@@ -376,7 +377,7 @@ def test_wrong_rows_name_rank_element_expected_and_got(monkeypatch):
         return c
 
     monkeypatch.setattr(bench, "_case", off_by_one)
-    cfg = bench.BenchConfig(algorithms=("mpi",), iters_small=1, warmup_small=0)
+    cfg = bench_options.BenchConfig(algorithms=("mpi",), iters_small=1, warmup_small=0)
     rows = {r["algorithm"]: r for r in bench._measure("allreduce", 64, cfg, MPI.COMM_SELF)}
     assert "wrong_at" not in rows["mpi"]
     (at,) = rows["off"]["wrong_at"]

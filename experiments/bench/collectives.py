@@ -59,16 +59,14 @@ import collectives.schedules.registry
 from experiments.bench.cases import case, poison
 from experiments.bench.oracle import count_wrong, first_wrong
 from experiments import results as prov
-from experiments.bench.output import COLUMNS, HEAD, bus_factor, header, library, line, report, write
+from experiments.bench.output import HEAD, bus_factor, header, library, line, report, write
 from experiments.outputs import command_line, unwritable
 from experiments.bench.references import gloo_available, gloo_finish
 from training.cli import parse_on_every_rank
 
-__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "COLUMNS", "bus_factor", "parse_args", "run_sweep", "main",
-           "wrong_rows"]
+from experiments.bench.options import NO_TORCH, default_algorithms, parse_args, sweep_plan
 
-from experiments.bench.options import (FORMATS, OPS, REFERENCES, BenchConfig, _NO_TORCH, _algorithms,  # noqa: F401
-                                       _plan, parse_args)
+__all__ = ["run_sweep", "main", "wrong_rows"]
 
 
 def _case(op, nbytes, cfg, comm):
@@ -76,7 +74,7 @@ def _case(op, nbytes, cfg, comm):
 
     In-place calls are built with ``--format nccl-tests``, whose second group of columns they fill.
     """
-    return case(op, nbytes, cfg, comm, _algorithms, in_place=cfg.format == "nccl-tests")
+    return case(op, nbytes, cfg, comm, default_algorithms, in_place=cfg.format == "nccl-tests")
 
 
 def _segment(call, comm, iters, warmup, times):
@@ -231,13 +229,13 @@ def run_sweep(cfg, comm=None, watch=None, command=None):
     RuntimeError
         ``cfg.baseline == "gloo"`` and torch.distributed cannot be imported (on every rank).
     """
-    plan = _plan(cfg, (MPI.COMM_WORLD if comm is None else comm).Get_size())
+    plan = sweep_plan(cfg, (MPI.COMM_WORLD if comm is None else comm).Get_size())
     if not plan:
         raise ValueError(f"no sizes/ops to measure: ops={cfg.ops}, max_bytes={cfg.max_bytes} ({cfg.dtype})")
     comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
     if cfg.baseline == "gloo" and not gloo_available(comm):
         comm.Free()
-        raise RuntimeError(_NO_TORCH)
+        raise RuntimeError(NO_TORCH)
     rank0, passes, nccl = comm.Get_rank() == 0, [], cfg.format == "nccl-tests"
     if rank0:
         stat = "mean over ranks of each rank's mean" if nccl else "slowest rank's mean"
@@ -291,7 +289,7 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     cfg = parse_on_every_rank(partial(parse_args, size=comm.Get_size()), argv, comm.Get_rank())  # errors once
     if cfg.baseline == "gloo" and not gloo_available(comm):
-        _fail(comm, _NO_TORCH)
+        _fail(comm, NO_TORCH)
     why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None
     flag = np.array([int(why is not None)])
     comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)  # rank 0 alone writes; every rank learns its verdict

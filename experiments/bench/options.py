@@ -13,7 +13,8 @@ from experiments.bench.output import UNSTABLE
 from training.sizes import bytes_argument
 from training.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
 
-__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "DESCRIPTION", "parse_args"]
+__all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "DESCRIPTION", "NO_TORCH", "default_algorithms", "sweep_plan",
+           "parse_args"]
 
 #: What ``--help`` says the command does.
 DESCRIPTION = "Sweep commlab's collectives against MPI's own, size by size, the way OSU and nccl-tests measure."
@@ -36,7 +37,8 @@ REFERENCES = {"allreduce": ("MPI_Allreduce", "MPI_Iallreduce", "MPI_Allreduce_in
               "reduce_scatter": ("MPI_Reduce_scatter", "MPI_Ireduce_scatter_block", "limit"),
               "allgather": ("MPI_Allgather", "MPI_Iallgather", "limit"), "broadcast": ("MPI_Bcast",)}
 
-_NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
+#: Why ``--baseline gloo`` cannot run here.
+NO_TORCH = "--baseline gloo needs PyTorch with torch.distributed on every rank (pip install torch)"
 
 
 @dataclass
@@ -70,14 +72,14 @@ def _names(text):
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
-def _algorithms(op):
+def default_algorithms(op):
     """Return every algorithm of ``op`` the sweep runs by default, ``mpi`` first."""
     names = list(collectives.ALGORITHMS) if op == "allreduce" else list(collectives.schedules.registry.OP_ALGORITHMS[op])
     names.remove("mpi")
     return ["mpi"] + names + list(REFERENCES[op])
 
 
-def _plan(cfg, P):
+def sweep_plan(cfg, P):
     """Return the (bytes, op) pairs a sweep of ``cfg`` on ``P`` ranks measures, in order.
 
     A size below one element (below P elements for all-gather) has nothing to measure and is left out.
@@ -113,7 +115,7 @@ def parse_args(argv=None, size=1):
                       max_time=a.max_time, rounds=a.rounds, repeats=a.repeats, baseline=a.baseline or "", out=a.out,
                       format=a.format, max_load=a.max_load, allow_noisy=a.allow_noisy,
                       settle=a.settle, timeline=a.timeline)
-    if not _plan(cfg, size):
+    if not sweep_plan(cfg, size):
         need = min(np.dtype(cfg.dtype).itemsize * (size if op == "allgather" else 1) for op in cfg.ops)
         p.error(f"no sizes/ops to measure: --max-bytes {cfg.max_bytes} is below the smallest message of "
                 f"{', '.join(cfg.ops)} in {cfg.dtype} on {size} ranks ({need} B: one element, P for allgather)")
@@ -172,10 +174,10 @@ def _check_arguments(p, a):
         p.error(f"--ops: no ops to measure (choose from {', '.join(OPS)})")
     if bad := [o for o in a.ops if o not in OPS]:
         p.error(f"--ops: unknown {', '.join(bad)} (choose from {', '.join(OPS)})")
-    known = {n for op in a.ops for n in _algorithms(op)}
+    known = {n for op in a.ops for n in default_algorithms(op)}
     if bad := [n for n in a.algorithms if n not in known]:
         p.error(f"--algorithms: {', '.join(bad)} not an algorithm of {', '.join(a.ops)}")
-    if a.algorithms and any(not [n for n in _algorithms(op) if n in a.algorithms] for op in a.ops):
+    if a.algorithms and any(not [n for n in default_algorithms(op) if n in a.algorithms] for op in a.ops):
         p.error("--algorithms: every op in --ops needs at least one of them")
     if not 1 <= a.min_bytes <= a.max_bytes:
         p.error("--min-bytes must be >= 1 and at most --max-bytes")
