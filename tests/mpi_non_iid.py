@@ -91,17 +91,13 @@ def case_weighted_step(comm, base):
     b, acc = cfg.batch_size // comm.size, np.zeros_like(full)
     for j in range(mine.size):  # the n_w windows of b samples of a cyclic order: every sample b times
         window = mine[(j + np.arange(b)) % mine.size]
-        loss_fn.scale = scale
-        compute_gradient(model, loss_fn, x[window], y[window])
-        loss_fn.scale = 1.0
+        compute_gradient(model, loss_fn, x[window], y[window], scale=scale)
         acc += model.grads
     expected, _ = hook(acc / mine.size)
     params0, steps = model.params.copy(), {}
     for name, s in (("weighted", scale), ("plain", 1.0)):  # one step on the whole shard: SGD, lr 1, no momentum
         opt = SGD(model.params, model.grads, lr=1.0, momentum=0.0)
-        loss_fn.scale = s
-        train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine])
-        loss_fn.scale = 1.0
+        train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine], scale=s)
         steps[name] = params0 - model.params
         model.params[...] = params0
     err = float(np.abs(expected - full).max())

@@ -12,7 +12,7 @@ every_step    the parameters after every step, with uneven shares that change ev
               ranks instead of over samples differs by ~1e-3.
 balance       --balance --balance-every 2 with rank 1 measuring 4x the others' seconds per sample
               (the measurement replaced, the host being loaded): at the first gather the shares
-              become ps.sharding.proportional's split of B by speed and stay, the final parameters
+              become ps.shards.key_ranges.proportional's split of B by speed and stay, the final parameters
               equal one process's run of the same configuration (same global batches), tolerance as
               above, and replicas stay identical; --resume from the epoch-1 checkpoint continues
               with its shares. Then with the host's own timing and --straggler 1:4 (shares
@@ -37,7 +37,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ps.sharding import proportional
+from ps.shards.key_ranges import proportional
 from training.build import build_model, make_sampler, to_device
 from training.checkpoint import load_checkpoint
 from training.cli import parse_args
@@ -88,8 +88,8 @@ def case_every_step(comm, base):
         for k, batch in enumerate(sampler.global_batches(0, cfg.batch_size)):  # 10 steps, the last of 51
             shares = _random_shares(rng, len(batch), P)
             mine = deal(batch, shares)[comm.rank]
-            loss_fn.scale = P * int(shares[comm.rank]) / len(batch)
-            r = train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine])
+            r = train_step(model, loss_fn, opt, hook, comm, x[mine], y[mine],
+                           scale=P * int(shares[comm.rank]) / len(batch))
             assert not r["skipped"]
             if comm.rank == 0:
                 compute_gradient(ref, SoftmaxCrossEntropy(), x[batch], y[batch])  # the mean over the batch

@@ -215,12 +215,12 @@ def _agree_min(comm, values):
 class _Run:
     """What the elastic loop carries: the communicator, trainer, snapshots, position and the deaths."""
 
-    def __init__(self, cfg, comm, t, pos, world_ranks):
+    def __init__(self, cfg, comm, t, pos, world_ranks, run_dir, reported):
         self.cfg, self.comm, self.t, self.pos = cfg, comm, t, pos
         self.world = list(world_ranks)  # start-communicator rank of each rank of self.comm (replacements: P, P+1, ...)
         self.cur = self.prev = None
-        self.lost, self.joined, self.redone, self.reported = [], [], 0, pos.epoch
-        self.run_dir, self.accs = None, (None, None)
+        self.lost, self.joined, self.redone, self.reported = [], [], 0, reported
+        self.run_dir, self.accs = run_dir, (None, None)
 
     def recover(self, exc):
         """Shrink after ``exc``, agree on the last step all survivors completed, go back to it."""
@@ -326,9 +326,8 @@ def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on
     ElasticStop
         Fewer than ``cfg.elastic_min`` ranks survive (after the checkpoint of the last completed step).
     """
-    run = _Run(cfg, comm, t, pos, range(comm.size) if world_ranks is None else world_ranks)
-    run.run_dir = run_dir
-    run.reported = pos.epoch if reported is None else reported
+    run = _Run(cfg, comm, t, pos, range(comm.size) if world_ranks is None else world_ranks, run_dir,
+               pos.epoch if reported is None else reported)
     last = cfg.epochs if last_epoch is None else last_epoch
     x_tr, y_tr = data[0], data[1]
     n = len(y_tr)
@@ -353,7 +352,6 @@ def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on
             run.prev, run.cur = run.cur, snapshot(t, pos)
             batch = t.xp.asarray(idx[:b])
             t.opt.lr = elastic_lr(cfg, t.state.step, steps_total, comm.size, pos.P0)
-            t.loss_fn.scale = 1.0
             rec = train_step(t.model, t.loss_fn, t.opt, t.hook, comm, x_tr[batch], y_tr[batch])
             t.state.step += 1
             if on_step is not None:

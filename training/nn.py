@@ -190,12 +190,8 @@ class Tanh(Layer):
 class SoftmaxCrossEntropy(Layer):
     """Mean softmax cross-entropy over a batch, computed with the log-sum-exp shift.
 
-    ``loss = mean_i(logsumexp(z_i) - z_i[y_i])``; ``dL/dz = (softmax(z) - onehot(y)) / B``, times
-    :attr:`scale` (1: the plain gradient; the sample-weighted average sets ``W n_w / sum n``,
-    :func:`training.skew.gradient_scale`). The loss returned stays unscaled.
+    ``loss = mean_i(logsumexp(z_i) - z_i[y_i])``; ``dL/dz = (softmax(z) - onehot(y)) / B``.
     """
-
-    scale = 1.0
 
     def forward(self, z, labels):
         """Return the mean loss (Python float) for logits ``z`` (B, C) and int ``labels`` (B,)."""
@@ -221,8 +217,6 @@ class SoftmaxCrossEntropy(Layer):
         dz[...] = self._p
         dz[get_array_module(dz).arange(B), self._labels] -= 1
         dz /= max(B, 1)
-        if self.scale != 1.0:
-            dz *= self.scale
         return dz
 
 

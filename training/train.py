@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import traceback
-from collections import namedtuple
+from dataclasses import dataclass
 
 import numpy
 from mpi4py import MPI
@@ -24,7 +24,7 @@ import collectives.engine.context
 import collectives.engine.policy
 from collectives.engine import trace
 from collectives.log import get_logger, setup_logging
-from ps.protocol import PSError, PSTimeout
+from ps.wire.messages import PSError, PSTimeout
 from training.build import make_sampler, to_device
 from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
                                  nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
@@ -42,7 +42,6 @@ from training.trainer import Trainer, build_trainer
 from training.progress import progress_bar, write_trace
 from training.ps_mode.worker import finish_ps, run_ps
 from training.sizes import format_bytes
-from training.skew import gradient_scale
 from training.state import checkpoint_arrays
 
 __all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
@@ -97,9 +96,6 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     t = trainer or build_trainer(cfg, comm)
     P, rank, state = comm.size, comm.rank, t.state
     sampler = make_sampler(cfg, len(t.ds.y_train), rank, P, t.ds.y_train, run_dir if rank == 0 else None)
-    scale = gradient_scale(cfg, t.ds.y_train, rank, P) if cfg.weighted_average else 1.0
-    if t.local is not None and cfg.weighted_average:
-        t.local.weight = scale  # the models' average takes the gradients' weights, W n_w / sum n
     data = to_device(t.ds, t.model.dtype, t.xp)  # x_train, y_train, x_test, y_test
     per_epoch = steps_per_epoch(sampler, cfg.batch_size)  # global batches of B, any P (training.dp.shares)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
@@ -119,7 +115,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
         arrive = arrival(monitor, slow_factor(cfg, rank), cfg.jitter, jitter_rng)  # injected slowness, heartbeat
-        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive, scale)
+        loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive)
         sums = _train_epoch(t, cfg, comm, rank_batches(sampler, state.epoch, t.shares, rank), data, loop)
         with trace.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
@@ -166,8 +162,16 @@ def _start_display(t, cfg, comm, run_dir, table, steps):
     return bar
 
 
-#: Steps per epoch, step-record writer, bar (rank 0), start (perf_counter, s), monitor, arrival, this rank's weight.
-_Loop = namedtuple("_Loop", "per_epoch writer bar t_start monitor arrive scale")
+@dataclass
+class _Loop:
+    """What every step and epoch of a data-parallel run reports to."""
+
+    per_epoch: int  # steps per epoch
+    writer: object  # the step-record writer (training.metrics.MetricsWriter)
+    bar: object  # the progress bar (rank 0; None elsewhere)
+    t_start: float  # the run's start (time.perf_counter(), seconds)
+    monitor: object  # the live monitor (training.monitor)
+    arrive: object  # called with the step's compute seconds at its first collective (train_step's arrive)
 
 
 def _train_epoch(t, cfg, comm, batches, data, loop):
@@ -180,7 +184,8 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
         steps that were not skipped).
     """
     state, opt, x_tr, y_tr = t.state, t.opt, data[0], data[1]
-    per_epoch, writer, bar, t_start, monitor, arrive, scale = loop
+    per_epoch, writer, bar, t_start, monitor, arrive = (loop.per_epoch, loop.writer, loop.bar, loop.t_start,
+                                                        loop.monitor, loop.arrive)
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
     local = None if t.local is None or t.local.data_parallel(state.epoch + 1) else t.local
     if local is not None:
@@ -188,11 +193,11 @@ def _train_epoch(t, cfg, comm, batches, data, loop):
     for i, (batch, share) in enumerate(batches):
         batch = t.xp.asarray(batch)
         opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-        # this rank's weight: its share of the global batch (P b_r / B), times --weighted-average's; local SGD
-        # weights the models instead
-        t.loss_fn.scale = scale * share if local is None else 1.0
         if local is None:
-            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive)
+            # this rank's weight: its share of the global batch (P b_r / B), times --weighted-average's; local SGD
+            # weights the models instead
+            r = train_step(t.model, t.loss_fn, opt, t.hook, comm, x_tr[batch], y_tr[batch], arrive=arrive,
+                           scale=t.weight * share)
         else:
             r = local_step(t.model, t.loss_fn, opt, local, x_tr[batch], y_tr[batch], local.due(i, per_epoch),
                            arrive=arrive)
@@ -337,10 +342,10 @@ def main(argv=None):
     on stderr at ``--log-level``, else ``$COMMLAB_LOG_LEVEL``, else INFO); the epoch table and the
     result line stay on stdout. User errors print one ``error: ...`` line (from rank 0 when every
     rank failed alike) and return 1, as does a parameter-server run that cannot continue
-    (``ps.protocol.PSError``: BSP lost a worker). In ``--mode ps`` the ranks then check that all of
+    (``ps.wire.messages.PSError``: BSP lost a worker). In ``--mode ps`` the ranks then check that all of
     them reached the end (:func:`training.ps_mode.worker.finish_ps`): when a rank died, rank 0 names
     it and aborts the job ``--ps-timeout`` seconds later instead of leaving everyone in
-    ``MPI_Finalize``; a rank whose server never answered (``ps.protocol.PSTimeout``) reports it and
+    ``MPI_Finalize``; a rank whose server never answered (``ps.wire.messages.PSTimeout``) reports it and
     aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for
     ``--timeout`` seconds or lost, whose rank the line names, with how to restart) and any other
     failure with P > 1 abort the job.

@@ -19,6 +19,7 @@ from training.model_parallel.sharded import newest_checkpoint, restore_sharded
 from training.nn import SoftmaxCrossEntropy
 from training.optim import make_optimizer
 from training.preflight import check_run
+from training.skew import gradient_scale
 from training.state import TrainState, restore
 
 __all__ = ["Trainer", "build_trainer"]
@@ -45,10 +46,13 @@ class Trainer:
         Local SGD's model averaging (``--local-steps`` > 1).
     shares : training.dp.shares.BatchShares
         Each rank's samples of a global batch (re-split by speed with ``--balance``; restored with ``--resume``).
+    weight : float
+        This rank's weight in the sample-weighted average of gradients (``--weighted-average``:
+        ``W n_w / sum n``, :func:`training.skew.gradient_scale`; 1.0 otherwise).
     """
 
     __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local",
-                 "shares")
+                 "shares", "weight")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -114,10 +118,13 @@ def build_trainer(cfg, comm):
         elif path is not None:
             saved = restore(path, arrays, model, opt, hook, state)
             _restore_shares(path, arrays, shares, comm.rank)
-    local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer) \
+    weight = gradient_scale(cfg, ds.y_train, comm.rank, comm.size) if cfg.weighted_average else 1.0
+    # the models' average takes the gradients' weights, W n_w / sum n
+    local = LocalSGD(comm, hook, cfg.local_steps, cfg.post_local_epoch, cfg.average_optimizer,
+                     weight if cfg.weighted_average else None) \
         if cfg.local_steps > 1 else None  # local SGD (training.dp.local_sgd)
     return Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=loss_fn, hook=hook, state=state,
-                   resumed_from=path, saved_config=saved, local=local, shares=shares)
+                   resumed_from=path, saved_config=saved, local=local, shares=shares, weight=weight)
 
 
 def _batch_shares(cfg, comm, ds, model, opt):

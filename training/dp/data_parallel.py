@@ -26,7 +26,7 @@ __all__ = ["CONTROL_ALGORITHM", "AllreduceHook", "bucket_bounds", "make_grad_hoo
            "train_step", "evaluate", "any_rank", "is_finite", "replicas_identical"]
 
 
-def compute_gradient(model, loss_fn, x, y, on_grad=None):
+def compute_gradient(model, loss_fn, x, y, on_grad=None, scale=1.0):
     """Run forward and backward on one batch into ``model.grads`` (every element of it is this step's).
 
     The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
@@ -43,8 +43,9 @@ def compute_gradient(model, loss_fn, x, y, on_grad=None):
     y : ndarray, shape (B,), int64
     on_grad : callable, optional
         Passed to ``model.backward``: called with each layer's index once its gradients exist.
-        ``model.grads`` holds ``loss_fn.scale`` times the batch's mean gradient (the backward pass
-        starts from the scaled loss gradient; the parameter gradients are linear in it).
+    scale : float
+        Factor on the loss gradient the backward pass starts from, so ``model.grads`` holds ``scale``
+        times the batch's mean gradient (the parameter gradients are linear in it).
 
     Returns
     -------
@@ -56,7 +57,7 @@ def compute_gradient(model, loss_fn, x, y, on_grad=None):
     with trace.span("forward", "compute"):
         loss = loss_fn.forward(model.forward(x), y)
     with trace.span("backward", "compute"):
-        top = loss_fn.backward()
+        top = loss_fn.backward() if scale == 1.0 else loss_fn.backward() * scale
         if on_grad is None:
             model.backward(top)
         else:
@@ -96,7 +97,7 @@ def any_rank(flag, comm, timeout=None):
     return bool(buf[0])
 
 
-def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None):
+def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None, scale=1.0):
     """Take one data-parallel step; skip it on every rank if any rank sees a non-finite value.
 
     Steps: zero the flat gradient, forward/backward into it; a non-finite flag (loss or gradient) is
@@ -116,9 +117,10 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None):
         Called as ``arrive(compute_s)`` with the step's seconds so far as this rank reaches the step's
         first collective: :func:`training.monitor.setup.arrival` (the delay ``--straggler`` injects, the
         live monitor's heartbeat). Its time counts as compute.
-        This rank's weight in the average is ``loss_fn.scale``, applied to its gradient before the
-        exchange (:func:`compute_gradient`): ``--weighted-average`` sets ``W n_w / sum_v n_v`` (``n_w``
-        the samples of this rank's shard), so the hook's plain average is the sample-weighted one,
+    scale : float
+        This rank's weight in the average, applied to its gradient before the exchange
+        (:func:`compute_gradient`): ``--weighted-average`` passes ``W n_w / sum_v n_v`` (``n_w`` the
+        samples of this rank's shard), so the hook's plain average is the sample-weighted one,
         sum_w n_w g_w / sum_v n_v, whose expectation over the batches is the full-batch gradient
         (:func:`training.skew.gradient_scale`). 1: the plain average.
 
@@ -153,7 +155,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None):
     """
     t0 = time.perf_counter()
     step = hook.begin(model) if getattr(hook, "overlap", False) else None
-    loss = compute_gradient(model, loss_fn, x, y, None if step is None else step.layer_done)
+    loss = compute_gradient(model, loss_fn, x, y, None if step is None else step.layer_done, scale)
     if step is None:
         bad = not is_finite(loss, model.grads)
     else:

@@ -3,7 +3,7 @@
 Each step's global batch (:meth:`training.sampling.DistributedSampler.global_batches`, the same
 samples for every P) is dealt to the ranks in *shares* (:func:`training.sampling.deal`), and each
 rank's gradient, the mean over its ``b_r`` samples, is weighted by ``P b_r / B`` before the
-all-reduce's average (``loss_fn.scale``), so the average is the mean gradient over the global
+all-reduce's average (``train_step``'s ``scale``), so the average is the mean gradient over the global
 batch, ``sum_r b_r g_r / B``, whatever the shares: the update equals, to float rounding, the one
 of a single process on the same batch. Equal shares give the weight 1.0 exactly.
 
@@ -14,7 +14,7 @@ measured seconds per sample over those steps (its forward and backward, and the 
 ``--straggler`` injects, up to the step's first collective; the median over the K steps) are
 all-gathered, and B is split anew
 in proportion to the ranks' speeds (samples per second), by the largest-remainder rule of
-:func:`ps.sharding.proportional`: at least one sample each, at most the rank's memory bound
+:func:`ps.shards.key_ranges.proportional`: at least one sample each, at most the rank's memory bound
 (:func:`share_cap`). The new split is taken only when it shortens the predicted step,
 ``max_r b_r t_r`` (``t_r`` seconds per sample), by at least ``--balance-gain`` (a fraction): ranks
 of equal speed, whose measured times differ by noise alone, keep their shares, and a run without a
@@ -26,7 +26,7 @@ The shares are part of a checkpoint (``balance/shares``), so ``--resume`` contin
 import numpy
 
 import collectives
-from ps.sharding import proportional
+from ps.shards.key_ranges import proportional
 from training.sampling import deal
 
 __all__ = ["BatchShares", "share_cap", "memory_cap", "bytes_per_sample", "steps_per_epoch", "rank_batches"]
@@ -283,7 +283,7 @@ class BatchShares:
     def decide(self, per_sample):
         """Return the shares to take given each rank's measured ``per_sample`` seconds per sample (pure).
 
-        The split in proportion to the speeds ``1 / per_sample`` (:func:`ps.sharding.proportional`,
+        The split in proportion to the speeds ``1 / per_sample`` (:func:`ps.shards.key_ranges.proportional`,
         within ``cap``), when it shortens the predicted step ``max_r b_r t_r`` by at least ``gain``;
         else the current shares. A rank that measured nothing (0) counts at the others' mean.
         """

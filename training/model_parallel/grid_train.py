@@ -238,7 +238,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
         if rank == 0:
             print(table.row(rec), flush=True)
         if (cfg.checkpoint_every and state.epoch % cfg.checkpoint_every == 0) or state.epoch == last:
-            save_sharded(run_dir, state.epoch, g, t, _extra(cfg, state), comm, timeout=cfg.timeout,
+            save_sharded(run_dir, state.epoch, g, t.model, t.ks, t.opt, _extra(cfg, state), comm, timeout=cfg.timeout,
                          hook_state=t.hook.state_dict())
             if rank == 0:
                 _prune(run_dir, cfg.keep_checkpoints)

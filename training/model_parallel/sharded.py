@@ -74,14 +74,14 @@ def shard_arrays(model, ks, opt, extra):
     return d
 
 
-def save_sharded(run_dir, epoch, grid, trainer, extra, comm, *, timeout=None, hook_state=None):
+def save_sharded(run_dir, epoch, grid, model, ks, opt, extra, comm, *, timeout=None, hook_state=None):
     """Write this run's sharded checkpoint after ``epoch``; collective over ``comm`` (all ranks).
 
     Replica ``d == 0`` writes the shard files; every rank learns whether all writes succeeded
     before rank 0 writes the manifest. A gradient hook's state (a compressor's error feedback,
     different on every rank) is written by every rank to ``hook-dD-tT-qQ.npz`` when not empty.
-    ``trainer`` holds the ``model``, its shard layout ``ks`` and the optimizer ``opt``; ``extra`` the
-    run's counters saved beside them.
+    ``model`` is this rank's part of the model, ``ks`` its shard layout and ``opt`` its optimizer;
+    ``extra`` the run's counters saved beside them.
 
     Returns
     -------
@@ -98,7 +98,7 @@ def save_sharded(run_dir, epoch, grid, trainer, extra, comm, *, timeout=None, ho
     try:
         os.makedirs(path, exist_ok=True)
         if grid.d == 0:
-            write_npz(os.path.join(path, f"shard-t{grid.t}-q{grid.q}.npz"), shard_arrays(trainer.model, trainer.ks, trainer.opt, extra))
+            write_npz(os.path.join(path, f"shard-t{grid.t}-q{grid.q}.npz"), shard_arrays(model, ks, opt, extra))
         if hook_state:
             write_npz(os.path.join(path, "hook-d{}-t{}-q{}.npz".format(*grid.coords())), hook_state)
     except (CheckpointError, OSError) as e:
