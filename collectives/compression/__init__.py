@@ -15,7 +15,7 @@ from .dgc import DGC, DGCMemory
 from .powersgd import PowerSGD, matrix_layout
 from .qsgd import QSGD
 from .quantize import FP16Compressor, Int8Compressor, NoneCompressor
-from .registry import (COMPRESSORS, compressor_arguments, make_compressor, parse_compression_arg,
+from .catalog import (COMPRESSORS, compressor_arguments, make_compressor, parse_compression_arg,
                        parse_compression_args, parse_literal, split_key_value)
 from .sign import EFSignSGD, OneBit, SignSGD
 from .sparse import RandomK, Threshold, TopK

@@ -17,7 +17,8 @@ import numpy as np
 
 from collectives.backend import get_array_module
 
-__all__ = ["Compressor", "Memory", "ErrorFeedback", "TRANSPORTS", "check_tensor", "payload_nbytes"]
+__all__ = ["Compressor", "Memory", "ErrorFeedback", "TRANSPORTS", "check_tensor", "payload_nbytes",
+           "tensor_context"]
 
 _FLOATS = (np.float16, np.float32, np.float64)
 
@@ -68,8 +69,29 @@ def payload_nbytes(payloads):
     return int(sum(int(p.nbytes) for p in payloads))
 
 
-def _ctx(x, **extra):
-    """Build a context: the shape and dtype of ``x`` plus compressor-specific, rank-independent items."""
+def tensor_context(x, **extra):
+    """Return the context of a compressed ``x``: its shape, dtype and size plus compressor-specific items.
+
+    Every compressor's ``compress`` returns it beside the payloads; ``decompress`` reads it back.
+    ``extra`` holds what the compressor adds (rank-independent: indices, a layout).
+
+    Parameters
+    ----------
+    x : ndarray, any shape
+        The tensor being compressed.
+    **extra
+        Compressor-specific items.
+
+    Returns
+    -------
+    dict
+        ``{"shape": tuple, "dtype": numpy.dtype, "size": int, **extra}``.
+
+    Examples
+    --------
+    >>> tensor_context(np.zeros((2, 3), np.float32), k=2)
+    {'shape': (2, 3), 'dtype': dtype('float32'), 'size': 6, 'k': 2}
+    """
     ctx = {"shape": tuple(x.shape), "dtype": x.dtype, "size": int(x.size)}
     ctx.update(extra)
     return ctx

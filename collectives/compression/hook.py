@@ -18,7 +18,7 @@ from collectives.engine.waiting import wait_within
 
 from .base import ErrorFeedback, check_tensor
 from .comm import compressed_allreduce
-from .registry import compressor_arguments, make_compressor, parse_literal
+from .catalog import compressor_arguments, make_compressor, parse_literal
 
 __all__ = ["GradientHook", "CompressionHook", "make_hook"]
 

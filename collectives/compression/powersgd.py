@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor, get_array_module
 
 __all__ = ["PowerSGD", "matrix_layout"]
 
@@ -222,12 +222,12 @@ class PowerSGD(Compressor):
         step = self._steps.get(name, 0)
         self._steps[name] = step + 1
         if step < self.start_iter:  # plain all-reduce; nothing is approximated, nothing is kept
-            ctx = _ctx(x, layout=[(0, flat.size, flat.size, 1, 0)])
+            ctx = tensor_context(x, layout=[(0, flat.size, flat.size, 1, 0)])
             total = allreduce_sum(flat)
             t1 = time.perf_counter()
             mean = total * flat.dtype.type(1.0 / size)
             return mean.reshape(x.shape), x, [flat], ctx, 0.0, time.perf_counter() - t1
-        ctx = _ctx(x, layout=self._layout(name, flat.size))
+        ctx = tensor_context(x, layout=self._layout(name, flat.size))
         mats, ps, buf_p = self._p_round(flat, name, ctx["layout"], xp)
         compress_s = time.perf_counter() - t0
         sum_p = allreduce_sum(buf_p)

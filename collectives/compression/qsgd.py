@@ -1,7 +1,7 @@
 """QSGD: stochastic quantization to ``s`` levels of each bucket's L2 norm (Alistarh et al. 2017)."""
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor, get_array_module
 from .quantize import stochastic_round
 
 __all__ = ["QSGD", "level_dtype"]
@@ -89,7 +89,7 @@ class QSGD(Compressor):
         ratio = xp.abs(buckets) * (flat.dtype.type(self.levels) / safe[:, None])  # (nb, d) in [0, s]
         lev = stochastic_round(ratio, self._rng(name, shared=False), xp)
         lev = xp.minimum(lev, self.levels) * xp.sign(buckets)
-        return [norms32, lev.ravel()[:n].astype(self._dtype)], _ctx(x)
+        return [norms32, lev.ravel()[:n].astype(self._dtype)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``norm * level / s`` per element in ``ctx["dtype"]``, reshaped."""

@@ -2,9 +2,9 @@
 rounding to 8-bit integers with one scale per tensor)."""
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor
+from .base import Compressor, tensor_context, check_tensor
 
-__all__ = ["NoneCompressor", "FP16Compressor", "Int8Compressor", "stochastic_round"]
+__all__ = ["NoneCompressor", "FP16Compressor", "Int8Compressor", "stochastic_round", "scale_up"]
 
 
 def stochastic_round(r, rng, xp=np):
@@ -65,7 +65,7 @@ class NoneCompressor(Compressor):
             Shape and dtype.
         """
         check_tensor(x, name)
-        return [x.ravel()], _ctx(x)
+        return [x.ravel()], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return the payload reshaped to ``ctx["shape"]`` (a copy)."""
@@ -99,7 +99,7 @@ class FP16Compressor(Compressor):
     def compress(self, x, name):
         """Return ``([x as float16, shape (x.size,)], ctx)``."""
         check_tensor(x, name)
-        return [x.ravel().astype(np.float16)], _ctx(x)
+        return [x.ravel().astype(np.float16)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return the payload cast back to ``ctx["dtype"]`` and reshaped."""
@@ -137,11 +137,11 @@ class Int8Compressor(Compressor):
         """Return ``([scale float32 (1,), levels int8 (x.size,)], ctx)``."""
         xp = check_tensor(x, name)
         flat = x.ravel() if x.dtype != np.float16 else x.ravel().astype(np.float32)
-        scale = _scale_up(xp.max(xp.abs(flat)) / 127 if flat.size else 0.0, xp)
+        scale = scale_up(xp.max(xp.abs(flat)) / 127 if flat.size else 0.0, xp)
         inv = 1.0 / scale[0] if float(scale[0]) > 0 else 0.0
         levels = stochastic_round(flat * flat.dtype.type(inv), self._rng(name, shared=False), xp)
         levels = xp.clip(levels, -127, 127).astype(np.int8)
-        return [scale, levels], _ctx(x)
+        return [scale, levels], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``levels * scale`` in ``ctx["dtype"]``, reshaped."""
@@ -149,8 +149,27 @@ class Int8Compressor(Compressor):
         return (levels.astype(ctx["dtype"]) * scale.astype(ctx["dtype"])[0]).reshape(ctx["shape"])
 
 
-def _scale_up(value, xp):
-    """Return ``value`` as a float32 array of shape (1,), rounded up so it is never below ``value``."""
+def scale_up(value, xp):
+    """Return ``value`` as a float32 array of shape (1,), rounded up so it is never below ``value``.
+
+    The scale of a quantizer (int8, TernGrad): rounding it up keeps every level within range.
+
+    Parameters
+    ----------
+    value : float
+        The scale, in the tensor's units.
+    xp : module
+        ``numpy`` or ``cupy``: the module of the returned array.
+
+    Returns
+    -------
+    ndarray, shape (1,), float32
+
+    Examples
+    --------
+    >>> bool(scale_up(0.1, np)[0] >= 0.1)
+    True
+    """
     value = float(value)
     s = np.float32(value)
     if float(s) < value:

@@ -3,7 +3,7 @@
 error feedback, 1 bit per element)."""
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor, get_array_module
 from .terngrad import pack_2bit, unpack_2bit
 
 __all__ = ["SignSGD", "EFSignSGD", "OneBit", "pack_signs", "unpack_signs"]
@@ -99,7 +99,7 @@ class SignSGD(Compressor):
         payloads = [pack_2bit(_sign_codes(flat))]
         if self.scaled:
             payloads.append(_mean_abs(flat, xp))
-        return payloads, _ctx(x)
+        return payloads, tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``scale * sign`` with ``sign`` in {-1, 0, +1} (one rank's view), reshaped."""
@@ -150,7 +150,7 @@ class EFSignSGD(Compressor):
         """Return ``([signs uint8 (ceil(size / 8),), mean|x| float32 (1,)], ctx)``."""
         xp = check_tensor(x, name)
         flat = x.ravel()
-        return [pack_signs(flat), _mean_abs(flat, xp)], _ctx(x)
+        return [pack_signs(flat), _mean_abs(flat, xp)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``mean|x| * sign``, reshaped."""
@@ -192,7 +192,7 @@ class OneBit(Compressor):
         total_pos = float(xp.sum(xp.where(pos, flat, 0), dtype=np.float64))
         means = np.array([total_pos / n_pos if n_pos else 0.0,
                           (total - total_pos) / n_neg if n_neg else 0.0], np.float32)
-        return [xp.packbits(pos), xp.asarray(means)], _ctx(x)
+        return [xp.packbits(pos), xp.asarray(means)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``mean_pos`` where the bit is set and ``mean_neg`` elsewhere, reshaped."""

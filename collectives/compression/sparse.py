@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor, get_array_module
 
 __all__ = ["TopK", "RandomK", "Threshold", "scatter_add", "index_dtype", "resolve_k"]
 
@@ -129,7 +129,7 @@ class TopK(_Sparse):
         else:
             indices = xp.arange(flat.size)
         indices = indices.astype(index_dtype(flat.size))
-        return [indices, flat[indices]], _ctx(x)
+        return [indices, flat[indices]], tensor_context(x)
 
     def __repr__(self):
         return f"{type(self).__name__}(ratio={self.ratio}, k={self.k})"
@@ -186,7 +186,7 @@ class RandomK(Compressor):
         values = flat[indices]
         if self.rescale and k:
             values = values * flat.dtype.type(flat.size / k)
-        return [values], _ctx(x, indices=indices.astype(index_dtype(flat.size)))
+        return [values], tensor_context(x, indices=indices.astype(index_dtype(flat.size)))
 
     def decompress(self, payloads, ctx):
         """Return a dense tensor with the values at the shared indices."""
@@ -237,7 +237,7 @@ class Threshold(_Sparse):
         flat = x.ravel()
         self._counts[name] = self._iteration(name) + 1
         indices = xp.flatnonzero(xp.abs(flat) >= self.threshold).astype(index_dtype(flat.size))
-        return [indices, flat[indices]], _ctx(x)
+        return [indices, flat[indices]], tensor_context(x)
 
     def __repr__(self):
         return f"Threshold(threshold={self.threshold})"

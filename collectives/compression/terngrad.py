@@ -1,8 +1,8 @@
 """TernGrad: stochastic ternarization to {-1, 0, +1} times the tensor's max |g| (Wen et al. 2017)."""
 import numpy as np
 
-from .base import Compressor, _ctx, check_tensor, get_array_module
-from .quantize import _scale_up
+from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .quantize import scale_up
 
 __all__ = ["TernGrad", "pack_2bit", "unpack_2bit"]
 
@@ -89,13 +89,13 @@ class TernGrad(Compressor):
         if self.clip is not None and flat.size:
             bound = self.clip * float(xp.std(flat))
             flat = xp.clip(flat, -bound, bound)
-        scale = _scale_up(xp.max(xp.abs(flat)) if flat.size else 0.0, xp)
+        scale = scale_up(xp.max(xp.abs(flat)) if flat.size else 0.0, xp)
         inv = 1.0 / float(scale[0]) if float(scale[0]) > 0 else 0.0
         dtype = np.float32 if flat.dtype == np.float32 else np.float64
         u = xp.asarray(self._rng(name, shared=False).random(flat.size, dtype=dtype))
         keep = u < xp.abs(flat) * flat.dtype.type(inv)  # Bernoulli(|g| / s)
         codes = (keep * (1 + (flat < 0))).astype(np.uint8)  # 0: zero, 1: +1, 2: -1
-        return [scale, pack_2bit(codes)], _ctx(x)
+        return [scale, pack_2bit(codes)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
         """Return ``scaler * {0, +1, -1}[code]`` in ``ctx["dtype"]``, reshaped."""
