@@ -16,7 +16,8 @@ from collectives.schedules.registry import REGISTRY, build_allreduce_schedule
 
 from collectives.schedules.schedule import chunk_bounds
 from collectives.schedules.ring import ring_allgather, ring_reduce_scatter
-from collectives.model.simulate import ScheduleDeadlock, replay
+from collectives.errors import ScheduleDeadlock
+from collectives.model.simulate import replay
 from collectives.schedules.torus import check_grid, square_grid
 from collectives.schedules.tree import tree_broadcast, tree_reduce
 from tests.mpirun import run_mpi

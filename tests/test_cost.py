@@ -8,6 +8,7 @@ from collectives.schedules.registry import build_allreduce_schedule
 
 from collectives.model import cost
 from collectives.model.simulate import replay
+from collectives.schedules.torus import square_grid
 
 ALGS = ["ring", "tree", "recursive_doubling", "rabenseifner", "2d"]
 
@@ -34,7 +35,7 @@ def test_simulator_matches_model_on_flat_topology(alg, P):
                          beta_inter=1e-9, gamma=3e-10)
     params = {"alpha": 2e-6, "beta": 1e-9, "gamma": 3e-10}
     nbytes = 4 * 64 * P
-    grid = cost.square_grid(P) if alg == "2d" else None
+    grid = square_grid(P) if alg == "2d" else None
     assert cost.simulate(alg, P, nbytes, flat, grid=grid) == pytest.approx(
         cost.predict(alg, P, nbytes, params, grid=grid), rel=1e-9)
 
@@ -44,7 +45,7 @@ def test_simulator_matches_model_on_flat_topology(alg, P):
 def test_vectorized_rounds_equal_schedule_replay(alg, P):
     topo = cost.Topology(ranks_per_node=4)
     for nbytes in (4, 4 * 1001, 1 << 20):
-        grid = (P // 4, 4) if alg == "2d" and P % 4 == 0 and P > 4 else (cost.square_grid(P) if alg == "2d" else None)
+        grid = (P // 4, 4) if alg == "2d" and P % 4 == 0 and P > 4 else (square_grid(P) if alg == "2d" else None)
         scheds = [build_allreduce_schedule(alg, r, P, nbytes // 4, grid) for r in range(P)]
 
         def link(s, d, n):

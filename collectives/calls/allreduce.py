@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
 from collectives.calls.forms import keyword_form, positional
-from collectives.library.call import key_code, library_error, mismatch
+from collectives.engine.fingerprint import key_code
+from collectives.library.call import library_error, mismatch
 from collectives.schedules.registry import AlgorithmTable, build_allreduce_schedule, check_algorithm
 from collectives.engine.buffers import ACC, MPI_OPS, AdoptedRequest, adopt, as_array, check_out, finish, nan_mask, prepare, restore_nan
 from collectives.engine.context import check_comm, get_context
@@ -36,7 +37,7 @@ from collectives.model.auto import model_choice, select_allreduce
 from collectives.schedules.torus import check_dims, check_grid, square_grid
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
-__all__ = ["ALGORITHMS", "allreduce", "iallreduce", "build_allreduce_schedule", "MPI_OPS"]
+__all__ = ["ALGORITHMS", "allreduce", "iallreduce"]
 
 #: All-reduce algorithms: registry name -> one-line description (from :mod:`collectives.schedules.registry`),
 #: live: an algorithm registered later (:func:`collectives.register_algorithm`) is in it at once.

@@ -55,7 +55,7 @@ from collectives.engine.fingerprint import checks_enabled, describe, key_code
 from collectives.engine.waiting import Where, deadline_of, library_failure, wait_all
 
 __all__ = ["PIGGYBACK_MAX", "CHECK_ELEMENTS", "piggyback", "check_values", "encode_check", "verify_check", "mismatch",
-           "library_error", "call", "run_library", "key_code", "lean_pair", "finish_lean", "post_failed", "settle"]
+           "library_error", "call", "run_library", "lean_pair", "finish_lean", "post_failed", "settle"]
 
 #: Largest all-reduce (elements) whose fingerprint rides in the data buffer itself.
 PIGGYBACK_MAX = 2048

@@ -22,7 +22,7 @@ from collectives.schedules.schedule import chunk_bounds
 from collectives.model.simulate import replay
 from collectives.schedules.torus import square_grid
 
-__all__ = ["coefficients", "predict", "fit", "Topology", "simulate", "ring_tables", "square_grid", "MODELLED"]
+__all__ = ["coefficients", "predict", "fit", "Topology", "simulate", "ring_tables", "MODELLED"]
 
 #: Algorithms the model and simulator cover (``mpi`` is modelled as MPICH's choice: the faster of
 #: recursive doubling and Rabenseifner).

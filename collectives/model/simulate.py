@@ -15,7 +15,7 @@ import numpy
 from collectives.errors import ScheduleDeadlock
 from collectives.schedules.schedule import apply_receive
 
-__all__ = ["ScheduleDeadlock", "replay"]
+__all__ = ["replay"]
 
 
 def replay(schedules, data=None, ufunc=numpy.add, cost=None, reduce_cost=None, from_input=False):

@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives import backend
-from collectives.calls.allreduce import MPI_OPS
+from collectives.engine.buffers import MPI_OPS
 
 __all__ = ["RTOL", "check_data", "count_wrong", "first_wrong", "raw", "oracle_allreduce"]
 
