@@ -13,7 +13,7 @@ inter-node busbw as a fraction of the configured link rate. Compression
 time to the target accuracy, per network. Model (``experiments.cluster.model``): predicted against
 measured all-reduce time, per algorithm, with the tolerance band. Parameter server
 (``experiments.cluster.ps``): samples/s and bytes per link per step of each configuration, one row per
-model. Their tables are :mod:`plots.cluster_tables`. Drawing only: every number comes
+model. Their tables are :mod:`plots.tables.cluster_tables`. Drawing only: every number comes
 from the study's file.
 """
 import os
@@ -74,7 +74,7 @@ def draw(study, out):
             ax.set_xlabel("all-reduce size")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle("All-reduce across emulated nodes (experiments.cluster.emulate): flat ring vs hierarchical 2d")
+    fig.suptitle("All-reduce across emulated nodes (training.emulator.emulate): flat ring vs hierarchical 2d")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -122,7 +122,7 @@ def draw_compression(study, out):
     for ax in axes:
         ax.grid(True, axis="y", which="both", alpha=0.3)
     axes[0].legend(fontsize=9)  # the same colours below
-    fig.suptitle("Gradient compression on emulated links against shared memory (experiments.cluster.emulate)")
+    fig.suptitle("Gradient compression on emulated links against shared memory (training.emulator.emulate)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -182,7 +182,7 @@ def draw_ps(study, out):
         ax_row[1].legend()
         for ax in ax_row:
             ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (experiments.cluster.emulate)")
+    fig.suptitle("BSP parameter server (S servers on their own nodes) against ring all-reduce (training.emulator.emulate)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

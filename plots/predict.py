@@ -1,5 +1,5 @@
-"""Draw and tabulate the predictor's results: the at-scale answer of ``experiments.predict.scale`` (best
-and second-best step time against P) and the validation of ``experiments.predict.validate`` (predicted
+"""Draw and tabulate the predictor's results: the at-scale answer of ``training.predict.scale`` (best
+and second-best step time against P) and the validation of ``training.predict.validate`` (predicted
 against measured step time).
 
 Run: ``python -m plots.predict results/predict/scale.json [--out results/predict/scale.png]`` (a validation
@@ -12,8 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from plots.inputs import read_results
 from training.options import Parser, infile, outpath
+from training.predict.scale import scale_table
 
-__all__ = ["draw", "scale_table", "scale_markdown", "draw_validation", "validation_table", "main"]
+__all__ = ["draw", "scale_markdown", "draw_validation", "validation_table", "main"]
 
 
 def draw(result, out):
@@ -45,18 +46,8 @@ def draw(result, out):
     plt.close(fig)
 
 
-def scale_table(best):
-    """Return the markdown table of the best and second-best configuration per cluster and P."""
-    lines = ["| cluster | P | best configuration | step ms | second best | step ms | second / best |",
-             "|---|---:|---|---:|---|---:|---:|"]
-    for b in best:
-        lines.append(f"| {b['cluster']} | {b['P']} | {b['best']} | {b['best_s'] * 1e3:.2f} | {b['second']} | "
-                     f"{b['second_s'] * 1e3:.2f} | {b['ratio']:.2f} |")
-    return "\n".join(lines) + "\n"
-
-
 def scale_markdown(record):
-    """Return the at-scale answer as markdown: :func:`scale_table` of ``record["best"]`` and how many
+    """Return the at-scale answer as markdown: :func:`training.predict.scale.scale_table` of ``record["best"]`` and how many
     configurations each point compared."""
     n = sorted({b["configs"] for b in record["best"]})
     return (f"Configurations compared per cluster and P: {n[0]}-{n[-1]} (those that fit the P). Predicted, not "
@@ -122,7 +113,7 @@ def draw_validation(record, out):
 
 def main(argv=None):
     p = Parser(prog="python -m plots.predict", description=__doc__.split("\n")[0])
-    p.add_argument("result", type=infile(), help="OUT.json of experiments.predict.scale or experiments.predict.validate")
+    p.add_argument("result", type=infile(), help="OUT.json of training.predict.scale or training.predict.validate")
     p.add_argument("--out", type=outpath(empty=True), default="", help="PNG path (default: the result's path with .png)")
     a = p.parse_args(argv)
     result = read_results(p, a.result)
@@ -130,7 +121,7 @@ def main(argv=None):
     try:
         (draw_validation if "figures" in result else draw)(result, out)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        p.error(f"{a.result}: not a results file of experiments.predict.scale or .validate "
+        p.error(f"{a.result}: not a results file of training.predict.scale or .validate "
                 f"({type(exc).__name__}: {exc})")
     print(f"wrote {out}")
     return 0

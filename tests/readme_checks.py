@@ -78,7 +78,7 @@ CHECKS = {
         Help("tests/test_ctr.py::test_hot_key_remedy_balances_the_servers_at_four"),
     "python -m plots.ctr results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
-    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 3 --link 1gbit --survive-crashes -- python -m "
+    "python -m training.emulator.emulate --nodes 2 --ranks-per-node 3 --link 1gbit --survive-crashes -- python -m "
     "experiments.faults.crash ps 0 60 --mode ps --servers 2 --ps-replicas 2 --ps-timeout 1":
         Covered("tests/test_cluster.py::test_a_replicated_servers_primary_dies_across_emulated_nodes",
                 "the same crash across two emulated nodes, with the digits model"),
@@ -97,19 +97,19 @@ CHECKS = {
     "mpiexec -n 1 python -m training.train --data synthetic --hidden 1024,1024 --epochs 2 --threads 1 --trace "
     "prof.trace.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",
                                "a traced run whose per-layer events that test reads into a profile"),
-    "python -m experiments.predict.profile --trace prof.trace.json --codec fp16 --codec topk:ratio=0.01 --out "
+    "python -m training.predict.profile --trace prof.trace.json --codec fp16 --codec topk:ratio=0.01 --out "
     "profile.json": Covered("tests/test_trace.py::test_trace_file_of_a_data_parallel_run_and_wait_split",
                             "the same command on that test's trace"),
-    "python -m experiments.predict --profile profile.json --topology topo.json --config algorithm=torus "
+    "python -m training.predict --profile profile.json --topology topo.json --config algorithm=torus "
     "grid=topology bucket_bytes=1048576 overlap=true": Covered(
         "tests/test_predict.py::test_command_line_bad_files_and_a_prediction", "the command on a hand-made profile"),
-    "python -m experiments.predict.scale --out results/predict/scale": Covered(
+    "python -m training.predict.scale --out results/predict/scale": Covered(
         "tests/test_predict.py::test_scale_study_on_small_p_and_its_figure", "the study's run() at P = 64 and 256"),
     "python -m plots.predict results/predict/scale.json": Covered(
         "tests/test_predict.py::test_scale_study_on_small_p_and_its_figure", "draw() on that run's answer"),
-    "python -m experiments.predict.validate --out results/predict/validation": Covered(
+    "python -m training.predict.validate --out results/predict/validation": Covered(
         "tests/test_predict.py::test_validation_harness_on_a_tiny_plan", "its plan, commands, --dry-run and figures"),
-    "python -m experiments.predict.floor": Run(),
+    "python -m training.predict.floor": Run(),
     # Unequal workers: batch shares (docs/guide/heterogeneity.md)
     "mpiexec -n 2 python -m training.train --straggler 1:2 --balance --balance-every 10": Run(_QUICK_TRAIN),
     "mpiexec -n 3 python -m training.train": Run(_QUICK_TRAIN),
@@ -150,7 +150,7 @@ CHECKS = {
     "mpiexec -n 4 python -m experiments.studies.model_parallel_study --out results/model_parallel_p4.json":
         Help("tests/test_model_parallel.py::test_study_grids_and_plot",
              {"results/model_parallel_p4.json": "model_parallel/p4.json"}),
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
+    "python -m training.emulator.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m "
     "experiments.studies.model_parallel_study --out results/model_parallel_p4_1gbit.json --bubble-micro-batches ''":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
     "python -m plots.model_parallel results/model_parallel_p4.json":
@@ -179,7 +179,7 @@ CHECKS = {
         Run(("--max-bytes", "1M", "--iters", "3", "--warmup", "1", "--repeats", "1", "--allow-noisy"), timeout=300),
     "mpiexec -n 4 python -m training.train --algorithm docs.examples.bidirectional_ring:bidirectional_ring_allreduce":
         Run(_QUICK_TRAIN, timeout=240),
-    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
+    "python -m training.emulator.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
     "experiments.bench.collectives --ops allreduce --algorithms ring,docs.examples.alltoall:alltoall_allreduce "
     "--min-bytes 1M --max-bytes 16M --out results/algorithms_2x2":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),  # runs only with namespaces
@@ -232,9 +232,9 @@ CHECKS = {
     "mpiexec -n 4 python -m training.train --compression topk --compression-arg ratio=0.01":
         Help("tests/test_training_mpi.py::test_crashed_rank_ends_a_compressed_run_within_the_timeout"),
     # Emulated cluster (namespaces)
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train":
+    "python -m training.emulator.emulate --nodes 4 --ranks-per-node 1 --link 1gbit -- python -m training.train":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),
-    "python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
+    "python -m training.emulator.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
     "--out results/cluster/calibrate_100mbit.json":
         Help("tests/test_cluster.py::test_link_rate_within_tolerance"),
     "python -m experiments.cluster.collectives run --out results/cluster/collectives --study "
@@ -258,7 +258,7 @@ CHECKS = {
         Covered("tests/test_cluster_studies.py::test_ps_study_gathers_both_models_with_their_wire_time",
                 "draws the gathered record of synthetic runs (the runs need the emulator's namespaces)"),
     # Calibrating the simulator (emulated cluster)
-    "python -m experiments.cluster.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
+    "python -m training.emulator.emulate --nodes 2 --ranks-per-node 2 --link 1gbit -- python -m "
     "experiments.bench.collectives --ops allreduce --algorithms ring,rabenseifner,2d,tree,recursive_doubling "
     "--min-bytes 64K --max-bytes 64M --iters 5 --warmup 1 --max-time 3 --repeats 2 --out results/cluster/fit_2x2":
         Help("tests/test_cluster.py::test_nodes_found_as_configured"),

@@ -1,6 +1,6 @@
 """The emulated cluster: node discovery, link rate, teardown after failure and SIGINT, the privilege error.
 
-Every case runs the real command line (``python -m experiments.cluster.emulate``) with a hard timeout. They
+Every case runs the real command line (``python -m training.emulator.emulate``) with a hard timeout. They
 need network namespaces (root, or unprivileged user namespaces) and iproute2/util-linux: where those
 are missing the cases skip with the emulator's own reason.
 """
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from experiments.cluster.emulate import namespace_command
+from training.emulator.emulate import namespace_command
 from tests.mpirun import finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ MARK = "COMMLAB_CLUSTER_TEST"
 
 def _unavailable():
     """The reason the emulator cannot run here, or None."""
-    from experiments.cluster.launch import flavour
+    from training.emulator.launch import flavour
     from tests.mpirun import mpiexec_path
 
     try:
@@ -52,17 +52,17 @@ needs_namespaces = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 
 def _cluster(*args, mark=None, timeout=90, **popen):
-    """Start ``python -m experiments.cluster.emulate ARGS`` with the test's marker in its environment."""
+    """Start ``python -m training.emulator.emulate ARGS`` with the test's marker in its environment."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
     if mark:
         env[MARK] = mark
-    return subprocess.Popen([sys.executable, "-m", "experiments.cluster.emulate", *map(str, args)], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "training.emulator.emulate", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **popen)
 
 
 def _finish(proc, timeout=90):
-    out, err = finish(proc, timeout, "experiments.cluster.emulate")
+    out, err = finish(proc, timeout, "training.emulator.emulate")
     return proc.returncode, out, err
 
 
@@ -239,7 +239,7 @@ def test_clear_error_without_privileges():
     if os.geteuid() != 0:
         pytest.skip("needs root to drop the capabilities of a root process")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "experiments.cluster.emulate",
+    cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "training.emulator.emulate",
            "--nodes", "2", "--link", "1gbit", "--", "true"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -257,14 +257,14 @@ def test_bad_arguments_fail_before_any_namespace():
                        (["--calibrate", "--", "true"], "--calibrate"),
                        (["--allow-noisy", "--", "true"], "--allow-noisy are for --calibrate"),
                        (["--mpiexec", "true", "--", "true"], "neither MPICH's nor Open MPI's")]:
-        done = subprocess.run([sys.executable, "-m", "experiments.cluster.emulate", *args], cwd=ROOT, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "training.emulator.emulate", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=30, env=dict(os.environ, PYTHONPATH=ROOT))
         assert done.returncode == 2 and word in done.stderr, (args, done.stderr)
 
 
 def test_parse_rate_follows_tc_units():
     """tc's units: bit is bits/s, bps is bytes/s, k/m/g are SI, ki/mi/gi IEC."""
-    from experiments.cluster.net import parse_rate
+    from training.emulator.net import parse_rate
     assert parse_rate("1gbit") == 1e9
     assert parse_rate("100mbit") == 1e8
     assert parse_rate("10mbps") == 8e7

@@ -72,7 +72,7 @@ def test_every_command_is_found():
     """The walk reaches the commands the documentation names (a guard against a discovery that finds none)."""
     for name in ("training.train", "inference.serve", "experiments.bench.checks", "experiments.faults.suite",
                  "experiments.studies.model_parallel_study", "experiments.studies.serving_study",
-                 "experiments.studies.compression_sweep", "plots.ctr", "plots.predict", "experiments.predict.__main__"):
+                 "experiments.studies.compression_sweep", "plots.ctr", "plots.predict", "training.predict.__main__"):
         assert name in COMMANDS, (name, COMMANDS)
 
 
@@ -138,8 +138,8 @@ def _refused(capsys, main, argv, flag):
     ("experiments.studies.serving_study", ["--fractions", "-0.5"], "--fractions"),
     ("experiments.studies.compression_sweep", ["--seeds", "-1"], "--seeds"),
     ("experiments.faults.suite", ["--timeout", "0"], "--timeout"),
-    ("experiments.cluster.emulate", ["--link", "1gbps", "--", "true"], "--link"),
-    ("experiments.cluster.emulate", ["--uplink", "100mbps", "--", "true"], "--uplink"),
+    ("training.emulator.emulate", ["--link", "1gbps", "--", "true"], "--link"),
+    ("training.emulator.emulate", ["--uplink", "100mbps", "--", "true"], "--uplink"),
 ])
 def test_listed_settings_are_refused_before_anything_runs(module, argv, flag, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

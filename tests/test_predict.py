@@ -8,11 +8,11 @@ import pytest
 import collectives.model.lockstep
 from collectives.model.lockstep import lockstep_clocks
 from collectives.model.network import Network, allreduce_time
-from experiments.predict import comm, config, files, grid, pipeline, profile, step, topology
-from experiments.predict.__main__ import main
-from experiments.predict.profile import Profile
-from experiments.predict.step import predict
-from plots.predict import scale_table
+from training.predict import comm, files, grid_step, job_config, pipeline_replay, profile, step, topology
+from training.predict.__main__ import main
+from training.predict.profile import Profile
+from training.predict.step import predict
+from training.predict.scale import scale_table
 
 MS = 1e-3
 
@@ -36,7 +36,7 @@ def _prof(layers, optimizer_s=5 * MS, rows=4):
 def test_single_bucket_step_by_hand():
     # 1000 float32 = 4000 bytes, P = 2 ring: 2 rounds of 2000 bytes = 2 (1 ms + 2 ms); the flag: 1 ms + 4 us
     prof = _prof([(1000, 10 * MS, 20 * MS, None)])
-    r = predict(prof, _topo(2), config.parse({"algorithm": "ring"}))
+    r = predict(prof, _topo(2), job_config.parse({"algorithm": "ring"}))
     assert r["step_s"] == pytest.approx((10 + 20 + 1.004 + 6 + 5) * MS, rel=1e-9)
     assert r["breakdown"]["compute"] == pytest.approx(35 * MS) and r["breakdown"]["comm"] == pytest.approx(7.004 * MS)
     assert r["breakdown"]["wait"] == pytest.approx(0, abs=1e-12) and r["ranks"][0]["ranks"] == "0-1"
@@ -47,8 +47,8 @@ def test_two_buckets_with_overlap_by_hand(progress):
     # two layers of 1000 parameters, buckets of 4000 bytes: layer 1's bucket is ready at 20 + 20 ms and
     # takes 6 ms; layer 0's at 60 ms, 60-66 ms; then the optimizer: 71 ms. Without overlap: 60 + 1.004 + 12 + 5
     prof = _prof([(1000, 10 * MS, 20 * MS, None), (1000, 10 * MS, 20 * MS, None)])
-    on = predict(prof, _topo(2), config.parse({"bucket_bytes": 4000, "overlap": True, "progress": progress}))
-    off = predict(prof, _topo(2), config.parse({"bucket_bytes": 4000}))
+    on = predict(prof, _topo(2), job_config.parse({"bucket_bytes": 4000, "overlap": True, "progress": progress}))
+    off = predict(prof, _topo(2), job_config.parse({"bucket_bytes": 4000}))
     assert on["step_s"] == pytest.approx(71 * MS, rel=1e-9)
     assert off["step_s"] == pytest.approx(78.004 * MS, rel=1e-9)
     assert on["breakdown"]["comm"] == pytest.approx(6 * MS, rel=1e-9)
@@ -59,8 +59,8 @@ def test_overlap_advances_one_round_per_test_between_layers():
     # round 1 done; bucket 1 starts); after the flag (2 x 1.004 ms) bucket 0's 5 rounds end at 70.008,
     # then bucket 1's 5 left at 80.008; + 5 ms optimizer. Continuous: bucket 0 40-52, bucket 1 60-72
     prof = _prof([(1000, 10 * MS, 20 * MS, None), (1000, 10 * MS, 20 * MS, None)])
-    tests = predict(prof, _topo(4), config.parse({"bucket_bytes": 4000, "overlap": True}))
-    cont = predict(prof, _topo(4), config.parse({"bucket_bytes": 4000, "overlap": True, "progress": "continuous"}))
+    tests = predict(prof, _topo(4), job_config.parse({"bucket_bytes": 4000, "overlap": True}))
+    cont = predict(prof, _topo(4), job_config.parse({"bucket_bytes": 4000, "overlap": True, "progress": "continuous"}))
     assert tests["step_s"] == pytest.approx(85.008 * MS, rel=1e-9)
     assert cont["step_s"] == pytest.approx((60 + 12 + 5) * MS, rel=1e-9)
 
@@ -70,7 +70,7 @@ def test_pipeline_of_two_stages_by_hand():
     # stage 0: F0 0-5, F1 5-10, B0 22.16-32.16, B1 37.16-47.16; stage 1: F0 6.08-11.08, B0 -21.08,
     # F1 -26.08, B1 -36.08; the optimizer's half each (2.5 ms): step 49.66 ms
     prof = _prof([(110, 10 * MS, 20 * MS, 10), (110, 10 * MS, 20 * MS, 10)])
-    r = predict(prof, _topo(2), config.parse({"pipeline_parallel": 2, "micro_batches": 2}))
+    r = predict(prof, _topo(2), job_config.parse({"pipeline_parallel": 2, "micro_batches": 2}))
     assert r["step_s"] == pytest.approx(49.66 * MS, rel=1e-9)
     s0, s1 = r["ranks"]
     assert s0["bubble"] == pytest.approx(17.16 * MS) and s1["bubble"] == pytest.approx(6.08 * MS)
@@ -173,19 +173,19 @@ def test_topology_from_a_calibration_takes_its_duplex():
 ])
 def test_bad_configuration_is_one_line_naming_the_field(doc, field):
     with pytest.raises(ValueError, match=field):
-        config.parse(doc)
+        job_config.parse(doc)
 
 
 def test_configurations_that_do_not_fit_the_topology():
     prof = _prof([(110, MS, MS, 10), (110, MS, MS, 10)])
     with pytest.raises(ValueError, match="'tensor_parallel'"):
-        predict(prof, _topo(3), config.parse({"tensor_parallel": 2}))
+        predict(prof, _topo(3), job_config.parse({"tensor_parallel": 2}))
     with pytest.raises(ValueError, match="'pipeline_parallel'"):
-        predict(prof, _topo(4), config.parse({"pipeline_parallel": 4}))
+        predict(prof, _topo(4), job_config.parse({"pipeline_parallel": 4}))
     with pytest.raises(ValueError, match="'grid'"):
-        predict(prof, _topo(4), config.parse({"algorithm": "torus", "grid": [3, 2]}))
+        predict(prof, _topo(4), job_config.parse({"algorithm": "torus", "grid": [3, 2]}))
     with pytest.raises(ValueError, match="'compression'"):
-        predict(prof, _topo(4), config.parse({"compression": "topk"}))
+        predict(prof, _topo(4), job_config.parse({"compression": "topk"}))
 
 
 def test_command_line_bad_files_and_a_prediction(tmp_path, capsys):
@@ -209,14 +209,14 @@ def test_command_line_bad_files_and_a_prediction(tmp_path, capsys):
     assert "c.json[1]: config field 'bucket_bytes'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", [collectives.model.lockstep, comm, config, files, grid, pipeline, profile, step, topology])
+@pytest.mark.parametrize("module", [collectives.model.lockstep, comm, files, grid_step, job_config, pipeline_replay, profile, step, topology])
 def test_docstring_examples(module):
     res = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0
 
 
 def test_scale_study_on_small_p_and_its_figure(tmp_path):
-    from experiments.predict import scale
+    from training.predict import scale
     from plots.predict import draw
 
     m = scale.EXAMPLE_MODEL
@@ -235,7 +235,7 @@ def test_scale_study_on_small_p_and_its_figure(tmp_path):
 
 def test_validation_harness_on_a_tiny_plan(capsys):
     from training.cli import build_parser
-    from experiments.predict import validate
+    from training.predict import validate
 
     entries = validate.plan()
     assert len(entries) >= 24
@@ -250,10 +250,10 @@ def test_validation_harness_on_a_tiny_plan(capsys):
     parser = build_parser()
     for e, r in zip(entries, cmds["runs"]):  # every run's flags are the trainer's own
         parser.parse_args(r["command"][r["command"].index("training.train") + 1:])
-        config.parse(e["config"])
+        job_config.parse(e["config"])
     assert validate.main(["--dry-run", "--only", "0,25", "--repeats", "1", "--out", "out/v"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 + 2 + 2 and "--calibrate" in lines[1] and "experiments.cluster.emulate" in lines[-1]
+    assert len(lines) == 1 + 2 + 2 and "--calibrate" in lines[1] and "training.emulator.emulate" in lines[-1]
     runs = validate.commands("out/v", 3, entries[:2], repeats=2)["runs"]  # in turns, each in its own directory
     assert [r["entry"] for r in runs] == [0, 1, 0, 1] and len({r["run_dir"] for r in runs}) == 4
     rows = [{"name": "a", "measured": [1.0, 1.02], "predicted_s": 1.1, "comm_s": 0.9},

@@ -7,9 +7,9 @@ import pytest
 
 import numpy
 
-from experiments.predict import config, floor, profile, topology, validate
-from experiments.predict.profile import Profile
-from experiments.predict.step import predict
+from training.predict import floor, job_config, profile, topology, validate
+from training.predict.profile import Profile
+from training.predict.step import predict
 
 MS = 1e-3
 
@@ -32,7 +32,7 @@ def test_round_floor_step_by_hand():
     # P = 4 ring of 4000 bytes: 6 rounds of 1 ms + 1000 us = 12 ms; the flag (recursive doubling):
     # 2 rounds of 1.004 ms. A 3 ms floor: the ring's 6 rounds last 18 ms, the flag's 2 rounds 6 ms.
     # Step: 10 + 20 + 6 + 18 + 5 = 59 ms (without the floor 10 + 20 + 2.008 + 12 + 5 = 49.008 ms)
-    cfg = config.parse({"algorithm": "ring"})
+    cfg = job_config.parse({"algorithm": "ring"})
     assert predict(_prof(), _topo(4), cfg)["step_s"] == pytest.approx(49.008 * MS, rel=1e-9)
     r = predict(_prof(), _topo(4, round_us=3000), cfg)
     assert r["step_s"] == pytest.approx(59 * MS, rel=1e-9)
@@ -46,7 +46,7 @@ def test_parameter_server_rounds_are_floored_per_rank():
     # floor: the server's replies (1 + 2 rounds) end at 60 ms, so both workers' replies too; compute 30;
     # the server's pushes (1 round) 20 ms: one latency (1 ms), then (20 - 1) / 2 = 9.5 ms per push one at
     # a time: 100.5, 110; the update 5: 115 ms
-    r = predict(_prof(), _topo(3, round_us=20000), config.parse({"mode": "ps", "servers": 1}))
+    r = predict(_prof(), _topo(3, round_us=20000), job_config.parse({"mode": "ps", "servers": 1}))
     assert r["step_s"] == pytest.approx(115 * MS, rel=1e-9)
 
 
@@ -57,7 +57,7 @@ def test_codec_payload_is_added_in_its_own_dtype_by_hand():
     # Step: 10 + 20 + flag 1.004004 + compress 1 + 4.01 + decompress 2 + 5 = 43.014004 ms
     codec = {"transport": "allreduce", "payload_bytes": [2000], "compress_s": 1 * MS, "decompress_s": 2 * MS,
              "reduce_s_per_byte": 1e-8}
-    cfg = config.parse({"compression": "fp16"})
+    cfg = job_config.parse({"compression": "fp16"})
     r = predict(_prof({"fp16": codec}, 1e-9), _topo(2, reduce_bps=8e9), cfg)
     assert r["step_s"] == pytest.approx(43.014004 * MS, rel=1e-9)
     del codec["reduce_s_per_byte"]  # without the dtype's speed: the file's 1 ns per byte, 4.001 ms
@@ -70,7 +70,7 @@ def test_allgatherv_sends_its_counts_first_by_hand():
     # 3 ms; decompression of both ranks' payloads: 2 x 2 ms.
     # Step: 10 + 20 + 1.004 + 1 + 1.016 + 3 + 4 + 5 = 45.02 ms; an all-gather (fixed sizes): 44.004 ms
     codec = {"transport": "allgatherv", "payload_bytes": [1000, 1000], "compress_s": 1 * MS, "decompress_s": 2 * MS}
-    cfg = config.parse({"compression": "topk"})
+    cfg = job_config.parse({"compression": "topk"})
     assert predict(_prof({"topk": codec}), _topo(2), cfg)["step_s"] == pytest.approx(45.02 * MS, rel=1e-9)
     codec["transport"] = "allgather"
     assert predict(_prof({"topk": codec}), _topo(2), cfg)["step_s"] == pytest.approx(44.004 * MS, rel=1e-9)
@@ -142,6 +142,6 @@ def test_bad_round_floor_is_named():
 
 
 def test_floor_docstring_examples():
-    from experiments.predict import comm
+    from training.predict import comm
     for module in (floor, comm):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0

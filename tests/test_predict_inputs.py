@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from experiments.predict import config, profile, topology
-from experiments.predict.__main__ import main
-from experiments.predict.step import predict
+from training.predict import job_config, profile, topology
+from training.predict.__main__ import main
+from training.predict.step import predict
 
 
 def _valid():
@@ -121,10 +121,10 @@ def test_each_codec_setting_is_predicted_from_its_own_payloads(tmp_path):
     assert sum(half["payload_bytes"]) > 40 * sum(small["payload_bytes"])
     topo = topology.parse({"nodes_per_rack": 2, "ranks_per_node": 1, "reduce_bps": 8e10,
                            "levels": {"inter-node": {"latency_us": 10, "bandwidth_bps": 1e8}}})
-    got = {r: predict(prof, topo, config.parse({"algorithm": "ring", "compression": "topk",
+    got = {r: predict(prof, topo, job_config.parse({"algorithm": "ring", "compression": "topk",
                                                 "compression_args": {"ratio": r}}))["breakdown"]["comm"]
            for r in (0.5, 0.01)}
     assert got[0.5] > got[0.01] * 5, got
     with pytest.raises(ValueError, match=r"no codec 'topk:ratio=0.2'.*--codec topk:ratio=0.2"):
-        predict(prof, topo, config.parse({"algorithm": "ring", "compression": "topk",
+        predict(prof, topo, job_config.parse({"algorithm": "ring", "compression": "topk",
                                           "compression_args": {"ratio": 0.2}}))

@@ -7,12 +7,12 @@ import re
 import numpy
 import pytest
 
-from experiments.predict import comm, config, ps_step, topology
-from experiments.predict.profile import Profile
-from experiments.predict.step import predict
+from training.predict import comm, job_config, ps_step, topology
+from training.predict.profile import Profile
+from training.predict.step import predict
 
 MS = 1e-3
-PS1 = config.parse({"mode": "ps", "servers": 1})
+PS1 = job_config.parse({"mode": "ps", "servers": 1})
 
 
 def _topo(nodes, fanout=None, cores=0, per_host=0, rpn=1):
@@ -107,7 +107,7 @@ def test_two_servers_reply_in_pieces():
 def test_every_rank_s_parts_add_up_to_the_step(S, rpn, fanout, cores):
     nodes = 6 // rpn  # P = 6: servers on one node or on several
     r = predict(_prof(), _topo(nodes, fanout, cores=cores, per_host=6 if cores else 0, rpn=rpn),
-                config.parse({"mode": "ps", "servers": S}))
+                job_config.parse({"mode": "ps", "servers": S}))
     for cls in r["ranks"]:
         assert min(cls["compute"], cls["comm"], cls["wait"]) >= -1e-12, (cls, r["step_s"])
         assert cls["compute"] + cls["comm"] + cls["bubble"] + cls["wait"] == pytest.approx(r["step_s"], abs=1e-8)

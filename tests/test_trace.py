@@ -124,7 +124,7 @@ def test_trace_file_of_a_data_parallel_run_and_wait_split(tmp_path):
             assert list(parts) and sorted(parts, key=lambda n: parts[n]["ts"]) == [
                 "forward", "backward", "wait", "exchange", "optimizer"], (rank, sorted(parts))
         assert len([e for e in mine if e["name"] == "evaluate"]) == 2
-    from experiments.predict import profile  # the per-layer events make a job profile (oracle: the MLP's sizes)
+    from training.predict import profile  # the per-layer events make a job profile (oracle: the MLP's sizes)
 
     assert profile.main(["--trace", str(tmp_path / "dp.json"), "--codec", "fp16", "--codec", "topk:ratio=0.01",
                          "--out", str(tmp_path / "profile.json")]) == 0

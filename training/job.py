@@ -45,7 +45,7 @@ def set_threads(cfg, comm):
     """Limit BLAS threads per rank to ``cfg.threads`` (0: cores on the node / ranks on the node).
 
     The node's cores are this process's CPU affinity, or ``$COMMLAB_NODE_CORES`` when set (the emulated
-    cluster's share of the host for each node, :mod:`experiments.cluster.emulate`).
+    cluster's share of the host for each node, :mod:`training.emulator.emulate`).
 
     Returns
     -------
@@ -123,7 +123,7 @@ def end_lost(exc, hint, rank):
     """End the job (``MPI_Abort``) after ``exc`` showed that a peer may be dead: ``MPI_Finalize`` would wait for it.
 
     One ``error: rank R: ...`` line says what failed (a collective's error names its peer and round;
-    a parameter-server timeout, ``ps.protocol.PSTimeout``; a transfer the MPI library failed, an
+    a parameter-server timeout, ``ps.wire.messages.PSTimeout``; a transfer the MPI library failed, an
     ``MPI.Exception``), that the peer may have died or hung and where to read why, and ``hint``, how
     to restart (:func:`training.checkpoint.restart_hint`). After a parameter-server timeout the rank
     waits ``1.5 * min(rank, 3)`` seconds first, so that the lowest such rank reports and its abort

@@ -1,7 +1,7 @@
 """Collectives across emulated nodes: where the hierarchical all-reduce beats the flat ring.
 
 Run the whole study as one command (one ``bench_collectives`` sweep per link rate on 4 nodes x 2 ranks
-under :mod:`experiments.cluster.emulate`: ring, rabenseifner, 2d, tree and mpi, 64 KiB-16 MiB, 3 passes;
+under :mod:`training.emulator.emulate`: ring, rabenseifner, 2d, tree and mpi, 64 KiB-16 MiB, 3 passes;
 the load average checked before the first sweep and recorded while they run,
 :mod:`experiments.cluster.study`)::
 
@@ -19,7 +19,7 @@ bytes over the measured time, and its fraction of the configured link rate is th
 (nccl-tests' busbw, restricted to the slow level). Per-pass ratios ``time(ring) / time(alg)`` give
 each algorithm's speedup over the flat ring as median and range over the sweep's passes, measured in
 the same run. ``mpi`` has no schedule here (MPICH picks its own algorithm), so its bytes are not
-counted. Writes one JSON record and prints it as Markdown (:func:`plots.cluster_tables.collectives_markdown`).
+counted. Writes one JSON record and prints it as Markdown (:func:`plots.tables.cluster_tables.collectives_markdown`).
 """
 import json
 import os
@@ -28,8 +28,8 @@ from statistics import median
 
 from collectives.schedules.registry import build_allreduce_schedule
 from experiments.cluster import study
-from experiments.cluster.net import parse_rate
-from plots.cluster_tables import collectives_markdown
+from training.emulator.net import parse_rate
+from plots.tables.cluster_tables import collectives_markdown
 from training.options import INT32_MAX, integer, text
 
 __all__ = ["commands", "node_bytes", "report", "gather", "main"]
@@ -47,7 +47,7 @@ def commands(out, links=LINKS, load="", max_bytes="16M"):
     >>> len(cmds), "--max-bytes 16M" in cmds[0], cmds[1].endswith("collectives_100mbit")
     (2, True, True)
     """
-    return [f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 2 --link {link} -- python -m "
+    return [f"python -m training.emulator.emulate --nodes 4 --ranks-per-node 2 --link {link} -- python -m "
             f"experiments.bench.collectives --ops allreduce --algorithms {ALGORITHMS} --min-bytes 64K --max-bytes {max_bytes} "
             f"--iters 5 --warmup 1 --max-time 3 --repeats 3{load} --out {out}/collectives_{link}" for link in links]
 

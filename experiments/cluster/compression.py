@@ -11,7 +11,7 @@ before the first run and recorded while they run, :mod:`experiments.cluster.stud
 ``commands`` prints the runs (each writes ``DIR/NETWORK/compression_sweep.json``); ``report
 shm=DIR/shm 1gbit=DIR/1gbit ...`` gathers finished runs, carrying each sweep's provenance.
 
-From each run's logs (:func:`epoch_times`): the step time of epoch e is the time between its first
+From each run's logs (:func:`training.predict.validate.epoch_times`): the step time of epoch e is the time between its first
 and last step over the steps between them (evaluation excluded); a compressor's step time is the
 median over epochs, with their range; its speedup over ``none`` on the same network is the median (and range) of
 the per-epoch ratios ``step(none) / step(compressor)``; its time to ``--target`` test accuracy is the
@@ -26,10 +26,11 @@ import sys
 from statistics import median
 
 from experiments.cluster import study
-from plots.cluster_tables import compression_markdown
+from plots.tables.cluster_tables import compression_markdown
 from training.options import INT32_MAX, integer, real, text
+from training.predict.validate import epoch_times
 
-__all__ = ["commands", "epoch_times", "report", "gather", "main"]
+__all__ = ["commands", "report", "gather", "main"]
 
 NETWORKS = ("shm", "1gbit", "100mbit")  # shared memory, then the emulated links
 
@@ -50,30 +51,8 @@ def commands(out, epochs=3, seeds="0", load="", compressors=()):
     sweep = (f"python -m experiments.studies.compression_sweep --seeds {seeds} --epochs {epochs}{chosen} "
              f"--no-progress{load}")
     return [f"mpiexec -n 4 {sweep} --out {out}/shm" if net == "shm" else
-            f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link {net} -- {sweep} "
+            f"python -m training.emulator.emulate --nodes 4 --ranks-per-node 1 --link {net} -- {sweep} "
             f"--out {out}/{net}" for net in NETWORKS]
-
-
-def epoch_times(run_dir):
-    """Return ``[(step seconds, cumulative wall seconds, test accuracy)]`` per epoch of a training run.
-
-    The step time of an epoch is the spread of its steps' wall clocks (``metrics.jsonl``) over the
-    steps between them, so the evaluation at the end of each epoch is left out; the cumulative wall
-    time (``epochs.jsonl``) keeps it, as the time to accuracy should.
-    """
-    clocks = {}
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            s = json.loads(line)
-            clocks.setdefault(s["epoch"], []).append(s["wall_s"])
-    out = []
-    with open(os.path.join(run_dir, "epochs.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            e = json.loads(line)
-            c = clocks.get(e["epoch"], [])
-            step = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else float("nan")
-            out.append((step, e["wall_s"], e["test_acc"]))
-    return out
 
 
 def report(sweeps, target):

@@ -9,7 +9,7 @@ checked before the first and recorded while they run)::
 
     python -m experiments.cluster.ctr run --out results/cluster/ctr --study results/cluster/ctr_study.json
 
-Each command is one ``python -m experiments.cluster.emulate ... -- python -m
+Each command is one ``python -m training.emulator.emulate ... -- python -m
 training.train --model ctr ...`` run writing ``results/cluster/ctr/NAME/summary.json``), then::
 
     python -m experiments.cluster.ctr report results/cluster/ctr --out results/cluster/ctr_study.json
@@ -35,8 +35,8 @@ import sys
 import time
 from statistics import median
 
-from experiments import results
-from training.options import INT32_MAX, Parser, infile, integer, outpath, text
+from commlab import provenance
+from training.options import INT32_MAX, Parser, infile, integer, outpath, real, text
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
@@ -68,7 +68,7 @@ def commands(out, repeats=3, rows=ROWS, links=LINKS):
                     nodes, servers = (4, "") if mode == "dp" else (6, " --servers 2")
                     train = f" --ctr-train {DP_TRAIN_AT_1E6}" if mode == "dp" and n >= 10 ** 6 else ""
                     name = f"{mode}-{link}-n{n}-r{r}"
-                    out_cmds.append(f"python -m experiments.cluster.emulate --nodes {nodes} --ranks-per-node 1 "
+                    out_cmds.append(f"python -m training.emulator.emulate --nodes {nodes} --ranks-per-node 1 "
                                     f"--link {link} -- python -m training.train {COMMON}{train} --mode {mode}{servers} "
                                     f"--ctr-rows {n} --run-dir {out} --name {name}")
     return out_cmds
@@ -241,13 +241,13 @@ def main(argv=None):
     g.add_argument("--out", type=outpath(folder=True), default="results/cluster/ctr", help="the runs' directory")
     g.add_argument("--study", type=text(), default="results/cluster/ctr_study.json", help="the gathered results file")
     g.add_argument("--repeats", type=integer(1, INT32_MAX), default=3)
-    results.add_options(g)
+    provenance.add_options(g, real)
     args = p.parse_args(argv)
     if args.what == "commands":
         print("\n".join(commands(args.out, args.repeats)))
     elif args.what == "run":
         try:
-            watch = results.guard(args)
+            watch = provenance.guard(args)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -256,7 +256,7 @@ def main(argv=None):
         rec["failed"] = failed
         # each run's own 4-6 ranks and one unit more: the emulator's launch proxies and the kernel's work
         # on the shaped links (a study alone on the machine lifted the 1-minute load to 6.56, mean 5.19)
-        results.stamp(rec, watch, P=7)
+        provenance.stamp(rec, watch, P=7)
         os.makedirs(os.path.dirname(args.study) or ".", exist_ok=True)
         with open(args.study, "w") as f:
             json.dump(rec, f, indent=1)

@@ -1,7 +1,7 @@
 """The three-level study: fit the shared-link network model on small emulated layouts and predict a
 larger one it never saw, beside that layout's measured all-reduce sweeps.
 
-Measure (each ``bench_collectives`` sweep under :mod:`experiments.cluster.emulate` on a quiet
+Measure (each ``bench_collectives`` sweep under :mod:`training.emulator.emulate` on a quiet
 machine; RATE is ``1gbit`` or ``100mbit``, the node links and the uplinks alike; ``--settle 120`` lets
 the sweep wait for its own ranks' start-up to leave the load average)::
 
@@ -9,13 +9,13 @@ the sweep wait for its own ranks' start-up to leave the load average)::
        --max-time 3 --repeats 3 --settle 120"
     mpiexec -n 2 $B --max-bytes 16M --algorithms ring,rabenseifner --out results/cluster3/shm_2
     mpiexec -n 4 $B --max-bytes 16M --algorithms ring,rabenseifner --out results/cluster3/shm_4
-    python -m experiments.cluster.emulate --racks 2 --nodes 2 --ranks-per-node 2 --link RATE --uplink RATE \
+    python -m training.emulator.emulate --racks 2 --nodes 2 --ranks-per-node 2 --link RATE --uplink RATE \
         --calibrate --out results/cluster3/calib_RATE.json
-    python -m experiments.cluster.emulate --racks 1 --nodes 2 --ranks-per-node 2 --link RATE -- \
+    python -m training.emulator.emulate --racks 1 --nodes 2 --ranks-per-node 2 --link RATE -- \
         $B --max-bytes 16M --algorithms ring,rabenseifner,2d --out results/cluster3/fit_1x2x2_RATE
-    python -m experiments.cluster.emulate --racks 2 --nodes 2 --ranks-per-node 1 --link RATE --uplink RATE -- \
+    python -m training.emulator.emulate --racks 2 --nodes 2 --ranks-per-node 1 --link RATE --uplink RATE -- \
         $B --max-bytes 16M --algorithms ring,rabenseifner,torus --out results/cluster3/fit_2x2x1_RATE
-    python -m experiments.cluster.emulate --racks 2 --nodes 2 --ranks-per-node 2 --link RATE --uplink RATE -- \
+    python -m training.emulator.emulate --racks 2 --nodes 2 --ranks-per-node 2 --link RATE --uplink RATE -- \
         $B --max-bytes 64M --algorithms ring,2d,torus,rabenseifner,mpi --out results/cluster3/target_2x2x2_RATE
 
 (at 100 Mbit/s the target sweep stops at ``--max-bytes 4M``: one pass to 64 MiB takes about 13 minutes
@@ -209,7 +209,7 @@ def _score(rows, key, tolerance, score_bytes):
 
 def main(argv=None):
     """Fit, predict, write PREFIX.json and PREFIX.csv and print the tables; return the exit status."""
-    from experiments.outputs import command_line
+    from commlab.provenance import command_line
     from plots.levels import markdown
 
     p = Parser(prog="python -m experiments.cluster.levels", description=__doc__.split("\n\n")[0])

@@ -5,7 +5,7 @@
         --predict 2=results/cluster/collectives_1gbit.json --predict 2=results/cluster/fit_4x2_rd.json \\
         --out results/cluster/model
 
-The inputs are ``bench_collectives`` sweeps run under :mod:`experiments.cluster.emulate` (``K=FILE``: the
+The inputs are ``bench_collectives`` sweeps run under :mod:`training.emulator.emulate` (``K=FILE``: the
 sweep ran with K ranks per node, rank r on node r // K). The model is
 :class:`collectives.model.cost.Topology` (R. Thakur, R. Rabenseifner and W. Gropp, IJHPCA 19(1), 2005,
 section 3, on two levels): a message of n bytes costs ``alpha + n beta`` inside a node or between

@@ -9,7 +9,7 @@ before the first run and recorded while they run, :mod:`experiments.cluster.stud
         --out results/cluster/ps --study results/cluster/ps_study.json
     python -m plots.cluster results/cluster/ps_study.json
 
-Each run is one ``python -m experiments.cluster.emulate --nodes 4+S --ranks-per-node 1 --link 1gbit --
+Each run is one ``python -m training.emulator.emulate --nodes 4+S --ranks-per-node 1 --link 1gbit --
 python -m training.train ...`` writing ``DIR/hWIDTHS/NAME/summary.json`` (``dp-ring-rR`` and
 ``ps-bsp-sS-rR`` for S = 1, 2, 4 and repeats R, the repeats interleaved); ``commands`` prints them and
 ``report DIR --hidden ...`` gathers finished runs.
@@ -23,7 +23,7 @@ the concentration BytePS (Y. Jiang et al., OSDI 2020, section 3) removes by addi
 data-parallel run's own byte counter (``bytes_sent_per_rank``) checks the ring figure. Samples/s is
 training throughput without evaluation: the parameter server's own (samples over the servers' job
 time; it evaluates snapshots afterwards), and for data parallelism the global batch over the median
-step time (:func:`experiments.cluster.compression.epoch_times`, evaluation excluded); median and
+step time (:func:`training.predict.validate.epoch_times`, evaluation excluded); median and
 range over the repeats.
 """
 import glob
@@ -34,10 +34,10 @@ import sys
 from statistics import median
 
 from experiments.cluster import study
-from experiments.cluster.compression import epoch_times
-from experiments.cluster.net import parse_rate
-from plots.cluster_tables import ps_markdown
+from training.emulator.net import parse_rate
+from plots.tables.cluster_tables import ps_markdown
 from training.options import INT32_MAX, infile, integer, text
+from training.predict.validate import epoch_times
 
 __all__ = ["commands", "link_bytes", "report", "gather", "main"]
 
@@ -64,9 +64,9 @@ def commands(out, epochs=3, repeats=2, hidden=HIDDEN, link="1gbit"):
         for h in hidden:
             train = (f"python -m training.train --epochs {epochs} --hidden {h} --run-dir {out}/{_model(h)} "
                      "--no-progress")
-            out_cmds.append(f"python -m experiments.cluster.emulate --nodes 4 --ranks-per-node 1 --link {link} -- "
+            out_cmds.append(f"python -m training.emulator.emulate --nodes 4 --ranks-per-node 1 --link {link} -- "
                             f"{train} --algorithm ring --name dp-ring-r{r}")
-            out_cmds += [f"python -m experiments.cluster.emulate --nodes {4 + s} --ranks-per-node 1 --link {link} -- "
+            out_cmds += [f"python -m training.emulator.emulate --nodes {4 + s} --ranks-per-node 1 --link {link} -- "
                          f"{train} --mode ps --servers {s} --consistency bsp --name ps-bsp-s{s}-r{r}" for s in SERVERS]
     return out_cmds
 

@@ -1,5 +1,5 @@
 """One command for a whole emulated-cluster study: its runs one after another under one load watch, gathered
-into one results file with provenance (:mod:`experiments.results`).
+into one results file with provenance (:mod:`commlab.provenance`).
 
 A study gives its runs as shell lines that start with ``python`` or ``mpiexec`` (run with this interpreter
 and the ``mpiexec`` beside it) and a function that gathers their outputs into a record. :func:`run_study`
@@ -19,7 +19,7 @@ Examples
 >>> args = parser.parse_args(["--max-load", "0.5"])
 >>> study.load_flags(args, 5)
 ' --max-load 5.5'
->>> study.argv("python -m experiments.cluster.emulate -- python -m training.train")[4] == study.argv("python")[0]
+>>> study.argv("python -m training.emulator.emulate -- python -m training.train")[4] == study.argv("python")[0]
 True
 """
 import argparse
@@ -31,8 +31,8 @@ import subprocess
 import sys
 import time
 
-from experiments import results
-from training.options import Parser, outpath, text
+from commlab import provenance
+from training.options import Parser, outpath, real, text
 
 __all__ = ["add_options", "subcommands", "load_flags", "argv", "run_commands", "run_study", "write_record"]
 
@@ -41,7 +41,7 @@ def add_options(parser, out, study):
     """Add ``--out DIR`` (the runs), ``--study FILE`` (the gathered record) and the load options."""
     parser.add_argument("--out", type=outpath(), default=out, help=f"the runs' directory (default {out})")
     parser.add_argument("--study", type=text(), default=study, help=f"the gathered results file (default {study})")
-    results.add_options(parser)
+    provenance.add_options(parser, real)
 
 
 def subcommands(prog, description, epilog, out, study):
@@ -68,7 +68,7 @@ def write_record(record, path, show=None):
 
 def load_flags(args, P):
     """Return the load options for a run that checks the load itself, as a string to append to its command."""
-    limit = args.max_load if args.max_load is not None else results.default_max_load()
+    limit = args.max_load if args.max_load is not None else provenance.default_max_load()
     return f" --max-load {limit + P:g}" + (" --allow-noisy" if args.allow_noisy else "")
 
 
@@ -129,7 +129,7 @@ def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
         a busy machine without ``--allow-noisy``.
     """
     try:
-        watch = results.guard(args)
+        watch = provenance.guard(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -142,9 +142,9 @@ def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
               file=sys.stderr)
         return 1
     record["failed"] = failed
-    results.stamp(record, watch, P=P)
+    provenance.stamp(record, watch, P=P)
     noisy = sorted(name for name, src in record.get("sources", {}).items()
-                   if results.is_noisy(src if isinstance(src, dict) else {}))
+                   if provenance.is_noisy(src if isinstance(src, dict) else {}))
     if noisy:
         record["provenance"]["noisy"] = True
         record["provenance"]["noisy_runs"] = noisy

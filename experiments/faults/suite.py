@@ -2,7 +2,7 @@
 
 ``python -m experiments.faults.suite [--part quick|full]`` (run it with plain ``python``: it launches
 ``mpiexec`` itself, each job under a hard time limit) runs the mismatch matrix of
-:mod:`experiments.faults.cases` -- each kind x every algorithm -- in each checking mode:
+:mod:`experiments.faults.collective_cases` -- each kind x every algorithm -- in each checking mode:
 
 * ``default``: the free checks (fingerprint in the message tags, received sizes, the fingerprint in
   the MPI library path), with ``timeout=`` on every call;
@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from experiments.cluster.launch import OPENMPI_ENV, flavour
+from training.emulator.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.faults.jobs import read_records, run_job_part
 from experiments.job_stop import job_processes, marked_env, stop_job
@@ -162,7 +162,7 @@ def run_matrix(P, mode, timeout, limit, only=None):
     only : list of str, optional
         Case names to run (default all).
     """
-    from experiments.faults.cases import case_names
+    from experiments.faults.collective_cases import case_names
 
     names = only or case_names()
     env = {"COMMLAB_DEBUG": {"default": "", "detail": "detail", "strict": "strict",
@@ -171,7 +171,7 @@ def run_matrix(P, mode, timeout, limit, only=None):
     results, start = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         while start < len(names):
-            code, secs, out = _launch(P, "experiments.faults.cases", ["--out", tmp, "--only", ",".join(names[start:]),
+            code, secs, out = _launch(P, "experiments.faults.collective_cases", ["--out", tmp, "--only", ",".join(names[start:]),
                                                                      *args], env, limit,
                                       progress=lambda: sum(map(len, read_records(tmp, P).values())))
             recs = read_records(tmp, P)

@@ -1,6 +1,6 @@
 """The emulated cluster's network: one network namespace per node, a bridge, shaped veth links.
 
-Runs inside the private network, mount, UTS and PID namespaces that :mod:`experiments.cluster.emulate`
+Runs inside the private network, mount, UTS and PID namespaces that :mod:`training.emulator.emulate`
 creates with ``unshare`` (it never touches the host's network). The picture, for N nodes::
 
     head namespace (mpiexec runs here)           node namespaces (the ranks run here)

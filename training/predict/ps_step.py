@@ -1,13 +1,13 @@
 """One parameter-server step (BSP), from the end of the servers' update to the end of the next.
 
-As :mod:`ps.server` and :mod:`ps.client` run it (ranks ``0 .. S-1`` serve, the W = P - S others work):
+As :mod:`ps.serving.shard_server` and :mod:`ps.worker.client` run it (ranks ``0 .. S-1`` serve, the W = P - S others work):
 
 1. **replies.** The servers answer the waiting pulls at once (``Isend`` to every worker). The replay
-   (:func:`experiments.predict.comm.ps_clocks`, requests included) gives each worker's end as if
+   (:func:`training.predict.comm.ps_clocks`, requests included) gives each worker's end as if
    each server sent its replies one after another at the full rate, and the last one's end T: a
    link carries the same bytes whatever order it sends them in. Replies that share a link do not end
    one after another but together, more or less: the topology's ``fanout`` (measured by the
-   emulator's calibration, :func:`experiments.cluster.calibrate.fanout`) gives when the k-th of n
+   emulator's calibration, :func:`training.emulator.calibrate.fanout`) gives when the k-th of n
    messages a node sends at once ends, as a fraction ``f(k / n)`` of when the last ends; the k-th
    of the n workers a link serves (in the replay's order) gets its reply at
    ``max(its replay end, f(q) T)``, ``q = (k / n) ** (1 / S')``: a worker's reply is the last of its
@@ -17,7 +17,7 @@ As :mod:`ps.server` and :mod:`ps.client` run it (ranks ``0 .. S-1`` serve, the W
    keeps its replay end.
 2. **compute.** Each worker starts its forward and backward pass at its own reply. Workers computing
    at the same time on one host share its ``cores`` (each at ``min(1, cores / busy)`` of a core);
-   the servers and the waiting workers sleep (:class:`ps.protocol.Backoff`) and take none.
+   the servers and the waiting workers sleep (:class:`ps.wire.messages.Backoff`) and take none.
 3. **pushes.** Each worker posts its push once computed. A server takes one push at a time, in the
    order they come (probe, then the payload), so each server node's link receives the pushes that
    cross it one after another, first come first served: a push's bytes take the replay's time of all
@@ -29,7 +29,7 @@ As :mod:`ps.server` and :mod:`ps.client` run it (ranks ``0 .. S-1`` serve, the W
 """
 import numpy
 
-from experiments.predict import comm
+from training.predict import comm
 
 __all__ = ["ps_step", "reply_ends", "fanout_fractions", "share_cores"]
 

@@ -1,12 +1,12 @@
-"""Predict a training step: ``python -m experiments.predict --trace FILE --topology FILE --config ...``.
+"""Predict a training step: ``python -m training.predict --trace FILE --topology FILE --config ...``.
 
-    python -m experiments.predict --trace run.trace.json --topology topo.json \\
+    python -m training.predict --trace run.trace.json --topology topo.json \\
         --config algorithm=torus grid=topology bucket_bytes=4194304 overlap=true [--json OUT]
-    python -m experiments.predict --profile profile.json --topology topo.json --config configs.json
+    python -m training.predict --profile profile.json --topology topo.json --config configs.json
 
-``--trace`` derives the job profile (:mod:`experiments.predict.profile`) and times the compressors the
+``--trace`` derives the job profile (:mod:`training.predict.profile`) and times the compressors the
 configurations name on this machine; ``--profile`` reads one written before. ``--config`` is a JSON
-file (one configuration or a list) or ``KEY=VALUE`` fields (:mod:`experiments.predict.config`).
+file (one configuration or a list) or ``KEY=VALUE`` fields (:mod:`training.predict.job_config`).
 Prints one table row per configuration (step time and its mean breakdown over ranks) and, with
 ``--ranks``, every class of ranks with its own breakdown; ``--json`` writes everything. A bad file
 or field: one line on stderr, exit status 2.
@@ -15,10 +15,10 @@ import json
 import os
 import sys
 
-from experiments.predict import config as cfgmod
-from experiments.predict import profile as profmod
-from experiments.predict import topology as topomod
-from experiments.predict.step import predict
+from training.predict import job_config as cfgmod
+from training.predict import profile as profmod
+from training.predict import topology as topomod
+from training.predict.step import predict
 from training.options import INT32_MAX, Parser, infile, integer, text
 
 __all__ = ["main", "load_inputs"]
@@ -48,9 +48,9 @@ def load_inputs(trace=None, profile=None, topology=None, configs=(), skip=1):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m experiments.predict", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.predict", description=__doc__.split("\n")[0])
     p.add_argument("--trace", type=infile(), help="Chrome trace of one short run of training.train --trace")
-    p.add_argument("--profile", type=infile(), help="a profile JSON written by experiments.predict.profile (instead of --trace)")
+    p.add_argument("--profile", type=infile(), help="a profile JSON written by training.predict.profile (instead of --trace)")
     p.add_argument("--skip", type=integer(0, INT32_MAX), default=1, help="--trace: warm-up steps left out (default 1)")
     p.add_argument("--topology", type=infile(), required=True, help="topology JSON file (docs/guide/predict.md)")
     p.add_argument("--config", type=text(), nargs="+", required=True, help="configuration JSON file, or KEY=VALUE fields")

@@ -1,8 +1,8 @@
 """Measure the emulated cluster's links: latency, one-way and both-ways bandwidth, and a fan-out from node 0.
 
-    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
+    python -m training.emulator.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
 
-runs this module on every rank (``mpiexec -n N*K python -m experiments.cluster.calibrate --link RATE``).
+runs this module on every rank (``mpiexec -n N*K python -m training.emulator.calibrate --link RATE``).
 The nodes are found with ``Split_type(COMM_TYPE_SHARED)``; node i's first rank is its leader. For
 each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not spins), the two leaders play ping-pong on
 ``MPI.COMM_WORLD`` with blocking ``Send``/``Recv`` (OSU Micro-Benchmarks' ``osu_latency`` and
@@ -23,7 +23,7 @@ each pair of nodes in turn (the other ranks wait at a barrier that sleeps, not s
   2 ``--reps`` + 1 times; left out when n is 1) and S each (``--reps`` times). Each receiver's end is timed from a common
   ``Barrier``; per size, the sorted ends as fractions of the last, median over the repetitions, are
   ``summary.fanout``: how the node's link divides among messages sent at once
-  (:mod:`experiments.predict.ps_step` replays a parameter server's replies with it).
+  (:mod:`training.predict.ps_step` replays a parameter server's replies with it).
 
 Within a node (K >= 2) the same is measured between node 0's first two ranks (shared memory). With
 racks (``COMMLAB_RACKS=R``, set by the emulator's ``--racks``; nodes ``i * N // R`` onward form rack i) a
@@ -31,9 +31,9 @@ pair of nodes in different racks is an ``inter-rack`` row (node link, uplink, no
 rack an ``inter-node`` row, and the summary gives each level's median latency and bandwidth, and
 ``duplex``, the median over the pairs of nodes (the shared-memory pair left out).
 Rank 0 prints one row per pair against the configured rate and, with ``--out``, writes the rows, the
-configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`) to a
+configuration, the MPI library, P, the host and the ``provenance`` (:mod:`commlab.provenance`) to a
 JSON file. On a busy machine the calibration refuses to start unless ``--allow-noisy`` (which
-:mod:`experiments.cluster.emulate` passes on) marks its results noisy.
+:mod:`training.emulator.emulate` passes on) marks its results noisy.
 """
 import json
 import os
@@ -44,11 +44,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from collectives.backend import mpi_library
-from experiments import results as prov
-from experiments.cluster.net import parse_rate
-from experiments.outputs import command_line
-from training.options import INT32_MAX, Parser, integer, link_rate, outpath
+from commlab.provenance import mpi_library
+from commlab import provenance as prov
+from training.emulator.net import parse_rate
+from commlab.provenance import command_line
+from training.options import INT32_MAX, Parser, integer, link_rate, outpath, real
 
 __all__ = ["find_nodes", "pingpong", "exchange", "fanout", "link_size", "main"]
 
@@ -209,16 +209,16 @@ def main(argv=None):
     """Measure every link; rank 0 prints the table (and writes ``--out``). Returns the exit status.
 
     0; 2 after one error line (rank 0) on a bad argument or a busy machine
-    (:func:`experiments.results.guard`), before any measurement.
+    (:func:`commlab.provenance.guard`), before any measurement.
     """
-    p = Parser(prog="python -m experiments.cluster.calibrate", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.emulator.calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--link", type=link_rate(), default="unlimited", help="the configured rate, tc units (for the comparison)")
     p.add_argument("--reps", type=integer(1, INT32_MAX), default=5,
                    help="bandwidth round trips and exchanges both ways per pair, and fan-outs of S bytes each "
                    "(2 REPS + 1 of S / n bytes each) (default 5)")
     p.add_argument("--lat-iters", type=integer(1, INT32_MAX), default=200, help="latency round trips per pair (default 200)")
     p.add_argument("--out", type=outpath(empty=True), default="", help="write the measurements to this JSON file")
-    prov.add_options(p)
+    prov.add_options(p, real)
     args = p.parse_args(argv)
     if args.reps < 1 or args.lat_iters < 1:
         p.error("--reps and --lat-iters must be at least 1")
@@ -257,7 +257,7 @@ def main(argv=None):
         fan.append({"bytes": nbytes, "messages": len(far), "reps": reps,
                     "fractions": np.median(got, axis=0).tolist() if comm.rank == 0 else []})
     if comm.rank == 0:
-        _report(rows, args, rate, n_nodes, comm.size, watch, command_line("experiments.cluster.calibrate", argv),
+        _report(rows, args, rate, n_nodes, comm.size, watch, command_line("training.emulator.calibrate", argv),
                 fan)
     else:
         watch.summary()  # stops this rank's sampling: rank 0 alone writes

@@ -1,11 +1,11 @@
 """A round's least duration on a host, per ranks per core, fitted from all-reduce sweeps.
 
-    python -m experiments.predict.floor [--sweeps DIR] [--gamma S_PER_BYTE]
+    python -m training.predict.floor [--sweeps DIR] [--gamma S_PER_BYTE]
 
 On a host whose ranks outnumber its cores, a rank's round of a collective (post its send and
 receive, wait, copy, reduce) ends only once the rank has had a core again; a round of a few kilobytes
 then lasts far longer than its latency and bytes. The predictor models it as a floor
-(:func:`experiments.predict.comm.floored`): a collective of R rounds lasts at least ``R f``, and
+(:func:`training.predict.comm.floored`): a collective of R rounds lasts at least ``R f``, and
 ``f`` depends on the ranks per core ``o`` (:attr:`collectives.model.network.Network.oversubscription`).
 
 Fit: the three-level study's sweeps (:mod:`experiments.cluster.levels`: ``bench_collectives``
@@ -26,8 +26,8 @@ import sys
 
 import numpy
 
-from experiments.predict import comm
-from experiments.predict import topology as topomod
+from training.predict import comm
+from training.predict import topology as topomod
 from training.options import Parser, real, text
 
 __all__ = ["SWEEPS", "DEFAULT_DIR", "points", "fit", "floors", "round_s", "main"]
@@ -140,7 +140,7 @@ def round_s(table, o):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m experiments.predict.floor", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.predict.floor", description=__doc__.split("\n")[0])
     p.add_argument("--sweeps", type=text(), default=DEFAULT_DIR, help=f"directory of the sweeps (default {DEFAULT_DIR})")
     p.add_argument("--gamma", type=real(0, 1e15, low_open=True), default=1 / 4e9, help="reduction seconds per byte (default 1/4e9)")
     a = p.parse_args(argv)

@@ -17,7 +17,7 @@ Data-parallel (``mode="dp"``, T = Q = 1), as :func:`training.dp.data_parallel.tr
    (an all-gather's decompression repeated for each of the P payloads);
 4. the optimizer.
 
-Parameter server (``mode="ps"``, :mod:`experiments.predict.ps_step`): from one update's end, the
+Parameter server (``mode="ps"``, :mod:`training.predict.ps_step`): from one update's end, the
 servers' replies (ending by the topology's measured fan-out), each worker's compute from its own
 reply (workers on one host sharing its cores), the pushes taken one at a time as they come, the
 update (the optimizer's time over S).
@@ -38,11 +38,11 @@ import numpy
 
 from training.dp.hooks import bucket_bounds
 
-from experiments.predict import comm
-from experiments.predict.grid import grid_step
-from experiments.predict.ledger import Ledger, scaled
-from experiments.predict.profile import find_codec
-from experiments.predict.ps_step import ps_step
+from training.predict import comm
+from training.predict.grid_step import grid_step
+from training.predict.ledger import Ledger, scaled
+from training.predict.profile import find_codec
+from training.predict.ps_step import ps_step
 
 __all__ = ["predict", "FLAG_ALGORITHM"]
 
@@ -169,9 +169,9 @@ def predict(profile, topo, cfg):
 
     Parameters
     ----------
-    profile : experiments.predict.profile.Profile
-    topo : experiments.predict.topology.Topology
-    cfg : experiments.predict.config.JobConfig
+    profile : training.predict.profile.Profile
+    topo : training.predict.topology.Topology
+    cfg : training.predict.job_config.JobConfig
 
     Returns
     -------

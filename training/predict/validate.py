@@ -1,20 +1,20 @@
 """Validate the predictor on the emulated cluster: measured against predicted step time, 26 configurations.
 
-    python -m experiments.predict.validate --out results/predict/validation [--epochs 3] [--repeats 3]
+    python -m training.predict.validate --out results/predict/validation [--epochs 3] [--repeats 3]
         [--only K,...] [--dry-run]
 
 1. profiles the job once on this machine, one rank, one BLAS thread (``training.train --trace``,
-   then :mod:`experiments.predict.profile` with the fp16, top-k and PowerSGD codecs, timed on a
-   gradient of the magnitudes of that run's, :func:`experiments.predict.profile.gradient_rms`);
-2. calibrates each layout of :func:`plan` once (``experiments.cluster.emulate --calibrate``) and turns
-   it into a topology (:func:`experiments.predict.topology.from_calibration`: every rank on this
+   then :mod:`training.predict.profile` with the fp16, top-k and PowerSGD codecs, timed on a
+   gradient of the magnitudes of that run's, :func:`training.predict.profile.gradient_rms`);
+2. calibrates each layout of :func:`plan` once (``training.emulator.emulate --calibrate``) and turns
+   it into a topology (:func:`training.predict.topology.from_calibration`: every rank on this
    host, so the host's oversubscription scales compute and copies), whose ``round_us`` is the least
    duration of a round at the job's ranks per core, fitted on the three-level study's sweeps
-   (``--sweeps``, :mod:`experiments.predict.floor`; none of the validation's own runs);
+   (``--sweeps``, :mod:`training.predict.floor`; none of the validation's own runs);
 3. runs each configuration on the emulated cluster (``training.train`` under
-   ``experiments.cluster.emulate``) ``--repeats`` times, the configurations taking turns (every
+   ``training.emulator.emulate``) ``--repeats`` times, the configurations taking turns (every
    configuration once, then again), and takes each run's step time: the median over its epochs after
-   the first (:func:`experiments.cluster.compression.epoch_times`; a parameter server's from its
+   the first (:func:`epoch_times`; a parameter server's from its
    workers' ``push`` events); a configuration's measured time is the median over its runs and its
    range the run-to-run range (the host's speed drifts between runs by more than between epochs);
 4. predicts each from the one profile and its layout's calibration, and reports
@@ -35,16 +35,16 @@ import time
 
 from training.checkpoint import epoch_checkpoints
 
-from experiments import results
+from commlab import provenance
 
-from experiments.predict import config as cfgmod
-from experiments.predict import floor as floormod
-from experiments.predict import profile as profmod
-from experiments.predict import topology as topomod
-from experiments.predict.step import predict
-from training.options import INT32_MAX, Parser, integer, outpath, text
+from training.predict import job_config as cfgmod
+from training.predict import floor as floormod
+from training.predict import profile as profmod
+from training.predict import topology as topomod
+from training.predict.step import predict
+from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
-__all__ = ["JOB", "plan", "train_flags", "compare", "run", "main"]
+__all__ = ["JOB", "plan", "train_flags", "epoch_times", "compare", "run", "main"]
 
 #: The job: a 256-1024-1024-10 MLP on synthetic data (1.3 M parameters, 5.3 MB of gradient).
 JOB = ["--data", "synthetic", "--samples", "6144", "--features", "256", "--hidden", "1024,1024",
@@ -100,7 +100,7 @@ def train_flags(cfg):
 
 
 def _emulate(layout):
-    e = [sys.executable, "-m", "experiments.cluster.emulate", "--racks", str(layout["racks"]), "--nodes",
+    e = [sys.executable, "-m", "training.emulator.emulate", "--racks", str(layout["racks"]), "--nodes",
          str(layout["nodes"]), "--ranks-per-node", str(layout["ranks_per_node"]), "--link", layout["link"]]
     return e + (["--uplink", layout["uplink"]] if layout["racks"] > 1 else [])
 
@@ -151,8 +151,29 @@ def _measured(run):
                 rec = json.loads(line)
                 per.setdefault(rec["epoch"], []).append(rec["wall_s"])
         return [statistics.median(per[e]) for e in sorted(per)][1:]
-    from experiments.cluster.compression import epoch_times
     return [s for s, _, _ in epoch_times(run["run_dir"])][1:]
+
+
+def epoch_times(run_dir):
+    """Return ``[(step seconds, cumulative wall seconds, test accuracy)]`` per epoch of a training run.
+
+    The step time of an epoch is the spread of its steps' wall clocks (``metrics.jsonl``) over the
+    steps between them, so the evaluation at the end of each epoch is left out; the cumulative wall
+    time (``epochs.jsonl``) keeps it, as the time to accuracy should.
+    """
+    clocks = {}
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            s = json.loads(line)
+            clocks.setdefault(s["epoch"], []).append(s["wall_s"])
+    out = []
+    with open(os.path.join(run_dir, "epochs.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            e = json.loads(line)
+            c = clocks.get(e["epoch"], [])
+            step = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else float("nan")
+            out.append((step, e["wall_s"], e["test_acc"]))
+    return out
 
 
 def compare(rows):
@@ -224,7 +245,7 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
 
     With ``reuse`` a profile, calibration or run whose output exists under ``OUT_runs`` is not run again
     (a validation whose configurations partly failed measures only those). ``sweeps``: the directory of
-    the all-reduce sweeps the round floor is fitted on (:func:`experiments.predict.floor.floors`).
+    the all-reduce sweeps the round floor is fitted on (:func:`training.predict.floor.floors`).
     """
     cmds = commands(out, epochs, entries, repeats)
     d = out + "_runs"
@@ -237,7 +258,7 @@ def run(out, epochs, entries, execute=subprocess.run, pause=0.0, reuse=False, sw
     topos, rounds_us, cals = {}, {}, {}
     for key, cmd in cmds["calibrate"].items():
         if not (reuse and os.path.exists(cmd[-1])):
-            _wait_quiet(results.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
+            _wait_quiet(provenance.default_max_load() * 0.9, pause)  # the calibration refuses a busy machine
             execute(cmd, check=True)
         e = next(x for x in entries if _key(x["layout"]) == key)["layout"]
         P = e["racks"] * e["nodes"] * e["ranks_per_node"]
@@ -278,7 +299,7 @@ def _ms(seconds):
 
 
 def main(argv=None):
-    p = Parser(prog="python -m experiments.predict.validate", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.predict.validate", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=outpath(), default="results/predict/validation", help="prefix of OUT.json and OUT.md")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per measured run (default 3; the first is left out)")
     p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs of every configuration, in turns (default 3): "
@@ -289,7 +310,7 @@ def main(argv=None):
                    "OUT_runs (measure only the missing ones)")
     p.add_argument("--sweeps", type=text(), default=floormod.DEFAULT_DIR, help="all-reduce sweeps the round floor is "
                    f"fitted on (default {floormod.DEFAULT_DIR})")
-    results.add_options(p)
+    provenance.add_options(p, real)
     a = p.parse_args(argv)
     if a.repeats < 1 or a.epochs < 2:
         p.error(f"--repeats must be at least 1 and --epochs at least 2 (the first is left out); got "
@@ -308,14 +329,14 @@ def main(argv=None):
             old = json.load(f)
         earlier = old.get("provenance_of_reused_runs") or old.get("provenance")  # a re-prediction keeps the runs'
     try:
-        watch = results.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
+        watch = provenance.guard(a)  # quiet before the first job; each job's own 8 ranks are allowed for (P = 8)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows, figures = run(a.out, a.epochs, entries, pause=5.0, reuse=a.reuse, sweeps=a.sweeps, repeats=a.repeats)
     record = {"rows": rows, "figures": figures, "targets": {"within15_comm_heavy": 0.9, "within25_all": 0.75,
                                                             "kendall_tau": 0.8}}
-    results.stamp(record, watch, P=8)
+    provenance.stamp(record, watch, P=8)
     if earlier is not None and figures["reused"]:
         record["provenance_of_reused_runs"] = earlier
         record["provenance"]["noisy"] = record["provenance"]["noisy"] or earlier.get("noisy", True)

@@ -20,15 +20,15 @@ in one direction while its other direction also carries data, as a fraction of i
 divides among messages it sends at once to other nodes: per message size B, the sorted ends of that
 many messages as fractions of the last one's end, each in (0, 1], non-decreasing, the last 1
 (measured by the emulator's calibration; without it they share the link evenly and end together;
-:mod:`experiments.predict.ps_step` applies it to a parameter server's replies). ``cores`` and
+:mod:`training.predict.ps_step` applies it to a parameter server's replies). ``cores`` and
 ``ranks_per_host`` give the oversubscription of a host (ranks waiting for a core,
 :attr:`Network.oversubscription`), which slows both computation and copies; ``compute_scale``
 multiplies the profile's compute times (a faster device: < 1). ``round_us`` is the least time one
 round of a collective takes on a host, in microseconds, whatever its bytes (0: none; an emulated
-cluster's comes from :mod:`experiments.predict.floor`, fitted at the host's ranks per core). A bad
+cluster's comes from :mod:`training.predict.floor`, fitted at the host's ranks per core). A bad
 field is one :class:`ValueError` line naming it.
 
-    python -m experiments.predict.topology --calibration CAL.json --racks R --nodes N --ranks-per-node K \\
+    python -m training.predict.topology --calibration CAL.json --racks R --nodes N --ranks-per-node K \\
         [--cores C] --out TOPO.json
 
 writes the topology of an emulated cluster from its ``--calibrate`` file (the latency of a level
@@ -40,8 +40,8 @@ import math
 import os
 import sys
 
-from experiments.predict.comm import HostNetwork
-from experiments.predict.files import read_json
+from training.predict.comm import HostNetwork
+from training.predict.files import read_json
 from training.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
@@ -61,7 +61,7 @@ class Topology:
     Attributes
     ----------
     name : str
-    net : experiments.predict.comm.HostNetwork
+    net : training.predict.comm.HostNetwork
         Its ``gamma`` is 0 when the file gives no ``reduce_bps`` (the profile's is used then).
     compute_scale : float
         Factor on the profile's compute times.
@@ -253,7 +253,7 @@ def from_calibration(cal, racks, nodes_per_rack, ranks_per_node, cores=None, rou
 
 
 def main(argv=None):
-    p = Parser(prog="python -m experiments.predict.topology",
+    p = Parser(prog="python -m training.predict.topology",
                                 description="write a topology file from an emulated cluster's --calibrate JSON")
     p.add_argument("--calibration", type=text(), required=True)
     p.add_argument("--racks", type=integer(1, INT32_MAX), default=1)
@@ -261,7 +261,7 @@ def main(argv=None):
     p.add_argument("--ranks-per-node", type=integer(0, INT32_MAX), required=True)
     p.add_argument("--cores", type=integer(1, INT32_MAX), default=None, help="cores of the host (default this machine's)")
     p.add_argument("--round-us", type=real(0, 1e15), default=0.0, help="a round's least microseconds on the host "
-                   "(python -m experiments.predict.floor prints it per ranks per core; default 0)")
+                   "(python -m training.predict.floor prints it per ranks per core; default 0)")
     p.add_argument("--out", type=outpath(empty=True), required=True)
     a = p.parse_args(argv)
     try:

@@ -1,6 +1,6 @@
 """The at-scale answer: the fastest configuration of one job for P = 64 to 4,096 on example clusters.
 
-    python -m experiments.predict.scale [--profile FILE | --trace FILE] [--ps 64,256,1024,4096] \\
+    python -m training.predict.scale [--profile FILE | --trace FILE] [--ps 64,256,1024,4096] \\
         [--out results/predict/scale]
 
 predicts every configuration of :func:`candidates` (all-reduce algorithms with and without buckets
@@ -8,7 +8,7 @@ and overlap, three compressors, parameter servers, tensor and pipeline grids) on
 :data:`CLUSTERS` at each P, and writes ``OUT.json`` (every prediction), ``OUT.md`` (per cluster and
 P: the best configuration, its step time, the second best and the ratio) and, with
 ``python -m plots.predict OUT.json``, the figure. Without ``--profile`` / ``--trace`` the job is
-:data:`EXAMPLE_MODEL`, profiled from FLOP counts (:func:`experiments.predict.profile.synthetic`) with
+:data:`EXAMPLE_MODEL`, profiled from FLOP counts (:func:`training.predict.profile.synthetic`) with
 codec times from byte and FLOP counts (:func:`synthetic_codecs`).
 
 The clusters (eight accelerators per node, 16 nodes per rack, uplinks 2:1 oversubscribed):
@@ -30,15 +30,14 @@ import os
 import sys
 import time
 
-from experiments import results
-from experiments.predict import config as cfgmod
-from experiments.predict import profile as profmod
-from experiments.predict import topology as topomod
-from experiments.predict.step import predict
-from plots.predict import scale_table
+from commlab import provenance
 from training.options import Parser, outpath, text
+from training.predict import job_config as cfgmod
+from training.predict import profile as profmod
+from training.predict import topology as topomod
+from training.predict.step import predict
 
-__all__ = ["CLUSTERS", "EXAMPLE_MODEL", "cluster_topology", "candidates", "synthetic_codecs", "run", "main"]
+__all__ = ["CLUSTERS", "EXAMPLE_MODEL", "cluster_topology", "candidates", "synthetic_codecs", "run", "scale_table", "main"]
 
 #: name -> (node link bit/s, one-way latency us, intra-node bit/s, intra-node latency us)
 CLUSTERS = {"10GbE": (10e9, 20.0, 200e9, 3.0), "25GbE": (25e9, 5.0, 2.4e12, 2.0), "100GbE": (100e9, 3.0, 2.4e12, 2.0)}
@@ -49,7 +48,7 @@ RANKS_PER_NODE, NODES_PER_RACK, OVERSUBSCRIPTION = 8, 16, 2.0
 
 
 def cluster_topology(name, P):
-    """Return the :class:`~experiments.predict.topology.Topology` of cluster ``name`` with P ranks."""
+    """Return the :class:`~training.predict.topology.Topology` of cluster ``name`` with P ranks."""
     link, lat, intra, intra_lat = CLUSTERS[name]
     nodes = max(1, P // RANKS_PER_NODE)
     npr = min(NODES_PER_RACK, nodes)
@@ -89,7 +88,7 @@ def synthetic_codecs(profile, flops_per_s, mem_bps=8 * 1.5e12):
 
 
 def candidates(P, n_linear):
-    """Return the configurations compared at P ranks (dicts for :func:`experiments.predict.config.parse`)."""
+    """Return the configurations compared at P ranks (dicts for :func:`training.predict.job_config.parse`)."""
     out = []
     for alg in ("ring", "rabenseifner", "2d", "torus"):
         grid = "topology" if alg == "torus" else None
@@ -137,8 +136,18 @@ def run(prof, ps, clusters=tuple(CLUSTERS), flops_per_s=EXAMPLE_MODEL["flops_per
     return rows, best
 
 
+def scale_table(best):
+    """Return the markdown table of the best and second-best configuration per cluster and P."""
+    lines = ["| cluster | P | best configuration | step ms | second best | step ms | second / best |",
+             "|---|---:|---|---:|---|---:|---:|"]
+    for b in best:
+        lines.append(f"| {b['cluster']} | {b['P']} | {b['best']} | {b['best_s'] * 1e3:.2f} | {b['second']} | "
+                     f"{b['second_s'] * 1e3:.2f} | {b['ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
-    p = Parser(prog="python -m experiments.predict.scale", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.predict.scale", description=__doc__.split("\n")[0])
     p.add_argument("--profile", type=text(), help="job profile JSON (default: the example model)")
     p.add_argument("--trace", type=text(), help="Chrome trace of training.train to profile instead")
     p.add_argument("--ps", type=text(), default="64,256,1024,4096", help="rank counts, comma-separated")
@@ -167,8 +176,8 @@ def main(argv=None):
     rows, best = run(prof, ps, clusters)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out + ".json", "w", encoding="utf-8") as f:
-        command = "python -m experiments.predict.scale " + " ".join(argv or sys.argv[1:])
-        json.dump({"command": command, "provenance": {**results.provenance(None, command.strip()), "noisy": False},
+        command = "python -m training.predict.scale " + " ".join(argv or sys.argv[1:])
+        json.dump({"command": command, "provenance": {**provenance.provenance(None, command.strip()), "noisy": False},
                    "profile": prof.source, "clusters": {c: cluster_topology(c, max(ps)).doc for c in clusters},
                    "rows": rows, "best": best, "seconds": time.perf_counter() - t0}, f, indent=1)
     with open(a.out + ".md", "w", encoding="utf-8") as f:

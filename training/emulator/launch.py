@@ -1,7 +1,7 @@
 """The emulated cluster's launch line: MPICH's Hydra or Open MPI's PRRTE started across the nodes.
 
 Both launchers start their per-node daemon (Hydra's ``hydra_pmi_proxy``, PRRTE's ``prted``) through
-an ssh stand-in (:func:`experiments.cluster.net.launcher_script`) and run the ranks' messages over
+an ssh stand-in (:func:`training.emulator.net.launcher_script`) and run the ranks' messages over
 TCP on the nodes' ``eth0``, shared memory within a node:
 
 * MPICH: ``mpiexec -launcher ssh -launcher-exec RSH -localhost head -iface eth0 -hosts node0:K,...

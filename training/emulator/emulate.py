@@ -1,21 +1,21 @@
 """An emulated cluster on one machine: N nodes joined by rate-limited links, MPI launched across them.
 
-    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
-    python -m experiments.cluster.emulate --racks R --nodes N --ranks-per-node K --link RATE --uplink RATE -- COMMAND ARGS...
-    python -m experiments.cluster.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
+    python -m training.emulator.emulate --nodes N --ranks-per-node K --link RATE [--timeout S] -- COMMAND ARGS...
+    python -m training.emulator.emulate --racks R --nodes N --ranks-per-node K --link RATE --uplink RATE -- COMMAND ARGS...
+    python -m training.emulator.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
         [--max-load L] [--allow-noisy]
 
 runs COMMAND on each of the N x K ranks, K per node, with the MPI library's own launcher and TCP
 transport, exactly as on N machines: MPICH's ``mpiexec -launcher ssh -launcher-exec RSH -hosts
 node0:K,... -iface eth0``, or Open MPI's ``mpirun --prtemca plm_ssh_agent RSH --host node0:K,...``
 with TCP on ``eth0`` between nodes and shared memory within one (whichever ``mpiexec`` sits beside
-this Python, or ``--mpiexec``; :mod:`experiments.cluster.launch` writes both lines), where RSH enters
-the target node's namespaces instead of logging in (:mod:`experiments.cluster.net` builds them).
+this Python, or ``--mpiexec``; :mod:`training.emulator.launch` writes both lines), where RSH enters
+the target node's namespaces instead of logging in (:mod:`training.emulator.net` builds them).
 Ranks of one node share memory and one launcher daemon, so ``Split_type(COMM_TYPE_SHARED)`` finds
 the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
 or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
 kernel TCP stack's own. With ``--racks R`` there are R racks of N nodes, each rack behind one uplink
-of ``--uplink`` RATE (:func:`experiments.cluster.net.build`), and every rank's environment carries
+of ``--uplink`` RATE (:func:`training.emulator.net.build`), and every rank's environment carries
 ``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce). Every rank's
 environment also carries ``COMMLAB_NODE_CORES``, the host's cores divided among the emulated nodes (at
 least 1): the nodes share the host's cores, so a rank that sized its BLAS thread pool by the host's
@@ -40,8 +40,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from experiments.cluster.launch import flavour, launch_command, launch_env
-from experiments.cluster.net import HEAD, IFACE, build, parse_rate
+from training.emulator.launch import flavour, launch_command, launch_env
+from training.emulator.net import HEAD, IFACE, build, parse_rate
 from training.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
 
 __all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
@@ -81,7 +81,7 @@ def parse_args(argv=None):
     (ClusterConfig, bool)
         The configuration and whether this is the inner (namespaced) process.
     """
-    p = Parser(prog="python -m experiments.cluster.emulate", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m training.emulator.emulate", description=__doc__.split("\n")[0],
                                 usage="%(prog)s --nodes N --ranks-per-node K --link RATE [options] -- COMMAND ARGS...")
     p.add_argument("--nodes", type=integer(1, INT32_MAX), default=2, help="number of nodes, per rack with --racks (default 2)")
     p.add_argument("--racks", type=integer(1, INT32_MAX), default=1, help="racks of --nodes nodes each, joined to a core bridge "
@@ -98,12 +98,12 @@ def parse_args(argv=None):
     p.add_argument("--out", type=outpath(empty=True), default="", help="with --calibrate: write the measurements to this JSON file")
     p.add_argument("--max-load", type=real(-1e15, 1e15), default=None, metavar="L",
                    help="with --calibrate: refuse to measure when the 1-minute load average is above L "
-                        "(experiments.cluster.calibrate's --max-load; a COMMAND takes its own flags)")
+                        "(training.emulator.calibrate's --max-load; a COMMAND takes its own flags)")
     p.add_argument("--allow-noisy", action="store_true",
                    help="with --calibrate: measure on a busy machine anyway and mark the results noisy")
     p.add_argument("--settle", type=real(0, 1e15), default=0.0, metavar="S",
                    help="with --calibrate: wait up to S seconds for the job's own start-up to leave the load "
-                        "average before the quiet check (experiments.cluster.calibrate's --settle)")
+                        "average before the quiet check (training.emulator.calibrate's --settle)")
     p.add_argument("--survive-crashes", action="store_true",
                    help="launch with MPICH's -disable-auto-cleanup or Open MPI's --enable-recovery, so that the "
                         "other ranks run on when one dies (replicated parameter servers, serving)")
@@ -183,13 +183,13 @@ def mpiexec_command(cfg, launcher):
     Returns
     -------
     list of str
-        As :func:`experiments.cluster.launch.launch_command` writes it for ``cfg.mpiexec``; with
-        ``cfg.calibrate`` the command is :mod:`experiments.cluster.calibrate` with ``--link``, and
+        As :func:`training.emulator.launch.launch_command` writes it for ``cfg.mpiexec``; with
+        ``cfg.calibrate`` the command is :mod:`training.emulator.calibrate` with ``--link``, and
         ``--out``, ``--max-load``, ``--settle`` and ``--allow-noisy`` when given.
     """
     command = cfg.command
     if cfg.calibrate:
-        command = [sys.executable, "-m", "experiments.cluster.calibrate", "--link", cfg.link]
+        command = [sys.executable, "-m", "training.emulator.calibrate", "--link", cfg.link]
         command += ["--out", os.path.abspath(cfg.out)] if cfg.out else []
         command += ["--max-load", repr(cfg.max_load)] if cfg.max_load is not None else []
         command += ["--allow-noisy"] if cfg.allow_noisy else []
@@ -203,7 +203,7 @@ def mpiexec_command(cfg, launcher):
 
 
 def _fail(message):
-    print(f"python -m experiments.cluster.emulate: error: {message}", file=sys.stderr, flush=True)
+    print(f"python -m training.emulator.emulate: error: {message}", file=sys.stderr, flush=True)
     return 2
 
 
@@ -221,7 +221,7 @@ def _outer(argv):
         return _fail(f"cannot create network namespaces ({why}): run as root (CAP_SYS_ADMIN and "
                      "CAP_NET_ADMIN) or enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0)")
     env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "experiments.cluster.emulate", "--inside", *argv],
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "training.emulator.emulate", "--inside", *argv],
                             env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def forward(signum, frame):

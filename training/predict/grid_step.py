@@ -6,7 +6,7 @@ activation after a column-parallel one, take ``1 / T`` of the profiled time; a r
 forward ends with an all-reduce of its output over the tensor group, a column-parallel layer's
 backward with one of its input gradient (none for the model's first layer). Activations and their
 gradients cross between stages as one message per rank, all of a stage's ranks at once. The stages
-follow the GPipe or 1F1B schedule (:func:`experiments.predict.pipeline.replay_pipeline`); each stage's
+follow the GPipe or 1F1B schedule (:func:`training.predict.pipeline_replay.replay_pipeline`); each stage's
 gradient (its share of the parameters) is then all-reduced over its data-parallel group of D ranks
 in buckets of ``bucket_bytes``, and the optimizer updates the stage's share.
 """
@@ -16,9 +16,9 @@ from training.model_parallel.grid import layer_kinds
 from training.model_parallel.pipeline import stage_layers
 from training.nn import Linear, ReLU
 
-from experiments.predict import comm
-from experiments.predict.ledger import Ledger, scaled
-from experiments.predict.pipeline import replay_pipeline
+from training.predict import comm
+from training.predict.ledger import Ledger, scaled
+from training.predict.pipeline_replay import replay_pipeline
 
 __all__ = ["grid_step"]
 

@@ -14,7 +14,7 @@ ranks' own layout, with each node link and uplink divided among the groups that 
 On a :class:`HostNetwork` with ``round_s`` > 0 a rank's part in a collective of R rounds lasts at least
 R ``round_s`` (:func:`floored`): the least time one round takes on its host, whatever the bytes (an
 oversubscribed host runs each rank's round only when the rank gets a core; fitted by
-:mod:`experiments.predict.floor`).
+:mod:`training.predict.floor`).
 """
 from dataclasses import dataclass
 from functools import lru_cache

@@ -1,0 +1,11 @@
+"""The emulated multi-node cluster on one machine: network namespaces and ``tc`` shape the links
+(:mod:`.net`), MPI's own launcher and TCP transport run across them (:mod:`.launch`), one command
+builds the nodes and runs a job on them (:mod:`.emulate`: ``python -m training.emulator.emulate``),
+and :mod:`.calibrate` measures the links it made (latency, bandwidth, duplex, fan-out) for the cost
+model. The studies that run on it (:mod:`experiments.cluster`) and the job predictor's validation
+(:mod:`training.predict.validate`) launch it as a command.
+
+Imports: :mod:`collectives` (the MPI library's name), the shared trainer modules of :mod:`training`
+(``options``: every command's declared option ranges) and the run provenance; never another
+subpackage of :mod:`training`, nor :mod:`inference`, :mod:`plots` or :mod:`experiments`.
+"""
