@@ -1,10 +1,11 @@
 """commlab's error classes: one root, :class:`CommlabError`, for every error the project raises on purpose.
 
-* :class:`CommlabError`: the root. The parameter server's (``ps.protocol.PSError``), checkpoints'
-  (``ps.store.CheckpointError``), run directories' (``training.checkpoint.RunDirError``) and the
+* :class:`~commlab.error_root.CommlabError` (:mod:`commlab.error_root`): the root, which every class
+  here derives from. The parameter server's (``ps.wire.messages.PSError``), checkpoints'
+  (``commlab.file_formats.CheckpointError``), run directories' (``training.runs.checkpoint.RunDirError``) and the
   simulator's (:class:`ScheduleDeadlock`) errors derive from it too.
 * :class:`Timeout`: the base of every "a peer did not answer in time" error, the collectives'
-  :class:`CollectiveTimeout` and the parameter server's ``ps.protocol.PSTimeout``.
+  :class:`CollectiveTimeout` and the parameter server's ``ps.wire.messages.PSTimeout``.
 
 The errors a collective raises at run time, after its arguments passed the local checks:
 
@@ -25,24 +26,10 @@ After either, the communicator's context is unusable (messages of the failed cal
 flight); the safe policy is to end the job, which :func:`collectives.engine.policy.abort_on_failure` does.
 """
 
-__all__ = ["CommlabError", "Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
+from commlab.error_root import CommlabError
+
+__all__ = ["Timeout", "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "DtypeMismatch",
            "PeerLost", "ProcessFailed", "ScheduleDeadlock", "ScheduleViolation"]
-
-
-class CommlabError(Exception):
-    """Root of every error commlab raises on purpose (argument errors stay ``TypeError``/``ValueError``).
-
-    Examples
-    --------
-    >>> from collectives.errors import CollectiveTimeout, CommlabError
-    >>> try:
-    ...     raise CollectiveTimeout("allreduce", 1, 0, 2.0)
-    ... except CommlabError as exc:  # catches every commlab error, timeouts included
-    ...     print(type(exc).__name__)
-    CollectiveTimeout
-    >>> issubclass(ValueError, CommlabError)  # argument errors are not commlab errors
-    False
-    """
 
 
 class Timeout(CommlabError):

@@ -5,16 +5,19 @@ of :func:`run` with its :class:`PSOptions`; the servers run the optimizer its ca
 (``make_optimizer``), and rank 0 gets the :class:`RunResult`. Training the trainer's model with a
 parameter server is the trainer's ``--mode ps`` (:mod:`training.ps_mode.worker`).
 
-Modules: ``options`` (settings), ``runtime`` (the job: roles, worker loop, reports), ``server``
-(the server loop), ``client`` (a worker's push/pull), ``consistency`` (BSP/ASP/SSP rules),
-``protocol`` (messages), ``sharding`` (the split of the flat vector), ``state`` (a shard's
-optimizer and step size), ``store`` (atomic, checksummed ``.npz`` checkpoints), ``replication``
-(a shard's chain of replicas, fencing), ``failover`` (a worker's view of the chains),
-``survivors`` (a replicated run's report, gathered on a worker).
+Subpackages, top to bottom (each imports only those below it; ``.importlinter`` holds the order):
+``job`` (settings, the run with its roles and worker loop, the end-of-run report, a replicated
+run's report), ``embedding`` (sparse pulls and pushes of embedding rows) and ``replicas`` (a
+shard's chain of replicas, fencing), ``worker`` (a worker's push/pull, its view of the chains) and
+``serving`` (the server loop, BSP/ASP/SSP rules, request log, a shard's step size),
+``checkpoints`` (a server's shard file and its checks), ``shards`` (the split of the flat vector,
+rows of embedding tables) and ``wire`` (messages, errors); ``store`` (atomic, checksummed ``.npz``
+checkpoints).
 """
-from ps.consistency import CONSISTENCY
-from ps.options import PSOptions
-from ps.protocol import PSError, PSTimeout
-from ps.runtime import RunResult, run
+from ps.job.reports import RunResult
+from ps.job.runner import run
+from ps.job.settings import PSOptions
+from ps.serving.consistency import CONSISTENCY
+from ps.wire.messages import PSError, PSTimeout
 
 __all__ = ["run", "RunResult", "PSOptions", "CONSISTENCY", "PSError", "PSTimeout"]

@@ -1,6 +1,6 @@
 """Rank-side bodies of the ctr tests: ``python -m tests.mpi_ctr CASE`` (or ``all``), P = 4.
 
-``sparse``  2 servers, 2 workers, BSP, SGD, through :class:`ps.sparse.SparseClient`: each worker pulls
+``sparse``  2 servers, 2 workers, BSP, SGD, through :class:`ps.embedding.sparse_push_pull.SparseClient`: each worker pulls
             random distinct rows (some never pulled by anyone, one pull empty), checks the values against a
             dense NumPy table updated the same way [the oracle: the dense table stepped by the mean of the
             workers' scattered gradients per clock], pushes a known gradient; the servers' final tables
@@ -21,12 +21,12 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ps.options import PSOptions
-from ps.protocol import Msg
-from ps.rows import RowSharding
-from ps.sparse import SparseClient, SparseServer
+from ps.job.settings import PSOptions
+from ps.wire.messages import Msg
+from ps.shards.rows import RowSharding
+from ps.embedding.sparse_push_pull import SparseClient, SparseServer
 from tests.mpicases import check, report, shared_dir
-from training.config import Config
+from training.settings.config import Config
 from training.ctr.data import make_ctr_data
 from training.ctr.model import init_table
 from training.ctr.resume import rank_checkpoint_path

@@ -47,12 +47,12 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from ps.options import PSOptions
-from ps.protocol import PSError
-from ps.runtime import run
+from ps.job.settings import PSOptions
+from ps.wire.messages import PSError
+from ps.job.runner import run
 from ps.store import CheckpointError
 from tests.mpicases import FAILS, check, report
-from training.optim import SGD
+from training.model.optim import SGD
 
 COMM = MPI.COMM_WORLD
 PLAIN_SGD = functools.partial(SGD, momentum=0.0)  # the servers' update rule: w -= lr g

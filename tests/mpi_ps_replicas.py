@@ -54,13 +54,13 @@ import numpy as np
 from mpi4py import MPI
 
 from experiments.faults.dead import vanish
-from ps.options import PSOptions
-from ps.protocol import PSError
-from ps.runtime import run
-from ps.server import Server
+from ps.job.settings import PSOptions
+from ps.wire.messages import PSError
+from ps.job.runner import run
+from ps.serving.shard_server import Server
 from ps.store import read_npz, server_checkpoint_path
 from tests.mpicases import FAILS, check, report
-from training.optim import SGD
+from training.model.optim import SGD
 
 COMM = MPI.COMM_WORLD
 MOMENTUM = functools.partial(SGD, momentum=0.9)

@@ -13,7 +13,7 @@ Cases (P = 4; oracles in brackets):
               pushes are refused, every refusal is recomputed and pushed again once [ASP: the sum
               check holds, one update per clock of each worker]; the workers' refusal counts equal
               the servers'; the versions equal the updates applied.
-``badinput``  1 server, workers 1 and 2 train under BSP through :class:`ps.client.Client`; worker 3
+``badinput``  1 server, workers 1 and 2 train under BSP through :class:`ps.worker.client.Client`; worker 3
               pushes zeros at clock 0 and leaves, but first sends a push of the wrong length, of the
               wrong dtype, for another shard, from a future version, and after its good push one
               reusing its request id with other data: each gets a REJECT naming its reason [the
@@ -27,13 +27,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ps.client import Client
-from ps.options import PSOptions
-from ps.protocol import H_CLOCK, H_TYPE, Msg, probe, receive, send, wait_all
-from ps.runtime import run
-from ps.server import Server
+from ps.worker.client import Client
+from ps.job.settings import PSOptions
+from ps.wire.messages import H_CLOCK, H_TYPE, Msg, probe, receive, send, wait_all
+from ps.job.runner import run
+from ps.serving.shard_server import Server
 from tests.mpicases import check, report
-from training.optim import SGD
+from training.model.optim import SGD
 
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()

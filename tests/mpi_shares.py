@@ -38,16 +38,17 @@ import numpy as np
 from mpi4py import MPI
 
 from ps.shards.key_ranges import proportional
-from training.build import build_model, make_sampler, to_device
-from training.checkpoint import load_checkpoint
-from training.cli import parse_args
-from training.config import Config
-from training.data import load_dataset
-from training.dp.data_parallel import compute_gradient, make_grad_hook, train_step
+from training.runs.build import build_model, make_sampler, to_device
+from training.runs.checkpoint import load_checkpoint
+from training.settings.cli import parse_args
+from training.settings.config import Config
+from training.data.datasets import load_dataset
+from training.dp.data_parallel import compute_gradient, train_step
+from training.dp.hooks import make_grad_hook
 from training.dp.shares import BatchShares
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
-from training.sampling import deal
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import make_optimizer
+from training.data.sampling import deal
 from training.train import run
 from tests.mpicases import quiet, run_cases, shared_dir
 

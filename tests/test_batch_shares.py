@@ -1,6 +1,6 @@
 """Batch shares: any global batch over any number of ranks, and ``--balance`` (``training.dp.shares``).
 
-* The split rule (``ps.sharding.proportional``): sums to the batch, every share in [1, cap], largest
+* The split rule (``ps.shards.key_ranges.proportional``): sums to the batch, every share in [1, cap], largest
   remainders, equal speeds give 64 over 3 = 22/21/21; refuses a batch that would leave a rank 0
   samples or does not fit the bound.
 * The data order: the epoch's global batches are the same for every P, hold every sample once per
@@ -21,10 +21,10 @@ import os
 import numpy as np
 import pytest
 
-from ps.sharding import proportional
+from ps.shards.key_ranges import proportional
 from tests.mpirun import run_mpi
 from training.dp.shares import BatchShares, share_cap
-from training.sampling import DistributedSampler, deal
+from training.data.sampling import DistributedSampler, deal
 
 
 def test_the_split_rule_sums_bounds_and_rounds_by_largest_remainder():
@@ -207,7 +207,7 @@ def test_any_batch_over_any_p_updates_as_one_process(tmp_path, P, cases):
 def test_the_batch_size_help_states_the_rule_the_run_applies():
     """Any global batch of at least P samples runs (docs/guide/heterogeneity.md); ``--help`` says so
     and asks for no divisibility."""
-    from training.cli import HELP
+    from training.settings.cli import HELP
 
     text = " ".join(HELP["batch_size"].split())
     assert "must divide" not in text and "at least P" in text, text

@@ -6,15 +6,15 @@ the three modes against one process.
 import numpy as np
 import pytest
 
-from ps.rows import RowSharding
+from ps.shards.rows import RowSharding
 from tests.mpirun import run_mpi
-from training.config import Config
+from training.settings.config import Config
 from training.ctr.data import check_ids, check_memory, make_ctr_data, memory_need
 from training.ctr.hotkeys import server_load
 from training.ctr.model import CTRModel, unique_rows
 from training.ctr.run import check_ctr_job
 from training.ctr.sparse_optim import SparseAdagrad, SparseSGD
-from training.optim import SGD, Adagrad
+from training.model.optim import SGD, Adagrad
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "momentum"])

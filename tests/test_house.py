@@ -77,9 +77,9 @@ def test_public_face_holds_only_the_collectives_request_plan_algorithms_registra
 
 def test_every_error_raised_on_purpose_has_one_root():
     from collectives.errors import CommlabError, ScheduleDeadlock, Timeout
-    from ps.protocol import PSError, PSTimeout
+    from ps.wire.messages import PSError, PSTimeout
     from ps.store import CheckpointError
-    from training.checkpoint import RunDirError
+    from training.runs.checkpoint import RunDirError
     for cls in (collectives.CollectiveError, collectives.CollectiveMismatch, collectives.CollectiveTimeout, PSError,
                 PSTimeout, CheckpointError, RunDirError, ScheduleDeadlock):
         assert issubclass(cls, CommlabError), cls
@@ -93,7 +93,7 @@ def test_every_gradient_hook_implements_the_one_contract():
 
     from collectives.compression import make_hook
     from collectives.compression.hook import GradientHook
-    from training.dp.data_parallel import AllreduceHook
+    from training.dp.hooks import AllreduceHook
 
     grad = np.arange(6, dtype=np.float32)
     for hook in (AllreduceHook(MPI.COMM_SELF, algorithm="ring"), make_hook("topk", comm=MPI.COMM_SELF, ratio=0.5)):

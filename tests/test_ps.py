@@ -5,13 +5,13 @@ import os
 import numpy as np
 import pytest
 
-from ps.consistency import DONE, DROPPED, ClockBuckets, ClockTable
-from ps.options import PSOptions, parse_rank_spec
-from ps.sharding import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
-from ps.state import ServerOptimizer
-from training.optim import lr_rule, schedule_lr
+from ps.serving.consistency import DONE, DROPPED, ClockBuckets, ClockTable
+from ps.job.settings import PSOptions, parse_rank_spec
+from ps.shards.key_ranges import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
+from ps.serving.server_optimizer import ServerOptimizer
+from training.model.optim import lr_rule, schedule_lr
 from ps.store import read_npz, write_npz
-from training.optim import SGD, Adam
+from training.model.optim import SGD, Adam
 
 
 @pytest.mark.parametrize("S", [1, 2, 3, 7])
@@ -120,7 +120,7 @@ def test_staleness_aware_rate_and_cosine():
 def test_one_cosine_schedule_for_trainer_and_servers():
     """The trainer's lr_at and the servers' rate are the one function: equal bits at equal arguments;
     oracle for the values: the cosine written out with NumPy."""
-    from training.config import Config
+    from training.settings.config import Config
     from training.train import lr_at
 
     cfg = Config(lr=0.3, lr_schedule="cosine")
@@ -182,9 +182,9 @@ def test_parse_rank_spec():
 
 def test_batch_stream_matches_the_data_parallel_slices_and_streams():
     from training.ps_mode.worker import BatchStream
-    from training.data import DistributedSampler
+    from training.data.sampling import DistributedSampler
 
-    from training.sampling import deal
+    from training.data.sampling import deal
 
     sampler = DistributedSampler(23, 1, 2, shuffle=True, seed=3)  # 12 samples per epoch
     fixed = BatchStream(sampler, 10)  # global batch 10: batches of 10, 10 and 3 samples per epoch
@@ -207,12 +207,12 @@ def test_batch_stream_matches_the_data_parallel_slices_and_streams():
 def test_run_records_end_with_the_final_parameters():
     """The last epoch (and the whole record of a one-epoch run) comes from the final parameters when
     no snapshot fell on the last push: oracle = evaluating those parameters directly."""
-    from training.ps_mode.report import evaluate_snapshots
-    from ps.runtime import RunResult
-    from training.config import Config
-    from training.nn import SoftmaxCrossEntropy
+    from training.ps_mode.run_records import evaluate_snapshots
+    from ps.job.reports import RunResult
+    from training.settings.config import Config
+    from training.model.nn import SoftmaxCrossEntropy
     from training.dp.data_parallel import evaluate
-    from training.build import build_model
+    from training.runs.build import build_model
     from mpi4py import MPI
 
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from ps.options import PSOptions
+from ps.job.settings import PSOptions
 from tests.mpirun import run_mpi
 
 TIMEOUT = 1.0  # --ps-timeout of the crash runs (seconds), as tests/mpi_ps_replicas.py's
@@ -163,8 +163,8 @@ def test_a_forward_after_a_lost_one_is_neither_applied_nor_acknowledged():
     """A backup whose upstream died between a FORWARD's header and its payload must not apply (and so
     acknowledge) a later FORWARD of that stream: the acknowledgement would cover the lost update too. The
     later FORWARDs of a peer that lost one are taken without waiting for their payloads."""
-    from ps.protocol import H_EPOCH, H_SEQ, HEADER_LEN, Msg
-    from ps.replication import REPLICA_COUNTERS, ReplicatedServer
+    from ps.wire.messages import H_EPOCH, H_SEQ, HEADER_LEN, Msg
+    from ps.replicas.chain_replication import REPLICA_COUNTERS, ReplicatedServer
 
     backup = object.__new__(ReplicatedServer)  # the chain logic alone, no communicator
     backup.epoch, backup.head, backup.deposed, backup.seq = 0, False, False, 4

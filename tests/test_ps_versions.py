@@ -6,9 +6,9 @@ timeout, beside the single-process checks of the options.
 """
 import pytest
 
-from ps.options import PSOptions
+from ps.job.settings import PSOptions
 from tests.mpirun import run_mpi
-from training.cli import parse_args
+from training.settings.cli import parse_args
 
 
 def test_versions_conflicts_retries_and_bad_requests_on_four_ranks():

@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from ps.server import server_checkpoint_path as server_checkpoint
+from ps.store import server_checkpoint_path as server_checkpoint
 from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
-from ps.store_checkpoint import run_id_entry
-from training.checkpoint import find_checkpoint
+from ps.checkpoints.shard_files import run_id_entry
+from training.runs.checkpoint import find_checkpoint
 from training.ps_mode.worker import check_server_checkpoints
 from training.train import main
 
@@ -148,9 +148,9 @@ def test_a_job_killed_inside_or_between_server_writes_resumes_from_the_newest_co
     previous one."""
     from mpi4py import MPI
 
-    from ps.options import PSOptions
-    from ps.server import Server
-    from training.optim import SGD
+    from ps.job.settings import PSOptions
+    from ps.serving.shard_server import Server
+    from training.model.optim import SGD
 
     ckpt, init = str(tmp_path / "ps"), np.linspace(-1.0, 1.0, 8)
 
@@ -169,7 +169,7 @@ def test_a_job_killed_inside_or_between_server_writes_resumes_from_the_newest_co
     assert check_server_checkpoints(ckpt, 2, run_id="5f2a", job=(2, 1)) is False
     with pytest.raises(CheckpointError, match="written by a job of 2 server.*this job has 3: resume with the same servers"):
         check_server_checkpoints(ckpt, 3, run_id="5f2a", job=(3, 1))
-    from ps.store_checkpoint import newest_generation, previous_checkpoint_path
+    from ps.checkpoints.shard_files import newest_generation, previous_checkpoint_path
 
     assert newest_generation(ckpt, 2) is None
     server(1, 8)
@@ -213,7 +213,7 @@ def test_replicas_keeping_the_same_previous_generation_leave_no_temporary(tmp_pa
     the previous generation, which is already the same file, does nothing and must not leave its temporary
     behind, or that replica's next checkpoint fails on it (``File exists``; a fault-free 5-rank run with
     ``--ps-replicas 2`` stopped so). Oracle: the directory listing and the generations' pushes."""
-    from ps.store_checkpoint import _keep_previous, previous_checkpoint_path
+    from ps.checkpoints.shard_files import _keep_previous, previous_checkpoint_path
 
     path = str(tmp_path / "ps_server0.npz")
     write_npz(path, {"pushes": np.array([8], np.int64)})

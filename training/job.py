@@ -4,7 +4,7 @@
 BLAS threads per rank (:func:`limit_threads`), and :func:`all_failed` tells whether an error was
 raised on every rank alike (one message) or on some only (abort the job); :func:`end_lost` ends a
 job whose peer may be dead with one line saying what failed and how to restart. The checks of a
-whole run's configuration against the job are :func:`training.preflight.check_run`'s.
+whole run's configuration against the job are :func:`training.driver.preflight.check_run`'s.
 """
 import os
 import time
@@ -125,7 +125,7 @@ def end_lost(exc, hint, rank):
     One ``error: rank R: ...`` line says what failed (a collective's error names its peer and round;
     a parameter-server timeout, ``ps.wire.messages.PSTimeout``; a transfer the MPI library failed, an
     ``MPI.Exception``), that the peer may have died or hung and where to read why, and ``hint``, how
-    to restart (:func:`training.checkpoint.restart_hint`). After a parameter-server timeout the rank
+    to restart (:func:`training.runs.checkpoint.restart_hint`). After a parameter-server timeout the rank
     waits ``1.5 * min(rank, 3)`` seconds first, so that the lowest such rank reports and its abort
     ends the others.
     """

@@ -3,10 +3,10 @@ by :func:`training.metrics.run_info`), the origin entries each checkpoint carrie
 ``meta/epoch``), the check that a checkpoint was written by the run whose directory holds it, and the
 run directory of a job killed before it wrote its configuration.
 
-The entry ``meta/run_id`` is the parameter servers' own (:mod:`ps.store_checkpoint`), so a run's trainer and
+The entry ``meta/run_id`` is the parameter servers' own (:mod:`ps.checkpoints.shard_files`), so a run's trainer and
 server checkpoints name it alike.
 
-Imports: :mod:`ps.store` (the checkpoint error) and :mod:`ps.store_checkpoint` (the run id entry) only.
+Imports: :mod:`ps.store` (the checkpoint error) and :mod:`ps.checkpoints.shard_files` (the run id entry) only.
 """
 import json
 import os
@@ -15,7 +15,7 @@ import re
 import numpy
 
 from ps.store import CheckpointError
-from ps.store_checkpoint import held_run_id, run_id_entry
+from ps.checkpoints.shard_files import held_run_id, run_id_entry
 
 __all__ = ["run_id_of", "checkpoint_origin", "check_origin", "never_configured"]
 

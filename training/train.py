@@ -25,26 +25,28 @@ import collectives.engine.policy
 from collectives.engine import trace
 from collectives.log import get_logger, setup_logging
 from ps.wire.messages import PSError, PSTimeout
-from training.build import make_sampler, to_device
-from training.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
+from training.runs.build import make_sampler, to_device
+from training.runs.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
                                  nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
-from training.cli import parse_args, parse_on_every_rank
+from training.settings.cli import parse_args, parse_on_every_rank
 from training.job import all_failed, end_lost, set_threads
-from training.preflight import agree, agree_grid, check_run
+from training.driver.preflight import agree, agree_grid, check_run
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import arrival, open_monitor, slow_factor
-from training.optim import schedule_lr
-from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
+from training.model.optim import schedule_lr
+from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_identical, train_step
+from training.dp.hooks import make_grad_hook
 from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
-from training.elastic import ElasticStop, check_elastic, join_elastic, train_elastic
-from training.trainer import Trainer, build_trainer
-from training.progress import progress_bar, write_trace
-from training.ps_mode.worker import finish_ps, run_ps
+from training.driver.elastic import ElasticStop, check_elastic, join_elastic, train_elastic
+from training.driver.trainer import build_trainer
+from training.runs.progress import progress_bar, write_trace
+from training.ps_mode.finish import finish_ps
+from training.ps_mode.worker import run_ps
 from training.sizes import format_bytes
-from training.state import checkpoint_arrays
+from training.runs.state import checkpoint_arrays
 
-__all__ = ["main", "run", "train_dp", "lr_at", "build_trainer", "Trainer"]
+__all__ = ["main", "run", "train_dp", "lr_at"]
 
 _log = get_logger("training.train")  # not __name__, which is "__main__" under python -m
 
@@ -52,7 +54,7 @@ _log = get_logger("training.train")  # not __name__, which is "__main__" under p
 def lr_at(cfg, step, total_steps):
     """Return the learning rate of global step ``step`` (0-based) of ``total_steps``.
 
-    ``cfg.lr_schedule`` over ``cfg.lr`` by :func:`training.optim.schedule_lr`, the one implementation
+    ``cfg.lr_schedule`` over ``cfg.lr`` by :func:`training.model.optim.schedule_lr`, the one implementation
     the parameter servers use as well.
     """
     return schedule_lr(cfg.lr_schedule, cfg.lr, step, total_steps)
@@ -71,8 +73,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     cfg : Config
     comm : mpi4py.MPI.Comm
     run_dir : str
-        From :func:`training.checkpoint.make_run_dir`.
-    trainer : Trainer, optional
+        From :func:`training.runs.checkpoint.make_run_dir`.
+    trainer : training.driver.trainer.Trainer, optional
         From :func:`build_trainer` (built here when not given).
 
     Returns
@@ -85,8 +87,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     --------
     >>> import contextlib, io, tempfile
     >>> from mpi4py import MPI
-    >>> from training.checkpoint import make_run_dir
-    >>> from training.cli import parse_args
+    >>> from training.runs.checkpoint import make_run_dir
+    >>> from training.settings.cli import parse_args
     >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
     ...     cfg = parse_args(["--hidden", "16", "--epochs", "2", "--no-progress", "--run-dir", d])
     ...     summary = train_dp(cfg, MPI.COMM_WORLD, make_run_dir(cfg, MPI.COMM_WORLD))
@@ -291,7 +293,7 @@ def run(cfg, comm=None):
     Examples
     --------
     >>> import contextlib, io, tempfile
-    >>> from training.cli import parse_args
+    >>> from training.settings.cli import parse_args
     >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
     ...     summary = run(parse_args(["--hidden", "16", "--epochs", "1", "--no-progress", "--run-dir", d]))
     >>> summary["epochs"], summary["P"], summary["parameters"]
@@ -343,7 +345,7 @@ def main(argv=None):
     result line stay on stdout. User errors print one ``error: ...`` line (from rank 0 when every
     rank failed alike) and return 1, as does a parameter-server run that cannot continue
     (``ps.wire.messages.PSError``: BSP lost a worker). In ``--mode ps`` the ranks then check that all of
-    them reached the end (:func:`training.ps_mode.worker.finish_ps`): when a rank died, rank 0 names
+    them reached the end (:func:`training.ps_mode.finish.finish_ps`): when a rank died, rank 0 names
     it and aborts the job ``--ps-timeout`` seconds later instead of leaving everyone in
     ``MPI_Finalize``; a rank whose server never answered (``ps.wire.messages.PSTimeout``) reports it and
     aborts at once. A failed collective (``collectives.CollectiveError``: a peer silent for

@@ -2,9 +2,9 @@
 user or a crash damages one, loaded as ``--resume`` (and serving) loads it, in this process.
 
 Each case writes a good checkpoint of a small model into a run directory that has a ``config.json``
-with its run id, damages it, and loads it with :func:`training.checkpoint.load_checkpoint` and
-:func:`training.state.restore`, the trainer's own path. Verdicts: ``pass`` when the load is refused
-with a :class:`~training.checkpoint.CheckpointError` naming the file; ``silent-wrong`` when it is
+with its run id, damages it, and loads it with :func:`training.runs.checkpoint.load_checkpoint` and
+:func:`training.runs.state.restore`, the trainer's own path. Verdicts: ``pass`` when the load is refused
+with a :class:`~training.runs.checkpoint.CheckpointError` naming the file; ``silent-wrong`` when it is
 accepted (damaged values would be trained on); ``fail`` for any other exception (a crash that does
 not say what is wrong). The control case (an undamaged file) must load, and ``foreign-allowed`` (a
 copy from another run with ``--allow-foreign-checkpoint``) must load too.
@@ -13,7 +13,7 @@ The parameter-server cases (:data:`PS_KINDS`) do the same with the two shards' f
 ``--mode ps`` run (``ps/ps_server0.npz``, ``ps/ps_server1.npz``, written by real servers), loaded as a
 ``--mode ps --resume`` loads them: the trainer's check on every rank
 (:func:`training.ps_mode.worker.check_server_checkpoints`), then each server's own
-(:func:`ps.store_checkpoint.restore_server`).
+(:func:`ps.checkpoints.shard_files.restore_server`).
 
 The sharded cases (:data:`SHARDED_KINDS`) damage a tensor-parallel run's ``shards-epochNNNN``
 directory (two shard files and the manifest listing their checksums, epoch and run id) and read it
@@ -44,7 +44,7 @@ def _run_dir(path, run_id):
 
 def _good(run):
     """Write a good checkpoint of epoch 2 into ``run``; return its path."""
-    from training.checkpoint import save_checkpoint
+    from training.runs.checkpoint import save_checkpoint
 
     path = os.path.join(run, "ckpt-epoch0002.npz")
     arrays = {"model/params": np.linspace(-1, 1, 12), "optim/steps": np.array(6, np.int64),
@@ -114,7 +114,7 @@ class _Model:
     """The little model the cases restore into (12 float64 parameters), with SGD and momentum."""
 
     def __init__(self):
-        from training.optim import SGD
+        from training.model.optim import SGD
 
         self.params, self.grads = np.zeros(12), np.zeros(12)
         self.size, self.dtype = 12, np.float64
@@ -127,8 +127,8 @@ class _NoHook:
 
 
 def _load(path, foreign_ok):
-    from training.checkpoint import load_checkpoint
-    from training.state import TrainState, restore
+    from training.runs.checkpoint import load_checkpoint
+    from training.runs.state import TrainState, restore
 
     name, arrays = load_checkpoint(path, _SELF, foreign_ok=foreign_ok)
     model, state = _Model(), TrainState()
@@ -139,7 +139,7 @@ def _load(path, foreign_ok):
 
 def run_checkpoint_cases():
     """Run every kind; return one result dict per case (``case``, ``P``, ``mode``, ``verdict``, ``detail``)."""
-    from training.checkpoint import CheckpointError
+    from training.runs.checkpoint import CheckpointError
 
     results = []
     for kind, damage in KINDS.items():
@@ -167,10 +167,10 @@ _PS_TOTAL, _PS_SHARDS = 12, 2  # a vector of 12 parameters in two shards, one wo
 
 def _ps_server(g, run, **opts):
     """Server ``g`` of a two-shard job over ``run/ps`` (built on COMM_SELF: its constructor sends nothing)."""
-    from ps.options import PSOptions
-    from ps.server import Server
-    from ps.sharding import shard_offsets
-    from training.optim import SGD
+    from ps.job.settings import PSOptions
+    from ps.serving.shard_server import Server
+    from ps.shards.key_ranges import shard_offsets
+    from training.model.optim import SGD
 
     off = shard_offsets(_PS_TOTAL, _PS_SHARDS)
     options = PSOptions(servers=_PS_SHARDS, checkpoint_dir=os.path.join(run, "ps"), **opts)
@@ -249,7 +249,7 @@ def _ps_load(run, foreign_ok):
 
 def run_ps_checkpoint_cases():
     """Run every kind of :data:`PS_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.checkpoint import CheckpointError
+    from training.runs.checkpoint import CheckpointError
 
     results = []
     for kind, damage in PS_KINDS.items():
@@ -360,9 +360,9 @@ SHARDED_KINDS = {
 
 def _sharded_load(ckpt, foreign_ok):
     """Read ``ckpt`` as ``load_sharded`` does (read_pieces, every tensor assembled, the step count checked)."""
-    from training.checkpoint import CheckpointError
+    from training.runs.checkpoint import CheckpointError
     from training.model_parallel.sharded import assemble, read_pieces
-    from training.state import check_values
+    from training.runs.state import check_values
 
     pieces, common = read_pieces(ckpt, foreign_ok=foreign_ok)
     try:
@@ -375,7 +375,7 @@ def _sharded_load(ckpt, foreign_ok):
 
 def run_sharded_checkpoint_cases():
     """Run every kind of :data:`SHARDED_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.checkpoint import CheckpointError
+    from training.runs.checkpoint import CheckpointError
 
     results = []
     for kind, damage in SHARDED_KINDS.items():

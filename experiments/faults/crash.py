@@ -8,8 +8,8 @@ leaves at its own AT-th step.
 
 * ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
-  AT-th message it handles (``ps.client.Client.push``, ``ps.server.Server._handle``);
-* ``KIND = setup``: the run's set-up (``training.checkpoint.make_run_dir`` as ``training.train`` calls
+  AT-th message it handles (``ps.worker.client.Client.push``, ``ps.serving.shard_server.Server._handle``);
+* ``KIND = setup``: the run's set-up (``training.runs.checkpoint.make_run_dir`` as ``training.train`` calls
   it: the run directory that rank 0 makes and broadcasts), before any training step;
 * ``KIND = serve``: a serving job's replica rank at the forward of its AT-th batch
   (``inference.model.Predictor.predict``), so that batch is in flight when it dies.
@@ -25,8 +25,8 @@ import sys
 
 from mpi4py import MPI
 
-import ps.client
-import ps.server
+import ps.worker.client
+import ps.serving.shard_server
 import training.train
 from experiments.faults.dead import vanish
 
@@ -64,7 +64,7 @@ def inject(kind, rank, at):
         targets = [(inference.model.Predictor, "predict")]
     else:
         targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
-                   "ps": [(ps.client.Client, "push"), (ps.server.Server, "_handle")]}[kind]
+                   "ps": [(ps.worker.client.Client, "push"), (ps.serving.shard_server.Server, "_handle")]}[kind]
     for owner, name in targets:
         real = getattr(owner, name)
         if not isinstance(owner, type):

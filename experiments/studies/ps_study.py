@@ -15,7 +15,7 @@ the repeats.
     run up to ``s`` clocks ahead, so a delay shorter than about ``s`` clocks is absorbed (Ho et al.,
     NIPS 2013, section 2; Cui et al. 2014). Reported: time to the target test accuracy (95 %) and
     updates per second of BSP, SSP(0), SSP(2), SSP(4) and ASP, and BSP's time over each protocol's
-    (``> 1``: faster than BSP). SSP(0) is BSP by construction (:mod:`ps.consistency`), a control.
+    (``> 1``: faster than BSP). SSP(0) is BSP by construction (:mod:`ps.serving.consistency`), a control.
 ``straggler``
     A persistent straggler (worker rank ``--straggler``, slowed by its factor): its rate bounds BSP
     and, in the long run, SSP (a worker runs at most ``s`` clocks ahead of it), so neither is the
@@ -27,7 +27,7 @@ the repeats.
     and a 4x straggler there barely slows anything.
 ``conflict``
     ASP under the persistent straggler (the straggler part's settings) and under the transient
-    delays (the transient part's), with each conflict policy (:data:`ps.options.CONFLICTS`):
+    delays (the transient part's), with each conflict policy (:data:`ps.job.settings.CONFLICTS`):
     ``accept``, ``cas`` with lag ``W - 1`` (a push computed before more than one round of the other
     workers' updates is refused and recomputed) and ``scale`` (the step divided by the staleness).
     Reported: refusals per push, compute wasted on refused gradients, updates per second against
@@ -44,7 +44,7 @@ the repeats.
 
 Rank 0 writes ``ps_study.json`` (settings, every variant's resolved training configuration and
 parameter-server extras, MPI library, P, host, every run with its curve and staleness histogram,
-the ratio tables, the ``provenance`` of :mod:`experiments.results`) and prints the tables as Markdown.
+the ratio tables, the ``provenance`` of :mod:`commlab.provenance`) and prints the tables as Markdown.
 A rerun replaces the previous study in ``--out``. On a busy machine the study refuses to start (and
 leaves the previous study in place) unless ``--allow-noisy`` marks its results noisy.
 """
@@ -59,17 +59,18 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.engine import trace
-from experiments import results as prov
-from experiments.outputs import command_line, run_or_report
-from plots.ps_tables import conflict_table, markdown, ratio_table
+from commlab import provenance as prov
+from commlab.provenance import command_line
+from experiments.outputs import run_or_report
+from plots.tables.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
-from training.checkpoint import make_run_dir, root_bytes
-from training.cli import parse_on_every_rank
+from training.runs.checkpoint import make_run_dir, root_bytes
+from training.settings.cli import parse_on_every_rank
 from training.job import set_threads
-from training.preflight import check_run
+from training.driver.preflight import check_run
 from training.metrics import run_info, write_config, write_json
 from training.ps_mode.worker import ps_options, run_ps
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["PARTS", "variants", "train_ps", "run_study", "main"]
 
@@ -292,7 +293,7 @@ def _parser():
                    help="training settings of the straggler part on top of --set (repeatable); the default "
                         "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
                         "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 
@@ -303,7 +304,7 @@ def main(argv=None):
     -------
     int
         0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
-        every rank alike (a busy machine among them, :func:`experiments.results.guard`, before the
+        every rank alike (a busy machine among them, :func:`commlab.provenance.guard`, before the
         previous study is removed); an error on some ranks only aborts the job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD

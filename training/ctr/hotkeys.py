@@ -3,17 +3,17 @@
 Each step every worker pulls (and then pushes) the distinct rows of its ``B / W`` samples; a server's load
 is the rows it serves per step, summed over the workers, and the bytes (the rows' values both ways plus
 an ``int64`` id per piece). :func:`server_load` counts them from the training ids without running
-anything: the same counts :class:`ps.sparse.SparseServer` keeps when it runs (``served_pieces``).
+anything: the same counts :class:`ps.embedding.sparse_push_pull.SparseServer` keeps when it runs (``served_pieces``).
 
 With Zipf ids the hottest rows of every table are touched by every worker at every step. Range sharding
 keeps a table's first ids, the hot ones, on one server, and the small tables, whose rows are all warm,
 together; hash sharding spreads rows by chance. The remedy (``--ctr-hot K``) splits the ``K`` rows the
-training ids touch most column-wise over all servers (:class:`ps.rows.RowSharding`), so each server
+training ids touch most column-wise over all servers (:class:`ps.shards.rows.RowSharding`), so each server
 serves ``1 / S`` of each of them.
 """
 import numpy as np
 
-from ps.rows import RowSharding
+from ps.shards.rows import RowSharding
 from training.ctr.modes import global_batch
 from training.ctr.run import hot_rows
 
@@ -25,7 +25,7 @@ def server_load(cfg, data, servers, workers, kind, hot=0, steps=20):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         ``batch_size``, ``ctr_rows``, ``ctr_dim``, ``dtype``, ``seed``.
     data : training.ctr.data.CTRData
     servers, workers : int
@@ -41,7 +41,7 @@ def server_load(cfg, data, servers, workers, kind, hot=0, steps=20):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> from training.ctr.data import make_ctr_data
     >>> cfg = Config(model="ctr", ctr_rows=400, ctr_tables=2, ctr_train=512, ctr_test=64, batch_size=128)
     >>> load = server_load(cfg, make_ctr_data(cfg), 4, 2, "range", steps=2)

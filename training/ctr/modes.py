@@ -19,12 +19,12 @@ import time
 
 import numpy as np
 
-from ps.protocol import Msg
-from ps.sparse import SparseClient
+from ps.wire.messages import Msg
+from ps.embedding.sparse_push_pull import SparseClient
 from training.ctr.model import unique_rows
 from training.ctr.resume import checkpoint_due, load_rank, save_rank
 from training.dp.hooks import make_grad_hook
-from training.optim import optimizer_factory, schedule_lr
+from training.model.optim import optimizer_factory, schedule_lr
 
 __all__ = ["global_batch", "dp_loop", "ps_loop", "FlatView", "dense_rows"]
 
@@ -111,14 +111,14 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     comms : (MPI.Comm, MPI.Comm, list, list)
         The servers' protocol communicator, the workers' sub-communicator, server and worker ranks.
     w : int
         This worker's index.
     model : training.ctr.model.CTRModel
     data : training.ctr.data.CTRData
-    sharding : ps.rows.RowSharding
+    sharding : ps.shards.rows.RowSharding
     run : (int, int, float, str)
         ``(stop, total, timeout, ckpt)``: run the clocks up to ``stop`` of a run of ``total`` (the learning-rate
         schedule's horizon), a server may stay silent ``timeout`` seconds; ``ckpt`` is the checkpoint

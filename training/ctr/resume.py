@@ -3,7 +3,7 @@
 What each mode keeps, and where (``RUN_DIR/ps/``):
 
 * ``ps`` and ``hybrid``: the servers checkpoint their pieces of the rows (in ``ps`` the MLP's rows too),
-  their optimizer state and their clocks (:meth:`ps.server.Server.checkpoint`, ``ps_serverS.npz``) every
+  their optimizer state and their clocks (:meth:`ps.serving.shard_server.Server.checkpoint`, ``ps_serverS.npz``) every
   ``--checkpoint-every`` epochs and when their loop ends;
 * ``hybrid``: every worker also writes the MLP, its optimizer state and its gradient hook's state (a
   compressor's error feedback) after the same clocks, ``ctr_rank{R}-clock{C}.npz`` (``C``: the next clock
@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from ps.store import read_npz, write_npz
-from ps.store_checkpoint import newest_generation
+from ps.checkpoints.shard_files import newest_generation
 
 __all__ = ["rank_checkpoint_path", "save_rank", "load_rank", "resume_clock", "checkpoint_due"]
 
@@ -70,14 +70,14 @@ def save_rank(ckpt_dir, rank, clock, params, opt, hook=None):
     rank, clock : int
     params : ndarray, shape (n,)
         The flat parameters this rank holds (the MLP's; in ``dp`` the tables' and the MLP's).
-    opt : training.optim.Optimizer
+    opt : training.model.optim.Optimizer
     hook : gradient hook, optional
         Its ``state_dict()`` (a compressor's error feedback) is saved beside.
 
     Examples
     --------
     >>> import tempfile
-    >>> from training.optim import Adagrad
+    >>> from training.model.optim import Adagrad
     >>> d, w = tempfile.mkdtemp(), np.arange(3.0)
     >>> opt = Adagrad(w, np.ones(3), lr=0.5)
     >>> opt.step()
@@ -129,14 +129,14 @@ def resume_clock(cfg, run_dir, S, W, layout=None):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         ``resume``, ``mode``.
     run_dir : str
         The run directory being resumed.
     S, W : int
         Servers and workers (``S = 0`` in ``dp``).
     layout : ndarray, optional
-        The rows' layout over the servers (:meth:`ps.rows.RowSharding.fingerprint`): the servers' files
+        The rows' layout over the servers (:meth:`ps.shards.rows.RowSharding.fingerprint`): the servers' files
         must hold the same.
 
     Returns
@@ -156,7 +156,7 @@ def resume_clock(cfg, run_dir, S, W, layout=None):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> resume_clock(Config(model="ctr", mode="hybrid"), "runs/x", 2, 2) is None  # not resuming
     True
     """

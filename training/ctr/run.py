@@ -1,8 +1,8 @@
 """A ``--model ctr`` job: checks, data, roles, the loops of :mod:`.modes`, the final table and the records.
 
 ``--mode dp``: every rank trains (:func:`training.ctr.modes.dp_loop`); rank 0 reports. ``--mode ps`` and
-``hybrid``: the first ``--servers`` ranks run :class:`ps.sparse.SparseServer` on their shard of the rows
-(:class:`ps.rows.RowSharding`, ``--ctr-sharding``, ``--ctr-hot``), the others run
+``hybrid``: the first ``--servers`` ranks run :class:`ps.embedding.sparse_push_pull.SparseServer` on their shard of the rows
+(:class:`ps.shards.rows.RowSharding`, ``--ctr-sharding``, ``--ctr-hot``), the others run
 :func:`training.ctr.modes.ps_loop`; once the servers' loops end (every worker done), each server sends the
 first worker its counters and its shard, and that worker assembles the table and reports.
 
@@ -19,17 +19,17 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.log import get_logger
-from ps.options import PSOptions
-from ps.reports import roles
-from ps.rows import RowSharding
-from ps.sparse import SparseServer
-from ps.store_checkpoint import newest_generation
+from ps.job.settings import PSOptions
+from ps.job.reports import roles
+from ps.shards.rows import RowSharding
+from ps.embedding.sparse_push_pull import SparseServer
+from ps.checkpoints.shard_files import newest_generation
 from training.ctr.data import available_bytes, check_ids, check_memory, make_ctr_data
 from training.ctr.model import CTRModel, auc_logloss, init_table
 from training.ctr.modes import dense_rows, dp_loop, ps_loop
 from training.ctr.resume import resume_clock
 from training.ctr.sparse_optim import make_sparse_optimizer
-from training.optim import lr_rule
+from training.model.optim import lr_rule
 
 __all__ = ["train_ctr", "run_ctr", "check_ctr_job", "hot_rows"]
 
@@ -66,7 +66,7 @@ def train_ctr(cfg, comm, run_dir=""):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         ``model == "ctr"``.
     comm : MPI.Comm
     run_dir : str

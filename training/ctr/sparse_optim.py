@@ -1,8 +1,8 @@
 """Sparse optimizers for embedding rows: update only the rows a batch touched.
 
-The parameter servers call ``sparse_step(ids, rows)`` on a shard's table (:mod:`ps.sparse`). SGD and
+The parameter servers call ``sparse_step(ids, rows)`` on a shard's table (:mod:`ps.embedding.sparse_push_pull`). SGD and
 Adagrad do, on each touched row, exactly the operations of their dense forms
-(:class:`training.optim.SGD` with momentum 0, :class:`training.optim.Adagrad`), and a row whose gradient
+(:class:`training.model.optim.SGD` with momentum 0, :class:`training.model.optim.Adagrad`), and a row whose gradient
 is zero is left unchanged by the dense forms: so the sparse and the dense update give the same table,
 to the last bit for the same gradient. SGD with momentum keeps a velocity per row and decays it only when
 the row is touched (lazy momentum, as TensorFlow's and PyTorch's sparse optimizers do), which differs from
@@ -88,7 +88,7 @@ class SparseSGD(_Sparse):
 class SparseAdagrad(_Sparse):
     """Adagrad on the touched rows: ``a[i] += g^2;  w[i] -= lr g / (sqrt(a[i]) + eps)``.
 
-    Duchi, Hazan and Singer, JMLR 2011; the operations of :class:`training.optim.Adagrad` in its order.
+    Duchi, Hazan and Singer, JMLR 2011; the operations of :class:`training.model.optim.Adagrad` in its order.
 
     Examples
     --------
@@ -132,7 +132,7 @@ def make_sparse_optimizer(cfg):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> type(make_sparse_optimizer(Config(optimizer="adagrad"))(np.zeros((2, 2)))).__name__
     'SparseAdagrad'
     """

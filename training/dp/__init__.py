@@ -5,5 +5,5 @@ sample-weighted average (:mod:`.local_sgd`), and each rank's share of every glob
 following the ranks' measured speeds with ``--balance`` (:mod:`.shares`).
 
 Imports: the shared trainer modules of :mod:`training` (``nn``, ``optim``, ``data``, ``checkpoint``...)
-and :mod:`collectives`; :mod:`ps.sharding` (the batch-splitting rule). Never :mod:`training.model_parallel` or :mod:`training.ps_mode`.
+and :mod:`collectives`; :mod:`ps.shards.key_ranges` (the batch-splitting rule). Never :mod:`training.model_parallel` or :mod:`training.ps_mode`.
 """

@@ -1,7 +1,7 @@
 """Batch shares of data-parallel training: any global batch over any number of ranks, and ``--balance``.
 
-Each step's global batch (:meth:`training.sampling.DistributedSampler.global_batches`, the same
-samples for every P) is dealt to the ranks in *shares* (:func:`training.sampling.deal`), and each
+Each step's global batch (:meth:`training.data.sampling.DistributedSampler.global_batches`, the same
+samples for every P) is dealt to the ranks in *shares* (:func:`training.data.sampling.deal`), and each
 rank's gradient, the mean over its ``b_r`` samples, is weighted by ``P b_r / B`` before the
 all-reduce's average (``train_step``'s ``scale``), so the average is the mean gradient over the global
 batch, ``sum_r b_r g_r / B``, whatever the shares: the update equals, to float rounding, the one
@@ -27,7 +27,7 @@ import numpy
 
 import collectives
 from ps.shards.key_ranges import proportional
-from training.sampling import deal
+from training.data.sampling import deal
 
 __all__ = ["BatchShares", "share_cap", "memory_cap", "bytes_per_sample", "steps_per_epoch", "rank_batches"]
 
@@ -98,9 +98,9 @@ def memory_cap(cfg, ds, model, state_bytes=0):
 
     Parameters
     ----------
-    cfg : training.config.Config
-    ds : training.data.Dataset
-    model : training.nn.Sequential
+    cfg : training.settings.config.Config
+    ds : training.data.datasets.Dataset
+    model : training.model.nn.Sequential
     state_bytes : int
         Bytes of optimizer state the rank holds (0 for a parameter-server worker).
 
@@ -111,9 +111,9 @@ def memory_cap(cfg, ds, model, state_bytes=0):
 
     Examples
     --------
-    >>> from training.build import build_model
-    >>> from training.config import Config
-    >>> from training.data import load_dataset
+    >>> from training.runs.build import build_model
+    >>> from training.settings.config import Config
+    >>> from training.data.datasets import load_dataset
     >>> cfg = Config(hidden=(16,), memory_gb=0.01)   # 10 MiB less the data and model, over 632 bytes a sample
     >>> ds = load_dataset(cfg)
     >>> memory_cap(cfg, ds, build_model(cfg, ds.n_features, ds.n_classes))
@@ -127,12 +127,12 @@ def memory_cap(cfg, ds, model, state_bytes=0):
 def steps_per_epoch(sampler, batch):
     """Return the steps of one epoch of global batch ``batch`` with ``sampler`` (any rank's: all agree).
 
-    :class:`training.sampling.DistributedSampler`: its global batches; a skewed partition's
-    :class:`training.shard_sampler.ShardSampler`: its own steps.
+    :class:`training.data.sampling.DistributedSampler`: its global batches; a skewed partition's
+    :class:`training.data.shard_sampler.ShardSampler`: its own steps.
 
     Examples
     --------
-    >>> from training.sampling import DistributedSampler
+    >>> from training.data.sampling import DistributedSampler
     >>> steps_per_epoch(DistributedSampler(1438, 0, 3), 64)   # 22 batches of 64, one of 30
     23
     """
@@ -144,16 +144,16 @@ def steps_per_epoch(sampler, batch):
 def rank_batches(sampler, epoch, shares, rank):
     """Yield this rank's ``(indices, weight)`` for each step of ``epoch``.
 
-    With a :class:`training.sampling.DistributedSampler`, step ``k`` takes global batch ``k``
-    (:meth:`~training.sampling.DistributedSampler.global_batches`), splits it by the shares current
+    With a :class:`training.data.sampling.DistributedSampler`, step ``k`` takes global batch ``k``
+    (:meth:`~training.data.sampling.DistributedSampler.global_batches`), splits it by the shares current
     when the step starts (:meth:`BatchShares.split`; read lazily, so a re-split between two steps
-    applies to the next) and deals it (:func:`training.sampling.deal`). A skewed partition's
-    :class:`~training.shard_sampler.ShardSampler` draws the rank's equal share from its own shard.
+    applies to the next) and deals it (:func:`training.data.sampling.deal`). A skewed partition's
+    :class:`~training.data.shard_sampler.ShardSampler` draws the rank's equal share from its own shard.
     ``weight`` is :meth:`BatchShares.scale`: ``P b_r / B`` (1.0 for equal shares).
 
     Examples
     --------
-    >>> from training.sampling import DistributedSampler
+    >>> from training.data.sampling import DistributedSampler
     >>> s = BatchShares(3, 4)
     >>> [(b.tolist(), w) for b, w in rank_batches(DistributedSampler(10, 0, 3, shuffle=False), 0, s, 0)]
     [([0, 3], 1.5), ([4, 7], 1.5), ([8], 1.0)]

@@ -6,7 +6,7 @@ Servers and workers share no step, so nothing here is collective once the run ha
 seconds, bytes pushed, steps skipped) and each other server its own (:data:`SERVER_FIELDS`: pushes
 folded, pulls waiting, staleness of the pulls served), each as one ``MPI_Isend`` of a few float64 on
 a communicator of its own, sent only when the previous one has completed. Server 0 receives them
-between two messages of its serving loop (:attr:`ps.server.Server.on_tick`), takes differences of
+between two messages of its serving loop (:attr:`ps.serving.shard_server.Server.on_tick`), takes differences of
 the totals and sets the metrics: per worker as in synchronous runs (``commlab_compute_seconds{rank}``,
 ...), per server ``commlab_ps_pushes_per_second``, ``commlab_ps_staleness_clocks`` and
 ``commlab_ps_queue_depth``.
@@ -47,7 +47,7 @@ class PSMonitor:
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         ``metrics_port``, ``metrics_host``, ``tensorboard``, ``metrics_interval``,
         ``straggler_factor``, ``straggler_intervals`` and ``stall_seconds`` apply.
     comm : mpi4py.MPI.Comm
@@ -115,7 +115,7 @@ class PSMonitor:
         self.own += time.perf_counter() - t
 
     def server_tick(self, server):
-        """A server between two messages (:attr:`ps.server.Server.on_tick`): report, or on rank 0 collect."""
+        """A server between two messages (:attr:`ps.serving.shard_server.Server.on_tick`): report, or on rank 0 collect."""
         if time.monotonic() < self.next:
             return
         t = time.perf_counter()
@@ -157,7 +157,7 @@ class PSMonitor:
             per_sample = (d[:, _W["compute_s"]] + d[:, _W["delay_s"]]) / numpy.maximum(d[:, _W["samples"]], 1)
             for w in self.rule.update(per_sample, live=fresh):
                 self._straggler(w, own, per_sample)
-        live = server.table.status == 0  # ps.consistency.LIVE
+        live = server.table.status == 0  # ps.serving.consistency.LIVE
         for w in numpy.flatnonzero(live & (now - self.heard > self.cfg.stall_seconds)).tolist():
             if self.cfg.stall_seconds > 0 and w not in self.stalled:
                 self.stalled.add(w)

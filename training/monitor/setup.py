@@ -11,7 +11,7 @@ import time
 
 import numpy
 
-from ps.options import parse_rank_spec
+from ps.job.settings import parse_rank_spec
 from training.monitor.board import check_logdir
 from training.monitor.exporter import check_endpoint
 
@@ -26,7 +26,7 @@ def monitoring(cfg):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> monitoring(Config()), monitoring(Config(metrics_port=9100))
     (False, True)
     """
@@ -38,7 +38,7 @@ def slow_factor(cfg, rank):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> slow_factor(Config(straggler="2:4"), 2), slow_factor(Config(straggler="2:4"), 1)
     (4.0, 1.0)
     """

@@ -1,14 +1,14 @@
 """Parameter-server training of the trainer's model: ``python -m training.train --mode ps``.
 
-``run_ps`` maps the training configuration onto :class:`ps.options.PSOptions`, builds the model and
+``run_ps`` maps the training configuration onto :class:`ps.job.settings.PSOptions`, builds the model and
 the data with the trainer's own functions on every rank (so the initial parameters agree), and runs
-:func:`ps.runtime.run`: workers compute gradients of their share of each global batch, the servers
-apply the trainer's own optimizer (:func:`training.optim.optimizer_factory`) to their shards. Rank 0
-then evaluates the snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.report`).
+:func:`ps.job.runner.run`: workers compute gradients of their share of each global batch, the servers
+apply the trainer's own optimizer (:func:`training.model.optim.optimizer_factory`) to their shards. Rank 0
+then evaluates the snapshots the servers kept, and writes the run records (:mod:`training.ps_mode.run_records`).
 
 Batches: with ``W`` workers, clock ``c`` takes the trainer's global batch ``c`` of the epoch
-(:meth:`training.sampling.DistributedSampler.global_batches`) and each worker its equal share of it
-(:func:`training.sampling.deal`; ``batch_size / W``, or 22/21/21 for 64 over 3), exactly the samples
+(:meth:`training.data.sampling.DistributedSampler.global_batches`) and each worker its equal share of it
+(:func:`training.data.sampling.deal`; ``batch_size / W``, or 22/21/21 for 64 over 3), exactly the samples
 data-parallel training on ``W`` ranks takes; each worker weights its mean gradient by its share so
 that the servers' mean of the pushes is the batch's mean gradient, and BSP with plain SGD reproduces
 data-parallel training for any ``W``. With ``--balance`` a worker reads its sampler's order as a
@@ -22,28 +22,29 @@ import numpy
 from collectives.engine import trace
 from collectives.backend import to_host
 from collectives.log import get_logger
-from ps.options import PSOptions
-from ps.sharding import proportional
-from ps.runtime import roles, run
-from ps.server import server_checkpoint_path
-from ps.store_checkpoint import Expected, check_resume, newest_generation, read_server_checkpoint
-from training.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
-from training.build import build_model, make_sampler, to_device
-from training.data import load_dataset
-from training.nn import SoftmaxCrossEntropy
-from training.optim import lr_rule, optimizer_factory
+from ps.job.settings import PSOptions
+from ps.shards.key_ranges import proportional
+from ps.job.reports import roles
+from ps.job.runner import run
+from ps.store import server_checkpoint_path
+from ps.checkpoints.shard_files import Expected, check_resume, newest_generation, read_server_checkpoint
+from training.runs.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
+from training.runs.build import build_model, make_sampler, to_device
+from training.data.datasets import load_dataset
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import lr_rule, optimizer_factory
 from training.dp.shares import memory_cap, steps_per_epoch
 from training.dp.data_parallel import compute_gradient, is_finite
-from training.sampling import deal
+from training.data.sampling import deal
 from training.monitor.setup import close_monitor, open_ps_monitor
-from training.progress import progress_bar, write_trace
-from training.ps_mode.finish import finish_ps, finish_together, reporter_rank
-from training.ps_mode.report import evaluate_snapshots, write_records
+from training.runs.progress import progress_bar, write_trace
+from training.ps_mode.finish import reporter_rank
+from training.ps_mode.run_records import evaluate_snapshots, write_records
 
 _log = get_logger("training.ps_mode.worker")
 
 __all__ = ["run_ps", "ps_options", "check_ps", "check_server_checkpoints", "BatchStream",
-           "finish_together", "finish_ps", "reporter_rank", "PS_EXTRA"]
+           "PS_EXTRA"]
 
 _SNAPSHOTS_PER_EPOCH = 4  # accuracy-versus-time resolution of the recorded curve
 #: Settings beyond the training configuration (``extra`` of :func:`ps_options`): the transient delays
@@ -57,19 +58,19 @@ class BatchStream:
 
     Parameters
     ----------
-    sampler : training.data.DistributedSampler or training.shard_sampler.ShardSampler
+    sampler : training.data.sampling.DistributedSampler or training.data.shard_sampler.ShardSampler
         This worker's sampler (rank = worker index, size = W).
     batch : int
         Global batch B (samples per clock over all workers), >= W.
     stream : bool
-        False: clock ``c`` takes this worker's equal share (:func:`training.sampling.deal`) of global
+        False: clock ``c`` takes this worker's equal share (:func:`training.data.sampling.deal`) of global
         batch ``c % per_epoch`` of epoch ``c // per_epoch`` (the data-parallel order, the epoch's
         last batch possibly shorter; a skewed partition's sampler: its own slice). True: consecutive
         batches of any size run through the epochs' orders back to back (load balancing).
 
     Examples
     --------
-    >>> from training.sampling import DistributedSampler
+    >>> from training.data.sampling import DistributedSampler
     >>> s = BatchStream(DistributedSampler(10, rank=0, size=3, shuffle=False), 4)
     >>> s.per_epoch, s.indices(0, 2).tolist(), s.indices(2, 1).tolist(), s.weight(2, 2, 1)  # batches 4, 4, 3
     (3, [0, 3], [8], 0.6666666666666666)
@@ -99,7 +100,7 @@ class BatchStream:
     def weight(self, clock, batch, samples):
         """Return the factor of a worker's mean gradient over ``samples`` samples of clock ``clock``.
 
-        :func:`ps.runtime.run` scales each push by ``W batch / B``; this factor makes the product
+        :func:`ps.job.runner.run` scales each push by ``W batch / B``; this factor makes the product
         ``W samples / m``, with ``m`` the clock's global batch (shorter at an epoch's end), so
         that the servers' mean of the W pushes is the global batch's mean gradient. 1.0 for a full batch.
         """
@@ -140,7 +141,7 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         The resolved configuration.
     comm : MPI.Comm or int
         The job's communicator (servers plus workers), or its size.
@@ -191,13 +192,13 @@ def ps_options(cfg, comm, per_epoch, run_dir, extra=None):
 def check_ps(cfg, size):
     """Check what a ``--mode ps`` run needs from a job of ``size`` ranks, before anything is created.
 
-    Called by :func:`training.preflight.check_run` on every rank alike, so a bad setting (rank count,
+    Called by :func:`training.driver.preflight.check_run` on every rank alike, so a bad setting (rank count,
     straggler or jitter spec, missing server checkpoint of ``--resume``) fails before the run
     directory exists or its ``config.json`` is rewritten.
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         The resolved configuration (``mode == "ps"``).
     size : int
         Number of ranks in the job (servers plus workers).
@@ -252,7 +253,7 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
     job : tuple of (int, int), optional
         The job's server ranks and workers ``(S, W)``: the files must come from a job of that shape.
     layout : ndarray, optional
-        The rows' layout over sparse servers (:meth:`ps.rows.RowSharding.fingerprint`): the files must
+        The rows' layout over sparse servers (:meth:`ps.shards.rows.RowSharding.fingerprint`): the files must
         hold the same (a refusal names the setting that differs).
 
     Returns
@@ -269,7 +270,7 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
     CheckpointError
         Naming the file, when it is unreadable, of another run (unless ``allow_foreign``), holds
         another server's shard, comes from a job of another shape or generation, or holds values
-        that make no sense (:func:`ps.store_checkpoint.check_resume`).
+        that make no sense (:func:`ps.checkpoints.shard_files.check_resume`).
 
     Examples
     --------
@@ -306,14 +307,14 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         Resolved configuration with ``mode == "ps"``.
     comm : MPI.Comm
         Communicator of all ranks (servers and workers).
     run_dir : str
         The run directory (created by the trainer, ``config.json`` already written).
     xp : module
-        The workers' array module for ``cfg.device``, as :func:`training.preflight.check_run` returned
+        The workers' array module for ``cfg.device``, as :func:`training.driver.preflight.check_run` returned
         it (NumPy or CuPy); servers always work on the host.
     extra : dict, optional
         :data:`PS_EXTRA` settings beyond the configuration (see :func:`ps_options`).
@@ -327,7 +328,7 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     ------
     ValueError
         When the configuration does not fit the communicator (every rank, before any message).
-    ps.protocol.PSError
+    ps.wire.messages.PSError
         When BSP loses a worker (every rank still running).
     """
     P, S = comm.Get_size(), cfg.servers

@@ -1,9 +1,9 @@
 """The server loop: serve pushes and pulls as they arrive under BSP, ASP or SSP.
 
-One server owns one shard of the flat parameter vector (:mod:`ps.sharding`) and its optimizer state
-(:class:`ps.state.ServerOptimizer`, running the caller's optimizer). It probes for any message from
+One server owns one shard of the flat parameter vector (:mod:`ps.shards.key_ranges`) and its optimizer state
+(:class:`ps.serving.server_optimizer.ServerOptimizer`, running the caller's optimizer). It probes for any message from
 any worker, handles it, and re-examines the deferred pulls whenever a push is folded in or a worker
-leaves (:mod:`ps.consistency` decides which pull may go, and why BSP and SSP apply one update per
+leaves (:mod:`ps.serving.consistency` decides which pull may go, and why BSP and SSP apply one update per
 clock while ASP applies every push). Nothing assumes an arrival order: a pull that overtakes its
 reader's own push waits for it where the model requires it (BSP, ASP), and the clock buckets of BSP
 and SSP are keyed by clock and summed in worker order.
@@ -11,32 +11,32 @@ and SSP are keyed by clock and summed in worker order.
 Versions: ``version`` counts the updates applied to the shard (one per ASP push, one per BSP/SSP clock);
 PARAMS carry it, a PUSH its base. Under ``conflict="cas"`` a push more than ``conflict_lag`` versions
 behind is refused and the worker's next pull answered at once with REFUSED and the current shard.
-Resent requests count once (:mod:`ps.requests`); a malformed one gets a REJECT naming the reason
-(:data:`ps.protocol.REJECT_REASONS`), is counted, and everyone else is still served.
+Resent requests count once (:mod:`ps.serving.request_log`); a malformed one gets a REJECT naming the reason
+(:data:`ps.wire.messages.REJECT_REASONS`), is counted, and everyone else is still served.
 
 Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and SSP carry
 on without it (a worker waiting on another server sends heartbeats; the seconds in which this server itself
 did not run, and a worker whose message waits unread here, are no silence); BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
-or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replication`).
+or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replicas.chain_replication`).
 """
 import time
 
 import numpy as np
 
 from collectives.engine import trace
-from ps.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
-from ps.sharding import proportional, shard_offsets
-from ps.protocol import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, probe, receive, send,
-                         wait_all)
-from ps.requests import KEEP_PUSH_IDS, KEEP_REPLIES, ReplyFaults, RequestLog
-from ps.state import ServerOptimizer
+from ps.checkpoints.shard_files import newest_generation, restore_server, save_server
+from ps.serving.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
+from ps.serving.request_log import ReplyFaults, RequestLog
+from ps.serving.server_optimizer import ServerOptimizer
+from ps.shards.key_ranges import proportional, shard_offsets
 from ps.store import server_checkpoint_path
-from ps.store_checkpoint import newest_generation, restore_server, save_server
+from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, probe, receive, send,
+                              wait_all)
 
-__all__ = ["Server", "server_checkpoint_path", "EVENT_DROPPED", "EVENT_ABORTED", "KEEP_REPLIES", "KEEP_PUSH_IDS", "COUNTERS"]
+__all__ = ["Server", "EVENT_DROPPED", "EVENT_ABORTED", "COUNTERS"]
 
 EVENT_DROPPED, EVENT_ABORTED, _SILENCE_CHECK = 1, 2, 0.01  # codes of Server.events; seconds between checks
-#: The server's counters (in :class:`ps.reports.RunResult`): distinct and resent pushes, pulls answered from a
+#: The server's counters (in :class:`ps.job.reports.RunResult`): distinct and resent pushes, pulls answered from a
 #: kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
 COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
             "late_replies")
@@ -57,12 +57,12 @@ class Server:
         Initial parameters of this shard (owned and updated in place).
     total : int
         The flat parameter vector's length; the shard is this server's part of it under
-        :func:`ps.sharding.shard_offsets` (its first element is ``shard_offsets(total, opts.servers)[index]``).
-    opts : ps.options.PSOptions
+        :func:`ps.shards.key_ranges.shard_offsets` (its first element is ``shard_offsets(total, opts.servers)[index]``).
+    opts : ps.job.settings.PSOptions
         Run settings (consistency, budget, learning rate, timeouts, checkpoints).
     make_optimizer : callable
         ``make_optimizer(params, grads) -> optimizer`` over the shard's flat buffers
-        (:class:`ps.state.ServerOptimizer`).
+        (:class:`ps.serving.server_optimizer.ServerOptimizer`).
     on_push : callable, optional
         ``on_push(pushes_applied)`` after every folded push (progress display).
 
@@ -70,11 +70,11 @@ class Server:
     ------
     ps.store.CheckpointError
         When the checkpoint to resume from is of another run, another server or makes no sense
-        (:func:`ps.store_checkpoint.check_server_checkpoint`).
+        (:func:`ps.checkpoints.shard_files.check_server_checkpoint`).
     ValueError
         When a checkpoint to resume from does not match this shard.
     """
-    epoch, held, acked_clocks = 0, (), 0  # replicated shards (ps.replication): reply epoch and aux, held replies
+    epoch, held, acked_clocks = 0, (), 0  # replicated shards (ps.replicas.chain_replication): reply epoch and aux, held replies
 
     def __init__(self, comm, index, worker_ranks, shard, total, opts, make_optimizer, *, on_push=None):
         self.comm, self.index, self.opts = comm, int(index), opts
@@ -110,7 +110,7 @@ class Server:
         self.resumed_pushes, self.resumed_seconds = 0, 0.0   # where a resumed run starts from
         self._t0 = time.monotonic()
         self._last_heard = np.full(self.n_workers, self._t0)
-        if opts.resume_dir:  # the newest generation every shard holds (ps.store_checkpoint)
+        if opts.resume_dir:  # the newest generation every shard holds (ps.checkpoints.shard_files)
             paths = newest_generation(opts.resume_dir, opts.shards)
             self._resume(paths[self.index] if paths else server_checkpoint_path(opts.resume_dir, self.index))
 
@@ -270,7 +270,7 @@ class Server:
                           f"shard has {self.params.shape[0]}")
         if self.buckets is not None:  # BSP, SSP: one update per clock on the mean gradient
             if self.staleness_lr and stale > 1:  # Zhang et al. 2016, per gradient: lr / tau (a new array:
-                grad = grad / stale                 # a received gradient is never changed, ps.replication)
+                grad = grad / stale                 # a received gradient is never changed, ps.replicas.chain_replication)
             self.buckets.add(w, clock, grad)
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
@@ -373,7 +373,7 @@ class Server:
         self._sends += [(req, buf, w) for req, buf in send(
             self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta, extra)]
 
-    def _payload(self, w, rid):  # what a PARAMS reply carries (ps.sparse.SparseServer: the rows asked for)
+    def _payload(self, w, rid):  # what a PARAMS reply carries (ps.embedding.sparse_push_pull.SparseServer: the rows asked for)
         return self.params.copy()
 
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):
@@ -400,4 +400,4 @@ class Server:
         save_server(self)
 
     def _resume(self, path):
-        restore_server(self, path)  # ps.store_checkpoint: refuses another run's, another server's, nonsense
+        restore_server(self, path)  # ps.checkpoints.shard_files: refuses another run's, another server's, nonsense

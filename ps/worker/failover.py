@@ -1,6 +1,6 @@
 """A worker's view of the replicated shards: which replica is each shard's primary, at which epoch.
 
-The replicas of a shard form a chain (:func:`ps.replication.chains`). A worker starts with the first
+The replicas of a shard form a chain (:func:`ps.replicas.chain_replication.chains`). A worker starts with the first
 replica of every chain as the shard's primary, at epoch 0. When the primary does not answer within the
 worker's reply timeout, :meth:`Chains.fail_over` takes the next replica: the epoch becomes that
 replica's position in the chain, so every worker that fails over to the same replica agrees on the
@@ -12,7 +12,7 @@ section 4.3; van Renesse and Schneider, OSDI 2004).
 """
 import time
 
-from ps.protocol import PSError
+from ps.wire.messages import PSError
 
 __all__ = ["Chains"]
 
@@ -24,7 +24,7 @@ class Chains:
     ----------
     server_ranks : sequence of int, or sequence of sequence of int
         The server ranks, one per shard, or every shard's chain (primary first;
-        :func:`ps.replication.chains`). One rank per shard: nothing fails over.
+        :func:`ps.replicas.chain_replication.chains`). One rank per shard: nothing fails over.
 
     Attributes
     ----------
@@ -39,7 +39,7 @@ class Chains:
 
     Examples
     --------
-    >>> from ps.replication import chains
+    >>> from ps.replicas.chain_replication import chains
     >>> c = Chains(chains([0, 1, 2, 3], 2))
     >>> c.heads, c.shard_of[3]
     ([0, 2], 1)
@@ -50,7 +50,7 @@ class Chains:
     >>> c.fail_over(3, worker=0, timeout=1.0)
     Traceback (most recent call last):
     ...
-    ps.protocol.PSError: worker 0: every replica of shard 1 (server ranks [2, 3]) stopped answering (1 s each); the run cannot continue
+    ps.wire.messages.PSError: worker 0: every replica of shard 1 (server ranks [2, 3]) stopped answering (1 s each); the run cannot continue
     """
 
     def __init__(self, server_ranks):

@@ -1,6 +1,6 @@
 """The report of a replicated run, gathered on a rank that survives any one server's death.
 
-With replicated shards (:mod:`ps.replication`) nothing the job reports may live only on a server.
+With replicated shards (:mod:`ps.replicas.chain_replication`) nothing the job reports may live only on a server.
 Every server, when its loop ends, sends its FINAL report and its replica record (:data:`RECORD_FIELDS`)
 to the first worker rank, the collector, which also receives the other workers' statistics. A server
 that died sends nothing: the collector waits ``ps_timeout + 2`` seconds for the servers after its own
@@ -8,7 +8,7 @@ loop ended (they end with the last worker's DONE) and names the missing ones. Ea
 come from the replica that ended as its primary (not fenced off, highest epoch).
 
 The records prove that no acknowledged update was lost: every worker's acknowledged clocks
-(:attr:`ps.client.Client.acked_clocks`: the clocks of its pushes a primary said were on every live
+(:attr:`ps.worker.client.Client.acked_clocks`: the clocks of its pushes a primary said were on every live
 replica when it answered) and every surviving replica's (``acked_folded``) are compared with the
 clocks folded into the shard the run reports; ``RunResult.lost_acknowledged`` counts the clocks
 missing (0 when none was lost).
@@ -17,16 +17,17 @@ import time
 
 import numpy as np
 
-from ps.consistency import DONE, DROPPED
-from ps.protocol import Msg, PSError, PSTimeout, header_tag, send, wait_all
-from ps.replication import REPLICA_COUNTERS, ReplicatedServer, chains
-from ps.reports import _ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats, _unpack, roles
-from ps.server import COUNTERS, EVENT_ABORTED
-from ps.sharding import join_shards
+from ps.job.reports import (ABORTED, STAT_FIELDS, RunResult, pack_report, receive_report, roles, server_report,
+                            unpack_report, worker_stats)
+from ps.replicas.chain_replication import REPLICA_COUNTERS, ReplicatedServer, chains
+from ps.serving.consistency import DONE, DROPPED
+from ps.serving.shard_server import COUNTERS, EVENT_ABORTED
+from ps.shards.key_ranges import join_shards
+from ps.wire.messages import Msg, PSError, PSTimeout, header_tag, send, wait_all
 
 __all__ = ["serve_replica", "collect", "RECORD_FIELDS"]
 
-#: Scalars of a replica's record, before its counters (:data:`ps.replication.REPLICA_COUNTERS`), its
+#: Scalars of a replica's record, before its counters (:data:`ps.replicas.chain_replication.REPLICA_COUNTERS`), its
 #: per-worker acknowledged clocks and its per-worker folded clocks.
 RECORD_FIELDS = ("rank", "shard", "position", "head", "deposed", "epoch", "took_over_s", "last_reply_s",
                  "first_update_time", "version", "pushes", "seq", "acked", "elapsed_s", "resumed_pushes",
@@ -42,7 +43,7 @@ def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
     ----------
     comms : (MPI.Comm, MPI.Comm)
         The run's protocol and report communicators.
-    opts : ps.options.PSOptions
+    opts : ps.job.settings.PSOptions
         ``replicas`` > 1.
     index : int
         The shard (this rank // ``opts.replicas``).
@@ -51,7 +52,7 @@ def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
     total : int
         The flat vector's length.
     make_optimizer : callable
-        As :func:`ps.runtime.run`.
+        As :func:`ps.job.runner.run`.
     start : float
         ``time.monotonic()`` of the common start.
 
@@ -75,7 +76,7 @@ def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
               -1 if server.upstream is None else server.upstream, server.acked_version, server.took_over_version]
     record += [server.counters[k] for k in REPLICA_COUNTERS] + server.acked_folded.tolist()
     record += server.table.folded.tolist()
-    reqs = send(repcomm, workers[0], Msg.FINAL, 0, index, _pack(_report(server)))
+    reqs = send(repcomm, workers[0], Msg.FINAL, 0, index, pack_report(server_report(server)))
     reqs += send(repcomm, workers[0], Msg.FINAL, 1, index, np.array(record, np.float64))
     try:  # a replica fenced off early waits while the others still train
         wait_all(reqs, time.monotonic() + opts.ps_timeout + (0 if server.head else _DEPOSED_WAIT), "final report")
@@ -90,7 +91,7 @@ def collect(repcomm, opts, dtype, own_stats, own_acked):
     ----------
     repcomm : MPI.Comm
         The report communicator.
-    opts : ps.options.PSOptions
+    opts : ps.job.settings.PSOptions
     dtype : numpy.dtype
         The parameters' dtype.
     own_stats : dict
@@ -100,7 +101,7 @@ def collect(repcomm, opts, dtype, own_stats, own_acked):
 
     Returns
     -------
-    ps.reports.RunResult
+    ps.job.reports.RunResult
         With ``replicas`` (every server rank's record, None for one that sent none), ``servers_lost``
         and ``lost_acknowledged`` filled in.
 
@@ -113,8 +114,8 @@ def collect(repcomm, opts, dtype, own_stats, own_acked):
     W, n_rec = len(workers), len(RECORD_FIELDS) + len(REPLICA_COUNTERS)
     reports, records = {}, {}
     _poll(repcomm, servers, Msg.FINAL, time.monotonic() + opts.ps_timeout + _SERVER_GRACE,
-          lambda r, d: (reports.setdefault(r, _unpack(_receive_from(repcomm, r, Msg.FINAL, d), W, dtype)),
-                        records.setdefault(r, _receive_from(repcomm, r, Msg.FINAL, d))))
+          lambda r, d: (reports.setdefault(r, unpack_report(receive_report(repcomm, r, Msg.FINAL, d), W, dtype)),
+                        records.setdefault(r, receive_report(repcomm, r, Msg.FINAL, d))))
     parsed = {r: dict(zip(RECORD_FIELDS + REPLICA_COUNTERS, v[:n_rec].tolist()),
                       acked_folded=v[n_rec:n_rec + W].astype(np.int64), folded=v[n_rec + W:].astype(np.int64))
               for r, v in records.items()}
@@ -129,12 +130,12 @@ def collect(repcomm, opts, dtype, own_stats, own_acked):
     stats, acked = [own_stats] + [None] * (W - 1), {0: own_acked}
     expect = [r for w, r in enumerate(workers) if w and codes[w] == DONE]  # DONE workers send statistics
     _poll(repcomm, expect, Msg.STATS, time.monotonic() + opts.ps_timeout + _SERVER_GRACE,
-          lambda r, d: _take_stats(_receive_from(repcomm, r, Msg.STATS, d), workers.index(r), stats, acked))
+          lambda r, d: _take_stats(receive_report(repcomm, r, Msg.STATS, d), workers.index(r), stats, acked))
     return _result(opts, reports, parsed, chosen, stats, acked)
 
 
 def _take_stats(vec, w, stats, acked):
-    stats[w] = _typed_stats(vec)
+    stats[w] = worker_stats(vec)
     acked[w] = vec[len(STAT_FIELDS):].astype(np.int64)
 
 
@@ -162,7 +163,7 @@ def _result(opts, reports, parsed, chosen, stats, acked):
             if v:
                 hist[k] = hist.get(k, 0) + int(v)
     codes = reps[0]["status"]
-    status = ["aborted" if c == _ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
+    status = ["aborted" if c == ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
     servers, workers = list(range(opts.servers)), list(range(opts.servers, opts.servers + len(codes)))
     lost_servers = [r for r in servers if r not in parsed]
     events = [(float(parsed[r]["took_over_s"]), f"server rank {r} took over shard {int(parsed[r]['shard'])} "

@@ -6,7 +6,7 @@ update rule itself (SGD with momentum, Adam...) is the caller's: the server is h
 that builds an optimizer over the shard's flat buffers, and decides only the step size:
 
 * the learning-rate schedule over the training progress: the rule ``lr_at(pushes, horizon)`` the
-  caller hands it (the trainer hands ``training.optim.lr_rule``, the one implementation its
+  caller hands it (the trainer hands ``training.model.optim.lr_rule``, the one implementation its
   data-parallel driver uses as well), else the constant ``lr``;
 * the staleness-aware learning rate (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD for
   Distributed Deep Learning", IJCAI 2016, section 3): the step of a gradient whose staleness is
@@ -35,7 +35,7 @@ class ServerOptimizer:
         The shard, updated in place by :meth:`step`.
     make_optimizer : callable
         ``make_optimizer(params, grads) -> optimizer`` over the flat shard and a gradient buffer of
-        the same shape and dtype. The optimizer has the interface of :mod:`training.optim`: a
+        the same shape and dtype. The optimizer has the interface of :mod:`training.model.optim`: a
         ``lr`` attribute (set here before every update), ``step()`` (one update of ``params``
         from ``grads``), ``state_dict()`` and ``load_state_dict()``.
     lr : float

@@ -10,11 +10,11 @@ Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`)
 ``servers``                   the run's server ranks S
 ``pushes``, ``version``       pushes folded into the shard, optimizer updates applied (counts)
 ``elapsed``                   seconds of training when it was written
-``optim/*``                   the optimizer's state (:class:`ps.state.ServerOptimizer`)
-``folded``, ``status``        the clock table (:class:`ps.consistency.ClockTable`), one per worker
-``meta/run_id``               the run's id (:attr:`ps.options.PSOptions.run_id`), UTF-8 bytes as uint8
+``optim/*``                   the optimizer's state (:class:`ps.serving.server_optimizer.ServerOptimizer`)
+``folded``, ``status``        the clock table (:class:`ps.serving.consistency.ClockTable`), one per worker
+``meta/run_id``               the run's id (:attr:`ps.job.settings.PSOptions.run_id`), UTF-8 bytes as uint8
 ``meta/server``               N, the shard's index
-``meta/layout``               a row-sharded table's layout (:meth:`ps.rows.RowSharding.fingerprint`;
+``meta/layout``               a row-sharded table's layout (:meth:`ps.shards.rows.RowSharding.fingerprint`;
                               sparse servers only: their pieces are no slice of a flat vector)
 ============================  ==================================================================
 
@@ -34,7 +34,7 @@ workers; a sparse server's rows sharded otherwise, naming the setting), and valu
 but make no sense (integer or non-finite parameters,
 negative counts, more updates than pushes).
 
-Imports: :mod:`ps.store`, :mod:`ps.sharding` and :mod:`ps.rows` only.
+Imports: :mod:`ps.store`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
 """
 import dataclasses
 import os
@@ -42,8 +42,8 @@ import zipfile
 
 import numpy as np
 
-from ps.rows import layout_difference
-from ps.sharding import shard_offsets
+from ps.shards.rows import layout_difference
+from ps.shards.key_ranges import shard_offsets
 from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
 
 __all__ = ["RUN_ID", "Expected", "run_id_entry", "held_run_id", "server_arrays", "save_server",
@@ -84,14 +84,14 @@ def held_run_id(arrays):
 
 
 def server_arrays(server):
-    """Return the checkpoint entries of ``server`` (a :class:`ps.server.Server`): the table above."""
+    """Return the checkpoint entries of ``server`` (a :class:`ps.serving.shard_server.Server`): the table above."""
     state = {"params": server.params, "offset": server.offset, "total": server.total,
              "pushes": server.pushes, "servers": server.opts.servers, "elapsed": server.elapsed(),
              "version": server.version, "meta/server": np.array([server.index], np.int64)}
     state.update(server.opt.state_dict())
     state.update(server.table.state_dict())
     state.update(run_id_entry(server.opts.run_id))
-    if getattr(server, "layout", None) is not None:  # a sparse server's pieces of rows (ps.sparse)
+    if getattr(server, "layout", None) is not None:  # a sparse server's pieces of rows (ps.embedding.sparse_push_pull)
         state["meta/layout"] = np.asarray(server.layout, np.int64)
     return state
 
@@ -240,9 +240,9 @@ class Expected:
         of the same shape.
     total, shards : int, optional
         The flat vector's length and the number of shards, when known: the file must hold shard
-        ``index`` of that split (:func:`ps.sharding.shard_offsets`), unless it holds a row layout.
+        ``index`` of that split (:func:`ps.shards.key_ranges.shard_offsets`), unless it holds a row layout.
     layout : ndarray, optional
-        The job's row layout (:meth:`ps.rows.RowSharding.fingerprint`), when its servers hold pieces of
+        The job's row layout (:meth:`ps.shards.rows.RowSharding.fingerprint`), when its servers hold pieces of
         rows: the file must hold the same.
 
     Examples

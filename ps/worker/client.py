@@ -2,8 +2,8 @@
 
 A worker at clock ``c`` pushes gradient ``c`` (each server gets its shard) and pulls the parameters
 for clock ``c + 1``; each server answers the pull once its consistency model allows
-(:mod:`ps.server`). Every wait polls with a deadline, so a vanished server shows up as
-:class:`ps.protocol.PSTimeout` instead of a hang.
+(:mod:`ps.serving.shard_server`). Every wait polls with a deadline, so a vanished server shows up as
+:class:`ps.wire.messages.PSTimeout` instead of a hang.
 
 Every PUSH and PULL carries a request id (1, 2, ...) and every PUSH the version of the shard its
 gradient was computed from (the version of the last reply from that server). With ``retries`` a
@@ -14,9 +14,9 @@ resend was answered) is received and dropped. Under ``cas`` a pull answered with
 servers returns ``"refused"``: the worker recomputes on the values it just received and pushes again
 to those servers only (:attr:`Client.refused_shards`).
 
-Replicated shards (``replicas`` > 1, :mod:`ps.replication`): requests go to each shard's primary and
+Replicated shards (``replicas`` > 1, :mod:`ps.replicas.chain_replication`): requests go to each shard's primary and
 carry its epoch; when a primary does not answer within ``reply_timeout`` the worker takes the next
-replica of the chain (:class:`ps.failover.Chains`), resends what was not answered there (the new
+replica of the chain (:class:`ps.worker.failover.Chains`), resends what was not answered there (the new
 primary applies a push once), and goes on; an EPOCH message from a newer primary moves it at once.
 Replies from a replica that is no longer the primary are dropped, and so are the pending sends to it.
 DONE is then always a handshake, so that the worker leaves only once the chain has its DONE. While a
@@ -30,10 +30,10 @@ import time
 import numpy as np
 
 from collectives.engine import trace
-from ps.failover import Chains
-from ps.protocol import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, STALL_S, Backoff, Msg,
+from ps.worker.failover import Chains
+from ps.wire.messages import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, STALL_S, Backoff, Msg,
                          PSError, PSTimeout, probe, receive, send, wait_all)
-from ps.sharding import shard_offsets
+from ps.shards.key_ranges import shard_offsets
 
 __all__ = ["Client"]
 
@@ -49,7 +49,7 @@ class Client:
         This worker's index ``0 .. W - 1``.
     server_ranks : sequence of int, or sequence of sequence of int
         Ranks of the servers in shard order, or (replicated shards) every shard's chain, primary first
-        (:func:`ps.replication.chains`).
+        (:func:`ps.replicas.chain_replication.chains`).
     worker_ranks : sequence of int
         Ranks of the workers (in worker-index order).
     n_params : int
@@ -73,7 +73,7 @@ class Client:
     resends, stale_replies : int
         Requests sent again, and replies to earlier requests (or repeats, or from a replica that is no
         longer the primary) received and dropped.
-    chains : ps.failover.Chains
+    chains : ps.worker.failover.Chains
         Each shard's primary and epoch, and the failovers made.
     acked_clocks : ndarray, shape (shards,), int64
         Replicated shards: the most clocks of this worker a primary said were on every live replica
@@ -87,7 +87,7 @@ class Client:
     Examples
     --------
     Worker 0 of two, with servers at ranks 1 and 2 each holding half of 10 float32 parameters
-    (:func:`ps.sharding.shard_offsets`); :func:`ps.runtime.run` makes one per worker and drives
+    (:func:`ps.shards.key_ranges.shard_offsets`); :func:`ps.job.runner.run` makes one per worker and drives
     :meth:`join`, :meth:`push`, :meth:`pull` and :meth:`finish` (the user guide's ``ps_example.py``
     runs a whole job). Building one sends nothing:
 
@@ -307,7 +307,7 @@ class Client:
         return replies
 
     def _pull_payload(self, shard):
-        return None  # what a PULL to ``shard`` carries (ps.sparse.SparseClient: the row ids)
+        return None  # what a PULL to ``shard`` carries (ps.embedding.sparse_push_pull.SparseClient: the row ids)
 
     def _await(self, sources, out, rid=None, acks=False, want=None):
         """Receive one reply to request ``rid`` (None: any) from each rank in ``sources``.

@@ -1,18 +1,20 @@
 """What the parameter-server ranks report at the end of a run: the run's result, every worker's
 statistics and every server's counters, packed into plain arrays for the report messages; shared by
-:mod:`ps.runtime` (one server per shard) and :mod:`ps.survivors` (replicated shards).
+:mod:`ps.job.runner` (one server per shard) and :mod:`ps.job.survivors` (replicated shards).
 """
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ps.protocol import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all
-from ps.server import COUNTERS
+from ps.wire.messages import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all
+from ps.serving.shard_server import COUNTERS
 
-__all__ = ["RunResult", "STAT_FIELDS", "roles"]
+__all__ = ["RunResult", "STAT_FIELDS", "ABORTED", "roles", "worker_stats", "server_report", "pack_report",
+           "unpack_report", "receive_report"]
 
-_ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
+#: Status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED).
+ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
 #: Fields of a worker's statistics vector (the STATS payload, float64 on the wire), in order; the
 #: result dicts hold the counts as int, ``dropped`` as bool and the seconds and means as float.
 STAT_FIELDS = ("worker", "clock", "pushes", "samples", "compute_s", "delay_s", "wait_s", "batch",
@@ -37,7 +39,7 @@ class RunResult:
     status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
     events: list = field(default_factory=list)      # (seconds, text), sorted by time
     versions: list = field(default_factory=list)    # per server: its shard's final version (updates applied)
-    counts: dict = field(default_factory=dict)      # server counters (ps.server.COUNTERS), summed over servers
+    counts: dict = field(default_factory=dict)      # server counters (ps.serving.shard_server.COUNTERS), summed over servers
     rejected: dict = field(default_factory=dict)    # REJECT reason code -> count, summed over servers
     replicas: list = field(default_factory=list)    # replicated runs: per server rank, its record (or None)
     servers_lost: list = field(default_factory=list)  # replicated runs: server ranks that sent no report
@@ -49,22 +51,58 @@ def roles(comm, servers):
     return list(range(servers)), list(range(servers, comm.Get_size()))
 
 
-def _typed_stats(vec):
+def worker_stats(vec):
     """Return a worker's STATS vector as a dict: counts as int, ``dropped`` as bool, times as float.
 
     The vector travels as float64 (one typed buffer); the counts in it are exact integers below 2**53.
+
+    Parameters
+    ----------
+    vec : ndarray, shape (k,), float64
+        The STATS payload: :data:`STAT_FIELDS` in order (a replicated run's acknowledged clocks may
+        follow; they are not part of the dict).
+
+    Returns
+    -------
+    dict
+        :data:`STAT_FIELDS` -> int, bool or float.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> stats = worker_stats(np.arange(len(STAT_FIELDS), dtype=np.float64))
+    >>> stats["worker"], stats["compute_s"], stats["dropped"]
+    (0, 4.0, True)
     """
     return {k: (int(v) if k in _INT_STATS else bool(v) if k == "dropped" else float(v))
             for k, v in zip(STAT_FIELDS, vec.tolist())}
 
 
-def _report(server):
-    """Return this server's final report: shard, snapshots, staleness counts, worker status, events."""
+def server_report(server):
+    """Return this server's final report: shard, snapshots, staleness counts, worker status, events.
+
+    Parameters
+    ----------
+    server : ps.serving.shard_server.Server
+        A server whose loop has ended (a replica too).
+
+    Returns
+    -------
+    dict
+        ``shard`` (its parameters), ``snaps`` (pushes, seconds, shard), ``hist`` (pulls served per
+        staleness), ``pushes``, ``status`` (per worker: LIVE, DONE, DROPPED or :data:`ABORTED`),
+        ``events`` (shape (k, 3): seconds, worker, code) and ``counts`` (the server's counters, its
+        version, the REJECTs by reason), ready for :func:`pack_report`.
+
+    Examples
+    --------
+    A whole report needs a served run: ``tests/mpi_ps.py`` checks the result assembled from these.
+    """
     hist = np.zeros(max(server.staleness_histogram, default=-1) + 1)
     for k, v in server.staleness_histogram.items():
         hist[k] = v
     status = server.table.status.astype(np.float64)
-    status[sorted(server.aborted)] = _ABORTED
+    status[sorted(server.aborted)] = ABORTED
     events = np.array(server.events, dtype=np.float64).reshape(-1, 3)  # (time, worker, code)
     counts = np.array([server.counts[k] for k in COUNTERS] + [server.version]
                       + [server.rejected.get(c, 0) for c in range(1, 6)], np.float64)
@@ -72,8 +110,29 @@ def _report(server):
                 status=status, events=events, counts=counts)
 
 
-def _pack(rep):
-    """Flatten a report into one float64 vector (counts first) for the FINAL message."""
+def pack_report(rep):
+    """Flatten a report into one float64 vector (counts first) for the FINAL message.
+
+    Parameters
+    ----------
+    rep : dict
+        As :func:`server_report` returns it.
+
+    Returns
+    -------
+    ndarray, shape (k,), float64
+        Read back by :func:`unpack_report`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ps.serving.shard_server import COUNTERS
+    >>> rep = dict(shard=np.ones(3, np.float32), snaps=[(4, 0.5, np.zeros(3, np.float32))], hist=np.array([2.0]),
+    ...            pushes=8, status=np.zeros(2), events=np.zeros((0, 3)), counts=np.zeros(len(COUNTERS) + 6))
+    >>> back = unpack_report(pack_report(rep), 2, np.float32)
+    >>> back["shard"], back["snaps"][0][:2], back["pushes"]
+    (array([1., 1., 1.], dtype=float32), (4, 0.5), 8)
+    """
     snaps = rep["snaps"]
     counts = [rep["shard"].shape[0], len(snaps), rep["hist"].shape[0], rep["pushes"], rep["events"].shape[0]]
     parts = [np.array(counts, np.float64), rep["shard"].astype(np.float64),
@@ -82,8 +141,27 @@ def _pack(rep):
     return np.concatenate(parts + [rep["hist"], rep["status"], rep["events"].ravel(), rep["counts"]])
 
 
-def _unpack(vec, n_workers, dtype):
-    """Invert :func:`_pack` (shards back in the model dtype)."""
+def unpack_report(vec, n_workers, dtype):
+    """Invert :func:`pack_report` (shards back in the model dtype).
+
+    Parameters
+    ----------
+    vec : ndarray, shape (k,), float64
+        A FINAL payload.
+    n_workers : int
+        The run's workers (the length of ``status``).
+    dtype : numpy.dtype
+        The parameters' dtype.
+
+    Returns
+    -------
+    dict
+        The keys of :func:`server_report`.
+
+    Examples
+    --------
+    See :func:`pack_report`.
+    """
     n, n_snap, n_hist, pushes, n_ev = (int(v) for v in vec[:5])
     sizes = [n, n_snap, n_snap] + [n] * n_snap + [n_hist, n_workers, 3 * n_ev, len(COUNTERS) + 6]
     parts = np.split(vec[5:5 + sum(sizes)], np.cumsum(sizes)[:-1])
@@ -92,8 +170,35 @@ def _unpack(vec, n_workers, dtype):
                 status=parts[-3], events=parts[-2].reshape(-1, 3), counts=parts[-1])
 
 
-def _receive_from(comm, source, mtype, deadline):
-    """Receive one report (header and float64 payload) from ``source`` on the report communicator."""
+def receive_report(comm, source, mtype, deadline):
+    """Receive one report (header and float64 payload) from ``source`` on the report communicator.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The run's report communicator.
+    source : int
+        The sender's rank.
+    mtype : ps.wire.messages.Msg
+        FINAL or STATS.
+    deadline : float
+        ``time.monotonic()`` value (seconds) after which waiting stops.
+
+    Returns
+    -------
+    ndarray, shape (length,), float64
+
+    Raises
+    ------
+    PSError
+        When no report header arrives before ``deadline``.
+    PSTimeout
+        When its payload does not.
+
+    Examples
+    --------
+    Reports travel between ranks: ``tests/mpi_ps.py`` and ``tests/mpi_ps_replicas.py`` run them.
+    """
     backoff = Backoff()
     while not comm.Iprobe(source=source, tag=header_tag(mtype)):
         if time.monotonic() > deadline:

@@ -14,7 +14,7 @@ A table of ``n`` rows of ``dim`` elements is stored as *pieces*: each row is cut
   trajectory (the hot-key remedy of docs/guide/ctr.md; ps-lite splits hot keys the same way).
 
 :class:`SparseRows` is a gradient on a few pieces: it adds to another (union of the keys) and divides in
-place, so the clock buckets of BSP and SSP (:class:`ps.consistency.ClockBuckets`) sum the workers' sparse
+place, so the clock buckets of BSP and SSP (:class:`ps.serving.consistency.ClockBuckets`) sum the workers' sparse
 pushes in worker order exactly as they sum dense ones.
 """
 import zlib

@@ -1,6 +1,6 @@
 """Run a parameter-server job on a communicator: roles, the worker loop, and the final report.
 
-The first ``S`` ranks serve (:class:`ps.server.Server`), the others work: pull, compute a gradient
+The first ``S`` ranks serve (:class:`ps.serving.shard_server.Server`), the others work: pull, compute a gradient
 with the caller's ``grad_fn``, wait out the injected delays, push, repeat until a server answers
 STOP. The servers end their loops once every worker has finished, aborted or been dropped; then the
 servers send their final shards, snapshots and staleness counts to rank 0 and the finished workers
@@ -15,30 +15,31 @@ every consistency model meets the same delays), ``fail_worker`` makes a worker s
 communicating before a given step (the servers drop it after ``ps_timeout``), ``balance`` hands
 faster workers larger batches in proportion to their measured samples per second, with the total
 kept at the global batch (``global_batch``, else ``W x worker_batch``), each at most ``max_batch``.
-A worker starts with its equal share of the global batch (:func:`ps.sharding.proportional`: 64 over
+A worker starts with its equal share of the global batch (:func:`ps.shards.key_ranges.proportional`: 64 over
 3 workers is 22, 21, 21) and scales its gradient by ``W b / B`` (its batch ``b`` of the global
 ``B``), so that the mean of the W pushes is the mean gradient over the global batch.
 
 Replicated shards (``replicas`` > 1): each shard's chain of server ranks runs
-:class:`ps.replication.ReplicatedServer`, and the run's report is gathered by the first worker rank,
-not by a server, so that it survives any one server's death (:mod:`ps.survivors`).
+:class:`ps.replicas.chain_replication.ReplicatedServer`, and the run's report is gathered by the first worker rank,
+not by a server, so that it survives any one server's death (:mod:`ps.job.survivors`).
 """
 import time
 
 import numpy as np
 
-from ps.client import Client
-from ps.consistency import DONE, DROPPED
-from ps.options import parse_rank_spec
-from ps.protocol import Msg, send, wait_all
-from ps.replication import FAILOVER_MARGIN, chains
-from ps.reports import (_ABORTED, STAT_FIELDS, RunResult, _pack, _receive_from, _report, _typed_stats,  # noqa: F401
-                        _unpack, roles)
-from ps.server import COUNTERS, EVENT_ABORTED, Server
-from ps.sharding import join_shards, proportional, shard_offsets
-from ps.store_checkpoint import Expected, check_resume
+from ps.checkpoints.shard_files import Expected, check_resume
+from ps.job import survivors
+from ps.job.reports import (ABORTED, STAT_FIELDS, RunResult, pack_report, receive_report, roles, server_report,
+                            unpack_report, worker_stats)
+from ps.job.settings import parse_rank_spec
+from ps.replicas.chain_replication import FAILOVER_MARGIN, chains
+from ps.serving.consistency import DONE, DROPPED
+from ps.serving.shard_server import COUNTERS, EVENT_ABORTED, Server
+from ps.shards.key_ranges import join_shards, proportional, shard_offsets
+from ps.wire.messages import Msg, send, wait_all
+from ps.worker.client import Client
 
-__all__ = ["RunResult", "run", "roles", "STAT_FIELDS"]
+__all__ = ["run"]
 
 # A live server answers a waiting worker within ps_timeout (it drops a peer silent that long, then
 # answers), so a worker gives up on its server ps_timeout + this many seconds after asking.
@@ -51,7 +52,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
     ----------
     comm : MPI.Comm
         Communicator of all ranks (duplicated here; the caller's messages never mix with ours).
-    opts : ps.options.PSOptions
+    opts : ps.job.settings.PSOptions
         Run settings; validated on every rank before any message is sent.
     init_params : ndarray, shape (n,), float32 or float64
         Initial flat parameters, identical on every rank (servers keep their shard).
@@ -63,14 +64,14 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         folded push, or every clock of the first worker (progress display).
     make_optimizer : callable
         The servers' update rule, given on every rank: ``make_optimizer(params, grads) ->
-        optimizer`` over a shard's flat buffers, with the interface of :mod:`training.optim`
+        optimizer`` over a shard's flat buffers, with the interface of :mod:`training.model.optim`
         (``lr`` attribute, ``step()``, ``state_dict()``, ``load_state_dict()``); each server sets
-        ``lr`` before every update (:class:`ps.state.ServerOptimizer`).
+        ``lr`` before every update (:class:`ps.serving.server_optimizer.ServerOptimizer`).
     monitor : object, optional
         A live monitor (the trainer's): a worker calls ``monitor.worker_tick(clock, stats, sync_s,
         wait_s, nbytes)`` after every step (its running ``stats``, the step's push-and-pull seconds,
         its pull waits so far in seconds, the bytes pushed), a server ``monitor.server_tick(server)``
-        between two messages (:attr:`ps.server.Server.on_tick`); both must return at once.
+        between two messages (:attr:`ps.serving.shard_server.Server.on_tick`); both must return at once.
 
     Returns
     -------
@@ -86,9 +87,9 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         When an option is out of range (on every rank, before any message).
     ps.store.CheckpointError
         With ``opts.resume_dir``, on every rank before any message, naming the file, when a shard's
-        checkpoint is missing, corrupt, of another run (:attr:`~ps.options.PSOptions.run_id`, unless
+        checkpoint is missing, corrupt, of another run (:attr:`~ps.job.settings.PSOptions.run_id`, unless
         ``allow_foreign``), another server, layout or generation, or holds values that make no sense
-        (:func:`ps.store_checkpoint.check_resume`).
+        (:func:`ps.checkpoints.shard_files.check_resume`).
     PSError
         On every rank still running when BSP loses a worker.
 
@@ -101,8 +102,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
     >>> import functools
     >>> import numpy as np
     >>> from mpi4py import MPI
-    >>> from ps.options import PSOptions
-    >>> from training.optim import SGD
+    >>> from ps.job.settings import PSOptions
+    >>> from training.model.optim import SGD
     >>> run(MPI.COMM_SELF, PSOptions(servers=1), np.zeros(4), make_optimizer=functools.partial(SGD, momentum=0.0))
     Traceback (most recent call last):
     ...
@@ -127,7 +128,6 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         pscomm.Barrier()
         t0 = time.monotonic()
         if rank < opts.servers and opts.replicas > 1:
-            from ps import survivors  # it builds on this module's reports
             g = rank // opts.replicas
             shard = init_params[offsets[g]:offsets[g + 1]].copy()
             return survivors.serve_replica((pscomm, repcomm), opts, g, shard, n, make_optimizer, t0)
@@ -223,11 +223,10 @@ def _work(comms, opts, rank, init_params, grad_fn, hooks):
                  max_staleness=float(max(stale)) if stale else 0.0)
     vec = np.array([stats[k] for k in STAT_FIELDS] + client.acked_clocks.tolist(), dtype=np.float64)
     if replicated and w == 0:
-        from ps import survivors
-        return survivors.collect(repcomm, opts, init_params.dtype, _typed_stats(vec), client.acked_clocks.copy())
+        return survivors.collect(repcomm, opts, init_params.dtype, worker_stats(vec), client.acked_clocks.copy())
     collector = workers[0] if replicated else 0
     wait_all(send(repcomm, collector, Msg.STATS, w, clock, vec), time.monotonic() + opts.ps_timeout, "statistics")
-    return _typed_stats(vec)
+    return worker_stats(vec)
 
 
 def _mine(spec, name, kind, rank, default):
@@ -240,7 +239,7 @@ def _mine(spec, name, kind, rank, default):
 
 def _send_final(repcomm, server, opts):
     """Send rank 0 this server's report on the report communicator."""
-    wait_all(send(repcomm, 0, Msg.FINAL, 0, server.index, _pack(_report(server))),
+    wait_all(send(repcomm, 0, Msg.FINAL, 0, server.index, pack_report(server_report(server))),
              time.monotonic() + opts.ps_timeout, "final report")
 
 
@@ -248,7 +247,7 @@ def _collect(repcomm, server, opts, workers, wall):
     """Rank 0: assemble the run's result from its own server, the other servers and the workers."""
     deadline = time.monotonic() + 2 * opts.ps_timeout + 10.0
     dtype, n_workers = server.params.dtype, len(workers)
-    reps = [_report(server)] + [_unpack(_receive_from(repcomm, r, Msg.FINAL, deadline), n_workers, dtype)
+    reps = [server_report(server)] + [unpack_report(receive_report(repcomm, r, Msg.FINAL, deadline), n_workers, dtype)
                                 for r in range(1, opts.servers)]
     params = join_shards([rep["shard"] for rep in reps])
     n_snap = min(len(rep["snaps"]) for rep in reps)
@@ -260,12 +259,12 @@ def _collect(repcomm, server, opts, workers, wall):
             if v:
                 hist[k] = hist.get(k, 0) + int(v)
     codes = reps[0]["status"]
-    status = ["aborted" if c == _ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
+    status = ["aborted" if c == ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
     stats = [None] * n_workers
     for w, r in enumerate(workers):
         if codes[w] == DONE:
-            vec = _receive_from(repcomm, r, Msg.STATS, deadline)
-            stats[w] = _typed_stats(vec)
+            vec = receive_report(repcomm, r, Msg.STATS, deadline)
+            stats[w] = worker_stats(vec)
     events, seen = [], set()
     for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
         if (w, c) not in seen:

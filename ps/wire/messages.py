@@ -13,7 +13,7 @@ keeps its id, so a server applies a push once and answers a repeated pull from t
 (ps-lite's resend and de-duplication; Li et al., OSDI 2014, section 4.3). ``version`` is a shard's
 version, the count of updates applied to it: a PARAMS reply says which version it carries, a PUSH
 which version its gradient was computed from. ``shard`` is the server index a PUSH is meant for.
-``epoch``, ``seq`` and ``aux`` serve replicated shards (:mod:`ps.replication`): ``epoch`` is the
+``epoch``, ``seq`` and ``aux`` serve replicated shards (:mod:`ps.replicas.chain_replication`): ``epoch`` is the
 position in its chain of the replica a worker takes for the shard's primary (requests and replies
 of an older epoch are refused: fencing), ``seq`` numbers the updates a primary forwards down its
 chain, ``aux`` carries a forwarded update's kind and staleness.
@@ -35,7 +35,7 @@ DONE      worker -> server  the worker finished (normally, stopped, or dropped)
 ABORT     worker -> server  the worker stops because of an error
 SPEED     worker -> server  load balancing: payload ``[seconds per sample]`` at this clock
 BATCH     server -> worker  load balancing: payload ``[batch of every worker]``
-STATS     worker -> rank 0  payload: the worker's statistics vector (see ``ps.runtime``)
+STATS     worker -> rank 0  payload: the worker's statistics vector (see ``ps.job.runner``)
 FINAL     server -> rank 0  payload: final shard, then snapshots and staleness counts
 FORWARD   replica -> next   a worker's PUSH, DONE or ABORT, or a drop, as the primary applied it
 ACK       replica -> prev   every forwarded update up to ``seq`` is applied down the chain
@@ -51,7 +51,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from collectives.errors import CommlabError, Timeout
+from collectives.errors import Timeout
+from commlab.error_root import CommlabError
 
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
            "H_VERSION", "H_SHARD", "H_DTYPE", "H_EPOCH", "H_SEQ", "H_AUX", "REJECT_REASONS", "header_tag",
@@ -59,7 +60,7 @@ __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
-_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int64)}  # int64: row ids (ps.sparse)
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int64)}  # int64: row ids (ps.embedding.sparse_push_pull)
 _CODES = {v: k for k, v in _DTYPES.items()}
 #: Codes of a REJECT reply (its ``clock`` field) and what they mean.
 REJECT_REASONS = {1: "the gradient's length differs from the shard's", 2: "the gradient's dtype differs from the shard's",

@@ -1,12 +1,12 @@
 """Sparse pulls and pushes: a worker asks for the rows its batch touches and pushes only their gradients.
 
 The protocol, versions, request ids, retries and consistency models are the dense parameter server's
-(:mod:`ps.server`, :mod:`ps.client`); what changes is the payload. A PULL carries the slots it wants
-(``int64``, one list per server, from :meth:`ps.rows.RowSharding.route`) and its PARAMS reply the pieces of
+(:mod:`ps.serving.shard_server`, :mod:`ps.worker.client`); what changes is the payload. A PULL carries the slots it wants
+(``int64``, one list per server, from :meth:`ps.shards.rows.RowSharding.route`) and its PARAMS reply the pieces of
 those slots in that order; the PUSH of the same clock carries the gradient of the same pieces, in the same
 order, so it needs no ids of its own: the server keeps the slots of each worker's pull by clock. BSP and
-SSP add the clock's sparse pushes in worker order (:class:`ps.rows.SparseRows` in
-:class:`ps.consistency.ClockBuckets`) and apply one sparse update per clock; ASP applies each push.
+SSP add the clock's sparse pushes in worker order (:class:`ps.shards.rows.SparseRows` in
+:class:`ps.serving.consistency.ClockBuckets`) and apply one sparse update per clock; ASP applies each push.
 
 The update rule is the caller's, as for dense shards: an optimizer over the shard's table (shape
 ``(slots, width)``) with ``sparse_step(ids, rows)``, ``lr``, ``steps``, ``state_dict()`` and
@@ -19,17 +19,17 @@ Not supported here: replicated shards, ``cas`` conflicts and snapshots (the call
 import numpy as np
 
 from collectives.engine import trace
-from ps.client import Client
-from ps.protocol import H_CLOCK, H_RID, Msg
-from ps.rows import SparseRows
-from ps.server import Server
-from ps.state import ServerOptimizer
+from ps.worker.client import Client
+from ps.wire.messages import H_CLOCK, H_RID, Msg
+from ps.shards.rows import SparseRows
+from ps.serving.shard_server import Server
+from ps.serving.server_optimizer import ServerOptimizer
 
 __all__ = ["SparseServer", "SparseClient"]
 
 
 class _SparseUpdate(ServerOptimizer):
-    """:class:`ps.state.ServerOptimizer` whose gradient is a :class:`ps.rows.SparseRows`."""
+    """:class:`ps.serving.server_optimizer.ServerOptimizer` whose gradient is a :class:`ps.shards.rows.SparseRows`."""
 
     __slots__ = ()
 
@@ -39,20 +39,20 @@ class _SparseUpdate(ServerOptimizer):
 
 
 class SparseServer(Server):
-    """A parameter server holding pieces of embedding rows (:mod:`ps.rows`), served and updated sparsely.
+    """A parameter server holding pieces of embedding rows (:mod:`ps.shards.rows`), served and updated sparsely.
 
     Parameters
     ----------
     comm, index, worker_ranks, opts
-        As :class:`ps.server.Server`.
+        As :class:`ps.serving.shard_server.Server`.
     table : ndarray, shape (slots, width), float32 or float64
-        This server's pieces (:meth:`ps.rows.RowSharding.shard`), updated in place.
+        This server's pieces (:meth:`ps.shards.rows.RowSharding.shard`), updated in place.
     total : int
         Elements in all servers' tables together (recorded in the checkpoint).
     make_optimizer : callable
         ``make_optimizer(table) -> optimizer`` with ``sparse_step(ids, rows)`` (see the module docstring).
     layout : ndarray, optional
-        The rows' layout over the servers (:meth:`ps.rows.RowSharding.fingerprint`): written into the
+        The rows' layout over the servers (:meth:`ps.shards.rows.RowSharding.fingerprint`): written into the
         checkpoint, and a checkpoint of another layout is refused naming the setting that differs.
 
     Attributes
@@ -129,8 +129,8 @@ class SparseClient(Client):
     Parameters
     ----------
     comm, worker, server_ranks, worker_ranks, dtype, reply_timeout, retry
-        As :class:`ps.client.Client` (one server rank per shard).
-    sharding : ps.rows.RowSharding
+        As :class:`ps.worker.client.Client` (one server rank per shard).
+    sharding : ps.shards.rows.RowSharding
         Where every row's pieces live.
 
     Attributes
@@ -161,7 +161,7 @@ class SparseClient(Client):
         Returns
         -------
         status : str
-            As :meth:`ps.client.Client.pull`.
+            As :meth:`ps.worker.client.Client.pull`.
         values : ndarray, shape (n, dim)
             The rows (meaningful when ``status == "params"``).
 

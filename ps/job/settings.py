@@ -5,7 +5,7 @@ Every check raises on every rank before any message is sent, so a bad setting ne
 import math
 from dataclasses import dataclass
 
-from ps.consistency import CONSISTENCY
+from ps.serving.consistency import CONSISTENCY
 
 __all__ = ["PSOptions", "CONFLICTS", "parse_rank_spec"]
 
@@ -43,7 +43,7 @@ class PSOptions:
     staleness_lr: bool = False      # divide the step by max(1, tau) (Zhang et al. 2016)
     budget: int = 100               # pushes (worker gradients) the servers apply before STOP
     lr: float = 0.1                 # base learning rate (dimensionless step size); the update rule
-                                    # itself is the optimizer given to ps.runtime.run
+                                    # itself is the optimizer given to ps.job.runner.run
     lr_at: object = None            # the caller's schedule, lr_at(pushes, horizon) -> step size; None: lr
     horizon: int = 0                # pushes over which the schedule runs (0: the budget)
     ps_timeout: float = 30.0        # a worker silent this long is dropped (seconds)
@@ -55,7 +55,7 @@ class PSOptions:
     fail_worker: str = ""           # "RANK:STEP": that worker stops communicating before step STEP
     worker_batch: int = 1           # nominal batch of one worker per clock (samples); balancing
                                     # keeps the global batch W x worker_batch
-    global_batch: int = 0           # samples per clock over all workers, split by ps.sharding.proportional
+    global_batch: int = 0           # samples per clock over all workers, split by ps.shards.key_ranges.proportional
                                     # (any W: 64 over 3 is 22/21/21); 0: W x worker_batch
     max_batch: int = 0              # largest batch balancing gives one worker (samples: its memory bound; 0: none)
     balance: bool = False           # give faster workers larger batches (speed measured online)

@@ -4,7 +4,7 @@ Each shard lives on ``R`` consecutive server ranks (:func:`chains`), kept as a c
 Schneider, "Chain Replication for Supporting High Throughput and Availability", OSDI 2004; key ranges
 replicated on neighbouring servers, Li et al., OSDI 2014, sections 4.3-4.4). The workers talk to the
 chain's first live replica, the primary. The primary applies a worker's PUSH, DONE and ABORT, and its
-own drop of a silent worker, as an unreplicated server does (:class:`ps.server.Server`), and forwards
+own drop of a silent worker, as an unreplicated server does (:class:`ps.serving.shard_server.Server`), and forwards
 each down the chain (FORWARD, numbered by ``seq``); every backup applies it the same way and in the
 same order, so each replica holds the same shard, optimizer state, clock table and request log (BSP
 and SSP sum a clock's bucket in worker order; ASP replays the primary's order with its staleness).
@@ -18,7 +18,7 @@ first, and the primary's held replies go out before the workers give up on it) c
 sends it FENCED (a replica cut off never becomes primary with updates missing), resends what was not
 acknowledged to the next replica, or, being the tail now, acknowledges itself.
 
-Failover (:mod:`ps.failover`): a worker whose primary does not answer within ``ps_timeout +``
+Failover (:mod:`ps.worker.failover`): a worker whose primary does not answer within ``ps_timeout +``
 :data:`FAILOVER_MARGIN` seconds takes the next replica of the chain. The epoch is the position in the
 chain of the replica taken; every request carries it. A replica receiving a request of its own
 position's epoch takes over: it sends FENCED to the replicas before it and EPOCH to every worker (so
@@ -32,10 +32,10 @@ import time
 
 from mpi4py import MPI
 
-from ps.consistency import DONE, DROPPED, LIVE
-from ps.protocol import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, PSTimeout,
+from ps.serving.consistency import DONE, DROPPED, LIVE
+from ps.wire.messages import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, PSTimeout,
                          header_tag, receive, send)
-from ps.server import EVENT_ABORTED, EVENT_DROPPED, Server
+from ps.serving.shard_server import EVENT_ABORTED, EVENT_DROPPED, Server
 
 __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
 
@@ -82,7 +82,7 @@ class ReplicatedServer(Server):
     Parameters
     ----------
     comm, worker_ranks, shard, total, opts, make_optimizer
-        As :class:`ps.server.Server` (``opts.replicas`` > 1; the vector has ``opts.shards`` shards).
+        As :class:`ps.serving.shard_server.Server` (``opts.replicas`` > 1; the vector has ``opts.shards`` shards).
     chain : sequence of int
         The ranks holding this shard, primary first; this rank is one of them.
     index : int
@@ -132,7 +132,7 @@ class ReplicatedServer(Server):
 
     # ------------------------------------------------------------------------------------------
     def serve(self, start_time=None):
-        """Serve as :meth:`ps.server.Server.serve`; then give the last chain messages a moment to leave.
+        """Serve as :meth:`ps.serving.shard_server.Server.serve`; then give the last chain messages a moment to leave.
 
         Raises
         ------
@@ -268,7 +268,7 @@ class ReplicatedServer(Server):
         else:
             self.epoch, self.upstream, seq = epoch, source, int(header[H_SEQ])
             if seq > self.seq:
-                self._apply(header, data)  # leaves data as it came (ps.consistency): the same bytes go down
+                self._apply(header, data)  # leaves data as it came (ps.serving.consistency): the same bytes go down
                 self.seq = seq
                 fields = tuple(int(header[k]) for k in (H_WORKER, H_CLOCK, H_RID, H_VERSION, H_AUX))
                 self._send_down(seq, fields, data)
