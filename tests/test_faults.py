@@ -29,9 +29,9 @@ def test_quick_fault_suite_has_no_silent_wrong_answer_and_no_hang(tmp_path):
                           ("sharded_checkpoint/", SHARDED_KINDS)):
         damaged = [r for r in results if r["case"].startswith(prefix)]
         assert len(damaged) == len(kinds) and all(r["verdict"] == "pass" for r in damaged), damaged
-    from experiments.faults import options, records
+    from experiments.faults import option_cases, records
 
-    for prefix, names in (("options/", options.QUICK), ("records/", records.QUICK)):  # the trainer's own cases
+    for prefix, names in (("options/", option_cases.QUICK), ("records/", records.QUICK)):  # the trainer's own cases
         found = [r for r in results if r["case"].startswith(prefix)]
         assert sorted(r["case"] for r in found) == sorted(prefix + n for n in names), found
         assert all(r["verdict"] == "pass" for r in found), found
@@ -62,7 +62,7 @@ _LR = "error: the ranks were started with different settings (every rank must ru
     ([2], "", False, "unclear")])
 def test_a_job_of_ranks_with_different_options_passes_only_on_one_line_naming_the_option(statuses, text, made,
                                                                                         verdict):
-    from experiments.faults.options import verdict as option_verdict
+    from experiments.faults.option_cases import verdict as option_verdict
 
     assert option_verdict("lr", 2, statuses, text, made)[0] == verdict
 
@@ -92,7 +92,7 @@ def test_a_restarted_run_passes_with_the_uninterrupted_result_or_an_error_naming
 def test_the_guide_counts_the_suites_option_and_record_cases():
     import os
 
-    from experiments.faults.options import OPTIONS
+    from experiments.faults.option_cases import OPTIONS
     from experiments.faults.records import QUICK, RECORD_KINDS
 
     with open(os.path.join(ROOT, "docs", "guide", "collectives.md"), encoding="utf-8") as f:

@@ -1,5 +1,5 @@
 """The trainer-level cases of the fault suite, many to a launch: ranks started with different options
-(:mod:`experiments.faults.options`) and run directories with torn records (:mod:`experiments.faults.records`).
+(:mod:`experiments.faults.option_cases`) and run directories with torn records (:mod:`experiments.faults.records`).
 
 ``mpiexec -n A python -m experiments.faults.jobs OUT a NAMES : -n B python -m experiments.faults.jobs
 OUT b NAMES`` (an MPMD launch: rank 0's program is role ``a``, the others role ``b``) runs the cases
@@ -54,7 +54,7 @@ def main(argv=None):
     """Rank side: run the cases named on the command line (``OUT ROLE NAMES``)."""
     from mpi4py import MPI
 
-    from experiments.faults import options, records
+    from experiments.faults import option_cases, records
 
     out, role, names = (sys.argv[1:] if argv is None else argv)[:3]
     comm, runs, prepared = MPI.COMM_WORLD, os.path.join(out, "runs"), {}
@@ -62,7 +62,7 @@ def main(argv=None):
         comm.Barrier()
         family, _, which = name.partition("/")
         if family == "options":
-            rec = options.run_case(which, role, comm.Get_size(), os.path.join(runs, f"options-{which}"), _job)
+            rec = option_cases.run_case(which, role, comm.Get_size(), os.path.join(runs, f"options-{which}"), _job)
         else:
             rec = records.run_case(which, runs, comm, _job, prepared)
         rec.update(case=name, rank=comm.Get_rank())
@@ -86,13 +86,13 @@ def read_records(out, P):
 
 
 def _classify(name, recs, P):
-    from experiments.faults import options, records
+    from experiments.faults import option_cases, records
 
     family, _, which = name.partition("/")
     if family == "records":
         return records.verdict(which, recs)
     text = "".join(recs[r]["output"] for r in sorted(recs))
-    return options.verdict(which, P, [recs[r]["status"] for r in sorted(recs)], text,
+    return option_cases.verdict(which, P, [recs[r]["status"] for r in sorted(recs)], text,
                            any(rec["made"] for rec in recs.values()))
 
 
@@ -128,15 +128,15 @@ def run_jobs(launch, names, split, limit):
 def run_job_part(launch, quick, limit=60):
     """The suite's part of these cases: quick, the quick options and records in one launch of 2 ranks;
     full, every case at 2 and 3 ranks (the records also at 1), and every option as a launch of
-    ``python -m training.train`` itself (:func:`experiments.faults.options.run_launches`)."""
-    from experiments.faults import options, records
+    ``python -m training.train`` itself (:func:`experiments.faults.option_cases.run_launches`)."""
+    from experiments.faults import option_cases, records
 
-    names = [f"options/{n}" for n in (options.QUICK if quick else options.OPTIONS)]
+    names = [f"options/{n}" for n in (option_cases.QUICK if quick else option_cases.OPTIONS)]
     kinds = [f"records/{k}" for k in (records.QUICK if quick else records.RECORD_KINDS)]
     if quick:
         return run_jobs(launch, names + kinds, (1, 1), limit)
     return (run_jobs(launch, names + kinds, (1, 1), limit) + run_jobs(launch, names + kinds, (1, 2), limit)
-            + run_jobs(launch, kinds, (1, 0), limit) + options.run_launches(launch, list(options.OPTIONS), limit))
+            + run_jobs(launch, kinds, (1, 0), limit) + option_cases.run_launches(launch, list(option_cases.OPTIONS), limit))
 
 
 if __name__ == "__main__":

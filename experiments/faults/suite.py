@@ -44,7 +44,7 @@ from training.emulator.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.faults.jobs import read_records, run_job_part
 from experiments.job_stop import job_processes, marked_env, stop_job
-from training.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
 
@@ -262,7 +262,7 @@ def run_crashes(limit):
 
 
 def _final_params(run_dir):
-    from training.checkpoint import find_checkpoint
+    from training.runs.checkpoint import find_checkpoint
     from ps.store import read_npz
 
     return read_npz(find_checkpoint(run_dir))["model/params"]

@@ -4,8 +4,8 @@ Each case is an MPMD launch (``mpiexec -n 1 python -m training.train --lr 0.1 : 
 training.train --lr 0.2``): rank 0's program is given one value of an option, the other ranks'
 program another. The trainer must end every rank with a non-zero status and print one ``error:``
 line naming the option, before anything is trained or any run directory is made, with no traceback
-and no hang (:func:`training.preflight.agree`, :func:`training.preflight.agree_grid`, and
-:func:`training.layout.verify_param_layout` for ``--hidden`` and ``--dtype``).
+and no hang (:func:`training.driver.preflight.agree`, :func:`training.driver.preflight.agree_grid`, and
+:func:`training.dp.layout.verify_param_layout` for ``--hidden`` and ``--dtype``).
 
 :mod:`experiments.faults.jobs` runs many cases in one launch, each a call of the trainer's
 :func:`training.train.main` on every rank; :func:`run_launches` (full part) launches

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import collectives as C
 from collectives.schedules.schedule import SEGMENT_ELEMENTS
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["KINDS", "case_names", "run_case"]
 
@@ -187,7 +187,7 @@ def run_case(name, timeout):
 
 def main(argv=None):
     """Run the cases from ``--start`` on, writing one JSON line per case and rank."""
-    ap = Parser(prog="mpiexec -n P python -m experiments.faults.cases",
+    ap = Parser(prog="mpiexec -n P python -m experiments.faults.collective_cases",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=outpath(folder=True, empty=True), required=True, help="directory for rank-R.jsonl")
     ap.add_argument("--timeout", type=real(0, 1e15, low_open=True), default=None, help="timeout= of every call (seconds)")
