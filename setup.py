@@ -11,7 +11,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
+    packages=find_packages(include=["commlab*", "collectives*", "ps*", "training*", "inference*", "experiments*", "plots*"]),
     package_data={"collectives.model": ["tuning*.json"],  # auto's tables, one per MPI library
                   "training.monitor": ["alerts.yml"]},  # the example alerting rules
     install_requires=["numpy>=1.24", "mpi4py>=4", "matplotlib>=3.7", "tqdm>=4.60", "ml_dtypes>=0.4,<0.7",

@@ -43,7 +43,7 @@ _PUBLIC = {
     "AllreducePlan": "collectives.calls.persistent",
     "Request": "collectives.engine.request",
     "register_algorithm": "collectives.schedules.registry",
-    "CommlabError": "collectives.errors",
+    "CommlabError": "commlab.error_root",
     "Timeout": "collectives.errors",
     "CollectiveError": "collectives.errors",
     "CollectiveMismatch": "collectives.errors",

@@ -19,10 +19,12 @@ import os
 import ml_dtypes
 import numpy
 
+from commlab.provenance import mpi_library
+
 __all__ = [
     "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "to_host", "accumulation_dtype", "check_op",
     "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
-    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library", "mpi_library_key",
+    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library_key",
 ]
 
 #: ``ml_dtypes.bfloat16`` as a NumPy dtype.
@@ -193,33 +195,11 @@ def check_timeout(timeout):
     return float(timeout)
 
 
-def mpi_library(version=None):
-    """Return the MPI library's version string on one line: the one place that formats it.
-
-    Parameters
-    ----------
-    version : str, optional
-        A raw ``MPI_Get_library_version`` string (default: this process's library).
-
-    Returns
-    -------
-    str
-        Its first line with NUL bytes removed (Open MPI ends the string with one, which would print
-        as a box glyph in files and figures) and runs of whitespace collapsed (MPICH pads
-        ``Version:``), e.g. ``"MPICH Version: 5.0.2"`` or ``"Open MPI v5.0.11, package: ..."``.
-    """
-    if version is None:
-        from mpi4py import MPI
-
-        version = MPI.Get_library_version()
-    first = (version.replace("\x00", "").strip().splitlines() or [""])[0]
-    return " ".join(first.split())
-
-
 def mpi_library_key(version=None):
     """Return ``(name, version)`` of the MPI library, e.g. ``("MPICH", "5.0.2")``, ``("Open MPI", "5.0.11")``.
 
-    Keys the measured tuning tables by library: an ``auto`` table measured with one library is
+    Keys the measured tuning tables by library (read from :func:`commlab.provenance.mpi_library`'s text):
+    an ``auto`` table measured with one library is
     not applied under another. Unknown libraries give their first word and ``""``.
     """
     import re

@@ -2,7 +2,7 @@
 
 * :class:`~commlab.error_root.CommlabError` (:mod:`commlab.error_root`): the root, which every class
   here derives from. The parameter server's (``ps.wire.messages.PSError``), checkpoints'
-  (``commlab.file_formats.CheckpointError``), run directories' (``training.runs.checkpoint.RunDirError``) and the
+  (``commlab.file_formats.CheckpointError``), run directories' (``training.runtime.checkpoint.RunDirError``) and the
   simulator's (:class:`ScheduleDeadlock`) errors derive from it too.
 * :class:`Timeout`: the base of every "a peer did not answer in time" error, the collectives'
   :class:`CollectiveTimeout` and the parameter server's ``ps.wire.messages.PSTimeout``.

@@ -19,7 +19,7 @@ import math
 
 import numpy
 
-from collectives.errors import CommlabError
+from commlab.error_root import CommlabError
 
 __all__ = ["ProtocolError", "InferCall", "parse_infer", "infer_response", "model_metadata", "server_metadata",
            "error_body", "dumps"]

@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["short_label", "figure", "draw", "main"]
 
@@ -267,7 +267,7 @@ def _decorate(fig, ax_acc, ax_loss, ax_key, handles, results, P=None, all_measur
 
 
 def _library(run):
-    """The run's MPI library as the results file holds it (formatted by ``collectives.backend.mpi_library``
+    """The run's MPI library as the results file holds it (formatted by ``commlab.provenance.mpi_library``
     when the sweep wrote it; plotting does not import ``collectives``, which would start MPI)."""
     return run.get("mpi_library") or "MPI library ?"
 

@@ -23,7 +23,7 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["resolve_run", "load_run", "describe", "plot_curves", "plot_time", "main"]
 
@@ -89,7 +89,7 @@ def describe(summary):
     P = run.get("P", summary.get("P"))
     if P is not None:
         parts.append(f"P={P}")
-    if run.get("mpi_library"):  # formatted when the run was written (collectives.backend.mpi_library)
+    if run.get("mpi_library"):  # formatted when the run was written (commlab.provenance.mpi_library)
         parts.append(run["mpi_library"])
     if cfg.get("dtype"):
         parts.append(cfg["dtype"])

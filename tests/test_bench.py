@@ -52,7 +52,7 @@ def _check_sweep(P, results, header, csv_rows):
     assert results["P"] == P and results["complete"] is True
     assert results["mpi_library"] and results["numpy"] == np.__version__ and results["host"] and results["date"]
     assert results["config"]["ops"] == OPS.split(",")
-    prov = results["provenance"]  # experiments.results.stamp: the command and P that made the file
+    prov = results["provenance"]  # commlab.provenance.stamp: the command and P that made the file
     assert (prov["P"], prov["cores"], prov["versions"]["numpy"]) == (P, os.cpu_count(), np.__version__), prov
     assert "experiments.bench.collectives" in prov["command"] and "--allow-noisy" in prov["command"], prov
     for op in OPS.split(","):

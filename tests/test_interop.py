@@ -61,7 +61,8 @@ def test_jax_example_without_jax_prints_one_line_once():
 
 def test_mpi_library_string_is_one_clean_line():
     """Open MPI's NUL terminator and MPICH's padding are removed; the library key names each."""
-    from collectives.backend import mpi_library, mpi_library_key
+    from collectives.backend import mpi_library_key
+    from commlab.provenance import mpi_library
 
     ompi = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, repo rev: v5.0.11\x00"
     assert mpi_library(ompi) == ompi[:-1] and "\x00" not in mpi_library(ompi)

@@ -1,4 +1,4 @@
-"""The quiet-machine guard and the provenance record of results files (experiments/results.py), in one process.
+"""The quiet-machine guard and the provenance record of results files (commlab/provenance.py), in one process.
 
 Oracles: ``os.getloadavg`` (read before the guard and after the stamp: the recorded loads lie between
 the two readings) and ``os.cpu_count``; a negative ``--max-load`` is exceeded by any load average, a
@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from experiments import results
+from commlab import provenance
+from training.settings.options import real
 
 
 def _args(*argv):
     parser = argparse.ArgumentParser()
-    results.add_options(parser)
+    provenance.add_options(parser, real)
     return parser.parse_args(list(argv))
 
 
@@ -25,17 +26,17 @@ def test_guard_refuses_a_busy_machine_and_stamps_provenance():
     # (a) a threshold every load exceeds: refused, on a communicator too (rank 0's verdict), naming the way out
     for comm in (None, MPI.COMM_SELF):
         with pytest.raises(ValueError, match="--allow-noisy"):
-            results.guard(_args("--max-load", "-1"), comm)
+            provenance.guard(_args("--max-load", "-1"), comm)
     # (b) the same load with --allow-noisy: a watch, and the file is marked noisy
-    watch = results.guard(_args("--max-load", "-1", "--allow-noisy"))
-    assert isinstance(watch, results.LoadWatch)
-    noisy = results.stamp({"rows": []}, watch, P=2, command="python -m experiments.x --allow-noisy")
+    watch = provenance.guard(_args("--max-load", "-1", "--allow-noisy"))
+    assert isinstance(watch, provenance.LoadWatch)
+    noisy = provenance.stamp({"rows": []}, watch, P=2, command="python -m experiments.x --allow-noisy")
     assert noisy["provenance"]["noisy"] is True and noisy["provenance"]["max_load"] == -1
     assert noisy["provenance"]["command"] == "python -m experiments.x --allow-noisy" and noisy["rows"] == []
     # (c) a threshold no load reaches: quiet, and the record says where the file came from
     low = os.getloadavg()[0]
-    watch = results.guard(_args("--max-load", "1000"), MPI.COMM_SELF)
-    record = results.stamp({"rows": [1]}, watch, P=3)
+    watch = provenance.guard(_args("--max-load", "1000"), MPI.COMM_SELF)
+    record = provenance.stamp({"rows": [1]}, watch, P=3)
     high = os.getloadavg()[0]
     prov = record["provenance"]
     assert prov["noisy"] is False and record["rows"] == [1]

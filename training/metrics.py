@@ -16,7 +16,7 @@ Files in a run directory (all written by rank 0 alone):
 ``summary.json``
     Final test accuracy, wall time, communication fraction and totals, and ``load_average_end`` (the
     1-minute load average when the run ended: with ``config.json``'s ``run.load_average`` it tells
-    whether the run was measured on a quiet machine, :func:`is_quiet`).
+    whether the run was measured on a quiet machine, :func:`commlab.provenance.is_quiet`).
 
 Communication time: ``comm_s`` = ``wait_s`` + ``transfer_s`` (seconds, per-rank sums, means over
 ranks). ``wait_s`` is the skew: the time a rank spends at the step's first exchange (a one-element
@@ -40,51 +40,16 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import mpi_library
 from collectives.log import get_logger
+from commlab.provenance import mpi_library
 from ps.store import remove_stale_temporaries
 from training.sizes import format_bytes
 
-__all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
+__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]
 
 
 _log = get_logger("training.metrics")
-
-#: Load-average units per core above which a machine is busy: a measurement there measures the other
-#: jobs (0.5 on 2 cores). Studies refuse to start above it (:mod:`experiments.results`); the
-#: published results (:mod:`plots.publish`) come only from runs below it.
-LOAD_PER_CORE = 0.25
-
-
-def default_max_load(cores=None):
-    """Return the load-average threshold of a quiet machine: :data:`LOAD_PER_CORE` x cores.
-
-    Parameters
-    ----------
-    cores : int, optional
-        Core count (default ``os.cpu_count()``).
-
-    Examples
-    --------
-    >>> default_max_load(2)
-    0.5
-    """
-    return LOAD_PER_CORE * (cores or os.cpu_count() or 1)
-
-
-def is_quiet(before, during_max, P, max_load):
-    """True when a run's load was below ``max_load`` before it and below ``max_load + P`` during it.
-
-    Each of the run's own busy-polling ranks adds about one unit of load, hence ``+ P`` during.
-
-    Examples
-    --------
-    >>> is_quiet(0.1, 2.3, 2, 0.5), is_quiet(0.8, 0.8, 2, 0.5), is_quiet(0.1, 3.1, 2, 0.5)
-    (True, False, False)
-    """
-    return before <= max_load and during_max <= max_load + (P or 1)
-
 
 def run_info(comm):
     """Return what a results file must carry besides the configuration.

@@ -41,7 +41,7 @@ row: it is left out of that row's median and range, and the record lists it unde
 ``MPI_Iallreduce``+``Wait`` (target <= 1.5x) and persistent plan / ``MPI_Allreduce`` (target <= 1.0x);
 reduce-scatter ``auto`` / ``MPI_Ireduce_scatter_block``+``Wait`` (target <= 2.2x) and both library
 calls over the same (the floor). The results file records ``op``, ``passes`` and ``calls`` and
-carries the quiet-machine provenance (:mod:`experiments.results`).
+carries the quiet-machine provenance (:mod:`commlab.provenance`).
 """
 import json
 import statistics
@@ -51,10 +51,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.bench.breakdown_rows import OPS
-from experiments.outputs import unwritable
-from training.options import INT32_MAX, Parser, integer, outpath, text
+from commlab.provenance import unwritable
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["STEPS", "measure", "summarize", "main"]
 
@@ -153,7 +153,7 @@ def main(argv=None):
     ap.add_argument("--algorithm", default="auto", choices=("auto", "mpi"),
                     help="the collective's algorithm (default auto; its row keeps the name auto)")
     ap.add_argument("--out", type=outpath(), default="results/bench_breakdown.json", help="results file (JSON)")
-    prov.add_options(ap)
+    prov.add_options(ap, real)
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0

@@ -40,7 +40,7 @@ too, where commlab has them (:mod:`experiments.bench.cases`); elsewhere the grou
 
 Rank 0 prints the table as it goes and writes PREFIX.csv and PREFIX.json (configuration, MPI
 library, P, host, date, versions, rows, and the ratio summary of :func:`experiments.bench.output.summarize`);
-the complete sweep's JSON its ``provenance`` (:mod:`experiments.results`: on a busy machine the sweep
+the complete sweep's JSON its ``provenance`` (:mod:`commlab.provenance`: on a busy machine the sweep
 refuses to start unless ``--allow-noisy`` marks it noisy).
 """
 import os
@@ -58,11 +58,11 @@ from collectives.engine import timeline
 import collectives.schedules.registry
 from experiments.bench.cases import case, poison
 from experiments.bench.oracle import count_wrong, first_wrong
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.bench.output import HEAD, bus_factor, header, library, line, report, write
-from experiments.outputs import command_line, unwritable
+from commlab.provenance import command_line, unwritable
 from experiments.bench.references import gloo_available, gloo_finish
-from training.cli import parse_on_every_rank
+from training.settings.cli import parse_on_every_rank
 
 from experiments.bench.options import NO_TORCH, default_algorithms, parse_args, sweep_plan
 
@@ -219,7 +219,7 @@ def run_sweep(cfg, comm=None, watch=None, command=None):
     Rank 0 prints each row as it is measured (with ``--format nccl-tests``, one comment line per size
     and nccl-tests' tables at the end) and rewrites the results files after every size, so an
     interrupted sweep leaves what it measured (``complete`` false). With ``watch`` (every rank's
-    :func:`experiments.results.guard`) rank 0's complete results carry their ``provenance`` naming
+    :func:`commlab.provenance.guard`) rank 0's complete results carry their ``provenance`` naming
     ``command`` (default: this process's command line), and the other ranks stop sampling.
 
     Raises
@@ -283,7 +283,7 @@ def _fail(comm, message):
 def main(argv=None):
     """Parse the command line, run the sweep, exit non-zero if any result was wrong.
 
-    A bad argument, an unwritable ``--out`` or a busy machine (:func:`experiments.results.guard`) exit 2
+    A bad argument, an unwritable ``--out`` or a busy machine (:func:`commlab.provenance.guard`) exit 2
     with one error line from rank 0, before any measurement.
     """
     comm = MPI.COMM_WORLD

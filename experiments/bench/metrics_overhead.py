@@ -15,7 +15,7 @@ runs' summaries: ``monitor_overhead`` (the monitoring code's own time over the s
 rank), each rank's (``monitor_overhead_ranks``), and ``export_overhead`` (rank 0's time setting the
 exporter's metrics, a part of rank 0's own time). Results go to
 ``results/bench_metrics_overhead.json`` with the configuration, the scrapes each served run got,
-and the ``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start
+and the ``provenance`` (:mod:`commlab.provenance`: on a busy machine the benchmark refuses to start
 unless ``--allow-noisy`` marks its file noisy).
 """
 import contextlib
@@ -29,12 +29,11 @@ import tempfile
 
 from mpi4py import MPI
 
-from experiments import results as prov
-from experiments.outputs import command_line
-from training.config import Config
-from training.metrics import read_jsonl, run_info, write_json
+from experiments import harness
+from training.settings.config import Config
+from training.metrics import read_jsonl, run_info
 from training.train import run
-from training.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, real
 
 __all__ = ["main", "VARIANTS"]
 
@@ -45,13 +44,11 @@ VARIANTS = ("off", "watch", "serve")
 def _parser():
     p = Parser(prog="mpiexec -n P python -m experiments.bench.metrics_overhead",
                                 description="Step time with live monitoring against without, same run, repeated.")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=5, help="rounds of the three runs (default: %(default)s)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per run (default: %(default)s)")
     p.add_argument("--metrics-every", type=integer(1, INT32_MAX), default=10, help="steps between gathers (default: %(default)s)")
     p.add_argument("--scrape-every", type=real(0, 1e15, low_open=True), default=0.5,
                    help="seconds between the scrapes of a served run (default: %(default)s)")
-    p.add_argument("--out", type=outpath(), default="results/bench_metrics_overhead.json", help="results file (default: %(default)s)")
-    prov.add_options(p)
+    harness.add_options(p, out="results/bench_metrics_overhead.json", repeats=5)
     return p
 
 
@@ -130,17 +127,13 @@ def _runs(base, repeats, comm, every):
 def main(argv=None):
     """Run the benchmark; rank 0 prints the ratios and writes the results file.
 
-    Returns 0; 2 after one error line on a bad argument or a busy machine (:func:`experiments.results.guard`),
-    before any measurement.
+    Returns 0; 2 after one error line on a bad argument, an unwritable ``--out`` or a busy machine
+    (:func:`experiments.harness.start`), before any measurement.
     """
     args = _parser().parse_args(argv)
-    if args.repeats < 1 or args.epochs < 1 or args.metrics_every < 1 or not args.scrape_every > 0:
-        print("error: --repeats, --epochs and --metrics-every must be >= 1 and --scrape-every > 0 seconds",
-              file=sys.stderr)
-        return 2
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    watch = prov.guard_or_say(args, comm, "error")  # rank 0's verdict on every rank
+    watch = harness.start(args, comm, paths=[args.out])
     if watch is None:
         return 2
     tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_metrics-") if rank == 0 else None, root=0)
@@ -180,10 +173,7 @@ def main(argv=None):
     if scraped:
         print(f"served runs scraped every {args.scrape_every:g} s from another process: {min(scraped)}-{max(scraped)} "
               f"pages per run")
-    prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.bench.metrics_overhead", argv))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    write_json(args.out, result)
-    print(f"results: {args.out}")
+    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.metrics_overhead", argv=argv)
     return 0
 
 

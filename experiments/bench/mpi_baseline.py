@@ -17,7 +17,7 @@ machine's load drifts over all of them alike. Per size and round, best-of-MPI is
 algorithm and commlab's best the fastest hand-made one; the ratio of their times is busbw(commlab) /
 busbw(best of MPI). Reported: per size the median ratio over rounds, its range and the winners; the
 geometric mean over ``--min-bytes``..``--max-bytes`` per round, then its median and range. Rank 0 of each launch writes its sweep; this process writes PREFIX.json
-with its ``provenance`` (:mod:`experiments.results`). This process checks the machine is quiet before the
+with its ``provenance`` (:mod:`commlab.provenance`). This process checks the machine is quiet before the
 first launch and watches its load through all of them (the launches themselves run ``--allow-noisy``:
 the load the previous launch left in the 1-minute average must not stop the next).
 """
@@ -28,11 +28,11 @@ import subprocess
 import sys
 import tempfile
 
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.job_stop import marked_env, stop_job
-from experiments.outputs import command_line, unwritable
+from commlab.provenance import command_line, unwritable
 from training.sizes import parse_bytes
-from training.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
 
@@ -164,7 +164,7 @@ def main(argv=None):
     """Run the rounds of launches, print the table and write PREFIX.json; return the exit status.
 
     0 when the geometric mean was measured, 1 when no round gave one; exits 2 with one error line on
-    a bad argument or a busy machine (:func:`experiments.results.guard`), before any launch.
+    a bad argument or a busy machine (:func:`commlab.provenance.guard`), before any launch.
     """
     p = Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.mpi_baseline")
     p.add_argument("-n", type=integer(1, INT32_MAX), default=2, help="ranks (default 2)")
@@ -176,7 +176,7 @@ def main(argv=None):
     p.add_argument("--only", type=text(), default="", help="comma list of forced algorithms to run (default all)")
     p.add_argument("--launch-timeout", type=real(0, 1e15), default=900, help="seconds one launch may take (default 900)")
     p.add_argument("--out", type=outpath(empty=True), default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
-    prov.add_options(p)
+    prov.add_options(p, real)
     args = p.parse_args(argv)
     if args.n < 2 or args.rounds < 1 or args.max_time <= 0:
         p.error("-n must be >= 2, --rounds >= 1 and --max-time > 0")

@@ -8,10 +8,10 @@ import numpy as np
 import collectives
 import collectives.schedules.registry
 from collectives.schedules import load_algorithm
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.bench.output import UNSTABLE
 from training.sizes import bytes_argument
-from training.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
+from training.settings.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
 
 __all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "DESCRIPTION", "NO_TORCH", "default_algorithms", "sweep_plan",
            "parse_args"]
@@ -164,7 +164,7 @@ def _parser():
                    help="after timing each row of a hand-made algorithm, record 10 more calls round by round "
                         "(collectives.engine.timeline): print the slowest rank's rounds and write their "
                         "Chrome/Perfetto trace to PREFIX-OP-ALGORITHM-BYTES.json (default: none)")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 

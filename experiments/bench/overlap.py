@@ -20,7 +20,7 @@ have one each, started from the same parameters. Printed: per mode the median an
 and the ratios per repeat -- overlap / max(compute, comm) (target <= 1.15), serial / max(compute,
 comm), overlap / serial -- as median and range; the load average (1 minute) before and after; and
 whether both runs ended bitwise equal (they take the same steps on the same data). Results go to
-``--out`` (JSON) with the configuration, the MPI library and the ``provenance`` (:mod:`experiments.results`:
+``--out`` (JSON) with the configuration, the MPI library and the ``provenance`` (:mod:`commlab.provenance`:
 on a busy machine the benchmark refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
 import os
@@ -34,15 +34,15 @@ from mpi4py import MPI
 import collectives
 import collectives.engine.context
 from collectives import ALGORITHMS
-from experiments import results as prov
-from experiments.outputs import command_line
-from training.cli import parse_on_every_rank
+from experiments import harness
+from training.settings.cli import parse_on_every_rank
 from training.job import limit_threads
-from training.metrics import run_info, write_json
-from training.nn import SoftmaxCrossEntropy, build_mlp
-from training.optim import SGD
-from training.dp.data_parallel import AllreduceHook, any_rank, bucket_bounds, compute_gradient, is_finite, train_step
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.metrics import run_info
+from training.model.nn import SoftmaxCrossEntropy, build_mlp
+from training.model.optim import SGD
+from training.dp.hooks import AllreduceHook, bucket_bounds
+from training.dp.data_parallel import any_rank, compute_gradient, is_finite, train_step
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["main", "MODES"]
 
@@ -55,8 +55,6 @@ def _parser():
                                 description="Step time with and without overlap of the gradient all-reduce "
                                             "and the backward pass, against max(compute, communication) "
                                             "measured in the same run.")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=5, help="repeats of the four measurements, interleaved "
-                   "(default: %(default)s)")
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=8, help="timed steps per measurement (default: %(default)s)")
     p.add_argument("--features", type=integer(1, INT32_MAX), default=1024, help="input features (default: %(default)s)")
     p.add_argument("--hidden", type=text(), default="2048,2048,2048,2048", help="hidden widths, comma separated "
@@ -70,8 +68,7 @@ def _parser():
                    "(default: no limit)")
     p.add_argument("--threads", type=integer(0, INT32_MAX), default=0, help="BLAS threads per rank; 0: cores / ranks on the "
                    "node (default: %(default)s)")
-    p.add_argument("--out", type=outpath(), default="results/bench_overlap.json", help="results file (default: %(default)s)")
-    prov.add_options(p)
+    harness.add_options(p, out="results/bench_overlap.json", repeats=5)
     return p
 
 
@@ -83,8 +80,8 @@ def _parse(argv, size):
         args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
     except ValueError:
         p.error(f"--hidden must be comma-separated integers, got {args.hidden!r}")
-    if args.repeats < 1 or args.steps < 1 or args.features < 1 or min(args.hidden, default=1) < 1:
-        p.error("--repeats, --steps, --features and every --hidden width must be >= 1")
+    if min(args.hidden, default=1) < 1:
+        p.error("every --hidden width must be >= 1")
     if args.bucket_bytes < 0 or args.threads < 0:
         p.error("--bucket-bytes and --threads must be >= 0")
     if args.algorithm not in ALGORITHMS:
@@ -144,13 +141,13 @@ def _span(values, fmt="{:.3f}"):
 def main(argv=None):
     """Run the benchmark; rank 0 prints the figures and writes the results file.
 
-    Returns 0; 2 on bad arguments or a busy machine (:func:`experiments.results.guard`: one error line
+    Returns 0; 2 on bad arguments or a busy machine (:func:`commlab.provenance.guard`: one error line
     from rank 0, before any measurement).
     """
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     args = parse_on_every_rank(lambda a: _parse(a, comm.size), argv, rank)
-    watch = prov.guard_or_say(args, comm, f"{_parser().prog}: error")  # rank 0's verdict on every rank
+    watch = harness.start(args, comm, paths=[args.out], prog=_parser().prog)
     if watch is None:
         return 2
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -194,10 +191,7 @@ def main(argv=None):
     result = {"config": {k: v for k, v in vars(args).items()}, "run": run_info(comm), "threads": threads,
               "load_average_before": load0, "load_average_after": load1, "step_s": times, "ratios": ratios,
               "bitwise_equal": same, "resolved_algorithm": resolved, "gradient_bytes": model.size * 4, "buckets": nb}
-    prov.stamp(result, watch, P=comm.size, command=command_line("experiments.bench.overlap", argv))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    write_json(args.out, result)
-    print(f"results: {args.out}")
+    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.overlap", argv=argv)
     return 0
 
 

@@ -23,7 +23,7 @@ at a time on the node's real windows:
 ``rest`` is the call less its timed steps (two points, copy in, reduce slice, copy out): Python
 frames, checks, the generator. The rows of a pass take turns; ``--passes`` passes; each figure is
 the median over passes of rank 0's microseconds per call, with the range. The file records the
-figures and the quiet-machine provenance (:mod:`experiments.results`).
+figures and the quiet-machine provenance (:mod:`commlab.provenance`).
 """
 import json
 import statistics
@@ -40,10 +40,10 @@ from collectives.schedules.schedule import chunk_bounds
 from collectives.shm import algorithms as shm
 from collectives.shm import free_shared, shared_empty
 from collectives.shm.node import node_of
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.bench.references import limit
-from experiments.outputs import unwritable
-from training.options import INT32_MAX, Parser, integer, outpath, text
+from commlab.provenance import unwritable
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 from training.sizes import parse_bytes
 
 __all__ = ["ROWS", "measure", "main"]
@@ -87,7 +87,7 @@ def _steps(comm, n):
         saved = shm.CHUNK_BYTES
         shm.CHUNK_BYTES = chunk
         try:
-            shm.fold(peers, lo, hi, (np.add, np.dtype(np.float32), None), peers, node)
+            shm.fold(peers, lo, hi, shm.Reduction(np.add, np.dtype(np.float32)), peers, node)
         finally:
             shm.CHUNK_BYTES = saved
 
@@ -137,7 +137,7 @@ def main(argv=None):
     ap.add_argument("--passes", type=integer(1, INT32_MAX), default=5, help="interleaved passes (median and range)")
     ap.add_argument("--calls", type=integer(1, INT32_MAX), default=20, help="calls per timed loop")
     ap.add_argument("--out", type=outpath(), default="results/bench_shm_breakdown.json", help="results file (JSON)")
-    prov.add_options(ap)
+    prov.add_options(ap, real)
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0

@@ -10,7 +10,7 @@ and writing come after the loop). Printed: the ratio traced / untraced per repea
 range (target: <= 1.03), the ratio of the median durations of all traced and all untraced steps
 pooled, the events per step, and the recorder's own cost per event measured in the same process (a ``span`` with
 the recorder on and off). Results go to ``results/bench_trace.json`` with the configuration and the
-``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start unless
+``provenance`` (:mod:`commlab.provenance`: on a busy machine the benchmark refuses to start unless
 ``--allow-noisy`` marks its file noisy).
 """
 import contextlib
@@ -25,12 +25,11 @@ import time
 from mpi4py import MPI
 
 from collectives.engine import trace
-from experiments import results as prov
-from experiments.outputs import command_line
-from training.config import Config
-from training.metrics import read_jsonl, run_info, write_json
+from experiments import harness
+from training.settings.config import Config
+from training.metrics import read_jsonl, run_info
 from training.train import run
-from training.options import INT32_MAX, Parser, integer, outpath
+from training.settings.options import INT32_MAX, Parser, integer
 
 __all__ = ["main", "event_cost"]
 
@@ -60,12 +59,10 @@ def event_cost(n=200_000):
 def _parser():
     p = Parser(prog="mpiexec -n P python -m experiments.bench.trace",
                                 description="Step time with --trace against without, same run, repeated.")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=7, help="pairs of runs (default: %(default)s)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs per run (default: %(default)s)")
     p.add_argument("--bucket-bytes", type=integer(1, INT32_MAX), default=16384,
                    help="gradient bucket size in bytes: more buckets, more events per step (default: %(default)s)")
-    p.add_argument("--out", type=outpath(), default="results/bench_trace.json", help="results file (default: %(default)s)")
-    prov.add_options(p)
+    harness.add_options(p, out="results/bench_trace.json", repeats=7)
     return p
 
 
@@ -102,16 +99,13 @@ def _runs(base, repeats, comm, tmp):
 def main(argv=None):
     """Run the benchmark; rank 0 prints the ratios and writes the results file.
 
-    Returns 0; 2 after one error line on a bad argument or a busy machine (:func:`experiments.results.guard`),
-    before any measurement.
+    Returns 0; 2 after one error line on a bad argument, an unwritable ``--out`` or a busy machine
+    (:func:`experiments.harness.start`), before any measurement.
     """
     args = _parser().parse_args(argv)
-    if args.repeats < 1 or args.epochs < 1 or args.bucket_bytes < 0:
-        print("error: --repeats and --epochs must be >= 1, --bucket-bytes >= 0", file=sys.stderr)
-        return 2
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    watch = prov.guard_or_say(args, comm, "error")  # rank 0's verdict on every rank
+    watch = harness.start(args, comm, paths=[args.out])
     if watch is None:
         return 2
     tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_trace-") if rank == 0 else None, root=0)
@@ -144,10 +138,7 @@ def main(argv=None):
               "step_s_off": times["off"], "step_s_on": times["on"], "ratios": ratios, "ratio_median": med,
               "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both,
               "events_per_step_per_rank": per_step, "span_s_on": on_s, "span_s_off": off_s}
-    prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.bench.trace", argv))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    write_json(args.out, result)
-    print(f"results: {args.out}")
+    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.trace", argv=argv)
     return 0
 
 

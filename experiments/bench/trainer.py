@@ -12,7 +12,7 @@ hits both alike), by wall time and by CPU time; the ratio commlab / PyTorch is t
 reported as its median and range, and a cell whose wall-time ratios spread by more than 20 % of
 the median is flagged. Target: wall-time ratio <= 1.0 in every cell. Results go to
 ``results/bench_trainer.json`` with the host, library versions, the resolved configuration and the
-``provenance`` (:mod:`experiments.results`: on a busy machine the benchmark refuses to start unless
+``provenance`` (:mod:`commlab.provenance`: on a busy machine the benchmark refuses to start unless
 ``--allow-noisy`` marks its file noisy).
 """
 import argparse
@@ -24,11 +24,11 @@ import time
 
 import numpy
 
-from experiments import results as prov
-from experiments.outputs import command_line, unwritable
-from plots.tables import trainer_table
+from commlab import provenance as prov
+from commlab.provenance import command_line, unwritable
+from plots.tables.study_tables import trainer_table
 from training.job import limit_threads
-from training.options import INT32_MAX, Parser, integer, outpath, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
            "main"]
@@ -38,7 +38,7 @@ SPREAD_FLAG = 0.20  # a cell whose ratios' (max - min) / median exceeds this is 
 
 
 def _optimizer(name, model):
-    from training.optim import SGD, Adam
+    from training.model.optim import SGD, Adam
 
     if name == "sgd":
         return SGD(model.params, model.grads, lr=0.01, momentum=0.9)
@@ -66,16 +66,16 @@ def numpy_step(batches, optimizer, seed=0, sizes=SIZES):
         Batches the step cycles through, one per call.
     optimizer : {"sgd", "adam"}
     seed : int
-        Initialization seed of :func:`training.nn.build_mlp`.
+        Initialization seed of :func:`training.model.nn.build_mlp`.
     sizes : sequence of int
         Layer widths.
 
     Returns
     -------
-    (callable, training.nn.Sequential)
+    (callable, training.model.nn.Sequential)
         ``step() -> float`` returns the batch's mean loss.
     """
-    from training.nn import SoftmaxCrossEntropy, build_mlp
+    from training.model.nn import SoftmaxCrossEntropy, build_mlp
     from training.dp.data_parallel import compute_gradient
 
     model = build_mlp(sizes, dtype="float32", seed=seed)
@@ -95,7 +95,7 @@ def numpy_step(batches, optimizer, seed=0, sizes=SIZES):
 def torch_step(batches, optimizer, init, sizes=SIZES, set_to_none=True):
     """Return (step function, module) of the same model in PyTorch on the CPU.
 
-    ``init`` is a NumPy model (:class:`training.nn.Sequential`) whose initial weights are copied, so
+    ``init`` is a NumPy model (:class:`training.model.nn.Sequential`) whose initial weights are copied, so
     both start alike; the optimizer is ``torch.optim.SGD`` / ``torch.optim.Adam`` with their default
     implementation and the same hyper-parameters as :func:`numpy_step`'s. ``set_to_none`` is passed
     to ``zero_grad``: True (PyTorch's default) drops the gradients, so that backward hands its
@@ -234,7 +234,7 @@ def _parser():
                         "its gradient tensors over) or zeros (set_to_none=False: gradients zeroed, "
                         "backward adds into them) (default: none)")
     p.add_argument("--out", type=outpath(), default="results/bench_trainer.json", help="results file (JSON; default: %(default)s)")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 
@@ -246,7 +246,7 @@ def main(argv=None):
     """Run the grid, print the table, write the results file; return the exit status (0).
 
     Exits 2 with one error line before any timing on a bad argument, an unwritable ``--out`` or a
-    busy machine (:func:`experiments.results.guard`).
+    busy machine (:func:`commlab.provenance.guard`).
     """
     p = _parser()
     args = p.parse_args(argv)
@@ -286,7 +286,7 @@ def main(argv=None):
                               set_to_none=args.torch_zero_grad == "none")
             cell["steps"] = steps
             cells.append(cell)
-    from collectives.backend import mpi_library
+    from commlab.provenance import mpi_library
 
     result = {"model": list(sizes), "dtype": "float32", "batches": args.batch, "optimizers": args.optimizer,
               "repeats": args.repeats, "warmup": args.warmup, "threads": args.threads,

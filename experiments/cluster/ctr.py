@@ -36,7 +36,7 @@ import time
 from statistics import median
 
 from commlab import provenance
-from training.options import INT32_MAX, Parser, infile, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, infile, integer, outpath, real, text
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
@@ -84,7 +84,7 @@ def unique_rows(n, workers=4, steps=8, seed=0):
     >>> 0 < unique_rows(400, steps=1) <= 400
     True
     """
-    from training.config import Config
+    from training.settings.config import Config
     from training.ctr.data import make_ctr_data
     from training.ctr.hotkeys import server_load
 

@@ -60,7 +60,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from collectives.model.network import Network, allreduce_time
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["parse_layout", "network", "fit_intra", "fit_levels", "main"]
 

@@ -32,7 +32,7 @@ import sys
 import time
 
 from commlab import provenance
-from training.options import Parser, outpath, real, text
+from training.settings.options import Parser, outpath, real, text
 
 __all__ = ["add_options", "subcommands", "load_flags", "argv", "run_commands", "run_study", "write_record"]
 

@@ -12,7 +12,7 @@ gradient. A short benchmark then runs each hook on Gaussian gradients of the mod
 the bytes the collectives really sent (``collectives.engine.context.last_stats``: ring forwarding of all-gathers and
 float32 partial sums of fp16 included; DGC at its final sparsity; not for ``threshold``, whose size
 depends on the data). Rank 0 writes ``compression_sweep.json`` (configuration, MPI
-library, P, host, every run, the table, the targets, the ``provenance`` of :mod:`experiments.results`)
+library, P, host, every run, the table, the targets, the ``provenance`` of :mod:`commlab.provenance`)
 and ``compression_sweep.csv`` (the table). On a busy machine the study refuses to start unless
 ``--allow-noisy`` marks its results noisy.
 """
@@ -32,17 +32,17 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
-from experiments import results as prov
-from experiments.outputs import command_line
-from training.build import build_model
-from training.cli import parse_args, parse_on_every_rank
-from training.data import load_dataset
-from training.preflight import check_run
+from commlab import provenance as prov
+from commlab.provenance import command_line
+from training.runtime.build import build_model
+from training.settings.cli import parse_args, parse_on_every_rank
+from training.data.datasets import load_dataset
+from training.driver.preflight import check_run
 from training.metrics import read_jsonl, run_info, write_json
-from training.progress import progress_bar
+from training.runtime.progress import progress_bar
 from training.train import run
 from experiments.studies.compression_report import check_lines, markdown_table, table, targets
-from training.options import INT32_MAX, Parser, integer, listof, outpath, text
+from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, real, text
 
 __all__ = ["SweepConfig", "STUDY", "parse_spec", "base_config", "check_study", "run_study", "main"]
 
@@ -116,7 +116,7 @@ def check_study(cfg, comm):
     """Check everything the study needs before the first run, on every rank; return the base ``Config``.
 
     Every compressor spec, the training flags (their names, values and the data-parallel mode the
-    study compresses), and the job each run will be (:func:`training.preflight.check_run`: the global
+    study compresses), and the job each run will be (:func:`training.driver.preflight.check_run`: the global
     batch divides among the P ranks, the data is there, ``algorithm="auto"`` has its table).
 
     Raises
@@ -204,9 +204,9 @@ def run_study(cfg, comm=None, watch=None, command=None):
     cfg : SweepConfig
     comm : mpi4py.MPI.Comm, optional
         Default ``MPI.COMM_WORLD``.
-    watch : experiments.results.LoadWatch, optional
-        Every rank's :func:`experiments.results.guard`: rank 0's results then carry their
-        ``provenance`` (:func:`experiments.results.stamp`), and the other ranks stop sampling.
+    watch : commlab.provenance.LoadWatch, optional
+        Every rank's :func:`commlab.provenance.guard`: rank 0's results then carry their
+        ``provenance`` (:func:`commlab.provenance.stamp`), and the other ranks stop sampling.
     command : str, optional
         The command line the provenance names (default: this process's).
 
@@ -280,7 +280,7 @@ def _build_parser():
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
                         "else one line every 30 s (default: on)")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 
@@ -302,7 +302,7 @@ def _configure(argv, comm):
 def main(argv=None):
     """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error.
 
-    A busy machine (:func:`experiments.results.guard`) exits 2 too, with one error line from rank 0,
+    A busy machine (:func:`commlab.provenance.guard`) exits 2 too, with one error line from rank 0,
     before any run; ``--allow-noisy`` runs anyway and marks the results noisy.
     """
     comm = MPI.COMM_WORLD

@@ -23,7 +23,7 @@ trainer's synthetic data set, ``--epochs`` epochs, a checkpoint every epoch; eve
 Targets (exit status 1 when one is missed): no hang, every elastic job finished with identical
 replicas, median time to the next step <= 1 s and worst <= 3 s, and the elastic median at least 10x
 faster than the restart's. Results go to ``OUT`` (JSON) with the provenance of
-:mod:`experiments.results` (a busy machine: refused, or marked noisy with ``--allow-noisy``);
+:mod:`commlab.provenance` (a busy machine: refused, or marked noisy with ``--allow-noisy``);
 ``--quick`` (2 kills, 2 epochs) checks the script.
 """
 import json
@@ -35,10 +35,10 @@ import sys
 import tempfile
 import time
 
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.faults.suite import launch
-from experiments.outputs import unwritable
-from training.options import INT32_MAX, Parser, integer, outpath
+from commlab.provenance import unwritable
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "study", "job_flags", "elastic_kill", "restart_kill"]
 
@@ -153,7 +153,7 @@ def _parser():
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the kills' ranks, steps and moments (default 0)")
     p.add_argument("--out", type=outpath(), default="results/elastic.json", help="results file (default results/elastic.json)")
     p.add_argument("--quick", action="store_true", help="check the script: 2 kills, 2 epochs, 800 samples")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 

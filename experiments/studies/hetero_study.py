@@ -32,7 +32,7 @@ and ``accuracy`` (final test accuracy).
 
 Rank 0 writes ``hetero_wW_KIND.json`` into ``--out`` (every run, the per-(method, condition) medians
 and ranges, the study's and the training configuration, the ``provenance`` of
-:mod:`experiments.results`). On a busy machine the study refuses to start unless ``--allow-noisy``
+:mod:`commlab.provenance`). On a busy machine the study refuses to start unless ``--allow-noisy``
 marks its file noisy (never published).
 """
 import json
@@ -45,15 +45,16 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
-from experiments import results as prov
-from experiments.outputs import command_line, run_or_report
-from training.cli import parse_on_every_rank
-from training.config import Config
+from commlab import provenance as prov
+from commlab.provenance import command_line
+from experiments.outputs import run_or_report
+from training.settings.cli import parse_on_every_rank
+from training.settings.config import Config
 from training.metrics import run_info, write_json
-from training.preflight import check_run
-from training.ps_mode.report import time_to_accuracy
+from training.driver.preflight import check_run
+from training.ps_mode.run_records import time_to_accuracy
 from training.train import run
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["DP_METHODS", "PS_METHODS", "CONDITIONS", "method_config", "condition_config", "run_study",
            "ideal_step", "aggregate", "main"]
@@ -264,7 +265,7 @@ def _parser():
     p.add_argument("--out", type=outpath(folder=True), default="results/hetero", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: a 600-sample job of 32 hidden "
                    "units, 2 epochs, one repeat")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 

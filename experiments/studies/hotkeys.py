@@ -16,7 +16,7 @@ load between servers without changing the trajectory: the AUC with and without i
 wherever the runs see the same samples (the study reports the difference).
 
 The result (``--out``) holds every run, the per-sharding medians and ranges over the seeds, and the
-provenance of :mod:`experiments.results` (nothing here is timed, so a busy machine does not change it).
+provenance of :mod:`commlab.provenance` (nothing here is timed, so a busy machine does not change it).
 """
 import argparse
 import json
@@ -25,11 +25,11 @@ import statistics
 import sys
 import tempfile
 
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.cluster.study import write_record
-from experiments.outputs import unwritable
+from commlab.provenance import unwritable
 from experiments.faults.suite import launch
-from training.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "run_flags", "study"]
 
@@ -57,7 +57,7 @@ def run_flags(args, seed, sharding, hot, run_dir, name):
 
 def _counted(args, seed, sharding):
     """The split size that balances ``sharding`` for ``seed``, and the counted loads without and with it."""
-    from training.config import Config
+    from training.settings.config import Config
     from training.ctr.data import make_ctr_data
     from training.ctr.hotkeys import hot_for_balance, server_load
 

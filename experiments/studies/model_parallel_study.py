@@ -16,7 +16,7 @@ data-parallel grid (D = P) of the same round: median and range over ``--rounds``
 
 Bubble part: Q = P stages (D = T = 1), m = 1, 2, 4, 8 micro-batches, GPipe and 1F1B: measured
 bubble against (Q - 1) / (m + Q - 1), and the activation bytes each stage holds.
-Results carry the configuration, the MPI library, P, the host and the ``provenance`` (:mod:`experiments.results`:
+Results carry the configuration, the MPI library, P, the host and the ``provenance`` (:mod:`commlab.provenance`:
 on a busy machine the study refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
 import json
@@ -27,16 +27,16 @@ import time
 import numpy
 from mpi4py import MPI
 
-from experiments import results as prov
-from experiments.outputs import command_line, unwritable
-from plots.tables import model_parallel_table
-from training.config import Config
+from commlab import provenance as prov
+from commlab.provenance import command_line, unwritable
+from plots.tables.study_tables import model_parallel_table
+from training.settings.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
-from training.model_parallel.report import rank_memory
+from training.model_parallel.grid_report import rank_memory
 from training.job import limit_threads
 from training.metrics import run_info
 from training.model_parallel.pipeline import bubble_formula
-from training.options import INT32_MAX, Parser, integer, listof, outpath
+from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, real
 
 __all__ = ["grids", "measure", "main"]
 
@@ -114,7 +114,7 @@ def _parse(argv):
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=integer(1, INT32_MAX), default=3, help="rounds over all grids (median and range)")
     p.add_argument("--bubble-micro-batches", type=listof(integer(1, 4096), least=0), default="1,2,4,8", help="m values of the bubble part ('' skips it)")
-    prov.add_options(p)
+    prov.add_options(p, real)
 
     @p.check
     def _every_grid(args):  # each grid the study will measure is a valid training run: checked before any runs
@@ -199,7 +199,7 @@ def main(argv=None):
     -------
     int
         0, or 2 when the results file cannot be written or the machine is busy
-        (:func:`experiments.results.guard`), found before anything runs, on every rank.
+        (:func:`commlab.provenance.guard`), found before anything runs, on every rank.
     """
     args = _parse(argv)
     comm = MPI.COMM_WORLD

@@ -21,7 +21,7 @@ gradient compression, 1 %), ``localH`` (local SGD, H steps between averages), ``
 of 5 % of the training set on every worker) adds a remedy. Skews: any ``--partition`` value.
 
 Rank 0 writes ``non_iid_wW_KIND.json`` into ``--out`` (every run, the per-(method, skew) medians and
-ranges, the study's and the training configuration, the ``provenance`` of :mod:`experiments.results`).
+ranges, the study's and the training configuration, the ``provenance`` of :mod:`commlab.provenance`).
 """
 import json
 import os
@@ -33,16 +33,17 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
-from experiments import results as prov
-from experiments.outputs import command_line, run_or_report
-from training.cli import parse_on_every_rank
-from training.config import Config
+from commlab import provenance as prov
+from commlab.provenance import command_line
+from experiments.outputs import run_or_report
+from training.settings.cli import parse_on_every_rank
+from training.settings.config import Config
 from training.metrics import run_info, write_json
-from training.partition import parse_partition
-from training.preflight import check_run
-from training.ps_mode.report import time_to_accuracy
+from training.data.partition import parse_partition
+from training.driver.preflight import check_run
+from training.ps_mode.run_records import time_to_accuracy
 from training.train import run
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["METHODS", "REMEDIES", "SKEWS", "method_config", "run_study", "aggregate", "main"]
 
@@ -178,7 +179,7 @@ def _parser():
     p.add_argument("--out", type=outpath(folder=True), default="results/non_iid", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: 2 epochs, one seed, "
                    "a 32-unit model, skews iid and classes:k=W's smallest")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 

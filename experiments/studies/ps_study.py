@@ -64,7 +64,7 @@ from commlab.provenance import command_line
 from experiments.outputs import run_or_report
 from plots.tables.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
-from training.runs.checkpoint import make_run_dir, root_bytes
+from training.runtime.checkpoint import make_run_dir, root_bytes
 from training.settings.cli import parse_on_every_rank
 from training.job import set_threads
 from training.driver.preflight import check_run

@@ -26,7 +26,7 @@ Run it with plain ``python``: it launches every job under ``mpiexec`` itself, ea
 
 Targets (exit status 1 when one is missed): 0 acknowledged updates lost, every crash run bitwise
 equal to the fault-free run, every recovery within ``--ps-timeout`` + 1 s. Results go to
-``OUT/replicas.json`` with the provenance of :mod:`experiments.results` (a busy machine: refused, or
+``OUT/replicas.json`` with the provenance of :mod:`commlab.provenance` (a busy machine: refused, or
 marked noisy with ``--allow-noisy``). ``--quick`` (1 repeat, 2 crashes, one epoch) checks the script.
 """
 import json
@@ -39,10 +39,10 @@ import tempfile
 
 import numpy as np
 
-from experiments import results as prov
+from commlab import provenance as prov
 from experiments.faults.suite import launch
-from experiments.outputs import unwritable
-from training.options import INT32_MAX, Parser, integer, outpath, real
+from commlab.provenance import unwritable
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["main", "trainer_flags", "crash_run"]
 
@@ -163,7 +163,7 @@ def _parser():
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the crash moments (default 0)")
     p.add_argument("--out", type=outpath(folder=True), default="results/ps_replicas", help="directory of replicas.json (default results/ps_replicas)")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 

@@ -7,7 +7,7 @@ ranks per node. Link parameters default to a typical cluster (intra-node 1 us, 2
 5 us, 12.5 GB/s; reduction 10 GB/s) and can be set by flags or taken from a fit (``--fit RESULTS.json``
 from ``experiments.bench.collectives``, whose alpha/beta/gamma then replace the intra-node values).
 The table printed at the end names, per size, the smallest P from which 2D and tree stay faster than ring.
-The results file carries a ``provenance`` (:func:`experiments.results.stamp`: command, versions, host,
+The results file carries a ``provenance`` (:func:`commlab.provenance.stamp`: command, versions, host,
 date, the load before and during) with ``noisy`` false: a simulation measures nothing, so the machine's
 load is recorded but never stops it nor marks it.
 """
@@ -19,10 +19,10 @@ import time
 
 from collectives.model import cost
 from collectives.schedules import load_algorithm, registry
-from experiments import results as prov
-from experiments.outputs import command_line, unwritable
+from commlab import provenance as prov
+from commlab.provenance import command_line, unwritable
 from training.sizes import bytes_argument, format_bytes
-from training.options import INT32_MAX, Parser, integer, outpath, parsed_by, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, parsed_by, real, text
 
 __all__ = ["main", "crossovers"]
 

@@ -30,7 +30,7 @@ E. Front + one replica (ranks 0-1): throughput, mean batch size, p50/p99 and goo
    (:mod:`experiments.studies.load_sweep`).
 
 Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, every point, the
-``provenance`` of :mod:`experiments.results`) and prints the tables as markdown. On a busy machine the
+``provenance`` of :mod:`commlab.provenance`) and prints the tables as markdown. On a busy machine the
 study refuses to start unless ``--allow-noisy`` marks its results noisy.
 """
 import argparse
@@ -47,8 +47,8 @@ from tabulate import tabulate
 
 import collectives
 from collectives.model.auto import select_allreduce
-from experiments import results as prov
-from experiments.outputs import command_line, unwritable
+from commlab import provenance as prov
+from commlab.provenance import command_line, unwritable
 from experiments.studies.load_sweep import add_options as add_load_options
 from experiments.studies.load_sweep import capacity, load_sweep
 from plots.serving import load_table
@@ -57,11 +57,11 @@ from inference.config import ServeConfig
 from inference.model import forward_rows, load_spec
 from inference.tensor import row_parallel_widths
 from inference.serve import run as serve
-from training.checkpoint import root_bytes
-from training.config import Config
+from training.runtime.checkpoint import root_bytes
+from training.settings.config import Config
 from training.metrics import run_info
 from training.train import run as train
-from training.options import INT32_MAX, Parser, integer, listof, outpath, parsed_by, real, text
+from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, parsed_by, real, text
 
 __all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown"]
 
@@ -234,7 +234,7 @@ def _parser():
     p.add_argument("--tp-clients", type=integer(1, INT32_MAX), default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
     add_load_options(p)
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 
@@ -243,7 +243,7 @@ def main(argv=None):
 
     0, or 2 after one error line (rank 0) before anything runs: a ``--checkpoint`` that is missing
     or unusable (:func:`inference.model.load_spec`'s checks), not 4 ranks, an unwritable results
-    file, or a busy machine (:func:`experiments.results.guard`).
+    file, or a busy machine (:func:`commlab.provenance.guard`).
     """
     args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD

@@ -11,7 +11,7 @@ updates per second (worker gradients folded in by the servers per second of trai
 second, the time to 95 % test accuracy, the final test accuracy, the staleness histogram and the
 accuracy-versus-time curve. Rank 0 writes ``staleness_sweep.json`` (sweep and training
 configuration, MPI library, P, host, every run, the table, a summary per protocol, the
-``provenance`` of :mod:`experiments.results`) and prints the table as markdown and one summary
+``provenance`` of :mod:`commlab.provenance`) and prints the table as markdown and one summary
 line per protocol: throughput and accuracy against BSP, maximum staleness against the bound.
 
 Under a persistent straggler SSP's long-run throughput is bounded by the straggler by construction:
@@ -38,15 +38,16 @@ from mpi4py import MPI
 from tabulate import tabulate
 
 from collectives.compression import parse_literal, split_key_value
-from experiments import results as prov
-from experiments.outputs import command_line, run_or_report
-from training.checkpoint import root_bytes
-from training.cli import parse_on_every_rank
-from training.config import Config
-from training.preflight import check_run
+from commlab import provenance as prov
+from commlab.provenance import command_line
+from experiments.outputs import run_or_report
+from training.runtime.checkpoint import root_bytes
+from training.settings.cli import parse_on_every_rank
+from training.settings.config import Config
+from training.driver.preflight import check_run
 from training.metrics import run_info, write_json
 from training.train import run
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["PROTOCOLS", "parse_protocol", "base_config", "clean_previous", "run_sweep", "markdown_table",
            "summary_lines", "main"]
@@ -270,7 +271,7 @@ def _parser():
                    help="extra random delay per step, uniform in [0, JITTER] seconds (default: 0)")
     p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting (repeatable), e.g. --set optimizer=sgd")
-    prov.add_options(p)
+    prov.add_options(p, real)
     return p
 
 
@@ -282,7 +283,7 @@ def main(argv=None):
     int
         0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
         every rank (one message, printed by rank 0; a busy machine among them,
-        :func:`experiments.results.guard`, before the previous sweep is removed); an error on some
+        :func:`commlab.provenance.guard`, before the previous sweep is removed); an error on some
         ranks only aborts the job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD

@@ -60,7 +60,7 @@ __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
-_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int64)}  # int64: row ids (ps.embedding.sparse_push_pull)
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int64)}  # int64: row ids (ps.embedding)
 _CODES = {v: k for k, v in _DTYPES.items()}
 #: Codes of a REJECT reply (its ``clock`` field) and what they mean.
 REJECT_REASONS = {1: "the gradient's length differs from the shard's", 2: "the gradient's dtype differs from the shard's",
@@ -155,7 +155,7 @@ class Backoff:
         self.delay = min(2 * self.delay, self.cap)
 
 
-def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=(0, 0, 0)):
+def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, shard=0, epoch=0, seq=0, aux=0):
     """Post one message (header and optional payload) without blocking.
 
     Parameters
@@ -170,10 +170,10 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=
         Header fields (see the module table).
     data : ndarray, shape (length,), float32 or float64, optional
         Contiguous host payload; it must stay unchanged until the requests complete.
-    meta : tuple of int
-        ``(rid, version, shard)``: request id, shard version and shard index (see the module docstring).
-    extra : tuple of int
-        ``(epoch, seq, aux)`` of replicated shards (see the module docstring).
+    rid, version, shard : int
+        Request id, shard version and shard index (see the module docstring).
+    epoch, seq, aux : int
+        The fields of replicated shards (see the module docstring).
 
     Returns
     -------
@@ -182,9 +182,8 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=
     """
     length = 0 if data is None else int(data.shape[0])
     code = 0 if data is None else _CODES.get(data.dtype, 0)
-    rid, version, shard = meta
     header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code,
-                       *(int(x) for x in extra)], dtype=np.int64)
+                       int(epoch), int(seq), int(aux)], dtype=np.int64)
     reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
     if length:
         assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64/int64"

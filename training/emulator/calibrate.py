@@ -48,7 +48,7 @@ from commlab.provenance import mpi_library
 from commlab import provenance as prov
 from training.emulator.net import parse_rate
 from commlab.provenance import command_line
-from training.options import INT32_MAX, Parser, integer, link_rate, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, link_rate, outpath, real
 
 __all__ = ["find_nodes", "pingpong", "exchange", "fanout", "link_size", "main"]
 

@@ -31,7 +31,7 @@ import sys
 import time
 
 from commlab import provenance
-from training.options import Parser, outpath, text
+from training.settings.options import Parser, outpath, text
 from training.predict import job_config as cfgmod
 from training.predict import profile as profmod
 from training.predict import topology as topomod

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from training.checkpoint import epoch_checkpoints
+from training.runtime.checkpoint import epoch_checkpoints
 
 from commlab import provenance
 
@@ -42,7 +42,7 @@ from training.predict import floor as floormod
 from training.predict import profile as profmod
 from training.predict import topology as topomod
 from training.predict.step import predict
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["JOB", "plan", "train_flags", "epoch_times", "compare", "run", "main"]
 

@@ -3,27 +3,31 @@
 A measurement taken while other jobs load the cores measures the load, not the code. Every study and
 benchmark therefore
 
-1. checks the host's 1-minute load average before it starts (:func:`guard`): above the threshold
-   (``--max-load``; default :func:`default_max_load`, a quarter of a load unit per core) it refuses
-   with one error line, or, with ``--allow-noisy``, runs and marks its file noisy;
+1. checks that its results files can be written (:func:`unwritable`) and the host's 1-minute load
+   average before it starts (:func:`guard`): above the threshold (``--max-load``; default
+   :func:`default_max_load`, a quarter of a load unit per core) it refuses with one error line, or,
+   with ``--allow-noisy``, runs and marks its file noisy;
 2. samples the load average while it runs (a run is noisy when a sample exceeds the threshold plus
    its own P ranks, each of which adds about one unit) (:class:`LoadWatch`, a daemon thread reading
    ``os.getloadavg`` every ``interval`` seconds);
 3. writes a ``"provenance"`` record into its results file (:func:`stamp`): the command that produced
-   it, the versions (Python, NumPy, mpi4py, the MPI library, commlab), P, the core count, the host, the
-   date, the load before and during the run, the threshold and the verdict ``noisy``.
+   it (:func:`command_line`), the versions (Python, NumPy, mpi4py, the MPI library, commlab), P, the
+   core count, the host, the date, the load before and during the run, the threshold and the verdict
+   ``noisy``; then writes the file (:func:`commlab.file_formats.write_json`).
 
-:mod:`plots.publish` never publishes a noisy file (:func:`plots.publish.check_quiet`).
+The published results come only from files that are not noisy (:func:`is_noisy`, :func:`is_quiet`).
+The guard reads its settings from an ``argparse`` namespace (``max_load``, ``allow_noisy``,
+``settle``), which :func:`add_options` declares on a program's parser.
+
+Imports: the standard library only; mpi4py is imported inside :func:`mpi_library`, when it is called.
 
 Examples
 --------
 >>> import argparse
->>> from experiments import results
->>> parser = argparse.ArgumentParser()
->>> results.add_options(parser)
->>> args = parser.parse_args(["--max-load", "1000"])
->>> watch = results.guard(args)           # refuses (ValueError) when the machine is busy
->>> record = results.stamp({"rows": []}, watch, P=1)
+>>> from commlab import provenance
+>>> args = argparse.Namespace(max_load=1000.0, allow_noisy=False, settle=0.0)
+>>> watch = provenance.guard(args)           # refuses (ValueError) when the machine is busy
+>>> record = provenance.stamp({"rows": []}, watch, P=1)
 >>> sorted(record["provenance"])[:4]
 ['P', 'command', 'cores', 'date']
 >>> record["provenance"]["noisy"]
@@ -37,14 +41,63 @@ import sys
 import threading
 import time
 
-from training.metrics import LOAD_PER_CORE, default_max_load, is_quiet
-from training.options import real
+__all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "add_options", "guard", "guard_or_say", "LoadWatch", "provenance",
+           "stamp", "is_noisy", "command_line", "unwritable", "mpi_library"]
 
-__all__ = ["default_max_load", "add_options", "guard", "guard_or_say", "LoadWatch", "provenance", "stamp",
-           "is_noisy"]
+#: Load-average units per core above which a machine is busy: a measurement there measures the other
+#: jobs (0.5 on 2 cores). Studies refuse to start above it (:func:`guard`); the published results
+#: come only from runs below it.
+LOAD_PER_CORE = 0.25
 
-def add_options(parser):
-    """Add ``--max-load`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark."""
+
+def default_max_load(cores=None):
+    """Return the load-average threshold of a quiet machine: :data:`LOAD_PER_CORE` x cores.
+
+    Parameters
+    ----------
+    cores : int, optional
+        Core count (default ``os.cpu_count()``).
+
+    Examples
+    --------
+    >>> default_max_load(2)
+    0.5
+    """
+    return LOAD_PER_CORE * (cores or os.cpu_count() or 1)
+
+
+def is_quiet(before, during_max, P, max_load):
+    """True when a run's load was below ``max_load`` before it and below ``max_load + P`` during it.
+
+    Each of the run's own busy-polling ranks adds about one unit of load, hence ``+ P`` during.
+
+    Examples
+    --------
+    >>> is_quiet(0.1, 2.3, 2, 0.5), is_quiet(0.8, 0.8, 2, 0.5), is_quiet(0.1, 3.1, 2, 0.5)
+    (True, False, False)
+    """
+    return before <= max_load and during_max <= max_load + (P or 1)
+
+
+def add_options(parser, real):
+    """Add ``--max-load``, ``--settle`` and ``--allow-noisy`` to an ``argparse`` parser of a study or benchmark.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    real : callable
+        ``real(low, high)`` returns the ``argparse`` type of a finite number in ``[low, high]``: the
+        program's own declaration of a number option (``training.settings.options.real``), so that the
+        options are checked like every other option of the program.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_options(parser, lambda low, high: float)
+    >>> parser.parse_args(["--max-load", "1000"])
+    Namespace(max_load=1000.0, settle=0.0, allow_noisy=False)
+    """
     parser.add_argument("--max-load", type=real(-1e15, 1e15), default=None, metavar="L",
                         help="refuse to start when the 1-minute load average is above L "
                              f"(default {LOAD_PER_CORE:g} x cores = {default_max_load():g} here)")
@@ -100,8 +153,9 @@ def guard(args, comm=None, interval=5.0):
     Parameters
     ----------
     args : argparse.Namespace
-        Parsed options of :func:`add_options` (``max_load``, ``allow_noisy``, ``settle``: seconds rank 0
-        may wait for the load average to fall below the threshold first, the other ranks sleeping).
+        The parsed options ``max_load`` (load-average units; None: :func:`default_max_load`),
+        ``allow_noisy`` (bool) and, optionally, ``settle`` (seconds rank 0 may wait for the load
+        average to fall below the threshold first, the other ranks sleeping).
     comm : mpi4py.MPI.Comm, optional
         With a communicator rank 0 reads the load and broadcasts its verdict, so every rank refuses
         alike (one error on every rank before any measurement).
@@ -180,8 +234,6 @@ def provenance(P=None, command=None):
         command = shlex.join(head + sys.argv[1:])
     versions = {"python": platform.python_version(), "numpy": _version("numpy"), "mpi4py": _version("mpi4py")}
     if "mpi4py.MPI" in sys.modules:
-        from collectives.backend import mpi_library
-
         versions["mpi_library"] = mpi_library()
     try:
         from importlib.metadata import version
@@ -222,3 +274,105 @@ def is_noisy(record):
     """True when a results dict was measured on a busy machine, or carries no provenance at all."""
     prov = record.get("provenance")
     return prov is None or bool(prov.get("noisy", True))
+
+
+def command_line(module, argv=None):
+    """Return ``python -m MODULE ARGV...`` for an entry point's ``main(argv)``, or None when ``argv`` is None.
+
+    A results file's provenance names the command that made it (:func:`stamp`); when ``main`` is
+    called with its own ``argv`` (a test, another program) this process's command line is not that
+    command. With ``argv`` None the entry point parsed ``sys.argv``, and None lets
+    :func:`provenance` read it from there.
+
+    Parameters
+    ----------
+    module : str
+        The entry point's module, e.g. ``"experiments.bench.trainer"``.
+    argv : list of str, optional
+        The arguments ``main`` parsed.
+
+    Returns
+    -------
+    str or None
+
+    Examples
+    --------
+    >>> command_line("experiments.bench.trainer", ["--steps", 3])
+    'python -m experiments.bench.trainer --steps 3'
+    >>> command_line("experiments.bench.trainer") is None
+    True
+    """
+    return None if argv is None else shlex.join(["python", "-m", module, *map(str, argv)])
+
+
+def unwritable(*paths):
+    """Return why one of ``paths`` cannot be written (folders made if missing), or None.
+
+    Each file is really opened for writing (a new one is removed again, an existing one is left as it
+    is): permission bits say little to root or on a read-only file system. A study calls it before
+    any measurement, so that a bad ``--out`` fails at once rather than after the run.
+
+    Parameters
+    ----------
+    *paths : str
+        Results files an experiment will write.
+
+    Returns
+    -------
+    str or None
+        The reason, naming the path; None when every path can be written.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> unwritable(os.path.join(d, "out", "results.json")) is None
+    True
+    >>> unwritable(d)  # doctest: +ELLIPSIS
+    "'...' is a folder, give a file path"
+    """
+    for path in paths:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as exc:
+            return f"cannot make the folder of {path!r}: {exc.strerror or exc}"
+        if os.path.isdir(path):
+            return f"{path!r} is a folder, give a file path"
+        try:
+            if os.path.exists(path):
+                open(path, "a", encoding="utf-8").close()  # leaves the contents as they are
+            else:
+                open(path, "x", encoding="utf-8").close()
+                os.remove(path)
+        except OSError as exc:
+            return f"{path!r} is not writable: {exc.strerror or exc}"
+    return None
+
+
+def mpi_library(version=None):
+    """Return the MPI library's version string on one line: the one place that formats it.
+
+    Parameters
+    ----------
+    version : str, optional
+        A raw ``MPI_Get_library_version`` string (default: this process's library, which imports
+        mpi4py).
+
+    Returns
+    -------
+    str
+        Its first line with NUL bytes removed (Open MPI ends the string with one, which would print
+        as a box glyph in files and figures) and runs of whitespace collapsed (MPICH pads
+        ``Version:``), e.g. ``"MPICH Version: 5.0.2"`` or ``"Open MPI v5.0.11, package: ..."``.
+
+    Examples
+    --------
+    >>> mpi_library("MPICH Version:      5.0.2\\nMPICH Release date: ...")
+    'MPICH Version: 5.0.2'
+    """
+    if version is None:
+        from mpi4py import MPI
+
+        version = MPI.Get_library_version()
+    first = (version.replace("\x00", "").strip().splitlines() or [""])[0]
+    return " ".join(first.split())
