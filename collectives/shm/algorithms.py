@@ -54,6 +54,7 @@ Imports: :mod:`collectives.shm.node`, :mod:`collectives.engine`, :mod:`collectiv
 import math
 import time
 import zlib
+from dataclasses import dataclass
 
 import numpy
 
@@ -64,7 +65,7 @@ from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.schedules.schedule import chunk_bounds
 from collectives.shm.node import node_of, shared_views
 
-__all__ = ["SMALL_BYTES", "CHUNK_BYTES", "fold", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
+__all__ = ["SMALL_BYTES", "CHUNK_BYTES", "Reduction", "fold", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
            "reduce", "refuse", "ShmRequest", "ShmPlan", "plan"]
 
 #: Largest all-reduce or reduce (bytes) run with one synchronisation point, each rank reading every stage.
@@ -103,8 +104,8 @@ def fold(srcs, lo, hi, reduction, dsts, node, base=0):
         Every rank's input (rank order), read in place.
     lo, hi : int
         The elements reduced.
-    reduction : (ufunc, dtype, callable or None)
-        The op's ufunc, the accumulation dtype, and ``avg``'s divider (:func:`_reduction`).
+    reduction : Reduction
+        The op's ufunc, the accumulation dtype, and ``avg``'s divider.
     dsts : list of ndarray
         Each written at ``[a - base:b - base]`` for the elements ``a:b`` of each chunk (cast to its dtype,
         rounded once), after the chunk was read from every rank.
@@ -115,7 +116,7 @@ def fold(srcs, lo, hi, reduction, dsts, node, base=0):
     """
     if hi <= lo:
         return
-    ufunc, acc, avg = reduction
+    ufunc, acc, avg = reduction.ufunc, reduction.acc, reduction.avg
     step = max(CHUNK_BYTES // acc.itemsize, 1)
     tmp = node.scratch(acc, min(step, hi - lo))
     size = len(srcs)
@@ -134,13 +135,29 @@ def fold(srcs, lo, hi, reduction, dsts, node, base=0):
             numpy.copyto(d[a - base:b - base], t, casting="unsafe")
 
 
-def _reduction(op, dtype, size):
-    """Return (ufunc, accumulation dtype, avg's divider or None) of ``op`` on ``dtype``."""
-    acc = ACC[dtype]
-    avg = None
-    if op == "avg" and size > 1:
-        avg = numpy.true_divide if acc.kind == "f" else numpy.floor_divide
-    return getattr(numpy, OPS[op]), acc, avg
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """The reduction of a call, as :func:`fold` applies it: three values made together and read together."""
+
+    ufunc: numpy.ufunc  # the op's binary ufunc (``add`` for sum and avg)
+    acc: numpy.dtype  # the accumulation dtype (float32 for float16 and bfloat16)
+    avg: object = None  # avg's divider (``true_divide`` or ``floor_divide`` by P), None for the other ops
+
+    @classmethod
+    def of(cls, op, dtype, size):
+        """Return the reduction of ``op`` on ``dtype`` over ``size`` ranks.
+
+        Examples
+        --------
+        >>> r = Reduction.of("avg", numpy.dtype("float16"), 4)
+        >>> r.ufunc is numpy.add, r.acc, r.avg is numpy.true_divide
+        (True, dtype('float32'), True)
+        """
+        acc = ACC[numpy.dtype(dtype)]
+        avg = None
+        if op == "avg" and size > 1:
+            avg = numpy.true_divide if acc.kind == "f" else numpy.floor_divide
+        return cls(getattr(numpy, OPS[op]), acc, avg)
 
 
 def _host(x, collective):
@@ -205,7 +222,7 @@ def _allreduce_steps(node, ctx, key, code, x, out, zero):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype, op = x.size, x.dtype, key[4]
-    red = _reduction(op, dtype, size)
+    red = Reduction.of(op, dtype, size)
     bounds = chunk_bounds(n, size)
     lo, hi = bounds[rank], bounds[rank + 1]
     if zero is not None:  # in place on shared buffers: every rank's x is read and written where it lies
@@ -424,7 +441,7 @@ class ShmPlan:
                 node.wait(node.post(code), key, ctx, None, None, 0, "plan (the stage grows)")
                 node.stage(x.nbytes)
             flat = out.reshape(-1) if out.flags.c_contiguous and out.size else None
-            self._lean = (code, _reduction(key[4], x.dtype, node.size), flat)
+            self._lean = (code, Reduction.of(key[4], x.dtype, node.size), flat)
 
     def _views(self):
         """Work out every rank's stage, both halves, as arrays of ``x``'s dtype (again after the window grew)."""
@@ -503,7 +520,7 @@ def _reduce_scatter_steps(node, ctx, key, code, x, out):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype = x.size, x.dtype
-    red = _reduction(key[4], dtype, size)
+    red = Reduction.of(key[4], dtype, size)
     yield from _staged(node, code, x.nbytes)
     views = node.stage(x.nbytes)
     if n:
@@ -621,7 +638,7 @@ def _reduce_steps(node, ctx, key, code, x, root, out):
     node.calls += 1
     size, rank = node.size, node.rank
     n, dtype = x.size, x.dtype
-    red = _reduction(key[4], dtype, size)
+    red = Reduction.of(key[4], dtype, size)
     yield from _staged(node, code, x.nbytes)
     views = node.stage(x.nbytes)
     if n:

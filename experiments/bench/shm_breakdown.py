@@ -44,7 +44,7 @@ from commlab import provenance as prov
 from experiments.bench.references import limit
 from commlab.provenance import unwritable
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
-from training.sizes import parse_bytes
+from commlab.byte_sizes import parse_bytes
 
 __all__ = ["ROWS", "measure", "main"]
 
