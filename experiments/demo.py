@@ -17,9 +17,9 @@ from mpi4py import MPI
 
 import collectives
 import collectives.engine.context
-from collectives.backend import mpi_library
-from training.cli import parse_on_every_rank
-from training.options import INT32_MAX, Parser, integer, real
+from commlab.provenance import mpi_library
+from training.settings.cli import parse_on_every_rank
+from training.settings.options import INT32_MAX, Parser, integer, real
 
 __all__ = ["main"]
 

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from training.options import INT32_MAX, Parser, integer, real
+from training.settings.options import INT32_MAX, Parser, integer, real
 
 
 def parse_args(argv=None):

@@ -14,11 +14,11 @@ import os
 
 import numpy
 
-from training.checkpoint import CheckpointError, check_origin, find_checkpoint, read_npz, root_bytes
-from training.config import Config
-from training.data import load_dataset
-from training.nn import Linear, build_mlp
-from training.state import check_values
+from training.runtime.checkpoint import CheckpointError, check_origin, find_checkpoint, read_npz, root_bytes
+from training.settings.config import Config
+from training.data.datasets import load_dataset
+from training.model.nn import Linear, build_mlp
+from training.runtime.state import check_values
 from training.model_parallel.sharded import dense_params, find_sharded, read_pieces
 
 __all__ = ["ModelSpec", "load_spec", "dense_forward", "Predictor", "PAD_ROWS_MAX", "forward_rows"]
@@ -51,7 +51,7 @@ class ModelSpec:
     n_features, n_classes : int
     path : str
         The checkpoint file read.
-    config : training.config.Config
+    config : training.settings.config.Config
         The configuration the checkpoint was trained with.
     """
 
@@ -120,7 +120,7 @@ def load_spec(path, comm):
 
     Returns
     -------
-    (ModelSpec, training.data.Dataset or None)
+    (ModelSpec, training.data.datasets.Dataset or None)
         The model, and on rank 0 the data set it was trained on (None elsewhere).
 
     Raises

@@ -22,7 +22,7 @@ from collectives.model.auto import select_allreduce
 from inference.balance import POLICIES, Balancer
 from inference.batching import DynamicBatcher
 from inference.config import ServeConfig, parse_pairs
-from training.preflight import agree
+from training.driver.preflight import agree
 from inference.endpoint import EndpointOptions, HttpEndpoint
 from inference.exporter import ServingMetrics
 from inference.front import Front, FrontOptions
@@ -33,9 +33,9 @@ from inference.replica import ReplicaOptions, serve_replica
 from inference.request import Request
 from inference.slo import LatencyObjective
 from inference.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
-from training.checkpoint import CheckpointError, root_bytes
+from training.runtime.checkpoint import CheckpointError, root_bytes
 from training.metrics import run_info
-from training.options import Parser, as_flags, field_type
+from training.settings.options import Parser, as_flags, field_type
 
 __all__ = ["run", "main", "parse_args", "PER_RANK"]
 

@@ -14,9 +14,10 @@ figure of its own.
 import json
 import os
 
-import humanfriendly
 from tabulate import tabulate
-from training.options import INT32_MAX, Parser, infile, integer, outpath
+
+from commlab.byte_sizes import format_bytes
+from training.settings.options import INT32_MAX, Parser, infile, integer, outpath
 
 __all__ = ["markdown", "draw", "main", "row_seconds", "check_stat"]
 
@@ -42,7 +43,7 @@ def check_stat(rows, stat):
 
 
 def _size(n):
-    return humanfriendly.format_size(n, binary=True)  # the formatter of training.sizes, without MPI
+    return format_bytes(n)
 
 
 def _x(v, fmt="{:.2f}"):

@@ -5,7 +5,7 @@
     python -m plots.cluster results/cluster/model.json
     python -m plots.cluster results/cluster/ps_study.json
 
-The file's ``study`` key picks the figure. Collectives (``experiments.cluster.collectives``): one row
+The file's ``study`` key picks the figure. Collectives (``experiments.cluster.node_collectives``): one row
 of panels per link rate: all-reduce time per call against size (log-log), each algorithm's speedup
 over ``ring`` (median of the passes, bars: their range; above 1 is faster than the flat ring), and the
 inter-node busbw as a fraction of the configured link rate. Compression
@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import ScalarFormatter  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["draw", "draw_compression", "draw_model", "draw_ps", "main"]
 
@@ -36,7 +36,7 @@ _STYLE = {"ring": ("tab:blue", "o"), "rabenseifner": ("tab:orange", "s"), "2d": 
 
 
 def draw(study, out):
-    """Draw ``study`` (the JSON of ``experiments.cluster.collectives``) to the PNG ``out``."""
+    """Draw ``study`` (the JSON of ``experiments.cluster.node_collectives``) to the PNG ``out``."""
     rows = study["rows"]
     links = list(dict.fromkeys(r["link"] for r in rows))
     fig, axes = plt.subplots(len(links), 3, figsize=(15, 4.2 * len(links)), squeeze=False)
@@ -191,7 +191,7 @@ def draw_ps(study, out):
 def main(argv=None):
     """Read the study's JSON and write the PNG; return the exit status."""
     p = Parser(prog="python -m plots.cluster", description=__doc__.split("\n")[0])
-    p.add_argument("study", type=infile(), help="a results JSON of experiments.cluster.collectives, .compression, .model "
+    p.add_argument("study", type=infile(), help="a results JSON of experiments.cluster.node_collectives, .compression, .model "
                    "or .ps")
     p.add_argument("--out", type=outpath(empty=True), default="", help="PNG path (default: beside the JSON, .png)")
     a = p.parse_args(argv)

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from plots.inputs import read_results
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["draw", "markdown", "main"]
 

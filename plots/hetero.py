@@ -7,7 +7,6 @@ The data-parallel and parameter-server launches of one worker count are drawn an
 the ideal step and the speedups come from the data-parallel launch's ``equal`` runs
 (:mod:`experiments.studies.hetero_study`).
 """
-import glob
 import os
 import sys
 
@@ -18,10 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from tabulate import tabulate  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
-from plots.sources import FIGURES, REFERENCE, check_quiet, load, source_line  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
-__all__ = ["rows", "draw", "markdown", "published_table", "published_figures", "main"]
+__all__ = ["rows", "draw", "markdown", "main"]
 
 
 def rows(results):
@@ -92,27 +90,6 @@ def draw(results, out):
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
-
-
-def _published(rel):
-    """Return the quiet results files of the study in ``plots/reference/REL/``, their provenance and paths."""
-    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "hetero_w*_*.json")))
-    if not paths:
-        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.hetero_study")
-    rels = [os.path.relpath(path, REFERENCE) for path in paths]
-    results = [load(r) for r in rels]
-    return results, [check_quiet(res, r) for res, r in zip(results, rels)], rels
-
-
-def published_table(rel):
-    """Return the published table of the committed results in ``plots/reference/REL/`` with their provenance."""
-    results, provs, rels = _published(rel)
-    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
-
-
-def published_figures(rel):
-    """Draw the published figure (``plots/figures/hetero.png``) of ``plots/reference/REL/``; return its path."""
-    return [draw(_published(rel)[0], os.path.join(FIGURES, "hetero.png"))]
 
 
 def main(argv=None):

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 from plots.inputs import read_results  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["draw", "main"]
 

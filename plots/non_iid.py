@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from tabulate import tabulate  # noqa: E402
 
 from plots.inputs import read_results  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["rows_by_workers", "draw", "markdown", "main"]
 

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from plots.inputs import read_results
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 from training.predict.scale import scale_table
 
 __all__ = ["draw", "scale_markdown", "draw_validation", "validation_table", "main"]

@@ -4,15 +4,15 @@ Run: ``python -m plots.scaling results/scale_sim.json [--out results/scaling.png
 """
 import math
 
-import humanfriendly
 import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from commlab.byte_sizes import format_bytes  # noqa: E402
 from plots.inputs import read_results  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["main", "draw"]
 
@@ -64,7 +64,7 @@ def draw(result, out):
         ax.set_xlabel("ranks P")
         ax.set_ylabel("predicted time (ms, log scale)")
         note = _crossover_note(result.get("crossovers", {}).get(str(size), {}))
-        title = f"all-reduce {humanfriendly.format_size(size, binary=True)}"  # training.sizes' formatter
+        title = f"all-reduce {format_bytes(size)}"
         ax.set_title(title + (f"\n{note}" if note else ""), fontsize=8.5)
         ax.grid(True, which="major", alpha=0.35)
         ax.grid(True, which="minor", axis="y", alpha=0.12)

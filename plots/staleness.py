@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["load_runs", "draw", "draw_ratios", "main"]
 
@@ -277,7 +277,7 @@ def draw_ratios(tables, meta, path):
     Parameters
     ----------
     tables : dict
-        ``{part: rows}`` as :func:`plots.ps_tables.ratio_table` computed them.
+        ``{part: rows}`` as :func:`plots.tables.ps_tables.ratio_table` computed them.
     meta : dict
         From :func:`load_runs` (``run``: MPI library, P, host).
     path : str

@@ -7,7 +7,7 @@ POSIX); :func:`read_npz` and :func:`parse_npz` verify it, and a missing, corrupt
 tampered file raises :class:`CheckpointError` naming the file.
 
 The parameter servers write their shards with it; the trainer's checkpoints
-(:mod:`training.checkpoint`) use the same functions, with rank 0 reading and broadcasting.
+(:mod:`training.runtime.checkpoint`) use the same functions, with rank 0 reading and broadcasting.
 """
 import contextlib
 import glob

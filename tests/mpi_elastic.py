@@ -5,7 +5,7 @@
 steps are complete, at the start of the next step (``WHERE = step``) or inside its gradient
 all-reduce, after posting the first round (``WHERE = inside``).
 
-First the oracle: all ranks train STEP steps (:func:`training.elastic.elastic_loop`), each copies its
+First the oracle: all ranks train STEP steps (:func:`training.driver.elastic.elastic_loop`), each copies its
 state as a checkpoint would hold it, and the ranks but VICTIM restore it into a trainer built on
 their own communicator, as ``--resume`` does, and train to the end with the re-partition rule.
 Then the same training from the start, VICTIM killed: every survivor must end with bitwise the
@@ -27,11 +27,11 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives.engine.executor as executor
-import training.elastic as elastic
-from training.build import to_device
-from training.cli import parse_args
+import training.driver.elastic as elastic
+from training.runtime.build import to_device
+from training.settings.cli import parse_args
 from training.dp.data_parallel import replicas_identical
-from training.trainer import build_trainer
+from training.driver.trainer import build_trainer
 
 TINY = ["--data", "synthetic", "--samples", "300", "--features", "8", "--classes", "3", "--hidden", "16",
         "--batch-size", "32", "--epochs", "2", "--no-progress", "--elastic", "--algorithm", "ring",

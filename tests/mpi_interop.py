@@ -179,7 +179,7 @@ def mlp(seed, dtype=torch.float64, hidden=32):
 
 
 def digits(dtype):
-    """The digits split as in training.data (80/20, stratified, standardized), as tensors."""
+    """The digits split as in training.data.datasets (80/20, stratified, standardized), as tensors."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler

@@ -22,7 +22,7 @@ import sys
 
 from mpi4py import MPI
 
-from training.cli import parse_args
+from training.settings.cli import parse_args
 from training.train import main, run
 from tests.mpicases import quiet, run_cases
 

@@ -30,13 +30,13 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from training.checkpoint import load_checkpoint
-from training.config import Config
+from training.runtime.checkpoint import load_checkpoint
+from training.settings.config import Config
 from training.model_parallel.grid import Grid, build_stage
 from training.model_parallel.grid_train import build_hybrid, run_hybrid
-from training.optim import make_optimizer
+from training.model.optim import make_optimizer
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear, shard_bounds
-from training.nn import Tanh
+from training.model.nn import Tanh
 from training.model_parallel.sharded import dense_params, find_sharded
 from training.train import lr_at, run
 from tests.mpicases import quiet, run_cases, shared_dir

@@ -42,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from tests.mpicases import quiet, run_cases, shared_dir
-from training.config import Config
+from training.settings.config import Config
 from training.metrics import read_jsonl
 import training.ps_mode.worker
 import training.train

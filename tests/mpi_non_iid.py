@@ -6,7 +6,7 @@ weighted    each rank's mean gradient over its own (unequal) Dirichlet shard, av
             weights, equals one process's gradient over all the data (float64, 1e-12); the plain
             average of the same means does not (the bias of the unweighted average).
 weighted_step
-            --weighted-average at H = 1: the weights W n_w / sum n (training.skew.gradient_scale) match
+            --weighted-average at H = 1: the weights W n_w / sum n (training.data.skew.gradient_scale) match
             MPI's sum of the shard sizes; the expected step (each rank's gradient averaged over batches
             that hold every shard sample equally often, scaled, then the plain all-reduce) and one
             train_step on the whole shards equal one process's full gradient (float64, 1e-12); the
@@ -32,16 +32,17 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from training.build import build_model, to_device
-from training.config import Config
-from training.data import load_dataset
-from training.dp.data_parallel import AllreduceHook, compute_gradient, train_step
+from training.runtime.build import build_model, to_device
+from training.settings.config import Config
+from training.data.datasets import load_dataset
+from training.dp.hooks import AllreduceHook
+from training.dp.data_parallel import compute_gradient, train_step
 from training.dp.local_sgd import LocalSGD, local_step, weighted_average
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
-from training.optim import SGD
-from training.partition import draw_partition
-from training.skew import gradient_scale, shard_sampler
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import make_optimizer
+from training.model.optim import SGD
+from training.data.partition import draw_partition
+from training.data.skew import gradient_scale, shard_sampler
 from training.train import run
 from tests.mpicases import quiet, run_cases, shared_dir
 

@@ -25,9 +25,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from training.nn import SoftmaxCrossEntropy, build_mlp
-from training.optim import SGD
-from training.dp.data_parallel import AllreduceHook, bucket_bounds, compute_gradient, train_step
+from training.model.nn import SoftmaxCrossEntropy, build_mlp
+from training.model.optim import SGD
+from training.dp.hooks import AllreduceHook, bucket_bounds
+from training.dp.data_parallel import compute_gradient, train_step
 from tests.mpicases import run_cases
 
 SIZES = [12, 40, 40, 40, 5]  # 4 Linear layers: 520, 1640, 1640, 205 parameters; buckets of 1200 elements

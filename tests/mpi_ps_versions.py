@@ -148,7 +148,9 @@ def _bad_worker(comm, bad):
     sends = (malformed if bad else []) + [(np.zeros(6), (105, 0, 0))] + ([(np.ones(6), (105, 0, 0))] if bad else [])
     codes = []
     for data, meta in sends:
-        wait_all(send(comm, 0, Msg.PUSH, 2, 0, data, meta), time.monotonic() + 20, "push")
+        rid, version, shard = meta
+        wait_all(send(comm, 0, Msg.PUSH, 2, 0, data, rid=rid, version=version, shard=shard), time.monotonic() + 20,
+                 "push")
         if meta[0] == 105 and data[0] == 0:
             continue  # the good push: no answer
         deadline = time.monotonic() + 10

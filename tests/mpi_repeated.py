@@ -353,7 +353,7 @@ def case_repeated_allreduce():
 def case_trainer_plans():
     """The trainer's gradient hook with a timeout plans each bucket's all-reduce once and starts it at every
     step; its averages equal MPI's, and a new gradient array gets new plans."""
-    from training.dp.data_parallel import AllreduceHook
+    from training.dp.hooks import AllreduceHook
 
     for alg in ("auto", "ring"):
         hook = AllreduceHook(comm, alg, buckets=[(0, 5), (5, 3005)], timeout=30.0)

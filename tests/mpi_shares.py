@@ -38,8 +38,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ps.shards.key_ranges import proportional
-from training.runs.build import build_model, make_sampler, to_device
-from training.runs.checkpoint import load_checkpoint
+from training.runtime.build import build_model, make_sampler, to_device
+from training.runtime.checkpoint import load_checkpoint
 from training.settings.cli import parse_args
 from training.settings.config import Config
 from training.data.datasets import load_dataset

@@ -296,8 +296,8 @@ def case_trainer_gradient_in_shared_memory(comm_):
     """``--algorithm shm``: the flat gradient lives in shared memory and every bucket's plan is zero-copy."""
     from collectives.engine.context import get_context
     from collectives.shm.node import node_of
-    from training.cli import parse_args
-    from training.trainer import build_trainer
+    from training.settings.cli import parse_args
+    from training.driver.trainer import build_trainer
 
     t = build_trainer(parse_args(["--algorithm", "shm", "--hidden", "64", "--no-progress", "--timeout", "30"]), comm)
     g = t.model.grads

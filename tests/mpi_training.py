@@ -31,14 +31,15 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from training.build import build_model, make_sampler, to_device
-from training.checkpoint import CheckpointError, load_checkpoint
-from training.cli import parse_args
-from training.config import Config
-from training.data import load_dataset
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
-from training.dp.data_parallel import evaluate, make_grad_hook, train_step
+from training.runtime.build import build_model, make_sampler, to_device
+from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.settings.cli import parse_args
+from training.settings.config import Config
+from training.data.datasets import load_dataset
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import make_optimizer
+from training.dp.data_parallel import evaluate, train_step
+from training.dp.hooks import make_grad_hook
 from training.train import run
 from tests.mpicases import quiet, run_cases, shared_dir
 

@@ -125,7 +125,7 @@ want = np.empty_like(x)
 comm.Allreduce(x, want)
 got = collectives.allreduce(x, algorithm="torus", grid="topology")
 levels = get_context(comm).levels()
-from training.config import Config
+from training.settings.config import Config
 from training.job import set_threads
 sys.stdout.write(f"RANK {comm.rank} {socket.gethostname()} {os.environ.get('COMMLAB_RACKS')} "
                  f"{'x'.join(map(str, levels))} {np.array_equal(got, want)} {set_threads(Config(), comm)}\n")
@@ -282,7 +282,7 @@ def test_inter_node_bytes_match_the_algorithms_formulas():
     Flat ring: one rank per node sends across, 2 (P - 1) / P n. Hierarchical 2d on node rows: each of
     the K ranks all-reduces n / K across the N nodes, K x 2 (N - 1) / N x n / K.
     """
-    from experiments.cluster.collectives import node_bytes
+    from experiments.cluster.node_collectives import node_bytes
     n, P, K, N = 1 << 16, 8, 2, 4
     assert node_bytes("ring", P, K, n // 4) == 2 * (P - 1) / P * n
     assert node_bytes("2d", P, K, n // 4) == K * 2 * (N - 1) / N * n / K

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests.mpirun import ROOT, launcher, run_mpi
-from training.cli import parse_args
-from training.elastic import remaining_indices
+from training.settings.cli import parse_args
+from training.driver.elastic import remaining_indices
 
 ULFM = ("--with-ft", "ulfm")
 needs_ulfm = pytest.mark.skipif(launcher() != "openmpi", reason="needs Open MPI's mpiexec --with-ft ulfm "

@@ -79,7 +79,7 @@ def test_every_error_raised_on_purpose_has_one_root():
     from collectives.errors import CommlabError, ScheduleDeadlock, Timeout
     from ps.wire.messages import PSError, PSTimeout
     from ps.store import CheckpointError
-    from training.runs.checkpoint import RunDirError
+    from training.runtime.checkpoint import RunDirError
     for cls in (collectives.CollectiveError, collectives.CollectiveMismatch, collectives.CollectiveTimeout, PSError,
                 PSTimeout, CheckpointError, RunDirError, ScheduleDeadlock):
         assert issubclass(cls, CommlabError), cls

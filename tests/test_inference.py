@@ -18,10 +18,10 @@ from inference.model import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.tensor import emulate_forward
 from tests.mpirun import launcher, run_mpi
-from training.checkpoint import CheckpointError, load_checkpoint
-from training.config import Config
-from training.data import load_dataset
-from training.nn import build_mlp
+from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.settings.config import Config
+from training.data.datasets import load_dataset
+from training.model.nn import build_mlp
 from training.model_parallel.sharded import dense_params
 
 # ------------------------------------------------------------------------------ one process

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from tests.mpirun import ROOT, run_mpi
-from training.cli import build_parser, parse_args
+from training.settings.cli import build_parser, parse_args
 from training.model_parallel.grid import check_grid, layer_kinds
-from training.nn import Linear, ReLU
+from training.model.nn import Linear, ReLU
 from training.model_parallel.layers import ColumnParallelLinear, shard_bounds
 from training.model_parallel.pipeline import SCHEDULES, bubble_formula, schedule, simulate_bubble, stage_layers
 
@@ -139,7 +139,7 @@ def _check_manifest(run):
     """A sharded checkpoint is read only as its manifest lists it (oracle: the files as written)."""
     import shutil
 
-    from training.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
     from training.model_parallel.sharded import assemble, find_sharded, read_pieces
 
     ckpt = find_sharded(str(run))
@@ -179,7 +179,7 @@ def _check_served_values(run, ckpt, shard):
 
     from inference.model import load_spec
     from ps.store import read_npz, write_npz
-    from training.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
 
     assert load_spec(ckpt, MPI.COMM_SELF)[0].weights[0][0].shape == (16, 24)
     for damage, words in (("nan", "not finite"), ("int", "int64 values, not floating-point")):

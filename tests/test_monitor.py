@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.mpirun import run_mpi
-from training.cli import parse_args
+from training.settings.cli import parse_args
 from training.monitor.detect import StragglerRule, stalled
 from training.monitor.exporter import METRICS, Exporter, check_endpoint
 

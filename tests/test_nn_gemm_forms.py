@@ -7,8 +7,8 @@ with 1024-term sums differ from it by rounding only: rtol 1e-5 relative to the l
 import numpy as np
 import pytest
 
-from training import nn
-from training.nn import Linear, Sequential
+from training.model import nn
+from training.model.nn import Linear, Sequential
 
 
 BATCHES = sorted({1, 7, nn._TRANSPOSED_Y_ROWS, nn._TRANSPOSED_Y_ROWS + 1, nn._TRANSPOSED_DX_ROWS,

@@ -8,8 +8,8 @@ optimizer chunk, with weight decay.
 """
 import numpy as np
 
-from training import optim
-from training.optim import SGD, Adam
+from training.model import optim
+from training.model.optim import SGD, Adam
 
 
 def test_adam_float32_matches_algorithm_1():

@@ -2,9 +2,9 @@
 
 The walk: each command of the project (every module under ``training``, ``inference``,
 ``experiments`` and ``plots`` that runs as ``python -m``) is asked for ``--help`` in this process,
-which builds its parsers (:class:`training.options.Parser`); every option of every parser is then
+which builds its parsers (:class:`training.settings.options.Parser`); every option of every parser is then
 given the texts its declared range must refuse (below, above, 0 where it is below, negative, huge,
-NaN, inf, a word for a number, a missing file; :meth:`training.options.Declared.edges`). Oracle: exit
+NaN, inf, a word for a number, a missing file; :meth:`training.settings.options.Declared.edges`). Oracle: exit
 status 2, exactly one line holding ``error:`` that names the option, no traceback, no usage block,
 and nothing written in the working folder. A command whose parser holds an option with no declared
 range fails the walk at ``--help`` (the parser refuses to parse).
@@ -20,7 +20,7 @@ import pkgutil
 
 import pytest
 
-from training.options import Declared, Parser
+from training.settings.options import Declared, Parser
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_every_option_of_every_command_refuses_values_outside_its_range(module, 
     monkeypatch.chdir(tmp_path)
     parsers = _help(module)
     capsys.readouterr()
-    assert parsers, f"{module} builds no training.options.Parser: its options declare no range"
+    assert parsers, f"{module} builds no training.settings.options.Parser: its options declare no range"
     tried = 0
     for parser in parsers:
         assert not parser.undeclared(), (module, parser.undeclared())
@@ -149,7 +149,7 @@ def test_listed_settings_are_refused_before_anything_runs(module, argv, flag, tm
 
 
 def test_a_rate_in_bytes_per_second_is_refused_with_the_rate_in_bits(capsys):
-    from training.options import link_rate
+    from training.settings.options import link_rate
 
     with pytest.raises(Exception) as e:
         link_rate()("1gbps")

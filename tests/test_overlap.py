@@ -10,10 +10,11 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpirun import run_mpi
-from training.config import Config
-from training.nn import SoftmaxCrossEntropy, build_mlp
-from training.optim import Adam
-from training.dp.data_parallel import AllreduceHook, bucket_bounds, make_grad_hook, train_step
+from training.settings.config import Config
+from training.model.nn import SoftmaxCrossEntropy, build_mlp
+from training.model.optim import Adam
+from training.dp.hooks import AllreduceHook, bucket_bounds, make_grad_hook
+from training.dp.data_parallel import train_step
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -52,8 +53,8 @@ def test_compression_falls_back_and_bad_flag_is_refused():
 
 def test_trainer_flag_parses_runs_and_ends_bitwise_as_without(tmp_path, capsys):
     # the whole trainer on this process (P = 1), --overlap against --no-overlap: same final checkpoint
-    from training.checkpoint import load_checkpoint
-    from training.cli import parse_args
+    from training.runtime.checkpoint import load_checkpoint
+    from training.settings.cli import parse_args
     from training.train import run
 
     tiny = ["--data", "synthetic", "--samples", "240", "--features", "8", "--classes", "3", "--hidden", "8,8",

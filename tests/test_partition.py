@@ -3,11 +3,11 @@ requested label statistics, redraws, bad input, class-balanced resampling and th
 import numpy as np
 import pytest
 
-from training.cli import parse_args
-from training.config import Config
-from training.partition import check_partition, draw_partition, label_histogram, parse_partition
-from training.shard_sampler import ShardSampler, shared_subset
-from training.skew import check_skew
+from training.settings.cli import parse_args
+from training.settings.config import Config
+from training.data.partition import check_partition, draw_partition, label_histogram, parse_partition
+from training.data.shard_sampler import ShardSampler, shared_subset
+from training.data.skew import check_skew
 
 C = 10
 LABELS = np.random.default_rng(7).permutation(np.arange(1400) % C)  # 140 samples per class
@@ -35,7 +35,7 @@ def test_the_draw_depends_on_the_seed_alone():
 
 
 def test_every_rank_compares_the_skew_settings_before_training():
-    from training.preflight import PER_RANK
+    from training.driver.preflight import PER_RANK
 
     keys = ("partition", "resample", "shared_fraction", "local_steps", "post_local_epoch", "average_optimizer",
             "weighted_average")

@@ -234,7 +234,7 @@ def test_scale_study_on_small_p_and_its_figure(tmp_path):
 
 
 def test_validation_harness_on_a_tiny_plan(capsys):
-    from training.cli import build_parser
+    from training.settings.cli import build_parser
     from training.predict import validate
 
     entries = validate.plan()

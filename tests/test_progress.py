@@ -18,8 +18,8 @@ import sys
 import time
 
 from tests.mpirun import ROOT, finish, launcher_args, launcher_env, mpiexec_path
-from collectives.log import get_logger, setup_logging
-from training import progress
+from commlab.logs import get_logger, setup_logging
+from training.runtime import progress
 
 
 def _launch(stderr, pause, stdout=subprocess.PIPE, timeout=60):

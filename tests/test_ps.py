@@ -212,7 +212,7 @@ def test_run_records_end_with_the_final_parameters():
     from training.settings.config import Config
     from training.model.nn import SoftmaxCrossEntropy
     from training.dp.data_parallel import evaluate
-    from training.runs.build import build_model
+    from training.runtime.build import build_model
     from mpi4py import MPI
 
     rng = np.random.default_rng(0)

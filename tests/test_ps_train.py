@@ -35,7 +35,7 @@ def test_bsp_matches_data_parallel_training(tmp_path):
     flags += ["--epochs", "1"]  # one epoch: ~37 steps, each an equal update, is what the equivalence needs
     _, dp = _train(3, tmp_path, "dp", "--mode", "dp", *flags)
     _, ps = _train(5, tmp_path, "ps", "--mode", "ps", "--servers", "2", "--consistency", "bsp", *flags)
-    from training.checkpoint import checkpoint_path
+    from training.runtime.checkpoint import checkpoint_path
 
     with np.load(checkpoint_path(dp, 1), allow_pickle=False) as z:
         want = z["model/params"]

@@ -15,7 +15,7 @@ import pytest
 from ps.store import server_checkpoint_path as server_checkpoint
 from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
 from ps.checkpoints.shard_files import run_id_entry
-from training.runs.checkpoint import find_checkpoint
+from training.runtime.checkpoint import find_checkpoint
 from training.ps_mode.worker import check_server_checkpoints
 from training.train import main
 

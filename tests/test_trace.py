@@ -4,7 +4,7 @@ In one process: the recorder's no-op path, its events and their Chrome form. Und
 3 ranks (a non-power of two): the trainer's trace file read back as Chrome's Trace Event Format
 (JSON Object Format, complete and metadata events), with events from every rank, properly nested
 lanes, each bucket's all-reduce inside its step and as many per step as
-``training.dp.data_parallel.bucket_bounds`` makes buckets; a rank held back by a known delay, whose peers
+``training.dp.hooks.bucket_bounds`` makes buckets; a rank held back by a known delay, whose peers
 report it as wait and not as transfer, in the step records and in the trace alike; a compressor's
 compress and decompress inside the gradient exchange; and a
 parameter-server run whose workers' push/pull and servers' updates reach the merged file.
@@ -98,7 +98,7 @@ def test_trace_file_of_a_data_parallel_run_and_wait_split(tmp_path):
     events = _check_chrome(doc)
     assert {e["pid"] for e in events} == {0, 1, 2} and doc["otherData"]["missing_ranks"] == []
     _nested(events)
-    from training.dp.data_parallel import bucket_bounds
+    from training.dp.hooks import bucket_bounds
 
     # the 8-8-8-3 MLP: parameters in flat order, float32; the oracle of the number of buckets
     sizes = [("W", 8 * 8), ("b", 8), ("W", 8 * 8), ("b", 8), ("W", 8 * 3), ("b", 3)]
@@ -167,9 +167,10 @@ def _mpi_main(out):
     """Multi-rank body: a traced data-parallel run, then a step with rank 1 held back by _DELAY."""
     from mpi4py import MPI
 
-    from training.config import Config
+    from training.settings.config import Config
     from training.dp.data_parallel import train_step
-    from training.train import build_trainer, main
+    from training.driver.trainer import build_trainer
+    from training.train import main
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from training.checkpoint import (CheckpointError, RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
+from training.runtime.checkpoint import (CheckpointError, RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
                                  prune_checkpoints, save_checkpoint)
-from training.config import Config
+from training.settings.config import Config
 from training.metrics import EpochTable, MetricsWriter, read_jsonl
-from training.dp.data_parallel import bucket_bounds
-from training.sizes import format_bytes, parse_bytes
+from training.dp.hooks import bucket_bounds
+from commlab.byte_sizes import format_bytes, parse_bytes
 
 SELF = MPI.COMM_SELF
 
@@ -205,7 +205,7 @@ def test_values_that_make_no_sense_are_refused_naming_the_entry(entry, value, wh
     """Values that pass the checksum (a file rewritten with its checksum recomputed) but make no sense."""
     from types import SimpleNamespace
 
-    from training.state import restore
+    from training.runtime.state import restore
 
     model = SimpleNamespace(params=np.zeros(3, np.float32), size=3, dtype=np.float32)
     arrays = {"model/params": np.zeros(3), "optim/steps": np.array(1, np.int64), entry: value}

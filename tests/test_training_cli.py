@@ -97,7 +97,7 @@ def test_user_errors_are_one_line_and_leave_no_run_directory(tmp_path, capsys, m
     code, _, err = _run(capsys, *base, "--name", "d", "--mode", "ps")
     assert code == 1 and err == ("error: --mode ps with --servers 1 needs at least 2 ranks (1 server(s) and "
                                  "at least one worker), got 1; launch with mpiexec -n 2 or more\n"), err
-    from training.cli import parse_args
+    from training.settings.cli import parse_args
     from training.ps_mode.worker import check_ps
 
     with pytest.raises(ValueError, match="straggler rank must be a worker rank in \\[1, 1\\], got 9"):
@@ -143,7 +143,7 @@ def test_compressor_argument_that_is_not_a_number_is_named(tmp_path, capsys):
 
 
 def test_help_explains_modes_grid_and_resume():
-    from training.cli import build_parser
+    from training.settings.cli import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert "--mode ps" in text and "parameter server" in text.split("options:")[0]

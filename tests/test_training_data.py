@@ -4,10 +4,11 @@ import gzip
 import numpy as np
 import pytest
 
-from training.cli import parse_args, parse_compression_arg
-from training.config import Config
-from training.data import (DistributedSampler, eval_shard, load_digits, load_mnist, make_synthetic,
-                           read_idx, write_idx)
+from training.settings.cli import parse_args
+from collectives.compression import parse_compression_arg
+from training.settings.config import Config
+from training.data.sampling import DistributedSampler, eval_shard
+from training.data.datasets import load_digits, load_mnist, make_synthetic, read_idx, write_idx
 
 
 def _shares(n, P, **kw):
@@ -180,7 +181,7 @@ def test_config_cli_roundtrip_and_rejections(tmp_path):
 
 
 def test_help_documents_every_flag():
-    from training.cli import HELP, build_parser
+    from training.settings.cli import HELP, build_parser
 
     text = build_parser().format_help()
     for name in HELP:

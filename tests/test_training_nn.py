@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from training.nn import Linear, ReLU, Sequential, SoftmaxCrossEntropy, Tanh, build_mlp
-from training.optim import SGD, Adam
+from training.model.nn import Linear, ReLU, Sequential, SoftmaxCrossEntropy, Tanh, build_mlp
+from training.model.optim import SGD, Adam
 
 # Central differences in float64 with h = 1e-6 have truncation + rounding error ~1e-9 relative;
 # every analytic gradient must match to rtol 1e-6, atol 1e-8.
@@ -177,7 +177,8 @@ def test_layer_skipped_in_a_step_contributes_zero_not_the_last_gradient():
     # equal finite differences of step 2's loss (rtol 1e-6, atol 1e-8)
     from mpi4py import MPI
 
-    from training.dp.data_parallel import AllreduceHook, train_step
+    from training.dp.hooks import AllreduceHook
+    from training.dp.data_parallel import train_step
 
     rng = np.random.default_rng(11)
     model = _FreezableMLP([Linear(5, 6, init="glorot"), Tanh(), Linear(6, 3, init="glorot")],

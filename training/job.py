@@ -15,7 +15,7 @@ from mpi4py import MPI
 from collectives.engine.policy import abort, failure_line
 from collectives.engine.waiting import library_failure
 from collectives.errors import CollectiveError
-from collectives.log import get_logger
+from commlab.logs import get_logger
 
 __all__ = ["array_module", "set_threads", "limit_threads", "all_failed", "end_lost"]
 
@@ -125,7 +125,7 @@ def end_lost(exc, hint, rank):
     One ``error: rank R: ...`` line says what failed (a collective's error names its peer and round;
     a parameter-server timeout, ``ps.wire.messages.PSTimeout``; a transfer the MPI library failed, an
     ``MPI.Exception``), that the peer may have died or hung and where to read why, and ``hint``, how
-    to restart (:func:`training.runs.checkpoint.restart_hint`). After a parameter-server timeout the rank
+    to restart (:func:`training.runtime.checkpoint.restart_hint`). After a parameter-server timeout the rank
     waits ``1.5 * min(rank, 3)`` seconds first, so that the lowest such rank reports and its abort
     ends the others.
     """

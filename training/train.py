@@ -23,10 +23,10 @@ import collectives
 import collectives.engine.context
 import collectives.engine.policy
 from collectives.engine import trace
-from collectives.log import get_logger, setup_logging
+from commlab.logs import get_logger, setup_logging
 from ps.wire.messages import PSError, PSTimeout
-from training.runs.build import make_sampler, to_device
-from training.runs.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
+from training.runtime.build import make_sampler, to_device
+from training.runtime.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
                                  nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
 from training.settings.cli import parse_args, parse_on_every_rank
 from training.job import all_failed, end_lost, set_threads
@@ -40,11 +40,11 @@ from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
 from training.driver.elastic import ElasticStop, check_elastic, join_elastic, train_elastic
 from training.driver.trainer import build_trainer
-from training.runs.progress import progress_bar, write_trace
+from training.runtime.progress import progress_bar, write_trace
 from training.ps_mode.finish import finish_ps
 from training.ps_mode.worker import run_ps
-from training.sizes import format_bytes
-from training.runs.state import checkpoint_arrays
+from commlab.byte_sizes import format_bytes
+from training.runtime.state import checkpoint_arrays
 
 __all__ = ["main", "run", "train_dp", "lr_at"]
 
@@ -73,7 +73,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     cfg : Config
     comm : mpi4py.MPI.Comm
     run_dir : str
-        From :func:`training.runs.checkpoint.make_run_dir`.
+        From :func:`training.runtime.checkpoint.make_run_dir`.
     trainer : training.driver.trainer.Trainer, optional
         From :func:`build_trainer` (built here when not given).
 
@@ -87,7 +87,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     --------
     >>> import contextlib, io, tempfile
     >>> from mpi4py import MPI
-    >>> from training.runs.checkpoint import make_run_dir
+    >>> from training.runtime.checkpoint import make_run_dir
     >>> from training.settings.cli import parse_args
     >>> with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
     ...     cfg = parse_args(["--hidden", "16", "--epochs", "2", "--no-progress", "--run-dir", d])
@@ -340,7 +340,7 @@ def run(cfg, comm=None):
 def main(argv=None):
     """Command-line entry point.
 
-    Sets up the log output first (:func:`collectives.log.setup_logging`: ``[rank R] LEVEL: message``
+    Sets up the log output first (:func:`commlab.logs.setup_logging`: ``[rank R] LEVEL: message``
     on stderr at ``--log-level``, else ``$COMMLAB_LOG_LEVEL``, else INFO); the epoch table and the
     result line stay on stdout. User errors print one ``error: ...`` line (from rank 0 when every
     rank failed alike) and return 1, as does a parameter-server run that cannot continue

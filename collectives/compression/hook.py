@@ -1,7 +1,7 @@
 """Gradient hooks: the one contract (:class:`GradientHook`) and its compressed form (:class:`CompressionHook`).
 
 Every way commlab reduces a data-parallel gradient implements :class:`GradientHook`: the trainer's
-plain all-reduce (``training.dp.data_parallel.AllreduceHook``, whose ``begin`` gives the overlapped
+plain all-reduce (``training.dp.hooks.AllreduceHook``, whose ``begin`` gives the overlapped
 step of ``training.dp.overlap``), :class:`CompressionHook` here, and the PyTorch DDP hook
 (``collectives.interop.torch_hook.CommHookState``, which runs one of these per DDP bucket).
 """

@@ -19,9 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives.backend import mpi_library
+from commlab.provenance import mpi_library
 from collectives.engine.fingerprint import set_checks
-from training.options import INT32_MAX, Parser, integer, listof, names, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, listof, names, outpath, real
 
 
 def _time(comm, x, alg, calls):

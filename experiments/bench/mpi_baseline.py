@@ -31,7 +31,7 @@ import tempfile
 from commlab import provenance as prov
 from experiments.job_stop import marked_env, stop_job
 from commlab.provenance import command_line, unwritable
-from training.sizes import parse_bytes
+from commlab.byte_sizes import parse_bytes
 from training.settings.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]

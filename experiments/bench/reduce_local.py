@@ -16,9 +16,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from collectives.backend import mpi_library
-from training.sizes import format_bytes, parse_bytes
-from training.options import INT32_MAX, Parser, integer, text
+from commlab.provenance import mpi_library
+from commlab.byte_sizes import format_bytes, parse_bytes
+from training.settings.options import INT32_MAX, Parser, integer, text
 
 __all__ = ["main", "measure"]
 

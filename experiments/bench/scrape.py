@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import urllib.request
-from training.options import INT32_MAX, Parser, integer, real, text
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["main", "scrape"]
 

@@ -18,7 +18,7 @@ Columns: figure, P, size, median, min, max (ratios); ``--out`` writes the same a
 import json
 import math
 import statistics
-from training.options import Parser, infile, outpath
+from training.settings.options import Parser, infile, outpath
 
 __all__ = ["figures", "main"]
 

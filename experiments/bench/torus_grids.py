@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from training.options import INT32_MAX, Parser, integer
+from training.settings.options import INT32_MAX, Parser, integer
 
 __all__ = ["factorizations", "main"]
 

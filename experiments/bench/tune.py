@@ -23,7 +23,7 @@ import numpy as np
 
 import collectives
 from collectives import backend
-from training.options import INT32_MAX, Parser, infile, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, infile, integer, outpath, real
 
 __all__ = ["HAND_MADE", "CHOICES", "LIBRARY_MAX_BYTES", "MODEL_MIN_BYTES", "build_table", "main"]
 

@@ -27,7 +27,7 @@ from statistics import median
 
 from experiments.cluster import study
 from plots.tables.cluster_tables import compression_markdown
-from training.options import INT32_MAX, integer, real, text
+from training.settings.options import INT32_MAX, integer, real, text
 from training.predict.validate import epoch_times
 
 __all__ = ["commands", "report", "gather", "main"]

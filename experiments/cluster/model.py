@@ -38,7 +38,7 @@ from scipy.optimize import least_squares
 from collectives.model import cost
 from collectives.schedules.registry import build_allreduce_schedule
 from collectives.model.simulate import replay
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["simulate", "fit_inter", "main"]
 

@@ -36,7 +36,7 @@ from statistics import median
 from experiments.cluster import study
 from training.emulator.net import parse_rate
 from plots.tables.cluster_tables import ps_markdown
-from training.options import INT32_MAX, infile, integer, text
+from training.settings.options import INT32_MAX, infile, integer, text
 from training.predict.validate import epoch_times
 
 __all__ = ["commands", "link_bytes", "report", "gather", "main"]

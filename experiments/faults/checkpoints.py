@@ -2,9 +2,9 @@
 user or a crash damages one, loaded as ``--resume`` (and serving) loads it, in this process.
 
 Each case writes a good checkpoint of a small model into a run directory that has a ``config.json``
-with its run id, damages it, and loads it with :func:`training.runs.checkpoint.load_checkpoint` and
-:func:`training.runs.state.restore`, the trainer's own path. Verdicts: ``pass`` when the load is refused
-with a :class:`~training.runs.checkpoint.CheckpointError` naming the file; ``silent-wrong`` when it is
+with its run id, damages it, and loads it with :func:`training.runtime.checkpoint.load_checkpoint` and
+:func:`training.runtime.state.restore`, the trainer's own path. Verdicts: ``pass`` when the load is refused
+with a :class:`~training.runtime.checkpoint.CheckpointError` naming the file; ``silent-wrong`` when it is
 accepted (damaged values would be trained on); ``fail`` for any other exception (a crash that does
 not say what is wrong). The control case (an undamaged file) must load, and ``foreign-allowed`` (a
 copy from another run with ``--allow-foreign-checkpoint``) must load too.
@@ -44,7 +44,7 @@ def _run_dir(path, run_id):
 
 def _good(run):
     """Write a good checkpoint of epoch 2 into ``run``; return its path."""
-    from training.runs.checkpoint import save_checkpoint
+    from training.runtime.checkpoint import save_checkpoint
 
     path = os.path.join(run, "ckpt-epoch0002.npz")
     arrays = {"model/params": np.linspace(-1, 1, 12), "optim/steps": np.array(6, np.int64),
@@ -127,8 +127,8 @@ class _NoHook:
 
 
 def _load(path, foreign_ok):
-    from training.runs.checkpoint import load_checkpoint
-    from training.runs.state import TrainState, restore
+    from training.runtime.checkpoint import load_checkpoint
+    from training.runtime.state import TrainState, restore
 
     name, arrays = load_checkpoint(path, _SELF, foreign_ok=foreign_ok)
     model, state = _Model(), TrainState()
@@ -139,7 +139,7 @@ def _load(path, foreign_ok):
 
 def run_checkpoint_cases():
     """Run every kind; return one result dict per case (``case``, ``P``, ``mode``, ``verdict``, ``detail``)."""
-    from training.runs.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
 
     results = []
     for kind, damage in KINDS.items():
@@ -249,7 +249,7 @@ def _ps_load(run, foreign_ok):
 
 def run_ps_checkpoint_cases():
     """Run every kind of :data:`PS_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.runs.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
 
     results = []
     for kind, damage in PS_KINDS.items():
@@ -360,9 +360,9 @@ SHARDED_KINDS = {
 
 def _sharded_load(ckpt, foreign_ok):
     """Read ``ckpt`` as ``load_sharded`` does (read_pieces, every tensor assembled, the step count checked)."""
-    from training.runs.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
     from training.model_parallel.sharded import assemble, read_pieces
-    from training.runs.state import check_values
+    from training.runtime.state import check_values
 
     pieces, common = read_pieces(ckpt, foreign_ok=foreign_ok)
     try:
@@ -375,7 +375,7 @@ def _sharded_load(ckpt, foreign_ok):
 
 def run_sharded_checkpoint_cases():
     """Run every kind of :data:`SHARDED_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.runs.checkpoint import CheckpointError
+    from training.runtime.checkpoint import CheckpointError
 
     results = []
     for kind, damage in SHARDED_KINDS.items():

@@ -9,7 +9,7 @@ leaves at its own AT-th step.
 * ``KIND = dp``: the AT-th data-parallel training step (``training.train.train_step``);
 * ``KIND = ps``: the AT-th parameter-server protocol step: a worker at its AT-th push, a server at the
   AT-th message it handles (``ps.worker.client.Client.push``, ``ps.serving.shard_server.Server._handle``);
-* ``KIND = setup``: the run's set-up (``training.runs.checkpoint.make_run_dir`` as ``training.train`` calls
+* ``KIND = setup``: the run's set-up (``training.runtime.checkpoint.make_run_dir`` as ``training.train`` calls
   it: the run directory that rank 0 makes and broadcasts), before any training step;
 * ``KIND = serve``: a serving job's replica rank at the forward of its AT-th batch
   (``inference.model.Predictor.predict``), so that batch is in flight when it dies.

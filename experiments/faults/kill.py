@@ -24,7 +24,7 @@ import time
 from mpi4py import MPI
 
 import collectives.engine.executor
-import training.elastic
+import training.driver.elastic
 import training.train
 
 __all__ = ["inject", "main"]
@@ -50,7 +50,7 @@ def inject(ranks, at, where):
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    for owner in (training.train, training.elastic):
+    for owner in (training.train, training.driver.elastic):
         real = owner.train_step
 
         def step(*args, _real=real, **kwargs):

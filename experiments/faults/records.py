@@ -105,7 +105,7 @@ _TORN = {"torn-epochs-line", "torn-metrics-line", "zero-filled-tail"}
 
 def _final(run):
     from ps.store import read_npz
-    from training.checkpoint import find_checkpoint
+    from training.runtime.checkpoint import find_checkpoint
 
     return read_npz(find_checkpoint(run))["model/params"]
 

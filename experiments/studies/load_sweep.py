@@ -13,7 +13,7 @@ import os
 
 from inference.config import ServeConfig
 from inference.serve import run as serve
-from training.options import INT32_MAX, integer, listof, real
+from training.settings.options import INT32_MAX, integer, listof, real
 
 __all__ = ["add_options", "load_sweep", "capacity"]
 

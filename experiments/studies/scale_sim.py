@@ -21,7 +21,7 @@ from collectives.model import cost
 from collectives.schedules import load_algorithm, registry
 from commlab import provenance as prov
 from commlab.provenance import command_line, unwritable
-from training.sizes import bytes_argument, format_bytes
+from commlab.byte_sizes import bytes_argument, format_bytes
 from training.settings.options import INT32_MAX, Parser, integer, outpath, parsed_by, real, text
 
 __all__ = ["main", "crossovers"]

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ps.checkpoints.shard_files import Expected, check_resume
+from ps.checkpoints.shard_files import check_resume
 from ps.job import survivors
 from ps.job.reports import (ABORTED, STAT_FIELDS, RunResult, pack_report, receive_report, roles, server_report,
                             unpack_report, worker_stats)
@@ -71,7 +71,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         A live monitor (the trainer's): a worker calls ``monitor.worker_tick(clock, stats, sync_s,
         wait_s, nbytes)`` after every step (its running ``stats``, the step's push-and-pull seconds,
         its pull waits so far in seconds, the bytes pushed), a server ``monitor.server_tick(server)``
-        between two messages (:attr:`ps.serving.shard_server.Server.on_tick`); both must return at once.
+        between two messages (``on_tick`` of :class:`ps.serving.shard_server.Server`); both must return at once.
 
     Returns
     -------
@@ -118,9 +118,8 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
     opts.validate(comm.Get_size())
     servers, workers = roles(comm, opts.servers)
     if opts.resume_dir:  # every rank reads every shard's file: a refused one ends every rank here, not a server
-        check_resume(opts.resume_dir, opts.shards, Expected(run_id=opts.run_id, allow_foreign=opts.allow_foreign,
-                                                            servers=opts.servers, workers=len(workers),
-                                                            total=init_params.shape[0]))
+        check_resume(opts.resume_dir, opts.shards, run_id=opts.run_id, allow_foreign=opts.allow_foreign,
+                     servers=opts.servers, workers=len(workers), total=init_params.shape[0])
     pscomm, repcomm = comm.Dup(), comm.Dup()
     try:
         rank, n = comm.Get_rank(), init_params.shape[0]
@@ -130,34 +129,33 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         if rank < opts.servers and opts.replicas > 1:
             g = rank // opts.replicas
             shard = init_params[offsets[g]:offsets[g + 1]].copy()
-            return survivors.serve_replica((pscomm, repcomm), opts, g, shard, n, make_optimizer, t0)
+            return survivors.serve_replica(pscomm, repcomm, opts, g, shard, n, make_optimizer, t0)
         if rank < opts.servers:
             shard = init_params[offsets[rank]:offsets[rank + 1]].copy()
             server = Server(pscomm, rank, workers, shard, n, opts, make_optimizer,
-                            on_push=on_push if rank == 0 else None)
-            server.on_tick = None if monitor is None else monitor.server_tick
+                            on_push=on_push if rank == 0 else None,
+                            on_tick=None if monitor is None else monitor.server_tick)
             server.serve(t0)
             wall = server.elapsed()
             if rank != 0:
                 _send_final(repcomm, server, opts)
                 return None
             return _collect(repcomm, server, opts, workers, wall)
-        return _work((pscomm, repcomm), opts, rank, init_params, grad_fn, (on_push, monitor))
+        return _work(pscomm, repcomm, opts, rank, init_params, grad_fn, on_push=on_push, monitor=monitor)
     finally:
         pscomm.Free()
         repcomm.Free()
 
 
-def _work(comms, opts, rank, init_params, grad_fn, hooks):
-    comm, repcomm = comms
-    on_push, monitor = hooks  # (the replicated run's progress collector, the live monitor)
+def _work(comm, repcomm, opts, rank, init_params, grad_fn, *, on_push, monitor):
+    # on_push: the replicated run's progress collector; monitor: the live monitor
     servers, workers = roles(comm, opts.servers)
     w = workers.index(rank)
     replicated = opts.replicas > 1
     margin = FAILOVER_MARGIN if replicated else _REPLY_MARGIN
     client = Client(comm, w, chains(servers, opts.replicas) if replicated else servers, workers,
-                    init_params.shape[0], init_params.dtype, opts.ps_timeout + margin, (opts.retries, opts.retry_s),
-                    heartbeat_s=opts.ps_timeout / 3)
+                    init_params.shape[0], init_params.dtype, opts.ps_timeout + margin, retries=opts.retries,
+                    retry_s=opts.retry_s, heartbeat_s=opts.ps_timeout / 3)
     factor = _mine(opts.straggler, "straggler", float, rank, 1.0)
     fail_step = _mine(opts.fail_worker, "fail_worker", int, rank, -1)
     rng = np.random.default_rng(opts.seed + 7919 * (w + 1))

@@ -6,5 +6,6 @@ sparse SGD and Adagrad the servers run on the rows a batch touches, :mod:`.modes
 ``hybrid`` training loops, :mod:`.run` the job (roles, records), :mod:`.resume` the ranks' checkpoints,
 :mod:`.hotkeys` the per-server load.
 
-Imports: :mod:`training` (the trainer's shared modules), :mod:`ps` and :mod:`collectives`.
+Imports: :mod:`training.ps_mode`, :mod:`training.dp`, :mod:`training.model` (the trainer's shared modules), :mod:`ps` and
+:mod:`collectives`.
 """

@@ -94,7 +94,7 @@ def make_ctr_data(cfg):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> d = make_ctr_data(Config(model="ctr", ctr_rows=100, ctr_tables=2, ctr_train=50, ctr_test=40))
     >>> d.train_ids.shape, int(d.offsets[-1]), 0.5 < d.best_auc < 1.0
     ((50, 2, 2), 100, True)

@@ -8,7 +8,7 @@ The loss is the logistic loss (binary cross-entropy on the logit) averaged over 
 """
 import numpy as np
 
-from training.nn import build_mlp
+from training.model.nn import build_mlp
 
 __all__ = ["CTRModel", "unique_rows", "init_table", "auc_logloss"]
 
@@ -57,7 +57,7 @@ class CTRModel:
 
     Attributes
     ----------
-    mlp : training.nn.Sequential
+    mlp : training.model.nn.Sequential
         The dense layers; ``mlp.params`` and ``mlp.grads`` are their flat buffers.
 
     Examples

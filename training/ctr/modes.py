@@ -135,7 +135,7 @@ def ps_loop(cfg, comms, w, model, data, sharding, run, hybrid):
     pscomm, wcomm, servers, workers = comms
     stop, total, timeout, ckpt = run
     mlp, W, n_emb = model.mlp, len(workers), sharding.n_rows - (0 if hybrid else dense_rows(model.mlp.size, model.dim))
-    client = SparseClient(pscomm, w, servers, workers, sharding, mlp.dtype, timeout, (cfg.ps_retries, 1.0))
+    client = SparseClient(pscomm, w, servers, workers, sharding, mlp.dtype, timeout, retries=cfg.ps_retries)
     hook = make_grad_hook(cfg, wcomm, mlp) if hybrid else None
     opt = optimizer_factory(cfg)(mlp.params, mlp.grads) if hybrid else None
     extra = np.arange(n_emb, sharding.n_rows, dtype=np.int64)  # ps: the MLP's rows, pulled every step

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from collectives.log import get_logger
+from commlab.logs import get_logger
 from ps.job.settings import PSOptions
 from ps.job.reports import roles
 from ps.shards.rows import RowSharding

@@ -2,7 +2,7 @@
 
 The step averages the flat gradient with a *gradient hook* (:mod:`training.dp.hooks`:
 :class:`AllreduceHook`, or a compressor from ``collectives.compression.make_hook``), between backward
-and the optimizer step; the hooks are importable from here too. An :class:`AllreduceHook` made with
+and the optimizer step. An :class:`AllreduceHook` made with
 ``overlap=True`` instead starts each bucket's all-reduce during the backward pass
 (:mod:`training.dp.overlap`, DDP's overlap).
 """
@@ -14,15 +14,14 @@ import numpy
 import collectives
 import collectives.engine.context
 from collectives.engine import trace
-from training.checkpoint import to_host
-from training.data import eval_shard
-from training.dp.hooks import AllreduceHook, bucket_bounds, make_grad_hook  # (the step's hooks, importable here)
+from training.runtime.checkpoint import to_host
+from training.data.sampling import eval_shard
 
 #: Algorithm of the small control reductions (non-finite flag, evaluation counts, digests): a
 #: hand-made one, so that a timeout names the silent peer.
 CONTROL_ALGORITHM = "recursive_doubling"
 
-__all__ = ["CONTROL_ALGORITHM", "AllreduceHook", "bucket_bounds", "make_grad_hook", "compute_gradient",
+__all__ = ["CONTROL_ALGORITHM", "compute_gradient",
            "train_step", "evaluate", "any_rank", "is_finite", "replicas_identical"]
 
 
@@ -32,13 +31,13 @@ def compute_gradient(model, loss_fn, x, y, on_grad=None, scale=1.0):
     The flat gradient is cleared first (one ``fill(0)``), so a parameter whose layer's
     ``backward`` does not run in this step contributes zero, never an earlier step's gradient --
     unless the model's backward overwrites all of it anyway
-    (:meth:`training.nn.Sequential.writes_every_gradient`: the plain MLP of ``Linear`` layers), where
+    (:meth:`training.model.nn.Sequential.writes_every_gradient`: the plain MLP of ``Linear`` layers), where
     the clearing would only cost a pass over the gradient's memory.
 
     Parameters
     ----------
-    model : training.nn.Sequential
-    loss_fn : training.nn.SoftmaxCrossEntropy
+    model : training.model.nn.Sequential
+    loss_fn : training.model.nn.SoftmaxCrossEntropy
     x : ndarray, shape (B, F), model dtype
     y : ndarray, shape (B,), int64
     on_grad : callable, optional
@@ -122,7 +121,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None, scal
         (:func:`compute_gradient`): ``--weighted-average`` passes ``W n_w / sum_v n_v`` (``n_w`` the
         samples of this rank's shard), so the hook's plain average is the sample-weighted one,
         sum_w n_w g_w / sum_v n_v, whose expectation over the batches is the full-batch gradient
-        (:func:`training.skew.gradient_scale`). 1: the plain average.
+        (:func:`training.data.skew.gradient_scale`). 1: the plain average.
 
     Returns
     -------
@@ -208,13 +207,13 @@ def _trace_step(t0, t1, t2, t3, t4, info, skip):
 def evaluate(model, loss_fn, x, y, comm, batch=1024, timeout=None):
     """Return (accuracy, mean loss) over ALL of (x, y), each sample counted exactly once.
 
-    The caller passes the full arrays; rank r evaluates its ``training.data.eval_shard`` and the
+    The caller passes the full arrays; rank r evaluates its ``training.data.sampling.eval_shard`` and the
     counts are summed with one all-reduce.
 
     Parameters
     ----------
-    model : training.nn.Sequential
-    loss_fn : training.nn.SoftmaxCrossEntropy
+    model : training.model.nn.Sequential
+    loss_fn : training.model.nn.SoftmaxCrossEntropy
     x : ndarray, shape (N, F); y : ndarray, shape (N,), int64
     comm : mpi4py.MPI.Comm
     batch : int

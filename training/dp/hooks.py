@@ -148,7 +148,7 @@ class AllreduceHook(GradientHook):
 
         Parameters
         ----------
-        model : training.nn.Sequential
+        model : training.model.nn.Sequential
             The model whose flat gradient the hook averages.
         """
         buckets = self.buckets or [(0, model.grads.size)]
@@ -176,9 +176,9 @@ def share_gradients(cfg, comm, model):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     comm : mpi4py.MPI.Comm
-    model : training.nn.Sequential
+    model : training.model.nn.Sequential
 
     Returns
     -------
@@ -188,8 +188,8 @@ def share_gradients(cfg, comm, model):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.cli import parse_args
-    >>> from training.nn import Linear, Sequential
+    >>> from training.settings.cli import parse_args
+    >>> from training.model.nn import Linear, Sequential
     >>> model = Sequential([Linear(3, 2)])
     >>> share_gradients(parse_args(["--algorithm", "shm"]), MPI.COMM_WORLD, model)
     True
@@ -227,9 +227,9 @@ def make_grad_hook(cfg, comm, model):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     comm : mpi4py.MPI.Comm
-    model : training.nn.Sequential
+    model : training.model.nn.Sequential
 
     Returns
     -------

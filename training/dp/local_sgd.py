@@ -23,7 +23,7 @@ import numpy
 import collectives
 import collectives.engine.context
 from training.dp.data_parallel import CONTROL_ALGORITHM, compute_gradient, is_finite
-from training.nn import get_array_module
+from collectives.backend import get_array_module
 
 __all__ = ["weighted_average", "LocalSGD", "local_step"]
 
@@ -179,8 +179,8 @@ def local_step(model, loss_fn, optimizer, local, x, y, sync, *, arrive=None):
     --------
     >>> from mpi4py import MPI
     >>> from training.dp.data_parallel import AllreduceHook
-    >>> from training.nn import SoftmaxCrossEntropy, build_mlp
-    >>> from training.optim import SGD
+    >>> from training.model.nn import SoftmaxCrossEntropy, build_mlp
+    >>> from training.model.optim import SGD
     >>> model = build_mlp([4, 3], dtype="float64", seed=0)
     >>> opt = SGD(model.params, model.grads, lr=0.1)
     >>> local = LocalSGD(MPI.COMM_SELF, AllreduceHook(MPI.COMM_SELF), local_steps=2)

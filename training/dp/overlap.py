@@ -6,7 +6,7 @@ written every gradient of a bucket, that bucket's all-reduce is *started* (non-b
 backward pass goes on with the earlier layers while the bucket travels. All buckets are started in
 the same order on every rank and completed before the optimizer step.
 
-Here a bucket is a contiguous range of the flat gradient (``training.dp.data_parallel.bucket_bounds``), a
+Here a bucket is a contiguous range of the flat gradient (``training.dp.hooks.bucket_bounds``), a
 whole number of parameters. Layers write their gradients last to first, so a bucket ``[lo, hi)`` is
 complete once the layer holding element ``lo`` has run its ``backward``; ``Sequential.backward``
 calls :meth:`OverlapStep.layer_done` right after each layer, which starts every bucket that has just
@@ -22,7 +22,7 @@ polls continuously: one more busy thread per rank, which on a machine with as ma
 takes a core from the computation it is meant to hide communication behind.
 
 **Bitwise equal results.** Each bucket runs the same schedule on the same data as the blocking
-:class:`training.dp.data_parallel.AllreduceHook` would (same algorithm, same count, so the same chunks and
+:class:`training.dp.hooks.AllreduceHook` would (same algorithm, same count, so the same chunks and
 the same order of additions), so a run with overlap ends with exactly the parameters of a run
 without it. The non-finite check is the same too: each bucket's float64 sum is taken just before
 its all-reduce starts, and every bucket sum is finite exactly when the whole gradient's is.
@@ -43,7 +43,7 @@ def layer_starts(model):
 
     Parameters
     ----------
-    model : training.nn.Sequential
+    model : training.model.nn.Sequential
         Layers hold views into ``model.grads`` in layer order (``model.slices``).
 
     Returns

@@ -111,7 +111,7 @@ def memory_cap(cfg, ds, model, state_bytes=0):
 
     Examples
     --------
-    >>> from training.runs.build import build_model
+    >>> from training.runtime.build import build_model
     >>> from training.settings.config import Config
     >>> from training.data.datasets import load_dataset
     >>> cfg = Config(hidden=(16,), memory_gb=0.01)   # 10 MiB less the data and model, over 632 bytes a sample

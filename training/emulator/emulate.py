@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from training.emulator.launch import flavour, launch_command, launch_env
 from training.emulator.net import HEAD, IFACE, build, parse_rate
-from training.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
 
 __all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
 

@@ -11,13 +11,14 @@ even k followed by another layer is column-parallel, the next one row-parallel; 
 layer (the classifier, odd L) is replicated over the tensor group. Pipeline stage q holds the
 linear layers of :func:`training.model_parallel.pipeline.stage_layers`, each with the activation after it.
 Every stage draws its layers' initial weights from the same seeded stream as
-``training.nn.build_mlp``, so every grid starts from the one dense model.
+``training.model.nn.build_mlp``, so every grid starts from the one dense model.
 """
 import numpy
 
 import collectives
 import collectives.engine.context
-from training.nn import Linear, ReLU, Sequential, Tanh, get_array_module
+from training.model.nn import Linear, ReLU, Sequential, Tanh
+from collectives.backend import get_array_module
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from training.model_parallel.pipeline import stage_layers
 
@@ -131,7 +132,7 @@ class Grid:
 def dense_stream(sizes, activation="relu", dtype="float64", seed=0):
     """Yield (k, W, b) for every linear layer of ``build_mlp(sizes, activation, dtype, seed)``.
 
-    The same generator calls in the same order as :class:`training.nn.Sequential`'s init, one
+    The same generator calls in the same order as :class:`training.model.nn.Sequential`'s init, one
     dense layer at a time (W: (n_in, n_out), b: (n_out,)), so a stage can take its layers' shards
     without holding the whole model.
     """
@@ -166,7 +167,7 @@ def build_stage(sizes, grid, activation="relu", dtype="float64", seed=0, algorit
 
     Returns
     -------
-    tuple of (training.nn.Sequential, list of int)
+    tuple of (training.model.nn.Sequential, list of int)
         The stage model and the global index k of each of its linear layers.
     """
     kinds = layer_kinds(len(sizes) - 1)

@@ -21,25 +21,28 @@ import numpy
 import collectives
 import collectives.engine.context
 import collectives.engine.policy
-from collectives.log import get_logger
-from training.build import make_sampler, to_device
-from training.checkpoint import CheckpointError, find_checkpoint, make_run_dir, restart_hint
-from training.data import eval_shard, load_dataset
+from commlab.logs import get_logger
+from training.runtime.build import make_sampler, to_device
+from training.runtime.checkpoint import CheckpointError, find_checkpoint, make_run_dir, restart_hint
+from training.data.sampling import eval_shard
+from training.data.datasets import load_dataset
 from training.model_parallel.grid import Grid, build_stage, check_grid
-from training.model_parallel.report import gather_ranks, summarize
+from training.model_parallel.grid_report import gather_ranks, summarize
 from training.job import array_module
 from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
 from training.monitor.setup import OFF, check_monitor, open_monitor
-from training.nn import SoftmaxCrossEntropy, get_array_module
-from training.optim import make_optimizer
-from training.dp.data_parallel import CONTROL_ALGORITHM, any_rank, is_finite, make_grad_hook
+from training.model.nn import SoftmaxCrossEntropy
+from collectives.backend import get_array_module
+from training.model.optim import make_optimizer
+from training.dp.data_parallel import CONTROL_ALGORITHM, any_rank, is_finite
+from training.dp.hooks import make_grad_hook
 from training.dp.data_parallel import replicas_identical as replicas_same
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from training.model_parallel.pipeline import PipelineStage
 from training.model_parallel.sharded import (SHARDS_DIR, load_hook_state, load_sharded, newest_checkpoint, read_pieces,
                                              save_sharded)
-from training.sizes import format_bytes
-from training.state import TrainState
+from commlab.byte_sizes import format_bytes
+from training.runtime.state import TrainState
 
 __all__ = ["HybridTrainer", "build_hybrid", "hybrid_step", "train_hybrid", "run_hybrid", "evaluate_pipeline",
            "replicas_identical"]

@@ -15,8 +15,8 @@ bias), its backward needs no communication. Both all-reduce through ``collective
 (any algorithm, optional timeout). ``lo:hi`` come from :func:`shard_bounds`, the
 ``numpy.array_split`` rule of the rest of commlab, so widths that T does not divide work.
 
-Layers follow :mod:`training.nn`: ``param_shapes`` / ``bind`` / ``init`` / ``parameters`` /
-``forward`` / ``backward``, so a :class:`~training.nn.Sequential` can hold them in its flat
+Layers follow :mod:`training.model.nn`: ``param_shapes`` / ``bind`` / ``init`` / ``parameters`` /
+``forward`` / ``backward``, so a :class:`~training.model.nn.Sequential` can hold them in its flat
 buffers; built with :meth:`~_TensorParallelLinear.from_dense` they own their arrays instead.
 """
 import abc
@@ -28,7 +28,8 @@ import numpy
 import collectives
 import collectives.engine.context
 import collectives.schedules.schedule
-from training.nn import Layer, Linear, get_array_module
+from training.model.nn import Layer, Linear
+from collectives.backend import get_array_module
 
 __all__ = ["shard_bounds", "ColumnParallelLinear", "RowParallelLinear"]
 
@@ -144,10 +145,10 @@ class _TensorParallelLinear(Layer):
         return [(self.W, self.dW), (self.b, self.db)]
 
     def init(self, rng):
-        """Draw the full weight exactly as :class:`training.nn.Linear` does, keep this rank's shard.
+        """Draw the full weight exactly as :class:`training.model.nn.Linear` does, keep this rank's shard.
 
         The same ``rng`` state therefore gives every rank its part of one and the same dense
-        layer, and a model of these layers equals ``training.nn.build_mlp``'s.
+        layer, and a model of these layers equals ``training.model.nn.build_mlp``'s.
         """
         dense = Linear(self.n_in, self.n_out, init=self.init_name)
         W = numpy.empty((self.n_in, self.n_out), self.W.dtype)
@@ -205,7 +206,7 @@ class ColumnParallelLinear(_TensorParallelLinear):
     rank, size : int, optional
         Rank in the group and its size (default: the communicator's).
     init : {"he", "glorot"}
-        As :class:`training.nn.Linear`.
+        As :class:`training.model.nn.Linear`.
     algorithm : str
         All-reduce algorithm (``collectives.ALGORITHMS``).
     timeout : float, optional

@@ -27,7 +27,8 @@ import time
 from mpi4py import MPI
 
 from collectives.engine.waiting import Where, deadline_of, wait_all
-from training.nn import Linear, SoftmaxCrossEntropy, get_array_module
+from training.model.nn import Linear, SoftmaxCrossEntropy
+from collectives.backend import get_array_module
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["SCHEDULES", "schedule", "stage_layers", "simulate_bubble", "bubble_formula", "PipelineStage"]
@@ -166,7 +167,7 @@ class PipelineStage:
 
     Parameters
     ----------
-    model : training.nn.Sequential
+    model : training.model.nn.Sequential
         The stage's layers only; its flat ``grads`` receive the step's accumulated gradient.
     comm : mpi4py.MPI.Comm
         The pipeline group, rank = stage index (duplicated here for the stage's messages).

@@ -1,7 +1,7 @@
 """Sharded checkpoints of a hybrid run: each model-parallel rank writes its shard, any grid reads them.
 
 A checkpoint is a directory ``RUN/shards-epochNNNN/`` with one file per (tensor, pipeline)
-coordinate of data-parallel replica 0, ``shard-tT-qQ.npz`` (written by :func:`training.checkpoint.write_npz`:
+coordinate of data-parallel replica 0, ``shard-tT-qQ.npz`` (written by :func:`training.runtime.checkpoint.write_npz`:
 no pickle, SHA-256 inside, atomic), plus ``manifest.json`` written by rank 0 once every shard is
 on disk, so a directory without it is an interrupted write and is never read. The manifest lists
 every file with its SHA-256 and the epoch; loading requires exactly the listed files with those
@@ -30,12 +30,12 @@ import types
 import numpy
 
 import collectives
-from collectives.log import get_logger
-from training.checkpoint import CheckpointError, check_origin, epoch_checkpoints, read_npz, run_id_of, write_npz
+from commlab.logs import get_logger
+from training.runtime.checkpoint import CheckpointError, check_origin, epoch_checkpoints, read_npz, run_id_of, write_npz
 from training.model_parallel.grid import placement
-from training.nn import get_array_module
+from collectives.backend import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
-from training.state import check_values
+from training.runtime.state import check_values
 
 __all__ = ["SHARDS_DIR", "shard_arrays", "save_sharded", "find_sharded", "newest_checkpoint", "read_pieces", "assemble",
            "load_sharded", "load_hook_state", "restore_sharded", "dense_params"]
@@ -262,7 +262,7 @@ def read_pieces(path, sizes=None, foreign_ok=False):
     CheckpointError
         Naming the file, when one is missing, corrupt or truncated, or (unless ``foreign_ok``)
         written by another run than the one whose directory holds it
-        (:func:`training.checkpoint.check_origin`).
+        (:func:`training.runtime.checkpoint.check_origin`).
     """
     if os.path.isdir(path):
         files, epoch = _checked_files(path, foreign_ok)
@@ -319,7 +319,7 @@ def assemble(pieces, key):
     ------
     CheckpointError
         When the parts do not cover the tensor exactly once (nothing is left uninitialised), or a
-        part's values make no sense (:func:`training.state.check_values`: not finite floating-point
+        part's values make no sense (:func:`training.runtime.state.check_values`: not finite floating-point
         numbers; checked part by part, as an integer part would be widened by its neighbours).
     """
     parts = pieces[key]
@@ -356,7 +356,7 @@ def load_sharded(pieces, common, model, ks, opt, path=None):
     ------
     CheckpointError
         When a tensor is missing or has another shape (another model or optimizer), or its values
-        make no sense (:func:`training.state.check_values`: not finite floating-point numbers, a
+        make no sense (:func:`training.runtime.state.check_values`: not finite floating-point numbers, a
         negative step count).
     """
     flat = {k: v for k, v in opt.state_dict().items() if getattr(v, "shape", None) == model.params.shape}

@@ -8,6 +8,6 @@ heartbeats, :mod:`.heartbeat`), :mod:`.ps_reports` that of the parameter server 
 reports every few seconds); :mod:`.detect` holds the pure straggler and stall rules,
 :mod:`.exporter` the metrics and their HTTP endpoint, :mod:`.board` the TensorBoard writer.
 
-Imports: the shared trainer modules of :mod:`training` and :mod:`collectives`; never
+Imports: :mod:`ps` and :mod:`collectives` (nothing else of :mod:`training`); never
 :mod:`training.dp` or the drivers, which call it.
 """

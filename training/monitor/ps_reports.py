@@ -22,7 +22,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from collectives.log import get_logger
+from commlab.logs import get_logger
 from training.monitor.board import Board
 from training.monitor.detect import StragglerRule, median
 from training.monitor.exporter import Exporter

@@ -26,7 +26,7 @@ import time
 import numpy
 
 from collectives.engine.waiting import wait_within
-from collectives.log import get_logger
+from commlab.logs import get_logger
 from training.monitor.board import Board
 from training.monitor.detect import StragglerRule, median
 from training.monitor.exporter import Exporter
@@ -82,7 +82,7 @@ class SyncMonitor:
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         ``metrics_port``, ``metrics_host``, ``tensorboard``, ``metrics_every``, ``straggler_factor``,
         ``straggler_intervals``, ``stall_seconds`` and ``timeout`` apply.
     comm : mpi4py.MPI.Comm

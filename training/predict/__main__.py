@@ -19,7 +19,7 @@ from training.predict import job_config as cfgmod
 from training.predict import profile as profmod
 from training.predict import topology as topomod
 from training.predict.step import predict
-from training.options import INT32_MAX, Parser, infile, integer, text
+from training.settings.options import INT32_MAX, Parser, infile, integer, text
 
 __all__ = ["main", "load_inputs"]
 

@@ -28,7 +28,7 @@ import numpy
 
 from training.predict import comm
 from training.predict import topology as topomod
-from training.options import Parser, real, text
+from training.settings.options import Parser, real, text
 
 __all__ = ["SWEEPS", "DEFAULT_DIR", "points", "fit", "floors", "round_s", "main"]
 

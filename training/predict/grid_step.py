@@ -14,7 +14,7 @@ import math
 
 from training.model_parallel.grid import layer_kinds
 from training.model_parallel.pipeline import stage_layers
-from training.nn import Linear, ReLU
+from training.model.nn import Linear, ReLU
 
 from training.predict import comm
 from training.predict.ledger import Ledger, scaled

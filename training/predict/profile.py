@@ -4,7 +4,7 @@
 
 reads a Chrome trace written by ``python -m training.train --trace FILE`` (one rank is enough; with
 several, ``--rank`` picks one), keeps the steps after the first ``--skip``, and takes the median over
-steps of every ``layer`` event (:mod:`training.layer_trace`: one per layer and direction), of the
+steps of every ``layer`` event (:mod:`training.model.layer_trace`: one per layer and direction), of the
 forward and backward passes' time outside the layers (the loss), and of the ``optimizer`` event.
 ``--codec`` runs each named compressor on a gradient of the model's size on this machine and records
 its compress and decompress seconds and the bytes of every payload it sends
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy
 
 from training.predict.files import read_json
-from training.options import INT32_MAX, Parser, integer, outpath, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, text
 
 __all__ = ["Profile", "from_trace", "synthetic", "measure_codecs", "load", "check", "codec_key", "find_codec", "main"]
 

@@ -42,7 +42,7 @@ import sys
 
 from training.predict.comm import HostNetwork
 from training.predict.files import read_json
-from training.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["Topology", "parse", "load", "from_calibration", "main"]
 

@@ -37,7 +37,7 @@ def reporter_rank(cfg):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> reporter_rank(Config(mode="ps", servers=2, ps_replicas=2)), reporter_rank(Config(mode="ps", servers=2))
     (2, 0)
     """
@@ -126,7 +126,7 @@ def finish_ps(world, cfg, summary=None):
     ----------
     world : mpi4py.MPI.Comm
         Every rank of the job.
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     summary : dict, optional
         :func:`training.ps_mode.worker.run_ps`'s summary (used on the reporter).
     """

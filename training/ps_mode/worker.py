@@ -21,15 +21,15 @@ import numpy
 
 from collectives.engine import trace
 from collectives.backend import to_host
-from collectives.log import get_logger
+from commlab.logs import get_logger
 from ps.job.settings import PSOptions
 from ps.shards.key_ranges import proportional
 from ps.job.reports import roles
 from ps.job.runner import run
 from ps.store import server_checkpoint_path
-from ps.checkpoints.shard_files import Expected, check_resume, newest_generation, read_server_checkpoint
-from training.runs.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
-from training.runs.build import build_model, make_sampler, to_device
+from ps.checkpoints.shard_files import check_resume, newest_generation, read_server_checkpoint
+from training.runtime.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
+from training.runtime.build import build_model, make_sampler, to_device
 from training.data.datasets import load_dataset
 from training.model.nn import SoftmaxCrossEntropy
 from training.model.optim import lr_rule, optimizer_factory
@@ -37,7 +37,7 @@ from training.dp.shares import memory_cap, steps_per_epoch
 from training.dp.data_parallel import compute_gradient, is_finite
 from training.data.sampling import deal
 from training.monitor.setup import close_monitor, open_ps_monitor
-from training.runs.progress import progress_bar, write_trace
+from training.runtime.progress import progress_bar, write_trace
 from training.ps_mode.finish import reporter_rank
 from training.ps_mode.run_records import evaluate_snapshots, write_records
 
@@ -286,14 +286,13 @@ def check_server_checkpoints(ckpt, servers, missing_ok=False, *, run_id="", allo
     if missing and len(missing) < servers:  # no complete generation: killed inside its first write, so nothing to
         for g, p in enumerate(paths):        # resume from, unless the files there are of another job
             if p not in missing:
-                read_server_checkpoint(p, g, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
-                                                      layout=layout))
+                read_server_checkpoint(p, g, run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
+                                       layout=layout)
         return False
     if missing:
         raise ValueError(f"resume: no parameter-server checkpoint {missing[0]} (was the run a "
                          f"--mode ps run with --servers {servers}?)")
-    check_resume(ckpt, servers, Expected(run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W,
-                                         layout=layout))
+    check_resume(ckpt, servers, run_id=run_id, allow_foreign=allow_foreign, servers=S, workers=W, layout=layout)
     return True
 
 

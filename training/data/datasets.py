@@ -2,7 +2,7 @@
 
 Every rank loads the same data deterministically (no communication): a fixed seeded train/test
 split, features standardized with the training set's mean and standard deviation. Each rank's share
-of an epoch comes from :mod:`training.sampling` (re-exported here).
+of an epoch comes from :mod:`training.data.sampling`.
 """
 import gzip
 import hashlib
@@ -13,10 +13,8 @@ from dataclasses import dataclass
 
 import numpy
 
-from training.sampling import DistributedSampler, eval_shard
-
-__all__ = ["Dataset", "DistributedSampler", "load_digits", "load_mnist", "make_synthetic",
-           "read_idx", "write_idx", "split_and_standardize", "load_dataset", "eval_shard", "cache_dir"]
+__all__ = ["Dataset", "load_digits", "load_mnist", "make_synthetic",
+           "read_idx", "write_idx", "split_and_standardize", "load_dataset", "cache_dir"]
 
 _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -307,7 +305,7 @@ def make_synthetic(samples=20000, features=256, classes=10, test_fraction=0.2, s
 
 
 def load_dataset(cfg):
-    """Load the data set named by ``cfg.data`` (see :class:`training.config.Config`).
+    """Load the data set named by ``cfg.data`` (see :class:`training.settings.config.Config`).
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""Training configuration: one dataclass and its JSON form (the command line is :mod:`training.cli`).
+"""Training configuration: one dataclass and its JSON form (the command line is :mod:`training.settings.cli`).
 
 Every field carries a comment with its unit. The command line maps one flag onto each field
 (``--batch-size`` -> ``batch_size``); only the flags a user gives override the defaults (or, with
@@ -249,7 +249,7 @@ class Config:
             raise ValueError(f"elastic_min must be >= 1, got {self.elastic_min!r}")
         if self.elastic_respawn and not self.elastic:
             raise ValueError("elastic_respawn needs elastic (--elastic --elastic-respawn)")
-        if self.elastic:  # what the elastic loop re-forms (training.elastic): one data-parallel replica per rank
+        if self.elastic:  # what the elastic loop re-forms (training.driver.elastic): one data-parallel replica per rank
             grid = self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1
             other = ("--mode ps" if self.mode != "dp" else "a model-parallel grid (--tensor-parallel, "
                      "--pipeline-parallel, --micro-batches)" if grid else "--model ctr" if self.model == "ctr"
@@ -283,7 +283,7 @@ class Config:
             raise ValueError(f"hidden widths must be >= 1, got {list(self.hidden)}")
 
     def _check_skew(self):
-        from training.partition import parse_partition  # pure NumPy
+        from training.data.partition import parse_partition  # pure NumPy
 
         parse_partition(self.partition)
         if self.local_steps < 1:
@@ -393,7 +393,7 @@ class Config:
     def _check_registries(self):
         from collectives import ALGORITHMS  # late import: MPI is loaded by validation, not by importing config
         from collectives.compression import COMPRESSORS
-        from collectives.log import LEVELS
+        from commlab.logs import LEVELS
 
         if isinstance(self.algorithm, str) and ":" in self.algorithm:  # FILE.py:FUNCTION or module:FUNCTION
             from collectives.schedules import load_algorithm  # verified and registered, on every rank alike

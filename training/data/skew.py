@@ -10,15 +10,15 @@ import os
 
 import numpy
 
-from collectives.log import get_logger
-from training.partition import draw_partition, label_histogram, parse_partition
-from training.shard_sampler import ShardSampler, shared_subset
+from commlab.logs import get_logger
+from training.data.partition import draw_partition, label_histogram, parse_partition
+from training.data.shard_sampler import ShardSampler, shared_subset
 
 __all__ = ["uses_shards", "check_skew", "shard_sampler", "skew_record", "gradient_scale", "RECORD"]
 
 RECORD = "partition.json"  #: file name of the partition's record in the run directory
 
-_log = get_logger("training.skew")
+_log = get_logger("training.data.skew")
 
 
 def uses_shards(cfg):
@@ -26,7 +26,7 @@ def uses_shards(cfg):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> uses_shards(Config()), uses_shards(Config(partition="classes:k=3")), uses_shards(Config(resample=True))
     (False, True, True)
     """
@@ -44,7 +44,7 @@ def check_skew(cfg, labels, n_classes, workers):
     Examples
     --------
     >>> import numpy
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> check_skew(Config(partition="classes:k=11", batch_size=4), numpy.arange(100) % 10, 10, 4)
     Traceback (most recent call last):
     ...
@@ -60,8 +60,8 @@ def skew_record(cfg, partition, labels, n_classes, shared):
     Examples
     --------
     >>> import numpy
-    >>> from training.config import Config
-    >>> from training.partition import draw_partition
+    >>> from training.settings.config import Config
+    >>> from training.data.partition import draw_partition
     >>> labels = numpy.arange(8) % 2
     >>> rec = skew_record(Config(partition="classes:k=1"), draw_partition(labels, 2, "classes:k=1", 0), labels, 2, [])
     >>> rec["sizes"], rec["label_histogram"]
@@ -74,11 +74,11 @@ def skew_record(cfg, partition, labels, n_classes, shared):
 
 
 def shard_sampler(cfg, labels, n_classes, rank, workers, record_dir=None):
-    """Return worker ``rank``'s :class:`training.shard_sampler.ShardSampler` of ``cfg``'s partition.
+    """Return worker ``rank``'s :class:`training.data.shard_sampler.ShardSampler` of ``cfg``'s partition.
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     labels : ndarray, shape (N,), int64
         Training labels.
     n_classes : int
@@ -89,17 +89,17 @@ def shard_sampler(cfg, labels, n_classes, rank, workers, record_dir=None):
 
     Returns
     -------
-    training.shard_sampler.ShardSampler
+    training.data.shard_sampler.ShardSampler
 
     Raises
     ------
     ValueError
-        When the partition cannot be drawn (:func:`training.partition.draw_partition`).
+        When the partition cannot be drawn (:func:`training.data.partition.draw_partition`).
 
     Examples
     --------
     >>> import numpy
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> cfg = Config(partition="classes:k=1", batch_size=20)
     >>> s = shard_sampler(cfg, numpy.arange(100) % 2, 2, rank=1, workers=2)
     >>> len(s), len(set((numpy.arange(100) % 2)[s.indices(0)]))  # 5 steps of 10 samples, one class
@@ -127,7 +127,7 @@ def gradient_scale(cfg, labels, rank, workers):
 
     ``n_w`` is the number of samples worker ``w`` draws its batches from: its shard of ``cfg``'s
     partition (``labels``, the training labels, of classes ``0 .. labels.max()`` as
-    :func:`training.build.make_sampler` takes them), with the shared subset when there is one. Every rank draws the same partition from
+    :func:`training.runtime.build.make_sampler` takes them), with the shared subset when there is one. Every rank draws the same partition from
     the seed, so every rank knows every ``n_w`` without a message. A data-parallel step that scales
     each worker's mean gradient ``g_w`` by this weight before the plain average
     ((1/W) sum_w, the all-reduce with ``op="avg"``) takes sum_w n_w g_w / sum_v n_v: each ``g_w`` is
@@ -141,7 +141,7 @@ def gradient_scale(cfg, labels, rank, workers):
 
     Examples
     --------
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> cfg = Config(partition="quantity:alpha=1", batch_size=8, seed=0)
     >>> labels = numpy.arange(400) % 4
     >>> w = [gradient_scale(cfg, labels, r, 4) for r in range(4)]

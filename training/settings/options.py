@@ -29,7 +29,7 @@ import math
 import os
 import sys
 
-from training.sizes import format_bytes, parse_bytes
+from commlab.byte_sizes import format_bytes, parse_bytes
 
 __all__ = ["Parser", "Declared", "integer", "real", "text", "names", "listof", "infile", "outpath", "byte_count",
            "link_rate", "parsed_by", "field_type", "as_flags", "declared", "INT32_MAX"]
@@ -323,7 +323,7 @@ def outpath(folder=False, empty=False):
 
 
 def byte_count(low=0, high=2 ** 40):
-    """Declare a byte count in ``[low, high]`` in binary units (:func:`training.sizes.parse_bytes`)."""
+    """Declare a byte count in ``[low, high]`` in binary units (:func:`commlab.byte_sizes.parse_bytes`)."""
     return _Bytes(int(low), int(high))
 
 
@@ -385,7 +385,7 @@ class Parser(argparse.ArgumentParser):
         missing = self.undeclared()
         if missing:
             raise TypeError(f"{self.prog}: option(s) {', '.join(missing)} declare no range: give each a type "
-                            "from training.options (integer, real, text, names, listof, infile, outpath, ...) "
+                            "from training.settings.options (integer, real, text, names, listof, infile, outpath, ...) "
                             "or choices")
         ns, rest = super().parse_known_args(args, namespace)
         for fn in self._checks:

@@ -53,7 +53,7 @@ def verify_param_layout(model, comm, timeout=None):
 
     Parameters
     ----------
-    model : training.nn.Sequential
+    model : training.model.nn.Sequential
     comm : mpi4py.MPI.Comm
         Communicator of the data-parallel ranks.
     timeout : float, optional

@@ -1,6 +1,6 @@
 """Trainer state as checkpoint arrays: counters, model, optimizer and gradient-hook state.
 
-A checkpoint (see :mod:`training.checkpoint`) is a flat dict of numeric arrays. The trainer's
+A checkpoint (see :mod:`training.runtime.checkpoint`) is a flat dict of numeric arrays. The trainer's
 entries are ``model/params``, ``optim/NAME`` (the optimizer's ``state_dict``), ``compression/NAME``
 (the gradient hook's, e.g. a compressor's error feedback), ``train/NAME`` (:class:`TrainState`)
 and ``meta/config`` (the resolved configuration as UTF-8 JSON bytes). Local SGD (``--local-steps``
@@ -14,8 +14,8 @@ import json
 import numpy
 
 from collectives.engine.waiting import wait_within
-from training.checkpoint import CheckpointError, to_host
-from training.nn import get_array_module
+from training.runtime.checkpoint import CheckpointError, to_host
+from collectives.backend import get_array_module
 
 __all__ = ["TrainState", "checkpoint_arrays", "restore", "check_values"]
 
@@ -65,9 +65,9 @@ def checkpoint_arrays(cfg, model, opt, hook, state):
 
     Parameters
     ----------
-    cfg : training.config.Config
-    model : training.nn.Sequential
-    opt : training.optim.SGD or training.optim.Adam
+    cfg : training.settings.config.Config
+    model : training.model.nn.Sequential
+    opt : training.model.optim.SGD or training.model.optim.Adam
     hook : gradient hook with ``state_dict()``
     state : TrainState
 
@@ -140,7 +140,7 @@ def restore(path, arrays, model, opt, hook, state):
     path : str
         The checkpoint file (named in errors).
     arrays : dict of str -> ndarray
-        From :func:`training.checkpoint.load_checkpoint`.
+        From :func:`training.runtime.checkpoint.load_checkpoint`.
     model, opt, hook, state
         As for :func:`checkpoint_arrays`; overwritten.
 

@@ -13,18 +13,18 @@ import zlib
 
 import numpy
 
-from training.data import load_dataset
+from training.data.datasets import load_dataset
 from training.job import array_module
 from training.ps_mode.worker import check_ps
 from training.monitor.setup import check_monitor
-from training.skew import check_skew, uses_shards
+from training.data.skew import check_skew, uses_shards
 
 __all__ = ["check_run", "agree", "agree_grid", "PER_RANK", "LAYOUT"]
 
 #: Settings left out of :func:`agree`: those that may differ between ranks by design (where rank 0
 #: writes: run directory and name, trace file; how much a rank logs; the address the metrics endpoint of
 #: rank 0 binds), and the model's layout
-#: (``hidden``, ``dtype``), which :func:`training.layout.verify_param_layout` compares once the model is
+#: (``hidden``, ``dtype``), which :func:`training.dp.layout.verify_param_layout` compares once the model is
 #: built, naming the layers and parameter counts that differ.
 PER_RANK = frozenset(("run_dir", "name", "trace", "log_level", "hidden", "dtype", "metrics_host"))
 #: The model's layout among :data:`PER_RANK`: compared by :func:`agree_grid` on a model-parallel grid, whose
@@ -39,7 +39,7 @@ def agree(cfg, comm, per_rank=PER_RANK):
     Each rank hashes every setting (CRC-32 of its JSON form) but those of ``per_rank`` (default
     :data:`PER_RANK`); one all-gather of the hashes finds the settings that differ, and a second of
     their values names them (as PyTorch's DDP verifies that every rank holds the same model at
-    construction). ``cfg`` is a training :class:`~training.config.Config` or any dataclass (serving's
+    construction). ``cfg`` is a training :class:`~training.settings.config.Config` or any dataclass (serving's
     configuration).
 
     Raises
@@ -50,7 +50,7 @@ def agree(cfg, comm, per_rank=PER_RANK):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> agree(Config(), MPI.COMM_WORLD)  # one rank (under mpiexec -n 1): nothing to compare
     """
     if comm.Get_size() == 1:
@@ -99,7 +99,7 @@ def agree_grid(cfg, comm):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.config import Config
+    >>> from training.settings.config import Config
     >>> agree_grid(Config(pipeline_parallel=2), MPI.COMM_WORLD)  # one rank: nothing to compare
     """
     agree(cfg, comm)
@@ -121,7 +121,7 @@ def check_run(cfg, comm):
         than the ranks (workers with ``--mode ps``: each needs a sample of every batch), a
         parameter-server setting does not fit P (:func:`training.ps_mode.worker.check_ps`),
         ``--data-dir`` is not a directory, the ``--partition`` cannot be drawn
-        (:func:`training.skew.check_skew`), or ``algorithm="auto"`` cannot read its tuning table
+        (:func:`training.data.skew.check_skew`), or ``algorithm="auto"`` cannot read its tuning table
         (``COMMLAB_TUNING``), or the monitoring cannot start
         (:func:`training.monitor.setup.check_monitor`: the metrics port is taken, ...).
     ImportError

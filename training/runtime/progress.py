@@ -23,7 +23,7 @@ import sys
 from tqdm import tqdm
 
 from collectives.engine import trace
-from collectives.log import get_logger
+from commlab.logs import get_logger
 
 __all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "write_trace"]
 
@@ -170,7 +170,7 @@ def write_trace(path, comm, timeout=None):
     chrome, missing = trace.gather(comm, 0, timeout)
     if comm.Get_rank() == 0:
         trace.write(path, chrome, missing)
-        log = get_logger("training.progress")
+        log = get_logger("training.runtime.progress")
         if missing:
             log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
         log.info("trace: %d events from %d rank(s) -> %s (open in https://ui.perfetto.dev or chrome://tracing)",

@@ -1,4 +1,4 @@
-"""Command line of ``python -m training.train``: flags mapped onto :class:`training.config.Config`.
+"""Command line of ``python -m training.train``: flags mapped onto :class:`training.settings.config.Config`.
 
 Every flag is a field of the configuration (help text with units in :data:`HELP`); only flags
 actually given override the defaults, or the saved configuration of a run being resumed; unknown
@@ -16,11 +16,11 @@ import numpy
 
 from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
-from training.checkpoint import never_configured
-from training.config import CHOICES, Config
-from training.options import INT32_MAX, Parser, as_flags, field_type, parsed_by
+from training.runtime.checkpoint import never_configured
+from training.settings.config import CHOICES, Config
+from training.settings.options import INT32_MAX, Parser, as_flags, field_type, parsed_by
 
-__all__ = ["HELP", "build_parser", "parse_args", "parse_compression_arg", "parse_on_every_rank"]
+__all__ = ["HELP", "build_parser", "parse_args", "parse_on_every_rank"]
 
 
 _METAVARS = {

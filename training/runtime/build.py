@@ -6,9 +6,9 @@ samples.
 """
 import numpy
 
-from training.data import DistributedSampler
-from training.nn import build_mlp
-from training.skew import shard_sampler, uses_shards
+from training.data.sampling import DistributedSampler
+from training.model.nn import build_mlp
+from training.data.skew import shard_sampler, uses_shards
 
 __all__ = ["build_model", "make_sampler", "to_device"]
 
@@ -18,7 +18,7 @@ def build_model(cfg, n_features, n_classes, xp=numpy):
 
     Parameters
     ----------
-    cfg : training.config.Config
+    cfg : training.settings.config.Config
     n_features, n_classes : int
         Input features and output classes.
     xp : module
@@ -26,7 +26,7 @@ def build_model(cfg, n_features, n_classes, xp=numpy):
 
     Returns
     -------
-    training.nn.Sequential
+    training.model.nn.Sequential
     """
     return build_mlp([n_features, *cfg.hidden, n_classes], activation=cfg.activation,
                      dtype=cfg.dtype, seed=cfg.seed, xp=xp)
@@ -35,10 +35,10 @@ def build_model(cfg, n_features, n_classes, xp=numpy):
 def make_sampler(cfg, n, rank, size, labels=None, record_dir=None):
     """Return the training-set sampler of rank ``rank`` of ``size``.
 
-    The :class:`~training.data.DistributedSampler` of an IID run; with a skewed ``--partition``,
-    ``--resample`` or ``--shared-fraction``, the rank's :class:`training.shard_sampler.ShardSampler`
+    The :class:`~training.data.sampling.DistributedSampler` of an IID run; with a skewed ``--partition``,
+    ``--resample`` or ``--shared-fraction``, the rank's :class:`training.data.shard_sampler.ShardSampler`
     (``labels``, the training labels, are then needed; rank 0 passes its run directory as
-    ``record_dir`` to log the partition and write its record, :func:`training.skew.shard_sampler`).
+    ``record_dir`` to log the partition and write its record, :func:`training.data.skew.shard_sampler`).
     """
     if uses_shards(cfg):
         if labels is None:
