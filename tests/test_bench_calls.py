@@ -95,7 +95,7 @@ def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():
     """A pass whose timed parts add up to more than the whole call leaves that derived row (no
     negative range); the table names the dropped pass and shows ``-`` for a row with none left."""
     from experiments.bench.breakdown import summarize
-    from plots.tables import breakdown_table
+    from plots.tables.study_tables import breakdown_table
 
     times = {"auto": [4.0, 4.0, 4.0], "look-up": [0.4, 0.4, 0.4], "plan.run": [3.0, 3.0, 3.0],
              "library call": [2.0, 9.0, 2.1], "statistics": [0.1, 0.1, 0.1], "loop": [0.05, 0.05, 0.05]}

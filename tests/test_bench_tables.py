@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from plots.tables import model_parallel_table as table
+from plots.tables.study_tables import model_parallel_table as table
 from plots.bench import markdown
 from tests.mpirun import ROOT
 

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from experiments.cluster import collectives, compression, ps, study
-from plots import cluster, cluster_tables, publish
-from plots.sources import check_quiet
+from experiments.cluster import compression, node_collectives, ps, study
+from plots import cluster, publish
+from plots.tables import cluster_tables
+from plots.publish.sources import check_quiet
 
 
 def _run_dir(d, per_step, accs=(0.90, 0.96, 0.97), batch=64):
@@ -99,7 +100,7 @@ def test_ps_study_gathers_both_models_with_their_wire_time(tmp_path):
 
 def test_collectives_study_gathers_both_links_and_names_where_2d_wins(tmp_path):
     """Speedups over the ring pass by pass, and the sizes at which 2d is faster, from two sweeps' rows."""
-    assert len(collectives.commands("x")) == 2
+    assert len(node_collectives.commands("x")) == 2
     files = {}
     for link, slow in (("1gbit", 1.0), ("100mbit", 10.0)):
         rows = []
@@ -111,7 +112,7 @@ def test_collectives_study_gathers_both_links_and_names_where_2d_wins(tmp_path):
         path = tmp_path / f"collectives_{link}.json"
         path.write_text(json.dumps({"P": 8, "config": {"repeats": 3}, "rows": rows, "provenance": {"noisy": False}}))
         files[link] = str(path)
-    record = collectives.gather(files, 2)
+    record = node_collectives.gather(files, 2)
     assert record["summary"]["1gbit"]["2d_faster_than_ring_at"] == [128 << 10]
     assert record["summary"]["100mbit"]["2d_faster_from_bytes"] == 128 << 10
     text = cluster_tables.collectives_markdown(record)
@@ -136,7 +137,7 @@ def test_study_commands_parse_and_a_busy_machine_is_refused(tmp_path, capsys):
     is above it) exits 2 with one line before any run and writes nothing."""
     assert compression.main(["commands", "--out", "d"]) == 0
     assert ps.main(["commands", "--out", "d", "--repeats", "1", "--hidden", "16"]) == 0
-    assert collectives.main(["commands", "--out", "d"]) == 0
+    assert node_collectives.main(["commands", "--out", "d"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 + 4 + 2 and all(line.startswith(("mpiexec", "python")) for line in out)
     assert ps.main(["run", "--max-load", "-1", "--study", str(tmp_path / "s.json")]) == 2

@@ -1,11 +1,11 @@
 """Markdown tables of the emulated-cluster studies (tabulate's pipe format), made from their results files:
 printed by the studies themselves (:mod:`experiments.cluster.compression`, :mod:`experiments.cluster.ps`,
-:mod:`experiments.cluster.collectives`) and published by :mod:`plots.publish`. Each table is followed by
+:mod:`experiments.cluster.node_collectives`) and published by :mod:`plots.publish`. Each table is followed by
 sentences that state, from the file alone, what the study's paragraph in the guide claims.
 
 Examples
 --------
->>> from plots.cluster_tables import ps_markdown
+>>> from plots.tables.cluster_tables import ps_markdown
 >>> row = {"config": "dp-ring", "model": "small", "nodes": 4, "samples_per_s": 900.0, "samples_min": 880.0,
 ...        "samples_max": 910.0, "vs_allreduce": 1.0, "busiest_link_bytes": 230460.0,
 ...        "worker_link_bytes": 230460.0, "wire_ms": 1.84, "final_test_acc": 0.97}
@@ -118,7 +118,7 @@ def ps_markdown(study):
 
 
 def collectives_markdown(study):
-    """Return the collectives study (``experiments.cluster.collectives``) as Markdown: per link rate, the time
+    """Return the collectives study (``experiments.cluster.node_collectives``) as Markdown: per link rate, the time
     per all-reduce in ms per size and algorithm, with the speedup over the flat ring (median [range] of the
     passes) and the inter-node busbw in GB/s; then the sizes at which ``2d`` beats ``ring``."""
     rows = study["rows"]

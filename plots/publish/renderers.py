@@ -1,17 +1,20 @@
-"""The table renderers and figure drawers of the published items (:data:`plots.items.ITEMS`): each takes
-its reference file's path under ``plots/reference/`` and returns Markdown, or the paths of the figures it
-drew into ``plots/figures/``.
+"""The table renderers (``render_*``) and figure drawers (``draw_*``) of the published items
+(:data:`plots.publish.items.ITEMS`): each takes its reference file's path under ``plots/reference/`` and
+returns Markdown, or the paths of the figures it drew into ``plots/figures/``.
 """
 import glob
 import json
 import os
 
-from plots.sources import FIGURES, REFERENCE, check_quiet, load as _load, source_line
+from plots.publish.sources import FIGURES, REFERENCE, check_quiet, load as _load, source_line
 
-__all__ = []  # helpers of plots.items alone
+__all__ = ["render_bench", "draw_bench", "render_training", "draw_training", "render_scaling", "render_trainer",
+           "render_small_calls", "render_mpi_baseline", "render_serving_load", "draw_serving_load",
+           "render_replicas", "render_metrics_overhead", "render_breakdown", "render_model_parallel",
+           "render_ps_part", "render_non_iid", "draw_non_iid", "render_levels", "render_hetero", "draw_hetero"]
 
 
-def _bench(rel):
+def render_bench(rel):
     from plots.bench import markdown
 
     results = _load(rel)
@@ -19,7 +22,7 @@ def _bench(rel):
     return markdown(results, "median") + "\n\n" + source_line(prov, rel)
 
 
-def _bench_figures(rel):
+def draw_bench(rel):
     from plots.bench import draw
 
     results = _load(rel)
@@ -31,7 +34,7 @@ def _run_provenance(rel):
     """Return the provenance of a reference training run folder (its ``config.json`` and ``summary.json``)."""
     import shlex
 
-    from training.metrics import default_max_load, is_quiet
+    from commlab.provenance import default_max_load, is_quiet
 
     folder = os.path.join(REFERENCE, rel)
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
@@ -50,7 +53,7 @@ def _run_provenance(rel):
     return check_quiet({"provenance": prov}, rel)
 
 
-def _training_table(rel):
+def render_training(rel):
     from tabulate import tabulate
 
     from plots.training import load_run
@@ -71,7 +74,7 @@ def _training_table(rel):
     return head + "\n\n" + table + "\n\n" + source_line(prov, rel)
 
 
-def _training_figures(rel):
+def draw_training(rel):
     from plots.training import load_run, plot_curves, plot_time
 
     _run_provenance(rel)
@@ -82,10 +85,10 @@ def _training_figures(rel):
     return [curves, times]
 
 
-def _scaling_table(rel):
+def render_scaling(rel):
     from tabulate import tabulate
 
-    from training.sizes import format_bytes
+    from commlab.byte_sizes import format_bytes
 
     result = _load(rel)
     prov = check_quiet(result, rel)
@@ -98,8 +101,8 @@ def _scaling_table(rel):
 
 
 
-def _trainer_table(rel):
-    from plots.tables import trainer_table
+def render_trainer(rel):
+    from plots.tables.study_tables import trainer_table
 
     results = _load(rel)
     prov = check_quiet(results, rel)
@@ -109,7 +112,7 @@ def _trainer_table(rel):
     return head + "\n\n" + trainer_table(results["cells"]) + "\n\n" + source_line(prov, rel)
 
 
-def _small_calls(rel):
+def render_small_calls(rel):
     from plots.bench import small_calls_table
 
     results = _load(rel)
@@ -117,7 +120,7 @@ def _small_calls(rel):
     return small_calls_table(results) + "\n\n" + source_line(prov, rel)
 
 
-def _mpi_baseline_table(rel):
+def render_mpi_baseline(rel):
     from tabulate import tabulate
 
     r = _load(rel)
@@ -139,7 +142,7 @@ def _mpi_baseline_table(rel):
     return head + "\n\n" + table + "\n\n" + source_line(prov, rel, True)
 
 
-def _serving_load_table(rel):
+def render_serving_load(rel):
     from plots.serving import load_table
 
     doc = _load(rel)
@@ -149,7 +152,7 @@ def _serving_load_table(rel):
             + load_table(doc["points"]) + "\n\n" + source_line(prov, rel))
 
 
-def _serving_load_figure(rel):
+def draw_serving_load(rel):
     from plots.serving import draw_load
 
     doc = _load(rel)
@@ -159,7 +162,7 @@ def _serving_load_figure(rel):
     return [out]
 
 
-def _replicas_table(rel):
+def render_replicas(rel):
     from tabulate import tabulate
 
     r = _load(rel)
@@ -189,7 +192,7 @@ def _replicas_table(rel):
             + costs + "\n\n" + source_line(prov, rel, True))
 
 
-def _metrics_overhead_table(rel):
+def render_metrics_overhead(rel):
     import statistics
 
     from tabulate import tabulate
@@ -235,8 +238,8 @@ def _breakdown_passes(record, prov):
     return int(words[words.index("--passes") + 1]) if "--passes" in words[:-1] else 7
 
 
-def _breakdown_table(rel):
-    from plots.tables import breakdown_table
+def render_breakdown(rel):
+    from plots.tables.study_tables import breakdown_table
 
     record = _load(rel)
     prov = check_quiet(record, rel)
@@ -247,8 +250,8 @@ def _breakdown_table(rel):
     return head[0].upper() + head[1:] + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
 
 
-def _model_parallel_table(rel):
-    from plots.tables import bubble_table, model_parallel_table
+def render_model_parallel(rel):
+    from plots.tables.study_tables import bubble_table, model_parallel_table
 
     results = _load(rel)
     prov = check_quiet(results, rel)
@@ -257,9 +260,9 @@ def _model_parallel_table(rel):
             + "\n\n" + source_line(prov, rel))
 
 
-def _ps_part(part):
+def render_ps_part(part):
     def render(rel):
-        from plots.ps_tables import conflict_table, markdown
+        from plots.tables.ps_tables import conflict_table, markdown
 
         study = _load(rel)
         prov = check_quiet(study, rel)
@@ -287,7 +290,7 @@ def _non_iid_results(rel):
     return results, provs, [os.path.relpath(path, REFERENCE) for path in paths]
 
 
-def _non_iid_table(rel):
+def render_non_iid(rel):
     from plots.non_iid import markdown
 
     import datetime
@@ -299,7 +302,7 @@ def _non_iid_table(rel):
             + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels)))
 
 
-def _non_iid_figures(rel):
+def draw_non_iid(rel):
     from plots.non_iid import draw
 
     out = os.path.join(FIGURES, "non_iid.png")
@@ -307,9 +310,34 @@ def _non_iid_figures(rel):
     return [out]
 
 
-def _levels_table(rel):
+def render_levels(rel):
     from plots.levels import markdown
 
     study = _load(rel)
     prov = check_quiet(study, rel)
     return markdown(study) + "\n\n" + source_line(prov, rel, launches_itself=True)
+
+
+def _hetero_results(rel):
+    """Return the quiet results files of the study in ``plots/reference/REL/``, their provenance and paths."""
+    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "hetero_w*_*.json")))
+    if not paths:
+        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.hetero_study")
+    rels = [os.path.relpath(path, REFERENCE) for path in paths]
+    results = [_load(r) for r in rels]
+    return results, [check_quiet(res, r) for res, r in zip(results, rels)], rels
+
+
+def render_hetero(rel):
+    """Return the published table of the committed results in ``plots/reference/REL/`` with their provenance."""
+    from plots.hetero import markdown
+
+    results, provs, rels = _hetero_results(rel)
+    return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
+
+
+def draw_hetero(rel):
+    """Draw the published figure (``plots/figures/hetero.png``) of ``plots/reference/REL/``; return its path."""
+    from plots.hetero import draw
+
+    return [draw(_hetero_results(rel)[0], os.path.join(FIGURES, "hetero.png"))]

@@ -1,8 +1,8 @@
-"""Publish results as code: every table and figure of the README and the docs, from committed result files.
+"""The documents' marked result blocks: find them, fill them from the published items, and check them.
 
-``python -m plots.publish`` (``make results``) reads the reference result files under
+``python -m plots.publish`` (``make results``, :mod:`plots.publish.__main__`) reads the reference result files under
 ``plots/reference/`` (each written by a study or benchmark with its provenance: command, versions, P,
-cores, load before and during; see :mod:`experiments.results`), redraws the figures into
+cores, load before and during; see :mod:`commlab.provenance`), redraws the figures into
 ``plots/figures/`` and rewrites every marked table block of ``README.md`` and ``docs/*.md``::
 
     <!-- results:NAME -->
@@ -13,13 +13,13 @@ cores, load before and during; see :mod:`experiments.results`), redraws the figu
 differs from what the committed files give (a block of an item whose file is not committed must be
 empty), when a block names no known item, or when a figure the documents show is drawn by no item (the test suite runs this check, so no published number can go
 stale without a failing test). A reference file measured on a busy machine (``noisy``, or without
-provenance) is refused (:func:`check_quiet`).
+provenance) is refused (:func:`plots.publish.sources.check_quiet`).
 
 Examples
 --------
->>> from plots import publish
+>>> from plots.publish.documents import fill
 >>> text = "a\\n<!-- results:x -->\\nold\\n<!-- /results:x -->\\nb\\n"
->>> print(publish.fill(text, {"x": "new"}), end="")
+>>> print(fill(text, {"x": "new"}), end="")
 a
 <!-- results:x -->
 new
@@ -30,14 +30,12 @@ import difflib
 import glob
 import os
 import re
-import sys
 
-__all__ = ["ITEMS", "check_quiet", "source_line", "fill", "blocks", "render_tables", "draw_figures", "main"]
+from plots.publish.items import ITEMS
+from plots.publish.renderers import draw_bench
+from plots.publish.sources import REFERENCE, ROOT, load as _load
 
-from plots.items import ITEMS
-from plots.renderers import _bench_figures
-from plots.sources import REFERENCE, ROOT, check_quiet, load as _load, source_line
-from training.options import Parser
+__all__ = ["DOCUMENTS", "fill", "blocks", "render_tables", "draw_figures", "documents", "check"]
 
 #: The documents whose marked blocks and figures are published.
 DOCUMENTS = ("README.md", "docs/*.md", "docs/*/*.md")
@@ -83,7 +81,8 @@ def draw_figures():
     return paths
 
 
-def _documents():
+def documents():
+    """Return the paths of the documents whose marked blocks are published (:data:`DOCUMENTS`), sorted."""
     return sorted({p for pattern in DOCUMENTS for p in glob.glob(os.path.join(ROOT, pattern))})
 
 
@@ -97,7 +96,7 @@ def _figure_names():
              "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
              "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png"}
     for name, (ref, _, draw) in ITEMS.items():
-        if draw is _bench_figures:
+        if draw is draw_bench:
             results = _load(ref)
             names |= {f"bench_{op}_p{results['P']}.png" for op in dict.fromkeys(r["op"] for r in results["rows"])}
     return names
@@ -119,7 +118,7 @@ def check(texts=None):
     """
     if texts is None:
         texts = {}
-        for path in _documents():
+        for path in documents():
             with open(path, encoding="utf-8") as f:
                 texts[os.path.relpath(path, ROOT)] = f.read()
     problems = []
@@ -138,39 +137,3 @@ def check(texts=None):
         problems += [f"{rel} shows plots/figures/{f}, which no published item draws" for f in
                      sorted(_shown_figures(text) - drawn)]
     return problems
-
-
-def main(argv=None):
-    """Regenerate (default) or check (``--check``) every published table and figure."""
-    p = Parser(prog="python -m plots.publish", description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true",
-                   help="change nothing; exit 1 with a diff when a published table differs from the committed "
-                        "result files, or a shown figure has no item that draws it")
-    args = p.parse_args(argv)
-    try:
-        if args.check:
-            problems = check()
-            for problem in problems:
-                print(problem)
-            print(f"{len(problems)} problem(s) in the published results" if problems
-                  else "every published table matches the committed result files")
-            return 1 if problems else 0
-        tables = render_tables(set(ITEMS))
-        for path in _documents():
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-            new = fill(text, tables)
-            if new != text:
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(new)
-                print(f"wrote {os.path.relpath(path, ROOT)}")
-        for path in draw_figures():
-            print(f"wrote {os.path.relpath(path, ROOT)}")
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

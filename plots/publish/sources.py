@@ -4,7 +4,7 @@ ends its table with the file's provenance (:func:`source_line`).
 
 Examples
 --------
->>> from plots.sources import source_line
+>>> from plots.publish.sources import source_line
 >>> prov = {"command": "python -m experiments.cluster.ps run", "P": 9, "cores": 2, "date": "2026-12-03T17:00:00",
 ...         "load": {"before": 0.1, "during_max": 5.0}, "versions": {"python": "3.11.7", "numpy": "2.4.6"}}
 >>> source_line(prov, "cluster/ps_study.json", launches_itself=True)[:60]
@@ -15,7 +15,7 @@ import os
 
 __all__ = ["ROOT", "REFERENCE", "FIGURES", "load", "check_quiet", "source_line"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE = os.path.join(ROOT, "plots", "reference")
 FIGURES = os.path.join(ROOT, "plots", "figures")
 

@@ -1,9 +1,10 @@
 """Markdown tables of the studies (tabulate's pipe format), made from their result files: printed by
-the studies themselves and published by :mod:`plots.publish`.
+the studies themselves and published by :mod:`plots.publish`: the benchmarks' (the trainer against
+PyTorch, the all-reduce's per-step breakdown) and the model-parallel study's.
 
 Examples
 --------
->>> from plots.tables import spread
+>>> from plots.tables.study_tables import spread
 >>> spread({"median": 0.5, "min": 0.25, "max": 1.0}, "x")
 '0.50x (0.25-1.00)'
 """
