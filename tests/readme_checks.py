@@ -208,6 +208,8 @@ CHECKS = {
     # Parameter server from one's own script (docs/guide/parameter_server.md)
     "mpiexec -n 3 python ps_example.py": Run(),
     # Benchmarks
+    "python -m experiments --list": Run(),
+    "mpiexec -n 2 python -m experiments demo --mib 1 --iters 5": Run(timeout=180),
     "mpiexec -n 4 python -m experiments.bench.collectives --out results/bench_p4":
         Help("tests/test_bench.py::test_sweep_p2_columns_busbw_and_checks", {"results/bench_p4.json": "bench_p4.json"}),
     "mpiexec -n 2 python -m experiments.bench.collectives --out results/bench_p2":
@@ -237,7 +239,7 @@ CHECKS = {
     "python -m training.emulator.emulate --nodes 4 --ranks-per-node 2 --link 100mbit --calibrate "
     "--out results/cluster/calibrate_100mbit.json":
         Help("tests/test_cluster.py::test_link_rate_within_tolerance"),
-    "python -m experiments.cluster.collectives run --out results/cluster/collectives --study "
+    "python -m experiments.cluster.node_collectives run --out results/cluster/collectives --study "
     "results/cluster/collectives_study.json":
         Help("tests/test_cluster_studies.py::test_collectives_study_gathers_both_links_and_names_where_2d_wins"),
     "python -m plots.cluster results/cluster/collectives_study.json":

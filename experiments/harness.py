@@ -1,0 +1,220 @@
+"""The harness every study and benchmark runs on: the options they share, the checks before a
+measurement and the write after it, written once.
+
+A study is a small unit: its own options, a run, its table. Around the run, in this order:
+
+1. :func:`add_options` gives its parser the options common to every study: ``--out`` (the results
+   file or folder), ``--repeats`` where the study repeats its runs, and the load options
+   ``--max-load``, ``--settle`` and ``--allow-noisy`` (:func:`commlab.provenance.add_options`);
+2. :func:`start`, on every rank, before anything is measured or removed: the results files must be
+   writable (rank 0 tries, every rank hears its verdict) and the machine quiet
+   (:func:`commlab.provenance.guard`); it returns the running load watch, or None after rank 0
+   printed one error line (the study then exits with status 2);
+3. the study's run (rank 0 alone prints, through :func:`echo`);
+4. :func:`finish`: rank 0 stamps the record with its provenance (the command, versions, P, host, the
+   load before and during: :func:`commlab.provenance.stamp`), writes it as JSON, prints the study's
+   table and the path; the other ranks stop their load watch and write nothing.
+
+A study that launches its jobs as commands of their own (the emulated-cluster studies, the elastic
+and replica studies) runs them through :func:`run_commands` under one load watch.
+
+Every study is listed by the index, ``python -m experiments --list``, and run by it as
+``python -m experiments NAME [ARGS]`` (:mod:`experiments.__main__`).
+
+Examples
+--------
+>>> from experiments import harness
+>>> from training.settings.options import Parser
+>>> p = Parser(prog="python -m experiments.studies.example")
+>>> harness.add_options(p, out="results/example.json", repeats=3)
+>>> args = p.parse_args(["--max-load", "1000"])
+>>> args.out, args.repeats, args.allow_noisy
+('results/example.json', 3, False)
+>>> watch = harness.start(args)           # None, after one error line, on a busy machine
+>>> record = harness.finish({"rows": []}, watch, None, P=1)
+>>> record["provenance"]["noisy"]
+False
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+from commlab import provenance as prov
+from commlab.provenance import command_line, unwritable
+from training.metrics import write_json
+from training.settings.options import INT32_MAX, integer, outpath, real
+
+__all__ = ["add_options", "start", "finish", "echo", "fresh_folder", "load_flags", "argv", "run_commands"]
+
+
+def add_options(parser, *, out=None, folder=False, repeats=None, what=None):
+    """Add the options every study shares to ``parser``.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    out : str, optional
+        Default of ``--out``; None adds no ``--out`` (the study has options of its own for its files).
+    folder : bool
+        ``--out`` names a folder (the study writes several files into it) rather than one file.
+    repeats : int, optional
+        Default of ``--repeats`` (runs per variant, interleaved); None adds no ``--repeats``.
+    what : str, optional
+        What ``--out`` holds, for its help (default: the results file or folder).
+    """
+    if out is not None:
+        what = what or ("results folder" if folder else "results file")
+        parser.add_argument("--out", type=outpath(folder=folder), default=out, help=f"{what} (default: %(default)s)")
+    if repeats is not None:
+        parser.add_argument("--repeats", type=integer(1, INT32_MAX), default=repeats,
+                            help="runs per variant, interleaved (default: %(default)s)")
+    prov.add_options(parser, real)
+
+
+def start(args, comm=None, *, paths=(), prog=None):
+    """Check, before any measurement, that the results files can be written and the machine is quiet.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed options of :func:`add_options` (``max_load``, ``settle``, ``allow_noisy``).
+    comm : mpi4py.MPI.Comm, optional
+        Every rank of the job: rank 0 checks, every rank returns its verdict (one error, no hang).
+        None: this process alone.
+    paths : sequence of str
+        Results files the study will write (:func:`commlab.provenance.unwritable`).
+    prog : str, optional
+        The error line's prefix, ``PROG: error: ...`` as argparse words it (default ``error: ...``).
+
+    Returns
+    -------
+    commlab.provenance.LoadWatch or None
+        The running watch for :func:`finish`; None after rank 0 printed the one error line.
+    """
+    rank0 = comm is None or comm.Get_rank() == 0
+    why = unwritable(*paths) if rank0 and paths else None
+    if comm is not None:
+        why = comm.bcast(why, root=0)
+    if why is None:
+        try:
+            return prov.guard(args, comm)  # rank 0's verdict on every rank
+        except ValueError as e:
+            why = str(e)
+    if rank0:
+        print(f"{prog + ': ' if prog else ''}error: {why}", file=sys.stderr, flush=True)
+    return None
+
+
+def finish(record, watch, path, *, comm=None, P=None, module=None, argv=None, show=None):
+    """Stamp ``record`` with its provenance, write it to ``path``, print its table; return the record.
+
+    Rank 0 alone writes and prints; the other ranks stop their load watch and return ``record``
+    unchanged.
+
+    Parameters
+    ----------
+    record : dict
+        The study's results.
+    watch : commlab.provenance.LoadWatch
+        From :func:`start`.
+    path : str or None
+        The JSON results file (folders made); None writes nothing (the study writes its own files).
+    comm : mpi4py.MPI.Comm, optional
+        The job (default: this process alone). ``P`` defaults to its size.
+    P : int, optional
+        Ranks the measurement ran on (the load each of them adds while it runs).
+    module, argv : str, list of str, optional
+        The entry point and the arguments its ``main`` parsed: the command the provenance names
+        (:func:`commlab.provenance.command_line`; default: this process's command line).
+    show : callable, optional
+        ``show(record) -> str``: the study's table, printed before the path.
+    """
+    if comm is not None and comm.Get_rank() != 0:
+        watch.summary()  # stops this rank's sampling: rank 0 alone writes
+        return record
+    P = P if P is not None else (comm.Get_size() if comm is not None else None)
+    prov.stamp(record, watch, P=P, command=command_line(module, argv) if module else None)
+    if path is not None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write_json(path, record)
+    if show is not None:
+        print(show(record), flush=True)
+    if path is not None:
+        print(f"results: {path}", flush=True)
+    return record
+
+
+def echo(comm=None):
+    """Return a ``print`` that prints (flushed) on rank 0 of ``comm`` only (every call when ``comm`` is None)."""
+    if comm is None or comm.Get_rank() == 0:
+        return lambda *a: print(*a, flush=True)
+    return lambda *a: None
+
+
+def fresh_folder(path, comm=None):
+    """Make ``path`` an empty folder (rank 0 removes what a previous run left there); every rank returns after."""
+    if comm is None or comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+    if comm is not None:
+        comm.Barrier()
+
+
+def load_flags(args, P):
+    """Return the load options for a launched job that checks the load itself, to append to its command.
+
+    The job's threshold is the study's plus the job's own ``P`` ranks: the previous job's ranks are
+    still in the 1-minute load average when it starts.
+
+    >>> import argparse
+    >>> load_flags(argparse.Namespace(max_load=0.5, allow_noisy=True), 5)
+    ' --max-load 5.5 --allow-noisy'
+    """
+    limit = args.max_load if args.max_load is not None else prov.default_max_load()
+    return f" --max-load {limit + P:g}" + (" --allow-noisy" if args.allow_noisy else "")
+
+
+def argv(cmd):
+    """Return the argument list of the shell line ``cmd``, ``python`` and ``mpiexec`` resolved to this
+    interpreter and the launcher beside it (else the one on ``PATH``).
+
+    >>> argv("python -m training.train")[0] == sys.executable
+    True
+    """
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+    return [{"python": sys.executable, "mpiexec": mpiexec}.get(a, a) for a in shlex.split(cmd)]
+
+
+def run_commands(cmds, label, pause=3.0, wait=300.0):
+    """Run the shell lines ``cmds`` one after another; return the lines that failed.
+
+    Before each, ``pause`` seconds for the previous job's ranks to leave the cores, then, for a run that
+    checks the load itself (``--max-load L``), up to ``wait`` seconds more until the 1-minute load average
+    is half a unit below ``L``: the previous run's ranks and the emulator's work decay out of the average
+    only gradually, and a run started too early would refuse to measure.
+
+    Parameters
+    ----------
+    cmds : list of str
+        Shell lines starting with ``python`` or ``mpiexec`` (:func:`argv`).
+    label : str
+        Printed before each line, ``[LABEL] CMD``.
+    pause, wait : float
+        Seconds.
+    """
+    failed = []
+    for cmd in cmds:
+        time.sleep(pause)
+        words = cmd.split()
+        if "--max-load" in words and "--allow-noisy" not in words:
+            ceiling, until = float(words[words.index("--max-load") + 1]) - 0.5, time.monotonic() + wait
+            while os.getloadavg()[0] > ceiling and time.monotonic() < until:
+                time.sleep(2.0)
+        print(f"[{label}] {cmd}", flush=True)
+        if subprocess.run(argv(cmd)).returncode != 0:
+            failed.append(cmd)
+    return failed
