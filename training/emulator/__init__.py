@@ -5,7 +5,7 @@ and :mod:`.calibrate` measures the links it made (latency, bandwidth, duplex, fa
 model. The studies that run on it (:mod:`experiments.cluster`) and the job predictor's validation
 (:mod:`training.predict.validate`) launch it as a command.
 
-Imports: :mod:`collectives` (the MPI library's name), the shared trainer modules of :mod:`training`
-(``options``: every command's declared option ranges) and the run provenance; never another
-subpackage of :mod:`training`, nor :mod:`inference`, :mod:`plots` or :mod:`experiments`.
+Imports: :mod:`mpi4py` (the calibration's messages), :mod:`commlab` (run provenance, the MPI
+library's name) and :mod:`training`'s settings (the option ranges every command declares); nothing
+else of the project.
 """

@@ -44,10 +44,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from commlab.provenance import mpi_library
 from commlab import provenance as prov
+from commlab.provenance import command_line, mpi_library
 from training.emulator.net import parse_rate
-from commlab.provenance import command_line
 from training.settings.options import INT32_MAX, Parser, integer, link_rate, outpath, real
 
 __all__ = ["find_nodes", "pingpong", "exchange", "fanout", "link_size", "main"]
