@@ -18,7 +18,7 @@ and run without mpi4py.
 
 Subpackages, bottom to top (each may import only those below it)::
 
-    errors, backend, log      the error classes, dtypes/ops/array-module rules, logging
+    errors, backend           the error classes, dtypes/ops rules and argument checks
     schedules                 pure schedule builders and the algorithm registry (no MPI)
     engine | model            side by side, neither imports the other: the executor, requests,
                               deadlines, fingerprints, contexts, buffers, trace | the cost model,

@@ -18,7 +18,7 @@ import zipfile
 
 import numpy
 
-from collectives.backend import to_host
+from commlab.arrays import to_host
 from collectives.errors import CommlabError
 
 __all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "to_host", "remove_stale_temporaries",

@@ -1,7 +1,7 @@
 """A host-memory array type that looks like device memory, to drive the GPU code paths without a GPU.
 
 ``HostDeviceArray`` is a NumPy array subclass exposing ``__cuda_array_interface__`` (pointing at its
-host memory), registered with :func:`collectives.backend.register_device_module` under a NumPy-like
+host memory), registered with :func:`commlab.arrays.register_device_module` under a NumPy-like
 module. The collectives then take their device branches: stream synchronization before MPI, and
 either direct hand-off (CUDA-aware) or pinned-host staging, selected with ``COMMLAB_CUDA_AWARE``.
 """
@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 
-from collectives import backend
+from commlab import arrays
 
 __all__ = ["HostDeviceArray", "fake_xp", "to_device"]
 
@@ -33,7 +33,7 @@ fake_xp = types.SimpleNamespace(
     minimum=np.minimum, maximum=np.maximum, true_divide=np.true_divide, floor_divide=np.floor_divide,
     isnan=np.isnan,
 )
-backend.register_device_module(HostDeviceArray, fake_xp)
+arrays.register_device_module(HostDeviceArray, fake_xp)
 
 
 def to_device(a):

@@ -17,6 +17,7 @@ from mpi4py import MPI
 import collectives as C
 from collectives.schedules.schedule import chunk_bounds
 from collectives.engine import context
+from commlab.arrays import get_array_module
 from tests.fakedevice import HostDeviceArray, to_device
 from tests.mpicases import FAILS, check, report
 
@@ -43,7 +44,7 @@ def device():
         library_reduce_scatter(sub, aware)
         b = C.broadcast(to_device(np.full(5, rank, np.int32)), root=P - 1, comm=sub)
         check(np.all(np.asarray(b) == P - 1), "device broadcast")
-        t = context.get_context(sub).transport(C.backend.get_array_module(to_device(np.ones(1))))
+        t = context.get_context(sub).transport(get_array_module(to_device(np.ones(1))))
         check(t.direct == (aware == "1"), f"transport direct={t.direct} with COMMLAB_CUDA_AWARE={aware}")
         check(t.syncs > 0, "no stream synchronization before MPI")
         if P > 1:

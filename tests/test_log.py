@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from collectives.log import ENV, LOGGER, get_logger, log_level, setup_logging
+from commlab.logs import ENV, LOGGER, get_logger, log_level, setup_logging
 from tests.mpirun import run_mpi
 from training.train import main
 

@@ -40,10 +40,10 @@ import mpi4py
 import numpy
 from mpi4py import MPI
 
-from collectives.log import get_logger
+from commlab.logs import get_logger
 from commlab.provenance import mpi_library
 from ps.store import remove_stale_temporaries
-from training.sizes import format_bytes
+from commlab.byte_sizes import format_bytes
 
 __all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]

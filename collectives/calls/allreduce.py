@@ -18,7 +18,8 @@ Examples
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import OPS, check_dtype, check_op, check_timeout, get_array_module, op_name
+from collectives.backend import OPS, check_dtype, check_op, check_timeout, op_name
+from commlab.arrays import get_array_module
 from collectives.calls.forms import keyword_form, positional
 from collectives.engine.fingerprint import key_code
 from collectives.library.call import library_error, mismatch

@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 
 __all__ = ["Compressor", "Memory", "ErrorFeedback", "TRANSPORTS", "check_tensor", "payload_nbytes",
            "tensor_context"]

@@ -15,7 +15,8 @@ import collectives.schedules.registry
 from collectives.calls.allgather import allgather
 from collectives.calls.allreduce import allreduce
 
-from .base import TRANSPORTS, check_tensor, get_array_module, payload_nbytes
+from .base import TRANSPORTS, check_tensor, payload_nbytes
+from commlab.arrays import get_array_module
 from .sparse import scatter_add
 
 __all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]

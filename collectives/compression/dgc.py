@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 
-from .base import Memory, get_array_module
+from .base import Memory
+from commlab.arrays import get_array_module
 from .sparse import TopK, resolve_k
 
 __all__ = ["DGC", "DGCMemory"]

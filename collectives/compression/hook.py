@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import collectives.engine.context
 import collectives.schedules.registry
-from collectives.backend import to_host
+from commlab.arrays import to_host
 from collectives.calls.allreduce import ALGORITHMS
 from collectives.engine.waiting import wait_within
 

@@ -6,7 +6,8 @@ import warnings
 
 import numpy as np
 
-from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor
+from commlab.arrays import get_array_module
 
 __all__ = ["PowerSGD", "matrix_layout"]
 

@@ -1,7 +1,8 @@
 """QSGD: stochastic quantization to ``s`` levels of each bucket's L2 norm (Alistarh et al. 2017)."""
 import numpy as np
 
-from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor
+from commlab.arrays import get_array_module
 from .quantize import stochastic_round
 
 __all__ = ["QSGD", "level_dtype"]

@@ -3,7 +3,8 @@
 error feedback, 1 bit per element)."""
 import numpy as np
 
-from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor
+from commlab.arrays import get_array_module
 from .terngrad import pack_2bit, unpack_2bit
 
 __all__ = ["SignSGD", "EFSignSGD", "OneBit", "pack_signs", "unpack_signs"]

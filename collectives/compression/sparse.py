@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 
-from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor
+from commlab.arrays import get_array_module
 
 __all__ = ["TopK", "RandomK", "Threshold", "scatter_add", "index_dtype", "resolve_k"]
 

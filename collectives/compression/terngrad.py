@@ -1,7 +1,8 @@
 """TernGrad: stochastic ternarization to {-1, 0, +1} times the tensor's max |g| (Wen et al. 2017)."""
 import numpy as np
 
-from .base import Compressor, tensor_context, check_tensor, get_array_module
+from .base import Compressor, tensor_context, check_tensor
+from commlab.arrays import get_array_module
 from .quantize import scale_up
 
 __all__ = ["TernGrad", "pack_2bit", "unpack_2bit"]

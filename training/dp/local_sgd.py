@@ -23,7 +23,7 @@ import numpy
 import collectives
 import collectives.engine.context
 from training.dp.data_parallel import CONTROL_ALGORITHM, compute_gradient, is_finite
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 
 __all__ = ["weighted_average", "LocalSGD", "local_step"]
 

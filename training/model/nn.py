@@ -16,7 +16,7 @@ import math
 
 import numpy
 
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 from collectives.engine import trace
 import training.model.layer_trace as layer_trace
 

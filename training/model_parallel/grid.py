@@ -18,7 +18,7 @@ import numpy
 import collectives
 import collectives.engine.context
 from training.model.nn import Linear, ReLU, Sequential, Tanh
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from training.model_parallel.pipeline import stage_layers
 

@@ -29,7 +29,7 @@ import collectives
 import collectives.engine.context
 import collectives.schedules.schedule
 from training.model.nn import Layer, Linear
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 
 __all__ = ["shard_bounds", "ColumnParallelLinear", "RowParallelLinear"]
 

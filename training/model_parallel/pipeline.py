@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from collectives.engine.waiting import Where, deadline_of, wait_all
 from training.model.nn import Linear, SoftmaxCrossEntropy
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 from training.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["SCHEDULES", "schedule", "stage_layers", "simulate_bubble", "bubble_formula", "PipelineStage"]

@@ -33,7 +33,7 @@ import collectives
 from commlab.logs import get_logger
 from training.runtime.checkpoint import CheckpointError, check_origin, epoch_checkpoints, read_npz, run_id_of, write_npz
 from training.model_parallel.grid import placement
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
 from training.runtime.state import check_values
 

@@ -20,7 +20,7 @@ import os
 import numpy
 
 from collectives.engine import trace
-from collectives.backend import to_host
+from commlab.arrays import to_host
 from commlab.logs import get_logger
 from ps.job.settings import PSOptions
 from ps.shards.key_ranges import proportional

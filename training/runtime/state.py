@@ -15,7 +15,7 @@ import numpy
 
 from collectives.engine.waiting import wait_within
 from training.runtime.checkpoint import CheckpointError, to_host
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 
 __all__ = ["TrainState", "checkpoint_arrays", "restore", "check_values"]
 

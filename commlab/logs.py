@@ -1,6 +1,6 @@
 """Log messages with the rank in front: library modules log, programs set the output up once.
 
-Library code (``collectives``, ``ps``, ``training``) takes a named logger under ``commlab`` with
+Library code (``collectives``, ``ps``, ``training``, ``inference``) takes a named logger under ``commlab`` with
 :func:`get_logger` and only logs; it never adds handlers and never touches the root logger, so an
 application embedding commlab keeps control of its own logging. A program's entry point
 (``training.train.main``) calls :func:`setup_logging` once: one handler on the ``commlab`` logger that
