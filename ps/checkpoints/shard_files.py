@@ -36,7 +36,6 @@ negative counts, more updates than pushes).
 
 Imports: :mod:`ps.store`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
 """
-import dataclasses
 import os
 import zipfile
 
@@ -46,7 +45,7 @@ from ps.shards.rows import layout_difference
 from ps.shards.key_ranges import shard_offsets
 from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
 
-__all__ = ["RUN_ID", "Expected", "run_id_entry", "held_run_id", "server_arrays", "save_server",
+__all__ = ["RUN_ID", "run_id_entry", "held_run_id", "server_arrays", "save_server",
            "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server",
            "previous_checkpoint_path", "newest_generation"]
 
@@ -225,12 +224,18 @@ def _check_values(path, arrays):
                                   "that are not finite")
 
 
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    """What the resuming job expects of a server checkpoint (:func:`check_server_checkpoint`).
+def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=False, servers=None, workers=None,
+                            total=None, shards=None, layout=None):
+    """Raise :class:`CheckpointError`, naming ``path``, unless server ``index`` may resume from ``arrays``.
 
-    Attributes
+    Parameters
     ----------
+    path : str
+        The file (``ps_serverN.npz``), named in every error.
+    arrays : dict of str -> ndarray
+        Its verified entries (:func:`ps.store.read_npz`).
+    index : int
+        The server index that resumes from it (N of its name).
     run_id : str
         The resuming run's id; ``""`` skips the origin check (a caller that keeps no run id).
     allow_foreign : bool
@@ -245,36 +250,6 @@ class Expected:
         The job's row layout (:meth:`ps.shards.rows.RowSharding.fingerprint`), when its servers hold pieces of
         rows: the file must hold the same.
 
-    Examples
-    --------
-    >>> Expected(run_id="5f2a", servers=2, workers=3)
-    Expected(run_id='5f2a', allow_foreign=False, servers=2, workers=3, total=None, shards=None, layout=None)
-    """
-
-    run_id: str = ""
-    allow_foreign: bool = False
-    servers: int | None = None
-    workers: int | None = None
-    total: int | None = None
-    shards: int | None = None
-    layout: np.ndarray | None = dataclasses.field(default=None, compare=False)
-
-
-def check_server_checkpoint(path, arrays, index, expected=Expected()):
-    """Raise :class:`CheckpointError`, naming ``path``, unless server ``index`` may resume from ``arrays``.
-
-    Parameters
-    ----------
-    path : str
-        The file (``ps_serverN.npz``), named in every error.
-    arrays : dict of str -> ndarray
-        Its verified entries (:func:`ps.store.read_npz`).
-    index : int
-        The server index that resumes from it (N of its name).
-    expected : Expected
-        The resuming run's id, whether another run's file is accepted, and the job's shape and split
-        where known (``None`` fields are not checked).
-
     Raises
     ------
     CheckpointError
@@ -288,8 +263,8 @@ def check_server_checkpoint(path, arrays, index, expected=Expected()):
     ...         "pushes": np.array(8), "version": np.array(4), "elapsed": np.array(0.5),
     ...         "folded": np.array([4, 4]), "status": np.array([0, 0]), "meta/server": np.array([0]),
     ...         **run_id_entry("5f2a")}
-    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="5f2a", servers=1, workers=2))
-    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, Expected(run_id="77aa"))
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, run_id="5f2a", servers=1, workers=2)
+    >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, run_id="77aa")
     Traceback (most recent call last):
     ...
     ps.store.CheckpointError: checkpoint ps/ps_server0.npz was written by run 5f2a, not by run 77aa: ...
@@ -299,14 +274,12 @@ def check_server_checkpoint(path, arrays, index, expected=Expected()):
     ps.store.CheckpointError: checkpoint ps/ps_server1.npz holds the shard of server 0, not of server 1: ...
     """
     _check_values(path, arrays)
-    run_id, servers, workers, total, shards = (expected.run_id, expected.servers, expected.workers, expected.total,
-                                               expected.shards)
     if "meta/server" in arrays:
         held = _one_count(path, "meta/server", arrays["meta/server"])
         if held != int(index):
             raise CheckpointError(f"checkpoint {path} holds the shard of server {held}, not of server {index}: it "
                                   f"was copied under another server's name; restore ps_server{held}.npz there")
-    if run_id and not expected.allow_foreign:
+    if run_id and not allow_foreign:
         held = held_run_id(arrays)
         if held != run_id:
             whose = f"run {held}" if held else "a run that recorded no run id"
@@ -318,11 +291,11 @@ def check_server_checkpoint(path, arrays, index, expected=Expected()):
     if workers is not None and np.asarray(arrays["folded"]).shape != (workers,):
         raise CheckpointError(f"checkpoint {path} was written by a job of {np.asarray(arrays['folded']).size} "
                               f"worker(s), this job has {workers}: resume with the same number of ranks")
-    if expected.layout is not None or "meta/layout" in arrays:
-        if expected.layout is not None and "meta/layout" not in arrays:
+    if layout is not None or "meta/layout" in arrays:
+        if layout is not None and "meta/layout" not in arrays:
             raise CheckpointError(f"checkpoint {path} holds a slice of a flat vector, this job's servers hold "
                                   "pieces of rows: resume with the same model and mode")
-        differ = "" if expected.layout is None else layout_difference(arrays["meta/layout"], expected.layout)
+        differ = "" if layout is None else layout_difference(arrays["meta/layout"], layout)
         if differ:
             raise CheckpointError(f"checkpoint {path} holds {differ}: resume with the same settings")
     elif total is not None and shards is not None:
@@ -336,10 +309,10 @@ def check_server_checkpoint(path, arrays, index, expected=Expected()):
                                   f"{want[1]} of {want[2]}): resume with the same servers and model")
 
 
-def read_server_checkpoint(path, index, expected=Expected()):
+def read_server_checkpoint(path, index, **expect):
     """Read ``path`` (verified, :func:`ps.store.read_npz`) and check it for server ``index``; return its arrays.
 
-    ``expected`` is what :func:`check_server_checkpoint` checks (:class:`Expected`).
+    ``expect`` are the keyword arguments of :func:`check_server_checkpoint`.
 
     Raises
     ------
@@ -347,16 +320,16 @@ def read_server_checkpoint(path, index, expected=Expected()):
         Naming ``path``: missing, corrupt, or refused by :func:`check_server_checkpoint`.
     """
     arrays = read_npz(path)
-    check_server_checkpoint(path, arrays, index, expected)
+    check_server_checkpoint(path, arrays, index, **expect)
     return arrays
 
 
-def check_resume(directory, shards, expected=Expected()):
+def check_resume(directory, shards, **expect):
     """Check, on any rank, the checkpoint of every shard in ``directory`` before a run resumes from them.
 
     The files of the newest generation every shard holds (:func:`newest_generation`), else every shard's
-    current file, are read and checked as their servers will (:func:`read_server_checkpoint`, ``expected``
-    what it checks, :class:`Expected`, with ``shards`` set here), and they must be of one generation:
+    current file, are read and checked as their servers will (:func:`read_server_checkpoint`, ``expect``
+    its keyword arguments, with ``shards`` set here), and they must be of one generation:
     shards of different generations together would be two models.
 
     Parameters
@@ -386,8 +359,7 @@ def check_resume(directory, shards, expected=Expected()):
     ps.store.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
     """
     paths = newest_generation(directory, shards) or [server_checkpoint_path(directory, g) for g in range(shards)]
-    expected = dataclasses.replace(expected, shards=shards)
-    pushes = [int(read_server_checkpoint(p, g, expected)["pushes"]) for g, p in enumerate(paths)]
+    pushes = [int(read_server_checkpoint(p, g, shards=shards, **expect)["pushes"]) for g, p in enumerate(paths)]
     for g in range(1, shards):
         if pushes[g] != pushes[0]:
             raise CheckpointError(f"the server checkpoints are of different generations: {paths[0]} holds "
@@ -409,10 +381,10 @@ def restore_server(server, path):
     opts = server.opts
     even = shard_offsets(server.total, opts.shards)  # a row-sharded (sparse) server's shard is not the even split
     regular = server.params.size == int(even[server.index + 1] - even[server.index])
-    state = read_server_checkpoint(path, server.index, Expected(
-        run_id=opts.run_id, allow_foreign=opts.allow_foreign, servers=opts.servers, workers=server.n_workers,
-        total=server.total if regular else None, shards=opts.shards if regular else None,
-        layout=getattr(server, "layout", None)))
+    state = read_server_checkpoint(path, server.index, run_id=opts.run_id, allow_foreign=opts.allow_foreign,
+                                   servers=opts.servers, workers=server.n_workers,
+                                   total=server.total if regular else None, shards=opts.shards if regular else None,
+                                   layout=getattr(server, "layout", None))
     if state["params"].size != server.params.size:
         raise CheckpointError(f"checkpoint {path} holds {state['params'].size} parameters, this job's shard "
                               f"{server.index} {server.params.size}: resume with the same servers and model")

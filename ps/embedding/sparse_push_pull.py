@@ -1,10 +1,10 @@
 """Sparse pulls and pushes: a worker asks for the rows its batch touches and pushes only their gradients.
 
 The protocol, versions, request ids, retries and consistency models are the dense parameter server's
-(:mod:`ps.serving.shard_server`, :mod:`ps.worker.client`); what changes is the payload. A PULL carries the slots it wants
-(``int64``, one list per server, from :meth:`ps.shards.rows.RowSharding.route`) and its PARAMS reply the pieces of
-those slots in that order; the PUSH of the same clock carries the gradient of the same pieces, in the same
-order, so it needs no ids of its own: the server keeps the slots of each worker's pull by clock. BSP and
+(:mod:`ps.serving.shard_server`, :mod:`ps.worker.client`); what changes is the payload. A PULL carries the
+slots it wants (``int64``, one list per server, from :meth:`ps.shards.rows.RowSharding.route`) and its
+PARAMS reply the pieces of those slots in that order; the PUSH of the same clock carries the gradient of the
+same pieces, in the same order, so it needs no ids of its own: the server keeps the slots of each worker's pull by clock. BSP and
 SSP add the clock's sparse pushes in worker order (:class:`ps.shards.rows.SparseRows` in
 :class:`ps.serving.consistency.ClockBuckets`) and apply one sparse update per clock; ASP applies each push.
 
@@ -128,7 +128,7 @@ class SparseClient(Client):
 
     Parameters
     ----------
-    comm, worker, server_ranks, worker_ranks, dtype, reply_timeout, retry
+    comm, worker, server_ranks, worker_ranks, dtype, reply_timeout, retries, retry_s
         As :class:`ps.worker.client.Client` (one server rank per shard).
     sharding : ps.shards.rows.RowSharding
         Where every row's pieces live.
@@ -139,8 +139,10 @@ class SparseClient(Client):
         Payload bytes of this worker's pulls and pushes, and of the replies.
     """
 
-    def __init__(self, comm, worker, server_ranks, worker_ranks, sharding, dtype, reply_timeout, retry=(0, 1.0)):
-        super().__init__(comm, worker, server_ranks, worker_ranks, 0, dtype, reply_timeout, retry)
+    def __init__(self, comm, worker, server_ranks, worker_ranks, sharding, dtype, reply_timeout, *, retries=0,
+                 retry_s=1.0):
+        super().__init__(comm, worker, server_ranks, worker_ranks, 0, dtype, reply_timeout, retries=retries,
+                         retry_s=retry_s)
         self.sharding = sharding
         self._slots = [np.zeros(0, np.int64)] * len(self.server_ranks)
         self._order = None

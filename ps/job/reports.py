@@ -39,7 +39,7 @@ class RunResult:
     status: list = field(default_factory=list)      # per worker: "done", "dropped" or "aborted"
     events: list = field(default_factory=list)      # (seconds, text), sorted by time
     versions: list = field(default_factory=list)    # per server: its shard's final version (updates applied)
-    counts: dict = field(default_factory=dict)      # server counters (ps.serving.shard_server.COUNTERS), summed over servers
+    counts: dict = field(default_factory=dict)      # server counters (ps.serving.shard_server.COUNTERS), summed
     rejected: dict = field(default_factory=dict)    # REJECT reason code -> count, summed over servers
     replicas: list = field(default_factory=list)    # replicated runs: per server rank, its record (or None)
     servers_lost: list = field(default_factory=list)  # replicated runs: server ranks that sent no report

@@ -36,12 +36,12 @@ _SERVER_GRACE = 2.0  # seconds beyond ps_timeout the collector waits for the ser
 _DEPOSED_WAIT = 600.0  # seconds a replica that is not the primary at the end waits for the collector
 
 
-def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
+def serve_replica(pscomm, repcomm, opts, index, shard, total, make_optimizer, start):
     """Run one replica of shard ``index`` until the workers are done; send its report to the collector.
 
     Parameters
     ----------
-    comms : (MPI.Comm, MPI.Comm)
+    pscomm, repcomm : MPI.Comm
         The run's protocol and report communicators.
     opts : ps.job.settings.PSOptions
         ``replicas`` > 1.
@@ -65,7 +65,6 @@ def serve_replica(comms, opts, index, shard, total, make_optimizer, start):
     PSError
         Under BSP when a worker was lost.
     """
-    pscomm, repcomm = comms
     servers, workers = roles(pscomm, opts.servers)
     server = ReplicatedServer(pscomm, index, chains(servers, opts.replicas)[index], workers, shard, total, opts,
                               make_optimizer)

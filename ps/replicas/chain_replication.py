@@ -273,7 +273,7 @@ class ReplicatedServer(Server):
                 fields = tuple(int(header[k]) for k in (H_WORKER, H_CLOCK, H_RID, H_VERSION, H_AUX))
                 self._send_down(seq, fields, data)
             elif seq <= self.acked:  # a resend after a cut, applied and acknowledged below already (to the
-                self._peer(source, Msg.ACK, extra=(None, seq, 0))  # replica cut off, maybe): say so again
+                self._peer(source, Msg.ACK, seq=seq)  # replica cut off, maybe): say so again
             # else applied here and on its way down: the ACK from below goes up to this new upstream
 
     def _apply(self, header, data):
@@ -310,14 +310,14 @@ class ReplicatedServer(Server):
 
     def _forward_to(self, dest, seq, fields, data):
         w, clock, rid, version, aux = fields
-        self._peer(dest, Msg.FORWARD, w, clock, data, (rid, version, self.index), (None, seq, aux))
+        self._peer(dest, Msg.FORWARD, w, clock, data, rid=rid, version=version, shard=self.index, seq=seq, aux=aux)
 
     def _acked(self, seq):
         self.acked = max(self.acked, seq)
         self.unacked = [u for u in self.unacked if u[0] > seq]
         if not self.head:
             if self.upstream is not None and not self.deposed:
-                self._peer(self.upstream, Msg.ACK, extra=(None, seq, 0))
+                self._peer(self.upstream, Msg.ACK, seq=seq)
             return
         self._poll_fenced()  # replaced meanwhile: release nothing
         while self.replies_held and self.replies_held[0][0] <= self.acked:
@@ -328,7 +328,7 @@ class ReplicatedServer(Server):
         """The successor left a forward unacknowledged too long: take it out of the chain."""
         dead = self.live.pop(0)
         self.counters["cut"] += 1
-        self._peer(dead, Msg.FENCED, extra=(len(self.chain), 0, 0))  # if only slow, it never takes over
+        self._peer(dead, Msg.FENCED, epoch=len(self.chain))  # if only slow, it never takes over
         if not self.live:
             self._acked(self.seq)
             return
@@ -344,7 +344,7 @@ class ReplicatedServer(Server):
         for r in self.chain[:self.pos]:
             self._peer(r, Msg.FENCED)
         for w in self.table.live():
-            self._peer(self.worker_ranks[w], Msg.EPOCH, int(w), meta=(0, self.version, self.index))
+            self._peer(self.worker_ranks[w], Msg.EPOCH, int(w), version=self.version, shard=self.index)
         self._last_heard[:] = time.monotonic()  # the workers come over now: none is silent yet
         while self.replies_held and self.replies_held[0][0] <= self.acked:
             _, folded, reply = self.replies_held.pop(0)
@@ -363,8 +363,10 @@ class ReplicatedServer(Server):
             header, data = receive(self.comm, source, Msg.FENCED, time.monotonic() + self.opts.ps_timeout)
             self._chain_message(source, Msg.FENCED, header, data)
 
-    def _peer(self, dest, mtype, worker=0, clock=0, data=None, meta=(0, 0, 0), extra=(None, 0, 0)):
-        """Send a chain message or an EPOCH; ``extra`` is ``(epoch or None for this replica's, seq, aux)``."""
-        extra = (self.epoch if extra[0] is None else extra[0], *extra[1:])
+    def _peer(self, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, shard=0, epoch=None, seq=0,
+              aux=0):
+        """Send a chain message or an EPOCH; ``epoch`` None is this replica's."""
+        epoch = self.epoch if epoch is None else epoch
         self._peer_sends += [(req, buf, dest) for req, buf in
-                             send(self.comm, dest, mtype, worker, clock, data, meta, extra)]
+                             send(self.comm, dest, mtype, worker, clock, data, rid=rid, version=version, shard=shard,
+                                  epoch=epoch, seq=seq, aux=aux)]

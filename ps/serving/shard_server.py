@@ -17,7 +17,8 @@ Resent requests count once (:mod:`ps.serving.request_log`); a malformed one gets
 Faults: a live worker with no pull waiting here, silent for ``ps_timeout`` seconds, is dropped: ASP and SSP carry
 on without it (a worker waiting on another server sends heartbeats; the seconds in which this server itself
 did not run, and a worker whose message waits unread here, are no silence); BSP enters the error state, answers every pull with ERROR, and ends once every worker has aborted
-or been dropped. The loop ends when every worker is done, aborted or dropped (replicated: :mod:`ps.replicas.chain_replication`).
+or been dropped. The loop ends when every worker is done, aborted or dropped (replicated:
+:mod:`ps.replicas.chain_replication`).
 """
 import time
 
@@ -65,6 +66,9 @@ class Server:
         (:class:`ps.serving.server_optimizer.ServerOptimizer`).
     on_push : callable, optional
         ``on_push(pushes_applied)`` after every folded push (progress display).
+    on_tick : callable, optional
+        ``on_tick(server)`` between two messages, every 0.01 s at most (a live monitor); it must return
+        at once.
 
     Raises
     ------
@@ -74,9 +78,9 @@ class Server:
     ValueError
         When a checkpoint to resume from does not match this shard.
     """
-    epoch, held, acked_clocks = 0, (), 0  # replicated shards (ps.replicas.chain_replication): reply epoch and aux, held replies
+    epoch, held, acked_clocks = 0, (), 0  # replicated shards (ps.replicas): reply epoch and aux, held replies
 
-    def __init__(self, comm, index, worker_ranks, shard, total, opts, make_optimizer, *, on_push=None):
+    def __init__(self, comm, index, worker_ranks, shard, total, opts, make_optimizer, *, on_push=None, on_tick=None):
         self.comm, self.index, self.opts = comm, int(index), opts
         self.worker_ranks = list(worker_ranks)
         self.rank_to_worker = {r: w for w, r in enumerate(self.worker_ranks)}
@@ -87,7 +91,7 @@ class Server:
         self.buckets = ClockBuckets(self.table) if opts.consistency in AGGREGATED else None
         self.staleness_lr = opts.staleness_lr or opts.conflict == "scale"
         self.opt = ServerOptimizer(shard, make_optimizer, lr=opts.lr, lr_at=opts.lr_at, staleness_lr=self.staleness_lr)
-        self.on_push, self.on_tick = on_push, None         # on_tick(self): every _SILENCE_CHECK s (a monitor)
+        self.on_push, self.on_tick = on_push, on_tick      # on_tick(self): every _SILENCE_CHECK s (a monitor)
         self.pushes = 0                                    # pushes folded into the shard
         self.pending = {}                                  # worker -> (clock, request id) of its deferred pull
         self.read_version = np.zeros(self.n_workers, np.int64)  # self.pushes at each worker's last read
@@ -369,11 +373,12 @@ class Server:
             self.error_worker = w
 
     def _reply(self, w, mtype, clock, data=None, worker=None, rid=0, version=None):
-        meta, extra = (rid, self.version if version is None else version, self.index), (self.epoch, 0, self.acked_clocks)
         self._sends += [(req, buf, w) for req, buf in send(
-            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, meta, extra)]
+            self.comm, self.worker_ranks[w], mtype, w if worker is None else worker, clock, data, rid=rid,
+            version=self.version if version is None else version, shard=self.index, epoch=self.epoch,
+            aux=self.acked_clocks)]
 
-    def _payload(self, w, rid):  # what a PARAMS reply carries (ps.embedding.sparse_push_pull.SparseServer: the rows asked for)
+    def _payload(self, w, rid):  # what a PARAMS reply carries (ps.embedding's SparseServer: the rows asked for)
         return self.params.copy()
 
     def _answer(self, w, rid, mtype, clock, data=None, worker=None):

@@ -58,10 +58,11 @@ class Client:
         Parameter dtype on the wire (float32 or float64).
     reply_timeout : float
         Longest wait for a server's answer (seconds).
-    retry : (int, float)
-        ``(retries, retry_s)``: resends of an unanswered request (0: none; the wait is then
-        ``reply_timeout``) and the first wait before a resend (seconds), doubling with each; the last
-        try waits until ``reply_timeout`` has passed since the request was first sent.
+    retries : int
+        Resends of an unanswered request (0: none; the wait is then ``reply_timeout``).
+    retry_s : float
+        First wait before a resend (seconds), doubling with each; the last try waits until
+        ``reply_timeout`` has passed since the request was first sent.
     heartbeat_s : float, optional
         Seconds between the heartbeats a waiting worker sends the servers it is not waiting on (default
         ``reply_timeout / 3``); below the servers' silence timeout.
@@ -102,8 +103,8 @@ class Client:
     ValueError: worker must be in [0, 2), got 2
     """
 
-    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, retry=(0, 1.0), *,
-                 heartbeat_s=None):
+    def __init__(self, comm, worker, server_ranks, worker_ranks, n_params, dtype, reply_timeout, *, retries=0,
+                 retry_s=1.0, heartbeat_s=None):
         if not 0 <= worker < len(worker_ranks):
             raise ValueError(f"worker must be in [0, {len(worker_ranks)}), got {worker}")
         if not reply_timeout > 0:
@@ -117,7 +118,7 @@ class Client:
         self.offsets = shard_offsets(int(n_params), len(self.server_ranks))
         self.wait_seconds = 0.0      # time spent waiting for pull answers (seconds)
         self.last_staleness = []     # staleness reported by each server for the last pull (clocks)
-        self.retries, self.retry_s = int(retry[0]), float(retry[1])
+        self.retries, self.retry_s = int(retries), float(retry_s)
         self.versions = np.zeros(len(self.server_ranks), np.int64)
         self.refused_shards = []     # shards whose server refused the last push (cas)
         self.resends = self.stale_replies = 0
@@ -263,9 +264,8 @@ class Client:
     # ------------------------------------------------------------------------------------------
     def _send(self, rank, request):
         mtype, clock, data, rid, version, shard = request
-        epoch = (self.chains.epochs[shard], 0, 0)
-        return [(r, b, rank) for r, b in send(self.comm, rank, mtype, self.worker, clock, data, (rid, version, shard),
-                                              epoch)]
+        return [(r, b, rank) for r, b in send(self.comm, rank, mtype, self.worker, clock, data, rid=rid,
+                                              version=version, shard=shard, epoch=self.chains.epochs[shard])]
 
     def _live(self, sends):
         """The ``(request, buffer)`` pairs of ``sends`` to replicas not given up (a dead one's never complete)."""
