@@ -3,7 +3,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from inference.balance import POLICIES
+from inference.policies.balance import POLICIES
 
 __all__ = ["ServeConfig", "parse_pair", "parse_pairs"]
 

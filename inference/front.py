@@ -20,7 +20,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from inference.replica import BATCH, HEAD_REPLY, HEAD_WORK, STOP, TAG_REPLY, TAG_WORK
+from inference.replicas.replica import BATCH, HEAD_REPLY, HEAD_WORK, STOP, TAG_REPLY, TAG_WORK
 from inference.request import parse_features
 
 __all__ = ["Front", "FrontOptions"]
@@ -37,12 +37,12 @@ class FrontOptions:
         Batches a replica may hold at once (>= 1); the front keeps the rest, so they merge.
     max_queue : int
         Requests that may wait at the front (>= 1); more are refused ("queue full").
-    objective : inference.slo.LatencyObjective or None
+    objective : inference.policies.slo.LatencyObjective or None
         Latency objective: AIMD batch size and admission control.
     keep : bool
         Keep every request in :attr:`Front.requests` (the load test's records); False keeps only
         what unanswered requests need (a long-running HTTP server).
-    metrics : inference.exporter.ServingMetrics or None
+    metrics : inference.web.prometheus.ServingMetrics or None
     fail_after : int or None
         Raise on the front after this many batches (fault injection).
     poll_s : float
@@ -72,8 +72,8 @@ class Front:
     leaders : list of int
         Rank of each replica's leader in ``comm``.
     n_features, n_classes : int
-    batcher : inference.batching.DynamicBatcher
-    balancer : inference.balance.Balancer
+    batcher : inference.policies.batching.DynamicBatcher
+    balancer : inference.policies.balance.Balancer
     options : FrontOptions
 
     Attributes

@@ -19,22 +19,23 @@ from mpi4py import MPI
 from collectives.engine.policy import abort
 from collectives.model.auto import select_allreduce
 
-from inference.balance import POLICIES, Balancer
-from inference.batching import DynamicBatcher
+from inference.policies.balance import POLICIES, Balancer
+from inference.policies.batching import DynamicBatcher
 from inference.config import ServeConfig, parse_pairs
 from training.driver.preflight import agree
-from inference.endpoint import EndpointOptions, HttpEndpoint
-from inference.exporter import ServingMetrics
+from inference.web.endpoint import EndpointOptions, HttpEndpoint
+from inference.web.prometheus import ServingMetrics
 from inference.front import Front, FrontOptions
 from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
 from inference.metrics import request_record, summarize, write_jsonl
-from inference.model import Predictor, dense_forward, load_spec
-from inference.replica import ReplicaOptions, serve_replica
+from inference.replicas.predictor import Predictor, dense_forward, load_spec
+from inference.replicas.replica import ReplicaOptions, serve_replica
 from inference.request import Request
-from inference.slo import LatencyObjective
-from inference.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
-from training.runtime.checkpoint import CheckpointError, root_bytes
-from training.metrics import run_info
+from inference.policies.slo import LatencyObjective
+from inference.replicas.tensor import TensorParallelForward, emulate_forward, row_parallel_widths
+from training.runtime.checkpoint import root_bytes
+from commlab.file_formats import CheckpointError
+from commlab.run_files import run_info
 from training.settings.options import Parser, as_flags, field_type
 
 __all__ = ["run", "main", "parse_args", "PER_RANK"]
@@ -207,7 +208,7 @@ def _front(cfg, serving, spec, data, oracle, world):
     t_start = min([r.arrival for r in front.requests] or [t0])
     extra = {"offered_rps": cfg.rate if cfg.clients == 0 and cfg.http < 0 else None,
              "reference": "dense forward" if T == 1 else
-             f"tensor-parallel forward of T = {T}, partial sums added in rank order (inference.tensor.emulate_forward)",
+             f"tensor-parallel forward of T = {T}, partial sums added in rank order (inference.replicas.tensor.emulate_forward)",
              "class_agrees_with_dense": int(sum(agree)), "max_abs_diff_vs_dense": diff, "replicas_without_fin": missing,
              "rows_per_forward": oracle.rows, "checkpoint_file": spec.path,
              "config": cfg.to_dict(), **run_info(world)}

@@ -9,16 +9,17 @@ import pytest
 from mpi4py import MPI
 
 from collectives.model.auto import select_allreduce
-from inference.balance import Balancer
-from inference.batching import DynamicBatcher
+from inference.policies.balance import Balancer
+from inference.policies.batching import DynamicBatcher
 from inference.config import ServeConfig
 from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
 from inference.metrics import percentiles
-from inference.model import Predictor, dense_forward, load_spec
+from inference.replicas.predictor import Predictor, dense_forward, load_spec
 from inference.request import parse_features
-from inference.tensor import emulate_forward
+from inference.replicas.tensor import emulate_forward
 from tests.mpirun import launcher, run_mpi
-from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.runtime.checkpoint import load_checkpoint
+from commlab.file_formats import CheckpointError
 from training.settings.config import Config
 from training.data.datasets import load_dataset
 from training.model.nn import build_mlp

@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from inference.endpoint import EndpointOptions, HttpEndpoint
-from inference.exporter import ServingMetrics
-from inference.protocol import ProtocolError, parse_infer
+from inference.web.endpoint import EndpointOptions, HttpEndpoint
+from inference.web.prometheus import ServingMetrics
+from inference.web.open_inference import ProtocolError, parse_infer
 from tests.mpirun import ROOT, job_failed, launcher_args, launcher_env, mpiexec_path, run_mpi
 from tests.test_inference import _reference, ckpt  # noqa: F401 -- the module's checkpoint fixture
 

@@ -10,9 +10,9 @@ import socket
 
 import pytest
 
-from inference.connections import HEAD_BYTES, HEAD_LINES
-from inference.endpoint import EndpointOptions, HttpEndpoint
-from inference.exporter import ServingMetrics
+from inference.web.connections import HEAD_BYTES, HEAD_LINES
+from inference.web.endpoint import EndpointOptions, HttpEndpoint
+from inference.web.prometheus import ServingMetrics
 
 
 @pytest.fixture(scope="module")

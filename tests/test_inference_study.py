@@ -3,7 +3,7 @@ document whose medians and ranges are computed here with NumPy (one process, no 
 import numpy as np
 
 from experiments.studies.serving_study import markdown
-from inference.tensor import row_parallel_widths
+from inference.replicas.tensor import row_parallel_widths
 from plots.serving import draw
 
 

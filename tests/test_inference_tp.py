@@ -1,5 +1,5 @@
 """Tensor-parallel serving forward: the rank-order summation rule, checked bitwise against its
-single-process reference (:func:`inference.tensor.emulate_forward`) at T = 2, 3 and 4 and for every
+single-process reference (:func:`inference.replicas.tensor.emulate_forward`) at T = 2, 3 and 4 and for every
 all-reduce algorithm, and with a timeout (persistent plans, as serving runs it) for ``mpi`` and ``ring``.
 
 The multi-rank part runs this file as a body: ``mpiexec -n 4 python -m tests.test_inference_tp``
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from inference.model import dense_forward
-from inference.tensor import TensorParallelForward, emulate_forward, rank_order_allreduce, shard_layers
+from inference.replicas.predictor import dense_forward
+from inference.replicas.tensor import TensorParallelForward, emulate_forward, rank_order_allreduce, shard_layers
 from tests.mpirun import run_mpi
 
 #: Two MLPs: odd last layer (column, row, column, row) and even last layer (column, row, then the

@@ -139,7 +139,7 @@ def _check_manifest(run):
     """A sharded checkpoint is read only as its manifest lists it (oracle: the files as written)."""
     import shutil
 
-    from training.runtime.checkpoint import CheckpointError
+    from commlab.file_formats import CheckpointError
     from training.model_parallel.sharded import assemble, find_sharded, read_pieces
 
     ckpt = find_sharded(str(run))
@@ -177,9 +177,9 @@ def _check_served_values(run, ckpt, shard):
 
     from mpi4py import MPI
 
-    from inference.model import load_spec
-    from ps.store import read_npz, write_npz
-    from training.runtime.checkpoint import CheckpointError
+    from inference.replicas.predictor import load_spec
+    from commlab.file_formats import read_npz, write_npz
+    from commlab.file_formats import CheckpointError
 
     assert load_spec(ckpt, MPI.COMM_SELF)[0].weights[0][0].shape == (16, 24)
     for damage, words in (("nan", "not finite"), ("int", "int64 values, not floating-point")):

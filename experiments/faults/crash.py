@@ -12,7 +12,7 @@ leaves at its own AT-th step.
 * ``KIND = setup``: the run's set-up (``training.runtime.checkpoint.make_run_dir`` as ``training.train`` calls
   it: the run directory that rank 0 makes and broadcasts), before any training step;
 * ``KIND = serve``: a serving job's replica rank at the forward of its AT-th batch
-  (``inference.model.Predictor.predict``), so that batch is in flight when it dies.
+  (``inference.replicas.predictor.Predictor.predict``), so that batch is in flight when it dies.
 
 The line it prints before dying (:func:`~experiments.faults.dead.vanish`) carries the wall-clock
 time, so that the caller can measure how long the survivors take to end the job. Launched under
@@ -59,9 +59,9 @@ def inject(kind, rank, at):
     ranks = {int(rank)} if isinstance(rank, int) else {int(r) for r in rank}
     counter = [0]
     if kind == "serve":
-        import inference.model  # here: a training job's crash does not load the serving stack
+        import inference.replicas.predictor  # here: a training job's crash does not load the serving stack
 
-        targets = [(inference.model.Predictor, "predict")]
+        targets = [(inference.replicas.predictor.Predictor, "predict")]
     else:
         targets = {"dp": [(training.train, "train_step")], "setup": [(training.train, "make_run_dir")],
                    "ps": [(ps.worker.client.Client, "push"), (ps.serving.shard_server.Server, "_handle")]}[kind]

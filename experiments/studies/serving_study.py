@@ -18,7 +18,7 @@ B. Ranks 0-2: 2 replicated replicas against 1 tensor-parallel replica of T = 2 (
    forward, no emulated time, batches sent without waiting): capacity (closed loop, 16 clients) and latency at a light load.
 C. Groups of P = 2 (ranks 0-1), P = 3 (ranks 0-2) and P = 4: ``collectives.allreduce`` of float64 vectors of the sizes a
    tensor-parallel forward of T = P sends (T x padded batch rows x the row-parallel layer's outputs,
-   the rank-order rule of :mod:`inference.tensor`) and of a plain all-reduce of the partial (padded
+   the rank-order rule of :mod:`inference.replicas.tensor`) and of a plain all-reduce of the partial (padded
    rows x outputs), for every algorithm, interleaved, per-call median and range over repeats, and
    what ``auto`` picks at that size.
 D. One tensor-parallel replica of T = 2 (ranks 0-2) and of T = 3 (ranks 0-3) under ``--tp-clients``
@@ -52,14 +52,14 @@ from commlab.provenance import command_line, unwritable
 from experiments.studies.load_sweep import add_options as add_load_options
 from experiments.studies.load_sweep import capacity, load_sweep
 from plots.serving import load_table
-from inference.balance import POLICIES
+from inference.policies.balance import POLICIES
 from inference.config import ServeConfig
-from inference.model import forward_rows, load_spec
-from inference.tensor import row_parallel_widths
+from inference.replicas.predictor import forward_rows, load_spec
+from inference.replicas.tensor import row_parallel_widths
 from inference.serve import run as serve
 from training.runtime.checkpoint import root_bytes
 from training.settings.config import Config
-from training.metrics import run_info
+from commlab.run_files import run_info
 from training.train import run as train
 from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, parsed_by, real, text
 
@@ -137,7 +137,7 @@ def allreduce_sizes(args, comm, widths):
 
     Sizes: for each row-parallel width ``c``, ``P * rows * c`` elements (what the rank-order rule
     sends at T = P) and ``rows * c`` (a plain all-reduce of the partial), ``rows`` the padded batch
-    of :class:`inference.model.Predictor` (``--max-batch`` rounded up to 8).
+    of :class:`inference.replicas.predictor.Predictor` (``--max-batch`` rounded up to 8).
     """
     rows_per_forward = forward_rows(args.max_batch)
     slotted = {comm.size * rows_per_forward * c for c in widths}
@@ -242,7 +242,7 @@ def main(argv=None):
     """Run the study on 4 ranks; return the exit status.
 
     0, or 2 after one error line (rank 0) before anything runs: a ``--checkpoint`` that is missing
-    or unusable (:func:`inference.model.load_spec`'s checks), not 4 ranks, an unwritable results
+    or unusable (:func:`inference.replicas.predictor.load_spec`'s checks), not 4 ranks, an unwritable results
     file, or a busy machine (:func:`commlab.provenance.guard`).
     """
     args = _parser().parse_args(argv)

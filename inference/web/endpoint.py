@@ -1,6 +1,6 @@
 """The front's HTTP server: the Open Inference Protocol (V2) on Starlette, served by uvicorn.
 
-Routes (:mod:`inference.protocol` for the bodies):
+Routes (:mod:`inference.web.open_inference` for the bodies):
 
 - ``GET /v2`` server metadata; ``GET /v2/health/live`` 200 while the front loop runs;
   ``GET /v2/health/ready`` 200 while a replica can serve and the server is not draining, else 503;
@@ -11,7 +11,7 @@ Routes (:mod:`inference.protocol` for the bodies):
   408 for a body not complete within ``read_timeout`` seconds; 429 when the latency objective
   refuses it; 503 when the queue is full, more than ``max_connections`` connections are open, no
   replica can answer, or the server is draining;
-- ``GET /metrics``: Prometheus text format (:mod:`inference.exporter`).
+- ``GET /metrics``: Prometheus text format (:mod:`inference.web.prometheus`).
 
 Every error body is ``{"error": "..."}``. uvicorn runs in a thread with its own event loop; it never
 calls MPI: a request's rows are handed to the front loop (the main thread) through a queue, and the
@@ -19,7 +19,7 @@ front's answer comes back to the event loop with ``call_soon_threadsafe``. What 
 the server hold is bounded: a body by ``max_body_bytes`` (read in chunks, stopped at the limit),
 its arrival by ``read_timeout``, a request head's arrival by ``read_timeout`` too (the connection is
 closed), the connections served at once by ``max_connections`` (a request on a connection beyond
-them is answered 503 and its connection closed; :mod:`inference.connections`), headers by h11's
+them is answered 503 and its connection closed; :mod:`inference.web.connections`), headers by h11's
 limit, and accepted requests by ``max_queue``. No route shuts the server down: the job ends on
 SIGTERM or SIGINT, which drain (:func:`inference.serve.run`). The server's thread is watched: when
 it ends before :meth:`HttpEndpoint.stop`, :meth:`HttpEndpoint.check` raises on the front loop.
@@ -37,9 +37,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inference.connections import bounded_protocol
-from inference.exporter import CONTENT_TYPE
-from inference.protocol import (ProtocolError, dumps, error_body, infer_response, model_metadata, parse_infer,
+from inference.web.connections import bounded_protocol
+from inference.web.prometheus import CONTENT_TYPE
+from inference.web.open_inference import (ProtocolError, dumps, error_body, infer_response, model_metadata, parse_infer,
                                 server_metadata)
 from inference.request import Request
 
@@ -107,7 +107,7 @@ class HttpEndpoint:
     ----------
     options : EndpointOptions
     n_features, n_classes : int
-    metrics : inference.exporter.ServingMetrics
+    metrics : inference.web.prometheus.ServingMetrics
 
     Attributes
     ----------

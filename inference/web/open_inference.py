@@ -152,7 +152,7 @@ def parse_infer(body, n_features):
     ...             b'"data": [NaN, 1]}]}', 2)
     Traceback (most recent call last):
     ...
-    inference.protocol.ProtocolError: body is not valid JSON: NaN is not a JSON number (RFC 8259)
+    inference.web.open_inference.ProtocolError: body is not valid JSON: NaN is not a JSON number (RFC 8259)
     """
     doc = _loads(body)
     if not isinstance(doc, dict):

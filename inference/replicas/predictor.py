@@ -14,7 +14,9 @@ import os
 
 import numpy
 
-from training.runtime.checkpoint import CheckpointError, check_origin, find_checkpoint, read_npz, root_bytes
+from training.runtime.checkpoint import find_checkpoint, root_bytes
+from commlab.file_formats import CheckpointError, read_npz
+from training.origin import check_origin
 from training.settings.config import Config
 from training.data.datasets import load_dataset
 from training.model.nn import Linear, build_mlp

@@ -81,7 +81,7 @@ def serve_replica(comm, group, predictor, forward, options, front=0):
     group : mpi4py.MPI.Intracomm
         This replica's tensor-parallel group (size 1 for a replicated model); its rank 0 is the
         leader, which talks to the front.
-    predictor : inference.model.Predictor
+    predictor : inference.replicas.predictor.Predictor
         Batch-invariant forward (for tensor parallelism, over ``forward``).
     forward : object or None
         The tensor-parallel forward (with ``comm_s`` and ``reset()``), or None.
