@@ -35,6 +35,7 @@ Examples
 >>> record["provenance"]["noisy"]
 False
 """
+import json
 import os
 import shlex
 import shutil
@@ -44,7 +45,7 @@ import time
 
 from commlab import provenance as prov
 from commlab.provenance import command_line, unwritable
-from training.metrics import write_json
+from commlab.file_formats import write_json
 from training.settings.options import INT32_MAX, integer, outpath, real
 
 __all__ = ["add_options", "start", "finish", "echo", "fresh_folder", "load_flags", "argv", "run_commands"]
@@ -139,7 +140,7 @@ def finish(record, watch, path, *, comm=None, P=None, module=None, argv=None, sh
     prov.stamp(record, watch, P=P, command=command_line(module, argv) if module else None)
     if path is not None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        write_json(path, record)
+        write_json(path, json.loads(json.dumps(record, default=float)))  # NumPy scalars as numbers
     if show is not None:
         print(show(record), flush=True)
     if path is not None:

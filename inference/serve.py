@@ -21,7 +21,7 @@ from collectives.model.auto import select_allreduce
 
 from inference.policies.balance import POLICIES, Balancer
 from inference.policies.batching import DynamicBatcher
-from inference.config import ServeConfig, parse_pairs
+from inference.serve_config import ServeConfig, parse_pairs
 from training.driver.preflight import agree
 from inference.web.endpoint import EndpointOptions, HttpEndpoint
 from inference.web.prometheus import ServingMetrics
@@ -88,7 +88,7 @@ _METAVAR = {"checkpoint": "RUN", "rate": "RPS", "max_wait_ms": "MS", "straggler"
 
 
 def parse_args(argv=None):
-    """Map the command line onto a :class:`~inference.config.ServeConfig` (not yet validated)."""
+    """Map the command line onto a :class:`~inference.serve_config.ServeConfig` (not yet validated)."""
     p = Parser(prog="python -m inference.serve", description=__doc__.split("\n\n")[0],
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(ServeConfig):

@@ -43,7 +43,7 @@ from mpi4py import MPI
 
 from tests.mpicases import quiet, run_cases, shared_dir
 from training.settings.config import Config
-from training.metrics import read_jsonl
+from commlab.file_formats import read_jsonl
 import training.ps_mode.worker
 import training.train
 

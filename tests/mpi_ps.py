@@ -50,7 +50,7 @@ from mpi4py import MPI
 from ps.job.settings import PSOptions
 from ps.wire.messages import PSError
 from ps.job.runner import run
-from ps.store import CheckpointError
+from commlab.file_formats import CheckpointError
 from tests.mpicases import FAILS, check, report
 from training.model.optim import SGD
 

@@ -32,7 +32,8 @@ from mpi4py import MPI
 
 import collectives
 from training.runtime.build import build_model, make_sampler, to_device
-from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.runtime.checkpoint import load_checkpoint
+from commlab.file_formats import CheckpointError
 from training.settings.cli import parse_args
 from training.settings.config import Config
 from training.data.datasets import load_dataset
@@ -156,7 +157,7 @@ def case_resume(comm, base):
     for key in ("model/params", "optim/m", "optim/v", "optim/steps", "train/step"):
         assert np.array_equal(full[key], resumed[key]), f"{key} differs after resume"
     if comm.rank == 0:
-        from training.metrics import read_jsonl
+        from commlab.file_formats import read_jsonl
 
         a = read_jsonl(os.path.join(root, "full", "epochs.jsonl"))
         b = read_jsonl(os.path.join(part, "epochs.jsonl"))

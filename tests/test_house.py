@@ -78,7 +78,7 @@ def test_public_face_holds_only_the_collectives_request_plan_algorithms_registra
 def test_every_error_raised_on_purpose_has_one_root():
     from collectives.errors import CommlabError, ScheduleDeadlock, Timeout
     from ps.wire.messages import PSError, PSTimeout
-    from ps.store import CheckpointError
+    from commlab.file_formats import CheckpointError
     from training.runtime.checkpoint import RunDirError
     for cls in (collectives.CollectiveError, collectives.CollectiveMismatch, collectives.CollectiveTimeout, PSError,
                 PSTimeout, CheckpointError, RunDirError, ScheduleDeadlock):

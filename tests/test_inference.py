@@ -11,7 +11,7 @@ from mpi4py import MPI
 from collectives.model.auto import select_allreduce
 from inference.policies.balance import Balancer
 from inference.policies.batching import DynamicBatcher
-from inference.config import ServeConfig
+from inference.serve_config import ServeConfig
 from inference.loadgen import ClosedLoop, OpenLoop, make_payloads
 from inference.metrics import percentiles
 from inference.replicas.predictor import Predictor, dense_forward, load_spec

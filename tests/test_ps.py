@@ -10,7 +10,7 @@ from ps.job.settings import PSOptions, parse_rank_spec
 from ps.shards.key_ranges import join_shards, shard_offsets, shard_sizes, shard_slice, split_shards
 from ps.serving.server_optimizer import ServerOptimizer
 from training.model.optim import lr_rule, schedule_lr
-from ps.store import read_npz, write_npz
+from commlab.file_formats import read_npz, write_npz
 from training.model.optim import SGD, Adam
 
 

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from training.metrics import MetricsWriter, read_jsonl, write_json
+from commlab.file_formats import read_jsonl, write_json
+from commlab.run_files import MetricsWriter
 
 
 def test_a_torn_last_line_is_dropped_with_a_warning_naming_the_file(tmp_path, caplog):

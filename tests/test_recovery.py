@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ps.store import server_checkpoint_path as server_checkpoint
-from ps.store import CheckpointError, read_npz, remove_stale_temporaries, write_npz
+from commlab.file_formats import CheckpointError, read_npz, remove_stale_temporaries, write_npz
 from ps.checkpoints.shard_files import run_id_entry
 from training.runtime.checkpoint import find_checkpoint
 from training.ps_mode.worker import check_server_checkpoints
@@ -80,7 +80,7 @@ def test_tampered_counter_names_the_file(tmp_path, capsys):
 
 _WRITE_BIG = """
 import resource, sys, numpy
-from ps.store import write_npz
+from commlab.file_formats import write_npz
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 try:
     write_npz(sys.argv[1], {"a": numpy.ones(100_000)})

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from training.runtime.checkpoint import (CheckpointError, RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
-                                 prune_checkpoints, save_checkpoint)
+from training.runtime.checkpoint import (RunDirError, find_checkpoint, load_checkpoint, make_run_dir,
+                                         prune_checkpoints, save_checkpoint)
+from commlab.file_formats import CheckpointError
 from training.settings.config import Config
-from training.metrics import EpochTable, MetricsWriter, read_jsonl
+from commlab.file_formats import read_jsonl
+from commlab.run_files import EpochTable, MetricsWriter
 from training.dp.hooks import bucket_bounds
 from commlab.byte_sizes import format_bytes, parse_bytes
 

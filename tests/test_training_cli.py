@@ -9,7 +9,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from training.metrics import run_info
+from commlab.run_files import run_info
 from training.train import main
 
 # 200 synthetic samples -> 160 train, 5 steps per epoch with batch 32: well under a second per run

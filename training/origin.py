@@ -1,49 +1,26 @@
-"""Where a checkpoint comes from: the run id every run keeps in its ``config.json`` (``run.run_id``, made
-by :func:`training.metrics.run_info`), the origin entries each checkpoint carries (``meta/run_id``,
-``meta/epoch``), the check that a checkpoint was written by the run whose directory holds it, and the
-run directory of a job killed before it wrote its configuration.
+"""Where a checkpoint comes from: the origin entries each trainer checkpoint carries (``meta/run_id``,
+the run id its run keeps in ``config.json``, :func:`commlab.run_files.run_id_of`; ``meta/epoch``), and
+the check that a checkpoint was written by the run whose directory holds it.
 
 The entry ``meta/run_id`` is the parameter servers' own (:mod:`ps.checkpoints.shard_files`), so a run's trainer and
 server checkpoints name it alike.
 
-Imports: :mod:`ps.store` (the checkpoint error) and :mod:`ps.checkpoints.shard_files` (the run id entry) only.
+Imports: :mod:`commlab` (the checkpoint error, the run id) and :mod:`ps.checkpoints.shard_files` (the run id
+entry) only.
 """
-import json
 import os
 import re
 
 import numpy
 
-from ps.store import CheckpointError
+from commlab.file_formats import CheckpointError
+from commlab.run_files import run_id_of
 from ps.checkpoints.shard_files import held_run_id, run_id_entry
 
-__all__ = ["run_id_of", "checkpoint_origin", "check_origin", "never_configured"]
+__all__ = ["CHECKPOINT_NAME", "checkpoint_origin", "check_origin"]
 
 #: A data-parallel checkpoint's file name, ``ckpt-epochNNNN.npz`` (the epoch after which it was taken).
-_NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
-
-
-def run_id_of(run_dir):
-    """Return the run id of ``run_dir`` (``config.json``'s first ``run`` record), or None when it has none.
-
-    Examples
-    --------
-    >>> import json, os, tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> run_id_of(d) is None
-    True
-    >>> with open(os.path.join(d, "config.json"), "w") as f:
-    ...     json.dump({"config": {}, "run": {"run_id": "5f2a"}}, f)
-    >>> run_id_of(d)
-    '5f2a'
-    """
-    try:
-        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-            run = json.load(f).get("run")
-    except (OSError, ValueError, AttributeError):
-        return None
-    rid = run.get("run_id") if isinstance(run, dict) else None
-    return rid if isinstance(rid, str) and rid else None
+CHECKPOINT_NAME = re.compile(r"^ckpt-epoch(\d+)\.npz$")
 
 
 def checkpoint_origin(path):
@@ -56,7 +33,7 @@ def checkpoint_origin(path):
     {'meta/epoch': array([3])}
     """
     out = run_id_entry(run_id_of(os.path.dirname(path) or ".") or "")
-    m = _NAME.match(os.path.basename(path))
+    m = CHECKPOINT_NAME.match(os.path.basename(path))
     if m:
         out["meta/epoch"] = numpy.array([int(m.group(1))], numpy.int64)
     return out
@@ -77,9 +54,9 @@ def check_origin(f, arrays, foreign_ok=False):
     >>> check_origin("run/ckpt-epoch0002.npz", arrays, foreign_ok=True)
     Traceback (most recent call last):
     ...
-    ps.store.CheckpointError: checkpoint run/ckpt-epoch0002.npz holds epoch 3, its name says epoch 2: it was renamed; ...
+    commlab.file_formats.CheckpointError: checkpoint run/ckpt-epoch0002.npz holds epoch 3, its name says epoch 2: it was renamed; ...
     """
-    m = _NAME.match(os.path.basename(f))
+    m = CHECKPOINT_NAME.match(os.path.basename(f))
     if m and "meta/epoch" in arrays:
         held = int(numpy.asarray(arrays["meta/epoch"]).reshape(-1)[0])
         if held != int(m.group(1)):
@@ -94,27 +71,3 @@ def check_origin(f, arrays, foreign_ok=False):
         raise CheckpointError(f"checkpoint {f} was written by {whose}, not by the run of {os.path.dirname(f) or '.'} "
                               f"({here}): it was copied from another run. To start from it on purpose, pass "
                               "--allow-foreign-checkpoint")
-
-
-def never_configured(run_dir):
-    """Return True when ``run_dir`` is a run directory whose job was killed before it wrote ``config.json``:
-    it holds nothing, or only the temporary files of an interrupted write (``*.tmp*``).
-
-    Examples
-    --------
-    >>> import os, tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> never_configured(d)
-    True
-    >>> open(os.path.join(d, "config.json.tmp.123"), "w").close()
-    >>> never_configured(d)
-    True
-    >>> open(os.path.join(d, "metrics.jsonl"), "w").close()
-    >>> never_configured(d)
-    False
-    """
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return False
-    return not os.path.exists(os.path.join(run_dir, "config.json")) and all(".tmp" in n for n in names)

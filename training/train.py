@@ -26,12 +26,14 @@ from collectives.engine import trace
 from commlab.logs import get_logger, setup_logging
 from ps.wire.messages import PSError, PSTimeout
 from training.runtime.build import make_sampler, to_device
-from training.runtime.checkpoint import (CheckpointError, checkpoint_path, epochs_note, make_run_dir,
-                                 nothing_to_do, prune_checkpoints, restart_hint, save_checkpoint, saved_epochs)
+from training.runtime.checkpoint import (checkpoint_path, epochs_note, make_run_dir, nothing_to_do, prune_checkpoints,
+                                         restart_hint, save_checkpoint, saved_epochs)
+from commlab.file_formats import CheckpointError
 from training.settings.cli import parse_args, parse_on_every_rank
 from training.job import all_failed, end_lost, set_threads
 from training.driver.preflight import agree, agree_grid, check_run
-from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
+from commlab.file_formats import write_json
+from commlab.run_files import EpochTable, MetricsWriter, run_info, write_config
 from training.monitor.setup import arrival, open_monitor, slow_factor
 from training.model.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_identical, train_step
@@ -169,7 +171,7 @@ class _Loop:
     """What every step and epoch of a data-parallel run reports to."""
 
     per_epoch: int  # steps per epoch
-    writer: object  # the step-record writer (training.metrics.MetricsWriter)
+    writer: object  # the step-record writer (commlab.run_files.MetricsWriter)
     bar: object  # the progress bar (rank 0; None elsewhere)
     t_start: float  # the run's start (time.perf_counter(), seconds)
     monitor: object  # the live monitor (training.monitor)
@@ -392,8 +394,9 @@ def main(argv=None):
     except (PSTimeout, collectives.CollectiveError, MPI.Exception) as e:  # a peer may be dead: MPI_Finalize would wait
         end_lost(e, restart_hint(cfg), world.rank)
     except PSError as e:
-        # BSP lost a worker: every rank has stopped the protocol; rank 0 (a server) says why once, another
-        # rank only what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
+        # the run cannot continue (BSP lost a worker): the servers and the workers still running
+        # have all stopped the protocol; rank 0, a server, states why once, another rank only
+        # what rank 0 does not know (its peers drop it after --ps-timeout, so nothing hangs)
         if world.rank == 0 or not str(e).startswith("BSP cannot continue"):
             where = f"rank {world.rank}: " if world.rank else ""
             print(f"error: {where}{e}", file=sys.stderr, flush=True)

@@ -31,7 +31,8 @@ from mpi4py import MPI
 
 from experiments import harness
 from training.settings.config import Config
-from training.metrics import read_jsonl, run_info
+from commlab.file_formats import read_jsonl
+from commlab.run_files import run_info
 from training.train import run
 from training.settings.options import INT32_MAX, Parser, integer, real
 

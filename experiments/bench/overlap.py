@@ -37,7 +37,7 @@ from collectives import ALGORITHMS
 from experiments import harness
 from training.settings.cli import parse_on_every_rank
 from training.job import limit_threads
-from training.metrics import run_info
+from commlab.run_files import run_info
 from training.model.nn import SoftmaxCrossEntropy, build_mlp
 from training.model.optim import SGD
 from training.dp.hooks import AllreduceHook, bucket_bounds

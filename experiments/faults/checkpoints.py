@@ -4,7 +4,7 @@ user or a crash damages one, loaded as ``--resume`` (and serving) loads it, in t
 Each case writes a good checkpoint of a small model into a run directory that has a ``config.json``
 with its run id, damages it, and loads it with :func:`training.runtime.checkpoint.load_checkpoint` and
 :func:`training.runtime.state.restore`, the trainer's own path. Verdicts: ``pass`` when the load is refused
-with a :class:`~training.runtime.checkpoint.CheckpointError` naming the file; ``silent-wrong`` when it is
+with a :class:`~commlab.file_formats.CheckpointError` naming the file; ``silent-wrong`` when it is
 accepted (damaged values would be trained on); ``fail`` for any other exception (a crash that does
 not say what is wrong). The control case (an undamaged file) must load, and ``foreign-allowed`` (a
 copy from another run with ``--allow-foreign-checkpoint``) must load too.
@@ -55,7 +55,7 @@ def _good(run):
 
 def _rewrite(path, change):
     """Rewrite ``path`` with ``change(entries)`` applied and the checksum recomputed (a deliberate edit)."""
-    from ps.store import read_npz, write_npz
+    from commlab.file_formats import read_npz, write_npz
 
     entries = read_npz(path)
     change(entries)
@@ -139,7 +139,7 @@ def _load(path, foreign_ok):
 
 def run_checkpoint_cases():
     """Run every kind; return one result dict per case (``case``, ``P``, ``mode``, ``verdict``, ``detail``)."""
-    from training.runtime.checkpoint import CheckpointError
+    from commlab.file_formats import CheckpointError
 
     results = []
     for kind, damage in KINDS.items():
@@ -238,7 +238,7 @@ PS_KINDS = {
 
 def _ps_load(run, foreign_ok):
     """Load ``run/ps`` as ``--mode ps --resume`` does; return the joined shards."""
-    from training.origin import run_id_of
+    from commlab.run_files import run_id_of
     from training.ps_mode.worker import check_server_checkpoints
 
     ckpt, rid = os.path.join(run, "ps"), run_id_of(run) or ""
@@ -249,7 +249,7 @@ def _ps_load(run, foreign_ok):
 
 def run_ps_checkpoint_cases():
     """Run every kind of :data:`PS_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.runtime.checkpoint import CheckpointError
+    from commlab.file_formats import CheckpointError
 
     results = []
     for kind, damage in PS_KINDS.items():
@@ -284,7 +284,7 @@ def _full(name):
 
 def _sharded_good(run, run_id, epoch=2):
     """Write the two shard files and the manifest of ``run/shards-epochNNNN`` as save_sharded does; return the dir."""
-    from ps.store import write_npz
+    from commlab.file_formats import write_npz
 
     path = os.path.join(run, f"shards-epoch{epoch:04d}")
     os.makedirs(path)
@@ -360,7 +360,7 @@ SHARDED_KINDS = {
 
 def _sharded_load(ckpt, foreign_ok):
     """Read ``ckpt`` as ``load_sharded`` does (read_pieces, every tensor assembled, the step count checked)."""
-    from training.runtime.checkpoint import CheckpointError
+    from commlab.file_formats import CheckpointError
     from training.model_parallel.sharded import assemble, read_pieces
     from training.runtime.state import check_values
 
@@ -375,7 +375,7 @@ def _sharded_load(ckpt, foreign_ok):
 
 def run_sharded_checkpoint_cases():
     """Run every kind of :data:`SHARDED_KINDS`; return one result dict per case (as :func:`run_checkpoint_cases`)."""
-    from training.runtime.checkpoint import CheckpointError
+    from commlab.file_formats import CheckpointError
 
     results = []
     for kind, damage in SHARDED_KINDS.items():

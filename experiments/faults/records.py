@@ -104,7 +104,7 @@ _TORN = {"torn-epochs-line", "torn-metrics-line", "zero-filled-tail"}
 
 
 def _final(run):
-    from ps.store import read_npz
+    from commlab.file_formats import read_npz
     from training.runtime.checkpoint import find_checkpoint
 
     return read_npz(find_checkpoint(run))["model/params"]
@@ -131,7 +131,7 @@ def run_case(kind, runs, comm, job, prepared):
     then (``same``: the reference's final parameters; ``epochs``: ``epochs.jsonl``'s epochs;
     ``leftovers``: temporary files).
     """
-    from training.metrics import read_jsonl
+    from commlab.file_formats import read_jsonl
 
     if _prepare(runs, comm, job, prepared)["status"]:
         return {"status": -1, "output": "the reference runs failed: " + prepared["output"][-2000:]}

@@ -263,7 +263,7 @@ def run_crashes(limit):
 
 def _final_params(run_dir):
     from training.runtime.checkpoint import find_checkpoint
-    from ps.store import read_npz
+    from commlab.file_formats import read_npz
 
     return read_npz(find_checkpoint(run_dir))["model/params"]
 

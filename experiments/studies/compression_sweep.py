@@ -38,7 +38,8 @@ from training.runtime.build import build_model
 from training.settings.cli import parse_args, parse_on_every_rank
 from training.data.datasets import load_dataset
 from training.driver.preflight import check_run
-from training.metrics import read_jsonl, run_info, write_json
+from commlab.file_formats import read_jsonl, write_json
+from commlab.run_files import run_info
 from training.runtime.progress import progress_bar
 from training.train import run
 from experiments.studies.compression_report import check_lines, markdown_table, table, targets

@@ -37,7 +37,6 @@ marks its file noisy (never published).
 """
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -45,16 +44,15 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
-from commlab import provenance as prov
-from commlab.provenance import command_line
+from experiments import harness
 from experiments.outputs import run_or_report
 from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
-from training.metrics import run_info, write_json
+from commlab.run_files import run_info
 from training.driver.preflight import check_run
 from training.ps_mode.run_records import time_to_accuracy
 from training.train import run
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["DP_METHODS", "PS_METHODS", "CONDITIONS", "method_config", "condition_config", "run_study",
            "ideal_step", "aggregate", "main"]
@@ -252,7 +250,6 @@ def _parser():
                    help=f"comma-separated methods of one kind (default: {DP_METHODS} on W ranks, {PS_METHODS} on W + 1)")
     p.add_argument("--conditions", type=text(), default=CONDITIONS, metavar="LIST",
                    help="comma-separated conditions: even, slowF, jitterJ (default: %(default)s)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per (method, condition), interleaved (default: 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's 3)")
     p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=2, metavar="K",
                    help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s: the "
@@ -262,10 +259,9 @@ def _parser():
     p.add_argument("--reference", type=text(), default=None, metavar="FILE",
                    help="a parameter-server launch: the data-parallel results file whose equal runs give the "
                         "ideal step and the speedup (default: hetero_wW_dp.json in --out)")
-    p.add_argument("--out", type=outpath(folder=True), default="results/hetero", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: a 600-sample job of 32 hidden "
                    "units, 2 epochs, one repeat")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/hetero", folder=True, repeats=3)
     return p
 
 
@@ -306,36 +302,30 @@ def main(argv=None):
         if comm.Get_rank() == 0:
             parser.error(str(e))
         return 2
-    rank0 = comm.Get_rank() == 0
-    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+    echo = harness.echo(comm)
     runs_dir = os.path.join(args.out, "runs", f"w{args.workers}-{kind}")
     repeats = 1 if args.quick else args.repeats
+    path = os.path.join(args.out, f"hetero_w{args.workers}_{kind}.json")
+    watch = harness.start(args, comm, paths=[path], prog=parser.prog)
+    if watch is None:
+        return 2
 
     def body():
-        watch = prov.guard(args, comm)
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        if rank0:
-            shutil.rmtree(runs_dir, ignore_errors=True)
-            os.makedirs(runs_dir)
-        comm.Barrier()
+        harness.fresh_folder(runs_dir, comm)
         echo(f"heterogeneity study: {args.workers} workers ({kind}), {len(methods)} methods x {len(conditions)} "
              f"conditions x {repeats} repeats, {base.epochs} epochs -> {args.out}")
         runs = run_study(base, methods, conditions, repeats, runs_dir, comm, args.target, args.balance_every, echo)
-        if not rank0:
-            watch.summary()
-            return
         reference = runs
-        if kind == "ps":
+        if kind == "ps" and comm.Get_rank() == 0:
             ref = args.reference or os.path.join(args.out, f"hetero_w{args.workers}_dp.json")
             reference = json.load(open(ref, encoding="utf-8"))["runs"] if os.path.exists(ref) else []
         result = {"experiment": "hetero_study", "kind": kind, "workers": args.workers, "study": vars(args),
                   "methods": methods, "conditions": conditions, "repeats": repeats, "train_config": base.to_dict(),
                   "run": run_info(comm), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "runs": runs, "table": aggregate(runs, reference, base.batch_size)}
-        prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.studies.hetero_study", argv))
-        path = os.path.join(args.out, f"hetero_w{args.workers}_{kind}.json")
-        write_json(path, result)
-        echo(f"wrote {path}; draw with: python -m plots.hetero {path}")
+        harness.finish(result, watch, path, comm=comm, module="experiments.studies.hetero_study", argv=argv,
+                       show=lambda _: f"draw with: python -m plots.hetero {path}")
 
     return run_or_report(body, comm)
 

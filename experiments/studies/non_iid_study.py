@@ -25,7 +25,6 @@ ranges, the study's and the training configuration, the ``provenance`` of :mod:`
 """
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -33,17 +32,16 @@ from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
-from commlab import provenance as prov
-from commlab.provenance import command_line
+from experiments import harness
 from experiments.outputs import run_or_report
 from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
-from training.metrics import run_info, write_json
+from commlab.run_files import run_info
 from training.data.partition import parse_partition
 from training.driver.preflight import check_run
 from training.ps_mode.run_records import time_to_accuracy
 from training.train import run
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["METHODS", "REMEDIES", "SKEWS", "method_config", "run_study", "aggregate", "main"]
 
@@ -176,10 +174,9 @@ def _parser():
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=5, help="epochs per run: the fixed number of samples (default: 5)")
     p.add_argument("--target", type=real(0, 1e15, low_open=True), default=0.95, help="target test accuracy whose first crossing each run "
                    "records, time and epochs (default: 0.95, where the methods' medians spread)")
-    p.add_argument("--out", type=outpath(folder=True), default="results/non_iid", help="results directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path: 2 epochs, one seed, "
                    "a 32-unit model, skews iid and classes:k=W's smallest")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/non_iid", folder=True)
     return p
 
 
@@ -200,8 +197,8 @@ def _settings(args, size):
         skews, train = ["iid", f"classes:k={-(-10 // W)}"], dict(train, epochs=2, hidden=(32,))
     for s in skews:
         parse_partition(s)
-    if args.seeds < 1 or not 0 < args.target <= 1:
-        raise ValueError(f"--seeds must be >= 1 and --target in (0, 1], got {args.seeds}, {args.target}")
+    if not args.target <= 1:
+        raise ValueError(f"--target must be in (0, 1], got {args.target}")
     base = Config().replace(**train)
     return kind, methods, skews, list(range(1 if args.quick else args.seeds)), base
 
@@ -220,31 +217,25 @@ def main(argv=None):
         if comm.Get_rank() == 0:
             parser.error(str(e))
         return 2
-    rank0 = comm.Get_rank() == 0
-    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+    echo = harness.echo(comm)
     runs_dir = os.path.join(args.out, "runs", f"w{args.workers}-{kind}")
+    path = os.path.join(args.out, f"non_iid_w{args.workers}_{kind}.json")
+    watch = harness.start(args, comm, paths=[path], prog=parser.prog)
+    if watch is None:
+        return 2
 
     def body():
-        watch = prov.guard(args, comm)
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        if rank0:
-            shutil.rmtree(runs_dir, ignore_errors=True)
-            os.makedirs(runs_dir)
-        comm.Barrier()
+        harness.fresh_folder(runs_dir, comm)
         echo(f"non-IID study: {args.workers} workers ({kind}), {len(methods)} methods x {len(skews)} skews x "
              f"{len(seeds)} seeds, {base.epochs} epochs -> {args.out}")
         runs = run_study(base, methods, skews, seeds, runs_dir, comm, args.target, echo)
-        if not rank0:
-            watch.summary()
-            return
         result = {"experiment": "non_iid_study", "kind": kind, "workers": args.workers, "study": vars(args),
                   "methods": methods, "skews": skews, "seeds": seeds, "train_config": base.to_dict(),
                   "run": run_info(comm), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "runs": runs, "table": aggregate(runs)}
-        prov.stamp(result, watch, P=comm.Get_size(), command=command_line("experiments.studies.non_iid_study", argv))
-        path = os.path.join(args.out, f"non_iid_w{args.workers}_{kind}.json")
-        write_json(path, result)
-        echo(f"wrote {path}; draw with: python -m plots.non_iid {path}")
+        harness.finish(result, watch, path, comm=comm, module="experiments.studies.non_iid_study", argv=argv,
+                       show=lambda _: f"draw with: python -m plots.non_iid {path}")
 
     return run_or_report(body, comm)
 

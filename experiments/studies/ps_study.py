@@ -68,7 +68,8 @@ from training.runtime.checkpoint import make_run_dir, root_bytes
 from training.settings.cli import parse_on_every_rank
 from training.job import set_threads
 from training.driver.preflight import check_run
-from training.metrics import run_info, write_config, write_json
+from commlab.file_formats import write_json
+from commlab.run_files import run_info, write_config
 from training.ps_mode.worker import ps_options, run_ps
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 

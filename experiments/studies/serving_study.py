@@ -53,7 +53,7 @@ from experiments.studies.load_sweep import add_options as add_load_options
 from experiments.studies.load_sweep import capacity, load_sweep
 from plots.serving import load_table
 from inference.policies.balance import POLICIES
-from inference.config import ServeConfig
+from inference.serve_config import ServeConfig
 from inference.replicas.predictor import forward_rows, load_spec
 from inference.replicas.tensor import row_parallel_widths
 from inference.serve import run as serve

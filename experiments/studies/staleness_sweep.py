@@ -45,7 +45,8 @@ from training.runtime.checkpoint import root_bytes
 from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
 from training.driver.preflight import check_run
-from training.metrics import run_info, write_json
+from commlab.file_formats import write_json
+from commlab.run_files import run_info
 from training.train import run
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 

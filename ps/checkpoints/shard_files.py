@@ -2,7 +2,7 @@
 a server resumes from it.
 
 Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`) with
-:func:`ps.store.write_npz` (atomic, SHA-256 inside). The file holds:
+:func:`commlab.file_formats.write_npz` (atomic, SHA-256 inside). The file holds:
 
 ============================  ==================================================================
 ``params``                    the shard, shape (n_r,), float32 or float64
@@ -34,7 +34,7 @@ workers; a sparse server's rows sharded otherwise, naming the setting), and valu
 but make no sense (integer or non-finite parameters,
 negative counts, more updates than pushes).
 
-Imports: :mod:`ps.store`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
+Imports: :mod:`commlab.file_formats`, :mod:`ps.store`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
 """
 import os
 import zipfile
@@ -43,7 +43,8 @@ import numpy as np
 
 from ps.shards.rows import layout_difference
 from ps.shards.key_ranges import shard_offsets
-from ps.store import CheckpointError, read_npz, server_checkpoint_path, write_npz
+from ps.store import server_checkpoint_path
+from commlab.file_formats import CheckpointError, read_npz, write_npz
 
 __all__ = ["RUN_ID", "run_id_entry", "held_run_id", "server_arrays", "save_server",
            "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server",
@@ -233,7 +234,7 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
     path : str
         The file (``ps_serverN.npz``), named in every error.
     arrays : dict of str -> ndarray
-        Its verified entries (:func:`ps.store.read_npz`).
+        Its verified entries (:func:`commlab.file_formats.read_npz`).
     index : int
         The server index that resumes from it (N of its name).
     run_id : str
@@ -267,11 +268,11 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
     >>> check_server_checkpoint("ps/ps_server0.npz", good, 0, run_id="77aa")
     Traceback (most recent call last):
     ...
-    ps.store.CheckpointError: checkpoint ps/ps_server0.npz was written by run 5f2a, not by run 77aa: ...
+    commlab.file_formats.CheckpointError: checkpoint ps/ps_server0.npz was written by run 5f2a, not by run 77aa: ...
     >>> check_server_checkpoint("ps/ps_server1.npz", good, 1)
     Traceback (most recent call last):
     ...
-    ps.store.CheckpointError: checkpoint ps/ps_server1.npz holds the shard of server 0, not of server 1: ...
+    commlab.file_formats.CheckpointError: checkpoint ps/ps_server1.npz holds the shard of server 0, not of server 1: ...
     """
     _check_values(path, arrays)
     if "meta/server" in arrays:
@@ -310,7 +311,7 @@ def check_server_checkpoint(path, arrays, index, *, run_id="", allow_foreign=Fal
 
 
 def read_server_checkpoint(path, index, **expect):
-    """Read ``path`` (verified, :func:`ps.store.read_npz`) and check it for server ``index``; return its arrays.
+    """Read ``path`` (verified, :func:`commlab.file_formats.read_npz`) and check it for server ``index``; return its arrays.
 
     ``expect`` are the keyword arguments of :func:`check_server_checkpoint`.
 
@@ -356,7 +357,7 @@ def check_resume(directory, shards, **expect):
     >>> check_resume(tempfile.mkdtemp(), 1)
     Traceback (most recent call last):
     ...
-    ps.store.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
+    commlab.file_formats.CheckpointError: cannot read checkpoint .../ps_server0.npz: No such file or directory
     """
     paths = newest_generation(directory, shards) or [server_checkpoint_path(directory, g) for g in range(shards)]
     pushes = [int(read_server_checkpoint(p, g, shards=shards, **expect)["pushes"]) for g, p in enumerate(paths)]

@@ -29,13 +29,13 @@ import numpy as np
 
 from ps.checkpoints.shard_files import check_resume
 from ps.job import survivors
-from ps.job.reports import (ABORTED, STAT_FIELDS, RunResult, pack_report, receive_report, roles, server_report,
-                            unpack_report, worker_stats)
+from ps.job.reports import (STAT_FIELDS, RunResult, merge_reports, pack_report, receive_report, roles,
+                            server_report, unpack_report, worker_stats)
 from ps.job.settings import parse_rank_spec
 from ps.replicas.chain_replication import FAILOVER_MARGIN, chains
-from ps.serving.consistency import DONE, DROPPED
-from ps.serving.shard_server import COUNTERS, EVENT_ABORTED, Server
-from ps.shards.key_ranges import join_shards, proportional, shard_offsets
+from ps.serving.consistency import DONE
+from ps.serving.shard_server import COUNTERS, Server
+from ps.shards.key_ranges import proportional, shard_offsets
 from ps.wire.messages import Msg, send, wait_all
 from ps.worker.client import Client
 
@@ -85,7 +85,7 @@ def run(comm, opts, init_params, grad_fn=None, on_push=None, *, make_optimizer, 
         callable.
     ValueError
         When an option is out of range (on every rank, before any message).
-    ps.store.CheckpointError
+    commlab.file_formats.CheckpointError
         With ``opts.resume_dir``, on every rank before any message, naming the file, when a shard's
         checkpoint is missing, corrupt, of another run (:attr:`~ps.job.settings.PSOptions.run_id`, unless
         ``allow_foreign``), another server, layout or generation, or holds values that make no sense
@@ -247,33 +247,13 @@ def _collect(repcomm, server, opts, workers, wall):
     dtype, n_workers = server.params.dtype, len(workers)
     reps = [server_report(server)] + [unpack_report(receive_report(repcomm, r, Msg.FINAL, deadline), n_workers, dtype)
                                 for r in range(1, opts.servers)]
-    params = join_shards([rep["shard"] for rep in reps])
-    n_snap = min(len(rep["snaps"]) for rep in reps)
-    snapshots = [(reps[0]["snaps"][k][0], max(rep["snaps"][k][1] for rep in reps),
-                  join_shards([rep["snaps"][k][2] for rep in reps])) for k in range(n_snap)]
-    hist = {}
-    for rep in reps:
-        for k, v in enumerate(rep["hist"]):
-            if v:
-                hist[k] = hist.get(k, 0) + int(v)
     codes = reps[0]["status"]
-    status = ["aborted" if c == ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
     stats = [None] * n_workers
     for w, r in enumerate(workers):
         if codes[w] == DONE:
             vec = receive_report(repcomm, r, Msg.STATS, deadline)
             stats[w] = worker_stats(vec)
-    events, seen = [], set()
-    for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
-        if (w, c) not in seen:
-            seen.add((w, c))
-            what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
-            events.append((t, f"worker rank {workers[int(w)]} {what}"))
-    k = len(COUNTERS)
-    counts = {name: int(sum(rep["counts"][i] for rep in reps)) for i, name in enumerate(COUNTERS)}
-    rejected = {c: int(sum(rep["counts"][k + c] for rep in reps)) for c in range(1, 6)}
-    return RunResult(params=params, pushes=server.pushes, wall=wall, start_pushes=server.resumed_pushes,
-                     start_wall=server.resumed_seconds, staleness_histogram=dict(sorted(hist.items())),
-                     snapshots=snapshots, workers=stats, status=status, events=events,
-                     versions=[int(rep["counts"][k]) for rep in reps], counts=counts,
-                     rejected={c: n for c, n in rejected.items() if n})
+    return RunResult(pushes=server.pushes, wall=wall, start_pushes=server.resumed_pushes,
+                     start_wall=server.resumed_seconds, workers=stats,
+                     versions=[int(rep["counts"][len(COUNTERS)]) for rep in reps],
+                     **merge_reports(reps, workers, opts.ps_timeout))

@@ -14,7 +14,7 @@ that builds an optimizer over the shard's flat buffers, and decides only the ste
 * the divisor ``W`` of a single worker's push under ASP (BSP and SSP apply one update per clock,
   on the mean of the clock's ``W`` gradients).
 
-``state_dict()`` gives plain arrays; the server writes them with :func:`ps.store.write_npz`
+``state_dict()`` gives plain arrays; the server writes them with :func:`commlab.file_formats.write_npz`
 (atomic, no pickle, SHA-256 inside) and reads them back verified.
 """
 

@@ -72,7 +72,7 @@ class Server:
 
     Raises
     ------
-    ps.store.CheckpointError
+    commlab.file_formats.CheckpointError
         When the checkpoint to resume from is of another run, another server or makes no sense
         (:func:`ps.checkpoints.shard_files.check_server_checkpoint`).
     ValueError

@@ -14,7 +14,7 @@ What each mode keeps, and where (``RUN_DIR/ps/``):
 A resumed job takes its clock from the servers' checkpoints (the smallest clock they folded for each
 worker; in ``dp`` the last clock every rank wrote) and loads each rank's file of that clock. Every rank
 checks the files before the first message (:func:`resume_clock`), so a missing one is a ``ValueError`` on
-every rank, not a hang. Files are written with :func:`ps.store.write_npz` (atomic, checksummed).
+every rank, not a hang. Files are written with :func:`commlab.file_formats.write_npz` (atomic, checksummed).
 """
 import glob
 import os
@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from ps.store import read_npz, write_npz
+from commlab.file_formats import read_npz, write_npz
 from ps.checkpoints.shard_files import newest_generation
 
 __all__ = ["rank_checkpoint_path", "save_rank", "load_rank", "resume_clock", "checkpoint_due"]
@@ -107,7 +107,7 @@ def load_rank(ckpt_dir, rank, clock, params, opt, hook=None):
     ------
     ValueError
         When the file holds parameters of another shape (another model).
-    ps.store.CheckpointError
+    commlab.file_formats.CheckpointError
         When the file is missing, corrupt or truncated.
 
     Examples
@@ -150,7 +150,7 @@ def resume_clock(cfg, run_dir, S, W, layout=None):
     ValueError
         On every rank alike: the servers' files are of different generations, or a rank's file of the
         clock to resume from is missing.
-    ps.store.CheckpointError
+    commlab.file_formats.CheckpointError
         On every rank alike, naming the file and the setting: the servers' rows were laid out otherwise
         (``--ctr-sharding``, ``--ctr-hot``).
 

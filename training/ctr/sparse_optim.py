@@ -27,7 +27,7 @@ class _Sparse:
         return {}
 
     def state_dict(self):
-        """Return ``{"steps": ..., state arrays...}`` (plain arrays, for :func:`ps.store.write_npz`)."""
+        """Return ``{"steps": ..., state arrays...}`` (plain arrays, for :func:`commlab.file_formats.write_npz`)."""
         return {"steps": np.array(self.steps, np.int64), **self._state()}
 
     def load_state_dict(self, d):

@@ -14,7 +14,7 @@ import numpy
 import collectives
 import collectives.engine.context
 from collectives.engine import trace
-from training.runtime.checkpoint import to_host
+from commlab.arrays import to_host
 from training.data.sampling import eval_shard
 
 #: Algorithm of the small control reductions (non-finite flag, evaluation counts, digests): a

@@ -53,7 +53,8 @@ from collectives.engine.failures import shrink, ulfm_enabled
 from collectives.errors import ProcessFailed
 from commlab.logs import get_logger
 from training.runtime.build import build_model, to_device
-from training.runtime.checkpoint import root_bytes, to_host
+from training.runtime.checkpoint import root_bytes
+from commlab.arrays import to_host
 from training.data.datasets import load_dataset
 from training.model.nn import SoftmaxCrossEntropy
 from training.model.optim import make_optimizer
@@ -63,7 +64,8 @@ from training.data.sampling import DistributedSampler
 from training.runtime.checkpoint import checkpoint_path, save_checkpoint
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_identical, train_step
 from training.dp.hooks import make_grad_hook
-from training.metrics import MetricsWriter, write_config, run_info, write_json
+from commlab.file_formats import write_json
+from commlab.run_files import MetricsWriter, write_config, run_info
 from training.model.optim import schedule_lr
 from training.data.skew import uses_shards
 from training.runtime.state import checkpoint_arrays
@@ -516,11 +518,9 @@ def join_loop(cfg, parent, records=True):
     xp = numpy
     ds = load_dataset(cfg)
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
-    opt = make_optimizer(cfg, model)
-    t = Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=SoftmaxCrossEntropy(), state=TrainState())
-    t.hook = make_grad_hook(cfg, merged, model)  # (with the survivors' own, on the same communicator)
-    if t.hook.owns_momentum and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # as training.driver.trainer.build_trainer
+    hook = make_grad_hook(cfg, merged, model)  # (with the survivors' own, on the same communicator)
+    opt = make_optimizer(cfg, model, momentum=0.0 if hook.owns_momentum else None)  # as build_trainer
+    t = Trainer(xp=xp, ds=ds, model=model, opt=opt, loss_fn=SoftmaxCrossEntropy(), hook=hook, state=TrainState())
     _unpack(t, got)
     P0, epoch, consumed = (int(v) for v in got["pos"])
     run_dir = got["run_dir"].tobytes().decode()

@@ -8,7 +8,8 @@ import os
 
 from commlab.logs import get_logger
 from training.runtime.build import build_model
-from training.runtime.checkpoint import CheckpointError, load_checkpoint
+from training.runtime.checkpoint import load_checkpoint
+from commlab.file_formats import CheckpointError
 from training.data.datasets import load_dataset
 from training.dp.shares import BatchShares, memory_cap
 from training.dp.hooks import make_grad_hook
@@ -100,10 +101,9 @@ def build_trainer(cfg, comm):
     model = build_model(cfg, ds.n_features, ds.n_classes, xp)
     verify_param_layout(model, comm, cfg.timeout)  # before any gradient exchange: a mismatch would hang or mix
     share_gradients(cfg, comm, model)  # algorithm "shm": the flat gradient in shared memory, before the optimizer
-    opt, loss_fn = make_optimizer(cfg, model), SoftmaxCrossEntropy()
     hook = make_grad_hook(cfg, comm, model)
-    if hook.owns_momentum and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
+    # the compressor's memory applies momentum (DGC): the optimizer then has none
+    opt, loss_fn = make_optimizer(cfg, model, momentum=0.0 if hook.owns_momentum else None), SoftmaxCrossEntropy()
     state, path, saved = TrainState(), None, None
     shares = _batch_shares(cfg, comm, ds, model, opt)
     newest = newest_checkpoint(cfg.resume) if cfg.resume else None

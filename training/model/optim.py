@@ -10,7 +10,7 @@ import math
 
 import numpy
 
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 
 __all__ = ["Optimizer", "SGD", "Adam", "Adagrad", "optimizer_factory", "make_optimizer", "SCHEDULES", "schedule_lr", "lr_rule"]
 
@@ -261,13 +261,17 @@ def optimizer_factory(cfg):
     raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adagrad', got {cfg.optimizer!r}")
 
 
-def make_optimizer(cfg, model):
+def make_optimizer(cfg, model, *, momentum=None):
     """Build the optimizer named by ``cfg.optimizer`` over ``model``'s flat buffers.
 
     Parameters
     ----------
     cfg : training.settings.config.Config
     model : training.model.nn.Sequential
+    momentum : float, optional
+        SGD's momentum in place of ``cfg.momentum``: 0.0 when the gradient hook's compressor applies
+        momentum itself (DGC's momentum correction, the hook's ``owns_momentum``). Other optimizers
+        ignore it.
 
     Returns
     -------
@@ -285,8 +289,14 @@ def make_optimizer(cfg, model):
     >>> opt = make_optimizer(Config(optimizer="sgd", lr=0.5, momentum=0.0), build_mlp([2, 2]))
     >>> type(opt).__name__, opt.lr, opt.params.size
     ('SGD', 0.5, 6)
+    >>> dgc = make_optimizer(Config(optimizer="sgd", momentum=0.9), build_mlp([2, 2]), momentum=0.0)
+    >>> dgc.momentum, dgc.velocity is None   # the compressor's memory applies the momentum
+    (0.0, True)
     """
-    return optimizer_factory(cfg)(model.params, model.grads)
+    make = optimizer_factory(cfg)
+    if momentum is not None and cfg.optimizer == "sgd":
+        make = functools.partial(make, momentum=momentum)
+    return make(model.params, model.grads)
 
 
 def schedule_lr(schedule, lr, step, total_steps):

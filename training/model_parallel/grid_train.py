@@ -23,16 +23,18 @@ import collectives.engine.context
 import collectives.engine.policy
 from commlab.logs import get_logger
 from training.runtime.build import make_sampler, to_device
-from training.runtime.checkpoint import CheckpointError, find_checkpoint, make_run_dir, restart_hint
+from training.runtime.checkpoint import find_checkpoint, make_run_dir, restart_hint
+from commlab.file_formats import CheckpointError
 from training.data.sampling import eval_shard
 from training.data.datasets import load_dataset
 from training.model_parallel.grid import Grid, build_stage, check_grid
 from training.model_parallel.grid_report import gather_ranks, summarize
 from training.job import array_module
-from training.metrics import EpochTable, MetricsWriter, run_info, write_config, write_json
+from commlab.file_formats import write_json
+from commlab.run_files import EpochTable, MetricsWriter, run_info, write_config
 from training.monitor.setup import OFF, check_monitor, open_monitor
 from training.model.nn import SoftmaxCrossEntropy
-from collectives.backend import get_array_module
+from commlab.arrays import get_array_module
 from training.model.optim import make_optimizer
 from training.dp.data_parallel import CONTROL_ALGORITHM, any_rank, is_finite
 from training.dp.hooks import make_grad_hook
@@ -90,10 +92,9 @@ def build_hybrid(cfg, comm):
     grid = Grid(comm, cfg.tensor_parallel, cfg.pipeline_parallel)
     model, ks = build_stage(sizes, grid, cfg.activation, cfg.dtype, cfg.seed, cfg.algorithm, cfg.timeout, xp)
     stage = PipelineStage(model, grid.pipeline, cfg.timeout)
-    opt = make_optimizer(cfg, model)
     hook = make_grad_hook(cfg, grid.data, model)
-    if getattr(hook, "owns_momentum", False) and cfg.optimizer == "sgd":
-        opt.velocity, opt.momentum = None, 0.0  # the compressor's memory applies momentum (DGC)
+    # the compressor's memory applies momentum (DGC): the optimizer then has none
+    opt = make_optimizer(cfg, model, momentum=0.0 if getattr(hook, "owns_momentum", False) else None)
     state, resumed = TrainState(), None
     if cfg.resume:
         resumed = newest_checkpoint(cfg.resume) or _dense_checkpoint(cfg.resume)  # either kind, the newest

@@ -1,7 +1,7 @@
 """Sharded checkpoints of a hybrid run: each model-parallel rank writes its shard, any grid reads them.
 
 A checkpoint is a directory ``RUN/shards-epochNNNN/`` with one file per (tensor, pipeline)
-coordinate of data-parallel replica 0, ``shard-tT-qQ.npz`` (written by :func:`training.runtime.checkpoint.write_npz`:
+coordinate of data-parallel replica 0, ``shard-tT-qQ.npz`` (written by :func:`commlab.file_formats.write_npz`:
 no pickle, SHA-256 inside, atomic), plus ``manifest.json`` written by rank 0 once every shard is
 on disk, so a directory without it is an interrupted write and is never read. The manifest lists
 every file with its SHA-256 and the epoch; loading requires exactly the listed files with those
@@ -31,7 +31,10 @@ import numpy
 
 import collectives
 from commlab.logs import get_logger
-from training.runtime.checkpoint import CheckpointError, check_origin, epoch_checkpoints, read_npz, run_id_of, write_npz
+from training.runtime.checkpoint import epoch_checkpoints
+from commlab.file_formats import CheckpointError, read_npz, write_npz
+from commlab.run_files import run_id_of
+from training.origin import check_origin
 from training.model_parallel.grid import placement
 from commlab.arrays import get_array_module
 from training.dp.data_parallel import CONTROL_ALGORITHM
@@ -262,7 +265,7 @@ def read_pieces(path, sizes=None, foreign_ok=False):
     CheckpointError
         Naming the file, when one is missing, corrupt or truncated, or (unless ``foreign_ok``)
         written by another run than the one whose directory holds it
-        (:func:`training.runtime.checkpoint.check_origin`).
+        (:func:`training.origin.check_origin`).
     """
     if os.path.isdir(path):
         files, epoch = _checked_files(path, foreign_ok)

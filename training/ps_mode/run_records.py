@@ -22,8 +22,9 @@ import os
 import numpy
 from mpi4py import MPI
 
-from ps.store import write_npz
-from training.metrics import MetricsWriter, run_info, write_json
+from commlab.file_formats import write_npz
+from commlab.file_formats import write_json
+from commlab.run_files import MetricsWriter, run_info
 from training.dp.data_parallel import evaluate
 
 __all__ = ["evaluate_snapshots", "write_records", "time_to_accuracy", "staleness_stats", "TARGET_ACC"]

@@ -28,7 +28,8 @@ from ps.job.reports import roles
 from ps.job.runner import run
 from ps.store import server_checkpoint_path
 from ps.checkpoints.shard_files import check_resume, newest_generation, read_server_checkpoint
-from training.runtime.checkpoint import root_bytes, run_id_of, unfinished_without_checkpoint
+from training.runtime.checkpoint import root_bytes, unfinished_without_checkpoint
+from commlab.run_files import run_id_of
 from training.runtime.build import build_model, make_sampler, to_device
 from training.data.datasets import load_dataset
 from training.model.nn import SoftmaxCrossEntropy

@@ -1,12 +1,11 @@
 """Run directories and checkpoints: decided and written by rank 0, shared by broadcast.
 
-A checkpoint is a file of the parameter servers' store (:mod:`ps.store`): a ``.npz`` (no pickle:
+A checkpoint is a file of commlab's checksummed format (:mod:`commlab.file_formats`): a ``.npz`` (no pickle:
 plain numeric arrays only) holding a flat dict of arrays plus ``meta/sha256``, the SHA-256 of every
-other entry. Rank 0 writes it with :func:`~ps.store.write_npz` (temporary file, fsync, rename:
+other entry. Rank 0 writes it with :func:`~commlab.file_formats.write_npz` (temporary file, fsync, rename:
 atomic on POSIX), then all ranks meet at a barrier. Loading is done by rank 0, which verifies the
-file and broadcasts its bytes; a corrupt, truncated or tampered file raises :class:`CheckpointError`,
-naming the file, on every rank. ``CheckpointError``, ``write_npz``, ``read_npz`` and ``to_host``
-are re-exported from :mod:`ps.store`.
+file and broadcasts its bytes; a corrupt, truncated or tampered file raises
+:class:`~commlab.file_formats.CheckpointError`, naming the file, on every rank.
 """
 import contextlib
 import glob
@@ -18,19 +17,21 @@ import zipfile
 import numpy
 from mpi4py import MPI
 
-from commlab.error_root import CommlabError
-from commlab.logs import get_logger
 from collectives.engine.waiting import wait_within
+from commlab.arrays import to_host
+from commlab.error_root import CommlabError
+from commlab.file_formats import CheckpointError, parse_npz, read_npz, write_npz
+from commlab.logs import get_logger
+from commlab.run_files import never_configured, run_id_of
 from ps.store import server_checkpoint_path
-from ps.store import CheckpointError, parse_npz, read_npz, to_host, write_npz
-from training.origin import _NAME, check_origin, checkpoint_origin, never_configured, run_id_of
+from training.origin import CHECKPOINT_NAME, check_origin, checkpoint_origin
 
 _log = get_logger("training.runtime.checkpoint")
 
-__all__ = ["restart_hint", "nothing_to_do", "CheckpointError", "run_id_of", "check_origin", "never_configured", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
+__all__ = ["restart_hint", "nothing_to_do", "RunDirError", "root_bytes", "make_run_dir", "checkpoint_path", "epoch_checkpoints",
            "find_checkpoint",
-           "unfinished_without_checkpoint", "write_npz", "read_npz",
-           "save_checkpoint", "load_checkpoint", "prune_checkpoints", "to_host", "saved_epochs", "epochs_note"]
+           "unfinished_without_checkpoint",
+           "save_checkpoint", "load_checkpoint", "prune_checkpoints", "saved_epochs", "epochs_note"]
 
 _RECORDS = ("metrics.jsonl", "epochs.jsonl", "staleness.json")  # a run's records, written as it goes
 
@@ -212,7 +213,7 @@ def checkpoint_path(run_dir, epoch):
 def epoch_checkpoints(run_dir):
     """Return the trainer checkpoints (``ckpt-epochNNNN.npz``) in ``run_dir``, oldest first (list of str)."""
     return sorted(p for p in glob.glob(os.path.join(glob.escape(run_dir), "ckpt-epoch*.npz"))
-                  if _NAME.match(os.path.basename(p)))
+                  if CHECKPOINT_NAME.match(os.path.basename(p)))
 
 
 def find_checkpoint(path):

@@ -14,7 +14,8 @@ import json
 import numpy
 
 from collectives.engine.waiting import wait_within
-from training.runtime.checkpoint import CheckpointError, to_host
+from commlab.arrays import to_host
+from commlab.file_formats import CheckpointError
 from commlab.arrays import get_array_module
 
 __all__ = ["TrainState", "checkpoint_arrays", "restore", "check_values"]

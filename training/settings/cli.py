@@ -16,7 +16,7 @@ import numpy
 
 from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
-from training.runtime.checkpoint import never_configured
+from commlab.run_files import never_configured
 from training.settings.config import CHOICES, Config
 from training.settings.options import INT32_MAX, Parser, as_flags, field_type, parsed_by
 

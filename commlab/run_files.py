@@ -1,11 +1,15 @@
-"""Run records: configuration header, per-step and per-epoch JSON lines, summary, epoch table.
+"""Run records: configuration header and the run's identity, per-step and per-epoch JSON lines,
+summary, epoch table.
 
-Files in a run directory (all written by rank 0 alone):
+Files in a run directory (all written by rank 0 alone, with :func:`commlab.file_formats.write_json`):
 
 ``config.json``
     ``{"config": resolved Config, "run": run_info()}``; each resumed job keeps ``run`` as it was
     and appends ``run_info()`` plus ``resumed_from`` and ``changed`` (the configuration fields it
-    changed, ``[old, new]``) to a ``resumes`` list; ``config`` is then the latest job's.
+    changed, ``[old, new]``) to a ``resumes`` list; ``config`` is then the latest job's. The first
+    job's ``run.run_id`` is the run's identity (:func:`run_id_of`), which checkpoints carry; a run
+    directory without ``config.json`` belongs to a job killed before it wrote one
+    (:func:`never_configured`).
 ``metrics.jsonl``
     One line per step: ``step``, ``epoch``, ``loss`` (rank 0's batch), ``lr``, ``compute_s``,
     ``comm_s``, ``wait_s``, ``transfer_s``, ``compress_s``, ``decompress_s`` (seconds),
@@ -26,8 +30,9 @@ the wait in ``comm_s`` and ``wait_s`` but not in ``transfer_s``: the mean ``comm
 exceed rank 0's ``wall_s`` on a machine whose ranks share cores, while ``transfer_s`` is what the
 messages themselves took. ``summary.json`` holds the run's totals of both (rank 0; ``null`` when a
 resumed run's earlier epochs were recorded without them).
+
+Imports: NumPy and :mod:`commlab` only; mpi4py is imported inside :func:`run_info`, when it is called.
 """
-import glob
 import json
 import os
 import platform
@@ -36,20 +41,15 @@ import sys
 import time
 import uuid
 
-import mpi4py
 import numpy
-from mpi4py import MPI
 
-from commlab.logs import get_logger
-from commlab.provenance import mpi_library
-from ps.store import remove_stale_temporaries
 from commlab.byte_sizes import format_bytes
+from commlab.file_formats import read_jsonl, write_json
+from commlab.provenance import mpi_library
 
-__all__ = ["run_info", "write_config", "write_json", "read_jsonl", "MetricsWriter", "EpochTable",
+__all__ = ["run_info", "write_config", "run_id_of", "never_configured", "MetricsWriter", "EpochTable",
            "TABLE_COLUMNS"]
 
-
-_log = get_logger("training.metrics")
 
 def run_info(comm):
     """Return what a results file must carry besides the configuration.
@@ -63,6 +63,9 @@ def run_info(comm):
         identifier (128 bits, hex) that the first job of a run keeps in ``config.json`` and writes into
         every checkpoint, so that a checkpoint copied from another run is recognised.
     """
+    import mpi4py  # asked when a run starts, never when commlab is imported
+    from mpi4py import MPI
+
     return {"run_id": uuid.uuid4().hex, "mpi_library": mpi_library(),  # one line: MPICH's padding and Open MPI's NUL removed
             "mpi_version": "%d.%d" % MPI.Get_version(), "mpi4py": mpi4py.__version__,
             "numpy": numpy.__version__, "P": comm.size, "host": socket.gethostname(),
@@ -103,57 +106,51 @@ def write_config(run_dir, config, info, resumed_from=None):
     write_json(path, record)
 
 
-def write_json(path, obj):
-    """Write ``obj`` as indented JSON to ``path`` atomically (temporary file ``PATH.tmp.PID``, then rename).
+def run_id_of(run_dir):
+    """Return the run id of ``run_dir`` (``config.json``'s first ``run`` record), or None when it has none.
 
-    The temporary files of ``path`` that a killed writer left (``PATH.tmp.PID`` of a process that no
-    longer runs on this host) are removed first.
+    Examples
+    --------
+    >>> import json, os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> run_id_of(d) is None
+    True
+    >>> with open(os.path.join(d, "config.json"), "w") as f:
+    ...     json.dump({"config": {}, "run": {"run_id": "5f2a"}}, f)
+    >>> run_id_of(d)
+    '5f2a'
     """
-    remove_stale_temporaries(os.path.dirname(path) or ".", glob.escape(os.path.basename(path)) + ".tmp.*")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            run = json.load(f).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    rid = run.get("run_id") if isinstance(run, dict) else None
+    return rid if isinstance(rid, str) and rid else None
 
 
-def read_jsonl(path):
-    """Return the list of JSON objects in a JSON-lines file ([] when it does not exist).
-
-    A torn last line (a run killed while appending it) is dropped with a warning naming the file; a
-    damaged line before the last is an error.
-
-    Raises
-    ------
-    ValueError
-        A line other than the last is not a JSON object (the message names the file and the line).
+def never_configured(run_dir):
+    """Return True when ``run_dir`` is a run directory whose job was killed before it wrote ``config.json``:
+    it holds nothing, or only the temporary files of an interrupted write (``*.tmp*``).
 
     Examples
     --------
     >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "epochs.jsonl")
-    >>> with open(path, "w") as f:
-    ...     _ = f.write('{"epoch": 1}\\n{"epoch": 2}\\n{"epo')
-    >>> read_jsonl(path)
-    [{'epoch': 1}, {'epoch': 2}]
+    >>> d = tempfile.mkdtemp()
+    >>> never_configured(d)
+    True
+    >>> open(os.path.join(d, "config.json.tmp.123"), "w").close()
+    >>> never_configured(d)
+    True
+    >>> open(os.path.join(d, "metrics.jsonl"), "w").close()
+    >>> never_configured(d)
+    False
     """
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
-    rows = []
-    for k, (i, line) in enumerate(lines):
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            if k == len(lines) - 1:  # torn by a kill while it was written: the record never finished
-                _log.warning("%s: dropped its torn last line %d (%s)", path, i, exc)
-                break
-            raise ValueError(f"{path}: line {i} is not a JSON object ({exc}); the file is damaged") from None
-        rows.append(row)
-    return rows
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return False
+    return not os.path.exists(os.path.join(run_dir, "config.json")) and all(".tmp" in n for n in names)
 
 
 def _torn(path):
@@ -182,8 +179,8 @@ class MetricsWriter:
         dropped first, so the files describe one consistent history.
 
     A file whose last line a kill tore (it has no line end) loses that line first, with
-    :func:`read_jsonl`'s warning naming the file, also without ``keep_epochs`` (a parameter-server
-    run appends its records), so that the next record starts a line of its own.
+    :func:`commlab.file_formats.read_jsonl`'s warning naming the file, also without ``keep_epochs``
+    (a parameter-server run appends its records), so that the next record starts a line of its own.
     """
 
     def __init__(self, run_dir, enabled, keep_epochs=None):
