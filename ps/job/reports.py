@@ -1,17 +1,20 @@
 """What the parameter-server ranks report at the end of a run: the run's result, every worker's
-statistics and every server's counters, packed into plain arrays for the report messages; shared by
-:mod:`ps.job.runner` (one server per shard) and :mod:`ps.job.survivors` (replicated shards).
+statistics and every server's counters, packed into plain arrays for the report messages and merged
+over the shards into the run's result; shared by :mod:`ps.job.runner` (one server per shard) and
+:mod:`ps.job.survivors` (replicated shards).
 """
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ps.serving.consistency import DROPPED
+from ps.serving.shard_server import COUNTERS, EVENT_ABORTED
+from ps.shards.key_ranges import join_shards
 from ps.wire.messages import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all
-from ps.serving.shard_server import COUNTERS
 
 __all__ = ["RunResult", "STAT_FIELDS", "ABORTED", "roles", "worker_stats", "server_report", "pack_report",
-           "unpack_report", "receive_report"]
+           "unpack_report", "receive_report", "merge_reports"]
 
 #: Status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED).
 ABORTED = 3  # status code of an aborted worker in a server's report (beside LIVE, DONE, DROPPED)
@@ -210,3 +213,63 @@ def receive_report(comm, source, mtype, deadline):
     req = comm.Irecv(data, source=source, tag=data_tag(mtype))
     wait_all([(req, data)], deadline, f"{mtype.name} payload from rank {source}")
     return data
+
+
+def merge_reports(reps, worker_ranks, ps_timeout, *, reads=None):
+    """Merge the reports of a run's shards (one per shard, in shard order) into the fields of its result.
+
+    Parameters
+    ----------
+    reps : list of dict
+        One report per shard (:func:`server_report` or :func:`unpack_report`), in shard order; the first
+        one's worker status is the run's.
+    worker_ranks : list of int
+        The workers' ranks, in worker-index order (named in the events).
+    ps_timeout : float
+        The servers' silence timeout (seconds), named in a drop's event.
+    reads : list of dict, optional
+        The reports whose staleness counts are summed (default ``reps``; a replicated run passes every
+        replica's, as each read is counted by the primary that served it).
+
+    Returns
+    -------
+    dict
+        :class:`RunResult`'s ``params``, ``snapshots``, ``staleness_histogram``, ``status``, ``events``
+        (each worker's first drop or abort, by time), ``counts`` and ``rejected`` (the REJECT reasons
+        met).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> def rep(x, hist):
+    ...     return dict(shard=np.full(2, x), snaps=[(4, x, np.full(2, x))], hist=np.array(hist), pushes=4,
+    ...                 status=np.array([0.0, DROPPED]), events=np.array([[1.5, 1, 1]]),
+    ...                 counts=np.ones(len(COUNTERS) + 6))
+    >>> merged = merge_reports([rep(1.0, [2, 1]), rep(2.0, [3])], [2, 3], 5.0)
+    >>> merged["params"], merged["staleness_histogram"], merged["status"]
+    (array([1., 1., 2., 2.]), {0: 5, 1: 1}, ['done', 'dropped'])
+    >>> merged["events"], merged["snapshots"][0][:2], merged["rejected"]
+    ([(1.5, 'worker rank 3 dropped (silent for more than 5 s)')], (4, 2.0), {1: 2, 2: 2, 3: 2, 4: 2, 5: 2})
+    """
+    n_snap = min(len(rep["snaps"]) for rep in reps)
+    snapshots = [(reps[0]["snaps"][k][0], max(rep["snaps"][k][1] for rep in reps),
+                  join_shards([rep["snaps"][k][2] for rep in reps])) for k in range(n_snap)]
+    hist = {}
+    for rep in reps if reads is None else reads:
+        for k, v in enumerate(rep["hist"]):
+            if v:
+                hist[k] = hist.get(k, 0) + int(v)
+    codes = reps[0]["status"]
+    status = ["aborted" if c == ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
+    events, seen = [], set()
+    for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
+        if (w, c) not in seen:
+            seen.add((w, c))
+            what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {ps_timeout:g} s)"
+            events.append((t, f"worker rank {worker_ranks[int(w)]} {what}"))
+    k = len(COUNTERS)
+    counts = {name: int(sum(rep["counts"][i] for rep in reps)) for i, name in enumerate(COUNTERS)}
+    rejected = {c: int(sum(rep["counts"][k + c] for rep in reps)) for c in range(1, 6)}
+    return dict(params=join_shards([rep["shard"] for rep in reps]), snapshots=snapshots,
+                staleness_histogram=dict(sorted(hist.items())), status=status, events=events, counts=counts,
+                rejected={c: n for c, n in rejected.items() if n})

@@ -17,12 +17,10 @@ import time
 
 import numpy as np
 
-from ps.job.reports import (ABORTED, STAT_FIELDS, RunResult, pack_report, receive_report, roles, server_report,
-                            unpack_report, worker_stats)
+from ps.job.reports import (STAT_FIELDS, RunResult, merge_reports, pack_report, receive_report, roles,
+                            server_report, unpack_report, worker_stats)
 from ps.replicas.chain_replication import REPLICA_COUNTERS, ReplicatedServer, chains
-from ps.serving.consistency import DONE, DROPPED
-from ps.serving.shard_server import COUNTERS, EVENT_ABORTED
-from ps.shards.key_ranges import join_shards
+from ps.serving.consistency import DONE
 from ps.wire.messages import Msg, PSError, PSTimeout, header_tag, send, wait_all
 
 __all__ = ["serve_replica", "collect", "RECORD_FIELDS"]
@@ -153,26 +151,14 @@ def _result(opts, reports, parsed, chosen, stats, acked):
     """Assemble the RunResult of a replicated run from the chosen replicas' reports."""
     reps = [reports[r] for r in chosen]
     head = parsed[chosen[0]]
-    n_snap = min(len(rep["snaps"]) for rep in reps)
-    snapshots = [(reps[0]["snaps"][k][0], max(rep["snaps"][k][1] for rep in reps),
-                  join_shards([rep["snaps"][k][2] for rep in reps])) for k in range(n_snap)]
-    hist = {}
-    for rep in reports.values():  # each read is counted by the primary that served it
-        for k, v in enumerate(rep["hist"]):
-            if v:
-                hist[k] = hist.get(k, 0) + int(v)
     codes = reps[0]["status"]
-    status = ["aborted" if c == ABORTED else "dropped" if c == DROPPED else "done" for c in codes]
     servers, workers = list(range(opts.servers)), list(range(opts.servers, opts.servers + len(codes)))
+    # each read is counted by the primary that served it: every replica's report counts its own
+    merged = merge_reports(reps, workers, opts.ps_timeout, reads=list(reports.values()))
     lost_servers = [r for r in servers if r not in parsed]
     events = [(float(parsed[r]["took_over_s"]), f"server rank {r} took over shard {int(parsed[r]['shard'])} "
                f"(epoch {int(parsed[r]['epoch'])})") for r in parsed if parsed[r]["took_over_s"] >= 0]
-    seen = set()
-    for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
-        if (w, c) not in seen:
-            seen.add((w, c))
-            what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {opts.ps_timeout:g} s)"
-            events.append((t, f"worker rank {workers[int(w)]} {what}"))
+    events += merged.pop("events")
     events += [(float(head["elapsed_s"]), f"server rank {r} lost (no report)") for r in lost_servers]
     lost = 0
     for g, r in enumerate(chosen):
@@ -180,15 +166,9 @@ def _result(opts, reports, parsed, chosen, stats, acked):
             claims = [int(parsed[q]["acked_folded"][w]) for q in parsed if int(parsed[q]["shard"]) == g]
             claims += [int(acked[w][g])] if w in acked and len(acked[w]) > g else []
             lost += max(0, max(claims) - int(parsed[r]["folded"][w]))
-    counts = {name: int(sum(rep["counts"][i] for rep in reps)) for i, name in enumerate(COUNTERS)}
-    k = len(COUNTERS)
-    rejected = {c: int(sum(rep["counts"][k + c] for rep in reps)) for c in range(1, 6)}
-    return RunResult(params=join_shards([rep["shard"] for rep in reps]), pushes=int(head["pushes"]),
-                     wall=max(float(parsed[r]["elapsed_s"]) for r in chosen),
-                     start_pushes=int(head["resumed_pushes"]), start_wall=float(head["resumed_s"]),
-                     staleness_histogram=dict(sorted(hist.items())), snapshots=snapshots, workers=stats,
-                     status=status, events=sorted(events), versions=[int(parsed[r]["version"]) for r in chosen],
-                     counts=counts, rejected={c: n for c, n in rejected.items() if n},
+    return RunResult(pushes=int(head["pushes"]), wall=max(float(parsed[r]["elapsed_s"]) for r in chosen),
+                     start_pushes=int(head["resumed_pushes"]), start_wall=float(head["resumed_s"]), workers=stats,
+                     events=sorted(events), versions=[int(parsed[r]["version"]) for r in chosen], **merged,
                      replicas=[_public(parsed.get(r), _same_shard(r, parsed, reports, chosen)) for r in servers],
                      servers_lost=lost_servers,
                      lost_acknowledged=lost)
