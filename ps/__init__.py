@@ -10,9 +10,9 @@ Subpackages, top to bottom (each imports only those below it; ``.importlinter`` 
 run's report), ``embedding`` (sparse pulls and pushes of embedding rows) and ``replicas`` (a
 shard's chain of replicas, fencing), ``worker`` (a worker's push/pull, its view of the chains) and
 ``serving`` (the server loop, BSP/ASP/SSP rules, request log, a shard's step size),
-``checkpoints`` (a server's shard file and its checks), ``shards`` (the split of the flat vector,
-rows of embedding tables) and ``wire`` (messages, errors); ``store`` (atomic, checksummed ``.npz``
-checkpoints).
+``checkpoints`` (a server's shard file, its name and its checks, in commlab's checksummed ``.npz``
+format), ``shards`` (the split of the flat vector, rows of embedding tables) and ``wire`` (messages,
+errors).
 """
 from ps.job.reports import RunResult
 from ps.job.runner import run

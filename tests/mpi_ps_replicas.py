@@ -58,7 +58,7 @@ from ps.job.settings import PSOptions
 from ps.wire.messages import PSError
 from ps.job.runner import run
 from ps.serving.shard_server import Server
-from ps.store import server_checkpoint_path
+from ps.checkpoints.shard_files import server_checkpoint_path
 from commlab.file_formats import read_npz
 from tests.mpicases import FAILS, check, report
 from training.model.optim import SGD

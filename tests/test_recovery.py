@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from ps.store import server_checkpoint_path as server_checkpoint
+from ps.checkpoints.shard_files import server_checkpoint_path as server_checkpoint
 from commlab.file_formats import CheckpointError, read_npz, remove_stale_temporaries, write_npz
 from ps.checkpoints.shard_files import run_id_entry
 from training.runtime.checkpoint import find_checkpoint

@@ -1,7 +1,7 @@
 """A parameter server's checkpoint: what its shard's file holds, whose it is, and the checks made before
 a server resumes from it.
 
-Server ``N`` writes ``ps_serverN.npz`` (:func:`ps.store.server_checkpoint_path`) with
+Server ``N`` writes ``ps_serverN.npz`` (:func:`server_checkpoint_path`) with
 :func:`commlab.file_formats.write_npz` (atomic, SHA-256 inside). The file holds:
 
 ============================  ==================================================================
@@ -34,19 +34,18 @@ workers; a sparse server's rows sharded otherwise, naming the setting), and valu
 but make no sense (integer or non-finite parameters,
 negative counts, more updates than pushes).
 
-Imports: :mod:`commlab.file_formats`, :mod:`ps.store`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
+Imports: :mod:`commlab.file_formats`, :mod:`ps.shards.key_ranges` and :mod:`ps.shards.rows` only.
 """
 import os
 import zipfile
 
 import numpy as np
 
-from ps.shards.rows import layout_difference
-from ps.shards.key_ranges import shard_offsets
-from ps.store import server_checkpoint_path
 from commlab.file_formats import CheckpointError, read_npz, write_npz
+from ps.shards.key_ranges import shard_offsets
+from ps.shards.rows import layout_difference
 
-__all__ = ["RUN_ID", "run_id_entry", "held_run_id", "server_arrays", "save_server",
+__all__ = ["RUN_ID", "server_checkpoint_path", "run_id_entry", "held_run_id", "server_arrays", "save_server",
            "check_server_checkpoint", "read_server_checkpoint", "check_resume", "restore_server",
            "previous_checkpoint_path", "newest_generation"]
 
@@ -54,6 +53,28 @@ RUN_ID = "meta/run_id"  # the origin entry of every checkpoint: its run's id, UT
 _COUNTS = ("offset", "total", "servers", "pushes", "version")  # one whole number >= 0 each
 _FOREIGN_HINT = ("to start from it on purpose, accept another run's checkpoint (the trainer's "
                  "--allow-foreign-checkpoint)")
+
+
+def server_checkpoint_path(directory, server):
+    """Return the checkpoint file of server ``server`` in ``directory``.
+
+    Parameters
+    ----------
+    directory : str
+        The servers' checkpoint directory (the trainer's is ``RUN_DIR/ps``).
+    server : int or "*"
+        The server's index ``0 <= server < S``, or ``"*"`` for the glob pattern of every server's file.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> server_checkpoint_path("runs/a/ps", 1)
+    'runs/a/ps/ps_server1.npz'
+    """
+    return os.path.join(directory, f"ps_server{server}.npz")
 
 
 def run_id_entry(run_id):

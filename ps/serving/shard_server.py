@@ -24,13 +24,12 @@ import time
 
 import numpy as np
 
-from collectives.engine import trace
-from ps.checkpoints.shard_files import newest_generation, restore_server, save_server
+from commlab import tracing
+from ps.checkpoints.shard_files import newest_generation, restore_server, save_server, server_checkpoint_path
 from ps.serving.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets, ClockTable
 from ps.serving.request_log import ReplyFaults, RequestLog
 from ps.serving.server_optimizer import ServerOptimizer
 from ps.shards.key_ranges import proportional, shard_offsets
-from ps.store import server_checkpoint_path
 from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, probe, receive, send,
                               wait_all)
 
@@ -279,7 +278,7 @@ class Server:
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers  # gradient staleness (clocks)
         lr = self.opt.rate(self.pushes, self._horizon(), tau, self.n_workers)
-        with trace.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
+        with tracing.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
             self.opt.step(grad, lr)
         self.version += 1
         self.table.fold(w, clock)
@@ -300,7 +299,7 @@ class Server:
             if ready is None:
                 return
             clock, mean, workers = ready
-            with trace.span("update", "ps", {"clock": int(clock), "workers": len(workers)}):
+            with tracing.span("update", "ps", {"clock": int(clock), "workers": len(workers)}):
                 self.opt.step(mean, self.opt.rate(self.pushes, self._horizon()))
             self.version += 1
             for w in workers:

@@ -19,14 +19,15 @@ import os
 
 import numpy
 
-from collectives.engine import trace
+from collectives.engine.waiting import wait_within
+from commlab import tracing
 from commlab.arrays import to_host
 from commlab.logs import get_logger
 from ps.job.settings import PSOptions
 from ps.shards.key_ranges import proportional
 from ps.job.reports import roles
 from ps.job.runner import run
-from ps.store import server_checkpoint_path
+from ps.checkpoints.shard_files import server_checkpoint_path
 from ps.checkpoints.shard_files import check_resume, newest_generation, read_server_checkpoint
 from training.runtime.checkpoint import root_bytes, unfinished_without_checkpoint
 from commlab.run_files import run_id_of
@@ -348,7 +349,8 @@ def run_ps(cfg, comm, run_dir, xp, extra=None):
     make_optimizer = optimizer_factory(cfg)
     monitor = open_ps_monitor(cfg, comm, run_dir)  # live metrics (training.monitor), or None
     if cfg.trace:
-        trace.start(comm, cfg.ps_timeout)  # collective: aligns the ranks' clocks
+        # a barrier first, within --ps-timeout: it aligns the ranks' clocks
+        tracing.start(lambda: wait_within(comm.Ibarrier(), cfg.ps_timeout, "barrier", "trace start"))
     grad_fn, skipped = None, [0]
     if rank in workers:
         x_tr, y_tr, _, _ = to_device(ds, model.dtype, xp)

@@ -23,7 +23,7 @@ from commlab.error_root import CommlabError
 from commlab.file_formats import CheckpointError, parse_npz, read_npz, write_npz
 from commlab.logs import get_logger
 from commlab.run_files import never_configured, run_id_of
-from ps.store import server_checkpoint_path
+from ps.checkpoints.shard_files import server_checkpoint_path
 from training.origin import CHECKPOINT_NAME, check_origin, checkpoint_origin
 
 _log = get_logger("training.runtime.checkpoint")
