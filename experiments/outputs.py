@@ -3,7 +3,7 @@ import sys
 import traceback
 
 import collectives.engine.policy
-from training.job import all_failed
+from commlab.job_control import all_failed
 
 __all__ = ["run_or_report"]
 

@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 
-from experiments.job_stop import job_processes
+from commlab.job_control import job_processes
 from tests.mpirun import launcher_env
 
 os.environ.update(launcher_env())

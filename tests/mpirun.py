@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from experiments.job_stop import job_processes, marked_env, stop_job
+from commlab.job_control import job_processes, marked_env, stop_job
 
 __all__ = ["mpiexec_path", "run_mpi", "launcher", "launcher_env", "launcher_args", "program_output", "finish",
            "job_failed"]
@@ -130,7 +130,7 @@ def job_failed(result):
 def finish(proc, timeout, what="", mark=None):
     """Wait for ``proc`` at most ``timeout`` seconds; then end its whole job and fail the test.
 
-    The job is ended by :func:`experiments.job_stop.stop_job`: SIGTERM to the launcher and every
+    The job is ended by :func:`commlab.job_control.stop_job`: SIGTERM to the launcher and every
     process it started (the ranks are in process groups of their own under both Hydra and PRRTE),
     SIGKILL to what is left 2 s later.
 
@@ -143,7 +143,7 @@ def finish(proc, timeout, what="", mark=None):
     what : str
         The command, named in the failure.
     mark : str, optional
-        The job's marker (:func:`experiments.job_stop.marked_env`), which finds ranks whose launcher
+        The job's marker (:func:`commlab.job_control.marked_env`), which finds ranks whose launcher
         already died.
 
     Returns
@@ -211,7 +211,7 @@ def run_mpi(nprocs, module, *args, timeout=120, env=None, check=True, mpiexec_ar
         Extra command-line arguments for the module.
     timeout : float
         Hard limit in seconds; the whole job (launcher and ranks) is ended when it passes
-        (:func:`experiments.job_stop.stop_job`: SIGTERM, SIGKILL 2 s later) and the test fails.
+        (:func:`commlab.job_control.stop_job`: SIGTERM, SIGKILL 2 s later) and the test fails.
     env : dict, optional
         Extra environment variables.
     check : bool

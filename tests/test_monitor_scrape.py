@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from experiments.job_stop import marked_env, stop_job
+from commlab.job_control import marked_env, stop_job
 from tests.mpirun import launcher_args, launcher_env, mpiexec_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from collectives.engine import trace
+from commlab import tracing
 from tests.mpirun import run_mpi
 
 _TINY = ["--data", "synthetic", "--samples", "240", "--features", "8", "--classes", "3", "--hidden", "8,8",
@@ -66,28 +66,28 @@ def _inside(ev, outer):
 
 
 def test_recorder_off_records_nothing_and_on_records_chrome_events():
-    trace.start()
-    trace.stop()  # on, then off: no events kept
-    assert not trace.enabled() and trace.events() == []
-    assert trace.span("forward", "compute") is trace.span("backward", "compute")  # the shared no-op
-    with trace.span("forward", "compute"):
+    tracing.start()
+    tracing.stop()  # on, then off: no events kept
+    assert not tracing.enabled() and tracing.events() == []
+    assert tracing.span("forward", "compute") is tracing.span("backward", "compute")  # the shared no-op
+    with tracing.span("forward", "compute"):
         pass
-    trace.complete("step", "step", 0.0, 1.0)
-    assert trace.events() == []
-    trace.start()
-    with trace.span("step", "step", {"n": 1}):
-        with trace.span("forward", "compute"):
+    tracing.complete("step", "step", 0.0, 1.0)
+    assert tracing.events() == []
+    tracing.start()
+    with tracing.span("step", "step", {"n": 1}):
+        with tracing.span("forward", "compute"):
             time.sleep(0.002)
-    trace.complete("wait", "comm", 5.0, 4.0)  # t1 < t0: clamped to a zero duration
-    trace.stop()
-    names = [e[0] for e in trace.events()]
+    tracing.complete("wait", "comm", 5.0, 4.0)  # t1 < t0: clamped to a zero duration
+    tracing.stop()
+    names = [e[0] for e in tracing.events()]
     assert names == ["forward", "step", "wait"], names
-    chrome = trace.chrome_events(7)
+    chrome = tracing.chrome_events(7)
     events = _check_chrome({"traceEvents": chrome})
     assert {e["pid"] for e in chrome} == {7}
     fwd, step = (next(e for e in events if e["name"] == n) for n in ("forward", "step"))
     assert _inside(fwd, step) and fwd["dur"] >= 2000 and step["args"] == {"n": 1}  # microseconds
-    assert {e["args"]["name"] for e in chrome if e["name"] == "thread_name"} == set(trace.LANES)
+    assert {e["args"]["name"] for e in chrome if e["name"] == "thread_name"} == set(tracing.LANES)
     assert next(e for e in events if e["name"] == "wait")["dur"] == 0
 
 
@@ -182,14 +182,14 @@ def _mpi_main(out):
     t = build_trainer(cfg, comm)
     x, y = t.ds.x_train[:8].astype(t.model.dtype), t.ds.y_train[:8]
     train_step(t.model, t.loss_fn, t.opt, t.hook, comm, x, y)  # warm-up
-    trace.start(comm)
+    tracing.start(comm.Barrier)
     recs = []
     for _ in range(2):
         if rank == 1:
             time.sleep(_DELAY)
         recs.append(train_step(t.model, t.loss_fn, t.opt, t.hook, comm, x, y))
-    trace.stop()
-    waits = [e[3] - e[2] for e in trace.events() if e[0] == "wait"]
+    tracing.stop()
+    waits = [e[3] - e[2] for e in tracing.events() if e[0] == "wait"]
     for r in recs:
         assert abs(r["comm_s"] - r["wait_s"] - r["transfer_s"]) < 1e-12, r
         if rank == 1:  # the late rank finds the others waiting
@@ -199,11 +199,11 @@ def _mpi_main(out):
     assert len(waits) == 2 and all(abs(w - r["wait_s"]) < 1e-9 for w, r in zip(waits, recs)), (waits, recs)
     # a compressor's compress and decompress: inside the exchange, in that order, with the measured durations
     tc = build_trainer(cfg.replace(compression="topk", compression_args={"ratio": 0.25}), comm)
-    trace.start(comm)
+    tracing.start(comm.Barrier)
     r = train_step(tc.model, tc.loss_fn, tc.opt, tc.hook, comm, x, y)
-    trace.stop()
+    tracing.stop()
     tc.hook.close()
-    ev = {e[0]: e for e in trace.events()}
+    ev = {e[0]: e for e in tracing.events()}
     (_, _, x0, x1, _), (_, _, c0, c1, _), (_, _, d0, d1, _) = ev["exchange"], ev["compress"], ev["decompress"]
     assert x0 <= c0 <= c1 <= d0 <= d1 <= x1, ev
     assert abs((c1 - c0) - r["compress_s"]) < 1e-9 and abs((d1 - d0) - r["decompress_s"]) < 1e-9, (ev, r)

@@ -1,8 +1,7 @@
 """What a training job needs from its environment, settled before anything is created.
 
 :func:`array_module` picks NumPy or CuPy (one GPU per rank on the node), :func:`set_threads` caps
-BLAS threads per rank (:func:`limit_threads`), and :func:`all_failed` tells whether an error was
-raised on every rank alike (one message) or on some only (abort the job); :func:`end_lost` ends a
+BLAS threads per rank (:func:`commlab.job_control.limit_threads`), and :func:`end_lost` ends a
 job whose peer may be dead with one line saying what failed and how to restart. The checks of a
 whole run's configuration against the job are :func:`training.driver.preflight.check_run`'s.
 """
@@ -15,9 +14,10 @@ from mpi4py import MPI
 from collectives.engine.policy import abort, failure_line
 from collectives.engine.waiting import library_failure
 from collectives.errors import CollectiveError
+from commlab.job_control import limit_threads
 from commlab.logs import get_logger
 
-__all__ = ["array_module", "set_threads", "limit_threads", "all_failed", "end_lost"]
+__all__ = ["array_module", "set_threads", "end_lost"]
 
 _log = get_logger("training.job")
 
@@ -50,7 +50,8 @@ def set_threads(cfg, comm):
     Returns
     -------
     int
-        The thread count asked for (applied when threadpoolctl is installed, see :func:`limit_threads`).
+        The thread count asked for (applied when threadpoolctl is installed, see
+        :func:`commlab.job_control.limit_threads`).
     """
     n = cfg.threads
     if n == 0:
@@ -64,59 +65,6 @@ def set_threads(cfg, comm):
     else:
         _log.debug("threadpoolctl is not installed: BLAS threads left as they are (%d per rank asked for)", n)
     return n
-
-
-def limit_threads(n):
-    """Cap the BLAS and OpenMP thread pools of this process at ``n`` threads (threadpoolctl).
-
-    threadpoolctl is an optional package (it comes with the ``data`` extra, scikit-learn's
-    dependency); without it the pools are left as they are.
-
-    Parameters
-    ----------
-    n : int
-        Threads per pool, >= 1.
-
-    Returns
-    -------
-    bool
-        True when the limit was applied, False when threadpoolctl is not installed.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return False
-    threadpool_limits(limits=n)
-    return True
-
-
-def all_failed(comm, seconds=5.0):
-    """Return True when every rank of ``comm`` reaches this call within ``seconds`` (a failure alike on all).
-
-    Called after an error: when it was raised on every rank (a bad setting checked everywhere), all
-    of them arrive and rank 0 alone reports it; when some ranks are elsewhere (still running, or
-    waiting on a peer) the call returns False after ``seconds`` and the caller ends the job.
-    Non-blocking barrier polled until the deadline, so it never hangs.
-
-    Parameters
-    ----------
-    comm : mpi4py.MPI.Comm
-    seconds : float
-        How long to wait for the other ranks (seconds).
-
-    Returns
-    -------
-    bool
-    """
-    if comm.Get_size() == 1:
-        return True
-    req = comm.Ibarrier()
-    deadline = time.monotonic() + seconds
-    while not req.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def end_lost(exc, hint, rank):

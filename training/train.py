@@ -22,7 +22,8 @@ from mpi4py import MPI
 import collectives
 import collectives.engine.context
 import collectives.engine.policy
-from collectives.engine import trace
+from collectives.engine.waiting import wait_within
+from commlab import tracing
 from commlab.logs import get_logger, setup_logging
 from ps.wire.messages import PSError, PSTimeout
 from training.runtime.build import make_sampler, to_device
@@ -30,7 +31,8 @@ from training.runtime.checkpoint import (checkpoint_path, epochs_note, make_run_
                                          restart_hint, save_checkpoint, saved_epochs)
 from commlab.file_formats import CheckpointError
 from training.settings.cli import parse_args, parse_on_every_rank
-from training.job import all_failed, end_lost, set_threads
+from training.job import end_lost, set_threads
+from commlab.job_control import all_failed
 from training.driver.preflight import agree, agree_grid, check_run
 from commlab.file_formats import write_json
 from commlab.run_files import EpochTable, MetricsWriter, run_info, write_config
@@ -111,7 +113,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     writer = MetricsWriter(run_dir, rank == 0, keep_epochs=state.epoch if cfg.resume else None)
     table, monitor = EpochTable(), open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
     bar = _start_display(t, cfg, comm, run_dir, table, (last - state.epoch) * per_epoch) if rank == 0 else None
-    trace.start(comm) if cfg.trace else None  # collective: aligns the ranks' clocks
+    if cfg.trace:  # a barrier first: it aligns the ranks' clocks
+        tracing.start(lambda: wait_within(comm.Ibarrier(), None, "barrier", "trace start"))
     t_start = time.perf_counter() - state.wall_s
     jitter_rng = numpy.random.default_rng([cfg.seed, rank, state.epoch, 0x717])  # --jitter's draws: per rank, repeatable
     train_acc = test_acc = None
@@ -121,7 +124,7 @@ def train_dp(cfg, comm, run_dir, trainer=None):
         arrive = arrival(monitor, slow_factor(cfg, rank), cfg.jitter, jitter_rng)  # injected slowness, heartbeat
         loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive)
         sums = _train_epoch(t, cfg, comm, rank_batches(sampler, state.epoch, t.shares, rank), data, loop)
-        with trace.span("evaluate", "step", {"epoch": epoch}):
+        with tracing.span("evaluate", "step", {"epoch": epoch}):
             train_acc, _ = evaluate(t.model, t.loss_fn, data[0], data[1], comm, cfg.eval_batch, cfg.timeout)
             test_acc, _ = evaluate(t.model, t.loss_fn, data[2], data[3], comm, cfg.eval_batch, cfg.timeout)
         rec = _end_epoch(t, cfg, comm, epoch, sums, (train_acc, test_acc), state.skipped - skipped0, loop)
@@ -249,7 +252,7 @@ def _end_epoch(t, cfg, comm, epoch, sums, accs, skipped, loop):
 
 def _checkpoint(t, cfg, comm, run_dir, epoch):
     """Save the epoch's checkpoint (collective) and, on rank 0, prune the old ones."""
-    with trace.span("checkpoint", "step", {"epoch": epoch}):
+    with tracing.span("checkpoint", "step", {"epoch": epoch}):
         save_checkpoint(checkpoint_path(run_dir, epoch), {**checkpoint_arrays(cfg, t.model, t.opt, t.hook, t.state),
                                                           **t.shares.state_dict()}, comm, cfg.timeout)
     if comm.rank == 0:
@@ -334,7 +337,7 @@ def run(cfg, comm=None):
         finally:
             trainer.hook.close()  # a compressor's duplicated communicator
     finally:
-        trace.stop()  # a run that failed mid-way leaves no recorder on
+        tracing.stop()  # a run that failed mid-way leaves no recorder on
         collectives.engine.context.free_context(comm)
         comm.Free()
 

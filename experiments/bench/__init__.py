@@ -3,5 +3,5 @@
 the tuning tables of ``auto`` (:mod:`.tune`). Each is run as ``mpiexec -n P python -m
 experiments.bench.NAME`` and writes a results file.
 
-Imports: anything below :mod:`experiments` and :mod:`experiments.outputs` / :mod:`experiments.job_stop`.
+Imports: anything below :mod:`experiments` and :mod:`experiments.outputs`.
 """

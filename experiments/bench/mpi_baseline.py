@@ -29,7 +29,7 @@ import sys
 import tempfile
 
 from commlab import provenance as prov
-from experiments.job_stop import marked_env, stop_job
+from commlab.job_control import marked_env, stop_job
 from commlab.provenance import command_line, unwritable
 from commlab.byte_sizes import parse_bytes
 from training.settings.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
@@ -86,7 +86,7 @@ def _launch(args, name, env, prefix):
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=args.launch_timeout)
-    except subprocess.TimeoutExpired:  # end the launcher and every rank it started (experiments.job_stop)
+    except subprocess.TimeoutExpired:  # end the launcher and every rank it started (commlab.job_control)
         stop_job(proc, mark)
         out, err = proc.communicate()
         print(f"# {name}: stopped after --launch-timeout {args.launch_timeout:g} s\n{out[-2000:]}{err[-2000:]}",

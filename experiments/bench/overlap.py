@@ -36,7 +36,7 @@ import collectives.engine.context
 from collectives import ALGORITHMS
 from experiments import harness
 from training.settings.cli import parse_on_every_rank
-from training.job import limit_threads
+from commlab.job_control import limit_threads
 from commlab.run_files import run_info
 from training.model.nn import SoftmaxCrossEntropy, build_mlp
 from training.model.optim import SGD

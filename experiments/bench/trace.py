@@ -24,7 +24,7 @@ import time
 
 from mpi4py import MPI
 
-from collectives.engine import trace
+from commlab import tracing
 from experiments import harness
 from training.settings.config import Config
 from commlab.file_formats import read_jsonl
@@ -36,7 +36,7 @@ __all__ = ["main", "event_cost"]
 
 
 def event_cost(n=200_000):
-    """Return seconds per ``trace.span`` of an empty body: (recorder off, recorder on).
+    """Return seconds per ``tracing.span`` of an empty body: (recorder off, recorder on).
 
     Parameters
     ----------
@@ -45,15 +45,15 @@ def event_cost(n=200_000):
     """
     out = []
     for on in (False, True):
-        trace.start() if on else trace.stop()
+        tracing.start() if on else tracing.stop()
         t0 = time.perf_counter()
         for _ in range(n):
-            with trace.span("allreduce", "comm"):
+            with tracing.span("allreduce", "comm"):
                 pass
         out.append((time.perf_counter() - t0) / n)
-    trace.stop()
-    trace.start()  # drops the events just made
-    trace.stop()
+    tracing.stop()
+    tracing.start()  # drops the events just made
+    tracing.stop()
     return tuple(out)
 
 

@@ -27,7 +27,7 @@ import numpy
 from commlab import provenance as prov
 from commlab.provenance import command_line, unwritable
 from plots.tables.study_tables import trainer_table
-from training.job import limit_threads
+from commlab.job_control import limit_threads
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",

@@ -43,7 +43,7 @@ import time
 from training.emulator.launch import OPENMPI_ENV, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.faults.jobs import read_records, run_job_part
-from experiments.job_stop import job_processes, marked_env, stop_job
+from commlab.job_control import job_processes, marked_env, stop_job
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
 __all__ = ["run_matrix", "run_dead", "run_crashes", "run_kill_resume", "launch", "main"]
@@ -101,7 +101,7 @@ def _launch(P, module, args, env, limit, extra=(), progress=None, more=()):
     The job is killed when ``limit`` seconds pass; with ``progress`` (a callable returning a count
     of finished work, polled every 0.5 s) only when that count has not changed for ``limit``
     seconds, so a hang in one case costs ``limit`` and not the whole batch's allowance. Killed means
-    SIGKILL to the launcher and every process of the job (:func:`experiments.job_stop.stop_job`: both
+    SIGKILL to the launcher and every process of the job (:func:`commlab.job_control.stop_job`: both
     launchers put the ranks in process groups of their own); ranks still running when their launcher
     has ended (Open MPI's ``--enable-recovery`` may leave survivors of an abort for seconds) are
     killed too. ``extra``: launcher options as MPICH takes them (:func:`_launcher`). With

@@ -33,7 +33,7 @@ from plots.tables.study_tables import model_parallel_table
 from training.settings.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
 from training.model_parallel.grid_report import rank_memory
-from training.job import limit_threads
+from commlab.job_control import limit_threads
 from commlab.run_files import run_info
 from training.model_parallel.pipeline import bubble_formula
 from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, real

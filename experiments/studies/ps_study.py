@@ -58,9 +58,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 from mpi4py import MPI
 
-from collectives.engine import trace
-from commlab import provenance as prov
-from commlab.provenance import command_line
+from commlab import tracing
+from experiments import harness
 from experiments.outputs import run_or_report
 from plots.tables.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
@@ -68,10 +67,9 @@ from training.runtime.checkpoint import make_run_dir, root_bytes
 from training.settings.cli import parse_on_every_rank
 from training.job import set_threads
 from training.driver.preflight import check_run
-from commlab.file_formats import write_json
 from commlab.run_files import run_info, write_config
 from training.ps_mode.worker import ps_options, run_ps
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["PARTS", "variants", "train_ps", "run_study", "main"]
 
@@ -161,7 +159,7 @@ def train_ps(cfg, comm, extra=None):
             write_config(run_dir, cfg.to_dict(), run_info(comm))
         return run_ps(cfg, comm, run_dir, xp, extra)
     finally:
-        trace.stop()
+        tracing.stop()
         comm.Free()
 
 
@@ -268,11 +266,9 @@ def _parser():
                     "random delays (time to 95 % test accuracy), ASP and --balance under a persistent "
                     "straggler (throughput against no straggler), and 1, 2, 4 servers. Run it under MPI: "
                     "mpiexec -n 5 python -m experiments.studies.ps_study. A rerun replaces the previous study in --out.")
-    p.add_argument("--out", type=outpath(folder=True), default="results/ps_study", help="results directory (default: %(default)s)")
     p.add_argument("--parts", type=text(), default=",".join(PARTS), metavar="LIST",
                    help="comma-separated parts: transient, straggler, servers, conflict, retries "
                         "(default: %(default)s)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="runs per variant, interleaved (default: 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20,
                    help="epochs of the learning-rate schedule (the trainer's cosine) (default: 20)")
     p.add_argument("--stop-after", type=integer(0, INT32_MAX), default=5,
@@ -294,7 +290,7 @@ def _parser():
                    help="training settings of the straggler part on top of --set (repeatable); the default "
                         "makes a step's compute outweigh the protocol's overhead, so that a slow worker "
                         "is slow: " + " ".join(f"--straggler-set {kv}" for kv in STRAGGLER_SET))
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/ps_study", folder=True, repeats=3)
     return p
 
 
@@ -304,9 +300,9 @@ def main(argv=None):
     Returns
     -------
     int
-        0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
-        every rank alike (a busy machine among them, :func:`commlab.provenance.guard`, before the
-        previous study is removed); an error on some ranks only aborts the job so that nothing hangs.
+        0 on success, 2 after a bad argument or on a busy machine (one message from rank 0,
+        :func:`experiments.harness.start`, before the previous study is removed), 1 after an error
+        raised on every rank alike; an error on some ranks only aborts the job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -317,8 +313,6 @@ def main(argv=None):
         bad = [p for p in args.parts if p not in PARTS]
         if bad or not args.parts:
             raise ValueError(f"--parts must name some of {', '.join(PARTS)}, got {bad or 'none'}")
-        if args.repeats < 1 or args.snapshots < 1:
-            raise ValueError("--repeats and --snapshots must be >= 1")
         configs = _configs(args, comm.Get_size())
         for rows in configs.values():
             for _, cfg, _, _ in rows:
@@ -327,25 +321,28 @@ def main(argv=None):
         if rank0:
             parser.error(str(e))
         return 2
-    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+    echo = harness.echo(comm)
+    watch = harness.start(args, comm, paths=[os.path.join(args.out, RESULTS)], prog=parser.prog)
+    if watch is None:  # before anything is removed
+        return 2
 
     def body():
-        watch = prov.guard(args, comm)  # rank 0's verdict on every rank, before anything is removed
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         root_bytes(comm, lambda: str(_clean(args.out)).encode(), OSError)
         echo(f"parameter-server study on {comm.Get_size()} ranks: parts {', '.join(args.parts)} x "
              f"{args.repeats} repeats -> {args.out}")
         runs = run_study(configs, args.repeats, comm, echo)
         if rank0:
-            _write(args, configs, runs, started, comm, watch, command_line("experiments.studies.ps_study", argv))
+            _write(args, configs, runs, started, comm, watch, argv)
         else:
             watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
     return run_or_report(body, comm)
 
 
-def _write(args, configs, runs, started, comm, watch, command):
-    """Rank 0: write ``ps_study.json``, stamped with ``watch`` and ``command``, and print one table per part."""
+def _write(args, configs, runs, started, comm, watch, argv):
+    """Rank 0: write ``ps_study.json``, stamped with ``watch`` and the command of ``argv``, and print one table
+    per part."""
     tables = {part: (conflict_table if part in ("conflict", "retries") else
                      lambda rs, names, p=part: ratio_table(rs, p, names))(runs, [(name, base) for name, _, _, base in rows])
               for part, rows in configs.items()}
@@ -357,13 +354,11 @@ def _write(args, configs, runs, started, comm, watch, command):
                "run": run_info(comm),
                "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs,
                "tables": tables}
-    prov.stamp(results, watch, P=comm.Get_size(), command=command)
     path = os.path.join(args.out, RESULTS)
-    write_json(path, results)
-    for part, rows in tables.items():
-        print(f"\n{part} (median (min-max) over {args.repeats} repeats):")
-        print(markdown(part, rows))
-    print(f"\nwrote {path}; draw with: python -m plots.staleness {path}", flush=True)
+    harness.finish(results, watch, path, comm=comm, module="experiments.studies.ps_study", argv=argv,
+                   show=lambda _: "".join(f"\n{part} (median (min-max) over {args.repeats} repeats):\n"
+                                          f"{markdown(part, rows)}\n" for part, rows in tables.items())
+                   + f"\ndraw with: python -m plots.staleness {path}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Not supported here: replicated shards, ``cas`` conflicts and snapshots (the call
 """
 import numpy as np
 
-from collectives.engine import trace
+from commlab import tracing
 from ps.worker.client import Client
 from ps.wire.messages import H_CLOCK, H_RID, Msg
 from ps.shards.rows import SparseRows
@@ -116,7 +116,7 @@ class SparseServer(Server):
             self.buckets.add(w, clock, sparse)
             return
         tau = (self.pushes - self.read_version[w]) / self.n_workers
-        with trace.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
+        with tracing.span("update", "ps", {"worker": int(w), "clock": int(clock)}):
             self.opt.step(sparse, self.opt.rate(self.pushes, self._horizon(), tau, self.n_workers))
         self.version += 1
         self.table.fold(w, clock)

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from collectives.engine import trace
+from commlab import tracing
 from ps.worker.failover import Chains
 from ps.wire.messages import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, STALL_S, Backoff, Msg,
                          PSError, PSTimeout, probe, receive, send, wait_all)
@@ -169,7 +169,7 @@ class Client:
             raise ValueError(f"grad must have shape ({int(self.offsets[-1])},), got {grad.shape}")
         grad = np.ascontiguousarray(grad)
         self._rid += 1
-        with trace.span("push", "ps", {"clock": int(clock)}):
+        with tracing.span("push", "ps", {"clock": int(clock)}):
             for s in (range(len(self.server_ranks)) if shards is None else shards):
                 rank, part = self.server_ranks[s], grad[self.offsets[s]:self.offsets[s + 1]]
                 request = (Msg.PUSH, int(clock), part, self._rid, int(self.versions[s]), s)
@@ -203,7 +203,7 @@ class Client:
             When a server does not answer within ``reply_timeout`` (after ``retries`` resends).
         """
         ranks = self.server_ranks if shards is None else [self.server_ranks[s] for s in shards]
-        with trace.span("pull", "ps", {"clock": int(clock)}):  # the wait for the servers' answers included
+        with tracing.span("pull", "ps", {"clock": int(clock)}):  # the wait for the servers' answers included
             replies = self._request(Msg.PULL, clock, out, ranks)
             wait_all(self._live(self._pushes), time.monotonic() + self.reply_timeout, "push sends")
         self._pushes = []

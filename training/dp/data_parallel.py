@@ -13,7 +13,7 @@ import numpy
 
 import collectives
 import collectives.engine.context
-from collectives.engine import trace
+from commlab import tracing
 from commlab.arrays import to_host
 from training.data.sampling import eval_shard
 
@@ -53,9 +53,9 @@ def compute_gradient(model, loss_fn, x, y, on_grad=None, scale=1.0):
     """
     if not getattr(model, "writes_every_gradient", lambda: False)():
         model.grads.fill(0)
-    with trace.span("forward", "compute"):
+    with tracing.span("forward", "compute"):
         loss = loss_fn.forward(model.forward(x), y)
-    with trace.span("backward", "compute"):
+    with tracing.span("backward", "compute"):
         top = loss_fn.backward() if scale == 1.0 else loss_fn.backward() * scale
         if on_grad is None:
             model.backward(top)
@@ -139,7 +139,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None, scal
 
     Notes
     -----
-    With :mod:`collectives.engine.trace` on, the step records ``step`` and the ``wait``, ``exchange``
+    With :mod:`commlab.tracing` on, the step records ``step`` and the ``wait``, ``exchange``
     (with each bucket's ``allreduce`` inside), ``forward``, ``backward`` and ``optimizer`` events;
     a compressor's ``compress`` and ``decompress`` times are drawn at the start and the end of the
     exchange (their measured durations; PowerSGD's two phases each appear as one).
@@ -181,7 +181,7 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None, scal
         optimizer.step()
     t4 = time.perf_counter()
     local = info["compress_s"] + info["decompress_s"]
-    if trace.enabled():
+    if tracing.enabled():
         _trace_step(t0, t1, t2, t3, t4, info, skip)
     return {"loss": loss, "compute_s": (t1 - t0) + (t4 - t3) + local,
             "comm_s": (t2 - t1) + (t3 - t2) - local, "wait_s": t2 - t1, "transfer_s": (t3 - t2) - local,
@@ -193,15 +193,15 @@ def train_step(model, loss_fn, optimizer, hook, comm, x, y, *, arrive=None, scal
 
 def _trace_step(t0, t1, t2, t3, t4, info, skip):
     """Record one step's events from its time points (seconds): compute, wait, exchange, update."""
-    trace.complete("step", "step", t0, t4, {"skipped": int(skip)})
-    trace.complete("wait", "comm", t1, t2)
+    tracing.complete("step", "step", t0, t4, {"skipped": int(skip)})
+    tracing.complete("wait", "comm", t1, t2)
     if not skip:
-        trace.complete("exchange", "comm", t2, t3, {"bytes_sent": int(info["bytes_sent"])})
+        tracing.complete("exchange", "comm", t2, t3, {"bytes_sent": int(info["bytes_sent"])})
         if info["compress_s"]:
-            trace.complete("compress", "comm", t2, min(t3, t2 + info["compress_s"]))
+            tracing.complete("compress", "comm", t2, min(t3, t2 + info["compress_s"]))
         if info["decompress_s"]:
-            trace.complete("decompress", "comm", max(t2, t3 - info["decompress_s"]), t3)
-        trace.complete("optimizer", "compute", t3, t4)
+            tracing.complete("decompress", "comm", max(t2, t3 - info["decompress_s"]), t3)
+        tracing.complete("optimizer", "compute", t3, t4)
 
 
 def evaluate(model, loss_fn, x, y, comm, batch=1024, timeout=None):

@@ -13,7 +13,7 @@ import numpy
 
 import collectives
 import collectives.engine.context
-from collectives.engine import trace
+from commlab import tracing
 from collectives.compression import make_hook
 from collectives.compression.hook import GradientHook
 from training.dp.overlap import OverlapStep, layer_starts
@@ -109,7 +109,7 @@ class AllreduceHook(GradientHook):
         sent = 0
         for i, (lo, hi) in enumerate(buckets):
             part = grad[lo:hi]
-            with trace.span("allreduce", "comm", {"bucket": i, "elements": hi - lo}):
+            with tracing.span("allreduce", "comm", {"bucket": i, "elements": hi - lo}):
                 if plans is None:
                     collectives.allreduce(part, comm=self.comm, op="avg", algorithm=self.algorithm, out=part,
                                           timeout=self.timeout)

@@ -33,7 +33,7 @@ import numpy
 
 import collectives
 import collectives.engine.context
-from collectives.engine import trace
+from commlab import tracing
 
 __all__ = ["OverlapStep", "layer_starts"]
 
@@ -156,7 +156,7 @@ class OverlapStep:
             req.wait(self.timeout)
             if len(t) == 1:
                 t.append(time.perf_counter())
-            if trace.enabled():
+            if tracing.enabled():
                 lo, hi = self.buckets[k]
-                trace.complete("allreduce", "comm", t[0], t[1], {"bucket": k, "elements": hi - lo})
+                tracing.complete("allreduce", "comm", t[0], t[1], {"bucket": k, "elements": hi - lo})
         return {"bytes_sent": self._sent, "compress_s": 0.0, "decompress_s": 0.0}

@@ -1,6 +1,6 @@
 """Per-layer trace events of a :class:`training.model.nn.Sequential`: the job profile's raw material.
 
-With :mod:`collectives.engine.trace` on, ``Sequential.forward`` and ``Sequential.backward`` run their
+With :mod:`commlab.tracing` on, ``Sequential.forward`` and ``Sequential.backward`` run their
 layers through :func:`forward` and :func:`backward` here, which record each layer's pass as one
 ``layer`` event in the ``compute`` lane with :func:`layer_args` (its index, kind, rows, parameter
 count and flat offset, widths); :mod:`training.predict.profile` reads them back. Off, the model
@@ -8,7 +8,7 @@ never calls this module.
 """
 import math
 
-from collectives.engine import trace
+from commlab import tracing
 
 __all__ = ["layer_args", "forward", "backward"]
 
@@ -53,7 +53,7 @@ def layer_args(model, i, direction, rows):
 def forward(model, x):
     """Run ``model``'s layers forward on ``x``, one ``layer`` event each; return the logits."""
     for i, layer in enumerate(model.layers):
-        with trace.span("layer", "compute", layer_args(model, i, "forward", x.shape[0])):
+        with tracing.span("layer", "compute", layer_args(model, i, "forward", x.shape[0])):
             x = layer.forward(x)
     return x
 
@@ -61,7 +61,7 @@ def forward(model, x):
 def backward(model, dy, on_grad=None):
     """Run ``model``'s layers backward from ``dy``, one ``layer`` event each (``on_grad`` as in the model)."""
     for i in range(len(model.layers) - 1, -1, -1):
-        with trace.span("layer", "compute", layer_args(model, i, "backward", dy.shape[0])):
+        with tracing.span("layer", "compute", layer_args(model, i, "backward", dy.shape[0])):
             dy = model.layers[i].backward(dy, need_input_grad=i > 0)
         if on_grad is not None:
             on_grad(i)

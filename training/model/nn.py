@@ -17,7 +17,7 @@ import math
 import numpy
 
 from commlab.arrays import get_array_module
-from collectives.engine import trace
+from commlab import tracing
 import training.model.layer_trace as layer_trace
 
 __all__ = ["Layer", "Linear", "ReLU", "Tanh", "SoftmaxCrossEntropy", "Sequential", "build_mlp"]
@@ -318,7 +318,7 @@ class Sequential:
 
     def forward(self, x):
         """Return the logits (B, n_out) for a batch ``x`` (B, n_in) of the model's dtype."""
-        if trace.enabled():  # one event per layer (training.model.layer_trace)
+        if tracing.enabled():  # one event per layer (training.model.layer_trace)
             return layer_trace.forward(self, x)
         for layer in self.layers:
             x = layer.forward(x)
@@ -341,7 +341,7 @@ class Sequential:
             all-reduce of a gradient bucket while the earlier layers are still being differentiated
             (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3).
         """
-        if trace.enabled():  # one event per layer (training.model.layer_trace)
+        if tracing.enabled():  # one event per layer (training.model.layer_trace)
             return layer_trace.backward(self, dy, on_grad)
         last = len(self.layers) - 1
         for i in range(last, -1, -1):

@@ -22,7 +22,7 @@ import sys
 
 from tqdm import tqdm
 
-from collectives.engine import trace
+from commlab import tracing
 from commlab.logs import get_logger
 
 __all__ = ["LOG_INTERVAL", "LAUNCHERS", "progress_bar", "launcher_terminal", "write_trace"]
@@ -166,10 +166,10 @@ def write_trace(path, comm, timeout=None):
     timeout : float, optional
         Seconds rank 0 waits for a rank's events (None: no limit).
     """
-    trace.stop()
-    chrome, missing = trace.gather(comm, 0, timeout)
+    tracing.stop()
+    chrome, missing = tracing.gather(comm, 0, timeout)
     if comm.Get_rank() == 0:
-        trace.write(path, chrome, missing)
+        tracing.write(path, chrome, missing)
         log = get_logger("training.runtime.progress")
         if missing:
             log.warning("trace: no events from rank(s) %s", ", ".join(map(str, missing)))
