@@ -2,9 +2,8 @@
 
 - :mod:`plots.publish.sources`: the reference result files under ``plots/reference/``, the refusal of a
   file measured on a busy machine, and the provenance line that ends every published table;
-- :mod:`plots.publish.renderers`: each published item's table renderer and figure drawer;
 - :mod:`plots.publish.items`: the published items (:data:`~plots.publish.items.ITEMS`: reference
-  file, table, figures);
+  file, table, figures) and each one's table renderer and figure drawer;
 - :mod:`plots.publish.documents`: the documents' marked blocks, filled and checked;
 - ``python -m plots.publish`` (:mod:`plots.publish.__main__`, ``make results``) rewrites them, and
   ``--check`` compares them.

@@ -31,9 +31,8 @@ import glob
 import os
 import re
 
-from plots.publish.items import ITEMS
-from plots.publish.renderers import draw_bench
-from plots.publish.sources import REFERENCE, ROOT, load as _load
+from plots.publish.items import ITEMS, figure_names
+from plots.publish.sources import REFERENCE, ROOT
 
 __all__ = ["DOCUMENTS", "fill", "blocks", "render_tables", "draw_figures", "documents", "check"]
 
@@ -90,18 +89,6 @@ def _shown_figures(text):
     return set(re.findall(r"plots/figures/([\w.-]+\.png)", text))
 
 
-def _figure_names():
-    """File names of the figures the items draw (without drawing them)."""
-    names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
-             "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
-             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png"}
-    for name, (ref, _, draw) in ITEMS.items():
-        if draw is draw_bench:
-            results = _load(ref)
-            names |= {f"bench_{op}_p{results['P']}.png" for op in dict.fromkeys(r["op"] for r in results["rows"])}
-    return names
-
-
 def check(texts=None):
     """Return a list of problems: blocks that differ from the committed files, unknown items, undrawn figures.
 
@@ -127,7 +114,7 @@ def check(texts=None):
     problems += [f"a results block names no item: {n} (known: {', '.join(ITEMS)})" for n in unknown]
     tables = render_tables(names - set(unknown))
     tables.update({n: f"<!-- results:{n} is unknown -->" for n in unknown})
-    drawn = _figure_names()
+    drawn = figure_names()
     for rel, text in texts.items():
         want = fill(text, tables)
         if want != text and not unknown:
