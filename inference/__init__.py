@@ -11,7 +11,7 @@ The rooms, top down (each imports only those below it, as the ``inference`` cont
 - :mod:`inference.serve`: the command; builds the job from the others;
 - :mod:`inference.web` (the HTTP server, its bodies, connection bounds and Prometheus metrics) and
   :mod:`inference.front` (the front rank's loop: batches out to replicas, answers back);
-- :mod:`inference.config` (the serving configuration), :mod:`inference.loadgen` (the load
+- :mod:`inference.serve_config` (the serving configuration), :mod:`inference.loadgen` (the load
   generators), :mod:`inference.metrics` (per-request records, the run's summary),
   :mod:`inference.replicas` (the model as a prediction function, tensor-parallel replicas, the
   replica loop and its wire format) and :mod:`inference.request` (one request and its checks);
@@ -22,7 +22,7 @@ Below ``inference``: ``training`` (checkpoints, layers, options), ``collectives`
 """
 from .policies.balance import POLICIES, Balancer
 from .policies.batching import DynamicBatcher
-from .config import ServeConfig
+from .serve_config import ServeConfig
 from .web.prometheus import ServingMetrics
 from .front import Front, FrontOptions
 from .loadgen import ClosedLoop, OpenLoop, make_payloads

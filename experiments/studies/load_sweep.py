@@ -11,7 +11,7 @@ the objective per second; for the run without one, against the same objective) a
 import json
 import os
 
-from inference.config import ServeConfig
+from inference.serve_config import ServeConfig
 from inference.serve import run as serve
 from training.settings.options import INT32_MAX, integer, listof, real
 
