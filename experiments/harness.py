@@ -131,7 +131,8 @@ def finish(record, watch, path, *, comm=None, P=None, module=None, argv=None, sh
         The entry point and the arguments its ``main`` parsed: the command the provenance names
         (:func:`commlab.provenance.command_line`; default: this process's command line).
     show : callable, optional
-        ``show(record) -> str``: the study's table, printed before the path.
+        ``show(record) -> str``: the study's table, printed before the path (and the word noisy when
+        the machine was busy).
     """
     if comm is not None and comm.Get_rank() != 0:
         watch.summary()  # stops this rank's sampling: rank 0 alone writes
@@ -144,7 +145,7 @@ def finish(record, watch, path, *, comm=None, P=None, module=None, argv=None, sh
     if show is not None:
         print(show(record), flush=True)
     if path is not None:
-        print(f"results: {path}", flush=True)
+        print(f"results: {path}" + (" (noisy: never published)" if record["provenance"]["noisy"] else ""), flush=True)
     return record
 
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from experiments import harness
 from experiments.cluster import compression, node_collectives, ps, study
 from plots import cluster, publish
 from plots.tables import cluster_tables
@@ -144,4 +145,4 @@ def test_study_commands_parse_and_a_busy_machine_is_refused(tmp_path, capsys):
     assert "load average" in capsys.readouterr().err and not (tmp_path / "s.json").exists()
     with pytest.raises(SystemExit):
         ps.main(["commands", "--hidden", "wide"])
-    assert sys.executable == study.argv("python")[0]
+    assert sys.executable == harness.argv("python")[0]

@@ -43,7 +43,7 @@ def test_a_name_runs_its_module_and_an_unknown_name_is_refused(capsys):
     assert "python -m experiments.bench.tune" in capsys.readouterr().out  # the module's own --help
     assert main(["no_such_study"]) == 2
     assert "no experiment named 'no_such_study'" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "experiments", "tune", "--no-such-flag"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "experiments", "scale_sim", "--no-such-flag"], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert proc.returncode == 2 and "--no-such-flag" in proc.stdout and "Traceback" not in proc.stdout
 
@@ -55,8 +55,8 @@ def test_harness_checks_before_and_stamps_after(tmp_path, capsys):
     busy = p.parse_args(["--max-load", "-1"])
     assert harness.start(busy, paths=[busy.out]) is None
     assert "error: the 1-minute load average" in capsys.readouterr().err
-    bad = p.parse_args(["--out", str(tmp_path / "folder.json"), "--allow-noisy"])
-    assert harness.start(bad, paths=[bad.out], prog=p.prog) is None
+    noisy = p.parse_args(["--allow-noisy"])  # a derived path that is a folder: refused before the load
+    assert harness.start(noisy, paths=[str(tmp_path / "folder.json")], prog=p.prog) is None
     assert capsys.readouterr().err.startswith(f"{p.prog}: error: ") and not list((tmp_path / "folder.json").iterdir())
     args = p.parse_args(["--max-load", "1000", "--repeats", "3"])
     watch = harness.start(args, paths=[args.out])

@@ -43,7 +43,6 @@ reduce-scatter ``auto`` / ``MPI_Ireduce_scatter_block``+``Wait`` (target <= 2.2x
 calls over the same (the floor). The results file records ``op``, ``passes`` and ``calls`` and
 carries the quiet-machine provenance (:mod:`commlab.provenance`).
 """
-import json
 import statistics
 import sys
 import time
@@ -51,10 +50,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from commlab import provenance as prov
+from experiments import harness
 from experiments.bench.breakdown_rows import OPS
-from commlab.provenance import unwritable
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, text
 
 __all__ = ["STEPS", "measure", "summarize", "main"]
 
@@ -152,8 +150,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=integer(1, INT32_MAX), default=2000, help="calls per timed loop")
     ap.add_argument("--algorithm", default="auto", choices=("auto", "mpi"),
                     help="the collective's algorithm (default auto; its row keeps the name auto)")
-    ap.add_argument("--out", type=outpath(), default="results/bench_breakdown.json", help="results file (JSON)")
-    prov.add_options(ap, real)
+    harness.add_options(ap, out="results/bench_breakdown.json")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -165,11 +162,7 @@ def main(argv=None):
         ap.error("--sizes: each between 4 and 8192 bytes")
     if args.passes < 3 or args.calls < 1:
         ap.error("--passes must be at least 3 and --calls at least 1")
-    bad = unwritable(args.out) if rank0 else None
-    bad = comm.bcast(bad, 0)
-    if bad:
-        ap.error(f"--out: {bad}")
-    watch = prov.guard_or_say(args, comm)
+    watch = harness.start(args, comm, paths=[args.out], prog=ap.prog)
     if watch is None:
         return 2
     try:
@@ -191,12 +184,9 @@ def main(argv=None):
                   "dropped": {str(n): d for n, d in dropped.items()},
                   "derived": {k: [w, list(parts)] for k, (w, parts) in spec.derived.items()},
                   "ratios": {k: list(v) for k, v in ratios.items()}}
-        record = prov.stamp(record, watch, P=comm.Get_size())
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        print(f"wrote {args.out}" + (" (noisy: not for publication)" if record["provenance"]["noisy"] else ""))
     else:
-        watch.summary()
+        record = None
+    harness.finish(record, watch, args.out, comm=comm, module="experiments.bench.breakdown", argv=argv)
     return 0
 
 

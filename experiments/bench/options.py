@@ -10,7 +10,6 @@ import collectives.schedules.registry
 from collectives.schedules import load_algorithm
 from commlab import provenance as prov
 from experiments.bench.output import UNSTABLE
-from commlab.byte_sizes import bytes_argument
 from training.settings.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
 
 __all__ = ["BenchConfig", "FORMATS", "OPS", "REFERENCES", "DESCRIPTION", "NO_TORCH", "default_algorithms", "sweep_plan",

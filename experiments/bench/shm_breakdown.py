@@ -25,7 +25,6 @@ frames, checks, the generator. The rows of a pass take turns; ``--passes`` passe
 the median over passes of rank 0's microseconds per call, with the range. The file records the
 figures and the quiet-machine provenance (:mod:`commlab.provenance`).
 """
-import json
 import statistics
 import sys
 import time
@@ -40,10 +39,9 @@ from collectives.schedules.schedule import chunk_bounds
 from collectives.shm import algorithms as shm
 from collectives.shm import free_shared, shared_empty
 from collectives.shm.node import node_of
-from commlab import provenance as prov
+from experiments import harness
 from experiments.bench.references import limit
-from commlab.provenance import unwritable
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, text
 from commlab.byte_sizes import parse_bytes
 
 __all__ = ["ROWS", "measure", "main"]
@@ -136,8 +134,7 @@ def main(argv=None):
                     "comma-separated, above 16 KiB (suffixes K, M)")
     ap.add_argument("--passes", type=integer(1, INT32_MAX), default=5, help="interleaved passes (median and range)")
     ap.add_argument("--calls", type=integer(1, INT32_MAX), default=20, help="calls per timed loop")
-    ap.add_argument("--out", type=outpath(), default="results/bench_shm_breakdown.json", help="results file (JSON)")
-    prov.add_options(ap, real)
+    harness.add_options(ap, out="results/bench_shm_breakdown.json")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -147,10 +144,7 @@ def main(argv=None):
         ap.error(f"--sizes {args.sizes!r}: {exc}")
     if any(n <= shm.SMALL_BYTES or n % 4 for n in sizes):
         ap.error(f"--sizes: each a multiple of 4 bytes above {shm.SMALL_BYTES} (the two-point all-reduce)")
-    bad = comm.bcast(unwritable(args.out) if rank0 else None, 0)
-    if bad:
-        ap.error(f"--out: {bad}")
-    watch = prov.guard_or_say(args, comm)
+    watch = harness.start(args, comm, paths=[args.out], prog=ap.prog)
     if watch is None:
         return 2
     per_size = {n: _summary(measure(comm, n // 4, args.passes, args.calls)) for n in sizes}
@@ -162,12 +156,9 @@ def main(argv=None):
             print(f"{row:<26}" + "".join(f"{'%.1f [%.1f-%.1f]' % per_size[n][row]:>26}" for n in sizes))
         record = {"P": comm.Get_size(), "passes": args.passes, "calls": args.calls, "chunk_bytes": shm.CHUNK_BYTES,
                   "sizes": {str(n): {k: list(v) for k, v in s.items()} for n, s in per_size.items()}}
-        record = prov.stamp(record, watch, P=comm.Get_size())
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        print(f"wrote {args.out}" + (" (noisy: not for publication)" if record["provenance"]["noisy"] else ""))
     else:
-        watch.summary()
+        record = None
+    harness.finish(record, watch, args.out, comm=comm, module="experiments.bench.shm_breakdown", argv=argv)
     return 0
 
 

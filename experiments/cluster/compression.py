@@ -25,6 +25,7 @@ import os
 import sys
 from statistics import median
 
+from experiments import harness
 from experiments.cluster import study
 from plots.tables.cluster_tables import compression_markdown
 from training.settings.options import INT32_MAX, integer, real, text
@@ -38,7 +39,7 @@ NETWORKS = ("shm", "1gbit", "100mbit")  # shared memory, then the emulated links
 def commands(out, epochs=3, seeds="0", load="", compressors=()):
     """Return the study's runs (shell lines): the compression sweep per network into ``OUT/NETWORK``.
 
-    ``load`` is appended to each sweep's options (:func:`experiments.cluster.study.load_flags`);
+    ``load`` is appended to each sweep's options (:func:`experiments.harness.load_flags`);
     ``compressors`` (specs) replace the sweep's list.
 
     Examples
@@ -118,7 +119,7 @@ def main(argv=None):
     if a.what == "run":
         settings = {"nodes": 4, "ranks_per_node": 1, "epochs": a.epochs, "seeds": a.seeds}
         dirs = {net: os.path.join(a.out, net) for net in NETWORKS}
-        status = study.run_study(a, commands(a.out, a.epochs, a.seeds, study.load_flags(a, 5), a.compressor),
+        status = study.run_study(a, commands(a.out, a.epochs, a.seeds, harness.load_flags(a, 5), a.compressor),
                                  lambda: gather(dirs, a.target, settings), P=5, label="compression study", show=compression_markdown)
         return status
     dirs = {}

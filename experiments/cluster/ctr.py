@@ -29,14 +29,11 @@ import glob
 import json
 import os
 import re
-import shlex
-import subprocess
 import sys
-import time
 from statistics import median
 
-from commlab import provenance
-from training.settings.options import INT32_MAX, Parser, infile, integer, outpath, real, text
+from experiments.cluster import study
+from training.settings.options import INT32_MAX, Parser, infile, integer, outpath
 
 __all__ = ["commands", "predict", "link_bytes", "report", "main"]
 
@@ -210,19 +207,6 @@ def report(run_dir, out):
     return record
 
 
-def run_all(cmds, pause=3.0):
-    """Run the study's commands one after another with this interpreter; return the names that failed."""
-    failed = []
-    for cmd in cmds:
-        argv = shlex.split(cmd)
-        argv = [sys.executable if a == "python" else a for a in argv]
-        time.sleep(pause)  # the previous job's ranks leave the cores
-        print(f"[ctr study] {cmd}", flush=True)
-        if subprocess.run(argv).returncode != 0:
-            failed.append(argv[argv.index("--name") + 1])
-    return failed
-
-
 def main(argv=None):
     """``commands`` prints the runs; ``run`` runs them and gathers them; ``report DIR`` gathers finished runs."""
     p = Parser(prog="python -m experiments.cluster.ctr", description=__doc__.splitlines()[0],
@@ -238,29 +222,16 @@ def main(argv=None):
     r.add_argument("run_dir", type=infile())
     r.add_argument("--out", type=outpath(), default="results/cluster/ctr_study.json")
     g = sub.add_parser("run")
-    g.add_argument("--out", type=outpath(folder=True), default="results/cluster/ctr", help="the runs' directory")
-    g.add_argument("--study", type=text(), default="results/cluster/ctr_study.json", help="the gathered results file")
+    study.add_options(g, "results/cluster/ctr", "results/cluster/ctr_study.json")
     g.add_argument("--repeats", type=integer(1, INT32_MAX), default=3)
-    provenance.add_options(g, real)
     args = p.parse_args(argv)
     if args.what == "commands":
         print("\n".join(commands(args.out, args.repeats)))
     elif args.what == "run":
-        try:
-            watch = provenance.guard(args)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        failed = run_all(commands(args.out, args.repeats))
-        rec = report(args.out, None)
-        rec["failed"] = failed
         # each run's own 4-6 ranks and one unit more: the emulator's launch proxies and the kernel's work
         # on the shaped links (a study alone on the machine lifted the 1-minute load to 6.56, mean 5.19)
-        provenance.stamp(rec, watch, P=7)
-        os.makedirs(os.path.dirname(args.study) or ".", exist_ok=True)
-        with open(args.study, "w") as f:
-            json.dump(rec, f, indent=1)
-        print(f"{len(rec['points'])} points -> {args.study}; failed: {failed or 'none'}")
+        return study.run_study(args, commands(args.out, args.repeats), lambda: report(args.out, None), P=7,
+                               label="ctr study")
     else:
         rec = report(args.run_dir, args.out)
         print(f"{len(rec['points'])} points -> {args.out}; predicted crossing at {rec['predicted_crossing_rows']} rows")

@@ -27,6 +27,7 @@ import sys
 from statistics import median
 
 from collectives.schedules.registry import build_allreduce_schedule
+from experiments import harness
 from experiments.cluster import study
 from training.emulator.net import parse_rate
 from plots.tables.cluster_tables import collectives_markdown
@@ -158,9 +159,9 @@ def main(argv=None):
         return 0
     if a.what == "run":
         files = {link: os.path.join(a.out, f"collectives_{link}.json") for link in LINKS}
-        status = study.run_study(a, commands(a.out, load=study.load_flags(a, 9), max_bytes=a.max_bytes), lambda: gather(files, 2), P=9,
-                                 label="collectives study", show=collectives_markdown)
-        return status
+        cmds = commands(a.out, load=harness.load_flags(a, 9), max_bytes=a.max_bytes)
+        return study.run_study(a, cmds, lambda: gather(files, 2), P=9, label="collectives study",
+                               show=collectives_markdown)
     files = {}
     for item in a.runs:
         link, _, path = item.partition("=")

@@ -7,8 +7,9 @@ checks that the machine is quiet before the first run (``--max-load``, ``--settl
 samples the load average while they run and stamps the record: noisy when a sample rose above the
 threshold plus the study's largest job (its ranks and one unit more for the emulator's launch proxies and
 the kernel's work on the shaped links), or when a results file of one of its runs says it was noisy. A run
-that checks the load itself is given the study's threshold plus that job's size (:func:`load_flags`): the
-previous run's ranks are still in the 1-minute average when it starts.
+that checks the load itself is given the study's threshold plus that job's size
+(:func:`experiments.harness.load_flags`): the previous run's ranks are still in the 1-minute average when
+it starts. The runs are launched by :func:`experiments.harness.run_commands`.
 
 Examples
 --------
@@ -16,32 +17,25 @@ Examples
 >>> from experiments.cluster import study
 >>> parser = argparse.ArgumentParser()
 >>> study.add_options(parser, "results/cluster/x", "results/cluster/x.json")
->>> args = parser.parse_args(["--max-load", "0.5"])
->>> study.load_flags(args, 5)
-' --max-load 5.5'
->>> study.argv("python -m training.emulator.emulate -- python -m training.train")[4] == study.argv("python")[0]
-True
+>>> parser.parse_args(["--max-load", "0.5"]).study
+'results/cluster/x.json'
 """
-import argparse
 import json
 import os
-import shlex
-import shutil
-import subprocess
 import sys
-import time
 
 from commlab import provenance
-from training.settings.options import Parser, outpath, real, text
+from experiments import harness
+from training.settings.options import Parser, outpath, text
 
-__all__ = ["add_options", "subcommands", "load_flags", "argv", "run_commands", "run_study", "write_record"]
+__all__ = ["add_options", "subcommands", "run_study", "write_record"]
 
 
 def add_options(parser, out, study):
     """Add ``--out DIR`` (the runs), ``--study FILE`` (the gathered record) and the load options."""
     parser.add_argument("--out", type=outpath(), default=out, help=f"the runs' directory (default {out})")
     parser.add_argument("--study", type=text(), default=study, help=f"the gathered results file (default {study})")
-    provenance.add_options(parser, real)
+    harness.add_options(parser)
 
 
 def subcommands(prog, description, epilog, out, study):
@@ -66,41 +60,6 @@ def write_record(record, path, show=None):
         print(show(record))
 
 
-def load_flags(args, P):
-    """Return the load options for a run that checks the load itself, as a string to append to its command."""
-    limit = args.max_load if args.max_load is not None else provenance.default_max_load()
-    return f" --max-load {limit + P:g}" + (" --allow-noisy" if args.allow_noisy else "")
-
-
-def argv(cmd):
-    """Return the argument list of the shell line ``cmd``, ``python`` and ``mpiexec`` resolved to this
-    interpreter and the launcher beside it (else the one on ``PATH``)."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    mpiexec = here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
-    return [{"python": sys.executable, "mpiexec": mpiexec}.get(a, a) for a in shlex.split(cmd)]
-
-
-def run_commands(cmds, label, pause=3.0, wait=300.0):
-    """Run the shell lines ``cmds`` one after another; return the lines that failed.
-
-    Before each, ``pause`` seconds for the previous job's ranks to leave the cores, then, for a run that
-    checks the load itself (``--max-load L``), up to ``wait`` seconds more until the 1-minute load average
-    is half a unit below ``L``: the previous run's ranks and the emulator's work decay out of the average
-    only gradually, and a run started too early would refuse to measure."""
-    failed = []
-    for cmd in cmds:
-        time.sleep(pause)
-        words = cmd.split()
-        if "--max-load" in words and "--allow-noisy" not in words:
-            ceiling, until = float(words[words.index("--max-load") + 1]) - 0.5, time.monotonic() + wait
-            while os.getloadavg()[0] > ceiling and time.monotonic() < until:
-                time.sleep(2.0)
-        print(f"[{label}] {cmd}", flush=True)
-        if subprocess.run(argv(cmd)).returncode != 0:
-            failed.append(cmd)
-    return failed
-
-
 def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
     """Run a study as one command and write its record to ``args.study``; return the exit status.
 
@@ -118,7 +77,7 @@ def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
     label : str
         Printed before each run.
     pause : float
-        Seconds before each run (:func:`run_commands`).
+        Seconds before each run (:func:`experiments.harness.run_commands`).
     show : callable, optional
         ``show(record) -> str``: the record's table, printed when every run succeeded.
 
@@ -128,12 +87,10 @@ def run_study(args, cmds, gather, P, label, pause=3.0, show=None):
         0; 1 when a run failed (the record is written and names it) or the runs cannot be gathered; 2 on
         a busy machine without ``--allow-noisy``.
     """
-    try:
-        watch = provenance.guard(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    watch = harness.start(args, paths=[args.study])
+    if watch is None:
         return 2
-    failed = run_commands(cmds, label, pause)
+    failed = harness.run_commands(cmds, label, pause)
     try:
         record = gather()
     except (OSError, ValueError, KeyError) as e:

@@ -35,10 +35,9 @@ import sys
 import tempfile
 import time
 
-from commlab import provenance as prov
+from experiments import harness
 from experiments.faults.suite import launch
-from commlab.provenance import unwritable
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer
 
 __all__ = ["main", "study", "job_flags", "elastic_kill", "restart_kill"]
 
@@ -151,42 +150,35 @@ def _parser():
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs of every job (default 4)")
     p.add_argument("--samples", type=integer(1, INT32_MAX), default=4000, help="synthetic samples, 80 %% of them for training (default 4000)")
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the kills' ranks, steps and moments (default 0)")
-    p.add_argument("--out", type=outpath(), default="results/elastic.json", help="results file (default results/elastic.json)")
     p.add_argument("--quick", action="store_true", help="check the script: 2 kills, 2 epochs, 800 samples")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/elastic.json")
     return p
 
 
 def main(argv=None):
-    """Run the study; return 0 when every target is met, else 1 (2 for bad arguments)."""
-    args = _parser().parse_args(argv)
+    """Run the study; return 0 when every target is met, else 1 (2 for bad arguments, an unwritable
+    ``--out`` or a busy machine, before any run)."""
+    p = _parser()
+    args = p.parse_args(argv)
     if args.quick:
         args.kills, args.epochs, args.samples = min(args.kills, 2), 2, 800
-    if args.kills < 1 or args.ranks < 2 or args.epochs < 1 or args.samples < 10 * args.ranks:
-        print("error: --kills and --epochs must be >= 1, --ranks >= 2 and --samples >= 10 x --ranks", file=sys.stderr)
-        return 2
-    why = unwritable(args.out)  # before any run, not after all of them
-    if why:
-        print(f"error: --out: {why}", file=sys.stderr)
-        return 2
-    watch = prov.guard_or_say(args, None)
+    if args.samples < 10 * args.ranks:
+        p.error("--samples must be >= 10 x --ranks")
+    watch = harness.start(args, paths=[args.out], prog=p.prog)
     if watch is None:
-        return 1
+        return 2
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="elastic_study-") as run_dir:
         summary, met = study(args, run_dir)
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
     summary["study_s"] = round(time.perf_counter() - t0, 1)
-    prov.stamp(summary, watch, P=args.ranks)
-    if os.path.dirname(args.out):
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, default=float)
-    print(f"kills {args.kills} at P={args.ranks}: hangs {summary['hangs']}, elastic jobs not finished or diverged "
-          f"{summary['elastic_not_finished_or_diverged']} | to the next step: elastic median "
-          f"{summary['elastic_next_step_median_s']} s (max {summary['elastic_next_step_max_s']} s), restart median "
-          f"{summary['restart_median_s']} s | {'every target met' if met else 'A TARGET WAS MISSED'} | {args.out}",
-          flush=True)
+    s = summary
+    line = (f"kills {args.kills} at P={args.ranks}: hangs {s['hangs']}, elastic jobs not finished or diverged "
+            f"{s['elastic_not_finished_or_diverged']} | to the next step: elastic median "
+            f"{s['elastic_next_step_median_s']} s (max {s['elastic_next_step_max_s']} s), restart median "
+            f"{s['restart_median_s']} s | {'every target met' if met else 'A TARGET WAS MISSED'}")
+    harness.finish(summary, watch, args.out, P=args.ranks, module="experiments.studies.elastic", argv=argv,
+                   show=lambda _: line)
     return 0 if met else 1
 
 

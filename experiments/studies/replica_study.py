@@ -39,10 +39,9 @@ import tempfile
 
 import numpy as np
 
-from commlab import provenance as prov
+from experiments import harness
 from experiments.faults.suite import launch
-from commlab.provenance import unwritable
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, real
 
 __all__ = ["main", "trainer_flags", "crash_run"]
 
@@ -154,48 +153,39 @@ def study(args, run_dir):
 def _parser():
     p = Parser(prog="python -m experiments.studies.replica_study", description=__doc__.split("\n")[0])
     p.add_argument("--crashes", type=integer(1, INT32_MAX), default=20, help="crashes of the primary (runs; default 20)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="fault-free runs of each R (cost part; default 3)")
     p.add_argument("--workers", type=integer(1, INT32_MAX), default=3, help="worker ranks (the batch is 16 samples per worker; default 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=2, help="epochs of every run (default 2)")
     p.add_argument("--hidden", type=integer(1, INT32_MAX), default=64, help="hidden units of the digits model (default 64)")
     p.add_argument("--ps-timeout", type=real(0, 1e15, low_open=True), default=1.0, help="--ps-timeout of every run (seconds; default 1)")
     p.add_argument("--lr", type=real(0, 1e15, low_open=True), default=0.05, help="SGD's learning rate of every run (default 0.05)")
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the crash moments (default 0)")
-    p.add_argument("--out", type=outpath(folder=True), default="results/ps_replicas", help="directory of replicas.json (default results/ps_replicas)")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/ps_replicas", folder=True, what="folder of replicas.json", repeats=3)
     return p
 
 
 def main(argv=None):
-    """Run the study; return 0 when every target is met, else 1."""
-    args = _parser().parse_args(argv)
+    """Run the study; return 0 when every target is met, else 1 (2 for bad arguments, an unwritable
+    ``--out`` or a busy machine, before any run)."""
+    p = _parser()
+    args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.crashes, args.epochs = 1, min(args.crashes, 2), 1
-    if args.crashes < 1 or args.repeats < 1 or args.workers < 1 or not args.ps_timeout > 0:
-        print("error: --crashes, --repeats and --workers must be >= 1 and --ps-timeout > 0", file=sys.stderr)
-        return 2
-    why = unwritable(os.path.join(args.out, "replicas.json"))  # before any run, not after all of them
-    if why:
-        print(f"error: --out: {why}", file=sys.stderr)
-        return 2
-    watch = prov.guard_or_say(args, None)
+    path = os.path.join(args.out, "replicas.json")
+    watch = harness.start(args, paths=[path], prog=p.prog)
     if watch is None:
-        return 1
+        return 2
     with tempfile.TemporaryDirectory(prefix="replica_study-") as run_dir:
         summary, met = study(args, run_dir)
     summary["settings"] = {k: v for k, v in vars(args).items() if k not in ("out",)}
-    prov.stamp(summary, watch, P=2 + args.workers)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "replicas.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, default=float)
     r, worst = summary["ratio_R2_over_R1"], summary["recovery_max_s"]
     worst = f"{worst:.3f} s" if worst is not None else "not seen"
-    print(f"crashes {len(summary['crashes'])}: acknowledged clocks lost {summary['lost_acknowledged']}, bitwise "
-          f"equal {summary['bitwise_equal']}, recovery max {worst} (bound {summary['recovery_bound_s']:g} s) | "
-          f"R=2/R=1: samples/s x{r['samples_per_s']:.3f}, bytes/clock x{r['bytes_per_clock']:.3f} | "
-          f"{'every bound held' if met else 'A BOUND WAS NOT HELD'} | {path}", flush=True)
+    line = (f"crashes {len(summary['crashes'])}: acknowledged clocks lost {summary['lost_acknowledged']}, bitwise "
+            f"equal {summary['bitwise_equal']}, recovery max {worst} (bound {summary['recovery_bound_s']:g} s) | "
+            f"R=2/R=1: samples/s x{r['samples_per_s']:.3f}, bytes/clock x{r['bytes_per_clock']:.3f} | "
+            f"{'every bound held' if met else 'A BOUND WAS NOT HELD'}")
+    harness.finish(summary, watch, path, P=2 + args.workers, module="experiments.studies.replica_study", argv=argv,
+                   show=lambda _: line)
     return 0 if met else 1
 
 
