@@ -215,7 +215,8 @@ def test_inline_commands_name_modules_and_flags_that_exist(help_texts):
         mod = _module_of(cmd)
         if re.search(r"[A-Z]", mod):
             continue
-        if not os.path.isfile(os.path.join(ROOT, *mod.split(".")) + ".py"):
+        path = os.path.join(ROOT, *mod.split("."))
+        if not (os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__main__.py"))):
             bad.append(f"{_key(cmd)}: no module {mod}")
             continue
         unknown = [f for f in _flags(cmd) if not _lists(help_texts[mod], f)]
