@@ -8,7 +8,7 @@ import pytest
 import collectives.model.lockstep
 from collectives.model.lockstep import lockstep_clocks
 from collectives.model.network import Network, allreduce_time
-from training.predict import comm, files, grid_step, job_config, pipeline_replay, profile, step, topology
+from training.predict import files, grid_step, job_config, message_times, pipeline_replay, profile, step, topology
 from training.predict.__main__ import main
 from training.predict.profile import Profile
 from training.predict.step import predict
@@ -97,18 +97,18 @@ def test_duplex_prices_only_links_busy_both_ways_by_hand():
     net = Network(racks=1, nodes_per_rack=2, ranks_per_node=1, alpha_node=1e-3, beta_node=8e-9, gamma=0.0,
                   duplex=0.8)
     assert allreduce_time("ring", 8000, net, itemsize=1) == pytest.approx(2 * 1.04e-3, rel=1e-12)
-    assert max(comm.send_clocks(net, [(1, 0)], 4000)) == pytest.approx(1.032e-3, rel=1e-12)
+    assert max(message_times.send_clocks(net, [(1, 0)], 4000)) == pytest.approx(1.032e-3, rel=1e-12)
     # three nodes, 0 -> 1 and 1 -> 2 at once: node 1's link is busy both ways, so both flows (one ending
     # there, one starting there) take 1 ms + 40 us; alone, 0 -> 1 takes 1.032 ms
     three = Network(racks=1, nodes_per_rack=3, ranks_per_node=1, alpha_node=1e-3, beta_node=8e-9, duplex=0.8)
-    assert list(comm.send_clocks(three, [(0, 1), (1, 2)], 4000)) == pytest.approx([1.04e-3, 1.04e-3, 1.04e-3])
+    assert list(message_times.send_clocks(three, [(0, 1), (1, 2)], 4000)) == pytest.approx([1.04e-3, 1.04e-3, 1.04e-3])
     # two racks of two one-rank nodes, 0 -> 2 and 3 -> 1: every node link carries one direction only and
     # each uplink both; the uplink (16 ns a byte) is the slower: 1 ms + 2 ms + 4000 x 16 ns / 0.8 = 3.08 ms
     racks = Network(racks=2, nodes_per_rack=2, ranks_per_node=1, alpha_node=1e-3, alpha_rack=2e-3, beta_node=8e-9,
                     beta_rack=16e-9, duplex=0.8)
-    assert max(comm.send_clocks(racks, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.08e-3, rel=1e-12)
+    assert max(message_times.send_clocks(racks, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.08e-3, rel=1e-12)
     racks_one_way = Network(**{**{k: getattr(racks, k) for k in racks.__dataclass_fields__}, "duplex": 1.0})
-    assert max(comm.send_clocks(racks_one_way, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.064e-3, rel=1e-12)
+    assert max(message_times.send_clocks(racks_one_way, [(0, 2), (3, 1)], 4000)) == pytest.approx(3.064e-3, rel=1e-12)
     for bad in (0, -0.5, 1.5):
         with pytest.raises(ValueError, match=f"duplex={bad} must be in"):
             Network(duplex=bad)
@@ -116,7 +116,7 @@ def test_duplex_prices_only_links_busy_both_ways_by_hand():
 
 def test_allgather_lockstep_equals_its_schedules():
     net = Network(racks=2, nodes_per_rack=2, ranks_per_node=2)
-    exact = comm.allgather_clocks(1000, net)
+    exact = message_times.allgather_clocks(1000, net)
     fast = lockstep_clocks("ring", 8 * 1000, net, itemsize=1, allgather_only=True)
     assert fast.max() == pytest.approx(exact.max(), rel=1e-12)
 
@@ -209,7 +209,7 @@ def test_command_line_bad_files_and_a_prediction(tmp_path, capsys):
     assert "c.json[1]: config field 'bucket_bytes'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", [collectives.model.lockstep, comm, files, grid_step, job_config, pipeline_replay, profile, step, topology])
+@pytest.mark.parametrize("module", [collectives.model.lockstep, files, grid_step, job_config, message_times, pipeline_replay, profile, step, topology])
 def test_docstring_examples(module):
     res = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0

@@ -142,6 +142,6 @@ def test_bad_round_floor_is_named():
 
 
 def test_floor_docstring_examples():
-    from training.predict import comm
-    for module in (floor, comm):
+    from training.predict import message_times
+    for module in (floor, message_times):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0

@@ -7,7 +7,7 @@ import re
 import numpy
 import pytest
 
-from training.predict import comm, job_config, ps_step, topology
+from training.predict import job_config, message_times, ps_step, topology
 from training.predict.profile import Profile
 from training.predict.step import predict
 
@@ -76,7 +76,7 @@ def test_a_worker_beside_its_server_pushes_over_shared_memory():
     # worker 1's arrives after its own replay time, long before
     topo = _topo(2, rpn=2)
     net = topo.with_gamma(1e-30)
-    push, pull = comm.ps_clocks(net, 1, 4000)
+    push, pull = message_times.ps_clocks(net, 1, 4000)
     last = float(max(pull[2:].max(), pull[0]))
     posted = last + 30 * MS  # no fan-out: both remote replies end with the last
     expect = posted + 1 * MS + 2 * (float(push[0]) - 1 * MS) / 2 + 6 * MS
@@ -90,7 +90,7 @@ def test_two_servers_reply_in_pieces():
     # for HALF: sqrt(1/6) = 0.41 -> 0.5, sqrt(2/6) = 0.58, 0.71, 0.82, 0.91, 1
     topo = _topo(4, HALF, rpn=2)
     net = topo.with_gamma(1e-30)
-    _, pull = comm.ps_clocks(net, 2, 4000)
+    _, pull = message_times.ps_clocks(net, 2, 4000)
     replay = pull[2:]
     order = numpy.argsort(replay, kind="stable")
     last = max(replay.max(), pull[:2].max())

@@ -6,7 +6,7 @@ USENIX ATC 2020); the *system* is a configuration (:mod:`.job_config`: all-reduc
 overlap, compressor, parameter servers, data x tensor x pipeline grid); the *network* is a topology
 file (:mod:`.topology`) turned into :class:`collectives.model.network.Network`. :mod:`.step` replays
 one step on every rank, pricing each collective by replaying the executor's own schedules
-(:mod:`.comm`); :mod:`.scale` answers "which configuration is fastest" for 64 to 4,096 ranks on
+(:mod:`.message_times`); :mod:`.scale` answers "which configuration is fastest" for 64 to 4,096 ranks on
 example clusters; :mod:`.validate` compares predictions with step times measured on the emulated
 cluster.
 

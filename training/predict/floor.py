@@ -5,7 +5,7 @@
 On a host whose ranks outnumber its cores, a rank's round of a collective (post its send and
 receive, wait, copy, reduce) ends only once the rank has had a core again; a round of a few kilobytes
 then lasts far longer than its latency and bytes. The predictor models it as a floor
-(:func:`training.predict.comm.floored`): a collective of R rounds lasts at least ``R f``, and
+(:func:`training.predict.message_times.floored`): a collective of R rounds lasts at least ``R f``, and
 ``f`` depends on the ranks per core ``o`` (:attr:`collectives.model.network.Network.oversubscription`).
 
 Fit: the three-level study's sweeps (:mod:`experiments.cluster.levels`: ``bench_collectives``
@@ -26,7 +26,7 @@ import sys
 
 import numpy
 
-from training.predict import comm
+from training.predict import message_times
 from training.predict import topology as topomod
 from training.settings.options import Parser, real, text
 
@@ -69,8 +69,8 @@ def points(sweep, cal, layout, gamma):
         if r.get("op", "allreduce") != "allreduce" or r["algorithm"] not in _ALGORITHMS or r["time_median_us"] <= 0:
             continue
         grid = "topology" if r["algorithm"] in ("2d", "torus") else None
-        rep = float(comm.allreduce_clocks(r["algorithm"], r["bytes"], net, grid).max())
-        rounds = comm.allreduce_rounds(r["algorithm"], net.size, r["bytes"], grid, 4, net)
+        rep = float(message_times.allreduce_clocks(r["algorithm"], r["bytes"], net, grid).max())
+        rounds = message_times.allreduce_rounds(r["algorithm"], net.size, r["bytes"], grid, 4, net)
         out.append((r["time_median_us"] * 1e-6, rep, rounds))
     return net.oversubscription, out
 

@@ -16,7 +16,7 @@ from training.model_parallel.grid import layer_kinds
 from training.model_parallel.pipeline import stage_layers
 from training.model.nn import Linear, ReLU
 
-from training.predict import comm
+from training.predict import message_times
 from training.predict.ledger import Ledger, scaled
 from training.predict.pipeline_replay import replay_pipeline
 
@@ -51,7 +51,7 @@ def grid_step(profile, topo, net, cfg):
     kinds = dict(zip(linear, layer_kinds(len(linear)))) if T > 1 else {i: "replicated" for i in linear}
     mb = rows / m
     fwd, bwd, xf, xb, cm = scaled(profile, topo, net, mb)
-    tnet = comm.group_network(net, 0, 1, T) if T > 1 else None
+    tnet = message_times.group_network(net, 0, 1, T) if T > 1 else None
     item = profile.itemsize
     F, B, Ftp, Btp, out_w, elems = [], [], [], [], [], []
     split = False
@@ -66,12 +66,12 @@ def grid_step(profile, topo, net, cfg):
             f, b = f + fwd[i] / share, b + bwd[i] / share
             layer = profile.layers[i]
             if kind == "row":
-                ftp += float(comm.allreduce_clocks(cfg.algorithm, int(mb * layer["n_out"]) * item, tnet,
+                ftp += float(message_times.allreduce_clocks(cfg.algorithm, int(mb * layer["n_out"]) * item, tnet,
                                                    None, item).max())
                 n += layer["n_in"] * layer["n_out"] // T + layer["n_out"]
             elif kind == "column":
                 if i != linear[0]:
-                    btp += float(comm.allreduce_clocks(cfg.algorithm, int(mb * layer["n_in"]) * item, tnet,
+                    btp += float(message_times.allreduce_clocks(cfg.algorithm, int(mb * layer["n_in"]) * item, tnet,
                                                        None, item).max())
                 n += math.ceil(layer["params"] / T)
             else:
@@ -89,7 +89,7 @@ def grid_step(profile, topo, net, cfg):
     msg = []
     for q in range(Q - 1):
         pairs = [(r, r + D * T) for r in range(q * D * T, (q + 1) * D * T)]
-        msg.append(float(comm.send_clocks(net, pairs, int(mb * out_w[q]) * item).max()))
+        msg.append(float(message_times.send_clocks(net, pairs, int(mb * out_w[q]) * item).max()))
     end, busy = replay_pipeline(cfg.schedule, [f + t for f, t in zip(F, Ftp)], [b + t for b, t in zip(B, Btp)],
                                 msg, msg, m)
     led = Ledger(P, cm)
@@ -98,12 +98,12 @@ def grid_step(profile, topo, net, cfg):
     for q in range(Q):
         dp = 0.0
         if D > 1:
-            dnet = comm.group_network(net, q * D * T, T, D)
+            dnet = message_times.group_network(net, q * D * T, T, D)
             nbytes = elems[q] * item
             size = cfg.bucket_bytes or nbytes
             for k in range(math.ceil(nbytes / size)):
                 part = min(size, nbytes - k * size)
-                dp += float(comm.allreduce_clocks(cfg.algorithm, part, dnet, cfg.grid if cfg.grid == "topology" else None,
+                dp += float(message_times.allreduce_clocks(cfg.algorithm, part, dnet, cfg.grid if cfg.grid == "topology" else None,
                                                   item).max())
         opt = profile.optimizer_s * cm * elems[q] / total
         ranks = slice(q * D * T, (q + 1) * D * T)

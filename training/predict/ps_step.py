@@ -3,7 +3,7 @@
 As :mod:`ps.serving.shard_server` and :mod:`ps.worker.client` run it (ranks ``0 .. S-1`` serve, the W = P - S others work):
 
 1. **replies.** The servers answer the waiting pulls at once (``Isend`` to every worker). The replay
-   (:func:`training.predict.comm.ps_clocks`, requests included) gives each worker's end as if
+   (:func:`training.predict.message_times.ps_clocks`, requests included) gives each worker's end as if
    each server sent its replies one after another at the full rate, and the last one's end T: a
    link carries the same bytes whatever order it sends them in. Replies that share a link do not end
    one after another but together, more or less: the topology's ``fanout`` (measured by the
@@ -29,7 +29,7 @@ As :mod:`ps.serving.shard_server` and :mod:`ps.worker.client` run it (ranks ``0 
 """
 import numpy
 
-from training.predict import comm
+from training.predict import message_times
 
 __all__ = ["ps_step", "reply_ends", "fanout_fractions", "share_cores"]
 
@@ -167,7 +167,7 @@ def ps_step(profile, topo, net, cfg, work):
     """
     P, S = net.size, cfg.servers
     nbytes = profile.elements * profile.itemsize
-    push, pull = comm.ps_clocks(net, S, nbytes, profile.itemsize)
+    push, pull = message_times.ps_clocks(net, S, nbytes, profile.itemsize)
     reply = reply_ends(topo, net, S, pull, nbytes)
     per_host = net.ranks_per_host or net.ranks_per_node
     hosts = numpy.arange(S, P) // per_host

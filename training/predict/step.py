@@ -38,7 +38,7 @@ import numpy
 
 from training.dp.hooks import bucket_bounds
 
-from training.predict import comm
+from training.predict import message_times
 from training.predict.grid_step import grid_step
 from training.predict.ledger import Ledger, scaled
 from training.predict.profile import find_codec
@@ -52,7 +52,7 @@ _DEFAULT_GAMMA = 1 / 4e9
 
 
 def _flag(net):
-    return comm.allreduce_clocks(FLAG_ALGORITHM, 4, net)
+    return message_times.allreduce_clocks(FLAG_ALGORITHM, 4, net)
 
 
 def _ready_times(profile, buckets, start, bwd):
@@ -73,7 +73,7 @@ def _ready_times(profile, buckets, start, bwd):
 def _overlap(led, cfg, net, buckets, ready, tests, itemsize, end_backward):
     """Bucketed all-reduce started during the backward pass; returns when the last bucket is done."""
     P = net.size
-    clocks = [comm.allreduce_clocks(cfg.algorithm, (hi - lo) * itemsize, net, cfg.grid, itemsize)
+    clocks = [message_times.allreduce_clocks(cfg.algorithm, (hi - lo) * itemsize, net, cfg.grid, itemsize)
               for lo, hi in buckets]
     durs = [float(c.max()) for c in clocks]
     if cfg.progress == "continuous":
@@ -82,7 +82,7 @@ def _overlap(led, cfg, net, buckets, ready, tests, itemsize, end_backward):
             end = max(end, r) + d
         end = max(end, end_backward + float(_flag(net).max()))
     else:
-        rounds = [max(1, comm.allreduce_rounds(cfg.algorithm, P, (hi - lo) * itemsize, cfg.grid, itemsize, net))
+        rounds = [max(1, message_times.allreduce_rounds(cfg.algorithm, P, (hi - lo) * itemsize, cfg.grid, itemsize, net))
                   for lo, hi in buckets]
         step = [d / n for d, n in zip(durs, rounds)]
         done, posted = [0] * len(buckets), [None] * len(buckets)
@@ -115,14 +115,14 @@ def _compressed(led, cfg, profile, net):
     led.compute(codec["compress_s"] * cm)
     if codec["transport"] in ("allgather", "allgatherv"):
         if codec["transport"] == "allgatherv":  # the payloads' element counts go first (int64 each)
-            led.collective(comm.allgather_clocks(8 * len(codec["payload_bytes"]), net))
-        led.collective(comm.allgather_clocks(int(sum(codec["payload_bytes"])), net))
+            led.collective(message_times.allgather_clocks(8 * len(codec["payload_bytes"]), net))
+        led.collective(message_times.allgather_clocks(int(sum(codec["payload_bytes"])), net))
         led.compute(codec["decompress_s"] * cm * net.size)
     else:
         if codec.get("reduce_s_per_byte") and profile.reduce_s_per_byte:  # adds in the payload's own dtype
             net = replace(net, gamma=net.gamma * codec["reduce_s_per_byte"] / profile.reduce_s_per_byte)
         for nb in codec["payload_bytes"]:
-            led.collective(comm.allreduce_clocks(cfg.algorithm, int(nb), net, cfg.grid, itemsize=1))
+            led.collective(message_times.allreduce_clocks(cfg.algorithm, int(nb), net, cfg.grid, itemsize=1))
         led.compute(codec["decompress_s"] * cm)
 
 
@@ -145,7 +145,7 @@ def _dp_step(profile, topo, net, cfg):
     else:
         led.collective(_flag(net))
         for lo, hi in bucket_bounds(profile.slices(), itemsize, cfg.bucket_bytes):
-            led.collective(comm.allreduce_clocks(cfg.algorithm, (hi - lo) * itemsize, net, cfg.grid, itemsize))
+            led.collective(message_times.allreduce_clocks(cfg.algorithm, (hi - lo) * itemsize, net, cfg.grid, itemsize))
     led.compute(profile.optimizer_s * cm)
     return led
 

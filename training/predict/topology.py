@@ -40,7 +40,7 @@ import math
 import os
 import sys
 
-from training.predict.comm import HostNetwork
+from training.predict.message_times import HostNetwork
 from training.predict.files import read_json
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
@@ -61,7 +61,7 @@ class Topology:
     Attributes
     ----------
     name : str
-    net : training.predict.comm.HostNetwork
+    net : training.predict.message_times.HostNetwork
         Its ``gamma`` is 0 when the file gives no ``reduce_bps`` (the profile's is used then).
     compute_scale : float
         Factor on the profile's compute times.
