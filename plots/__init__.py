@@ -14,6 +14,7 @@ from the file).
   and figure from the reference result files under ``plots/reference/`` into the documents' marked
   blocks and ``plots/figures/``; it may import everything above, and nothing imports it.
 
-Below ``plots``: ``training`` (its options and run files) and ``collectives`` (the cost model a figure
-draws); ``experiments`` imports the tables and figures, never the other way.
+Below ``plots``: ``training`` (the command-line options, the predictor's at-scale table),
+``collectives`` (the cost model a figure draws) and ``commlab`` (the quiet-machine rule, byte sizes);
+``experiments`` imports the tables and figures, never the other way.
 """
