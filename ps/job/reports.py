@@ -50,7 +50,25 @@ class RunResult:
 
 
 def roles(comm, servers):
-    """Return ``(server_ranks, worker_ranks)`` for a communicator with ``servers`` server ranks."""
+    """Return ``(server_ranks, worker_ranks)`` for a communicator with ``servers`` server ranks.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+        The job's communicator: its first ``servers`` ranks serve, the others work.
+    servers : int
+        Server ranks S (with replicas, every replica counts).
+
+    Returns
+    -------
+    (list of int, list of int)
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> roles(MPI.COMM_SELF, 0)
+    ([], [0])
+    """
     return list(range(servers)), list(range(servers, comm.Get_size()))
 
 
