@@ -32,7 +32,7 @@ from training.model_parallel.grid_report import gather_ranks, summarize
 from training.job import array_module
 from commlab.file_formats import write_json
 from commlab.run_files import EpochTable, MetricsWriter, run_info, write_config
-from training.monitor.setup import OFF, check_monitor, open_monitor
+from training.monitor.setup import check_monitor, open_monitor
 from training.model.nn import SoftmaxCrossEntropy
 from commlab.arrays import get_array_module
 from training.model.optim import make_optimizer
@@ -56,7 +56,7 @@ class HybridTrainer:
     """What one rank of a hybrid run holds: its grid place, stage model, optimizer and counters."""
 
     __slots__ = ("xp", "ds", "sizes", "grid", "model", "ks", "stage", "opt", "hook", "state", "axes",
-                 "resumed_from", "replicated", "monitor")
+                 "resumed_from", "replicated")
 
     def __init__(self, **parts):
         for k in self.__slots__:
@@ -108,7 +108,7 @@ def build_hybrid(cfg, comm):
                   for pg in ([(layer.b, layer.db)] if isinstance(layer, RowParallelLinear) else
                              [] if isinstance(layer, ColumnParallelLinear) else layer.parameters())]
     return HybridTrainer(xp=xp, ds=ds, sizes=sizes, grid=grid, model=model, ks=ks, stage=stage, opt=opt,
-                         hook=hook, state=state, axes=axes, resumed_from=resumed, replicated=replicated, monitor=OFF)
+                         hook=hook, state=state, axes=axes, resumed_from=resumed, replicated=replicated)
 
 
 def _sync_replicated(t, timeout):
@@ -145,8 +145,11 @@ def _tensor_bytes(model):
     return sum(s["bytes_sent"] for s in seen.values())
 
 
-def hybrid_step(t, cfg, comm, x, y):
+def hybrid_step(t, cfg, comm, x, y, *, arrive=None):
     """Take one step of the hybrid run on this rank's batch ``x`` (B / D, F), ``y`` (B / D,).
+
+    ``arrive``, when given, is called with no argument as this rank reaches the step's first
+    collective (the live monitor's heartbeat, :mod:`training.monitor`).
 
     Returns
     -------
@@ -160,8 +163,8 @@ def hybrid_step(t, cfg, comm, x, y):
     info = t.stage.step(x, y, min(cfg.micro_batches, len(y)), cfg.schedule)
     bad = not is_finite(0.0 if numpy.isnan(info["loss"]) else info["loss"], t.model.grads)
     t_arrive = time.perf_counter()
-    if t.monitor.arrive is not None:
-        t.monitor.arrive()  # heartbeat: this rank reached the step's first collective
+    if arrive is not None:
+        arrive()  # heartbeat: this rank reached the step's first collective
     skip = any_rank(bad, comm, cfg.timeout)
     t1 = time.perf_counter()
     sent = tensor_sync = 0
@@ -228,13 +231,14 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
     local_b, per_epoch = cfg.batch_size // g.D, sampler.num_batches(cfg.batch_size // g.D)
     last = min(cfg.epochs, cfg.stop_after or cfg.epochs)
     writer, table = MetricsWriter(run_dir, rank == 0, state.epoch if cfg.resume else None), EpochTable()
-    t.monitor = open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
+    monitor = open_monitor(cfg, comm, run_dir)  # live metrics (training.monitor)
     _open_run(cfg, comm, run_dir, t, table)
     t_start = time.perf_counter() - state.wall_s
     accs = (None, None)
     while state.epoch < last:
         skipped0 = state.skipped
-        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, per_epoch, writer, lr_at)
+        sums = _train_epoch(t, cfg, comm, sampler.batches(state.epoch, local_b), data, per_epoch, writer, lr_at,
+                            monitor)
         accs = tuple(evaluate_pipeline(t, x, y, cfg.eval_batch, comm, cfg.timeout)[0]
                      for x, y in ((data[0], data[1]), (data[2], data[3])))
         rec = _end_epoch(t, cfg, comm, sums, accs, state.skipped - skipped0, per_epoch, t_start)
@@ -247,7 +251,7 @@ def train_hybrid(cfg, comm, run_dir, t, lr_at):
             if rank == 0:
                 _prune(run_dir, cfg.keep_checkpoints)
     writer.close()
-    return _close_run(cfg, comm, run_dir, t, data, accs, t.monitor.close())
+    return _close_run(cfg, comm, run_dir, t, data, accs, monitor.close())
 
 
 #: What each rank sums over an epoch's steps; all-reduced as one float64 vector in this order. The loss
@@ -268,8 +272,8 @@ def _open_run(cfg, comm, run_dir, t, table):
     print(table.header(), flush=True)
 
 
-def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
-    """Take the steps of one epoch on this rank's ``batches``; write one record per step.
+def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at, monitor):
+    """Take the steps of one epoch on this rank's ``batches``; write one record per step (and to ``monitor``).
 
     Returns
     -------
@@ -280,7 +284,7 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
     sums = dict.fromkeys(_EPOCH_SUMS, 0.0)
     for batch in batches:
         t.opt.lr = lr_at(cfg, state.step, cfg.epochs * per_epoch)
-        r = hybrid_step(t, cfg, comm, x_tr[batch], y_tr[batch])
+        r = hybrid_step(t, cfg, comm, x_tr[batch], y_tr[batch], arrive=monitor.arrive)
         state.step += 1
         state.skipped += r["skipped"]
         if g.q == g.Q - 1 and g.t == 0 and not r["skipped"]:
@@ -297,7 +301,7 @@ def _train_epoch(t, cfg, comm, batches, data, per_epoch, writer, lr_at):
         t.axes["activation_bytes"] = r["activation_bytes"]
         writer.step({"step": state.step, "epoch": state.epoch + 1, "lr": t.opt.lr,
                      **{k: v for k, v in r.items() if k != "loss"}})
-        t.monitor.step(state.step, {"step_s": r["wall_s"], "compute_s": r["wall_s"] - r["comm_s"],
+        monitor.step(state.step, {"step_s": r["wall_s"], "compute_s": r["wall_s"] - r["comm_s"],
                                     "arrival_s": r["arrival_s"], "sync_s": r["sync_s"], "wait_s": r["wait_s"],
                                     "bytes_sent": sent, "skipped": r["skipped"]})
     return sums
