@@ -71,28 +71,29 @@ def index():
     return dict(sorted(found.items(), key=lambda kv: kv[1][0]))
 
 
-def _usage(out):
-    print("usage: python -m experiments --list | NAME [ARGS...]   (under mpiexec -n P where NAME runs on ranks)",
-          file=out)
-
-
 def main(argv=None):
-    """List the experiments (``--list``) or run one (``NAME ARGS...``) as ``python -m`` would; return its status."""
+    """List the experiments (``--list``) or run one (``NAME ARGS...``) as ``python -m`` would; return its status.
+
+    Only the first argument is the index's own (``--list``, ``--help`` or ``NAME``); the rest are the
+    experiment's, passed on as they are.
+    """
+    from training.settings.options import Parser
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        _usage(sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
     found = index()
-    if argv[0] == "--list":
+    p = Parser(prog="python -m experiments", description=__doc__.split("\n\n", 1)[0],
+               epilog="NAME's own options follow it: python -m experiments NAME --help")
+    p.add_argument("--list", action="store_true", help="print every study and benchmark, one line each")
+    p.add_argument("name", nargs="?", choices=list(found), metavar="NAME", help="the experiment to run")
+    args = p.parse_args(argv[:1])
+    if args.list:
         width = max(map(len, found))
         for name, (module, line) in found.items():
             print(f"{name:<{width}}  {line}")
         return 0
-    if argv[0] not in found:
-        print(f"python -m experiments: error: no experiment named {argv[0]!r} (python -m experiments --list "
-              "names them)", file=sys.stderr)
-        return 2
-    module = found[argv[0]][0]
+    if args.name is None:
+        p.error("give the NAME of an experiment, or --list")
+    module = found[args.name][0]
     sys.argv = [module, *argv[1:]]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

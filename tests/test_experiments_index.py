@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments import harness
 from experiments.__main__ import index, main
 from training.settings.options import Parser
@@ -41,8 +43,11 @@ def test_list_names_every_runnable_module_once_with_one_line(capsys):
 def test_a_name_runs_its_module_and_an_unknown_name_is_refused(capsys):
     assert main(["tune", "--help"]) == 0
     assert "python -m experiments.bench.tune" in capsys.readouterr().out  # the module's own --help
-    assert main(["no_such_study"]) == 2
-    assert "no experiment named 'no_such_study'" in capsys.readouterr().err
+    for argv in (["no_such_study"], []):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("error:") == 1 and ("no_such_study" in err or "NAME" in err), err
     proc = subprocess.run([sys.executable, "-m", "experiments", "scale_sim", "--no-such-flag"], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert proc.returncode == 2 and "--no-such-flag" in proc.stdout and "Traceback" not in proc.stdout

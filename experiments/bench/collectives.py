@@ -59,8 +59,9 @@ import collectives.schedules.registry
 from experiments.bench.cases import case, poison
 from experiments.bench.oracle import count_wrong, first_wrong
 from commlab import provenance as prov
+from commlab.provenance import command_line
+from experiments import harness
 from experiments.bench.output import HEAD, bus_factor, header, library, line, report, write
-from commlab.provenance import command_line, unwritable
 from experiments.bench.references import gloo_available, gloo_finish
 from training.settings.cli import parse_on_every_rank
 
@@ -267,12 +268,6 @@ def run_sweep(cfg, comm=None, watch=None, command=None):
     return results
 
 
-def _unwritable(prefix):
-    """Return why PREFIX.json and PREFIX.csv cannot be written (their folder made if missing), or None."""
-    why = unwritable(prefix + ".json", prefix + ".csv")
-    return f"--out {prefix!r}: {why}" if why else None
-
-
 def _fail(comm, message):
     """Print ``message`` as an argument error from rank 0 and exit with status 2 on every rank."""
     if comm.Get_rank() == 0:
@@ -283,22 +278,17 @@ def _fail(comm, message):
 def main(argv=None):
     """Parse the command line, run the sweep, exit non-zero if any result was wrong.
 
-    A bad argument, an unwritable ``--out`` or a busy machine (:func:`commlab.provenance.guard`) exit 2
+    A bad argument, an unwritable ``--out`` or a busy machine (:func:`experiments.harness.start`) exit 2
     with one error line from rank 0, before any measurement.
     """
     comm = MPI.COMM_WORLD
     cfg = parse_on_every_rank(partial(parse_args, size=comm.Get_size()), argv, comm.Get_rank())  # errors once
     if cfg.baseline == "gloo" and not gloo_available(comm):
         _fail(comm, NO_TORCH)
-    why = _unwritable(cfg.out) if comm.Get_rank() == 0 else None
-    flag = np.array([int(why is not None)])
-    comm.Allreduce(MPI.IN_PLACE, flag, MPI.MAX)  # rank 0 alone writes; every rank learns its verdict
-    if flag[0]:
-        _fail(comm, why)
-    try:
-        watch = prov.guard(cfg, comm)  # rank 0's verdict on every rank, before any measurement
-    except ValueError as e:
-        _fail(comm, str(e))
+    watch = harness.start(cfg, comm, paths=[cfg.out + ".json", cfg.out + ".csv"],
+                          prog="python -m experiments.bench.collectives")
+    if watch is None:
+        sys.exit(2)
     results = run_sweep(cfg, comm, watch, command_line("experiments.bench.collectives", argv))
     bad = [r for r in results["rows"] if r["wrong"] or r.get("inplace_wrong")]
     if bad and comm.Get_rank() == 0:

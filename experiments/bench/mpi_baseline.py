@@ -28,9 +28,8 @@ import subprocess
 import sys
 import tempfile
 
-from commlab import provenance as prov
 from commlab.job_control import marked_env, stop_job
-from commlab.provenance import command_line, unwritable
+from experiments import harness
 from commlab.byte_sizes import parse_bytes
 from training.settings.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
 
@@ -176,22 +175,18 @@ def main(argv=None):
     p.add_argument("--only", type=text(), default="", help="comma list of forced algorithms to run (default all)")
     p.add_argument("--launch-timeout", type=real(0, 1e15), default=900, help="seconds one launch may take (default 900)")
     p.add_argument("--out", type=outpath(empty=True), default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
-    prov.add_options(p, real)
+    harness.add_options(p)
     args = p.parse_args(argv)
-    if args.n < 2 or args.rounds < 1 or args.max_time <= 0:
-        p.error("-n must be >= 2, --rounds >= 1 and --max-time > 0")
+    if args.n < 2 or args.max_time <= 0:
+        p.error("-n must be >= 2 and --max-time > 0")
     try:
         lo, hi = parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
     except ValueError as exc:
         p.error(f"--min-bytes / --max-bytes: {exc}")
-    out = args.out or f"results/mpi_baseline_p{args.n}"
-    why = unwritable(out + ".json")
-    if why:
-        p.error(f"--out: {why}")
-    try:
-        watch = prov.guard(args)  # comm None: this driver runs alone, its launches are the measurement
-    except ValueError as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
+    path = (args.out or f"results/mpi_baseline_p{args.n}") + ".json"
+    watch = harness.start(args, paths=[path], prog=p.prog)  # no comm: this driver runs alone, its launches measure
+    if watch is None:
+        return 2
     flavour = _flavour(_mpiexec())
     runs = configurations(flavour)
     if args.only:
@@ -209,7 +204,6 @@ def main(argv=None):
     result.update(P=args.n, flavour=flavour, rounds=args.rounds, configurations=[n for n, _ in runs],
                   load_average=list(os.getloadavg()), bind=args.bind or None, range_bytes=[lo, hi],
                   library=next((r.get("mpi_library") for g in rounds for r in g.values() if r), None))
-    prov.stamp(result, watch, P=args.n, command=command_line("experiments.bench.mpi_baseline", argv))
     print(f"\nP = {args.n}, {result['library']}: best-of-{flavour} time / commlab's best time "
           f"(= commlab busbw / best-of-MPI busbw), median [range] over {args.rounds} rounds")
     print(f"{'size':>10} {'ratio':>7} {'range':>13} {'default MPI':>11}  commlab best / MPI best")
@@ -221,9 +215,7 @@ def main(argv=None):
     if g:
         print(f"geometric mean over {args.min_bytes}-{args.max_bytes}: {g['median']:.2f}x "
               f"(range {g['min']:.2f}-{g['max']:.2f}x over {g['rounds']} rounds)")
-    with open(out + ".json", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}.json")
+    harness.finish(result, watch, path, P=args.n, module="experiments.bench.mpi_baseline", argv=argv)
     return 0 if g else 1
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import collectives
 import collectives.schedules.registry
 from collectives.schedules import load_algorithm
-from commlab import provenance as prov
+from experiments import harness
 from experiments.bench.output import UNSTABLE
 from training.settings.options import INT32_MAX, Parser, byte_count, integer, names, outpath, parsed_by, real, text
 
@@ -163,7 +163,7 @@ def _parser():
                    help="after timing each row of a hand-made algorithm, record 10 more calls round by round "
                         "(collectives.engine.timeline): print the slowest rank's rounds and write their "
                         "Chrome/Perfetto trace to PREFIX-OP-ALGORITHM-BYTES.json (default: none)")
-    prov.add_options(p, real)
+    harness.add_options(p)
     return p
 
 

@@ -16,7 +16,6 @@ the median is flagged. Target: wall-time ratio <= 1.0 in every cell. Results go 
 ``--allow-noisy`` marks its file noisy).
 """
 import argparse
-import json
 import platform
 import socket
 import statistics
@@ -24,11 +23,11 @@ import time
 
 import numpy
 
-from commlab import provenance as prov
-from commlab.provenance import command_line, unwritable
+from commlab.provenance import mpi_library
+from experiments import harness
 from plots.tables.study_tables import trainer_table
 from commlab.job_control import limit_threads
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, text
 
 __all__ = ["SIZES", "numpy_step", "torch_step", "make_batches", "time_interleaved", "bench_cell",
            "main"]
@@ -221,9 +220,6 @@ def _parser():
                    help="optimizers: sgd (momentum 0.9, lr 0.01) and/or adam (lr 1e-3) (default: both)")
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=None,
                    help="steps per timed repeat (default: 40 at batch <= 32, 20 at <= 128, 8 above)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=7,
-                   help="timed repeats per framework and cell, alternating; median and range reported "
-                        "(default: 7)")
     p.add_argument("--warmup", type=integer(0, INT32_MAX), default=3, help="untimed steps per framework and cell (default: 3)")
     p.add_argument("--threads", type=integer(0, INT32_MAX), default=1, help="BLAS / PyTorch threads (default: 1)")
     p.add_argument("--model", type=text(), default="-".join(map(str, SIZES)), metavar="W0-W1-...-WL",
@@ -233,8 +229,7 @@ def _parser():
                    help="PyTorch's zero_grad: none (set_to_none=True, PyTorch's default: backward hands "
                         "its gradient tensors over) or zeros (set_to_none=False: gradients zeroed, "
                         "backward adds into them) (default: none)")
-    p.add_argument("--out", type=outpath(), default="results/bench_trainer.json", help="results file (JSON; default: %(default)s)")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/bench_trainer.json", repeats=7)
     return p
 
 
@@ -246,29 +241,21 @@ def main(argv=None):
     """Run the grid, print the table, write the results file; return the exit status (0).
 
     Exits 2 with one error line before any timing on a bad argument, an unwritable ``--out`` or a
-    busy machine (:func:`commlab.provenance.guard`).
+    busy machine (:func:`experiments.harness.start`).
     """
     p = _parser()
     args = p.parse_args(argv)
-    for name in ("steps", "repeats", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {args.warmup}")
-    if bad := [b for b in args.batch if b < 1]:
-        p.error(f"--batch must be >= 1, got {bad[0]}")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
     try:
         sizes = tuple(int(w) for w in args.model.split("-"))
     except ValueError:
         sizes = ()
     if len(sizes) < 2 or min(sizes) < 1:
         p.error(f"--model must be at least two positive widths joined by '-', got {args.model!r}")
-    if why := unwritable(args.out):  # fail before the timing, not after it
-        p.error(f"cannot write --out: {why}")
-    try:
-        watch = prov.guard(args)
-    except ValueError as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
+    watch = harness.start(args, paths=[args.out], prog=p.prog)  # before the timing, not after it
+    if watch is None:
+        return 2
     torch = None
     if not args.no_torch:
         try:
@@ -286,8 +273,6 @@ def main(argv=None):
                               set_to_none=args.torch_zero_grad == "none")
             cell["steps"] = steps
             cells.append(cell)
-    from commlab.provenance import mpi_library
-
     result = {"model": list(sizes), "dtype": "float32", "batches": args.batch, "optimizers": args.optimizer,
               "repeats": args.repeats, "warmup": args.warmup, "threads": args.threads,
               "blas_threads_limited": limited, "numpy": numpy.__version__,
@@ -295,7 +280,6 @@ def main(argv=None):
               "torch_zero_grad": None if torch is None else args.torch_zero_grad, "mpi_library": mpi_library(), "size": 1,
               "host": socket.gethostname(), "python": platform.python_version(),
               "cpu": platform.processor() or platform.machine(), "cells": cells}
-    prov.stamp(result, watch, P=1, command=command_line("experiments.bench.trainer", argv))
     print(f"MLP {'-'.join(map(str, sizes))}, float32, {args.threads} thread(s): forward + backward + "
           f"optimizer step; median [range] of {args.repeats} alternating repeats"
           + ("" if torch is None else f"; PyTorch {torch.__version__}, zero_grad set_to_none="
@@ -308,9 +292,7 @@ def main(argv=None):
         print(f"cells with wall-time ratio median <= 1.0: {sum(c['ratio']['median'] <= 1.0 for c in cells)} "
               f"of {len(cells)}" + (f"; unstable (wall-time ratios spread > {SPREAD_FLAG:.0%} of the median): "
                                     + ", ".join(shaky) if shaky else ""))
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    print(f"-> {args.out}")
+    harness.finish(result, watch, args.out, P=1, module="experiments.bench.trainer", argv=argv)
     return 0
 
 

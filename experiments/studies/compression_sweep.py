@@ -32,8 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from collectives.compression import make_compressor, make_hook, parse_compression_args, split_key_value
-from commlab import provenance as prov
-from commlab.provenance import command_line
+from experiments import harness
 from training.runtime.build import build_model
 from training.settings.cli import parse_args, parse_on_every_rank
 from training.data.datasets import load_dataset
@@ -43,7 +42,7 @@ from commlab.run_files import run_info
 from training.runtime.progress import progress_bar
 from training.train import run
 from experiments.studies.compression_report import check_lines, markdown_table, table, targets
-from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, listof, text
 
 __all__ = ["SweepConfig", "STUDY", "parse_spec", "base_config", "check_study", "run_study", "main"]
 
@@ -65,6 +64,7 @@ class SweepConfig:
     progress: bool = True             # rank 0's bar of the runs (in place on a terminal, else a line per 30 s)
     max_load: float = None            # refuse to start above this load average (None: 0.25 x cores)
     allow_noisy: bool = False         # start on a busy machine anyway, the results marked noisy
+    settle: float = 0.0               # seconds rank 0 may wait for the load average to fall below max_load
 
 
 def parse_spec(spec):
@@ -197,7 +197,7 @@ def _wire_benchmark(spec, n, shapes, algorithm, steps, comm):
     return float(np.mean(wire))
 
 
-def run_study(cfg, comm=None, watch=None, command=None):
+def run_study(cfg, comm=None, watch=None, argv=None):
     """Run the study on ``comm`` and write the results files (rank 0); return the results dict.
 
     Parameters
@@ -206,10 +206,10 @@ def run_study(cfg, comm=None, watch=None, command=None):
     comm : mpi4py.MPI.Comm, optional
         Default ``MPI.COMM_WORLD``.
     watch : commlab.provenance.LoadWatch, optional
-        Every rank's :func:`commlab.provenance.guard`: rank 0's results then carry their
-        ``provenance`` (:func:`commlab.provenance.stamp`), and the other ranks stop sampling.
-    command : str, optional
-        The command line the provenance names (default: this process's).
+        Every rank's :func:`experiments.harness.start`: rank 0's results then carry their
+        ``provenance`` (:func:`experiments.harness.finish`), and the other ranks stop sampling.
+    argv : list of str, optional
+        The arguments of the command line the provenance names (default: this process's).
 
     Returns
     -------
@@ -247,10 +247,13 @@ def run_study(cfg, comm=None, watch=None, command=None):
                "train_config": base.to_dict(), "run": run_info(comm), "parameters": n,
                "shapes": [list(s) for s in shapes], "runs": runs, "table": rows,
                "targets": targets(rows)}
+    path = os.path.join(cfg.out, "compression_sweep.json")
     if watch is not None:
-        prov.stamp(results, watch, P=comm.Get_size(), command=command)
-    os.makedirs(cfg.out, exist_ok=True)
-    write_json(os.path.join(cfg.out, "compression_sweep.json"), results)
+        harness.finish(results, watch, path, P=comm.Get_size(), module="experiments.studies.compression_sweep",
+                       argv=argv, show=lambda r: "\n".join([markdown_table(r["table"]), *check_lines(r)]))
+    else:
+        os.makedirs(cfg.out, exist_ok=True)
+        write_json(path, results)
     keys = ["spec", "bits_per_element", "bytes_per_step", "ratio_to_none", "wire_bytes_per_step",
             "wire_ratio_to_none", "test_acc_mean", "test_acc_min", "test_acc_max", "delta_points",
             "codec_ms", "seeds"]
@@ -272,7 +275,6 @@ def _build_parser():
                    help="compressor spec, repeatable (default: the study list: %s)" % " ".join(STUDY))
     p.add_argument("--seeds", type=listof(integer(0, INT32_MAX)), default="0,1,2", help="training seeds, comma separated (default: 0,1,2)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20, help="epochs per training run (default: 20)")
-    p.add_argument("--out", type=outpath(folder=True), default="results/compression", help="results directory (default: %(default)s)")
     p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE", dest="train_args",
                    help="training flag of python -m training.train as KEY=VALUE, repeatable "
                         "(e.g. optimizer=sgd, lr=0.05, hidden=64,32)")
@@ -281,7 +283,7 @@ def _build_parser():
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="rank 0's bar of the runs: redrawn in place on a terminal (mpiexec's included), "
                         "else one line every 30 s (default: on)")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/compression", folder=True)
     return p
 
 
@@ -292,7 +294,8 @@ def _configure(argv, comm):
     seeds = tuple(args.seeds)
     cfg = SweepConfig(compressors=tuple(args.compressors or STUDY), seeds=seeds, epochs=args.epochs,
                       out=args.out, train_args=tuple(args.train_args), bench_steps=args.bench_steps,
-                      progress=args.progress, max_load=args.max_load, allow_noisy=args.allow_noisy)
+                      progress=args.progress, max_load=args.max_load, allow_noisy=args.allow_noisy,
+                      settle=args.settle)
     try:
         check_study(cfg, comm)
     except ValueError as e:  # the same on every rank: rank 0 prints one line, every rank exits 2
@@ -303,22 +306,16 @@ def _configure(argv, comm):
 def main(argv=None):
     """Command-line entry point (every rank); returns 0, or exits with status 2 on a configuration error.
 
-    A busy machine (:func:`commlab.provenance.guard`) exits 2 too, with one error line from rank 0,
-    before any run; ``--allow-noisy`` runs anyway and marks the results noisy.
+    A busy machine or an unwritable results file (:func:`experiments.harness.start`) exits 2 too, with
+    one error line from rank 0, before any run; ``--allow-noisy`` runs anyway and marks the results noisy.
     """
     comm = MPI.COMM_WORLD
     cfg = parse_on_every_rank(partial(_configure, comm=comm), argv, comm.Get_rank())  # errors once
-    try:
-        watch = prov.guard(cfg, comm)  # rank 0's verdict on every rank
-    except ValueError as e:
-        if comm.Get_rank() == 0:
-            print(f"{_build_parser().prog}: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    results = run_study(cfg, comm, watch, command_line("experiments.studies.compression_sweep", argv))
-    if results is not None:
-        print(markdown_table(results["table"]))
-        print("\n".join(check_lines(results)))
-        print(f"results: {os.path.join(cfg.out, 'compression_sweep.json')}")
+    paths = [os.path.join(cfg.out, f"compression_sweep.{ext}") for ext in ("json", "csv")]
+    watch = harness.start(cfg, comm, paths=paths, prog=_build_parser().prog)
+    if watch is None:
+        return 2
+    run_study(cfg, comm, watch, argv)
     return 0
 
 

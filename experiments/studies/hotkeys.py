@@ -18,7 +18,6 @@ wherever the runs see the same samples (the study reports the difference).
 The result (``--out``) holds every run, the per-sharding medians and ranges over the seeds, and the
 provenance of :mod:`commlab.provenance` (nothing here is timed, so a busy machine does not change it).
 """
-import argparse
 import json
 import os
 import statistics

@@ -19,7 +19,6 @@ bubble against (Q - 1) / (m + Q - 1), and the activation bytes each stage holds.
 Results carry the configuration, the MPI library, P, the host and the ``provenance`` (:mod:`commlab.provenance`:
 on a busy machine the study refuses to start unless ``--allow-noisy`` marks its file noisy).
 """
-import json
 import statistics
 import sys
 import time
@@ -27,8 +26,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from commlab import provenance as prov
-from commlab.provenance import command_line, unwritable
+from experiments import harness
 from plots.tables.study_tables import model_parallel_table
 from training.settings.config import Config
 from training.model_parallel.grid_train import build_hybrid, hybrid_step
@@ -36,7 +34,7 @@ from training.model_parallel.grid_report import rank_memory
 from commlab.job_control import limit_threads
 from commlab.run_files import run_info
 from training.model_parallel.pipeline import bubble_formula
-from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, listof
 
 __all__ = ["grids", "measure", "main"]
 
@@ -106,7 +104,6 @@ def _ratio_summary(values):
 def _parse(argv):
     p = Parser(prog="mpiexec -n P python -m experiments.studies.model_parallel_study",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=outpath(), default="results/model_parallel.json", help="results file (JSON)")
     p.add_argument("--hidden", type=listof(integer(1, 1 << 20)), default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
     p.add_argument("--features", type=integer(1, INT32_MAX), default=2048, help="input features of the synthetic data")
     p.add_argument("--batch", type=integer(1, INT32_MAX), default=64, help="global batch (samples)")
@@ -114,7 +111,7 @@ def _parse(argv):
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=integer(1, INT32_MAX), default=3, help="rounds over all grids (median and range)")
     p.add_argument("--bubble-micro-batches", type=listof(integer(1, 4096), least=0), default="1,2,4,8", help="m values of the bubble part ('' skips it)")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/model_parallel.json")
 
     @p.check
     def _every_grid(args):  # each grid the study will measure is a valid training run: checked before any runs
@@ -199,35 +196,20 @@ def main(argv=None):
     -------
     int
         0, or 2 when the results file cannot be written or the machine is busy
-        (:func:`commlab.provenance.guard`), found before anything runs, on every rank.
+        (:func:`experiments.harness.start`), found before anything runs, on every rank.
     """
     args = _parse(argv)
     comm = MPI.COMM_WORLD
-    problem = unwritable(args.out) if comm.Get_rank() == 0 else None
-    if _reduce(comm, 1.0 if problem else 0.0, MPI.MAX):
-        if comm.Get_rank() == 0:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        watch = prov.guard(args, comm)  # rank 0's verdict on every rank
-    except ValueError as e:
-        if comm.Get_rank() == 0:
-            print(f"error: {e}", file=sys.stderr)
+    watch = harness.start(args, comm, paths=[args.out])
+    if watch is None:
         return 2
     limit_threads(1)  # one BLAS thread per rank: the ranks share the cores
     hidden = tuple(args.hidden)
     base = _base(args)
     results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
                "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
-    if comm.Get_rank() != 0:
-        watch.summary()  # stops this rank's sampling: rank 0 alone writes
-    else:
-        prov.stamp(results, watch, P=comm.Get_size(),
-                   command=command_line("experiments.studies.model_parallel_study", argv))
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
-        print(model_parallel_table(results))
-        print(f"wrote {args.out}")
+    harness.finish(results, watch, args.out, comm=comm, module="experiments.studies.model_parallel_study", argv=argv,
+                   show=model_parallel_table)
     return 0
 
 

@@ -34,7 +34,6 @@ Rank 0 writes ``OUT/serving_study.json`` (configuration, MPI library, P, host, e
 study refuses to start unless ``--allow-noisy`` marks its results noisy.
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -47,8 +46,7 @@ from tabulate import tabulate
 
 import collectives
 from collectives.model.auto import select_allreduce
-from commlab import provenance as prov
-from commlab.provenance import command_line, unwritable
+from experiments import harness
 from experiments.studies.load_sweep import add_options as add_load_options
 from experiments.studies.load_sweep import capacity, load_sweep
 from plots.serving import load_table
@@ -61,7 +59,7 @@ from training.runtime.checkpoint import root_bytes
 from training.settings.config import Config
 from commlab.run_files import run_info
 from training.train import run as train
-from training.settings.options import INT32_MAX, Parser, integer, listof, outpath, parsed_by, real, text
+from training.settings.options import INT32_MAX, Parser, integer, listof, parsed_by, real, text
 
 __all__ = ["main", "policy_sweep", "replicated_vs_tensor", "allreduce_sizes", "tp_algorithms", "markdown"]
 
@@ -214,10 +212,8 @@ def _parts(text):
 def _parser():
     """Return the study's argument parser."""
     p = Parser(prog="mpiexec -n 4 python -m experiments.studies.serving_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=outpath(folder=True), default="results/serving", help="results folder")
     p.add_argument("--checkpoint", type=text(), default="", help="training run to serve (default: train OUT/model first)")
     p.add_argument("--parts", type=parsed_by(_parts, 'parts to run'), default="ABCDE", help="parts to run (letters of ABCDE)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=3, help="repeats of every point")
     p.add_argument("--fractions", type=listof(real(0, 100, low_open=True)),
                    default=[0.2, 0.4, 0.6, 0.7, 0.8, 0.9], help="offered load as fractions of capacity")
     p.add_argument("--seconds", type=real(0, 1e15, low_open=True), default=1.5, help="length of an open-loop point (s of arrivals)")
@@ -234,7 +230,7 @@ def _parser():
     p.add_argument("--tp-clients", type=integer(1, INT32_MAX), default=1,
                    help="part D: closed-loop clients (1: one request at a time, latency without queueing)")
     add_load_options(p)
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/serving", folder=True, repeats=3)
     return p
 
 
@@ -243,19 +239,12 @@ def main(argv=None):
 
     0, or 2 after one error line (rank 0) before anything runs: a ``--checkpoint`` that is missing
     or unusable (:func:`inference.replicas.predictor.load_spec`'s checks), not 4 ranks, an unwritable results
-    file, or a busy machine (:func:`commlab.provenance.guard`).
+    file, or a busy machine (:func:`experiments.harness.start`).
     """
     args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD
     results = os.path.join(args.out, "serving_study.json")
-
-    def check():
-        why = unwritable(results)
-        if why:
-            raise OSError(why)
-        return b""
-
-    try:  # CheckpointError is a ValueError; root_bytes raises rank 0's OSError as a RuntimeError
+    try:  # CheckpointError is a ValueError
         try:
             if args.checkpoint:
                 load_spec(args.checkpoint, world)  # read and checked once, before hours of measurement
@@ -263,11 +252,12 @@ def main(argv=None):
             raise ValueError(f"--checkpoint: {e}") from None
         if world.size != 4:
             raise ValueError("the serving study runs on 4 ranks (mpiexec -n 4)")
-        root_bytes(world, check)
-        watch = prov.guard(args, world)  # rank 0's verdict on every rank, before the model is trained
     except (RuntimeError, ValueError) as e:
         if world.rank == 0:
             print(f"error: {e}", file=sys.stderr)
+        return 2
+    watch = harness.start(args, world, paths=[results])  # before the model is trained
+    if watch is None:
         return 2
     ckpt = args.checkpoint or _train_model(args.out, world)
     points, caps = policy_sweep(args, ckpt, world, args.out) if "A" in args.parts else ([], [])
@@ -293,17 +283,12 @@ def main(argv=None):
         two = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
         load = load_sweep(args, ckpt, two, args.out) if two != MPI.COMM_NULL else []
         _idle(world)
-    if world.rank == 0:
-        doc = {"study": vars(args), "checkpoint": ckpt, "run": run_info(world), "capacities_rps": caps,
-               "load_capacity_rps": capacity(args), "points": points + tp + load, "allreduce": ar, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        doc["ratios_at_80"] = ratios(points, 0.8)
-        prov.stamp(doc, watch, P=world.size, command=command_line("experiments.studies.serving_study", argv))
-        with open(results, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-        print(markdown(doc))
-        print(f"wrote {results}")
-    else:
-        watch.summary()  # stops this rank's sampling: rank 0 alone writes
+    doc = None if world.rank else {
+        "study": vars(args), "checkpoint": ckpt, "run": run_info(world), "capacities_rps": caps,
+        "load_capacity_rps": capacity(args), "points": points + tp + load, "allreduce": ar,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "ratios_at_80": ratios(points, 0.8)}
+    harness.finish(doc, watch, results, comm=world, module="experiments.studies.serving_study", argv=argv,
+                   show=markdown)
     return 0
 
 

@@ -38,17 +38,15 @@ from mpi4py import MPI
 from tabulate import tabulate
 
 from collectives.compression import parse_literal, split_key_value
-from commlab import provenance as prov
-from commlab.provenance import command_line
+from experiments import harness
 from experiments.outputs import run_or_report
 from training.runtime.checkpoint import root_bytes
 from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
 from training.driver.preflight import check_run
-from commlab.file_formats import write_json
 from commlab.run_files import run_info
 from training.train import run
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
+from training.settings.options import INT32_MAX, Parser, integer, real, text
 
 __all__ = ["PROTOCOLS", "parse_protocol", "base_config", "clean_previous", "run_sweep", "markdown_table",
            "summary_lines", "main"]
@@ -258,12 +256,9 @@ def _parser():
                "ssp0 is BSP, e.g. ssp2. Draw the results with: python -m plots.staleness "
                "OUT/staleness_sweep.json. The study of the SSP papers' claims (transient delays, a "
                "persistent straggler, 1-4 servers) is python -m experiments.studies.ps_study.")
-    p.add_argument("--out", type=outpath(folder=True), default="results/staleness",
-                   help="results directory; its previous sweep is removed first (default: %(default)s)")
     p.add_argument("--protocols", type=text(), default=",".join(PROTOCOLS), metavar="LIST",
                    help="comma-separated protocols: bsp, asp, or sspS with S the staleness bound in clocks "
                         "(ssp2: at most 2 clocks stale) (default: %(default)s)")
-    p.add_argument("--repeats", type=integer(1, INT32_MAX), default=1, help="runs per protocol, interleaved (default: 1)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=20, help="epochs per run (default: 20)")
     p.add_argument("--straggler", type=text(), default="2:4",
                    help="slow worker RANK:FACTOR (its step takes FACTOR x its compute time), '' for none "
@@ -272,7 +267,8 @@ def _parser():
                    help="extra random delay per step, uniform in [0, JITTER] seconds (default: 0)")
     p.add_argument("--set", type=text(), action="append", default=[], metavar="KEY=VALUE",
                    help="change a training setting (repeatable), e.g. --set optimizer=sgd")
-    prov.add_options(p, real)
+    harness.add_options(p, out="results/staleness", folder=True, repeats=1,
+                        what="results directory; its previous sweep is removed first")
     return p
 
 
@@ -282,10 +278,10 @@ def main(argv=None):
     Returns
     -------
     int
-        0 on success, 2 after a bad argument (one message from rank 0), 1 after an error raised on
-        every rank (one message, printed by rank 0; a busy machine among them,
-        :func:`commlab.provenance.guard`, before the previous sweep is removed); an error on some
-        ranks only aborts the job so that nothing hangs.
+        0 on success, 2 after a bad argument or on a busy machine (one message from rank 0,
+        :func:`experiments.harness.start`, before the previous sweep is removed), 1 after an error
+        raised on every rank (one message, printed by rank 0); an error on some ranks only aborts the
+        job so that nothing hangs.
     """
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -297,8 +293,6 @@ def main(argv=None):
             raise ValueError("--protocols is empty")
         for p in protocols:
             parse_protocol(p)
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         base = base_config(args.epochs, args.straggler, args.jitter, args.set)
         for p in protocols:  # the trainer's own job checks, before the previous sweep is removed
             consistency, s = parse_protocol(p)
@@ -307,10 +301,12 @@ def main(argv=None):
         if rank0:
             parser.error(str(e))
         return 2
-    echo = (lambda *a: print(*a, flush=True)) if rank0 else (lambda *a: None)
+    echo = harness.echo(comm)
+    watch = harness.start(args, comm, paths=[os.path.join(args.out, RESULTS)], prog=parser.prog)
+    if watch is None:  # before anything is removed
+        return 2
 
     def body():
-        watch = prov.guard(args, comm)  # rank 0's verdict on every rank, before anything is removed
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         removed = root_bytes(comm, lambda: str(len(clean_previous(args.out))).encode(), OSError).decode()
         echo(f"staleness sweep on {comm.Get_size()} ranks ({base.servers} server), straggler "
@@ -319,29 +315,27 @@ def main(argv=None):
                                                 if removed != "0" else ""))
         runs = run_sweep(base, protocols, args.repeats, args.out, comm, echo)
         if rank0:
-            _write(args, base, protocols, runs, started, comm, watch,
-                   command_line("experiments.studies.staleness_sweep", argv))
+            _write(args, base, protocols, runs, started, comm, watch, argv)
         else:
             watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
     return run_or_report(body, comm)
 
 
-def _write(args, base, protocols, runs, started, comm, watch, command):
-    """Rank 0: write ``staleness_sweep.json`` (stamped with ``watch`` and ``command``), print the summary."""
+def _write(args, base, protocols, runs, started, comm, watch, argv):
+    """Rank 0: write ``staleness_sweep.json`` (stamped with ``watch`` and the command of ``argv``), print the
+    summary."""
     rows = _table(runs, protocols)
     summary = _summary(rows)
     results = {"experiment": "staleness_sweep", "sweep": vars(args), "train_config": base.to_dict(),
                "run": run_info(comm), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                "runs": runs, "table": rows, "summary": summary}
-    prov.stamp(results, watch, P=comm.Get_size(), command=command)
     path = os.path.join(args.out, RESULTS)
-    write_json(path, results)
-    print(markdown_table(rows))
-    print("\n".join(summary_lines(summary, args.repeats)))
+    lines = [markdown_table(rows), *summary_lines(summary, args.repeats)]
     if args.straggler and any(parse_protocol(p)[0] == "ssp" for p in protocols):
-        print(textwrap.fill(_PERSISTENT, 100))
-    print(f"wrote {path}; draw with: python -m plots.staleness {path}", flush=True)
+        lines.append(textwrap.fill(_PERSISTENT, 100))
+    harness.finish(results, watch, path, comm=comm, module="experiments.studies.staleness_sweep", argv=argv,
+                   show=lambda _: "\n".join(lines + [f"draw with: python -m plots.staleness {path}"]))
 
 
 if __name__ == "__main__":
