@@ -18,8 +18,9 @@ and run without mpi4py.
 
 Subpackages, bottom to top (each may import only those below it)::
 
-    errors, backend           the error classes, dtypes/ops rules and argument checks
+    errors, backend           the error classes, dtypes/ops rules
     schedules                 pure schedule builders and the algorithm registry (no MPI)
+    arguments                 every argument check, raised on every rank before any message
     engine | model            side by side, neither imports the other: the executor, requests,
                               deadlines, fingerprints, contexts, buffers, trace | the cost model,
                               simulator, ``auto`` and its tables (no MPI)

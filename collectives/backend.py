@@ -1,8 +1,9 @@
-"""Array modules, dtype and op tables, argument checks, and GPU buffer handling.
+"""Dtype and op tables, argument checks, and GPU buffer handling of the collectives.
 
 Array code in commlab is written once against an *array module* ``xp`` (NumPy, or CuPy for device
-arrays). This module picks it from the input, holds the supported dtypes and reduction ops, checks
-arguments before any message is sent, and decides how device buffers reach MPI:
+arrays), picked from the input by :func:`commlab.arrays.get_array_module`. This module holds the
+supported dtypes and reduction ops, checks arguments before any message is sent, and decides how
+device buffers reach MPI:
 
 * **direct**: the MPI library is CUDA-aware, so device buffers are handed to MPI as they are (mpi4py
   reads their ``__cuda_array_interface__``);
@@ -22,9 +23,8 @@ import numpy
 from commlab.provenance import mpi_library
 
 __all__ = [
-    "DTYPES", "COPY_DTYPES", "OPS", "get_array_module", "is_device_array", "to_host", "accumulation_dtype", "check_op",
-    "check_dtype", "check_op_dtype", "check_root", "check_algorithm", "check_timeout", "cuda_aware",
-    "DeviceTransport", "register_device_module", "BFLOAT16", "op_name", "mpi_library_key",
+    "DTYPES", "COPY_DTYPES", "OPS", "accumulation_dtype", "cuda_aware",
+    "DeviceTransport", "BFLOAT16", "mpi_library_key",
 ]
 
 #: ``ml_dtypes.bfloat16`` as a NumPy dtype.
@@ -42,157 +42,10 @@ COPY_DTYPES = DTYPES[:5] + tuple(numpy.dtype(t) for t in ("int8", "uint8", "int1
 #: (floats: true division; integers: floor division, ``numpy.floor_divide``).
 OPS = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "avg": "add"}
 
-_DEVICE_MODULES = {}  # array type -> array module, for device arrays that are not CuPy's
-
-
-def register_device_module(array_type, module):
-    """Register the array module used for device arrays of ``array_type``.
-
-    CuPy arrays are recognised without registration. Tests use this to drive the device code paths
-    on the CPU with a host-memory array type that exposes ``__cuda_array_interface__``.
-
-    Parameters
-    ----------
-    array_type : type
-        Array class whose instances expose ``__cuda_array_interface__``.
-    module : module-like
-        Namespace with NumPy's array API (``empty``, ``add``, ``copyto``, ...) for that type.
-    """
-    _DEVICE_MODULES[array_type] = module
-
-
-def to_host(a):
-    """Return ``a`` as a NumPy array: device (CuPy) arrays are copied to the host, NumPy arrays are not copied.
-
-    The one host copy of commlab (checkpoints, logs, plots, the parameter server's host shards).
-
-    Parameters
-    ----------
-    a : array-like
-        NumPy or CuPy array, or anything ``numpy.asarray`` takes.
-
-    Returns
-    -------
-    numpy.ndarray
-    """
-    return a.get() if not isinstance(a, numpy.ndarray) and hasattr(a, "get") else numpy.asarray(a)
-
-
-def is_device_array(x):
-    """Return True when ``x`` lives in device memory (it exposes ``__cuda_array_interface__``)."""
-    return hasattr(x, "__cuda_array_interface__")
-
-
-def get_array_module(x):
-    """Return the array module (NumPy or CuPy) that owns ``x``.
-
-    Parameters
-    ----------
-    x : array-like
-        NumPy array, CuPy array, a registered device array type, or anything ``numpy.asarray`` takes.
-
-    Returns
-    -------
-    module
-        ``numpy`` for host data, ``cupy`` for CuPy arrays, the registered module for other device types.
-    """
-    if type(x) is numpy.ndarray:
-        return numpy
-    for cls in type(x).__mro__:
-        if cls in _DEVICE_MODULES:
-            return _DEVICE_MODULES[cls]
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy  # optional dependency, imported only for CuPy input
-
-        return cupy
-    return numpy
-
-
 def accumulation_dtype(dtype):
     """Return the dtype reductions accumulate in: float32 for float16 and bfloat16, else ``dtype`` itself."""
     dtype = numpy.dtype(dtype)
     return numpy.dtype(numpy.float32) if dtype == numpy.float16 or dtype in _BF16 else dtype
-
-
-def op_name(op):
-    """Return the name of ``op``: a name of :data:`OPS` as it is, ``mpi4py.MPI.SUM/PROD/MIN/MAX`` as its name.
-
-    Parameters
-    ----------
-    op : str or mpi4py.MPI.Op
-        ``"sum"``, ``"prod"``, ``"min"``, ``"max"``, ``"avg"``, or one of the four predefined MPI ops.
-
-    Returns
-    -------
-    str or object
-        The op name; anything else is returned unchanged, for :func:`check_op` to refuse.
-    """
-    if type(op) is str:
-        return op
-    from mpi4py import MPI
-
-    if isinstance(op, MPI.Op):
-        for name, mpi_op in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN), ("max", MPI.MAX)):
-            if op == mpi_op:
-                return name
-    return op
-
-
-def check_op(op):
-    """Raise ``ValueError`` naming ``op`` unless it is one of :data:`OPS` (names; MPI ops go through :func:`op_name`)."""
-    if not isinstance(op, str) or op not in OPS:
-        raise ValueError(f"unknown op {op!r}: expected one of {', '.join(OPS)} "
-                         "(or mpi4py.MPI.SUM, PROD, MIN, MAX)")
-
-
-def check_dtype(dtype, what="x", allowed=DTYPES):
-    """Raise ``TypeError`` unless ``dtype`` is one of ``allowed`` (default :data:`DTYPES`)."""
-    dt = numpy.dtype(dtype)
-    if dt not in allowed:
-        names = ", ".join(d.name for d in allowed)
-        if dt.byteorder not in ("=", "|") and dt.newbyteorder("=") in allowed:
-            raise TypeError(f"{what} has dtype {dt.str} in non-native byte order: convert it first "
-                            f"(x.astype(x.dtype.newbyteorder('='))); expected one of {names} in native order")
-        raise TypeError(f"{what} has unsupported dtype {dt.name}: expected one of {names}")
-
-
-def check_op_dtype(op, dtype):
-    """Check ``op`` and ``dtype`` and their pairing.
-
-    Raises
-    ------
-    ValueError
-        Unknown op.
-    TypeError
-        Unsupported dtype. Every op is defined on every supported dtype (``avg`` on integers is the
-        floor of the mean), so no pair is refused beyond that.
-    """
-    check_op(op)
-    check_dtype(dtype)
-
-
-def check_root(root, size):
-    """Raise ``TypeError`` unless ``root`` is an integer, ``ValueError`` unless it is in ``[0, size)``."""
-    if isinstance(root, (bool, numpy.bool_)) or not isinstance(root, (int, numpy.integer)):
-        raise TypeError(f"root must be an integer rank, not {type(root).__name__} {root!r}")
-    if not 0 <= root < size:
-        raise ValueError(f"root={root!r} is out of range for a communicator of size {size}")
-
-
-def check_algorithm(algorithm, known, what="algorithm"):
-    """Raise ``ValueError`` naming ``algorithm`` unless it is in ``known``."""
-    if algorithm not in known:
-        raise ValueError(f"unknown {what} {algorithm!r}: expected one of {', '.join(known)}")
-
-
-def check_timeout(timeout):
-    """Return ``timeout`` as float seconds (or None); ``ValueError`` unless it is None or finite and > 0."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, (bool, numpy.bool_)) or not isinstance(timeout, (int, float, numpy.integer, numpy.floating)) \
-            or not timeout > 0 or timeout == float("inf"):
-        raise ValueError(f"timeout={timeout!r} must be None or a positive number of seconds")
-    return float(timeout)
 
 
 def mpi_library_key(version=None):

@@ -17,13 +17,14 @@ import numpy
 from mpi4py import MPI
 
 from collectives.schedules.registry import check_algorithm
-from collectives.backend import COPY_DTYPES, check_timeout, get_array_module
+from collectives.backend import COPY_DTYPES
+from collectives.arguments import as_array, check_comm, check_out, check_timeout
+from commlab.arrays import get_array_module
 from collectives.errors import DtypeMismatch
-from collectives.engine.buffers import adopt, as_array, check_out, raw
-from collectives.engine.context import check_comm, existing_context, get_context
+from collectives.engine.buffers import adopt, raw
+from collectives.engine.context import CallRecord, existing_context, get_context
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import block_code, checks_enabled, debug_enabled, key_code, settings_token
-from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import call, finish_lean, lean_pair, mismatch, run_library
 from collectives.schedules.ring import ring_allgather
 from collectives.schedules.schedule import segmented
@@ -35,8 +36,7 @@ _SIG = 10  # int64 words in an all-gather signature: ndim, dtype code, then up t
 _ROW = _SIG + 1  # a rank's row in the signature exchange: its signature, then its call fingerprint
 
 
-@keyword_form
-def allgather(x, *args, comm=None, algorithm="ring", out=None, timeout=None):
+def allgather(x, *, comm=None, algorithm="ring", out=None, timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order (all-gather-v, or all-gather with ``out``).
 
     Without ``out`` (``MPI_Allgatherv``'s form: blocks may differ in length), a first exchange of a
@@ -95,8 +95,6 @@ def allgather(x, *args, comm=None, algorithm="ring", out=None, timeout=None):
     ...
     ValueError: unknown allgather algorithm 'tree': expected one of ring, shm, mpi, auto
     """
-    if args:
-        positional('allgather', args)
     if type(x) is numpy.ndarray and type(out) is numpy.ndarray:
         got = _repeated_equal(x, comm, algorithm, timeout, out)  # a repeated equal-shape call: its plan
         if got is not None:
@@ -307,7 +305,7 @@ class _EqualPlan:
             fp, want, fp_spec = lean_pair(self.key)
             nbytes = x.size * (size - 1) * x.dtype.itemsize
             self.lean = (settings_token(), (fp, want), fp_spec, MPI.Datatype.fromcode(self.block[3].char),
-                         (("allgather", "mpi", size * x.size, x.dtype, nbytes, None, None, True), nbytes))
+                         CallRecord("allgather", "mpi", size * x.size, x.dtype, nbytes, None, None, True))
 
     def run(self, ctx, x, out, timeout):
         """Gather ``x`` (the plan's shape and dtype) from every rank into ``out``; return ``out``.
@@ -339,11 +337,11 @@ class _EqualPlan:
         """The library calls of a repeated host call without a deadline, as :func:`call` posts them:
         the 2-element fingerprint all-reduce and ``MPI_Iallgather`` in place, waited together, with
         the buffers' MPI datatypes given (mpi4py reads no array format) and the statistics made once."""
-        _, pair, fp_spec, kind, stats = lean
+        _, pair, fp_spec, kind, record = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for an all-gather)
         comm = ctx.comm
         reqs = [comm.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), comm.Iallgather(MPI.IN_PLACE, [flat, kind])]
-        finish_lean(ctx, self.key, reqs, pair, stats, "MPI_Allgather")
+        finish_lean(ctx, self.key, reqs, pair, record, "MPI_Allgather")
         return out
 
 

@@ -30,9 +30,8 @@ data of every start, so plans that do meet but differ (op, count) raise
 """
 import numpy
 
-from collectives.calls.allreduce import _begin, iallreduce
-from collectives.backend import check_timeout
-from collectives.calls.forms import keyword_form, positional
+from collectives.calls.allreduce import begin_allreduce, iallreduce
+from collectives.arguments import check_timeout
 from collectives.library.plans import LibraryPlan
 from collectives.shm.algorithms import plan as shm_plan
 
@@ -50,6 +49,9 @@ class AllreducePlan:
         The result, written by every :meth:`wait` (``x``'s shape and dtype).
     algorithm : str
         The algorithm the plan runs (``auto`` resolved once, at plan time).
+    record : CallRecord or None
+        The last completed all-reduce's own record of what it sent
+        (:class:`collectives.engine.context.CallRecord`); None before the first :meth:`wait`.
 
     Examples
     --------
@@ -63,13 +65,15 @@ class AllreducePlan:
     True
     >>> plan.out
     array([1., 2., 3.])
+    >>> plan.record.algorithm, plan.record.bytes_sent  # one rank sends nothing
+    ('ring', 0)
     """
 
-    __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout", "_freed")
+    __slots__ = ("x", "out", "algorithm", "_core", "_args", "_request", "_timeout", "_freed", "record")
 
     def __init__(self, x, out, algorithm, core, args):
         self.x, self.out, self.algorithm, self._core, self._args = x, out, algorithm, core, args
-        self._request, self._freed = None, False
+        self._request, self._freed, self.record = None, False, None
 
     def _check_live(self, call):
         if self._freed:
@@ -129,8 +133,12 @@ class AllreducePlan:
         if req is None:
             raise RuntimeError("plan.wait() before plan.start()")
         if req is self._core:
-            return self._core.wait(self.out, timeout)
-        return req.wait(timeout)
+            out = self._core.wait(self.out, timeout)
+            self.record = self._core.ctx.last  # the record this run just made (a library plan's own, made once)
+            return out
+        out = req.wait(timeout)
+        self.record = req.record
+        return out
 
     def free(self):
         """Release the plan's MPI requests; every later call on the plan raises ``RuntimeError``.
@@ -150,8 +158,7 @@ class AllreducePlan:
         self._args = None
 
 
-@keyword_form
-def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32"):
+def allreduce_init(x, *, op="sum", comm=None, algorithm="auto", out=None, grid=None, accumulate="float32"):
     """Plan an all-reduce of ``x`` that can be started many times (``MPI_Allreduce_init``'s form).
 
     Every argument is checked now, once; ``auto`` is resolved now. Each :meth:`AllreducePlan.start`
@@ -193,11 +200,11 @@ def allreduce_init(x, *args, op="sum", comm=None, algorithm="auto", out=None, gr
     ...
     TypeError: allreduce_init takes a NumPy array, not list
     """
-    if args:
-        positional('allreduce_init', args)
     if type(x) is not numpy.ndarray:
         raise TypeError(f"allreduce_init takes a NumPy array, not {type(x).__name__}")
-    x, _, grid, ctx, xp, resolved = _begin(x, comm, op, algorithm, out, None, grid, accumulate)
+    call = begin_allreduce(x, op=op, comm=comm, algorithm=algorithm, out=out, timeout=None, grid=grid,
+                           accumulate=accumulate)
+    ctx, resolved, op, grid = call.ctx, call.algorithm, call.op, call.grid
     if out is None:
         out = numpy.empty(x.shape, x.dtype)
     core = None

@@ -10,18 +10,18 @@ result back in the caller's type (:func:`collectives.engine.buffers.adopt`); ``o
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import (COPY_DTYPES, DTYPES, OPS, accumulation_dtype, check_dtype, check_op, check_timeout,
-                      get_array_module, op_name)
-from collectives.schedules.registry import OP_ALGORITHMS, check_algorithm
-from collectives.engine.buffers import adopt, as_array, check_distinct, check_out, finish
-from collectives.engine.context import _LAST, check_comm, existing_context, get_context
+from collectives.backend import OPS, accumulation_dtype
+from commlab.arrays import get_array_module
+from collectives.arguments import check_collective, check_comm, check_out, check_timeout
+from collectives.schedules.registry import OP_ALGORITHMS
+from collectives.engine.buffers import adopt, finish
+from collectives.engine.context import get_context
 from collectives.engine.executor import Run, run_schedule
-from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled, counts_code
+from collectives.engine.fingerprint import checks_enabled, counts_code
 from collectives.errors import CollectiveMismatch
 from collectives.schedules.ring import ring_reduce_scatter
-from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import settle
-from collectives.library.scatter_plan import ScatterPlan
+from collectives.library.scatter_plan import ScatterPlan, cached_scatter_plan
 from collectives.schedules.schedule import chunk_bounds, segmented
 from collectives.shm import algorithms as shm
 
@@ -29,25 +29,13 @@ __all__ = ["reduce_scatter"]
 
 
 
-def _common(x, op, algorithm, name, timeout, size):
-    check_algorithm(algorithm, name)
-    if name != "broadcast":  # every reducing collective needs an op; None is not "no reduction"
-        check_op(op)
-    x = as_array(x)
-    check_dtype(x.dtype, allowed=DTYPES if name != "broadcast" else COPY_DTYPES)
-    if name == "broadcast":  # written in place: as out= is (collectives.engine.buffers.check_out)
-        check_distinct(x, "x")
-    timeout = check_timeout(timeout)
-    return x, timeout, _auto(name, x, size) if algorithm == "auto" else algorithm
-
-
 #: Largest reduce-scatter input (bytes) that ``auto`` gives to the MPI library (host arrays), at P = 2
 #: and at P >= 3.
 SCATTER_LIBRARY_MAX = {2: 16384, 3: 262144}
 
 
-def _auto(name, x, size):
-    """Return what ``auto`` runs for reduce-scatter, broadcast and reduce.
+def _auto(x, size):
+    """Return what ``auto`` runs for reduce-scatter.
 
     Reduce-scatter of a host array of at most :data:`SCATTER_LIBRARY_MAX` bytes (16 KiB on 2 ranks,
     256 KiB on more): ``mpi``, whose call is cached (:class:`~collectives.library.scatter_plan.ScatterPlan`);
@@ -56,34 +44,24 @@ def _auto(name, x, size):
     ranks, 0.55-0.95x from 16 KiB to 256 KiB and 1.2-1.6x from 512 KiB on 4, where the ring's P - 1
     rounds each pay Python's overhead. Otherwise the first hand-made algorithm.
     """
-    if (name == "reduce_scatter" and not hasattr(x, "__cuda_array_interface__")
-            and x.nbytes <= SCATTER_LIBRARY_MAX[min(max(size, 2), 3)]):
+    if not hasattr(x, "__cuda_array_interface__") and x.nbytes <= SCATTER_LIBRARY_MAX[min(max(size, 2), 3)]:
         return "mpi"
-    return OP_ALGORITHMS[name][0]
+    return OP_ALGORITHMS["reduce_scatter"][0]
 
 
 def _repeated_scatter(x, comm, op, algorithm, timeout, out):
-    """Run the cached :class:`~collectives.library.scatter_plan.ScatterPlan` of this call's signature on ``comm``; None when there is none
-    or ``out`` is not a plain writable array of the chunk's shape and ``x``'s dtype (the full path runs).
+    """Run the cached :class:`~collectives.library.scatter_plan.ScatterPlan` of this call's signature on ``comm``
+    (:func:`~collectives.library.scatter_plan.cached_scatter_plan`); None when there is none (the full path runs).
 
     A repeated call into ``out`` without a deadline, under the settings the plan was made with and
-    with nothing in flight, runs the plan's one-frame form (:attr:`ScatterPlan.fast`); the
-    communicator of the previous cached call and the settings token are read where
-    :func:`~collectives.engine.context.existing_context` and
-    :func:`~collectives.engine.fingerprint.settings_token` keep them.
+    with nothing in flight, runs the plan's one-frame form (:attr:`ScatterPlan.fast`).
     """
-    ctx = _LAST[1] if (MPI.COMM_WORLD if comm is None else comm) is _LAST[0] else existing_context(comm)
-    if ctx is None:
-        return None
-    plan = ctx.fast.get(("reduce_scatter", algorithm, op, x.dtype, x.shape, _CHECKS[0]))
+    plan = cached_scatter_plan(x, comm=comm, op=op, algorithm=algorithm, out=out)
     if plan is None:
         return None
-    if out is not None and (type(out) is not numpy.ndarray or out.shape != (plan.chunk,) or out.dtype != x.dtype
-                            or not out.flags.writeable):
-        return None
-    fast = plan.fast
+    ctx, fast = plan.ctx, plan.fast
     if (fast is not None and out is not None and timeout is None and ctx.broken is None and not ctx.active
-            and plan._lean[0] is _SETTINGS[0]):
+            and plan.current()):
         got = fast(x, out)
         if got is not None:
             return got
@@ -124,8 +102,7 @@ def _agree_counts(ctx, key, acc, timeout, problem):
         raise ValueError(problem)
 
 
-@keyword_form
-def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
+def reduce_scatter(x, *, counts=None, op="sum", comm=None, algorithm="ring", out=None, timeout=None):
     """Reduce ``x`` across ranks and return this rank's chunk of the flattened result.
 
     Steps (ring): P - 1 rounds; in round s rank r sends chunk (r - s - 1) mod P to r + 1 and adds
@@ -183,8 +160,6 @@ def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring",
     >>> collectives.reduce_scatter(np.arange(3.0), counts=[3])  # reduce-scatter-v: one rank, all of it
     array([0., 1., 2.])
     """
-    if args:
-        positional('reduce_scatter', args)
     if type(x) is numpy.ndarray and type(op) is str and counts is None:
         got = _repeated_scatter(x, comm, op, algorithm, timeout, out)  # a repeated call: its cached plan
         if got is not None:
@@ -193,10 +168,11 @@ def reduce_scatter(x, *args, counts=None, op="sum", comm=None, algorithm="ring",
     if wrap is not None:
         return wrap(reduce_scatter(x, counts=counts, comm=comm, op=op, algorithm=algorithm, timeout=timeout,
                                    out=out))
-    op = op_name(op)
     given = algorithm
     comm = check_comm(comm)
-    x, timeout, algorithm = _common(x, op, algorithm, "reduce_scatter", timeout, comm.Get_size())
+    x, op, timeout = check_collective(x, op, algorithm, "reduce_scatter", timeout)
+    if algorithm == "auto":
+        algorithm = _auto(x, comm.Get_size())
     if counts is not None and algorithm not in ("ring", "mpi"):
         raise ValueError(f"counts: algorithm {algorithm!r} does not take counts; ring and mpi do")
     chunks, problem = _counts_bounds(counts, comm.Get_size(), x.size)

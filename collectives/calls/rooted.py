@@ -1,17 +1,18 @@
 """Broadcast and reduce: the rooted collectives, on the binomial-tree schedules or the library's calls.
 
-Argument rules are those of :mod:`collectives.calls.reduce_scatter` (one ``_common`` check); copy-only
+Argument rules are those of :mod:`collectives.calls.reduce_scatter` (:func:`collectives.arguments.check_collective`); copy-only
 broadcast moves raw bytes, so it also takes the types of :data:`collectives.backend.COPY_DTYPES`.
 """
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import OPS, check_root, get_array_module, op_name
-from collectives.calls.reduce_scatter import _common
+from collectives.backend import OPS
+from commlab.arrays import get_array_module
+from collectives.arguments import check_collective, check_comm, check_root
+from collectives.schedules.registry import OP_ALGORITHMS
 from collectives.engine.buffers import MPI_OPS, adopt, finish, nan_mask, prepare, raw, restore_nan
-from collectives.engine.context import check_comm, get_context
+from collectives.engine.context import get_context
 from collectives.engine.executor import Run, run_schedule
-from collectives.calls.forms import keyword_form, positional
 from collectives.library.call import run_library
 from collectives.schedules.tree import tree_broadcast, tree_reduce
 from collectives.shm import algorithms as shm
@@ -19,8 +20,7 @@ from collectives.shm import algorithms as shm
 __all__ = ["broadcast", "reduce"]
 
 
-@keyword_form
-def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
+def broadcast(x, *, root=0, comm=None, algorithm="tree", timeout=None):
     """Copy ``x`` from ``root`` into ``x`` on every rank, in place, and return it.
 
     Steps (tree): binomial tree rooted at ``root``; each rank receives once from its parent then sends
@@ -59,12 +59,12 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     ...
     ValueError: root=1 is out of range for a communicator of size 1
     """
-    if args:
-        positional('broadcast', args)
     x, _, wrap = adopt(x)
     if wrap is not None:
         return wrap(broadcast(x, root=root, comm=comm, algorithm=algorithm, timeout=timeout))
-    x, timeout, algorithm = _common(x, None, algorithm, "broadcast", timeout, 0)
+    x, _, timeout = check_collective(x, None, algorithm, "broadcast", timeout)
+    if algorithm == "auto":
+        algorithm = OP_ALGORITHMS["broadcast"][0]
     comm = check_comm(comm)
     check_root(root, comm.Get_size())
     if not getattr(getattr(x, "flags", None), "writeable", True) or (
@@ -92,8 +92,7 @@ def broadcast(x, *args, root=0, comm=None, algorithm="tree", timeout=None):
     return x
 
 
-@keyword_form
-def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None):
+def reduce(x, *, op="sum", root=0, comm=None, algorithm="tree", timeout=None):
     """Combine ``x`` across ranks onto ``root``.
 
     Steps (tree): binomial tree rooted at ``root``; a rank adds its children's partial results, then
@@ -131,13 +130,12 @@ def reduce(x, *args, op="sum", root=0, comm=None, algorithm="tree", timeout=None
     ...
     ValueError: unknown op 'mean': expected one of ...
     """
-    if args:
-        positional('reduce', args)
     x, _, wrap = adopt(x)
     if wrap is not None:
         return wrap(reduce(x, root=root, comm=comm, op=op, algorithm=algorithm, timeout=timeout))
-    op = op_name(op)
-    x, timeout, algorithm = _common(x, op, algorithm, "reduce", timeout, 0)
+    x, op, timeout = check_collective(x, op, algorithm, "reduce", timeout)
+    if algorithm == "auto":
+        algorithm = OP_ALGORITHMS["reduce"][0]
     comm = check_comm(comm)
     check_root(root, comm.Get_size())
     ctx = get_context(comm, timeout)

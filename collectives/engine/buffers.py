@@ -17,9 +17,10 @@ import sys
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import BFLOAT16, DTYPES, accumulation_dtype, get_array_module
+from collectives.backend import BFLOAT16, DTYPES, accumulation_dtype
+from commlab.arrays import get_array_module
 
-__all__ = ["MPI_OPS", "ACC", "as_array", "check_device", "check_out", "check_distinct", "prepare", "finish", "nan_mask", "restore_nan", "raw",
+__all__ = ["MPI_OPS", "ACC", "prepare", "finish", "nan_mask", "restore_nan", "raw",
            "adopt", "AdoptedRequest"]
 
 #: Op name -> MPI op, for the ``mpi`` algorithm (``avg`` is a SUM followed by the division).
@@ -27,35 +28,6 @@ MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "av
 
 #: dtype -> accumulation dtype.
 ACC = {d: accumulation_dtype(d) for d in DTYPES}
-
-
-def as_array(x, name="x"):
-    """Return ``x`` as an array of its own module (NumPy or device).
-
-    Raises
-    ------
-    TypeError
-        ``x`` is not an array, or it exposes ``__cuda_array_interface__`` without being a CuPy array
-        (a Numba device array, say): device memory is read through CuPy only.
-    """
-    if hasattr(x, "__cuda_array_interface__"):
-        check_device(x, name)
-        return x
-    if isinstance(x, numpy.ndarray):  # subclasses such as numpy.matrix reshape differently: drop them
-        return x if type(x) is numpy.ndarray else numpy.asarray(x)
-    if hasattr(x, "__array__") or isinstance(x, (list, tuple, int, float)):
-        return numpy.asarray(x)
-    raise TypeError(f"{name} must be an array, not {type(x).__name__}")
-
-
-def check_device(x, name="x"):
-    """Raise ``TypeError`` unless ``x``, which exposes ``__cuda_array_interface__``, is a CuPy array (or of
-    a type registered with :func:`collectives.backend.register_device_module`)."""
-    if get_array_module(x) is numpy:
-        kind = f"{type(x).__module__}.{type(x).__qualname__}"
-        raise TypeError(f"{name} ({kind}) exposes __cuda_array_interface__ but is not a CuPy array: commlab reads "
-                        f"device memory through CuPy only; pass cupy.asarray({name}) (no copy) or a tensor that "
-                        "speaks DLPack (__dlpack__), which commlab imports through CuPy")
 
 
 _CPU_DEVICES = (1, 3)  # DLPack device types kDLCPU and kDLCUDAHost: memory NumPy can read
@@ -219,46 +191,6 @@ class AdoptedRequest:
 
     def __getattr__(self, name):
         return getattr(self._request, name)
-
-
-def check_out(out, x, shape=None):
-    """Raise ``TypeError``/``ValueError`` unless ``out`` is a writable array of ``x``'s dtype and ``shape``.
-
-    ``shape`` defaults to ``x.shape`` (all-reduce); reduce-scatter and all-gather pass their result's.
-    """
-    if out is None:
-        return
-    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
-        raise TypeError(f"out must be an array, not {type(out).__name__}")
-    shape = x.shape if shape is None else tuple(shape)
-    if out.shape != shape:
-        raise ValueError(f"out has shape {getattr(out, 'shape', None)}, expected {shape}")
-    if out.dtype != x.dtype:
-        raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
-    if not getattr(getattr(out, "flags", None), "writeable", False):
-        raise ValueError("out is read-only")
-    check_distinct(out, "out")
-
-
-def check_distinct(a, name):
-    """Raise ``ValueError`` when array ``a``, to be written, has a zero stride over more than one element.
-
-    Such an array (``numpy.broadcast_to`` made writable, ``as_strided``, ``torch.zeros(1).expand(10)``)
-    holds one memory place under several indices, so it cannot hold different values: a collective
-    writing into it would return what only one of them received.
-
-    Examples
-    --------
-    >>> from numpy.lib.stride_tricks import as_strided
-    >>> check_distinct(numpy.zeros(3), "x")
-    >>> check_distinct(as_strided(numpy.zeros(1), shape=(4,), strides=(0,)), "x")
-    Traceback (most recent call last):
-    ...
-    ValueError: x has a zero stride (strides (0,), shape (4,)): its elements share memory, so they cannot hold different results; pass a contiguous array
-    """
-    if a.size > 1 and any(st == 0 and n > 1 for st, n in zip(getattr(a, "strides", ()) or (), a.shape)):
-        raise ValueError(f"{name} has a zero stride (strides {tuple(a.strides)}, shape {tuple(a.shape)}): its elements "
-                         "share memory, so they cannot hold different results; pass a contiguous array")
 
 
 def prepare(x, out, ctx, xp, slot, accumulate="float32", lazy=False, extra=0):

@@ -5,6 +5,7 @@ commlab's messages never match the user's. Schedules are cached by (collective, 
 ...), scratch buffers by dtype, and every call records what it sent in :func:`last_stats`.
 """
 import os
+from dataclasses import dataclass
 
 import numpy
 from mpi4py import MPI
@@ -12,9 +13,10 @@ from mpi4py import MPI
 from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
 from collectives.backend import DeviceTransport, cuda_aware
 from collectives.engine.failures import process_failed, revoke, ulfm_enabled
+from collectives.arguments import check_comm
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
-__all__ = ["get_context", "check_comm", "has_context", "last_stats", "total_stats", "free_context", "Context",
+__all__ = ["get_context", "has_context", "CallRecord", "last_stats", "total_stats", "free_context", "Context",
            "context_keyval", "existing_context"]
 
 #: Collectives whose fingerprint is all-gathered before every call, in every mode.
@@ -39,8 +41,8 @@ class Context:
     comm : mpi4py.MPI.Comm
         The duplicate.
     rank, size : int
-    last : tuple or None
-        Statistics of the most recent collective (see :func:`last_stats`).
+    last : CallRecord or None
+        The record of the most recent collective (see :func:`last_stats`).
     calls, bytes_sent, messages : int
         Running totals (see :func:`total_stats`).
     plans, fast : dict
@@ -227,26 +229,71 @@ class Context:
         even = low == high and self.size % per == 0
         return (self.size // per, per) if even else (0, 0)
 
-    def record(self, op, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
-        """Store the statistics of the collective that just ran (cheap: the dict is built on demand)."""
+    def record(self, collective, algorithm, count, dtype, schedule=None, elements=None, estimated=False):
+        """Count the collective that just ran: make its :class:`CallRecord`, keep it as :attr:`last`, add it to
+        the running totals, and return it (the call's own record of what it sent).
+
+        Parameters
+        ----------
+        collective : str
+            ``"allreduce"``, ``"reduce_scatter"``, ``"allgather"``, ``"broadcast"`` or ``"reduce"``.
+        algorithm : str
+            The algorithm that ran (resolved, never ``"auto"``).
+        count : int
+            Elements of the call's input.
+        dtype : numpy.dtype
+            Element type on the wire.
+        schedule : Schedule, optional
+            The schedule as executed: its elements sent, messages and rounds are counted.
+        elements : int, optional
+            Elements this rank sent, without a schedule (the library's, the shared-memory algorithm's).
+        estimated : bool
+            True when ``elements`` is an estimate (the MPI library's internal traffic is not visible).
+        """
         if schedule is not None:
             elements, messages, rounds = schedule.elements_sent, schedule.messages, len(schedule.rounds)
         else:
             messages, rounds = None, None
-        nbytes = elements * dtype.itemsize
-        self.last = (op, algorithm, count, dtype, nbytes, messages, rounds, estimated)
+        record = CallRecord(collective, algorithm, count, dtype, int(elements * dtype.itemsize), messages, rounds,
+                            estimated)
+        self.count(record)
+        return record
+
+    def count(self, record):
+        """Keep ``record`` (a :class:`CallRecord`, made once by a cached plan) as :attr:`last` and add it to the totals."""
+        self.last = record
         self.calls += 1
-        self.bytes_sent += nbytes
-        self.messages += messages or 0
+        self.bytes_sent += record.bytes_sent
+        self.messages += record.messages or 0
 
 
-def check_comm(comm):
-    """Return ``comm`` (``COMM_WORLD`` for None); ``TypeError`` unless it is an mpi4py intracommunicator."""
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"comm must be an mpi4py intracommunicator, not {type(comm).__name__}"
-                        + (" (COMM_NULL)" if isinstance(comm, MPI.Comm) else ""))
-    return comm
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """What one collective call sent, as this rank executed it: the call's own record.
+
+    :meth:`Context.record` makes it; :func:`last_stats` gives the last one as a dict.
+
+    Examples
+    --------
+    >>> r = CallRecord("allreduce", "ring", 8, numpy.dtype("float32"), 32, 2, 2, False)
+    >>> r.collective, r.bytes_sent, r.as_dict()["dtype"]
+    ('allreduce', 32, 'float32')
+    """
+
+    collective: str  # the collective's name: "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"
+    algorithm: str  # the algorithm that ran (resolved, never "auto")
+    count: int  # elements of the input
+    dtype: numpy.dtype  # element type on the wire
+    bytes_sent: int  # bytes this rank sent (counted from the schedule as executed, or estimated)
+    messages: object = None  # messages this rank sent (int), None where the library's are not visible
+    rounds: object = None  # the schedule's rounds (int), None without a schedule
+    estimated: bool = False  # True for the library's and shm's traffic, whose bytes are estimated
+
+    def as_dict(self):
+        """Return the record as :func:`last_stats` gives it: the dtype by name, every field by name."""
+        return {"collective": self.collective, "algorithm": self.algorithm, "count": self.count,
+                "dtype": numpy.dtype(self.dtype).name, "bytes_sent": int(self.bytes_sent), "messages": self.messages,
+                "rounds": self.rounds, "estimated": self.estimated}
 
 
 def _on_free(comm, keyval, ctx):
@@ -331,18 +378,14 @@ def last_stats(comm=None):
     Returns
     -------
     dict
-        ``op``, ``algorithm`` (resolved, never "auto"), ``count`` (elements), ``dtype`` (on the wire),
-        ``bytes_sent`` (bytes this rank sent, counted from the schedule as executed), ``messages``,
-        ``rounds`` and ``estimated`` (True for ``mpi``, whose internal traffic is not visible: its
-        bytes are the ring algorithm's ``2 (P-1)/P n``). Empty before the first call.
+        ``collective`` (its name), ``algorithm`` (resolved, never "auto"), ``count`` (elements),
+        ``dtype`` (on the wire), ``bytes_sent`` (bytes this rank sent, counted from the schedule as
+        executed), ``messages``, ``rounds`` and ``estimated`` (True for ``mpi``, whose internal traffic
+        is not visible: its bytes are the ring algorithm's ``2 (P-1)/P n``): the call's
+        :class:`CallRecord` as a dict. Empty before the first call.
     """
     last = get_context(comm).last
-    if last is None:
-        return {}
-    keys = ("op", "algorithm", "count", "dtype", "bytes_sent", "messages", "rounds", "estimated")
-    out = dict(zip(keys, last))
-    out["dtype"], out["bytes_sent"] = numpy.dtype(out["dtype"]).name, int(out["bytes_sent"])
-    return out
+    return {} if last is None else last.as_dict()
 
 
 def total_stats(comm=None):

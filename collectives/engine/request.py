@@ -1,6 +1,6 @@
 """Non-blocking collectives: a :class:`Request` advanced by ``test()`` and completed by ``wait()``."""
 
-from collectives.backend import check_timeout
+from collectives.arguments import check_timeout
 from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.engine.executor import Timed, explain, testing
 
@@ -27,6 +27,13 @@ class Request:
         The communicator's set of requests in flight (this request adds and removes itself).
     on_fail : callable or None
         Called with the error message when a wait times out (marks the communicator unusable).
+    record : CallRecord or None
+        The call's own record of what it sends (:class:`collectives.engine.context.CallRecord`).
+
+    Attributes
+    ----------
+    record : CallRecord or None
+        As given: the collective, algorithm, count and the bytes this rank sends.
 
     Examples
     --------
@@ -39,18 +46,18 @@ class Request:
     True
     >>> req.wait(timeout=5.0)
     array([1., 1., 1.])
-    >>> req.done, req.test()
-    (True, True)
+    >>> req.done, req.test(), req.record.bytes_sent  # one rank sends nothing
+    (True, True, 0)
     >>> req.wait(timeout=-1.0)
     Traceback (most recent call last):
     ...
     ValueError: timeout=-1.0 must be None or a positive number of seconds
     """
 
-    __slots__ = ("_run", "_finish", "_active", "_on_fail", "_failed", "result", "done")
+    __slots__ = ("_run", "_finish", "_active", "_on_fail", "_failed", "result", "done", "record")
 
-    def __init__(self, run, *, finish=None, active=None, on_fail=None):
-        self._run, self._finish = run, finish
+    def __init__(self, run, *, finish=None, active=None, on_fail=None, record=None):
+        self._run, self._finish, self.record = run, finish, record
         self._active, self._on_fail, self._failed = active, on_fail, None
         self.result, self.done = None, False
         if active is not None:

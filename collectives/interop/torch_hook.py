@@ -22,7 +22,7 @@ from mpi4py import MPI
 from collectives.calls import allreduce as api
 
 from collectives.calls import rooted
-from collectives.backend import check_algorithm, check_timeout
+from collectives.arguments import check_choice, check_timeout
 from collectives.engine.context import free_context
 
 __all__ = ["CommHookState", "commlab_hook", "DistributedOptimizer", "broadcast_parameters"]
@@ -104,8 +104,8 @@ class CommHookState:
                  **compressor_args):
         from collectives.compression import COMPRESSORS
 
-        check_algorithm(algorithm, api.ALGORITHMS)
-        check_algorithm(compression, COMPRESSORS, "compression")
+        check_choice(algorithm, api.ALGORITHMS)
+        check_choice(compression, COMPRESSORS, "compression")
         timeout = check_timeout(timeout)
         compressor_args = _check_start_iter(compression, error_feedback, compressor_args)
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()

@@ -312,8 +312,8 @@ def lean_pair(key):
     return pair, pair.tobytes(), [MPI.buffer(pair), 2, MPI.INT64_T]
 
 
-def finish_lean(ctx, key, reqs, pair, stats, phase):
-    """Wait for a repeated call's fingerprint all-reduce and data call ``reqs``, check the pair, record ``stats``.
+def finish_lean(ctx, key, reqs, pair, record, phase):
+    """Wait for a repeated call's fingerprint all-reduce and data call ``reqs``, check the pair, count ``record``.
 
     Parameters
     ----------
@@ -323,8 +323,8 @@ def finish_lean(ctx, key, reqs, pair, stats, phase):
     reqs : list of MPI.Request
     pair : (ndarray, bytes)
         The call's fingerprint pair (:func:`lean_pair`) and the bytes it must still hold.
-    stats : (tuple, int)
-        The context's ``last`` record and the bytes sent.
+    record : CallRecord
+        The call's record, made once by its plan (:class:`collectives.engine.context.CallRecord`).
     phase : str
         The library call named when the library reports an error (``"MPI_Allgather"``).
 
@@ -347,9 +347,7 @@ def finish_lean(ctx, key, reqs, pair, stats, phase):
         err = mismatch(key)
         ctx.fail(f"{key[0]}: {err}")
         raise err
-    ctx.last, nbytes = stats
-    ctx.calls += 1
-    ctx.bytes_sent += nbytes
+    ctx.count(record)
 
 
 def library_error(key, exc, statuses=(), phase="", comm=None):

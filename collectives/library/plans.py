@@ -12,7 +12,7 @@ whose check elements are written once (the reduction does not overwrite them, as
 The blocking :func:`~collectives.allreduce` keeps one such plan (non-blocking form) per call
 signature (shape, dtype, op, algorithm as given) for messages of at most
 :data:`~collectives.library.call.PIGGYBACK_MAX` elements, so a repeated small call costs a dictionary
-look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:mod:`collectives.library.allreduce`). The
+look-up, two small copies, ``MPI_Iallreduce`` and ``MPI_Wait`` (:mod:`collectives.library.mpi_allreduce`). The
 consistency rules hold on this path too: the sequence number advances, the fingerprint rides in the
 reduction and is checked, a timeout or an MPI error marks the communicator unusable exactly as on
 the other paths.
@@ -29,6 +29,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives.engine.buffers import ACC, MPI_OPS
+from collectives.engine.context import CallRecord
 from collectives.errors import CollectiveTimeout
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, key_code
 from collectives.library.call import CHECK_ELEMENTS, PIGGYBACK_MAX, check_values, library_error, mismatch, settle
@@ -64,8 +65,8 @@ class LibraryPlan:
     """
 
     __slots__ = ("ctx", "key", "n", "work", "data", "shaped", "recv", "result", "shaped_result", "tail", "want",
-                 "reqs", "fp", "code", "mask", "isnan", "avg", "size", "last", "nbytes", "active", "persistent",
-                 "calls", "checked", "lean", "mpi_op", "run", "dtype", "mask_call")
+                 "reqs", "fp", "code", "mask", "isnan", "avg", "size", "nbytes", "active", "persistent",
+                 "calls", "checked", "lean", "mpi_op", "run", "dtype", "mask_call", "record")
 
     def __init__(self, ctx, key, shape, dtype, op, persistent=False, checked=True):
         self.ctx, self.key, self.size, self.dtype = ctx, key, ctx.size, numpy.dtype(dtype)
@@ -99,7 +100,7 @@ class LibraryPlan:
                                                               else numpy.floor_divide)
         p = ctx.size
         self.nbytes = (2 * (p - 1) * n // p) * acc.itemsize
-        self.last = ("allreduce", "mpi", n, acc, self.nbytes, None, None, True)
+        self.record = CallRecord("allreduce", "mpi", n, acc, self.nbytes, None, None, True)  # every run's own record
         self.active, self.persistent, self.calls = False, persistent, calls
         # run(x, out): start and wait without a deadline, the blocking path's repeated call; lean when
         # one MPI_Iallreduce carries its own check
@@ -173,10 +174,29 @@ class LibraryPlan:
         if self.avg is not None:
             self.avg(self.result, self.size, out=self.result)
         out[...] = self.shaped_result
-        ctx.last = self.last
-        ctx.calls += 1
-        ctx.bytes_sent += self.nbytes
+        ctx.count(self.record)
         return out
+
+    def allreduce(self, x, out=None, timeout=None):
+        """Run the plan on ``x`` (its shape and dtype) and return ``out`` (or a new array): the cached call.
+
+        Without a deadline, :attr:`run` (the lean form where it applies); with one, :meth:`start` and
+        :meth:`wait` under ``timeout`` seconds.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import collectives
+        >>> from collectives.calls.signatures import cached_plan
+        >>> x = np.ones(3, np.float32)
+        >>> _ = collectives.allreduce(x, algorithm="mpi")  # the first call makes the plan
+        >>> cached_plan(x, algorithm="mpi").allreduce(x, timeout=5.0)
+        array([1., 1., 1.], dtype=float32)
+        """
+        if timeout is None:
+            return self.run(x, out)
+        self.start(x, timeout)
+        return self.wait(numpy.empty(x.shape, x.dtype) if out is None else out, timeout)
 
     def _general_run(self, x, out):
         """:meth:`start` then :meth:`wait` without a deadline (the form of :attr:`run` for plans that are not lean)."""
@@ -199,7 +219,7 @@ class LibraryPlan:
         # then skips reading each array's buffer protocol and format string at every call
         kind = MPI.Datatype.fromcode(self.work.dtype.char)  # the type mpi4py would read from the array
         args = ([MPI.buffer(self.work), self.work.size, kind], [MPI.buffer(self.recv), self.recv.size, kind], self.mpi_op)
-        iallreduce, avg, size, last, nbytes = ctx.comm.Iallreduce, self.avg, self.size, self.last, self.nbytes
+        iallreduce, avg, size, record, nbytes = ctx.comm.Iallreduce, self.avg, self.size, self.record, self.nbytes
         general, acc = self._general_run, self.work.dtype
         # a new result array in the input's dtype (float16 and bfloat16 accumulate in float32): a bound
         # method made once, so the call pays no argument parsing
@@ -225,7 +245,7 @@ class LibraryPlan:
                 out = fresh()
             else:
                 out[...] = shaped_result
-            ctx.last = last
+            ctx.last = record  # (Context.count, in this frame)
             ctx.calls += 1
             ctx.bytes_sent += nbytes
             return out

@@ -19,13 +19,15 @@ fingerprint all-reduce and returned values on some ranks.
 import numpy
 from mpi4py import MPI
 
-from collectives.backend import accumulation_dtype, get_array_module
+from collectives.backend import accumulation_dtype
+from commlab.arrays import get_array_module
 from collectives.engine.buffers import MPI_OPS, finish
+from collectives.engine.context import CallRecord, existing_context
 from collectives.engine.fingerprint import checks_enabled, debug_enabled, settings_token
 from collectives.library.call import finish_lean, lean_pair, post_failed, run_library, settle
 from collectives.schedules.schedule import chunk_bounds
 
-__all__ = ["ScatterPlan"]
+__all__ = ["ScatterPlan", "cached_scatter_plan"]
 
 
 class ScatterPlan:
@@ -46,10 +48,11 @@ class ScatterPlan:
         ``chunk_bounds(x.size, P)``.
     """
 
-    __slots__ = ("key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
+    __slots__ = ("ctx", "key", "acc", "chunk", "op", "size", "elements", "send", "method", "counts", "mpi_op", "mask",
                  "got", "isnan", "xp", "_pair", "_lean", "fast")
 
     def __init__(self, ctx, x, op, key, bounds=None):
+        self.ctx = ctx
         size, rank, n = ctx.size, ctx.rank, x.size
         bounds = chunk_bounds(n, size) if bounds is None else bounds
         self.counts = [bounds[i + 1] - bounds[i] for i in range(size)]
@@ -71,9 +74,12 @@ class ScatterPlan:
             fp, want, fp_spec = lean_pair(key)  # the plan's own fingerprint pair
             self._lean = (settings_token(), (fp, want), fp_spec,
                           (getattr(ctx.comm, self.method), f"MPI_{self.method[1:]}"), MPI.Datatype.fromcode(acc.char),
-                          (("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True),
-                           self.elements * acc.itemsize))
+                          CallRecord("reduce_scatter", "mpi", n, acc, self.elements * acc.itemsize, None, None, True))
             self.fast = self._fast_run(ctx, x.dtype)
+
+    def current(self):
+        """Return True when the plan's one-frame form was made under the checks settings in force now."""
+        return self._lean is not None and self._lean[0] is settings_token()
 
     def _args(self, send, recv, op):
         return (send, recv, op) if self.method == "Ireduce_scatter_block" else (send, recv, self.counts, op)
@@ -121,7 +127,7 @@ class ScatterPlan:
         """The library call of a repeated host call without a deadline: the 2-element fingerprint
         all-reduce and the reduce-scatter, posted and waited, as :func:`collectives.library.call.call`
         posts them, with the call's code and statistics made once."""
-        _, pair, fp_spec, (method, phase), kind, stats = lean
+        _, pair, fp_spec, (method, phase), kind, record = lean
         ctx._seq += 1  # (Context.advance: no exchange outside debug mode for a reduce-scatter)
         # the buffers with their MPI datatype given: mpi4py does not read each array's format
         try:
@@ -129,7 +135,7 @@ class ScatterPlan:
                     method(*self._args([send, kind], [mine, kind], self.mpi_op))]
         except MPI.Exception as exc:  # the library refused a call as it was posted
             raise post_failed(ctx, self.key, exc, phase) from None
-        finish_lean(ctx, self.key, reqs, pair, stats, phase)
+        finish_lean(ctx, self.key, reqs, pair, record, phase)
 
     def _fast_run(self, ctx, dtype):
         """Return :attr:`fast`: the repeated call into ``out`` in one Python frame, or None when ``x`` is
@@ -145,7 +151,7 @@ class ScatterPlan:
         """
         if dtype != self.acc or self.op == "avg":
             return None
-        _, pair, fp_spec, (method, phase), kind, stats = self._lean
+        _, pair, fp_spec, (method, phase), kind, record = self._lean
         iallreduce, in_place, mpi_max = ctx.comm.Iallreduce, MPI.IN_PLACE, MPI.MAX
         n, chunk, mpi_op, key = self.elements + self.chunk, self.chunk, self.mpi_op, self.key
         counts = None if self.method == "Ireduce_scatter_block" else self.counts
@@ -166,7 +172,7 @@ class ScatterPlan:
                         else method([x, n, kind], [out, chunk, kind], counts, mpi_op))
             except MPI.Exception as exc:  # the library refused a call as it was posted
                 raise post_failed(ctx, key, exc, phase) from None
-            finish_lean(ctx, key, [check, data], pair, stats, phase)
+            finish_lean(ctx, key, [check, data], pair, record, phase)
             return out
 
         return fast
@@ -182,3 +188,49 @@ class ScatterPlan:
         if self.got is not None and self.got.any():
             mine[self.got.view(bool)] = numpy.nan
         ctx.record("reduce_scatter", "mpi", send.size, self.acc, elements=self.elements, estimated=True)
+
+
+def cached_scatter_plan(x, *, comm=None, op="sum", algorithm="auto", out=None):
+    """Return the cached :class:`ScatterPlan` a repeated ``reduce_scatter(x, ...)`` would run now, else None.
+
+    The one look-up of a repeated reduce-scatter (:func:`collectives.reduce_scatter` asks it before
+    any check; ``experiments/bench/breakdown.py`` times it): the plan cached on ``comm``'s context
+    under the signature (algorithm as given, op, dtype, shape, checks setting). None when there is
+    none, or when ``out`` is not a writable NumPy array of the chunk's shape and ``x``'s dtype (the
+    full path then runs and says what is wrong). No message is sent.
+
+    Parameters
+    ----------
+    x : ndarray
+        An input of the call's shape and dtype.
+    comm, op, algorithm, out
+        As for :func:`collectives.reduce_scatter` (``op`` a string).
+
+    Returns
+    -------
+    ScatterPlan or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import collectives
+    >>> x = np.ones(4, np.float32)
+    >>> _ = collectives.reduce_scatter(x, algorithm="mpi")
+    >>> cached_scatter_plan(x, algorithm="mpi").chunk
+    4
+    >>> cached_scatter_plan(x, algorithm="ring") is None
+    True
+    """
+    ctx = existing_context(comm)
+    if ctx is None:
+        return None
+    try:
+        plan = ctx.fast.get(("reduce_scatter", algorithm, op, x.dtype, x.shape, checks_enabled()))
+    except TypeError:  # an unhashable algorithm or op: the full checks name it
+        return None
+    if plan is None:
+        return None
+    if out is not None and (type(out) is not numpy.ndarray or out.shape != (plan.chunk,) or out.dtype != x.dtype
+                            or not out.flags.writeable):
+        return None
+    return plan

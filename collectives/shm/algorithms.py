@@ -58,7 +58,9 @@ from dataclasses import dataclass
 
 import numpy
 
-from collectives.backend import OPS, check_timeout, get_array_module
+from collectives.backend import OPS
+from collectives.arguments import check_timeout
+from commlab.arrays import get_array_module
 from collectives.engine.buffers import ACC
 from collectives.engine.fingerprint import block_code, key_code
 from collectives.errors import CollectiveError, CollectiveTimeout
@@ -169,7 +171,7 @@ def _host(x, collective):
 def _staged_device(ctx, x):
     """Return ``(host copy of device array x, its transport)``, or ``(x, None)`` for a host array.
 
-    Device arrays (CuPy, or a module registered with :func:`collectives.backend.register_device_module`)
+    Device arrays (CuPy, or a module registered with :func:`commlab.arrays.register_device_module`)
     are staged through host memory, as the hand-made algorithms do without a CUDA-aware MPI: the
     stream is synchronised, ``x`` copied to a (pinned) host buffer, the collective run there, and
     the result copied back (:func:`_to_device`). Peers' device memory is not mapped (no CUDA IPC).

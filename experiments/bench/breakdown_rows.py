@@ -14,10 +14,10 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives as C
-from collectives.calls.signatures import cached_plan, repeated_plan
-from collectives.engine.context import _LAST, existing_context
-from collectives.engine.fingerprint import _CHECKS, _SETTINGS, checks_enabled
-from collectives.library.call import _STATUSES
+from collectives.calls.signatures import cached_plan
+from collectives.engine.context import existing_context
+from collectives.engine.fingerprint import checks_enabled
+from collectives.library.scatter_plan import cached_scatter_plan
 
 __all__ = ["Rows", "allreduce_rows", "scatter_rows", "OPS"]
 
@@ -61,7 +61,7 @@ def allreduce_rows(comm, x, algorithm):
     """Return the :class:`Rows` of a repeated blocking all-reduce of ``x`` (its cached plan made first).
 
     The call is ``allreduce(x, comm=comm, algorithm=algorithm)``: the public function's tests, the
-    look-up (:func:`collectives.calls.signatures.repeated_plan`), then ``plan.run(x, None)``
+    look-up (:func:`collectives.calls.signatures.cached_plan`), then ``plan.run(x, None)``
     (:meth:`collectives.library.plans.LibraryPlan._lean_run`), whose steps are the copy in, the
     library call, the check, the copy out and the statistics (sequence number, ``last_stats``).
     """
@@ -76,7 +76,7 @@ def allreduce_rows(comm, x, algorithm):
     init = dup.Allreduce_init(x, out, MPI.SUM)
     persistent = C.allreduce_init(x, comm=comm, algorithm=algorithm, out=out)
     shaped, shaped_result, tail, want, dtype = plan.shaped, plan.shaped_result, plan.tail, plan.want, plan.dtype
-    iallreduce, args, last, nbytes = dup.Iallreduce, (plan.work, plan.recv, plan.mpi_op), plan.last, plan.nbytes
+    iallreduce, args, record, nbytes = dup.Iallreduce, (plan.work, plan.recv, plan.mpi_op), plan.record, plan.nbytes
 
     def pers():
         persistent.start()
@@ -100,7 +100,7 @@ def allreduce_rows(comm, x, algorithm):
 
     def statistics():  # every rank runs it as often, so the sequence stays in step
         ctx._seq += 1
-        ctx.last = last
+        ctx.last = record
         ctx.calls += 1
         ctx.bytes_sent += nbytes
 
@@ -108,7 +108,7 @@ def allreduce_rows(comm, x, algorithm):
             "MPI_Iallreduce+Wait": lambda: dup.Iallreduce(x, out, MPI.SUM).Wait(),
             "MPI_Allreduce_init": start_wait, "persistent plan": pers,
             "auto": lambda: C.allreduce(x, comm=comm, algorithm=algorithm),
-            "look-up": lambda: repeated_plan(x, comm, "sum", algorithm, None),
+            "look-up": lambda: cached_plan(x, comm=comm, op="sum", algorithm=algorithm),
             "plan.run": lambda: run(x, None),
             "copy in": copy_in, "library call": library_call, "check": check, "copy out": copy_out,
             "statistics": statistics, "loop": _nothing,
@@ -153,7 +153,8 @@ def scatter_rows(comm, x, algorithm):
         raise ValueError(f"a {x.nbytes}-byte {algorithm} reduce-scatter on {P} ranks has no cached one-frame library "
                          "plan (auto does not choose mpi at this size here, or debug mode is on)")
     send, mine = x.reshape(-1), out.reshape(-1)
-    _, (pfp, want), _, (method, _), kind, (last, nbytes) = plan._lean
+    _, (pfp, want), _, (method, _), kind, record = plan._lean
+    statuses = [MPI.Status() for _ in range(2)]
     dup, counts, mop, fast = ctx.comm, plan.counts, plan.mpi_op, plan.fast
     args = plan._args(send, mine, mop)  # the reference rows: the arrays as a direct mpi4py call passes them
     posted = plan._args([send, kind], [mine, kind], mop)  # as the plan posts them, datatypes given
@@ -161,20 +162,14 @@ def scatter_rows(comm, x, algorithm):
     fp_spec = [MPI.buffer(fp), 2, MPI.INT64_T]
 
     def both():
-        MPI.Request.Waitall([dup.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), method(*posted)], _STATUSES)
+        MPI.Request.Waitall([dup.Iallreduce(MPI.IN_PLACE, fp_spec, MPI.MAX), method(*posted)], statuses)
 
     def look_up():  # _repeated_scatter's statements up to plan.fast
-        c = _LAST[1] if (MPI.COMM_WORLD if comm is None else comm) is _LAST[0] else existing_context(comm)
-        if c is None:
-            return None
-        p = c.fast.get(("reduce_scatter", algorithm, "sum", x.dtype, x.shape, _CHECKS[0]))
+        p = cached_scatter_plan(x, comm=comm, op="sum", algorithm=algorithm, out=out)
         if p is None:
             return None
-        if out is not None and (type(out) is not np.ndarray or out.shape != (p.chunk,) or out.dtype != x.dtype
-                                or not out.flags.writeable):
-            return None
-        f = p.fast
-        if f is not None and out is not None and c.broken is None and not c.active and p._lean[0] is _SETTINGS[0]:
+        c, f = p.ctx, p.fast
+        if f is not None and out is not None and c.broken is None and not c.active and p.current():
             return None
         return None
 
@@ -184,9 +179,9 @@ def scatter_rows(comm, x, algorithm):
 
     def statistics():  # every rank runs it as often, so the sequence stays in step
         ctx._seq += 1
-        ctx.last = last
+        ctx.last = record
         ctx.calls += 1
-        ctx.bytes_sent += nbytes
+        ctx.bytes_sent += record.bytes_sent
 
     rows = {"MPI_Reduce_scatter": lambda: dup.Reduce_scatter(x, out, counts, mop),
             "MPI_Ireduce_scatter_block+Wait": lambda: method(*args).Wait(),
