@@ -169,6 +169,10 @@ def _torn(path):
 class MetricsWriter:
     """Append step and epoch records to ``metrics.jsonl`` and ``epochs.jsonl`` (rank 0 only).
 
+    A file whose last line a kill tore (it has no line end) loses that line first, with the warning
+    of :func:`commlab.file_formats.read_jsonl` naming the file, also without ``keep_epochs`` (a
+    parameter-server run appends its records), so that the next record starts a line of its own.
+
     Parameters
     ----------
     run_dir : str
@@ -177,10 +181,6 @@ class MetricsWriter:
     keep_epochs : int, optional
         When resuming, records of epochs after this one (left by an interrupted run) are
         dropped first, so the files describe one consistent history.
-
-    A file whose last line a kill tore (it has no line end) loses that line first, with
-    :func:`commlab.file_formats.read_jsonl`'s warning naming the file, also without ``keep_epochs``
-    (a parameter-server run appends its records), so that the next record starts a line of its own.
     """
 
     def __init__(self, run_dir, enabled, keep_epochs=None):
