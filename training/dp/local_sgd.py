@@ -97,7 +97,7 @@ class LocalSGD:
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.dp.data_parallel import AllreduceHook
+    >>> from training.dp.hooks import AllreduceHook
     >>> local = LocalSGD(MPI.COMM_SELF, AllreduceHook(MPI.COMM_SELF), local_steps=4, post_local_epoch=1)
     >>> local.data_parallel(1), local.data_parallel(2), [local.due(i, 10) for i in range(10)].count(True)
     (True, False, 3)
@@ -178,7 +178,7 @@ def local_step(model, loss_fn, optimizer, local, x, y, sync, *, arrive=None):
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from training.dp.data_parallel import AllreduceHook
+    >>> from training.dp.hooks import AllreduceHook
     >>> from training.model.nn import SoftmaxCrossEntropy, build_mlp
     >>> from training.model.optim import SGD
     >>> model = build_mlp([4, 3], dtype="float64", seed=0)
