@@ -33,7 +33,7 @@ from commlab.logs import get_logger
 __all__ = ["CheckpointError", "write_npz", "read_npz", "parse_npz", "remove_stale_temporaries", "write_json",
            "read_jsonl"]
 
-_log = get_logger("commlab.file_formats")
+_log = get_logger("file_formats")  # the logger commlab.file_formats
 
 
 class CheckpointError(CommlabError, ValueError):
