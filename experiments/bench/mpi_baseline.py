@@ -77,7 +77,7 @@ def _launch(args, name, env, prefix):
     algorithms = ",".join(_HAND_MADE + ("MPI_Allreduce",)) if name == "commlab" else "MPI_Allreduce"
     cmd = [_mpiexec()] + (["-bind-to", args.bind] if args.bind else []) + [
         "-n", str(args.n), sys.executable, "-m", "experiments.bench.collectives", "--ops", "allreduce",
-        "--algorithms", algorithms, "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+        "--algorithms", algorithms, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
         "--warmup-small", "20", "--warmup-large", "3", "--max-time", str(args.max_time), "--rounds", "3",
         "--repeats", "1", "--out", prefix, "--allow-noisy"]  # main() guards the whole run
     marked, mark = marked_env({**os.environ, **env})
