@@ -5,7 +5,7 @@ form, :mod:`.cli` the command line of ``python -m training.train`` (one flag per
 run's saved configuration under the flags given), and :mod:`.options` the parser with declared
 ranges that every command of the project builds its command line with.
 
-Imports: :mod:`training.runtime` (the saved configuration of a run being resumed), :mod:`training.data.datasets`
-and :mod:`training.ctr` (the pure checks of a partition and of the ctr model's memory),
-:mod:`collectives` and the floor below it; never a driver or a parallel mode's loop.
+Imports: :mod:`training.data` and :mod:`training.ctr` (the pure checks of a partition and of the
+ctr model's memory), :mod:`collectives` and the floor below it (a resumed run's saved
+configuration); never a driver or a parallel mode's loop.
 """
