@@ -225,8 +225,8 @@ def draw(results, out_dir, model=True, stat="mean", model_min_bytes=64 * _KIB):
     predict, note = _model(rows, model_min_bytes) if model else (None, "model not drawn (--no-model)")
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for op in dict.fromkeys(r["op"] for r in rows):
-        fig = draw_op(plt, results, op, [r for r in rows if r["op"] == op], lambda r: row_seconds(r, stat), stat,
+    for op in dict.fromkeys(r["collective"] for r in rows):
+        fig = draw_op(plt, results, op, [r for r in rows if r["collective"] == op], lambda r: row_seconds(r, stat), stat,
                       predict, note, model_min_bytes)
         path = os.path.join(out_dir, f"bench_{op}_p{results['P']}.png")
         fig.savefig(path, dpi=100)

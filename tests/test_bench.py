@@ -59,7 +59,7 @@ def _check_sweep(P, results, header, csv_rows):
         expected = set(bench_options.default_algorithms(op))
         for nbytes in (64, 128):
             count = nbytes // 4 - (nbytes // 4) % P if op == "allgather" else nbytes // 4
-            got = {r["algorithm"] for r in rows if r["op"] == op and r["count"] == count}
+            got = {r["algorithm"] for r in rows if r["collective"] == op and r["count"] == count}
             assert got == expected, (op, nbytes, got)
     for r, c in zip(rows, csv_rows):
         assert r["wrong"] == 0 and int(c["wrong"]) == 0, r
@@ -73,10 +73,10 @@ def _check_sweep(P, results, header, csv_rows):
         assert r["time_s"] == pytest.approx(r["time_us"] * 1e-6, rel=1e-5) and r["time_median_us"] > 0
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9, rel=1e-5)
         factor = {"allreduce": 2 * (P - 1) / P, "reduce_scatter": (P - 1) / P, "allgather": (P - 1) / P,
-                  "broadcast": 1.0}[r["op"]]
+                  "broadcast": 1.0}[r["collective"]]
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor, rel=1e-5)
         assert float(c["busbw_GBps"]) == r["busbw_GBps"]
-        if r["algorithm"] == "auto" and r["op"] == "allreduce":
+        if r["algorithm"] == "auto" and r["collective"] == "allreduce":
             assert r["resolved"] in tune.CHOICES
     return rows
 
@@ -101,7 +101,7 @@ def test_sweep_p3_allgather_rounding_and_time_cap(tmp_path):
     _, results, header, csv_rows = _sweep(3, str(tmp_path / "p3"), "--iters", "50", "--warmup", "1",
                                           "--max-time", "1e-9", "--rounds", "2", "--repeats", "1")
     rows = _check_sweep(3, results, header, csv_rows)
-    assert {r["bytes"] for r in rows if r["op"] == "allgather"} == {60, 120}
+    assert {r["bytes"] for r in rows if r["collective"] == "allgather"} == {60, 120}
     assert {r["iters"] for r in rows} == {3}
 
 
@@ -177,7 +177,7 @@ def test_bus_factor_and_arguments():
 
 
 def _row(P, alg, nbytes, t, wrong=0):
-    return {"op": "allreduce", "algorithm": alg, "P": P, "bytes": nbytes, "count": nbytes // 4, "type": "float32",
+    return {"collective": "allreduce", "algorithm": alg, "P": P, "bytes": nbytes, "count": nbytes // 4, "type": "float32",
             "time_s": t, "wrong": wrong}
 
 
@@ -247,7 +247,7 @@ def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
         select.load_table(str(out))
         for n in (64, 128):
             mine = {r["algorithm"]: r["time_s"] for r in results["rows"]
-                    if r["op"] == "allreduce" and r["bytes"] == n and r["algorithm"] in tune.CHOICES}
+                    if r["collective"] == "allreduce" and r["bytes"] == n and r["algorithm"] in tune.CHOICES}
             assert select.select_allreduce(2, n) == min(mine, key=mine.get)
     finally:
         select.reset_table()  # the other tests see auto as the ranks do
@@ -263,7 +263,7 @@ def test_tune_and_plot_on_a_real_sweep(sweep_p2, tmp_path, capsys):
 def test_summary_ratios():
     rows = [_row(2, "mpi", 1 << 16, 2.0), _row(2, "ring", 1 << 16, 1.0), _row(2, "tree", 1 << 16, 4.0),
             _row(2, "ring-direct", 1 << 16, 0.5), _row(2, "auto", 8, 3.0), _row(2, "mpi", 8, 2.0)]
-    rows += [dict(_row(2, a, 1 << 16, t), op="allgather") for a, t in (("mpi", 1.0), ("ring", 1.5))]
+    rows += [dict(_row(2, a, 1 << 16, t), collective="allgather") for a, t in (("mpi", 1.0), ("ring", 1.5))]
     s = bench_output.summarize(rows)
     big = next(e for e in s["sizes"] if e["bytes"] == 1 << 16)
     assert big["allreduce_best"] == "ring" and big["allreduce_best_vs_mpi"] == 2.0
@@ -319,12 +319,12 @@ def test_nccl_tests_format_p2(tmp_path):
     blocks = _nccl_blocks(out)
     names = {"allreduce": "all_reduce", "reduce_scatter": "reduce_scatter", "allgather": "all_gather",
              "broadcast": "broadcast"}
-    assert set(blocks) == {(names[r["op"]], r["algorithm"]) for r in results["rows"]}
+    assert set(blocks) == {(names[r["collective"]], r["algorithm"]) for r in results["rows"]}
     for (op, alg), (lines, avg) in blocks.items():
-        rows = sorted((r for r in results["rows"] if names[r["op"]] == op and r["algorithm"] == alg),
+        rows = sorted((r for r in results["rows"] if names[r["collective"]] == op and r["algorithm"] == alg),
                       key=lambda r: r["bytes"])
         assert [int(f[0]) for f in lines] == [r["bytes"] for r in rows], (op, alg)
-        factor = bench_output.bus_factor(rows[0]["op"], 2)
+        factor = bench_output.bus_factor(rows[0]["collective"], 2)
         bus = []
         for f, r in zip(lines, rows):
             assert len(f) == 13 and f[2] == "float" and f[4] == ("0" if op == "broadcast" else "-1"), f
@@ -342,14 +342,14 @@ def test_nccl_tests_format_p2(tmp_path):
                 assert cols[3] == "0" and float(cols[0]) == pytest.approx(t, rel=5e-3, abs=6e-3), (op, alg, g, f)
                 bus.append(r["bytes"] / t / 1e3 * factor)
         assert avg == pytest.approx(statistics.fmean(bus), rel=1e-4), (op, alg)
-    ar = [r for r in results["rows"] if r["op"] == "allreduce" and r["algorithm"] in bench.collectives.ALGORITHMS]
+    ar = [r for r in results["rows"] if r["collective"] == "allreduce" and r["algorithm"] in bench.collectives.ALGORITHMS]
     assert ar and all(r["inplace_wrong"] == 0 and r["inplace_time_us"] >= r["inplace_time_mean_us"] > 0 for r in ar)
 
 
 def test_nccl_tests_bandwidth_columns():
     """Printed algbw = size / time and busbw = algbw x 2(P-1)/P, in nccl-tests' widths and decimals."""
     cases = ((8, 5.0), (1 << 20, 100.0), (1 << 26, 12345.0))
-    rows = [{"op": "allreduce", "algorithm": "ring", "resolved": "ring", "bytes": n, "count": n // 4,
+    rows = [{"collective": "allreduce", "algorithm": "ring", "resolved": "ring", "bytes": n, "count": n // 4,
              "type": "float32", "redop": "sum", "time_mean_us": t, "wrong": 0, "inplace_time_mean_us": 2 * t,
              "inplace_wrong": 0} for n, t in reversed(cases)]  # printed by size
     text = bench_output.nccl_tests({"P": 4, "mpi_library": "MPICH", "rows": rows})

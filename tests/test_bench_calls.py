@@ -52,7 +52,7 @@ def test_breakdown_times_every_step_of_the_repeated_call(tmp_path, capsys):
     text = capsys.readouterr().out
     rec = json.loads(out.read_text())
     assert rec["P"] == 1 and rec["provenance"]["command"] and set(rec["sizes"]) == {"8", "4096"}
-    assert (rec["op"], rec["passes"], rec["calls"]) == ("allreduce", 3, 20)
+    assert (rec["collective"], rec["passes"], rec["calls"]) == ("allreduce", 3, 20)
     derived = {"public entry", "in the plan", "rest", "keyword-only call", "call and its tests"}
     assert set(rec["derived"]) == derived
     for n, size in rec["sizes"].items():
@@ -78,7 +78,7 @@ def test_breakdown_of_a_repeated_reduce_scatter(tmp_path, capsys):
     assert breakdown.main(["--op", "reduce_scatter", "--sizes", "8,512", "--passes", "3", "--calls", "20",
                            "--allow-noisy", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert (rec["op"], rec["passes"], rec["calls"], rec["algorithm"]) == ("reduce_scatter", 3, 20, "auto")
+    assert (rec["collective"], rec["passes"], rec["calls"], rec["algorithm"]) == ("reduce_scatter", 3, 20, "auto")
     timed = {"MPI_Reduce_scatter", "MPI_Ireduce_scatter_block+Wait", "MPI_Iallreduce 16 B+Wait",
              "both library calls", "auto", "look-up", "fast form", "check", "statistics",
              "loop", "empty call", "call and tests"}
@@ -107,7 +107,7 @@ def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():
     assert table["library call"] == (2.1, 2.0, 9.0)  # the timed rows keep every pass
     late, gone = summarize({**times, "auto": [1.0, 1.0, 1.0]}, derived)
     assert gone == {"rest": [0, 1, 2], "public entry": [0, 1, 2]} and "rest" not in late
-    record = {"P": 2, "op": "allreduce", "sizes": {"8": {k: list(v) for k, v in table.items()},
+    record = {"P": 2, "collective": "allreduce", "sizes": {"8": {k: list(v) for k, v in table.items()},
                                                    "64": {k: list(v) for k, v in late.items()}},
               "dropped": {"8": dropped, "64": gone}, "ratios": {"auto / MPI_Iallreduce+Wait": [1.5, 1.4, 1.6]}}
     text = breakdown_table(record)

@@ -56,7 +56,7 @@ def test_scale_sim_rejects_a_foreign_fit_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("content, needle", [([1, 2], "not an experiments.bench.collectives results file"),
-                                             ({"rows": [{"op": "allreduce"}]}, "lacks"),
+                                             ({"rows": [{"collective": "allreduce"}]}, "lacks"),
                                              ({"rows": []}, "no all-reduce rows of the algorithms auto may choose")])
 def test_tune(capsys, tmp_path, content, needle):
     (tmp_path / "r.json").write_text(json.dumps(content))

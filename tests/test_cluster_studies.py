@@ -108,7 +108,7 @@ def test_collectives_study_gathers_both_links_and_names_where_2d_wins(tmp_path):
         for size in (64 << 10, 128 << 10):
             for alg, f in (("ring", 1.0), ("2d", 0.5 if size > 64 << 10 else 2.0), ("mpi", 1.0)):
                 t = [slow * f * size / 1e3 * k for k in (1.0, 1.1, 1.2)]
-                rows.append({"op": "allreduce", "bytes": size, "count": size // 4, "algorithm": alg,
+                rows.append({"collective": "allreduce", "bytes": size, "count": size // 4, "algorithm": alg,
                              "time_s": t[0] * 1e-6, "time_us": t[0], "time_repeats_us": t})
         path = tmp_path / f"collectives_{link}.json"
         path.write_text(json.dumps({"P": 8, "config": {"repeats": 3}, "rows": rows, "provenance": {"noisy": False}}))

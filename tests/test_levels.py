@@ -77,7 +77,7 @@ def test_fit_recovers_known_parameters(tmp_path, capsys):
         for alg in algs:
             for n in sizes:
                 t = allreduce_time(alg, n, levels.network(layout, 2, truth))
-                rows.append({"op": "allreduce", "algorithm": alg, "bytes": n, "time_s": t,
+                rows.append({"collective": "allreduce", "algorithm": alg, "bytes": n, "time_s": t,
                              "time_repeats_us": [t * 1e6, t * 1.01e6, t * 0.99e6]})
         R, N, K = layout
         data = {"P": R * N * K, "rows": rows,

@@ -78,7 +78,7 @@ def test_allgatherv_sends_its_counts_first_by_hand():
 
 def _sweep(P, cores, rows):
     return {"P": P, "cpus": cores, "provenance": {"cores": cores},
-            "rows": [{"op": "allreduce", "algorithm": a, "bytes": n, "time_median_us": t} for a, n, t in rows]}
+            "rows": [{"collective": "allreduce", "algorithm": a, "bytes": n, "time_median_us": t} for a, n, t in rows]}
 
 
 def test_floor_fit_on_sweeps_by_hand(tmp_path):

@@ -161,7 +161,7 @@ def fit(rows, min_bytes=0):
     """
     A, t = [], []
     for r in rows:
-        if r.get("op", "allreduce") != "allreduce" or r["algorithm"] not in MODELLED or r["P"] < 2:
+        if r.get("collective", "allreduce") != "allreduce" or r["algorithm"] not in MODELLED or r["P"] < 2:
             continue
         if r["bytes"] < min_bytes or not r["time_s"] > 0:
             continue

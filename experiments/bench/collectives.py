@@ -196,7 +196,7 @@ def _measure(op, nbytes, cfg, comm):
     for alg in c.calls:
         t_min, t_mean, t_max = t[alg][:, 0].min(), t[alg][:, 0].mean(), t[alg][:, 0].max()
         algbw = size / t_max / 1e9 if t_max > 0 else 0.0
-        row = {"op": op, "bytes": size, "count": c.count, "type": dt.name,
+        row = {"collective": op, "bytes": size, "count": c.count, "type": dt.name,
                "redop": cfg.redop if op in ("allreduce", "reduce_scatter") else "none",
                "algorithm": alg, "resolved": resolved[alg], "P": P, "iters": iters[alg],
                "time_us": t_max * 1e6, "time_min_us": t_min * 1e6, "time_mean_us": t_mean * 1e6,
@@ -308,7 +308,7 @@ def wrong_rows(rows, limit=4):
 
     Examples
     --------
-    >>> print(wrong_rows([{"op": "allreduce", "algorithm": "alltoall", "bytes": 24, "P": 3, "wrong": 6,
+    >>> print(wrong_rows([{"collective": "allreduce", "algorithm": "alltoall", "bytes": 24, "P": 3, "wrong": 6,
     ...                    "wrong_at": [{"form": "out of place", "rank": 0, "element": 0, "expected": 300.0,
     ...                                  "got": 200.0}]}]))
     wrong results (6 elements in 1 row):
@@ -318,7 +318,7 @@ def wrong_rows(rows, limit=4):
     out = [f"wrong results ({total} elements in {len(rows)} row{'s' if len(rows) != 1 else ''}):"]
     for r in rows:
         at = r.get("wrong_at", [])
-        head = f"  {r['op']} {r['algorithm']} {r['bytes']} B P={r['P']}"
+        head = f"  {r['collective']} {r['algorithm']} {r['bytes']} B P={r['P']}"
         for w in at[:limit]:
             out.append(f"{head} {w['form']}: rank {w['rank']} element {w['element']} expected {w['expected']:g} "
                        f"got {w['got']:g}")

@@ -1,11 +1,11 @@
 """Writing a collectives sweep: the printed table, the results dict, and PREFIX.json / PREFIX.csv.
 
-A sweep makes several passes (``--repeats``); :func:`combine` turns them into one row per (op, size,
+A sweep makes several passes (``--repeats``); :func:`combine` turns them into one row per (collective, size,
 algorithm) holding the median pass's times, every pass's time (``time_repeats_us``), their spread
 (max / min - 1) and an ``unstable`` flag above :data:`UNSTABLE`. The ratio summary is computed for
 every pass and reported as median, min and max (``summary_repeats``), so that each figure carries its
 range. The JSON carries the configuration, the MPI library version, P, host, date, the machine's load
-average and the summaries; the CSV one row per (op, size, algorithm) in :data:`COLUMNS` order.
+average and the summaries; the CSV one row per (collective, size, algorithm) in :data:`COLUMNS` order.
 """
 import csv
 import dataclasses
@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 import collectives
 import collectives.schedules.registry
-from collectives.backend import mpi_library
+from commlab.provenance import mpi_library
 from plots.bench import check_stat, markdown, row_seconds
 
 __all__ = ["COLUMNS", "HEAD", "UNSTABLE", "bus_factor", "line", "library", "nccl_tests", "report", "summarize",
@@ -32,7 +32,7 @@ _HAND_MADE = tuple(a for a in collectives.ALGORITHMS if a not in ("mpi", "auto")
 _KIB, _MIB = 1 << 10, 1 << 20
 
 #: Row fields, in CSV column order (times in microseconds, bandwidths in GB/s = 1e9 bytes/s).
-COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
+COLUMNS = ("collective", "bytes", "count", "type", "redop", "algorithm", "resolved", "P", "iters", "time_us",
            "time_min_us", "time_mean_us", "time_median_us", "algbw_GBps", "busbw_GBps", "wrong", "time_s",
            "passes", "spread", "unstable", "inplace_time_us", "inplace_time_mean_us", "inplace_wrong")
 
@@ -40,7 +40,7 @@ COLUMNS = ("op", "bytes", "count", "type", "redop", "algorithm", "resolved", "P"
 UNSTABLE = 0.20
 
 #: Table heading printed above the rows.
-HEAD = (f"{'op':>14} {'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>19} {'time(us)':>10} "
+HEAD = (f"{'collective':>14} {'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>19} {'time(us)':>10} "
          f"{'min(us)':>10} {'mean(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
 
 
@@ -56,7 +56,7 @@ def bus_factor(op, P):
 def line(w):
     """Return one table line (nccl-tests columns) for result row ``w``."""
     alg = w["algorithm"] if w["resolved"] == w["algorithm"] else f"{w['algorithm']}->{w['resolved']}"
-    return (f"{w['op']:>14} {w['bytes']:>10} {w['count']:>10} {w['type']:>8} {w['redop']:>5} {alg:>19} "
+    return (f"{w['collective']:>14} {w['bytes']:>10} {w['count']:>10} {w['type']:>8} {w['redop']:>5} {alg:>19} "
             f"{w['time_us']:>10.2f} {w['time_min_us']:>10.2f} {w['time_mean_us']:>10.2f} {w['algbw_GBps']:>11.3f} "
             f"{w['busbw_GBps']:>11.3f} {w['wrong']:>6}")
 
@@ -116,7 +116,7 @@ def nccl_tests(results):
     """
     P, blocks = results["P"], {}
     for r in results["rows"]:
-        blocks.setdefault((r["op"], r["algorithm"]), []).append(r)
+        blocks.setdefault((r["collective"], r["algorithm"]), []).append(r)
     out = []
     for (op, alg), rows in blocks.items():
         resolved = {r["resolved"] for r in rows} - {alg}
@@ -147,7 +147,7 @@ def report(cfg, results):
     """Print the end of a sweep (rank 0): the Markdown summary or nccl-tests' tables, the unstable rows, the files."""
     nccl = cfg.format == "nccl-tests"
     print("\n" + (nccl_tests(results) if nccl else markdown(results)), flush=True)
-    shaky = [f"{r['op']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
+    shaky = [f"{r['collective']} {r['algorithm']} {r['bytes']} B ({r['spread']:.0%})" for r in results["rows"] if r["unstable"]]
     load = f" (load average {results['load_average'][0]:.1f} on {results['cpus']} CPUs)"
     if cfg.repeats < 2:
         print(("# " if nccl else "") + "stability not checked: one pass of the sweep (--repeats 3 compares passes)"
@@ -200,7 +200,7 @@ def summarize(rows, stat="mean"):
         Unknown ``stat``, or ``"median"`` for rows without median times.
     """
     check_stat(rows, stat)
-    t = {(r["op"], r["algorithm"], r["bytes"]): row_seconds(r, stat) for r in rows
+    t = {(r["collective"], r["algorithm"], r["bytes"]): row_seconds(r, stat) for r in rows
          if not r.get("wrong") and row_seconds(r, stat) > 0}
     sizes = [e for e in (_size_ratios(t, n) for n in sorted({r["bytes"] for r in rows})) if len(e) > 1]
     return {"sizes": sizes, "aggregates": _aggregates(sizes)}
@@ -297,7 +297,7 @@ def _aggregates(sizes):
 
 
 def combine(passes):
-    """Return one row per (op, bytes, algorithm) from the rows of several passes of a sweep.
+    """Return one row per (collective, bytes, algorithm) from the rows of several passes of a sweep.
 
     Times (in-place ones too, when measured, with ``inplace_time_repeats_us``) are the medians over the
     passes, bandwidths those of the median time; ``time_repeats_us`` lists every pass's
@@ -308,7 +308,7 @@ def combine(passes):
     groups = {}
     for rows in passes:
         for r in rows:
-            groups.setdefault((r["op"], r["bytes"], r["algorithm"]), []).append(r)
+            groups.setdefault((r["collective"], r["bytes"], r["algorithm"]), []).append(r)
     out = []
     for group in groups.values():
         row = {k: v for k, v in group[0].items() if k != "pass"}

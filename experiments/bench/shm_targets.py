@@ -42,7 +42,7 @@ def figures(rows):
 
     Examples
     --------
-    >>> rows = [{"op": "allreduce", "algorithm": a, "P": 2, "bytes": 1 << 20, "time_us": t, "time_repeats_us": [t, t]}
+    >>> rows = [{"collective": "allreduce", "algorithm": a, "P": 2, "bytes": 1 << 20, "time_us": t, "time_repeats_us": [t, t]}
     ...         for a, t in (("shm", 300.0), ("limit", 200.0), ("MPI_Allreduce", 600.0))]
     >>> for f in figures(rows):
     ...     print(f["figure"], f["median"])
@@ -50,7 +50,7 @@ def figures(rows):
     allreduce shm busbw / MPI_Allreduce busbw 2.0
     allreduce shm busbw / MPI_Allreduce busbw, geomean 256 KiB-16 MiB 2.0
     """
-    at = {(r["op"], r["algorithm"], r["P"], r["bytes"]): r for r in rows}
+    at = {(r["collective"], r["algorithm"], r["P"], r["bytes"]): r for r in rows}
     out = []
 
     def add(name, op, alg, ref, P, n, invert=False):

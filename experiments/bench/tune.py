@@ -78,7 +78,7 @@ def build_table(results, tolerance=0.0, stat="mean", library_max_bytes=LIBRARY_M
     times = {}  # (P, bytes) -> {algorithm: [seconds, ...]}
     for res in results:
         for r in res.get("rows", []):
-            if r["op"] != "allreduce" or r["algorithm"] not in CHOICES or r["wrong"]:
+            if r["collective"] != "allreduce" or r["algorithm"] not in CHOICES or r["wrong"]:
                 continue
             if stat == "median" and "time_median_us" not in r:
                 raise ValueError("these sweeps have no median times: use the mean")
@@ -127,7 +127,7 @@ def _fit_model(rows):
 
 
 #: Row fields the table reads (``time_median_us`` only for ``--stat median``).
-_ROW_KEYS = ("op", "algorithm", "wrong", "P", "count", "bytes", "type", "time_s")
+_ROW_KEYS = ("collective", "algorithm", "wrong", "P", "count", "bytes", "type", "time_s")
 
 
 def _not_a_sweep(data):

@@ -93,7 +93,7 @@ def network(layout, cores, params):
 
 
 def _rows(data, min_bytes, mpi=False):
-    return [r for r in data["rows"] if r.get("op") == "allreduce" and r["bytes"] >= min_bytes and r["time_s"] > 0
+    return [r for r in data["rows"] if r.get("collective") == "allreduce" and r["bytes"] >= min_bytes and r["time_s"] > 0
             and (r["algorithm"] in SCHEDULED or (mpi and r["algorithm"] == "mpi"))]
 
 

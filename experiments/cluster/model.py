@@ -97,7 +97,7 @@ def simulate(algorithm, P, nbytes, topo, shared, itemsize=4):
 
 
 def _rows(data, min_bytes):
-    return [r for r in data["rows"] if r.get("op") == "allreduce" and r["algorithm"] in ALGS
+    return [r for r in data["rows"] if r.get("collective") == "allreduce" and r["algorithm"] in ALGS
             and r["bytes"] >= min_bytes and r["time_s"] > 0]
 
 

@@ -94,7 +94,7 @@ def report(runs, per_node):
     rows, summary, cache = [], {}, {}
     for link, data in runs.items():
         rate = parse_rate(link)
-        got = {(r["bytes"], r["algorithm"]): r for r in data["rows"] if r["op"] == "allreduce"}
+        got = {(r["bytes"], r["algorithm"]): r for r in data["rows"] if r["collective"] == "allreduce"}
         P = int(data["P"])
         for (size, alg), r in sorted(got.items()):
             t = _passes(r)

@@ -247,7 +247,7 @@ def _breakdown_table(rel):
     record = _load(rel)
     prov = check_quiet(record, rel)
     calls = f" of {record['calls']} calls" if "calls" in record else ""
-    what = "reduce-scatter, " if record.get("op") == "reduce_scatter" else ""
+    what = "reduce-scatter, " if record.get("collective") == "reduce_scatter" else ""
     head = (f"{what}P = {record['P']}, float32, {_breakdown_passes(record, prov)} interleaved passes{calls}, "
             f"algorithm `{record.get('algorithm', 'auto')}`.")
     return head[0].upper() + head[1:] + "\n\n" + breakdown_table(record) + "\n\n" + source_line(prov, rel)
@@ -425,5 +425,5 @@ def figure_names():
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)
-            names |= {f"bench_{op}_p{results['P']}.png" for op in dict.fromkeys(r["op"] for r in results["rows"])}
+            names |= {f"bench_{op}_p{results['P']}.png" for op in dict.fromkeys(r["collective"] for r in results["rows"])}
     return names

@@ -105,7 +105,7 @@ def breakdown_table(record):
     ``dropped``, which a line under the table names, and shows ``-`` where none is left. The ratios are geometric means over the sizes,
     median (min-max) over the passes.
     """
-    sizes, op = list(record["sizes"]), record.get("op", "allreduce")
+    sizes, op = list(record["sizes"]), record.get("collective", "allreduce")
     held = record["sizes"][sizes[0]]
     rows = [(row, label) for row, label in _BREAKDOWN_ROWS[op] + _BREAKDOWN_TAIL if row in held]
     if "statistics" not in held:  # (a file without the statistics step: its rest holds them)

@@ -66,7 +66,7 @@ def points(sweep, cal, layout, gamma):
     net = topomod.parse(doc).with_gamma(gamma)
     out = []
     for r in sweep["rows"]:
-        if r.get("op", "allreduce") != "allreduce" or r["algorithm"] not in _ALGORITHMS or r["time_median_us"] <= 0:
+        if r.get("collective", "allreduce") != "allreduce" or r["algorithm"] not in _ALGORITHMS or r["time_median_us"] <= 0:
             continue
         grid = "topology" if r["algorithm"] in ("2d", "torus") else None
         rep = float(message_times.allreduce_clocks(r["algorithm"], r["bytes"], net, grid).max())
