@@ -1,9 +1,8 @@
-"""Dtype and op tables, argument checks, and GPU buffer handling of the collectives.
+"""Dtype and op tables and GPU buffer handling of the collectives (their argument checks: :mod:`collectives.arguments`).
 
 Array code in commlab is written once against an *array module* ``xp`` (NumPy, or CuPy for device
 arrays), picked from the input by :func:`commlab.arrays.get_array_module`. This module holds the
-supported dtypes and reduction ops, checks arguments before any message is sent, and decides how
-device buffers reach MPI:
+supported dtypes and reduction ops and decides how device buffers reach MPI:
 
 * **direct**: the MPI library is CUDA-aware, so device buffers are handed to MPI as they are (mpi4py
   reads their ``__cuda_array_interface__``);

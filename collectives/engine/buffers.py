@@ -1,4 +1,4 @@
-"""Buffers of a collective call: input conversion, ``out`` checks, the accumulation buffer, ``avg``, NaN.
+"""Buffers of a collective call: DLPack adoption, the accumulation buffer, ``avg``, NaN (the checks: :mod:`collectives.arguments`).
 
 Shared by the all-reduce (:mod:`collectives.calls.allreduce`) and the other collectives (:mod:`collectives.calls.reduce_scatter`);
 the rules themselves (float16 accumulation, integer ``avg``, NaN propagation) are documented in
