@@ -1,7 +1,8 @@
 """The harness every study and benchmark runs on: the options they share, the checks before a
 measurement and the write after it, written once.
 
-A study is a small unit: its own options, a run, its table. Around the run, in this order:
+A study is a small unit: its own options, a run, its table (:class:`Study`, whose ``main`` runs the
+steps below around them). Around the run, in this order:
 
 1. :func:`add_options` gives its parser the options common to every study: ``--out`` (the results
    file or folder), ``--repeats`` where the study repeats its runs, and the load options
@@ -35,20 +36,99 @@ Examples
 >>> record["provenance"]["noisy"]
 False
 """
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from commlab import provenance as prov
-from commlab.provenance import command_line, unwritable
 from commlab.file_formats import write_json
-from training.settings.options import INT32_MAX, integer, outpath, real
+from commlab.provenance import command_line, unwritable
+from training.settings.cli import parse_on_every_rank
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real
 
-__all__ = ["add_options", "start", "finish", "echo", "fresh_folder", "load_flags", "argv", "run_commands"]
+__all__ = ["Study", "add_options", "start", "finish", "echo", "fresh_folder", "scratch_folder", "logged",
+           "load_flags", "argv", "run_commands"]
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study or benchmark as a unit: its own options, its run and its table; :meth:`main` is the harness
+    around them (parse, check, :func:`start`, run, :func:`finish`).
+
+    A module defines ``STUDY = Study(...)`` and ``main = STUDY.main``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> def options(p):
+    ...     p.add_argument("--n", type=integer(1, 9), default=3)
+    >>> demo = Study("experiments.studies.example", "A demo.", options, run=lambda args, comm: {"n": args.n},
+    ...              out="results/example.json", mpi=False, table=lambda r: f"n = {r['n']}")
+    >>> out = os.path.join(tempfile.mkdtemp(), "r.json")
+    >>> demo.main(["--n", "4", "--out", out, "--max-load", "1000"])  # doctest: +ELLIPSIS
+    n = 4
+    results: ...r.json
+    0
+    """
+
+    module: str                  # the entry point, "experiments.bench.trace"
+    description: str             # what --help says it does
+    options: Callable            # options(parser): the study's own options
+    run: Callable                # run(args, comm) -> the record on rank 0 (None elsewhere); may print; a
+                                 # ValueError raised alike on every rank is one error line, status 2
+    out: str                     # default of --out
+    folder: bool = False         # --out names a folder (the record is results(args) inside it)
+    what: str = None             # what --out holds, for its help (default: the results file or folder)
+    repeats: int = None          # default of --repeats; None: the study has no --repeats
+    check: Callable = None       # check(args, comm): a ValueError is the one error line, status 2
+    results: Callable = None     # results(args) -> the JSON file (default: --out)
+    table: Callable = None       # table(record) -> str, printed before the path
+    ranks: Callable = None       # ranks(args, comm) -> P the provenance names (default: the job's size)
+    status: Callable = None      # status(record) -> exit status on rank 0 (default 0)
+    mpi: bool = True             # runs on the ranks of MPI.COMM_WORLD (False: one process, no MPI)
+    launcher: str = "mpiexec -n P "  # what --help's usage line puts before python
+
+    def main(self, argv=None):
+        """Run the study: 0, 2 after one error line before anything runs, or :attr:`status`."""
+        comm = None
+        if self.mpi:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+        rank = comm.Get_rank() if comm is not None else 0
+        p = Parser(prog=f"{self.launcher if self.mpi else ''}python -m {self.module}", description=self.description)
+        self.options(p)
+        add_options(p, out=self.out, folder=self.folder, repeats=self.repeats, what=self.what)
+        args = parse_on_every_rank(p.parse_args, argv, rank)
+        if self.check is not None:
+            try:
+                self.check(args, comm)
+            except ValueError as e:
+                if rank == 0:
+                    p.error(str(e))
+                return 2
+        path = self.results(args) if self.results is not None else args.out
+        watch = start(args, comm, paths=[path], prog=p.prog)
+        if watch is None:
+            return 2
+        try:
+            record = self.run(args, comm)
+        except ValueError as e:
+            watch.summary()
+            if rank == 0:
+                print(f"{p.prog}: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        P = self.ranks(args, comm) if self.ranks is not None else None
+        finish(record, watch, path, comm=comm, P=P, module=self.module, argv=argv, show=self.table)
+        return self.status(record) if self.status is not None and rank == 0 else 0
 
 
 def add_options(parser, *, out=None, folder=False, repeats=None, what=None):
@@ -163,6 +243,32 @@ def fresh_folder(path, comm=None):
         os.makedirs(path)
     if comm is not None:
         comm.Barrier()
+
+
+@contextlib.contextmanager
+def scratch_folder(comm, prefix):
+    """Yield a temporary folder that rank 0 makes and every rank of ``comm`` uses (its name broadcast);
+    rank 0 removes it after every rank has left the ``with`` block."""
+    tmp = comm.bcast(tempfile.mkdtemp(prefix=prefix) if comm.Get_rank() == 0 else None, root=0)
+    try:
+        yield tmp
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def logged(call, log, comm=None):
+    """Return ``call()``, what it prints (stdout and stderr) written to the file ``log`` on rank 0 of ``comm``
+    and dropped on the other ranks: a study's training runs print their epoch tables, the study its own lines.
+
+    >>> import os
+    >>> logged(lambda: print("epoch 1") or 3, os.devnull)
+    3
+    """
+    path = log if comm is None or comm.Get_rank() == 0 else os.devnull
+    with open(path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        return call()
 
 
 def load_flags(args, P):

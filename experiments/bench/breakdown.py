@@ -48,13 +48,12 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 from experiments import harness
 from experiments.bench.breakdown_rows import OPS
-from training.settings.options import INT32_MAX, Parser, integer, text
+from training.settings.options import INT32_MAX, integer, text
 
-__all__ = ["STEPS", "measure", "summarize", "main"]
+__all__ = ["STEPS", "measure", "summarize", "STUDY", "main"]
 
 #: The timed rows of ``--op allreduce``: references first, then the call, its entry points, its steps, calibration.
 STEPS = ("MPI_Allreduce", "MPI_Iallreduce+Wait", "MPI_Allreduce_init", "persistent plan", "auto",
@@ -138,11 +137,7 @@ def _print(P, op, per_size, dropped, ratios):
         print(f"  {k:<56} {m:.2f}x [{lo:.2f}-{hi:.2f}]")
 
 
-def main(argv=None):
-    """Run the benchmark on ``COMM_WORLD``; return the exit status (2: bad arguments or a busy machine)."""
-    ap = Parser(prog="mpiexec -n P python -m experiments.bench.breakdown",
-                                 description="The steps of a repeated small all-reduce or reduce-scatter beside "
-                                 "MPI's own calls.")
+def _options(ap):
     ap.add_argument("--op", default="allreduce", choices=tuple(OPS), help="the collective (default allreduce)")
     ap.add_argument("--sizes", type=text(), default="8,64,512,4096", help="message sizes in bytes, float32, comma-separated "
                     "(at most 8192: the cached path's limit)")
@@ -150,44 +145,47 @@ def main(argv=None):
     ap.add_argument("--calls", type=integer(1, INT32_MAX), default=2000, help="calls per timed loop")
     ap.add_argument("--algorithm", default="auto", choices=("auto", "mpi"),
                     help="the collective's algorithm (default auto; its row keeps the name auto)")
-    harness.add_options(ap, out="results/bench_breakdown.json")
-    args = ap.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    rank0 = comm.Get_rank() == 0
+
+
+def _sizes(args):
+    """Return ``--sizes`` as a list of byte counts; raise ValueError when one is not an integer in 4..8192."""
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
-        ap.error(f"--sizes {args.sizes!r}: expected comma-separated integers")
+        raise ValueError(f"--sizes {args.sizes!r}: expected comma-separated integers") from None
     if any(not 4 <= n <= 8192 for n in sizes):
-        ap.error("--sizes: each between 4 and 8192 bytes")
-    if args.passes < 3 or args.calls < 1:
-        ap.error("--passes must be at least 3 and --calls at least 1")
-    watch = harness.start(args, comm, paths=[args.out], prog=ap.prog)
-    if watch is None:
-        return 2
-    try:
-        measured = {n: measure(comm, n, args.passes, args.calls, args.algorithm, args.op) for n in sizes}
-    except ValueError as exc:
-        if rank0:
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if rank0:
+        raise ValueError("--sizes: each between 4 and 8192 bytes")
+    if args.passes < 3:
+        raise ValueError("--passes must be at least 3")
+    return sizes
+
+
+def _run(args, comm):
+    """Time every size; rank 0 prints the table and returns the record."""
+    measured = {n: measure(comm, n, args.passes, args.calls, args.algorithm, args.op) for n in _sizes(args)}
+    record = None
+    if comm.Get_rank() == 0:
         spec = next(iter(measured.values()))[1]
         times = {n: t for n, (t, _) in measured.items()}
         summary = {n: summarize(t, spec.derived) for n, t in times.items()}
         per_size, dropped = {n: s[0] for n, s in summary.items()}, {n: s[1] for n, s in summary.items()}
         ratios = _ratios(times, spec.ratios)
         _print(comm.Get_size(), args.op, per_size, dropped, ratios)
-        record = {"P": comm.Get_size(), "op": args.op, "algorithm": args.algorithm, "passes": args.passes,
+        record = {"P": comm.Get_size(), "collective": args.op, "algorithm": args.algorithm, "passes": args.passes,
                   "calls": args.calls,
                   "sizes": {str(n): {k: list(v) for k, v in t.items()} for n, t in per_size.items()},
                   "dropped": {str(n): d for n, d in dropped.items()},
                   "derived": {k: [w, list(parts)] for k, (w, parts) in spec.derived.items()},
                   "ratios": {k: list(v) for k, v in ratios.items()}}
-    else:
-        record = None
-    harness.finish(record, watch, args.out, comm=comm, module="experiments.bench.breakdown", argv=argv)
-    return 0
+    return record
+
+
+#: The benchmark as a unit of the harness; ``main(argv)`` runs it on ``COMM_WORLD`` and returns the exit
+#: status (2: a bad argument or a busy machine, one error line before any measurement).
+STUDY = harness.Study("experiments.bench.breakdown", "The steps of a repeated small all-reduce or reduce-scatter "
+                      "beside MPI's own calls.", _options, _run, out="results/bench_breakdown.json",
+                      check=lambda args, comm: _sizes(args))
+main = STUDY.main
 
 
 if __name__ == "__main__":

@@ -18,39 +18,30 @@ exporter's metrics, a part of rank 0's own time). Results go to
 and the ``provenance`` (:mod:`commlab.provenance`: on a busy machine the benchmark refuses to start
 unless ``--allow-noisy`` marks its file noisy).
 """
-import contextlib
 import os
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-
-from mpi4py import MPI
 
 from experiments import harness
 from training.settings.config import Config
 from commlab.file_formats import read_jsonl
 from commlab.run_files import run_info
 from training.train import run
-from training.settings.options import INT32_MAX, Parser, integer, real
+from training.settings.options import INT32_MAX, integer, real
 
-__all__ = ["main", "VARIANTS"]
+__all__ = ["STUDY", "main", "VARIANTS"]
 
 #: The variants, in the order of the first repeat.
 VARIANTS = ("off", "watch", "serve")
 
 
-def _parser():
-    p = Parser(prog="mpiexec -n P python -m experiments.bench.metrics_overhead",
-                                description="Step time with live monitoring against without, same run, repeated.")
+def _options(p):
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=3, help="epochs per run (default: %(default)s)")
     p.add_argument("--metrics-every", type=integer(1, INT32_MAX), default=10, help="steps between gathers (default: %(default)s)")
     p.add_argument("--scrape-every", type=real(0, 1e15, low_open=True), default=0.5,
                    help="seconds between the scrapes of a served run (default: %(default)s)")
-    harness.add_options(p, out="results/bench_metrics_overhead.json", repeats=5)
-    return p
 
 
 def _step_times(path):
@@ -125,31 +116,15 @@ def _runs(base, repeats, comm, every):
     return times, internal, scraped
 
 
-def main(argv=None):
-    """Run the benchmark; rank 0 prints the ratios and writes the results file.
-
-    Returns 0; 2 after one error line on a bad argument, an unwritable ``--out`` or a busy machine
-    (:func:`experiments.harness.start`), before any measurement.
-    """
-    args = _parser().parse_args(argv)
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    watch = harness.start(args, comm, paths=[args.out])
-    if watch is None:
-        return 2
-    tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_metrics-") if rank == 0 else None, root=0)
-    base = Config(epochs=args.epochs, run_dir=tmp, progress=False, checkpoint_every=0, keep_checkpoints=1,
-                  lr_schedule="constant", metrics_every=args.metrics_every)
-    try:
-        with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):  # the runs' tables
-            times, internal, scraped = _runs(base, args.repeats, comm, args.scrape_every)
-    finally:
-        comm.Barrier()
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if rank != 0:
-        watch.summary()  # stops this rank's sampling: rank 0 alone writes
-        return 0
+def _run(args, comm):
+    """Train the rounds; rank 0 prints the ratios and returns the record."""
+    with harness.scratch_folder(comm, "bench_metrics-") as tmp:
+        base = Config(epochs=args.epochs, run_dir=tmp, progress=False, checkpoint_every=0, keep_checkpoints=1,
+                      lr_schedule="constant", metrics_every=args.metrics_every)
+        times, internal, scraped = harness.logged(lambda: _runs(base, args.repeats, comm, args.scrape_every),
+                                                  os.devnull)  # the runs' tables
+    if comm.Get_rank() != 0:
+        return None
     off = times["off"]
     spread = (max(off) - min(off)) / statistics.median(off)
     print(f"P={comm.Get_size()}, {base.data}, hidden {list(base.hidden)}, {base.dtype}, batch {base.batch_size}, "
@@ -174,8 +149,14 @@ def main(argv=None):
     if scraped:
         print(f"served runs scraped every {args.scrape_every:g} s from another process: {min(scraped)}-{max(scraped)} "
               f"pages per run")
-    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.metrics_overhead", argv=argv)
-    return 0
+    return result
+
+
+#: The benchmark as a unit of the harness; ``main(argv)`` returns 0, or 2 after one error line on a bad
+#: argument, an unwritable ``--out`` or a busy machine, before any measurement.
+STUDY = harness.Study("experiments.bench.metrics_overhead", "Step time with live monitoring against without, "
+                      "same run, repeated.", _options, _run, out="results/bench_metrics_overhead.json", repeats=5)
+main = STUDY.main
 
 
 if __name__ == "__main__":

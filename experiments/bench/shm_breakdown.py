@@ -30,7 +30,6 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 import collectives
 from collectives.engine.context import get_context
@@ -41,10 +40,10 @@ from collectives.shm import free_shared, shared_empty
 from collectives.shm.node import node_of
 from experiments import harness
 from experiments.bench.references import limit
-from training.settings.options import INT32_MAX, Parser, integer, text
+from training.settings.options import INT32_MAX, integer, text
 from commlab.byte_sizes import parse_bytes
 
-__all__ = ["ROWS", "measure", "main"]
+__all__ = ["ROWS", "measure", "STUDY", "main"]
 
 #: The timed rows, in the order printed.
 ROWS = ("call", "plan", "copy in", "point", "reduce slice", "reduce slice, one chunk", "copy out", "limit")
@@ -127,28 +126,30 @@ def _summary(times):
     return {k: tuple(1e6 * f(v) for f in (statistics.median, min, max)) for k, v in times.items()}
 
 
-def main(argv=None):
-    """Run the breakdown; rank 0 prints the table and writes ``--out``. Return the exit status."""
-    ap = Parser(prog="python -m experiments.bench.shm_breakdown", description=__doc__.split("\n")[0])
+def _options(ap):
     ap.add_argument("--sizes", type=text(), default="256K,4M,64M", help="all-reduce sizes in bytes, float32, "
                     "comma-separated, above 16 KiB (suffixes K, M)")
     ap.add_argument("--passes", type=integer(1, INT32_MAX), default=5, help="interleaved passes (median and range)")
     ap.add_argument("--calls", type=integer(1, INT32_MAX), default=20, help="calls per timed loop")
-    harness.add_options(ap, out="results/bench_shm_breakdown.json")
-    args = ap.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    rank0 = comm.Get_rank() == 0
+
+
+def _sizes(args):
+    """Return ``--sizes`` in bytes; raise ValueError unless each is a multiple of 4 above the small path's."""
     try:
         sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     except ValueError as exc:
-        ap.error(f"--sizes {args.sizes!r}: {exc}")
+        raise ValueError(f"--sizes {args.sizes!r}: {exc}") from None
     if any(n <= shm.SMALL_BYTES or n % 4 for n in sizes):
-        ap.error(f"--sizes: each a multiple of 4 bytes above {shm.SMALL_BYTES} (the two-point all-reduce)")
-    watch = harness.start(args, comm, paths=[args.out], prog=ap.prog)
-    if watch is None:
-        return 2
+        raise ValueError(f"--sizes: each a multiple of 4 bytes above {shm.SMALL_BYTES} (the two-point all-reduce)")
+    return sizes
+
+
+def _run(args, comm):
+    """Time every size; rank 0 prints the table and returns the record."""
+    sizes = _sizes(args)
     per_size = {n: _summary(measure(comm, n // 4, args.passes, args.calls)) for n in sizes}
-    if rank0:
+    record = None
+    if comm.Get_rank() == 0:
         print(f"P = {comm.Get_size()}, float32 sum, microseconds per call on rank 0: median [min-max] over "
               f"{args.passes} passes")
         print(f"{'row':<26}" + "".join(f"{n:>26,}" for n in sizes))
@@ -156,10 +157,13 @@ def main(argv=None):
             print(f"{row:<26}" + "".join(f"{'%.1f [%.1f-%.1f]' % per_size[n][row]:>26}" for n in sizes))
         record = {"P": comm.Get_size(), "passes": args.passes, "calls": args.calls, "chunk_bytes": shm.CHUNK_BYTES,
                   "sizes": {str(n): {k: list(v) for k, v in s.items()} for n, s in per_size.items()}}
-    else:
-        record = None
-    harness.finish(record, watch, args.out, comm=comm, module="experiments.bench.shm_breakdown", argv=argv)
-    return 0
+    return record
+
+
+#: The breakdown as a unit of the harness; ``main(argv)``: rank 0 prints the table and writes ``--out``.
+STUDY = harness.Study("experiments.bench.shm_breakdown", __doc__.split("\n")[0], _options, _run,
+                      out="results/bench_shm_breakdown.json", check=lambda args, comm: _sizes(args), launcher="")
+main = STUDY.main
 
 
 if __name__ == "__main__":

@@ -13,16 +13,11 @@ the recorder on and off). Results go to ``results/bench_trace.json`` with the co
 ``provenance`` (:mod:`commlab.provenance`: on a busy machine the benchmark refuses to start unless
 ``--allow-noisy`` marks its file noisy).
 """
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-
-from mpi4py import MPI
 
 from commlab import tracing
 from experiments import harness
@@ -30,9 +25,9 @@ from training.settings.config import Config
 from commlab.file_formats import read_jsonl
 from commlab.run_files import run_info
 from training.train import run
-from training.settings.options import INT32_MAX, Parser, integer
+from training.settings.options import INT32_MAX, integer
 
-__all__ = ["main", "event_cost"]
+__all__ = ["STUDY", "main", "event_cost"]
 
 
 def event_cost(n=200_000):
@@ -57,14 +52,10 @@ def event_cost(n=200_000):
     return tuple(out)
 
 
-def _parser():
-    p = Parser(prog="mpiexec -n P python -m experiments.bench.trace",
-                                description="Step time with --trace against without, same run, repeated.")
+def _options(p):
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs per run (default: %(default)s)")
     p.add_argument("--bucket-bytes", type=integer(1, INT32_MAX), default=16384,
                    help="gradient bucket size in bytes: more buckets, more events per step (default: %(default)s)")
-    harness.add_options(p, out="results/bench_trace.json", repeats=7)
-    return p
 
 
 def _step_times(path):
@@ -97,31 +88,14 @@ def _runs(base, repeats, comm, tmp):
     return times, pooled, steps, events
 
 
-def main(argv=None):
-    """Run the benchmark; rank 0 prints the ratios and writes the results file.
-
-    Returns 0; 2 after one error line on a bad argument, an unwritable ``--out`` or a busy machine
-    (:func:`experiments.harness.start`), before any measurement.
-    """
-    args = _parser().parse_args(argv)
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    watch = harness.start(args, comm, paths=[args.out])
-    if watch is None:
-        return 2
-    tmp = comm.bcast(tempfile.mkdtemp(prefix="bench_trace-") if rank == 0 else None, root=0)
-    base = Config(epochs=args.epochs, bucket_bytes=args.bucket_bytes, run_dir=tmp, progress=False,
-                  checkpoint_every=0, keep_checkpoints=1, lr_schedule="constant")
-    try:
-        with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):  # the runs' tables
-            times, pooled, steps, events = _runs(base, args.repeats, comm, tmp)
-    finally:
-        comm.Barrier()
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if rank != 0:
-        watch.summary()  # stops this rank's sampling: rank 0 alone writes
-        return 0
+def _run(args, comm):
+    """Train the pairs; rank 0 prints the ratios and returns the record."""
+    with harness.scratch_folder(comm, "bench_trace-") as tmp:
+        base = Config(epochs=args.epochs, bucket_bytes=args.bucket_bytes, run_dir=tmp, progress=False,
+                      checkpoint_every=0, keep_checkpoints=1, lr_schedule="constant")
+        times, pooled, steps, events = harness.logged(lambda: _runs(base, args.repeats, comm, tmp), os.devnull)
+    if comm.Get_rank() != 0:
+        return None
     ratios = [on / off for on, off in zip(times["on"], times["off"])]
     off_s, on_s = event_cost()
     per_step = events / (comm.Get_size() * steps) if steps else 0.0
@@ -139,8 +113,14 @@ def main(argv=None):
               "step_s_off": times["off"], "step_s_on": times["on"], "ratios": ratios, "ratio_median": med,
               "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_pooled": both,
               "events_per_step_per_rank": per_step, "span_s_on": on_s, "span_s_off": off_s}
-    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.trace", argv=argv)
-    return 0
+    return result
+
+
+#: The benchmark as a unit of the harness; ``main(argv)`` returns 0, or 2 after one error line on a bad
+#: argument, an unwritable ``--out`` or a busy machine, before any measurement.
+STUDY = harness.Study("experiments.bench.trace", "Step time with --trace against without, same run, repeated.",
+                      _options, _run, out="results/bench_trace.json", repeats=7)
+main = STUDY.main
 
 
 if __name__ == "__main__":

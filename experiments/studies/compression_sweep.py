@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr
 from dataclasses import dataclass
 from functools import partial
 
@@ -163,9 +163,7 @@ def _train_one(cfg, base, spec, seed, run_dir, comm):
                         name=f"{_slug(spec)}-seed{seed}", progress=False, checkpoint_every=0,
                         keep_checkpoints=1)
     os.makedirs(run_dir, exist_ok=True)
-    log = os.devnull if comm.Get_rank() else os.path.join(run_dir, f"{tcfg.name}.log")
-    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        summary = run(tcfg, comm)  # the trainer's epoch table goes to the log
+    summary = harness.logged(lambda: run(tcfg, comm), os.path.join(run_dir, f"{tcfg.name}.log"), comm)  # epoch table
     rec = {"spec": spec, "compressor": name, "args": kwargs, "seed": seed,
            "run_dir": summary["run_dir"], "final_test_acc": summary["final_test_acc"],
            "parameters": summary["parameters"], "wall_s": summary["wall_s"]}

@@ -40,7 +40,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
@@ -171,9 +170,7 @@ def _one(base, method, condition, repeat, runs_dir, comm, target, balance_every)
     name = f"{method}-{condition}-r{repeat}"
     cfg = base.replace(seed=repeat, run_dir=runs_dir, name=name, **method_config(method, balance_every),
                        **condition_config(condition, kind))
-    log = os.devnull if comm.Get_rank() else os.path.join(runs_dir, f"{name}.log")
-    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        summary = run(cfg, comm)
+    summary = harness.logged(lambda: run(cfg, comm), os.path.join(runs_dir, f"{name}.log"), comm)
     if comm.Get_rank() != 0:
         return None
     folder = os.path.join(runs_dir, name)

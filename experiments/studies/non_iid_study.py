@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 
@@ -100,9 +99,7 @@ def _one(base, method, skew, seed, runs_dir, comm, target):
     """Train one (method, skew, seed); return its record on rank 0 (None elsewhere)."""
     name = f"{method}-{_tag(skew)}-s{seed}"
     cfg = base.replace(partition=skew, seed=seed, run_dir=runs_dir, name=name, **method_config(method))
-    log = os.devnull if comm.Get_rank() else os.path.join(runs_dir, f"{name}.log")
-    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        summary = run(cfg, comm)
+    summary = harness.logged(lambda: run(cfg, comm), os.path.join(runs_dir, f"{name}.log"), comm)
     if comm.Get_rank() != 0:
         return None
     folder = os.path.join(runs_dir, name)

@@ -53,7 +53,6 @@ import os
 import shutil
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 from mpi4py import MPI
@@ -197,9 +196,7 @@ def _configs(args, size):
 def _train(part, name, cfg, extra, repeat, comm):
     """Train one variant once; return its record (complete on rank 0, None elsewhere)."""
     cfg = cfg.replace(name=f"{part}-{name}-r{repeat}")
-    log = os.devnull if comm.Get_rank() else os.path.join(cfg.run_dir, f"{cfg.name}.log")
-    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        summary = train_ps(cfg, comm, extra)
+    summary = harness.logged(lambda: train_ps(cfg, comm, extra), os.path.join(cfg.run_dir, f"{cfg.name}.log"), comm)
     if comm.Get_rank() != 0:
         return None
     with np.load(os.path.join(summary["run_dir"], "ps_model.npz"), allow_pickle=False) as f:

@@ -32,7 +32,6 @@ import statistics
 import sys
 import textwrap
 import time
-from contextlib import redirect_stderr, redirect_stdout
 
 from mpi4py import MPI
 from tabulate import tabulate
@@ -140,9 +139,7 @@ def _train(base, protocol, repeat, out, comm):
     consistency, s = parse_protocol(protocol)
     name = f"{protocol}-r{repeat}"
     cfg = base.replace(consistency=consistency, staleness=s, run_dir=os.path.join(out, "runs"), name=name)
-    log = os.devnull if comm.Get_rank() else os.path.join(cfg.run_dir, f"{name}.log")
-    with open(log, "w", encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        summary = run(cfg, comm)
+    summary = harness.logged(lambda: run(cfg, comm), os.path.join(cfg.run_dir, f"{name}.log"), comm)
     if comm.Get_rank() != 0:
         return None
     keys = ("updates_per_s", "samples_per_s", "time_to_target_s", "final_test_acc", "wall_s", "pushes",
