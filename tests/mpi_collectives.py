@@ -221,8 +221,18 @@ def case_stats():
     check(st["algorithm"] == "ring" and st["bytes_sent"] == 2 * (P - 1) * 10 * 4, f"ring stats {st}")
     check(st["messages"] == 2 * (P - 1) and not st["estimated"], f"ring messages {st}")
     check(total_stats()["bytes_sent"] - before == st["bytes_sent"], "total_stats does not add up")
+    check(st["collective"] == "allreduce" and "op" not in st, f"the collective's name is collective: {st}")
     C.allreduce(np.ones(8, np.float32), algorithm="auto")
     check(last_stats()["algorithm"] in C.ALGORITHMS and last_stats()["algorithm"] != "auto", "auto unresolved")
+    # a call's own record: the request's and the persistent plan's, the same as last_stats
+    req = C.iallreduce(np.ones(10 * P, np.float32), algorithm="ring")
+    req.wait()
+    check(req.record.as_dict() == last_stats() and req.record.bytes_sent == 2 * (P - 1) * 10 * 4, f"{req.record}")
+    plan = C.allreduce_init(np.ones(10 * P, np.float32), algorithm="mpi")
+    plan.start()
+    plan.wait()
+    check(plan.record.as_dict() == last_stats() and plan.record.collective == "allreduce", f"plan {plan.record}")
+    plan.free()
 
 
 def case_grid_and_nonblocking():
