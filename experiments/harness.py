@@ -52,10 +52,10 @@ from commlab import provenance as prov
 from commlab.file_formats import write_json
 from commlab.provenance import command_line, unwritable
 from training.settings.cli import parse_on_every_rank
-from training.settings.options import INT32_MAX, Parser, integer, outpath, real
+from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
-__all__ = ["Study", "add_options", "start", "finish", "echo", "fresh_folder", "scratch_folder", "logged",
-           "load_flags", "argv", "run_commands"]
+__all__ = ["Study", "add_options", "add_worker_options", "worker_methods", "start", "finish", "echo", "fresh_folder",
+           "scratch_folder", "logged", "load_flags", "argv", "run_commands"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,43 @@ def add_options(parser, *, out=None, folder=False, repeats=None, what=None):
         parser.add_argument("--repeats", type=integer(1, INT32_MAX), default=repeats,
                             help="runs per variant, interleaved (default: %(default)s)")
     prov.add_options(parser, real)
+
+
+def add_worker_options(parser, dp_methods, ps_methods):
+    """Add ``--workers W`` and ``--methods LIST`` of a study whose W workers run on W ranks (data-parallel) or
+    on W + 1 (one parameter server); ``dp_methods`` and ``ps_methods`` are the default lists of each kind."""
+    parser.add_argument("--workers", type=integer(1, INT32_MAX), required=True,
+                        help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
+    parser.add_argument("--methods", type=text(), default=None, metavar="LIST",
+                        help=f"comma-separated methods of one kind (default: {dp_methods} on W ranks, {ps_methods} "
+                             "on W + 1)")
+
+
+def worker_methods(args, size, dp_methods, ps_methods, is_ps):
+    """Return ``(kind, methods)`` of :func:`add_worker_options`' options for a job of ``size`` ranks.
+
+    ``kind`` is ``"dp"`` (``size`` = W) or ``"ps"`` (``size`` = W + 1); ``is_ps(method)`` says whether a
+    method runs with the parameter server.
+
+    Raises
+    ------
+    ValueError
+        When ``size`` is neither W nor W + 1, or a method is not of the job's kind.
+
+    >>> import argparse
+    >>> worker_methods(argparse.Namespace(workers=2, methods=None), 3, "bsp", "asp", lambda m: m == "asp")
+    ('ps', ['asp'])
+    """
+    W = args.workers
+    kind = "dp" if size == W else "ps" if size == W + 1 else None
+    if kind is None:
+        raise ValueError(f"--workers {W} needs {W} ranks (data-parallel) or {W + 1} (parameter server), got {size}")
+    methods = [m for m in (args.methods or (dp_methods if kind == "dp" else ps_methods)).split(",") if m]
+    for m in methods:
+        if is_ps(m) != (kind == "ps"):
+            raise ValueError(f"method {m} is not a {'parameter-server' if kind == 'ps' else 'data-parallel'} "
+                             f"method: launch it on {W + 1 if kind == 'dp' else W} ranks")
+    return kind, methods
 
 
 def start(args, comm=None, *, paths=(), prog=None):

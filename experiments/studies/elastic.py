@@ -37,9 +37,9 @@ import time
 
 from experiments import harness
 from experiments.faults.suite import launch
-from training.settings.options import INT32_MAX, Parser, integer
+from training.settings.options import INT32_MAX, integer
 
-__all__ = ["main", "study", "job_flags", "elastic_kill", "restart_kill"]
+__all__ = ["STUDY", "main", "study", "job_flags", "elastic_kill", "restart_kill"]
 
 _LIMIT = 300  # seconds a job may run before it is killed (a hang)
 _ULFM = ("--with-ft", "ulfm")
@@ -143,43 +143,46 @@ def study(args, run_dir):
     return summary, met
 
 
-def _parser():
-    p = Parser(prog="python -m experiments.studies.elastic", description=__doc__.split("\n")[0])
+def _options(p):
     p.add_argument("--kills", type=integer(1, INT32_MAX), default=20, help="kills, each run elastic and as a restart (default 20)")
     p.add_argument("--ranks", type=integer(2, 4096), default=4, help="ranks of every job, P (default 4)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=4, help="epochs of every job (default 4)")
     p.add_argument("--samples", type=integer(1, INT32_MAX), default=4000, help="synthetic samples, 80 %% of them for training (default 4000)")
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the kills' ranks, steps and moments (default 0)")
     p.add_argument("--quick", action="store_true", help="check the script: 2 kills, 2 epochs, 800 samples")
-    harness.add_options(p, out="results/elastic.json")
-    return p
 
 
-def main(argv=None):
-    """Run the study; return 0 when every target is met, else 1 (2 for bad arguments, an unwritable
-    ``--out`` or a busy machine, before any run)."""
-    p = _parser()
-    args = p.parse_args(argv)
+def _check(args, comm):
+    """Apply ``--quick``'s sizes; raise ValueError when the jobs are too small for their ranks."""
     if args.quick:
         args.kills, args.epochs, args.samples = min(args.kills, 2), 2, 800
     if args.samples < 10 * args.ranks:
-        p.error("--samples must be >= 10 x --ranks")
-    watch = harness.start(args, paths=[args.out], prog=p.prog)
-    if watch is None:
-        return 2
+        raise ValueError("--samples must be >= 10 x --ranks")
+
+
+def _run(args, comm):
+    """Run every kill both ways; return the record (``targets_met`` says whether every target was met)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="elastic_study-") as run_dir:
-        summary, met = study(args, run_dir)
+        summary, _ = study(args, run_dir)
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
     summary["study_s"] = round(time.perf_counter() - t0, 1)
-    s = summary
-    line = (f"kills {args.kills} at P={args.ranks}: hangs {s['hangs']}, elastic jobs not finished or diverged "
-            f"{s['elastic_not_finished_or_diverged']} | to the next step: elastic median "
+    return summary
+
+
+def _table(s):
+    return (f"kills {len(s['kills'])} at P={s['settings']['ranks']}: hangs {s['hangs']}, elastic jobs not finished "
+            f"or diverged {s['elastic_not_finished_or_diverged']} | to the next step: elastic median "
             f"{s['elastic_next_step_median_s']} s (max {s['elastic_next_step_max_s']} s), restart median "
-            f"{s['restart_median_s']} s | {'every target met' if met else 'A TARGET WAS MISSED'}")
-    harness.finish(summary, watch, args.out, P=args.ranks, module="experiments.studies.elastic", argv=argv,
-                   show=lambda _: line)
-    return 0 if met else 1
+            f"{s['restart_median_s']} s | {'every target met' if s['targets_met'] else 'A TARGET WAS MISSED'}")
+
+
+#: The study as a unit of the harness; ``main(argv)`` returns 0 when every target is met, else 1 (2 for bad
+#: arguments, an unwritable ``--out`` or a busy machine, before any run).
+STUDY = harness.Study("experiments.studies.elastic", __doc__.split("\n")[0], _options, _run,
+                      out="results/elastic.json", check=_check, table=_table, ranks=lambda args, comm: args.ranks,
+                      status=lambda s: 0 if s["targets_met"] else 1, mpi=False)
+main = STUDY.main
 
 
 if __name__ == "__main__":

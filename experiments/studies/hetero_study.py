@@ -242,9 +242,7 @@ def aggregate(runs, reference=None, batch=None):
 
 def _parser():
     p = Parser(prog="python -m experiments.studies.hetero_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=integer(1, INT32_MAX), required=True, help="workers W: ranks (data-parallel) or ranks - 1 (PS)")
-    p.add_argument("--methods", type=text(), default=None, metavar="LIST",
-                   help=f"comma-separated methods of one kind (default: {DP_METHODS} on W ranks, {PS_METHODS} on W + 1)")
+    harness.add_worker_options(p, DP_METHODS, PS_METHODS)
     p.add_argument("--conditions", type=text(), default=CONDITIONS, metavar="LIST",
                    help="comma-separated conditions: even, slowF, jitterJ (default: %(default)s)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's 3)")
@@ -265,14 +263,8 @@ def _parser():
 def _settings(args, size):
     """Return (kind, methods, conditions, base configuration) of the parsed options; raise ValueError."""
     W = args.workers
-    kind = "dp" if size == W else "ps" if size == W + 1 else None
-    if kind is None:
-        raise ValueError(f"--workers {W} needs {W} ranks (data-parallel) or {W + 1} (parameter server), got {size}")
-    methods = [m for m in (args.methods or (DP_METHODS if kind == "dp" else PS_METHODS)).split(",") if m]
-    for m in methods:
-        if (method_config(m).get("mode") == "ps") != (kind == "ps"):
-            raise ValueError(f"method {m} is not a {'parameter-server' if kind == 'ps' else 'data-parallel'} "
-                             f"method: launch it on {W + 1 if kind == 'dp' else W} ranks")
+    kind, methods = harness.worker_methods(args, size, DP_METHODS, PS_METHODS,
+                                           lambda m: method_config(m).get("mode") == "ps")
     conditions = [c for c in args.conditions.split(",") if c]
     for c in conditions:
         condition_config(c, kind)

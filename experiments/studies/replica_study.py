@@ -41,9 +41,9 @@ import numpy as np
 
 from experiments import harness
 from experiments.faults.suite import launch
-from training.settings.options import INT32_MAX, Parser, integer, real
+from training.settings.options import INT32_MAX, integer, real
 
-__all__ = ["main", "trainer_flags", "crash_run"]
+__all__ = ["STUDY", "main", "trainer_flags", "crash_run"]
 
 _LIMIT = 300  # seconds a job may run before it is killed (a hang)
 
@@ -150,8 +150,7 @@ def study(args, run_dir):
     return summary, met
 
 
-def _parser():
-    p = Parser(prog="python -m experiments.studies.replica_study", description=__doc__.split("\n")[0])
+def _options(p):
     p.add_argument("--crashes", type=integer(1, INT32_MAX), default=20, help="crashes of the primary (runs; default 20)")
     p.add_argument("--workers", type=integer(1, INT32_MAX), default=3, help="worker ranks (the batch is 16 samples per worker; default 3)")
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=2, help="epochs of every run (default 2)")
@@ -160,33 +159,39 @@ def _parser():
     p.add_argument("--lr", type=real(0, 1e15, low_open=True), default=0.05, help="SGD's learning rate of every run (default 0.05)")
     p.add_argument("--seed", type=integer(0, INT32_MAX), default=0, help="seed of the crash moments (default 0)")
     p.add_argument("--quick", action="store_true", help="check the script: 1 repeat, 2 crashes, 1 epoch")
-    harness.add_options(p, out="results/ps_replicas", folder=True, what="folder of replicas.json", repeats=3)
-    return p
 
 
-def main(argv=None):
-    """Run the study; return 0 when every target is met, else 1 (2 for bad arguments, an unwritable
-    ``--out`` or a busy machine, before any run)."""
-    p = _parser()
-    args = p.parse_args(argv)
+def _check(args, comm):
+    """Apply ``--quick``'s sizes (1 repeat, 2 crashes, 1 epoch)."""
     if args.quick:
         args.repeats, args.crashes, args.epochs = 1, min(args.crashes, 2), 1
-    path = os.path.join(args.out, "replicas.json")
-    watch = harness.start(args, paths=[path], prog=p.prog)
-    if watch is None:
-        return 2
+
+
+def _run(args, comm):
+    """Run the cost part and every crash; return the record (``targets_met``: every bound held)."""
     with tempfile.TemporaryDirectory(prefix="replica_study-") as run_dir:
-        summary, met = study(args, run_dir)
+        summary, _ = study(args, run_dir)
     summary["settings"] = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    return summary
+
+
+def _table(summary):
     r, worst = summary["ratio_R2_over_R1"], summary["recovery_max_s"]
     worst = f"{worst:.3f} s" if worst is not None else "not seen"
-    line = (f"crashes {len(summary['crashes'])}: acknowledged clocks lost {summary['lost_acknowledged']}, bitwise "
+    return (f"crashes {len(summary['crashes'])}: acknowledged clocks lost {summary['lost_acknowledged']}, bitwise "
             f"equal {summary['bitwise_equal']}, recovery max {worst} (bound {summary['recovery_bound_s']:g} s) | "
             f"R=2/R=1: samples/s x{r['samples_per_s']:.3f}, bytes/clock x{r['bytes_per_clock']:.3f} | "
-            f"{'every bound held' if met else 'A BOUND WAS NOT HELD'}")
-    harness.finish(summary, watch, path, P=2 + args.workers, module="experiments.studies.replica_study", argv=argv,
-                   show=lambda _: line)
-    return 0 if met else 1
+            f"{'every bound held' if summary['targets_met'] else 'A BOUND WAS NOT HELD'}")
+
+
+#: The study as a unit of the harness; ``main(argv)`` returns 0 when every target is met, else 1 (2 for bad
+#: arguments, an unwritable ``--out`` or a busy machine, before any run).
+STUDY = harness.Study("experiments.studies.replica_study", __doc__.split("\n")[0], _options, _run,
+                      out="results/ps_replicas", folder=True, what="folder of replicas.json", repeats=3, check=_check,
+                      results=lambda args: os.path.join(args.out, "replicas.json"), table=_table,
+                      ranks=lambda args, comm: 2 + args.workers, status=lambda s: 0 if s["targets_met"] else 1,
+                      mpi=False)
+main = STUDY.main
 
 
 if __name__ == "__main__":
