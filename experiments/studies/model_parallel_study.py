@@ -34,9 +34,9 @@ from training.model_parallel.grid_report import rank_memory
 from commlab.job_control import limit_threads
 from commlab.run_files import run_info
 from training.model_parallel.pipeline import bubble_formula
-from training.settings.options import INT32_MAX, Parser, integer, listof
+from training.settings.options import INT32_MAX, integer, listof
 
-__all__ = ["grids", "measure", "main"]
+__all__ = ["grids", "measure", "STUDY", "main"]
 
 
 def _reduce(comm, value, op):
@@ -101,9 +101,7 @@ def _ratio_summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _parse(argv):
-    p = Parser(prog="mpiexec -n P python -m experiments.studies.model_parallel_study",
-                                description=__doc__.split("\n\n")[0])
+def _options(p):
     p.add_argument("--hidden", type=listof(integer(1, 1 << 20)), default="2048,2048,2048,2048", help="hidden widths (units), comma separated")
     p.add_argument("--features", type=integer(1, INT32_MAX), default=2048, help="input features of the synthetic data")
     p.add_argument("--batch", type=integer(1, INT32_MAX), default=64, help="global batch (samples)")
@@ -111,7 +109,6 @@ def _parse(argv):
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=5, help="timed steps per grid and round")
     p.add_argument("--rounds", type=integer(1, INT32_MAX), default=3, help="rounds over all grids (median and range)")
     p.add_argument("--bubble-micro-batches", type=listof(integer(1, 4096), least=0), default="1,2,4,8", help="m values of the bubble part ('' skips it)")
-    harness.add_options(p, out="results/model_parallel.json")
 
     @p.check
     def _every_grid(args):  # each grid the study will measure is a valid training run: checked before any runs
@@ -133,8 +130,6 @@ def _parse(argv):
         for m in args.bubble_micro_batches:
             if args.batch % m:
                 raise ValueError(f"--bubble-micro-batches: {m} must divide --batch {args.batch}")
-
-    return p.parse_args(argv)
 
 
 def _base(args):
@@ -189,28 +184,21 @@ def _bubble_part(args, base, comm):
     return out
 
 
-def main(argv=None):
-    """Run the grid and bubble parts on ``MPI.COMM_WORLD``; rank 0 writes the results and prints the table.
-
-    Returns
-    -------
-    int
-        0, or 2 when the results file cannot be written or the machine is busy
-        (:func:`experiments.harness.start`), found before anything runs, on every rank.
-    """
-    args = _parse(argv)
-    comm = MPI.COMM_WORLD
-    watch = harness.start(args, comm, paths=[args.out])
-    if watch is None:
-        return 2
+def _run(args, comm):
+    """Run the grid and bubble parts; return the record."""
     limit_threads(1)  # one BLAS thread per rank: the ranks share the cores
     hidden = tuple(args.hidden)
     base = _base(args)
-    results = {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
-               "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
-    harness.finish(results, watch, args.out, comm=comm, module="experiments.studies.model_parallel_study", argv=argv,
-                   show=model_parallel_table)
-    return 0
+    return {"config": {**vars(args), "hidden": list(hidden)}, "run": run_info(comm),
+            "grids": _grid_part(args, base, comm), "bubble": _bubble_part(args, base, comm)}
+
+
+#: The study as a unit of the harness; ``main(argv)`` runs the grid and bubble parts on ``MPI.COMM_WORLD``,
+#: rank 0 writes the results and prints the table; 2 when an argument is bad, the results file cannot be
+#: written or the machine is busy, found before anything runs, on every rank.
+STUDY = harness.Study("experiments.studies.model_parallel_study", __doc__.split("\n\n")[0], _options, _run,
+                      out="results/model_parallel.json", table=model_parallel_table)
+main = STUDY.main
 
 
 if __name__ == "__main__":
