@@ -31,9 +31,9 @@ import tempfile
 from commlab.job_control import marked_env, stop_job
 from experiments import harness
 from commlab.byte_sizes import parse_bytes
-from training.settings.options import INT32_MAX, Parser, byte_count, integer, outpath, real, text
+from training.settings.options import INT32_MAX, byte_count, integer, outpath, real, text
 
-__all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "main"]
+__all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "STUDY", "main"]
 
 #: MPICH 4-5 all-reduce algorithms (``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` values).
 MPICH_ALGORITHMS = ("recursive_doubling", "recursive_multiplying", "reduce_scatter_allgather", "tree", "recexch",
@@ -159,13 +159,7 @@ def combine(rounds, lo, hi):
     return {"sizes": sizes, "geomean": geo}
 
 
-def main(argv=None):
-    """Run the rounds of launches, print the table and write PREFIX.json; return the exit status.
-
-    0 when the geometric mean was measured, 1 when no round gave one; exits 2 with one error line on
-    a bad argument or a busy machine (:func:`commlab.provenance.guard`), before any launch.
-    """
-    p = Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.bench.mpi_baseline")
+def _options(p):
     p.add_argument("-n", type=integer(1, INT32_MAX), default=2, help="ranks (default 2)")
     p.add_argument("--min-bytes", type=byte_count(1), default="64K", help="smallest size (default 64K)")
     p.add_argument("--max-bytes", type=byte_count(1), default="64M", help="largest size (default 64M)")
@@ -175,18 +169,21 @@ def main(argv=None):
     p.add_argument("--only", type=text(), default="", help="comma list of forced algorithms to run (default all)")
     p.add_argument("--launch-timeout", type=real(0, 1e15), default=900, help="seconds one launch may take (default 900)")
     p.add_argument("--out", type=outpath(empty=True), default=None, help="PREFIX of PREFIX.json (default results/mpi_baseline_pN)")
-    harness.add_options(p)
-    args = p.parse_args(argv)
+
+
+def _range(args, comm=None):
+    """Return (--min-bytes, --max-bytes) in bytes; raise ValueError on a bad argument."""
     if args.n < 2 or args.max_time <= 0:
-        p.error("-n must be >= 2 and --max-time > 0")
+        raise ValueError("-n must be >= 2 and --max-time > 0")
     try:
-        lo, hi = parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
+        return parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
     except ValueError as exc:
-        p.error(f"--min-bytes / --max-bytes: {exc}")
-    path = (args.out or f"results/mpi_baseline_p{args.n}") + ".json"
-    watch = harness.start(args, paths=[path], prog=p.prog)  # no comm: this driver runs alone, its launches measure
-    if watch is None:
-        return 2
+        raise ValueError(f"--min-bytes / --max-bytes: {exc}") from None
+
+
+def _run(args, comm):
+    """Launch the rounds (this driver runs alone, its launches measure); print the table, return the record."""
+    lo, hi = _range(args)
     flavour = _flavour(_mpiexec())
     runs = configurations(flavour)
     if args.only:
@@ -215,8 +212,15 @@ def main(argv=None):
     if g:
         print(f"geometric mean over {args.min_bytes}-{args.max_bytes}: {g['median']:.2f}x "
               f"(range {g['min']:.2f}-{g['max']:.2f}x over {g['rounds']} rounds)")
-    harness.finish(result, watch, path, P=args.n, module="experiments.bench.mpi_baseline", argv=argv)
-    return 0 if g else 1
+    return result
+
+
+#: The baseline as a unit of the harness; ``main(argv)`` writes PREFIX.json and returns 0 when the geometric
+#: mean was measured, 1 when no round gave one, 2 after one error line on a bad argument or a busy machine.
+STUDY = harness.Study("experiments.bench.mpi_baseline", __doc__.split("\n\n")[0], _options, _run, out=None,
+                      check=_range, results=lambda args: (args.out or f"results/mpi_baseline_p{args.n}") + ".json",
+                      ranks=lambda args, comm: args.n, status=lambda r: 0 if r["geomean"] else 1, mpi=False)
+main = STUDY.main
 
 
 if __name__ == "__main__":

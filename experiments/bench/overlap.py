@@ -35,26 +35,21 @@ import collectives
 import collectives.engine.context
 from collectives import ALGORITHMS
 from experiments import harness
-from training.settings.cli import parse_on_every_rank
 from commlab.job_control import limit_threads
 from commlab.run_files import run_info
 from training.model.nn import SoftmaxCrossEntropy, build_mlp
 from training.model.optim import SGD
 from training.dp.hooks import AllreduceHook, bucket_bounds
 from training.dp.data_parallel import any_rank, compute_gradient, is_finite, train_step
-from training.settings.options import INT32_MAX, Parser, integer, real, text
+from training.settings.options import INT32_MAX, integer, real, text
 
-__all__ = ["main", "MODES"]
+__all__ = ["STUDY", "main", "MODES"]
 
 #: Modes measured in each repeat, in the first repeat's order.
 MODES = ("compute", "comm", "serial", "overlap")
 
 
-def _parser():
-    p = Parser(prog="mpiexec -n P python -m experiments.bench.overlap",
-                                description="Step time with and without overlap of the gradient all-reduce "
-                                            "and the backward pass, against max(compute, communication) "
-                                            "measured in the same run.")
+def _options(p):
     p.add_argument("--steps", type=integer(1, INT32_MAX), default=8, help="timed steps per measurement (default: %(default)s)")
     p.add_argument("--features", type=integer(1, INT32_MAX), default=1024, help="input features (default: %(default)s)")
     p.add_argument("--hidden", type=text(), default="2048,2048,2048,2048", help="hidden widths, comma separated "
@@ -68,29 +63,23 @@ def _parser():
                    "(default: no limit)")
     p.add_argument("--threads", type=integer(0, INT32_MAX), default=0, help="BLAS threads per rank; 0: cores / ranks on the "
                    "node (default: %(default)s)")
-    harness.add_options(p, out="results/bench_overlap.json", repeats=5)
-    return p
 
 
-def _parse(argv, size):
-    """Parse and check the command line for ``size`` ranks (exit 2 with the reason on a bad value)."""
-    p = _parser()
-    args = p.parse_args(argv)
+def _check(args, comm):
+    """Check the command line for the job's ranks (a ValueError names the option); ``--hidden`` becomes its
+    list of widths."""
     try:
         args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
     except ValueError:
-        p.error(f"--hidden must be comma-separated integers, got {args.hidden!r}")
+        raise ValueError(f"--hidden must be comma-separated integers, got {args.hidden!r}") from None
     if min(args.hidden, default=1) < 1:
-        p.error("every --hidden width must be >= 1")
-    if args.bucket_bytes < 0 or args.threads < 0:
-        p.error("--bucket-bytes and --threads must be >= 0")
+        raise ValueError("every --hidden width must be >= 1")
     if args.algorithm not in ALGORITHMS:
-        p.error(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {args.algorithm!r}")
+        raise ValueError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {args.algorithm!r}")
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
-        p.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if args.batch < size or args.batch % size:
-        p.error(f"--batch {args.batch} must be a positive multiple of P = {size}")
-    return args
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.batch % comm.size:
+        raise ValueError(f"--batch {args.batch} must be a positive multiple of P = {comm.size}")
 
 
 class _Setup:
@@ -138,18 +127,8 @@ def _span(values, fmt="{:.3f}"):
     return f"median {fmt.format(statistics.median(values))} (range {fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def main(argv=None):
-    """Run the benchmark; rank 0 prints the figures and writes the results file.
-
-    Returns 0; 2 on bad arguments or a busy machine (:func:`commlab.provenance.guard`: one error line
-    from rank 0, before any measurement).
-    """
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    args = parse_on_every_rank(lambda a: _parse(a, comm.size), argv, rank)
-    watch = harness.start(args, comm, paths=[args.out], prog=_parser().prog)
-    if watch is None:
-        return 2
+def _run(args, comm):
+    """Time the four modes, interleaved; rank 0 prints the figures and returns the record."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     threads = args.threads or max(1, (os.cpu_count() or 1) // node.size)
     node.Free()
@@ -168,9 +147,8 @@ def main(argv=None):
     resolved = collectives.engine.context.last_stats(comm).get("algorithm")  # what the last bucket ran (auto resolved)
     same = bool(numpy.array_equal(setups["serial"].model.params, setups["overlap"].model.params))
     same = comm.allreduce(same, op=MPI.LAND)
-    if rank != 0:
-        watch.summary()  # stops this rank's sampling: rank 0 alone writes
-        return 0
+    if comm.Get_rank() != 0:
+        return None
     bound = [max(c, m) for c, m in zip(times["compute"], times["comm"])]
     ratios = {"overlap_vs_bound": [o / b for o, b in zip(times["overlap"], bound)],
               "serial_vs_bound": [s / b for s, b in zip(times["serial"], bound)],
@@ -191,8 +169,15 @@ def main(argv=None):
     result = {"config": {k: v for k, v in vars(args).items()}, "run": run_info(comm), "threads": threads,
               "load_average_before": load0, "load_average_after": load1, "step_s": times, "ratios": ratios,
               "bitwise_equal": same, "resolved_algorithm": resolved, "gradient_bytes": model.size * 4, "buckets": nb}
-    harness.finish(result, watch, args.out, comm=comm, module="experiments.bench.overlap", argv=argv)
-    return 0
+    return result
+
+
+#: The benchmark as a unit of the harness; ``main(argv)`` returns 0, or 2 after one error line from rank 0 on a
+#: bad argument or a busy machine, before any measurement.
+STUDY = harness.Study("experiments.bench.overlap", "Step time with and without overlap of the gradient all-reduce "
+                      "and the backward pass, against max(compute, communication) measured in the same run.",
+                      _options, _run, out="results/bench_overlap.json", repeats=5, check=_check)
+main = STUDY.main
 
 
 if __name__ == "__main__":
