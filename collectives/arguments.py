@@ -248,7 +248,7 @@ def check_allreduce(x, comm, op, algorithm, out, timeout, grid, accumulate="floa
         check_algorithm(algorithm, "allreduce")
     if type(op) is not str:
         op = op_name(op)
-    if op not in OPS:
+    if type(op) is not str or op not in OPS:  # (an MPI op other than the four is no name: check_op names it)
         check_op(op)
     if type(x) is not numpy.ndarray:
         x = as_array(x)
