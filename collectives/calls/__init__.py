@@ -10,8 +10,11 @@ The rules every collective shares:
 * **NaN** propagates through ``min`` and ``max``.
 * Errors in arguments are raised on every rank before any message is sent.
 
-:mod:`.allreduce` (``allreduce``, ``iallreduce``), :mod:`.persistent` (``allreduce_init``),
-:mod:`.reduce_scatter`, :mod:`.allgather`, :mod:`.rooted` (``broadcast``, ``reduce``).
+:mod:`.allreduce` (``allreduce``, ``iallreduce``), :mod:`.signatures` (the repeated all-reduce's
+one look-up of its cached plan), :mod:`.persistent` (``allreduce_init``), :mod:`.reduce_scatter`,
+:mod:`.allgather`, :mod:`.rooted` (``broadcast``, ``reduce``). Their argument checks are
+:mod:`collectives.arguments`.
 
-Imports: :mod:`collectives.library`, :mod:`collectives.engine`, :mod:`collectives.model` and below.
+Imports: :mod:`collectives.library`, :mod:`collectives.shm`, :mod:`collectives.engine`,
+:mod:`collectives.model`, :mod:`collectives.arguments` and below.
 """
