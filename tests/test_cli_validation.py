@@ -144,7 +144,8 @@ def test_every_study_and_plot_answers_a_bad_flag_and_a_missing_file_with_one_lin
     status 2 and one error line naming the flag or the path, before any measurement or drawing."""
     import importlib
 
-    main = importlib.import_module(module).main
+    mod = importlib.import_module(module)  # a package's command is its __main__ (python -m plots.publish)
+    main = getattr(mod, "main", None) or importlib.import_module(module + ".__main__").main
     present = tmp_path / "present.json"  # an input that exists: the unknown flag is the one error
     present.write_text("{}")
     code, line = _one_line(capsys, main, ["--no-such-flag", *[str(present) if a == "MISSING" else a
