@@ -54,8 +54,8 @@ from commlab.provenance import command_line, unwritable
 from training.settings.cli import parse_on_every_rank
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
-__all__ = ["Study", "add_options", "add_worker_options", "worker_methods", "start", "finish", "echo", "fresh_folder",
-           "scratch_folder", "logged", "load_flags", "argv", "run_commands"]
+__all__ = ["Study", "add_options", "add_worker_options", "worker_methods", "parse", "start", "finish", "echo",
+           "fresh_folder", "scratch_folder", "logged", "load_flags", "argv", "run_commands"]
 
 
 @dataclass(frozen=True)
@@ -107,14 +107,7 @@ class Study:
         p = Parser(prog=f"{self.launcher if self.mpi else ''}python -m {self.module}", description=self.description)
         self.options(p)
         add_options(p, out=self.out, folder=self.folder, repeats=self.repeats, what=self.what)
-        args = parse_on_every_rank(p.parse_args, argv, rank)
-        if self.check is not None:
-            try:
-                self.check(args, comm)
-            except ValueError as e:
-                if rank == 0:
-                    p.error(str(e))
-                return 2
+        args, _ = parse(p, argv, comm, None if self.check is None else lambda a: self.check(a, comm))
         path = self.results(args) if self.results is not None else args.out
         watch = start(args, comm, paths=[path], prog=p.prog)
         if watch is None:
@@ -190,6 +183,25 @@ def worker_methods(args, size, dp_methods, ps_methods, is_ps):
             raise ValueError(f"method {m} is not a {'parameter-server' if kind == 'ps' else 'data-parallel'} "
                              f"method: launch it on {W + 1 if kind == 'dp' else W} ranks")
     return kind, methods
+
+
+def parse(parser, argv=None, comm=None, check=None):
+    """Parse ``argv`` on every rank of ``comm`` (``--help`` and usage errors print once); return ``(args,
+    check(args))``.
+
+    A ``ValueError`` or ``ImportError`` that ``check`` raises (alike on every rank: the study's own checks of
+    its settings, before anything runs) is the parser's one error line, and every rank exits with status 2.
+    """
+    rank = comm.Get_rank() if comm is not None else 0
+    args = parse_on_every_rank(parser.parse_args, argv, rank)
+    if check is None:
+        return args, None
+    try:
+        return args, check(args)
+    except (ValueError, ImportError) as e:
+        if rank == 0:
+            parser.error(str(e))
+        raise SystemExit(2) from None
 
 
 def start(args, comm=None, *, paths=(), prog=None):

@@ -45,7 +45,6 @@ from mpi4py import MPI
 
 from experiments import harness
 from experiments.outputs import run_or_report
-from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
 from commlab.run_files import run_info
 from training.driver.preflight import check_run
@@ -281,16 +280,15 @@ def main(argv=None):
     """Parse the command line, run the study, write the results (rank 0); return the exit status."""
     comm = MPI.COMM_WORLD
     parser = _parser()
-    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())
-    try:
+
+    def check(args):
         kind, methods, conditions, base = _settings(args, comm.Get_size())
         for m in methods:
             for c in conditions:  # the trainer's own checks, every rank, before anything is trained
                 check_run(base.replace(**method_config(m, args.balance_every), **condition_config(c, kind)), comm)
-    except ValueError as e:
-        if comm.Get_rank() == 0:
-            parser.error(str(e))
-        return 2
+        return kind, methods, conditions, base
+
+    args, (kind, methods, conditions, base) = harness.parse(parser, argv, comm, check)
     echo = harness.echo(comm)
     runs_dir = os.path.join(args.out, "runs", f"w{args.workers}-{kind}")
     repeats = 1 if args.quick else args.repeats

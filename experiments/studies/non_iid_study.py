@@ -33,7 +33,6 @@ from mpi4py import MPI
 
 from experiments import harness
 from experiments.outputs import run_or_report
-from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
 from commlab.run_files import run_info
 from training.data.partition import parse_partition
@@ -196,16 +195,15 @@ def main(argv=None):
     """Parse the command line, run the study, write the results (rank 0); return the exit status."""
     comm = MPI.COMM_WORLD
     parser = _parser()
-    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())
-    try:
+
+    def check(args):
         kind, methods, skews, seeds, base = _settings(args, comm.Get_size())
         for m in methods:
             for s in skews:  # the trainer's own checks, every rank, before anything is trained
                 check_run(base.replace(partition=s, **method_config(m)), comm)
-    except ValueError as e:
-        if comm.Get_rank() == 0:
-            parser.error(str(e))
-        return 2
+        return kind, methods, skews, seeds, base
+
+    args, (kind, methods, skews, seeds, base) = harness.parse(parser, argv, comm, check)
     echo = harness.echo(comm)
     runs_dir = os.path.join(args.out, "runs", f"w{args.workers}-{kind}")
     path = os.path.join(args.out, f"non_iid_w{args.workers}_{kind}.json")

@@ -63,7 +63,6 @@ from experiments.outputs import run_or_report
 from plots.tables.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.runtime.checkpoint import make_run_dir, root_bytes
-from training.settings.cli import parse_on_every_rank
 from training.job import set_threads
 from training.driver.preflight import check_run
 from commlab.run_files import run_info, write_config
@@ -304,8 +303,8 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     parser = _parser()
-    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())
-    try:
+
+    def check(args):
         args.parts = list(dict.fromkeys(p.strip() for p in args.parts.split(",") if p.strip()))
         bad = [p for p in args.parts if p not in PARTS]
         if bad or not args.parts:
@@ -314,10 +313,9 @@ def main(argv=None):
         for rows in configs.values():
             for _, cfg, _, _ in rows:
                 check_run(cfg, comm)
-    except (ValueError, ImportError) as e:
-        if rank0:
-            parser.error(str(e))
-        return 2
+        return configs
+
+    args, configs = harness.parse(parser, argv, comm, check)
     echo = harness.echo(comm)
     watch = harness.start(args, comm, paths=[os.path.join(args.out, RESULTS)], prog=parser.prog)
     if watch is None:  # before anything is removed

@@ -40,7 +40,6 @@ from collectives.compression import parse_literal, split_key_value
 from experiments import harness
 from experiments.outputs import run_or_report
 from training.runtime.checkpoint import root_bytes
-from training.settings.cli import parse_on_every_rank
 from training.settings.config import Config
 from training.driver.preflight import check_run
 from commlab.run_files import run_info
@@ -283,8 +282,8 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     parser = _parser()
-    args = parse_on_every_rank(parser.parse_args, argv, comm.Get_rank())  # --help and errors once
-    try:
+
+    def check(args):
         protocols = list(dict.fromkeys(p.strip() for p in args.protocols.split(",") if p.strip()))
         if not protocols:
             raise ValueError("--protocols is empty")
@@ -294,10 +293,9 @@ def main(argv=None):
         for p in protocols:  # the trainer's own job checks, before the previous sweep is removed
             consistency, s = parse_protocol(p)
             check_run(base.replace(consistency=consistency, staleness=s), comm)
-    except (ValueError, ImportError) as e:
-        if rank0:
-            parser.error(str(e))
-        return 2
+        return protocols, base
+
+    args, (protocols, base) = harness.parse(parser, argv, comm, check)  # --help and errors once
     echo = harness.echo(comm)
     watch = harness.start(args, comm, paths=[os.path.join(args.out, RESULTS)], prog=parser.prog)
     if watch is None:  # before anything is removed
