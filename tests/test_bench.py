@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from collectives.model import auto as select
 from experiments.bench import collectives as bench
-from experiments.bench import options as bench_options
+from experiments.bench import sweep_options as bench_options
 from experiments.bench import output as bench_output
 from experiments.bench import tune
 from plots import bench as plot

@@ -9,7 +9,7 @@ import pytest
 
 from experiments import demo
 
-from experiments.bench import options as bench_collectives
+from experiments.bench import sweep_options as bench_collectives
 
 from experiments.bench import trainer as bench_trainer
 

@@ -177,7 +177,7 @@ def case(op, nbytes, cfg, comm, algorithms, in_place=False):
     op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}
     nbytes : int
         Message size in bytes (all-gather's rounded down to P blocks).
-    cfg : experiments.bench.collectives.BenchConfig
+    cfg : experiments.bench.sweep_options.BenchConfig
         Its ``dtype``, ``redop``, ``algorithms`` and ``baseline``.
     comm : mpi4py.MPI.Comm
     algorithms : callable

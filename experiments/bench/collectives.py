@@ -65,7 +65,7 @@ from experiments.bench.output import HEAD, bus_factor, header, library, line, re
 from experiments.bench.references import gloo_available, gloo_finish
 from training.settings.cli import parse_on_every_rank
 
-from experiments.bench.options import NO_TORCH, default_algorithms, parse_args, sweep_plan
+from experiments.bench.sweep_options import NO_TORCH, default_algorithms, parse_args, sweep_plan
 
 __all__ = ["run_sweep", "main", "wrong_rows"]
 

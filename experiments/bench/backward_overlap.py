@@ -1,6 +1,6 @@
 """Overlap of the gradient all-reduce with the backward pass: step time against max(compute, comm).
 
-``mpiexec -n P python -m experiments.bench.overlap [--repeats 5] [--steps 8] [--hidden 2048,2048,2048,2048]
+``mpiexec -n P python -m experiments.bench.backward_overlap [--repeats 5] [--steps 8] [--hidden 2048,2048,2048,2048]
 [--batch 256] [--bucket-bytes 16777216] [--algorithm auto]``
 
 One data-parallel MLP (``--features`` inputs, ``--hidden`` widths, 10 classes, float32, SGD; random
@@ -174,7 +174,7 @@ def _run(args, comm):
 
 #: The benchmark as a unit of the harness; ``main(argv)`` returns 0, or 2 after one error line from rank 0 on a
 #: bad argument or a busy machine, before any measurement.
-STUDY = harness.Study("experiments.bench.overlap", "Step time with and without overlap of the gradient all-reduce "
+STUDY = harness.Study("experiments.bench.backward_overlap", "Step time with and without overlap of the gradient all-reduce "
                       "and the backward pass, against max(compute, communication) measured in the same run.",
                       _options, _run, out="results/bench_overlap.json", repeats=5, check=_check)
 main = STUDY.main
