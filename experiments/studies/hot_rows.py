@@ -1,6 +1,6 @@
 """Hot keys of the ctr model: the servers' load under range and hash sharding, with and without the hot-row split.
 
-    python -m experiments.studies.hotkeys [--seeds 3] [--servers 4] [--workers 4] [--out results/ctr_hotkeys.json]
+    python -m experiments.studies.hot_rows [--seeds 3] [--servers 4] [--workers 4] [--out results/ctr_hotkeys.json]
 
 Run it with plain ``python``: it launches every training job under ``mpiexec`` itself, each under a
 hard limit (:func:`experiments.faults.suite.launch`). For every seed and each of ``range`` and
@@ -124,7 +124,7 @@ def study(args, run_dir):
 
 def main(argv=None):
     """Command-line entry point: run the study and write ``--out``."""
-    p = Parser(prog="python -m experiments.studies.hotkeys", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m experiments.studies.hot_rows", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=integer(1, INT32_MAX), default=3, help="seeds 0 .. N-1 (default 3)")
     p.add_argument("--servers", type=integer(1, INT32_MAX), default=4, help="server ranks (default 4)")
     p.add_argument("--workers", type=integer(1, INT32_MAX), default=4, help="worker ranks (default 4)")
