@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.bench import trainer as bench_trainer
+from experiments.bench import trainer_vs_torch as bench_trainer
 
 SMALL = (20, 16, 12, 5)  # layer widths of the test model
 

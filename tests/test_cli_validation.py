@@ -11,7 +11,7 @@ from experiments import demo
 
 from experiments.bench import sweep_options as bench_collectives
 
-from experiments.bench import trainer as bench_trainer
+from experiments.bench import trainer_vs_torch as bench_trainer
 
 from experiments.studies import compression_sweep
 

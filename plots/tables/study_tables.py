@@ -20,7 +20,7 @@ def spread(s, unit="", digits=2, scale=1.0):
 
 
 def trainer_table(cells):
-    """Return the trainer-against-PyTorch grid of ``experiments.bench.trainer`` as Markdown.
+    """Return the trainer-against-PyTorch grid of ``experiments.bench.trainer_vs_torch`` as Markdown.
 
     One row per (batch, optimizer) cell: step times in ms and the ratios commlab / PyTorch of wall and
     CPU time, each as median (min-max) over the repeats; a wall ratio whose repeats spread by more than

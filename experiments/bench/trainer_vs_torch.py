@@ -1,6 +1,6 @@
 """Time one training step of the NumPy MLP against PyTorch on the CPU, over batch sizes and optimizers.
 
-``python -m experiments.bench.trainer [--batch 32 128 512] [--optimizer sgd adam] [--repeats 7]``
+``python -m experiments.bench.trainer_vs_torch [--batch 32 128 512] [--optimizer sgd adam] [--repeats 7]``
 
 Model 784-1024-1024-10 (ReLU), float32: forward, softmax cross-entropy, backward and an optimizer
 step (SGD with momentum 0.9, or Adam), on one process with one BLAS thread. When PyTorch is
@@ -211,7 +211,7 @@ def bench_cell(batch, optimizer, steps, repeats, warmup=3, sizes=SIZES, with_tor
 
 def _parser():
     doc = __doc__.split("\n")
-    p = Parser(prog="python -m experiments.bench.trainer", description=doc[0],
+    p = Parser(prog="python -m experiments.bench.trainer_vs_torch", description=doc[0],
                                 epilog="\n".join(doc[4:]).strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=integer(1, INT32_MAX), nargs="+", default=[32, 128, 512], metavar="B",
@@ -292,7 +292,7 @@ def main(argv=None):
         print(f"cells with wall-time ratio median <= 1.0: {sum(c['ratio']['median'] <= 1.0 for c in cells)} "
               f"of {len(cells)}" + (f"; unstable (wall-time ratios spread > {SPREAD_FLAG:.0%} of the median): "
                                     + ", ".join(shaky) if shaky else ""))
-    harness.finish(result, watch, args.out, P=1, module="experiments.bench.trainer", argv=argv)
+    harness.finish(result, watch, args.out, P=1, module="experiments.bench.trainer_vs_torch", argv=argv)
     return 0
 
 
