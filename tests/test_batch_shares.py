@@ -159,6 +159,8 @@ def test_bad_shares_arguments_are_refused():
     (["--memory-gb", "-1"], "memory_gb must be >= 0"),
     (["--balance", "--local-steps", "4"], "local SGD (--local-steps > 1) has none"),
     (["--balance", "--partition", "classes:k=2"], "it needs --partition iid"),
+    (["--balance-every", "5"], "--balance-every tune --balance, which is off: add --balance or drop it"),
+    (["--balance-gain", "0.2", "--balance-every", "3"], "--balance-every and --balance-gain tune --balance"),
 ])
 def test_bad_balance_flags_are_one_line(tmp_path, capsys, flags, message):
     from training.train import main
