@@ -16,7 +16,7 @@ imported (a function that asks MPI imports it inside, when called). Each module 
   written once for NumPy and CuPy;
 * :mod:`commlab.file_formats`: the checksummed, atomic ``.npz`` files, atomic JSON and JSON lines,
   and their error :class:`~commlab.file_formats.CheckpointError`;
-* :mod:`commlab.run_records`: a run directory's records (``config.json`` with the run's identity,
+* :mod:`commlab.run_files`: a run directory's records (``config.json`` with the run's identity,
   ``metrics.jsonl``, ``epochs.jsonl``) and the epoch table;
 * :mod:`commlab.provenance`: what every results file carries (command, versions, P, host, load)
   and the quiet-machine guard that refuses to measure on a busy machine;

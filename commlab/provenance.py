@@ -287,7 +287,7 @@ def command_line(module, argv=None):
     Parameters
     ----------
     module : str
-        The entry point's module, e.g. ``"experiments.bench.trainer"``.
+        The entry point's module, e.g. ``"experiments.bench.trainer_vs_torch"``.
     argv : list of str, optional
         The arguments ``main`` parsed.
 
@@ -297,9 +297,9 @@ def command_line(module, argv=None):
 
     Examples
     --------
-    >>> command_line("experiments.bench.trainer", ["--steps", 3])
-    'python -m experiments.bench.trainer --steps 3'
-    >>> command_line("experiments.bench.trainer") is None
+    >>> command_line("experiments.bench.trainer_vs_torch", ["--steps", 3])
+    'python -m experiments.bench.trainer_vs_torch --steps 3'
+    >>> command_line("experiments.bench.trainer_vs_torch") is None
     True
     """
     return None if argv is None else shlex.join(["python", "-m", module, *map(str, argv)])

@@ -1,7 +1,7 @@
 """Straggler and stall rules: which rank is slow, which rank is late, from per-rank figures alone.
 
-Pure NumPy, no MPI: the monitor (:mod:`training.monitor.sync`, :mod:`training.monitor.ps`) feeds
-these rules what it gathered and reports what they return.
+Pure NumPy, no MPI: the monitor (:mod:`training.monitor.sync`, :mod:`training.monitor.ps_reports`)
+feeds these rules what it gathered and reports what they return.
 
 Straggler. In synchronous training a slow rank waits least: its peers wait for it at the step's
 collective, so their sync time grows and its own does not. The rule therefore looks at what the
