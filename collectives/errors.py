@@ -247,7 +247,8 @@ class CollectiveMismatch(CollectiveError):
         The collective this rank called.
     field : str
         The first differing field: ``collective``, ``algorithm``, ``count``, ``dtype``, ``op``,
-        ``root``, ``grid``, ``sequence`` (call order), ``call site``, or ``message size``.
+        ``root``, ``grid``, ``sequence`` (call order), ``call site``, ``message size``, or
+        ``arguments`` (some ranks refused their call: the detail names them and their reasons).
     detail : str
         The differing values and the ranks that hold them.
 

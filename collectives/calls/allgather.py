@@ -22,7 +22,7 @@ from collectives.arguments import as_array, check_comm, check_out, check_timeout
 from commlab.arrays import get_array_module
 from collectives.errors import DtypeMismatch
 from collectives.engine.buffers import adopt, raw
-from collectives.engine.context import CallRecord, existing_context, get_context
+from collectives.engine.context import CallRecord, existing_context, get_context, refuse
 from collectives.engine.executor import Run, run_schedule
 from collectives.engine.fingerprint import block_code, checks_enabled, debug_enabled, key_code, settings_token
 from collectives.library.call import call, finish_lean, lean_pair, mismatch, run_library
@@ -104,16 +104,25 @@ def allgather(x, *, comm=None, algorithm="ring", out=None, timeout=None):
         if wrap is not None:
             return wrap(allgather(x, comm=comm, algorithm=algorithm, timeout=timeout, out=out))
     given = algorithm
-    if algorithm == "auto":  # (decided without looking at x's validity, so every rank decides alike)
-        algorithm = "ring" if hasattr(x, "__cuda_array_interface__") else "mpi"
-    else:
-        check_algorithm(algorithm, "allgather")
-    timeout = check_timeout(timeout)
-    x, local_error = _gatherable(x)
+    try:
+        if algorithm == "auto":  # (decided without looking at x's validity, so every rank decides alike)
+            algorithm = "ring" if hasattr(x, "__cuda_array_interface__") else "mpi"
+        else:
+            check_algorithm(algorithm, "allgather")
+        timeout = check_timeout(timeout)
+        x, local_error = _gatherable(x)
+        if local_error is not None and ((out is not None and algorithm != "shm") or debug_enabled()):
+            raise local_error  # (else the signature's exchange or the shm flags tell the others)
+        if algorithm == "shm":
+            _check_shm_out(x, comm, None if local_error is not None else out)
+        elif out is not None:
+            _check_equal_out(x, comm, out)
+    except (ValueError, TypeError) as exc:  # a rank refused alone: the others hear of it (debug mode)
+        raise refuse("allgather", exc, comm, timeout) from None
     if algorithm == "shm":
         return _gather_shm(x, local_error, comm, timeout, out)
     if out is not None:
-        return _gather_equal(x, local_error, comm, algorithm, timeout, out, given)
+        return _gather_equal(x, comm, algorithm, timeout, out, given)
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     if local_error is not None:
@@ -222,11 +231,8 @@ def _check_signatures(rows, rank):
                          + "; ".join(f"rank {i} {tuple(row[2:2 + row[0]])}" for i, row in enumerate(rows)))
 
 
-def _gather_equal(x, local_error, comm, algorithm, timeout, out, given):
-    """The equal-shape all-gather into ``out``: every argument checked here, then the blocks move at once
-    (host arrays with the library: through the signature's :class:`_EqualPlan`, made here the first time)."""
-    if local_error is not None:
-        raise local_error
+def _check_equal_out(x, comm, out):
+    """Check ``out`` of the equal-shape all-gather (:func:`_gather_equal`), no message."""
     comm = check_comm(comm)
     size = comm.Get_size()
     check_out(out, x, (size * x.shape[0],) + x.shape[1:])
@@ -234,6 +240,21 @@ def _gather_equal(x, local_error, comm, algorithm, timeout, out, given):
         raise ValueError("out must be C-contiguous: the blocks are gathered into its memory")
     if get_array_module(out) is not get_array_module(x):
         raise TypeError("out and x must be arrays of the same kind (both host or both device)")
+
+
+def _check_shm_out(x, comm, out):
+    """Check ``comm`` and ``out`` of the ``shm`` all-gather (as the equal-shape form's), no message."""
+    comm = check_comm(comm)
+    if out is not None:
+        check_out(out, x, (comm.Get_size() * x.shape[0],) + x.shape[1:])
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous: the blocks are gathered into its memory")
+
+
+def _gather_equal(x, comm, algorithm, timeout, out, given):
+    """The equal-shape all-gather into checked ``out`` (:func:`_check_equal_out`): the blocks move at once
+    (host arrays with the library: through the signature's :class:`_EqualPlan`, made here the first time)."""
+    comm = check_comm(comm)
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     plan = _EqualPlan(ctx, x, algorithm)
@@ -249,10 +270,6 @@ def _gather_shm(x, local_error, comm, timeout, out):
     :class:`~collectives.errors.CollectiveMismatch` at the call's first synchronisation point.
     """
     comm = check_comm(comm)
-    if out is not None and local_error is None:
-        check_out(out, x, (comm.Get_size() * x.shape[0],) + x.shape[1:])
-        if not out.flags.c_contiguous:
-            raise ValueError("out must be C-contiguous: the blocks are gathered into its memory")
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     if local_error is not None:

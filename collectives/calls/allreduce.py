@@ -26,7 +26,7 @@ from commlab.arrays import get_array_module
 from collectives.calls.signatures import cached_plan
 from collectives.arguments import check_allreduce
 from collectives.engine.buffers import ACC, AdoptedRequest, adopt
-from collectives.engine.context import get_context
+from collectives.engine.context import get_context, refuse
 from collectives.engine.schedule_allreduce import schedule_allreduce, schedule_iallreduce
 from collectives.errors import CollectiveError
 from collectives.library.mpi_allreduce import library_allreduce, library_iallreduce
@@ -93,7 +93,9 @@ def begin_allreduce(x, *, op, comm, algorithm, out, timeout, grid, accumulate):
 
     The one beginning of :func:`allreduce`, :func:`iallreduce` and :func:`collectives.allreduce_init`:
     :func:`collectives.arguments.check_allreduce` on every rank alike, then the communicator's context
-    (its duplicate is made on the first call), then ``auto``'s choice.
+    (its duplicate is made on the first call), then ``auto``'s choice. A rank whose checks fail takes
+    part in the call's debug-mode fingerprint exchange, marked refused
+    (:func:`collectives.engine.context.refuse`), before it raises.
 
     Parameters
     ----------
@@ -117,7 +119,10 @@ def begin_allreduce(x, *, op, comm, algorithm, out, timeout, grid, accumulate):
     >>> call.algorithm, call.op, call.key[2]
     ('ring', 'avg', 3)
     """
-    comm, x, op, timeout, grid = check_allreduce(x, comm, op, algorithm, out, timeout, grid, accumulate)
+    try:
+        comm, x, op, timeout, grid = check_allreduce(x, comm, op, algorithm, out, timeout, grid, accumulate)
+    except (ValueError, TypeError) as exc:  # a rank refused alone: the others hear of it (debug mode)
+        raise refuse("allreduce", exc, comm, timeout) from None
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     try:

@@ -32,6 +32,8 @@ import numpy
 
 from collectives.calls.allreduce import begin_allreduce, iallreduce
 from collectives.arguments import check_timeout
+from collectives.engine.context import refuse
+from collectives.engine.fingerprint import debug_enabled
 from collectives.library.plans import LibraryPlan
 from collectives.shm.algorithms import plan as shm_plan
 
@@ -185,6 +187,9 @@ def allreduce_init(x, *, op="sum", comm=None, algorithm="auto", out=None, grid=N
     ValueError, TypeError
         As for :func:`collectives.allreduce` (on every rank, before any message), or ``x`` that is
         not a NumPy array.
+    CollectiveMismatch
+        Debug mode (``COMMLAB_DEBUG=detail``): the plan's fingerprint, compared as it is made,
+        differs between the ranks, or another rank refused its arguments.
 
     Examples
     --------
@@ -201,10 +206,12 @@ def allreduce_init(x, *, op="sum", comm=None, algorithm="auto", out=None, grid=N
     TypeError: allreduce_init takes a NumPy array, not list
     """
     if type(x) is not numpy.ndarray:
-        raise TypeError(f"allreduce_init takes a NumPy array, not {type(x).__name__}")
+        raise refuse("allreduce", TypeError(f"allreduce_init takes a NumPy array, not {type(x).__name__}"), comm)
     call = begin_allreduce(x, op=op, comm=comm, algorithm=algorithm, out=out, timeout=None, grid=grid,
                            accumulate=accumulate)
     ctx, resolved, op, grid = call.ctx, call.algorithm, call.op, call.grid
+    if debug_enabled():  # the plan's fingerprint is compared as it is made, so a rank that refused is heard of
+        ctx.advance(call.key)
     if out is None:
         out = numpy.empty(x.shape, x.dtype)
     core = None

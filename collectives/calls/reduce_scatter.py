@@ -15,9 +15,9 @@ from commlab.arrays import get_array_module
 from collectives.arguments import check_collective, check_comm, check_out, check_timeout
 from collectives.schedules.registry import OP_ALGORITHMS
 from collectives.engine.buffers import adopt, finish
-from collectives.engine.context import get_context
+from collectives.engine.context import get_context, refuse
 from collectives.engine.executor import Run, run_schedule
-from collectives.engine.fingerprint import checks_enabled, counts_code
+from collectives.engine.fingerprint import checks_enabled, counts_code, debug_enabled
 from collectives.errors import CollectiveMismatch
 from collectives.schedules.ring import ring_reduce_scatter
 from collectives.library.call import settle
@@ -169,21 +169,26 @@ def reduce_scatter(x, *, counts=None, op="sum", comm=None, algorithm="ring", out
         return wrap(reduce_scatter(x, counts=counts, comm=comm, op=op, algorithm=algorithm, timeout=timeout,
                                    out=out))
     given = algorithm
-    comm = check_comm(comm)
-    x, op, timeout = check_collective(x, op, algorithm, "reduce_scatter", timeout)
-    if algorithm == "auto":
-        algorithm = _auto(x, comm.Get_size())
-    if counts is not None and algorithm not in ("ring", "mpi"):
-        raise ValueError(f"counts: algorithm {algorithm!r} does not take counts; ring and mpi do")
-    chunks, problem = _counts_bounds(counts, comm.Get_size(), x.size)
-    if problem is None:
-        check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
+    try:
+        comm = check_comm(comm)
+        x, op, timeout = check_collective(x, op, algorithm, "reduce_scatter", timeout)
+        if algorithm == "auto":
+            algorithm = _auto(x, comm.Get_size())
+        if counts is not None and algorithm not in ("ring", "mpi"):
+            raise ValueError(f"counts: algorithm {algorithm!r} does not take counts; ring and mpi do")
+        chunks, problem = _counts_bounds(counts, comm.Get_size(), x.size)
+        if problem is not None and debug_enabled():  # the fingerprint exchange compares the counts
+            raise ValueError(problem)
+        if problem is None:
+            check_out(out, x, (chunks[comm.Get_rank() + 1] - chunks[comm.Get_rank()],))
+    except (ValueError, TypeError) as exc:  # a rank refused alone: the others hear of it (debug mode)
+        raise refuse("reduce_scatter", exc, comm, timeout) from None
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)
     count, size, rank = x.size, ctx.size, ctx.rank
     key = ("reduce_scatter", algorithm, count, x.dtype, op, None, None if counts is None else counts_code(counts))
-    if counts is not None:
+    if counts is not None and not debug_enabled():  # (debug mode: the call's fingerprint exchange compares them first)
         _agree_counts(ctx, key, accumulation_dtype(x.dtype), timeout, problem)
     if algorithm == "shm":
         return shm.reduce_scatter(ctx, key, x, out, timeout)

@@ -11,7 +11,7 @@ from commlab.arrays import get_array_module
 from collectives.arguments import check_collective, check_comm, check_root
 from collectives.schedules.registry import OP_ALGORITHMS
 from collectives.engine.buffers import MPI_OPS, adopt, finish, nan_mask, prepare, raw, restore_nan
-from collectives.engine.context import get_context
+from collectives.engine.context import get_context, refuse
 from collectives.engine.executor import Run, run_schedule
 from collectives.library.call import run_library
 from collectives.schedules.tree import tree_broadcast, tree_reduce
@@ -62,14 +62,17 @@ def broadcast(x, *, root=0, comm=None, algorithm="tree", timeout=None):
     x, _, wrap = adopt(x)
     if wrap is not None:
         return wrap(broadcast(x, root=root, comm=comm, algorithm=algorithm, timeout=timeout))
-    x, _, timeout = check_collective(x, None, algorithm, "broadcast", timeout)
-    if algorithm == "auto":
-        algorithm = OP_ALGORITHMS["broadcast"][0]
-    comm = check_comm(comm)
-    check_root(root, comm.Get_size())
-    if not getattr(getattr(x, "flags", None), "writeable", True) or (
-            not hasattr(x, "__cuda_array_interface__") and not isinstance(x, numpy.ndarray)):
-        raise ValueError("broadcast writes into x: it must be a writable array")
+    try:
+        x, _, timeout = check_collective(x, None, algorithm, "broadcast", timeout)
+        if algorithm == "auto":
+            algorithm = OP_ALGORITHMS["broadcast"][0]
+        comm = check_comm(comm)
+        check_root(root, comm.Get_size())
+        if not getattr(getattr(x, "flags", None), "writeable", True) or (
+                not hasattr(x, "__cuda_array_interface__") and not isinstance(x, numpy.ndarray)):
+            raise ValueError("broadcast writes into x: it must be a writable array")
+    except (ValueError, TypeError) as exc:  # a rank refused alone: the others hear of it in the exchange
+        raise refuse("broadcast", exc, comm, timeout) from None
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)
@@ -133,11 +136,14 @@ def reduce(x, *, op="sum", root=0, comm=None, algorithm="tree", timeout=None):
     x, _, wrap = adopt(x)
     if wrap is not None:
         return wrap(reduce(x, root=root, comm=comm, op=op, algorithm=algorithm, timeout=timeout))
-    x, op, timeout = check_collective(x, op, algorithm, "reduce", timeout)
-    if algorithm == "auto":
-        algorithm = OP_ALGORITHMS["reduce"][0]
-    comm = check_comm(comm)
-    check_root(root, comm.Get_size())
+    try:
+        x, op, timeout = check_collective(x, op, algorithm, "reduce", timeout)
+        if algorithm == "auto":
+            algorithm = OP_ALGORITHMS["reduce"][0]
+        comm = check_comm(comm)
+        check_root(root, comm.Get_size())
+    except (ValueError, TypeError) as exc:  # a rank refused alone: the others hear of it in the exchange
+        raise refuse("reduce", exc, comm, timeout) from None
     ctx = get_context(comm, timeout)
     ctx.check_usable()
     xp = get_array_module(x)

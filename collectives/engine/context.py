@@ -13,11 +13,12 @@ from mpi4py import MPI
 from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
 from collectives.backend import DeviceTransport, cuda_aware
 from collectives.engine.failures import process_failed, revoke, ulfm_enabled
-from collectives.arguments import check_comm
+from collectives.arguments import check_comm, check_timeout
+from collectives.errors import CollectiveError
 from collectives.engine.waiting import Where, deadline_of, wait_all
 
 __all__ = ["get_context", "has_context", "CallRecord", "last_stats", "total_stats", "free_context", "Context",
-           "context_keyval", "existing_context"]
+           "context_keyval", "existing_context", "refuse"]
 
 #: Collectives whose fingerprint is all-gathered before every call, in every mode.
 _ROOTED = frozenset(("broadcast", "reduce"))
@@ -157,6 +158,23 @@ class Context:
             except Exception as exc:
                 self.fail(f"{key[0]}: {exc}")
                 raise
+
+    def refused(self, collective, reason, timeout=None):
+        """Count a call this rank refused (its arguments failed their checks) in debug mode, joining its
+        fingerprint exchange marked refused with ``reason``, so that the other ranks raise
+        :class:`~collectives.errors.CollectiveMismatch` naming this rank instead of waiting for it.
+
+        Nothing is raised here: the caller raises its own error next. When some rank did not
+        refuse (its call raises the mismatch and fails its context), or the exchange failed, this
+        context is failed too, as theirs are; when every rank refused, nothing changes.
+        """
+        self._seq += 1
+        if self.size > 1:
+            try:
+                exchange(self.comm, (collective,), self._seq, timeout, self.progress if self.active else None,
+                         refused=reason)
+            except (CollectiveError, MPI.Exception) as exc:
+                self.fail(f"{collective}: refused on this rank ({reason}); {exc}")
 
     def schedule(self, key, build):
         """Return the cached schedule for ``key``, building it with ``build()`` the first time."""
@@ -340,6 +358,60 @@ def existing_context(comm):
     if ctx is not None:
         _LAST[0], _LAST[1] = comm, ctx
     return ctx
+
+
+def refuse(collective, error, comm=None, timeout=None):
+    """Take part, in debug mode, in a call this rank refused; return ``error``.
+
+    The one path of every public collective whose argument checks fail on this rank
+    (:mod:`collectives.arguments`): in debug mode (``COMMLAB_DEBUG=detail`` or ``strict``) the other
+    ranks begin the call with its fingerprint exchange, so this rank joins it, marked refused with
+    ``error``'s first line (:meth:`Context.refused`), and every other rank raises
+    :class:`~collectives.errors.CollectiveMismatch` naming it; the caller then raises ``error``
+    itself. Outside debug mode nothing is sent (a bad call sends no message; the others, if their
+    call passed, wait as for any silent peer: ``timeout=`` turns that into
+    :class:`~collectives.errors.CollectiveTimeout`). A ``comm`` that is no intracommunicator, a
+    size-1 or unusable communicator, or a bad ``COMMLAB_DEBUG`` sends nothing either.
+
+    Parameters
+    ----------
+    collective : str
+        ``"allreduce"``, ``"reduce_scatter"``, ``"allgather"``, ``"broadcast"`` or ``"reduce"``.
+    error : ValueError or TypeError
+        The error this rank is about to raise.
+    comm : mpi4py.MPI.Intracomm, optional
+        The call's communicator as given (default ``COMM_WORLD``).
+    timeout : float, optional
+        The call's timeout as given (ignored when it is itself invalid).
+
+    Returns
+    -------
+    Exception
+        ``error``, for ``raise refuse(...) from None`` or a bare ``raise`` after the call.
+
+    Examples
+    --------
+    >>> err = refuse("allreduce", ValueError("unknown op 'mean'"))  # one rank: nothing to join
+    >>> err
+    ValueError("unknown op 'mean'")
+    """
+    try:
+        if not debug_enabled():
+            return error
+        comm = check_comm(comm)
+        if comm.Get_size() == 1:
+            return error
+        try:
+            timeout = check_timeout(timeout)
+        except ValueError:
+            timeout = None
+        ctx = get_context(comm, timeout)
+    except (ValueError, TypeError, CollectiveError, MPI.Exception):
+        return error
+    if ctx.broken is None:
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        ctx.refused(collective, reason, timeout)
+    return error
 
 
 def get_context(comm=None, timeout=None):

@@ -19,6 +19,16 @@ grid)``, with ``algorithm`` resolved (never ``auto``) and ``count`` in elements.
   one small all-gather per call. ``COMMLAB_DEBUG=strict`` adds the call site (file and line of the
   caller's code), which catches what no field can tell apart -- one rank makes an extra call of the
   same shape -- for programs whose ranks reach each collective from the same line.
+* **A call refused on some ranks only.** A rank whose own argument checks fail (an ``out`` of the
+  wrong shape, an unknown ``op``, a bad ``root``) raises its ``ValueError`` or ``TypeError`` without
+  sending any data. In debug mode it first joins the call's fingerprint exchange, marked as refused
+  with its one-line reason (:func:`collectives.engine.context.refuse`); every rank whose call passed
+  its checks then raises :class:`~collectives.errors.CollectiveMismatch` naming the refusing ranks
+  and their reasons (field ``arguments``), and when every rank refused, each raises its own error.
+  Outside debug mode a bad call sends nothing, and the others wait for the refusing rank as for any
+  silent peer: with ``timeout=`` they raise :class:`~collectives.errors.CollectiveTimeout` naming
+  the peer each waited for (the refusing rank, a rank waiting for it, or none inside the MPI
+  library), without one they wait.
 
 Limits: a call that agrees with its partner in every field and is made from the same line cannot
 be told apart from it (a rank that calls ``allreduce`` once more in a loop); the key CRC is 32 bits
@@ -248,7 +258,7 @@ def _call_site():
     return "?" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def exchange(comm, key, seq, timeout=None, progress=None):
+def exchange(comm, key, seq, timeout=None, progress=None, refused=None):
     """All-gather the full fingerprint of this call and raise on every rank when the ranks disagree.
 
     Parameters
@@ -263,22 +273,33 @@ def exchange(comm, key, seq, timeout=None, progress=None):
         Seconds to wait for the exchange.
     progress : callable, optional
         Advances non-blocking collectives in flight while waiting.
+    refused : str, optional
+        This rank's call failed its argument checks: the one-line reason. Only ``key[0]`` (the
+        collective) is read; the row carries the reason's length, and the reasons of every refusing
+        rank follow in a second all-gather (``MPI_Iallgatherv``), made only when a rank refused.
 
     Raises
     ------
     CollectiveMismatch
-        Naming the first differing field of :data:`FIELDS` and the ranks holding each value.
+        A rank refused its call, while this one did not or another rank did not (field
+        ``arguments``: every refusing rank with its reason); else the first differing field of
+        :data:`FIELDS` and the ranks holding each value. Returns quietly when every rank refused
+        (each then raises its own error).
     CollectiveTimeout
         A rank did not join within ``timeout`` (it is in no collective, or in a blocking one).
     """
     site = _call_site() if _DEBUG[0] == "strict" else "?"
-    ints = _ints(key)
-    mine = numpy.array([ints[0], seq, *ints[1:], zlib.crc32(site.encode())], numpy.int64)
+    note = b"" if refused is None else (refused or "refused").encode()
+    ints = _ints(key) if refused is None else (_KINDS.index(key[0]), -1, -1, -1, -1, -1, -1, -1)
+    mine = numpy.array([ints[0], seq, *ints[1:], zlib.crc32(site.encode()), len(note)], numpy.int64)
     size = comm.Get_size()
     table = numpy.empty((size, mine.size), numpy.int64)
     req = comm.Iallgather(mine, table)
     deadline = None if timeout is None else time.perf_counter() + timeout
     wait_all([req], [None], deadline, Where(key[0], 0, "debug fingerprint exchange", timeout), progress=progress)
+    if table[:, -1].any():  # a rank refused its call: every rank takes the reasons, then raises
+        _refusals(comm, key[0], table[:, -1], note, deadline, timeout, progress)
+        return  # (every rank refused: no field to compare)
     cols = {"collective": [0], "sequence": [1], "algorithm": [2], "count": [3], "dtype": [4], "op": [5],
             "root": [6], "grid": [7, 8], "call site": [9]}
     for field in FIELDS:
@@ -287,6 +308,24 @@ def exchange(comm, key, seq, timeout=None, progress=None):
             if field == "grid" and key[0] == "allgather":
                 field = "block shape"
             raise CollectiveMismatch(key[0], field, _groups(field, vals, comm.Get_rank(), site))
+
+
+def _refusals(comm, collective, lengths, note, deadline, timeout, progress):
+    """All-gather the reasons of the refusing ranks (``lengths[r]`` bytes from rank ``r``) and raise
+    :class:`CollectiveMismatch` naming them, unless every rank refused (then return)."""
+    counts = [int(n) for n in lengths]
+    text = numpy.zeros(sum(counts), numpy.uint8)
+    mine = numpy.frombuffer(note, numpy.uint8) if note else numpy.zeros(0, numpy.uint8)
+    req = comm.Iallgatherv(mine, [text, counts])
+    wait_all([req], [None], deadline, Where(collective, 0, "refusal reasons", timeout), progress=progress)
+    if all(counts):
+        return
+    data, at, parts = text.tobytes(), 0, []
+    for r, n in enumerate(counts):
+        if n:
+            parts.append(f"rank {r} refused its call before any data moved ({data[at:at + n].decode(errors='replace')})")
+        at += n
+    raise CollectiveMismatch(collective, "arguments", "; ".join(parts))
 
 
 def _name(field, val):

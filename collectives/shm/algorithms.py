@@ -65,7 +65,7 @@ from collectives.engine.buffers import ACC
 from collectives.engine.fingerprint import block_code, key_code
 from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.schedules.schedule import chunk_bounds
-from collectives.shm.node import node_of, shared_views
+from collectives.shm.node import existing_node, node_of, refuse_nodes, shared_views
 
 __all__ = ["SMALL_BYTES", "CHUNK_BYTES", "Reduction", "fold", "allreduce", "iallreduce", "reduce_scatter", "allgather", "broadcast",
            "reduce", "refuse", "ShmRequest", "ShmPlan", "plan"]
@@ -82,7 +82,16 @@ def _deadline(timeout):
 
 
 def _enter(ctx, key, timeout, collective):
-    """Return the node of ``ctx`` for a new call ``key``: made on the first call, earlier requests completed."""
+    """Return the node of ``ctx`` for a new call ``key``: made on the first call, earlier requests completed.
+
+    On the first call the call's fingerprint exchange (debug mode; broadcast and reduce always)
+    comes before the windows' collective allocation, as it comes first in every other call, so a
+    rank that refused its arguments (:func:`collectives.engine.context.refuse`) meets it there.
+    """
+    if existing_node(ctx) is None:
+        refuse_nodes(ctx, collective)
+        ctx.advance(key, timeout)
+        return node_of(ctx, key, timeout, collective)
     node = node_of(ctx, key, timeout, collective)
     while node.pending:  # calls complete in the order they began (their points are numbered in that order)
         node.pending[0].complete(timeout)

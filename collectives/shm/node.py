@@ -43,7 +43,7 @@ from collectives.engine.fingerprint import describe, key_code
 from collectives.engine.waiting import Where, deadline_of, wait_all
 from collectives.errors import CollectiveMismatch, CollectiveTimeout
 
-__all__ = ["Node", "node_of", "shared_empty", "free_shared", "shared_views", "refuse_nodes", "LINE_WORDS", "PAGE"]
+__all__ = ["Node", "node_of", "existing_node", "shared_empty", "free_shared", "shared_views", "refuse_nodes", "LINE_WORDS", "PAGE"]
 
 #: 64-bit words of one rank's control line (64 bytes: one cache line, so ranks never share a line).
 LINE_WORDS = 8
@@ -300,6 +300,11 @@ def _keyval():
     if _KEYVAL[0] is None:
         _KEYVAL[0] = MPI.Comm.Create_keyval(delete_fn=_on_free)
     return _KEYVAL[0]
+
+
+def existing_node(ctx):
+    """Return the :class:`Node` of ``ctx`` when a shared-memory call or :func:`shared_empty` made it, else None (no message)."""
+    return ctx.comm.Get_attr(_keyval())
 
 
 def node_of(ctx, key, timeout, collective):
