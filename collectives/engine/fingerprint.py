@@ -296,7 +296,7 @@ def exchange(comm, key, seq, timeout=None, progress=None, refused=None):
     table = numpy.empty((size, mine.size), numpy.int64)
     req = comm.Iallgather(mine, table)
     deadline = None if timeout is None else time.perf_counter() + timeout
-    wait_all([req], [None], deadline, Where(key[0], 0, "debug fingerprint exchange", timeout), progress=progress)
+    wait_all([req], [None], deadline, Where(key[0], 0, "fingerprint exchange", timeout), progress=progress)
     if table[:, -1].any():  # a rank refused its call: every rank takes the reasons, then raises
         _refusals(comm, key[0], table[:, -1], note, deadline, timeout, progress)
         return  # (every rank refused: no field to compare)
