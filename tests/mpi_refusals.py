@@ -33,7 +33,7 @@ rank, P = comm.Get_rank(), comm.Get_size()
 #: The rank whose arguments are bad.
 BAD = 1
 #: timeout= of the ``timeout`` mode's calls, seconds.
-T = 1.0
+T = 0.5
 #: Seconds beyond ``T`` a timed-out rank may take to raise (a loaded two-core machine).
 SLACK = 6.0
 
