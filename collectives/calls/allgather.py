@@ -76,7 +76,8 @@ def allgather(x, *, comm=None, algorithm="ring", out=None, timeout=None):
     ValueError
         ``x`` is 0-d or has more than 8 dimensions, another rank's ``x`` is invalid, or the ranks'
         trailing dimensions differ. These checks ride on the signature exchange, so they are raised
-        on every rank even when only one rank's ``x`` is at fault.
+        on every rank even when only one rank's ``x`` is at fault (in debug mode the other ranks
+        raise :class:`~collectives.errors.CollectiveMismatch` naming that rank and its error).
     TypeError
         Unsupported dtype, or the ranks' dtypes differ.
 

@@ -117,7 +117,7 @@ def reduce_scatter(x, *, counts=None, op="sum", comm=None, algorithm="ring", out
     counts : sequence of int, optional
         Elements of each rank's chunk, ``P`` ints >= 0 adding up to ``x.size`` (zeros allowed), the
         same on every rank; default: the ``numpy.array_split`` chunks. The ranks compare their counts
-        (one 2-element all-reduce) before any data moves. ``ring`` and ``mpi`` (and ``auto``) take them.
+        (one 2-element all-reduce; in debug mode, the fingerprint exchange) before any data moves. ``ring`` and ``mpi`` (and ``auto``) take them.
     comm : mpi4py.MPI.Intracomm, optional
     op : {"sum", "prod", "min", "max", "avg"} or mpi4py.MPI.SUM/PROD/MIN/MAX
     algorithm : {"ring", "shm", "mpi", "auto"}
