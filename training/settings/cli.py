@@ -370,9 +370,14 @@ def parse_args(argv=None):
             base.pop("compression_args", None)
     base.update(given)
     try:
-        return Config.from_dict(base)
+        cfg = Config.from_dict(base)
     except ValueError as e:
         parser.error(as_flags(e, [f.name for f in dataclasses.fields(Config)]))
+    unused = [f"--{n.replace('_', '-')}" for n in ("balance_every", "balance_gain") if n in given]
+    if unused and not cfg.balance:  # a tuning of --balance given without it would change nothing
+        parser.error(f"{' and '.join(unused)} tune --balance, which is off: add --balance or drop "
+                     f"{'it' if len(unused) == 1 else 'them'}")
+    return cfg
 
 
 #: Flags that do not say which job to run (where it writes, what it shows, when it stops, how many threads):

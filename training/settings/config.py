@@ -315,15 +315,7 @@ class Config:
             raise ValueError(f"balance_gain must be in [0, 1) (a fraction of the step time), got {self.balance_gain!r}")
         if self.memory_gb < 0:
             raise ValueError(f"memory_gb must be >= 0 GiB (0: no bound), got {self.memory_gb!r}")
-        if not self.balance:  # a tuning of --balance given without it would change nothing, silently
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            unused = [f"--{n.replace('_', '-')}" for n in ("balance_every", "balance_gain")
-                      if getattr(self, n) != defaults[n]]
-            if unused:
-                raise ValueError(f"{' and '.join(unused)} tune --balance, which is off: add --balance or drop "
-                                 f"{'it' if len(unused) == 1 else 'them'}")
-            return
-        if self.mode != "dp" or self.model == "ctr":
+        if not self.balance or self.mode != "dp" or self.model == "ctr":
             return
         if self.tensor_parallel * self.pipeline_parallel * self.micro_batches > 1:
             raise ValueError("balance shares the global batch among data-parallel ranks that each hold the whole "
