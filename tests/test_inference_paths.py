@@ -7,6 +7,7 @@ h11's 16 KiB limit, which holds only while a head is incomplete.
 """
 import json
 import socket
+import time
 
 import pytest
 
@@ -71,6 +72,23 @@ def _head(lines, width=8):
 def test_a_head_over_its_bound_is_answered_431(endpoint, data, chunks):
     status, body = _ask(endpoint, data, chunks)
     assert status.startswith("HTTP/1.1 431") and b"head over" in body, status
+
+
+def test_a_client_still_sending_its_head_after_the_431_reads_the_answer(endpoint):
+    """The server answers 431 once the bound is passed; the client goes on sending 40 KiB more of its
+    head. A close at once resets the connection (the client's send or read fails with ECONNRESET);
+    the lingering close lets it read the answer."""
+    big = _head(3000)
+    with socket.create_connection((endpoint.host, endpoint.port), timeout=5) as s:
+        s.sendall(big[:HEAD_BYTES + 1024])
+        time.sleep(0.3)  # the server has read past the bound and answered
+        for i in range(HEAD_BYTES + 1024, len(big), 4096):
+            s.sendall(big[i:i + 4096])
+            time.sleep(0.005)
+        out = b""
+        while got := s.recv(65536):
+            out += got
+    assert out.startswith(b"HTTP/1.1 431") and b"head over" in out, out[:200]
 
 
 def test_a_head_inside_its_bounds_and_a_large_body_in_the_same_read_are_served(endpoint):

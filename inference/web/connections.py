@@ -16,7 +16,10 @@
 - **A bound on the request head.** A head (request line and headers, up to the blank line) of more
   than :data:`HEAD_BYTES` bytes or :data:`HEAD_LINES` lines is answered 431 (``Request Header Fields
   Too Large``) and its connection closed, however it arrives: h11's own limit (16 KiB) holds only
-  while a head is incomplete, so a head that arrived in one read passed at any size.
+  while a head is incomplete, so a head that arrived in one read passed at any size. The close
+  lingers: the answer and a FIN go out at once, and what the client still sends is read and dropped
+  until it closes or ``read_timeout`` passes, so that a client still writing its head reads the 431
+  instead of a connection reset.
 
 A connection over the limit is still accepted by the kernel and by asyncio; it costs a protocol
 object until its request is answered 503 or its head deadline passes.
@@ -75,6 +78,7 @@ class _Bounded(H11Protocol):
         super().__init__(*args, **kwargs)
         self.limit_concurrency = None  # checked in handle_events, answered by busy
         self._app, self._head_timer, self._head = self.app, None, bytearray()
+        self._lingering = None  # the timer that ends a connection answered 431 (a lingering close)
 
     def _arm(self):
         self._disarm()
@@ -97,9 +101,13 @@ class _Bounded(H11Protocol):
 
     def connection_lost(self, exc):
         self._disarm()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data):
+        if self._lingering is not None:  # answered 431: what the client still sends is read and dropped
+            return
         if self._head_timer is not None and self._head_over(data):  # a head is awaited: bounded here
             return
         cycle = self.cycle
@@ -119,7 +127,15 @@ class _Bounded(H11Protocol):
                 % (HEAD_BYTES, HEAD_LINES))
         if not self.transport.is_closing():
             self.transport.write(_TOO_LARGE % (len(body), body))
-            self.transport.close()
+            # A lingering close (RFC 9112 section 9.6): the answer and then our FIN go out, and what
+            # the client is still sending is read and dropped for up to read_timeout seconds. Closing
+            # at once would reset a connection with unread bytes, and a client still writing its head
+            # would get ECONNRESET instead of reading the 431.
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self._lingering = self.loop.call_later(self.read_timeout, self.transport.close)
+            else:
+                self.transport.close()
         return True
 
     def handle_events(self):
