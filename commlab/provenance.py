@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-__all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "add_options", "guard", "guard_or_say", "LoadWatch", "provenance",
+__all__ = ["LOAD_PER_CORE", "default_max_load", "is_quiet", "add_options", "guard", "LoadWatch", "provenance",
            "stamp", "is_noisy", "command_line", "unwritable", "mpi_library"]
 
 #: Load-average units per core above which a machine is busy: a measurement there measures the other
@@ -194,16 +194,6 @@ def guard(args, comm=None, interval=5.0):
                          "now would measure the other jobs. Wait for a quiet machine (--settle S waits up to S "
                          "seconds for it), or pass --allow-noisy to mark the results file noisy")
     return watch
-
-
-def guard_or_say(args, comm, prefix="error"):
-    """Return :func:`guard`'s watch, or None after rank 0 printed the refusal as ``PREFIX: message``."""
-    try:
-        return guard(args, comm)
-    except ValueError as e:
-        if comm is None or comm.Get_rank() == 0:
-            print(f"{prefix}: {e}", file=sys.stderr, flush=True)
-        return None
 
 
 def _version(module):
