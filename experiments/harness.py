@@ -16,6 +16,9 @@ steps below around them). Around the run, in this order:
    load before and during: :func:`commlab.provenance.stamp`), writes it as JSON, prints the study's
    table and the path; the other ranks stop their load watch and write nothing.
 
+A study whose run may fail alike on every rank wraps it in :func:`run_or_report`: one error line and
+status 1, or an abort when only some ranks failed.
+
 A study that launches its jobs as commands of their own (the emulated-cluster studies, the elastic
 and replica studies) runs them through :func:`run_commands` under one load watch.
 
@@ -45,17 +48,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import collectives.engine.policy
 from commlab import provenance as prov
 from commlab.file_formats import write_json
+from commlab.job_control import all_failed
 from commlab.provenance import command_line, unwritable
 from training.settings.cli import parse_on_every_rank
 from training.settings.options import INT32_MAX, Parser, integer, outpath, real, text
 
 __all__ = ["Study", "add_options", "add_worker_options", "worker_methods", "parse", "start", "finish", "echo",
-           "fresh_folder", "scratch_folder", "logged", "load_flags", "argv", "run_commands"]
+           "fresh_folder", "scratch_folder", "logged", "load_flags", "argv", "run_commands",
+           "run_or_report"]
 
 
 @dataclass(frozen=True)
@@ -375,3 +382,35 @@ def run_commands(cmds, label, pause=3.0, wait=300.0):
         if subprocess.run(argv(cmd)).returncode != 0:
             failed.append(cmd)
     return failed
+
+
+def run_or_report(body, comm):
+    """Run ``body()`` on every rank of ``comm``; return 0, or 1 after one error line.
+
+    An ``OSError``, ``ValueError`` or ``RuntimeError`` raised alike on every rank is printed once, by
+    rank 0, as ``error: Type: message``; raised on some ranks only, each of those prints it with its
+    rank and the job is aborted (:func:`collectives.engine.policy.abort`), so no rank waits for the others.
+    Anything else prints its traceback on its rank, aborts a multi-rank job and is raised again.
+
+    Parameters
+    ----------
+    body : callable
+        The study's work, called with no argument.
+    comm : mpi4py.MPI.Comm
+    """
+    try:
+        body()
+    except (OSError, ValueError, RuntimeError) as e:  # raised alike on every rank: one message
+        everyone = all_failed(comm)
+        if comm.Get_rank() == 0 or not everyone:
+            where = "" if everyone else f"rank {comm.Get_rank()}: "
+            print(f"error: {where}{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if not everyone:
+            collectives.engine.policy.abort(None, comm)
+        return 1
+    except Exception:  # noqa: BLE001 - anything else: report on this rank, abort the job (no hang)
+        traceback.print_exc()
+        if comm.Get_size() > 1:
+            collectives.engine.policy.abort(None, comm)
+        raise
+    return 0

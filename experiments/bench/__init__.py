@@ -3,5 +3,5 @@
 the tuning tables of ``auto`` (:mod:`.tune`). Each is run as ``mpiexec -n P python -m experiments NAME``
 (or ``python -m experiments.bench.NAME``) and writes a results file through :mod:`experiments.harness`.
 
-Imports: anything below :mod:`experiments`, :mod:`experiments.harness` and :mod:`experiments.outputs`.
+Imports: anything below :mod:`experiments`, :mod:`experiments.harness`.
 """

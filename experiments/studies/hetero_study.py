@@ -44,7 +44,6 @@ import time
 from mpi4py import MPI
 
 from experiments import harness
-from experiments.outputs import run_or_report
 from training.settings.config import Config
 from commlab.run_files import run_info
 from training.driver.preflight import check_run
@@ -314,7 +313,7 @@ def main(argv=None):
         harness.finish(result, watch, path, comm=comm, module="experiments.studies.hetero_study", argv=argv,
                        show=lambda _: f"draw with: python -m plots.hetero {path}")
 
-    return run_or_report(body, comm)
+    return harness.run_or_report(body, comm)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import time
 from mpi4py import MPI
 
 from experiments import harness
-from experiments.outputs import run_or_report
 from training.settings.config import Config
 from commlab.run_files import run_info
 from training.data.partition import parse_partition
@@ -224,7 +223,7 @@ def main(argv=None):
         harness.finish(result, watch, path, comm=comm, module="experiments.studies.non_iid_study", argv=argv,
                        show=lambda _: f"draw with: python -m plots.non_iid {path}")
 
-    return run_or_report(body, comm)
+    return harness.run_or_report(body, comm)
 
 
 if __name__ == "__main__":

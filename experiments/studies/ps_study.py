@@ -59,7 +59,6 @@ from mpi4py import MPI
 
 from commlab import tracing
 from experiments import harness
-from experiments.outputs import run_or_report
 from plots.tables.ps_tables import conflict_table, markdown, ratio_table
 from experiments.studies.staleness_sweep import base_config, parse_protocol
 from training.runtime.checkpoint import make_run_dir, root_bytes
@@ -332,7 +331,7 @@ def main(argv=None):
         else:
             watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
-    return run_or_report(body, comm)
+    return harness.run_or_report(body, comm)
 
 
 def _write(args, configs, runs, started, comm, watch, argv):

@@ -38,7 +38,6 @@ from tabulate import tabulate
 
 from collectives.compression import parse_literal, split_key_value
 from experiments import harness
-from experiments.outputs import run_or_report
 from training.runtime.checkpoint import root_bytes
 from training.settings.config import Config
 from training.driver.preflight import check_run
@@ -314,7 +313,7 @@ def main(argv=None):
         else:
             watch.summary()  # stops this rank's sampling: rank 0 alone writes
 
-    return run_or_report(body, comm)
+    return harness.run_or_report(body, comm)
 
 
 def _write(args, base, protocols, runs, started, comm, watch, argv):
