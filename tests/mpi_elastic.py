@@ -26,7 +26,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+import collectives.engine.context
 import collectives.engine.executor as executor
+from collectives.engine.failures import last_barrier
 import training.driver.elastic as elastic
 from training.runtime.build import to_device
 from training.settings.cli import parse_args
@@ -131,10 +133,18 @@ def _verdict(run, variant, where, fails, respawn):
     name = f"elastic {variant} {where}" + (f" {sys.argv[5]}" if len(sys.argv) > 5 else "")
     if run.comm.rank == 0:
         print(f"{name}: {'ok' if not flag[0] else 'FAILED'} (steps redone {run.redone})", flush=True)
+    if respawn:  # a job joined to a replacement finalizes with it, its communicator freed (as the trainer's)
+        collectives.engine.context.free_context(run.comm)
+        run.t.hook.close()
+        run.comm.Free()
+    else:
+        last_barrier(run.comm)  # no rank leaves without MPI_Finalize while a peer is in the verdict's call
     return int(flag[0] > 0)
 
 
 if __name__ == "__main__":
     status = main()
+    if len(sys.argv) > 5 and sys.argv[5] == "respawn":
+        sys.exit(status)  # MPI_Finalize, as training.driver.elastic.leave leaves it to a job that took in replacements
     sys.stdout.flush()
-    os._exit(status)
+    os._exit(status)  # as training.driver.elastic.leave: MPI_Finalize could wait for the dead rank

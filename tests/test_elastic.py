@@ -28,7 +28,8 @@ needs_ulfm = pytest.mark.skipif(launcher() != "openmpi", reason="needs Open MPI'
 def test_every_survivor_of_a_killed_rank_raises_process_failed_naming_it_in_every_form():
     """Six kills at P = 7 (one per form: hand-made and library, blocking, non-blocking, persistent;
     before the call and inside it), the survivors shrinking after each: every survivor raises
-    ProcessFailed naming the dead rank, none returns a value, nothing hangs, and the shrunk
+    ProcessFailed naming the dead rank (or, where the rank died inside the call after posting its
+    sends, returns MPI's own value over every rank), nothing hangs, and the shrunk
     communicator's all-reduce equals MPI's own."""
     res = run_mpi(7, "tests.mpi_ulfm", timeout=120, mpiexec_args=ULFM, check=False)
     cases = [line for line in res.stdout.splitlines() if line.startswith("case ")]
@@ -62,7 +63,7 @@ TINY = ["--data", "synthetic", "--samples", "300", "--features", "8", "--classes
 def test_the_trainer_keeps_training_on_the_survivors_and_says_who_died_when(tmp_path):
     res = run_mpi(3, "experiments.faults.kill", "1", "5", "step", *TINY, "--elastic", "--run-dir", tmp_path, "--name", "a",
                   timeout=180, mpiexec_args=ULFM, check=False)
-    assert "exit 0 0" in res.stdout and "exit 2 0" in res.stdout, res.stdout
+    assert res.returncode == 0 and "on 2 of 3 ranks | 1 recoveries" in res.stdout, res.stdout
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     el = summary["elastic"]
     assert (el["P_start"], el["P_end"], summary["P"], summary["epochs"]) == (3, 2, 2, 2), summary
@@ -75,7 +76,7 @@ def test_the_last_survivor_of_a_job_trains_on_alone(tmp_path):
     """Every rank but one killed at the same step: the one left shrinks to itself and finishes."""
     res = run_mpi(3, "experiments.faults.kill", "1,2", "4", "inside", *TINY, "--elastic", "--run-dir", tmp_path,
                   "--name", "c", timeout=180, mpiexec_args=ULFM, check=False)
-    assert "exit 0 0" in res.stdout, res.stdout
+    assert res.returncode == 0 and "on 1 of 3 ranks | 1 recoveries" in res.stdout, res.stdout
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert (summary["P"], summary["epochs"]) == (1, 2), summary
     assert sorted(r for d in summary["elastic"]["lost"] for r in d["ranks"]) == [1, 2], summary

@@ -42,7 +42,7 @@ from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_iden
 from training.dp.hooks import make_grad_hook
 from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
-from training.driver.elastic import ElasticStop, check_elastic, join_elastic, train_elastic
+from training.driver.elastic import ElasticStop, check_elastic, join_elastic, leave as leave_elastic, train_elastic
 from training.driver.trainer import build_trainer
 from training.runtime.progress import progress_bar, write_trace
 from training.ps_mode.finish import finish_ps
@@ -381,6 +381,8 @@ def main(argv=None):
                 join_elastic(cfg, MPI.Comm.Get_parent())
             return 0
         summary = run(cfg, world)
+        if cfg.elastic:
+            leave_elastic(summary)  # a rank died: exit 0 without MPI_Finalize, which could wait for it
     except (CheckpointError, ValueError, TypeError, OSError, ImportError) as e:
         # setup errors are raised identically on every rank: then exit cleanly with one message
         everyone = all_failed(world)

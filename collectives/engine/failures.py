@@ -28,7 +28,7 @@ from collectives.engine.waiting import library_failure
 from collectives.errors import ProcessFailed
 
 __all__ = ["ulfm_enabled", "is_process_failure", "failed_ranks", "process_failed", "revoke", "agree_failed",
-           "shrink"]
+           "shrink", "last_barrier"]
 
 #: Seconds a rank that learned of a death only from a revoked communicator waits for the library's
 #: failure detector to say which process died (the names in its error); found within about 50 ms
@@ -208,3 +208,30 @@ def shrink(comm):
         group.Free()
         old.Free()
     return new, tuple(r for r in range(comm.Get_size()) if r not in kept)
+
+
+def last_barrier(comm):
+    """Wait until every rank of ``comm`` has reached this point, or one of them has left the job.
+
+    The last call of a job that ends without ``MPI_Finalize`` after a death: under ULFM a rank that
+    exits without it counts as failed, so a peer still inside the job's last collective would raise
+    ``MPI_ERR_PROC_FAILED`` there instead of completing it. After this barrier no rank is inside an
+    earlier call: the first rank to return saw every rank arrive, and a rank whose barrier fails (a
+    peer that returned has already left) has completed everything before it too. Any other error is
+    raised.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The survivors' communicator.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> last_barrier(MPI.COMM_SELF)
+    """
+    try:
+        comm.Barrier()
+    except MPI.Exception as exc:
+        if not is_process_failure(exc, comm=comm):
+            raise

@@ -12,8 +12,9 @@ Before dying it prints ``rank R: killed at T (step S, WHERE)``, ``T`` the wall-c
 (``time.time()``), from which :mod:`experiments.studies.elastic_recovery` measures the recovery; RANKS ``-``
 kills no rank. Rank 0 prints ``first step done at T`` once its first step of this job has completed
 (a restarted job's first step, for the same study). Every rank
-that lives prints ``exit R STATUS`` after the trainer returns, and the process ends without
-``MPI_Finalize`` when a rank was killed (the dead ranks are still members of ``COMM_WORLD``). Launch it under
+that lives prints ``exit R STATUS`` when the trainer returns, which an elastic job that lost a rank
+and took in no replacement does not: it ends inside the trainer, without ``MPI_Finalize``
+(:func:`training.driver.elastic.leave`). Launch it under
 ``mpiexec --with-ft ulfm`` (Open MPI) for ``--elastic``.
 """
 import os
@@ -90,9 +91,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    code = main()
-    if len(sys.argv) > 1 and sys.argv[1] == "-":
-        sys.exit(code)  # nobody killed: MPI_Finalize as usual
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # a killed rank is still a member of COMM_WORLD: no MPI_Finalize, which could wait for it
+    sys.exit(main())

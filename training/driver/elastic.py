@@ -32,6 +32,10 @@ The rules that make every sample of an epoch used once and the run reproducible:
   (``--lr-schedule``) runs over the P-rank job's steps.
 * Below ``--elastic-min`` survivors the job writes a checkpoint of the last completed step (an
   epoch checkpoint's format; ``--resume`` takes it) and every survivor prints one line and stops.
+* **The end.** A job that lost a rank and took in no replacement ends without ``MPI_Finalize``
+  (:func:`leave`): Open MPI's can wait forever in its closing fence when a rank of the job died.
+  The survivors first meet in :func:`collectives.engine.failures.last_barrier`, so that none leaves
+  while a peer is still inside the run's last collective (where its exit would count as a death).
 
 ``summary.json`` holds ``elastic``: ``P_start``, ``P_end``, ``lost`` (each death: the ranks, in the
 start communicator's numbering, the step the survivors went back to, the epoch, the seconds from
@@ -49,7 +53,7 @@ from mpi4py import MPI
 
 import collectives
 import collectives.engine.context
-from collectives.engine.failures import shrink, ulfm_enabled
+from collectives.engine.failures import last_barrier, shrink, ulfm_enabled
 from collectives.errors import ProcessFailed
 from commlab.logs import get_logger
 from training.runtime.build import build_model, to_device
@@ -71,7 +75,7 @@ from training.data.skew import uses_shards
 from training.runtime.state import checkpoint_arrays
 
 __all__ = ["Position", "check_elastic", "epoch_order", "remaining_indices", "elastic_lr", "train_elastic",
-           "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot"]
+           "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot", "leave"]
 
 _log = get_logger("training.driver.elastic")
 
@@ -434,10 +438,44 @@ class _Records:
             print(f"test accuracy {acc} after {t.state.epoch} epochs on {c.size} of {P0} ranks | "
                   f"{len(run.lost)} recoveries, {len(run.joined)} joins, {run.redone} steps redone | {self.run_dir}",
                   flush=True)
+        if _ends_without_finalize(run.lost, run.joined):
+            last_barrier(c)  # no rank leaves (:func:`leave`) while a peer is still in the digests' call
         collectives.engine.context.free_context(c)
         t.hook.close()
         c.Free()
         return summary
+
+
+def _ends_without_finalize(lost, joined):
+    """True when this job lost a rank and took in no replacement (see :func:`leave`)."""
+    return bool(lost) and not any(d["ranks"] for d in joined)
+
+
+def leave(summary):
+    """End this process after an elastic run that lost a rank: exit 0 without ``MPI_Finalize``.
+
+    Open MPI's ``MPI_Finalize`` can wait forever in its closing fence when a rank of the job died (a
+    4-rank job that lost one, in ``tests/mpi_elastic.py``, hung there now and then), so such a job
+    ends without it: this flushes stdout and stderr and exits with status 0, after
+    :meth:`_Records.finish` met the survivors in :func:`collectives.engine.failures.last_barrier`.
+    It returns, to ``MPI_Finalize`` as usual, when nobody died, and when replacements joined
+    (``--elastic-respawn``): a job that spawned others must finalize with them (a replacement
+    waits in its own ``MPI_Finalize`` for its parents, and ``mpiexec`` reports the spawned job lost
+    when they exit without it); ``finish`` has freed the communicator that joins them.
+
+    Parameters
+    ----------
+    summary : dict
+        What :func:`train_elastic` returned.
+
+    Examples
+    --------
+    >>> leave({"elastic": {"lost": [], "joined": []}})  # nothing died: it returns
+    """
+    if _ends_without_finalize(summary["elastic"]["lost"], summary["elastic"]["joined"]):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def train_elastic(cfg, comm, run_dir, t):
