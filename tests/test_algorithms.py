@@ -19,7 +19,7 @@ from collectives.errors import ScheduleViolation
 from collectives.model.simulate import replay
 from collectives.schedules import Round, Schedule, check, chunk_bounds, verify
 from collectives.schedules.registry import (BUILT_IN, REGISTRY, build_allreduce_schedule, load_algorithm,
-                                            names, register_algorithm, unregister_algorithm)
+                                            names, register_algorithm, unregister_algorithm, verify_share)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "examples")
 sys.path.insert(0, EXAMPLES)
@@ -335,6 +335,51 @@ def test_load_algorithm_from_a_file_registers_the_function():
         unregister_algorithm("bidirectional_ring_allreduce")
     with pytest.raises(ValueError, match="no file"):
         load_algorithm("nowhere.py:f")
+
+
+def test_verify_shares_cover_every_size_once():
+    """The shares of 1..4 ranks: each size checked by exactly one rank, and a share out of range refused."""
+    spec = "collectives.schedules.ring:ring_allreduce"
+    for count in range(1, 5):
+        seen = []
+        for index in range(count):
+            with verify_share(index, count):
+                name = load_algorithm(spec, sizes=range(1, 12))
+            seen += REGISTRY[name].verified["sizes"]
+            unregister_algorithm(name)
+        assert sorted(seen) == list(range(1, 12)), (count, seen)
+    assert load_algorithm(spec, sizes=range(1, 4)) and REGISTRY["ring_allreduce"].verified["sizes"] == (1, 2, 3)
+    unregister_algorithm("ring_allreduce")
+    with pytest.raises(ValueError, match="0 <= index < count"):
+        with verify_share(4, 4):
+            pass
+
+
+WRONG_AT_6 = """
+from collectives.schedules.ring import ring_allreduce, ring_reduce_scatter
+from collectives.schedules import Schedule
+
+def wrong_at_6(rank, size, count):
+    "The ring, but only its reduce-scatter half at P = 6."
+    if size == 6:
+        return Schedule("wrong_at_6", rank, size, count, ring_reduce_scatter(rank, size, count).rounds)
+    return ring_allreduce(rank, size, count)
+"""
+
+
+def test_a_violation_in_one_ranks_share_stops_every_rank_before_training(tmp_path):
+    """Four ranks verify P = 1..64 in shares; P = 6 is rank 1's: every rank stops with status 2 before
+    a step, rank 1 naming the violation once (oracle: the verifier on the same builder in this process)."""
+    from tests.mpirun import run_mpi
+    path = tmp_path / "wrong.py"
+    path.write_text(WRONG_AT_6)
+    with pytest.raises(ScheduleViolation) as want:
+        load_algorithm(f"{path}:wrong_at_6")
+    res = run_mpi(4, "training.train", "--algorithm", f"{path}:wrong_at_6", "--epochs", "1", "--no-progress",
+                  "--run-dir", str(tmp_path / "runs"), timeout=120, check=False)
+    out = res.stdout  # (stderr joined to it)
+    assert res.returncode == 2 and out.count(str(want.value)) == 1, out
+    assert "error: rank 1:" in out and "fails on rank(s) 1 only" in out and "test accuracy" not in out, out
 
 
 def test_examples_equal_mpi_allreduce_bitwise_for_2_to_8_ranks():

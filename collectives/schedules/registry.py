@@ -11,6 +11,8 @@ package's entry point in the group :data:`ENTRY_POINTS`. Every rank must registe
 algorithms; the call fingerprint carries the algorithm's name, so ranks that disagree get an error.
 """
 from collections.abc import Mapping
+import contextlib
+import contextvars
 from dataclasses import dataclass
 import importlib
 import importlib.metadata
@@ -25,9 +27,13 @@ from collectives.schedules.tree import tree_allreduce
 
 __all__ = ["OP_ALGORITHMS", "Algorithm", "REGISTRY", "COLLECTIVES", "names", "auto_candidates", "modelled", "check_algorithm",
            "describe", "build_allreduce_schedule", "register_algorithm", "unregister_algorithm", "load_algorithm",
-           "import_builder",
+           "import_builder", "verify_share",
            "AlgorithmTable",
            "ENTRY_POINTS", "BUILT_IN"]
+
+#: ``(index, count)``: which of the verifier's sizes :func:`load_algorithm` checks in this context
+#: (every ``count``-th from the ``index``-th on); set by :func:`verify_share`.
+_SHARE = contextvars.ContextVar("commlab_verify_share", default=(0, 1))
 
 #: The entry-point group an installed package names its algorithms in (``name = "pkg.module:builder"``).
 ENTRY_POINTS = "commlab.algorithms"
@@ -56,8 +62,8 @@ class Algorithm:
     modelled : bool
         Whether the alpha-beta-gamma model (:mod:`collectives.model.cost`) covers its all-reduce.
     verified : dict or None
-        For a registered algorithm, what :func:`~collectives.schedules.verify.verify` checked
-        (``cases``, ``seconds``, ``sizes``).
+        For a registered algorithm, what :func:`~collectives.schedules.verify.verify` checked in
+        this process (``cases``, ``seconds``, ``sizes``: the P, a tuple).
 
     Examples
     --------
@@ -376,7 +382,7 @@ def register_algorithm(name, builder, *, description=None, collectives=("allredu
     checked = None
     if verify:
         sizes = tuple(sizes)
-        checked = dict(run_verify(builder, "allreduce", sizes=sizes), sizes=(min(sizes), max(sizes)) if sizes else None)
+        checked = dict(run_verify(builder, "allreduce", sizes=sizes), sizes=sizes)
     entry = Algorithm(name, description, collectives, builder, auto=False, modelled=True, verified=checked)
     items = [(n, a) for n, a in REGISTRY.items() if n != name]
     at = next(i for i, (n, _) in enumerate(items) if n == "mpi")
@@ -461,8 +467,48 @@ def load_algorithm(spec, *, sizes=range(1, 65)):
     builder = import_builder(spec)
     if func in REGISTRY and REGISTRY[func].allreduce_builder is builder:
         return func
-    register_algorithm(func, builder, sizes=sizes)
+    index, count = _SHARE.get()
+    register_algorithm(func, builder, sizes=tuple(sizes)[index::count])
     return func
+
+
+@contextlib.contextmanager
+def verify_share(index, count):
+    """Within the block, :func:`load_algorithm` verifies a new builder for its share of the sizes only.
+
+    The ranks of a job that load the same ``FILE.py:FUNCTION`` together and then agree on the
+    outcome, so that a violation found by any one stops them all before a message is sent
+    (:func:`training.settings.cli.parse_on_every_rank`, which the trainer, the benchmark and the
+    studies parse under), split the verifier's work: rank ``index`` of ``count`` checks every
+    ``count``-th P from the ``index``-th on (P = 1..64 over 4 ranks: each checks 16 of them), so
+    the job's start costs a quarter of every rank verifying all 64. Outside the block, and with
+    ``count`` 1, every size is checked.
+
+    Parameters
+    ----------
+    index, count : int
+        This process's share: ``0 <= index < count``.
+
+    Raises
+    ------
+    ValueError
+        ``index`` or ``count`` out of range.
+
+    Examples
+    --------
+    >>> with verify_share(1, 4):
+    ...     name = load_algorithm("collectives.schedules.ring:ring_allreduce")
+    >>> REGISTRY[name].verified["sizes"][:3], len(REGISTRY[name].verified["sizes"])  # P = 2, 6, ..., 62
+    ((2, 6, 10), 16)
+    >>> unregister_algorithm(name)
+    """
+    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+        raise ValueError(f"verify_share needs 0 <= index < count, got index={index!r} count={count!r}")
+    token = _SHARE.set((index, count))
+    try:
+        yield
+    finally:
+        _SHARE.reset(token)
 
 
 def import_builder(spec):

@@ -16,6 +16,7 @@ import numpy
 
 from collectives import ALGORITHMS
 from collectives.compression import COMPRESSORS, parse_compression_arg
+from collectives.schedules.registry import verify_share
 from commlab.run_files import never_configured
 from training.settings.config import CHOICES, Config
 from training.settings.options import INT32_MAX, Parser, as_flags, field_type, parsed_by
@@ -209,6 +210,9 @@ def parse_on_every_rank(parse, argv, rank):
     Every rank parses (and checks) the same command line and so ends alike, but only rank 0's
     output is shown: on the other ranks stdout and stderr go to ``os.devnull`` while ``parse``
     runs. The trainer, the studies and the benchmark all parse this way under ``mpiexec -n P``.
+    A schedule builder named as ``FILE.py:FUNCTION`` is verified in shares
+    (:func:`collectives.schedules.registry.verify_share`): rank r of P checks every P-th size from
+    the r-th on, and a violation on any rank ends every rank here, as any other failed check.
 
     Parameters
     ----------
@@ -238,17 +242,18 @@ def parse_on_every_rank(parse, argv, rank):
 
     captured = io.StringIO()
     exited, code, message, result = False, 0, None, None
+    world = MPI.COMM_WORLD
     try:
-        if rank == 0:
-            result = parse(argv)
-        else:
-            with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        with verify_share(rank, world.Get_size()):  # a FILE.py:FUNCTION builder: each rank verifies its share
+            if rank == 0:
                 result = parse(argv)
+            else:
+                with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+                    result = parse(argv)
     except SystemExit as e:
         exited = True
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         message = e.code if isinstance(e.code, str) else None
-    world = MPI.COMM_WORLD
     outcomes = numpy.empty(world.Get_size(), numpy.int64)  # -1: parsed; else the exit status
     world.Allgather(numpy.array([code if exited else -1], numpy.int64), outcomes)
     outcomes = outcomes.tolist()
@@ -264,7 +269,8 @@ def parse_on_every_rank(parse, argv, rank):
         print(f"error: rank {rank}: " + (text[-1] if text else f"exit status {code}"), file=sys.stderr, flush=True)
     if rank == 0 and not (exited and code):
         print(f"error: the command line fails on rank(s) {', '.join(map(str, failed))} only (see their "
-              "lines): every rank must be given the same, valid arguments", file=sys.stderr, flush=True)
+              "lines): every rank must be given the same, valid arguments (a schedule builder's P are "
+              "verified in shares, one per rank)", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
