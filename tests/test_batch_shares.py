@@ -17,6 +17,7 @@
   smaller than P, a memory bound leaving no sample or too few for the batch).
 """
 import os
+import re
 
 import numpy as np
 import pytest
@@ -266,3 +267,28 @@ def test_the_live_monitor_shows_each_ranks_share(tmp_path):
     summary = json.loads((tmp_path / "m" / "summary.json").read_text())
     epochs = [json.loads(t) for t in (tmp_path / "m" / "epochs.jsonl").read_text().splitlines()]
     assert summary["shares"] == epochs[-1]["shares"] and summary["shares"][1] < summary["shares"][0], summary
+
+
+@pytest.mark.parametrize("spec, text", [("1:2@5", "first entry's step must be 0"),
+                                        ("1:2,0:2", "needs @STEP"), ("1:2,0:2@x", "needs @STEP"),
+                                        ("1:2,0:2@0", "must be above 0"), ("1:0.5", "finite number >= 1"),
+                                        ("1:2,0:inf@4", "finite number >= 1"), ("1", "RANK:FACTOR")])
+def test_a_bad_straggler_schedule_is_one_line_naming_the_entry(spec, text):
+    from training.monitor.setup import straggler_schedule
+    with pytest.raises(ValueError, match=re.escape(text)):
+        straggler_schedule(spec)
+
+
+def test_balance_follows_a_slowdown_that_moves_to_another_rank(tmp_path):
+    """--straggler 1:4,0:4@23: rank 1 4x slower through epoch 1 (23 steps), rank 0 from epoch 2 on;
+    with --balance every 2 steps the straggler holds the smaller share at the end of each epoch (the
+    epoch records), and the shares sum to the global batch."""
+    import json
+
+    run_mpi(2, "training.train", "--hidden", "512,512", "--epochs", "2", "--no-progress", "--threads", "1",
+            "--straggler", "1:4,0:4@23", "--balance", "--balance-every", "2", "--run-dir", str(tmp_path),
+            "--name", "m", timeout=180)
+    epochs = [json.loads(t) for t in (tmp_path / "m" / "epochs.jsonl").read_text().splitlines()]
+    first, second = epochs[0]["shares"], epochs[1]["shares"]
+    assert sum(first) == sum(second) == 64, epochs
+    assert first[1] < first[0] and second[0] < second[1], (first, second)

@@ -121,7 +121,8 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        arrive = arrival(monitor, slow_factor(cfg, rank), cfg.jitter, jitter_rng)  # injected slowness, heartbeat
+        slow = (lambda: slow_factor(cfg, rank, state.step)) if "," in cfg.straggler else slow_factor(cfg, rank)
+        arrive = arrival(monitor, slow, cfg.jitter, jitter_rng)  # injected slowness (a schedule: at each step), heartbeat
         loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive)
         sums = _train_epoch(t, cfg, comm, rank_batches(sampler, state.epoch, t.shares, rank), data, loop)
         with tracing.span("evaluate", "step", {"epoch": epoch}):

@@ -145,6 +145,9 @@ class PSOptions:
             raise ValueError("snapshot_every and checkpoint_every_pushes must be >= 0")
         for name, kind in (("straggler", float), ("fail_worker", int)):
             spec = getattr(self, name)
+            if name == "straggler" and ("," in str(spec) or "@" in str(spec)):
+                raise ValueError(f"straggler {spec!r}: a slowdown that moves (RANK:FACTOR,RANK:FACTOR@STEP) is for "
+                                 "data-parallel training; the parameter server takes one RANK:FACTOR")
             if spec:
                 rank, value = parse_rank_spec(spec, name, kind)
                 if not self.servers <= rank < size:

@@ -7,6 +7,7 @@ directory that cannot be written, and a metrics port that is taken or cannot be 
 that serves it (rank 0 tries, and tells the others with one broadcast), so that the job ends with
 one message and no rank starts training.
 """
+import math
 import time
 
 import numpy
@@ -16,7 +17,7 @@ from training.monitor.board import check_logdir
 from training.monitor.exporter import check_endpoint
 
 __all__ = ["monitoring", "check_monitor", "open_monitor", "open_ps_monitor", "close_monitor", "slow_factor", "arrival",
-           "OFF"]
+           "straggler_schedule", "OFF"]
 
 _REASON = 120  # bytes of the bind error broadcast from rank 0
 
@@ -33,19 +34,68 @@ def monitoring(cfg):
     return bool(cfg.monitor or cfg.metrics_port or cfg.tensorboard)
 
 
-def slow_factor(cfg, rank):
-    """Return this rank's step-time multiplier of ``--straggler RANK:FACTOR`` (1.0 for the other ranks).
+def straggler_schedule(spec):
+    """Parse ``--straggler``: ``RANK:FACTOR``, or a data-parallel schedule ``RANK:FACTOR,RANK:FACTOR@STEP,...``.
+
+    Each entry names the one slow rank from global step ``STEP`` on (the first entry from step 0,
+    ``@STEP`` optional there), until the next entry: ``1:2,0:2@60`` slows rank 1 by 2x for steps
+    0-59 and rank 0 from step 60, when rank 1 is back to full speed (a slowdown that moves, which
+    ``--balance`` must follow).
+
+    Returns
+    -------
+    list of (int, int, float)
+        ``(from_step, rank, factor)``, steps ascending; ``[]`` for an empty ``spec``.
+
+    Raises
+    ------
+    ValueError
+        An entry that is not ``RANK:FACTOR[@STEP]`` with a rank >= 0 and a finite factor >= 1, or
+        steps that do not start at 0 and increase.
+
+    Examples
+    --------
+    >>> straggler_schedule("1:2,0:3@60")
+    [(0, 1, 2.0), (60, 0, 3.0)]
+    >>> straggler_schedule("1:2@5")
+    Traceback (most recent call last):
+    ...
+    ValueError: --straggler 1:2@5: the first entry's step must be 0 (steps start at 0 and increase)
+    """
+    out = []
+    for entry in str(spec).split(",") if spec else []:
+        head, at, step = entry.strip().partition("@")
+        rank, factor = parse_rank_spec(head, "straggler", float)
+        try:
+            first = int(step) if at else (0 if not out else None)
+        except ValueError:
+            first = None
+        if first is None:
+            raise ValueError(f"--straggler {spec}: {entry.strip()!r} needs @STEP, a whole step number (every "
+                             "entry after the first says from which step it holds)")
+        if rank < 0 or not (factor >= 1 and math.isfinite(factor)):
+            raise ValueError(f"--straggler {spec}: rank must be >= 0 and factor a finite number >= 1, got "
+                             f"{entry.strip()!r}")
+        if (not out and first != 0) or (out and first <= out[-1][0]):
+            raise ValueError(f"--straggler {spec}: the {'first' if not out else 'next'} entry's step must be "
+                             f"{'0' if not out else f'above {out[-1][0]}'} (steps start at 0 and increase)")
+        out.append((first, rank, factor))
+    return out
+
+
+def slow_factor(cfg, rank, step=0):
+    """Return this rank's step-time multiplier under ``--straggler`` at global step ``step`` (1.0 if not slowed).
 
     Examples
     --------
     >>> from training.settings.config import Config
     >>> slow_factor(Config(straggler="2:4"), 2), slow_factor(Config(straggler="2:4"), 1)
     (4.0, 1.0)
+    >>> [slow_factor(Config(straggler="1:2,0:2@3"), 0, s) for s in (2, 3)]
+    [1.0, 2.0]
     """
-    if not cfg.straggler:
-        return 1.0
-    target, factor = parse_rank_spec(cfg.straggler, "straggler", float)
-    return factor if target == rank else 1.0
+    now = [e for e in straggler_schedule(cfg.straggler) if e[0] <= step]
+    return now[-1][2] if now and now[-1][1] == rank else 1.0
 
 
 def check_monitor(cfg, comm):
@@ -60,10 +110,10 @@ def check_monitor(cfg, comm):
         rank 0 (in use, or not an address of this host); ``--straggler`` names no rank of the job.
     """
     if cfg.straggler and cfg.mode == "dp":
-        target, _ = parse_rank_spec(cfg.straggler, "straggler", float)
-        if not 0 <= target < comm.Get_size():
-            raise ValueError(f"--straggler {cfg.straggler}: rank {target} is not a rank of this job "
-                             f"(0..{comm.Get_size() - 1})")
+        for _, target, _ in straggler_schedule(cfg.straggler):
+            if not 0 <= target < comm.Get_size():
+                raise ValueError(f"--straggler {cfg.straggler}: rank {target} is not a rank of this job "
+                                 f"(0..{comm.Get_size() - 1})")
     if cfg.tensorboard:
         import importlib.util
 
@@ -143,7 +193,8 @@ def arrival(monitor, slow=1.0, jitter=0.0, rng=None):
     """Return the ``arrive`` of :func:`training.dp.data_parallel.train_step` for this rank, or None.
 
     ``arrive(compute_s)`` sleeps ``slow - 1`` times the step's compute so far (``--straggler``, from
-    :func:`slow_factor`) plus a uniform ``[0, jitter]`` seconds drawn from ``rng`` (``--jitter``, as
+    :func:`slow_factor`; ``slow`` a number, or a function returning the factor at the time of the
+    call, for a slowdown that moves) plus a uniform ``[0, jitter]`` seconds drawn from ``rng`` (``--jitter``, as
     the parameter server's workers sleep; a generator seeded per rank, so that runs repeat), then
     sends ``monitor``'s heartbeat; None when none applies.
 
@@ -156,12 +207,13 @@ def arrival(monitor, slow=1.0, jitter=0.0, rng=None):
     True
     """
     beat = monitor.arrive
-    if slow <= 1 and not jitter:
+    if not callable(slow) and slow <= 1 and not jitter:
         return None if beat is None else (lambda compute_s: beat())
     rng = rng if rng is not None else numpy.random.default_rng()
 
     def arrive(compute_s):
-        time.sleep(max(0.0, slow - 1) * compute_s + (rng.uniform(0.0, jitter) if jitter else 0.0))
+        factor = slow() if callable(slow) else slow
+        time.sleep(max(0.0, factor - 1) * compute_s + (rng.uniform(0.0, jitter) if jitter else 0.0))
         if beat is not None:
             beat()
 

@@ -127,7 +127,8 @@ HELP = {
     "staleness": "parameter server SSP staleness bound in clocks",
     "staleness_lr": "parameter server: divide each update's step by max(1, its staleness in clocks)",
     "straggler": "slow rank (data-parallel) or worker (parameter server) as RANK:FACTOR: it sleeps FACTOR-1 "
-                 "times its compute time each step (fault injection)",
+                 "times its compute time each step (fault injection); data-parallel, a slowdown that moves: "
+                 "RANK:FACTOR,RANK:FACTOR@STEP,... (each entry from global step STEP on)",
     "jitter": "extra delay per step of every data-parallel rank or parameter-server worker, uniform in "
               "[0, JITTER] seconds (fault injection)",
     "ps_timeout": "parameter server: drop a worker silent this long (seconds); ASP/SSP continue, BSP stops every rank",
