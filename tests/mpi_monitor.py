@@ -15,6 +15,9 @@ straggler   ``--straggler 2:6``: rank 2, and only it, is named, in the summary, 
             metric (its TensorBoard scalar at every gather) and rank 0's log warning.
 stall       rank 1 sleeps 1.2 s before one step's collective: with ``--stall-seconds 0.4`` it is
             named stalled while the others wait, 0.4-1.2 s late; the job finishes.
+stopped     ``SIGSTOP`` for 1.5 s: rank 1 inside step 6's all-reduce (after posting its first round:
+            every rank waits in the call, at the same step), then rank 2 as step 14 begins: each is
+            named stalled, once (rank 1 as silent: its ticks stopped), and no rank that only waited.
 port        rank 0's port is taken: every rank raises the same ValueError before the run directory
             exists.
 ps          ``--mode ps`` (1 server, 2 workers, ASP) with ``--straggler 2:6 --balance``, and worker rank
@@ -33,6 +36,7 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -41,6 +45,7 @@ import urllib.request
 import numpy as np
 from mpi4py import MPI
 
+import collectives.engine.executor
 from tests.mpicases import quiet, run_cases, shared_dir
 from training.settings.config import Config
 from commlab.file_formats import read_jsonl
@@ -210,6 +215,45 @@ def case_stall(comm, base):
     assert 0.4 <= stalls[0]["late_s"] < 1.2, stalls
 
 
+def _stop_for(seconds):
+    """Have a helper process stop this rank (``SIGSTOP``) now and continue it ``seconds`` later."""
+    pid = os.getpid()
+    subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])
+    time.sleep(0.05)  # stopped in here, or just after
+
+
+def case_stopped(comm, base):
+    root = shared_dir(comm, base, "runs")
+    real_step, real_post, calls = training.train.train_step, collectives.engine.executor.Run.post, [0]
+    inside, before = 6, 14  # rank 1 stopped inside step 6's all-reduce; rank 2 stopped as step 14 begins
+
+    def step(*args, **kw):
+        calls[0] += 1
+        if comm.rank == 2 and calls[0] == before:
+            _stop_for(1.5)
+        return real_step(*args, **kw)
+
+    def post(run, index):
+        out = real_post(run, index)
+        if comm.rank == 1 and calls[0] == inside and index == 0 and run.work.size > 8:
+            _stop_for(1.5)  # after posting the gradient's first round: every peer waits inside the call
+        return out
+
+    training.train.train_step, collectives.engine.executor.Run.post = step, post
+    try:
+        summary, _, run = _train(comm, root, "stopped", stall_seconds=0.4, epochs=1, algorithm="ring")
+    finally:
+        training.train.train_step, collectives.engine.executor.Run.post = real_step, real_post
+    if comm.rank:
+        return
+    stalls = [e for e in read_jsonl(os.path.join(run, "events.jsonl")) if e["event"] == "stall"]
+    assert summary["stalls"] == [1, 2] and [e["rank"] for e in stalls] == [1, 2], stalls
+    assert stalls[0]["stopped"] and stalls[0]["step"] == inside, stalls  # silent, its last heartbeat at step 6
+    # rank 2, stopped as it begins step 14: named silent (last heartbeat 13) or behind at step 14, whichever
+    # passes --stall-seconds first, and once
+    assert (stalls[1]["stopped"], stalls[1]["step"]) in ((True, before - 1), (False, before)), stalls
+
+
 def case_port(comm, base):
     root = shared_dir(comm, base, "runs")
     taken = socket.socket() if comm.rank == 0 else None
@@ -337,7 +381,7 @@ def case_grid(comm, base):
         assert [p.step for p in points] == [4, 8, 12, 16, 20] and all(p.value >= 0 for p in points), points
 
 
-CASES = [case_port, case_clean, case_straggler, case_stall, case_ps, case_ps_clean, case_ps_stall, case_grid]
+CASES = [case_port, case_clean, case_straggler, case_stall, case_stopped, case_ps, case_ps_clean, case_ps_stall, case_grid]
 
 if __name__ == "__main__":
     comm = MPI.COMM_WORLD

@@ -9,6 +9,14 @@ so before the collective's deadline (``--timeout``) ends the job, as Horovod's s
 NCCL's watchdog name the rank a collective waits on. ``on_clear(rank)`` is called when a named
 rank's next heartbeat arrives.
 
+A rank that stops *inside* a collective (a process stopped, swapped out or hung after its
+heartbeat) leaves every rank at the same step, waiting on it, and no step count tells it apart.
+So every other rank also sends a *tick* every ``poll`` seconds from a thread of its own, which runs
+while the rank waits in a collective and stops only when the whole process does; rank 0 names a
+rank whose ticks stopped ``threshold`` seconds ago (once, until its ticks come back: then
+``on_clear``), and does not name it again as behind meanwhile. The ranks merely waiting on it keep
+ticking and are not named.
+
 The thread makes MPI calls beside the training loop's: the library must give
 ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; MPICH and Open MPI give it). Where it does not, the
 check runs at rank 0's own heartbeats instead, which names a late rank only once rank 0 is itself
@@ -26,6 +34,7 @@ from training.monitor.detect import stalled
 __all__ = ["Heartbeat"]
 
 _TAG = 0x4EA7  # tag of the heartbeat messages
+_TICK = 0x4EA8  # tag of the ticks: "this process runs"
 
 
 class Heartbeat:
@@ -39,7 +48,10 @@ class Heartbeat:
     threshold : float
         Seconds after which a rank behind is named; 0 sends no heartbeat at all.
     on_stall : callable
-        Rank 0: ``on_stall(rank, step, late_s)``, from the watchdog thread.
+        Rank 0: ``on_stall(rank, step, late_s, stopped)``, from the watchdog thread: ``stopped``
+        False for a rank that has not reached the collective of ``step`` ``late_s`` seconds after
+        the first rank did, True for one whose ticks stopped ``late_s`` seconds ago, its last
+        heartbeat at ``step`` (stopped or hung, in a collective or not).
     on_clear : callable, optional
         Rank 0: ``on_clear(rank)`` when a named rank's heartbeat arrives.
     poll : float
@@ -57,8 +69,12 @@ class Heartbeat:
         self.named = {}                                      # rank -> step it was named stalled at
         self._buf, self._req, self._recv = numpy.zeros(1, numpy.int64), None, numpy.zeros(1, numpy.int64)
         self._stop, self._thread, self._lock = threading.Event(), None, threading.Lock()
-        if self.on and self.rank == 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-            self._thread = threading.Thread(target=self._watch, name="commlab-heartbeat", daemon=True)
+        self.ticked = numpy.full(self.size, time.monotonic())  # rank 0: when each rank's last tick came
+        self.silent = set()                                      # rank 0: ranks named for their ticks
+        self._tick_buf, self._tick_req = numpy.zeros(1, numpy.int64), None
+        if self.on and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            target = self._watch if self.rank == 0 else self._tick
+            self._thread = threading.Thread(target=target, name="commlab-heartbeat", daemon=True)
             self._thread.start()
 
     def beat(self, step):
@@ -88,23 +104,48 @@ class Heartbeat:
 
     def _drain(self):
         status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
-            self.comm.Recv(self._recv, source=status.Get_source(), tag=_TAG)
-            self._record(status.Get_source(), int(self._recv[0]))
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+            src, tag = status.Get_source(), status.Get_tag()
+            self.comm.Recv(self._recv, source=src, tag=tag)
+            if tag == _TAG:
+                self._record(src, int(self._recv[0]))
+            else:
+                self.ticked[src] = time.monotonic()
+                if src in self.silent:  # its process runs again
+                    self.silent.discard(src)
+                    if self.on_clear is not None and src not in self.named:
+                        self.on_clear(src)
 
     def _check(self):
         top = int(self.steps.max())
-        late = time.monotonic() - self.since
-        for r in stalled(self.steps, self.since, time.monotonic(), self.threshold):
-            if self.named.get(r) != top:
+        now = time.monotonic()
+        late = now - self.since
+        if self._thread is not None:  # ticks need a thread of their own on every rank
+            for r in range(1, self.size):
+                quiet = now - self.ticked[r]
+                if quiet > self.threshold and r not in self.silent:
+                    self.silent.add(r)
+                    if self.named.get(r) != top:  # (not named already as behind at this step)
+                        self.named[r] = top
+                        self.on_stall(r, int(self.steps[r]), quiet, True)
+        for r in stalled(self.steps, self.since, now, self.threshold):
+            if self.named.get(r) != top and r not in self.silent:
                 self.named[r] = top
-                self.on_stall(r, top, late)
+                self.on_stall(r, top, late, False)
 
     def _watch(self):
         while not self._stop.wait(self.poll):
             with self._lock:
                 self._drain()
                 self._check()
+
+    def _tick(self):
+        """A rank other than 0: tell rank 0 every ``poll`` seconds that this process runs."""
+        while not self._stop.wait(self.poll):
+            if self._tick_req is not None and not self._tick_req.Test():
+                continue  # the last tick is still on its way: no second one behind it
+            self._tick_buf[0] += 1
+            self._tick_req = self.comm.Isend(self._tick_buf, dest=0, tag=_TICK)
 
     def close(self, timeout=None):
         """Stop the watchdog, receive what is left and free the communicator (collective).
@@ -119,10 +160,15 @@ class Heartbeat:
         collectives.CollectiveTimeout
             When a peer does not reach the closing barrier within ``timeout``.
         """
+        if self._thread is not None and self.rank != 0:
+            self._stop.set()
+            self._thread.join()
+            if self._tick_req is not None:
+                self._tick_req.Wait()
         if self._req is not None:
             self._req.Wait()
         wait_within(self.comm.Ibarrier(), timeout, "heartbeat", "close")
-        if self._thread is not None:
+        if self._thread is not None and self.rank == 0:
             self._stop.set()
             self._thread.join()
         if self.on and self.rank == 0:

@@ -213,12 +213,18 @@ class SyncMonitor:
         if self.exporter is not None:
             self.exporter.inc("commlab_straggler_events", {r: 1})
 
-    def _stalled(self, r, step, late):
-        """Rank 0's watchdog: rank ``r`` has not reached step ``step``'s collective for ``late`` seconds."""
-        _log.warning("stall: rank %d has not reached the collective of step %d, %.1f s after the first rank did "
-                     "(--stall-seconds %g; the collective ends the job after --timeout %g s)", r, step, late,
-                     self.cfg.stall_seconds, self.timeout)
-        self.events.add("stall", rank=r, step=step, late_s=round(late, 3))
+    def _stalled(self, r, step, late, stopped=False):
+        """Rank 0's watchdog: rank ``r`` has not reached step ``step``'s collective for ``late`` seconds,
+        or (``stopped``) its process has not run for ``late`` seconds, its last heartbeat at ``step``."""
+        if stopped:
+            _log.warning("stall: rank %d has not run for %.1f s (stopped or hung; its last heartbeat at step %d, "
+                         "the others wait on it) (--stall-seconds %g; the collective ends the job after --timeout "
+                         "%g s)", r, late, step, self.cfg.stall_seconds, self.timeout)
+        else:
+            _log.warning("stall: rank %d has not reached the collective of step %d, %.1f s after the first rank "
+                         "did (--stall-seconds %g; the collective ends the job after --timeout %g s)", r, step, late,
+                         self.cfg.stall_seconds, self.timeout)
+        self.events.add("stall", rank=r, step=step, late_s=round(late, 3), stopped=stopped)
         if self.exporter is not None:
             self.exporter.set("commlab_stalled", {r: 1.0})
 
