@@ -29,6 +29,8 @@ ps_clean    the same run without ``--straggler`` nor ``--balance`` (same length,
 ps_stall    worker rank 2 held back 3 s in one step, ``--stall-seconds 1``: it is named stalled (the
             log warning, ``commlab_stalled{rank="2"} 1`` in a page, ``events.jsonl``), and not a
             straggler; the job finishes.
+ps_bsp_stall the same under BSP, where worker rank 1 waits for rank 2 and sends no report either:
+            rank 2 alone is named.
 grid        the pipeline grid (3 stages) runs with monitoring: nobody named, every rank's sync time at
             every gather (TensorBoard).
 """
@@ -336,6 +338,14 @@ def case_ps_clean(comm, base):
 
 
 def case_ps_stall(comm, base):
+    _ps_stall(comm, base, "asp")
+
+
+def case_ps_bsp_stall(comm, base):
+    _ps_stall(comm, base, "bsp")
+
+
+def _ps_stall(comm, base, consistency):
     root = shared_dir(comm, base, "runs")
     calls = [0]
 
@@ -350,7 +360,8 @@ def case_ps_stall(comm, base):
     real = _patched(training.ps_mode.worker, "compute_gradient", hold)
     try:
         with _Warnings() as warned:
-            summary, pages, run = _train(comm, root, "ps-stall", **{**PS, "epochs": 3, "stall_seconds": 1.0})
+            summary, pages, run = _train(comm, root, f"ps-stall-{consistency}",
+                                         **{**PS, "consistency": consistency, "epochs": 3, "stall_seconds": 1.0})
     finally:
         training.ps_mode.worker.compute_gradient = real
     if comm.rank:
@@ -381,7 +392,8 @@ def case_grid(comm, base):
         assert [p.step for p in points] == [4, 8, 12, 16, 20] and all(p.value >= 0 for p in points), points
 
 
-CASES = [case_port, case_clean, case_straggler, case_stall, case_stopped, case_ps, case_ps_clean, case_ps_stall, case_grid]
+CASES = [case_port, case_clean, case_straggler, case_stall, case_stopped, case_ps, case_ps_clean, case_ps_stall,
+         case_ps_bsp_stall, case_grid]
 
 if __name__ == "__main__":
     comm = MPI.COMM_WORLD

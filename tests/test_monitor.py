@@ -174,7 +174,8 @@ def test_the_committed_overhead_measurement_meets_the_documented_targets():
 
 def test_monitoring_on_three_ranks(tmp_path):
     out = run_mpi(3, "tests.mpi_monitor", tmp_path, timeout=300).stdout
-    for case in ("port", "clean", "straggler", "stall", "stopped", "ps", "ps_clean", "ps_stall", "grid"):
+    for case in ("port", "clean", "straggler", "stall", "stopped", "ps", "ps_clean", "ps_stall", "ps_bsp_stall",
+                 "grid"):
         assert f"case_{case}: ok" in out, out
 
 

@@ -157,8 +157,13 @@ class PSMonitor:
             per_sample = (d[:, _W["compute_s"]] + d[:, _W["delay_s"]]) / numpy.maximum(d[:, _W["samples"]], 1)
             for w in self.rule.update(per_sample, live=fresh):
                 self._straggler(w, own, per_sample)
-        live = server.table.status == 0  # ps.serving.consistency.LIVE
-        for w in numpy.flatnonzero(live & (now - self.heard > self.cfg.stall_seconds)).tolist():
+        table = server.table
+        live = table.status == 0  # ps.serving.consistency.LIVE
+        silent = live & (now - self.heard > self.cfg.stall_seconds)
+        # a worker whose pull this server holds back (BSP and SSP wait for the slowest worker's push) is
+        # waiting on another worker, not stalled: only the one it waits on is named
+        silent[[w for w in server.pending if w < self.W]] = False
+        for w in numpy.flatnonzero(silent).tolist():
             if self.cfg.stall_seconds > 0 and w not in self.stalled:
                 self.stalled.add(w)
                 self._stall(w, now - self.heard[w])
