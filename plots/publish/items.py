@@ -408,8 +408,8 @@ ITEMS = {
                    _figure("cluster", "cluster_ps.png", "draw_ps")),
     "cluster-collectives": ("cluster/collectives_study.json", _module_table("tables.cluster_tables", "collectives_markdown"),
                             _figure("cluster", "cluster_collectives.png")),
-    "elastic-p4": ("elastic/elastic_p4.json", _module_table("elastic", "markdown"), _figure("elastic", "elastic_p4.png")),
-    "elastic-p8": ("elastic/elastic_p8.json", _module_table("elastic", "markdown"), _figure("elastic", "elastic_p8.png")),
+    "elastic-p4": ("elastic/elastic_p4.json", _module_table("recovery", "markdown"), _figure("recovery", "elastic_p4.png")),
+    "elastic-p8": ("elastic/elastic_p8.json", _module_table("recovery", "markdown"), _figure("recovery", "elastic_p8.png")),
 }
 
 

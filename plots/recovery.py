@@ -1,6 +1,6 @@
 """Draw the elastic recovery study (``experiments.studies.elastic_recovery``): recovery against a restart.
 
-    python -m plots.elastic results/elastic.json [--out FILE.png]
+    python -m plots.recovery results/elastic.json [--out FILE.png]
 
 One panel per study file: for every kill (x: the kill's number, in the study's order), the seconds
 from the death to the survivors' next completed step under ``--elastic`` and to the restarted job's
@@ -84,7 +84,7 @@ def markdown(study):
 
 def main(argv=None):
     """Draw the figure of a study file; return the exit status."""
-    p = Parser(prog="python -m plots.elastic", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m plots.recovery", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=infile(), help="results JSON of experiments.studies.elastic_recovery")
     p.add_argument("--out", type=outpath(empty=True), default="", help="PNG to write (default: beside the study, .png)")
     a = p.parse_args(argv)
