@@ -221,7 +221,7 @@ def _stop_for(seconds):
     """Have a helper process stop this rank (``SIGSTOP``) now and continue it ``seconds`` later."""
     pid = os.getpid()
     subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])
-    time.sleep(0.05)  # stopped in here, or just after
+    time.sleep(0.5)  # stopped in here (the helper's start may take tens of ms on a loaded host)
 
 
 def case_stopped(comm, base):
