@@ -36,7 +36,7 @@ from commlab.job_control import all_failed
 from training.driver.preflight import agree, agree_grid, check_run
 from commlab.file_formats import write_json
 from commlab.run_files import EpochTable, MetricsWriter, run_info, write_config
-from training.monitor.setup import arrival, open_monitor, slow_factor
+from training.monitor.setup import arrival, open_monitor, slow_factor, straggler_schedule
 from training.model.optim import schedule_lr
 from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_identical, train_step
 from training.dp.hooks import make_grad_hook
@@ -121,8 +121,9 @@ def train_dp(cfg, comm, run_dir, trainer=None):
     while state.epoch < last:
         epoch = state.epoch + 1  # 1-based for people; the sampler's epoch index is state.epoch
         skipped0 = state.skipped
-        slow = (lambda: slow_factor(cfg, rank, state.step)) if "," in cfg.straggler else slow_factor(cfg, rank)
-        arrive = arrival(monitor, slow, cfg.jitter, jitter_rng)  # injected slowness (a schedule: at each step), heartbeat
+        moves = len(straggler_schedule(cfg.straggler)) > 1  # a slowdown that moves: its factor read at each step
+        slow = (lambda: slow_factor(cfg, rank, state.step)) if moves else slow_factor(cfg, rank)
+        arrive = arrival(monitor, slow, cfg.jitter, jitter_rng)  # injected slowness, heartbeat
         loop = _Loop(per_epoch, writer, bar, t_start, monitor, arrive)
         sums = _train_epoch(t, cfg, comm, rank_batches(sampler, state.epoch, t.shares, rank), data, loop)
         with tracing.span("evaluate", "step", {"epoch": epoch}):
