@@ -278,6 +278,43 @@ def case_free_shared_that_differs_raises_on_every_rank(comm_):
     verdict()
 
 
+def case_arrays_stay_valid_after_their_shared_memory_is_freed(comm_):
+    """A use after free_shared or free_context reads its values: the memory is unmapped only once no array views it.
+
+    Before, free_shared and free_context unmapped the window at once, and touching the array (or a
+    view, or a plan's view) afterwards killed the process (SIGSEGV): here the process would die.
+    """
+    from collectives.engine.context import get_context
+    from collectives.shm import free_shared
+    from collectives.shm.node import existing_node
+    sub = comm.Dup()
+    a = shared_empty(3000, comm=sub)
+    a[:] = rank + 1
+    view = a[10:20]
+    free_shared(a, comm=sub)
+    a += 1  # an ordinary array now: written and read after the free
+    expect(a.sum() == 3000 * (rank + 2) and view.sum() == 10 * (rank + 2), "values after free_shared")
+    y = C.allreduce(a, out=a, comm=sub, algorithm="shm")  # copied in and out as any array
+    expect(y is a and (a == P * (P + 3) // 2).all(), "an all-reduce on a freed buffer")
+    node = existing_node(get_context(sub))
+    expect(len(node.released) == 1 and not node.buffers, "free_shared left the memory of a viewed array mapped")
+    keep = a[:5] if rank == 0 else None  # rank 0 alone keeps a view: no rank unmaps it
+    del a, view, y
+    b = shared_empty(8, comm=sub)
+    expect(len(node.released) == 1, f"rank {rank}: a buffer still viewed on rank 0 was unmapped")
+    expect(keep is None or keep.sum() == 5 * P * (P + 3) // 2, "rank 0's view after another allocation")
+    del keep
+    free_shared(b, comm=sub)  # every view of the first buffer is gone: it is freed now, on every rank
+    expect(len(node.released) == 1 and node.released[0][0] == 2, f"rank {rank}: released {node.released}")
+    c = shared_empty(4, comm=sub)
+    c[:] = rank
+    free_context(sub)  # the context's windows go, but c's memory stays mapped while c lives
+    expect(c.tolist() == [rank] * 4, "an array after its context was freed")
+    c[:] = -1
+    sub.Free()
+    verdict()
+
+
 def case_timeout_names_the_missing_rank(comm_):
     if P == 1:
         return

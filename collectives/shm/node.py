@@ -31,6 +31,7 @@ Imports: mpi4py, :mod:`collectives.engine`, :mod:`collectives.schedules`, :mod:`
 """
 import math
 import os
+import sys
 import time
 import zlib
 
@@ -94,10 +95,13 @@ class Node:
         Allocations of the data window so far (a plan keeping stage views compares it).
     buffers : list of (int, int, int, list, mpi4py.MPI.Win)
         Shared buffers: (serial, first address, bytes, every rank's uint8 view, window).
+    released : list
+        Buffers :func:`free_shared` released whose memory an array still views on some rank, as in
+        ``buffers``: kept mapped until :meth:`reclaim` finds no array viewing them on any rank.
     """
 
     __slots__ = ("comm", "rank", "size", "_cwin", "ctrl", "_flags", "_dwin", "capacity", "views", "counter",
-                 "calls", "pending", "buffers", "_serial", "_tmp", "generation")
+                 "calls", "pending", "buffers", "released", "_serial", "_tmp", "generation")
 
     def __init__(self, ctx):
         self.comm = ctx.comm.Split_type(MPI.COMM_TYPE_SHARED, key=ctx.rank)
@@ -116,7 +120,7 @@ class Node:
         self._dwin, self.capacity, self.views = None, 0, []
         self.generation = 0  # counts the data window's allocations (views of an older one are stale)
         self.counter = self.calls = 0
-        self.pending, self.buffers, self._serial = [], [], 0
+        self.pending, self.buffers, self.released, self._serial = [], [], [], 0
         self._tmp = {}
 
     # ---------------------------------------------------------------- synchronisation points
@@ -258,28 +262,58 @@ class Node:
         return -1
 
     def release(self, a):
-        """Free the shared buffer that starts at ``a``'s first byte (collective on the node); False if none does."""
+        """Take the shared buffer that starts at ``a``'s first byte out of use; False if none does.
+
+        Its memory stays mapped: ``a`` and any view of it stay valid, ordinary arrays (no
+        shared-memory call treats them as shared any more). :meth:`reclaim` frees it once no array
+        views it on any rank.
+        """
         addr = a.__array_interface__["data"][0] if type(a) is numpy.ndarray else None
         for i, entry in enumerate(self.buffers):
             if entry[1] == addr:
-                del self.buffers[i]
-                entry[4].Free()
+                self.released.append(self.buffers.pop(i))
                 return True
         return False
+
+    def reclaim(self, entries=None):
+        """Free the windows of ``entries`` (default :attr:`released`) that no array views on any rank.
+
+        Collective on the node, with the same ``entries`` on every rank (they follow from collective
+        calls alike everywhere): one ``MPI_Allreduce`` of a flag per entry (1 where this rank holds
+        no array into it beyond the node's own views) decides, so the collective ``MPI_Win_free`` is
+        entered for the same windows everywhere. A window some rank still views stays mapped, so no
+        array ever points at unmapped memory. Returns the entries left mapped.
+        """
+        entries = self.released if entries is None else entries
+        if not entries:
+            return []
+        free = numpy.array([_unviewed(e[3]) for e in entries], numpy.uint8)
+        self.comm.Allreduce(MPI.IN_PLACE, free, op=MPI.BAND)
+        kept = [e for e, f in zip(entries, free) if not f]
+        for entry, f in zip(entries, free):
+            if f:
+                entry[4].Free()
+        if entries is self.released:
+            self.released = kept
+        return kept
 
     def free(self):
         """Free every window (collective on the node: called when the context's communicator is freed).
 
-        A window the MPI library refuses to free (a peer has died: ULFM's ``MPI_ERR_PROC_FAILED``) is
-        left to the end of the job rather than raising inside the communicator's delete callback.
+        A shared buffer that an array still views on some rank (:meth:`reclaim`) is left mapped to the
+        end of the job, as is a window the MPI library refuses to free (a peer has died: ULFM's
+        ``MPI_ERR_PROC_FAILED``), rather than raising inside the communicator's delete callback.
         """
         locked = ([self._dwin] if self._dwin is not None else []) + [self._cwin]  # (in a Lock_all epoch)
-        wins = [(w, True) for w in locked] + [(e[4], False) for e in self.buffers]
-        self._dwin, self.views, self.buffers = None, [], []
-        for win, epoch in wins:
+        entries, self.buffers, self.released = self.buffers + self.released, [], []
+        try:
+            self.reclaim(entries)
+        except MPI.Exception:
+            pass
+        self._dwin, self.views = None, []
+        for win in locked:
             try:
-                if epoch:
-                    win.Unlock_all()
+                win.Unlock_all()
                 win.Free()
             except MPI.Exception:
                 pass
@@ -287,6 +321,18 @@ class Node:
             self.comm.Free()
         except MPI.Exception:
             pass
+
+
+def _unviewed(views):
+    """True when nothing but ``views`` (the node's list) holds any of its arrays (so no array views that memory).
+
+    Every array into a shared buffer holds one of the node's uint8 views as its ``base`` (NumPy points
+    a view's base at the array that first took the memory), so a count of references to each view
+    beyond the list's own says whether any array, memoryview or plan still reads it.
+    """
+    probe = [numpy.empty(0, numpy.uint8)]
+    alone = sys.getrefcount(probe[0])  # the list's reference and the call's own, counted the same way
+    return all(sys.getrefcount(views[p]) <= alone for p in range(len(views)))
 
 
 def _on_free(comm, keyval, node):
@@ -358,9 +404,10 @@ def shared_empty(shape, dtype=numpy.float32, *, comm=None):
     of the ranks' node; an all-reduce in place on it (``collectives.allreduce(a, out=a,
     algorithm="shm")`` or a plan of :func:`collectives.allreduce_init` with ``out=a``) reads every
     rank's array where it lies and writes each reduced slice straight into every rank's array. Any
-    C-contiguous view of it works too, at the same offset on every rank. The memory lives until the
-    communicator's library context is freed (:func:`collectives.engine.context.free_context`) or the
-    job ends. Contents are undefined, as for ``numpy.empty``.
+    C-contiguous view of it works too, at the same offset on every rank. The memory lives until
+    :func:`free_shared` or the communicator's library context is freed
+    (:func:`collectives.engine.context.free_context`) and no array views it on any rank, or until
+    the job ends. Contents are undefined, as for ``numpy.empty``.
 
     Parameters
     ----------
@@ -413,6 +460,7 @@ def shared_empty(shape, dtype=numpy.float32, *, comm=None):
     except CollectiveMismatch:
         raise CollectiveMismatch("shared_empty", "shape or dtype", f"this rank asked for shape {shape} of "
                                  f"{dtype.name} and another rank for something else") from None
+    node.reclaim()  # released buffers no array views any more, before the new one is mapped
     raw = node.allocate(count * dtype.itemsize)
     return raw[:count * dtype.itemsize].view(dtype).reshape(shape)
 
@@ -421,10 +469,13 @@ def free_shared(a, *, comm=None):
     """Free the memory of an array made by :func:`shared_empty` (collective over ``comm``).
 
     Every rank calls it for its own array of the same :func:`shared_empty` call, in the same order
-    as its other calls of these two functions. Views of ``a`` must not be used afterwards, and no
-    started plan may still run on it. The ranks first meet at a synchronisation point whose flag
-    names the buffer (its allocation's serial), so the collective ``MPI_Win_free`` is entered only
-    when every rank frees the same buffer.
+    as its other calls of these two functions. The ranks first meet at a synchronisation point whose
+    flag names the buffer (its allocation's serial), so nothing is released unless every rank frees
+    the same buffer. From then on ``a`` is no shared buffer: a shared-memory call copies it in and
+    out as any array, and a plan made on it before copies too. ``a`` and its views stay valid
+    arrays holding their values; the memory goes back to the system (the collective
+    ``MPI_Win_free``) at the first :func:`shared_empty`, :func:`free_shared` or context free at
+    which no array views it on any rank, so a use after the free never reads unmapped memory.
 
     Raises
     ------
@@ -438,7 +489,10 @@ def free_shared(a, *, comm=None):
     --------
     >>> from collectives.shm import free_shared, shared_empty
     >>> a = shared_empty(3)
+    >>> a[:] = 7
     >>> free_shared(a)
+    >>> int(a.sum())  # still a valid array: its memory is returned once no array views it
+    21
     >>> free_shared(a)
     Traceback (most recent call last):
     ...
@@ -466,6 +520,7 @@ def free_shared(a, *, comm=None):
     if serial < 0:
         raise ValueError(problem)
     node.release(a)
+    node.reclaim()  # earlier released buffers whose arrays are gone on every rank (not this one: a views it)
 
 
 def shared_views(node, a):
