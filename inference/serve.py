@@ -192,10 +192,14 @@ def _front(cfg, serving, spec, data, oracle, world):
                   DynamicBatcher(cfg.max_batch, cfg.max_wait_ms / 1e3), Balancer(cfg.balance, cfg.replicas, cfg.seed),
                   opts)
     t0 = time.perf_counter()
+    base = {"config": cfg.to_dict(), **run_info(world)}
+    with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(base, f, indent=1)
+    progress = _Progress(os.path.join(cfg.run_dir, "summary.json"), front, t0, base)
     if http:
-        _serve_http(cfg, front, metrics)
+        _serve_http(cfg, front, metrics, progress)
     else:
-        _load_test(cfg, front, data, t0)
+        _load_test(cfg, front, data, t0, progress)
     t_end = max([r.answered for r in front.requests] or [time.perf_counter() if http else t0])
     missing = front.shutdown(fin_timeout=max(10.0, 2 * cfg.replica_timeout))
     correct = [r.status == "ok" and numpy.array_equal(r.logits, oracle.predict(r.x[None])[0])
@@ -210,8 +214,7 @@ def _front(cfg, serving, spec, data, oracle, world):
              "reference": "dense forward" if T == 1 else
              f"tensor-parallel forward of T = {T}, partial sums added in rank order (inference.replicas.tensor.emulate_forward)",
              "class_agrees_with_dense": int(sum(agree)), "max_abs_diff_vs_dense": diff, "replicas_without_fin": missing,
-             "rows_per_forward": oracle.rows, "checkpoint_file": spec.path,
-             "config": cfg.to_dict(), **run_info(world)}
+             "rows_per_forward": oracle.rows, "checkpoint_file": spec.path, "complete": True, **base}
     if T > 1:  # each row-parallel layer's all-reduce: T slots of (rows, width) float64, and what runs it
         extra["allreduce"] = [{"bytes": b, "algorithm": select_allreduce(T, b) if cfg.algorithm == "auto" else cfg.algorithm}
                               for b in (T * oracle.rows * c * 8 for c in row_parallel_widths(spec.weights))]
@@ -223,14 +226,50 @@ def _front(cfg, serving, spec, data, oracle, world):
     if opts.keep:
         write_jsonl(os.path.join(cfg.run_dir, "requests.jsonl"),
                     [request_record(r, t_start, c) for r, c in zip(front.requests, correct)])
-    with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump({"config": cfg.to_dict(), **run_info(world)}, f, indent=1)
-    with open(os.path.join(cfg.run_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+    progress.write(summary)
     return summary
 
 
-def _load_test(cfg, front, data, t0):
+class _Progress:
+    """Keeps ``DIR/summary.json`` up to date while the job serves, so a job ended from outside leaves one.
+
+    A launcher may end every rank at once (MPICH's ``mpiexec`` kills the whole job with SIGKILL when
+    one rank dies, unless started with ``-disable-auto-cleanup``), and then no shutdown runs. So every
+    quarter of a second at least (and once as the load starts) the front rewrites the summary of what
+    was answered so far, marked
+    ``"complete": false`` with ``"correct": null`` (answers are compared with the single-process
+    prediction only at the end) and a ``"note"`` saying why; the shutdown's summary replaces it with
+    ``"complete": true``. Each write replaces the file in one step (``os.replace``), so a reader or a
+    kill never meets half a file. The interval grows to 20 times the last write's cost, so writing
+    takes at most 5 % of the front's time however many requests it holds.
+    """
+
+    NOTE = ("written while serving: the job ended before its shutdown (a launcher that ends every rank when "
+            "one dies does so: MPICH's mpiexec without -disable-auto-cleanup, docs/guide/serving.md)")
+
+    def __init__(self, path, front, t0, extra, every=0.25):
+        self.path, self.front, self.t0, self.extra, self.every = path, front, t0, extra, every
+        self.due = t0
+
+    def __call__(self, now):
+        """Rewrite the partial summary when it is due (``now``: the front's clock, seconds)."""
+        if now < self.due:
+            return
+        t_end = max([r.answered for r in self.front.requests if r.status == "ok"] or [now])
+        summary = summarize(self.front, [], self.t0, t_end, {"complete": False, "note": self.NOTE, **self.extra})
+        summary["correct"] = None
+        self.write(summary)
+        done = time.perf_counter()
+        self.due = done + max(self.every, 20 * (done - now))
+
+    def write(self, summary):
+        """Replace the summary file with ``summary`` in one step."""
+        with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(self.path + ".tmp", self.path)
+
+
+def _load_test(cfg, front, data, t0, progress):
     payloads, rows = make_payloads(data.x_test, cfg.requests, cfg.malformed, cfg.seed)
     gen = OpenLoop(cfg.requests, cfg.rate, cfg.seed) if cfg.clients == 0 else ClosedLoop(cfg.requests, cfg.clients)
     done = (lambda req: gen.answered(req.answered - t0)) if cfg.clients else None
@@ -246,6 +285,7 @@ def _load_test(cfg, front, data, t0):
         last = gen.next_time() is None and (gen.finished() or front.in_flight() == 0)
         if not front.step(time.perf_counter(), force=last):
             _idle(front, gen, t0)
+        progress(time.perf_counter())
 
 
 def _idle(front, gen, t0):
@@ -262,7 +302,7 @@ def _idle(front, gen, t0):
         time.sleep(min(left, 0.002))
 
 
-def _serve_http(cfg, front, metrics):
+def _serve_http(cfg, front, metrics, progress):
     opts = EndpointOptions(cfg.host, cfg.http, cfg.model_name, cfg.max_body_bytes, cfg.read_timeout,
                            cfg.max_connections, cfg.max_queue)
     ep = HttpEndpoint(opts, front.F, front.C, metrics)
@@ -270,8 +310,16 @@ def _serve_http(cfg, front, metrics):
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump({"host": ep.host, "port": ep.port, "pid": os.getpid()}, f)
     os.replace(path + ".tmp", path)
+    summary = os.path.join(cfg.run_dir, "summary.json")
+
+    def drain(signum, _frame):
+        if not ep.closing:  # said once, as the drain begins: a launcher that ends the job on the signal
+            print(f"{signal.Signals(signum).name}: draining (no new requests; every accepted one is answered), "
+                  f"then {summary} is written", flush=True)  # (Open MPI's) may cut the output after it
+        ep.close()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: ep.close())
+        signal.signal(sig, drain)
     print(f"serving the Open Inference Protocol on http://{ep.host}:{ep.port}/v2/models/{cfg.model_name} "
           f"(SIGTERM drains and stops)", flush=True)
     try:
@@ -286,6 +334,7 @@ def _serve_http(cfg, front, metrics):
                 if ep.idle() and not front.pending():
                     break
                 time.sleep(front.poll_s if front.pending() else 0.001)
+            progress(time.perf_counter())
     finally:
         ep.stop()
 

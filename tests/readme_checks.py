@@ -287,11 +287,11 @@ CHECKS = {
     "mpiexec -n 2 python -m inference.serve --checkpoint runs/served --replicas 1 --service-ms 20 --max-batch 8 "
     "--rate 1200 --requests 2400 --slo-ms 60 --run-dir results/serve-slo":
         Help("tests/test_inference.py::test_a_latency_objective_refuses_early_with_its_reason"),
-    "mpiexec --enable-recovery -n 4 python -m experiments.faults.crash serve 2 25 --checkpoint runs/served "
+    "mpiexec -disable-auto-cleanup -n 4 python -m experiments.faults.crash serve 2 25 --checkpoint runs/served "
     "--replicas 3 --balance round-robin --requests 1000 --rate 1500 --replica-timeout 1 --run-dir results/serve-kill":
         Covered("tests/test_inference.py::"
-                "test_a_replica_killed_under_open_mpi_recovery_loses_no_request_and_answers_none_twice",
-                "the same crash under Open MPI (make test MPI=openmpi); skipped under MPICH"),
+                "test_a_replica_killed_under_a_launcher_that_keeps_the_job_loses_no_request_and_answers_none_twice",
+                "this command with the test's checkpoint (under Open MPI, make test-ft: --enable-recovery)"),
     # Live monitoring (docs/guide/monitoring.md)
     "mpiexec -n 4 python -m training.train --metrics-port 9100 --tensorboard runs/tb":
         Run(_QUICK_TRAIN + ("--metrics-port", _FREE_PORT)),  # 9100 may be taken where the tests run

@@ -1,8 +1,14 @@
 """Inference serving: batching, balancing, load generation, request checks (one process), and whole
 serving jobs under mpiexec checked against single-process predictions of the same checkpoint."""
+import http.client
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +23,7 @@ from inference.metrics import percentiles
 from inference.replicas.predictor import Predictor, dense_forward, load_spec
 from inference.request import parse_features
 from inference.replicas.tensor import emulate_forward
-from tests.mpirun import launcher, run_mpi
+from tests.mpirun import ROOT, launcher, launcher_args, launcher_env, mpiexec_path, run_mpi
 from training.runtime.checkpoint import load_checkpoint
 from commlab.file_formats import CheckpointError
 from training.settings.config import Config
@@ -238,26 +244,20 @@ def test_a_replica_failing_midway_loses_no_request_and_answers_none_twice(ckpt, 
     _check_answers(recs, data, ref, dense)
 
 
-def _open_mpi():
-    try:
-        return launcher() == "openmpi"
-    except RuntimeError:  # no mpiexec at all: every multi-rank test fails and says so
-        return False
-
-
-@pytest.mark.skipif(not _open_mpi(), reason="under MPICH's launcher a rank killed by a signal ends the "
-                    "whole job (docs/guide/serving.md); run under Open MPI: make test MPI=openmpi")
-def test_a_replica_killed_under_open_mpi_recovery_loses_no_request_and_answers_none_twice(ckpt, tmp_path):
-    """Open MPI's ``mpiexec --enable-recovery``: replica 1 of 3 (rank 2) is killed (SIGKILL,
-    experiments.faults.crash serve) at the forward of its 25th batch. The front removes it and the
-    service goes on: every request answered once, bitwise right, the retried ones on the survivors.
-    Read from the front's records, not from the launcher's exit status."""
+def test_a_replica_killed_under_a_launcher_that_keeps_the_job_loses_no_request_and_answers_none_twice(ckpt, tmp_path):
+    """MPICH's ``mpiexec -disable-auto-cleanup`` (Open MPI's ``--enable-recovery``, which the test's
+    launcher puts in its place): replica 1 of 3 (rank 2) is killed (SIGKILL, experiments.faults.crash
+    serve) at the forward of its 25th batch. The front removes it and the service goes on: every
+    request answered once, bitwise right, the retried ones on the survivors, status 0. Read from the
+    front's records."""
     out = str(tmp_path / "kill")
     res = run_mpi(4, "experiments.faults.crash", "serve", 2, 25, "--checkpoint", ckpt, "--replicas", 3, "--balance",
                   "round-robin", "--requests", 1000, "--rate", 1500, "--replica-timeout", 1.0, "--run-dir", out,
                   timeout=90, check=False, mpiexec_args=("-disable-auto-cleanup",))
     assert "rank 2: exiting (injected crash at" in res.stdout and "error: rank" not in res.stdout, res.stdout
+    assert "never answered the stop: the job ends here with status 0" in res.stdout and res.returncode == 0, res.stdout
     s = json.load(open(os.path.join(out, "summary.json")))
+    assert s["complete"] is True
     recs = _records(out)
     assert sorted(r["id"] for r in recs) == list(range(1000))
     assert (s["answered"], s["correct"], s["failed"], s["pending"]) == (1000, 1000, 0, 0), s
@@ -268,6 +268,94 @@ def test_a_replica_killed_under_open_mpi_recovery_loses_no_request_and_answers_n
     assert sum(1 for r in recs if r["replica"] == 1) == s["replicas"][1]["answered"] > 0  # its 24 batches before it died
     data, ref, dense = _reference(ckpt, 8)
     _check_answers(recs, data, ref, dense)
+
+
+def test_a_job_the_launcher_kills_leaves_the_summary_of_what_was_answered(ckpt, tmp_path):
+    """The launcher's default (MPICH's and Open MPI's ``mpiexec``): a replica's death ends every rank,
+    the front included, with no shutdown. The summary written while serving remains: marked
+    incomplete, saying why, with the answers counted up to a quarter of a second before the end."""
+    out = str(tmp_path / "killed")
+    res = run_mpi(4, "experiments.faults.crash", "serve", 2, 100, "--checkpoint", ckpt, "--replicas", 3, "--balance",
+                  "round-robin", "--requests", 8000, "--rate", 1500, "--replica-timeout", 1.0, "--run-dir", out,
+                  timeout=90, check=False)
+    assert res.returncode != 0 and "rank 2: exiting (injected crash at" in res.stdout, res.stdout
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert s["complete"] is False and "-disable-auto-cleanup" in s["note"] and s["correct"] is None, s
+    assert 0 < s["answered"] < 8000 and s["failed"] == 0 and s["requests"] == s["answered"] + s["pending"], s
+    assert s["replicas"][1]["answered"] > 0, s  # its answers before its death
+    assert json.load(open(os.path.join(out, "config.json")))["config"]["requests"] == 8000
+
+
+def _start(ckpt, out, *flags, n=3):
+    cmd = [mpiexec_path(), *launcher_args(), "-n", str(n), sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
+           "--http", "0", "--run-dir", out, *map(str, flags)]
+    env = {**launcher_env(), "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    ep, deadline = os.path.join(out, "endpoint.json"), time.time() + 30
+    while not os.path.exists(ep):
+        if proc.poll() is not None or time.time() > deadline:
+            _kill(proc)
+            pytest.fail("no endpoint: " + proc.communicate()[0])
+        time.sleep(0.05)
+    where = json.load(open(ep))
+    proc.front_pid = where["pid"]  # SIGTERM to it drains the job to status 0 under either MPI
+    return proc, where["port"]
+
+
+def _kill(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def test_sigterm_to_the_front_drains_to_status_0_and_to_the_launcher_leaves_the_whole_summary(ckpt, tmp_path):
+    """SIGTERM to the front rank (``endpoint.json``'s pid) drains and ends every rank with status 0 under
+    either MPI: one line as the drain begins, the summary line, one accepted request answered. SIGTERM
+    to ``mpiexec``: MPICH's forwards it, the same; Open MPI's ends the job itself (status 1, the
+    output after the signal cut off), and the ranks still drain and write the complete summary."""
+    flavour = launcher()
+    for target in ("front", "launcher"):
+        out = str(tmp_path / target)
+        proc, port = _start(ckpt, out, "--replicas", 2, "--max-wait-ms", 20000)
+        try:
+            row = [0.5] * 64
+            body = json.dumps({"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP64", "data": row}]})
+            answer = {}
+
+            def ask():
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                c.request("POST", "/v2/models/model/infer", body, {"Content-Type": "application/json"})
+                answer["status"] = c.getresponse().status
+
+            asker = threading.Thread(target=ask)
+            asker.start()
+            deadline = time.time() + 30
+            while b"commlab_serving_queue_depth 1.0" not in _get(port, "/metrics"):  # waits for a fuller batch
+                assert time.time() < deadline
+                time.sleep(0.02)
+            pid = proc.front_pid if target == "front" else proc.pid
+            os.kill(pid, signal.SIGTERM)
+            asker.join(30)
+            text = proc.communicate(timeout=60)[0]
+        finally:
+            _kill(proc)
+        assert answer == {"status": 200}, (target, answer, text)
+        s = json.load(open(os.path.join(out, "summary.json")))
+        assert s["complete"] is True and (s["answered"], s["pending"]) == (1, 0), (target, s)
+        if target == "launcher" and flavour == "openmpi":
+            continue  # the launcher's own ending: status 1, no output after the signal (docs/guide/serving.md)
+        assert proc.returncode == 0, (target, text)
+        assert f"SIGTERM: draining (no new requests; every accepted one is answered), then {out}/summary.json" in text
+        assert "1/1 answered" in text, (target, text)
+
+
+def _get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path)
+    data = c.getresponse().read()
+    c.close()
+    return data
 
 
 def test_least_outstanding_sends_less_to_a_slow_replica_than_round_robin(ckpt, tmp_path):

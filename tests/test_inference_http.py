@@ -9,8 +9,6 @@ import re
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,8 +18,8 @@ import pytest
 from inference.web.endpoint import EndpointOptions, HttpEndpoint
 from inference.web.prometheus import ServingMetrics
 from inference.web.open_inference import ProtocolError, parse_infer
-from tests.mpirun import ROOT, job_failed, launcher_args, launcher_env, mpiexec_path, run_mpi
-from tests.test_inference import _reference, ckpt  # noqa: F401 -- the module's checkpoint fixture
+from tests.mpirun import job_failed, run_mpi
+from tests.test_inference import _kill, _reference, _start, ckpt  # noqa: F401 -- the module's checkpoint fixture
 
 tritonclient = pytest.importorskip("tritonclient.http")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -60,27 +58,6 @@ def test_protocol_names_every_defect_of_a_body():
         with pytest.raises(ProtocolError, match=re.escape(msg)) as e:
             parse_infer(body, 4)
         assert e.value.status == 400
-
-
-def _start(ckpt, out, *flags, n=3):
-    cmd = [mpiexec_path(), *launcher_args(), "-n", str(n), sys.executable, "-m", "inference.serve", "--checkpoint", ckpt,
-           "--http", "0", "--run-dir", out, *map(str, flags)]
-    env = {**launcher_env(), "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    ep, deadline = os.path.join(out, "endpoint.json"), time.time() + 30
-    while not os.path.exists(ep):
-        if proc.poll() is not None or time.time() > deadline:
-            _kill(proc)
-            pytest.fail("no endpoint: " + proc.communicate()[0])
-        time.sleep(0.05)
-    return proc, json.load(open(ep))["port"]
-
-
-def _kill(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
 
 
 def _raw(port, body, headers=None):
@@ -201,7 +178,7 @@ def test_open_inference_protocol_answers_refuses_bad_bodies_survives_a_burst_and
         while _metrics(port)['commlab_serving_queue_depth{}'] < 7:  # 7 wait for an eighth
             assert time.time() < deadline
             time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.front_pid, signal.SIGTERM)
         for t in threads:
             t.join(30)
         assert sorted(results) == list(range(7))
@@ -226,7 +203,7 @@ def test_readiness_follows_the_replicas_and_a_failed_front_ends_every_rank(ckpt,
         with pytest.raises(tritonclient.InferenceServerException, match="no replica left|failed to answer"):
             _infer(client, data.x_test[1:2])  # the replica is silent: removed, the request fails (503)
         assert client.is_server_live() and not client.is_server_ready() and not client.is_model_ready("model")
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.front_pid, signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
         _kill(proc)
@@ -271,7 +248,7 @@ def test_an_objective_answers_429_over_http_and_connections_are_bounded(ckpt, tm
         assert np.array_equal(_infer(client, data.x_test[:1]).as_numpy("logits")[0], ref(data.x_test[0]))
         m2 = _metrics(port)
         assert (m2[OK], m2[REFUSED]) == (m[OK] + 1, m[REFUSED] + 1), (m, m2)
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.kill(proc.front_pid, signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
         _kill(proc)
