@@ -11,7 +11,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives.engine.fingerprint import TagSpace, debug_enabled, exchange
-from collectives.backend import DeviceTransport, cuda_aware
+from collectives.backend import DeviceTransport, cuda_aware, mpi_library_key
 from collectives.engine.failures import process_failed, revoke, ulfm_enabled
 from collectives.arguments import check_comm, check_timeout
 from collectives.errors import CollectiveError
@@ -317,15 +317,26 @@ class CallRecord:
 def _on_free(comm, keyval, ctx):
     """Free a context's duplicate when the user's communicator is freed (attribute delete callback).
 
-    A broken context's duplicate is freed too: ``MPI_Comm_free`` only marks it, and MPI releases it
-    once the operations still pending on it end, so repeated failures do not exhaust MPI's
-    communicator ids.
+    Under MPICH a broken context's duplicate is freed too: ``MPI_Comm_free`` only marks it, and MPI
+    releases it once the operations still pending on it end, so repeated failures do not exhaust
+    MPI's communicator ids. Under Open MPI it is kept, unfreed, to the end of the job: a failed call
+    can leave a non-blocking collective that never ends (a mismatch whose other ranks' schedules
+    wait for data that never comes), and Open MPI 5.0's ``libnbc`` goes on progressing it after the
+    communicator's free and crashes the process (SIGSEGV in ``mca_pml_ob1_isend`` under
+    ``NBC_Progress``, seen in one run in three of ``tests.mpi_repeated`` at P = 3). One
+    communicator per failure is the price.
     """
     if _LAST[1] is ctx:
         _LAST[0] = _LAST[1] = None
     if ctx is not None and ctx.comm != MPI.COMM_NULL:
-        ctx.comm.Free()
+        if ctx.broken and mpi_library_key()[0] == "Open MPI":
+            _KEPT.append(ctx.comm)
+        else:
+            ctx.comm.Free()
     return MPI.SUCCESS
+
+
+_KEPT = []  # broken contexts' duplicates under Open MPI (_on_free): never freed
 
 
 def context_keyval():
