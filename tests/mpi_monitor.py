@@ -16,8 +16,10 @@ straggler   ``--straggler 2:6``: rank 2, and only it, is named, in the summary, 
 stall       rank 1 sleeps 1.2 s before one step's collective: with ``--stall-seconds 0.4`` it is
             named stalled while the others wait, 0.4-1.2 s late; the job finishes.
 stopped     ``SIGSTOP`` for 1.5 s: rank 1 inside step 6's all-reduce (after posting its first round:
-            every rank waits in the call, at the same step), then rank 2 as step 14 begins: each is
-            named stalled, once (rank 1 as silent: its ticks stopped), and no rank that only waited.
+            every rank waits in the call, at the same step), then rank 2 as step 14 begins, then rank
+            0 as step 20 begins: each is named stalled (rank 1 as silent: its ticks stopped; rank 0
+            by rank 1, its deputy, whose finding reaches ``events.jsonl`` at the end), and no rank
+            that only waited.
 port        rank 0's port is taken: every rank raises the same ValueError before the run directory
             exists.
 ps          ``--mode ps`` (1 server, 2 workers, ASP) with ``--straggler 2:6 --balance``, and worker rank
@@ -227,11 +229,12 @@ def _stop_for(seconds):
 def case_stopped(comm, base):
     root = shared_dir(comm, base, "runs")
     real_step, real_post, calls = training.train.train_step, collectives.engine.executor.Run.post, [0]
-    inside, before = 6, 14  # rank 1 stopped inside step 6's all-reduce; rank 2 stopped as step 14 begins
+    inside, before, first = 6, 14, 20  # rank 1 stopped inside step 6's all-reduce; rank 2 as step 14 begins,
+    # rank 0 as step 20 does
 
     def step(*args, **kw):
         calls[0] += 1
-        if comm.rank == 2 and calls[0] == before:
+        if (comm.rank, calls[0]) in ((2, before), (0, first)):
             _stop_for(1.5)
         return real_step(*args, **kw)
 
@@ -249,11 +252,18 @@ def case_stopped(comm, base):
     if comm.rank:
         return
     stalls = [e for e in read_jsonl(os.path.join(run, "events.jsonl")) if e["event"] == "stall"]
-    assert summary["stalls"] == [1, 2] and [e["rank"] for e in stalls] == [1, 2], stalls
+    deputy = [e for e in stalls if e.get("named_by") == 1]
+    stalls = [e for e in stalls if e not in deputy]
+    assert summary["stalls"] == [0, 1, 2], stalls
+    assert [e["rank"] for e in stalls][:2] == [1, 2] and set(e["rank"] for e in stalls[2:]) <= {0}, stalls
     assert stalls[0]["stopped"] and stalls[0]["step"] == inside, stalls  # silent, its last heartbeat at step 6
     # rank 2, stopped as it begins step 14: named silent (last heartbeat 13) or behind at step 14, whichever
     # passes --stall-seconds first, and once
     assert (stalls[1]["stopped"], stalls[1]["step"]) in ((True, before - 1), (False, before)), stalls
+    # rank 0, stopped as it begins step 20: named once by its deputy, rank 1, waiting at step 20's
+    # collective; resumed, rank 0's own watchdog may also find itself behind at step 20
+    assert [(e["rank"], e["stopped"], e["step"]) for e in deputy] == [(0, True, first)], deputy
+    assert 0.4 <= deputy[0]["late_s"] < 1.5, deputy
 
 
 def case_port(comm, base):

@@ -9,6 +9,10 @@ so before the collective's deadline (``--timeout``) ends the job, as Horovod's s
 NCCL's watchdog name the rank a collective waits on. ``on_clear(rank)`` is called when a named
 rank's next heartbeat arrives.
 
+A watchdog that finds a gap of ``threshold`` seconds since its own last poll was itself not running
+(stopped, swapped out), and restarts its silence clocks rather than blame the ranks it could not
+hear meanwhile.
+
 A rank that stops *inside* a collective (a process stopped, swapped out or hung after its
 heartbeat) leaves every rank at the same step, waiting on it, and no step count tells it apart.
 So every other rank also sends a *tick* every ``poll`` seconds from a thread of its own, which runs
@@ -16,6 +20,11 @@ while the rank waits in a collective and stops only when the whole process does;
 rank whose ticks stopped ``threshold`` seconds ago (once, until its ticks come back: then
 ``on_clear``), and does not name it again as behind meanwhile. The ranks merely waiting on it keep
 ticking and are not named.
+
+Rank 0 cannot name itself: when its process stops, its watchdog stops with it. So rank 0's
+watchdog also ticks to rank 1, its *deputy*, whose thread names rank 0 through the same
+``on_stall(0, step, late_s, True)`` when those ticks stop ``threshold`` seconds (``step``: the
+deputy's own last heartbeat), and calls ``on_clear(0)`` when they come back.
 
 The thread makes MPI calls beside the training loop's: the library must give
 ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it; MPICH and Open MPI give it). Where it does not, the
@@ -48,12 +57,14 @@ class Heartbeat:
     threshold : float
         Seconds after which a rank behind is named; 0 sends no heartbeat at all.
     on_stall : callable
-        Rank 0: ``on_stall(rank, step, late_s, stopped)``, from the watchdog thread: ``stopped``
+        Rank 0 (and rank 1 for rank 0, as its deputy): ``on_stall(rank, step, late_s, stopped)``,
+        from the watchdog thread: ``stopped``
         False for a rank that has not reached the collective of ``step`` ``late_s`` seconds after
         the first rank did, True for one whose ticks stopped ``late_s`` seconds ago, its last
         heartbeat at ``step`` (stopped or hung, in a collective or not).
     on_clear : callable, optional
-        Rank 0: ``on_clear(rank)`` when a named rank's heartbeat arrives.
+        Rank 0: ``on_clear(rank)`` when a named rank's heartbeat arrives (rank 1: ``on_clear(0)`` when
+        rank 0's ticks come back).
     poll : float
         Seconds between two checks of the watchdog.
     """
@@ -72,6 +83,10 @@ class Heartbeat:
         self.ticked = numpy.full(self.size, time.monotonic())  # rank 0: when each rank's last tick came
         self.silent = set()                                      # rank 0: ranks named for their ticks
         self._tick_buf, self._tick_req = numpy.zeros(1, numpy.int64), None
+        self.step = -1                     # this rank's last heartbeat
+        self.root_ticked = time.monotonic()  # rank 1 (the deputy): when rank 0's last tick came
+        self.root_silent = False             # rank 1: rank 0 named for its ticks
+        self._root_buf = numpy.zeros(1, numpy.int64)
         if self.on and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             target = self._watch if self.rank == 0 else self._tick
             self._thread = threading.Thread(target=target, name="commlab-heartbeat", daemon=True)
@@ -81,6 +96,7 @@ class Heartbeat:
         """Say that this rank has reached the collective of ``step`` (int)."""
         if not self.on:
             return
+        self.step = step
         if self.rank == 0:
             with self._lock:
                 self._record(0, step)
@@ -134,18 +150,65 @@ class Heartbeat:
                 self.on_stall(r, top, late, False)
 
     def _watch(self):
+        last = time.monotonic()
         while not self._stop.wait(self.poll):
             with self._lock:
+                last, resumed = self._resumed(last)
                 self._drain()
+                if resumed:  # this process did not run: its clock says nothing of the others' silence
+                    self.ticked[:] = self.since = time.monotonic()
                 self._check()
+                self._send_tick(1)  # to the deputy, which names rank 0 when these stop
+
+    def _resumed(self, last):
+        """Return ``(now, stalled)``: whether ``threshold`` seconds passed since this thread's last poll.
+
+        Such a gap means this process itself did not run (stopped, swapped out): the silence clocks
+        it kept meanwhile measure its own stop, not the peers', so the caller restarts them.
+        """
+        now = time.monotonic()
+        return now, now - last > self.threshold
+
+    def _send_tick(self, dest):
+        """Send ``dest`` this process's next tick, unless the last one is still on its way."""
+        if self._tick_req is not None and not self._tick_req.Test():
+            return
+        self._tick_buf[0] += 1
+        self._tick_req = self.comm.Isend(self._tick_buf, dest=dest, tag=_TICK)
 
     def _tick(self):
-        """A rank other than 0: tell rank 0 every ``poll`` seconds that this process runs."""
+        """A rank other than 0: tell rank 0 every ``poll`` seconds that this process runs (rank 1: watch rank 0's)."""
+        last = time.monotonic()
         while not self._stop.wait(self.poll):
-            if self._tick_req is not None and not self._tick_req.Test():
-                continue  # the last tick is still on its way: no second one behind it
-            self._tick_buf[0] += 1
-            self._tick_req = self.comm.Isend(self._tick_buf, dest=0, tag=_TICK)
+            last, resumed = self._resumed(last)
+            self._send_tick(0)
+            if self.rank == 1:
+                if resumed:  # rank 0's silence is timed from now: this process did not run
+                    self._drain_root()
+                    self.root_ticked = time.monotonic()
+                self._watch_root()
+
+    def _drain_root(self):
+        """The deputy: receive rank 0's ticks; return True when one came."""
+        came = False
+        while self.comm.Iprobe(source=0, tag=_TICK):
+            self.comm.Recv(self._root_buf, source=0, tag=_TICK)
+            came = True
+        return came
+
+    def _watch_root(self):
+        """The deputy: name rank 0 once its ticks stopped ``threshold`` seconds ago; clear it when they come back."""
+        now = time.monotonic()
+        if self._drain_root():
+            self.root_ticked = now
+            if self.root_silent:
+                self.root_silent = False
+                if self.on_clear is not None:
+                    self.on_clear(0)
+        quiet = now - self.root_ticked
+        if quiet > self.threshold and not self.root_silent:
+            self.root_silent = True
+            self.on_stall(0, int(self.step), quiet, True)
 
     def close(self, timeout=None):
         """Stop the watchdog, receive what is left and free the communicator (collective).
@@ -168,9 +231,16 @@ class Heartbeat:
         if self._req is not None:
             self._req.Wait()
         wait_within(self.comm.Ibarrier(), timeout, "heartbeat", "close")
-        if self._thread is not None and self.rank == 0:
-            self._stop.set()
-            self._thread.join()
+        if self._thread is not None:  # rank 0's watchdog ran (and ticked) through the barrier
+            if self.rank == 0:
+                self._stop.set()
+                self._thread.join()
+                if self._tick_req is not None:
+                    self._tick_req.Wait()
+            # once rank 0 sent its last tick: the deputy receives every one (none is left unmatched)
+            wait_within(self.comm.Ibarrier(), timeout, "heartbeat", "close")
+            if self.rank == 1:
+                self._drain_root()
         if self.on and self.rank == 0:
             self._drain()
         self.comm.Free()

@@ -113,6 +113,7 @@ class SyncMonitor:
             self.exporter = Exporter(cfg.metrics_port, cfg.metrics_host) if cfg.metrics_port else None
             self.board = Board(cfg.tensorboard) if cfg.tensorboard else None
         self.rule = StragglerRule(self.size, cfg.straggler_factor, cfg.straggler_intervals)
+        self.deputy = []  # rank 1: rank 0 named stalled (Heartbeat's deputy), sent to rank 0 at close
         self.heart = Heartbeat(self.comm, cfg.stall_seconds, self._stalled, self._cleared)
 
     def arrive(self):
@@ -215,7 +216,18 @@ class SyncMonitor:
 
     def _stalled(self, r, step, late, stopped=False):
         """Rank 0's watchdog: rank ``r`` has not reached step ``step``'s collective for ``late`` seconds,
-        or (``stopped``) its process has not run for ``late`` seconds, its last heartbeat at ``step``."""
+        or (``stopped``) its process has not run for ``late`` seconds, its last heartbeat at ``step``.
+
+        On rank 1, the deputy: rank 0's process has not run for ``late`` seconds (``step``: rank 1's
+        own last heartbeat). Rank 1 warns at once; the event reaches ``events.jsonl`` and the
+        summary's ``stalls`` at :meth:`close`, through rank 0, once it runs again.
+        """
+        if self.rank:
+            _log.warning("stall: rank 0 has not run for %.1f s (stopped or hung; named by rank 1 at its step %d, "
+                         "the others wait on it) (--stall-seconds %g; the collective ends the job after --timeout "
+                         "%g s)", late, step, self.cfg.stall_seconds, self.timeout)
+            self.deputy.append({"rank": r, "step": step, "late_s": round(late, 3), "stopped": True, "named_by": 1})
+            return
         if stopped:
             _log.warning("stall: rank %d has not run for %.1f s (stopped or hung; its last heartbeat at step %d, "
                          "the others wait on it) (--stall-seconds %g; the collective ends the job after --timeout "
@@ -249,9 +261,12 @@ class SyncMonitor:
             self._gather()
         self._complete()
         self.heart.close(self.timeout)
+        named = self.comm.gather(self.deputy if self.rank == 1 else None, root=0)  # the deputy's findings
         self.comm.Free()
         if self.rank != 0:
             return {}
+        for row in (named[1] if self.size > 1 else None) or ():
+            self.events.add("stall", **row)
         for part in (self.exporter, self.board, self.events):
             if part is not None:
                 part.close()
