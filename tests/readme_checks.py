@@ -88,6 +88,11 @@ CHECKS = {
     "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="mpich", records=_PRIMARY_LOST),
     "mpiexec --enable-recovery -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 "
     "--ps-replicas 2 --ps-timeout 1": Run(_QUICK_TRAIN, launcher="openmpi", records=_PRIMARY_LOST),
+    "mpiexec --with-ft ulfm -n 5 python -m experiments.faults.crash ps 0 60 --mode ps --servers 2 --ps-replicas 2 "
+    "--ps-timeout 30":
+        Covered("tests/test_elastic.py::"
+                "test_the_replicated_parameter_server_learns_of_deaths_from_ulfm_and_fails_over_at_once",
+                "this command with 2 epochs into the test's directory, under make test-ft"),
     "python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out results/ps_replicas":
         Help("tests/test_ps_replicas.py::test_training_survives_a_primarys_and_a_backups_crash"),
     ".venv-openmpi/bin/python -m experiments.studies.replica_study --crashes 20 --repeats 3 --out "

@@ -154,3 +154,30 @@ def test_the_recovery_study_runs_one_kill_both_ways(tmp_path):
     assert row["elastic"]["finished"] and row["elastic"]["identical"] and not row["elastic"]["hang"], row
     assert row["elastic"]["next_step_s"] is not None and row["restart"]["restart_s"] is not None, row
     assert row["restart"]["exit"] == 0 and row["restart"]["steps_redone"] >= 0, row
+
+
+@needs_ulfm
+def test_the_replicated_parameter_server_learns_of_deaths_from_ulfm_and_fails_over_at_once(tmp_path):
+    """Under ULFM a parameter-server rank's death is an error of the call that meets it, so failover
+    does not wait for ``--ps-timeout`` (30 s here) of silence: the primary of shard 0 killed
+    (SIGKILL) at its 60th update, its backup takes over within 5 s, the job ends with status 0,
+    nothing acknowledged lost, and the model equals the fault-free run's bitwise (BSP); a worker
+    killed under ASP is dropped within 5 s, named as reported dead, and the others finish."""
+    flags = ["--mode", "ps", "--servers", "2", "--ps-replicas", "2", "--ps-timeout", "30", "--epochs", "2",
+             "--no-progress", "--run-dir", str(tmp_path)]
+    run_mpi(5, "training.train", *flags, "--name", "clean", timeout=120, mpiexec_args=ULFM)
+    res = run_mpi(5, "experiments.faults.crash", "ps", 0, 60, *flags, "--name", "primary", timeout=120,
+                  mpiexec_args=ULFM, check=False)
+    s = json.load(open(tmp_path / "primary" / "summary.json"))
+    assert res.returncode == 0 and (s["servers_lost"], s["lost_acknowledged"]) == ([0], 0), (res.stdout, s)
+    took = [e["wall_s"] for e in s["events"] if "took over shard 0" in e["event"]]
+    assert took and took[0] < 5, s["events"]  # learned from the error, not after 30 s of silence
+    clean, killed = np.load(tmp_path / "clean" / "ps_model.npz"), np.load(tmp_path / "primary" / "ps_model.npz")
+    assert sorted(clean.files) == sorted(killed.files)
+    assert all(np.array_equal(clean[k], killed[k]) for k in clean.files)
+    res = run_mpi(5, "experiments.faults.crash", "ps", 3, 30, *flags, "--consistency", "asp", "--name", "worker",
+                  timeout=120, mpiexec_args=ULFM, check=False)
+    s = json.load(open(tmp_path / "worker" / "summary.json"))
+    dropped = [e["wall_s"] for e in s["events"] if e["event"] == "worker rank 3 dropped (the MPI library reported it dead)"]
+    assert res.returncode == 0 and dropped and dropped[0] < 5, (res.stdout, s["events"])
+    assert s["worker_status"][1] == "dropped" and s["lost_acknowledged"] == 0, s

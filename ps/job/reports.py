@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps.serving.consistency import DROPPED
-from ps.serving.shard_server import COUNTERS, EVENT_ABORTED
+from ps.serving.shard_server import COUNTERS, EVENT_ABORTED, EVENT_DIED
 from ps.shards.key_ranges import join_shards
-from ps.wire.messages import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all
+from ps.wire.messages import HEADER_LEN, Backoff, PSError, data_tag, header_tag, wait_all, waiting
 
 __all__ = ["RunResult", "STAT_FIELDS", "ABORTED", "roles", "worker_stats", "server_report", "pack_report",
            "unpack_report", "receive_report", "merge_reports"]
@@ -221,7 +221,7 @@ def receive_report(comm, source, mtype, deadline):
     Reports travel between ranks: ``tests/mpi_ps.py`` and ``tests/mpi_ps_replicas.py`` run them.
     """
     backoff = Backoff()
-    while not comm.Iprobe(source=source, tag=header_tag(mtype)):
+    while not waiting(comm, source, header_tag(mtype)):
         if time.monotonic() > deadline:
             raise PSError(f"rank 0: no {mtype.name} report from rank {source}")
         backoff.sleep()
@@ -283,7 +283,8 @@ def merge_reports(reps, worker_ranks, ps_timeout, *, reads=None):
     for t, w, c in sorted(tuple(e) for rep in reps for e in rep["events"].tolist()):
         if (w, c) not in seen:
             seen.add((w, c))
-            what = "aborted" if c == EVENT_ABORTED else f"dropped (silent for more than {ps_timeout:g} s)"
+            what = ("aborted" if c == EVENT_ABORTED else "dropped (the MPI library reported it dead)"
+                    if c == EVENT_DIED else f"dropped (silent for more than {ps_timeout:g} s)")
             events.append((t, f"worker rank {worker_ranks[int(w)]} {what}"))
     k = len(COUNTERS)
     counts = {name: int(sum(rep["counts"][i] for rep in reps)) for i, name in enumerate(COUNTERS)}

@@ -21,7 +21,7 @@ from ps.job.reports import (STAT_FIELDS, RunResult, merge_reports, pack_report, 
                             server_report, unpack_report, worker_stats)
 from ps.replicas.chain_replication import REPLICA_COUNTERS, ReplicatedServer, chains
 from ps.serving.consistency import DONE
-from ps.wire.messages import Msg, PSError, PSTimeout, header_tag, send, wait_all
+from ps.wire.messages import Msg, PSError, PSTimeout, dead, header_tag, send, wait_all, waiting
 
 __all__ = ["serve_replica", "collect", "RECORD_FIELDS"]
 
@@ -140,8 +140,9 @@ def _poll(comm, sources, mtype, deadline, take):
     """Call ``take(rank, deadline)`` for each of ``sources`` whose ``mtype`` report arrives before ``deadline``."""
     pending = list(sources)
     while pending and time.monotonic() < deadline:
+        pending = [r for r in pending if r not in dead(comm)]  # known dead (ULFM): no report will come
         for r in list(pending):
-            if comm.Iprobe(source=r, tag=header_tag(mtype)):
+            if waiting(comm, r, header_tag(mtype)):
                 take(r, deadline)
                 pending.remove(r)
         time.sleep(1e-3)

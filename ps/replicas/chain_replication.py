@@ -34,8 +34,8 @@ from mpi4py import MPI
 
 from ps.serving.consistency import DONE, DROPPED, LIVE
 from ps.wire.messages import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, PSTimeout,
-                         header_tag, receive, send)
-from ps.serving.shard_server import EVENT_ABORTED, EVENT_DROPPED, Server
+                         dead, header_tag, receive, send, waiting)
+from ps.serving.shard_server import EVENT_ABORTED, EVENT_DIED, EVENT_DROPPED, Server
 
 __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
 
@@ -212,7 +212,7 @@ class ReplicatedServer(Server):
         super()._after_fold(count)
 
     def _lost(self, w, code):
-        if self.head and code == EVENT_DROPPED:
+        if self.head and code in (EVENT_DROPPED, EVENT_DIED):
             self._forward(w, 0, 0, 0, _DROP, None)
         super()._lost(w, code)
 
@@ -238,8 +238,9 @@ class ReplicatedServer(Server):
         if now - self._looked > 0.5 * self.successor_timeout:  # this replica itself stalled: its clock of the
             self.unacked = [(seq, now, f, d) for seq, _, f, d in self.unacked]  # successor's silence restarts
         self._looked = now
-        if self.unacked and self.live and now - self.unacked[0][1] > self.successor_timeout \
-                and not self.comm.Iprobe(source=self.live[0], tag=MPI.ANY_TAG):  # a message waits: it lives
+        if self.unacked and self.live and (self.live[0] in dead(self.comm) or (
+                now - self.unacked[0][1] > self.successor_timeout
+                and not waiting(self.comm, self.live[0]))):  # dead (ULFM), or silent with nothing waiting
             self._cut(now)
         if self.head:
             self._poll_fenced()  # taken over while this replica was not looking: drop no one
@@ -358,7 +359,7 @@ class ReplicatedServer(Server):
 
     def _poll_fenced(self):
         status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=header_tag(Msg.FENCED), status=status):
+        while waiting(self.comm, MPI.ANY_SOURCE, header_tag(Msg.FENCED), status):
             source = status.Get_source()
             header, data = receive(self.comm, source, Msg.FENCED, time.monotonic() + self.opts.ps_timeout)
             self._chain_message(source, Msg.FENCED, header, data)

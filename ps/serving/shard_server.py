@@ -30,12 +30,14 @@ from ps.serving.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets
 from ps.serving.request_log import ReplyFaults, RequestLog
 from ps.serving.server_optimizer import ServerOptimizer
 from ps.shards.key_ranges import proportional, shard_offsets
-from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, probe, receive, send,
-                              wait_all)
+from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, dead, probe, receive,
+                              send, wait_all, waiting)
 
-__all__ = ["Server", "EVENT_DROPPED", "EVENT_ABORTED", "COUNTERS"]
+__all__ = ["Server", "EVENT_DROPPED", "EVENT_ABORTED", "EVENT_DIED", "COUNTERS"]
 
-EVENT_DROPPED, EVENT_ABORTED, _SILENCE_CHECK = 1, 2, 0.01  # codes of Server.events; seconds between checks
+# codes of Server.events (EVENT_DIED: dropped because the MPI library reported the worker dead, under ULFM);
+# seconds between silence checks
+EVENT_DROPPED, EVENT_ABORTED, EVENT_DIED, _SILENCE_CHECK = 1, 2, 3, 0.01
 #: The server's counters (in :class:`ps.job.reports.RunResult`): distinct and resent pushes, pulls answered from a
 #: kept reply, ``cas`` refusals, REJECTs, and the injected dropped and late replies.
 COUNTERS = ("pushes_received", "duplicate_pushes", "replayed_replies", "refused", "rejected", "dropped_replies",
@@ -168,6 +170,8 @@ class Server:
     def error_message(self):
         """Return the text of the BSP error (which worker was lost and why)."""
         rank = self.worker_ranks[self.error_worker]
+        if rank in dead(self.comm):
+            return f"BSP cannot continue: worker rank {rank} died (the MPI library reported it); every rank stops"
         return (f"BSP cannot continue: worker rank {rank} stopped answering (silent for more than "
                 f"--ps-timeout {self.opts.ps_timeout:g} s, or aborted); every rank stops")
 
@@ -360,9 +364,11 @@ class Server:
         for w in self.table.live():
             if w in self.pending or w in self.speed_waiting or w in late:
                 continue  # waiting on this server (for a reply it holds back, too): not silent
-            if now - self._last_heard[w] > self.opts.ps_timeout and not self.comm.Iprobe(source=self.worker_ranks[w]):
-                self.table.status[w] = DROPPED  # silent, and nothing of it waits unread here
-                self._lost(w, EVENT_DROPPED)
+            rank = self.worker_ranks[w]
+            if rank in dead(self.comm) or (now - self._last_heard[w] > self.opts.ps_timeout
+                                           and not waiting(self.comm, rank)):
+                self.table.status[w] = DROPPED  # dead (ULFM), or silent with nothing of it waiting unread here
+                self._lost(w, EVENT_DIED if rank in dead(self.comm) else EVENT_DROPPED)
         self._progress_clocks()
         self._serve_pending()
 

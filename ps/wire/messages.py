@@ -51,12 +51,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from collectives.engine.failures import failed_ranks, is_process_failure
 from collectives.errors import Timeout
 from commlab.error_root import CommlabError
 
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
            "H_VERSION", "H_SHARD", "H_DTYPE", "H_EPOCH", "H_SEQ", "H_AUX", "REJECT_REASONS", "header_tag",
-           "data_tag", "send", "probe", "receive", "wait_all", "Backoff", "STALL_S"]
+           "data_tag", "send", "probe", "receive", "wait_all", "Backoff", "STALL_S", "dead", "waiting"]
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
@@ -184,11 +185,57 @@ def send(comm, dest, mtype, worker=0, clock=0, data=None, *, rid=0, version=0, s
     code = 0 if data is None else _CODES.get(data.dtype, 0)
     header = np.array([int(mtype), int(worker), int(clock), length, int(rid), int(version), int(shard), code,
                        int(epoch), int(seq), int(aux)], dtype=np.int64)
-    reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
-    if length:
-        assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64/int64"
-        reqs.append((comm.Isend(data, dest=dest, tag=data_tag(mtype)), data))
+    if dest in dead(comm):
+        return []  # nobody will read it: the failover code knows the rank is gone (dead)
+    try:
+        reqs = [(comm.Isend(header, dest=dest, tag=header_tag(mtype)), header)]
+        if length:
+            assert data.flags.c_contiguous and isinstance(data, np.ndarray) and code, "payload: host float32/float64/int64"
+            reqs.append((comm.Isend(data, dest=dest, tag=data_tag(mtype)), data))
+    except MPI.Exception as exc:  # the destination died (ULFM): dropped, as a send to it after its death
+        _learn(comm, exc)
+        return []
     return reqs
+
+
+#: Ranks each communicator's calls here learned to be dead from the MPI library (ULFM), by its handle.
+_DEAD = {}
+
+
+def dead(comm):
+    """Return the ranks of ``comm`` that this module's calls learned to be dead (a frozenset).
+
+    Under ULFM (Open MPI's ``mpiexec --with-ft ulfm``) the MPI library reports a dead peer as an
+    error of the call that meets it (``MPI_ERR_PROC_FAILED``): a wildcard probe once a process of
+    the communicator died, a probe of, a send to or a receive from that process. The calls here
+    acknowledge such a failure (``MPI_Comm_failure_ack``, after which wildcard probes work again)
+    and record the dead ranks, so the failover code learns of a death at once instead of after
+    ``--ps-timeout`` of silence. Without ULFM the set stays empty and silence is the only sign.
+    """
+    return frozenset(_DEAD.get(comm.py2f(), ()))
+
+
+def _learn(comm, exc):
+    """Record and acknowledge the dead ranks that ``exc`` reported; re-raise any other error."""
+    if not is_process_failure(exc):
+        raise exc
+    ranks = failed_ranks(comm)
+    comm.Ack_failed()
+    _DEAD.setdefault(comm.py2f(), set()).update(ranks)
+
+
+def waiting(comm, source, tag=MPI.ANY_TAG, status=None):
+    """Return True when a message from ``source`` (or ``MPI.ANY_SOURCE``) waits unread, its envelope in ``status``.
+
+    False for a rank known dead, and when the probe met a death (learned here, see :func:`dead`).
+    """
+    if source in dead(comm):
+        return False
+    try:
+        return comm.Iprobe(source=source, tag=tag, status=status)
+    except MPI.Exception as exc:
+        _learn(comm, exc)
+        return False
 
 
 def probe(comm, source=MPI.ANY_SOURCE):
@@ -207,7 +254,14 @@ def probe(comm, source=MPI.ANY_SOURCE):
         When a payload arrives without its header (a protocol violation).
     """
     status = MPI.Status()
-    if not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+    try:
+        found = comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status)
+    except MPI.Exception as exc:  # a process died (ULFM): acknowledged, a wildcard probe works again
+        _learn(comm, exc)
+        if source != MPI.ANY_SOURCE:
+            return None
+        found = comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status)
+    if not found:
         return None
     tag = status.Get_tag()
     if not _HEADER_BASE < tag <= _HEADER_BASE + len(Msg):
@@ -243,7 +297,11 @@ def receive(comm, source, mtype, deadline):
         When the payload does not arrive before ``deadline``.
     """
     header = np.empty(HEADER_LEN, dtype=np.int64)
-    comm.Recv(header, source=source, tag=header_tag(mtype))
+    try:
+        comm.Recv(header, source=source, tag=header_tag(mtype))
+    except MPI.Exception as exc:  # the sender died meanwhile (ULFM): as a payload that never comes
+        _learn(comm, exc)
+        raise PSTimeout(f"rank {source} died before its {mtype.name} arrived") from None
     if header[H_LEN] == 0:
         return header, None
     dtype = _DTYPES.get(int(header[H_DTYPE]))

@@ -32,7 +32,7 @@ import numpy as np
 from commlab import tracing
 from ps.worker.failover import Chains
 from ps.wire.messages import (H_AUX, H_CLOCK, H_RID, H_TYPE, H_VERSION, H_WORKER, REJECT_REASONS, STALL_S, Backoff, Msg,
-                         PSError, PSTimeout, probe, receive, send, wait_all)
+                         PSError, PSTimeout, dead, probe, receive, send, wait_all)
 from ps.shards.key_ranges import shard_offsets
 
 __all__ = ["Client"]
@@ -344,7 +344,15 @@ class Client:
                             self.resends += 1
                             self._pushes += self._send(rank, request)
                     resend_at = now + wait if tries < self.retries else float("inf")
-                if now > deadline and self.replicas > 1:  # fail over: the next replica of each silent primary
+                gone = [r for r in sorted(sources - set(replies)) if r in dead(self.comm)]  # ULFM said so
+                if gone and self.replicas > 1:  # fail over at once: the next replica of each dead primary
+                    for rank in gone:
+                        self._fail_over(rank, sources, replies)
+                    deadline = now + self.reply_timeout
+                elif gone:
+                    raise PSTimeout(f"worker {self.worker}: server rank(s) {gone} died (the MPI library reported "
+                                    "it)")
+                elif now > deadline and self.replicas > 1:  # fail over: the next replica of each silent primary
                     for rank in sorted(sources - set(replies)):
                         self._fail_over(rank, sources, replies)
                     deadline = now + self.reply_timeout

@@ -18,8 +18,10 @@ import sys
 import time
 
 import numpy
+from mpi4py import MPI
 
 import collectives.engine.policy
+from collectives.engine.failures import is_process_failure
 
 __all__ = ["reporter_rank", "finish_together", "finish_ps", "ROOT_SLACK_S"]
 
@@ -62,7 +64,9 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     grace : float
         Seconds ``root`` waits for the others (they finish before it: it collects their reports).
     short : sequence of int
-        Ranks ``root`` waits for one second at most (workers the servers dropped for silence).
+        Ranks ``root`` waits for one second at most (workers the servers dropped for silence). Under
+        ULFM, one of them that the MPI library reports dead counts as ``gone``; any other rank
+        reported dead is missing.
     root : int
         The rank that checks (the reporter).
     gone : sequence of int
@@ -83,7 +87,8 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     rank, size = comm.Get_rank(), comm.Get_size()
     token = numpy.zeros(1, numpy.int8)
     if rank != root:
-        comm.Send(token, dest=root, tag=_END_TAG)  # one byte: sent eagerly, even to a dead root
+        if not _send(comm, token, root):  # one byte: sent eagerly, even to a dead root (ULFM: refused)
+            return [root], False
         answer, deadline = comm.Irecv(token, source=root, tag=_END_TAG), time.monotonic() + 2 * grace + slack
         while not answer.Test():
             if time.monotonic() > deadline:
@@ -97,21 +102,47 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
     start, pending = time.monotonic(), set(reqs)
     deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
+    died = set()  # ranks the MPI library reported dead (ULFM) while they were waited for
     while pending:
-        pending = {r for r in pending if not reqs[r].Test()}
+        pending = {r for r in pending if not _arrived(reqs[r], r, died)}
         now = time.monotonic()
         if all(now > deadline[r] for r in pending):
             break
         time.sleep(0.01)
-    if pending:
-        return sorted(pending), bool(gone)
+    unknown = sorted(died - set(short))  # dead, and not a worker the servers had dropped
+    if pending or unknown:
+        return sorted(pending | set(unknown)), bool(gone)
+    gone = list(gone) + sorted(died)  # dropped workers that died: gone, as a lost server is
     token[0] = 1 if gone else 0
     for r in others:
-        comm.Send(token, dest=r, tag=_END_TAG)
+        if r not in died:
+            _send(comm, token, r)
     if os.environ.get("PRTE_LAUNCHED") != "1":  # MPICH: one of them may still run (its report came late)
         for r in gone:
             comm.Isend(token, dest=r, tag=_END_TAG)  # never waited for
     return [], bool(gone)
+
+
+def _arrived(req, rank, died):
+    """Test ``req`` (the end message of ``rank``); a death the MPI library reports (ULFM) ends it, into ``died``."""
+    try:
+        return req.Test()
+    except MPI.Exception as exc:
+        if not is_process_failure(exc):
+            raise
+        died.add(rank)
+        return True
+
+
+def _send(comm, token, dest):
+    """Send the end message to ``dest``; False when the MPI library reports ``dest`` dead (ULFM)."""
+    try:
+        comm.Send(token, dest=dest, tag=_END_TAG)
+    except MPI.Exception as exc:
+        if not is_process_failure(exc):
+            raise
+        return False
+    return True
 
 
 def finish_ps(world, cfg, summary=None):
