@@ -236,10 +236,9 @@ class _Progress:
     A launcher may end every rank at once (MPICH's ``mpiexec`` kills the whole job with SIGKILL when
     one rank dies, unless started with ``-disable-auto-cleanup``), and then no shutdown runs. So every
     quarter of a second at least (and once as the load starts) the front rewrites the summary of what
-    was answered so far, marked
-    ``"complete": false`` with ``"correct": null`` (answers are compared with the single-process
-    prediction only at the end) and a ``"note"`` saying why; the shutdown's summary replaces it with
-    ``"complete": true``. Each write replaces the file in one step (``os.replace``), so a reader or a
+    was answered so far, marked ``"complete": false`` with ``"correct": null`` (answers are compared
+    with the single-process prediction only at the end) and a ``"note"`` saying why; the shutdown's
+    summary replaces it with ``"complete": true``. Each write replaces the file in one step (``os.replace``), so a reader or a
     kill never meets half a file. The interval grows to 20 times the last write's cost, so writing
     takes at most 5 % of the front's time however many requests it holds.
     """
