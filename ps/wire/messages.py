@@ -254,13 +254,16 @@ def probe(comm, source=MPI.ANY_SOURCE):
         When a payload arrives without its header (a protocol violation).
     """
     status = MPI.Status()
-    try:
-        found = comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status)
-    except MPI.Exception as exc:  # a process died (ULFM): acknowledged, a wildcard probe works again
-        _learn(comm, exc)
-        if source != MPI.ANY_SOURCE:
-            return None
-        found = comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status)
+    for _ in range(comm.Get_size()):  # each failure acknowledged lets the next probe through (ULFM)
+        try:
+            found = comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status)
+            break
+        except MPI.Exception as exc:  # a process died: acknowledged, a wildcard probe works again
+            _learn(comm, exc)
+            if source != MPI.ANY_SOURCE:
+                return None
+    else:
+        return None
     if not found:
         return None
     tag = status.Get_tag()
