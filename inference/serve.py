@@ -243,8 +243,9 @@ class _Progress:
     takes at most 5 % of the front's time however many requests it holds.
     """
 
-    NOTE = ("written while serving: the job ended before its shutdown (a launcher that ends every rank when "
-            "one dies does so: MPICH's mpiexec without -disable-auto-cleanup, docs/guide/serving.md)")
+    NOTE = ("written while serving: the job ended before its shutdown (the front was killed, or the launcher "
+            "ended every rank when one died, as MPICH's mpiexec does without -disable-auto-cleanup; "
+            "docs/guide/serving.md)")
 
     def __init__(self, path, front, t0, extra, every=0.25):
         self.path, self.front, self.t0, self.extra, self.every = path, front, t0, extra, every

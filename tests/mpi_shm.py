@@ -308,8 +308,14 @@ def case_arrays_stay_valid_after_their_shared_memory_is_freed(comm_):
     expect(len(node.released) == 1 and node.released[0][0] == 2, f"rank {rank}: released {node.released}")
     c = shared_empty(4, comm=sub)
     c[:] = rank
+    plan = C.allreduce_init(c, out=c, comm=sub, algorithm="shm")
     free_context(sub)  # the context's windows go, but c's memory stays mapped while c lives
     expect(c.tolist() == [rank] * 4, "an array after its context was freed")
+    try:  # a plan of the freed context: one clear error, not the MPI library's on a freed window
+        plan.start()
+        expect(False, "a plan started after free_context")
+    except RuntimeError as exc:
+        expect("free_context" in str(exc), f"a plan started after free_context: {exc}")
     c[:] = -1
     sub.Free()
     verdict()

@@ -161,8 +161,9 @@ def test_the_replicated_parameter_server_learns_of_deaths_from_ulfm_and_fails_ov
     """Under ULFM a parameter-server rank's death is an error of the call that meets it, so failover
     does not wait for ``--ps-timeout`` (30 s here) of silence: the primary of shard 0 killed
     (SIGKILL) at its 60th update, its backup takes over within 5 s, the job ends with status 0,
-    nothing acknowledged lost, and the model equals the fault-free run's bitwise (BSP); a worker
-    killed under ASP is dropped within 5 s, named as reported dead, and the others finish."""
+    nothing acknowledged lost, and the model equals the fault-free run's bitwise (BSP); the same for
+    rank 1, shard 1's primary and shard 0's backup; a worker killed under ASP is dropped within 5 s,
+    named as reported dead, and the others finish."""
     flags = ["--mode", "ps", "--servers", "2", "--ps-replicas", "2", "--ps-timeout", "30", "--epochs", "2",
              "--no-progress", "--run-dir", str(tmp_path)]
     run_mpi(5, "training.train", *flags, "--name", "clean", timeout=120, mpiexec_args=ULFM)
@@ -172,9 +173,16 @@ def test_the_replicated_parameter_server_learns_of_deaths_from_ulfm_and_fails_ov
     assert res.returncode == 0 and (s["servers_lost"], s["lost_acknowledged"]) == ([0], 0), (res.stdout, s)
     took = [e["wall_s"] for e in s["events"] if "took over shard 0" in e["event"]]
     assert took and took[0] < 5, s["events"]  # learned from the error, not after 30 s of silence
-    clean, killed = np.load(tmp_path / "clean" / "ps_model.npz"), np.load(tmp_path / "primary" / "ps_model.npz")
-    assert sorted(clean.files) == sorted(killed.files)
-    assert all(np.array_equal(clean[k], killed[k]) for k in clean.files)
+    clean = np.load(tmp_path / "clean" / "ps_model.npz")
+    for name in ("primary", "second"):
+        if name == "second":  # rank 1: shard 1's primary and shard 0's backup, which rank 0 forwards to
+            res = run_mpi(5, "experiments.faults.crash", "ps", 1, 60, *flags, "--name", name, timeout=120,
+                          mpiexec_args=ULFM, check=False)
+            s = json.load(open(tmp_path / name / "summary.json"))
+            assert res.returncode == 0 and (s["servers_lost"], s["lost_acknowledged"]) == ([1], 0), (res.stdout, s)
+        killed = np.load(tmp_path / name / "ps_model.npz")
+        assert sorted(clean.files) == sorted(killed.files)
+        assert all(np.array_equal(clean[k], killed[k]) for k in clean.files), name
     res = run_mpi(5, "experiments.faults.crash", "ps", 3, 30, *flags, "--consistency", "asp", "--name", "worker",
                   timeout=120, mpiexec_args=ULFM, check=False)
     s = json.load(open(tmp_path / "worker" / "summary.json"))

@@ -29,6 +29,7 @@ data of every start, so plans that do meet but differ (op, count) raise
 :class:`~collectives.CollectiveMismatch` on every rank.
 """
 import numpy
+from mpi4py import MPI
 
 from collectives.calls.allreduce import begin_allreduce, iallreduce
 from collectives.arguments import check_timeout
@@ -87,8 +88,9 @@ class AllreducePlan:
         Raises
         ------
         RuntimeError
-            The previous start has not been waited for, the plan was freed, or the communicator is
-            unusable after a failure.
+            The previous start has not been waited for, the plan was freed, the communicator's
+            context was freed (:func:`collectives.engine.context.free_context`), or the
+            communicator is unusable after a failure.
         """
         core = self._core
         if self._freed:
@@ -98,6 +100,9 @@ class AllreducePlan:
         if core is not None:
             if core.ctx.broken is not None:
                 core.ctx.check_usable()
+            if core.ctx.comm == MPI.COMM_NULL:  # (free_context freed the duplicate the plan runs on)
+                raise RuntimeError("plan.start() after the communicator's context was freed (free_context): make "
+                                   "a new plan with collectives.allreduce_init")
             core.start(self.x)
             self._request = core
         else:

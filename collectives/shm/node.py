@@ -475,7 +475,8 @@ def free_shared(a, *, comm=None):
     out as any array, and a plan made on it before copies too. ``a`` and its views stay valid
     arrays holding their values; the memory goes back to the system (the collective
     ``MPI_Win_free``) at the first :func:`shared_empty`, :func:`free_shared` or context free at
-    which no array views it on any rank, so a use after the free never reads unmapped memory.
+    which no array views it on any rank, so a use after the free never reads unmapped memory (one
+    still viewed when the context is freed stays mapped to the end of the job).
 
     Raises
     ------

@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 from ps.serving.consistency import DONE, DROPPED, LIVE
 from ps.wire.messages import (H_AUX, H_CLOCK, H_EPOCH, H_RID, H_SEQ, H_VERSION, H_WORKER, Msg, PSError, PSTimeout,
-                         dead, header_tag, receive, send, waiting)
+                         dead, done, header_tag, receive, send, waiting)
 from ps.serving.shard_server import EVENT_ABORTED, EVENT_DIED, EVENT_DROPPED, Server
 
 __all__ = ["ReplicatedServer", "chains", "FAILOVER_MARGIN", "REPLICA_COUNTERS"]
@@ -147,7 +147,7 @@ class ReplicatedServer(Server):
         finally:
             deadline = time.monotonic() + min(0.2, self.opts.ps_timeout)
             while self._peer_sends and time.monotonic() < deadline:  # a dead peer's never complete: no wait
-                self._peer_sends = [s for s in self._peer_sends if not s[0].Test()]
+                self._peer_sends = [s for s in self._peer_sends if not done(self.comm, s[0])]
                 time.sleep(1e-3)
 
     def checkpoint(self):
@@ -234,7 +234,7 @@ class ReplicatedServer(Server):
         super()._reply(*reply)
 
     def _check_silence(self, now):
-        self._peer_sends = [s for s in self._peer_sends if not s[0].Test()]
+        self._peer_sends = [s for s in self._peer_sends if not done(self.comm, s[0])]
         if now - self._looked > 0.5 * self.successor_timeout:  # this replica itself stalled: its clock of the
             self.unacked = [(seq, now, f, d) for seq, _, f, d in self.unacked]  # successor's silence restarts
         self._looked = now

@@ -30,8 +30,8 @@ from ps.serving.consistency import AGGREGATED, DONE, DROPPED, LIVE, ClockBuckets
 from ps.serving.request_log import ReplyFaults, RequestLog
 from ps.serving.server_optimizer import ServerOptimizer
 from ps.shards.key_ranges import proportional, shard_offsets
-from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, dead, probe, receive,
-                              send, wait_all, waiting)
+from ps.wire.messages import (H_CLOCK, H_RID, H_SHARD, H_VERSION, STALL_S, Backoff, Msg, PSError, dead, done, probe,
+                              receive, send, wait_all, waiting)
 
 __all__ = ["Server", "EVENT_DROPPED", "EVENT_ABORTED", "EVENT_DIED", "COUNTERS"]
 
@@ -147,7 +147,7 @@ class Server:
                 if now - checked > STALL_S:  # this server did not run meanwhile: the workers' silence clocks skip it
                     self._last_heard = np.minimum(self._last_heard + (now - checked), now)
                 checked = now
-                self._sends = [s for s in self._sends if not s[0].Test()]
+                self._sends = [s for s in self._sends if not done(self.comm, s[0])]
                 self._check_silence(now)
                 next_check = now + _SILENCE_CHECK
                 if self.on_tick is not None:

@@ -57,7 +57,7 @@ from commlab.error_root import CommlabError
 
 __all__ = ["Msg", "PSError", "PSTimeout", "HEADER_LEN", "H_TYPE", "H_WORKER", "H_CLOCK", "H_LEN", "H_RID",
            "H_VERSION", "H_SHARD", "H_DTYPE", "H_EPOCH", "H_SEQ", "H_AUX", "REJECT_REASONS", "header_tag",
-           "data_tag", "send", "probe", "receive", "wait_all", "Backoff", "STALL_S", "dead", "waiting"]
+           "data_tag", "send", "probe", "receive", "wait_all", "Backoff", "STALL_S", "dead", "done", "waiting"]
 
 HEADER_LEN = 11  # [type, worker, clock, length, rid, version, shard, dtype, epoch, seq, aux]
 H_TYPE, H_WORKER, H_CLOCK, H_LEN, H_RID, H_VERSION, H_SHARD, H_DTYPE, H_EPOCH, H_SEQ, H_AUX = range(HEADER_LEN)
@@ -222,6 +222,15 @@ def _learn(comm, exc):
     ranks = failed_ranks(comm)
     comm.Ack_failed()
     _DEAD.setdefault(comm.py2f(), set()).update(ranks)
+
+
+def done(comm, req):
+    """Return True when ``req`` completed, or failed because its peer died (ULFM: learned, see :func:`dead`)."""
+    try:
+        return req.Test()
+    except MPI.Exception as exc:
+        _learn(comm, exc)
+        return True
 
 
 def waiting(comm, source, tag=MPI.ANY_TAG, status=None):

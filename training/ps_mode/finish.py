@@ -167,9 +167,9 @@ def finish_ps(world, cfg, summary=None):
     missing, peer_gone = finish_together(world, cfg.ps_timeout, short=dropped, root=root,
                                          gone=mine.get("servers_lost") or [])
     if missing == [root] and world.rank != root:
-        collectives.engine.policy.abort(f"the reporting rank {root} did not answer at the end of the run within "
-                                        f"{2 * cfg.ps_timeout + ROOT_SLACK_S:g} s (it ended the job or died: its "
-                                        "own output says why); ending this rank")
+        collectives.engine.policy.abort(f"the reporting rank {root} did not answer at the end of the run (it died, "
+                                        f"ended the job, or gave no answer within {2 * cfg.ps_timeout + ROOT_SLACK_S:g}"
+                                        " s: its own output says why); ending this rank")
     if missing:
         collectives.engine.policy.abort(f"rank(s) {', '.join(map(str, missing))} did not reach the end of the run "
                                         f"within --ps-timeout {cfg.ps_timeout:g} s, or 1 s for a dropped worker (a "

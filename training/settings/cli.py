@@ -181,7 +181,8 @@ HELP = {
     "straggler_intervals": "...for N gathers (or PS report rounds) in a row is named a straggler",
     "stall_seconds": "name a rank that has not reached a step's collective this many seconds after the first rank "
                      "did (a PS worker: that has sent no report); keep it below --timeout so the warning comes "
-                     "before the job ends; 0: never",
+                     "before the job ends; 0: never. Only while the job is monitored (--monitor, --metrics-port "
+                     "or --tensorboard)",
     "run_dir": "parent directory of run directories",
     "name": "run directory name; '' picks TIMESTAMP-MODE-DATA-pP (DATA is ctr for --model ctr)",
     "checkpoint_every": "save a checkpoint every N epochs; 0 saves only after the last epoch",
