@@ -26,6 +26,7 @@ from collectives.engine.failures import is_process_failure
 __all__ = ["reporter_rank", "finish_together", "finish_ps", "ROOT_SLACK_S"]
 
 _END_TAG = 0x5E1D  # tag of the end-of-run messages of :func:`finish_together`
+_FAILED = 2  # the reporter's answer when ranks are missing: it ends the job (MPI_Abort), the others end too
 #: Seconds a rank waits for the reporter's answer beyond twice the grace (the reporter gathers the
 #: run's report before it checks in, within its own deadlines).
 ROOT_SLACK_S = 30.0
@@ -80,9 +81,10 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     -------
     missing : list of int
         On ``root``, the ranks that did not arrive within ``grace`` (empty when all did); elsewhere
-        ``[root]`` when its answer did not come in time, else ``[]``.
-    peer_gone : bool
-        True when ``gone`` was not empty on ``root`` (every rank learns it from the answer).
+        ``[root]`` when its answer did not come in time or said that ranks are missing, else ``[]``.
+    peer_gone : bool or None
+        True when ``gone`` was not empty on ``root`` (every rank learns it from the answer); None
+        elsewhere when ``root`` answered that ranks are missing (it names them and ends the job).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     token = numpy.zeros(1, numpy.int8)
@@ -96,6 +98,8 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
                 answer.Wait()
                 return [root], False  # root died, or ended the job and the launcher left this rank running
             time.sleep(0.01)
+        if token[0] == _FAILED:
+            return [root], None
         return [], bool(token[0])
     others = [r for r in range(size) if r != root and r not in set(gone)]
     bufs = {r: numpy.zeros(1, numpy.int8) for r in others}
@@ -111,6 +115,10 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
         time.sleep(0.01)
     unknown = sorted(died - set(short))  # dead, and not a worker the servers had dropped
     if pending or unknown:
+        token[0] = _FAILED  # the ranks that did check in end now, without waiting for the abort to reach them
+        for r in others:
+            if r not in pending and r not in died:
+                _send(comm, token, r)
         return sorted(pending | set(unknown)), bool(gone)
     gone = list(gone) + sorted(died)  # dropped workers that died: gone, as a lost server is
     token[0] = 1 if gone else 0
@@ -166,6 +174,10 @@ def finish_ps(world, cfg, summary=None):
     dropped = [cfg.servers + w for w, st in enumerate(mine.get("worker_status") or []) if st == "dropped"]
     missing, peer_gone = finish_together(world, cfg.ps_timeout, short=dropped, root=root,
                                          gone=mine.get("servers_lost") or [])
+    if missing == [root] and world.rank != root and peer_gone is None:  # the reporter names the missing
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # and ends the job; under ULFM its MPI_Abort may leave this rank running for long
     if missing == [root] and world.rank != root:
         collectives.engine.policy.abort(f"the reporting rank {root} did not answer at the end of the run (it died, "
                                         f"ended the job, or gave no answer within {2 * cfg.ps_timeout + ROOT_SLACK_S:g}"
