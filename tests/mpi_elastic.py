@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 import collectives.engine.context
 import collectives.engine.executor as executor
-from collectives.engine.failures import last_barrier
+from collectives.engine.failures import finalize_within, last_barrier
 import training.driver.elastic as elastic
 from training.runtime.build import to_device
 from training.settings.cli import parse_args
@@ -145,6 +145,7 @@ def _verdict(run, variant, where, fails, respawn):
 if __name__ == "__main__":
     status = main()
     if len(sys.argv) > 5 and sys.argv[5] == "respawn":
+        finalize_within(elastic.FINALIZE_S, status)  # as training.driver.elastic.leave: the fence may hang
         sys.exit(status)  # MPI_Finalize, as training.driver.elastic.leave leaves it to a job that took in replacements
     sys.stdout.flush()
     os._exit(status)  # as training.driver.elastic.leave: MPI_Finalize could wait for the dead rank

@@ -43,6 +43,15 @@ def test_repeated_reduce_scatter_and_allgather_match_mpi(P):
     run_mpi(P, "tests.mpi_repeated", timeout=180)
 
 
+@pytest.mark.parametrize("P", [2, 3])
+def test_mismatched_library_calls_raise_on_every_rank_and_leave_the_process_sound(P):
+    """The mismatch cases of tests/mpi_repeated.py alone (element types, counts, NaN masks, forms),
+    then a repeated all-reduce against MPI's: run by ``make test-ft`` under Open MPI, whose libnbc
+    crashed a process after such a mismatch, without the PyTorch the other cases need."""
+    run_mpi(P, "tests.mpi_repeated", "mismatch_after_cache", "mask_mismatch", "mismatch_across_forms", "dtype_mismatch",
+            "repeated_allreduce", timeout=180)
+
+
 #: The cases of tests/mpi_collectives_extra.py run at each rank count, all in one launch (``timeout`` last:
 #: it leaves requests behind); each test below reads its own case's count line.
 EXTRA = {1: ("device", "badinput"), 2: ("device", "badinput", "timeout"), 3: ("device", "timeout"), 4: ("badinput",)}

@@ -22,6 +22,7 @@ from mpi4py import MPI
 import collectives
 import collectives.engine.context
 import collectives.engine.policy
+from collectives.engine.failures import finalize_within
 from collectives.engine.waiting import wait_within
 from commlab import tracing
 from commlab.logs import get_logger, setup_logging
@@ -42,7 +43,8 @@ from training.dp.data_parallel import CONTROL_ALGORITHM, evaluate, replicas_iden
 from training.dp.hooks import make_grad_hook
 from training.dp.shares import rank_batches, steps_per_epoch
 from training.dp.local_sgd import local_step
-from training.driver.elastic import ElasticStop, check_elastic, join_elastic, leave as leave_elastic, train_elastic
+from training.driver.elastic import (FINALIZE_S, ElasticStop, check_elastic, join_elastic, leave as leave_elastic,
+                                     train_elastic)
 from training.driver.trainer import build_trainer
 from training.runtime.progress import progress_bar, write_trace
 from training.ps_mode.finish import finish_ps
@@ -381,6 +383,7 @@ def main(argv=None):
         if cfg.elastic_respawn and MPI.Comm.Get_parent() != MPI.COMM_NULL:  # a replacement (--elastic-respawn)
             with collectives.engine.policy.abort_on_failure():
                 join_elastic(cfg, MPI.Comm.Get_parent())
+            finalize_within(FINALIZE_S)  # a job that lost a rank: Open MPI's closing fence may hang
             return 0
         summary = run(cfg, world)
         if cfg.elastic:

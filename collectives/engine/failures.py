@@ -20,6 +20,8 @@ and nothing changes: a dead peer is a :class:`~collectives.errors.CollectiveTime
 collective's deadline, or a :class:`~collectives.errors.PeerLost`.
 """
 import os
+import sys
+import threading
 import time
 
 from mpi4py import MPI
@@ -27,7 +29,7 @@ from mpi4py import MPI
 from collectives.engine.waiting import library_failure
 from collectives.errors import ProcessFailed
 
-__all__ = ["ulfm_enabled", "is_process_failure", "failed_ranks", "process_failed", "revoke", "agree_failed",
+__all__ = ["ulfm_enabled", "is_process_failure", "failed_ranks", "process_failed", "revoke", "agree_failed", "finalize_within",
            "shrink", "last_barrier"]
 
 #: Seconds a rank that learned of a death only from a revoked communicator waits for the library's
@@ -235,3 +237,33 @@ def last_barrier(comm):
     except MPI.Exception as exc:
         if not is_process_failure(exc, comm=comm):
             raise
+
+
+def finalize_within(seconds, status=0):
+    """End this process with ``status`` if it is still alive ``seconds`` from now (in ``MPI_Finalize``).
+
+    For a job that lost a rank and must still finalize (it took in replacements, which wait for
+    their parents in their own ``MPI_Finalize``): Open MPI's closing fence can wait forever when a
+    rank of the job died (seen in a test of a 4-rank job that lost a rank and took in one: every
+    rank past its last message, the job hung until the test's limit). A daemon thread sleeps ``seconds``, then flushes stdout and stderr and
+    calls ``os._exit(status)``; when the process ends first, it ends with it. Call it just before
+    the process leaves for ``MPI_Finalize`` (mpi4py calls it at exit).
+
+    Parameters
+    ----------
+    seconds : float
+        The longest ``MPI_Finalize`` may take, more than the slowest peer's way to it.
+    status : int
+        Exit status if the time runs out.
+
+    Examples
+    --------
+    >>> finalize_within(3600.0)  # returns at once; the process ends long before the thread wakes
+    """
+    def end():
+        time.sleep(seconds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    threading.Thread(target=end, name="commlab-finalize-within", daemon=True).start()

@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 import collectives
 import collectives.engine.context
-from collectives.engine.failures import last_barrier, shrink, ulfm_enabled
+from collectives.engine.failures import finalize_within, last_barrier, shrink, ulfm_enabled
 from collectives.errors import ProcessFailed
 from commlab.logs import get_logger
 from training.runtime.build import build_model, to_device
@@ -75,7 +75,7 @@ from training.data.skew import uses_shards
 from training.runtime.state import checkpoint_arrays
 
 __all__ = ["Position", "check_elastic", "epoch_order", "remaining_indices", "elastic_lr", "train_elastic",
-           "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot", "leave"]
+           "join_elastic", "join_loop", "elastic_loop", "ElasticStop", "snapshot", "restore_snapshot", "leave", "FINALIZE_S"]
 
 _log = get_logger("training.driver.elastic")
 
@@ -446,6 +446,10 @@ class _Records:
         return summary
 
 
+#: Seconds a job that lost a rank and took in replacements gives ``MPI_Finalize`` before it exits anyway.
+FINALIZE_S = 30.0
+
+
 def _ends_without_finalize(lost, joined):
     """True when this job lost a rank and took in no replacement (see :func:`leave`)."""
     return bool(lost) and not any(d["ranks"] for d in joined)
@@ -461,7 +465,9 @@ def leave(summary):
     It returns, to ``MPI_Finalize`` as usual, when nobody died, and when replacements joined
     (``--elastic-respawn``): a job that spawned others must finalize with them (a replacement
     waits in its own ``MPI_Finalize`` for its parents, and ``mpiexec`` reports the spawned job lost
-    when they exit without it); ``finish`` has freed the communicator that joins them.
+    when they exit without it); ``finish`` has freed the communicator that joins them. That
+    ``MPI_Finalize`` can hang too, so the process then ends with status 0 after
+    :data:`FINALIZE_S` seconds at most (:func:`collectives.engine.failures.finalize_within`).
 
     Parameters
     ----------
@@ -476,6 +482,8 @@ def leave(summary):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    if summary["elastic"]["lost"]:  # finalizing with replacements: Open MPI's fence may still hang
+        finalize_within(FINALIZE_S)
 
 
 def train_elastic(cfg, comm, run_dir, t):
