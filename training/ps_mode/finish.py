@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 import collectives.engine.policy
 from collectives.engine.failures import is_process_failure
+from ps.wire.messages import dead, done
 
 __all__ = ["reporter_rank", "finish_together", "finish_ps", "ROOT_SLACK_S"]
 
@@ -106,13 +107,13 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
     reqs = {r: comm.Irecv(bufs[r], source=r, tag=_END_TAG) for r in bufs}
     start, pending = time.monotonic(), set(reqs)
     deadline = {r: start + (min(grace, 1.0) if r in short else grace) for r in reqs}
-    died = set()  # ranks the MPI library reported dead (ULFM) while they were waited for
     while pending:
-        pending = {r for r in pending if not _arrived(reqs[r], r, died)}
+        pending = {r for r in pending if not done(comm, reqs[r])}  # (a death the library reports ends it too)
         now = time.monotonic()
         if all(now > deadline[r] for r in pending):
             break
         time.sleep(0.01)
+    died = set(reqs) & dead(comm)  # ranks the MPI library reported dead (ULFM) while they were waited for
     unknown = sorted(died - set(short))  # dead, and not a worker the servers had dropped
     if pending or unknown:
         token[0] = _FAILED  # the ranks that did check in end now, without waiting for the abort to reach them
@@ -129,17 +130,6 @@ def finish_together(comm, grace, short=(), root=0, gone=(), slack=ROOT_SLACK_S):
         for r in gone:
             comm.Isend(token, dest=r, tag=_END_TAG)  # never waited for
     return [], bool(gone)
-
-
-def _arrived(req, rank, died):
-    """Test ``req`` (the end message of ``rank``); a death the MPI library reports (ULFM) ends it, into ``died``."""
-    try:
-        return req.Test()
-    except MPI.Exception as exc:
-        if not is_process_failure(exc):
-            raise
-        died.add(rank)
-        return True
 
 
 def _send(comm, token, dest):
