@@ -435,8 +435,10 @@ class _Records:
         if c.rank == 0:
             write_json(os.path.join(self.run_dir, "summary.json"), summary)
             acc = f"{summary['final_test_acc']:.2%}" if summary["final_test_acc"] is not None else "-"
+            joins = sum(bool(d["ranks"]) for d in run.joined)
+            failed = f" ({len(run.joined) - joins} failed respawns)" if len(run.joined) > joins else ""
             print(f"test accuracy {acc} after {t.state.epoch} epochs on {c.size} of {P0} ranks | "
-                  f"{len(run.lost)} recoveries, {len(run.joined)} joins, {run.redone} steps redone | {self.run_dir}",
+                  f"{len(run.lost)} recoveries, {joins} joins{failed}, {run.redone} steps redone | {self.run_dir}",
                   flush=True)
         if _ends_without_finalize(run.lost, run.joined):
             last_barrier(c)  # no rank leaves (:func:`leave`) while a peer is still in the digests' call

