@@ -145,7 +145,7 @@ def _verdict(run, variant, where, fails, respawn):
 if __name__ == "__main__":
     status = main()
     if len(sys.argv) > 5 and sys.argv[5] == "respawn":
-        finalize_within(elastic.FINALIZE_S, status)  # as training.driver.elastic.leave: the fence may hang
-        sys.exit(status)  # MPI_Finalize, as training.driver.elastic.leave leaves it to a job that took in replacements
+        finalize_within(elastic.FINALIZE_S, status)  # MPI_Finalize now, as training.driver.elastic.leave: the fence may hang
+        sys.exit(status)
     sys.stdout.flush()
     os._exit(status)  # as training.driver.elastic.leave: MPI_Finalize could wait for the dead rank

@@ -19,6 +19,7 @@ has just raised, not for the dead one -- fail at once too: never a hang, never a
 and nothing changes: a dead peer is a :class:`~collectives.errors.CollectiveTimeout` at the
 collective's deadline, or a :class:`~collectives.errors.PeerLost`.
 """
+import ctypes
 import os
 import sys
 import threading
@@ -240,14 +241,18 @@ def last_barrier(comm):
 
 
 def finalize_within(seconds, status=0):
-    """End this process with ``status`` if it is still alive ``seconds`` from now (in ``MPI_Finalize``).
+    """Call ``MPI_Finalize`` now, and end this process with ``status`` if it has not returned ``seconds`` from now.
 
     For a job that lost a rank and must still finalize (it took in replacements, which wait for
     their parents in their own ``MPI_Finalize``): Open MPI's closing fence can wait forever when a
-    rank of the job died (seen in a test of a 4-rank job that lost a rank and took in one: every
-    rank past its last message, the job hung until the test's limit). A daemon thread sleeps ``seconds``, then flushes stdout and stderr and
-    calls ``os._exit(status)``; when the process ends first, it ends with it. Call it just before
-    the process leaves for ``MPI_Finalize`` (mpi4py calls it at exit).
+    rank of the job died (seen in a test of a 4-rank job that lost a rank and took in one, and in the
+    recovery study on the emulated cluster: every rank past its last message, the job hung until
+    the limit). A daemon thread sleeps ``seconds``, then flushes stdout and stderr and calls
+    ``os._exit(status)``. The finalize cannot be left to mpi4py at exit: it runs after the
+    interpreter has stopped its threads, and ``MPI.Finalize()`` holds the GIL, so no thread could
+    end it. This calls the library's ``MPI_Finalize`` through :mod:`ctypes`, which releases the GIL
+    (mpi4py then sees MPI finalized and does nothing more at exit). Call it as the last MPI act of
+    the process: no MPI call works after it.
 
     Parameters
     ----------
@@ -258,7 +263,16 @@ def finalize_within(seconds, status=0):
 
     Examples
     --------
-    >>> finalize_within(3600.0)  # returns at once; the process ends long before the thread wakes
+    In a process of its own, since MPI is finalized when it returns (started without the
+    launcher's variables, which would tie it to this process's job):
+
+    >>> import os, subprocess, sys
+    >>> env = {k: v for k, v in os.environ.items()
+    ...        if not k.startswith(("PMI", "HYDRA", "PMIX", "PRTE", "OMPI_COMM", "OMPI_MCA"))}
+    >>> code = ("from mpi4py import MPI; from collectives.engine.failures import finalize_within; "
+    ...         "finalize_within(60.0); print(MPI.Is_finalized())")
+    >>> subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env).stdout
+    'True\\n'
     """
     def end():
         time.sleep(seconds)
@@ -267,3 +281,7 @@ def finalize_within(seconds, status=0):
         os._exit(status)
 
     threading.Thread(target=end, name="commlab-finalize-within", daemon=True).start()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not MPI.Is_finalized():
+        ctypes.CDLL(MPI.__file__).MPI_Finalize()  # the extension's handle finds the MPI library it links

@@ -85,8 +85,9 @@ def main(argv=None):
         print(f"usage: mpiexec -n P python -m experiments.faults.kill RANK[,RANK...] STEP step|inside [TRAINER FLAGS...] "
               f"({e})", file=sys.stderr)
         return 2
+    rank = MPI.COMM_WORLD.rank  # the trainer may have finalized MPI when it returns (a job that took in replacements)
     status = training.train.main(argv[3:])
-    print(f"exit {MPI.COMM_WORLD.rank} {status}", flush=True)
+    print(f"exit {rank} {status}", flush=True)
     return status
 
 

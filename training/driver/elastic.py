@@ -464,12 +464,13 @@ def leave(summary):
     4-rank job that lost one, in ``tests/mpi_elastic.py``, hung there now and then), so such a job
     ends without it: this flushes stdout and stderr and exits with status 0, after
     :meth:`_Records.finish` met the survivors in :func:`collectives.engine.failures.last_barrier`.
-    It returns, to ``MPI_Finalize`` as usual, when nobody died, and when replacements joined
-    (``--elastic-respawn``): a job that spawned others must finalize with them (a replacement
-    waits in its own ``MPI_Finalize`` for its parents, and ``mpiexec`` reports the spawned job lost
-    when they exit without it); ``finish`` has freed the communicator that joins them. That
-    ``MPI_Finalize`` can hang too, so the process then ends with status 0 after
-    :data:`FINALIZE_S` seconds at most (:func:`collectives.engine.failures.finalize_within`).
+    It returns, to ``MPI_Finalize`` at exit, when nobody died. When replacements joined
+    (``--elastic-respawn``) it finalizes and returns: a job that spawned others must finalize with
+    them (a replacement waits in its own ``MPI_Finalize`` for its parents, and ``mpiexec`` reports
+    the spawned job lost when they exit without it); ``finish`` has freed the communicator that
+    joins them. That ``MPI_Finalize`` can hang too (seen on the emulated cluster), so the process
+    then ends with status 0 after :data:`FINALIZE_S` seconds at most
+    (:func:`collectives.engine.failures.finalize_within`).
 
     Parameters
     ----------
