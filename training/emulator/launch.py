@@ -7,12 +7,13 @@ TCP on the nodes' ``eth0``, shared memory within a node:
 * MPICH: ``mpiexec -launcher ssh -launcher-exec RSH -localhost head -iface eth0 -hosts node0:K,...
   -ppn K -n N*K``, with ``MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp`` (the ``mpich`` wheel's default
   UCX netmod refuses TCP between namespaces);
-* Open MPI 5: ``mpirun --prtemca plm_ssh_agent RSH --host node0:K,... --map-by slot --bind-to none
+* Open MPI 5: ``mpirun --prtemca plm_ssh_agent RSH --prtemca prte_tmpdir_base /dev/shm --host node0:K,... --map-by slot --bind-to none
   --prtemca oob_tcp_if_include eth0 --mca pml ob1 --mca btl self,sm,tcp --mca btl_tcp_if_include
   eth0 -n N*K`` (``plm_ssh_agent`` is PRRTE's name of Open MPI 4's ``plm_rsh_agent``; ``sm`` is the
   shared-memory transport once called ``vader``; ``ob1`` keeps the wheel's UCX out, as for MPICH),
   with ``OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1`` (the emulator is root in its namespaces) and the
-  launcher's directory first on ``PATH``, where the stand-in's shell on a node looks for ``prted``.
+  launcher's directory first on ``PATH``, where the stand-in's shell on a node looks for ``prted``;
+  the session directories go to the job's own ``/dev/shm`` (:data:`SESSION_DIR`).
 
 Ranks are placed by slot in both: rank r on node r // K.
 """
@@ -25,6 +26,12 @@ __all__ = ["MPICH_ENV", "OPENMPI_ENV", "flavour", "launch_command", "launch_env"
 
 #: Environment MPICH needs across namespaces: the OFI netmod with libfabric's TCP provider.
 MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+#: Where Open MPI's launcher and daemons keep their session directories: the job's own ``/dev/shm``
+#: (:func:`training.emulator.net.build` mounts it), not ``/tmp``, which the host shares. A daemon's
+#: directory is named by its PID, which restarts in every emulated job's PID namespace: a job
+#: killed before its cleanup left ``/tmp/prted.38`` behind, and every later job's daemon of that PID
+#: failed to start (status 213).
+SESSION_DIR = "/dev/shm"
 #: Environment Open MPI 5 needs to run as (namespace) root.
 OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
@@ -98,7 +105,7 @@ def launch_command(mpiexec, rsh, head, iface, nodes, per_node, command, survive=
     n = str(nodes * per_node)
     if flavour(mpiexec) == "openmpi":
         return [mpiexec, *(["--enable-recovery"] if survive else []), *(["--with-ft", "ulfm"] if ulfm else []),
-                "--prtemca", "plm_ssh_agent", rsh, "--host", hosts,
+                "--prtemca", "plm_ssh_agent", rsh, "--prtemca", "prte_tmpdir_base", SESSION_DIR, "--host", hosts,
                 "--map-by", f"ppr:{per_node}:node" if spare else "slot",
                 "--bind-to", "none", "--prtemca", "oob_tcp_if_include", iface, "--mca", "pml", "ob1",
                 "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", iface, "-n", n, *command]
