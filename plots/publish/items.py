@@ -410,6 +410,8 @@ ITEMS = {
                             _figure("cluster", "cluster_collectives.png")),
     "elastic-p4": ("elastic/elastic_p4.json", _module_table("recovery", "markdown"), _figure("recovery", "elastic_p4.png")),
     "elastic-p8": ("elastic/elastic_p8.json", _module_table("recovery", "markdown"), _figure("recovery", "elastic_p8.png")),
+    "elastic-cluster": ("elastic/elastic_cluster.json", _module_table("recovery", "markdown"),
+                        _figure("recovery", "elastic_cluster.png")),
 }
 
 
@@ -424,7 +426,7 @@ def figure_names():
     names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
              "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
              "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png", "elastic_p4.png",
-             "elastic_p8.png"}
+             "elastic_p8.png", "elastic_cluster.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)

