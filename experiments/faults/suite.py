@@ -33,14 +33,13 @@ import glob
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from training.emulator.launch import OPENMPI_ENV, flavour
+from training.emulator.launch import OPENMPI_ENV, default_mpiexec, flavour
 from experiments.faults.checkpoints import run_checkpoint_cases, run_ps_checkpoint_cases, run_sharded_checkpoint_cases
 from experiments.faults.jobs import read_records, run_job_part
 from commlab.job_control import job_processes, marked_env, stop_job
@@ -55,11 +54,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 UNDETECTABLE = {("default", "extra_call"), ("detail", "extra_call"), ("detail-no-timeout", "extra_call")}
 
 
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
-
-
 def _launcher(extra):
     """Return (environment, options) of a launch: ``extra`` as MPICH takes it, translated for Open MPI.
 
@@ -68,7 +62,7 @@ def _launcher(extra):
     corrupts the receiver's memory with it: see the README); MPICH's ``-disable-auto-cleanup``
     becomes ``--enable-recovery``. Values already in the environment are kept.
     """
-    if flavour(_mpiexec()) != "openmpi":
+    if flavour(default_mpiexec()) != "openmpi":
         return {}, list(extra)
     env = {**OPENMPI_ENV, "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_smsc": "^cma"}
     env = {k: os.environ.get(k, v) for k, v in env.items()}
@@ -111,7 +105,7 @@ def _launch(P, module, args, env, limit, extra=(), progress=None, more=()):
     """
     watch = "-disable-auto-cleanup" in extra
     own, extra = _launcher(extra)
-    cmd = [_mpiexec(), *extra, "-n", str(P), sys.executable, "-m", module, *args]
+    cmd = [default_mpiexec(), *extra, "-n", str(P), sys.executable, "-m", module, *args]
     for n, more_args in more:
         cmd += [":", "-n", str(n), sys.executable, "-m", module, *more_args]
     full, mark = marked_env({**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),

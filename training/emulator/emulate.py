@@ -44,7 +44,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from training.emulator.launch import flavour, launch_command, launch_env
+from training.emulator.launch import default_mpiexec, flavour, launch_command, launch_env
 from training.emulator.net import HEAD, IFACE, build, parse_rate
 from training.settings.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
 
@@ -98,7 +98,7 @@ def parse_args(argv=None):
     p.add_argument("--link", type=link_rate(), default="1gbit", help="rate per direction of every node's link, tc units: "
                    "10mbit, 100mbit, 1gbit, or unlimited (default 1gbit)")
     p.add_argument("--mtu", type=integer(1, INT32_MAX), default=1500, help="MTU of the links, bytes (default 1500)")
-    p.add_argument("--timeout", type=real(0, 1e15), default=0.0, help="end the job after this many seconds, exit 124")
+    p.add_argument("--timeout", type=real(0, 1e15), default=0.0, help="end the job after this many seconds, exit 124 (default 0: no limit)")
     p.add_argument("--calibrate", action="store_true", help="measure every link (ping-pong latency and "
                    "bandwidth) and print them against --link instead of running a command")
     p.add_argument("--out", type=outpath(empty=True), default="", help="with --calibrate: write the measurements to this JSON file")
@@ -116,7 +116,7 @@ def parse_args(argv=None):
     p.add_argument("--ulfm", action="store_true",
                    help="launch with User-Level Failure Mitigation (Open MPI's --with-ft ulfm): the survivors of a "
                         "death go on, for training.train --elastic; MPICH has none")
-    p.add_argument("--spare-slots", type=integer(0, INT32_MAX), default=0, metavar="S",
+    p.add_argument("--spare-slots", type=integer(0, 1 << 20), default=0, metavar="S",
                    help="with --ulfm: S free slots on every node, where --elastic-respawn starts its replacements "
                         "(default 0: the nodes are full and a replacement cannot start)")
     p.add_argument("--mpiexec", type=text(), default="", help="MPICH's mpiexec or Open MPI's mpirun (default: the "
@@ -126,18 +126,13 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     cfg = ClusterConfig(a.nodes, a.racks, a.uplink, a.ranks_per_node, a.link, a.mtu, a.timeout, a.calibrate, a.out,
-                        a.mpiexec or _default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle,
+                        a.mpiexec or default_mpiexec(), command, a.max_load, a.allow_noisy, a.settle,
                         a.survive_crashes, a.ulfm, a.spare_slots)
     try:
         _check(cfg)
     except ValueError as e:
         p.error(str(e))
     return cfg, a.inside
-
-
-def _default_mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
 def _check(cfg):

@@ -21,8 +21,9 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 
-__all__ = ["MPICH_ENV", "OPENMPI_ENV", "flavour", "launch_command", "launch_env"]
+__all__ = ["MPICH_ENV", "OPENMPI_ENV", "SESSION_DIR", "default_mpiexec", "flavour", "launch_command", "launch_env"]
 
 #: Environment MPICH needs across namespaces: the OFI netmod with libfabric's TCP provider.
 MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
@@ -34,6 +35,18 @@ MPICH_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 SESSION_DIR = "/dev/shm"
 #: Environment Open MPI 5 needs to run as (namespace) root.
 OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def default_mpiexec():
+    """Return the ``mpiexec`` beside this Python (its venv's MPI), else the one on ``PATH``.
+
+    Examples
+    --------
+    >>> default_mpiexec().endswith("mpiexec")
+    True
+    """
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
 
 
 @functools.lru_cache(maxsize=None)
