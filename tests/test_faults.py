@@ -176,7 +176,7 @@ def test_a_launcher_left_alone_after_its_ranks_ended_is_stopped(tmp_path, monkey
     fake.write_text('#!/bin/sh\nwhile [ "$1" != "-n" ]; do shift; done\n'
                     '"$3" -c "import time; time.sleep(0.5)" &\nexec sleep 120\n')
     fake.chmod(0o755)
-    monkeypatch.setattr(fault_suite, "_mpiexec", lambda: str(fake))
+    monkeypatch.setattr(fault_suite, "default_mpiexec", lambda: str(fake))
     monkeypatch.setattr(fault_suite, "_launcher", lambda extra: ({}, list(extra)))
     monkeypatch.setattr(fault_suite, "LAUNCHER_ALONE_S", 1.0)
     begin = time.perf_counter()
