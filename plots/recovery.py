@@ -98,12 +98,14 @@ def markdown(study):
                   ["with --elastic-respawn: jobs not back at P ranks with identical replicas, or hung",
                    str(study["respawn_not_back_to_P_or_diverged"]
                        + sum(k["respawn"]["hang"] for k in study["kills"])), "-"]]
+    respawned = ("; every --elastic-respawn job back at P ranks with identical replicas"
+                 if "respawn_back_to_P_median_s" in study else "")
     nodes = sum(len(k["elastic"].get("victims", [0])) == (s.get("cluster") or [0, 0])[1] for k in study["kills"])
     head = (f"{_where(s)}, {len(study['kills'])} kills (seed {s['seed']}"
             f"{f'; {nodes} of them a whole node' if s.get('cluster') else ''}), {s['epochs']} epochs of "
             f"{s['samples']} synthetic samples: elastic recovery {study['speedup_median']:.0f}x faster than a "
             f"restart (medians); the study's limits (elastic median <= 1 s and worst <= 3 s, at least 10x "
-            f"faster, no hang, identical replicas) {'all hold' if study['targets_met'] else 'do not all hold'}.")
+            f"faster, no hang, identical replicas{respawned}) {'all hold' if study['targets_met'] else 'do not all hold'}.")
     return head + "\n\n" + tabulate(cells, headers=("", "--elastic", "restart (--resume)"), tablefmt="pipe",
                                     disable_numparse=True)
 
