@@ -215,13 +215,18 @@ def provenance(P=None, command=None):
     -------
     dict
         ``command``, ``versions`` (python, numpy, mpi4py, mpi_library, commlab), ``P``, ``cores``,
-        ``host``, ``date`` (UTC, ISO 8601).
+        ``host``, ``date`` (UTC, ISO 8601), and ``emulated``: on the emulated cluster the emulator's
+        command up to its ``--`` (``COMMLAB_EMULATED``, :func:`training.emulator.emulate.cluster_line`),
+        which then also starts ``command``; None elsewhere.
     """
     if command is None:
         main = sys.modules.get("__main__")
         spec = getattr(main, "__spec__", None)
         head = ["python", "-m", spec.name] if spec is not None else ["python", *sys.argv[:1]]
         command = shlex.join(head + sys.argv[1:])
+    emulated = os.environ.get("COMMLAB_EMULATED") or None
+    if emulated and not command.startswith(emulated):
+        command = f"{emulated} {command}"
     versions = {"python": platform.python_version(), "numpy": _version("numpy"), "mpi4py": _version("mpi4py")}
     if "mpi4py.MPI" in sys.modules:
         versions["mpi_library"] = mpi_library()
@@ -232,7 +237,7 @@ def provenance(P=None, command=None):
     except Exception:  # noqa: BLE001 - not installed as a distribution: run from the tree
         versions["commlab"] = None
     return {"command": command, "versions": versions, "P": P, "cores": os.cpu_count(), "host": platform.node(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "emulated": emulated}
 
 
 def stamp(record, watch, P=None, command=None):

@@ -85,7 +85,14 @@ def draw(results, out):
     ax.set_ylabel("ideal step / step (median, range)")
     ax.set_ylim(0, 1.1)
     ax.legend(fontsize=8, ncol=len(methods))
-    ax.set_title("Unequal workers: step time against the ideal (global batch / summed speeds)")
+    first = results if isinstance(results, dict) else results[0]
+    where = (first.get("provenance") or {}).get("emulated")  # the emulator's command, up to its --
+    if where:
+        words = where.split()
+        per, link = (words[words.index(k) + 1] if k in words else "?" for k in ("--ranks-per-node", "--link"))
+        where = f"\non the emulated cluster: {per} rank(s) per node, {link} links"
+    ax.set_title("Unequal workers: step time against the ideal (global batch / summed speeds)" + (where or ""),
+                 fontsize=10 if where else None)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -125,6 +125,14 @@ CHECKS = {
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     "python -m plots.hetero results/hetero/hetero_w2_dp.json results/hetero/hetero_w2_ps.json":
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
+    "python -m training.emulator.emulate --nodes 2 --ranks-per-node 1 --link 1gbit -- python -m "
+    "experiments.studies.hetero_study --workers 2 --repeats 3 --out results/hetero_cluster":
+        Help("tests/test_cluster.py::test_racks_behind_uplinks_give_the_torus_its_third_level"),  # with namespaces
+    "python -m training.emulator.emulate --nodes 3 --ranks-per-node 1 --link 1gbit -- python -m "
+    "experiments.studies.hetero_study --workers 2 --repeats 3 --out results/hetero_cluster":
+        Help("tests/test_cluster.py::test_racks_behind_uplinks_give_the_torus_its_third_level"),  # with namespaces
+    "python -m plots.hetero results/hetero_cluster/hetero_w2_dp.json results/hetero_cluster/hetero_w2_ps.json":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     # Skewed data across workers (docs/guide/non_iid.md)
     "mpiexec -n 4 python -m training.train --partition dirichlet:alpha=0.1": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --partition classes:k=3 --resample --shared-fraction 0.05": Run(_QUICK_TRAIN),

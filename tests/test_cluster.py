@@ -132,6 +132,9 @@ from training.settings.config import Config
 from training.job import set_threads
 sys.stdout.write(f"RANK {comm.rank} {socket.gethostname()} {os.environ.get('COMMLAB_RACKS')} "
                  f"{'x'.join(map(str, levels))} {np.array_equal(got, want)} {set_threads(Config(), comm)}\n")
+if comm.rank == 0:
+    from commlab.provenance import provenance
+    sys.stdout.write(f"PROVENANCE {provenance(command='python -m probe')['command']}\n")
 """
 
 
@@ -139,13 +142,17 @@ sys.stdout.write(f"RANK {comm.rank} {socket.gethostname()} {os.environ.get('COMM
 def test_racks_behind_uplinks_give_the_torus_its_third_level():
     """2 racks x 2 nodes x 1 rank behind 100 Mbit/s uplinks: every rank is on its node, sees
     COMMLAB_RACKS=2 and the levels 2 x 2 x 1, and the torus on the job's levels matches MPI; each node's
-    BLAS threads are its share of the host's cores (COMMLAB_NODE_CORES), not all of them."""
+    BLAS threads are its share of the host's cores (COMMLAB_NODE_CORES), not all of them; a results
+    file's provenance names the emulator's command before the one that wrote it (COMMLAB_EMULATED)."""
     rc, out, err = _finish(_cluster("--racks", 2, "--nodes", 2, "--ranks-per-node", 1, "--link", "1gbit",
                                     "--uplink", "100mbit", "--timeout", 60, "--", sys.executable, "-c", RACKS_PROBE))
     assert rc == 0 and "2 racks x 2 nodes x 1 ranks per node" in err and "uplinks 100mbit" in err, out + err
     rows = sorted((m.split() for m in re.findall(r"RANK (\d+ \S+ \S+ \S+ \w+ \d+)", out)), key=lambda r: int(r[0]))
     threads = str(max(1, len(os.sched_getaffinity(0)) // 4))  # 4 nodes share the host's cores, 1 rank each
     assert [r[1:] for r in rows] == [[f"node{k}", "2", "2x2x1", "True", threads] for k in range(4)], out
+    assert re.findall(r"PROVENANCE (.*)", out) == [
+        "python -m training.emulator.emulate --racks 2 --uplink 100mbit --nodes 2 --ranks-per-node 1 --link 1gbit "
+        "-- python -m probe"], out
 
 
 @needs_namespaces

@@ -339,11 +339,13 @@ def _hetero_table(rel):
     return markdown(results) + "\n\n" + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels))
 
 
-def _hetero_figures(rel):
-    """Draw the published figure (``plots/figures/hetero.png``) of ``plots/reference/REL/``; return its path."""
-    from plots.hetero import draw
+def _hetero_figures(name):
+    """Return the drawer of a published figure ``plots/figures/NAME`` of the study in ``plots/reference/REL/``."""
+    def draw_figure(rel):
+        from plots.hetero import draw
 
-    return [draw(_hetero_results(rel)[0], os.path.join(FIGURES, "hetero.png"))]
+        return [draw(_hetero_results(rel)[0], os.path.join(FIGURES, name))]
+    return draw_figure
 
 
 def _figure(module, name, func="draw"):
@@ -393,7 +395,8 @@ ITEMS = {
     "ps-conflict": ("ps/conflict_retries.json", _ps_part("conflict"), None),
     "ps-retries": ("ps/conflict_retries.json", _ps_part("retries"), None),
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
-    "hetero": ("hetero", _hetero_table, _hetero_figures),
+    "hetero": ("hetero", _hetero_table, _hetero_figures("hetero.png")),
+    "hetero-cluster": ("hetero_cluster", _hetero_table, _hetero_figures("hetero_cluster.png")),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
     "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
                            _figure("predict", "predict_validation.png", "draw_validation")),
@@ -425,8 +428,8 @@ def figure_names():
     """
     names = {"training_curves.png", "training_time.png", "scaling.png", "model_parallel_p4.png", "non_iid.png",
              "serving_load.png", "cluster_levels.png", "predict_validation.png", "predict_scale.png", "ctr_study.png",
-             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png", "elastic_p4.png",
-             "elastic_p8.png", "elastic_cluster.png"}
+             "cluster_compression.png", "cluster_ps.png", "cluster_collectives.png", "hetero.png", "hetero_cluster.png",
+             "elastic_p4.png", "elastic_p8.png", "elastic_cluster.png"}
     for name, (ref, _, draw) in ITEMS.items():
         if draw is _bench_figures:
             results = _load(ref)

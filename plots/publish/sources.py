@@ -59,7 +59,8 @@ def check_quiet(record, rel):
 
 def source_line(prov, rel, launches_itself=False):
     """Return the one-line provenance that follows every published table (``launches_itself``: the
-    command runs with plain ``python`` and starts its jobs itself, so no ``mpiexec`` is shown)."""
+    command runs with plain ``python`` and starts its jobs itself, so no ``mpiexec`` is shown; nor for
+    a command the emulated cluster launched, whose provenance names the emulator's command first)."""
     v = prov["versions"]
     lib = v.get("mpi_library") or "no MPI library"
     load = prov.get("load")
@@ -68,7 +69,8 @@ def source_line(prov, rel, launches_itself=False):
              f"P = {prov['P']}, {prov['cores']} cores, load average {load['before']:.2f} before and "
              f"{load['during_max']:.2f} at most during")
     command = prov["command"]
-    if prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec") and not launches_itself:
+    if (prov.get("P") and prov.get("load") is not None and not command.startswith("mpiexec") and not launches_itself
+            and not prov.get("emulated")):
         command = f"mpiexec -n {prov['P']} {command}"
     return (f"*From `plots/reference/{rel}`: `{command}`, {where}, {lib}, Python {v['python']}, "
             f"NumPy {v['numpy']}, {prov['date'][:10]}.*")

@@ -23,7 +23,9 @@ of ``--uplink`` RATE (:func:`training.emulator.net.build`), and every rank's env
 replacements. Every rank's
 environment also carries ``COMMLAB_NODE_CORES``, the host's cores divided among the emulated nodes (at
 least 1): the nodes share the host's cores, so a rank that sized its BLAS thread pool by the host's
-cores (``training.job.set_threads``) would run more threads than there are cores.
+cores (``training.job.set_threads``) would run more threads than there are cores; and
+``COMMLAB_EMULATED``, this command up to its ``--`` (:func:`cluster_line`), which a results file's
+provenance puts before the command that wrote it (:func:`commlab.provenance.provenance`).
 
 The command first re-executes itself under ``unshare --net --mount --uts --pid --fork`` (adding
 ``--user --map-root-user`` when not root), so the bridge, the veth pairs and the node namespaces are
@@ -48,7 +50,7 @@ from training.emulator.launch import default_mpiexec, flavour, launch_command, l
 from training.emulator.net import HEAD, IFACE, build, parse_rate
 from training.settings.options import INT32_MAX, Parser, integer, link_rate, outpath, real, text
 
-__all__ = ["ClusterConfig", "parse_args", "namespace_command", "mpiexec_command", "main"]
+__all__ = ["ClusterConfig", "parse_args", "namespace_command", "cluster_line", "mpiexec_command", "main"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname")
@@ -184,6 +186,30 @@ def namespace_command():
     return cmd
 
 
+def cluster_line(cfg):
+    """Return the emulator's command line that builds ``cfg``'s cluster, up to and including ``--``.
+
+    The options that shape the cluster and its launch (the defaults of ``--racks``, ``--uplink``,
+    ``--mtu`` and the fault options left out); every rank's ``COMMLAB_EMULATED``.
+
+    Examples
+    --------
+    >>> cluster_line(ClusterConfig(nodes=2, ranks_per_node=1, link="1gbit"))
+    'python -m training.emulator.emulate --nodes 2 --ranks-per-node 1 --link 1gbit --'
+    >>> cluster_line(ClusterConfig(nodes=4, racks=2, uplink="1gbit", ranks_per_node=2, link="10gbit", ulfm=True, spare=1))
+    'python -m training.emulator.emulate --racks 2 --uplink 1gbit --nodes 4 --ranks-per-node 2 --link 10gbit --ulfm --spare-slots 1 --'
+    """
+    words = ["python", "-m", "training.emulator.emulate"]
+    if cfg.racks > 1:
+        words += ["--racks", str(cfg.racks), "--uplink", cfg.uplink]
+    words += ["--nodes", str(cfg.nodes), "--ranks-per-node", str(cfg.ranks_per_node), "--link", cfg.link]
+    words += ["--mtu", str(cfg.mtu)] if cfg.mtu != 1500 else []
+    words += ["--survive-crashes"] if cfg.survive else []
+    words += ["--ulfm"] if cfg.ulfm else []
+    words += ["--spare-slots", str(cfg.spare)] if cfg.spare else []
+    return " ".join(words + ["--"])
+
+
 def mpiexec_command(cfg, launcher):
     """Return the ``mpiexec`` command line that runs ``cfg.command`` across the nodes.
 
@@ -208,7 +234,8 @@ def mpiexec_command(cfg, launcher):
         command += ["--allow-noisy"] if cfg.allow_noisy else []
         command += ["--settle", repr(cfg.settle)] if cfg.settle else []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    command = ["env", f"COMMLAB_NODE_CORES={max(1, cores // (cfg.nodes * cfg.racks))}", *command]
+    command = ["env", f"COMMLAB_NODE_CORES={max(1, cores // (cfg.nodes * cfg.racks))}",
+               f"COMMLAB_EMULATED={cluster_line(cfg)}", *command]
     if cfg.racks > 1:  # the ranks learn the job's third level (collectives.engine.context reads it)
         command = ["env", f"COMMLAB_RACKS={cfg.racks}", *command]
     return launch_command(cfg.mpiexec, launcher, HEAD, IFACE, cfg.nodes * cfg.racks, cfg.ranks_per_node, command,
