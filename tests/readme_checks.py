@@ -131,6 +131,12 @@ CHECKS = {
     "python -m training.emulator.emulate --nodes 3 --ranks-per-node 1 --link 1gbit -- python -m "
     "experiments.studies.hetero_study --workers 2 --repeats 3 --out results/hetero_cluster":
         Help("tests/test_cluster.py::test_racks_behind_uplinks_give_the_torus_its_third_level"),  # with namespaces
+    "mpiexec -n 4 python -m experiments.studies.hetero_study --workers 4 --methods equal,balance,local4 "
+    "--conditions even,slow2,slow4 --repeats 3 --out results/hetero_p4":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
+    "mpiexec -n 4 python -m experiments.studies.hetero_study --workers 4 --job digits --methods equal,balance,local4 "
+    "--conditions even,slow2,slow4 --repeats 3 --out results/hetero_digits":
+        Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     "python -m plots.hetero results/hetero_cluster/hetero_w2_dp.json results/hetero_cluster/hetero_w2_ps.json":
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     # Skewed data across workers (docs/guide/non_iid.md)

@@ -218,7 +218,7 @@ def test_the_batch_size_help_states_the_rule_the_run_applies():
 
 def test_the_heterogeneity_study_runs_in_quick_mode_and_draws(tmp_path):
     """Both launches of the study (data-parallel, then the parameter server) on the quick job, and its
-    table and figure; oracle: every (method, condition) has a row, the shares split the batch, the
+    table and figure, then the main job's (``--job digits``); oracle: every (method, condition) has a row, the shares split the batch, the
     ideal step is B over the summed speeds of the equal run, the speedups come from the equal runs."""
     import json
 
@@ -243,6 +243,11 @@ def test_the_heterogeneity_study_runs_in_quick_mode_and_draws(tmp_path):
     assert row["speedup"] == 1.0 and all(r["ideal_s"] for r in ps["table"])  # the dp file's equal runs
     assert "| ps-balance" in markdown([dp, ps]) and (tmp_path / "h.png").exists() is False
     assert os.path.getsize(draw([dp, ps], str(tmp_path / "h.png"))) > 1000
+    run_mpi(2, "experiments.studies.hetero_study", "--workers", "2", "--job", "digits", "--quick", "--methods",
+            "equal,balance", "--conditions", "slow2", "--allow-noisy", "--out", str(tmp_path / "digits"), timeout=240)
+    dig = json.loads((tmp_path / "digits" / "hetero_w2_dp.json").read_text())  # the main job's model and data
+    assert (dig["train_config"]["data"], dig["train_config"]["batch_size"], dig["train_config"]["epochs"]) == (
+        "digits", 64, 1) and [r["method"] for r in dig["table"]] == ["equal", "balance"], dig["train_config"]
 
 
 def test_the_live_monitor_shows_each_ranks_share(tmp_path):

@@ -30,6 +30,9 @@ J / 2`` for jitter, the step of perfectly balanced computation without communica
 at or above ``--target``: each epoch for data-parallel runs, each snapshot for the parameter server)
 and ``accuracy`` (final test accuracy).
 
+``--job compute`` (the default) is computation-bound; ``--job digits`` trains the main job (its model
+and data, B = 64), whose step is mostly communication and fixed per-step costs.
+
 Rank 0 writes ``hetero_wW_KIND.json`` into ``--out`` (every run, the per-(method, condition) medians
 and ranges, the study's and the training configuration, the ``provenance`` of
 :mod:`commlab.provenance`). On a busy machine the study refuses to start unless ``--allow-noisy``
@@ -51,15 +54,19 @@ from training.ps_mode.run_records import time_to_accuracy
 from training.train import run
 from training.settings.options import INT32_MAX, Parser, integer, real, text
 
-__all__ = ["DP_METHODS", "PS_METHODS", "CONDITIONS", "method_config", "condition_config", "run_study",
+__all__ = ["DP_METHODS", "PS_METHODS", "CONDITIONS", "JOBS", "method_config", "condition_config", "run_study",
            "ideal_step", "aggregate", "main"]
 
 DP_METHODS = "equal,balance,local4"
 PS_METHODS = "ssp2,ps-balance"
 CONDITIONS = "even,slow1.5,slow2,slow4,jitter0.02"
-#: The issue's compute-bound job: computation is ~93 % of a step at P = 2 (3 epochs, 1.4 s quiet).
-_TRAIN = dict(data="synthetic", samples=6144, features=256, hidden=(1024, 1024), batch_size=512, threads=1,
-              epochs=3, progress=False, checkpoint_every=0, keep_checkpoints=1)
+_RUN = dict(progress=False, checkpoint_every=0, keep_checkpoints=1)
+#: ``--job``: ``compute``, computation ~93 % of a step at P = 2 (3 epochs, 1.4 s quiet); ``digits``, the
+#: main job's model and data (``training.train``'s defaults: B = 64, communication 73-85 % of a step), 10
+#: epochs.
+JOBS = {"compute": dict(_RUN, data="synthetic", samples=6144, features=256, hidden=(1024, 1024), batch_size=512,
+                        threads=1, epochs=3),
+        "digits": dict(_RUN, epochs=10)}
 _QUICK = dict(samples=600, features=16, hidden=(32,), batch_size=60, epochs=2, lr=0.01)
 
 
@@ -243,7 +250,11 @@ def _parser():
     harness.add_worker_options(p, DP_METHODS, PS_METHODS)
     p.add_argument("--conditions", type=text(), default=CONDITIONS, metavar="LIST",
                    help="comma-separated conditions: even, slowF, jitterJ (default: %(default)s)")
-    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's 3)")
+    p.add_argument("--job", choices=sorted(JOBS), default="compute",
+                   help="compute: computation-bound (synthetic, 256 features, hidden 1024,1024, B = 512, one "
+                        "BLAS thread, 3 epochs); digits: the main job (training.train's defaults, 10 epochs), "
+                        "communication most of its step (default: %(default)s)")
+    p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's)")
     p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=2, metavar="K",
                    help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s: the "
                         "job's 3 epochs are 30 steps, so the training's default 10 would keep equal shares for a "
@@ -252,8 +263,8 @@ def _parser():
     p.add_argument("--reference", type=text(), default=None, metavar="FILE",
                    help="a parameter-server launch: the data-parallel results file whose equal runs give the "
                         "ideal step and the speedup (default: hetero_wW_dp.json in --out)")
-    p.add_argument("--quick", action="store_true", help="a check of the whole path: a 600-sample job of 32 hidden "
-                   "units, 2 epochs, one repeat")
+    p.add_argument("--quick", action="store_true", help="a check of the whole path, one repeat: the compute job "
+                   "shrunk to 600 samples of 32 hidden units and 2 epochs; digits for 1 epoch")
     harness.add_options(p, out="results/hetero", folder=True, repeats=3)
     return p
 
@@ -269,7 +280,8 @@ def _settings(args, size):
     if W < 2 or args.repeats < 1 or args.balance_every < 1 or not 0 < args.target <= 1:
         raise ValueError(f"--workers must be >= 2, --repeats and --balance-every >= 1, --target in (0, 1]; got "
                          f"{W}, {args.repeats}, {args.balance_every}, {args.target}")
-    train = dict(_TRAIN, **(_QUICK if args.quick else {}))
+    quick = (_QUICK if args.job == "compute" else {"epochs": 1}) if args.quick else {}
+    train = dict(JOBS[args.job], **quick)
     if args.epochs:
         train["epochs"] = args.epochs
     return kind, methods, conditions, Config().replace(**train)

@@ -397,6 +397,8 @@ ITEMS = {
     "non-iid": ("non_iid", _non_iid_table, _non_iid_figures),
     "hetero": ("hetero", _hetero_table, _hetero_figures("hetero.png")),
     "hetero-cluster": ("hetero_cluster", _hetero_table, _hetero_figures("hetero_cluster.png")),
+    "hetero-p4": ("hetero_p4", _hetero_table, None),
+    "hetero-digits": ("hetero_digits", _hetero_table, None),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
     "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
                            _figure("predict", "predict_validation.png", "draw_validation")),
