@@ -10,16 +10,20 @@ of a single process on the same batch. Equal shares give the weight 1.0 exactly.
 Without ``--balance`` the shares are the equal split of B (64 over 3: 22, 21, 21). With
 ``--balance`` (LB-BSP: Chen et al., "Semi-dynamic load balancing: efficient distributed learning in
 non-dedicated environments", SoCC 2020, section 4) every ``--balance-every`` K steps each rank's
-measured seconds per sample over those steps (its forward and backward, and the delay
-``--straggler`` injects, up to the step's first collective; the median over the K steps) are
-all-gathered, and B is split anew
+measured seconds per sample (its forward and backward, and the delay ``--straggler`` injects, up to
+the step's first collective: :func:`window_estimate`, the median over its steps since the shares last
+changed, at most the last :data:`HISTORY`, or over the last K steps alone when their median moved
+from that by more than :data:`CHANGE`) are all-gathered, and B is split anew
 in proportion to the ranks' speeds (samples per second), by the largest-remainder rule of
 :func:`ps.shards.key_ranges.proportional`: at least one sample each, at most the rank's memory bound
 (:func:`share_cap`). The new split is taken only when it shortens the predicted step,
 ``max_r b_r t_r`` (``t_r`` seconds per sample), by at least ``--balance-gain`` (a fraction): ranks
 of equal speed, whose measured times differ by noise alone, keep their shares, and a run without a
-straggler is bitwise the run without ``--balance``. A rank whose speed changes is followed at the
-next gather, within K steps.
+straggler is bitwise the run without ``--balance``. While the shares hold, each gather's figure is
+the median of more steps, so noise that a K-step median lets through (on a 2-core host, +-10 % at K
+= 2) does not move the shares back and forth; a new share starts a new window (a step's fixed part
+makes the seconds per sample depend on the share). A rank whose speed changes by more than
+:data:`CHANGE` is followed at the next gather, within K steps.
 
 The shares are part of a checkpoint (``balance/shares``), so ``--resume`` continues with them.
 """
@@ -29,7 +33,14 @@ import collectives
 from ps.shards.key_ranges import proportional
 from training.data.sampling import deal
 
-__all__ = ["BatchShares", "share_cap", "memory_cap", "bytes_per_sample", "steps_per_epoch", "rank_batches"]
+__all__ = ["BatchShares", "HISTORY", "CHANGE", "window_estimate", "share_cap", "memory_cap", "bytes_per_sample", "steps_per_epoch",
+           "rank_batches"]
+
+#: Most steps a rank's window of seconds per sample holds (:meth:`BatchShares.update`).
+HISTORY = 64
+#: Relative move of the last K steps' median from the window's that restarts the window from those K
+#: steps: the rank's speed changed (a straggler moved, another job took its core), not noise.
+CHANGE = 0.25
 
 #: Algorithm of the speeds' all-gather (an all-reduce of a P-vector holding one rank's entry each): a
 #: hand-made one, so that a timeout names the silent peer.
@@ -124,6 +135,41 @@ def memory_cap(cfg, ds, model, state_bytes=0):
     return share_cap(cfg.memory_gb, fixed, bytes_per_sample(ds.n_features, cfg.hidden, ds.n_classes, item))
 
 
+def window_estimate(window, fresh):
+    """Return a rank's seconds per sample from its window, and the window to keep.
+
+    The median of ``window`` (its steps since the shares last changed), unless the median of the last
+    ``fresh`` of them (the steps since the last gather) moved from it by more than :data:`CHANGE` of
+    it: the rank's speed changed, and the window restarts from those steps.
+
+    Parameters
+    ----------
+    window : list of float
+        Seconds per sample of each step, oldest first.
+    fresh : int
+        How many of them came after the last gather (0 to ``len(window)``).
+
+    Returns
+    -------
+    (float, list of float)
+        The figure (0.0 for an empty window) and the window to keep.
+
+    Examples
+    --------
+    >>> window_estimate([1.0, 1.1, 0.9, 1.05], 2)    # the last two steps are noise: the median of all four
+    (1.025, [1.0, 1.1, 0.9, 1.05])
+    >>> window_estimate([1.0, 1.1, 2.0, 2.1], 2)     # twice as slow since the last gather: those steps alone
+    (2.05, [2.0, 2.1])
+    """
+    if not window:
+        return 0.0, window
+    whole = float(numpy.median(window))
+    recent = float(numpy.median(window[-fresh:])) if fresh else whole
+    if abs(recent - whole) > CHANGE * whole:
+        return recent, window[-fresh:]
+    return whole, window
+
+
 def steps_per_epoch(sampler, batch):
     """Return the steps of one epoch of global batch ``batch`` with ``sampler`` (any rank's: all agree).
 
@@ -215,7 +261,7 @@ class BatchShares:
     [50, 50]
     """
 
-    __slots__ = ("size", "batch", "every", "cap", "gain", "balance", "shares", "moves", "last", "_window")
+    __slots__ = ("size", "batch", "every", "cap", "gain", "balance", "shares", "moves", "last", "_window", "_fresh")
 
     def __init__(self, size, batch, *, every=10, cap=None, gain=0.05, balance=False):
         if not (isinstance(every, int) and every >= 1):
@@ -229,7 +275,8 @@ class BatchShares:
         self.gain, self.balance = float(gain), bool(balance)
         self.shares = proportional(numpy.ones(self.size), self.batch, cap)  # ValueError when B > P x cap
         self.moves, self.last = 0, {}
-        self._window = []  # this rank's seconds per sample of each step since the last gather
+        self._window = []  # this rank's seconds per sample of each step since the shares last changed
+        self._fresh = 0  # how many of them came after the last gather
 
     def split(self, m):
         """Return the shares of a global batch of ``m`` samples (the current ones for a full batch).
@@ -248,7 +295,8 @@ class BatchShares:
     def observe(self, seconds, samples):
         """Add one step of this rank: ``seconds`` to reach the step's collective with ``samples`` samples."""
         if self.balance and samples > 0:
-            self._window.append(float(seconds) / int(samples))
+            self._window = self._window[-(HISTORY - 1):] + [float(seconds) / int(samples)]
+            self._fresh += 1
 
     def due(self, step):
         """Return True when the speeds are gathered after the run's step ``step`` (1-based)."""
@@ -257,8 +305,8 @@ class BatchShares:
     def update(self, comm, timeout=None):
         """Gather every rank's seconds per sample since the last call and re-split (collective).
 
-        A rank's figure is the median over its steps since the last gather (a step the host
-        descheduled the rank for counts as one step, not as its seconds).
+        A rank's figure is :func:`window_estimate` of its window: a median, so a step the host descheduled the rank for
+        counts as one step, not as its seconds.
 
         Returns
         -------
@@ -271,14 +319,22 @@ class BatchShares:
             When a peer does not answer within ``timeout`` seconds.
         """
         per = numpy.zeros(self.size)
-        per[comm.Get_rank()] = float(numpy.median(self._window)) if self._window else 0.0
+        per[comm.Get_rank()] = self.estimate()
         collectives.allreduce(per, comm=comm, op="sum", algorithm=_GATHER_ALGORITHM, out=per, timeout=timeout)
-        self._window = []  # one entry per rank, the others 0: every rank sums the same
+        # one entry per rank, the others 0: every rank sums the same
         new = self.decide(per)
         changed = not numpy.array_equal(new, self.shares)
         self.shares = new
         self.moves += int(changed)
+        if changed:  # a new share has seconds per sample of its own (the step's fixed part)
+            self._window = []
+        self._fresh = 0
         return changed
+
+    def estimate(self):
+        """Return this rank's seconds per sample for the next gather (:func:`window_estimate` of its window)."""
+        figure, self._window = window_estimate(self._window, self._fresh)
+        return figure
 
     def decide(self, per_sample):
         """Return the shares to take given each rank's measured ``per_sample`` seconds per sample (pure).
