@@ -114,3 +114,15 @@ def test_breakdown_drops_inconsistent_passes_and_the_table_says_so():
     assert "derived: the rest" in text and "rest at 8 B: 2;" in text and "rest at 64 B: 1, 2, 3" in text
     rest = next(line for line in text.splitlines() if line.startswith("| derived: the rest"))
     assert "(-" not in text and rest.rstrip(" |").endswith("-")  # no negative range; 64 B has none left
+
+
+def test_mpi_baseline_refuses_a_size_range_upside_down_before_any_launch(capsys, tmp_path):
+    """--max-bytes below --min-bytes (its default 64K) is one line and status 2; no launch, no results file."""
+    from experiments.bench.mpi_baseline import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["-n", "2", "--max-bytes", "4K", "--out", str(tmp_path / "b")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--min-bytes (65536) is larger than --max-bytes (4096)" in err and "round" not in err, err
+    assert not (tmp_path / "b.json").exists()

@@ -31,6 +31,7 @@ import tempfile
 from commlab.job_control import marked_env, stop_job
 from experiments import harness
 from commlab.byte_sizes import parse_bytes
+from training.emulator.launch import default_mpiexec, flavour as launcher_flavour
 from training.settings.options import INT32_MAX, byte_count, integer, outpath, real, text
 
 __all__ = ["MPICH_ALGORITHMS", "OPENMPI_ALGORITHMS", "configurations", "combine", "STUDY", "main"]
@@ -42,20 +43,6 @@ MPICH_ALGORITHMS = ("recursive_doubling", "recursive_multiplying", "reduce_scatt
 OPENMPI_ALGORITHMS = {"basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
                       "segmented_ring": 5, "rabenseifner": 6}
 _HAND_MADE = ("ring", "tree", "recursive_doubling", "rabenseifner", "2d")
-
-
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
-
-
-def _flavour(mpiexec):
-    """Return ``"openmpi"`` or ``"mpich"`` from ``mpiexec --version``."""
-    try:
-        text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "mpich"
-    return "openmpi" if ("Open MPI" in text or "PRRTE" in text or "OpenRTE" in text) else "mpich"
 
 
 def configurations(flavour):
@@ -75,7 +62,7 @@ def configurations(flavour):
 def _launch(args, name, env, prefix):
     """Run one sweep under ``mpiexec``; return its parsed results (None when it failed)."""
     algorithms = ",".join(_HAND_MADE + ("MPI_Allreduce",)) if name == "commlab" else "MPI_Allreduce"
-    cmd = [_mpiexec()] + (["-bind-to", args.bind] if args.bind else []) + [
+    cmd = [default_mpiexec()] + (["-bind-to", args.bind] if args.bind else []) + [
         "-n", str(args.n), sys.executable, "-m", "experiments.bench.collectives", "--ops", "allreduce",
         "--algorithms", algorithms, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
         "--warmup-small", "20", "--warmup-large", "3", "--max-time", str(args.max_time), "--rounds", "3",
@@ -176,15 +163,18 @@ def _range(args, comm=None):
     if args.n < 2 or args.max_time <= 0:
         raise ValueError("-n must be >= 2 and --max-time > 0")
     try:
-        return parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
+        lo, hi = parse_bytes(args.min_bytes, minimum=1), parse_bytes(args.max_bytes, minimum=1)
     except ValueError as exc:
         raise ValueError(f"--min-bytes / --max-bytes: {exc}") from None
+    if lo > hi:  # every launch would refuse it: say so once, before any
+        raise ValueError(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
+    return lo, hi
 
 
 def _run(args, comm):
     """Launch the rounds (this driver runs alone, its launches measure); print the table, return the record."""
     lo, hi = _range(args)
-    flavour = _flavour(_mpiexec())
+    flavour = launcher_flavour(default_mpiexec())  # ValueError: neither MPICH's nor Open MPI's launcher
     runs = configurations(flavour)
     if args.only:
         keep = set(args.only.split(","))
