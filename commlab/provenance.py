@@ -224,7 +224,10 @@ def provenance(P=None, command=None):
         spec = getattr(main, "__spec__", None)
         head = ["python", "-m", spec.name] if spec is not None else ["python", *sys.argv[:1]]
         command = shlex.join(head + sys.argv[1:])
-    emulated = os.environ.get("COMMLAB_EMULATED") or None
+    emulated = os.environ.get("COMMLAB_EMULATED", "")
+    # only the emulator's own line counts (python -m training.emulator.emulate ... --): any other value
+    # was not set by it, and a results file must not claim a cluster it did not run on
+    emulated = emulated if emulated.startswith("python -m training.emulator.emulate ") and emulated.endswith(" --") else None
     if emulated and not command.startswith(emulated):
         command = f"{emulated} {command}"
     versions = {"python": platform.python_version(), "numpy": _version("numpy"), "mpi4py": _version("mpi4py")}

@@ -33,7 +33,7 @@ and ``accuracy`` (final test accuracy).
 ``--job compute`` (the default) is computation-bound; ``--job digits`` trains the main job (its model
 and data, B = 64), whose step is mostly communication and fixed per-step costs.
 
-Rank 0 writes ``hetero_wW_KIND.json`` into ``--out`` (every run, the per-(method, condition) medians
+Rank 0 writes ``hetero_wW_KIND.json`` (``hetero_wW_KIND_digits.json`` for ``--job digits``) into ``--out`` (every run, the per-(method, condition) medians
 and ranges, the study's and the training configuration, the ``provenance`` of
 :mod:`commlab.provenance`). On a busy machine the study refuses to start unless ``--allow-noisy``
 marks its file noisy (never published).
@@ -257,16 +257,43 @@ def _parser():
     p.add_argument("--epochs", type=integer(1, INT32_MAX), default=None, help="epochs per run (default: the job's)")
     p.add_argument("--balance-every", type=integer(1, INT32_MAX), default=2, metavar="K",
                    help="--balance: steps (clocks) between two gathers of the speeds (default: %(default)s: the "
-                        "job's 3 epochs are 30 steps, so the training's default 10 would keep equal shares for a "
-                        "third of the run)")
+                        "compute job's 3 epochs are 30 steps, so the training's default 10 would keep equal shares "
+                        "for a third of the run)")
     p.add_argument("--target", type=real(0, 1e15, low_open=True), default=0.9, help="target test accuracy (default: %(default)s)")
     p.add_argument("--reference", type=text(), default=None, metavar="FILE",
                    help="a parameter-server launch: the data-parallel results file whose equal runs give the "
-                        "ideal step and the speedup (default: hetero_wW_dp.json in --out)")
+                        "ideal step and the speedup, of the same job (default: the data-parallel launch's file "
+                        "in --out)")
     p.add_argument("--quick", action="store_true", help="a check of the whole path, one repeat: the compute job "
                    "shrunk to 600 samples of 32 hidden units and 2 epochs; digits for 1 epoch")
     harness.add_options(p, out="results/hetero", folder=True, repeats=3)
     return p
+
+
+def _name(workers, kind, job):
+    """The results file's name of one launch: ``hetero_wW_KIND.json``, ``hetero_wW_KIND_JOB.json`` for a
+    job other than ``compute`` (so that two jobs' launches never overwrite, nor borrow, each other's)."""
+    return f"hetero_w{workers}_{kind}{'' if job == 'compute' else '_' + job}.json"
+
+
+def _reference(args, base):
+    """Return the path of a parameter-server launch's data-parallel reference; raise ValueError when the
+    file exists but was measured on another job (its training configuration differs from ``base``)."""
+    path = args.reference or os.path.join(args.out, _name(args.workers, "dp", args.job))
+    if not os.path.exists(path):
+        return path
+    try:
+        with open(path, encoding="utf-8") as f:
+            theirs = json.load(f).get("train_config") or {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--reference {path}: not a results file of this study ({exc})") from None
+    ours = base.to_dict()
+    differ = [k for k in ("data", "samples", "features", "hidden", "batch_size", "epochs", "threads")
+              if k in theirs and json.loads(json.dumps(ours.get(k))) != theirs[k]]
+    if differ:
+        raise ValueError(f"--reference {path} was measured on another job ({', '.join(f'{k} {theirs[k]!r}' for k in differ)}"
+                         f"; this launch: {', '.join(f'{k} {ours.get(k)!r}' for k in differ)})")
+    return path
 
 
 def _settings(args, size):
@@ -297,13 +324,15 @@ def main(argv=None):
         for m in methods:
             for c in conditions:  # the trainer's own checks, every rank, before anything is trained
                 check_run(base.replace(**method_config(m, args.balance_every), **condition_config(c, kind)), comm)
+        if kind == "ps":
+            _reference(args, base)
         return kind, methods, conditions, base
 
     args, (kind, methods, conditions, base) = harness.parse(parser, argv, comm, check)
     echo = harness.echo(comm)
-    runs_dir = os.path.join(args.out, "runs", f"w{args.workers}-{kind}")
+    runs_dir = os.path.join(args.out, "runs", os.path.splitext(_name(args.workers, kind, args.job))[0])
     repeats = 1 if args.quick else args.repeats
-    path = os.path.join(args.out, f"hetero_w{args.workers}_{kind}.json")
+    path = os.path.join(args.out, _name(args.workers, kind, args.job))
     watch = harness.start(args, comm, paths=[path], prog=parser.prog)
     if watch is None:
         return 2
@@ -316,7 +345,7 @@ def main(argv=None):
         runs = run_study(base, methods, conditions, repeats, runs_dir, comm, args.target, args.balance_every, echo)
         reference = runs
         if kind == "ps" and comm.Get_rank() == 0:
-            ref = args.reference or os.path.join(args.out, f"hetero_w{args.workers}_dp.json")
+            ref = _reference(args, base)
             reference = json.load(open(ref, encoding="utf-8"))["runs"] if os.path.exists(ref) else []
         result = {"experiment": "hetero_study", "kind": kind, "workers": args.workers, "study": vars(args),
                   "methods": methods, "conditions": conditions, "repeats": repeats, "train_config": base.to_dict(),

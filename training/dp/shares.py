@@ -12,18 +12,20 @@ Without ``--balance`` the shares are the equal split of B (64 over 3: 22, 21, 21
 non-dedicated environments", SoCC 2020, section 4) every ``--balance-every`` K steps each rank's
 measured seconds per sample (its forward and backward, and the delay ``--straggler`` injects, up to
 the step's first collective: :func:`window_estimate`, the median over its steps since the shares last
-changed, at most the last :data:`HISTORY`, or over the last K steps alone when their median moved
-from that by more than :data:`CHANGE`) are all-gathered, and B is split anew
+changed, at most the last :data:`HISTORY`, or over the last K steps alone when their median is
+more than :data:`CHANGE` times faster or slower than that) are all-gathered, and B is split anew
 in proportion to the ranks' speeds (samples per second), by the largest-remainder rule of
 :func:`ps.shards.key_ranges.proportional`: at least one sample each, at most the rank's memory bound
 (:func:`share_cap`). The new split is taken only when it shortens the predicted step,
 ``max_r b_r t_r`` (``t_r`` seconds per sample), by at least ``--balance-gain`` (a fraction): ranks
-of equal speed, whose measured times differ by noise alone, keep their shares, and a run without a
-straggler is bitwise the run without ``--balance``. While the shares hold, each gather's figure is
+whose measured speeds differ by less than that, by noise, keep their shares, and such a run is
+bitwise the run without ``--balance`` (ranks that really differ in speed, even without
+``--straggler``, get shares that differ). While the shares hold, each gather's figure is
 the median of more steps, so noise that a K-step median lets through (on a 2-core host, +-10 % at K
 = 2) does not move the shares back and forth; a new share starts a new window (a step's fixed part
-makes the seconds per sample depend on the share). A rank whose speed changes by more than
-:data:`CHANGE` is followed at the next gather, within K steps.
+makes the seconds per sample depend on the share). A rank whose speed changes by a factor of more
+than :data:`CHANGE` is followed at the first gather whose K steps are at least half at the new
+speed: the next one, K steps on, when the change comes at a gather; at most 2K - 1 steps after it.
 
 The shares are part of a checkpoint (``balance/shares``), so ``--resume`` continues with them.
 """
@@ -33,14 +35,15 @@ import collectives
 from ps.shards.key_ranges import proportional
 from training.data.sampling import deal
 
-__all__ = ["BatchShares", "HISTORY", "CHANGE", "window_estimate", "share_cap", "memory_cap", "bytes_per_sample", "steps_per_epoch",
-           "rank_batches"]
+__all__ = ["BatchShares", "HISTORY", "CHANGE", "window_estimate", "share_cap", "memory_cap", "bytes_per_sample",
+           "steps_per_epoch", "rank_batches"]
 
 #: Most steps a rank's window of seconds per sample holds (:meth:`BatchShares.update`).
 HISTORY = 64
-#: Relative move of the last K steps' median from the window's that restarts the window from those K
-#: steps: the rank's speed changed (a straggler moved, another job took its core), not noise.
-CHANGE = 0.25
+#: Factor between the last K steps' median and the window's (either way: slower or faster) above which
+#: the window restarts from those K steps: the rank's speed changed (a straggler moved, another job
+#: took its core, or left it), not noise.
+CHANGE = 1.25
 
 #: Algorithm of the speeds' all-gather (an all-reduce of a P-vector holding one rank's entry each): a
 #: hand-made one, so that a timeout names the silent peer.
@@ -139,8 +142,8 @@ def window_estimate(window, fresh):
     """Return a rank's seconds per sample from its window, and the window to keep.
 
     The median of ``window`` (its steps since the shares last changed), unless the median of the last
-    ``fresh`` of them (the steps since the last gather) moved from it by more than :data:`CHANGE` of
-    it: the rank's speed changed, and the window restarts from those steps.
+    ``fresh`` of them (the steps since the last gather) is more than :data:`CHANGE` times larger or
+    smaller: the rank's speed changed, and the window restarts from those steps.
 
     Parameters
     ----------
@@ -160,12 +163,14 @@ def window_estimate(window, fresh):
     (1.025, [1.0, 1.1, 0.9, 1.05])
     >>> window_estimate([1.0, 1.1, 2.0, 2.1], 2)     # twice as slow since the last gather: those steps alone
     (2.05, [2.0, 2.1])
+    >>> window_estimate([1.0] * 6 + [0.77] * 2, 2)    # 1.3x faster: followed as a slowdown would be
+    (0.77, [0.77, 0.77])
     """
     if not window:
         return 0.0, window
     whole = float(numpy.median(window))
     recent = float(numpy.median(window[-fresh:])) if fresh else whole
-    if abs(recent - whole) > CHANGE * whole:
+    if recent > CHANGE * whole or recent * CHANGE < whole:
         return recent, window[-fresh:]
     return whole, window
 
