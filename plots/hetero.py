@@ -83,7 +83,8 @@ def draw(results, out):
     ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(conditions))], conditions)
     ax.set_ylabel("ideal step / step (median, range)")
-    ax.set_ylim(0, 1.1)
+    top = max((r.get("efficiency_max") or 0 for by in methods.values() for r in by.values()), default=0)
+    ax.set_ylim(0, max(1.1, 1.05 * top))  # above 1: the host ran faster than in the repeat's even run
     ax.legend(fontsize=8, ncol=len(methods))
     first = results if isinstance(results, dict) else results[0]
     where = (first.get("provenance") or {}).get("emulated")  # the emulator's command, up to its --

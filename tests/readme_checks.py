@@ -119,9 +119,9 @@ CHECKS = {
     "mpiexec -n 2 python -m training.train --straggler 1:2 --balance --balance-every 10": Run(_QUICK_TRAIN),
     "mpiexec -n 3 python -m training.train": Run(_QUICK_TRAIN),
     "mpiexec -n 4 python -m training.train --mode ps --balance --memory-gb 1": Run(_QUICK_TRAIN),
-    "mpiexec -n 2 python -m experiments.studies.hetero_study --workers 2 --repeats 3":
+    "mpiexec -n 2 python -m experiments.studies.hetero_study --workers 2 --repeats 5":
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
-    "mpiexec -n 3 python -m experiments.studies.hetero_study --workers 2 --repeats 3":
+    "mpiexec -n 3 python -m experiments.studies.hetero_study --workers 2 --repeats 5":
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),
     "python -m plots.hetero results/hetero/hetero_w2_dp.json results/hetero/hetero_w2_ps.json":
         Help("tests/test_batch_shares.py::test_the_heterogeneity_study_runs_in_quick_mode_and_draws"),

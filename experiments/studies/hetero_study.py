@@ -1,8 +1,8 @@
 """Unequal workers: step time against the ideal, time to a target accuracy and final accuracy, for
 equal batch shares, ``--balance``, the parameter server (SSP, and BSP with ``--balance``) and local SGD.
 
-    mpiexec -n 2 python -m experiments.studies.hetero_study --workers 2 --repeats 3
-    mpiexec -n 3 python -m experiments.studies.hetero_study --workers 2 --repeats 3
+    mpiexec -n 2 python -m experiments.studies.hetero_study --workers 2 --repeats 5
+    mpiexec -n 3 python -m experiments.studies.hetero_study --workers 2 --repeats 5
     python -m plots.hetero results/hetero/hetero_w2_dp.json results/hetero/hetero_w2_ps.json
 
 One launch trains every (method, condition, repeat) of one kind in turn, repeats outermost (so a slow
