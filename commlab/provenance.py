@@ -227,7 +227,8 @@ def provenance(P=None, command=None):
     emulated = os.environ.get("COMMLAB_EMULATED", "")
     # only the emulator's own line counts (python -m training.emulator.emulate ... --): any other value
     # was not set by it, and a results file must not claim a cluster it did not run on
-    emulated = emulated if emulated.startswith("python -m training.emulator.emulate ") and emulated.endswith(" --") else None
+    if not (emulated.startswith("python -m training.emulator.emulate ") and emulated.endswith(" --")):
+        emulated = None
     if emulated and not command.startswith(emulated):
         command = f"{emulated} {command}"
     versions = {"python": platform.python_version(), "numpy": _version("numpy"), "mpi4py": _version("mpi4py")}

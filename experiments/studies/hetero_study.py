@@ -33,8 +33,8 @@ and ``accuracy`` (final test accuracy).
 ``--job compute`` (the default) is computation-bound; ``--job digits`` trains the main job (its model
 and data, B = 64), whose step is mostly communication and fixed per-step costs.
 
-Rank 0 writes ``hetero_wW_KIND.json`` (``hetero_wW_KIND_digits.json`` for ``--job digits``) into ``--out`` (every run, the per-(method, condition) medians
-and ranges, the study's and the training configuration, the ``provenance`` of
+Rank 0 writes ``hetero_wW_KIND.json`` (``hetero_wW_KIND_digits.json`` for ``--job digits``) into
+``--out`` (every run, the per-(method, condition) medians and ranges, the study's and the training configuration, the ``provenance`` of
 :mod:`commlab.provenance`). On a busy machine the study refuses to start unless ``--allow-noisy``
 marks its file noisy (never published).
 """
@@ -291,8 +291,9 @@ def _reference(args, base):
     differ = [k for k in ("data", "samples", "features", "hidden", "batch_size", "epochs", "threads")
               if k in theirs and json.loads(json.dumps(ours.get(k))) != theirs[k]]
     if differ:
-        raise ValueError(f"--reference {path} was measured on another job ({', '.join(f'{k} {theirs[k]!r}' for k in differ)}"
-                         f"; this launch: {', '.join(f'{k} {ours.get(k)!r}' for k in differ)})")
+        raise ValueError(f"--reference {path} was measured on another job "
+                         f"({', '.join(f'{k} {theirs[k]!r}' for k in differ)}; "
+                         f"this launch: {', '.join(f'{k} {ours.get(k)!r}' for k in differ)})")
     return path
 
 
@@ -324,11 +325,9 @@ def main(argv=None):
         for m in methods:
             for c in conditions:  # the trainer's own checks, every rank, before anything is trained
                 check_run(base.replace(**method_config(m, args.balance_every), **condition_config(c, kind)), comm)
-        if kind == "ps":
-            _reference(args, base)
-        return kind, methods, conditions, base
+        return kind, methods, conditions, base, _reference(args, base) if kind == "ps" else None
 
-    args, (kind, methods, conditions, base) = harness.parse(parser, argv, comm, check)
+    args, (kind, methods, conditions, base, ref) = harness.parse(parser, argv, comm, check)
     echo = harness.echo(comm)
     runs_dir = os.path.join(args.out, "runs", os.path.splitext(_name(args.workers, kind, args.job))[0])
     repeats = 1 if args.quick else args.repeats
@@ -345,7 +344,6 @@ def main(argv=None):
         runs = run_study(base, methods, conditions, repeats, runs_dir, comm, args.target, args.balance_every, echo)
         reference = runs
         if kind == "ps" and comm.Get_rank() == 0:
-            ref = _reference(args, base)
             reference = json.load(open(ref, encoding="utf-8"))["runs"] if os.path.exists(ref) else []
         result = {"experiment": "hetero_study", "kind": kind, "workers": args.workers, "study": vars(args),
                   "methods": methods, "conditions": conditions, "repeats": repeats, "train_config": base.to_dict(),

@@ -310,8 +310,8 @@ class BatchShares:
     def update(self, comm, timeout=None):
         """Gather every rank's seconds per sample since the last call and re-split (collective).
 
-        A rank's figure is :func:`window_estimate` of its window: a median, so a step the host descheduled the rank for
-        counts as one step, not as its seconds.
+        A rank's figure is :func:`window_estimate` of its window: a median, so a step the host
+        descheduled the rank for counts as one step, not as its seconds.
 
         Returns
         -------
@@ -324,7 +324,7 @@ class BatchShares:
             When a peer does not answer within ``timeout`` seconds.
         """
         per = numpy.zeros(self.size)
-        per[comm.Get_rank()] = self.estimate()
+        per[comm.Get_rank()], self._window = window_estimate(self._window, self._fresh)
         collectives.allreduce(per, comm=comm, op="sum", algorithm=_GATHER_ALGORITHM, out=per, timeout=timeout)
         # one entry per rank, the others 0: every rank sums the same
         new = self.decide(per)
@@ -335,11 +335,6 @@ class BatchShares:
             self._window = []
         self._fresh = 0
         return changed
-
-    def estimate(self):
-        """Return this rank's seconds per sample for the next gather (:func:`window_estimate` of its window)."""
-        figure, self._window = window_estimate(self._window, self._fresh)
-        return figure
 
     def decide(self, per_sample):
         """Return the shares to take given each rank's measured ``per_sample`` seconds per sample (pure).
