@@ -6,8 +6,9 @@ payload and average", computed here from a twin compressor and memory whose payl
 with mpi4py's own ``comm.allgather``. Exceptions: signsgd's oracle is NumPy's majority vote
 ``np.sign(sum_r np.sign(x_r))`` of the gathered inputs (times the mean scale), PowerSGD's is PowerSGD run on one rank on the average
 of the ranks' inputs. Tolerances (float64 data): rtol 1e-12 of the largest magnitude; 1e-9 for
-PowerSGD (QR of P summed in another order); fp16 2**-11 of the sum of magnitudes (the all-reduce
-rounds its float32 sum to float16 once). Also: results identical on every rank, bytes counted from
+PowerSGD (QR of P summed in another order); fp16 2**-11 and bf16 2**-8 (their unit roundoffs) of the
+sum of magnitudes (each rank's share, divided by P, and each partial sum of the all-reduce are rounded
+to the 16-bit dtype: to first order at most that in all). Also: results identical on every rank, bytes counted from
 the payloads, an all-zero gradient gives no NaN/Inf and a zero output, signsgd's ties and exact zeros
 (``[0, -2, 2, 0]`` on every rank votes ``[0, -1, 1, 0]``), the sparse aggregation case, state round
 trip.
@@ -27,7 +28,7 @@ rank, P = comm.Get_rank(), comm.Get_size()
 N = 300
 SHAPES = [(12, 20), (20,), (5, 4), (4,)]  # 240 + 20 + 20 + 4 = 284 (PowerSGD with layer shapes)
 CASES = [
-    ("none", {}), ("fp16", {}), ("int8", {}), ("qsgd", {"levels": 15, "bucket": 64}),
+    ("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {}), ("qsgd", {"levels": 15, "bucket": 64}),
     ("terngrad", {}), ("signsgd", {}), ("signsgd", {"scaled": False}), ("efsignsgd", {}),
     ("onebit", {}), ("topk", {"ratio": 0.05}), ("randomk", {"ratio": 0.1}),
     ("randomk", {"k": 17, "rescale": True, "error_feedback": False}),
@@ -65,8 +66,9 @@ def oracle(name, twin, mem, x):
         scale = np.mean([float(pl[1][0]) for pl in everyone]) if twin.scaled else 1.0
         return np.sign(votes).astype(x.dtype) * x.dtype.type(scale), payloads, 0.0
     parts = [twin.decompress(pl, ctx) for pl in everyone]
-    if name == "fp16":
-        return sum(parts) / P, payloads, 2.0 ** -11 * float(np.max(sum(np.abs(q) for q in parts)))
+    if name in ("fp16", "bf16"):  # unit roundoff u: each share's division by P and each hop's partial sum
+        u = 2.0 ** (-11 if name == "fp16" else -8)  # are rounded once, at most u sum_r |q_r| in all
+        return sum(parts) / P, payloads, u * float(np.max(sum(np.abs(q) for q in parts)))
     return sum(parts) / P, payloads, 1e-12
 
 

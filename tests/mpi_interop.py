@@ -18,7 +18,9 @@ and ``broadcast_parameters`` copies root's values.
 
 PART ``peers`` (2 ranks), PyTorch's own hooks as oracles: (1) fp16 compression equals
 ``fp16_compress_hook`` bit for bit at the float16 edge (36,500 on both ranks
-stays finite; Inf exactly where one rank's own value reaches 65520); (2) DDP with ``commlab_hook`` and
+stays finite; Inf exactly where one rank's own value reaches 65520), and bf16 equals
+``bf16_compress_hook`` at bfloat16's (2e38 on both ranks stays finite; Inf where one rank's own value
+does); (2) DDP with ``commlab_hook`` and
 PowerSGD ends with the parameters of DDP with ``powerSGD_hook`` (float64, 1e-10; start step 2, rank
 2, ``min_compression_rate`` 2, error feedback and warm start) through DDP's bucket rebuild after step 0,
 PyTorch's first random Q computed here from its seed rule and handed to commlab's state;
@@ -283,21 +285,34 @@ def case_optimizer():
 def case_half_edge():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from collectives.compression import make_compressor
-    from collectives.compression.comm import compressed_allreduce
-
     # both ranks 36,500 (the sum 73,000 is beyond float16; the shares are not), 65,504 and 65,519
     # (still float16's 65,504 each), one rank at 65,520 or 1e5 (Inf there), small and subnormal values
     edge = np.array([36500, 65504, 65519, -65519, 65520, 1e5, 1.0, -3e-5, 6e-8, 0.0], np.float32)
     mine = edge.copy() if rank == 0 else np.array([36500, 65504, 65519, -65519, -7, 2, 1.0, 5e-5, 6e-8, 0.0],
                                                   np.float32)
-    own_inf = np.abs(comm.allgather(mine)).max(axis=0) >= 65520
-    theirs = default_hooks.fp16_compress_hook(None, (torch.from_numpy(mine.copy()),)).wait().numpy()
-    check(np.array_equal(np.isinf(theirs), own_inf), f"fp16_compress_hook: Inf at {np.isinf(theirs)}, want {own_inf}")
+    _half_edge("fp16", default_hooks.fp16_compress_hook, mine, np.float16)
+    # bfloat16 has float32's range: both ranks 2e38 (the sum 4e38 is beyond bfloat16; the shares are
+    # not), 3.3895e38 (bfloat16's largest finite), one rank at 3.4e38 (Inf there), 257 (a tie: to even),
+    # a float32 subnormal
+    mine = np.array([2e38, 3.3895e38, -3.3895e38, 3.4e38, 257.0, 1.0, -3e-5, 1e-40, 0.0], np.float32)
+    if rank == 1:
+        mine[3:5] = [-7.0, 255.0]
+    _half_edge("bf16", default_hooks.bf16_compress_hook, mine, ml_dtypes.bfloat16)
+
+
+def _half_edge(codec, hook, mine, half):
+    """``codec``'s compressed all-reduce of ``mine`` equals PyTorch's ``hook`` bit for bit, Inf included."""
+    from collectives.compression import make_compressor
+    from collectives.compression.comm import compressed_allreduce
+
+    own_inf = np.isinf(np.array(comm.allgather(mine)).astype(half)).any(axis=0)
+    theirs = hook(None, (torch.from_numpy(mine.copy()),)).wait().numpy()
+    check(np.array_equal(np.isinf(theirs), own_inf), f"{codec}: PyTorch's hook: Inf at {np.isinf(theirs)}, "
+                                                     f"want {own_inf}")
     for alg in ("ring", "recursive_doubling", "rabenseifner", "mpi"):
-        ours, _ = compressed_allreduce(mine, "g", make_compressor("fp16"), comm=comm, algorithm=alg)
+        ours, _ = compressed_allreduce(mine, "g", make_compressor(codec), comm=comm, algorithm=alg)
         check(np.array_equal(ours, theirs, equal_nan=True),
-              f"fp16 {alg}: {ours.tolist()} != PyTorch's fp16_compress_hook {theirs.tolist()}")
+              f"{codec} {alg}: {ours.tolist()} != PyTorch's hook {theirs.tolist()}")
 
 
 def _powersgd_first_qs(rng, bucket, matrix_rank, min_rate, dtype):

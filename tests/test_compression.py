@@ -39,6 +39,18 @@ def test_fp16_error_within_rounding_bound():
     assert payload_nbytes(payloads) == 2 * x.size and y.dtype == x.dtype
 
 
+def test_bf16_error_within_rounding_bound_and_range_is_float32s():
+    # oracle: bfloat16 has 8 significant bits -> relative error <= 2**-8 for normal numbers (its
+    # exponent is float32's: 1e-30 and 1e30 keep that bound); CuPy has no bfloat16 -> TypeError
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(4000) * 10.0 ** rng.uniform(-30, 30, 4000)
+    y, payloads = _round_trip(make_compressor("bf16"), x)
+    assert np.all(np.abs(y - x) <= 2.0 ** -8 * np.abs(x))
+    assert payload_nbytes(payloads) == 2 * x.size and y.dtype == x.dtype
+    assert make_compressor("bf16").decompress(*make_compressor("bf16").compress(np.float32([257, 3.4e38]), "w")
+                                              ).tolist() == [256.0, np.inf]
+
+
 def _draws(c, x, n):
     return np.stack([_round_trip(c, x)[0] for _ in range(n)])
 
@@ -76,7 +88,7 @@ def test_qsgd_levels_use_the_smallest_integer_type():
 
 @pytest.mark.parametrize("name,per_element_bits,extra_bytes", [
     ("signsgd", 2, 4), ("efsignsgd", 1, 4), ("onebit", 1, 8), ("terngrad", 2, 4),
-    ("int8", 8, 4), ("fp16", 16, 0)])
+    ("int8", 8, 4), ("fp16", 16, 0), ("bf16", 16, 0)])
 def test_wire_size_is_bits_per_element(name, per_element_bits, extra_bytes):
     n = 1001
     _, payloads = _round_trip(make_compressor(name), np.random.default_rng(0).standard_normal(n))

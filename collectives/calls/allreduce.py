@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy
 
 from commlab.arrays import get_array_module
+from collectives.backend import BFLOAT16
 from collectives.calls.signatures import cached_plan
 from collectives.arguments import check_allreduce
 from collectives.engine.buffers import ACC, AdoptedRequest, adopt
@@ -69,9 +70,9 @@ def _resolve(ctx, algorithm, x, grid, accumulate, op):
     if algorithm == "auto":
         nbytes = x.size * ACC[x.dtype].itemsize
         algorithm = select_allreduce(ctx.size, nbytes)
-        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native" and x.dtype == numpy.float16)
+        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native" and x.dtype in (numpy.float16, BFLOAT16))
                                    or (op in ("min", "max") and ACC[x.dtype].kind == "f")):
-            # hand-made instead: device buffers, float16 on the wire, and float min/max, whose signed
+            # hand-made instead: device buffers, float16 and bfloat16 on the wire, and float min/max, whose signed
             # zeros MPICH's MPI_MIN/MPI_MAX order differently on each rank (auto's results stay
             # bitwise identical on every rank)
             algorithm = model_choice(ctx.size, nbytes)
@@ -162,10 +163,11 @@ def allreduce(x, *, op="sum", comm=None, algorithm="auto", out=None, timeout=Non
         the default) takes the job's levels, racks x nodes per rack x ranks per node (racks from
         ``COMMLAB_RACKS``, see :meth:`collectives.engine.context.Context.levels`; a flat ring on one node).
     accumulate : {"float32", "native"}
-        float16 only: ``"float32"`` (default) promotes the whole collective to float32, so partial
-        sums travel as float32; ``"native"`` keeps float16 on the wire (each addition is computed in
-        float32 and rounded to float16, as NumPy's float16 ufuncs do): half the bytes, a rounding per
-        hop, overflow above 65504. The ``mpi`` algorithm always accumulates in float32.
+        float16 and bfloat16 only: ``"float32"`` (default) promotes the whole collective to float32,
+        so partial sums travel as float32; ``"native"`` keeps the 16-bit dtype on the wire (each
+        addition is computed in float32 and rounded back, as NumPy's float16 and ``ml_dtypes``'
+        bfloat16 ufuncs do): half the bytes, a rounding per hop, float16's overflow above 65504.
+        The ``mpi`` algorithm always accumulates in float32.
 
     Returns
     -------

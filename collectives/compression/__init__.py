@@ -14,7 +14,7 @@ from .base import TRANSPORTS, Compressor, ErrorFeedback, Memory, payload_nbytes
 from .dgc import DGC, DGCMemory
 from .powersgd import PowerSGD, matrix_layout
 from .qsgd import QSGD
-from .quantize import FP16Compressor, Int8Compressor, NoneCompressor
+from .quantize import BF16Compressor, FP16Compressor, Int8Compressor, NoneCompressor
 from .catalog import (COMPRESSORS, compressor_arguments, make_compressor, parse_compression_arg,
                        parse_compression_args, parse_literal, split_key_value)
 from .sign import EFSignSGD, OneBit, SignSGD
@@ -23,7 +23,7 @@ from .terngrad import TernGrad
 
 __all__ = [
     "Compressor", "Memory", "ErrorFeedback", "payload_nbytes",
-    "NoneCompressor", "FP16Compressor", "Int8Compressor", "QSGD", "TernGrad",
+    "NoneCompressor", "FP16Compressor", "BF16Compressor", "Int8Compressor", "QSGD", "TernGrad",
     "SignSGD", "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "DGCMemory",
     "PowerSGD", "matrix_layout",
     "COMPRESSORS", "make_compressor", "compressor_arguments", "parse_compression_args",

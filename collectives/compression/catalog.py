@@ -6,7 +6,7 @@ import inspect
 from .dgc import DGC
 from .powersgd import PowerSGD
 from .qsgd import QSGD
-from .quantize import FP16Compressor, Int8Compressor, NoneCompressor
+from .quantize import BF16Compressor, FP16Compressor, Int8Compressor, NoneCompressor
 from .sign import EFSignSGD, OneBit, SignSGD
 from .sparse import RandomK, Threshold, TopK
 from .terngrad import TernGrad
@@ -17,6 +17,7 @@ __all__ = ["COMPRESSORS", "make_compressor", "compressor_arguments", "parse_comp
 COMPRESSORS = {
     "none": NoneCompressor,
     "fp16": FP16Compressor,
+    "bf16": BF16Compressor,
     "int8": Int8Compressor,
     "qsgd": QSGD,
     "terngrad": TernGrad,

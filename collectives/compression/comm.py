@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 import collectives.engine.context
 import collectives.schedules.registry
+from collectives.backend import BFLOAT16
 from collectives.calls.allgather import allgather
 from collectives.calls.allreduce import allreduce
 
@@ -21,7 +22,7 @@ from .sparse import scatter_add
 
 __all__ = ["compressed_allreduce", "sparse_allreduce", "allgather_payloads"]
 
-_HALF = (np.dtype(np.float16),)  # payload dtypes divided by P before the sum
+_HALF = (np.dtype(np.float16), np.dtype(BFLOAT16))  # payload dtypes divided by P before the sum
 
 
 class _Call:
@@ -109,17 +110,17 @@ def allgather_payloads(payloads, comm, variable_size=False, algorithm="ring", _w
 def _by_allreduce(compressor, p, name, call):
     """Sum the payloads with the all-reduce and decompress the sum once (``transport "allreduce"``).
 
-    float16 payloads are divided by P in float16 before the sum, as
-    PyTorch's ``fp16_compress_hook`` does (cast, ``div_(world_size)``, all-reduce), so the sum of P
-    shares of at most 65504 / P stays finite: the result overflows where a rank's own value does
-    (``|x| >= 65520`` rounds to ``inf`` in float16), not where the sum over ranks passes 65504. Wider
-    payloads are summed and the sum divided.
+    float16 and bfloat16 payloads are divided by P in their own dtype before the sum, as
+    PyTorch's ``fp16_compress_hook`` and ``bf16_compress_hook`` do (cast, ``div_(world_size)``,
+    all-reduce), so the sum of P shares of at most 65504 / P stays finite: the result overflows where a
+    rank's own value does (``|x| >= 65520`` rounds to ``inf`` in float16), not where the sum over ranks
+    passes 65504. Wider payloads are summed and the sum divided.
     """
     t0 = time.perf_counter()
     payloads, ctx = compressor.compress(p, name)
     compress_s = time.perf_counter() - t0
     half = all(buf.dtype in _HALF for buf in payloads)
-    # half-precision payloads stay half precision on the wire: that is the point of fp16 compression
+    # half-precision payloads stay half precision on the wire: that is the point of fp16 and bf16 compression
     shares = [buf / buf.dtype.type(call.size) for buf in payloads] if half else payloads
     summed = [call.allreduce_sum(buf, accumulate="native") for buf in shares]
     t1 = time.perf_counter()
@@ -150,7 +151,7 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
 
     Steps: ``p = memory.compensate(x)``; then by ``compressor.transport``: ``"allreduce"``
     compresses ``p``, sums the payloads with ``collectives.allreduce`` and decompresses once
-    (divided by P; half-precision payloads are divided by P before the sum, so fp16 overflows only
+    (divided by P; half-precision payloads, float16 and bfloat16, are divided by P before the sum, so they overflow only
     where one rank's own value does); ``"allgather"`` / ``"allgatherv"`` all-gather the payloads (all-gather-v when
     their sizes vary) and ``compressor.aggregate`` decompresses and averages them (sparse ones with
     ``add.at``; sign votes by majority); ``"own"`` runs the compressor's own rounds

@@ -45,7 +45,7 @@ def schedule_allreduce(ctx, key, x, out, timeout, xp, accumulate="float32"):
     xp : module
         ``numpy`` or ``cupy``.
     accumulate : {"float32", "native"}
-        float16's accumulation (see :func:`collectives.allreduce`).
+        float16's and bfloat16's accumulation (see :func:`collectives.allreduce`).
 
     Returns
     -------
