@@ -41,7 +41,7 @@ def test_fp16_error_within_rounding_bound():
 
 def test_bf16_error_within_rounding_bound_and_range_is_float32s():
     # oracle: bfloat16 has 8 significant bits -> relative error <= 2**-8 for normal numbers (its
-    # exponent is float32's: 1e-30 and 1e30 keep that bound); CuPy has no bfloat16 -> TypeError
+    # exponent is float32's: 1e-30 and 1e30 keep that bound)
     rng = np.random.default_rng(2)
     x = rng.standard_normal(4000) * 10.0 ** rng.uniform(-30, 30, 4000)
     y, payloads = _round_trip(make_compressor("bf16"), x)
@@ -49,6 +49,10 @@ def test_bf16_error_within_rounding_bound_and_range_is_float32s():
     assert payload_nbytes(payloads) == 2 * x.size and y.dtype == x.dtype
     assert make_compressor("bf16").decompress(*make_compressor("bf16").compress(np.float32([257, 3.4e38]), "w")
                                               ).tolist() == [256.0, np.inf]
+    # float16 input: 65504 rounds to bfloat16's 65536, which float16 cannot hold: it saturates, not Inf
+    half = np.float16([65504, -65440, 1.0, np.inf])
+    assert make_compressor("bf16").decompress(*make_compressor("bf16").compress(half, "w")).tolist() == [
+        65504.0, -65504.0, 1.0, np.inf]
 
 
 def _draws(c, x, n):

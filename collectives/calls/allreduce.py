@@ -167,7 +167,7 @@ def allreduce(x, *, op="sum", comm=None, algorithm="auto", out=None, timeout=Non
         so partial sums travel as float32; ``"native"`` keeps the 16-bit dtype on the wire (each
         addition is computed in float32 and rounded back, as NumPy's float16 and ``ml_dtypes``'
         bfloat16 ufuncs do): half the bytes, a rounding per hop, float16's overflow above 65504.
-        The ``mpi`` algorithm always accumulates in float32.
+        The ``mpi`` and ``shm`` algorithms always accumulate in float32.
 
     Returns
     -------

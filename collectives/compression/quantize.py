@@ -116,7 +116,9 @@ class BF16Compressor(Compressor):
     about 3.3961e38 (the midpoint above bfloat16's largest finite 3.3895e38) overflow to Inf. In
     ``compressed_allreduce`` each rank's bfloat16 values are divided by P before the sum, as
     PyTorch's ``bf16_compress_hook`` does, so the average overflows only where one rank's own value
-    does. Host arrays only: CuPy has no bfloat16. Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep
+    does. A float16 tensor comes back float16: a value that rounds to bfloat16's 65536 (float16
+    input of magnitude 65280 or more) comes back as float16's largest finite 65504, not Inf. Host
+    arrays only: CuPy has no bfloat16. Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep
     Learning Training", Sec. 2.
 
     Examples
@@ -145,7 +147,13 @@ class BF16Compressor(Compressor):
         return [x.ravel().astype(BFLOAT16)], tensor_context(x)
 
     def decompress(self, payloads, ctx):
-        """Return the payload cast back to ``ctx["dtype"]`` and reshaped."""
+        """Return the payload cast back to ``ctx["dtype"]`` and reshaped (float16: finite values saturate at 65504)."""
+        if np.dtype(ctx["dtype"]) == np.float16:
+            wide = payloads[0].astype(np.float32)
+            limit = np.float32(np.finfo(np.float16).max)
+            finite = np.isfinite(wide)
+            wide[finite] = np.clip(wide[finite], -limit, limit)
+            return wide.astype(np.float16).reshape(ctx["shape"])
         return payloads[0].astype(ctx["dtype"]).reshape(ctx["shape"])
 
 

@@ -230,7 +230,7 @@ def finish(out, work, op, size, xp, direct=False):
     """Apply ``avg``'s division and move ``work`` (its first ``out.size`` elements) into ``out``."""
     work = work[:out.size]
     if op == "avg" and size > 1 and work.size:
-        if work.dtype.kind == "f":
+        if work.dtype.kind == "f" or work.dtype == BFLOAT16:  # ml_dtypes' bfloat16 has kind "V"
             xp.true_divide(work, size, out=work)
         else:
             xp.floor_divide(work, size, out=work)
