@@ -321,6 +321,28 @@ def _levels_table(rel):
     return markdown(study) + "\n\n" + source_line(prov, rel, launches_itself=True)
 
 
+def _shm_table(rel):
+    """Return the shared-memory figures of the sweeps in ``plots/reference/REL/`` against their targets."""
+    from plots.tables.shm_tables import figures, markdown
+
+    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "*.json")))
+    if not paths:
+        raise ValueError(f"plots/reference/{rel} holds no sweep of experiments.bench.collectives")
+    rels = [os.path.relpath(path, REFERENCE) for path in paths]
+    sweeps = [_load(r) for r in rels]
+    provs = [check_quiet(sweep, r) for sweep, r in zip(sweeps, rels)]
+    return (markdown(figures([row for sweep in sweeps for row in sweep["rows"]])) + "\n\n"
+            + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels)))
+
+
+def _shm_breakdown_table(rel):
+    """Return the shared-memory all-reduce's breakdown in ``plots/reference/REL`` with its provenance."""
+    from plots.tables.shm_tables import breakdown_markdown
+
+    record = _load(rel)
+    return breakdown_markdown(record) + "\n\n" + source_line(check_quiet(record, rel), rel)
+
+
 def _hetero_results(rel):
     """Return the quiet results files of the study in ``plots/reference/REL/``, their provenance and paths."""
     paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "hetero_w*_*.json")))
@@ -399,6 +421,8 @@ ITEMS = {
     "hetero-cluster": ("hetero_cluster", _hetero_table, _hetero_figures("hetero_cluster.png")),
     "hetero-p4": ("hetero_p4", _hetero_table, None),
     "hetero-digits": ("hetero_digits", _hetero_table, None),
+    "shm-p2": ("shm/p2", _shm_table, None),
+    "shm-breakdown-p2": ("shm/breakdown_p2.json", _shm_breakdown_table, None),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
     "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
                            _figure("predict", "predict_validation.png", "draw_validation")),
