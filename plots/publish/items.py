@@ -283,14 +283,26 @@ def _baseline(part, name):
     return f"{name.split('-')[0]}-accept" if part == "conflict" else "clean"
 
 
+def _folder_results(rel, pattern, producer):
+    """Return the quiet results files ``pattern`` in ``plots/reference/REL/`` (one per launch of ``producer``),
+    their provenance and their paths under ``plots/reference/``.
+
+    Raises
+    ------
+    ValueError
+        When the folder holds no such file, or one was measured on a busy machine.
+    """
+    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, pattern)))
+    if not paths:
+        raise ValueError(f"plots/reference/{rel} holds no results file of {producer}")
+    rels = [os.path.relpath(path, REFERENCE) for path in paths]
+    results = [_load(r) for r in rels]
+    return results, [check_quiet(res, r) for res, r in zip(results, rels)], rels
+
+
 def _non_iid_results(rel):
     """Return the quiet results files of the non-IID study in ``plots/reference/REL/`` (one per launch)."""
-    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "non_iid_w*_*.json")))
-    if not paths:
-        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.non_iid_study")
-    results = [_load(os.path.relpath(path, REFERENCE)) for path in paths]
-    provs = [check_quiet(r, os.path.relpath(path, REFERENCE)) for r, path in zip(results, paths)]
-    return results, provs, [os.path.relpath(path, REFERENCE) for path in paths]
+    return _folder_results(rel, "non_iid_w*_*.json", "experiments.studies.non_iid_study")
 
 
 def _non_iid_table(rel):
@@ -325,12 +337,7 @@ def _shm_table(rel):
     """Return the shared-memory figures of the sweeps in ``plots/reference/REL/`` against their targets."""
     from plots.tables.shm_tables import figures, markdown
 
-    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "*.json")))
-    if not paths:
-        raise ValueError(f"plots/reference/{rel} holds no sweep of experiments.bench.collectives")
-    rels = [os.path.relpath(path, REFERENCE) for path in paths]
-    sweeps = [_load(r) for r in rels]
-    provs = [check_quiet(sweep, r) for sweep, r in zip(sweeps, rels)]
+    sweeps, provs, rels = _folder_results(rel, "*.json", "experiments.bench.collectives")
     return (markdown(figures([row for sweep in sweeps for row in sweep["rows"]])) + "\n\n"
             + "\n\n".join(source_line(p, r) for p, r in zip(provs, rels)))
 
@@ -345,12 +352,7 @@ def _shm_breakdown_table(rel):
 
 def _hetero_results(rel):
     """Return the quiet results files of the study in ``plots/reference/REL/``, their provenance and paths."""
-    paths = sorted(glob.glob(os.path.join(REFERENCE, rel, "hetero_w*_*.json")))
-    if not paths:
-        raise ValueError(f"plots/reference/{rel} holds no results file of experiments.studies.hetero_study")
-    rels = [os.path.relpath(path, REFERENCE) for path in paths]
-    results = [_load(r) for r in rels]
-    return results, [check_quiet(res, r) for res, r in zip(results, rels)], rels
+    return _folder_results(rel, "hetero_w*_*.json", "experiments.studies.hetero_study")
 
 
 def _hetero_table(rel):
