@@ -424,6 +424,7 @@ ITEMS = {
     "hetero-p4": ("hetero_p4", _hetero_table, None),
     "hetero-digits": ("hetero_digits", _hetero_table, None),
     "shm-p2": ("shm/p2", _shm_table, None),
+    "shm-p4": ("shm/p4", _shm_table, None),
     "shm-breakdown-p2": ("shm/breakdown_p2.json", _shm_breakdown_table, None),
     "cluster-levels": ("cluster/levels.json", _levels_table, _figure("levels", "cluster_levels.png")),
     "predict-validation": ("predict/validation.json", _module_table("predict", "validation_table"),
