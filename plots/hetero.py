@@ -80,7 +80,6 @@ def draw(results, out):
         mid = [r["efficiency"] for r in rs]
         err = [[m - r["efficiency_min"] for m, r in zip(mid, rs)], [r["efficiency_max"] - m for m, r in zip(mid, rs)]]
         ax.bar(xs, mid, width, yerr=err, label=method, capsize=2)
-    ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(conditions))], conditions)
     ax.set_ylabel("ideal step / step (median, range)")
     top = max((r.get("efficiency_max") or 0 for by in methods.values() for r in by.values()), default=0)

@@ -81,8 +81,8 @@ class FP16Compressor(Compressor):
     values (``|x| >= 2**-14``) and 2**-25 absolutely below; values with ``|x| >= 65520`` (the midpoint
     above float16's largest finite 65504) overflow to Inf. In ``compressed_allreduce`` each rank's
     float16 values are divided by P before the sum, as PyTorch's ``fp16_compress_hook`` does, so the
-    average overflows only where one rank's own value does (on 2 ranks, 36,500 on each gives 36,500,
-    not Inf); at P not a power of two the rounded shares of values within a few units of 65504 can
+    average overflows only where one rank's own value does (on 2 ranks, 36,500 on each gives 36,512,
+    float16's nearest value to 36,500, not Inf); at P not a power of two the rounded shares of values within a few units of 65504 can
     still round their sum up to Inf. Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3.
 
     Examples
@@ -117,7 +117,7 @@ class BF16Compressor(Compressor):
     ``compressed_allreduce`` each rank's bfloat16 values are divided by P before the sum, as
     PyTorch's ``bf16_compress_hook`` does, so the average overflows only where one rank's own value
     does. A float16 tensor comes back float16: a value that rounds to bfloat16's 65536 (float16
-    input of magnitude 65280 or more) comes back as float16's largest finite 65504, not Inf. Host
+    input of magnitude 65408 or more) comes back as float16's largest finite 65504, not Inf. Host
     arrays only: CuPy has no bfloat16. Kalamkar et al. 2019, "A Study of BFLOAT16 for Deep
     Learning Training", Sec. 2.
 

@@ -6,7 +6,7 @@ Reads sweeps of :mod:`experiments.bench.collectives` and prints, for each P, one
 :func:`plots.tables.shm_tables.figures` (each the median and range over the sweep's passes of a ratio of two rows'
 times measured in the same pass) with its target (:data:`plots.tables.shm_tables.TARGETS`).
 
-Columns: figure, P, size, median, min, max (ratios), target; ``--out`` writes the figures as JSON.
+Columns: figure, P, size, median, min, max (ratios), target, met; ``--out`` writes the figures as JSON.
 """
 import json
 
@@ -27,13 +27,14 @@ def main(argv=None):
         with open(path, encoding="utf-8") as f:
             rows += json.load(f)["rows"]
     got = figures(rows)
-    print(f"{'figure':<66} {'P':>2} {'size':>8} {'median':>7} {'min':>7} {'max':>7}  target")
+    print(f"{'figure':<66} {'P':>2} {'size':>8} {'median':>7} {'min':>7} {'max':>7}  target  met")
     for f in got:
         lo = "-" if f["min"] is None else f"{f['min']:.2f}"
         hi = "-" if f["max"] is None else f"{f['max']:.2f}"
         bound, at_most = TARGETS[f["figure"]]
+        met = f["median"] <= bound if at_most else f["median"] >= bound
         print(f"{f['figure']:<66} {f['P']:>2} {size_text(f['bytes']):>8} {f['median']:>7.2f} {lo:>7} {hi:>7}  "
-              f"{'<=' if at_most else '>='} {bound}")
+              f"{'<=' if at_most else '>='} {bound:<4} {'yes' if met else 'no'}")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump({"sources": a.sweeps, "figures": got}, f, indent=1)

@@ -25,7 +25,7 @@ per step; parameter server, the job's samples per second); ``ideal_s``, B over t
 the ranks, from the same repeat's ``equal`` run in condition ``even`` (rank 0's median seconds per
 sample to reach the step's collective, ``t``): ``B / sum_r 1 / (F_r t)`` for a straggler, ``B t / W +
 J / 2`` for jitter, the step of perfectly balanced computation without communication;
-``efficiency``, ``ideal_s / step_s`` (the issue's target: >= 0.9 for ``balance`` under ``slow2``);
+``efficiency``, ``ideal_s / step_s`` (the ideal leaves out communication and every per-step cost);
 ``speedup``, the same repeat's ``equal`` step over this one; ``time_to_target_s`` (first evaluation
 at or above ``--target``: each epoch for data-parallel runs, each snapshot for the parameter server)
 and ``accuracy`` (final test accuracy).
