@@ -20,10 +20,10 @@ message did not fit (:meth:`Run.failed`).
 """
 import time
 
-import numpy
 from mpi4py import MPI
 
 from collectives.backend import BFLOAT16
+from collectives.engine.buffers import raw
 from collectives.errors import CollectiveMismatch, CollectiveTimeout, PeerLost
 from collectives.engine.failures import is_process_failure, process_failed
 from collectives.engine.fingerprint import checks_enabled, pending
@@ -61,7 +61,8 @@ class Run:
     Notes
     -----
     A bfloat16 ``work`` (an all-reduce with ``accumulate="native"``) travels as its 16-bit patterns
-    (a ``uint16`` view: mpi4py takes no ``ml_dtypes`` buffer) and is reduced as bfloat16.
+    (:func:`~collectives.engine.buffers.raw`: mpi4py takes no ``ml_dtypes`` buffer) and is reduced
+    as bfloat16.
     """
 
     __slots__ = ("schedule", "prog", "comm", "work", "scratch", "ufunc", "tag", "name", "transport", "staged", "inp",
@@ -70,7 +71,7 @@ class Run:
     def __init__(self, schedule, comm, work, *, scratch=None, ufunc=None, tag=0, name="collective", transport=None):
         self.schedule, self.prog = schedule, schedule.program()
         self.comm, self.work, self.scratch, self.ufunc, self.tag, self.name = comm, work, scratch, ufunc, tag, name
-        self.bits = work.dtype == BFLOAT16  # messages carry uint16 views of the bfloat16 buffers
+        self.bits = work.dtype == BFLOAT16  # messages carry the bfloat16 buffers' raw bits
         self.use(transport)
         self.inp, self.final, self.statuses = None, (), []
         self.index, self.posted = 0, None  # the next round; its posted (requests, peers, landing) or None
@@ -159,13 +160,13 @@ class Run:
         for i, (src, rsl, scr, _, _, _) in enumerate(recvs):
             dev = scratch[scr] if scr is not None else work[rsl]
             buf = transport.host_buffer(dev.dtype, dev.size, ("r", i)) if staged else dev
-            reqs.append(comm.Irecv(buf.view(numpy.uint16) if self.bits else buf, src, tag))
+            reqs.append(comm.Irecv(raw(buf) if self.bits else buf, src, tag))
             peers.append(src)
             landing.append((buf, dev))
         for i, (dst, ssl, s_in) in enumerate(sends):
             region = self.inp[ssl] if s_in else work[ssl]
             buf = transport.to_host(region, ("s", i)) if staged else region
-            reqs.append(comm.Isend(buf.view(numpy.uint16) if self.bits else buf, dst, tag))
+            reqs.append(comm.Isend(raw(buf) if self.bits else buf, dst, tag))
             peers.append(-1 - dst)
         self.posted = (reqs, peers, landing)
         if self.clock is not None:
@@ -236,7 +237,7 @@ def blocking(run, index):
             run.transport.sync()
         send, into = run.inp[ssl] if s_in else run.work[ssl], buf
         if run.bits:
-            send, into = send.view(numpy.uint16), buf.view(numpy.uint16)
+            send, into = raw(send), raw(buf)
         run.comm.Sendrecv(send, dst, run.tag, into, src, run.tag, statuses[0])
         run.posted = (None, None, ((buf, buf),))
         return statuses
