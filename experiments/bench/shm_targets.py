@@ -4,13 +4,13 @@
 
 Reads sweeps of :mod:`experiments.bench.collectives` and prints, for each P, one line per figure of
 :func:`plots.tables.shm_tables.figures` (each the median and range over the sweep's passes of a ratio of two rows'
-times measured in the same pass) with its target (:data:`plots.tables.shm_tables.TARGETS`).
+times measured in the same pass) with its target and whether it is met (:func:`plots.tables.shm_tables.verdict`).
 
 Columns: figure, P, size, median, min, max (ratios), target, met; ``--out`` writes the figures as JSON.
 """
 import json
 
-from plots.tables.shm_tables import TARGETS, figures, size_text
+from plots.tables.shm_tables import figures, size_text, verdict
 from training.settings.options import Parser, infile, outpath
 
 __all__ = ["main"]
@@ -31,10 +31,9 @@ def main(argv=None):
     for f in got:
         lo = "-" if f["min"] is None else f"{f['min']:.2f}"
         hi = "-" if f["max"] is None else f"{f['max']:.2f}"
-        bound, at_most = TARGETS[f["figure"]]
-        met = f["median"] <= bound if at_most else f["median"] >= bound
+        target, met = verdict(f)
         print(f"{f['figure']:<66} {f['P']:>2} {size_text(f['bytes']):>8} {f['median']:>7.2f} {lo:>7} {hi:>7}  "
-              f"{'<=' if at_most else '>='} {bound:<4} {'yes' if met else 'no'}")
+              f"{target:<7} {'yes' if met else 'no'}")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump({"sources": a.sweeps, "figures": got}, f, indent=1)

@@ -17,7 +17,7 @@ import statistics
 
 from tabulate import tabulate
 
-__all__ = ["figures", "markdown", "breakdown_markdown", "size_text", "TARGETS"]
+__all__ = ["figures", "verdict", "markdown", "breakdown_markdown", "size_text", "TARGETS"]
 
 #: Each figure's target: (bound, True when the figure must stay at or below it).
 TARGETS = {"allreduce shm / limit": (2.0, True), "allreduce shm-persistent / limit": (1.5, True),
@@ -90,6 +90,18 @@ def size_text(n):
     return f"{n // _MIB} MiB" if n >= _MIB else f"{n // _KIB} KiB" if n >= _KIB else f"{n} B"
 
 
+def verdict(fig):
+    """Return a figure's target as text and whether its median meets it.
+
+    Examples
+    --------
+    >>> verdict({"figure": "allreduce shm / limit", "median": 2.4})
+    ('<= 2.0', False)
+    """
+    bound, at_most = TARGETS[fig["figure"]]
+    return f"{'<=' if at_most else '>='} {bound}", fig["median"] <= bound if at_most else fig["median"] >= bound
+
+
 def markdown(figs):
     """Return the figures as a Markdown table: figure, P, size, median (range), target, met.
 
@@ -101,11 +113,10 @@ def markdown(figs):
     """
     cells = []
     for f in figs:
-        bound, at_most = TARGETS[f["figure"]]
         spread = "" if f["min"] is None else f" ({f['min']:.2f}-{f['max']:.2f})"
-        met = f["median"] <= bound if at_most else f["median"] >= bound
-        cells.append([f["figure"], f["P"], size_text(f["bytes"]), f"{f['median']:.2f}{spread}",
-                      f"{'<=' if at_most else '>='} {bound}", "yes" if met else "no"])
+        target, met = verdict(f)
+        cells.append([f["figure"], f["P"], size_text(f["bytes"]), f"{f['median']:.2f}{spread}", target,
+                      "yes" if met else "no"])
     return tabulate(cells, ["figure", "P", "size", "median (range)", "target", "met"], tablefmt="pipe",
                     disable_numparse=True, colalign=("left", "right", "left", "right", "left", "left"))
 
