@@ -166,7 +166,8 @@ def native_case(alg):
         for op, want in (("sum", every.sum(0)), ("avg", every.sum(0) / P), ("max", every.max(0)),
                          ("min", every.min(0))):
             out = allreduce(x, op=op, algorithm=alg, accumulate="native")
-            check(out.dtype == x.dtype and np.array_equal(out.astype(np.float64), want.astype(dtype).astype(np.float64)),
+            rounded = want.astype(dtype).astype(np.float64)
+            check(out.dtype == x.dtype and np.array_equal(out.astype(np.float64), rounded),
                   f"native {np.dtype(dtype).name} {op} {alg} P={P}: {out.tolist()} != {want.tolist()}")
 
 

@@ -70,7 +70,8 @@ def _resolve(ctx, algorithm, x, grid, accumulate, op):
     if algorithm == "auto":
         nbytes = x.size * ACC[x.dtype].itemsize
         algorithm = select_allreduce(ctx.size, nbytes)
-        if algorithm == "mpi" and (type(x) is not numpy.ndarray or (accumulate == "native" and x.dtype in (numpy.float16, BFLOAT16))
+        native16 = accumulate == "native" and x.dtype in (numpy.float16, BFLOAT16)
+        if algorithm == "mpi" and (type(x) is not numpy.ndarray or native16
                                    or (op in ("min", "max") and ACC[x.dtype].kind == "f")):
             # hand-made instead: device buffers, float16 and bfloat16 on the wire, and float min/max, whose signed
             # zeros MPICH's MPI_MIN/MPI_MAX order differently on each rank (auto's results stay

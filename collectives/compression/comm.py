@@ -152,9 +152,10 @@ def compressed_allreduce(x, name, compressor, memory=None, comm=None, algorithm=
     Steps: ``p = memory.compensate(x)``; then by ``compressor.transport``: ``"allreduce"``
     compresses ``p``, sums the payloads with ``collectives.allreduce`` and decompresses once
     (divided by P; half-precision payloads, float16 and bfloat16, are divided by P before the sum,
-    so they overflow only where one rank's own value does); ``"allgather"`` / ``"allgatherv"`` all-gather the payloads (all-gather-v when
-    their sizes vary) and ``compressor.aggregate`` decompresses and averages them (sparse ones with
-    ``add.at``; sign votes by majority); ``"own"`` runs the compressor's own rounds
+    so they overflow only where one rank's own value does); ``"allgather"`` / ``"allgatherv"``
+    all-gather the payloads (all-gather-v when their sizes vary) and ``compressor.aggregate``
+    decompresses and averages them (sparse ones with ``add.at``; sign votes by majority); ``"own"``
+    runs the compressor's own rounds
     (``compressor.reduce``: PowerSGD's two all-reduces); finally
     ``memory.update(p, name, decompress(own payloads))``.
 

@@ -82,8 +82,8 @@ class FP16Compressor(Compressor):
     above float16's largest finite 65504) overflow to Inf. In ``compressed_allreduce`` each rank's
     float16 values are divided by P before the sum, as PyTorch's ``fp16_compress_hook`` does, so the
     average overflows only where one rank's own value does (on 2 ranks, 36,500 on each gives 36,512,
-    float16's nearest value to 36,500, not Inf); at P not a power of two the rounded shares of values within a few units of 65504 can
-    still round their sum up to Inf. Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3.
+    float16's nearest value to 36,500, not Inf); at P not a power of two the rounded shares of values
+    within a few units of 65504 can still round their sum up to Inf. Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3.
 
     Examples
     --------

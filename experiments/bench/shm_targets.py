@@ -3,8 +3,9 @@
     python -m experiments.bench.shm_targets results/bench_shm_p2.json [MORE.json ...] [--out FILE.json]
 
 Reads sweeps of :mod:`experiments.bench.collectives` and prints, for each P, one line per figure of
-:func:`plots.tables.shm_tables.figures` (each the median and range over the sweep's passes of a ratio of two rows'
-times measured in the same pass) with its target and whether it is met (:func:`plots.tables.shm_tables.verdict`).
+:func:`plots.tables.shm_tables.figures` (each the median and range over the sweep's passes of a
+ratio of two rows' times measured in the same pass) with its target and whether it is met
+(:func:`plots.tables.shm_tables.verdict`).
 
 Columns: figure, P, size, median, min, max (ratios), target, met; ``--out`` writes the figures as JSON.
 """
