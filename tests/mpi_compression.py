@@ -8,10 +8,11 @@ with mpi4py's own ``comm.allgather``. Exceptions: signsgd's oracle is NumPy's ma
 of the ranks' inputs. Tolerances (float64 data): rtol 1e-12 of the largest magnitude; 1e-9 for
 PowerSGD (QR of P summed in another order); fp16 2**-11 and bf16 2**-8 (their unit roundoffs) of the
 sum of magnitudes (each rank's share, divided by P, and each partial sum of the all-reduce are rounded
-to the 16-bit dtype: to first order at most that in all). Also: results identical on every rank, bytes counted from
-the payloads, an all-zero gradient gives no NaN/Inf and a zero output, signsgd's ties and exact zeros
+to the 16-bit dtype: to first order at most that in all). Also: results identical on every rank,
+bytes counted from the payloads, an all-zero gradient gives no NaN/Inf and a zero output, signsgd's ties and exact zeros
 (``[0, -2, 2, 0]`` on every rank votes ``[0, -1, 1, 0]``), the sparse aggregation case, state round
-trip, and the 16-bit all-reduce (float16 and bfloat16 on the wire: sum, avg, min and max against NumPy).
+trip, and the 16-bit all-reduce (float16 and bfloat16 on the wire: sum, avg, min and max against
+NumPy).
 Exits 0 when every case passes on every rank, 1 otherwise (the failing cases are printed).
 """
 import sys
